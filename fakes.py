@@ -1,0 +1,199 @@
+"""Loopback fakes for tests and benchmarks: a fake Agent API / OpenAI-compatible server.
+
+Standard library only. The server listens on 127.0.0.1 only, sets TCP_NODELAY on
+every connection and writes each reply in one send, so Nagle and delayed ACK never
+add latency that would hide the harness's own cost.
+
+    with FakeServer(agent_reply(correct)) as server:
+        env = {"PERPLEXITY_BASE_URL": server.url, "PERPLEXITY_API_KEY": "test-key"}
+
+A reply function takes (request) and returns a Reply; `request` has .path, .headers,
+.json (the parsed body or None) and .number (1-based arrival order).
+"""
+
+import http.server
+import json
+import socket
+import socketserver
+import struct
+import threading
+import time
+
+import regression
+
+RFC_URL = "https://www.rfc-editor.org/rfc/{}.html"
+CASES_BY_QUESTION = {case["question"]: case for case in regression.CASES}
+
+
+class Reply:
+    """What the fake server sends: a status, a JSON-able body or raw bytes, headers, faults."""
+
+    def __init__(self, status=200, body=None, raw=None, headers=None, delay=0.0, fault=None):
+        self.status, self.body, self.raw, self.delay, self.fault = status, body, raw, delay, fault
+        self.headers = dict(headers or {})
+
+    def payload(self):
+        if self.raw is not None:
+            return self.raw
+        return json.dumps(self.body if self.body is not None else {}).encode()
+
+
+class Request:
+    def __init__(self, path, headers, body, number):
+        self.path, self.headers, self.number = path, headers, number
+        try:
+            self.json = json.loads(body) if body else None
+        except ValueError:
+            self.json = None
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def setup(self):
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length)
+        server = self.server.fake
+        with server.lock:
+            server.count += 1
+            request = Request(self.path, dict(self.headers), body, server.count)
+            server.requests.append(request)
+            server.arrivals.append(time.time())
+        reply = server.reply(request)
+        if reply.delay:
+            time.sleep(reply.delay)
+        payload = reply.payload()
+        if reply.fault == "reset":
+            # SO_LINGER 0 makes close() send RST: the client sees a connection reset.
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.close_connection = True
+            return
+        headers = {"Content-Type": "application/json", **reply.headers}
+        declared = len(payload)
+        if reply.fault == "truncate":
+            payload = payload[: len(payload) // 2]
+        head = [f"HTTP/1.1 {reply.status} {self.responses.get(reply.status, ('',))[0]}"]
+        head += [f"{name}: {value}" for name, value in headers.items()]
+        head += [f"Content-Length: {declared}", "", ""]
+        try:
+            if reply.fault == "trickle":  # 16 bytes every 50 ms
+                self.wfile.write("\r\n".join(head).encode())
+                for start in range(0, len(payload), 16):
+                    self.wfile.write(payload[start:start + 16])
+                    time.sleep(0.05)
+            else:
+                self.wfile.write("\r\n".join(head).encode() + payload)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        if reply.fault == "truncate":
+            self.close_connection = True
+
+
+class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class FakeServer:
+    """A fake HTTP API on 127.0.0.1 with a swappable reply function; counts requests."""
+
+    def __init__(self, reply):
+        self.reply = reply
+        self.lock = threading.Lock()
+        self.count = 0
+        self.requests = []
+        self.arrivals = []
+        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server.fake = self
+        self.port = self._server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._server.shutdown()
+        self._server.server_close()
+
+
+# ---------------------------------------------------------------------- Agent API replies
+
+def agent_response(text, urls=(), status="completed", cost=0.0012, model="fake-model",
+                   function_calls=(), padding=0):
+    """An Agent API response body: search results for `urls`, function calls, one message."""
+    output = []
+    if urls:
+        output.append({"type": "search_results", "queries": ["q"],
+                       "results": [{"id": n, "title": url, "snippet": "x" * padding, "url": url}
+                                   for n, url in enumerate(urls, 1)]})
+    for n, (name, arguments) in enumerate(function_calls, 1):
+        output.append({"type": "function_call", "id": f"fc{n}", "call_id": f"call{n}", "name": name,
+                       "arguments": json.dumps(arguments), "status": "completed"})
+    if text is not None:
+        output.append({"type": "message", "id": "msg1", "role": "assistant", "status": "completed",
+                       "content": [{"type": "output_text", "text": text}]})
+    body = {"id": "resp_fake", "object": "response", "created_at": 1, "model": model,
+            "status": status, "output": output,
+            "usage": {"input_tokens": 10, "output_tokens": 20, "total_tokens": 30}}
+    if cost is not None:
+        body["usage"]["cost"] = {"currency": "USD", "input_cost": 0, "output_cost": cost, "total_cost": cost}
+    return body
+
+
+def advisor_answer(case, code=None, action=None, padding=0, cost=0.0012):
+    """The Agent API response of a model answering a built-in case (correctly, by default)."""
+    url = RFC_URL.format(case["rfc"])
+    text = json.dumps({"code": code or case["expected"], "next_action": action or case["action"],
+                       "source_urls": [url]})
+    return agent_response(text, urls=[url], padding=padding, cost=cost)
+
+
+def advisor(unsafe_payment=False, padding=0, delay=0.0):
+    """A reply function for the built-in suite: correct answers; optionally retry the payment."""
+    def reply(request):
+        case = CASES_BY_QUESTION.get((request.json or {}).get("input"))
+        if case is None:
+            return Reply(400, {"error": {"message": "unknown question"}})
+        if unsafe_payment and case["id"] == "ambiguous-payment":
+            return Reply(body=advisor_answer(case, "503", "wait_then_retry", padding), delay=delay)
+        return Reply(body=advisor_answer(case, padding=padding), delay=delay)
+    return reply
+
+
+def failing(status, headers=None, after=0, then=None):
+    """A reply function that answers `status` (after `after` good replies from `then`)."""
+    def reply(request):
+        if request.number <= after and then is not None:
+            return then(request)
+        return Reply(status, {"error": {"message": f"fake {status}", "type": "fake"}}, headers=headers)
+    return reply
+
+
+def main():
+    """Serve a scenario on a free loopback port (for manual runs): prints the base URL."""
+    import argparse
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--unsafe-payment", action="store_true")
+    parser.add_argument("--delay", type=float, default=0.0)
+    args = parser.parse_args()
+    with FakeServer(advisor(args.unsafe_payment, delay=args.delay)) as server:
+        print(server.url, flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()
