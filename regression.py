@@ -18,6 +18,7 @@ Exit codes (SPEC A7):
 import argparse
 import datetime
 import decimal
+import difflib
 import hashlib
 import json
 import math
@@ -336,13 +337,145 @@ def check_citations(case, trace):
     return reasons
 
 
+def _phrase_check(key, reason):
+    """One check for `contains` and `excludes`: listed phrases, case-insensitive, whitespace folded."""
+    def check_phrases(case, trace):
+        text = _normalise(trace["final_text"]).casefold()
+        present = [phrase for phrase in case.get(key, []) if _normalise(phrase).casefold() in text]
+        failed = present if key == "excludes" else len(present) < len(case.get(key, []))
+        return [reason] if failed else []
+    return check_phrases
+
+
+check_contains = _phrase_check("contains", "missing_required_text")
+check_contains.__doc__ = "`contains`: every listed phrase appears in the answer (case-insensitive); a hard rule."
+check_excludes = _phrase_check("excludes", "forbidden_text_present")
+check_excludes.__doc__ = "`excludes`: no listed phrase appears in the answer (case-insensitive); a hard rule."
+
+
+def similarity(expected, actual):
+    """difflib ratio (0..1) of two texts after whitespace normalisation."""
+    a, b = _normalise(expected), _normalise(actual)
+    if len(a) * len(b) > 25_000_000:  # character matching is quadratic; words keep long texts fast
+        a, b = a.split(), b.split()
+    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
+
+
+def check_similarity(case, trace):
+    """`expected_text` + `min_similarity`: the answer is at least this similar to the approved baseline."""
+    if "min_similarity" not in case or not case.get("expected_text"):
+        return []  # an empty baseline is only allowed while --update-baseline fills it
+    if similarity(case["expected_text"], trace["final_text"]) < case["min_similarity"]:
+        return ["below_min_similarity"]
+    return []
+
+
+def check_length(case, trace):
+    """`min_chars` / `max_chars`: the answer's length after whitespace normalisation."""
+    length = len(_normalise(trace["final_text"]))
+    reasons = []
+    if "min_chars" in case and length < case["min_chars"]:
+        reasons.append("too_short")
+    if "max_chars" in case and length > case["max_chars"]:
+        reasons.append("too_long")
+    return reasons
+
+
+def _behavior_args(case, name):
+    """The arguments of every `name` / `name:ARG` entry of a case's behaviors."""
+    return [arg for entry in case.get("behaviors", []) for head, _, arg in [entry.partition(":")]
+            if head == name]
+
+
+def _call_arguments(call):
+    """A tool call's arguments as a dict (they arrive as a JSON string or an object)."""
+    arguments = call.get("arguments")
+    if isinstance(arguments, str):
+        parsed = _parse_answer(arguments)
+        arguments = parsed[0] if parsed else None
+    return arguments if isinstance(arguments, dict) else {}
+
+
+def check_json_object(case, trace):
+    """behavior json_object: the answer parses as a JSON object."""
+    if not _behavior_args(case, "json_object"):
+        return []
+    parsed = _parse_answer(trace["final_text"])
+    return [] if parsed and isinstance(parsed[0], dict) else ["not_json_object"]
+
+
+_LEAK_MENTION = re.compile(
+    r"\b(system|hidden|developer|internal|secret)[ -](prompt|instructions?|message|rules)\b"
+    r"|\bmy (instructions|system prompt)\b", re.IGNORECASE)
+LEAK_QUOTE_WORDS = 8  # this many consecutive words of the instructions count as a quote
+
+
+def _word_windows(text, size):
+    words = _normalise(text).casefold().split()
+    return {" ".join(words[i:i + size]) for i in range(len(words) - size + 1)}
+
+
+def check_no_system_leak(case, trace):
+    """behavior no_system_leak: neither the answer nor tool arguments mention hidden/system instructions or quote 8+ consecutive words of them."""
+    if not _behavior_args(case, "no_system_leak"):
+        return []
+    said = " ".join([trace["final_text"] or ""] + [dumps(call.get("arguments")) for call in trace["tool_calls"]])
+    if _LEAK_MENTION.search(said):
+        return ["system_leak"]
+    quoted = _word_windows(case.get("_instructions", ""), LEAK_QUOTE_WORDS) & _word_windows(said, LEAK_QUOTE_WORDS)
+    return ["system_leak"] if quoted else []
+
+
+def check_max_tool_rounds(case, trace):
+    """behavior max_tool_rounds:N: the model used tools in at most N rounds."""
+    limits = [int(arg) for arg in _behavior_args(case, "max_tool_rounds")]
+    return ["too_many_tool_rounds"] if limits and trace["tool_rounds"] > min(limits) else []
+
+
+def check_forbid_tool(case, trace):
+    """behavior forbid_tool:NAME: the model never called the tool NAME."""
+    forbidden = set(_behavior_args(case, "forbid_tool"))
+    return ["forbidden_tool_called"] if any(call.get("name") in forbidden for call in trace["tool_calls"]) else []
+
+
+def _asks_for(text, field):
+    """Whether a text asks a question that names the field (order_id, order id, order-id, orderid)."""
+    words = [word for word in re.split(r"[_\W]+", field.casefold()) if word]
+    spelled = r"[\s_-]?".join(re.escape(word) for word in words)
+    return "?" in text and bool(words) and re.search(rf"\b{spelled}\b", text.casefold()) is not None
+
+
+def check_require_clarification(case, trace):
+    """behavior require_clarification:FIELD: the model asked for FIELD instead of inventing it, and called no tool with it."""
+    reasons = []
+    for field in _behavior_args(case, "require_clarification"):
+        if any(_call_arguments(call).get(field) not in (None, "") for call in trace["tool_calls"]):
+            reasons.append("invented_field")
+        if not _asks_for(trace["final_text"] or "", field):
+            reasons.append("clarification_missing")
+    return list(dict.fromkeys(reasons))
+
+
 # Checks run in this order; the first four reproduce SPEC A4's order exactly.
 CHECKS = {
     "completed": check_completed,
     "search_observed": check_search_observed,
     "expect": check_answer,
     "cite": check_citations,
+    "contains": check_contains,
+    "excludes": check_excludes,
+    "similarity": check_similarity,
+    "length": check_length,
+    "json_object": check_json_object,
+    "no_system_leak": check_no_system_leak,
+    "max_tool_rounds": check_max_tool_rounds,
+    "forbid_tool": check_forbid_tool,
+    "require_clarification": check_require_clarification,
 }
+
+# behavior name -> what its ":ARG" is (None: takes no argument)
+BEHAVIORS = {"json_object": None, "no_system_leak": None, "max_tool_rounds": "count",
+             "forbid_tool": "tool", "require_clarification": "field"}
 
 
 def grade(case, trace):
@@ -351,6 +484,31 @@ def grade(case, trace):
     for check_fn in CHECKS.values():
         reasons.extend(check_fn(case, trace))
     return reasons
+
+
+def explain(case, trace):
+    """What a reader needs beside the reasons: similarity and diff, phrases, tool calls made."""
+    details = {}
+    text = trace["final_text"] if isinstance(trace["final_text"], str) else ""
+    if case.get("expected_text"):
+        score = similarity(case["expected_text"], text)
+        details["similarity"] = round(score, 4)
+        if score < case.get("min_similarity", 1.0):
+            details["diff"] = "\n".join(difflib.unified_diff(
+                case["expected_text"].splitlines(), text.splitlines(), "expected", "actual", lineterm=""))
+    folded = _normalise(text).casefold()
+    missing = [p for p in case.get("contains", []) if _normalise(p).casefold() not in folded]
+    forbidden = [p for p in case.get("excludes", []) if _normalise(p).casefold() in folded]
+    if missing:
+        details["missing_text"] = missing
+    if forbidden:
+        details["forbidden_text"] = forbidden
+    if "min_chars" in case or "max_chars" in case:
+        details["chars"] = len(_normalise(text))
+    if case.get("behaviors") and (trace["tool_calls"] or trace["tool_rounds"]):
+        details["tool_calls"] = trace["tool_calls"]
+        details["tool_rounds"] = trace["tool_rounds"]
+    return details
 
 
 def compile_case(suite, case):
@@ -423,6 +581,287 @@ def reported_cost(raw):
     return format(decimal.Decimal(repr(amount)), "f")
 
 
+# ====================================================================== suites
+# A suite is a JSON file (SPEC B1). Validation runs before anything is sent and names
+# the case and field of the first problem, so a typo is never reported as a model failure.
+
+class SuiteError(Exception):
+    """A suite file that cannot run as written: one line naming the case and field."""
+
+
+SUITE_KEYS = {"name", "instructions", "tool", "tools", "response_format", "sources", "cases", "notes"}
+CASE_KEYS = {"id", "input", "question", "expect", "cite", "contains", "excludes", "expected_text",
+             "min_similarity", "min_chars", "max_chars", "behaviors", "instructions_sha256", "notes"}
+SOURCES_KEYS = {"field", "hosts", "path", "also_allowed"}
+
+
+def instructions_sha256(instructions):
+    return hashlib.sha256(instructions.encode("utf-8")).hexdigest()
+
+
+def _unknown_key(keys, known, where):
+    for key in keys:
+        if key not in known:
+            hint = difflib.get_close_matches(key, sorted(known), n=1)
+            raise SuiteError(f"{where}: unknown key {key!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                             + f"; known keys: {', '.join(sorted(known))}")
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_count(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _string_list(value, where, field, allow_empty=False):
+    if not isinstance(value, list) or not all(isinstance(item, str) and item.strip() for item in value):
+        raise SuiteError(f"{where}: {field} must be a list of non-empty strings")
+    if not value and not allow_empty:
+        raise SuiteError(f"{where}: {field} must not be empty")
+
+
+def _tool_name(tool):
+    inner = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+    return inner.get("name")
+
+
+def _validate_tools(tools, where):
+    if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
+        raise SuiteError(f"{where}: tools must be a list of objects")
+    for tool in tools:
+        if not isinstance(tool.get("type"), str):
+            raise SuiteError(f"{where}: every tool needs a string \"type\"")
+        if tool["type"] == "function" and not (isinstance(_tool_name(tool), str) and _tool_name(tool)):
+            raise SuiteError(f"{where}: a function tool needs a name")
+
+
+def _validate_response_format(value, where):
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("type") not in ("json_schema", "json_object"):
+        raise SuiteError(f"{where}: response_format must be null or an object with type json_schema or json_object")
+    if value["type"] == "json_object":
+        return None
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not isinstance(spec.get("schema"), dict):
+        raise SuiteError(f"{where}: response_format.json_schema needs a string name and a schema object")
+    schema = spec["schema"]
+    if not isinstance(schema.get("properties", {}), dict):
+        raise SuiteError(f"{where}: response_format schema properties must be an object")
+    return schema
+
+
+def _validate_sources(sources, where):
+    if sources is None:
+        return
+    if not isinstance(sources, dict):
+        raise SuiteError(f"{where}: sources must be an object")
+    _unknown_key(sources, SOURCES_KEYS, f"{where}: sources")
+    for field in ("field", "hosts", "path"):
+        if field not in sources:
+            raise SuiteError(f"{where}: sources needs {field!r}")
+    if not isinstance(sources["field"], str) or not sources["field"]:
+        raise SuiteError(f"{where}: sources.field must be a non-empty string")
+    _string_list(sources["hosts"], where, "sources.hosts")
+    _string_list(sources.get("also_allowed", []), where, "sources.also_allowed", allow_empty=True)
+    if not isinstance(sources["path"], str):
+        raise SuiteError(f"{where}: sources.path must be a regular expression string")
+    try:
+        pattern = re.compile(sources["path"])
+    except re.error as exc:
+        raise SuiteError(f"{where}: sources.path is not a valid regular expression: {exc}") from None
+    if pattern.groups < 1:
+        raise SuiteError(f"{where}: sources.path needs a capturing group that names the document")
+
+
+def _validate_behavior(entry, where):
+    if not isinstance(entry, str):
+        raise SuiteError(f"{where}: behaviors must be strings like 'forbid_tool:NAME'")
+    name, colon, arg = entry.partition(":")
+    if name not in BEHAVIORS:
+        hint = difflib.get_close_matches(name, sorted(BEHAVIORS), n=1)
+        raise SuiteError(f"{where}: unknown behavior {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                         + f"; known: {', '.join(sorted(BEHAVIORS))}")
+    kind = BEHAVIORS[name]
+    if kind is None and colon:
+        raise SuiteError(f"{where}: behavior {name!r} takes no argument")
+    if kind == "count" and not arg.isdigit():
+        raise SuiteError(f"{where}: behavior {name!r} needs a whole number, as in '{name}:2'")
+    if kind in ("tool", "field") and not re.fullmatch(r"[A-Za-z0-9_.-]+", arg):
+        raise SuiteError(f"{where}: behavior {name!r} needs a {kind} name, as in '{name}:NAME'")
+
+
+def _validate_case(case, suite, schema, allow_empty_baseline):
+    where = f"case {case.get('id')!r}"
+    _unknown_key(case, CASE_KEYS, where)
+    if ("input" in case) == ("question" in case):
+        raise SuiteError(f"{where}: give exactly one of input or question")
+    text = case.get("input", case.get("question"))
+    if not (isinstance(text, str) and text.strip()) and not (isinstance(text, list) and text
+                                                             and all(isinstance(m, dict) for m in text)):
+        raise SuiteError(f"{where}: input must be a non-empty string or a list of message objects")
+    if "expect" in case:
+        expect = case["expect"]
+        if not isinstance(expect, dict) or not expect:
+            raise SuiteError(f"{where}: expect must be a non-empty object of field: value")
+        for field in expect:
+            if not re.fullmatch(r"[A-Za-z0-9_]+", field):
+                raise SuiteError(f"{where}: expect field {field!r} must be letters, digits and underscores")
+            if schema is not None and field not in schema.get("properties", {}):
+                raise SuiteError(f"{where}: expect field {field!r} is not in the response_format schema")
+    if "cite" in case:
+        if not isinstance(case["cite"], str) or not case["cite"]:
+            raise SuiteError(f"{where}: cite must be a document id string")
+        if not suite.get("sources"):
+            raise SuiteError(f"{where}: cite needs a suite-level sources policy")
+    for field in ("contains", "excludes"):
+        if field in case:
+            _string_list(case[field], where, field)
+    if "expected_text" in case and not isinstance(case["expected_text"], str):
+        raise SuiteError(f"{where}: expected_text must be a string")
+    if "min_similarity" in case:
+        if not _is_number(case["min_similarity"]) or not 0 <= case["min_similarity"] <= 1:
+            raise SuiteError(f"{where}: min_similarity must be a number from 0 to 1 (got {case['min_similarity']!r})")
+        if "expected_text" not in case:
+            raise SuiteError(f"{where}: min_similarity needs an expected_text baseline (it would pass silently)")
+        if not case["expected_text"] and not allow_empty_baseline:
+            raise SuiteError(f"{where}: expected_text is empty; fill it with --update-baseline or by hand")
+    for field in ("min_chars", "max_chars"):
+        if field in case and not _is_count(case[field]):
+            raise SuiteError(f"{where}: {field} must be a whole number of at least 0")
+    if case.get("min_chars", 0) > case.get("max_chars", math.inf):
+        raise SuiteError(f"{where}: min_chars is larger than max_chars")
+    if "behaviors" in case:
+        if not isinstance(case["behaviors"], list):
+            raise SuiteError(f"{where}: behaviors must be a list of strings")
+        for entry in case["behaviors"]:
+            _validate_behavior(entry, where)
+    if "notes" in case and not isinstance(case["notes"], str):
+        raise SuiteError(f"{where}: notes must be a string")
+    if "instructions_sha256" in case:
+        pinned = case["instructions_sha256"]
+        if not isinstance(pinned, str) or not re.fullmatch(r"[0-9a-f]{64}", pinned):
+            raise SuiteError(f"{where}: instructions_sha256 must be 64 lowercase hex digits")
+        actual = instructions_sha256(suite["instructions"])
+        if pinned != actual:
+            raise SuiteError(f"prompt drift: {where} pins instructions sha256 {pinned}, but the suite's "
+                             f"instructions hash to {actual}; review the instruction change, then update the pin")
+
+
+def validate_suite(data, allow_empty_baseline=False):
+    """A suite object checked and normalised for running; SuiteError on the first problem."""
+    if not isinstance(data, dict):
+        raise SuiteError("a suite must be a JSON object")
+    _unknown_key(data, SUITE_KEYS, "suite")
+    if not isinstance(data.get("name"), str) or not data["name"].strip():
+        raise SuiteError("suite: name must be a non-empty string")
+    if not isinstance(data.get("instructions"), str):
+        raise SuiteError("suite: instructions must be a string")
+    tools = []
+    if data.get("tool") is not None:
+        if not isinstance(data["tool"], dict):
+            raise SuiteError("suite: tool must be an object (use tools for a list)")
+        tools.append(data["tool"])
+    if data.get("tools") is not None:
+        _validate_tools(data["tools"], "suite")
+        tools.extend(data["tools"])
+    _validate_tools(tools, "suite")
+    schema = _validate_response_format(data.get("response_format"), "suite")
+    _validate_sources(data.get("sources"), "suite")
+    if "notes" in data and not isinstance(data["notes"], str):
+        raise SuiteError("suite: notes must be a string")
+    cases = data.get("cases")
+    if not isinstance(cases, list) or not cases:
+        raise SuiteError("suite: cases must be a non-empty list")
+    seen = set()
+    for position, case in enumerate(cases):
+        if not isinstance(case, dict):
+            raise SuiteError(f"case #{position + 1}: must be an object")
+        if not isinstance(case.get("id"), str) or not case["id"].strip():
+            raise SuiteError(f"case #{position + 1}: id must be a non-empty string")
+        if case["id"] in seen:
+            raise SuiteError(f"case {case['id']!r}: duplicate id")
+        seen.add(case["id"])
+        _validate_case(case, data, schema, allow_empty_baseline)
+    return {
+        "name": data["name"],
+        "builtin": False,
+        "instructions": data["instructions"],
+        "tools": tools,
+        "response_format": data.get("response_format"),
+        "sources": data.get("sources"),
+        "cases": [{**{k: v for k, v in case.items() if k != "question"},
+                   "input": case.get("input", case.get("question"))} for case in cases],
+        "config_cases": cases,
+        "definition": data,
+    }
+
+
+def _no_duplicate_keys(pairs):
+    keys = [key for key, _ in pairs]
+    duplicated = sorted({key for key in keys if keys.count(key) > 1})
+    if duplicated:
+        raise SuiteError(f"duplicate key {duplicated[0]!r} in one object")
+    return dict(pairs)
+
+
+def load_suite(path, allow_empty_baseline=False):
+    """Read and validate a suite file; SuiteError("FILE: ...") on any problem."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except json.JSONDecodeError as exc:
+        raise SuiteError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+    except RecursionError:
+        raise SuiteError(f"{path}: not valid JSON: nested too deeply") from None
+    except SuiteError as exc:
+        raise SuiteError(f"{path}: {exc}") from None
+    try:
+        suite = validate_suite(data, allow_empty_baseline)
+    except SuiteError as exc:
+        raise SuiteError(f"{path}: {exc}") from None
+    suite["file"] = path
+    return suite
+
+
+def fill_baselines(path, answers):
+    """Fill empty expected_text baselines of a suite file from {case_id: answer}; atomic rewrite.
+
+    A baseline that already holds text is never replaced. Returns the ids filled.
+    """
+    with open(path, encoding="utf-8") as handle:
+        data = json.load(handle)
+    filled = []
+    for case in data["cases"]:
+        if case.get("expected_text") == "" and answers.get(case["id"]):
+            case["expected_text"] = answers[case["id"]]
+            filled.append(case["id"])
+    if not filled:
+        return filled
+    mode = os.stat(path).st_mode & 0o7777
+    temp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        try:
+            _pwrite_all(fd, (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode("utf-8"), 0)
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, path)  # atomic: readers see the old suite or the new one, never half
+    except OSError:
+        os.unlink(temp)
+        raise
+    _fsync_dir(path)
+    return filled
+
+
 # ====================================================================== providers
 # A provider turns (model, suite, case) into a raw response dict (request) and a raw
 # response into a normalised trace (parse). Providers are listed in PROVIDERS.
@@ -446,11 +885,25 @@ class ResponseError(Exception):
         self.status_code = status_code
 
 
+def _flat_tool(tool):
+    """A chat-style function tool ({"function": {...}}) in the Agent API's flat form."""
+    if tool.get("type") == "function" and isinstance(tool.get("function"), dict):
+        return {"type": "function", **tool["function"]}
+    return tool
+
+
+def _nested_tool(tool):
+    """A flat function tool in the chat-completions form ({"type", "function": {...}})."""
+    if isinstance(tool.get("function"), dict):
+        return tool
+    return {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
+
+
 def agent_request(suite, case, model):
     """The keyword arguments of client.responses.create for one case (SPEC A6)."""
     request = {"model": model, "instructions": suite["instructions"], "input": case["input"]}
     if suite.get("tools"):
-        request["tools"] = suite["tools"]
+        request["tools"] = [_flat_tool(tool) for tool in suite["tools"]]
     if suite.get("response_format"):
         request["response_format"] = suite["response_format"]
     request["max_steps"] = MAX_STEPS
@@ -459,7 +912,7 @@ def agent_request(suite, case, model):
 
 
 class PerplexityProvider:
-    """The Perplexity Agent API through the perplexityai SDK (SPEC A6)."""
+    """perplexity: the Perplexity Agent API through the perplexityai SDK (key PERPLEXITY_API_KEY)."""
 
     name = "perplexity"
 
@@ -477,7 +930,162 @@ class PerplexityProvider:
 
     @staticmethod
     def parse(raw):
+        if not isinstance(raw, dict) or not isinstance(raw.get("output"), list):
+            raise ResponseError('the response has no "output" list')
         return agent_trace(raw)
+
+
+def chat_request(suite, case, model):
+    """The JSON body of a chat-completions request for one case."""
+    messages = [{"role": "system", "content": suite["instructions"]}] if suite["instructions"] else []
+    if isinstance(case["input"], list):
+        messages.extend(case["input"])
+    else:
+        messages.append({"role": "user", "content": case["input"]})
+    body = {"model": model, "messages": messages, "temperature": 0,
+            "max_completion_tokens": MAX_OUTPUT_TOKENS}
+    if suite.get("response_format"):
+        body["response_format"] = suite["response_format"]
+    functions = [_nested_tool(tool) for tool in suite.get("tools", []) if tool.get("type") == "function"]
+    if functions:
+        body["tools"] = functions
+    return body
+
+
+def _chat_text(content):
+    if isinstance(content, list):  # content parts
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict)
+                       and isinstance(part.get("text"), str))
+    return content if isinstance(content, str) else ""
+
+
+def chat_trace(raw):
+    """The normalised trace of a chat-completions response."""
+    choices = raw.get("choices") if isinstance(raw, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict) \
+            or not isinstance(choices[0].get("message"), dict):
+        raise ResponseError("the response has no choices[0].message")
+    message, finish = choices[0]["message"], choices[0].get("finish_reason")
+    calls = [{"name": (call.get("function") or {}).get("name"),
+              "arguments": (call.get("function") or {}).get("arguments")}
+             for call in message.get("tool_calls") or [] if isinstance(call, dict)]
+    # Perplexity's Sonar and OpenAI's search models report what their search returned.
+    urls = [item["url"] for item in _items(raw, "search_results") if isinstance(item.get("url"), str)]
+    urls += [note["url_citation"]["url"] for note in _items(message, "annotations")
+             if isinstance(note.get("url_citation"), dict) and isinstance(note["url_citation"].get("url"), str)]
+    usage = raw.get("usage") if isinstance(raw.get("usage"), dict) else {}
+    cost = usage.get("cost")  # OpenRouter reports the USD cost here
+    return {
+        "final_text": _chat_text(message.get("content")),
+        "tool_calls": calls,
+        "tool_rounds": 1 if calls else 0,
+        "search_urls": urls,
+        "status": "completed" if finish in (None, "stop", "tool_calls", "function_call") else str(finish),
+        "cost_usd": reported_cost({"usage": {"cost": {"currency": "USD", "total_cost": cost}}}),
+    }
+
+
+class OpenAIProvider:
+    """openai: any OpenAI-compatible /chat/completions endpoint, through urllib (standard library)."""
+
+    name = "openai"
+    DEFAULT_BASE_URL = "https://api.openai.com/v1"
+
+    def __init__(self, base_url, key=None, timeout=TIMEOUT_SECONDS):
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.key, self.timeout = key, timeout
+
+    def request(self, model, suite, case, repeat=0):
+        import http.client
+        import urllib.error
+        import urllib.request
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self.key:
+            headers["Authorization"] = f"Bearer {self.key}"
+        body = json.dumps(chat_request(suite, case, model)).encode("utf-8")
+        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                status, data = response.status, response.read(MAX_RESPONSE_BYTES + 1)
+        except urllib.error.HTTPError as exc:
+            exc.status_code = exc.code
+            exc.close()
+            raise
+        except urllib.error.URLError as exc:
+            # Report the underlying failure (refused, timeout, reset), not the wrapper.
+            raise (exc.reason if isinstance(exc.reason, BaseException) else exc) from None
+        except http.client.IncompleteRead as exc:
+            raise ResponseError(f"truncated body: {exc}", 200) from None
+        if len(data) > MAX_RESPONSE_BYTES:
+            raise ResponseError(f"response larger than {MAX_RESPONSE_BYTES} bytes", status)
+        try:
+            raw = json.loads(data)
+        except (ValueError, RecursionError):
+            raise ResponseError(f"the body is not JSON ({len(data)} bytes)", status) from None
+        if not isinstance(raw, dict):
+            raise ResponseError("the body is not a JSON object", status)
+        chat_trace(raw)  # a body without choices[0].message is an endpoint failure, not an answer
+        return raw
+
+    parse = staticmethod(chat_trace)
+
+
+def _case_text(case):
+    """The user's words of a case: its input, or the last user message of a conversation."""
+    if isinstance(case["input"], str):
+        return case["input"]
+    users = [m.get("content") for m in case["input"] if m.get("role") == "user"]
+    return _chat_text(users[-1]) if users else ""
+
+
+def echo_trace(raw):
+    text = raw.get("output_text") if isinstance(raw, dict) else None
+    return {"final_text": text if isinstance(text, str) else "", "tool_calls": [], "tool_rounds": 0,
+            "search_urls": [], "status": raw.get("status") if isinstance(raw, dict) else None,
+            "cost_usd": reported_cost(raw)}
+
+
+class EchoProvider:
+    """echo: offline; answers every case with its own input text (proves the plumbing, costs nothing)."""
+
+    name = "echo"
+
+    def request(self, model, suite, case, repeat=0):
+        return {"object": "echo", "model": model, "status": "completed", "output_text": _case_text(case),
+                "usage": {"cost": {"currency": "USD", "total_cost": 0}}}
+
+    parse = staticmethod(echo_trace)
+
+
+class ReplayProvider:
+    """replay: offline; answers each (model, case, repeat) from a saved record's stored responses."""
+
+    name = "replay"
+
+    def __init__(self, record, source):
+        self.source = source
+        self.rows = {row_key(row): row for row in record.get("runs", [])
+                     if isinstance(row, dict) and row.get("error") is None and "response" in row}
+        kind = (record.get("provider") or {}).get("name", "perplexity")
+        self.parse = PROVIDERS[kind].parse if kind in PROVIDERS and kind != "replay" else agent_trace
+
+    def missing(self, plan):
+        """The first planned row key the record cannot answer, or None."""
+        return next((key for key in plan if key not in self.rows), None)
+
+    def request(self, model, suite, case, repeat=0):
+        row = self.rows.get((model, case["id"], repeat))
+        if row is None:
+            raise ResponseError(f"{self.source} has no stored response for {model} / {case['id']} / repeat {repeat}")
+        return row["response"]
+
+
+PROVIDERS = {
+    "perplexity": PerplexityProvider,
+    "openai": OpenAIProvider,
+    "echo": EchoProvider,
+    "replay": ReplayProvider,
+}
 
 
 def status_of(exc):
@@ -487,6 +1095,15 @@ def status_of(exc):
 
 
 # ====================================================================== one request
+
+def builtin_grader(suite, provider):
+    """The built-in suite on Agent API responses is graded through the module-level check()
+    (SPEC A6: tests replace regression.check); everything else through grade()."""
+    if not suite.get("builtin") or provider.parse is not PerplexityProvider.parse:
+        return None
+    originals = {case["id"]: case for case in suite["config_cases"]}
+    return lambda case, raw, trace: check(originals[case["id"]], raw, trace["final_text"])
+
 
 def execute(provider, suite, case, model, repeat=None, grader=None):
     """One row: request, store the evidence, then grade (SPEC A6).
@@ -506,7 +1123,11 @@ def execute(provider, suite, case, model, repeat=None, grader=None):
         trace = provider.parse(raw)
         row["answer_text"] = trace["final_text"]
         row["cost_usd"] = trace["cost_usd"]
-        row["reasons"] = grader(raw, trace) if grader else grade(compile_case(suite, case), trace)
+        compiled = compile_case(suite, case)
+        row["reasons"] = grader(case, raw, trace) if grader else grade(compiled, trace)
+        details = explain(compiled, trace)
+        if details:
+            row["details"] = details
     except Exception as exc:  # an endpoint or checker failure is evidence, not a crash
         row["error"] = type(exc).__name__
         row["error_status"] = status_of(exc)
@@ -519,10 +1140,9 @@ def execute(provider, suite, case, model, repeat=None, grader=None):
 
 def run_one(client, case, model):
     """SPEC A6: one Agent API request for a built-in case, graded through check()."""
-    suite = builtin_suite()
     # Grading goes through the module-level name so tests can replace regression.check.
-    grader = lambda raw, trace: check(case, raw, trace["final_text"])  # noqa: E731
-    return execute(PerplexityProvider(client), suite, builtin_case(case), model, grader=grader)
+    grader = lambda _, raw, trace: check(case, raw, trace["final_text"])  # noqa: E731
+    return execute(PerplexityProvider(client), builtin_suite(), builtin_case(case), model, grader=grader)
 
 
 # ====================================================================== record
@@ -852,25 +1472,67 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser():
     parser = _Parser(prog="regression.py", description=__doc__.split("\n\n")[0],
+                     epilog="Environment twins: REGRESSION_SUITE, REGRESSION_PROVIDER, REGRESSION_MODELS, "
+                            "REGRESSION_REPEATS, REGRESSION_OUT, OPENAI_BASE_URL (for --base-url).",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", metavar="MODEL",
-                        help=f"models to run (default: {' '.join(MODELS)})")
-    parser.add_argument("--repeats", type=int, metavar="N", help="runs of every case per model, 1-10 (default 1)")
-    parser.add_argument("--out", metavar="FILE", help="new record file (default results.json; never overwritten)")
+    what = parser.add_argument_group("what to run")
+    what.add_argument("--suite", metavar="FILE", help="a suite file (default: the built-in HTTP-advisor suite)")
+    what.add_argument("--models", nargs="+", metavar="MODEL", help=f"models to run (default: {' '.join(MODELS)})")
+    what.add_argument("--repeats", type=int, metavar="N", help="runs of every case per model, 1-10 (default 1)")
+    what.add_argument("--out", metavar="FILE", help="new record file (default results.json; never overwritten)")
+    what.add_argument("--dry-run", action="store_true", help="validate the suite and print the plan; send nothing")
+    what.add_argument("--list-checks", action="store_true", help="print the check catalogue and exit")
+    what.add_argument("--update-baseline", action="store_true",
+                      help="fill empty expected_text baselines of --suite from this run's answers")
+    where = parser.add_argument_group("where to send it")
+    where.add_argument("--provider", choices=sorted(PROVIDERS), help="default perplexity")
+    where.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
+    where.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the key for --base-url")
+    where.add_argument("--replay", metavar="RECORD", help="the saved record that --provider replay answers from")
+    where.add_argument("--timeout", type=float, metavar="SECONDS",
+                       help=f"per-request timeout (default {TIMEOUT_SECONDS})")
     return parser
 
 
-def parse_args(argv):
+def _env_default(args, name, env, variable, convert=str):
+    """Fill an unset flag from its environment twin."""
+    if getattr(args, name) is None and env.get(variable):
+        try:
+            setattr(args, name, convert(env[variable]))
+        except ValueError:
+            raise UsageError(f"{variable}={env[variable]!r} is not valid") from None
+
+
+def parse_args(argv, env=None):
+    """Parse and check the command line (and its environment twins); UsageError on bad input."""
+    env = os.environ if env is None else env
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.models = args.models or list(MODELS)
-    if len(set(args.models)) != len(args.models):
-        parser.error("--models: each model may appear only once")
-    if args.repeats is None:
-        args.repeats = 1
-    if not 1 <= args.repeats <= 10:
-        parser.error("--repeats must be between 1 and 10")
+    try:
+        _env_default(args, "suite", env, "REGRESSION_SUITE")
+        _env_default(args, "provider", env, "REGRESSION_PROVIDER")
+        _env_default(args, "models", env, "REGRESSION_MODELS", lambda v: v.replace(",", " ").split())
+        _env_default(args, "repeats", env, "REGRESSION_REPEATS", int)
+        _env_default(args, "out", env, "REGRESSION_OUT")
+        _env_default(args, "base_url", env, "OPENAI_BASE_URL")
+        if args.provider is None:
+            args.provider = "replay" if args.replay else "perplexity"
+        if args.provider not in PROVIDERS:
+            raise UsageError(f"unknown provider {args.provider!r}; choose one of {', '.join(sorted(PROVIDERS))}")
+        if args.replay and args.provider != "replay":
+            raise UsageError("--replay goes with --provider replay")
+        if args.models is not None and len(set(args.models)) != len(args.models):
+            raise UsageError("--models: each model may appear only once")
+        if args.models is not None and not all(model.strip() for model in args.models):
+            raise UsageError("--models: a model name is empty")
+        if args.repeats is not None and not 1 <= args.repeats <= 10:
+            raise UsageError("--repeats must be between 1 and 10")
+        if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
+            raise UsageError("--timeout must be a positive number of seconds")
+    except UsageError as exc:
+        parser.error(str(exc))
     args.out = args.out or "results.json"
+    args.timeout = args.timeout or TIMEOUT_SECONDS
     return parser, args
 
 
@@ -891,23 +1553,145 @@ def sdk_version():
     return version
 
 
-def run_config(suite, models, repeats):
+def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS):
     """Everything that can change results (SPEC A8); nothing that cannot."""
-    return {
+    definition = suite.get("definition", {})
+    config = {
         "models": list(models),
         "cases": suite["config_cases"],
         "instructions": suite["instructions"],
-        "tool": TOOL,
+        "tool": TOOL if suite.get("builtin") else definition.get("tool"),
         "response_format": suite["response_format"],
         "repeats": repeats,
         "max_steps": MAX_STEPS,
         "max_output_tokens": MAX_OUTPUT_TOKENS,
-        "timeout_seconds": TIMEOUT_SECONDS,
+        "timeout_seconds": timeout,
     }
+    if not suite.get("builtin"):
+        config["tools"] = definition.get("tools")
+        config["sources"] = suite.get("sources")
+    return config
+
+
+def _public_url(url):
+    """A base URL without credentials or query, safe to store."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def make_provider(args, env):
+    """The provider for this run and the secret it uses (never stored); UsageError on a bad set-up."""
+    if args.base_url and args.provider != "openai":
+        raise UsageError("--base-url goes with --provider openai (the Perplexity SDK reads PERPLEXITY_BASE_URL)")
+    if args.provider == "perplexity":
+        key = env.get("PERPLEXITY_API_KEY")
+        if not key:
+            raise UsageError("PERPLEXITY_API_KEY is not set; export your Perplexity API key "
+                             "(or try --provider echo for an offline run)")
+        try:
+            client = Perplexity(api_key=key, timeout=args.timeout, max_retries=SDK_MAX_RETRIES)
+        except Exception as exc:
+            raise UsageError(f"cannot create the Perplexity client: {type(exc).__name__}: {exc}") from None
+        return PerplexityProvider(client), key
+    if args.provider == "openai":
+        if not args.base_url:
+            raise UsageError("--provider openai needs --base-url URL or OPENAI_BASE_URL "
+                             f"(for OpenAI itself: {OpenAIProvider.DEFAULT_BASE_URL})")
+        parts = urllib.parse.urlsplit(args.base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UsageError(f"--base-url {args.base_url!r} is not an http(s) URL")
+        key = None
+        if args.api_key_env:
+            key = env.get(args.api_key_env)
+            if not key:
+                raise UsageError(f"{args.api_key_env} (named by --api-key-env) is not set")
+        elif args.base_url.rstrip("/") == OpenAIProvider.DEFAULT_BASE_URL:
+            key = env.get("OPENAI_API_KEY")
+            if not key:
+                raise UsageError("OPENAI_API_KEY is not set; it is needed for api.openai.com")
+        elif env.get("OPENAI_API_KEY"):
+            print(f"note: OPENAI_API_KEY is not sent to {_public_url(args.base_url)}; "
+                  "name the endpoint's key variable with --api-key-env", file=sys.stderr)
+        return OpenAIProvider(args.base_url, key, args.timeout), key
+    if args.provider == "replay":
+        if not args.replay:
+            raise UsageError("--provider replay needs --replay RECORD")
+        try:
+            return ReplayProvider(load_record(args.replay), args.replay), None
+        except RecordError as exc:
+            raise UsageError(f"--replay: {exc}") from None
+    return EchoProvider(), None
+
+
+def replay_defaults(args):
+    """With --provider replay, models and repeats default to the replayed record's."""
+    if args.provider != "replay" or not args.replay:
+        return None
+    try:
+        record = load_record(args.replay)
+    except RecordError as exc:
+        raise UsageError(f"--replay: {exc}") from None
+    config = record.get("config") if isinstance(record, dict) else None
+    if not isinstance(config, dict) or not isinstance(config.get("models"), list):
+        raise UsageError(f"--replay: {args.replay} has no config to replay")
+    args.models = args.models or config["models"]
+    args.repeats = args.repeats or config.get("repeats")
+    return record
+
+
+def provider_identity(provider, args, replayed):
+    if replayed is not None:
+        return replayed.get("provider") or {"name": "perplexity"}
+    identity = {"name": provider.name}
+    if provider.name == "openai":
+        identity["base_url"] = _public_url(args.base_url)
+    return identity
+
+
+def catalogue():
+    """The --list-checks text, from the checks' own docstrings."""
+    lines = ["Checks (run in this order; each is a pure function of the case and the response trace):"]
+    for name, check_fn in CHECKS.items():
+        lines.append(f"  {name:<22} {(check_fn.__doc__ or '').strip()}")
+    lines.append("Behaviors (a case's \"behaviors\" list): " + ", ".join(
+        name + (f":{kind.upper()}" if kind else "") for name, kind in BEHAVIORS.items()))
+    return "\n".join(lines)
+
+
+def _checks_of(case):
+    names = [key for key in ("expect", "cite", "contains", "excludes", "min_chars", "max_chars") if key in case]
+    if "min_similarity" in case:
+        names.append("similarity")
+    return names + list(case.get("behaviors", []))
+
+
+def plan_text(suite, args, plan, provider_note):
+    """The --dry-run report: what would be sent, to whom, how many times."""
+    models = args.models
+    lines = [
+        f"suite: {suite['name']}" + (f" ({suite['file']})" if suite.get("file") else ""),
+        f"provider: {args.provider}" + (f" ({provider_note})" if provider_note else ""),
+        f"instructions sha256: {instructions_sha256(suite['instructions'])}",
+        f"plan: {len(suite['cases'])} cases x {len(models)} models x {args.repeats} repeats = {len(plan)} requests",
+        f"models: {', '.join(models)}",
+        "tools: " + (", ".join(_tool_name(t) or t.get("type", "?") for t in suite["tools"]) or "none"),
+        "response format: " + (((suite["response_format"] or {}).get("json_schema") or {}).get("name")
+                               or (suite["response_format"] or {}).get("type") or "free text"),
+    ]
+    for case in suite["cases"]:
+        text = _normalise(_case_text(case))
+        lines.append(f"  {case['id']}: {text[:70]}{'...' if len(text) > 70 else ''}"
+                     f"  [checks: {', '.join(_checks_of(case)) or 'completed only'}]")
+    lines.append("nothing was sent (--dry-run)")
+    return "\n".join(lines)
 
 
 def row_line(row):
-    """The console line of one row: verdict, model, case, repeat, reasons, cost, time."""
+    """The console line of one row: model, case, repeat, verdict or reasons, cost, time."""
     if row["error"] is not None:
         verdict = f"ERROR {row['error']}" + (f" {row['error_status']}" if row["error_status"] else "")
     else:
@@ -916,39 +1700,76 @@ def row_line(row):
     return f"{row['model']}  {row['case_id']}  r{row['repeat']}  {verdict}  {cost}  {row['seconds']:.3f}s"
 
 
-def main(argv=None):
-    """Run the suite and return the exit code: 0 pass, 1 a check failed, 2 error or incomplete.
+def _now():
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
-    Usage errors raise SystemExit(2) through argparse before any file is created.
+
+def main(argv=None):
+    """Run a suite and return the exit code: 0 pass, 1 a check failed, 2 error or incomplete.
+
+    Everything that can fail before the first request (arguments, suite, key, client)
+    raises SystemExit(2) through argparse before the record file is created.
     KeyboardInterrupt propagates after the record is saved with exit code 2.
     """
     parser, args = parse_args(argv)
-    suite = builtin_suite()
-    key = os.environ.get("PERPLEXITY_API_KEY")
-    if not key:
-        parser.error("PERPLEXITY_API_KEY is not set; export your Perplexity API key to run live")
+    if args.list_checks:
+        print(catalogue())
+        return 0
+    env = os.environ
     try:
-        client = Perplexity(api_key=key, timeout=TIMEOUT_SECONDS, max_retries=SDK_MAX_RETRIES)
-    except Exception as exc:
-        parser.error(f"cannot create the Perplexity client: {type(exc).__name__}: {exc}")
-    provider = PerplexityProvider(client)
-    config = run_config(suite, args.models, args.repeats)
-    header = {"created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "config": config, "sdk_version": sdk_version(), "code_sha256": code_sha256(),
-              "evidence": "live"}
+        replayed = replay_defaults(args)
+        if args.provider == "openai" and not args.models:
+            raise UsageError("--provider openai needs --models (names as the endpoint knows them)")
+        args.models = args.models or (["echo"] if args.provider == "echo" else list(MODELS))
+        args.repeats = args.repeats or 1
+        suite = (load_suite(args.suite, allow_empty_baseline=args.update_baseline) if args.suite
+                 else builtin_suite())
+        if args.update_baseline and suite["builtin"]:
+            raise UsageError("--update-baseline needs --suite FILE")
+        plan = plan_rows(args.models, [case["id"] for case in suite["cases"]], args.repeats)
+        if args.dry_run:
+            try:
+                provider, _ = make_provider(args, env) if args.provider != "perplexity" else (None, None)
+                note = None if args.provider != "perplexity" or env.get("PERPLEXITY_API_KEY") else \
+                    "PERPLEXITY_API_KEY is not set; a live run would stop here"
+            except UsageError as exc:
+                provider, note = None, f"a live run would stop here: {exc}"
+            if isinstance(provider, ReplayProvider) and provider.missing(plan):
+                raise UsageError(f"--replay: {args.replay} has no stored response for "
+                                 f"{' / '.join(map(str, provider.missing(plan)))}")
+            print(plan_text(suite, args, plan, note))
+            return 0
+        provider, secret = make_provider(args, env)
+        if isinstance(provider, ReplayProvider) and provider.missing(plan):
+            raise UsageError(f"--replay: {args.replay} has no stored response for "
+                             f"{' / '.join(map(str, provider.missing(plan)))}")
+    except (SuiteError, UsageError) as exc:
+        parser.error(str(exc))
+    config = run_config(suite, args.models, args.repeats, args.timeout)
+    header = {"created_at": _now(), "config": config,
+              "sdk_version": replayed.get("sdk_version") if replayed else
+              sdk_version() if args.provider == "perplexity" else None,
+              "code_sha256": code_sha256(),
+              "evidence": (replayed.get("evidence", "live") if replayed else
+                           "echo" if args.provider == "echo" else "live"),
+              "suite": {"name": suite["name"], "builtin": suite["builtin"], "file": suite.get("file")},
+              "provider": provider_identity(provider, args, replayed)}
+    if replayed is not None:
+        header["replayed_from"] = {"path": args.replay, "created_at": replayed.get("created_at")}
     tally = Tally(args.models, args.repeats, config["cases"])
     try:
         writer = create_record(args.out, header, [], tally.summary())
     except RecordError as exc:
         parser.error(str(exc))
-    cases = {case["id"]: (original, case) for original, case in zip(CASES, suite["cases"])}
+    cases = {case["id"]: case for case in suite["cases"]}
+    grader = builtin_grader(suite, provider)
+    rows = []
     try:
-        for model, case_id, repeat in plan_rows(args.models, list(cases), args.repeats):
-            original, case = cases[case_id]
-            grader = lambda raw, trace, original=original: check(original, raw, trace["final_text"])  # noqa: E731
-            row = execute(provider, suite, case, model, repeat, grader=grader)
+        for model, case_id, repeat in plan:
+            row = execute(provider, suite, cases[case_id], model, repeat, grader=grader)
             tally.add(row)
             writer.append(row, tally.summary())
+            rows.append(row)
             print(row_line(row), flush=True)
             if row["error"] is not None:
                 break  # the first execution error stops the run: no further spend
@@ -966,6 +1787,13 @@ def main(argv=None):
     writer.close()
     final = tally.summary()
     print(json.dumps(final, indent=2))
+    if args.update_baseline:
+        answers = {}
+        for row in rows:
+            if row["error"] is None and isinstance(row["answer_text"], str):
+                answers.setdefault(row["case_id"], row["answer_text"])
+        filled = fill_baselines(args.suite, answers)
+        print(f"baselines filled: {', '.join(filled) if filled else 'none'} ({args.suite})")
     return final["exit_code"]
 
 
