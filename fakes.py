@@ -179,6 +179,33 @@ def failing(status, headers=None, after=0, then=None):
     return reply
 
 
+# ---------------------------------------------------------------------- chat-completions replies
+
+def chat_response(content=None, tool_calls=(), finish_reason=None, model="fake-chat", cost=None):
+    """An OpenAI-compatible chat completion: text content and/or tool calls [(name, arguments)]."""
+    message = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = [{"id": f"call_{n}", "type": "function",
+                                  "function": {"name": name, "arguments": json.dumps(arguments)}}
+                                 for n, (name, arguments) in enumerate(tool_calls, 1)]
+    finish = finish_reason or ("tool_calls" if tool_calls else "stop")
+    body = {"id": "chatcmpl-fake", "object": "chat.completion", "created": 1, "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+    if cost is not None:
+        body["usage"]["cost"] = cost
+    return body
+
+
+def chat(answer):
+    """A reply function for /chat/completions: `answer(request_json)` gives a chat_response body."""
+    def reply(request):
+        if not request.path.endswith("/chat/completions"):
+            return Reply(404, {"error": {"message": f"no route {request.path}"}})
+        return Reply(body=answer(request.json or {}))
+    return reply
+
+
 def main():
     """Serve a scenario on a free loopback port (for manual runs): prints the base URL."""
     import argparse
