@@ -1105,12 +1105,78 @@ def builtin_grader(suite, provider):
     return lambda case, raw, trace: check(originals[case["id"]], raw, trace["final_text"])
 
 
-def execute(provider, suite, case, model, repeat=None, grader=None):
+_TRANSIENT_ERRORS = {"TimeoutError", "ConnectionError", "APIConnectionError", "APITimeoutError",
+                     "IncompleteRead", "RemoteDisconnected", "URLError"}
+BACKOFF_BASE_SECONDS = 1.0
+BACKOFF_CAP_SECONDS = 30.0
+MAX_RETRY_AFTER_SECONDS = 120.0  # a longer Retry-After fails the row instead of stalling the run
+
+
+def transient(exc):
+    """Worth retrying: 429, 5xx, timeouts and connection failures; never other 4xx."""
+    status = status_of(exc)
+    if status is not None:
+        return status == 429 or 500 <= status <= 599
+    return any(cls.__name__ in _TRANSIENT_ERRORS for cls in type(exc).__mro__)
+
+
+def retry_after(exc):
+    """Seconds the endpoint asked us to wait (Retry-After: seconds or an HTTP date), or None."""
+    headers = getattr(getattr(exc, "response", None), "headers", None) or getattr(exc, "headers", None)
+    try:
+        value = headers.get("retry-after") if headers is not None else None
+    except Exception:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        import email.utils
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None:
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.timezone.utc)
+        seconds = (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+def backoff(attempt, exc, jitter):
+    """How long to wait before attempt+1, or None to give up now."""
+    asked = retry_after(exc)
+    if asked is not None:
+        return asked if asked <= MAX_RETRY_AFTER_SECONDS else None
+    return min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2 ** (attempt - 1)) * jitter()
+
+
+def send(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None):
+    """provider.request with up to `retries` retries of transient failures; (raw, attempts)."""
+    import random
+    jitter = jitter or (lambda: random.uniform(0.5, 1.0))
+    attempt = 1
+    while True:
+        try:
+            return provider.request(model, suite, case, repeat), attempt
+        except Exception as exc:
+            wait = backoff(attempt, exc, jitter) if attempt <= retries and transient(exc) else None
+            if wait is None:
+                exc.attempts = attempt
+                raise
+            sleep(wait)
+            attempt += 1
+
+
+def execute(provider, suite, case, model, repeat=None, grader=None, retries=None):
     """One row: request, store the evidence, then grade (SPEC A6).
 
     The response, answer text and cost are stored in the row before grading, so a
     crashing checker still leaves the evidence; any exception becomes an
-    execution_error row instead of escaping.
+    execution_error row instead of escaping. With `retries` set, the row also
+    records how many attempts the request took.
     """
     row = {"case_id": case["id"], "model": model}
     if repeat is not None:
@@ -1118,7 +1184,9 @@ def execute(provider, suite, case, model, repeat=None, grader=None):
     row.update(error=None, error_status=None, cost_usd=None, response=None, answer_text=None, reasons=[])
     started = time.monotonic()
     try:
-        raw = provider.request(model, suite, case, repeat or 0)
+        raw, attempts = send(provider, model, suite, case, repeat or 0, retries or 0)
+        if retries is not None:
+            row["attempts"] = attempts
         row["response"] = raw
         trace = provider.parse(raw)
         row["answer_text"] = trace["final_text"]
@@ -1133,9 +1201,66 @@ def execute(provider, suite, case, model, repeat=None, grader=None):
         row["error_status"] = status_of(exc)
         row["error_message"] = str(exc)[:500]
         row["reasons"] = ["execution_error"]
+        if retries is not None:
+            row.setdefault("attempts", getattr(exc, "attempts", 1))
     row["seconds"] = round(time.monotonic() - started, 3)
     row["passed"] = not row["reasons"]
     return row
+
+
+# ---------------------------------------------------------------------- redaction
+# Masks apply to what is stored, after the checks ran on the original text, so a
+# leak still fails its case but never reaches disk.
+
+def _luhn_ok(digits):
+    total = 0
+    for position, digit in enumerate(reversed(digits)):
+        value = int(digit) * (2 if position % 2 else 1)
+        total += value - 9 if value > 9 else value
+    return total % 10 == 0
+
+
+def _mask_cards(match):
+    digits = re.sub(r"\D", "", match.group(0))
+    return "[REDACTED:card]" if 13 <= len(digits) <= 19 and _luhn_ok(digits) else match.group(0)
+
+
+PII_PATTERNS = [
+    (re.compile(r"(?<![\w-])\d(?:[ -]?\d){12,18}(?![\w-])"), _mask_cards),
+    (re.compile(r"(?i)\bbearer\s+[A-Za-z0-9\-._~+/]+=*"), "[REDACTED:bearer]"),
+    (re.compile(r"\b(?:sk|pk|rk|pplx|xai|gsk|ghp|gho|ghs|github_pat|hf|AKIA)[-_A-Za-z0-9]{16,}"), "[REDACTED:key]"),
+    (re.compile(r"(?i)\b(api[_-]?key|secret|token|password)(\s*[:=]\s*)[^\s\"',;]+"), r"\1\2[REDACTED:key]"),
+    (re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"), "[REDACTED:email]"),
+]
+
+
+def redactor(patterns=(), pii=False, secrets=()):
+    """A function that masks secrets, PII (optional) and user patterns in any JSON value."""
+    rules = [(re.compile(re.escape(secret)), "[REDACTED:secret]") for secret in secrets if secret]
+    rules += PII_PATTERNS if pii else []
+    rules += [(re.compile(pattern), "[REDACTED]") for pattern in patterns]
+
+    def mask(value):
+        if isinstance(value, str):
+            for pattern, replacement in rules:
+                value = pattern.sub(replacement, value)
+            return value
+        if isinstance(value, dict):
+            return {key: mask(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [mask(item) for item in value]
+        return value
+
+    return mask if rules else (lambda value: value)
+
+
+def redact_row(row, mask):
+    """The row as stored: responses, answers, details and error messages masked."""
+    stored = dict(row)
+    for field in ("response", "answer_text", "details", "error_message"):
+        if stored.get(field) is not None:
+            stored[field] = mask(stored[field])
+    return stored
 
 
 def run_one(client, case, model):
@@ -1262,6 +1387,25 @@ def create_record(path, header, rows, summary_):
         raise RecordError(f"cannot write {path}: {exc.strerror or exc}") from None
     writer.end = len((head + body).encode("utf-8"))
     writer.set_summary(summary_)
+    _fsync_dir(path)
+    return writer
+
+
+def replace_record(path, header, rows, summary_):
+    """Rewrite a record atomically (temp file + rename) and keep it open for appending.
+
+    Used to continue a record (--resume) and to put rows back in run order; a crash
+    at any point leaves either the old file or the new one, never a mix.
+    """
+    temp = f"{path}.{os.getpid()}.tmp"
+    writer = create_record(temp, header, rows, summary_)
+    try:
+        os.replace(temp, path)
+    except OSError as exc:
+        writer.close()
+        os.unlink(temp)
+        raise RecordError(f"cannot replace {path}: {exc.strerror or exc}") from None
+    writer.path = path
     _fsync_dir(path)
     return writer
 
@@ -1433,6 +1577,12 @@ class Tally:
     def complete(self):
         return not self.clash and self.seen == self.expected
 
+    def spent(self):
+        """Reported spend so far as a Decimal, or None when some row reported no cost."""
+        if not all(stats["cost_known"] for stats in self.per_model.values()):
+            return None
+        return sum((stats["cost"] for stats in self.per_model.values()), decimal.Decimal(0))
+
     def summary(self):
         complete = self.complete()
         models = {}
@@ -1473,7 +1623,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser():
     parser = _Parser(prog="regression.py", description=__doc__.split("\n\n")[0],
                      epilog="Environment twins: REGRESSION_SUITE, REGRESSION_PROVIDER, REGRESSION_MODELS, "
-                            "REGRESSION_REPEATS, REGRESSION_OUT, OPENAI_BASE_URL (for --base-url).",
+                            "REGRESSION_REPEATS, REGRESSION_OUT, REGRESSION_CONCURRENCY, REGRESSION_RETRIES, "
+                            "REGRESSION_MAX_COST_USD, REGRESSION_SHARD, OPENAI_BASE_URL (for --base-url).",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_argument_group("what to run")
     what.add_argument("--suite", metavar="FILE", help="a suite file (default: the built-in HTTP-advisor suite)")
@@ -1485,12 +1636,25 @@ def build_parser():
     what.add_argument("--update-baseline", action="store_true",
                       help="fill empty expected_text baselines of --suite from this run's answers")
     where = parser.add_argument_group("where to send it")
-    where.add_argument("--provider", choices=sorted(PROVIDERS), help="default perplexity")
+    where.add_argument("--provider", help=f"one of {', '.join(PROVIDERS)} (default perplexity)")
     where.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
     where.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the key for --base-url")
     where.add_argument("--replay", metavar="RECORD", help="the saved record that --provider replay answers from")
     where.add_argument("--timeout", type=float, metavar="SECONDS",
                        help=f"per-request timeout (default {TIMEOUT_SECONDS})")
+    control = parser.add_argument_group("run control")
+    control.add_argument("--concurrency", type=int, metavar="N", help="requests in flight, 1-64 (default 1)")
+    control.add_argument("--retries", type=int, metavar="N",
+                         help="retries of transient failures (429, 5xx, timeouts, resets), 0-10 (default 0)")
+    control.add_argument("--resume", metavar="RECORD", help="continue an interrupted record in place")
+    control.add_argument("--max-cost-usd", metavar="X", help="send no new request once reported spend reaches X")
+    control.add_argument("--shard", metavar="I/N", help="run the I-th of N deterministic slices of the rows")
+    control.add_argument("--merge", nargs="+", metavar="FILE",
+                         help="OUT SHARD...: combine shard records into one new record OUT, then exit")
+    control.add_argument("--redact", action="append", default=[], metavar="REGEX",
+                         help="mask matches in stored responses (repeatable)")
+    control.add_argument("--redact-pii", action="store_true",
+                         help="mask card numbers (Luhn), bearer tokens, API-key-like strings, e-mail addresses")
     return parser
 
 
@@ -1499,12 +1663,53 @@ def _env_default(args, name, env, variable, convert=str):
     if getattr(args, name) is None and env.get(variable):
         try:
             setattr(args, name, convert(env[variable]))
-        except ValueError:
+        except (ValueError, decimal.InvalidOperation):
             raise UsageError(f"{variable}={env[variable]!r} is not valid") from None
 
 
+def _shard(text):
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not match or not 1 <= int(match.group(1)) <= int(match.group(2)):
+        raise UsageError(f"--shard {text!r}: use I/N with 1 <= I <= N, e.g. 2/4")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _cost(text):
+    try:
+        value = decimal.Decimal(text)
+    except decimal.InvalidOperation:
+        raise UsageError(f"--max-cost-usd {text!r} is not a number") from None
+    if not value.is_finite() or value <= 0:
+        raise UsageError("--max-cost-usd must be a positive amount of US dollars")
+    return value
+
+
+def _check_ranges(args):
+    if args.models is not None and len(set(args.models)) != len(args.models):
+        raise UsageError("--models: each model may appear only once")
+    if args.models is not None and not all(model.strip() for model in args.models):
+        raise UsageError("--models: a model name is empty")
+    for name, low, high in (("repeats", 1, 10), ("concurrency", 1, 64), ("retries", 0, 10)):
+        value = getattr(args, name)
+        if value is not None and not low <= value <= high:
+            raise UsageError(f"--{name} must be between {low} and {high}")
+    if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UsageError("--timeout must be a positive number of seconds")
+    for pattern in args.redact:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise UsageError(f"--redact {pattern!r} is not a valid regular expression: {exc}") from None
+    if args.merge is not None and len(args.merge) < 2:
+        raise UsageError("--merge needs OUT and at least one shard record")
+    if args.resume and args.out:
+        raise UsageError("--resume continues its record in place; drop --out")
+    if args.resume and args.shard:
+        raise UsageError("--resume keeps the record's own shard; drop --shard")
+
+
 def parse_args(argv, env=None):
-    """Parse and check the command line (and its environment twins); UsageError on bad input."""
+    """Parse and check the command line (and its environment twins); exit 2 on bad input."""
     env = os.environ if env is None else env
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -1514,25 +1719,24 @@ def parse_args(argv, env=None):
         _env_default(args, "models", env, "REGRESSION_MODELS", lambda v: v.replace(",", " ").split())
         _env_default(args, "repeats", env, "REGRESSION_REPEATS", int)
         _env_default(args, "out", env, "REGRESSION_OUT")
+        _env_default(args, "concurrency", env, "REGRESSION_CONCURRENCY", int)
+        _env_default(args, "retries", env, "REGRESSION_RETRIES", int)
+        _env_default(args, "max_cost_usd", env, "REGRESSION_MAX_COST_USD")
+        _env_default(args, "shard", env, "REGRESSION_SHARD")
         _env_default(args, "base_url", env, "OPENAI_BASE_URL")
         if args.provider is None:
             args.provider = "replay" if args.replay else "perplexity"
         if args.provider not in PROVIDERS:
-            raise UsageError(f"unknown provider {args.provider!r}; choose one of {', '.join(sorted(PROVIDERS))}")
+            raise UsageError(f"unknown provider {args.provider!r}; choose one of {', '.join(PROVIDERS)}")
         if args.replay and args.provider != "replay":
             raise UsageError("--replay goes with --provider replay")
-        if args.models is not None and len(set(args.models)) != len(args.models):
-            raise UsageError("--models: each model may appear only once")
-        if args.models is not None and not all(model.strip() for model in args.models):
-            raise UsageError("--models: a model name is empty")
-        if args.repeats is not None and not 1 <= args.repeats <= 10:
-            raise UsageError("--repeats must be between 1 and 10")
-        if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
-            raise UsageError("--timeout must be a positive number of seconds")
+        _check_ranges(args)
+        args.shard = _shard(args.shard) if args.shard else None
+        args.max_cost_usd = _cost(args.max_cost_usd) if args.max_cost_usd is not None else None
     except UsageError as exc:
         parser.error(str(exc))
-    args.out = args.out or "results.json"
-    args.timeout = args.timeout or TIMEOUT_SECONDS
+    args.concurrency = args.concurrency or 1
+    args.retries = args.retries or 0
     return parser, args
 
 
@@ -1583,43 +1787,54 @@ def _public_url(url):
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+def provider_problem(args, env):
+    """Why the provider cannot run as set up (missing key, base URL, ...), or None. Sends nothing."""
+    if args.base_url and args.provider != "openai":
+        return "--base-url goes with --provider openai (the Perplexity SDK reads PERPLEXITY_BASE_URL)"
+    if args.provider == "perplexity" and not env.get("PERPLEXITY_API_KEY"):
+        return ("PERPLEXITY_API_KEY is not set; export your Perplexity API key "
+                "(or try --provider echo for an offline run)")
+    if args.provider == "openai":
+        if not args.base_url:
+            return ("--provider openai needs --base-url URL or OPENAI_BASE_URL "
+                    f"(for OpenAI itself: {OpenAIProvider.DEFAULT_BASE_URL})")
+        parts = urllib.parse.urlsplit(args.base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return f"--base-url {args.base_url!r} is not an http(s) URL"
+        if args.api_key_env and not env.get(args.api_key_env):
+            return f"{args.api_key_env} (named by --api-key-env) is not set"
+        if not args.api_key_env and _is_openai(args.base_url) and not env.get("OPENAI_API_KEY"):
+            return "OPENAI_API_KEY is not set; it is needed for api.openai.com"
+    if args.provider == "replay" and not args.replay:
+        return "--provider replay needs --replay RECORD"
+    return None
+
+
+def _is_openai(base_url):
+    return base_url.rstrip("/") == OpenAIProvider.DEFAULT_BASE_URL
+
+
 def make_provider(args, env):
     """The provider for this run and the secret it uses (never stored); UsageError on a bad set-up."""
-    if args.base_url and args.provider != "openai":
-        raise UsageError("--base-url goes with --provider openai (the Perplexity SDK reads PERPLEXITY_BASE_URL)")
+    problem = provider_problem(args, env)
+    if problem:
+        raise UsageError(problem)
     if args.provider == "perplexity":
-        key = env.get("PERPLEXITY_API_KEY")
-        if not key:
-            raise UsageError("PERPLEXITY_API_KEY is not set; export your Perplexity API key "
-                             "(or try --provider echo for an offline run)")
+        key = env["PERPLEXITY_API_KEY"]
         try:
             client = Perplexity(api_key=key, timeout=args.timeout, max_retries=SDK_MAX_RETRIES)
         except Exception as exc:
             raise UsageError(f"cannot create the Perplexity client: {type(exc).__name__}: {exc}") from None
         return PerplexityProvider(client), key
     if args.provider == "openai":
-        if not args.base_url:
-            raise UsageError("--provider openai needs --base-url URL or OPENAI_BASE_URL "
-                             f"(for OpenAI itself: {OpenAIProvider.DEFAULT_BASE_URL})")
-        parts = urllib.parse.urlsplit(args.base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise UsageError(f"--base-url {args.base_url!r} is not an http(s) URL")
-        key = None
-        if args.api_key_env:
-            key = env.get(args.api_key_env)
-            if not key:
-                raise UsageError(f"{args.api_key_env} (named by --api-key-env) is not set")
-        elif args.base_url.rstrip("/") == OpenAIProvider.DEFAULT_BASE_URL:
-            key = env.get("OPENAI_API_KEY")
-            if not key:
-                raise UsageError("OPENAI_API_KEY is not set; it is needed for api.openai.com")
-        elif env.get("OPENAI_API_KEY"):
+        # A custom base URL never receives the vendor's key unless the user names it.
+        key = env.get(args.api_key_env) if args.api_key_env else \
+            env.get("OPENAI_API_KEY") if _is_openai(args.base_url) else None
+        if key is None and env.get("OPENAI_API_KEY") and not _is_openai(args.base_url):
             print(f"note: OPENAI_API_KEY is not sent to {_public_url(args.base_url)}; "
                   "name the endpoint's key variable with --api-key-env", file=sys.stderr)
         return OpenAIProvider(args.base_url, key, args.timeout), key
     if args.provider == "replay":
-        if not args.replay:
-            raise UsageError("--provider replay needs --replay RECORD")
         try:
             return ReplayProvider(load_record(args.replay), args.replay), None
         except RecordError as exc:
@@ -1627,28 +1842,24 @@ def make_provider(args, env):
     return EchoProvider(), None
 
 
-def replay_defaults(args):
-    """With --provider replay, models and repeats default to the replayed record's."""
-    if args.provider != "replay" or not args.replay:
-        return None
+def _load_for(flag, path):
+    """A record named on the command line, checked to be a record; UsageError otherwise."""
     try:
-        record = load_record(args.replay)
+        record = load_record(path)
     except RecordError as exc:
-        raise UsageError(f"--replay: {exc}") from None
-    config = record.get("config") if isinstance(record, dict) else None
-    if not isinstance(config, dict) or not isinstance(config.get("models"), list):
-        raise UsageError(f"--replay: {args.replay} has no config to replay")
-    args.models = args.models or config["models"]
-    args.repeats = args.repeats or config.get("repeats")
+        raise UsageError(f"{flag}: {exc}") from None
+    if not isinstance(record, dict) or not isinstance(record.get("config"), dict) \
+            or not isinstance(record.get("runs"), list):
+        raise UsageError(f"{flag}: {path} is not an agent-regression record (no config and runs)")
     return record
 
 
-def provider_identity(provider, args, replayed):
+def provider_identity(provider_name, base_url, replayed):
     if replayed is not None:
         return replayed.get("provider") or {"name": "perplexity"}
-    identity = {"name": provider.name}
-    if provider.name == "openai":
-        identity["base_url"] = _public_url(args.base_url)
+    identity = {"name": provider_name}
+    if provider_name == "openai":
+        identity["base_url"] = _public_url(base_url)
     return identity
 
 
@@ -1704,6 +1915,277 @@ def _now():
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def record_header(config, sdk, evidence, **extra):
+    """A record's header: SPEC A8's keys first, then what this tool adds (suite, provider, ...)."""
+    header = {"created_at": _now(), "config": config, "sdk_version": sdk, "code_sha256": code_sha256(),
+              "evidence": evidence}
+    header.update({key: value for key, value in extra.items() if value is not None})
+    return header
+
+
+def _differing_key(old, new):
+    return next((key for key in [*old, *new] if key not in old or key not in new or old[key] != new[key]), None)
+
+
+def _suite_from_record(record, args):
+    """The suite a record was made with: the built-in one, --suite, or the cases in its config."""
+    info = record.get("suite") if isinstance(record.get("suite"), dict) else {"builtin": True}
+    if args.suite:
+        return load_suite(args.suite, allow_empty_baseline=args.update_baseline)
+    if info.get("builtin", True):
+        return builtin_suite()
+    config = record["config"]
+    try:
+        return validate_suite({"name": info.get("name") or "suite", "instructions": config.get("instructions"),
+                               "tool": config.get("tool"), "tools": config.get("tools"),
+                               "response_format": config.get("response_format"),
+                               "sources": config.get("sources"), "cases": config.get("cases")},
+                              allow_empty_baseline=args.update_baseline)
+    except SuiteError as exc:
+        raise UsageError(f"the record's suite is not valid: {exc}") from None
+
+
+class Run:
+    """Everything decided before the record file exists (SPEC A8: nothing can fail after)."""
+
+    def __init__(self, suite, plan, expected, header, path, kept=(), resuming=False):
+        self.suite, self.plan, self.expected, self.header = suite, plan, expected, header
+        self.path, self.kept, self.resuming = path, list(kept), resuming
+        done = {row_key(row) for row in self.kept}
+        self.todo = [key for key in plan if key not in done]
+        self.provider = self.secret = None
+
+
+def prepare(args, env):
+    """Suite, plan and header for a new run, or for --resume; raises UsageError / SuiteError."""
+    record = replayed = None
+    if args.resume:
+        record = _load_for("--resume", args.resume)
+        config = record["config"]
+        args.models = args.models or config.get("models")
+        args.repeats = args.repeats or config.get("repeats")
+        args.timeout = args.timeout or config.get("timeout_seconds")
+        identity = record.get("provider") or {"name": "perplexity"}
+        if identity.get("name") != args.provider and not (identity.get("name") == "perplexity" and
+                                                            args.provider == "perplexity"):
+            raise UsageError(f"--resume: {args.resume} was made with --provider {identity.get('name')}; "
+                             "resume it with the same provider")
+        if args.provider == "replay" and not args.replay:
+            args.replay = (record.get("replayed_from") or {}).get("path")
+    if args.provider == "replay":
+        replayed = _load_for("--replay", args.replay or "")
+        args.models = args.models or replayed["config"].get("models")
+        args.repeats = args.repeats or replayed["config"].get("repeats")
+    if args.provider == "openai" and not args.models:
+        raise UsageError("--provider openai needs --models (names as the endpoint knows them)")
+    args.models = args.models or (["echo"] if args.provider == "echo" else list(MODELS))
+    args.repeats = args.repeats or 1
+    args.timeout = args.timeout or TIMEOUT_SECONDS
+    _check_ranges(args)
+    if record is not None:
+        suite = _suite_from_record(record, args)
+    elif args.suite:
+        suite = load_suite(args.suite, allow_empty_baseline=args.update_baseline)
+    elif replayed is not None and isinstance(replayed.get("suite"), dict) and not replayed["suite"].get("builtin", True):
+        suite = _suite_from_record(replayed, args)
+    else:
+        suite = builtin_suite()
+    if args.update_baseline and suite["builtin"]:
+        raise UsageError("--update-baseline needs --suite FILE")
+    if args.update_baseline and not suite.get("file"):
+        raise UsageError("--update-baseline needs --suite FILE (the file it fills)")
+    config = run_config(suite, args.models, args.repeats, args.timeout)
+    full_plan = plan_rows(args.models, [case["id"] for case in suite["cases"]], args.repeats)
+    shard = args.shard or (_shard(record["shard"]) if record is not None and record.get("shard") else None)
+    plan = [key for n, key in enumerate(full_plan) if shard is None or n % shard[1] == shard[0] - 1]
+    if record is not None:
+        key = _differing_key(record["config"], config)
+        if key is not None:
+            raise UsageError(f"--resume: config key {key!r} would differ from the record's "
+                             "(a flag, the environment or the suite changed it); resume needs the same config")
+        header = {k: v for k, v in record.items() if k not in ("runs", "summary", "recovered")}
+        wanted, kept = set(plan), {}
+        for row in record["runs"]:
+            if isinstance(row, dict) and row_key(row) in wanted and row.get("error") is None:
+                kept.setdefault(row_key(row), row)
+        rows = [kept[key] for key in plan if key in kept]
+        header["resumed"] = list(header.get("resumed") or []) + [
+            {"at": _now(), "kept_rows": len(rows), "code_sha256": code_sha256()}]
+        return Run(suite, plan, set(plan), header, args.resume, rows, resuming=True)
+    sdk = (replayed.get("sdk_version") if replayed is not None else
+           sdk_version() if args.provider == "perplexity" else None)
+    evidence = (replayed.get("evidence", "live") if replayed is not None else
+                "echo" if args.provider == "echo" else "live")
+    header = record_header(
+        config, sdk, evidence,
+        suite={"name": suite["name"], "builtin": suite["builtin"], "file": suite.get("file")},
+        provider=provider_identity(args.provider, args.base_url, replayed),
+        shard=f"{shard[0]}/{shard[1]}" if shard else None,
+        replayed_from={"path": args.replay, "created_at": replayed.get("created_at")} if replayed else None,
+        redaction={"pii": args.redact_pii, "patterns": len(args.redact)} if args.redact or args.redact_pii else None)
+    return Run(suite, plan, set(plan), header, args.out or "results.json")
+
+
+def run_jobs(jobs, work, concurrency, stopping):
+    """Yield (job, row) as rows finish: at most `concurrency` in flight, none started once stopping()."""
+    if concurrency <= 1:
+        for job in jobs:
+            if stopping():
+                return
+            yield job, work(job)
+        return
+    import queue
+    import threading
+    finished, pending, in_flight = queue.Queue(), iter(jobs), 0
+
+    def worker(job):
+        try:
+            finished.put((job, work(job)))
+        except BaseException as exc:  # never lose a worker's failure silently
+            finished.put((job, exc))
+
+    def start_more():
+        nonlocal in_flight
+        while in_flight < concurrency and not stopping():
+            job = next(pending, None)
+            if job is None:
+                return
+            threading.Thread(target=worker, args=(job,), daemon=True).start()
+            in_flight += 1
+
+    start_more()
+    while in_flight:
+        job, row = finished.get()
+        in_flight -= 1
+        if isinstance(row, BaseException):
+            raise row
+        yield job, row
+        start_more()
+
+
+class Progress:
+    """Per-row lines on stdout; on a terminal, also a live status line on stderr."""
+
+    def __init__(self, total, done, stream=None):
+        self.stream = stream or sys.stderr
+        self.live = self.stream.isatty()
+        self.total, self.done, self.started, self.session = total, done, time.monotonic(), 0
+
+    def row(self, line, tally):
+        self.done += 1
+        self.session += 1
+        if self.live:
+            self.stream.write("\r\033[K")
+        print(line, flush=True)
+        if self.live:
+            self.stream.write(self.status(tally))
+            self.stream.flush()
+
+    def status(self, tally):
+        remaining = self.total - self.done
+        per_row = (time.monotonic() - self.started) / max(self.session, 1)
+        eta = int(per_row * remaining)
+        spent = tally.spent()
+        return (f"[{self.done}/{self.total}] {self.done - tally.failures} passed, "
+                f"{tally.failures - tally.errors} failed, {tally.errors} errors, "
+                f"{'$' + format(spent, 'f') if spent is not None else 'spend unknown'}, "
+                f"ETA {eta // 60}:{eta % 60:02d}")
+
+    def close(self):
+        if self.live:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _stop_reason(row, tally, cap):
+    """Why no new request may start after this row, or None."""
+    if row["error"] is not None:
+        status = f" {row['error_status']}" if row["error_status"] else ""
+        return (f"execution error on {row['model']} / {row['case_id']} / repeat {row['repeat']}: "
+                f"{row['error']}{status}")
+    if cap is not None:
+        spent = tally.spent()
+        if spent is None:
+            return "the provider reported no cost, so --max-cost-usd cannot be enforced"
+        if spent >= cap:
+            return f"--max-cost-usd reached: reported spend ${format(spent, 'f')} of ${format(cap, 'f')}"
+    return None
+
+
+def execute_run(run, args, writer, tally):
+    """Send the rows still to do and append each one as it finishes; returns (stopped, in_order, answers)."""
+    cases = {case["id"]: case for case in run.suite["cases"]}
+    grader = builtin_grader(run.suite, run.provider)
+    mask = redactor(args.redact, args.redact_pii, [run.secret] if run.secret else [])
+    position = {key: n for n, key in enumerate(run.plan)}
+    progress = Progress(len(run.plan), len(run.kept))
+    state = {"stopped": None, "last": max((position[row_key(r)] for r in run.kept), default=-1), "in_order": True}
+    answers = {}
+
+    def work(key):
+        model, case_id, repeat = key
+        return execute(run.provider, run.suite, cases[case_id], model, repeat, grader=grader, retries=args.retries)
+
+    try:
+        for key, row in run_jobs(run.todo, work, args.concurrency, lambda: state["stopped"] is not None):
+            stored = redact_row(row, mask)  # checks ran on the original; only the masked row is stored
+            tally.add(stored)
+            saving = time.monotonic()
+            writer.append(stored, tally.summary())
+            saved = time.monotonic() - saving
+            progress.row(f"{row_line(stored)}  (+{saved:.3f}s save)", tally)
+            state["in_order"] &= position[key] > state["last"]
+            state["last"] = max(state["last"], position[key])
+            if stored["error"] is None and isinstance(stored["answer_text"], str):
+                best = answers.get(key[1])
+                if best is None or position[key] < best[0]:
+                    answers[key[1]] = (position[key], stored["answer_text"])
+            state["stopped"] = state["stopped"] or _stop_reason(stored, tally, args.max_cost_usd)
+    finally:
+        progress.close()
+    return state["stopped"], state["in_order"], {case_id: text for case_id, (_, text) in answers.items()}
+
+
+def reorder(run, tally, final):
+    """Put rows back in run order (after concurrency or a resume) with one atomic rewrite."""
+    record = load_record(run.path)
+    position = {key: n for n, key in enumerate(run.plan)}
+    rows = sorted(record["runs"], key=lambda row: position.get(row_key(row), len(position)))
+    replace_record(run.path, run.header, rows, final).close()
+
+
+def merge(out, paths):
+    """--merge OUT SHARD...: one record from shard records of the same config; returns the exit code."""
+    records = [_load_for("--merge", path) for path in paths]
+    base = records[0]
+    for record, path in zip(records[1:], paths[1:]):
+        for field in ("config", "evidence", "code_sha256", "sdk_version", "provider"):
+            if record.get(field) != base.get(field):
+                raise UsageError(f"--merge: {path} differs from {paths[0]} in {field}; only shards of one run merge")
+    rows, source = {}, {}
+    for record, path in zip(records, paths):
+        for row in record["runs"]:
+            key = row_key(row) if isinstance(row, dict) else None
+            if key is None or key in rows:
+                raise UsageError(f"--merge: row {key} appears in both {source.get(key)} and {path}")
+            rows[key], source[key] = row, path
+    config = base["config"]
+    plan = plan_rows(config["models"], [case["id"] for case in config["cases"]], config["repeats"])
+    ordered = [rows.pop(key) for key in plan if key in rows] + list(rows.values())
+    final = summary(ordered, config["models"], config["repeats"], config["cases"])
+    header = {"created_at": _now(), **{k: v for k, v in base.items()
+                                       if k not in ("created_at", "runs", "summary", "shard", "recovered")}}
+    header["merged_from"] = [{"path": path, "shard": record.get("shard")} for record, path in zip(records, paths)]
+    try:
+        create_record(out, header, ordered, final).close()
+    except RecordError as exc:
+        raise UsageError(str(exc)) from None
+    print(json.dumps(final, indent=2))
+    if not final["complete"]:
+        print(f"merged record is incomplete: {final['rows']} of {final['expected_rows']} rows", file=sys.stderr)
+    return final["exit_code"]
+
+
 def main(argv=None):
     """Run a suite and return the exit code: 0 pass, 1 a check failed, 2 error or incomplete.
 
@@ -1712,88 +2194,69 @@ def main(argv=None):
     KeyboardInterrupt propagates after the record is saved with exit code 2.
     """
     parser, args = parse_args(argv)
+    env = os.environ
     if args.list_checks:
         print(catalogue())
         return 0
-    env = os.environ
     try:
-        replayed = replay_defaults(args)
-        if args.provider == "openai" and not args.models:
-            raise UsageError("--provider openai needs --models (names as the endpoint knows them)")
-        args.models = args.models or (["echo"] if args.provider == "echo" else list(MODELS))
-        args.repeats = args.repeats or 1
-        suite = (load_suite(args.suite, allow_empty_baseline=args.update_baseline) if args.suite
-                 else builtin_suite())
-        if args.update_baseline and suite["builtin"]:
-            raise UsageError("--update-baseline needs --suite FILE")
-        plan = plan_rows(args.models, [case["id"] for case in suite["cases"]], args.repeats)
+        if args.merge:
+            return merge(args.merge[0], args.merge[1:])
+        run = prepare(args, env)
         if args.dry_run:
-            try:
-                provider, _ = make_provider(args, env) if args.provider != "perplexity" else (None, None)
-                note = None if args.provider != "perplexity" or env.get("PERPLEXITY_API_KEY") else \
-                    "PERPLEXITY_API_KEY is not set; a live run would stop here"
-            except UsageError as exc:
-                provider, note = None, f"a live run would stop here: {exc}"
-            if isinstance(provider, ReplayProvider) and provider.missing(plan):
-                raise UsageError(f"--replay: {args.replay} has no stored response for "
-                                 f"{' / '.join(map(str, provider.missing(plan)))}")
-            print(plan_text(suite, args, plan, note))
+            replay = make_provider(args, env)[0] if args.provider == "replay" else None
+            missing = replay.missing(run.todo) if replay else None
+            if missing:
+                raise UsageError(f"--replay: {args.replay} has no stored response for {' / '.join(map(str, missing))}")
+            print(plan_text(run.suite, args, run.plan, provider_problem(args, env)))
             return 0
-        provider, secret = make_provider(args, env)
-        if isinstance(provider, ReplayProvider) and provider.missing(plan):
-            raise UsageError(f"--replay: {args.replay} has no stored response for "
-                             f"{' / '.join(map(str, provider.missing(plan)))}")
+        run.provider, run.secret = make_provider(args, env)
+        missing = run.provider.missing(run.todo) if isinstance(run.provider, ReplayProvider) else None
+        if missing:
+            raise UsageError(f"--replay: {args.replay} has no stored response for {' / '.join(map(str, missing))}")
     except (SuiteError, UsageError) as exc:
         parser.error(str(exc))
-    config = run_config(suite, args.models, args.repeats, args.timeout)
-    header = {"created_at": _now(), "config": config,
-              "sdk_version": replayed.get("sdk_version") if replayed else
-              sdk_version() if args.provider == "perplexity" else None,
-              "code_sha256": code_sha256(),
-              "evidence": (replayed.get("evidence", "live") if replayed else
-                           "echo" if args.provider == "echo" else "live"),
-              "suite": {"name": suite["name"], "builtin": suite["builtin"], "file": suite.get("file")},
-              "provider": provider_identity(provider, args, replayed)}
-    if replayed is not None:
-        header["replayed_from"] = {"path": args.replay, "created_at": replayed.get("created_at")}
-    tally = Tally(args.models, args.repeats, config["cases"])
+    config = run.header["config"]
+    tally = Tally(config["models"], config["repeats"], config["cases"], expected=run.expected)
+    for row in run.kept:
+        tally.add(row)
     try:
-        writer = create_record(args.out, header, [], tally.summary())
+        if run.resuming:
+            writer = replace_record(run.path, run.header, run.kept, tally.summary())
+            print(f"resuming {run.path}: {len(run.kept)} finished row(s) kept, {len(run.todo)} to run",
+                  file=sys.stderr)
+        else:
+            writer = create_record(run.path, run.header, [], tally.summary())
     except RecordError as exc:
         parser.error(str(exc))
-    cases = {case["id"]: case for case in suite["cases"]}
-    grader = builtin_grader(suite, provider)
-    rows = []
     try:
-        for model, case_id, repeat in plan:
-            row = execute(provider, suite, cases[case_id], model, repeat, grader=grader)
-            tally.add(row)
-            writer.append(row, tally.summary())
-            rows.append(row)
-            print(row_line(row), flush=True)
-            if row["error"] is not None:
-                break  # the first execution error stops the run: no further spend
+        stopped, in_order, answers = execute_run(run, args, writer, tally)
+        final = tally.summary()
+        if stopped:
+            final["stopped"] = stopped
+        writer.set_summary(final)
+        writer.close()
+        if not in_order:
+            reorder(run, tally, final)
     except KeyboardInterrupt as interrupt:
         final = tally.summary()
         final["stopped"] = "interrupted"
-        writer.set_summary(final)
+        try:
+            writer.set_summary(final)
+        except RecordError:
+            pass  # every finished row is still recoverable from the torn tail
         writer.close()
-        interrupt.record_path, interrupt.rows_saved = args.out, writer.count
+        interrupt.record_path, interrupt.rows_saved = run.path, writer.count
         raise
     except RecordError as exc:
         writer.close()
         print(f"regression.py: error: {exc}", file=sys.stderr)
         return 2
-    writer.close()
-    final = tally.summary()
     print(json.dumps(final, indent=2))
+    if stopped:
+        print(f"stopped early: {stopped}", file=sys.stderr)
     if args.update_baseline:
-        answers = {}
-        for row in rows:
-            if row["error"] is None and isinstance(row["answer_text"], str):
-                answers.setdefault(row["case_id"], row["answer_text"])
-        filled = fill_baselines(args.suite, answers)
-        print(f"baselines filled: {', '.join(filled) if filled else 'none'} ({args.suite})")
+        filled = fill_baselines(run.suite["file"], answers)
+        print(f"baselines filled: {', '.join(filled) if filled else 'none'} ({run.suite['file']})")
     return final["exit_code"]
 
 
@@ -1804,10 +2267,14 @@ def cli():
     except KeyboardInterrupt as interrupt:
         path = getattr(interrupt, "record_path", None)
         if path:
-            print(f"interrupted: {interrupt.rows_saved} finished row(s) saved in {path}", file=sys.stderr)
+            print(f"interrupted: {interrupt.rows_saved} finished row(s) saved in {path}; "
+                  f"continue with: python regression.py --resume {path}", file=sys.stderr)
         else:
             print("interrupted before the first request; nothing was saved", file=sys.stderr)
         code = 130
+    except BrokenPipeError:  # the reader of our output went away (| head): no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 2
     sys.exit(code)
 
 
