@@ -19,12 +19,15 @@ Exit codes:
 """
 
 import argparse
+import difflib
+import fractions
 import json
+import math
 import os
 import sys
 
-from regression import (CASES, INSTRUCTIONS, RecordError, check, dumps, load_record,
-                        plan_rows, row_key, summary, write_new_file)
+from regression import (CASES, INSTRUCTIONS, RecordError, check, dumps, html_page, html_table, junit_xml,
+                        load_record, md_table, md_text, plan_rows, row_key, summary, write_new_file, xml_text)
 
 
 # ====================================================================== records
@@ -97,23 +100,204 @@ def _comparable(before, after):
     _require(labels[0] == labels[1], f"evidence differs: {labels[0]} vs {labels[1]}")
 
 
-def compare(before, after):
-    """SPEC A9: print one line per row key; 1 if any NEW_FAILURE, else 0. ValueError if not comparable."""
+def fisher_drop(passed_before, runs_before, passed_after, runs_after):
+    """One-sided Fisher exact p-value that the pass rate dropped, computed exactly with integers.
+
+    It is the chance, with the total passes fixed, that the 'before' side holds at least
+    as many passes as it did if both sides had the same underlying pass rate.
+    """
+    total, passes = runs_before + runs_after, passed_before + passed_after
+    tail = sum(math.comb(passes, x) * math.comb(total - passes, runs_before - x)
+               for x in range(passed_before, min(runs_before, passes) + 1))
+    return float(fractions.Fraction(tail, math.comb(total, runs_before)))
+
+
+def _answer_diff(old, new):
+    a, b = old.get("answer_text"), new.get("answer_text")
+    if a == b or not isinstance(a, str) or not isinstance(b, str):
+        return None
+    return "\n".join(difflib.unified_diff(a.splitlines(), b.splitlines(), "before", "after", lineterm=""))
+
+
+def analyse(pairs, alpha=None):
+    """The comparison of paired rows [(key, old, new)]: labels, per-check changes, pass rates, diffs."""
+    rows, groups = [], {}
+    for key, old, new in pairs:
+        label = LABELS[(old["passed"], new["passed"])]
+        rows.append({"key": key, "label": label, "before": old["reasons"], "after": new["reasons"],
+                     "diff": _answer_diff(old, new), "seconds": new.get("seconds")})
+        group = groups.setdefault(key[:2], {"model": key[0], "case": key[1], "old": [], "new": []})
+        group["old"].append(old)
+        group["new"].append(new)
+    for group in groups.values():
+        old, new = group.pop("old"), group.pop("new")
+        before = {reason for row in old for reason in row["reasons"]}
+        after = {reason for row in new for reason in row["reasons"]}
+        group.update(
+            regress=sorted(after - before), gain=sorted(before - after),
+            passed_before=sum(row["passed"] for row in old), runs_before=len(old),
+            passed_after=sum(row["passed"] for row in new), runs_after=len(new))
+        group["p"] = fisher_drop(group["passed_before"], len(old), group["passed_after"], len(new))
+        group["flaky"] = [side for side, passed, runs in (("before", group["passed_before"], len(old)),
+                                                          ("after", group["passed_after"], len(new)))
+                          if 0 < passed < runs]
+        group["dropped"] = group["passed_after"] * len(old) < group["passed_before"] * len(new)
+    groups = list(groups.values())
+    new_failures = sum(row["label"] == "NEW_FAILURE" for row in rows)
+    significant = [g for g in groups if g["dropped"] and alpha is not None and g["p"] <= alpha]
+    exit_code = (1 if significant else 0) if alpha is not None else (1 if new_failures else 0)
+    return {"rows": rows, "groups": groups, "new_failures": new_failures, "alpha": alpha,
+            "significant": significant, "exit_code": exit_code,
+            "repeats": max((g["runs_before"] for g in groups), default=0)}
+
+
+def _key_text(key):
+    model, case_id, repeat = key
+    return f"{model}  {case_id}  repeat {repeat}"
+
+
+def render(result, all_diffs=False):
+    """The console text of a comparison: the SPEC A9 lines first, then what changed and why."""
+    lines = [f"{row['label']:<13}  {_key_text(row['key'])}  "
+             f"before={json.dumps(row['before'])}  after={json.dumps(row['after'])}" for row in result["rows"]]
+    changed = [g for g in result["groups"] if g["regress"] or g["gain"]]
+    if changed:
+        lines += ["", "changes by check (reasons that appeared or disappeared, over all repeats):"]
+        for g in changed:
+            if g["regress"]:
+                lines.append(f"REGRESS        {g['model']}  {g['case']}  " + " ".join("+" + r for r in g["regress"]))
+            if g["gain"]:
+                lines.append(f"GAIN           {g['model']}  {g['case']}  " + " ".join("-" + r for r in g["gain"]))
+    if result["repeats"] > 1:
+        lines += ["", "pass rates over repeats (p: one-sided Fisher exact test that the rate dropped):"]
+        for g in result["groups"]:
+            flaky = f"  FLAKY({','.join(g['flaky'])})" if g["flaky"] else ""
+            lines.append(f"RATE           {g['model']}  {g['case']}  {g['passed_before']}/{g['runs_before']} -> "
+                         f"{g['passed_after']}/{g['runs_after']}  p={g['p']:.4f}{flaky}")
+    diffs = [row for row in result["rows"] if row["diff"] and (all_diffs or row["label"] in ("NEW_FAILURE", "RECOVERED"))]
+    if diffs:
+        lines += ["", "answers that changed (unified diff before -> after):"]
+        for row in diffs:
+            lines += [f"== {_key_text(row['key'])} ({row['label']})", row["diff"]]
+    lines.append("")
+    if result["alpha"] is not None:
+        lines.append(f"verdict: {len(result['significant'])} significant drop(s) at p <= {result['alpha']} "
+                     f"({result['new_failures']} NEW_FAILURE row(s)) -> exit {result['exit_code']}")
+        smallest = 1 / math.comb(2 * result["repeats"], result["repeats"]) if result["repeats"] else 1
+        if smallest > result["alpha"]:
+            lines.append(f"note: with {result['repeats']} repeat(s) per side no drop can reach p <= {result['alpha']} "
+                         f"(the smallest possible p is {smallest:.4f}); add --repeats")
+    else:
+        lines.append(f"verdict: {result['new_failures']} NEW_FAILURE row(s) -> exit {result['exit_code']}")
+    return "\n".join(lines)
+
+
+def cautions(before, after):
+    """Differences that do not block a comparison but may explain it."""
+    notes = [f"CAUTION {field} differs: {before.get(field)} -> {after.get(field)}"
+             for field in ("sdk_version", "code_sha256") if before.get(field) != after.get(field)]
+    if (before.get("provider") or {"name": "perplexity"}) != (after.get("provider") or {"name": "perplexity"}):
+        notes.append(f"CAUTION provider differs: {before.get('provider')} -> {after.get('provider')}")
+    return notes
+
+
+def compare_records(before, after, alpha=None):
+    """Check two records are comparable and analyse them; (cautions, result). ValueError otherwise."""
     _comparable(before, after)
     rows_before, rows_after = index(before), index(after)
-    for field in ("sdk_version", "code_sha256"):
-        if before.get(field) != after.get(field):
-            print(f"CAUTION {field} differs: {before.get(field)} -> {after.get(field)}")
     config = before["config"]
-    new_failures = 0
-    for key in plan_rows(config["models"], [case["id"] for case in config["cases"]], config["repeats"]):
-        old, new = rows_before[key], rows_after[key]
-        label = LABELS[(old["passed"], new["passed"])]
-        new_failures += label == "NEW_FAILURE"
-        model, case_id, repeat = key
-        print(f"{label:<13}  {model}  {case_id}  repeat {repeat}  "
-              f"before={json.dumps(old['reasons'])}  after={json.dumps(new['reasons'])}")
-    return 1 if new_failures else 0
+    plan = plan_rows(config["models"], [case["id"] for case in config["cases"]], config["repeats"])
+    return cautions(before, after), analyse([(key, rows_before[key], rows_after[key]) for key in plan], alpha)
+
+
+def compare(before, after, alpha=None, all_diffs=False):
+    """SPEC A9: print one line per row key (and what changed); 1 if any NEW_FAILURE, else 0.
+
+    With alpha, the exit code follows pass-rate drops with p <= alpha instead.
+    Raises ValueError when the records are not comparable.
+    """
+    notes, result = compare_records(before, after, alpha)
+    print("\n".join(notes + [render(result, all_diffs)]))
+    return result["exit_code"]
+
+
+def model_swap(record, model_a, model_b, alpha=None):
+    """Pair model A's rows (before) with model B's (after) in one run: is B a drop-in for A?"""
+    rows = index(record)
+    config = record["config"]
+    for model in (model_a, model_b):
+        _require(model in config["models"], f"model {model!r} is not in this run ({', '.join(config['models'])})")
+    _require(model_a != model_b, "give two different models")
+    label = f"{model_a} -> {model_b}"
+    pairs = [((label, case["id"], repeat), rows[(model_a, case["id"], repeat)], rows[(model_b, case["id"], repeat)])
+             for repeat in range(config["repeats"]) for case in config["cases"]]
+    return analyse(pairs, alpha)
+
+
+# ====================================================================== reports
+
+def markdown_comparison(result, title):
+    lines = [f"## {md_text(title)}", "",
+             f"**{'NEW FAILURES' if result['exit_code'] else 'no new failure'}** (exit {result['exit_code']}): "
+             f"{result['new_failures']} NEW_FAILURE row(s) of {len(result['rows'])}"]
+    lines += ["", md_table(["label", "model", "case", "repeat", "before", "after"], [
+        [row["label"], md_text(row["key"][0]), md_text(row["key"][1]), str(row["key"][2]),
+         md_text(", ".join(row["before"]) or "pass"), md_text(", ".join(row["after"]) or "pass")]
+        for row in result["rows"] if row["label"] != "PASS"] or [["PASS", "all", "", "", "", ""]])]
+    lines += ["", "### By model and case", "", md_table(
+        ["model", "case", "passes before -> after", "p (drop)", "appeared", "disappeared"],
+        [[md_text(g["model"]), md_text(g["case"]),
+          f"{g['passed_before']}/{g['runs_before']} -> {g['passed_after']}/{g['runs_after']}"
+          + (" FLAKY" if g["flaky"] else ""), f"{g['p']:.4f}",
+          md_text(", ".join(g["regress"])), md_text(", ".join(g["gain"]))] for g in result["groups"]])]
+    return "\n".join(lines) + "\n"
+
+
+def junit_comparison(result, title):
+    suites = {}
+    significant = {(g["model"], g["case"]) for g in result["significant"]}
+    for row in result["rows"]:
+        model, case_id, repeat = row["key"]
+        case = {"classname": f"compare.{model}", "name": f"{case_id} [repeat {repeat}] {row['label']}",
+                "seconds": row["seconds"]}
+        failing = (model, case_id) in significant if result["alpha"] is not None else row["label"] == "NEW_FAILURE"
+        if failing:
+            case["failure"] = (f"{row['label']}: {', '.join(row['after'])}",
+                               f"before: {row['before']}\nafter: {row['after']}\n{row['diff'] or ''}")
+        suites.setdefault(model, []).append(case)
+    return junit_xml(title, list(suites.items()))
+
+
+def html_comparison(result, title):
+    css = {"NEW_FAILURE": "fail", "RECOVERED": "pass", "PASS": "", "STILL_FAILING": "error"}
+    body = [f"<h1>{xml_text(title)}</h1>",
+            f"<p><b>{'NEW FAILURES' if result['exit_code'] else 'no new failure'}</b> (exit {result['exit_code']}); "
+            f"{result['new_failures']} NEW_FAILURE row(s) of {len(result['rows'])}</p>",
+            "<h2>By model and case</h2>",
+            html_table(["model", "case", "passes before -> after", "p (drop)", "appeared (REGRESS)",
+                        "disappeared (GAIN)"],
+                       [[xml_text(g["model"]), xml_text(g["case"]),
+                         (f"{g['passed_before']}/{g['runs_before']} -> {g['passed_after']}/{g['runs_after']}"
+                          + (" FLAKY" if g["flaky"] else ""), "flaky" if g["flaky"] else
+                          "fail" if g["dropped"] else ""), f"{g['p']:.4f}",
+                         xml_text(", ".join(g["regress"])), xml_text(", ".join(g["gain"]))]
+                        for g in result["groups"]]),
+            "<h2>Rows</h2>",
+            html_table(["label", "model", "case", "repeat", "before", "after"],
+                       [[(xml_text(row["label"]), css[row["label"]]), xml_text(row["key"][0]),
+                         xml_text(row["key"][1]), xml_text(row["key"][2]),
+                         xml_text(", ".join(row["before"]) or "pass"), xml_text(", ".join(row["after"]) or "pass")]
+                        for row in result["rows"]])]
+    diffs = [row for row in result["rows"] if row["diff"]]
+    if diffs:
+        body.append("<h2>Answers that changed</h2>")
+        body += [f"<details{' open' if row['label'] == 'NEW_FAILURE' else ''}><summary>"
+                 f"{xml_text(_key_text(row['key']))} ({xml_text(row['label'])})</summary>"
+                 f"<pre>{xml_text(row['diff'])}</pre></details>" for row in diffs]
+    return html_page(title, "\n".join(body))
+
+
+COMPARISON_REPORTS = {"markdown": markdown_comparison, "junit": junit_comparison, "html": html_comparison}
 
 
 # ====================================================================== offline demo
@@ -175,21 +359,53 @@ def demo(folder):
 
 # ====================================================================== CLI
 
+def _alpha(text):
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError("alpha must be between 0 and 1")
+    return value
+
+
 def main(argv=None):
-    """Compare two records (or run the offline demo); return 0, 1 or 2 as the module docstring says."""
+    """Compare two records, two models of one record, or run the offline demo.
+
+    Returns 0 (no new failure), 1 (a new failure, or with --alpha a significant drop) or
+    2 (not comparable: it prints NOT_COMPARABLE: reason). Usage errors exit 2 via argparse.
+    """
     parser = argparse.ArgumentParser(prog="compare_runs.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("records", nargs="*", metavar="RECORD", help="BEFORE and AFTER record files")
+    parser.add_argument("records", nargs="*", metavar="RECORD", help="BEFORE and AFTER (or one RUN with --models)")
     parser.add_argument("--demo", metavar="NEW_DIR", help="write two synthetic records into NEW_DIR and compare them")
+    parser.add_argument("--models", nargs=2, metavar=("A", "B"), help="within one RUN: is model B a drop-in for A?")
+    parser.add_argument("--alpha", type=_alpha, help="exit 1 only for pass-rate drops with p <= ALPHA")
+    parser.add_argument("--all-diffs", action="store_true", help="diff every changed answer, not only changed verdicts")
+    parser.add_argument("--markdown", metavar="FILE", help="write a Markdown report (new file)")
+    parser.add_argument("--junit", metavar="FILE", help="write a JUnit XML report (new file)")
+    parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (new file)")
     args = parser.parse_args(argv)
-    if args.demo is not None and args.records:
-        parser.error("give BEFORE AFTER or --demo NEW_DIR, not both")
-    if args.demo is None and len(args.records) != 2:
-        parser.error("give two record files, BEFORE and AFTER (or --demo NEW_DIR)")
+    if args.demo is not None and (args.records or args.models):
+        parser.error("give BEFORE AFTER, --models A B RUN, or --demo NEW_DIR: one of them")
+    wanted = 1 if args.models else 2
+    if args.demo is None and len(args.records) != wanted:
+        parser.error("give two record files, BEFORE and AFTER" if wanted == 2 else "--models A B takes one RUN record")
+    targets = {kind: getattr(args, kind) for kind in COMPARISON_REPORTS if getattr(args, kind)}
+    for kind, path in targets.items():
+        if os.path.lexists(path):
+            parser.error(f"--{kind}: {path} already exists (reports never overwrite a file)")
     try:
         if args.demo is not None:
             return demo(args.demo)
-        before, after = (load_record(path) for path in args.records)
-        return compare(before, after)
+        records = [load_record(path) for path in args.records]
+        if args.models:
+            notes, result = [], model_swap(records[0], *args.models, alpha=args.alpha)
+            title = f"model swap in {args.records[0]}: is {args.models[1]} a drop-in for {args.models[0]}?"
+            print(f"MODEL SWAP: {args.models[0]} (before) -> {args.models[1]} (after), same run, same cases")
+        else:
+            notes, result = compare_records(*records, alpha=args.alpha)
+            title = f"comparison: {args.records[0]} -> {args.records[1]}"
+        print("\n".join(notes + [render(result, args.all_diffs)]))
+        for kind, path in targets.items():
+            write_new_file(path, COMPARISON_REPORTS[kind](result, title))
+        return result["exit_code"]
     except (ValueError, RecordError) as exc:
         print(f"NOT_COMPARABLE: {exc}")
         return 2

@@ -20,6 +20,7 @@ import datetime
 import decimal
 import difflib
 import hashlib
+import html as _html
 import json
 import math
 import os
@@ -29,13 +30,23 @@ import time
 import urllib.parse
 
 __all__ = [
+    # built-in suite (SPEC A2)
     "MODELS", "CASES", "INSTRUCTIONS", "TOOL", "FORMAT", "RFC_SOURCES",
-    "rfc_document", "approved_source", "document_id",
-    "CHECKS", "check", "grade", "agent_trace", "reported_cost",
-    "Perplexity", "run_one",
-    "RecordError", "create_record", "load_record", "write_new_file", "dumps",
+    # URL rules and checks (A3-A5, B2)
+    "rfc_document", "approved_source", "document_id", "CHECKS", "BEHAVIORS", "check", "grade", "explain",
+    "compile_case", "agent_trace", "chat_trace", "reported_cost", "similarity",
+    # suites (B1)
+    "SuiteError", "load_suite", "validate_suite", "instructions_sha256",
+    # providers and one request (A6, B3, B4)
+    "Perplexity", "PROVIDERS", "PerplexityProvider", "OpenAIProvider", "EchoProvider", "ReplayProvider",
+    "run_one", "execute", "transient", "retry_after", "redactor",
+    # record and summary (A7, A8, B4)
+    "RecordError", "create_record", "replace_record", "load_record", "write_new_file", "dumps",
     "Tally", "summary", "row_key", "plan_rows",
-    "main",
+    # reports (B5)
+    "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
+    "markdown_run", "junit_run", "html_run",
+    "main", "cli",
 ]
 
 
@@ -1607,6 +1618,218 @@ def summary(rows, models, repeats, cases=CASES):
     return tally.summary()
 
 
+# ====================================================================== reports
+# Markdown (fits a CI job summary), JUnit XML and one self-contained HTML page. Every
+# string a model or endpoint produced is escaped: reports show it, never run it.
+
+_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def xml_text(value):
+    """Text safe inside XML 1.0 elements and attributes (escaped; invalid characters replaced)."""
+    return _XML_INVALID.sub("\ufffd", _html.escape(str(value), quote=True))
+
+
+def md_text(value, limit=300):
+    """One table cell of Markdown: no HTML, no pipes or newlines, no code spans to break out of."""
+    text = " ".join(str(value).split())
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return _html.escape(text, quote=False).replace("|", "\\|").replace("`", "\\`") \
+        .replace("[", "\\[").replace("]", "\\]")
+
+
+def md_table(headers, rows):
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+HTML_STYLE = """
+body{font:14px/1.45 system-ui,sans-serif;margin:2em;max-width:80em;color:#222}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}
+.pass{background:#e6f4ea}.fail{background:#fce8e6}.error{background:#fff4d6}.flaky{background:#efe6fa}
+pre{background:#f6f8fa;padding:.6em;overflow:auto;white-space:pre-wrap;word-break:break-word}
+code{background:#f6f8fa}.muted{color:#666}
+"""
+
+
+def html_page(title, body):
+    """A complete page: inline style only, a policy that forbids scripts, no external resource."""
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
+            "style-src 'unsafe-inline'; img-src 'none'; script-src 'none'; base-uri 'none'; form-action 'none'\">\n"
+            "<meta name=\"referrer\" content=\"no-referrer\">\n"
+            f"<title>{xml_text(title)}</title>\n<style>{HTML_STYLE}</style></head>\n<body>\n{body}\n</body></html>\n")
+
+
+def html_table(headers, rows):
+    """rows: lists of (html_cell, css_class) or plain escaped-html strings."""
+    out = ["<table><tr>" + "".join(f"<th>{xml_text(h)}</th>" for h in headers) + "</tr>"]
+    for row in rows:
+        cells = []
+        for cell in row:
+            content, css = cell if isinstance(cell, tuple) else (cell, "")
+            cells.append(f"<td class=\"{css}\">{content}</td>" if css else f"<td>{content}</td>")
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    return "\n".join(out + ["</table>"])
+
+
+def junit_xml(name, suites):
+    """JUnit XML: suites is [(suite_name, [testcase])], testcase a dict with name, classname,
+    seconds and optionally failure / error / skipped (each a (message, text) pair)."""
+    total = sum(len(cases) for _, cases in suites)
+    count = lambda kind, cases: sum(1 for case in cases if kind in case)  # noqa: E731
+    all_cases = [case for _, cases in suites for case in cases]
+    lines = ['<?xml version="1.0" encoding="UTF-8"?>',
+             f'<testsuites name="{xml_text(name)}" tests="{total}" failures="{count("failure", all_cases)}" '
+             f'errors="{count("error", all_cases)}" skipped="{count("skipped", all_cases)}">']
+    for suite_name, cases in suites:
+        seconds = sum(case.get("seconds") or 0 for case in cases)
+        lines.append(f'  <testsuite name="{xml_text(suite_name)}" tests="{len(cases)}" '
+                     f'failures="{count("failure", cases)}" errors="{count("error", cases)}" '
+                     f'skipped="{count("skipped", cases)}" time="{seconds:.3f}">')
+        for case in cases:
+            lines.append(f'    <testcase classname="{xml_text(case["classname"])}" name="{xml_text(case["name"])}" '
+                         f'time="{(case.get("seconds") or 0):.3f}">')
+            for kind in ("failure", "error", "skipped"):
+                if kind in case:
+                    message, text = case[kind]
+                    lines.append(f'      <{kind} message="{xml_text(message)}" type="{kind}">'
+                                 f'{xml_text(text)}</{kind}>')
+            lines.append("    </testcase>")
+        lines.append("  </testsuite>")
+    lines.append("</testsuites>")
+    return "\n".join(lines) + "\n"
+
+
+def _record_plan(record):
+    config = record["config"]
+    plan = plan_rows(config["models"], [case["id"] for case in config["cases"]], config["repeats"])
+    if record.get("shard"):
+        index, total = _shard(record["shard"])
+        plan = [key for n, key in enumerate(plan) if n % total == index - 1]
+    return plan
+
+
+def _row_failure_text(row):
+    parts = [f"reasons: {', '.join(row.get('reasons') or [])}"]
+    details = row.get("details") or {}
+    if "similarity" in details:
+        parts.append(f"similarity: {details['similarity']}")
+    if details.get("diff"):
+        parts.append(details["diff"])
+    parts.append(f"answer: {row.get('answer_text')}")
+    return "\n".join(parts)
+
+
+def junit_run(record):
+    """JUnit XML for one run: a testcase per planned model x case x repeat."""
+    rows = {row_key(row): row for row in record["runs"] if isinstance(row, dict)}
+    stopped = (record.get("summary") or {}).get("stopped") or "the run stopped before this row"
+    suites = {}
+    for key in _record_plan(record):
+        model, case_id, repeat = key
+        row = rows.get(key)
+        case = {"classname": f"{record.get('suite', {}).get('name', 'suite')}.{model}",
+                "name": f"{case_id} [repeat {repeat}]", "seconds": (row or {}).get("seconds")}
+        if row is None:
+            case["skipped"] = ("not run", stopped)
+        elif row.get("error") is not None:
+            case["error"] = (f"{row['error']} {row.get('error_status') or ''}".strip(), row.get("error_message") or "")
+        elif not row.get("passed"):
+            case["failure"] = (", ".join(row.get("reasons") or []), _row_failure_text(row))
+        suites.setdefault(model, []).append(case)
+    return junit_xml("agent-regression", list(suites.items()))
+
+
+_VERDICTS = {0: "PASS: every row passed", 1: "FAIL: at least one check failed",
+             2: "ERROR: an execution error or an incomplete run"}
+
+
+def markdown_run(record):
+    """A Markdown summary of one run (for $GITHUB_STEP_SUMMARY)."""
+    final = record.get("summary") or {}
+    lines = [f"## agent-regression: {md_text((record.get('suite') or {}).get('name', 'run'))}", "",
+             f"**{_VERDICTS.get(final.get('exit_code'), 'unknown')}** (exit {final.get('exit_code')}); "
+             f"{final.get('rows', 0)} of {final.get('expected_rows', '?')} rows; evidence: "
+             f"{md_text(record.get('evidence', 'live'))}"]
+    if final.get("stopped"):
+        lines += ["", f"Stopped early: {md_text(final['stopped'])}"]
+    lines += ["", md_table(["model", "passed", "errors", "qualified", "reported cost (USD)"], [
+        [md_text(model), f"{stats['passed']}/{stats['total']}", str(stats.get("errors", 0)),
+         "yes" if stats["qualified"] else "no", md_text(stats["reported_cost_usd"] or "unknown")]
+        for model, stats in (final.get("models") or {}).items()])]
+    failed = [row for row in record["runs"] if isinstance(row, dict) and not row.get("passed")]
+    if failed:
+        lines += ["", "### Failures", "", md_table(["model", "case", "repeat", "reasons"], [
+            [md_text(row.get("model")), md_text(row.get("case_id")), str(row.get("repeat")),
+             md_text(", ".join(row.get("reasons") or []) + (f" ({row['error']} {row.get('error_status') or ''})"
+                                                            if row.get("error") else ""))]
+            for row in failed])]
+    return "\n".join(lines) + "\n"
+
+
+def _html_row_details(row):
+    details = row.get("details") or {}
+    parts = [f"<p><b>{xml_text(row.get('model'))}</b> / <b>{xml_text(row.get('case_id'))}</b> / repeat "
+             f"{xml_text(row.get('repeat'))}: {xml_text(', '.join(row.get('reasons') or []) or 'PASS')}</p>"]
+    if row.get("error"):
+        parts.append(f"<pre>{xml_text(row['error'])} {xml_text(row.get('error_status') or '')}\n"
+                     f"{xml_text(row.get('error_message') or '')}</pre>")
+    if "similarity" in details:
+        parts.append(f"<p>similarity {xml_text(details['similarity'])}</p>")
+    if details.get("diff"):
+        parts.append(f"<pre>{xml_text(details['diff'])}</pre>")
+    parts.append(f"<details><summary>answer</summary><pre>{xml_text(row.get('answer_text'))}</pre></details>")
+    return "\n".join(parts)
+
+
+def html_run(record):
+    """One self-contained HTML page for a run: verdict, models, case matrix, failures, answers."""
+    final = record.get("summary") or {}
+    config = record["config"]
+    rows = {row_key(row): row for row in record["runs"] if isinstance(row, dict)}
+    title = f"agent-regression: {(record.get('suite') or {}).get('name', 'run')}"
+    body = [f"<h1>{xml_text(title)}</h1>",
+            f"<p><b>{xml_text(_VERDICTS.get(final.get('exit_code'), 'unknown'))}</b> (exit "
+            f"{xml_text(final.get('exit_code'))}); {xml_text(final.get('rows', 0))} of "
+            f"{xml_text(final.get('expected_rows', '?'))} rows; evidence {xml_text(record.get('evidence', 'live'))}; "
+            f"created {xml_text(record.get('created_at'))}</p>"]
+    if final.get("stopped"):
+        body.append(f"<p>Stopped early: {xml_text(final['stopped'])}</p>")
+    body.append(html_table(["model", "passed", "errors", "qualified", "reported cost (USD)"], [
+        [xml_text(model), f"{stats['passed']}/{stats['total']}", xml_text(stats.get("errors", 0)),
+         ("yes", "pass") if stats["qualified"] else ("no", "fail"), xml_text(stats["reported_cost_usd"] or "unknown")]
+        for model, stats in (final.get("models") or {}).items()]))
+    matrix = []
+    for case in config["cases"]:
+        cells = [xml_text(case["id"])]
+        for model in config["models"]:
+            got = [rows.get((model, case["id"], repeat)) for repeat in range(config["repeats"])]
+            done = [row for row in got if row is not None]
+            passed = sum(1 for row in done if row.get("passed"))
+            css = ("error" if any(row.get("error") for row in done) else "pass" if done and passed == len(done)
+                   else "fail" if done else "")
+            reasons = sorted({reason for row in done for reason in row.get("reasons") or []})
+            cells.append((f"{passed}/{len(done)}" + (f"<br><small>{xml_text(', '.join(reasons))}</small>"
+                                                     if reasons else ""), css))
+        matrix.append(cells)
+    body += ["<h2>Cases</h2>", html_table(["case", *config["models"]], matrix)]
+    failed = [row for row in record["runs"] if isinstance(row, dict) and not row.get("passed")]
+    if failed:
+        body += ["<h2>Failures</h2>", *(_html_row_details(row) for row in failed)]
+    return html_page(title, "\n".join(body))
+
+
+REPORTS = {"markdown": markdown_run, "junit": junit_run, "html": html_run}
+
+
+def write_reports(record, targets):
+    """Write each requested report of a record (targets: {kind: path}); never overwrites."""
+    for kind, path in targets.items():
+        write_new_file(path, REPORTS[kind](record))
+
+
 # ====================================================================== CLI
 
 class UsageError(Exception):
@@ -1655,6 +1878,11 @@ def build_parser():
                          help="mask matches in stored responses (repeatable)")
     control.add_argument("--redact-pii", action="store_true",
                          help="mask card numbers (Luhn), bearer tokens, API-key-like strings, e-mail addresses")
+    report = parser.add_argument_group("reports (new files, mode 0600, never overwritten)")
+    report.add_argument("--markdown", metavar="FILE", help="a Markdown summary (fits $GITHUB_STEP_SUMMARY)")
+    report.add_argument("--junit", metavar="FILE", help="JUnit XML: a testcase per model x case x repeat")
+    report.add_argument("--html", metavar="FILE", help="one self-contained HTML page")
+    report.add_argument("--report", metavar="RECORD", help="write the reports of a saved record; run nothing")
     return parser
 
 
@@ -1706,6 +1934,12 @@ def _check_ranges(args):
         raise UsageError("--resume continues its record in place; drop --out")
     if args.resume and args.shard:
         raise UsageError("--resume keeps the record's own shard; drop --shard")
+    for kind in REPORTS:
+        path = getattr(args, kind)
+        if path and os.path.lexists(path):
+            raise UsageError(f"--{kind}: {path} already exists (reports never overwrite a file)")
+    if args.report and not any(getattr(args, kind) for kind in REPORTS):
+        raise UsageError("--report RECORD needs at least one of --markdown, --junit, --html")
 
 
 def parse_args(argv, env=None):
@@ -2198,7 +2432,13 @@ def main(argv=None):
     if args.list_checks:
         print(catalogue())
         return 0
+    targets = {kind: getattr(args, kind) for kind in REPORTS if getattr(args, kind)}
     try:
+        if args.report:
+            record = _load_for("--report", args.report)
+            write_reports(record, targets)
+            print(f"wrote {', '.join(targets.values())} from {args.report}")
+            return 0
         if args.merge:
             return merge(args.merge[0], args.merge[1:])
         run = prepare(args, env)
@@ -2213,7 +2453,7 @@ def main(argv=None):
         missing = run.provider.missing(run.todo) if isinstance(run.provider, ReplayProvider) else None
         if missing:
             raise UsageError(f"--replay: {args.replay} has no stored response for {' / '.join(map(str, missing))}")
-    except (SuiteError, UsageError) as exc:
+    except (SuiteError, UsageError, RecordError) as exc:
         parser.error(str(exc))
     config = run.header["config"]
     tally = Tally(config["models"], config["repeats"], config["cases"], expected=run.expected)
@@ -2254,6 +2494,12 @@ def main(argv=None):
     print(json.dumps(final, indent=2))
     if stopped:
         print(f"stopped early: {stopped}", file=sys.stderr)
+    if targets:
+        try:
+            write_reports(load_record(run.path), targets)
+        except RecordError as exc:
+            print(f"regression.py: error: {exc}", file=sys.stderr)
+            return 2
     if args.update_baseline:
         filled = fill_baselines(run.suite["file"], answers)
         print(f"baselines filled: {', '.join(filled) if filled else 'none'} ({run.suite['file']})")
