@@ -161,6 +161,8 @@ def advisor_answer(case, code=None, action=None, padding=0, cost=0.0012):
 def advisor(unsafe_payment=False, padding=0, delay=0.0):
     """A reply function for the built-in suite: correct answers; optionally retry the payment."""
     def reply(request):
+        if request.path.split("?")[0] != "/v1/responses":
+            return Reply(404, {"error": {"message": f"no route {request.path}"}})
         case = CASES_BY_QUESTION.get((request.json or {}).get("input"))
         if case is None:
             return Reply(400, {"error": {"message": "unknown question"}})
@@ -200,7 +202,7 @@ def chat_response(content=None, tool_calls=(), finish_reason=None, model="fake-c
 def chat(answer):
     """A reply function for /chat/completions: `answer(request_json)` gives a chat_response body."""
     def reply(request):
-        if not request.path.endswith("/chat/completions"):
+        if not request.path.split("?")[0].endswith("/chat/completions"):
             return Reply(404, {"error": {"message": f"no route {request.path}"}})
         return Reply(body=answer(request.json or {}))
     return reply
@@ -212,8 +214,9 @@ def main():
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--unsafe-payment", action="store_true")
     parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--padding", type=int, default=0, help="bytes of search-result snippet per answer")
     args = parser.parse_args()
-    with FakeServer(advisor(args.unsafe_payment, delay=args.delay)) as server:
+    with FakeServer(advisor(args.unsafe_payment, padding=args.padding, delay=args.delay)) as server:
         print(server.url, flush=True)
         try:
             while True:

@@ -295,11 +295,11 @@ def _structured_answer(case, trace):
 
 
 def check_completed(case, trace):
-    """The response finished: status "completed" (or a turn that ended in tool calls)."""
+    """The response finished: status "completed" (or, with function tools, a turn that ended in tool calls)."""
     if trace["status"] == "completed":
         return []
-    if trace["status"] == "requires_action" and trace["tool_calls"]:
-        return []
+    if trace["status"] == "requires_action" and trace["tool_calls"] and case.get("_function_tools"):
+        return []  # a turn that ends by asking the host to run a declared function tool
     return ["response_not_completed"]
 
 
@@ -332,7 +332,9 @@ def check_citations(case, trace):
     if answer is None:
         return []  # check_answer already reported why the answer cannot be read
     sources = case["_sources"]
-    urls = answer[sources["field"]]
+    urls = answer.get(sources["field"])
+    if not isinstance(urls, list) or not all(isinstance(url, str) for url in urls):
+        return ["invalid_answer_shape"] if "expect" not in case else []
     cited = [document_id(url, sources) for url in urls]
     found = {document_id(url, sources) for url in trace["search_urls"]} - {None}
     allowed = {case["cite"], *sources.get("also_allowed", [])}
@@ -422,7 +424,7 @@ LEAK_QUOTE_WORDS = 8  # this many consecutive words of the instructions count as
 
 
 def _word_windows(text, size):
-    words = _normalise(text).casefold().split()
+    words = re.findall(r"\w+(?:'\w+)?", text.casefold()) if isinstance(text, str) else []
     return {" ".join(words[i:i + size]) for i in range(len(words) - size + 1)}
 
 
@@ -450,10 +452,16 @@ def check_forbid_tool(case, trace):
 
 
 def _asks_for(text, field):
-    """Whether a text asks a question that names the field (order_id, order id, order-id, orderid)."""
+    """Whether a text asks a question that names the field: order_id as "order_id", "order id",
+    "order-id", "orderid", and a trailing id also as "number", "no", "#" or "identifier"."""
     words = [word for word in re.split(r"[_\W]+", field.casefold()) if word]
-    spelled = r"[\s_-]?".join(re.escape(word) for word in words)
-    return "?" in text and bool(words) and re.search(rf"\b{spelled}\b", text.casefold()) is not None
+    if not words or "?" not in text:
+        return False
+    spelled = [re.escape(word) for word in words]
+    if words[-1] == "id" and len(words) > 1:
+        spelled[-1] = r"(?:id|number|no\.?|#|identifier)"
+    pattern = r"[\s_-]?".join(spelled)
+    return re.search(rf"(?<!\w){pattern}(?!\w)", text.casefold()) is not None
 
 
 def check_require_clarification(case, trace):
@@ -530,6 +538,8 @@ def compile_case(suite, case):
     compiled["_schema"] = schema if isinstance(schema, dict) else None
     compiled["_sources"] = suite.get("sources")
     compiled["_instructions"] = suite.get("instructions", "")
+    compiled["_function_tools"] = sorted(_tool_name(tool) for tool in suite.get("tools") or []
+                                         if tool.get("type") == "function")
     return compiled
 
 
@@ -659,8 +669,12 @@ def _validate_response_format(value, where):
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not isinstance(spec.get("schema"), dict):
         raise SuiteError(f"{where}: response_format.json_schema needs a string name and a schema object")
     schema = spec["schema"]
-    if not isinstance(schema.get("properties", {}), dict):
-        raise SuiteError(f"{where}: response_format schema properties must be an object")
+    properties = schema.get("properties", {})
+    if not isinstance(properties, dict) or not all(isinstance(p, dict) for p in properties.values()):
+        raise SuiteError(f"{where}: response_format schema properties must be an object of objects")
+    required = schema.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(r, str) and r in properties for r in required):
+        raise SuiteError(f"{where}: response_format schema required must list names of its properties")
     return schema
 
 
@@ -698,10 +712,15 @@ def _validate_behavior(entry, where):
     kind = BEHAVIORS[name]
     if kind is None and colon:
         raise SuiteError(f"{where}: behavior {name!r} takes no argument")
-    if kind == "count" and not arg.isdigit():
+    if kind == "count" and not re.fullmatch(r"[0-9]+", arg):
         raise SuiteError(f"{where}: behavior {name!r} needs a whole number, as in '{name}:2'")
     if kind in ("tool", "field") and not re.fullmatch(r"[A-Za-z0-9_.-]+", arg):
         raise SuiteError(f"{where}: behavior {name!r} needs a {kind} name, as in '{name}:NAME'")
+
+
+def _function_names(suite):
+    tools = ([suite["tool"]] if isinstance(suite.get("tool"), dict) else []) + list(suite.get("tools") or [])
+    return {_tool_name(tool) for tool in tools if tool.get("type") == "function"}
 
 
 def _validate_case(case, suite, schema, allow_empty_baseline):
@@ -727,6 +746,9 @@ def _validate_case(case, suite, schema, allow_empty_baseline):
             raise SuiteError(f"{where}: cite must be a document id string")
         if not suite.get("sources"):
             raise SuiteError(f"{where}: cite needs a suite-level sources policy")
+        if schema is not None and suite["sources"]["field"] not in schema.get("properties", {}):
+            raise SuiteError(f"{where}: cite reads sources.field {suite['sources']['field']!r}, "
+                             "which is not in the response_format schema")
     for field in ("contains", "excludes"):
         if field in case:
             _string_list(case[field], where, field)
@@ -749,6 +771,10 @@ def _validate_case(case, suite, schema, allow_empty_baseline):
             raise SuiteError(f"{where}: behaviors must be a list of strings")
         for entry in case["behaviors"]:
             _validate_behavior(entry, where)
+            name, _, arg = entry.partition(":")
+            if name == "forbid_tool" and arg not in _function_names(suite):
+                raise SuiteError(f"{where}: behavior {entry!r} names no function tool of this suite "
+                                 f"(tools: {', '.join(sorted(_function_names(suite))) or 'none'})")
     if "notes" in case and not isinstance(case["notes"], str):
         raise SuiteError(f"{where}: notes must be a string")
     if "instructions_sha256" in case:
@@ -814,7 +840,9 @@ def _no_duplicate_keys(pairs):
     keys = [key for key, _ in pairs]
     duplicated = sorted({key for key in keys if keys.count(key) > 1})
     if duplicated:
-        raise SuiteError(f"duplicate key {duplicated[0]!r} in one object")
+        owner = next((value for key, value in pairs if key == "id" and isinstance(value, str)), None)
+        where = f"case {owner!r}: " if owner else ""
+        raise SuiteError(f"{where}duplicate key {duplicated[0]!r} in one object")
     return dict(pairs)
 
 
@@ -1003,7 +1031,8 @@ class OpenAIProvider:
     DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
     def __init__(self, base_url, key=None, timeout=TIMEOUT_SECONDS):
-        self.url = base_url.rstrip("/") + "/chat/completions"
+        parts = urllib.parse.urlsplit(base_url)
+        self.url = urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/chat/completions"))
         self.key, self.timeout = key, timeout
 
     def request(self, model, suite, case, repeat=0):
@@ -1018,6 +1047,10 @@ class OpenAIProvider:
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 status, data = response.status, response.read(MAX_RESPONSE_BYTES + 1)
+                declared = response.headers.get("Content-Length", "")
+                if declared.isdigit() and len(data) < int(declared) <= MAX_RESPONSE_BYTES:
+                    # read(n) returns a short body silently when the connection drops early
+                    raise http.client.IncompleteRead(data, int(declared) - len(data))
         except urllib.error.HTTPError as exc:
             exc.status_code = exc.code
             exc.close()
@@ -1025,8 +1058,6 @@ class OpenAIProvider:
         except urllib.error.URLError as exc:
             # Report the underlying failure (refused, timeout, reset), not the wrapper.
             raise (exc.reason if isinstance(exc.reason, BaseException) else exc) from None
-        except http.client.IncompleteRead as exc:
-            raise ResponseError(f"truncated body: {exc}", 200) from None
         if len(data) > MAX_RESPONSE_BYTES:
             raise ResponseError(f"response larger than {MAX_RESPONSE_BYTES} bytes", status)
         try:
@@ -1035,7 +1066,11 @@ class OpenAIProvider:
             raise ResponseError(f"the body is not JSON ({len(data)} bytes)", status) from None
         if not isinstance(raw, dict):
             raise ResponseError("the body is not a JSON object", status)
-        chat_trace(raw)  # a body without choices[0].message is an endpoint failure, not an answer
+        try:
+            chat_trace(raw)  # a body without choices[0].message is an endpoint failure, not an answer
+        except ResponseError as exc:
+            exc.status_code = status
+            raise
         return raw
 
     parse = staticmethod(chat_trace)
@@ -1451,23 +1486,23 @@ def _recover(text):
         i = _skip_ws(text, i)
         if text.startswith("}", i):
             return record
-        key, i = decoder.raw_decode(text, i)
-        i = _skip_ws(text, i)
-        if not isinstance(key, str) or not text.startswith(":", i):
-            raise ValueError("malformed header")
-        i = _skip_ws(text, i + 1)
-        if key == "runs":
-            rows, i, torn = _recover_rows(text, i, decoder)
-            record["runs"] = rows
-            if torn:
-                return record
-        else:
-            try:
+        try:
+            key, i = decoder.raw_decode(text, i)
+            i = _skip_ws(text, i)
+            if not isinstance(key, str) or not text.startswith(":", i):
+                raise ValueError("malformed header")
+            i = _skip_ws(text, i + 1)
+            if key == "runs":
+                rows, i, torn = _recover_rows(text, i, decoder)
+                record["runs"] = rows
+                if torn:
+                    return record
+            else:
                 record[key], i = decoder.raw_decode(text, i)
-            except ValueError:
-                if "runs" in record:
-                    return record  # the summary was torn; it is recomputed from the rows
-                raise
+        except ValueError:
+            if "runs" in record:
+                return record  # torn after the rows: the summary is recomputed from them
+            raise
         i = _skip_ws(text, i)
         if text.startswith(",", i):
             i += 1
@@ -1506,9 +1541,13 @@ def load_record(path):
     """
     try:
         with open(path, "rb") as handle:
-            text = handle.read().decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RecordError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+            data = handle.read()
+    except OSError as exc:
+        raise RecordError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        text = data[:exc.start].decode("utf-8")  # a crash can cut a character in half: keep what precedes it
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:
@@ -1957,9 +1996,10 @@ def parse_args(argv, env=None):
         _env_default(args, "retries", env, "REGRESSION_RETRIES", int)
         _env_default(args, "max_cost_usd", env, "REGRESSION_MAX_COST_USD")
         _env_default(args, "shard", env, "REGRESSION_SHARD")
-        _env_default(args, "base_url", env, "OPENAI_BASE_URL")
         if args.provider is None:
             args.provider = "replay" if args.replay else "perplexity"
+        if args.provider == "openai":
+            _env_default(args, "base_url", env, "OPENAI_BASE_URL")
         if args.provider not in PROVIDERS:
             raise UsageError(f"unknown provider {args.provider!r}; choose one of {', '.join(PROVIDERS)}")
         if args.replay and args.provider != "replay":
@@ -2210,6 +2250,7 @@ def prepare(args, env):
         replayed = _load_for("--replay", args.replay or "")
         args.models = args.models or replayed["config"].get("models")
         args.repeats = args.repeats or replayed["config"].get("repeats")
+        args.timeout = args.timeout or replayed["config"].get("timeout_seconds")
     if args.provider == "openai" and not args.models:
         raise UsageError("--provider openai needs --models (names as the endpoint knows them)")
     args.models = args.models or (["echo"] if args.provider == "echo" else list(MODELS))
@@ -2246,8 +2287,7 @@ def prepare(args, env):
         header["resumed"] = list(header.get("resumed") or []) + [
             {"at": _now(), "kept_rows": len(rows), "code_sha256": code_sha256()}]
         return Run(suite, plan, set(plan), header, args.resume, rows, resuming=True)
-    sdk = (replayed.get("sdk_version") if replayed is not None else
-           sdk_version() if args.provider == "perplexity" else None)
+    sdk = replayed.get("sdk_version") if replayed is not None else None  # live: filled once the client exists
     evidence = (replayed.get("evidence", "live") if replayed is not None else
                 "echo" if args.provider == "echo" else "live")
     header = record_header(
@@ -2450,6 +2490,8 @@ def main(argv=None):
             print(plan_text(run.suite, args, run.plan, provider_problem(args, env)))
             return 0
         run.provider, run.secret = make_provider(args, env)
+        if args.provider == "perplexity" and not run.resuming:
+            run.header["sdk_version"] = sdk_version()
         missing = run.provider.missing(run.todo) if isinstance(run.provider, ReplayProvider) else None
         if missing:
             raise UsageError(f"--replay: {args.replay} has no stored response for {' / '.join(map(str, missing))}")
