@@ -33,6 +33,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -46,8 +47,10 @@ sys.path.insert(0, ROOT)
 import fakes  # noqa: E402  (needs ROOT on sys.path)
 
 GOAL_RATIO = 1.2
+TIME_BIN = "/usr/bin/time"  # GNU time: the runner's own peak RSS (os.wait4 would include ours)
 CASE_IDS = [case["id"] for case in fakes.regression.CASES]
 SECONDS_FIELD = re.compile(r"(?<![\w.])(\d+\.\d+)s\b")  # the row's `seconds`: first "N.NNNs"
+SAVE_FIELD = re.compile(r"\(\+(\d+\.\d+)s save\)")  # the checkpoint time, when the line shows it (A8)
 
 
 class MeasureError(Exception):
@@ -111,15 +114,22 @@ def run_once(size, padding, folder, timeout):
     argv = [sys.executable, os.path.join(ROOT, "regression.py"), "--models", *models,
             "--repeats", str(size.repeats), "--out", out]
     model_set, case_set = set(models), set(CASE_IDS)
-    stamps, seconds, cpu, failed = [], [], [], []
+    stamps, seconds, saves, cpu, failed = [], [], [], [], []
+    rss_file = out + ".rss"
+    if os.access(TIME_BIN, os.X_OK):
+        argv = [TIME_BIN, "-f", "%M", "-o", rss_file, *argv]
     with fakes.FakeServer(fakes.advisor(padding=padding)) as server, tempfile.TemporaryFile() as errors:
+        # A session of its own, so a timeout kills the runner even under GNU time.
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
-                                env=child_env(server.url), cwd=folder)
+                                env=child_env(server.url), cwd=folder, start_new_session=True)
         timed_out = threading.Event()
 
         def kill():
             timed_out.set()
-            proc.kill()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
 
         watchdog = threading.Timer(timeout, kill)
         watchdog.start()
@@ -134,13 +144,15 @@ def run_once(size, padding, folder, timeout):
                 cpu.append(now_cpu)
                 match = SECONDS_FIELD.search(text)
                 seconds.append(float(match.group(1)) if match else None)
+                match = SAVE_FIELD.search(text)
+                saves.append(float(match.group(1)) if match else None)
                 if "PASS" not in words:
                     failed.append(text)
             proc.wait()
         finally:
             watchdog.cancel()
             if proc.poll() is None:
-                proc.kill()
+                kill()
                 proc.wait()
             proc.stdout.close()
         errors.seek(0)
@@ -148,17 +160,29 @@ def run_once(size, padding, folder, timeout):
         requests = server.count
     broken = timed_out.is_set() or proc.returncode != 0 or failed or len(stamps) != size.rows
     cause = first_error(out) if broken else None
-    try:
-        os.unlink(out)  # records are rows x 30 KB: do not let them pile up
-    except OSError:
-        pass
+    peak_mb = read_peak_mb(rss_file)
+    for path in (out, rss_file):
+        try:
+            os.unlink(path)  # records are rows x 30 KB: do not let them pile up
+        except OSError:
+            pass
     if timed_out.is_set():
-        raise MeasureError(f"{size}: no exit within {timeout:.0f} s ({len(stamps)} row lines seen)")
+        raise MeasureError(f"{size}: no exit within {timeout:g} s ({len(stamps)} row lines seen)")
     if proc.returncode != 0 or failed or len(stamps) != size.rows:
         detail = (failed[0] + (f" ({cause})" if cause else "")) if failed else stderr[-300:]
         raise MeasureError(f"{size}: exit status {proc.returncode}, {len(stamps)} row lines "
                            f"({len(failed)} not PASS), {requests} requests: {detail}")
-    return analyse(stamps, seconds, cpu)
+    return dict(analyse(stamps, seconds, saves, cpu), peak_mb=peak_mb)
+
+
+def read_peak_mb(path):
+    """The runner's peak RSS in MB from GNU time's output file, or None."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().strip().splitlines()
+    except OSError:
+        return None
+    return int(lines[-1]) / 1024 if lines and lines[-1].isdigit() else None
 
 
 def first_error(path):
@@ -174,18 +198,20 @@ def first_error(path):
     return None
 
 
-def analyse(stamps, seconds, cpu):
+def analyse(stamps, seconds, saves, cpu):
     rows = len(stamps)
     window = stamps[-1] - stamps[0]
     gaps = [later - earlier for earlier, later in zip(stamps, stamps[1:])]
     tenth = max(1, len(gaps) // 10)
     in_row = [value for value in seconds[1:] if value is not None]
+    saved = [value for value in saves[1:] if value is not None]
     return {
         "per_row": window / (rows - 1),
         "median_gap": statistics.median(gaps),
         "growth": (sum(gaps[-tenth:]) / tenth) / (sum(gaps[:tenth]) / tenth) if sum(gaps[:tenth]) else float("nan"),
         # rows 2..N: the same rows the window covers (the first row's line opens the window)
         "in_row": sum(in_row) / len(in_row) if len(in_row) == rows - 1 else None,
+        "save": sum(saved) / len(saved) if len(saved) == rows - 1 else None,
         "server_cpu": (cpu[-1] - cpu[0]) / (rows - 1),
     }
 
@@ -268,18 +294,22 @@ def main(argv=None):
     medians = {name: summarise(values) for name, values in results.items()}
     print()
     print(f"medians of {reps} run(s), per row in ms:")
-    print(f"{'size':6} {'rows':>5} {'per-row':>8} {'x disk':>7} {'in-row':>8} {'outside':>8} "
-          f"{'server':>8} {'server%':>7} {'growth':>6}")
+    print(f"{'size':6} {'rows':>5} {'per-row':>8} {'x disk':>7} {'in-row':>8} {'save':>7} {'outside':>8} "
+          f"{'server':>8} {'server%':>7} {'growth':>6} {'peak MB':>8}")
     for size in (small, large):
         m = medians[size.name]
         outside = m["per_row"] - m["in_row"] if m["in_row"] is not None else None
         print(f"{size.name:6} {size.rows:5} {ms(m['per_row']):>8} {m['per_row'] / floor:7.1f} "
-              f"{ms(m['in_row']):>8} {ms(outside):>8} {ms(m['server_cpu']):>8} "
-              f"{100 * m['server_cpu'] / m['per_row']:6.0f}% {m['growth']:6.2f}")
+              f"{ms(m['in_row']):>8} {ms(m['save']):>7} {ms(outside):>8} {ms(m['server_cpu']):>8} "
+              f"{100 * m['server_cpu'] / m['per_row']:6.0f}% {m['growth']:6.2f} "
+              f"{'-' if m['peak_mb'] is None else format(m['peak_mb'], '.1f'):>8}")
     print("  per-row = (last row line - first row line) / (rows - 1); x disk = per-row / disk floor;")
-    print("  in-row = mean of the rows' `seconds` (request + grading, 1 ms resolution); outside = the rest")
-    print("  (checkpoint write + fsync, summary, console); server = CPU of the fake server's process per row;")
-    print("  growth = mean gap of the last tenth of rows / the first tenth (1.0 = flat within a run)")
+    print("  in-row = mean of the rows' `seconds` (request + grading); save = mean of the runner's own")
+    print("  '(+N s save)' checkpoint time, if its lines show it -- both printed to 1 ms, so only indicative")
+    print("  at this scale; outside = per-row - in-row (checkpoint, summary, console, everything else);")
+    print("  server = CPU time of the fake server's process per row;")
+    print("  growth = mean gap of the last tenth of rows / the first tenth (1.0 = flat within a run);")
+    print("  peak MB = the runner's peak RSS (GNU time), a sign of state kept per row")
     ratio = medians["large"]["per_row"] / medians["small"]["per_row"]
     print()
     print(f"ratio large/small per-row: {ratio:.3f}  goal <= {GOAL_RATIO} ({goal_label(small, large)}): "
