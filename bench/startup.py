@@ -4,7 +4,7 @@ Measures, in one run and the same way for each command:
     floor                  python -c pass
     import regression      python -c "import regression"
     compare_runs --demo    python compare_runs.py --demo NEW_TMP_DIR
-    (hook) --dry-run       python regression.py --dry-run      (only with --dry-run; see HOOK below)
+    --dry-run              python regression.py --dry-run
 
 For each command: the median wall time of --runs runs (spawn to reap, interleaved
 round-robin with the floor so machine noise hits every command alike), the ratio of
@@ -22,7 +22,7 @@ they load cached bytecode as a user's second run would. They get no API key and 
 URL pointing at a closed loopback port, so nothing can leave the machine.
 
 Usage (from the repository root):
-    .venv/bin/python bench/startup.py [--runs 15] [--rss-runs 3] [--dry-run]
+    .venv/bin/python bench/startup.py [--runs 15] [--rss-runs 3] [--no-dry-run]
 
 Exit status: 0 whenever figures were produced (PASS/FAIL lines are a report, not a
 gate); 3 when a command could not be measured (it failed or timed out); 2 for usage errors.
@@ -65,9 +65,8 @@ def build_commands(python, include_dry_run):
         ("compare_runs.py --demo NEW_DIR",
          lambda scratch: [python, os.path.join(ROOT, "compare_runs.py"), "--demo", scratch], {0, 1}),
     ]
-    # ---- HOOK: `regression.py --dry-run` (SPEC C1). Off until regression.py has the flag;
-    # enable with `bench/startup.py --dry-run`, then make it the default here. Adjust the
-    # argv if the dry run needs more arguments (it must not need a key or send anything).
+    # `regression.py --dry-run` (SPEC C1): validates the built-in suite, prints the plan,
+    # needs no key and sends nothing.
     if include_dry_run:
         commands.append(("regression.py --dry-run",
                          lambda scratch: [python, os.path.join(ROOT, "regression.py"), "--dry-run"], {0}))
@@ -170,7 +169,7 @@ def verdict(ok):
 
 def measure(args):
     env = child_env()
-    commands = build_commands(args.python, args.dry_run)
+    commands = build_commands(args.python, not args.no_dry_run)
     base = tempfile.mkdtemp(prefix="bench-startup-")
     scratch = Scratch(base)
     try:
@@ -226,8 +225,8 @@ def report(args, commands, times, peaks, modules, use_gnu_time):
         print(f"  {label:34} time {verdict(median < GOAL_SECONDS)} ({median:.3f} s, {median / floor:.2f}x floor)"
               f"  peak {verdict(peak < GOAL_MB)} ({peak:.1f} MB)"
               f"  no-SDK {verdict(not sdk)}")
-    if not args.dry_run:
-        print("  (regression.py --dry-run not measured: pass --dry-run once regression.py supports it)")
+    if args.no_dry_run:
+        print("  (regression.py --dry-run not measured: --no-dry-run)")
 
 
 def positive_int(text):
@@ -243,8 +242,8 @@ def main(argv=None):
     parser.add_argument("--rss-runs", type=positive_int, default=3,
                         help="extra runs per command under GNU time for peak RSS (default 3)")
     parser.add_argument("--python", default=sys.executable, help="interpreter to start (default: this one)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="also measure `regression.py --dry-run` (the SPEC C1 hook; needs the flag)")
+    parser.add_argument("--no-dry-run", action="store_true",
+                        help="leave out `regression.py --dry-run`")
     args = parser.parse_args(argv)
     try:
         results = measure(args)
