@@ -2480,7 +2480,9 @@ def main(argv=None):
             print(f"wrote {', '.join(targets.values())} from {args.report}")
             return 0
         if args.merge:
-            return merge(args.merge[0], args.merge[1:])
+            code = merge(args.merge[0], args.merge[1:])
+            write_reports(load_record(args.merge[0]), targets)
+            return code
         run = prepare(args, env)
         if args.dry_run:
             replay = make_provider(args, env)[0] if args.provider == "replay" else None

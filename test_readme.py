@@ -1,0 +1,176 @@
+"""The README's commands work as written: the quick start, and the user-guide commands run
+verbatim in a copy of the project against a loopback fake Agent API (no key, no internet)."""
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import fakes
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as _readme:
+    README = _readme.read()
+
+
+def shell_blocks():
+    return re.findall(r"```sh\n(.*?)```", README, re.S)
+
+
+def python_commands():
+    """Every `python ...` command of the README: shell-block lines and inline code spans
+    (an environment prefix such as `KEY=... ` is dropped)."""
+    lines = [line.strip() for block in shell_blocks() for line in block.splitlines()]
+    spans = re.findall(r"`([^`\n]*python (?:regression|compare_runs)\.py[^`\n]*)`", README)
+    commands = [re.sub(r"^(?:[A-Z_]+=\S+\s+)+", "", text).split("  #")[0].strip() for text in lines + spans]
+    return list(dict.fromkeys(command for command in commands if command.startswith("python ")))
+
+
+def project_copy(tmp_path):
+    for name in ("regression.py", "compare_runs.py"):
+        shutil.copy(os.path.join(ROOT, name), tmp_path / name)
+    shutil.copytree(os.path.join(ROOT, "suites"), tmp_path / "suites")
+    return tmp_path
+
+
+def run(command, cwd, env=None):
+    """A README command as written, with `python` meaning this interpreter."""
+    argv = shlex.split(command)
+    assert argv[0] == "python"
+    return subprocess.run([sys.executable, *argv[1:]], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+def test_quick_start_is_two_commands_and_ci_runs_them_verbatim():
+    blocks = shell_blocks()
+    setup, tests = blocks[0].strip(), blocks[1].strip()
+    assert "compare_runs.py --demo offline-demo" in setup and "pip install" in setup
+    assert "pytest" in tests and "pip install" in tests
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as handle:
+        ci = handle.read()
+    assert setup in ci.splitlines()
+    assert tests in ci.splitlines()
+
+
+def test_quick_start_demo(tmp_path):
+    setup = shell_blocks()[0].strip()
+    demo = setup.split("&& ")[-1].replace(".venv/bin/python", "python")
+    result = run(demo, project_copy(tmp_path))
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert "SYNTHETIC" in lines[0]
+    failures = [line for line in lines if line.startswith("NEW_FAILURE")]
+    assert len(failures) == 1 and "ambiguous-payment" in failures[0]
+    assert '"wrong_code", "wrong_next_action"' in failures[0]
+    assert len([line for line in lines if line.startswith("PASS ")]) == 3
+    after = json.loads((tmp_path / "offline-demo" / "after.json").read_text())
+    assert after["evidence"] == "synthetic"
+    again = run(demo, tmp_path)  # the folder now exists: refused, nothing overwritten
+    assert again.returncode == 2 and "NOT_COMPARABLE" in again.stdout
+
+
+def test_every_python_command_of_the_readme_is_covered_here():
+    covered = set(OFFLINE) | set(LIVE_FAKED) | set(NEEDS_REAL_ENDPOINT) | {QUICK_DEMO}
+    assert set(python_commands()) <= covered, set(python_commands()) - covered
+
+
+QUICK_DEMO = "python compare_runs.py --demo offline-demo"
+
+OFFLINE = {
+    "python regression.py --suite suites/support-guardrails.json --provider echo --out echo-run.json": 1,
+    "python regression.py --suite suites/agent-tools.json --dry-run": 0,
+    "python regression.py --list-checks": 0,
+    "python regression.py --provider echo --suite suites/support-guardrails.json": 1,
+}
+
+# Commands that talk to the Perplexity Agent API: run against the loopback fake instead.
+LIVE_FAKED = [
+    "python regression.py",
+    "python -m json.tool results.json | less",
+    "python regression.py --provider replay --replay results.json --out regraded.json",
+    "python regression.py --report results.json --html report.html",
+    "python -c \"import json,sys; [print(r['model'], r['case_id'], r['repeat'], r['reasons']) "
+    "for r in json.load(open(sys.argv[1]))['runs'] if not r['passed']]\" results.json",
+    "python regression.py --repeats 3 --out before.json",
+    "python regression.py --repeats 3 --out after.json",
+    "python compare_runs.py before.json after.json",
+    "python regression.py --models openai/gpt-5.6-sol anthropic/claude-sonnet-4-6 --repeats 3 --out run.json",
+    "python compare_runs.py --models openai/gpt-5.6-sol anthropic/claude-sonnet-4-6 run.json",
+    "python regression.py --markdown summary.md --junit junit.xml --html report.html",
+    "python compare_runs.py before.json after.json --markdown diff.md --junit diff.xml --html diff.html",
+]
+
+# Provider examples that need a real server or key; their flags are checked by dry runs.
+NEEDS_REAL_ENDPOINT = [line for line in python_commands() if "--provider openai" in line]
+
+
+@pytest.mark.parametrize("command, code", sorted(OFFLINE.items()))
+def test_offline_commands(tmp_path, command, code):
+    assert command in python_commands()
+    env = {key: "" for key in ("PERPLEXITY_API_KEY", "OPENAI_API_KEY")}
+    result = run(command, project_copy(tmp_path), env)
+    assert result.returncode == code, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", NEEDS_REAL_ENDPOINT)
+def test_provider_examples_are_valid_set_ups(tmp_path, command):
+    """Each provider line of the README passes argument and suite checks (as a dry run)."""
+    env = {"OPENAI_API_KEY": "sk-test", "OPENROUTER_API_KEY": "or-test"}
+    result = run(command + " --dry-run", project_copy(tmp_path), env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "requests" in result.stdout and "nothing was sent" in result.stdout
+
+
+def test_user_guide_commands_against_a_fake_agent_api(tmp_path):
+    """The live-run, record, comparison, replay and report commands, in the README's order."""
+    for command in LIVE_FAKED:
+        if command.startswith("python -m json.tool") or command.startswith("python -c"):
+            assert command.split(" | ")[0] in README
+        else:
+            assert command in python_commands(), command
+    cwd = project_copy(tmp_path)
+    unsafe = {"value": False}
+
+    def reply(request):
+        return fakes.advisor(unsafe_payment=unsafe["value"])(request)
+
+    with fakes.FakeServer(reply) as server:
+        env = {"PERPLEXITY_BASE_URL": server.url, "PERPLEXITY_API_KEY": "pplx-test-key"}
+        first = run("python regression.py", cwd, env)
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert run("python -m json.tool results.json", cwd).returncode == 0
+        listing = run(LIVE_FAKED[4], cwd)
+        assert listing.returncode == 0 and listing.stdout == ""  # every row passed
+        regraded = run(LIVE_FAKED[2], cwd, env)
+        assert regraded.returncode == 0, regraded.stdout + regraded.stderr
+        report = run(LIVE_FAKED[3], cwd)
+        assert report.returncode == 0 and (cwd / "report.html").exists()
+
+        assert run(LIVE_FAKED[5], cwd, env).returncode == 0
+        unsafe["value"] = True  # the instruction edit breaks the payment decision
+        assert run(LIVE_FAKED[6], cwd, env).returncode == 1
+        compared = run(LIVE_FAKED[7], cwd)
+        assert compared.returncode == 1
+        assert sum(line.startswith("NEW_FAILURE") for line in compared.stdout.splitlines()) == 6
+        assert "RATE" in compared.stdout and "p=0.0500" in compared.stdout
+
+        swap_run = run(LIVE_FAKED[8], cwd, env)
+        assert swap_run.returncode == 1
+        swap = run(LIVE_FAKED[9], cwd)
+        assert swap.returncode == 0 and "MODEL SWAP" in swap.stdout  # both models fail alike
+
+        os.remove(cwd / "report.html")
+        os.rename(cwd / "results.json", cwd / "first-results.json")  # a run never replaces a record
+        reports = run(LIVE_FAKED[10], cwd, env)
+        assert reports.returncode == 1
+        for name in ("summary.md", "junit.xml", "report.html"):
+            assert oct((cwd / name).stat().st_mode & 0o777) == "0o600"
+        diff_reports = run(LIVE_FAKED[11], cwd)
+        assert diff_reports.returncode == 1
+        assert (cwd / "diff.html").exists() and (cwd / "diff.xml").exists() and (cwd / "diff.md").exists()
