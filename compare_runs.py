@@ -58,6 +58,8 @@ def index(record):
     for position, row in enumerate(runs):
         _require(isinstance(row, dict), f"run {position} is not an object")
         key = row_key(row)
+        _require(isinstance(key[0], str) and isinstance(key[1], str) and isinstance(key[2], int)
+                 and not isinstance(key[2], bool), f"run {position} lacks a string model, case_id and int repeat")
         _require(key not in rows, f"duplicate row {_name(key)}")
         _require(row.get("error") is None, f"row {_name(key)} has an execution error ({row.get('error')})")
         reasons = row.get("reasons")

@@ -955,8 +955,8 @@ class PerplexityProvider:
 
     name = "perplexity"
 
-    def __init__(self, client):
-        self.client = client
+    def __init__(self, client, deadline=None):
+        self.client, self.deadline = client, deadline
 
     def request(self, model, suite, case, repeat=0):
         response = self.client.responses.create(**agent_request(suite, case, model))
@@ -1033,7 +1033,7 @@ class OpenAIProvider:
     def __init__(self, base_url, key=None, timeout=TIMEOUT_SECONDS):
         parts = urllib.parse.urlsplit(base_url)
         self.url = urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/chat/completions"))
-        self.key, self.timeout = key, timeout
+        self.key, self.timeout, self.deadline = key, timeout, deadline_seconds(timeout)
 
     def request(self, model, suite, case, repeat=0):
         import http.client
@@ -1199,14 +1199,44 @@ def backoff(attempt, exc, jitter):
     return min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2 ** (attempt - 1)) * jitter()
 
 
+def deadline_seconds(timeout):
+    """The whole-request deadline: past the per-read timeout, so a plain hang keeps the
+    endpoint's own timeout error, while a server trickling bytes is still cut off."""
+    return timeout * 1.1 + 1.0
+
+
+def within(seconds, call):
+    """call() with a deadline on the whole call, or TimeoutError. The call runs in a daemon
+    thread that is abandoned on timeout: no client timeout bounds a trickling body."""
+    if seconds is None:
+        return call()
+    import threading
+    outcome, done = {}, threading.Event()
+
+    def target():
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:  # handed to the caller below, whatever it is
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=target, daemon=True).start()
+    if not done.wait(seconds):
+        raise TimeoutError(f"no complete response within {seconds:g} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 def send(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None):
     """provider.request with up to `retries` retries of transient failures; (raw, attempts)."""
     import random
     jitter = jitter or (lambda: random.uniform(0.5, 1.0))
-    attempt = 1
+    attempt, deadline = 1, getattr(provider, "deadline", None)
     while True:
         try:
-            return provider.request(model, suite, case, repeat), attempt
+            return within(deadline, lambda: provider.request(model, suite, case, repeat)), attempt
         except Exception as exc:
             wait = backoff(attempt, exc, jitter) if attempt <= retries and transient(exc) else None
             if wait is None:
@@ -1575,6 +1605,38 @@ def row_key(row):
     return (row.get("model"), row.get("case_id"), row.get("repeat"))
 
 
+def _well_keyed(row):
+    model, case_id, repeat = row_key(row)
+    return isinstance(model, str) and isinstance(case_id, str) and isinstance(repeat, int) \
+        and not isinstance(repeat, bool)
+
+
+def record_problem(record):
+    """Why a JSON value is not a usable record (config and runs), or None."""
+    if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
+        return "it has no config object"
+    if not isinstance(record.get("runs"), list):
+        return 'it has no "runs" list'
+    config = record["config"]
+    models, cases, repeats = config.get("models"), config.get("cases"), config.get("repeats")
+    if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models) \
+            or len(set(models)) != len(models):
+        return "config.models is not a list of distinct model names"
+    if not isinstance(cases, list) or not cases or not all(isinstance(c, dict) and isinstance(c.get("id"), str)
+                                                           for c in cases):
+        return "config.cases is not a list of cases with string ids"
+    if len({case["id"] for case in cases}) != len(cases):
+        return "config.cases has duplicate ids"
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= 10:
+        return "config.repeats is not a whole number from 1 to 10"
+    timeout = config.get("timeout_seconds", TIMEOUT_SECONDS)
+    if not _is_number(timeout) or timeout <= 0:
+        return "config.timeout_seconds is not a positive number"
+    if not all(isinstance(row, dict) and _well_keyed(row) for row in record["runs"]):
+        return "a row lacks a string model and case_id and a whole-number repeat"
+    return None
+
+
 def plan_rows(models, case_ids, repeats):
     """Row keys in run order (SPEC A8): per repeat, per case, the models, reversed on odd repeats."""
     plan = []
@@ -1600,7 +1662,7 @@ class Tally:
                 self.per_model[model]["expected"] += 1
 
     def add(self, row):
-        if not isinstance(row, dict):
+        if not isinstance(row, dict) or not _well_keyed(row):
             self.clash = True
             return
         key = row_key(row)
@@ -2099,7 +2161,7 @@ def make_provider(args, env):
             client = Perplexity(api_key=key, timeout=args.timeout, max_retries=SDK_MAX_RETRIES)
         except Exception as exc:
             raise UsageError(f"cannot create the Perplexity client: {type(exc).__name__}: {exc}") from None
-        return PerplexityProvider(client), key
+        return PerplexityProvider(client, deadline_seconds(args.timeout)), key
     if args.provider == "openai":
         # A custom base URL never receives the vendor's key unless the user names it.
         key = env.get(args.api_key_env) if args.api_key_env else \
@@ -2122,9 +2184,9 @@ def _load_for(flag, path):
         record = load_record(path)
     except RecordError as exc:
         raise UsageError(f"{flag}: {exc}") from None
-    if not isinstance(record, dict) or not isinstance(record.get("config"), dict) \
-            or not isinstance(record.get("runs"), list):
-        raise UsageError(f"{flag}: {path} is not an agent-regression record (no config and runs)")
+    problem = record_problem(record)
+    if problem:
+        raise UsageError(f"{flag}: {path} is not a usable agent-regression record: {problem}")
     return record
 
 
