@@ -393,6 +393,8 @@ def main(argv=None):
     for kind, path in targets.items():
         if os.path.lexists(path):
             parser.error(f"--{kind}: {path} already exists (reports never overwrite a file)")
+        if [os.path.abspath(other) for other in targets.values()].count(os.path.abspath(path)) > 1:
+            parser.error(f"--{kind} {path}: the same file is named twice; every report needs its own file")
     try:
         if args.demo is not None:
             return demo(args.demo)
@@ -405,12 +407,16 @@ def main(argv=None):
             notes, result = compare_records(*records, alpha=args.alpha)
             title = f"comparison: {args.records[0]} -> {args.records[1]}"
         print("\n".join(notes + [render(result, args.all_diffs)]))
-        for kind, path in targets.items():
-            write_new_file(path, COMPARISON_REPORTS[kind](result, title))
-        return result["exit_code"]
     except (ValueError, RecordError) as exc:
         print(f"NOT_COMPARABLE: {exc}")
         return 2
+    try:
+        for kind, path in targets.items():
+            write_new_file(path, COMPARISON_REPORTS[kind](result, title))
+    except RecordError as exc:
+        print(f"compare_runs.py: error: {exc}", file=sys.stderr)
+        return 2
+    return result["exit_code"]
 
 
 def cli():

@@ -185,11 +185,12 @@ def builtin_suite():
 # never count as a citation of an approved document.
 
 _PRINTABLE_ASCII = re.compile(r"[!-~]+")  # no whitespace, control or non-ASCII character
+MAX_URL_CHARS = 2048
 
 
 def document_id(url, sources):
     """The document id a URL names under a sources policy, or None. Never raises."""
-    if not isinstance(url, str) or not _PRINTABLE_ASCII.fullmatch(url):
+    if not isinstance(url, str) or len(url) > MAX_URL_CHARS or not _PRINTABLE_ASCII.fullmatch(url):
         return None
     try:
         parts = urllib.parse.urlsplit(url)
@@ -334,7 +335,7 @@ def check_citations(case, trace):
     sources = case["_sources"]
     urls = answer.get(sources["field"])
     if not isinstance(urls, list) or not all(isinstance(url, str) for url in urls):
-        return ["invalid_answer_shape"] if "expect" not in case else []
+        return ["invalid_answer_shape"]
     cited = [document_id(url, sources) for url in urls]
     found = {document_id(url, sources) for url in trace["search_urls"]} - {None}
     allowed = {case["cite"], *sources.get("also_allowed", [])}
@@ -746,9 +747,11 @@ def _validate_case(case, suite, schema, allow_empty_baseline):
             raise SuiteError(f"{where}: cite must be a document id string")
         if not suite.get("sources"):
             raise SuiteError(f"{where}: cite needs a suite-level sources policy")
-        if schema is not None and suite["sources"]["field"] not in schema.get("properties", {}):
-            raise SuiteError(f"{where}: cite reads sources.field {suite['sources']['field']!r}, "
-                             "which is not in the response_format schema")
+        field = suite["sources"]["field"]
+        if schema is not None and field not in schema.get("properties", {}):
+            raise SuiteError(f"{where}: cite reads sources.field {field!r}, which is not in the response_format schema")
+        if schema is not None and schema["properties"][field].get("type", "array") != "array":
+            raise SuiteError(f"{where}: cite reads sources.field {field!r}, which the schema does not make a list")
     for field in ("contains", "excludes"):
         if field in case:
             _string_list(case[field], where, field)
@@ -1356,11 +1359,18 @@ class RecordError(Exception):
 
 
 def dumps(value):
-    """JSON text for a record; NaN and infinities (not JSON) become strings."""
+    """JSON text for a record, always encodable as UTF-8: NaN and infinities (not JSON)
+    become strings, and text with a lone surrogate is written with ASCII escapes."""
     try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
     except ValueError:
-        return json.dumps(_finite(value), ensure_ascii=False, allow_nan=False)
+        value = _finite(value)
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # e.g. a model answer holding "\ud800": keep it, escaped
+        text = json.dumps(value, ensure_ascii=True, allow_nan=False)
+    return text
 
 
 def _finite(value):
@@ -1394,9 +1404,10 @@ def _pwrite_all(fd, data, offset):
 
 def write_new_file(path, text):
     """Write a report or record to a new file (mode 0600, never overwriting), fsynced."""
+    data = text.encode("utf-8", "replace")  # before the file exists: nothing half-made is left
     fd = _open_new(path)
     try:
-        _pwrite_all(fd, text.encode("utf-8"), 0)
+        _pwrite_all(fd, data, 0)
         os.fsync(fd)
     except OSError as exc:
         os.close(fd)
@@ -1831,7 +1842,7 @@ def junit_run(record):
     for key in _record_plan(record):
         model, case_id, repeat = key
         row = rows.get(key)
-        case = {"classname": f"{record.get('suite', {}).get('name', 'suite')}.{model}",
+        case = {"classname": f"{(record.get('suite') or {}).get('name', 'suite')}.{model}",
                 "name": f"{case_id} [repeat {repeat}]", "seconds": (row or {}).get("seconds")}
         if row is None:
             case["skipped"] = ("not run", stopped)
@@ -1841,6 +1852,13 @@ def junit_run(record):
             case["failure"] = (", ".join(row.get("reasons") or []), _row_failure_text(row))
         suites.setdefault(model, []).append(case)
     return junit_xml("agent-regression", list(suites.items()))
+
+
+def _model_stats(final):
+    """(model, stats) pairs of a summary, tolerating a hand-edited one."""
+    models = final.get("models") if isinstance(final, dict) else None
+    return [(model, stats) for model, stats in models.items() if isinstance(stats, dict)] \
+        if isinstance(models, dict) else []
 
 
 _VERDICTS = {0: "PASS: every row passed", 1: "FAIL: at least one check failed",
@@ -1857,9 +1875,9 @@ def markdown_run(record):
     if final.get("stopped"):
         lines += ["", f"Stopped early: {md_text(final['stopped'])}"]
     lines += ["", md_table(["model", "passed", "errors", "qualified", "reported cost (USD)"], [
-        [md_text(model), f"{stats['passed']}/{stats['total']}", str(stats.get("errors", 0)),
-         "yes" if stats["qualified"] else "no", md_text(stats["reported_cost_usd"] or "unknown")]
-        for model, stats in (final.get("models") or {}).items()])]
+        [md_text(model), f"{stats.get('passed')}/{stats.get('total')}", md_text(stats.get("errors", 0)),
+         "yes" if stats.get("qualified") else "no", md_text(stats.get("reported_cost_usd") or "unknown")]
+        for model, stats in _model_stats(final)])]
     failed = [row for row in record["runs"] if isinstance(row, dict) and not row.get("passed")]
     if failed:
         lines += ["", "### Failures", "", md_table(["model", "case", "repeat", "reasons"], [
@@ -1899,9 +1917,10 @@ def html_run(record):
     if final.get("stopped"):
         body.append(f"<p>Stopped early: {xml_text(final['stopped'])}</p>")
     body.append(html_table(["model", "passed", "errors", "qualified", "reported cost (USD)"], [
-        [xml_text(model), f"{stats['passed']}/{stats['total']}", xml_text(stats.get("errors", 0)),
-         ("yes", "pass") if stats["qualified"] else ("no", "fail"), xml_text(stats["reported_cost_usd"] or "unknown")]
-        for model, stats in (final.get("models") or {}).items()]))
+        [xml_text(model), xml_text(f"{stats.get('passed')}/{stats.get('total')}"), xml_text(stats.get("errors", 0)),
+         ("yes", "pass") if stats.get("qualified") else ("no", "fail"),
+         xml_text(stats.get("reported_cost_usd") or "unknown")]
+        for model, stats in _model_stats(final)]))
     matrix = []
     for case in config["cases"]:
         cells = [xml_text(case["id"])]
@@ -2035,10 +2054,16 @@ def _check_ranges(args):
         raise UsageError("--resume continues its record in place; drop --out")
     if args.resume and args.shard:
         raise UsageError("--resume keeps the record's own shard; drop --shard")
-    for kind in REPORTS:
-        path = getattr(args, kind)
-        if path and os.path.lexists(path):
-            raise UsageError(f"--{kind}: {path} already exists (reports never overwrite a file)")
+    outputs = [(f"--{kind}", getattr(args, kind)) for kind in REPORTS if getattr(args, kind)]
+    outputs += [("--out", args.out or ("results.json" if not (args.resume or args.merge or args.report) else None)),
+                ("--merge", args.merge[0] if args.merge else None)]
+    outputs = [(flag, path) for flag, path in outputs if path]
+    resolved = [os.path.abspath(path) for _, path in outputs]
+    for (flag, path), full in zip(outputs, resolved):
+        if resolved.count(full) > 1:
+            raise UsageError(f"{flag} {path}: the same file is named twice; every output needs its own file")
+        if flag != "--out" and os.path.lexists(path):
+            raise UsageError(f"{flag}: {path} already exists (reports and records never overwrite a file)")
     if args.report and not any(getattr(args, kind) for kind in REPORTS):
         raise UsageError("--report RECORD needs at least one of --markdown, --junit, --html")
 
