@@ -1278,7 +1278,7 @@ def execute(provider, suite, case, model, repeat=None, grader=None, retries=None
     except Exception as exc:  # an endpoint or checker failure is evidence, not a crash
         row["error"] = type(exc).__name__
         row["error_status"] = status_of(exc)
-        row["error_message"] = str(exc)[:500]
+        row["error_message"] = str(exc)[:4000]  # cut to 500 once masked (redact_row)
         row["reasons"] = ["execution_error"]
         if retries is not None:
             row.setdefault("attempts", getattr(exc, "attempts", 1))
@@ -1300,8 +1300,20 @@ def _luhn_ok(digits):
 
 
 def _mask_cards(match):
-    digits = re.sub(r"\D", "", match.group(0))
-    return "[REDACTED:card]" if 13 <= len(digits) <= 19 and _luhn_ok(digits) else match.group(0)
+    """Mask every run of digit groups inside a match that is a Luhn-valid card number
+    (so "4111 1111 1111 1111 123", a card and its CVV, still loses the card)."""
+    text = match.group(0)
+    groups = [(m.start(), m.end()) for m in re.finditer(r"\d+", text)]
+    out, done, i = [], 0, 0
+    while i < len(groups):
+        for j in range(len(groups) - 1, i - 1, -1):
+            digits = "".join(text[a:b] for a, b in groups[i:j + 1])
+            if 13 <= len(digits) <= 19 and _luhn_ok(digits):
+                out += [text[done:groups[i][0]], "[REDACTED:card]"]
+                done, i = groups[j][1], j
+                break
+        i += 1
+    return "".join(out) + text[done:]
 
 
 PII_PATTERNS = [
@@ -1334,11 +1346,14 @@ def redactor(patterns=(), pii=False, secrets=()):
 
 
 def redact_row(row, mask):
-    """The row as stored: responses, answers, details and error messages masked."""
+    """The row as stored: responses, answers, details and error messages masked; an error
+    message is cut only after masking, so no partial secret survives at the cut."""
     stored = dict(row)
     for field in ("response", "answer_text", "details", "error_message"):
         if stored.get(field) is not None:
             stored[field] = mask(stored[field])
+    if isinstance(stored.get("error_message"), str):
+        stored["error_message"] = stored["error_message"][:500]
     return stored
 
 
