@@ -1,0 +1,829 @@
+"""Offline tests of SPEC B4 run control: concurrency, retries, resume, cost cap, shards,
+progress, redaction and secrets.
+
+The runner is driven as `python regression.py ...` subprocesses against fakes.FakeServer
+on 127.0.0.1 with a fake key; every file lives under tmp_path.
+"""
+
+import email.utils
+import json
+import os
+import pathlib
+import re
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+import compare_runs
+import fakes
+import regression
+
+HERE = pathlib.Path(__file__).resolve().parent
+SCRIPT = HERE / "regression.py"
+KEY = "pplx-test-SECRET-0123456789"
+CASE_IDS = [case["id"] for case in regression.CASES]
+DEFAULT_MODELS = list(regression.MODELS)
+
+
+# ====================================================================== helpers
+
+def clean_env(server=None, key=KEY):
+    """The environment of a child run: no real keys, no proxies, no REGRESSION_* twins."""
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith(("REGRESSION_", "PERPLEXITY_", "OPENAI_"))
+           and name.lower() not in ("http_proxy", "https_proxy", "all_proxy", "no_proxy")}
+    env["NO_PROXY"] = "127.0.0.1,localhost"
+    if server is not None:
+        env["PERPLEXITY_BASE_URL"] = server.url
+    if key:
+        env["PERPLEXITY_API_KEY"] = key
+    return env
+
+
+def run(args, server=None, key=KEY, timeout=60):
+    """`python regression.py ARGS` with the fake server's URL and a fake key."""
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], cwd=HERE,
+                          env=clean_env(server, key), capture_output=True, text=True, timeout=timeout)
+
+
+def read(path):
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def keys(rows):
+    return [regression.row_key(row) for row in rows]
+
+
+def row_lines(stdout):
+    """The per-row console lines (everything before the summary JSON)."""
+    lines = []
+    for line in stdout.splitlines():
+        if line.startswith("{"):
+            break
+        if line.strip():
+            lines.append(line)
+    return lines
+
+
+def line_key(line):
+    model, case_id, repeat = line.split()[:3]
+    return model, case_id, int(repeat.lstrip("r"))
+
+
+def essence(row):
+    """What must not differ between two runs of the same answers (timings aside)."""
+    return {field: row.get(field) for field in ("case_id", "model", "repeat", "reasons", "passed", "answer_text")}
+
+
+def without_seconds(row):
+    return {field: value for field, value in row.items() if field != "seconds"}
+
+
+def case_of(request):
+    return fakes.CASES_BY_QUESTION.get((request.json or {}).get("input"))
+
+
+def correct(request, cost=0.0012):
+    """A correct Agent API answer for the built-in case asked."""
+    case = case_of(request)
+    if case is None:
+        return fakes.Reply(400, {"error": {"message": "unknown question"}})
+    return fakes.Reply(body=fakes.advisor_answer(case, cost=cost))
+
+
+class Gauge:
+    """Counts requests being handled at the same time (the peak is what we assert)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.now = self.peak = 0
+
+    def __enter__(self):
+        with self.lock:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+
+    def __exit__(self, *exc):
+        with self.lock:
+            self.now -= 1
+
+
+def slow(gauge, delay_of, answer=correct):
+    """A reply function that holds each request for delay_of(request) seconds, counted by gauge."""
+    def reply(request):
+        with gauge:
+            time.sleep(delay_of(request))
+            return answer(request)
+    return reply
+
+
+class StatusError(Exception):
+    """An exception shaped like an SDK / urllib HTTP error."""
+
+    def __init__(self, status, headers=None):
+        super().__init__(f"status {status}")
+        self.status_code = status
+        if headers is not None:
+            self.headers = headers
+
+
+# ====================================================================== --concurrency
+
+def test_concurrency_rows_written_in_plan_order_when_completion_is_reversed(tmp_path):
+    models = ["a", "b"]
+    plan = regression.plan_rows(models, CASE_IDS, 1)
+    position = {(model, case_id): n for n, (model, case_id, _) in enumerate(plan)}
+    gauge = Gauge()
+
+    def delay_of(request):
+        # the later a row is in the plan, the sooner its reply comes back
+        return 0.08 * (len(plan) - position[(request.json["model"], case_of(request)["id"])])
+
+    out = tmp_path / "run.json"
+    with fakes.FakeServer(slow(gauge, delay_of)) as server:
+        result = run(["--models", *models, "--concurrency", "8", "--out", out], server)
+    assert result.returncode == 0, result.stderr
+    # the console shows completion order: the reverse of the plan
+    assert [line_key(line) for line in row_lines(result.stdout)] == plan[::-1]
+    record = read(out)
+    assert keys(record["runs"]) == plan
+    assert all(row["passed"] for row in record["runs"])
+    assert record["summary"]["complete"] is True and record["summary"]["exit_code"] == 0
+    assert gauge.peak == 8
+    assert "concurrency" not in record["config"]
+
+
+def test_concurrency_never_exceeds_n_in_flight(tmp_path):
+    models = ["a", "b"]
+    gauge = Gauge()
+    out = tmp_path / "run.json"
+    with fakes.FakeServer(slow(gauge, lambda request: 0.1)) as server:
+        result = run(["--models", *models, "--repeats", "2", "--concurrency", "3", "--out", out], server)
+        count = server.count
+    assert result.returncode == 0, result.stderr
+    assert count == 16
+    assert 2 <= gauge.peak <= 3
+    record = read(out)
+    assert keys(record["runs"]) == regression.plan_rows(models, CASE_IDS, 2)
+    assert record["summary"]["complete"] is True
+
+
+def test_concurrency_is_faster_than_sequential(tmp_path):
+    latency, rows = 0.3, 16
+    gauge = Gauge()
+    out = tmp_path / "run.json"
+    with fakes.FakeServer(slow(gauge, lambda request: latency)) as server:
+        started = time.monotonic()
+        result = run(["--models", "a", "b", "--repeats", "2", "--concurrency", "8", "--out", out], server)
+        wall = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert len(read(out)["runs"]) == rows
+    # loose on purpose: sequential would take rows * latency = 4.8 s (plus start-up)
+    assert wall < 0.6 * rows * latency, wall
+
+
+def test_concurrency_first_error_stops_new_requests_but_keeps_in_flight_rows(tmp_path):
+    gauge = Gauge()
+
+    def reply(request):
+        with gauge:
+            if request.number == 2:
+                return fakes.Reply(500, {"error": {"message": "fake 500"}})
+            time.sleep(0.8)
+            return correct(request)
+
+    out = tmp_path / "run.json"
+    with fakes.FakeServer(reply) as server:
+        result = run(["--concurrency", "4", "--out", out], server)
+        time.sleep(0.2)  # anything sent late would have arrived by now
+        count = server.count
+    assert result.returncode == 2, result.stderr
+    assert count == 4  # the 4 in flight; nothing started after the error was seen
+    record = read(out)
+    rows = record["runs"]
+    assert len(rows) == 4
+    errors = [row for row in rows if row["error"] is not None]
+    assert len(errors) == 1 and errors[0]["error_status"] == 500
+    assert errors[0]["reasons"] == ["execution_error"]
+    assert sum(row["passed"] for row in rows) == 3  # the in-flight rows finished and were recorded
+    plan = regression.plan_rows(DEFAULT_MODELS, CASE_IDS, 1)
+    assert keys(rows) == [key for key in plan if key in set(keys(rows))]
+    assert record["summary"]["exit_code"] == 2
+    assert record["summary"]["complete"] is False
+    assert "execution error" in record["summary"]["stopped"]
+    assert "500" in record["summary"]["stopped"]
+
+
+# ====================================================================== --retries: units
+
+@pytest.mark.parametrize("status, expected", [
+    (400, False), (401, False), (403, False), (404, False), (409, False), (422, False),
+    (429, True), (500, True), (502, True), (503, True), (504, True),
+])
+def test_transient_statuses(status, expected):
+    assert regression.transient(StatusError(status)) is expected
+
+
+@pytest.mark.parametrize("exc, expected", [
+    (TimeoutError("timed out"), True),
+    (ConnectionResetError("reset"), True),
+    (ValueError("not JSON"), False),
+])
+def test_transient_exceptions(exc, expected):
+    assert regression.transient(exc) is expected
+
+
+def test_transient_sdk_errors():
+    import perplexity
+    request = httpx.Request("POST", "http://127.0.0.1/v1/responses")
+    assert regression.transient(perplexity.APITimeoutError(request=request)) is True
+    assert regression.transient(perplexity.APIConnectionError(request=request)) is True
+    unauthorized = perplexity.AuthenticationError("no", response=httpx.Response(401, request=request), body=None)
+    assert regression.transient(unauthorized) is False
+    limited = perplexity.RateLimitError("slow down", response=httpx.Response(429, request=request), body=None)
+    assert regression.transient(limited) is True
+
+
+def test_retry_after_seconds_from_response_headers():
+    exc = SimpleNamespace(response=SimpleNamespace(headers=httpx.Headers({"Retry-After": "7"})))
+    assert regression.retry_after(exc) == 7.0
+
+
+def test_retry_after_seconds_from_dict_headers():
+    assert regression.retry_after(StatusError(429, {"retry-after": "2.5"})) == 2.5
+
+
+def test_retry_after_http_date_a_few_seconds_ahead():
+    when = email.utils.formatdate(time.time() + 5, usegmt=True)
+    wait = regression.retry_after(StatusError(503, {"retry-after": when}))
+    assert wait is not None and 3.5 <= wait <= 5.01
+
+
+def test_retry_after_http_date_in_the_past_is_zero():
+    when = email.utils.formatdate(time.time() - 60, usegmt=True)
+    assert regression.retry_after(StatusError(503, {"retry-after": when})) == 0.0
+
+
+@pytest.mark.parametrize("headers", [None, {}, {"retry-after": ""}, {"retry-after": "soon"}])
+def test_retry_after_absent_or_unreadable_is_none(headers):
+    assert regression.retry_after(StatusError(429, headers)) is None
+
+
+def test_backoff_is_exponential_capped_and_jittered():
+    exc = StatusError(500)
+    full = lambda: 1.0  # noqa: E731
+    half = lambda: 0.5  # noqa: E731
+    waits = [regression.backoff(attempt, exc, full) for attempt in range(1, 12)]
+    assert waits[:3] == [regression.BACKOFF_BASE_SECONDS * factor for factor in (1, 2, 4)]
+    assert waits == sorted(waits)
+    assert max(waits) == regression.BACKOFF_CAP_SECONDS == waits[-1]
+    assert regression.backoff(3, exc, half) == waits[2] / 2
+    assert regression.backoff(40, exc, half) == regression.BACKOFF_CAP_SECONDS / 2
+
+
+def test_backoff_prefers_retry_after():
+    exc = StatusError(429, {"retry-after": "3"})
+    assert regression.backoff(1, exc, lambda: 0.5) == 3.0
+
+
+class Flaky:
+    """A provider that raises the queued exceptions first, then answers."""
+
+    name = "flaky"
+
+    def __init__(self, *errors):
+        self.errors, self.calls = list(errors), 0
+
+    def request(self, model, suite, case, repeat=0):
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return {"ok": True}
+
+
+def test_send_retries_transient_with_backoff():
+    sleeps = []
+    provider = Flaky(StatusError(503), TimeoutError("slow"))
+    raw, attempts = regression.send(provider, "m", {}, {"id": "c"}, 0, retries=3,
+                                    sleep=sleeps.append, jitter=lambda: 1.0)
+    assert (raw, attempts, provider.calls) == ({"ok": True}, 3, 3)
+    assert sleeps == [1.0, 2.0]
+
+
+def test_send_default_jitter_varies_within_bounds():
+    sleeps = []
+    provider = Flaky(*[StatusError(502) for _ in range(8)])
+    regression.send(provider, "m", {}, {"id": "c"}, 0, retries=8, sleep=sleeps.append)
+    assert 0.5 * regression.BACKOFF_BASE_SECONDS <= sleeps[0] <= regression.BACKOFF_BASE_SECONDS
+    assert all(wait <= regression.BACKOFF_CAP_SECONDS for wait in sleeps)
+    assert len(set(sleeps)) > 1
+
+
+def test_send_never_retries_permanent_errors():
+    sleeps = []
+    provider = Flaky(StatusError(401))
+    with pytest.raises(StatusError) as raised:
+        regression.send(provider, "m", {}, {"id": "c"}, 0, retries=5, sleep=sleeps.append)
+    assert provider.calls == 1 and sleeps == [] and raised.value.attempts == 1
+
+
+# ====================================================================== --retries: end to end
+
+def test_retry_429_honours_retry_after_seconds(tmp_path):
+    def reply(request):
+        if request.number == 1:
+            # 2 s: longer than the first backoff (at most 1 s), so only Retry-After explains the gap
+            return fakes.Reply(429, {"error": {"message": "slow down"}}, headers={"Retry-After": "2"})
+        return correct(request)
+
+    out = tmp_path / "run.json"
+    with fakes.FakeServer(reply) as server:
+        result = run(["--models", "a", "--retries", "2", "--out", out], server)
+        arrivals, count = list(server.arrivals), server.count
+    assert result.returncode == 0, result.stderr
+    assert count == len(CASE_IDS) + 1
+    assert arrivals[1] - arrivals[0] >= 1.9
+    rows = read(out)["runs"]
+    assert rows[0]["passed"] is True and rows[0]["attempts"] == 2
+    assert [row["attempts"] for row in rows[1:]] == [1, 1, 1]
+
+
+def test_retry_honours_http_date_retry_after(tmp_path):
+    def reply(request):
+        if request.number == 1:
+            # an HTTP date has whole seconds: 3 s ahead means a wait of more than 2 s, longer
+            # than the first backoff (at most 1 s)
+            when = email.utils.formatdate(time.time() + 3, usegmt=True)
+            return fakes.Reply(503, {"error": {"message": "busy"}}, headers={"Retry-After": when})
+        return correct(request)
+
+    out = tmp_path / "run.json"
+    with fakes.FakeServer(reply) as server:
+        result = run(["--models", "a", "--retries", "1", "--out", out], server)
+        arrivals = list(server.arrivals)
+    assert result.returncode == 0, result.stderr
+    assert arrivals[1] - arrivals[0] >= 1.9
+    assert read(out)["runs"][0]["attempts"] == 2
+
+
+def test_retry_500_then_success_recovers(tmp_path):
+    out = tmp_path / "run.json"
+    def reply(request):
+        if request.number == 1:
+            return fakes.Reply(500, {"error": {"message": "boom"}})
+        return correct(request)
+
+    with fakes.FakeServer(reply) as server:
+        result = run(["--models", "a", "--retries", "1", "--out", out], server)
+        count = server.count
+    assert result.returncode == 0, result.stderr
+    assert count == len(CASE_IDS) + 1
+    record = read(out)
+    assert record["runs"][0]["attempts"] == 2 and record["runs"][0]["passed"] is True
+    assert record["summary"]["exit_code"] == 0
+
+
+def test_retry_401_is_never_retried(tmp_path):
+    out = tmp_path / "run.json"
+    with fakes.FakeServer(fakes.failing(401)) as server:
+        result = run(["--models", "a", "--retries", "3", "--out", out], server)
+        time.sleep(0.1)
+        count = server.count
+    assert result.returncode == 2
+    assert count == 1
+    row, = read(out)["runs"]
+    assert row["error_status"] == 401 and row["attempts"] == 1
+
+
+def test_retries_exhausted_is_an_error_row(tmp_path):
+    out = tmp_path / "run.json"
+    with fakes.FakeServer(fakes.failing(503, headers={"Retry-After": "0"})) as server:
+        result = run(["--models", "a", "--retries", "2", "--out", out], server)
+        count = server.count
+    assert result.returncode == 2
+    assert count == 3
+    record = read(out)
+    row, = record["runs"]
+    assert row["error_status"] == 503 and row["attempts"] == 3
+    assert row["reasons"] == ["execution_error"]
+    assert record["summary"]["exit_code"] == 2
+
+
+@pytest.mark.parametrize("status", [429, 500])
+def test_default_retries_zero_never_repeats(tmp_path, status):
+    out = tmp_path / "run.json"
+    with fakes.FakeServer(fakes.failing(status, headers={"Retry-After": "0"})) as server:
+        result = run(["--models", "a", "--out", out], server)
+        time.sleep(0.1)
+        count = server.count
+    assert result.returncode == 2
+    assert count == 1
+    row, = read(out)["runs"]
+    assert row["error_status"] == status and row.get("attempts", 1) == 1
+
+
+# ====================================================================== --resume
+
+MODELS5 = ["a", "b", "c", "d", "e"]
+
+
+def test_resume_after_sigkill_completes_without_paying_twice(tmp_path):
+    settings = {"delay": 0.05}
+    plan = regression.plan_rows(MODELS5, CASE_IDS, 2)
+    assert len(plan) == 40
+
+    def reply(request):
+        time.sleep(settings["delay"])
+        return correct(request)
+
+    out = tmp_path / "run.json"
+    other_suite = tmp_path / "other.json"
+    other_suite.write_text(json.dumps({"name": "other", "instructions": "Say hi.",
+                                       "cases": [{"id": "hi", "input": "hi", "contains": ["hi"]}]}))
+    k = 12
+    with fakes.FakeServer(reply) as server:
+        proc = subprocess.Popen([sys.executable, str(SCRIPT), "--models", *MODELS5, "--repeats", "2",
+                                 "--out", str(out)], cwd=HERE, env=clean_env(server), stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)
+        watchdog = threading.Timer(30, proc.kill)
+        watchdog.start()
+        try:
+            printed = [proc.stdout.readline() for _ in range(k)]
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        finally:
+            watchdog.cancel()
+            proc.stdout.close()
+        assert proc.returncode == -signal.SIGKILL
+        time.sleep(0.2)  # a request sent just before the kill has arrived by now
+        sent_before = server.count
+
+        recovered = regression.load_record(out)
+        rows = recovered["runs"]
+        assert len(rows) >= k and len(rows) < len(plan)
+        assert [line_key(line) for line in printed] == keys(rows)[:k]
+        assert keys(rows) == plan[:len(rows)]
+        finished = [row for row in rows if row["error"] is None]
+
+        # a flag that would change the config is refused and leaves the record alone
+        before = out.read_bytes()
+        for flags, named in ((["--repeats", "3"], "repeats"), (["--models", "x"], "models"),
+                             (["--suite", other_suite], None)):
+            refused = run(["--resume", out, *flags], server)
+            assert refused.returncode == 2, flags
+            message = refused.stderr.strip().splitlines()[-1]
+            assert "config key" in message
+            if named:
+                assert f"'{named}'" in message
+            else:
+                assert re.search(r"'(cases|instructions|tool|tools|response_format|sources)'", message)
+            assert out.read_bytes() == before
+        refused = run(["--resume", out, "--out", tmp_path / "elsewhere.json"], server)
+        assert refused.returncode == 2 and "--out" in refused.stderr
+        assert out.read_bytes() == before and not (tmp_path / "elsewhere.json").exists()
+        assert server.count == sent_before
+
+        settings["delay"] = 0.0
+        resumed = run(["--resume", out], server)
+        assert resumed.returncode == 0, resumed.stderr
+        assert server.count - sent_before == len(plan) - len(finished)
+
+        single = tmp_path / "single.json"
+        assert run(["--models", *MODELS5, "--repeats", "2", "--out", single], server).returncode == 0
+
+    final = read(out)
+    assert final["summary"]["complete"] is True and final["summary"]["exit_code"] == 0
+    assert keys(final["runs"]) == plan
+    assert [essence(row) for row in final["runs"]] == [essence(row) for row in read(single)["runs"]]
+    assert final["config"] == read(single)["config"]
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
+
+
+def test_resume_reruns_only_errored_and_missing_rows(tmp_path):
+    def reply(request):
+        if request.number == 3:
+            return fakes.Reply(500, {"error": {"message": "fake 500"}})
+        return correct(request)
+
+    out = tmp_path / "run.json"
+    plan = regression.plan_rows(["a", "b"], CASE_IDS, 1)
+    with fakes.FakeServer(reply) as server:
+        first = run(["--models", "a", "b", "--out", out], server)
+        assert first.returncode == 2
+        rows = read(out)["runs"]
+        assert len(rows) == 3 and rows[2]["error_status"] == 500
+        sent_before = server.count
+        resumed = run(["--resume", out], server)
+        sent = server.count - sent_before
+    assert resumed.returncode == 0, resumed.stderr
+    assert sent == 1 + (len(plan) - 3)
+    final = read(out)
+    assert keys(final["runs"]) == plan
+    assert all(row["passed"] and row["error"] is None for row in final["runs"])
+    # the two finished rows were kept as they were, not paid for again
+    assert final["runs"][:2] == rows[:2]
+    assert final["summary"]["complete"] is True and final["summary"]["exit_code"] == 0
+
+
+def test_resume_with_out_is_a_usage_error(tmp_path):
+    out = tmp_path / "run.json"
+    with fakes.FakeServer(correct) as server:
+        assert run(["--models", "a", "--out", out], server).returncode == 0
+        before, count = out.read_bytes(), server.count
+        result = run(["--resume", out, "--out", tmp_path / "new.json"], server)
+        assert server.count == count
+    assert result.returncode == 2
+    assert "--out" in result.stderr and "Traceback" not in result.stderr
+    assert out.read_bytes() == before
+
+
+# ====================================================================== --max-cost-usd
+
+def test_max_cost_stops_once_spend_reaches_the_cap(tmp_path):
+    out = tmp_path / "run.json"
+    with fakes.FakeServer(correct) as server:
+        # 0.0012 per row: 0.0012, 0.0024 < 0.003; 0.0036 >= 0.003 after the third row
+        result = run(["--max-cost-usd", "0.003", "--out", out], server)
+        count = server.count
+    assert result.returncode == 2
+    assert count == 3
+    record = read(out)
+    assert len(record["runs"]) == 3
+    assert record["summary"]["complete"] is False and record["summary"]["exit_code"] == 2
+    assert "max-cost" in record["summary"]["stopped"]
+    assert "max-cost" in result.stderr
+
+
+def test_max_cost_exact_reach_stops(tmp_path):
+    out = tmp_path / "run.json"
+    with fakes.FakeServer(correct) as server:
+        result = run(["--max-cost-usd", "0.0024", "--out", out], server)
+        count = server.count
+    assert result.returncode == 2
+    assert count == 2  # 0.0024 reaches 0.0024: no third request
+
+
+def test_max_cost_without_reported_cost_stops_after_first_row(tmp_path):
+    out = tmp_path / "run.json"
+    with fakes.FakeServer(lambda request: correct(request, cost=None)) as server:
+        result = run(["--max-cost-usd", "1", "--out", out], server)
+        count = server.count
+    assert result.returncode == 2
+    assert count == 1
+    record = read(out)
+    assert len(record["runs"]) == 1 and record["runs"][0]["cost_usd"] is None
+    stopped = record["summary"]["stopped"]
+    assert "no cost" in stopped and "max-cost" in stopped
+
+
+# ====================================================================== --shard and --merge
+
+def test_shards_partition_the_plan_and_merge_equals_a_single_run(tmp_path, capsys):
+    full_plan = regression.plan_rows(DEFAULT_MODELS, CASE_IDS, 2)
+    shards = [tmp_path / f"shard{i}.json" for i in (1, 2, 3)]
+    single, merged = tmp_path / "single.json", tmp_path / "merged.json"
+    with fakes.FakeServer(correct) as server:
+        for i, path in enumerate(shards, 1):
+            result = run(["--repeats", "2", "--shard", f"{i}/3", "--out", path], server)
+            assert result.returncode == 0, result.stderr
+        assert server.count == len(full_plan)
+        assert run(["--repeats", "2", "--out", single], server).returncode == 0
+        other = tmp_path / "other-config.json"
+        assert run(["--repeats", "1", "--shard", "1/3", "--out", other], server).returncode == 0
+
+    parts = [keys(read(path)["runs"]) for path in shards]
+    assert all(parts)
+    assert sum(len(part) for part in parts) == len(full_plan)
+    assert set().union(*map(set, parts)) == set(full_plan)
+    for path, part in zip(shards, parts):
+        shard_summary = read(path)["summary"]
+        assert shard_summary["complete"] is True and shard_summary["exit_code"] == 0
+        assert shard_summary["rows"] == len(part)
+
+    result = run(["--merge", merged, *shards])
+    assert result.returncode == 0, result.stderr
+    record = read(merged)
+    assert record["summary"]["complete"] is True and record["summary"]["exit_code"] == 0
+    assert [without_seconds(row) for row in record["runs"]] == \
+        [without_seconds(row) for row in read(single)["runs"]]
+    assert stat.S_IMODE(os.stat(merged).st_mode) == 0o600
+    assert compare_runs.compare(read(single), record) == 0
+    capsys.readouterr()
+
+    refused = run(["--merge", tmp_path / "bad.json", shards[0], other])
+    assert refused.returncode == 2 and "config" in refused.stderr
+    assert not (tmp_path / "bad.json").exists()
+
+    twice = run(["--merge", tmp_path / "twice.json", shards[0], shards[0]])
+    assert twice.returncode == 2
+    assert not (tmp_path / "twice.json").exists()
+
+    partial = tmp_path / "partial.json"
+    incomplete = run(["--merge", partial, shards[0], shards[1]])
+    assert incomplete.returncode == 2
+    record = read(partial)
+    assert record["summary"]["complete"] is False and record["summary"]["exit_code"] == 2
+    assert len(record["runs"]) == len(parts[0]) + len(parts[1])
+
+
+# ====================================================================== progress
+
+def test_progress_plain_lines_when_stderr_is_not_a_terminal(tmp_path):
+    out = tmp_path / "run.json"
+    with fakes.FakeServer(correct) as server:
+        result = run(["--out", out], server)
+    assert result.returncode == 0
+    assert "\r" not in result.stderr and "\x1b" not in result.stderr
+    lines = row_lines(result.stdout)
+    assert [line_key(line) for line in lines] == regression.plan_rows(DEFAULT_MODELS, CASE_IDS, 1)
+    assert all("PASS" in line and "\r" not in line for line in lines)
+
+
+def test_progress_status_line_on_a_terminal(tmp_path):
+    out = tmp_path / "run.json"
+    master, slave = os.openpty()
+    chunks = []
+
+    def drain():
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        with fakes.FakeServer(correct) as server:
+            result = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out)], cwd=HERE,
+                                    env=clean_env(server), stdout=subprocess.PIPE, stderr=slave,
+                                    text=True, timeout=60)
+        os.close(slave)
+        slave = None
+        reader.join(5)
+    finally:
+        if slave is not None:
+            os.close(slave)
+        os.close(master)
+    assert result.returncode == 0
+    status = b"".join(chunks).decode("utf-8", "replace")
+    assert "[8/8]" in status and "passed" in status and "ETA" in status
+    assert "\r" in status  # a live line that redraws itself
+    assert len(row_lines(result.stdout)) == 8
+
+
+# ====================================================================== redaction
+
+CARD = "4111 1111 1111 1111"  # Luhn-valid (a well-known test number)
+NOT_A_CARD = "4111 1111 1111 1112"  # fails the Luhn check
+BEARER = "abcDEF123456789xyzTOKEN"
+SK_KEY = "sk-proj-ABCDEFGHIJKLMNOP1234"
+EMAIL = "alice.smith@example.com"
+
+
+def chat_suite(tmp_path, case):
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps({"name": "pii", "instructions": "Answer briefly.", "cases": [case]}))
+    return path
+
+
+def chat_run(tmp_path, answer, case, *flags):
+    out = tmp_path / "run.json"
+    suite = chat_suite(tmp_path, case)
+    with fakes.FakeServer(fakes.chat(lambda body: fakes.chat_response(answer))) as server:
+        result = run(["--provider", "openai", "--base-url", server.url + "/v1", "--models", "m",
+                      "--suite", suite, "--out", out, *flags], key=None)
+    return result, out
+
+
+def test_redact_pii_masks_stored_text_after_checks_ran_on_the_original(tmp_path):
+    answer = (f"Your card {CARD} is on file, reference {NOT_A_CARD}. Authorization: Bearer {BEARER} "
+              f"key {SK_KEY} contact {EMAIL}.")
+    # the forbidden phrase occurs only inside the real card number: masked in storage, so
+    # the failure can only come from checks on the original answer
+    case = {"id": "leak", "input": "What do you have on file?", "excludes": ["1111 1111 1111"]}
+    result, out = chat_run(tmp_path, answer, case, "--redact-pii")
+    assert result.returncode == 1, result.stderr
+    data = out.read_bytes()
+    for secret in (CARD, CARD.replace(" ", ""), BEARER, SK_KEY, EMAIL):
+        assert secret.encode() not in data, secret
+    row, = read(out)["runs"]
+    assert row["reasons"] == ["forbidden_text_present"] and row["passed"] is False
+    assert "REDACTED" in row["answer_text"]
+    assert NOT_A_CARD in row["answer_text"]  # a Luhn-invalid number is not a card
+
+
+def test_redact_regex_masks_a_custom_pattern(tmp_path):
+    answer = "Order ORDER-123456 ships today."
+    case = {"id": "order", "input": "Where is my order?", "contains": ["ships today"]}
+    result, out = chat_run(tmp_path, answer, case, "--redact", "ORDER-[0-9]{6}")
+    assert result.returncode == 0, result.stderr
+    assert b"ORDER-123456" not in out.read_bytes()
+    row, = read(out)["runs"]
+    assert row["passed"] is True
+    assert "[REDACTED]" in row["answer_text"] and "ships today" in row["answer_text"]
+
+
+def test_invalid_redact_regex_is_a_usage_error(tmp_path):
+    out = tmp_path / "run.json"
+    result = run(["--provider", "echo", "--redact", "(", "--out", out])
+    assert result.returncode == 2
+    assert "--redact" in result.stderr and "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("text", [
+    f"card {CARD} cvv 123",
+    f"{CARD.replace(' ', '-')}",
+    f"{CARD.replace(' ', '')}.",
+])
+def test_redact_pii_masks_card_numbers_in_context(text):
+    masked = regression.redactor(pii=True)(text)
+    assert CARD.replace(" ", "") not in re.sub(r"\D", "", masked)
+
+
+def test_redact_pii_masks_a_card_followed_by_a_short_number():
+    # A card number followed by its CVV (or any 1-3 digit group) is still a card number.
+    masked = regression.redactor(pii=True)(f"card {CARD} 123")
+    assert CARD not in masked
+
+
+def test_redact_pii_keeps_luhn_invalid_numbers():
+    assert regression.redactor(pii=True)(f"ref {NOT_A_CARD}") == f"ref {NOT_A_CARD}"
+
+
+# ====================================================================== secrets
+
+def test_api_key_never_written_and_record_is_0600(tmp_path):
+    def echo_auth(request):
+        auth = request.headers.get("Authorization", "")
+        case = case_of(request)
+        url = fakes.RFC_URL.format(case["rfc"])
+        return fakes.Reply(body=fakes.agent_response(f"you sent {auth}", urls=[url]))
+
+    def unauthorized(request):
+        auth = request.headers.get("Authorization", "")
+        key = auth.split()[-1] if auth else ""
+        return fakes.Reply(401, {"error": {"message": f"invalid key {key} ({auth})", "type": "auth"}})
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    outputs = []
+    with fakes.FakeServer(echo_auth) as server:
+        result = run(["--models", "a", "--out", runs / "echoed.json", "--markdown", runs / "echoed.md",
+                      "--junit", runs / "echoed.xml", "--html", runs / "echoed.html"], server)
+        assert result.returncode == 1, result.stderr
+        assert KEY in server.requests[0].headers["Authorization"]  # the fake really saw (and echoed) it
+        outputs.append(result)
+    with fakes.FakeServer(unauthorized) as server:
+        result = run(["--models", "a", "--out", runs / "denied.json", "--markdown", runs / "denied.md",
+                      "--html", runs / "denied.html"], server)
+        assert result.returncode == 2
+        outputs.append(result)
+
+    denied = read(runs / "denied.json")["runs"][0]
+    assert denied["error_status"] == 401 and "invalid key" in (denied.get("error_message") or "")
+    files = [path for path in tmp_path.rglob("*") if path.is_file()]
+    assert len(files) == 7
+    for path in files:
+        assert KEY.encode() not in path.read_bytes(), path
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
+    for result in outputs:
+        assert KEY not in result.stdout and KEY not in result.stderr
+
+
+def test_api_key_cut_by_error_message_truncation_is_not_stored(tmp_path):
+    """An error body that echoes the key where the stored error message is cut off must
+    not leave a prefix of the key on disk."""
+    marker = "MARKER-7f3a"
+    settings = {"message": marker}
+
+    def reply(request):
+        key = request.headers.get("Authorization", "").split()[-1]
+        return fakes.Reply(401, {"error": {"message": settings["message"].replace("{key}", key), "type": "auth"}})
+
+    with fakes.FakeServer(reply) as server:
+        probe = tmp_path / "probe.json"
+        assert run(["--models", "a", "--out", probe], server).returncode == 2
+        stored = read(probe)["runs"][0]["error_message"]
+        offset = stored.index(marker)  # where the endpoint's message starts in the stored text
+        assert len(stored) < 400, "the stored error message is unexpectedly long"
+        # put the key across the point where the stored message is cut (500 characters)
+        settings["message"] = "x" * (500 - offset - 20) + "{key}"
+        out = tmp_path / "run.json"
+        assert run(["--models", "a", "--out", out], server).returncode == 2
+    message = read(out)["runs"][0]["error_message"]
+    assert message.startswith(stored[:offset]) and len(message) >= 480
+    data = out.read_bytes()
+    assert KEY[:12].encode() not in data, message[-40:]
