@@ -2098,13 +2098,9 @@ def parse_args(argv, env=None):
         _env_default(args, "retries", env, "REGRESSION_RETRIES", int)
         _env_default(args, "max_cost_usd", env, "REGRESSION_MAX_COST_USD")
         _env_default(args, "shard", env, "REGRESSION_SHARD")
-        if args.provider is None:
-            args.provider = "replay" if args.replay else "perplexity"
-        if args.provider == "openai":
-            _env_default(args, "base_url", env, "OPENAI_BASE_URL")
-        if args.provider not in PROVIDERS:
+        if args.provider is not None and args.provider not in PROVIDERS:
             raise UsageError(f"unknown provider {args.provider!r}; choose one of {', '.join(PROVIDERS)}")
-        if args.replay and args.provider != "replay":
+        if args.replay and args.provider not in (None, "replay"):
             raise UsageError("--replay goes with --provider replay")
         _check_ranges(args)
         args.shard = _shard(args.shard) if args.shard else None
@@ -2332,43 +2328,80 @@ class Run:
         self.provider = self.secret = None
 
 
+def _resume_defaults(args, env):
+    """Load the record to continue; its config (and endpoint) fill every flag not given."""
+    record = _load_for("--resume", args.resume)
+    config = record["config"]
+    args.models = args.models or config["models"]
+    args.repeats = args.repeats or config["repeats"]
+    args.timeout = args.timeout or config.get("timeout_seconds")
+    replayed_from = (record.get("replayed_from") or {}).get("path")
+    identity = record.get("provider") or {"name": "perplexity"}
+    made_with = "replay" if replayed_from else identity.get("name")
+    args.provider = args.provider or made_with
+    if args.provider != made_with:
+        raise UsageError(f"--resume: {args.resume} was made with --provider {made_with}; resume it with that provider")
+    if made_with == "openai":
+        args.base_url = args.base_url or env.get("OPENAI_BASE_URL") or identity.get("base_url")
+        if _public_url(args.base_url) != identity.get("base_url"):
+            raise UsageError(f"--resume: {args.resume} was made against {identity.get('base_url')}; "
+                             "one record never mixes endpoints")
+    args.replay = args.replay or replayed_from
+    return record
+
+
+def _replay_defaults(args):
+    """Load the record to replay; its models, repeats and timeout fill every flag not given."""
+    replayed = _load_for("--replay", args.replay or "")
+    config = replayed["config"]
+    args.models = args.models or config["models"]
+    args.repeats = args.repeats or config["repeats"]
+    args.timeout = args.timeout or config.get("timeout_seconds")
+    return replayed
+
+
+def _choose_suite(args, record, replayed):
+    """The suite to run: a resumed record's, --suite, a replayed record's, or the built-in one."""
+    if record is not None:
+        return _suite_from_record(record, args)
+    if args.suite:
+        return load_suite(args.suite, allow_empty_baseline=args.update_baseline)
+    if replayed is not None and not (replayed.get("suite") or {}).get("builtin", True):
+        return _suite_from_record(replayed, args)
+    return builtin_suite()
+
+
+def _resumed_run(record, suite, plan, config, path):
+    """A Run that keeps the record's finished rows and runs the missing and errored ones."""
+    key = _differing_key(record["config"], config)
+    if key is not None:
+        raise UsageError(f"--resume: config key {key!r} would differ from the record's "
+                         "(a flag, the environment or the suite changed it); resume needs the same config")
+    wanted, kept = set(plan), {}
+    for row in record["runs"]:
+        if row_key(row) in wanted and row.get("error") is None:
+            kept.setdefault(row_key(row), row)
+    rows = [kept[key] for key in plan if key in kept]
+    header = {k: v for k, v in record.items() if k not in ("runs", "summary", "recovered")}
+    header["resumed"] = list(header.get("resumed") or []) + [
+        {"at": _now(), "kept_rows": len(rows), "code_sha256": code_sha256()}]
+    return Run(suite, plan, set(plan), header, path, rows, resuming=True)
+
+
 def prepare(args, env):
     """Suite, plan and header for a new run, or for --resume; raises UsageError / SuiteError."""
-    record = replayed = None
-    if args.resume:
-        record = _load_for("--resume", args.resume)
-        config = record["config"]
-        args.models = args.models or config.get("models")
-        args.repeats = args.repeats or config.get("repeats")
-        args.timeout = args.timeout or config.get("timeout_seconds")
-        identity = record.get("provider") or {"name": "perplexity"}
-        if identity.get("name") != args.provider and not (identity.get("name") == "perplexity" and
-                                                            args.provider == "perplexity"):
-            raise UsageError(f"--resume: {args.resume} was made with --provider {identity.get('name')}; "
-                             "resume it with the same provider")
-        if args.provider == "replay" and not args.replay:
-            args.replay = (record.get("replayed_from") or {}).get("path")
-    if args.provider == "replay":
-        replayed = _load_for("--replay", args.replay or "")
-        args.models = args.models or replayed["config"].get("models")
-        args.repeats = args.repeats or replayed["config"].get("repeats")
-        args.timeout = args.timeout or replayed["config"].get("timeout_seconds")
+    record = _resume_defaults(args, env) if args.resume else None
+    args.provider = args.provider or ("replay" if args.replay else "perplexity")
+    if args.provider == "openai":
+        args.base_url = args.base_url or env.get("OPENAI_BASE_URL")
+    replayed = _replay_defaults(args) if args.provider == "replay" else None
     if args.provider == "openai" and not args.models:
         raise UsageError("--provider openai needs --models (names as the endpoint knows them)")
     args.models = args.models or (["echo"] if args.provider == "echo" else list(MODELS))
     args.repeats = args.repeats or 1
     args.timeout = args.timeout or TIMEOUT_SECONDS
     _check_ranges(args)
-    if record is not None:
-        suite = _suite_from_record(record, args)
-    elif args.suite:
-        suite = load_suite(args.suite, allow_empty_baseline=args.update_baseline)
-    elif replayed is not None and isinstance(replayed.get("suite"), dict) and not replayed["suite"].get("builtin", True):
-        suite = _suite_from_record(replayed, args)
-    else:
-        suite = builtin_suite()
-    if args.update_baseline and suite["builtin"]:
-        raise UsageError("--update-baseline needs --suite FILE")
+    suite = _choose_suite(args, record, replayed)
     if args.update_baseline and not suite.get("file"):
         raise UsageError("--update-baseline needs --suite FILE (the file it fills)")
     config = run_config(suite, args.models, args.repeats, args.timeout)
@@ -2376,24 +2409,11 @@ def prepare(args, env):
     shard = args.shard or (_shard(record["shard"]) if record is not None and record.get("shard") else None)
     plan = [key for n, key in enumerate(full_plan) if shard is None or n % shard[1] == shard[0] - 1]
     if record is not None:
-        key = _differing_key(record["config"], config)
-        if key is not None:
-            raise UsageError(f"--resume: config key {key!r} would differ from the record's "
-                             "(a flag, the environment or the suite changed it); resume needs the same config")
-        header = {k: v for k, v in record.items() if k not in ("runs", "summary", "recovered")}
-        wanted, kept = set(plan), {}
-        for row in record["runs"]:
-            if isinstance(row, dict) and row_key(row) in wanted and row.get("error") is None:
-                kept.setdefault(row_key(row), row)
-        rows = [kept[key] for key in plan if key in kept]
-        header["resumed"] = list(header.get("resumed") or []) + [
-            {"at": _now(), "kept_rows": len(rows), "code_sha256": code_sha256()}]
-        return Run(suite, plan, set(plan), header, args.resume, rows, resuming=True)
-    sdk = replayed.get("sdk_version") if replayed is not None else None  # live: filled once the client exists
-    evidence = (replayed.get("evidence", "live") if replayed is not None else
-                "echo" if args.provider == "echo" else "live")
+        return _resumed_run(record, suite, plan, config, args.resume)
     header = record_header(
-        config, sdk, evidence,
+        config,
+        replayed.get("sdk_version") if replayed is not None else None,  # live: filled once the client exists
+        replayed.get("evidence", "live") if replayed is not None else "echo" if args.provider == "echo" else "live",
         suite={"name": suite["name"], "builtin": suite["builtin"], "file": suite.get("file")},
         provider=provider_identity(args.provider, args.base_url, replayed),
         shard=f"{shard[0]}/{shard[1]}" if shard else None,

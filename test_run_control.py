@@ -827,3 +827,49 @@ def test_api_key_cut_by_error_message_truncation_is_not_stored(tmp_path):
     assert message.startswith(stored[:offset]) and len(message) >= 480
     data = out.read_bytes()
     assert KEY[:12].encode() not in data, message[-40:]
+
+
+# ====================================================================== resume without flags
+
+def truncate_record(path, keep):
+    """Rewrite a record as if the run had been cut after `keep` rows (a torn tail, as a crash leaves)."""
+    text = path.read_text()
+    record = json.loads(text)
+    cut = text.index(json.dumps(record["runs"][keep], ensure_ascii=False)) if keep < len(record["runs"]) else len(text)
+    path.write_text(text[:cut])
+    assert len(regression.load_record(str(path))["runs"]) == keep
+
+
+def test_resume_of_an_openai_record_needs_no_flags(tmp_path):
+    """`--resume FILE` alone continues against the record's own endpoint (no --provider, no --base-url)."""
+    answer = lambda body: fakes.chat_response("Could you share your order ID?")  # noqa: E731
+    with fakes.FakeServer(fakes.chat(answer)) as server:
+        out = tmp_path / "run.json"
+        first = run(["--provider", "openai", "--base-url", server.url + "/v1", "--models", "a", "b",
+                     "--suite", HERE / "suites" / "agent-tools.json", "--out", out])
+        assert first.returncode == 0, first.stderr  # asking for the id passes every case
+        complete = read(out)
+        truncate_record(out, 2)
+        before = server.count
+        resumed = run(["--resume", out])
+        assert resumed.returncode == 0, resumed.stderr
+        assert server.count - before == len(complete["runs"]) - 2
+        final = read(out)
+        assert [essence(row) for row in final["runs"]] == [essence(row) for row in complete["runs"]]
+        assert final["provider"] == complete["provider"]
+
+
+def test_resume_of_a_replay_record_replays_again_and_never_goes_live(tmp_path):
+    source, regraded = tmp_path / "echo.json", tmp_path / "regraded.json"
+    assert run(["--provider", "echo", "--suite", HERE / "suites" / "support-guardrails.json",
+                "--out", source], key=None).returncode == 1
+    assert run(["--provider", "replay", "--replay", source, "--out", regraded], key=None).returncode == 1
+    complete = read(regraded)
+    truncate_record(regraded, 1)
+    resumed = run(["--resume", regraded], key=None)  # no key: a live provider would be refused
+    assert resumed.returncode == 1, resumed.stderr
+    final = read(regraded)
+    assert [essence(row) for row in final["runs"]] == [essence(row) for row in complete["runs"]]
+    assert final["replayed_from"] == complete["replayed_from"]
+    refused = run(["--resume", regraded, "--provider", "perplexity"])
+    assert refused.returncode == 2 and "replay" in refused.stderr
