@@ -2422,8 +2422,11 @@ def prepare(args, env):
     return Run(suite, plan, set(plan), header, args.out or "results.json")
 
 
-def run_jobs(jobs, work, concurrency, stopping):
-    """Yield (job, row) as rows finish: at most `concurrency` in flight, none started once stopping()."""
+def run_jobs(jobs, work, concurrency, stopping, refill_early=lambda row: False):
+    """Yield (job, row) as rows finish: at most `concurrency` in flight, none started once stopping().
+
+    When refill_early(row) says the finished row cannot stop the run, its slot gets the next
+    request before the row is checkpointed, so a slot never waits on the disk."""
     if concurrency <= 1:
         for job in jobs:
             if stopping():
@@ -2455,6 +2458,8 @@ def run_jobs(jobs, work, concurrency, stopping):
         in_flight -= 1
         if isinstance(row, BaseException):
             raise row
+        if refill_early(row):
+            start_more()
         yield job, row
         start_more()
 
@@ -2523,7 +2528,10 @@ def execute_run(run, args, writer, tally):
         return execute(run.provider, run.suite, cases[case_id], model, repeat, grader=grader, retries=args.retries)
 
     try:
-        for key, row in run_jobs(run.todo, work, args.concurrency, lambda: state["stopped"] is not None):
+        # A finished row can only stop the run by an error or by the spending cap.
+        refill_early = lambda row: row["error"] is None and args.max_cost_usd is None  # noqa: E731
+        for key, row in run_jobs(run.todo, work, args.concurrency, lambda: state["stopped"] is not None,
+                                 refill_early):
             stored = redact_row(row, mask)  # checks ran on the original; only the masked row is stored
             tally.add(stored)
             saving = time.monotonic()
@@ -2652,6 +2660,8 @@ def main(argv=None):
             pass  # every finished row is still recoverable from the torn tail
         writer.close()
         interrupt.record_path, interrupt.rows_saved = run.path, writer.count
+        interrupt.resume_flags = "".join(f" --{name} {getattr(args, name)}" for name in ("concurrency", "retries")
+                                         if getattr(args, name) not in (0, 1))
         raise
     except RecordError as exc:
         writer.close()
@@ -2679,8 +2689,9 @@ def cli():
     except KeyboardInterrupt as interrupt:
         path = getattr(interrupt, "record_path", None)
         if path:
+            flags = getattr(interrupt, "resume_flags", "")
             print(f"interrupted: {interrupt.rows_saved} finished row(s) saved in {path}; "
-                  f"continue with: python regression.py --resume {path}", file=sys.stderr)
+                  f"continue with: python regression.py --resume {path}{flags}", file=sys.stderr)
         else:
             print("interrupted before the first request; nothing was saved", file=sys.stderr)
         code = 130
