@@ -33,17 +33,16 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+sys.path[:0] = [ROOT, BENCH]  # the project's modules, then common.py beside this script
 
+import common  # noqa: E402  (needs BENCH on sys.path)
 import fakes  # noqa: E402  (needs ROOT on sys.path)
 
 GOAL_RATIO = 1.2
@@ -65,35 +64,6 @@ def padding_for(body_bytes):
     padding = max(0, body_bytes - base)
     sizes = [len(json.dumps(fakes.advisor_answer(case, padding=padding))) for case in fakes.regression.CASES]
     return padding, sizes
-
-
-def child_env(url):
-    env = dict(os.environ)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
-        env.pop(name, None)  # the client must talk to the loopback server directly
-    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
-    env["PERPLEXITY_BASE_URL"] = url
-    env["PERPLEXITY_API_KEY"] = "test-key"
-    return env
-
-
-def disk_floor(folder, block_bytes, count=50):
-    """Median seconds of one append-sized pwrite + fsync in the folder the records go to."""
-    path = os.path.join(folder, "fsync-floor")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    block = b"x" * block_bytes
-    timings = []
-    try:
-        for n in range(count):
-            started = time.perf_counter()
-            os.pwrite(fd, block, n * block_bytes)
-            os.fsync(fd)
-            timings.append(time.perf_counter() - started)
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    return statistics.median(timings)
 
 
 # ====================================================================== one run
@@ -119,27 +89,15 @@ def run_once(size, padding, folder, timeout):
     if os.access(TIME_BIN, os.X_OK):
         argv = [TIME_BIN, "-f", "%M", "-o", rss_file, *argv]
     with fakes.FakeServer(fakes.advisor(padding=padding)) as server, tempfile.TemporaryFile() as errors:
-        # A session of its own, so a timeout kills the runner even under GNU time.
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
-                                env=child_env(server.url), cwd=folder, start_new_session=True)
-        timed_out = threading.Event()
-
-        def kill():
-            timed_out.set()
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-
-        watchdog = threading.Timer(timeout, kill)
-        watchdog.start()
-        try:
+        # A session of its own (common.Child), so a timeout kills the runner even under GNU time.
+        with common.Child(argv, common.child_env(server.url), folder, timeout, errors) as child:
+            proc, timed_out = child.proc, child.timed_out
             for line in proc.stdout:  # one line per finished row, flushed as it happens
                 now, now_cpu = time.perf_counter(), time.process_time()
-                text = line.decode("utf-8", "replace").rstrip("\n")
-                words = text.split()
-                if len(words) < 2 or words[0] not in model_set or words[1] not in case_set:
+                row = common.row_line(line, model_set, case_set)
+                if row is None:
                     continue  # the summary JSON, or anything else that is not a row line
+                text, words = row
                 stamps.append(now)
                 cpu.append(now_cpu)
                 match = SECONDS_FIELD.search(text)
@@ -149,12 +107,6 @@ def run_once(size, padding, folder, timeout):
                 if "PASS" not in words:
                     failed.append(text)
             proc.wait()
-        finally:
-            watchdog.cancel()
-            if proc.poll() is None:
-                kill()
-                proc.wait()
-            proc.stdout.close()
         errors.seek(0)
         stderr = errors.read().decode("utf-8", "replace").strip()
         requests = server.count
@@ -268,7 +220,7 @@ def main(argv=None):
     results = {"small": [], "large": []}
     started = time.perf_counter()
     try:
-        floor = disk_floor(folder, max(body_sizes))
+        floor = common.disk_floor(folder, max(body_sizes), count=50, statistic=statistics.median)
         print(f"checkpoint benchmark: latency 0, response bodies {min(body_sizes)}-{max(body_sizes)} bytes "
               f"(padding {padding}), {reps} repetition(s) per size, python {sys.version.split()[0]}")
         print(f"  small: {small}\n  large: {large}")

@@ -45,17 +45,16 @@ import collections
 import os
 import random
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+sys.path[:0] = [ROOT, BENCH]  # the project's modules, then common.py beside this script
 
+import common  # noqa: E402  (needs BENCH on sys.path)
 import fakes  # noqa: E402  (needs ROOT on sys.path)
 import regression  # noqa: E402
 
@@ -70,48 +69,24 @@ class MeasureError(Exception):
     """A trial could not be set up or measured: the harness reports it and stops."""
 
 
-def child_env(url):
-    env = dict(os.environ)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
-        env.pop(name, None)  # the client must talk to the loopback server directly
-    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
-    env["PERPLEXITY_BASE_URL"] = url
-    env["PERPLEXITY_API_KEY"] = "test-key"
-    return env
+class Runner(common.Child):
+    """One regression.py process whose row lines are read as they come; always reaped.
 
-
-class Runner:
-    """One regression.py process whose row lines are read as they come; always reaped."""
+    kill() SIGKILLs it; timed_out tells whether its watchdog did.
+    """
 
     def __init__(self, argv, url, folder, timeout, models):
         self.models, self.lines, self.stamps = set(models), [], []
         self.errors = tempfile.TemporaryFile()
-        self.timed_out = threading.Event()
         self.started = time.perf_counter()
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=self.errors, env=child_env(url), cwd=folder,
-                                     start_new_session=True)
-        self.watchdog = threading.Timer(timeout, self._expire)
-        self.watchdog.start()
-
-    def _expire(self):
-        self.timed_out.set()
-        self.kill()
-
-    def kill(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
+        super().__init__(argv, common.child_env(url), folder, timeout, self.errors)
 
     def read_rows(self, until=None):
         """Read row lines until `until` of them were seen (None: to the end of output)."""
         for line in self.proc.stdout:
-            text = line.decode("utf-8", "replace").rstrip("\n")
-            words = text.split()
-            if len(words) >= 2 and words[0] in self.models and words[1] in CASE_IDS:
-                self.lines.append(text)
+            row = common.row_line(line, self.models, CASE_IDS)
+            if row is not None:
+                self.lines.append(row[0])
                 self.stamps.append(time.perf_counter())
                 if until is not None and len(self.lines) >= until:
                     return True
@@ -123,11 +98,7 @@ class Runner:
             self.read_rows()
             self.proc.wait()
         finally:
-            self.watchdog.cancel()
-            if self.proc.poll() is None:
-                self.kill()
-                self.proc.wait()
-            self.proc.stdout.close()
+            self.close()
         wall = time.perf_counter() - self.started
         self.errors.seek(0)
         stderr = self.errors.read().decode("utf-8", "replace").strip()
@@ -282,18 +253,11 @@ def kill_and_resume(args, models, plan, k, delay, folder, number, reference, ser
             "problems": problems}
 
 
-def positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trials", type=positive_int, default=3,
+    parser.add_argument("--trials", type=common.positive_int, default=3,
                         help="kills (default 3: at 10%%, 50%%, 90%% of n; more trials at random k)")
-    parser.add_argument("--models", type=positive_int, default=10, help="K models m1..mK (default 10)")
+    parser.add_argument("--models", type=common.positive_int, default=10, help="K models m1..mK (default 10)")
     parser.add_argument("--repeats", type=int, default=2, help="R, --repeats of the runner (1-10, default 2)")
     parser.add_argument("--latency", type=float, default=0.02, help="fake latency L in seconds (default 0.02)")
     parser.add_argument("--concurrency", type=int, default=1, help="--concurrency of the runner (1-64, default 1)")

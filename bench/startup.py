@@ -39,8 +39,11 @@ import tempfile
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+sys.path[:0] = [ROOT, BENCH]  # the project's modules, then common.py beside this script
+
+import common  # noqa: E402  (needs BENCH on sys.path)
 
 GOAL_SECONDS = 0.15  # SPEC C1
 GOAL_MB = 25.0  # SPEC C1
@@ -71,18 +74,6 @@ def build_commands(python, include_dry_run):
         commands.append(("regression.py --dry-run",
                          lambda scratch: [python, os.path.join(ROOT, "regression.py"), "--dry-run"], {0}))
     return commands
-
-
-def child_env():
-    """The environment of every child: bytecode cache on, no key, no route off the machine."""
-    env = dict(os.environ)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env.pop("PERPLEXITY_API_KEY", None)
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
-        env.pop(name, None)
-    env["PERPLEXITY_BASE_URL"] = "http://127.0.0.1:9"  # discard port: closed, loopback only
-    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
-    return env
 
 
 # ====================================================================== measuring
@@ -168,7 +159,7 @@ def verdict(ok):
 
 
 def measure(args):
-    env = child_env()
+    env = common.child_env()  # bytecode cache on, no key, no route off the machine
     commands = build_commands(args.python, not args.no_dry_run)
     base = tempfile.mkdtemp(prefix="bench-startup-")
     scratch = Scratch(base)
@@ -229,17 +220,10 @@ def report(args, commands, times, peaks, modules, use_gnu_time):
         print("  (regression.py --dry-run not measured: --no-dry-run)")
 
 
-def positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=positive_int, default=15, help="timed runs per command (default 15)")
-    parser.add_argument("--rss-runs", type=positive_int, default=3,
+    parser.add_argument("--runs", type=common.positive_int, default=15, help="timed runs per command (default 15)")
+    parser.add_argument("--rss-runs", type=common.positive_int, default=3,
                         help="extra runs per command under GNU time for peak RSS (default 3)")
     parser.add_argument("--python", default=sys.executable, help="interpreter to start (default: this one)")
     parser.add_argument("--no-dry-run", action="store_true",

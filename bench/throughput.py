@@ -67,17 +67,17 @@ import math
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+sys.path[:0] = [ROOT, BENCH]  # the project's modules, then common.py beside this script
 
+import common  # noqa: E402  (needs BENCH on sys.path)
 import fakes  # noqa: E402  (needs ROOT on sys.path)
 
 GOAL_RATIO = 1.15  # SPEC C1: within 15 % of n*L/C (plus start-up)
@@ -116,41 +116,6 @@ class Workload:
 STARTUP = Workload("start-up", 1, 1, 1, 0.0)
 
 
-def child_env(url):
-    env = dict(os.environ)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
-        env.pop(name, None)  # the client must talk to the loopback server directly
-    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
-    env["PERPLEXITY_BASE_URL"] = url
-    env["PERPLEXITY_API_KEY"] = "test-key"
-    return env
-
-
-def disk_floor(folder, block_bytes, count=1000):
-    """Mean seconds of one checkpoint-like write in the folder the records go to.
-
-    Like the runner's append: pwrite a row plus the summary tail at the end, truncate
-    to the new length, fsync; the end then advances by a row (the tail is rewritten).
-    """
-    path = os.path.join(folder, "fsync-floor")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    block = b"x" * block_bytes
-    timings, end = [], 0
-    try:
-        for _ in range(count):
-            started = time.perf_counter()
-            os.pwrite(fd, block, end)
-            os.ftruncate(fd, end + block_bytes)
-            os.fsync(fd)
-            timings.append(time.perf_counter() - started)
-            end += ROW_BYTES
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    return statistics.mean(timings)
-
-
 # ====================================================================== one run
 
 def run_once(workload, folder, timeout):
@@ -166,27 +131,15 @@ def run_once(workload, folder, timeout):
         cpu_start = time.process_time()
         spawned_wall = time.time()
         started = time.perf_counter()
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
-                                env=child_env(server.url), cwd=folder, start_new_session=True)
-        timed_out = threading.Event()
-
-        def kill():
-            timed_out.set()
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-
-        watchdog = threading.Timer(timeout, kill)
-        watchdog.start()
-        try:
+        with common.Child(argv, common.child_env(server.url), folder, timeout, errors) as child:
+            proc, timed_out = child.proc, child.timed_out
             for line in proc.stdout:  # one line per finished row, flushed as it happens
                 now = time.perf_counter()
                 last_line_wall = time.time()
-                text = line.decode("utf-8", "replace").rstrip("\n")
-                words = text.split()
-                if len(words) < 2 or words[0] not in model_set or words[1] not in case_set:
+                row = common.row_line(line, model_set, case_set)
+                if row is None:
                     continue  # the summary JSON, or anything else that is not a row line
+                text, words = row
                 lines.append(now)
                 match = SAVE_FIELD.search(text)
                 saves.append(float(match.group(1)) if match else None)
@@ -195,12 +148,6 @@ def run_once(workload, folder, timeout):
             _, status, usage = os.wait4(proc.pid, 0)  # the runner's own CPU time comes with it
             wall = time.perf_counter() - started
             proc.returncode = os.waitstatus_to_exitcode(status)
-        finally:
-            watchdog.cancel()
-            if proc.poll() is None:
-                kill()
-                proc.wait()
-            proc.stdout.close()
         cpu = time.process_time() - cpu_start
         errors.seek(0)
         stderr = errors.read().decode("utf-8", "replace").strip()
@@ -244,7 +191,7 @@ def refill_delay(arrivals, concurrency, latency):
 
 def time_dry_run(folder, timeout):
     """Wall seconds of `regression.py --dry-run` (reference only: no SDK import, no record)."""
-    env = child_env("http://127.0.0.1:9")  # discard port: nothing is sent anyway
+    env = common.child_env(common.CLOSED_URL)  # discard port: nothing is sent anyway
     started = time.perf_counter()
     try:
         proc = subprocess.run([sys.executable, os.path.join(ROOT, "regression.py"), "--dry-run"],
@@ -351,16 +298,9 @@ def report(workloads, results, startups, dry_runs, disks, reps, quick, elapsed):
     print(f"(benchmark wall time {elapsed:.1f} s)")
 
 
-def positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reps", type=positive_int, help="runs of each workload (default 3; 1 with --quick)")
+    parser.add_argument("--reps", type=common.positive_int, help="runs of each workload (default 3; 1 with --quick)")
     parser.add_argument("--quick", action="store_true",
                         help="sanity run: one repetition, and the 20 s 100@c1 workload is skipped")
     args = parser.parse_args(argv)
@@ -388,7 +328,10 @@ def main(argv=None):
             for workload in workloads:
                 startups.append(run_once(STARTUP, folder, 60))
                 if workload.latency == 0:  # the disk floor next to the run it is set against
-                    disks.append(disk_floor(folder, DISK_BLOCK))
+                    # like the runner's append: pwrite a row plus the summary tail at the end,
+                    # truncate, fsync; the end advances by a row (the tail is rewritten)
+                    disks.append(common.disk_floor(folder, DISK_BLOCK, count=1000, statistic=statistics.mean,
+                                                   step=ROW_BYTES, truncate=True))
                 timeout = 60 + 5 * workload.floor + 0.05 * workload.rows
                 result = run_once(workload, folder, timeout)
                 results[workload.name].append(result)
