@@ -2550,7 +2550,7 @@ def execute_run(run, args, writer, tally):
     return state["stopped"], state["in_order"], {case_id: text for case_id, (_, text) in answers.items()}
 
 
-def reorder(run, tally, final):
+def reorder(run, final):
     """Put rows back in run order (after concurrency or a resume) with one atomic rewrite."""
     record = load_record(run.path)
     position = {key: n for n, key in enumerate(run.plan)}
@@ -2650,7 +2650,7 @@ def main(argv=None):
         writer.set_summary(final)
         writer.close()
         if not in_order:
-            reorder(run, tally, final)
+            reorder(run, final)
     except KeyboardInterrupt as interrupt:
         final = tally.summary()
         final["stopped"] = "interrupted"
