@@ -54,6 +54,9 @@ def index(record):
     _require(len(set(case_ids)) == len(case_ids), "config.cases has duplicate ids")
     _require(isinstance(repeats, int) and not isinstance(repeats, bool) and repeats >= 1,
              "config.repeats is not a positive integer")
+    expected_count = len(models) * len(cases) * repeats
+    _require(expected_count == len(runs) or expected_count <= 100_000,
+             f"the run is incomplete: {len(runs)} rows for {expected_count} expected")
     rows = {}
     for position, row in enumerate(runs):
         _require(isinstance(row, dict), f"run {position} is not an object")

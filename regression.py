@@ -195,7 +195,7 @@ def document_id(url, sources):
     try:
         parts = urllib.parse.urlsplit(url)
         pattern = re.compile(sources["path"])
-    except (ValueError, re.error, KeyError, TypeError):
+    except (ValueError, re.error, KeyError, TypeError, OverflowError, RecursionError):
         return None
     if parts.scheme.lower() != "https" or "?" in url.split("#", 1)[0]:
         return None
@@ -618,7 +618,7 @@ SOURCES_KEYS = {"field", "hosts", "path", "also_allowed"}
 
 
 def instructions_sha256(instructions):
-    return hashlib.sha256(instructions.encode("utf-8")).hexdigest()
+    return hashlib.sha256(instructions.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _unknown_key(keys, known, where):
@@ -655,6 +655,8 @@ def _validate_tools(tools, where):
     for tool in tools:
         if not isinstance(tool.get("type"), str):
             raise SuiteError(f"{where}: every tool needs a string \"type\"")
+        if "name" in tool and not isinstance(tool["name"], str):
+            raise SuiteError(f"{where}: a tool name must be a string")
         if tool["type"] == "function" and not (isinstance(_tool_name(tool), str) and _tool_name(tool)):
             raise SuiteError(f"{where}: a function tool needs a name")
 
@@ -665,6 +667,8 @@ def _validate_response_format(value, where):
     if not isinstance(value, dict) or value.get("type") not in ("json_schema", "json_object"):
         raise SuiteError(f"{where}: response_format must be null or an object with type json_schema or json_object")
     if value["type"] == "json_object":
+        if set(value) != {"type"}:
+            raise SuiteError(f"{where}: a json_object response_format takes no other keys")
         return None
     spec = value.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not isinstance(spec.get("schema"), dict):
@@ -696,7 +700,7 @@ def _validate_sources(sources, where):
         raise SuiteError(f"{where}: sources.path must be a regular expression string")
     try:
         pattern = re.compile(sources["path"])
-    except re.error as exc:
+    except (re.error, OverflowError, RecursionError) as exc:
         raise SuiteError(f"{where}: sources.path is not a valid regular expression: {exc}") from None
     if pattern.groups < 1:
         raise SuiteError(f"{where}: sources.path needs a capturing group that names the document")
@@ -953,6 +957,42 @@ def agent_request(suite, case, model):
     return request
 
 
+def cap_response_bodies(client, limit=MAX_RESPONSE_BYTES):
+    """Make an SDK client refuse bodies over `limit` bytes while they arrive, not after.
+
+    The SDK reads and parses the whole body first (a 50 MB body peaked at 5x in memory), and
+    main() must not pass its own http_client (tests hand theirs in), so the cap is a response
+    hook on the client's own httpx client, which also asks for uncompressed bodies."""
+    httpx = sys.modules.get("httpx")
+    inner = getattr(client, "_client", None)
+    if httpx is None or not isinstance(inner, httpx.Client):
+        return
+    inner.headers["Accept-Encoding"] = "identity"
+
+    class Capped(httpx.SyncByteStream):  # httpx reads only its own stream types
+        def __init__(self, stream):
+            self.stream = stream
+
+        def __iter__(self):
+            received = 0
+            for chunk in self.stream:
+                received += len(chunk)
+                if received > limit:
+                    raise ResponseError(f"response larger than {limit} bytes", 200)
+                yield chunk
+
+        def close(self):
+            self.stream.close()
+
+    def hook(response):
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise ResponseError(f"response declares {declared} bytes, over the {limit}-byte limit", 200)
+        response.stream = Capped(response.stream)
+
+    inner.event_hooks["response"].append(hook)
+
+
 class PerplexityProvider:
     """perplexity: the Perplexity Agent API through the perplexityai SDK (key PERPLEXITY_API_KEY)."""
 
@@ -960,6 +1000,15 @@ class PerplexityProvider:
 
     def __init__(self, client, deadline=None):
         self.client, self.deadline = client, deadline
+
+    def close(self):
+        """Release the client's connections (an SDK client left open warns at exit)."""
+        close = getattr(self.client, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception:
+                pass  # closing is best effort; the run's outcome is already recorded
 
     def request(self, model, suite, case, repeat=0):
         response = self.client.responses.create(**agent_request(suite, case, model))
@@ -1337,7 +1386,7 @@ def redactor(patterns=(), pii=False, secrets=()):
                 value = pattern.sub(replacement, value)
             return value
         if isinstance(value, dict):
-            return {key: mask(item) for key, item in value.items()}
+            return {mask(key): mask(item) for key, item in value.items()}
         if isinstance(value, list):
             return [mask(item) for item in value]
         return value
@@ -1488,7 +1537,12 @@ def create_record(path, header, rows, summary_):
         os.unlink(path)
         raise RecordError(f"cannot write {path}: {exc.strerror or exc}") from None
     writer.end = len((head + body).encode("utf-8"))
-    writer.set_summary(summary_)
+    try:
+        writer.set_summary(summary_)
+    except RecordError:
+        writer.close()
+        os.unlink(path)  # a header without rows would only block the next run with this --out
+        raise
     _fsync_dir(path)
     return writer
 
@@ -1500,7 +1554,10 @@ def replace_record(path, header, rows, summary_):
     at any point leaves either the old file or the new one, never a mix.
     """
     temp = f"{path}.{os.getpid()}.tmp"
-    writer = create_record(temp, header, rows, summary_)
+    try:
+        writer = create_record(temp, header, rows, summary_)
+    except RecordError as exc:
+        raise RecordError(str(exc).replace(temp, path) + f"; {path} is unchanged") from None
     try:
         os.replace(temp, path)
     except OSError as exc:
@@ -1615,12 +1672,11 @@ def load_record(path):
     if "runs" not in record:
         raise RecordError(f"{path} is not a JSON record: {error}")
     record["recovered"] = True
-    config = record.get("config")
-    try:
+    record.pop("summary", None)
+    if record_problem(record) is None:  # recompute only what a well-formed config allows
+        config = record["config"]
         record["summary"] = summary(record["runs"], config["models"], config["repeats"], config["cases"])
         record["summary"]["stopped"] = "recovered from a torn record"
-    except (TypeError, KeyError, ValueError):
-        record.pop("summary", None)
     return record
 
 
@@ -1709,7 +1765,7 @@ class Tally:
         try:
             stats["cost"] += decimal.Decimal(cost) if isinstance(cost, str) else decimal.Decimal("NaN")
             stats["cost_known"] = stats["cost_known"] and stats["cost"].is_finite()
-        except decimal.InvalidOperation:
+        except ArithmeticError:  # InvalidOperation, Overflow: not a usable amount
             stats["cost_known"] = False
 
     def complete(self):
@@ -2031,7 +2087,7 @@ def _env_default(args, name, env, variable, convert=str):
 
 
 def _shard(text):
-    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    match = re.fullmatch(r"\s*([0-9]{1,6})\s*/\s*([0-9]{1,6})\s*", text)
     if not match or not 1 <= int(match.group(1)) <= int(match.group(2)):
         raise UsageError(f"--shard {text!r}: use I/N with 1 <= I <= N, e.g. 2/4")
     return int(match.group(1)), int(match.group(2))
@@ -2061,7 +2117,7 @@ def _check_ranges(args):
     for pattern in args.redact:
         try:
             re.compile(pattern)
-        except re.error as exc:
+        except (re.error, OverflowError, RecursionError) as exc:
             raise UsageError(f"--redact {pattern!r} is not a valid regular expression: {exc}") from None
     if args.merge is not None and len(args.merge) < 2:
         raise UsageError("--merge needs OUT and at least one shard record")
@@ -2197,6 +2253,7 @@ def make_provider(args, env):
             client = Perplexity(api_key=key, timeout=args.timeout, max_retries=SDK_MAX_RETRIES)
         except Exception as exc:
             raise UsageError(f"cannot create the Perplexity client: {type(exc).__name__}: {exc}") from None
+        cap_response_bodies(client)
         return PerplexityProvider(client, deadline_seconds(args.timeout)), key
     if args.provider == "openai":
         # A custom base URL never receives the vendor's key unless the user names it.
@@ -2252,6 +2309,14 @@ def _checks_of(case):
     return names + list(case.get("behaviors", []))
 
 
+def _format_name(response_format):
+    if not response_format:
+        return "free text"
+    if response_format["type"] == "json_schema":
+        return f"json_schema {response_format['json_schema']['name']}"
+    return response_format["type"]
+
+
 def plan_text(suite, args, plan, provider_note):
     """The --dry-run report: what would be sent, to whom, how many times."""
     models = args.models
@@ -2261,9 +2326,8 @@ def plan_text(suite, args, plan, provider_note):
         f"instructions sha256: {instructions_sha256(suite['instructions'])}",
         f"plan: {len(suite['cases'])} cases x {len(models)} models x {args.repeats} repeats = {len(plan)} requests",
         f"models: {', '.join(models)}",
-        "tools: " + (", ".join(_tool_name(t) or t.get("type", "?") for t in suite["tools"]) or "none"),
-        "response format: " + (((suite["response_format"] or {}).get("json_schema") or {}).get("name")
-                               or (suite["response_format"] or {}).get("type") or "free text"),
+        "tools: " + (", ".join(str(_tool_name(t) or t["type"]) for t in suite["tools"]) or "none"),
+        "response format: " + _format_name(suite["response_format"]),
     ]
     for case in suite["cases"]:
         text = _normalise(_case_text(case))
@@ -2644,6 +2708,7 @@ def main(argv=None):
         parser.error(str(exc))
     try:
         stopped, in_order, answers = execute_run(run, args, writer, tally)
+        getattr(run.provider, "close", lambda: None)()
         final = tally.summary()
         if stopped:
             final["stopped"] = stopped
