@@ -174,3 +174,12 @@ def test_user_guide_commands_against_a_fake_agent_api(tmp_path):
         diff_reports = run(LIVE_FAKED[11], cwd)
         assert diff_reports.returncode == 1
         assert (cwd / "diff.html").exists() and (cwd / "diff.xml").exists() and (cwd / "diff.md").exists()
+
+
+def test_every_test_the_guarantees_name_exists():
+    """The README's Guarantees table names tests; each must exist, so the table cannot rot."""
+    named = re.findall(r"`(test_\w+\.py)::(test_\w+)`", README)
+    assert len(named) >= 20
+    for filename, test in named:
+        with open(os.path.join(ROOT, filename), encoding="utf-8") as handle:
+            assert f"def {test}(" in handle.read(), f"{filename}::{test}"

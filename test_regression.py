@@ -1276,3 +1276,39 @@ def test_load_record_unreadable(tmp_path, content):
         path.write_bytes(content)
     with pytest.raises(regression.RecordError):
         regression.load_record(str(path))
+
+
+# ====================================================================== O(row) checkpoint
+
+def test_append_writes_only_the_new_row_and_the_tail(tmp_path, monkeypatch):
+    """A checkpoint costs O(row): each append writes the row plus the short tail, at the end
+    of the file, whatever the file's size; earlier bytes are never rewritten."""
+    path = tmp_path / "record.json"
+    models, cases = ["m"], [{"id": f"c{n}"} for n in range(300)]
+    tally = regression.Tally(models, 1, cases)
+    writer = regression.create_record(str(path), {"created_at": "t", "config": {"models": models}},
+                                      [], tally.summary())
+    writes = []
+    real_pwrite = os.pwrite
+
+    def spy(fd, data, offset):
+        writes.append((len(data), offset))
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", spy)
+    per_append = []
+    for n, case in enumerate(cases):
+        row = {"case_id": case["id"], "model": "m", "repeat": 0, "error": None, "reasons": [],
+               "passed": True, "cost_usd": "0.001", "answer_text": "x" * 30_000, "seconds": 0.0}
+        size_before = path.stat().st_size
+        writes.clear()
+        tally.add(row)
+        writer.append(row, tally.summary())
+        written = sum(length for length, _ in writes)
+        assert min(offset for _, offset in writes) >= size_before - 400  # only the old tail is overwritten
+        per_append.append(written)
+        if n in (0, 150, 299):
+            assert len(json.loads(path.read_text())["runs"]) == n + 1  # valid JSON after every row
+    writer.close()
+    assert max(per_append) - min(per_append) < 200  # the same bytes at row 1 and row 300
+    assert max(per_append) < 30_000 + 1_000
