@@ -5,8 +5,12 @@ decisions the team has already approved, keeps each raw response as evidence in
 a crash-safe JSON record, and exits with a code CI can gate on.
 
 Usage:
-    python regression.py                      # built-in HTTP-advisor suite, Perplexity Agent API
+    python regression.py                                # built-in HTTP-advisor suite, Perplexity Agent API
     python regression.py --models A B --repeats 3 --out run.json
+    python regression.py --suite FILE --provider echo   # your own suite, offline
+    python regression.py --suite FILE --dry-run         # validate and print the plan; send nothing
+    python regression.py --resume results.json          # continue an interrupted record
+    python regression.py --help                         # every flag (providers, run control, reports)
 
 Exit codes (SPEC A7):
     0    every expected row ran and passed
@@ -1011,7 +1015,12 @@ class PerplexityProvider:
                 pass  # closing is best effort; the run's outcome is already recorded
 
     def request(self, model, suite, case, repeat=0):
-        response = self.client.responses.create(**agent_request(suite, case, model))
+        try:
+            response = self.client.responses.create(**agent_request(suite, case, model))
+        except Exception as exc:
+            if isinstance(exc.__cause__, ResponseError):  # the body cap, wrapped by the SDK as a connection error
+                raise exc.__cause__ from None
+            raise
         if not hasattr(response, "model_dump"):
             raise ResponseError(f"the endpoint returned {type(response).__name__}, not a response object")
         raw = response.model_dump(mode="json", exclude_none=True)

@@ -327,7 +327,8 @@ def test_endpoint_fault_is_an_execution_error_never_a_model_failure(tmp_path, pr
     lines = row_lines(result.stdout)
     assert len(lines) == 1 and lines[0][3].startswith(f"ERROR {row['error']}"), result.stdout
     assert "FAIL" not in result.stdout
-    if fault == "huge":
+    if fault == "huge":  # refused while it arrives, named as such, and not retried as a connection fault
+        assert (row["error"], row["error_status"]) == ("ResponseError", 200), row
         assert result.peak_kb is not None
         assert result.peak_kb < HUGE_PEAK_LIMIT_KB, (
             f"a 50 MB body peaked at {result.peak_kb // 1024} MB resident "
