@@ -1537,15 +1537,14 @@ def create_record(path, header, rows, summary_):
     """Create a new record file holding a header, finished rows and a summary."""
     fd = _open_new(path)
     head = dumps(header)[:-1] + ', "runs": ['
-    body = "".join(("," if i else "") + "\n" + dumps(row) for i, row in enumerate(rows))
-    writer = RecordWriter(path, fd, 0, b"", len(rows))
+    data = (head + "".join(("," if i else "") + "\n" + dumps(row) for i, row in enumerate(rows))).encode("utf-8")
+    writer = RecordWriter(path, fd, len(data), b"", len(rows))
     try:
-        _pwrite_all(fd, (head + body).encode("utf-8"), 0)
+        _pwrite_all(fd, data, 0)
     except OSError as exc:
         os.close(fd)
         os.unlink(path)
         raise RecordError(f"cannot write {path}: {exc.strerror or exc}") from None
-    writer.end = len((head + body).encode("utf-8"))
     try:
         writer.set_summary(summary_)
     except RecordError:
