@@ -2662,6 +2662,13 @@ def merge(out, paths):
     return final["exit_code"]
 
 
+def _check_replay_covers(provider, run, args):
+    """A replay must answer every row it is asked for; UsageError before anything runs."""
+    missing = provider.missing(run.todo) if isinstance(provider, ReplayProvider) else None
+    if missing:
+        raise UsageError(f"--replay: {args.replay} has no stored response for {' / '.join(map(str, missing))}")
+
+
 def main(argv=None):
     """Run a suite and return the exit code: 0 pass, 1 a check failed, 2 error or incomplete.
 
@@ -2687,18 +2694,14 @@ def main(argv=None):
             return code
         run = prepare(args, env)
         if args.dry_run:
-            replay = make_provider(args, env)[0] if args.provider == "replay" else None
-            missing = replay.missing(run.todo) if replay else None
-            if missing:
-                raise UsageError(f"--replay: {args.replay} has no stored response for {' / '.join(map(str, missing))}")
+            if args.provider == "replay":  # cheap and offline: a dry run can check the coverage too
+                _check_replay_covers(make_provider(args, env)[0], run, args)
             print(plan_text(run.suite, args, run.plan, provider_problem(args, env)))
             return 0
         run.provider, run.secret = make_provider(args, env)
+        _check_replay_covers(run.provider, run, args)
         if args.provider == "perplexity" and not run.resuming:
             run.header["sdk_version"] = sdk_version()
-        missing = run.provider.missing(run.todo) if isinstance(run.provider, ReplayProvider) else None
-        if missing:
-            raise UsageError(f"--replay: {args.replay} has no stored response for {' / '.join(map(str, missing))}")
     except (SuiteError, UsageError, RecordError) as exc:
         parser.error(str(exc))
     config = run.header["config"]
