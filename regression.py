@@ -997,6 +997,14 @@ def cap_response_bodies(client, limit=MAX_RESPONSE_BYTES):
     inner.event_hooks["response"].append(hook)
 
 
+def _without_none(value):
+    if isinstance(value, dict):
+        return {key: _without_none(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [_without_none(item) for item in value]
+    return value
+
+
 class PerplexityProvider:
     """perplexity: the Perplexity Agent API through the perplexityai SDK (key PERPLEXITY_API_KEY)."""
 
@@ -1023,7 +1031,11 @@ class PerplexityProvider:
             raise
         if not hasattr(response, "model_dump"):
             raise ResponseError(f"the endpoint returned {type(response).__name__}, not a response object")
-        raw = response.model_dump(mode="json", exclude_none=True)
+        try:  # on Python 3.10 the SDK leaves output items as dicts, and pydantic warns about them
+            raw = response.model_dump(mode="json", exclude_none=True, warnings=False)
+        except TypeError:  # a response object without pydantic's warnings switch
+            raw = response.model_dump(mode="json", exclude_none=True)
+        raw = _without_none(raw)  # what exclude_none gives where the SDK did parse the items
         if len(dumps(raw)) > MAX_RESPONSE_BYTES:
             raise ResponseError(f"response larger than {MAX_RESPONSE_BYTES} bytes")
         return raw
