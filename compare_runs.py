@@ -2,7 +2,9 @@
 
 Usage:
     python compare_runs.py BEFORE.json AFTER.json
-    python compare_runs.py --demo NEW_DIR        # offline: two synthetic runs, no key
+    python compare_runs.py BEFORE.json AFTER.json --alpha 0.05 --html diff.html
+    python compare_runs.py --models A B RUN.json   # within one run: is model B a drop-in for A?
+    python compare_runs.py --demo NEW_DIR          # offline: two synthetic runs, no key
 
 The two records must come from the same configuration (models, cases, tools,
 response format, repeats, limits); only the instructions may differ. Each row
@@ -11,10 +13,13 @@ key (model, case, repeat) gets one line:
     RECOVERED      failed before, passes now
     PASS           passes in both
     STILL_FAILING  fails in both
+then, per model and case, the reasons that appeared (REGRESS) or disappeared (GAIN),
+pass rates over repeats with FLAKY and a one-sided Fisher exact p for a drop, and a
+diff of each answer whose verdict changed.
 
 Exit codes:
     0  comparable, no new failure
-    1  comparable, at least one NEW_FAILURE
+    1  comparable, at least one NEW_FAILURE (with --alpha: a drop with p <= alpha)
     2  not comparable (missing file, bad JSON, different config, incomplete run, ...)
 """
 
