@@ -962,7 +962,8 @@ def agent_request(suite, case, model):
 
 
 def cap_response_bodies(client, limit=MAX_RESPONSE_BYTES):
-    """Make an SDK client refuse bodies over `limit` bytes while they arrive, not after.
+    """Make an SDK client refuse bodies over `limit` bytes while they arrive, not after;
+    True when the cap is in place.
 
     The SDK reads and parses the whole body first (a 50 MB body peaked at 5x in memory), and
     main() must not pass its own http_client (tests hand theirs in), so the cap is a response
@@ -970,7 +971,7 @@ def cap_response_bodies(client, limit=MAX_RESPONSE_BYTES):
     httpx = sys.modules.get("httpx")
     inner = getattr(client, "_client", None)
     if httpx is None or not isinstance(inner, httpx.Client):
-        return
+        return False
     inner.headers["Accept-Encoding"] = "identity"
 
     class Capped(httpx.SyncByteStream):  # httpx reads only its own stream types
@@ -995,6 +996,7 @@ def cap_response_bodies(client, limit=MAX_RESPONSE_BYTES):
         response.stream = Capped(response.stream)
 
     inner.event_hooks["response"].append(hook)
+    return True
 
 
 def _without_none(value):
@@ -1010,8 +1012,8 @@ class PerplexityProvider:
 
     name = "perplexity"
 
-    def __init__(self, client, deadline=None):
-        self.client, self.deadline = client, deadline
+    def __init__(self, client, deadline=None, capped=False):
+        self.client, self.deadline, self.capped = client, deadline, capped
 
     def close(self):
         """Release the client's connections (an SDK client left open warns at exit)."""
@@ -1036,7 +1038,7 @@ class PerplexityProvider:
         except TypeError:  # a response object without pydantic's warnings switch
             raw = response.model_dump(mode="json", exclude_none=True)
         raw = _without_none(raw)  # what exclude_none gives where the SDK did parse the items
-        if len(dumps(raw)) > MAX_RESPONSE_BYTES:
+        if not self.capped and len(dumps(raw)) > MAX_RESPONSE_BYTES:  # capped clients refused it on arrival
             raise ResponseError(f"response larger than {MAX_RESPONSE_BYTES} bytes")
         return raw
 
@@ -2273,8 +2275,8 @@ def make_provider(args, env):
             client = Perplexity(api_key=key, timeout=args.timeout, max_retries=SDK_MAX_RETRIES)
         except Exception as exc:
             raise UsageError(f"cannot create the Perplexity client: {type(exc).__name__}: {exc}") from None
-        cap_response_bodies(client)
-        return PerplexityProvider(client, deadline_seconds(args.timeout)), key
+        capped = cap_response_bodies(client)
+        return PerplexityProvider(client, deadline_seconds(args.timeout), capped), key
     if args.provider == "openai":
         # A custom base URL never receives the vendor's key unless the user names it.
         key = env.get(args.api_key_env) if args.api_key_env else \
