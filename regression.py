@@ -22,9 +22,7 @@ Exit codes (SPEC A7):
 import argparse
 import datetime
 import decimal
-import difflib
 import hashlib
-import html as _html
 import json
 import math
 import os
@@ -376,6 +374,7 @@ def similarity(expected, actual):
     a, b = _normalise(expected), _normalise(actual)
     if len(a) * len(b) > 25_000_000:  # character matching is quadratic; words keep long texts fast
         a, b = a.split(), b.split()
+    import difflib  # imported where used, like the report code: start-up stays lean (SPEC C1)
     return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
 
 
@@ -518,6 +517,7 @@ def explain(case, trace):
         score = similarity(case["expected_text"], text)
         details["similarity"] = round(score, 4)
         if score < case.get("min_similarity", 1.0):
+            import difflib
             details["diff"] = "\n".join(difflib.unified_diff(
                 case["expected_text"].splitlines(), text.splitlines(), "expected", "actual", lineterm=""))
     folded = _normalise(text).casefold()
@@ -628,6 +628,7 @@ def instructions_sha256(instructions):
 def _unknown_key(keys, known, where):
     for key in keys:
         if key not in known:
+            import difflib
             hint = difflib.get_close_matches(key, sorted(known), n=1)
             raise SuiteError(f"{where}: unknown key {key!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
                              + f"; known keys: {', '.join(sorted(known))}")
@@ -715,6 +716,7 @@ def _validate_behavior(entry, where):
         raise SuiteError(f"{where}: behaviors must be strings like 'forbid_tool:NAME'")
     name, colon, arg = entry.partition(":")
     if name not in BEHAVIORS:
+        import difflib
         hint = difflib.get_close_matches(name, sorted(BEHAVIORS), n=1)
         raise SuiteError(f"{where}: unknown behavior {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
                          + f"; known: {', '.join(sorted(BEHAVIORS))}")
@@ -1830,16 +1832,22 @@ def summary(rows, models, repeats, cases=CASES):
 _XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
 
+def _escape(text, quote=True):
+    """What html.escape does (the html module costs start-up memory for five replacements)."""
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace('"', "&quot;").replace("'", "&#x27;") if quote else text
+
+
 def xml_text(value):
     """Text safe inside XML 1.0 elements and attributes (escaped; invalid characters replaced)."""
-    return _XML_INVALID.sub("\ufffd", _html.escape(str(value), quote=True))
+    return _XML_INVALID.sub("\ufffd", _escape(str(value)))
 
 
 def md_text(value, limit=300):
     """One table cell of Markdown: no HTML, no pipes or newlines, no code spans to break out of."""
     text = " ".join(str(value).split())
     text = text if len(text) <= limit else text[:limit] + "..."
-    return _html.escape(text, quote=False).replace("|", "\\|").replace("`", "\\`") \
+    return _escape(text, quote=False).replace("|", "\\|").replace("`", "\\`") \
         .replace("[", "\\[").replace("]", "\\]")
 
 
