@@ -1785,15 +1785,16 @@ class Tally:
         stats["total"] += 1
         stats["passed"] += not failed
         stats["errors"] += errored
-        cost = row.get("cost_usd")
         try:
-            stats["cost"] += decimal.Decimal(cost) if isinstance(cost, str) else decimal.Decimal("NaN")
-            stats["cost_known"] = stats["cost_known"] and stats["cost"].is_finite()
+            amount = decimal.Decimal(row.get("cost_usd")) if isinstance(row.get("cost_usd"), str) else None
+            stats["cost"] += amount if amount is not None and amount.is_finite() else decimal.Decimal("NaN")
         except ArithmeticError:  # InvalidOperation, Overflow: not a usable amount
-            stats["cost_known"] = False
+            stats["cost"] = decimal.Decimal("NaN")
+        stats["cost_known"] = stats["cost"].is_finite()
 
     def complete(self):
-        return not self.clash and self.seen == self.expected
+        # Every seen key is expected and unique unless `clash`, so counting is enough: O(1) per row.
+        return not self.clash and len(self.seen) == len(self.expected)
 
     def spent(self):
         """Reported spend so far as a Decimal, or None when some row reported no cost."""
