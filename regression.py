@@ -22,6 +22,7 @@ Exit codes (SPEC A7):
 import argparse
 import datetime
 import decimal
+import functools
 import hashlib
 import json
 import math
@@ -353,13 +354,20 @@ def check_citations(case, trace):
     return reasons
 
 
+def phrases_found(case, key, text):
+    """(present, absent) phrases of a case's `contains` or `excludes`, case-insensitive, whitespace folded."""
+    folded = _normalise(text).casefold()
+    present, absent = [], []
+    for phrase in case.get(key, []):
+        (present if _normalise(phrase).casefold() in folded else absent).append(phrase)
+    return present, absent
+
+
 def _phrase_check(key, reason):
-    """One check for `contains` and `excludes`: listed phrases, case-insensitive, whitespace folded."""
+    """One check for `contains` and `excludes`: the other side of phrases_found fails it."""
     def check_phrases(case, trace):
-        text = _normalise(trace["final_text"]).casefold()
-        present = [phrase for phrase in case.get(key, []) if _normalise(phrase).casefold() in text]
-        failed = present if key == "excludes" else len(present) < len(case.get(key, []))
-        return [reason] if failed else []
+        present, absent = phrases_found(case, key, trace["final_text"])
+        return [reason] if (present if key == "excludes" else absent) else []
     return check_phrases
 
 
@@ -369,6 +377,7 @@ check_excludes = _phrase_check("excludes", "forbidden_text_present")
 check_excludes.__doc__ = "`excludes`: no listed phrase appears in the answer (case-insensitive); a hard rule."
 
 
+@functools.lru_cache(maxsize=64)  # the check and explain() both ask, for the same pair
 def similarity(expected, actual):
     """difflib ratio (0..1) of two texts after whitespace normalisation."""
     a, b = _normalise(expected), _normalise(actual)
@@ -520,9 +529,8 @@ def explain(case, trace):
             import difflib
             details["diff"] = "\n".join(difflib.unified_diff(
                 case["expected_text"].splitlines(), text.splitlines(), "expected", "actual", lineterm=""))
-    folded = _normalise(text).casefold()
-    missing = [p for p in case.get("contains", []) if _normalise(p).casefold() not in folded]
-    forbidden = [p for p in case.get("excludes", []) if _normalise(p).casefold() in folded]
+    missing = phrases_found(case, "contains", text)[1]
+    forbidden = phrases_found(case, "excludes", text)[0]
     if missing:
         details["missing_text"] = missing
     if forbidden:
