@@ -551,8 +551,7 @@ def compile_case(suite, case):
     compiled["_schema"] = schema if isinstance(schema, dict) else None
     compiled["_sources"] = suite.get("sources")
     compiled["_instructions"] = suite.get("instructions", "")
-    compiled["_function_tools"] = sorted(_tool_name(tool) for tool in suite.get("tools") or []
-                                         if tool.get("type") == "function")
+    compiled["_function_tools"] = _function_names(suite.get("tools") or [])
     return compiled
 
 
@@ -737,12 +736,11 @@ def _validate_behavior(entry, where):
         raise SuiteError(f"{where}: behavior {name!r} needs a {kind} name, as in '{name}:NAME'")
 
 
-def _function_names(suite):
-    tools = ([suite["tool"]] if isinstance(suite.get("tool"), dict) else []) + list(suite.get("tools") or [])
-    return {_tool_name(tool) for tool in tools if tool.get("type") == "function"}
+def _function_names(tools):
+    return sorted(_tool_name(tool) for tool in tools if tool.get("type") == "function")
 
 
-def _validate_case(case, suite, schema, allow_empty_baseline):
+def _validate_case(case, suite, schema, functions, allow_empty_baseline):
     where = f"case {case.get('id')!r}"
     _unknown_key(case, CASE_KEYS, where)
     if ("input" in case) == ("question" in case):
@@ -793,9 +791,9 @@ def _validate_case(case, suite, schema, allow_empty_baseline):
         for entry in case["behaviors"]:
             _validate_behavior(entry, where)
             name, _, arg = entry.partition(":")
-            if name == "forbid_tool" and arg not in _function_names(suite):
+            if name == "forbid_tool" and arg not in functions:
                 raise SuiteError(f"{where}: behavior {entry!r} names no function tool of this suite "
-                                 f"(tools: {', '.join(sorted(_function_names(suite))) or 'none'})")
+                                 f"(tools: {', '.join(functions) or 'none'})")
     if "notes" in case and not isinstance(case["notes"], str):
         raise SuiteError(f"{where}: notes must be a string")
     if "instructions_sha256" in case:
@@ -823,9 +821,11 @@ def validate_suite(data, allow_empty_baseline=False):
             raise SuiteError("suite: tool must be an object (use tools for a list)")
         tools.append(data["tool"])
     if data.get("tools") is not None:
-        _validate_tools(data["tools"], "suite")
+        if not isinstance(data["tools"], list):
+            raise SuiteError("suite: tools must be a list of objects")
         tools.extend(data["tools"])
     _validate_tools(tools, "suite")
+    functions = _function_names(tools)
     schema = _validate_response_format(data.get("response_format"), "suite")
     _validate_sources(data.get("sources"), "suite")
     if "notes" in data and not isinstance(data["notes"], str):
@@ -842,7 +842,7 @@ def validate_suite(data, allow_empty_baseline=False):
         if case["id"] in seen:
             raise SuiteError(f"case {case['id']!r}: duplicate id")
         seen.add(case["id"])
-        _validate_case(case, data, schema, allow_empty_baseline)
+        _validate_case(case, data, schema, functions, allow_empty_baseline)
     return {
         "name": data["name"],
         "builtin": False,
