@@ -1964,11 +1964,19 @@ def junit_run(record):
     return junit_xml("agent-regression", list(suites.items()))
 
 
-def _model_stats(final):
-    """(model, stats) pairs of a summary, tolerating a hand-edited one."""
+MODEL_COLUMNS = ["model", "passed", "errors", "qualified", "reported cost (USD)"]
+
+
+def _model_rows(final):
+    """The per-model table of a summary as plain text cells, tolerating a hand-edited summary."""
     models = final.get("models") if isinstance(final, dict) else None
-    return [(model, stats) for model, stats in models.items() if isinstance(stats, dict)] \
-        if isinstance(models, dict) else []
+    return [[str(model), f"{stats.get('passed')}/{stats.get('total')}", str(stats.get("errors", 0)),
+             "yes" if stats.get("qualified") else "no", str(stats.get("reported_cost_usd") or "unknown")]
+            for model, stats in (models.items() if isinstance(models, dict) else []) if isinstance(stats, dict)]
+
+
+def _failed_rows(record):
+    return [row for row in record["runs"] if isinstance(row, dict) and not row.get("passed")]
 
 
 _VERDICTS = {0: "PASS: every row passed", 1: "FAIL: at least one check failed",
@@ -1984,11 +1992,8 @@ def markdown_run(record):
              f"{md_text(record.get('evidence', 'live'))}"]
     if final.get("stopped"):
         lines += ["", f"Stopped early: {md_text(final['stopped'])}"]
-    lines += ["", md_table(["model", "passed", "errors", "qualified", "reported cost (USD)"], [
-        [md_text(model), f"{stats.get('passed')}/{stats.get('total')}", md_text(stats.get("errors", 0)),
-         "yes" if stats.get("qualified") else "no", md_text(stats.get("reported_cost_usd") or "unknown")]
-        for model, stats in _model_stats(final)])]
-    failed = [row for row in record["runs"] if isinstance(row, dict) and not row.get("passed")]
+    lines += ["", md_table(MODEL_COLUMNS, [[md_text(cell) for cell in cells] for cells in _model_rows(final)])]
+    failed = _failed_rows(record)
     if failed:
         lines += ["", "### Failures", "", md_table(["model", "case", "repeat", "reasons"], [
             [md_text(row.get("model")), md_text(row.get("case_id")), str(row.get("repeat")),
@@ -2026,11 +2031,9 @@ def html_run(record):
             f"created {xml_text(record.get('created_at'))}</p>"]
     if final.get("stopped"):
         body.append(f"<p>Stopped early: {xml_text(final['stopped'])}</p>")
-    body.append(html_table(["model", "passed", "errors", "qualified", "reported cost (USD)"], [
-        [xml_text(model), xml_text(f"{stats.get('passed')}/{stats.get('total')}"), xml_text(stats.get("errors", 0)),
-         ("yes", "pass") if stats.get("qualified") else ("no", "fail"),
-         xml_text(stats.get("reported_cost_usd") or "unknown")]
-        for model, stats in _model_stats(final)]))
+    body.append(html_table(MODEL_COLUMNS, [
+        [xml_text(cell) if n != 3 else (cell, "pass" if cell == "yes" else "fail") for n, cell in enumerate(cells)]
+        for cells in _model_rows(final)]))
     matrix = []
     for case in config["cases"]:
         cells = [xml_text(case["id"])]
@@ -2045,7 +2048,7 @@ def html_run(record):
                                                      if reasons else ""), css))
         matrix.append(cells)
     body += ["<h2>Cases</h2>", html_table(["case", *config["models"]], matrix)]
-    failed = [row for row in record["runs"] if isinstance(row, dict) and not row.get("passed")]
+    failed = _failed_rows(record)
     if failed:
         body += ["<h2>Failures</h2>", *(_html_row_details(row) for row in failed)]
     return html_page(title, "\n".join(body))
