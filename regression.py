@@ -2076,11 +2076,24 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+# flag -> the environment variable that sets it when the flag is absent (for CI), and its parser
+ENV_TWINS = [
+    ("suite", "REGRESSION_SUITE", str),
+    ("provider", "REGRESSION_PROVIDER", str),
+    ("models", "REGRESSION_MODELS", lambda value: value.replace(",", " ").split()),
+    ("repeats", "REGRESSION_REPEATS", int),
+    ("out", "REGRESSION_OUT", str),
+    ("concurrency", "REGRESSION_CONCURRENCY", int),
+    ("retries", "REGRESSION_RETRIES", int),
+    ("max_cost_usd", "REGRESSION_MAX_COST_USD", str),
+    ("shard", "REGRESSION_SHARD", str),
+]
+
+
 def build_parser():
     parser = _Parser(prog="regression.py", description=__doc__.split("\n\n")[0],
-                     epilog="Environment twins: REGRESSION_SUITE, REGRESSION_PROVIDER, REGRESSION_MODELS, "
-                            "REGRESSION_REPEATS, REGRESSION_OUT, REGRESSION_CONCURRENCY, REGRESSION_RETRIES, "
-                            "REGRESSION_MAX_COST_USD, REGRESSION_SHARD, OPENAI_BASE_URL (for --base-url).",
+                     epilog=f"Environment twins: {', '.join(variable for _, variable, _ in ENV_TWINS)}, "
+                            "OPENAI_BASE_URL (for --base-url).",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_argument_group("what to run")
     what.add_argument("--suite", metavar="FILE", help="a suite file (default: the built-in HTTP-advisor suite)")
@@ -2146,6 +2159,7 @@ def _cost(text):
 
 
 def _check_ranges(args):
+    """Values in range; checked again once a resumed or replayed record has filled the defaults."""
     if args.models is not None and len(set(args.models)) != len(args.models):
         raise UsageError("--models: each model may appear only once")
     if args.models is not None and not all(model.strip() for model in args.models):
@@ -2156,6 +2170,10 @@ def _check_ranges(args):
             raise UsageError(f"--{name} must be between {low} and {high}")
     if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
         raise UsageError("--timeout must be a positive number of seconds")
+
+
+def _check_flags(args):
+    """Flags that must agree with each other, regexes, and output paths (checked once, up front)."""
     for pattern in args.redact:
         try:
             re.compile(pattern)
@@ -2187,20 +2205,14 @@ def parse_args(argv, env=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        _env_default(args, "suite", env, "REGRESSION_SUITE")
-        _env_default(args, "provider", env, "REGRESSION_PROVIDER")
-        _env_default(args, "models", env, "REGRESSION_MODELS", lambda v: v.replace(",", " ").split())
-        _env_default(args, "repeats", env, "REGRESSION_REPEATS", int)
-        _env_default(args, "out", env, "REGRESSION_OUT")
-        _env_default(args, "concurrency", env, "REGRESSION_CONCURRENCY", int)
-        _env_default(args, "retries", env, "REGRESSION_RETRIES", int)
-        _env_default(args, "max_cost_usd", env, "REGRESSION_MAX_COST_USD")
-        _env_default(args, "shard", env, "REGRESSION_SHARD")
+        for name, variable, convert in ENV_TWINS:
+            _env_default(args, name, env, variable, convert)
         if args.provider is not None and args.provider not in PROVIDERS:
             raise UsageError(f"unknown provider {args.provider!r}; choose one of {', '.join(PROVIDERS)}")
         if args.replay and args.provider not in (None, "replay"):
             raise UsageError("--replay goes with --provider replay")
         _check_ranges(args)
+        _check_flags(args)
         args.shard = _shard(args.shard) if args.shard else None
         args.max_cost_usd = _cost(args.max_cost_usd) if args.max_cost_usd is not None else None
     except UsageError as exc:
