@@ -1290,24 +1290,41 @@ def deadline_seconds(timeout):
     return timeout * 1.1 + 1.0
 
 
-def within(seconds, call):
-    """call() with a deadline on the whole call, or TimeoutError. The call runs in a daemon
-    thread that is abandoned on timeout: no client timeout bounds a trickling body."""
-    if seconds is None:
-        return call()
-    import threading
-    outcome, done = {}, threading.Event()
+_IDLE_HELPERS = []  # queues of daemon threads waiting for their next deadline-bound call
 
-    def target():
+
+def _helper(inbox):
+    """A daemon thread that runs deadline-bound calls one after another, then waits for more."""
+    while True:
+        call, outcome, done = inbox.get()
         try:
             outcome["value"] = call()
-        except BaseException as exc:  # handed to the caller below, whatever it is
+        except BaseException as exc:  # handed to the caller, whatever it is
             outcome["error"] = exc
         finally:
             done.set()
+        if outcome.get("abandoned"):
+            return  # the caller gave up on us; a fresh helper takes our place
+        _IDLE_HELPERS.append(inbox)
 
-    threading.Thread(target=target, daemon=True).start()
+
+def within(seconds, call):
+    """call() with a deadline on the whole call, or TimeoutError. The call runs in a daemon
+    helper thread that is abandoned on timeout: no client timeout bounds a trickling body.
+    Helpers are reused, so a request pays a hand-off, not a thread start."""
+    if seconds is None:
+        return call()
+    import queue
+    import threading
+    outcome, done = {}, threading.Event()
+    try:
+        inbox = _IDLE_HELPERS.pop()
+    except IndexError:
+        inbox = queue.SimpleQueue()
+        threading.Thread(target=_helper, args=(inbox,), daemon=True).start()
+    inbox.put((call, outcome, done))
     if not done.wait(seconds):
+        outcome["abandoned"] = True
         raise TimeoutError(f"no complete response within {seconds:g} s")
     if "error" in outcome:
         raise outcome["error"]
