@@ -144,8 +144,9 @@ def test_concurrency_rows_written_in_plan_order_when_completion_is_reversed(tmp_
     gauge = Gauge()
 
     def delay_of(request):
-        # the later a row is in the plan, the sooner its reply comes back
-        return 0.08 * (len(plan) - position[(request.json["model"], case_of(request)["id"])])
+        # the later a row is in the plan, the sooner its reply comes back; 0.15 s apart, so a
+        # loaded machine's jitter in starting requests cannot reorder two replies
+        return 0.15 * (len(plan) - position[(request.json["model"], case_of(request)["id"])])
 
     out = tmp_path / "run.json"
     with fakes.FakeServer(slow(gauge, delay_of)) as server:
