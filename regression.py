@@ -28,9 +28,15 @@ import json
 import math
 import os
 import re
+import signal
 import sys
 import time
 import urllib.parse
+
+try:  # POSIX: a record is locked while a process writes it
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None
 
 __all__ = [
     # built-in suite (SPEC A2)
@@ -51,6 +57,218 @@ __all__ = [
     "markdown_run", "junit_run", "html_run",
     "main", "cli",
 ]
+
+
+# ====================================================================== primitives
+# What several sections share: the usage and record error types, JSON text for records,
+# new files (0600, exclusive), row identity and run order, signal deferral, and console
+# output that survives a closed pipe. Nothing here reaches forward.
+
+class UsageError(Exception):
+    """Bad input found before anything is sent: one line, exit 2."""
+
+
+class RecordError(Exception):
+    """A record cannot be created, written or read."""
+
+
+def dumps(value):
+    """JSON text for a record, always encodable as UTF-8: NaN and infinities (not JSON)
+    become strings, and text with a lone surrogate is written with ASCII escapes."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        value = _finite(value)
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # e.g. a model answer holding "\ud800": keep it, escaped
+        text = json.dumps(value, ensure_ascii=True, allow_nan=False)
+    return text
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value
+
+
+def _open_new(path):
+    """Create a file exclusively, mode 0600; an existing file is never replaced."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except FileExistsError:
+        raise RecordError(f"{path} already exists; choose a new --out (an existing record is never replaced)") from None
+    except OSError as exc:
+        raise RecordError(f"cannot create {path}: {exc.strerror or exc}") from None
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+def _pwrite_all(fd, data, offset):
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
+def write_new_file(path, text):
+    """Write a report or record to a new file (mode 0600, never overwriting), fsynced."""
+    data = text.encode("utf-8", "replace")  # before the file exists: nothing half-made is left
+    fd = _open_new(path)
+    try:
+        _pwrite_all(fd, data, 0)
+        os.fsync(fd)
+    except OSError as exc:
+        os.close(fd)
+        os.unlink(path)
+        raise RecordError(f"cannot write {path}: {exc.strerror or exc}") from None
+    except BaseException:  # interrupted: no half-written report is left behind
+        os.close(fd)
+        os.unlink(path)
+        raise
+    os.close(fd)
+
+
+def _fsync_dir(path):
+    try:
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def row_key(row):
+    """(model, case_id, repeat): the identity of a row in a run."""
+    return (row.get("model"), row.get("case_id"), row.get("repeat"))
+
+
+def plan_rows(models, case_ids, repeats):
+    """Row keys in run order (SPEC A8): per repeat, per case, the models, reversed on odd repeats."""
+    plan = []
+    for repeat in range(repeats):
+        ordered = list(models) if repeat % 2 == 0 else list(reversed(models))
+        plan.extend((model, case_id, repeat) for case_id in case_ids for model in ordered)
+    return plan
+
+
+def _now():
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _quote(text):
+    """One shell word, for the commands we print (continue with: ...)."""
+    import shlex
+    return shlex.quote(str(text))
+
+
+# ---------------------------------------------------------------------- signals
+# SIGINT and SIGTERM become exceptions in the main thread (KeyboardInterrupt, and its subclass
+# Terminated), except inside `deferred_signals()`: a checkpoint or a rename is never cut in
+# half, and the signal is raised the moment the write is done.
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a CI cancel, `timeout`, `docker stop`): handled like Ctrl-C, exit status 143."""
+
+
+_DEFERRED = {"depth": 0, "pending": None}
+
+
+def _raise_signal(signum, frame):
+    exc = Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+    if _DEFERRED["depth"]:
+        _DEFERRED["pending"] = _DEFERRED["pending"] or exc
+        return
+    raise exc()
+
+
+class deferred_signals:
+    """`with deferred_signals():` a SIGINT or SIGTERM arriving inside is raised when the block ends."""
+
+    def __enter__(self):
+        _DEFERRED["depth"] += 1
+        return self
+
+    def __exit__(self, *exc_info):
+        _DEFERRED["depth"] -= 1
+        if not _DEFERRED["depth"] and _DEFERRED["pending"] is not None:
+            pending, _DEFERRED["pending"] = _DEFERRED["pending"], None
+            raise pending()
+        return False
+
+
+class signal_handlers:
+    """SIGINT and SIGTERM raise (see above) while a command runs; the old handlers come back after.
+    Outside the main thread handlers cannot be set, and nothing changes."""
+
+    def __enter__(self):
+        self.saved = {}
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self.saved[signum] = signal.signal(signum, _raise_signal)
+            except (ValueError, OSError):
+                pass
+        return self
+
+    def __exit__(self, *exc_info):
+        for signum, handler in self.saved.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        return False
+
+
+# ---------------------------------------------------------------------- console output
+# A reader that goes away (`regression.py ... | head -1`) must not stop a paid run or change
+# its exit code: once stdout or stderr is a broken pipe, its output is dropped.
+
+class _DroppingStream:
+    """A console stream that drops output, instead of raising, once its reader has gone."""
+
+    def __init__(self, stream):
+        self.stream, self.gone = stream, False
+
+    def write(self, text):
+        if not self.gone:
+            try:
+                return self.stream.write(text)
+            except BrokenPipeError:
+                self._drop()
+        return len(text)
+
+    def flush(self):
+        if not self.gone:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self._drop()
+
+    def _drop(self):
+        self.gone = True
+        try:  # the interpreter flushes the real stream at exit: let that go nowhere, quietly
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self.stream.fileno())
+            os.close(null)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def guard_output():
+    """Make a closed stdout or stderr drop output from now on (script entry points call this)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _DroppingStream):
+            setattr(sys, name, _DroppingStream(stream))
 
 
 # ====================================================================== built-in suite
@@ -1468,77 +1686,17 @@ def run_one(client, case, model):
 # is appended by overwriting only the tail ("\n], "summary": {...}}") in place, so a
 # checkpoint costs O(row), and the file is a complete JSON document after every row.
 
-class RecordError(Exception):
-    """A record cannot be created, written or read."""
-
-
-def dumps(value):
-    """JSON text for a record, always encodable as UTF-8: NaN and infinities (not JSON)
-    become strings, and text with a lone surrogate is written with ASCII escapes."""
-    try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
-    except ValueError:
-        value = _finite(value)
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # e.g. a model answer holding "\ud800": keep it, escaped
-        text = json.dumps(value, ensure_ascii=True, allow_nan=False)
-    return text
-
-
-def _finite(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_finite(item) for item in value]
-    return value
-
-
-def _open_new(path):
-    """Create a file exclusively, mode 0600; an existing file is never replaced."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
-    except FileExistsError:
-        raise RecordError(f"{path} already exists; choose a new --out (an existing record is never replaced)") from None
-    except OSError as exc:
-        raise RecordError(f"cannot create {path}: {exc.strerror or exc}") from None
-    os.fchmod(fd, 0o600)
-    return fd
-
-
-def _pwrite_all(fd, data, offset):
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written
-
-
-def write_new_file(path, text):
-    """Write a report or record to a new file (mode 0600, never overwriting), fsynced."""
-    data = text.encode("utf-8", "replace")  # before the file exists: nothing half-made is left
-    fd = _open_new(path)
-    try:
-        _pwrite_all(fd, data, 0)
-        os.fsync(fd)
-    except OSError as exc:
-        os.close(fd)
-        os.unlink(path)
-        raise RecordError(f"cannot write {path}: {exc.strerror or exc}") from None
-    os.close(fd)
-
-
 class RecordWriter:
-    """An open record on disk: rows are appended in O(row), each one fsynced."""
+    """An open record on disk: rows are appended in O(row), each one fsynced. The record stays
+    locked (flock) until close(), so no other process can resume or merge it meanwhile."""
 
     def __init__(self, path, fd, end, tail, count):
         self.path, self.fd, self.end, self.tail, self.count = path, fd, end, tail, count
 
-    def append(self, row, summary_):
-        """Add a finished row and the current summary; durable when this returns."""
-        data = (",\n" if self.count else "\n") + dumps(row)
+    def append(self, row, summary_, text=None):
+        """Add a finished row (and its JSON `text` if already made) and the current summary;
+        durable when this returns."""
+        data = (",\n" if self.count else "\n") + (text if text is not None else dumps(row))
         self._write_tail(data.encode("utf-8"), summary_)
         self.count += 1
 
@@ -1548,16 +1706,17 @@ class RecordWriter:
 
     def _write_tail(self, data, summary_):
         tail = ('\n], "summary": ' + dumps(summary_) + "}\n").encode("utf-8")
-        try:
-            _pwrite_all(self.fd, data + tail, self.end)
-            os.ftruncate(self.fd, self.end + len(data) + len(tail))
-            os.fsync(self.fd)
-        except OSError as exc:
-            self._restore()
-            raise RecordError(f"cannot write {self.path}: {exc.strerror or exc}; "
-                              f"the record keeps its {self.count} earlier row(s)") from None
-        self.end += len(data)
-        self.tail = tail
+        with deferred_signals():  # a signal must not cut a checkpoint in half
+            try:
+                _pwrite_all(self.fd, data + tail, self.end)
+                os.ftruncate(self.fd, self.end + len(data) + len(tail))
+                os.fsync(self.fd)
+            except OSError as exc:
+                self._restore()
+                raise RecordError(f"cannot write {self.path}: {exc.strerror or exc}; "
+                                  f"the record keeps its {self.count} earlier row(s)") from None
+            self.end += len(data)
+            self.tail = tail
 
     def _restore(self):
         """Put the previous tail back after a failed write, so earlier rows stay valid JSON."""
@@ -1570,28 +1729,109 @@ class RecordWriter:
 
     def close(self):
         if self.fd is not None:
-            os.close(self.fd)
+            os.close(self.fd)  # also releases the lock
             self.fd = None
+
+
+# ---------------------------------------------------------------------- locks
+# One writer per record: a process holds an exclusive flock on the record for as long as it
+# writes it (RecordWriter), or is about to replace it (hold_record, for --resume). Another
+# process that wants to write it refuses at once with one line instead of waiting.
+
+_HELD = {}  # real path -> descriptor whose flock this process holds until release_record
+
+
+def _lock(fd, path, shared=False):
+    if fcntl is None:  # no flock on this platform: no lock, as before
+        return
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise RecordError(f"{path} is being written by another process (a run, --resume or --merge); "
+                          "wait until it ends, then try again") from None
+    except OSError:
+        pass  # a file system without locks (some network mounts)
+
+
+def hold_record(path):
+    """Lock an existing record for this process until release_record(path); RecordError if
+    another process holds it. A record replaced meanwhile is locked again at its new file."""
+    key = os.path.realpath(path)
+    for _ in range(5):
+        if key in _HELD:
+            return
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return  # missing or unreadable: load_record says so in its own words
+        try:
+            _lock(fd, path)
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except RecordError:
+            os.close(fd)
+            raise
+        except OSError:
+            same = False
+        if same:
+            _HELD[key] = fd
+            return
+        os.close(fd)
+    raise RecordError(f"{path} keeps being replaced by another process; try again when it is done")
+
+
+def release_record(path=None):
+    """Give up the lock hold_record took on `path` (every held lock when path is None)."""
+    keys = list(_HELD) if path is None else [os.path.realpath(path)]
+    for key in keys:
+        fd = _HELD.pop(key, None)
+        if fd is not None:
+            os.close(fd)
+
+
+def check_unlocked(path):
+    """RecordError if another process is writing the record at `path` right now."""
+    if os.path.realpath(path) in _HELD:
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return
+    try:
+        _lock(fd, path, shared=True)
+    finally:
+        os.close(fd)
+
+
+def _start_record(fd, path, header, rows, summary_):
+    """Write header, rows and summary into a new, empty, exclusively created file; the writer
+    holds the file's lock. On failure the file is removed (and RecordError says why)."""
+    try:
+        _lock(fd, path)
+        head = dumps(header)[:-1] + ', "runs": ['
+        data = (head + "".join(("," if i else "") + "\n" + dumps(row) for i, row in enumerate(rows))).encode("utf-8")
+        writer = RecordWriter(path, fd, len(data), b"", len(rows))
+        try:
+            _pwrite_all(fd, data, 0)
+        except OSError as exc:
+            raise RecordError(f"cannot write {path}: {exc.strerror or exc}") from None
+        writer.set_summary(summary_)  # a header without rows would only block the next run with this --out
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(path)
+        raise
+    return writer
+
+
+def _unlink_quietly(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def create_record(path, header, rows, summary_):
     """Create a new record file holding a header, finished rows and a summary."""
-    fd = _open_new(path)
-    head = dumps(header)[:-1] + ', "runs": ['
-    data = (head + "".join(("," if i else "") + "\n" + dumps(row) for i, row in enumerate(rows))).encode("utf-8")
-    writer = RecordWriter(path, fd, len(data), b"", len(rows))
-    try:
-        _pwrite_all(fd, data, 0)
-    except OSError as exc:
-        os.close(fd)
-        os.unlink(path)
-        raise RecordError(f"cannot write {path}: {exc.strerror or exc}") from None
-    try:
-        writer.set_summary(summary_)
-    except RecordError:
-        writer.close()
-        os.unlink(path)  # a header without rows would only block the next run with this --out
-        raise
+    writer = _start_record(_open_new(path), path, header, rows, summary_)
     _fsync_dir(path)
     return writer
 
@@ -1600,35 +1840,36 @@ def replace_record(path, header, rows, summary_):
     """Rewrite a record atomically (temp file + rename) and keep it open for appending.
 
     Used to continue a record (--resume) and to put rows back in run order; a crash
-    at any point leaves either the old file or the new one, never a mix.
+    at any point leaves either the old file or the new one, never a mix. The temp file has
+    a unique name (never the PID: PIDs repeat), is removed on any failure or interruption,
+    and a stale one left by a SIGKILL blocks nothing.
     """
-    temp = f"{path}.{os.getpid()}.tmp"
+    import tempfile
+    folder, name = os.path.split(os.path.abspath(path))
     try:
-        writer = create_record(temp, header, rows, summary_)
+        fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)  # O_EXCL, mode 0600
+    except OSError as exc:
+        raise RecordError(f"cannot write next to {path}: {exc.strerror or exc}; {path} is unchanged") from None
+    try:
+        writer = _start_record(fd, temp, header, rows, summary_)
     except RecordError as exc:
         raise RecordError(str(exc).replace(temp, path) + f"; {path} is unchanged") from None
     try:
-        os.replace(temp, path)
+        with deferred_signals():  # the rename and the lock hand-over happen together or not at all
+            os.replace(temp, path)
+            writer.path = path
+            release_record(path)  # the old file's lock: the new file is locked by the writer
     except OSError as exc:
         writer.close()
-        os.unlink(temp)
+        _unlink_quietly(temp)
         raise RecordError(f"cannot replace {path}: {exc.strerror or exc}") from None
-    writer.path = path
+    except BaseException:
+        if writer.path != path:
+            writer.close()
+            _unlink_quietly(temp)
+        raise
     _fsync_dir(path)
     return writer
-
-
-def _fsync_dir(path):
-    try:
-        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _skip_ws(text, i):
@@ -1729,12 +1970,73 @@ def load_record(path):
     return record
 
 
+def _load_for(flag, path):
+    """A record named on the command line, checked to be a record; UsageError otherwise."""
+    try:
+        record = load_record(path)
+    except RecordError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+    problem = record_problem(record)
+    if problem:
+        raise UsageError(f"{flag}: {path} is not a usable agent-regression record: {problem}")
+    return record
+
+
+def merge(out, paths):
+    """--merge OUT SHARD...: one record from shard records of the same config; returns the exit code."""
+    for path in paths:
+        check_unlocked(path)  # a shard still being written would merge half a run
+    records = [_load_for("--merge", path) for path in paths]
+    base = records[0]
+    for record, path in zip(records[1:], paths[1:]):
+        for field in ("config", "evidence", "code_sha256", "sdk_version", "provider"):
+            if record.get(field) != base.get(field):
+                raise UsageError(f"--merge: {path} differs from {paths[0]} in {field}; only shards of one run merge")
+    rows, source = {}, {}
+    for record, path in zip(records, paths):
+        for row in record["runs"]:
+            key = row_key(row) if isinstance(row, dict) else None
+            if key is None or key in rows:
+                raise UsageError(f"--merge: row {key} appears in both {source.get(key)} and {path}")
+            rows[key], source[key] = row, path
+    config = base["config"]
+    plan = plan_rows(config["models"], [case["id"] for case in config["cases"]], config["repeats"])
+    ordered = [rows.pop(key) for key in plan if key in rows] + list(rows.values())
+    final = summary(ordered, config["models"], config["repeats"], config["cases"])
+    header = {"created_at": _now(), **{k: v for k, v in base.items()
+                                       if k not in ("created_at", "runs", "summary", "shard", "recovered")}}
+    header["merged_from"] = [{"path": path, "shard": record.get("shard")} for record, path in zip(records, paths)]
+    create_record(out, header, ordered, final).close()
+    print(json.dumps(final, indent=2))
+    if not final["complete"]:
+        print(merge_gaps(records, paths, plan, final), file=sys.stderr)
+    return final["exit_code"]
+
+
+def merge_gaps(records, paths, plan, final):
+    """What an incomplete merge lacks, and the commands that fill it."""
+    have = {row_key(row) for record in records for row in record["runs"] if row.get("error") is None}
+    missing = [key for key in plan if key not in have]
+    lines = [f"merged record is incomplete: {final['rows']} of {final['expected_rows']} rows"]
+    if missing:
+        shown = ", ".join(" / ".join(map(str, key)) for key in missing[:5])
+        lines[0] += f"; missing or errored: {shown}" + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    shards = {record.get("shard") for record in records if isinstance(record.get("shard"), str)}
+    counts = {int(shard.split("/")[1]) for shard in shards if re.fullmatch(r"[0-9]+/[0-9]+", shard)}
+    for count in sorted(counts):
+        absent = [f"{i}/{count}" for i in range(1, count + 1) if f"{i}/{count}" not in shards]
+        if absent and count <= 64:
+            lines.append(f"no record of shard(s) {', '.join(absent)}: run each with the same flags and "
+                         f"--shard I/{count} --out NEW.json, then merge again")
+    for record, path in zip(records, paths):
+        if not (record.get("summary") or {}).get("complete", False) or any(
+                row.get("error") is not None for row in record["runs"]):
+            lines.append(f"{path} is unfinished: continue it with: python regression.py --resume {_quote(path)}, "
+                         "then merge again")
+    return "\n".join(lines)
+
+
 # ====================================================================== summary
-
-def row_key(row):
-    """(model, case_id, repeat): the identity of a row in a run."""
-    return (row.get("model"), row.get("case_id"), row.get("repeat"))
-
 
 def _well_keyed(row):
     model, case_id, repeat = row_key(row)
@@ -1766,15 +2068,6 @@ def record_problem(record):
     if not all(isinstance(row, dict) and _well_keyed(row) for row in record["runs"]):
         return "a row lacks a string model and case_id and a whole-number repeat"
     return None
-
-
-def plan_rows(models, case_ids, repeats):
-    """Row keys in run order (SPEC A8): per repeat, per case, the models, reversed on odd repeats."""
-    plan = []
-    for repeat in range(repeats):
-        ordered = list(models) if repeat % 2 == 0 else list(reversed(models))
-        plan.extend((model, case_id, repeat) for case_id in case_ids for model in ordered)
-    return plan
 
 
 class Tally:
@@ -2080,16 +2373,24 @@ def write_reports(record, targets):
         write_new_file(path, REPORTS[kind](record))
 
 
-# ====================================================================== CLI
-
-class UsageError(Exception):
-    """Bad input found before anything is sent: one line, exit 2."""
-
+# ====================================================================== options
+# argv, then the environment twins, then (on --resume) the record's header, then the
+# defaults: resolved once into a frozen Settings that everything after reads.
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (and exit 2), not the whole usage text."""
 
     def error(self, message):
+        unknown = re.match(r"unrecognized arguments: (.*)", message)
+        if unknown:  # a misspelled flag (--concurency) gets the nearest real one
+            import difflib
+            flags = [flag for action in self._actions for flag in action.option_strings if flag.startswith("--")]
+            for word in unknown.group(1).split():
+                near = difflib.get_close_matches(word.split("=")[0], flags, n=1, cutoff=0.75) \
+                    if word.startswith("--") else []
+                if near:
+                    message += f" (did you mean {near[0]}?)"
+                    break
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
@@ -2326,11 +2627,6 @@ def _continue_hint(path):
             f"continue it with: python regression.py --resume {_quote(path)}")
 
 
-def _quote(text):
-    import shlex
-    return shlex.quote(str(text))
-
-
 def _resume_options(values, record, path):
     """The run options a --resume re-applies from the record's header (RUN_OPTIONS)."""
     stored = record.get("run_options") if isinstance(record.get("run_options"), dict) else None
@@ -2446,6 +2742,10 @@ def parse_args(argv, env=None):
         parser.error(str(exc))
 
 
+# ====================================================================== run
+# Everything between the resolved Settings and a finished record: the plan and header
+# (prepare), the worker pool, progress lines, the checkpoint loop and the final reorder.
+
 def code_sha256():
     with open(os.path.abspath(__file__), "rb") as handle:
         return hashlib.sha256(handle.read()).hexdigest()
@@ -2549,18 +2849,6 @@ def make_provider(args, env):
     return EchoProvider(), None
 
 
-def _load_for(flag, path):
-    """A record named on the command line, checked to be a record; UsageError otherwise."""
-    try:
-        record = load_record(path)
-    except RecordError as exc:
-        raise UsageError(f"{flag}: {exc}") from None
-    problem = record_problem(record)
-    if problem:
-        raise UsageError(f"{flag}: {path} is not a usable agent-regression record: {problem}")
-    return record
-
-
 def provider_identity(provider_name, base_url, replayed):
     if replayed is not None:
         return replayed.get("provider") or {"name": "perplexity"}
@@ -2623,10 +2911,6 @@ def row_line(row):
         verdict = "PASS" if row["passed"] else "FAIL " + ",".join(row["reasons"])
     cost = f"${row['cost_usd']}" if row["cost_usd"] is not None else "$?"
     return f"{row['model']}  {row['case_id']}  r{row['repeat']}  {verdict}  {cost}  {row['seconds']:.3f}s"
-
-
-def _now():
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def record_header(config, sdk, evidence, **extra):
@@ -2824,14 +3108,76 @@ def _stop_reason(row, tally, cap):
     return None
 
 
+def continue_flags(settings, row=None, tally=None):
+    """The flags a --resume needs beyond the record, plus what lifts this stop: more --retries
+    after a transient failure, a higher --max-cost-usd after the budget stop."""
+    flags = []
+    if settings.api_key_env:
+        flags += ["--api-key-env", settings.api_key_env]
+    if settings.suite and settings.update_baseline:
+        flags += ["--suite", settings.suite, "--update-baseline"]
+    for kind in REPORTS:
+        if getattr(settings, kind):
+            flags += [f"--{kind}", getattr(settings, kind)]
+    if row is not None and row["error"] is not None and _transient_row(row):
+        flags += ["--retries", str(min(RANGES["retries"][1], max(3, settings.retries + 2)))]
+    elif row is not None and settings.max_cost_usd is not None and tally is not None and tally.spent() is not None \
+            and tally.spent() >= settings.max_cost_usd:
+        flags += ["--max-cost-usd", format(settings.max_cost_usd * 2, "f")]
+    return flags
+
+
+def _transient_row(row):
+    status = row.get("error_status")
+    return (isinstance(status, int) and (status == 429 or 500 <= status <= 599)) or row["error"] in _TRANSIENT_ERRORS
+
+
+def continue_command(path, flags=()):
+    return " ".join(["python regression.py --resume", _quote(path), *map(_quote, flags)])
+
+
+def _storable(row, mask):
+    """The row as stored and its JSON text. Anything failing after the response arrived
+    (masking a reply nested 900 levels deep, say) makes the row an execution_error row
+    that keeps what can be stored, never a lost row or a traceback."""
+    try:
+        stored = redact_row(row, mask)
+        return stored, dumps(stored)
+    except Exception as exc:
+        problem = f"{type(exc).__name__}: {exc}"
+    kept = {key: row[key] for key in ("case_id", "model", "repeat") if key in row}
+    kept.update(error=problem.split(":")[0], error_status=None, cost_usd=None, response=None, answer_text=None,
+                reasons=["execution_error"])
+    if isinstance(row.get("cost_usd"), str):
+        kept["cost_usd"] = row["cost_usd"]  # money spent is evidence too
+    try:
+        kept["answer_text"] = mask(row["answer_text"]) if isinstance(row.get("answer_text"), str) else None
+        kept["error_message"] = mask(f"the response arrived but could not be stored: {problem}")[:500]
+    except Exception:
+        kept["error_message"] = "the response arrived but could not be stored or masked"
+    for key in ("attempts", "seconds"):
+        if isinstance(row.get(key), (int, float)):
+            kept[key] = row[key]
+    kept["passed"] = False
+    try:
+        return kept, dumps(kept)
+    except Exception:
+        kept["answer_text"] = None
+        return kept, dumps(kept)
+
+
 def execute_run(run, settings, writer, tally):
-    """Send the rows still to do and append each one as it finishes; returns (stopped, in_order, answers)."""
+    """Send the rows still to do and append each one as it finishes.
+
+    Returns (stopped, in_order, answers, last): why it stopped early (or None), whether rows
+    finished in plan order, each case's first answer, and the row that stopped it."""
     cases = {case["id"]: case for case in run.suite["cases"]}
     grader = builtin_grader(run.suite, run.provider)
     mask = redactor(settings.redact, settings.redact_pii, [run.secret] if run.secret else [])
     position = {key: n for n, key in enumerate(run.plan)}
     progress = Progress(len(run.plan), len(run.kept))
-    state = {"stopped": None, "last": max((position[row_key(r)] for r in run.kept), default=-1), "in_order": True}
+    state = {"stopped": None, "last": max((position[row_key(r)] for r in run.kept), default=-1), "in_order": True,
+             "row": None}
     answers = {}
 
     def work(key):
@@ -2843,10 +3189,11 @@ def execute_run(run, settings, writer, tally):
         refill_early = lambda row: row["error"] is None and settings.max_cost_usd is None  # noqa: E731
         for key, row in run_jobs(run.todo, work, settings.concurrency, lambda: state["stopped"] is not None,
                                  refill_early):
-            stored = redact_row(row, mask)  # checks ran on the original; only the masked row is stored
-            tally.add(stored)
+            stored, text = _storable(row, mask)  # checks ran on the original; only the masked row is stored
             saving = time.monotonic()
-            writer.append(stored, tally.summary())
+            with deferred_signals():  # the tally never counts a row that is not durably in the file
+                tally.add(stored)
+                writer.append(stored, tally.summary(), text)
             saved = time.monotonic() - saving
             progress.row(f"{row_line(stored)}  (+{saved:.3f}s save)", tally)
             state["in_order"] &= position[key] > state["last"]
@@ -2855,50 +3202,25 @@ def execute_run(run, settings, writer, tally):
                 best = answers.get(key[1])
                 if best is None or position[key] < best[0]:
                     answers[key[1]] = (position[key], stored["answer_text"])
-            state["stopped"] = state["stopped"] or _stop_reason(stored, tally, settings.max_cost_usd)
+            if state["stopped"] is None:
+                state["stopped"] = _stop_reason(stored, tally, settings.max_cost_usd)
+                state["row"] = stored if state["stopped"] else None
     finally:
         progress.close()
-    return state["stopped"], state["in_order"], {case_id: text for case_id, (_, text) in answers.items()}
+    answers = {case_id: text for case_id, (_, text) in answers.items()}
+    return state["stopped"], state["in_order"], answers, state["row"]
 
 
-def reorder(run, final):
-    """Put rows back in run order (after concurrency or a resume) with one atomic rewrite."""
+def reorder(run, final, writer=None):
+    """Put rows back in run order (after concurrency or a resume) with one atomic rewrite;
+    returns the writer of the new file (the lock passes to it)."""
     record = load_record(run.path)
     position = {key: n for n, key in enumerate(run.plan)}
     rows = sorted(record["runs"], key=lambda row: position.get(row_key(row), len(position)))
-    replace_record(run.path, run.header, rows, final).close()
-
-
-def merge(out, paths):
-    """--merge OUT SHARD...: one record from shard records of the same config; returns the exit code."""
-    records = [_load_for("--merge", path) for path in paths]
-    base = records[0]
-    for record, path in zip(records[1:], paths[1:]):
-        for field in ("config", "evidence", "code_sha256", "sdk_version", "provider"):
-            if record.get(field) != base.get(field):
-                raise UsageError(f"--merge: {path} differs from {paths[0]} in {field}; only shards of one run merge")
-    rows, source = {}, {}
-    for record, path in zip(records, paths):
-        for row in record["runs"]:
-            key = row_key(row) if isinstance(row, dict) else None
-            if key is None or key in rows:
-                raise UsageError(f"--merge: row {key} appears in both {source.get(key)} and {path}")
-            rows[key], source[key] = row, path
-    config = base["config"]
-    plan = plan_rows(config["models"], [case["id"] for case in config["cases"]], config["repeats"])
-    ordered = [rows.pop(key) for key in plan if key in rows] + list(rows.values())
-    final = summary(ordered, config["models"], config["repeats"], config["cases"])
-    header = {"created_at": _now(), **{k: v for k, v in base.items()
-                                       if k not in ("created_at", "runs", "summary", "shard", "recovered")}}
-    header["merged_from"] = [{"path": path, "shard": record.get("shard")} for record, path in zip(records, paths)]
-    try:
-        create_record(out, header, ordered, final).close()
-    except RecordError as exc:
-        raise UsageError(str(exc)) from None
-    print(json.dumps(final, indent=2))
-    if not final["complete"]:
-        print(f"merged record is incomplete: {final['rows']} of {final['expected_rows']} rows", file=sys.stderr)
-    return final["exit_code"]
+    replaced = replace_record(run.path, run.header, rows, final)
+    if writer is not None:
+        writer.close()
+    return replaced
 
 
 def _check_replay_covers(provider, run, settings):
@@ -2908,111 +3230,164 @@ def _check_replay_covers(provider, run, settings):
         raise UsageError(f"--replay: {settings.replay} has no stored response for {' / '.join(map(str, missing))}")
 
 
-def main(argv=None):
-    """Run a suite and return the exit code: 0 pass, 1 a check failed, 2 error or incomplete.
+def open_record(run, tally):
+    """The record this run appends to: a new file, or the resumed one rewritten with its kept rows."""
+    if run.resuming:
+        writer = replace_record(run.path, run.header, run.kept, tally.summary())
+        print(f"resuming {run.path}: {len(run.kept)} finished row(s) kept, {len(run.todo)} to run", file=sys.stderr)
+        return writer
+    return create_record(run.path, run.header, [], tally.summary())
 
-    Everything that can fail before the first request (arguments, suite, key, client)
-    raises SystemExit(2) through argparse before the record file is created.
-    KeyboardInterrupt propagates after the record is saved with exit code 2.
-    """
-    parser, settings = parse_args(argv)
-    env = os.environ
-    if settings.list_checks:
-        print(catalogue())
-        return 0
-    targets = {kind: getattr(settings, kind) for kind in REPORTS if getattr(settings, kind)}
-    try:
-        if settings.report:
-            record = _load_for("--report", settings.report)
-            write_reports(record, targets)
-            print(f"wrote {', '.join(targets.values())} from {settings.report}")
-            return 0
-        if settings.merge:
-            code = merge(settings.merge[0], settings.merge[1:])
-            write_reports(load_record(settings.merge[0]), targets)
-            return code
-        run = prepare(settings, env)
-        if settings.dry_run:
-            if settings.provider == "replay":  # cheap and offline: a dry run can check the coverage too
-                _check_replay_covers(make_provider(settings, env)[0], run, settings)
-            print(plan_text(run.suite, settings, run.plan, provider_problem(settings, env)))
-            return 0
-        run.provider, run.secret = make_provider(settings, env)
-        _check_replay_covers(run.provider, run, settings)
-        if settings.provider == "perplexity" and not run.resuming:
-            run.header["sdk_version"] = sdk_version()
-    except (SuiteError, UsageError, RecordError) as exc:
-        parser.error(str(exc))
+
+# ====================================================================== CLI
+
+# ---------------------------------------------------------------------- modes
+# Each mode is (settings, env, stage) -> exit code. It raises UsageError, SuiteError or
+# RecordError for one line and exit 2, and keeps `stage` saying what an interruption right
+# now would leave behind, so main's one wrapper prints one true line.
+
+class Stage:
+    """What an interruption at this point leaves behind: the line cli prints for it."""
+
+    def __init__(self, say):
+        self.say = say  # (word) -> line; word is "interrupted" or "terminated"
+
+    def now(self, say):
+        self.say = say
+
+
+def list_checks_mode(settings, env, stage):
+    print(catalogue())
+    return 0
+
+
+def report_mode(settings, env, stage):
+    record = _load_for("--report", settings.report)
+    written = write_reports_of(record, settings, stage, settings.report)
+    print(f"wrote {', '.join(written)} from {settings.report}")
+    return 0
+
+
+def merge_mode(settings, env, stage):
+    out, shards = settings.merge[0], list(settings.merge[1:])
+    code = merge(out, shards)
+    write_reports_of(load_record(out), settings, stage, out)
+    return code
+
+
+def dry_run_mode(settings, env, stage):
+    run = prepare(settings, env)
+    if settings.provider == "replay":  # cheap and offline: a dry run can check the coverage too
+        _check_replay_covers(make_provider(settings, env)[0], run, settings)
+    print(plan_text(run.suite, settings, run.plan, provider_problem(settings, env)))
+    return 0
+
+
+def run_mode(settings, env, stage):
+    """Run the suite (or the rest of a resumed record); the verdict is the exit code."""
+    if settings.resume:
+        stage.now(lambda word: f"{word} before the first request; {settings.resume} is unchanged")
+    run = prepare(settings, env)
+    run.provider, run.secret = make_provider(settings, env)
+    _check_replay_covers(run.provider, run, settings)
+    if settings.provider == "perplexity" and not run.resuming:
+        run.header["sdk_version"] = sdk_version()
     config = run.header["config"]
     tally = Tally(config["models"], config["repeats"], config["cases"], expected=run.expected)
     for row in run.kept:
         tally.add(row)
+    writer = open_record(run, tally)
     try:
-        if run.resuming:
-            writer = replace_record(run.path, run.header, run.kept, tally.summary())
-            print(f"resuming {run.path}: {len(run.kept)} finished row(s) kept, {len(run.todo)} to run",
-                  file=sys.stderr)
-        else:
-            writer = create_record(run.path, run.header, [], tally.summary())
-    except RecordError as exc:
-        parser.error(str(exc))
-    try:
-        stopped, in_order, answers = execute_run(run, settings, writer, tally)
+        stage.now(lambda word: f"{word}: {writer.count} finished row(s) saved in {run.path}; continue with: "
+                               f"{continue_command(run.path, continue_flags(settings))}")
+        try:
+            stopped, in_order, answers, last = execute_run(run, settings, writer, tally)
+        except KeyboardInterrupt as interrupt:
+            final = tally.summary()
+            final["stopped"] = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
+            try:
+                writer.set_summary(final)
+            except RecordError:
+                pass  # every finished row is still recoverable from the torn tail
+            raise
         getattr(run.provider, "close", lambda: None)()
         final = tally.summary()
         if stopped:
             final["stopped"] = stopped
         writer.set_summary(final)
-        writer.close()
+        stage.now(lambda word: f"{word} after the run ended: {run.path} holds its {final['rows']} row(s) and summary "
+                               f"(exit code {final['exit_code']})")
         if not in_order:
-            reorder(run, final)
-    except KeyboardInterrupt as interrupt:
-        final = tally.summary()
-        final["stopped"] = "interrupted"
-        try:
-            writer.set_summary(final)
-        except RecordError:
-            pass  # every finished row is still recoverable from the torn tail
+            writer = reorder(run, final, writer)
+    finally:
         writer.close()
-        interrupt.record_path, interrupt.rows_saved = run.path, writer.count
-        interrupt.resume_flags = "".join(f" --{name} {getattr(settings, name)}" for name in ("concurrency", "retries")
-                                         if getattr(settings, name) not in (0, 1))
-        raise
-    except RecordError as exc:
-        writer.close()
-        print(f"regression.py: error: {exc}", file=sys.stderr)
-        return 2
     print(json.dumps(final, indent=2))
     if stopped:
-        print(f"stopped early: {stopped}", file=sys.stderr)
-    if targets:
-        try:
-            write_reports(load_record(run.path), targets)
-        except RecordError as exc:
-            print(f"regression.py: error: {exc}", file=sys.stderr)
-            return 2
+        hint = f"; continue with: {continue_command(run.path, continue_flags(settings, last, tally))}" \
+            if not final["complete"] and "reported no cost" not in stopped else ""
+        print(f"stopped early: {stopped}{hint}", file=sys.stderr)
+    write_reports_of(load_record(run.path), settings, stage, run.path)
     if settings.update_baseline:
+        stage.now(lambda word: f"{word} while filling the baselines of {settings.suite}; "
+                               f"{run.path} is complete (exit code {final['exit_code']})")
         filled = fill_baselines(run.suite["file"], answers)
         print(f"baselines filled: {', '.join(filled) if filled else 'none'} ({run.suite['file']})")
     return final["exit_code"]
 
 
+def write_reports_of(record, settings, stage, source):
+    """Write the requested reports one by one; an interruption says which are still missing."""
+    targets = {kind: getattr(settings, kind) for kind in REPORTS if getattr(settings, kind)}
+    written = []
+    for kind, path in targets.items():
+        rest = [f"--{name} {_quote(target)}" for name, target in targets.items() if target not in written]
+        stage.now(lambda word, rest=rest: f"{word} while writing reports; {source} is complete; write the rest with: "
+                                          f"python regression.py --report {_quote(source)} {' '.join(rest)}")
+        write_reports(record, {kind: path})
+        written.append(path)
+    return written
+
+
+MODES = [("list_checks", list_checks_mode), ("report", report_mode), ("merge", merge_mode),
+         ("dry_run", dry_run_mode)]  # the first flag set picks the mode; none: a run
+
+
+def main(argv=None):
+    """Run a suite and return the exit code: 0 pass, 1 a check failed, 2 error or incomplete.
+
+    Everything that can fail before the first request (arguments, suite, key, client)
+    raises SystemExit(2) with one line before the record file is created; so does a
+    record that cannot be written. KeyboardInterrupt (Terminated for SIGTERM) propagates
+    after the record is saved, carrying the one line cli prints (`.message`) and its
+    exit status (`.code`: 130, or 143 for SIGTERM).
+    """
+    stage = Stage(lambda word: f"{word} before the first request; nothing was saved")
+    with signal_handlers():
+        try:
+            parser, settings = parse_args(argv)
+            mode = next((function for flag, function in MODES if getattr(settings, flag)), run_mode)
+            return mode(settings, os.environ, stage)
+        except (SuiteError, UsageError, RecordError) as exc:
+            build_parser().error(str(exc))
+        except KeyboardInterrupt as interrupt:
+            word = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
+            interrupt.message = getattr(interrupt, "message", None) or stage.say(word)
+            interrupt.code = 143 if isinstance(interrupt, Terminated) else 130
+            raise
+        finally:
+            release_record()
+
+
 def cli():
-    """The script entry point: Ctrl-C becomes one line and exit status 130, not a traceback."""
+    """The script entry point: Ctrl-C or SIGTERM becomes one line and exit status 130 or 143,
+    not a traceback; a closed stdout drops output without changing the exit code."""
+    guard_output()
     try:
         code = main()
     except KeyboardInterrupt as interrupt:
-        path = getattr(interrupt, "record_path", None)
-        if path:
-            flags = getattr(interrupt, "resume_flags", "")
-            print(f"interrupted: {interrupt.rows_saved} finished row(s) saved in {path}; "
-                  f"continue with: python regression.py --resume {path}{flags}", file=sys.stderr)
-        else:
-            print("interrupted before the first request; nothing was saved", file=sys.stderr)
-        code = 130
-    except BrokenPipeError:  # the reader of our output went away (| head): no traceback
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        code = 2
+        print(getattr(interrupt, "message", None) or "interrupted before the first request; nothing was saved",
+              file=sys.stderr)
+        code = getattr(interrupt, "code", 130)
     sys.exit(code)
 
 
