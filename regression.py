@@ -55,7 +55,8 @@ __all__ = [
     # reports (B5)
     "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
     "markdown_run", "junit_run", "html_run",
-    "main", "cli",
+    # run control and the command line
+    "Settings", "UsageError", "Terminated", "guard_output", "main", "cli",
 ]
 
 
@@ -1854,6 +1855,9 @@ def replace_record(path, header, rows, summary_):
         writer = _start_record(fd, temp, header, rows, summary_)
     except RecordError as exc:
         raise RecordError(str(exc).replace(temp, path) + f"; {path} is unchanged") from None
+    except BaseException:  # interrupted: the old record stays, and no temp file is left
+        _unlink_quietly(temp)
+        raise
     try:
         with deferred_signals():  # the rename and the lock hand-over happen together or not at all
             os.replace(temp, path)
@@ -2485,7 +2489,8 @@ class Settings:
     def __setattr__(self, name, value):
         raise AttributeError(f"Settings are frozen (resolved once); cannot set {name}")
 
-    __delattr__ = __setattr__
+    def __delattr__(self, name):
+        raise AttributeError(f"Settings are frozen (resolved once); cannot delete {name}")
 
     def as_dict(self):
         return {name: getattr(self, name) for name in self.FIELDS}
@@ -2689,6 +2694,7 @@ def _run_sources(values, env):
     """What a run takes from the record it resumes or replays, and its provider's defaults."""
     found = {}
     if values["resume"]:
+        hold_record(values["resume"])  # before reading it: no other process may write it from now on
         record = _load_for("--resume", values["resume"])
         found.update(_resume_defaults(values, record, values["resume"], env))
         found.update(_resume_options({**values, **found}, record, values["resume"]))
@@ -3121,7 +3127,7 @@ def continue_flags(settings, row=None, tally=None):
             flags += [f"--{kind}", getattr(settings, kind)]
     if row is not None and row["error"] is not None and _transient_row(row):
         flags += ["--retries", str(min(RANGES["retries"][1], max(3, settings.retries + 2)))]
-    elif row is not None and settings.max_cost_usd is not None and tally is not None and tally.spent() is not None \
+    elif settings.max_cost_usd is not None and tally is not None and tally.spent() is not None \
             and tally.spent() >= settings.max_cost_usd:
         flags += ["--max-cost-usd", format(settings.max_cost_usd * 2, "f")]
     return flags
@@ -3176,8 +3182,10 @@ def execute_run(run, settings, writer, tally):
     mask = redactor(settings.redact, settings.redact_pii, [run.secret] if run.secret else [])
     position = {key: n for n, key in enumerate(run.plan)}
     progress = Progress(len(run.plan), len(run.kept))
-    state = {"stopped": None, "last": max((position[row_key(r)] for r in run.kept), default=-1), "in_order": True,
-             "row": None}
+    # A resumed record may already have spent the cap: then no new request starts at all.
+    spent_out = settings.max_cost_usd is not None and tally.spent() is not None and tally.spent() >= settings.max_cost_usd
+    state = {"stopped": _stop_reason({"error": None}, tally, settings.max_cost_usd) if spent_out else None,
+             "last": max((position[row_key(r)] for r in run.kept), default=-1), "in_order": True, "row": None}
     answers = {}
 
     def work(key):
