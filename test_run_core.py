@@ -136,6 +136,8 @@ FORK_RUNNER = r"""
 import json, os, runpy, sys, tempfile
 sys.path.insert(0, os.path.dirname(SCRIPT))
 import regression  # warm the imports once; every child still runs the script itself
+with open(SCRIPT, encoding="utf-8") as handle:
+    program = compile(handle.read(), SCRIPT, "exec")
 cases = json.load(sys.stdin)
 results = []
 for argv, env in cases:
@@ -146,7 +148,7 @@ for argv, env in cases:
         os.environ.update(env)
         sys.argv = ["regression.py", *argv]
         try:
-            runpy.run_path(SCRIPT, run_name="__main__")
+            exec(program, {"__name__": "__main__", "__file__": SCRIPT})
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
             sys.stdout.flush(); sys.stderr.flush()
@@ -550,14 +552,13 @@ def test_execution_error_prints_the_resume_command_with_retries_when_transient(t
         assert line.endswith(f"; continue with: python regression.py --resume {out}{flags}"), line
 
 
-def test_budget_stop_prints_the_resume_command_with_a_higher_cap(tmp_path):
-    env = clean_env(PERPLEXITY_API_KEY="pplx-test-key-0123456789")
+def test_budget_stop_prints_the_resume_command_with_a_higher_cap(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run.json"
     with fakes.FakeServer(fakes.advisor()) as server:
-        env["PERPLEXITY_BASE_URL"] = server.url
-        proc = cli(["--models", "m", "--max-cost-usd", "0.002", "--out", out], tmp_path, env=env)
-    assert proc.returncode == 2, proc.stderr
-    line = one_line(proc.stderr)
+        monkeypatch.setenv("PERPLEXITY_BASE_URL", server.url)
+        monkeypatch.setenv("PERPLEXITY_API_KEY", "pplx-test-key-0123456789")
+        assert main_code(["--models", "m", "--max-cost-usd", "0.002", "--out", out]) == 2
+    line = one_line(capsys.readouterr().err)
     assert "--max-cost-usd reached" in line
     assert line.endswith(f"continue with: python regression.py --resume {out} --max-cost-usd 0.004"), line
     assert len(read(out)["runs"]) == 2
