@@ -3278,6 +3278,7 @@ def report_mode(settings, env, stage):
 
 def merge_mode(settings, env, stage):
     out, shards = settings.merge[0], list(settings.merge[1:])
+    stage.now(lambda word: f"{word} while merging; {out} was not created")
     code = merge(out, shards)
     write_reports_of(load_record(out), settings, stage, out)
     return code
