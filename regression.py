@@ -47,7 +47,7 @@ __all__ = [
     "RecordError", "create_record", "replace_record", "load_record", "write_new_file", "dumps",
     "Tally", "summary", "row_key", "plan_rows",
     # reports (B5)
-    "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
+    "safe_text", "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
     "markdown_run", "junit_run", "html_run",
     "main", "cli",
 ]
@@ -945,6 +945,60 @@ class ResponseError(Exception):
         self.status_code = status_code
 
 
+# ---------------------------------------------------------------------- keys and endpoints
+# Pure rules the provider set-up applies before anything is sent. A message names the
+# variable or flag, never the value: a key must not reach the terminal either.
+
+def key_problem(variable, value):
+    """Why the value of a key variable must not be used as a key, or None. A key with a line
+    ending from a file (`sk-...\\r`) would otherwise leak, escaped, through HTTP errors."""
+    if not value or _PRINTABLE_ASCII.fullmatch(value):
+        return None  # a missing key is the provider's own rule
+    return (f"{variable} holds whitespace, a control or a non-ASCII character (a line ending copied from a "
+            "file?); set it to the bare key")
+
+
+def base_url_problem(url, source="--base-url"):
+    """Why a base URL cannot be used (scheme, host, port, IPv6 literal), or None."""
+    if not isinstance(url, str) or not _PRINTABLE_ASCII.fullmatch(url):
+        return f"{source}: the URL is empty or holds whitespace, control or non-ASCII characters"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError as exc:  # urllib's own words name the part: port, IPv6 literal, host
+        what = "the port is not a number from 1 to 65535" if "ort" in str(exc) else \
+            "the host is not a valid name, IPv4 or IPv6 address"
+        return f"{source}: {what}"
+    if parts.scheme not in ("http", "https") or not host:
+        return f"{source}: not an http(s) URL with a host"
+    if port == 0:
+        return f"{source}: the port is not a number from 1 to 65535"
+    return None
+
+
+def is_loopback(host):
+    """127.0.0.0/8, ::1 (also IPv4-mapped) and localhost: traffic that never leaves this machine."""
+    host = (host or "").lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    import ipaddress
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def plain_http_problem(url, variable, allowed=False):
+    """A key goes over plain http only to a loopback host (or with --allow-insecure-http); else why not."""
+    parts = urllib.parse.urlsplit(url)
+    if allowed or parts.scheme != "http" or is_loopback(parts.hostname):
+        return None
+    return (f"{variable} would be sent over plain http to a non-loopback host ({parts.hostname}); "
+            "use https, or pass --allow-insecure-http if that network is trusted")
+
+
 def _flat_tool(tool):
     """A chat-style function tool ({"function": {...}}) in the Agent API's flat form."""
     if tool.get("type") == "function" and isinstance(tool.get("function"), dict):
@@ -1424,9 +1478,43 @@ PII_PATTERNS = [
 ]
 
 
+MIN_SECRET_CHARS = 8  # a shorter key ("x" for a local server) is not masked: it would rewrite unrelated text
+
+
+def _percent_pattern(form):
+    """A regex for a form that matches its percent-escapes in either case (%2f and %2F)."""
+    return re.sub(r"%([0-9A-Fa-f])([0-9A-Fa-f])",
+                  lambda match: "%" + "".join(f"[{c.upper()}{c.lower()}]" for c in match.groups()), re.escape(form))
+
+
+def secret_forms(secret):
+    """Every form a key can take in text we store or print: raw, JSON-escaped, repr-escaped and
+    percent-encoded, one and two levels deep ("Bearer KEY" holds the raw form). Longest first."""
+    encoders = (lambda text: json.dumps(text)[1:-1], lambda text: repr(text)[1:-1],
+                lambda text: repr(text.encode("utf-8", "backslashreplace"))[2:-1],
+                lambda text: urllib.parse.quote(text, safe=""), lambda text: urllib.parse.quote_plus(text, safe=""))
+    forms = {secret}
+    for _ in range(2):
+        forms |= {encode(form) for form in forms for encode in encoders}
+    return sorted(forms, key=lambda form: (-len(form), form))
+
+
+def secret_rule(secrets):
+    """One (regex, replacement) masking every form of every key of at least MIN_SECRET_CHARS, or None."""
+    forms = {form for secret in secrets if isinstance(secret, str) and len(secret) >= MIN_SECRET_CHARS
+             for form in secret_forms(secret)}
+    if not forms:
+        return None
+    ordered = sorted(forms, key=lambda form: (-len(form), form))  # the longest form wins at a position
+    return re.compile("|".join(_percent_pattern(form) for form in ordered)), "[REDACTED:secret]"
+
+
 def redactor(patterns=(), pii=False, secrets=()):
-    """A function that masks secrets, PII (optional) and user patterns in any JSON value."""
-    rules = [(re.compile(re.escape(secret)), "[REDACTED:secret]") for secret in secrets if secret]
+    """A function that masks secrets, PII (optional) and user patterns in any JSON value.
+
+    A secret shorter than MIN_SECRET_CHARS is left alone (masking "x" would rewrite every x
+    of the evidence); main() says so once on stderr."""
+    rules = [rule for rule in [secret_rule(secrets)] if rule is not None]
     rules += PII_PATTERNS if pii else []
     rules += [(re.compile(pattern), "[REDACTED]") for pattern in patterns]
 
@@ -1742,13 +1830,58 @@ def _well_keyed(row):
         and not isinstance(repeat, bool)
 
 
-def record_problem(record):
-    """Why a JSON value is not a usable record (config and runs), or None."""
-    if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
-        return "it has no config object"
-    if not isinstance(record.get("runs"), list):
-        return 'it has no "runs" list'
-    config = record["config"]
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_text_list(value):
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _is_shard(value):
+    match = re.fullmatch(r"([0-9]{1,6})/([0-9]{1,6})", value) if isinstance(value, str) else None
+    return match is not None and 1 <= int(match.group(1)) <= int(match.group(2))
+
+
+_TEXT, _INT, _NUMBER, _BOOL = ((lambda v: isinstance(v, str)), "a string"), (_is_int, "a whole number"), \
+    ((lambda v: _is_number(v) and math.isfinite(v)), "a finite number"), ((lambda v: isinstance(v, bool)), "true or false")
+_OBJECT, _LIST = ((lambda v: isinstance(v, dict)), "an object"), ((lambda v: isinstance(v, list)), "a list")
+
+# {field: (test, what it must be)}: a field that is present and not null must pass its test.
+# Every field a command that reads a record (compare_runs.py, --report, --resume, --merge,
+# --replay) relies on, with the type it must have. One table, so no reader meets a type it
+# did not expect: a crafted record is one line and exit 2, never a traceback.
+RECORD_FIELDS = dict(
+    created_at=_TEXT, sdk_version=_TEXT, code_sha256=_TEXT, evidence=_TEXT,
+    suite=_OBJECT, provider=_OBJECT, replayed_from=_OBJECT, redaction=_OBJECT, summary=_OBJECT,
+    resumed=_LIST, merged_from=_LIST, recovered=_BOOL,
+    shard=(_is_shard, "I/N with 1 <= I <= N"))
+NESTED_FIELDS = {
+    "suite": dict(name=_TEXT, builtin=_BOOL, file=_TEXT),
+    "provider": dict(name=((lambda v: v in PROVIDERS and v != "replay"), "the name of a provider"),
+                        base_url=((lambda v: base_url_problem(v) is None), "an http(s) URL")),
+    "replayed_from": dict(path=_TEXT),
+    "summary": dict(complete=_BOOL, rows=_INT, expected_rows=_INT, exit_code=_INT, stopped=_TEXT,
+                       models=_OBJECT),
+}
+SUMMARY_MODEL_FIELDS = dict(passed=_INT, total=_INT, errors=_INT, qualified=_BOOL, reported_cost_usd=_TEXT)
+ROW_FIELDS = dict(
+    error=_TEXT, error_status=_INT, error_message=_TEXT, cost_usd=_TEXT, answer_text=_TEXT,
+    reasons=(_is_text_list, "a list of strings"), passed=_BOOL, seconds=_NUMBER, details=_OBJECT,
+    attempts=_INT, rounds=_LIST)
+DETAILS_FIELDS = dict(diff=_TEXT, similarity=_NUMBER)
+
+
+def _field_problem(value, rules, where):
+    """The first field of an object that breaks its rule, as "WHERE.FIELD is not ...", or None."""
+    for field, (test, what) in rules.items():
+        item = value.get(field)
+        if item is not None and not test(item):
+            return f"{where}{field} is not {what}"
+    return None
+
+
+def _config_problem(config):
     models, cases, repeats = config.get("models"), config.get("cases"), config.get("repeats")
     if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models) \
             or len(set(models)) != len(models):
@@ -1761,11 +1894,42 @@ def record_problem(record):
     if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= 10:
         return "config.repeats is not a whole number from 1 to 10"
     timeout = config.get("timeout_seconds", TIMEOUT_SECONDS)
-    if not _is_number(timeout) or timeout <= 0:
+    if not _is_number(timeout) or not math.isfinite(timeout) or timeout <= 0:
         return "config.timeout_seconds is not a positive number"
-    if not all(isinstance(row, dict) and _well_keyed(row) for row in record["runs"]):
-        return "a row lacks a string model and case_id and a whole-number repeat"
     return None
+
+
+def _row_problem(row, position):
+    if not isinstance(row, dict) or not _well_keyed(row):
+        return f"runs[{position}] lacks a string model and case_id and a whole-number repeat"
+    problem = _field_problem(row, ROW_FIELDS, f"runs[{position}].")
+    if problem is None and isinstance(row.get("details"), dict):
+        problem = _field_problem(row["details"], DETAILS_FIELDS, f"runs[{position}].details.")
+    return problem
+
+
+def record_problem(record):
+    """Why a JSON value is not a usable record, or None: the one validator of every command
+    that reads a record (compare_runs.py, --report, --resume, --merge, --replay)."""
+    if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
+        return "it has no config object"
+    if not isinstance(record.get("runs"), list):
+        return 'it has no "runs" list'
+    problem = _config_problem(record["config"]) or _field_problem(record, RECORD_FIELDS, "")
+    for field, rules in NESTED_FIELDS.items():
+        if problem is None and isinstance(record.get(field), dict):
+            problem = _field_problem(record[field], rules, f"{field}.")
+    models = record["summary"].get("models") if problem is None and isinstance(record.get("summary"), dict) else None
+    for model, stats in (models or {}).items():
+        problem = f"summary.models[{model!r}] is not an object" if not isinstance(stats, dict) else \
+            _field_problem(stats, SUMMARY_MODEL_FIELDS, f"summary.models[{model!r}].")
+        if problem:
+            break
+    for position, row in enumerate(record["runs"]):
+        problem = problem or _row_problem(row, position)
+        if problem:
+            break
+    return problem
 
 
 def plan_rows(models, case_ids, repeats):
@@ -1862,6 +2026,33 @@ def _escape(text, quote=True):
     """What html.escape does (the html module costs start-up memory for five replacements)."""
     text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return text.replace('"', "&quot;").replace("'", "&#x27;") if quote else text
+
+
+_MAYBE_UNSAFE = re.compile(r"[^\x20-\x7e]")  # anything outside printable ASCII is looked at
+_UNSAFE_CATEGORIES = {"Cc", "Cf", "Cs", "Zl", "Zp"}  # controls, bidi and other format marks, surrogates, separators
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _visible(match):
+    char = match.group(0)
+    import unicodedata  # a built-in module, loaded the first time there is anything to look at
+    if unicodedata.category(char) not in _UNSAFE_CATEGORIES:
+        return char
+    code = ord(char)
+    if char in _NAMED_ESCAPES:
+        return _NAMED_ESCAPES[char]
+    return f"\\x{code:02x}" if code <= 0xff else f"\\u{code:04x}" if code <= 0xffff else f"\\U{code:08x}"
+
+
+def safe_text(value, newlines=False):
+    """Text safe to print on a terminal: control characters (C0, DEL, C1), bidi overrides and
+    other invisible format marks, separators and lone surrogates are shown as escapes (\\x1b,
+    \\u202e), so a model, an endpoint, a suite or a record can never move the cursor, reorder
+    or hide what we print. One line unless newlines=True keeps the line breaks."""
+    text = value if isinstance(value, str) else str(value)
+    if newlines:
+        return "\n".join(_MAYBE_UNSAFE.sub(_visible, line) for line in text.split("\n"))
+    return _MAYBE_UNSAFE.sub(_visible, text)
 
 
 def xml_text(value):
@@ -2000,12 +2191,18 @@ _VERDICTS = {0: "PASS: every row passed", 1: "FAIL: at least one check failed",
              2: "ERROR: an execution error or an incomplete run"}
 
 
+def _verdict(final):
+    code = final.get("exit_code")
+    return _VERDICTS.get(code, "unknown") if isinstance(code, int) else "unknown"  # a list is unhashable
+
+
 def markdown_run(record):
     """A Markdown summary of one run (for $GITHUB_STEP_SUMMARY)."""
-    final = record.get("summary") or {}
+    final = record.get("summary") if isinstance(record.get("summary"), dict) else {}
     lines = [f"## agent-regression: {md_text((record.get('suite') or {}).get('name', 'run'))}", "",
-             f"**{_VERDICTS.get(final.get('exit_code'), 'unknown')}** (exit {final.get('exit_code')}); "
-             f"{final.get('rows', 0)} of {final.get('expected_rows', '?')} rows; evidence: "
+             # every value comes from the record, numbers included: a crafted one may hold "<!--"
+             f"**{md_text(_verdict(final))}** (exit {md_text(final.get('exit_code'))}); "
+             f"{md_text(final.get('rows', 0))} of {md_text(final.get('expected_rows', '?'))} rows; evidence: "
              f"{md_text(record.get('evidence', 'live'))}"]
     if final.get("stopped"):
         lines += ["", f"Stopped early: {md_text(final['stopped'])}"]
@@ -2013,7 +2210,7 @@ def markdown_run(record):
     failed = _failed_rows(record)
     if failed:
         lines += ["", "### Failures", "", md_table(["model", "case", "repeat", "reasons"], [
-            [md_text(row.get("model")), md_text(row.get("case_id")), str(row.get("repeat")),
+            [md_text(row.get("model")), md_text(row.get("case_id")), md_text(row.get("repeat")),
              md_text(", ".join(row.get("reasons") or []) + (f" ({row['error']} {row.get('error_status') or ''})"
                                                             if row.get("error") else ""))]
             for row in failed])]
@@ -2042,7 +2239,7 @@ def html_run(record):
     rows = {row_key(row): row for row in record["runs"] if isinstance(row, dict)}
     title = f"agent-regression: {(record.get('suite') or {}).get('name', 'run')}"
     body = [f"<h1>{xml_text(title)}</h1>",
-            f"<p><b>{xml_text(_VERDICTS.get(final.get('exit_code'), 'unknown'))}</b> (exit "
+            f"<p><b>{xml_text(_verdict(final))}</b> (exit "
             f"{xml_text(final.get('exit_code'))}); {xml_text(final.get('rows', 0))} of "
             f"{xml_text(final.get('expected_rows', '?'))} rows; evidence {xml_text(record.get('evidence', 'live'))}; "
             f"created {xml_text(record.get('created_at'))}</p>"]
@@ -2090,7 +2287,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (and exit 2), not the whole usage text."""
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {safe_text(message)}\n")  # suite, record or endpoint text inside
 
 
 # flag -> the environment variable that sets it when the flag is absent (for CI), and its parser
@@ -2125,6 +2322,8 @@ def build_parser():
     where.add_argument("--provider", help=f"one of {', '.join(PROVIDERS)} (default perplexity)")
     where.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
     where.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the key for --base-url")
+    where.add_argument("--allow-insecure-http", action="store_true",
+                       help="allow sending a key over plain http:// to a host that is not loopback")
     where.add_argument("--replay", metavar="RECORD", help="the saved record that --provider replay answers from")
     where.add_argument("--timeout", type=float, metavar="SECONDS",
                        help=f"per-request timeout (default {TIMEOUT_SECONDS})")
@@ -2196,6 +2395,9 @@ def _check_flags(args):
             re.compile(pattern)
         except (re.error, OverflowError, RecursionError) as exc:
             raise UsageError(f"--redact {pattern!r} is not a valid regular expression: {exc}") from None
+    problem = base_url_problem(args.base_url) if args.base_url is not None else None
+    if problem:
+        raise UsageError(problem)
     if args.merge is not None and len(args.merge) < 2:
         raise UsageError("--merge needs OUT and at least one shard record")
     if args.resume and args.out:
@@ -2290,23 +2492,43 @@ def provider_problem(args, env):
     """Why the provider cannot run as set up (missing key, base URL, ...), or None. Sends nothing."""
     if args.base_url and args.provider != "openai":
         return "--base-url goes with --provider openai (the Perplexity SDK reads PERPLEXITY_BASE_URL)"
+    insecure = getattr(args, "allow_insecure_http", False)
     if args.provider == "perplexity" and not env.get("PERPLEXITY_API_KEY"):
         return ("PERPLEXITY_API_KEY is not set; export your Perplexity API key "
                 "(or try --provider echo for an offline run)")
+    if args.provider == "perplexity":
+        endpoint = env.get("PERPLEXITY_BASE_URL")
+        return key_problem("PERPLEXITY_API_KEY", env["PERPLEXITY_API_KEY"]) or (endpoint and (
+            base_url_problem(endpoint, "PERPLEXITY_BASE_URL")
+            or plain_http_problem(endpoint, "PERPLEXITY_API_KEY", insecure))) or None
     if args.provider == "openai":
         if not args.base_url:
             return ("--provider openai needs --base-url URL or OPENAI_BASE_URL "
                     f"(for OpenAI itself: {OpenAIProvider.DEFAULT_BASE_URL})")
-        parts = urllib.parse.urlsplit(args.base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            return f"--base-url {args.base_url!r} is not an http(s) URL"
+        problem = base_url_problem(args.base_url)
+        if problem:
+            return problem
         if args.api_key_env and not env.get(args.api_key_env):
             return f"{args.api_key_env} (named by --api-key-env) is not set"
         if not args.api_key_env and _is_openai(args.base_url) and not env.get("OPENAI_API_KEY"):
             return "OPENAI_API_KEY is not set; it is needed for api.openai.com"
+        variable = args.api_key_env or ("OPENAI_API_KEY" if _is_openai(args.base_url) else None)
+        if variable:
+            problem = key_problem(variable, env[variable]) or plain_http_problem(args.base_url, variable, insecure)
+            if problem:
+                return problem
     if args.provider == "replay" and not args.replay:
         return "--provider replay needs --replay RECORD"
     return None
+
+
+def _env_base_url(env):
+    """OPENAI_BASE_URL when set, checked like --base-url (a bad one is a usage error naming it)."""
+    url = env.get("OPENAI_BASE_URL")
+    problem = base_url_problem(url, "OPENAI_BASE_URL") if url else None
+    if problem:
+        raise UsageError(problem)
+    return url
 
 
 def _is_openai(base_url):
@@ -2323,7 +2545,8 @@ def make_provider(args, env):
         try:
             client = Perplexity(api_key=key, timeout=args.timeout, max_retries=SDK_MAX_RETRIES)
         except Exception as exc:
-            raise UsageError(f"cannot create the Perplexity client: {type(exc).__name__}: {exc}") from None
+            message = redactor(secrets=[key])(str(exc))  # an SDK error may quote the key
+            raise UsageError(f"cannot create the Perplexity client: {type(exc).__name__}: {message}") from None
         capped = cap_response_bodies(client)
         return PerplexityProvider(client, deadline_seconds(args.timeout), capped), key
     if args.provider == "openai":
@@ -2331,7 +2554,7 @@ def make_provider(args, env):
         key = env.get(args.api_key_env) if args.api_key_env else \
             env.get("OPENAI_API_KEY") if _is_openai(args.base_url) else None
         if key is None and env.get("OPENAI_API_KEY") and not _is_openai(args.base_url):
-            print(f"note: OPENAI_API_KEY is not sent to {_public_url(args.base_url)}; "
+            print(f"note: OPENAI_API_KEY is not sent to {safe_text(_public_url(args.base_url))}; "
                   "name the endpoint's key variable with --api-key-env", file=sys.stderr)
         return OpenAIProvider(args.base_url, key, args.timeout), key
     if args.provider == "replay":
@@ -2405,7 +2628,7 @@ def plan_text(suite, args, plan, provider_note):
         lines.append(f"  {case['id']}: {text[:70]}{'...' if len(text) > 70 else ''}"
                      f"  [checks: {', '.join(_checks_of(case)) or 'completed only'}]")
     lines.append("nothing was sent (--dry-run)")
-    return "\n".join(lines)
+    return "\n".join(safe_text(line) for line in lines)
 
 
 def row_line(row):
@@ -2415,7 +2638,7 @@ def row_line(row):
     else:
         verdict = "PASS" if row["passed"] else "FAIL " + ",".join(row["reasons"])
     cost = f"${row['cost_usd']}" if row["cost_usd"] is not None else "$?"
-    return f"{row['model']}  {row['case_id']}  r{row['repeat']}  {verdict}  {cost}  {row['seconds']:.3f}s"
+    return safe_text(f"{row['model']}  {row['case_id']}  r{row['repeat']}  {verdict}  {cost}  {row['seconds']:.3f}s")
 
 
 def _now():
@@ -2477,7 +2700,7 @@ def _resume_defaults(args, env):
     if args.provider != made_with:
         raise UsageError(f"--resume: {args.resume} was made with --provider {made_with}; resume it with that provider")
     if made_with == "openai":
-        args.base_url = args.base_url or env.get("OPENAI_BASE_URL") or identity.get("base_url")
+        args.base_url = args.base_url or _env_base_url(env) or identity.get("base_url")
         if _public_url(args.base_url) != identity.get("base_url"):
             raise UsageError(f"--resume: {args.resume} was made against {identity.get('base_url')}; "
                              "one record never mixes endpoints")
@@ -2528,7 +2751,7 @@ def prepare(args, env):
     record = _resume_defaults(args, env) if args.resume else None
     args.provider = args.provider or ("replay" if args.replay else "perplexity")
     if args.provider == "openai":
-        args.base_url = args.base_url or env.get("OPENAI_BASE_URL")
+        args.base_url = args.base_url or _env_base_url(env)
     replayed = _replay_defaults(args) if args.provider == "replay" else None
     if args.provider == "openai" and not args.models:
         raise UsageError("--provider openai needs --models (names as the endpoint knows them)")
@@ -2653,6 +2876,9 @@ def execute_run(run, args, writer, tally):
     cases = {case["id"]: case for case in run.suite["cases"]}
     grader = builtin_grader(run.suite, run.provider)
     mask = redactor(args.redact, args.redact_pii, [run.secret] if run.secret else [])
+    if run.secret and len(run.secret) < MIN_SECRET_CHARS:
+        print(f"note: the API key is shorter than {MIN_SECRET_CHARS} characters, so it is not masked in "
+              "stored text (masking it would rewrite unrelated evidence)", file=sys.stderr)
     position = {key: n for n, key in enumerate(run.plan)}
     progress = Progress(len(run.plan), len(run.kept))
     state = {"stopped": None, "last": max((position[row_key(r)] for r in run.kept), default=-1), "in_order": True}
@@ -2749,7 +2975,7 @@ def main(argv=None):
         if args.report:
             record = _load_for("--report", args.report)
             write_reports(record, targets)
-            print(f"wrote {', '.join(targets.values())} from {args.report}")
+            print(safe_text(f"wrote {', '.join(targets.values())} from {args.report}"))
             return 0
         if args.merge:
             code = merge(args.merge[0], args.merge[1:])
@@ -2774,7 +3000,7 @@ def main(argv=None):
     try:
         if run.resuming:
             writer = replace_record(run.path, run.header, run.kept, tally.summary())
-            print(f"resuming {run.path}: {len(run.kept)} finished row(s) kept, {len(run.todo)} to run",
+            print(f"resuming {safe_text(run.path)}: {len(run.kept)} finished row(s) kept, {len(run.todo)} to run",
                   file=sys.stderr)
         else:
             writer = create_record(run.path, run.header, [], tally.summary())
@@ -2804,20 +3030,20 @@ def main(argv=None):
         raise
     except RecordError as exc:
         writer.close()
-        print(f"regression.py: error: {exc}", file=sys.stderr)
+        print(f"regression.py: error: {safe_text(exc)}", file=sys.stderr)
         return 2
     print(json.dumps(final, indent=2))
     if stopped:
-        print(f"stopped early: {stopped}", file=sys.stderr)
+        print(f"stopped early: {safe_text(stopped)}", file=sys.stderr)
     if targets:
         try:
             write_reports(load_record(run.path), targets)
         except RecordError as exc:
-            print(f"regression.py: error: {exc}", file=sys.stderr)
+            print(f"regression.py: error: {safe_text(exc)}", file=sys.stderr)
             return 2
     if args.update_baseline:
         filled = fill_baselines(run.suite["file"], answers)
-        print(f"baselines filled: {', '.join(filled) if filled else 'none'} ({run.suite['file']})")
+        print(safe_text(f"baselines filled: {', '.join(filled) if filled else 'none'} ({run.suite['file']})"))
     return final["exit_code"]
 
 
