@@ -806,10 +806,26 @@ def _validate_case(case, suite, schema, functions, allow_empty_baseline):
                              f"instructions hash to {actual}; review the instruction change, then update the pin")
 
 
+def _not_unicode(value):
+    """True when some string (or key) inside a JSON value holds a lone surrogate ("\\ud800"):
+    not text at all, so it cannot be sent, printed or written as UTF-8."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    except (TypeError, ValueError, RecursionError):
+        return False  # not JSON text: the validation below names the problem
+    return False
+
+
 def validate_suite(data, allow_empty_baseline=False):
     """A suite object checked and normalised for running; SuiteError on the first problem."""
     if not isinstance(data, dict):
         raise SuiteError("a suite must be a JSON object")
+    if _not_unicode(data):
+        where = next((f"case #{n + 1}" for n, case in enumerate(data.get("cases") or [])
+                      if isinstance(data.get("cases"), list) and _not_unicode(case)), "suite")
+        raise SuiteError(f"{where}: holds a lone surrogate escape (such as \\ud800), which is not text")
     _unknown_key(data, SUITE_KEYS, "suite")
     if not isinstance(data.get("name"), str) or not data["name"].strip():
         raise SuiteError("suite: name must be a non-empty string")
@@ -880,6 +896,8 @@ def load_suite(path, allow_empty_baseline=False):
         raise SuiteError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
     except RecursionError:
         raise SuiteError(f"{path}: not valid JSON: nested too deeply") from None
+    except ValueError:  # Python refuses integers over 4,300 digits (sys.get_int_max_str_digits)
+        raise SuiteError(f"{path}: not valid JSON: a number is too long (over 4300 digits)") from None
     except SuiteError as exc:
         raise SuiteError(f"{path}: {exc}") from None
     try:
@@ -1492,6 +1510,9 @@ def secret_forms(secret):
     percent-encoded, one and two levels deep ("Bearer KEY" holds the raw form). Longest first."""
     encoders = (lambda text: json.dumps(text)[1:-1], lambda text: repr(text)[1:-1],
                 lambda text: repr(text.encode("utf-8", "backslashreplace"))[2:-1],
+                # repr picks its quote from the text around the key, so either quote may be escaped
+                lambda text: text.replace("\\", "\\\\").replace("'", "\\'"),
+                lambda text: text.replace("\\", "\\\\").replace('"', '\\"'),
                 lambda text: urllib.parse.quote(text, safe=""), lambda text: urllib.parse.quote_plus(text, safe=""))
     forms = {secret}
     for _ in range(2):
@@ -1878,6 +1899,25 @@ def _field_problem(value, rules, where):
         item = value.get(field)
         if item is not None and not test(item):
             return f"{where}{field} is not {what}"
+    return None
+
+
+_MASK_MARK = re.compile(r"\[REDACTED(?::[a-z]+)?\]")
+
+
+def masked_evidence(record):
+    """Why a record's stored responses cannot be re-graded (they were masked), or None.
+
+    Checks that read masked text can pass where the original failed (a card number that
+    became [REDACTED:card] no longer trips card-number-not-echoed), so a replay would turn
+    a caught leak into a RECOVERED row. Masked evidence is refused, never re-graded."""
+    if record.get("redaction"):
+        return "it was stored with --redact/--redact-pii, so its responses are masked"
+    for row in record.get("runs") or []:
+        stored = {field: row.get(field) for field in ("response", "rounds")} if isinstance(row, dict) else None
+        if stored and _MASK_MARK.search(dumps(stored)):
+            return (f"the stored response of {' / '.join(map(str, row_key(row)))} holds a [REDACTED] mask "
+                    "(a key or pattern was masked)")
     return None
 
 
@@ -2711,6 +2751,9 @@ def _resume_defaults(args, env):
 def _replay_defaults(args):
     """Load the record to replay; its models, repeats and timeout fill every flag not given."""
     replayed = _load_for("--replay", args.replay or "")
+    masked = masked_evidence(replayed)
+    if masked:
+        raise UsageError(f"--replay: {args.replay} cannot be re-graded: {masked}; replay a record made without masking")
     config = replayed["config"]
     args.models = args.models or config["models"]
     args.repeats = args.repeats or config["repeats"]
