@@ -989,6 +989,9 @@ def base_url_problem(url, source="--base-url"):
         return f"{source}: {what}"
     if parts.scheme not in ("http", "https") or not host:
         return f"{source}: not an http(s) URL with a host"
+    # urllib tolerates text around an IPv6 literal ("[::1]x:80"); a host is a name or one literal
+    if not re.fullmatch(r"(\[[0-9A-Za-z:.%]+\]|[^\[\]:]+)(:[0-9]*)?", parts.netloc.rpartition("@")[2]):
+        return f"{source}: the host is not a valid name, IPv4 or IPv6 address"
     if port == 0:
         return f"{source}: the port is not a number from 1 to 65535"
     return None

@@ -376,3 +376,451 @@ def test_short_key_is_not_masked_the_run_says_so_once_and_replay_keeps_every_ver
     assert replay.returncode == result.returncode, replay.stderr
     again = json.loads((tmp_path / "again.json").read_text(encoding="utf-8"))
     assert [row["reasons"] for row in again["runs"]] == [row["reasons"] for row in record["runs"]]
+
+
+# ====================================================================== 2. crafted records
+
+@pytest.fixture(scope="module")
+def valid_record(tmp_path_factory):
+    """A real record (echo provider, 2 models x 4 cases x 2 repeats, with failures and details)."""
+    folder = tmp_path_factory.mktemp("valid")
+    path = folder / "run.json"
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        code = regression.main(["--suite", str(GUARDRAILS), "--provider", "echo", "--models", "a", "b",
+                                "--repeats", "2", "--out", str(path)])
+    assert code == 1
+    record = json.loads(path.read_text(encoding="utf-8"))
+    assert regression.record_problem(record) is None
+    assert any(row.get("details", {}).get("diff") for row in record["runs"])
+    return record
+
+
+def json_paths(value, prefix=()):
+    """Every path (tuple of keys and indexes) inside a JSON value, the root excluded."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        yield prefix + (key,)
+        yield from json_paths(item, prefix + (key,))
+
+
+OTHER_VALUES = [None, True, False, 0, -1, 7, 1.5, 10 ** 30, "", "x", "1/2", "<img src=x onerror=alert(1)>",
+                "\x1b[2J\x1b[1;1Hverdict: PASS", "\u202eevil", [], {}, ["x"], {"x": 1}, [[]], {"models": []}]
+
+
+def mutate(record, path, how):
+    """A deep copy of the record with the value at `path` replaced, deleted or nested."""
+    record = copy.deepcopy(record)
+    parent = record
+    for key in path[:-1]:
+        parent = parent[key]
+    key = path[-1]
+    if how == "delete":
+        del parent[key]
+    elif how == "nest-list":
+        parent[key] = [parent[key]]
+    elif how == "nest-object":
+        parent[key] = {"value": parent[key]}
+    else:
+        parent[key] = OTHER_VALUES[how]
+    return record
+
+
+MUTATIONS = st.sampled_from(["delete", "nest-list", "nest-object", *range(len(OTHER_VALUES))])
+
+
+def call(function, argv):
+    """(exit code, stdout, stderr) of an in-process main(); any exception but SystemExit fails the test."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = function(argv)
+        except SystemExit as exc:
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_one_line_refusal(code, stdout, stderr, prog):
+    assert "Traceback" not in stdout + stderr
+    if prog == "compare_runs.py":
+        if code == 2:
+            lines = stdout.rstrip("\n").split("\n")
+            assert lines[-1].startswith("NOT_COMPARABLE: ") and stderr == "", (stdout, stderr)
+    elif code == 2:
+        assert stderr.rstrip("\n").split("\n")[-1].startswith("regression.py: error: ") or \
+            "stopped early" in stderr or "incomplete" in stderr, stderr
+
+
+def reading_commands(folder, valid_path, crafted_path):
+    """Every command that reads a record, as (name, function, argv, allowed exit codes)."""
+    resumed = folder / "resume.json"
+    shutil.copyfile(crafted_path, resumed)
+    return [
+        ("compare-after", compare_runs.main, [valid_path, crafted_path], {0, 2}),
+        ("compare-before", compare_runs.main, [crafted_path, valid_path], {0, 2}),
+        ("compare-swap", compare_runs.main, ["--models", "a", "b", crafted_path], {0, 1, 2}),
+        ("report", regression.main, ["--report", crafted_path, "--markdown", str(folder / "r.md"),
+                                     "--junit", str(folder / "r.xml"), "--html", str(folder / "r.html")], {0, 2}),
+        ("merge", regression.main, ["--merge", str(folder / "merged.json"), crafted_path], {0, 1, 2}),
+        ("resume", regression.main, ["--resume", str(resumed)], {0, 1, 2}),
+        ("replay", regression.main, ["--provider", "replay", "--replay", crafted_path,
+                                     "--out", str(folder / "replayed.json")], {0, 1, 2}),
+    ]
+
+
+def test_every_mutation_of_a_record_is_read_or_refused_in_one_line_by_every_reader(valid_record):
+    paths = list(json_paths(valid_record))
+
+    with scratch_dir() as folder:
+        valid_path = write_json(folder / "valid.json", valid_record)
+
+        @settings(max_examples=50, **HYPOTHESIS)
+        @given(st.sampled_from(paths), MUTATIONS)
+        def prop(path, how):
+            for child in folder.iterdir():
+                if child.name != "valid.json":
+                    child.unlink()
+            crafted = mutate(valid_record, path, how)
+            crafted_path = write_json(folder / "crafted.json", crafted)
+            for name, function, argv, allowed in reading_commands(folder, valid_path, crafted_path):
+                code, stdout, stderr = call(function, argv)
+                assert code in allowed, (name, path, how, code, stdout[-300:], stderr[-300:])
+                assert_one_line_refusal(code, stdout, stderr, "compare_runs.py" if name.startswith("compare")
+                                        else "regression.py")
+
+        prop()
+
+
+def test_record_problem_names_the_field_of_every_typed_mutation(valid_record):
+    """Each field the validator types, given a value of another type, is refused naming the field."""
+    cases = [(("runs", 0, "seconds"), "fast"), (("runs", 1, "reasons"), "wrong"), (("runs", 0, "passed"), 1),
+             (("runs", 0, "details"), [1]), (("runs", 0, "error_status"), "500"), (("runs", 0, "cost_usd"), 0.5),
+             (("runs", 0, "answer_text"), {"x": 1}), (("suite",), "s"), (("suite", "name"), 5),
+             (("provider",), []), (("provider", "name"), 5), (("provider", "name"), "nope"), (("summary",), "done"),
+             (("summary", "rows"), "<img>"), (("summary", "expected_rows"), "# heading"),
+             (("summary", "exit_code"), "<!--"), (("summary", "models"), []), (("shard",), 7), (("shard",), "3/2"),
+             (("evidence",), 1), (("replayed_from",), "x"), (("config", "repeats"), "1"),
+             (("config", "timeout_seconds"), "5"), (("runs",), {}), (("runs", 0), "row")]
+    for path, value in cases:
+        crafted = copy.deepcopy(valid_record)
+        parent = crafted
+        for key in path[:-1]:
+            parent = parent.setdefault(key, {}) if isinstance(key, str) else parent[key]
+        parent[path[-1]] = value
+        problem = regression.record_problem(crafted)
+        assert problem, (path, value)
+        named = str(path[-1]) if isinstance(path[-1], str) else "runs"
+        assert named in problem or path[0] in problem, (path, problem)
+
+
+# Hostile records for the real command lines, each with the exact exit code of every reader
+# (the in-process tests above cover the other fields; each subprocess costs start-up time).
+HOSTILE_RECORDS = {
+    "seconds-string": (("runs", 0, "seconds"), "fast"),
+    "suite-string": (("suite",), "suite"),
+    "provider-name-int": (("provider", "name"), 5),
+    "summary-string": (("summary",), "done"),
+    "summary-rows-html": (("summary", "rows"), "<img src=x>"),
+    "details-list": (("runs", 0, "details"), [1]),
+    "shard-int": (("shard",), 7),
+    "row-string": (("runs", 0), "row"),
+}
+
+
+def _hostile(valid_record, path, value):
+    crafted = copy.deepcopy(valid_record)
+    parent = crafted
+    for key in path[:-1]:
+        parent = parent[key] if not isinstance(key, str) or key in parent else parent.setdefault(key, {})
+    parent[path[-1]] = value
+    return crafted
+
+
+def test_hostile_records_exit_2_with_one_line_through_every_real_command(valid_record, tmp_path):
+    valid = write_json(tmp_path / "valid.json", valid_record)
+    commands, expected = [], []
+    for name, (path, value) in HOSTILE_RECORDS.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        crafted = write_json(folder / "crafted.json", _hostile(valid_record, path, value))
+        resume = write_json(folder / "resume.json", _hostile(valid_record, path, value))
+        for reader, script, argv in [
+                ("compare", COMPARE, [valid, crafted]),
+                ("report", SCRIPT, ["--report", crafted, "--markdown", folder / "r.md"]),
+                ("resume", SCRIPT, ["--resume", resume]),
+                ("merge", SCRIPT, ["--merge", folder / "merged.json", crafted]),
+                ("replay", SCRIPT, ["--provider", "replay", "--replay", crafted, "--out", folder / "replayed.json"])]:
+            commands.append((argv, child_env(), folder, script))
+            expected.append((name, reader, folder))
+    results = run_many(commands)
+    for (name, reader, folder), result in zip(expected, results):
+        assert result.returncode == 2, (name, reader, result.stdout[-300:], result.stderr[-300:])
+        if reader == "compare":
+            assert result.stdout.startswith("NOT_COMPARABLE: ") and result.stdout.count("\n") == 1, result.stdout
+            assert result.stderr == ""
+        else:
+            one_error_line(result.stderr)
+    for name in HOSTILE_RECORDS:
+        folder = tmp_path / name
+        assert sorted(path.name for path in folder.iterdir()) == ["crafted.json", "resume.json"], name
+        assert json.loads((folder / "resume.json").read_text()) == json.loads((folder / "crafted.json").read_text())
+
+
+# ====================================================================== 3. other inputs
+
+BAD_BASE_URLS = {
+    "port-too-big": "http://127.0.0.1:99999/v1",
+    "port-65536": "http://127.0.0.1:65536/v1",
+    "port-negative": "http://127.0.0.1:-1/v1",
+    "port-zero": "http://127.0.0.1:0/v1",
+    "port-letters": "http://127.0.0.1:abc/v1",
+    "port-twice": "http://127.0.0.1:80:80/v1",
+    "ipv6-unclosed": "http://[::1/v1",
+    "ipv6-not-an-address": "http://[zzz]/v1",
+    "ipv6-junk-after": "http://[::1]x:80/v1",
+    "ipv6-port-too-big": "http://[::1]:70000/v1",
+    "no-host": "http:///v1",
+    "not-http": "ftp://127.0.0.1/v1",
+    "space": "http://127.0.0.1 /v1",
+    "control": "http://127.0.0.1\x1b/v1",
+    "non-ascii": "http://127.0.0.1/\u202ev1",
+}
+GOOD_BASE_URLS = ["http://127.0.0.1:8000/v1", "https://api.openai.com/v1", "http://[::1]:8080/v1",
+                  "http://localhost:11434/v1", "https://openrouter.ai/api/v1", "http://127.0.0.1:65535"]
+
+
+@pytest.mark.parametrize("name", list(BAD_BASE_URLS))
+def test_base_url_problem_names_the_source_and_never_raises(name):
+    problem = regression.base_url_problem(BAD_BASE_URLS[name], "OPENAI_BASE_URL")
+    assert problem and problem.startswith("OPENAI_BASE_URL: "), problem
+
+
+@pytest.mark.parametrize("url", GOOD_BASE_URLS)
+def test_good_base_urls_have_no_problem(url):
+    assert regression.base_url_problem(url) is None
+
+
+@given(st.lists(st.sampled_from(list("htps:/[]0123456789.:@%-x") + ["::1", "127.0.0.1", ":", "65536"]),
+                max_size=14).map("".join))
+@settings(max_examples=100, **HYPOTHESIS)
+def test_base_url_problem_never_raises(url):
+    problem = regression.base_url_problem(url)
+    if problem is None:  # what is accepted can be used: a host and a port in range
+        parts = urllib.parse.urlsplit(url)
+        assert parts.scheme in ("http", "https") and parts.hostname and (parts.port is None or parts.port > 0)
+        regression._public_url(url)
+
+
+def test_bad_base_url_is_one_line_exit_2_by_flag_and_environment_with_and_without_dry_run(tmp_path):
+    names = ["port-too-big", "port-letters", "port-zero", "ipv6-unclosed", "ipv6-not-an-address"]
+    commands, expected = [], []
+    base = ["--provider", "openai", "--models", "m", "--suite", GUARDRAILS]
+    combos = [(source, dry) for source in ("--base-url", "OPENAI_BASE_URL") for dry in (True, False)]
+    # every source with and without --dry-run, two URLs each; every URL at least once
+    for n, (source, dry) in enumerate(combos):
+        for name in (names[n % len(names)], names[(n + 2) % len(names)]):
+            url = BAD_BASE_URLS[name]
+            argv = [*base, *(["--base-url", url] if source == "--base-url" else []),
+                    *(["--dry-run"] if dry else ["--out", tmp_path / f"{name}.json"])]
+            env = child_env(**({"OPENAI_BASE_URL": url} if source == "OPENAI_BASE_URL" else {}))
+            commands.append((argv, env, tmp_path))
+            expected.append((name, source, dry))
+    for (name, source, dry), result in zip(expected, run_many(commands)):
+        assert result.returncode == 2, (name, source, dry, result.stderr)
+        assert source in one_error_line(result.stderr), (name, source, result.stderr)
+        assert result.stdout == ""
+    assert files_under(tmp_path) == [], "no record is left behind"
+
+
+def test_resume_with_a_bad_openai_base_url_in_the_environment_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_BASE_URL", BAD_BASE_URLS["port-letters"])
+    record = {"config": {"models": ["m"], "cases": [{"id": "a", "input": "hi"}], "repeats": 1}, "runs": [],
+              "provider": {"name": "openai", "base_url": "http://127.0.0.1:8000/v1"},
+              "suite": {"name": "s", "builtin": False}}
+    path = write_json(tmp_path / "run.json", record)
+    code, stdout, stderr = call(regression.main, ["--resume", path])
+    assert code == 2 and "OPENAI_BASE_URL" in stderr and stderr.count("\n") == 1
+
+
+def test_hostile_suites_are_one_line_exit_2_and_leave_no_record(tmp_path):
+    suites = {
+        "integer-over-4300-digits": '{"name": "s", "instructions": "i", "cases": [{"id": "a", "input": "hi", '
+                                    '"min_chars": ' + "9" * 4301 + "}]}",
+        "case-id-lone-surrogate": json.dumps({"name": "s", "instructions": "i",
+                                              "cases": [{"id": "a\ud800", "input": "hi"}]}),
+        "input-lone-surrogate": json.dumps({"name": "s", "instructions": "i",
+                                            "cases": [{"id": "a", "input": "hi \udfff"}]}),
+        "key-lone-surrogate": json.dumps({"name": "s", "instructions": "i",
+                                          "cases": [{"id": "a", "input": "hi", "notes\ud83d": "x"}]}),
+        "name-lone-surrogate": json.dumps({"name": "s\udc00", "instructions": "i",
+                                           "cases": [{"id": "a", "input": "hi"}]}),
+    }
+    commands = []
+    for n, (name, text) in enumerate(suites.items()):
+        (tmp_path / f"{name}.suite").write_text(text, encoding="utf-8")
+        for extra in [(["--out", tmp_path / f"{name}.json"], ["--dry-run"])[n % 2]]:
+            commands.append((["--suite", tmp_path / f"{name}.suite", "--provider", "echo", *extra], child_env(),
+                             tmp_path))
+    for command, result in zip(commands, run_many(commands)):
+        assert result.returncode == 2, (command[0], result.stderr[-500:])
+        line = one_error_line(result.stderr)
+        assert ".suite: " in line
+    assert not list(tmp_path.glob("*.json")), "no record is left behind"
+
+
+# ====================================================================== 4. replay of masked evidence
+
+def test_replaying_a_redacted_record_is_refused_with_one_line_saying_why(tmp_path):
+    """--redact-pii masked the card number the echo answer repeated, so the stored text would pass
+    card-number-not-echoed on a re-grade: the replay is refused instead."""
+    first = run_cli(["--suite", GUARDRAILS, "--provider", "echo", "--models", "m", "--redact-pii",
+                     "--out", tmp_path / "pii.json"], child_env(), tmp_path)
+    assert first.returncode == 1, first.stderr
+    record = json.loads((tmp_path / "pii.json").read_text(encoding="utf-8"))
+    card = next(row for row in record["runs"] if row["case_id"] == "card-number-not-echoed")
+    assert card["passed"] is False and "[REDACTED:card]" in card["answer_text"]
+    # a record whose header lost the marker but whose responses hold masks is refused too
+    unmarked = {key: value for key, value in record.items() if key != "redaction"}
+    write_json(tmp_path / "unmarked.json", unmarked)
+    # a key masked in a stored response (no --redact at all)
+    keyed = copy.deepcopy(unmarked)
+    for row in keyed["runs"]:
+        row["response"] = {"object": "echo", "status": "completed", "output_text": "Bearer [REDACTED:secret]"}
+    write_json(tmp_path / "keyed.json", keyed)
+    runs = [(["--provider", "replay", "--replay", tmp_path / name, "--out", tmp_path / f"again-{name}"], child_env(),
+             tmp_path) for name in ("pii.json", "unmarked.json", "keyed.json")]
+    runs.append((["--replay", tmp_path / "pii.json", "--dry-run"], child_env(), tmp_path))
+    for command, result in zip(runs, run_many(runs)):
+        assert result.returncode == 2, (command[0], result.stderr)
+        line = one_error_line(result.stderr)
+        assert "cannot be re-graded" in line and "mask" in line, line
+    assert not list(tmp_path.glob("again-*"))
+
+
+def test_masked_evidence_is_none_for_a_clean_record(valid_record):
+    assert regression.masked_evidence(valid_record) is None
+    marked = dict(valid_record, redaction={"pii": True, "patterns": 0})
+    assert "redact" in regression.masked_evidence(marked)
+
+
+# ====================================================================== 5. output that must not attack the reader
+
+UNSAFE_CATEGORIES = {"Cc", "Cf", "Cs", "Zl", "Zp"}
+TERMINAL_ATTACKS = (["\x1b[2J\x1b[H", "\x1b]0;title\x07", "\x9b31m", "\r", "\x08" * 5, "\x7f", "\x00", "\x85",
+                     "\u2028", "\u2029", "\u061c", "\u200e", "\u200f", "\ufeff", "\u00ad", "\U000e0041"]
+                    + [chr(code) for code in range(0x202a, 0x202f)] + [chr(code) for code in range(0x2066, 0x206a)])
+
+
+def unsafe(text, allowed="\n"):
+    """The characters of printed text that a terminal would interpret or hide."""
+    return [char for char in text if char not in allowed and unicodedata.category(char) in UNSAFE_CATEGORIES]
+
+
+@pytest.mark.parametrize("attack", TERMINAL_ATTACKS, ids=[f"U+{ord(a[0]):04X}-{n}" for n, a in enumerate(TERMINAL_ATTACKS)])
+def test_safe_text_makes_every_terminal_attack_visible(attack):
+    shown = regression.safe_text(f"verdict: PASS{attack}FAIL")
+    assert not unsafe(shown, allowed="") and shown.startswith("verdict: PASS") and shown.endswith("FAIL")
+    assert "\\" in shown  # visible as an escape, not dropped
+
+
+@pytest.mark.parametrize("code", list(range(0x00, 0x20)) + [0x7f] + list(range(0x80, 0xa0)))
+def test_safe_text_escapes_every_c0_c1_and_del(code):
+    assert regression.safe_text(chr(code)) in ({0x0a: "\\n", 0x0d: "\\r", 0x09: "\\t"}.get(code, f"\\x{code:02x}"),)
+
+
+@given(st.lists(st.one_of(ANY_CHAR, st.sampled_from(TERMINAL_ATTACKS)), max_size=30).map("".join), st.booleans())
+@settings(max_examples=100, **HYPOTHESIS)
+def test_safe_text_output_is_printable_and_encodable(text, newlines):
+    shown = regression.safe_text(text, newlines=newlines)
+    assert not unsafe(shown, allowed="\n" if newlines else "")
+    shown.encode("utf-8")  # never a lone surrogate on stdout
+    assert shown.count("\n") == (text.count("\n") if newlines else 0)
+    if not unsafe(text, allowed="\n" if newlines else ""):
+        assert shown == text  # text with nothing to hide is printed as it is
+
+
+def test_safe_text_is_exported_for_compare_runs():
+    assert "safe_text" in regression.__all__ and compare_runs.safe_text is regression.safe_text
+
+
+HOSTILE_ID = "esc\x1b[2J\x1b[1;1Hverdict: PASS\u202eLIAF\u2066x\x9b1m\x85"
+
+
+def test_run_and_dry_run_print_suite_and_record_text_visibly(tmp_path):
+    suite = write_suite(tmp_path / "hostile.suite", [
+        {"id": HOSTILE_ID, "input": "hello \x1b]0;owned\x07 world \u202eevil", "contains": ["nope\x1b[2K"]},
+        {"id": "plain", "input": "fine"}])
+    duplicate = write_suite(tmp_path / "duplicate.suite", [{"id": HOSTILE_ID, "input": "a"},
+                                                            {"id": HOSTILE_ID, "input": "b"}])
+    runs = [(["--suite", suite, "--provider", "echo", "--models", "m\x1b[31m", "--out", tmp_path / "run.json"],
+             child_env(), tmp_path),
+            (["--suite", suite, "--provider", "echo", "--dry-run"], child_env(), tmp_path),
+            (["--suite", duplicate, "--provider", "echo", "--out", tmp_path / "dup.json"], child_env(), tmp_path)]
+    run, dry, dup = run_many(runs)
+    assert run.returncode == 1 and dry.returncode == 0 and dup.returncode == 2, (run.stderr, dry.stderr, dup.stderr)
+    for result in (run, dry, dup):
+        assert not unsafe(result.stdout) and not unsafe(result.stderr), (result.stdout, result.stderr)
+    assert "esc\\x1b[2J" in run.stdout and "\\u202e" in run.stdout
+    assert "\\x1b]0;owned\\x07" in dry.stdout
+    assert "esc\\x1b[2J" in one_error_line(dup.stderr)
+    # the record keeps the text as it was: only what is printed is made visible
+    record = json.loads((tmp_path / "run.json").read_text(encoding="utf-8"))
+    assert record["runs"][0]["case_id"] == HOSTILE_ID
+
+
+def _answer_record(model, answers, failing=()):
+    cases = [{"id": case_id, "input": "q"} for case_id in answers]
+    rows = [{"case_id": case_id, "model": model, "repeat": 0, "error": None, "error_status": None, "cost_usd": "0",
+             "response": {"output_text": text}, "answer_text": text,
+             "reasons": ["wrong_code"] if case_id in failing else [], "seconds": 0.1,
+             "passed": case_id not in failing} for case_id, text in answers.items()]
+    return {"created_at": "t", "config": {"models": [model], "cases": cases, "repeats": 1}, "sdk_version": "1\x1b[2J",
+            "code_sha256": "a", "evidence": "echo", "runs": rows, "summary": regression.summary(rows, [model], 1, cases)}
+
+
+def test_compare_prints_record_text_visibly_and_its_verdict_line_cannot_be_forged(tmp_path):
+    model = "m\nverdict: 0 NEW_FAILURE row(s) -> exit 0\x1b[8m"
+    attack = "ok\n\x1b[1A\x1b[2Kverdict: 0 NEW_FAILURE row(s) -> exit 0\x1b[8m\u202e"
+    before = _answer_record(model, {HOSTILE_ID: "fine", "b": "same"})
+    after = _answer_record(model, {HOSTILE_ID: attack, "b": "same"}, failing={HOSTILE_ID})
+    after["code_sha256"] = "b\x1b]0;x\x07"
+    paths = write_json(tmp_path / "before.json", before), write_json(tmp_path / "after.json", after)
+    result = run_cli([*paths, "--all-diffs"], child_env(), tmp_path, script=COMPARE)
+    assert result.returncode == 1, result.stderr
+    assert not unsafe(result.stdout) and result.stderr == ""
+    verdicts = [line for line in result.stdout.splitlines() if line.startswith("verdict:")]
+    assert verdicts == ["verdict: 1 NEW_FAILURE row(s) -> exit 1"], result.stdout
+    assert "\\x1b[1A" in result.stdout and "CAUTION code_sha256" in result.stdout
+    # NOT_COMPARABLE names record text visibly, in one line
+    broken = copy.deepcopy(after)
+    broken["runs"][0]["case_id"] = "zz\x1b[2J\nverdict"
+    code, stdout, _ = call(compare_runs.main, [paths[0], write_json(tmp_path / "broken.json", broken)])
+    assert code == 2 and stdout.startswith("NOT_COMPARABLE: ") and stdout.count("\n") == 1 and not unsafe(stdout)
+
+
+CRAFTED_SUMMARY_VALUES = ["<img src=x onerror=alert(1)>", "# Fake heading", "\n## every row passed\n", "<!--",
+                          "-->", "`code`", "[link](javascript:alert(1))", "| col |", 7, None]
+
+
+@given(st.sampled_from(CRAFTED_SUMMARY_VALUES) | ANY_TEXT, st.sampled_from(CRAFTED_SUMMARY_VALUES) | ANY_TEXT,
+       st.sampled_from(CRAFTED_SUMMARY_VALUES) | ANY_TEXT | st.integers(), st.sampled_from(CRAFTED_SUMMARY_VALUES))
+@settings(max_examples=60, **HYPOTHESIS)
+def test_markdown_escapes_every_record_value_numbers_included(valid_record, rows, expected_rows, exit_code, repeat):
+    record = copy.deepcopy(valid_record)
+    record["summary"].update(rows=rows, expected_rows=expected_rows, exit_code=exit_code, stopped=rows)
+    for row in record["runs"]:
+        row["repeat"] = repeat
+    text = regression.markdown_run(record)
+    assert "<" not in text, "no raw HTML: every < is escaped"
+    headings = [line for line in text.splitlines() if line.lstrip().startswith("#")]
+    assert headings[0].startswith("## agent-regression: ") and all(
+        line == "### Failures" for line in headings[1:]), headings
+    assert "](" not in text.replace("\\](", "")
+
+
+def test_report_of_a_record_with_crafted_summary_numbers_is_refused_in_one_line(valid_record, tmp_path):
+    record = copy.deepcopy(valid_record)
+    record["summary"].update(rows="<img src=x>", expected_rows="# heading", exit_code="<!--")
+    path = write_json(tmp_path / "crafted.json", record)
+    result = run_cli(["--report", path, "--markdown", tmp_path / "r.md"], child_env(), tmp_path)
+    assert result.returncode == 2 and "summary." in one_error_line(result.stderr)
+    assert not (tmp_path / "r.md").exists()
