@@ -1290,55 +1290,62 @@ def deadline_seconds(timeout):
     return timeout * 1.1 + 1.0
 
 
-_IDLE_HELPERS = []  # queues of daemon threads waiting for their next deadline-bound call
+def deadline_error(seconds):
+    return TimeoutError(f"no complete response within {seconds:g} s")
 
 
-def _helper(inbox):
-    """A daemon thread that runs deadline-bound calls one after another, then waits for more."""
-    while True:
-        call, outcome, done = inbox.get()
+def within(seconds, call):
+    """call() with a deadline on the whole call, or TimeoutError. The call runs in a daemon
+    thread that is abandoned on timeout: no client timeout bounds a trickling body.
+    A run's rows never come here: its worker pool (run_jobs) runs their calls on its own
+    workers and enforces the same deadline without a second thread per request."""
+    if seconds is None:
+        return call()
+    import threading
+    outcome, done = {}, threading.Event()
+
+    def helper():
         try:
             outcome["value"] = call()
         except BaseException as exc:  # handed to the caller, whatever it is
             outcome["error"] = exc
         finally:
             done.set()
-        if outcome.get("abandoned"):
-            return  # the caller gave up on us; a fresh helper takes our place
-        _IDLE_HELPERS.append(inbox)
 
-
-def within(seconds, call):
-    """call() with a deadline on the whole call, or TimeoutError. The call runs in a daemon
-    helper thread that is abandoned on timeout: no client timeout bounds a trickling body.
-    Helpers are reused, so a request pays a hand-off, not a thread start."""
-    if seconds is None:
-        return call()
-    import queue
-    import threading
-    outcome, done = {}, threading.Event()
-    try:
-        inbox = _IDLE_HELPERS.pop()
-    except IndexError:
-        inbox = queue.SimpleQueue()
-        threading.Thread(target=_helper, args=(inbox,), daemon=True).start()
-    inbox.put((call, outcome, done))
+    threading.Thread(target=helper, daemon=True).start()
     if not done.wait(seconds):
-        outcome["abandoned"] = True
-        raise TimeoutError(f"no complete response within {seconds:g} s")
+        raise deadline_error(seconds)
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
 
 
-def send(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None):
-    """provider.request with up to `retries` retries of transient failures; (raw, attempts)."""
+def run_steps(steps):
+    """Drive a step generator (send_steps, execute_steps) on this thread to its return value:
+    each (seconds, call) it yields runs under within(), and the result or exception goes back."""
+    value = error = None
+    while True:
+        try:
+            seconds, call = steps.send(value) if error is None else steps.throw(error)
+        except StopIteration as stop:
+            return stop.value
+        value = error = None
+        try:
+            value = within(seconds, call)
+        except Exception as exc:
+            error = exc
+
+
+def send_steps(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None):
+    """send() as steps: yields (deadline seconds or None, call) for each attempt and is sent
+    the call's result or thrown its exception, so whoever drives it picks the thread the call
+    runs on and can give up on it at the deadline; returns (raw, attempts)."""
     import random
     jitter = jitter or (lambda: random.uniform(0.5, 1.0))
     attempt, deadline = 1, getattr(provider, "deadline", None)
     while True:
         try:
-            return within(deadline, lambda: provider.request(model, suite, case, repeat)), attempt
+            return (yield deadline, lambda: provider.request(model, suite, case, repeat)), attempt
         except Exception as exc:
             wait = backoff(attempt, exc, jitter) if attempt <= retries and transient(exc) else None
             if wait is None:
@@ -1348,21 +1355,20 @@ def send(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter
             attempt += 1
 
 
-def execute(provider, suite, case, model, repeat=None, grader=None, retries=None):
-    """One row: request, store the evidence, then grade (SPEC A6).
+def send(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None):
+    """provider.request with up to `retries` retries of transient failures; (raw, attempts)."""
+    return run_steps(send_steps(provider, model, suite, case, repeat, retries, sleep, jitter))
 
-    The response, answer text and cost are stored in the row before grading, so a
-    crashing checker still leaves the evidence; any exception becomes an
-    execution_error row instead of escaping. With `retries` set, the row also
-    records how many attempts the request took.
-    """
+
+def execute_steps(provider, suite, case, model, repeat=None, grader=None, retries=None, sleep=time.sleep):
+    """execute() as steps (see send_steps): a run's worker pool drives these; returns the row."""
     row = {"case_id": case["id"], "model": model}
     if repeat is not None:
         row["repeat"] = repeat
     row.update(error=None, error_status=None, cost_usd=None, response=None, answer_text=None, reasons=[])
     started = time.monotonic()
     try:
-        raw, attempts = send(provider, model, suite, case, repeat or 0, retries or 0)
+        raw, attempts = yield from send_steps(provider, model, suite, case, repeat or 0, retries or 0, sleep)
         if retries is not None:
             row["attempts"] = attempts
         row["response"] = raw
@@ -1384,6 +1390,17 @@ def execute(provider, suite, case, model, repeat=None, grader=None, retries=None
     row["seconds"] = round(time.monotonic() - started, 3)
     row["passed"] = not row["reasons"]
     return row
+
+
+def execute(provider, suite, case, model, repeat=None, grader=None, retries=None):
+    """One row: request, store the evidence, then grade (SPEC A6).
+
+    The response, answer text and cost are stored in the row before grading, so a
+    crashing checker still leaves the evidence; any exception becomes an
+    execution_error row instead of escaping. With `retries` set, the row also
+    records how many attempts the request took.
+    """
+    return run_steps(execute_steps(provider, suite, case, model, repeat, grader, retries))
 
 
 # ---------------------------------------------------------------------- redaction
@@ -2557,46 +2574,153 @@ def prepare(args, env):
     return Run(suite, plan, set(plan), header, args.out or "results.json")
 
 
+class _Call:
+    """A deadline-bound call in progress on a pool worker."""
+    __slots__ = ("deadline", "seconds", "job", "steps", "abandoned")
+
+    def __init__(self, seconds, job, steps):
+        self.deadline, self.seconds = time.monotonic() + seconds, seconds
+        self.job, self.steps, self.abandoned = job, steps, False
+
+
+class WorkerPool:
+    """`size` long-lived worker threads that turn jobs into rows; finished (job, row) pairs
+    (or (job, exception)) come out of `finished`.
+
+    work(job) returns a row, or steps (execute_steps) that yield (deadline, call). A worker
+    runs each call itself, so a request costs one thread and no hand-off. The deadline
+    cannot interrupt a thread stuck in a trickling read, so a watchdog thread, which sleeps
+    until the earliest deadline of the calls in progress, abandons a call past it: its worker
+    finishes the call, drops the result and exits, while a new worker takes its place and
+    resumes the job by throwing TimeoutError into its steps (which retry or record it)."""
+
+    _STOP = object()
+
+    def __init__(self, work, size):
+        import queue
+        import threading
+        self.work, self.size, self._thread = work, size, threading.Thread
+        self.jobs, self.finished = queue.SimpleQueue(), queue.SimpleQueue()
+        self._cond = threading.Condition()
+        self._calls, self._wake_at, self._watchdog, self._closed = set(), None, None, False
+        for _ in range(size):
+            self._spawn(None)
+
+    def submit(self, job):
+        self.jobs.put(job)
+
+    def close(self):
+        """Stop the workers once their current job is done, and the watchdog; returns at once."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        for _ in range(self.size):
+            self.jobs.put(self._STOP)
+
+    def _spawn(self, resume):
+        self._thread(target=self._worker, args=(resume,), daemon=True).start()
+
+    def _worker(self, resume):
+        if resume is not None and not self._drive(*resume):
+            return
+        while True:
+            job = self.jobs.get()
+            if job is self._STOP:
+                return
+            try:
+                steps = self.work(job)
+            except BaseException as exc:  # never lose a worker's failure silently
+                self.finished.put((job, exc))
+                continue
+            if not hasattr(steps, "throw"):  # work returned the row itself
+                self.finished.put((job, steps))
+            elif not self._drive(job, steps, None):
+                return
+
+    def _drive(self, job, steps, error):
+        """Run a job's steps to its row; False when this worker was abandoned at a deadline."""
+        value = None
+        while True:
+            try:
+                seconds, call = steps.send(value) if error is None else steps.throw(error)
+            except StopIteration as stop:
+                self.finished.put((job, stop.value))
+                return True
+            except BaseException as exc:
+                self.finished.put((job, exc))
+                return True
+            pending = self._begin(seconds, job, steps) if seconds is not None else None
+            value = error = None
+            try:
+                value = call()
+            except BaseException as exc:  # thrown into the steps, which decide what it means
+                error = exc
+            if pending is not None and not self._end(pending):
+                return False
+
+    def _begin(self, seconds, job, steps):
+        pending = _Call(seconds, job, steps)
+        with self._cond:
+            self._calls.add(pending)
+            if self._watchdog is None:
+                self._watchdog = self._thread(target=self._watch, daemon=True)
+                self._watchdog.start()
+            # The watchdog sleeps until the earliest deadline it knows; wake it only for an
+            # earlier one (with one deadline length for all calls: only when it is idle).
+            if self._wake_at is None or pending.deadline < self._wake_at:
+                self._wake_at = pending.deadline
+                self._cond.notify()
+        return pending
+
+    def _end(self, pending):
+        with self._cond:
+            self._calls.discard(pending)
+            return not pending.abandoned
+
+    def _watch(self):
+        with self._cond:
+            while not self._closed:
+                now = time.monotonic()
+                for pending in [p for p in self._calls if p.deadline <= now]:
+                    self._calls.discard(pending)
+                    pending.abandoned = True
+                    self._spawn((pending.job, pending.steps, deadline_error(pending.seconds)))
+                self._wake_at = min((p.deadline for p in self._calls), default=None)
+                self._cond.wait(None if self._wake_at is None else self._wake_at - now)
+
+
 def run_jobs(jobs, work, concurrency, stopping, refill_early=lambda row: False):
     """Yield (job, row) as rows finish: at most `concurrency` in flight, none started once stopping().
 
-    When refill_early(row) says the finished row cannot stop the run, its slot gets the next
-    request before the row is checkpointed, so a slot never waits on the disk."""
-    if concurrency <= 1:
-        for job in jobs:
-            if stopping():
-                return
-            yield job, work(job)
-        return
-    import queue
-    import threading
-    finished, pending, in_flight = queue.Queue(), iter(jobs), 0
-
-    def worker(job):
-        try:
-            finished.put((job, work(job)))
-        except BaseException as exc:  # never lose a worker's failure silently
-            finished.put((job, exc))
+    Rows are made by one WorkerPool of `concurrency` workers (one worker for a sequential
+    run), which also enforces each request's deadline. When refill_early(row) says the
+    finished row cannot stop the run, its slot gets the next request before the row is
+    checkpointed, so a slot never waits on the disk."""
+    pending, in_flight = iter(jobs), 0
+    pool = WorkerPool(work, max(1, concurrency))
 
     def start_more():
         nonlocal in_flight
-        while in_flight < concurrency and not stopping():
+        while in_flight < pool.size and not stopping():
             job = next(pending, None)
             if job is None:
                 return
-            threading.Thread(target=worker, args=(job,), daemon=True).start()
+            pool.submit(job)
             in_flight += 1
 
-    start_more()
-    while in_flight:
-        job, row = finished.get()
-        in_flight -= 1
-        if isinstance(row, BaseException):
-            raise row
-        if refill_early(row):
-            start_more()
-        yield job, row
+    try:
         start_more()
+        while in_flight:
+            job, row = pool.finished.get()
+            in_flight -= 1
+            if isinstance(row, BaseException):
+                raise row
+            if refill_early(row):
+                start_more()
+            yield job, row
+            start_more()
+    finally:
+        pool.close()
 
 
 class Progress:
@@ -2660,7 +2784,8 @@ def execute_run(run, args, writer, tally):
 
     def work(key):
         model, case_id, repeat = key
-        return execute(run.provider, run.suite, cases[case_id], model, repeat, grader=grader, retries=args.retries)
+        return execute_steps(run.provider, run.suite, cases[case_id], model, repeat, grader=grader,
+                             retries=args.retries)
 
     try:
         # A finished row can only stop the run by an error or by the spending cap.
