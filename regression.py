@@ -2115,7 +2115,7 @@ def build_parser():
     what = parser.add_argument_group("what to run")
     what.add_argument("--suite", metavar="FILE", help="a suite file (default: the built-in HTTP-advisor suite)")
     what.add_argument("--models", nargs="+", metavar="MODEL", help=f"models to run (default: {' '.join(MODELS)})")
-    what.add_argument("--repeats", type=int, metavar="N", help="runs of every case per model, 1-10 (default 1)")
+    what.add_argument("--repeats", type=int, metavar="N", help=f"runs of every case per model, {_span('repeats')} (default 1)")
     what.add_argument("--out", metavar="FILE", help="new record file (default results.json; never overwritten)")
     what.add_argument("--dry-run", action="store_true", help="validate the suite and print the plan; send nothing")
     what.add_argument("--list-checks", action="store_true", help="print the check catalogue and exit")
@@ -2127,19 +2127,19 @@ def build_parser():
     where.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the key for --base-url")
     where.add_argument("--replay", metavar="RECORD", help="the saved record that --provider replay answers from")
     where.add_argument("--timeout", type=float, metavar="SECONDS",
-                       help=f"per-request timeout (default {TIMEOUT_SECONDS})")
+                       help=f"per-request timeout, {_span('timeout')} seconds (default {TIMEOUT_SECONDS})")
     control = parser.add_argument_group("run control")
-    control.add_argument("--concurrency", type=int, metavar="N", help="requests in flight, 1-64 (default 1)")
+    control.add_argument("--concurrency", type=int, metavar="N", help=f"requests in flight, {_span('concurrency')} (default 1)")
     control.add_argument("--retries", type=int, metavar="N",
-                         help="retries of transient failures (429, 5xx, timeouts, resets), 0-10 (default 0)")
+                         help=f"retries of transient failures (429, 5xx, timeouts, resets), {_span('retries')} (default 0)")
     control.add_argument("--resume", metavar="RECORD", help="continue an interrupted record in place")
     control.add_argument("--max-cost-usd", metavar="X", help="send no new request once reported spend reaches X")
     control.add_argument("--shard", metavar="I/N", help="run the I-th of N deterministic slices of the rows")
     control.add_argument("--merge", nargs="+", metavar="FILE",
                          help="OUT SHARD...: combine shard records into one new record OUT, then exit")
-    control.add_argument("--redact", action="append", default=[], metavar="REGEX",
+    control.add_argument("--redact", action="append", metavar="REGEX",
                          help="mask matches in stored responses (repeatable)")
-    control.add_argument("--redact-pii", action="store_true",
+    control.add_argument("--redact-pii", action="store_true", default=None,
                          help="mask card numbers (Luhn), bearer tokens, API-key-like strings, e-mail addresses")
     report = parser.add_argument_group("reports (new files, mode 0600, never overwritten)")
     report.add_argument("--markdown", metavar="FILE", help="a Markdown summary (fits $GITHUB_STEP_SUMMARY)")
@@ -2149,13 +2149,96 @@ def build_parser():
     return parser
 
 
-def _env_default(args, name, env, variable, convert=str):
-    """Fill an unset flag from its environment twin."""
-    if getattr(args, name) is None and env.get(variable):
-        try:
-            setattr(args, name, convert(env[variable]))
-        except (ValueError, decimal.InvalidOperation):
-            raise UsageError(f"{variable}={env[variable]!r} is not valid") from None
+class Settings:
+    """Every option of one invocation, resolved once (argv, then the environment, then on
+    --resume the record's header, then defaults) and never changed afterwards.
+
+    Field names are the argparse names, so code reads `settings.retries` wherever it used
+    to read `args.retries`. Adding an option is one line in FIELDS (name: default) next to
+    its parser argument; a parser option without a field fails at once (TypeError).
+    """
+
+    FIELDS = {
+        # what to run
+        "suite": None, "models": None, "repeats": 1, "out": None, "dry_run": False,
+        "list_checks": False, "update_baseline": False,
+        # where to send it
+        "provider": None, "base_url": None, "api_key_env": None, "replay": None, "timeout": None,
+        # run control
+        "concurrency": 1, "retries": 0, "resume": None, "max_cost_usd": None, "shard": None,
+        "merge": None, "redact": (), "redact_pii": False,
+        # reports
+        "markdown": None, "junit": None, "html": None, "report": None,
+        # read once while resolving, not options: the record --resume continues, the record replayed
+        "resumed_record": None, "replayed_record": None,
+    }
+    __slots__ = tuple(FIELDS)
+
+    def __init__(self, **values):
+        unknown = sorted(set(values) - set(self.FIELDS))
+        if unknown:
+            raise TypeError(f"Settings has no field {', '.join(unknown)}; add it to Settings.FIELDS")
+        for name, default in self.FIELDS.items():
+            object.__setattr__(self, name, values.get(name, default))
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"Settings are frozen (resolved once); cannot set {name}")
+
+    __delattr__ = __setattr__
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name in self.FIELDS}
+
+    def replace(self, **changes):
+        """A copy with some fields changed (for tests and for resolution steps)."""
+        return Settings(**{**self.as_dict(), **changes})
+
+    def __eq__(self, other):
+        return isinstance(other, Settings) and self.as_dict() == other.as_dict()
+
+    __hash__ = None
+
+    def __repr__(self):
+        shown = {name: value for name, value in self.as_dict().items()
+                 if not name.endswith("_record") and value != self.FIELDS[name]}
+        return f"Settings({', '.join(f'{name}={value!r}' for name, value in shown.items())})"
+
+
+# Documented ranges of the numeric options (the --help text and every range error name them).
+RANGES = {"repeats": (1, 10), "concurrency": (1, 64), "retries": (0, 10), "timeout": (0.1, 3600)}
+
+# Run options that change what is stored or what may be spent: kept in the record's header
+# ("run_options") and re-applied by --resume. "same": a record keeps one redaction, so a
+# different flag on resume is refused; "default": the record's value unless the flag is given
+# (a higher --max-cost-usd or more --retries is how a stopped run continues).
+RUN_OPTIONS = {"redact": "same", "redact_pii": "same", "max_cost_usd": "default", "retries": "default",
+               "concurrency": "default"}
+
+
+def _span(name):
+    low, high = RANGES[name]
+    return f"{low:g}-{high:g}"
+
+
+def _range_text(name):
+    low, high = RANGES[name]
+    unit = " seconds" if name == "timeout" else ""
+    kind = "a number" if isinstance(low, float) else "a whole number"
+    return f"{kind} from {low:g} to {high:g}{unit}"
+
+
+def _from_environment(values, env):
+    """Unset options filled from their environment twins, and which variable set each."""
+    found, origin = {}, {}
+    for name, variable, convert in ENV_TWINS:
+        if values.get(name) is None and env.get(variable):
+            try:
+                found[name] = convert(env[variable])
+            except (ValueError, decimal.InvalidOperation):
+                expected = f": use {_range_text(name)}" if name in RANGES else ""
+                raise UsageError(f"{variable}={env[variable]!r} is not valid{expected}") from None
+            origin[name] = f"{variable}={env[variable]}"
+    return found, origin
 
 
 def _shard(text):
@@ -2175,68 +2258,192 @@ def _cost(text):
     return value
 
 
-def _check_ranges(args):
-    """Values in range; checked again once a resumed or replayed record has filled the defaults."""
-    if args.models is not None and len(set(args.models)) != len(args.models):
+def _check_ranges(values, origin):
+    """Every value in its documented range; runs once, on the resolved values."""
+    models = values["models"]
+    if models is not None and len(set(models)) != len(models):
         raise UsageError("--models: each model may appear only once")
-    if args.models is not None and not all(model.strip() for model in args.models):
+    if models is not None and not all(model.strip() for model in models):
         raise UsageError("--models: a model name is empty")
-    for name, low, high in (("repeats", 1, 10), ("concurrency", 1, 64), ("retries", 0, 10)):
-        value = getattr(args, name)
-        if value is not None and not low <= value <= high:
-            raise UsageError(f"--{name} must be between {low} and {high}")
-    if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
-        raise UsageError("--timeout must be a positive number of seconds")
+    for name, (low, high) in RANGES.items():
+        value = values[name]
+        if value is not None and not low <= value <= high:  # NaN fails both comparisons
+            where = origin.get(name) or "--" + name.replace("_", "-")
+            raise UsageError(f"{where}: must be {_range_text(name)}")
 
 
-def _check_flags(args):
+def _check_flags(values):
     """Flags that must agree with each other, regexes, and output paths (checked once, up front)."""
-    for pattern in args.redact:
+    if values["provider"] is not None and values["provider"] not in PROVIDERS:
+        raise UsageError(f"unknown provider {values['provider']!r}; choose one of {', '.join(PROVIDERS)}")
+    if values["replay"] and values["provider"] not in (None, "replay"):
+        raise UsageError("--replay goes with --provider replay")
+    if values["provider"] == "replay" and not values["replay"] and not values["resume"]:
+        raise UsageError("--provider replay needs --replay RECORD (the saved record whose responses it answers with)")
+    for pattern in values["redact"] or ():
         try:
             re.compile(pattern)
         except (re.error, OverflowError, RecursionError) as exc:
             raise UsageError(f"--redact {pattern!r} is not a valid regular expression: {exc}") from None
-    if args.merge is not None and len(args.merge) < 2:
+    if values["merge"] is not None and len(values["merge"]) < 2:
         raise UsageError("--merge needs OUT and at least one shard record")
-    if args.resume and args.out:
+    if values["resume"] and values["out"]:
         raise UsageError("--resume continues its record in place; drop --out")
-    if args.resume and args.shard:
+    if values["resume"] and values["shard"]:
         raise UsageError("--resume keeps the record's own shard; drop --shard")
-    outputs = [(f"--{kind}", getattr(args, kind)) for kind in REPORTS if getattr(args, kind)]
-    outputs += [("--out", args.out or ("results.json" if not (args.resume or args.merge or args.report) else None)),
-                ("--merge", args.merge[0] if args.merge else None)]
+    if values["report"] and not any(values[kind] for kind in REPORTS):
+        raise UsageError("--report RECORD needs at least one of --markdown, --junit, --html")
+    _check_outputs(values)
+
+
+def _check_outputs(values):
+    """Every output names its own new file; an existing one is refused before anything is imported."""
+    runs = not (values["resume"] or values["merge"] or values["report"] or values["list_checks"])
+    outputs = [(f"--{kind}", values[kind]) for kind in REPORTS if values[kind]]
+    outputs += [("--out", values["out"] or ("results.json" if runs else None)),
+                ("--merge", values["merge"][0] if values["merge"] else None)]
     outputs = [(flag, path) for flag, path in outputs if path]
     resolved = [os.path.abspath(path) for _, path in outputs]
     for (flag, path), full in zip(outputs, resolved):
         if resolved.count(full) > 1:
             raise UsageError(f"{flag} {path}: the same file is named twice; every output needs its own file")
-        if flag != "--out" and os.path.lexists(path):
-            raise UsageError(f"{flag}: {path} already exists (reports and records never overwrite a file)")
-    if args.report and not any(getattr(args, kind) for kind in REPORTS):
-        raise UsageError("--report RECORD needs at least one of --markdown, --junit, --html")
+        if os.path.lexists(path) and not (flag == "--out" and values["dry_run"]):
+            raise UsageError(f"{flag}: {path} already exists (records and reports never overwrite a file)"
+                             + (_continue_hint(path) if flag in ("--out", "--merge") else ""))
+
+
+def _continue_hint(path):
+    """For an existing record that is not finished: the command that continues it."""
+    try:
+        record = load_record(path)
+    except RecordError:
+        return ""
+    final = record.get("summary") if isinstance(record.get("summary"), dict) else {}
+    if record_problem(record) is not None or final.get("complete") is True:
+        return ""
+    rows = len(record["runs"])
+    return (f"; it holds an unfinished record ({rows} row(s) saved); "
+            f"continue it with: python regression.py --resume {_quote(path)}")
+
+
+def _quote(text):
+    import shlex
+    return shlex.quote(str(text))
+
+
+def _resume_options(values, record, path):
+    """The run options a --resume re-applies from the record's header (RUN_OPTIONS)."""
+    stored = record.get("run_options") if isinstance(record.get("run_options"), dict) else None
+    if stored is None:  # a record from before "run_options": only its redaction marker is known
+        redaction = record.get("redaction") if isinstance(record.get("redaction"), dict) else {}
+        stored = {"redact_pii": redaction.get("pii") is True}
+        count = redaction.get("patterns") if isinstance(redaction.get("patterns"), int) else 0
+        given = len(values["redact"] or ())
+        if count and given != count:
+            raise UsageError(f"--resume: {path} was made with {count} --redact pattern(s), which older records "
+                             f"do not store; pass the same --redact flags again")
+    found = {}
+    for name, policy in RUN_OPTIONS.items():
+        flag = "--" + name.replace("_", "-")
+        if name not in stored:
+            continue
+        value = stored[name]
+        if name == "max_cost_usd" and value is not None:
+            value = _cost(str(value))
+        if name == "redact":
+            value = tuple(value or ())
+        given = values[name]
+        if given is None or (name == "redact" and policy == "same" and not given and not value):
+            found[name] = value
+        elif policy == "same" and (tuple(given) if name == "redact" else given) != value:
+            raise UsageError(f"--resume: run option {name!r} differs from the record's ({flag}); "
+                             f"{path} keeps one redaction for all its rows: drop the flag to keep the record's")
+    return found
+
+
+def _resume_defaults(values, record, path, env):
+    """What the record fills for a --resume: config (models, repeats, timeout), endpoint, replay source."""
+    config = record["config"]
+    found = {"models": values["models"] or config["models"], "repeats": values["repeats"] or config["repeats"],
+             "timeout": values["timeout"] or config.get("timeout_seconds")}
+    replayed_from = (record.get("replayed_from") or {}).get("path")
+    identity = record.get("provider") or {"name": "perplexity"}
+    made_with = "replay" if replayed_from else identity.get("name")
+    found["provider"] = values["provider"] or made_with
+    if found["provider"] != made_with:
+        raise UsageError(f"--resume: {path} was made with --provider {made_with}; resume it with that provider")
+    if made_with == "openai":
+        base_url = values["base_url"] or env.get("OPENAI_BASE_URL") or identity.get("base_url")
+        if _public_url(base_url) != identity.get("base_url"):
+            raise UsageError(f"--resume: {path} was made against {identity.get('base_url')}; "
+                             "one record never mixes endpoints")
+        found["base_url"] = base_url
+    found["replay"] = values["replay"] or replayed_from
+    return found
+
+
+def _replay_defaults(values, replayed):
+    """A replayed record's models, repeats and timeout fill every option not given."""
+    config = replayed["config"]
+    return {"models": values["models"] or config["models"], "repeats": values["repeats"] or config["repeats"],
+            "timeout": values["timeout"] or config.get("timeout_seconds")}
+
+
+def _run_sources(values, env):
+    """What a run takes from the record it resumes or replays, and its provider's defaults."""
+    found = {}
+    if values["resume"]:
+        record = _load_for("--resume", values["resume"])
+        found.update(_resume_defaults(values, record, values["resume"], env))
+        found.update(_resume_options({**values, **found}, record, values["resume"]))
+        found["resumed_record"] = record
+    values = {**values, **found}
+    found["provider"] = values["provider"] or ("replay" if values["replay"] else "perplexity")
+    if found["provider"] == "openai":
+        found["base_url"] = values["base_url"] or env.get("OPENAI_BASE_URL")
+        if not values["models"]:
+            raise UsageError("--provider openai needs --models (names as the endpoint knows them)")
+    if found["provider"] == "replay" and values["replay"]:
+        found["replayed_record"] = _load_for("--replay", values["replay"])
+        found.update(_replay_defaults(values, found["replayed_record"]))
+    return found
+
+
+def resolve(args, env):
+    """One Settings from parsed argv, the environment and (on --resume) the record; UsageError on bad input.
+
+    Order: flags beat environment twins; on --resume the record's header fills what neither
+    gave (and refuses what would change its config or redaction); then the defaults.
+    """
+    values = {name: value for name, value in vars(args).items()}
+    found, origin = _from_environment(values, env)
+    values.update(found)
+    _check_flags(values)
+    values["shard"] = _shard(values["shard"]) if values["shard"] else None
+    values["max_cost_usd"] = _cost(values["max_cost_usd"]) if values["max_cost_usd"] is not None else None
+    if not (values["list_checks"] or values["report"] or values["merge"]):  # only a run reads records here
+        values.update(_run_sources(values, env))
+    values["models"] = tuple(values["models"] or (["echo"] if values["provider"] == "echo" else MODELS))
+    values["provider"] = values["provider"] or "perplexity"
+    values.update({name: default for name, default in (("repeats", 1), ("timeout", TIMEOUT_SECONDS),
+                                                       ("concurrency", 1), ("retries", 0))
+                   if values[name] is None})
+    values["redact"] = tuple(values["redact"] or ())
+    values["redact_pii"] = bool(values["redact_pii"])
+    values["merge"] = tuple(values["merge"]) if values["merge"] is not None else None
+    _check_ranges(values, origin)
+    return Settings(**values)
 
 
 def parse_args(argv, env=None):
-    """Parse and check the command line (and its environment twins); exit 2 on bad input."""
+    """Parse the command line and resolve it into Settings; exit 2 with one line on bad input."""
     env = os.environ if env is None else env
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        for name, variable, convert in ENV_TWINS:
-            _env_default(args, name, env, variable, convert)
-        if args.provider is not None and args.provider not in PROVIDERS:
-            raise UsageError(f"unknown provider {args.provider!r}; choose one of {', '.join(PROVIDERS)}")
-        if args.replay and args.provider not in (None, "replay"):
-            raise UsageError("--replay goes with --provider replay")
-        _check_ranges(args)
-        _check_flags(args)
-        args.shard = _shard(args.shard) if args.shard else None
-        args.max_cost_usd = _cost(args.max_cost_usd) if args.max_cost_usd is not None else None
-    except UsageError as exc:
+        return parser, resolve(args, env)
+    except (UsageError, SuiteError, RecordError) as exc:
         parser.error(str(exc))
-    args.concurrency = args.concurrency or 1
-    args.retries = args.retries or 0
-    return parser, args
 
 
 def code_sha256():
@@ -2434,11 +2641,11 @@ def _differing_key(old, new):
     return next((key for key in [*old, *new] if key not in old or key not in new or old[key] != new[key]), None)
 
 
-def _suite_from_record(record, args):
+def _suite_from_record(record, settings):
     """The suite a record was made with: the built-in one, --suite, or the cases in its config."""
     info = record.get("suite") if isinstance(record.get("suite"), dict) else {"builtin": True}
-    if args.suite:
-        return load_suite(args.suite, allow_empty_baseline=args.update_baseline)
+    if settings.suite:
+        return load_suite(settings.suite, allow_empty_baseline=settings.update_baseline)
     if info.get("builtin", True):
         return builtin_suite()
     config = record["config"]
@@ -2447,7 +2654,7 @@ def _suite_from_record(record, args):
                                "tool": config.get("tool"), "tools": config.get("tools"),
                                "response_format": config.get("response_format"),
                                "sources": config.get("sources"), "cases": config.get("cases")},
-                              allow_empty_baseline=args.update_baseline)
+                              allow_empty_baseline=settings.update_baseline)
     except SuiteError as exc:
         raise UsageError(f"the record's suite is not valid: {exc}") from None
 
@@ -2463,50 +2670,26 @@ class Run:
         self.provider = self.secret = None
 
 
-def _resume_defaults(args, env):
-    """Load the record to continue; its config (and endpoint) fill every flag not given."""
-    record = _load_for("--resume", args.resume)
-    config = record["config"]
-    args.models = args.models or config["models"]
-    args.repeats = args.repeats or config["repeats"]
-    args.timeout = args.timeout or config.get("timeout_seconds")
-    replayed_from = (record.get("replayed_from") or {}).get("path")
-    identity = record.get("provider") or {"name": "perplexity"}
-    made_with = "replay" if replayed_from else identity.get("name")
-    args.provider = args.provider or made_with
-    if args.provider != made_with:
-        raise UsageError(f"--resume: {args.resume} was made with --provider {made_with}; resume it with that provider")
-    if made_with == "openai":
-        args.base_url = args.base_url or env.get("OPENAI_BASE_URL") or identity.get("base_url")
-        if _public_url(args.base_url) != identity.get("base_url"):
-            raise UsageError(f"--resume: {args.resume} was made against {identity.get('base_url')}; "
-                             "one record never mixes endpoints")
-    args.replay = args.replay or replayed_from
-    return record
-
-
-def _replay_defaults(args):
-    """Load the record to replay; its models, repeats and timeout fill every flag not given."""
-    replayed = _load_for("--replay", args.replay or "")
-    config = replayed["config"]
-    args.models = args.models or config["models"]
-    args.repeats = args.repeats or config["repeats"]
-    args.timeout = args.timeout or config.get("timeout_seconds")
-    return replayed
-
-
-def _choose_suite(args, record, replayed):
+def _choose_suite(settings, record, replayed):
     """The suite to run: a resumed record's, --suite, a replayed record's, or the built-in one."""
     if record is not None:
-        return _suite_from_record(record, args)
-    if args.suite:
-        return load_suite(args.suite, allow_empty_baseline=args.update_baseline)
+        return _suite_from_record(record, settings)
+    if settings.suite:
+        return load_suite(settings.suite, allow_empty_baseline=settings.update_baseline)
     if replayed is not None and not (replayed.get("suite") or {}).get("builtin", True):
-        return _suite_from_record(replayed, args)
+        return _suite_from_record(replayed, settings)
     return builtin_suite()
 
 
-def _resumed_run(record, suite, plan, config, path):
+def run_options(settings):
+    """The header's "run_options": what --resume re-applies (RUN_OPTIONS), as JSON."""
+    values = {name: getattr(settings, name) for name in RUN_OPTIONS}
+    values["redact"] = list(values["redact"])
+    values["max_cost_usd"] = format(values["max_cost_usd"], "f") if values["max_cost_usd"] is not None else None
+    return values
+
+
+def _resumed_run(record, suite, plan, config, settings):
     """A Run that keeps the record's finished rows and runs the missing and errored ones."""
     key = _differing_key(record["config"], config)
     if key is not None:
@@ -2518,43 +2701,36 @@ def _resumed_run(record, suite, plan, config, path):
             kept.setdefault(row_key(row), row)
     rows = [kept[key] for key in plan if key in kept]
     header = {k: v for k, v in record.items() if k not in ("runs", "summary", "recovered")}
+    header["run_options"] = run_options(settings)
     header["resumed"] = list(header.get("resumed") or []) + [
         {"at": _now(), "kept_rows": len(rows), "code_sha256": code_sha256()}]
-    return Run(suite, plan, set(plan), header, path, rows, resuming=True)
+    return Run(suite, plan, set(plan), header, settings.resume, rows, resuming=True)
 
 
-def prepare(args, env):
+def prepare(settings, env):
     """Suite, plan and header for a new run, or for --resume; raises UsageError / SuiteError."""
-    record = _resume_defaults(args, env) if args.resume else None
-    args.provider = args.provider or ("replay" if args.replay else "perplexity")
-    if args.provider == "openai":
-        args.base_url = args.base_url or env.get("OPENAI_BASE_URL")
-    replayed = _replay_defaults(args) if args.provider == "replay" else None
-    if args.provider == "openai" and not args.models:
-        raise UsageError("--provider openai needs --models (names as the endpoint knows them)")
-    args.models = args.models or (["echo"] if args.provider == "echo" else list(MODELS))
-    args.repeats = args.repeats or 1
-    args.timeout = args.timeout or TIMEOUT_SECONDS
-    _check_ranges(args)
-    suite = _choose_suite(args, record, replayed)
-    if args.update_baseline and not suite.get("file"):
+    record, replayed = settings.resumed_record, settings.replayed_record
+    suite = _choose_suite(settings, record, replayed)
+    if settings.update_baseline and not suite.get("file"):
         raise UsageError("--update-baseline needs --suite FILE (the file it fills)")
-    config = run_config(suite, args.models, args.repeats, args.timeout)
-    full_plan = plan_rows(args.models, [case["id"] for case in suite["cases"]], args.repeats)
-    shard = args.shard or (_shard(record["shard"]) if record is not None and record.get("shard") else None)
+    config = run_config(suite, settings.models, settings.repeats, settings.timeout)
+    full_plan = plan_rows(settings.models, [case["id"] for case in suite["cases"]], settings.repeats)
+    shard = settings.shard or (_shard(record["shard"]) if record is not None and record.get("shard") else None)
     plan = [key for n, key in enumerate(full_plan) if shard is None or n % shard[1] == shard[0] - 1]
     if record is not None:
-        return _resumed_run(record, suite, plan, config, args.resume)
+        return _resumed_run(record, suite, plan, config, settings)
     header = record_header(
         config,
         replayed.get("sdk_version") if replayed is not None else None,  # live: filled once the client exists
-        replayed.get("evidence", "live") if replayed is not None else "echo" if args.provider == "echo" else "live",
+        replayed.get("evidence", "live") if replayed is not None else "echo" if settings.provider == "echo" else "live",
         suite={"name": suite["name"], "builtin": suite["builtin"], "file": suite.get("file")},
-        provider=provider_identity(args.provider, args.base_url, replayed),
+        provider=provider_identity(settings.provider, settings.base_url, replayed),
         shard=f"{shard[0]}/{shard[1]}" if shard else None,
-        replayed_from={"path": args.replay, "created_at": replayed.get("created_at")} if replayed else None,
-        redaction={"pii": args.redact_pii, "patterns": len(args.redact)} if args.redact or args.redact_pii else None)
-    return Run(suite, plan, set(plan), header, args.out or "results.json")
+        replayed_from={"path": settings.replay, "created_at": replayed.get("created_at")} if replayed else None,
+        redaction={"pii": settings.redact_pii, "patterns": len(settings.redact)}
+        if settings.redact or settings.redact_pii else None,
+        run_options=run_options(settings))
+    return Run(suite, plan, set(plan), header, settings.out or "results.json")
 
 
 def run_jobs(jobs, work, concurrency, stopping, refill_early=lambda row: False):
@@ -2648,11 +2824,11 @@ def _stop_reason(row, tally, cap):
     return None
 
 
-def execute_run(run, args, writer, tally):
+def execute_run(run, settings, writer, tally):
     """Send the rows still to do and append each one as it finishes; returns (stopped, in_order, answers)."""
     cases = {case["id"]: case for case in run.suite["cases"]}
     grader = builtin_grader(run.suite, run.provider)
-    mask = redactor(args.redact, args.redact_pii, [run.secret] if run.secret else [])
+    mask = redactor(settings.redact, settings.redact_pii, [run.secret] if run.secret else [])
     position = {key: n for n, key in enumerate(run.plan)}
     progress = Progress(len(run.plan), len(run.kept))
     state = {"stopped": None, "last": max((position[row_key(r)] for r in run.kept), default=-1), "in_order": True}
@@ -2660,12 +2836,12 @@ def execute_run(run, args, writer, tally):
 
     def work(key):
         model, case_id, repeat = key
-        return execute(run.provider, run.suite, cases[case_id], model, repeat, grader=grader, retries=args.retries)
+        return execute(run.provider, run.suite, cases[case_id], model, repeat, grader=grader, retries=settings.retries)
 
     try:
         # A finished row can only stop the run by an error or by the spending cap.
-        refill_early = lambda row: row["error"] is None and args.max_cost_usd is None  # noqa: E731
-        for key, row in run_jobs(run.todo, work, args.concurrency, lambda: state["stopped"] is not None,
+        refill_early = lambda row: row["error"] is None and settings.max_cost_usd is None  # noqa: E731
+        for key, row in run_jobs(run.todo, work, settings.concurrency, lambda: state["stopped"] is not None,
                                  refill_early):
             stored = redact_row(row, mask)  # checks ran on the original; only the masked row is stored
             tally.add(stored)
@@ -2679,7 +2855,7 @@ def execute_run(run, args, writer, tally):
                 best = answers.get(key[1])
                 if best is None or position[key] < best[0]:
                     answers[key[1]] = (position[key], stored["answer_text"])
-            state["stopped"] = state["stopped"] or _stop_reason(stored, tally, args.max_cost_usd)
+            state["stopped"] = state["stopped"] or _stop_reason(stored, tally, settings.max_cost_usd)
     finally:
         progress.close()
     return state["stopped"], state["in_order"], {case_id: text for case_id, (_, text) in answers.items()}
@@ -2725,11 +2901,11 @@ def merge(out, paths):
     return final["exit_code"]
 
 
-def _check_replay_covers(provider, run, args):
+def _check_replay_covers(provider, run, settings):
     """A replay must answer every row it is asked for; UsageError before anything runs."""
     missing = provider.missing(run.todo) if isinstance(provider, ReplayProvider) else None
     if missing:
-        raise UsageError(f"--replay: {args.replay} has no stored response for {' / '.join(map(str, missing))}")
+        raise UsageError(f"--replay: {settings.replay} has no stored response for {' / '.join(map(str, missing))}")
 
 
 def main(argv=None):
@@ -2739,31 +2915,31 @@ def main(argv=None):
     raises SystemExit(2) through argparse before the record file is created.
     KeyboardInterrupt propagates after the record is saved with exit code 2.
     """
-    parser, args = parse_args(argv)
+    parser, settings = parse_args(argv)
     env = os.environ
-    if args.list_checks:
+    if settings.list_checks:
         print(catalogue())
         return 0
-    targets = {kind: getattr(args, kind) for kind in REPORTS if getattr(args, kind)}
+    targets = {kind: getattr(settings, kind) for kind in REPORTS if getattr(settings, kind)}
     try:
-        if args.report:
-            record = _load_for("--report", args.report)
+        if settings.report:
+            record = _load_for("--report", settings.report)
             write_reports(record, targets)
-            print(f"wrote {', '.join(targets.values())} from {args.report}")
+            print(f"wrote {', '.join(targets.values())} from {settings.report}")
             return 0
-        if args.merge:
-            code = merge(args.merge[0], args.merge[1:])
-            write_reports(load_record(args.merge[0]), targets)
+        if settings.merge:
+            code = merge(settings.merge[0], settings.merge[1:])
+            write_reports(load_record(settings.merge[0]), targets)
             return code
-        run = prepare(args, env)
-        if args.dry_run:
-            if args.provider == "replay":  # cheap and offline: a dry run can check the coverage too
-                _check_replay_covers(make_provider(args, env)[0], run, args)
-            print(plan_text(run.suite, args, run.plan, provider_problem(args, env)))
+        run = prepare(settings, env)
+        if settings.dry_run:
+            if settings.provider == "replay":  # cheap and offline: a dry run can check the coverage too
+                _check_replay_covers(make_provider(settings, env)[0], run, settings)
+            print(plan_text(run.suite, settings, run.plan, provider_problem(settings, env)))
             return 0
-        run.provider, run.secret = make_provider(args, env)
-        _check_replay_covers(run.provider, run, args)
-        if args.provider == "perplexity" and not run.resuming:
+        run.provider, run.secret = make_provider(settings, env)
+        _check_replay_covers(run.provider, run, settings)
+        if settings.provider == "perplexity" and not run.resuming:
             run.header["sdk_version"] = sdk_version()
     except (SuiteError, UsageError, RecordError) as exc:
         parser.error(str(exc))
@@ -2781,7 +2957,7 @@ def main(argv=None):
     except RecordError as exc:
         parser.error(str(exc))
     try:
-        stopped, in_order, answers = execute_run(run, args, writer, tally)
+        stopped, in_order, answers = execute_run(run, settings, writer, tally)
         getattr(run.provider, "close", lambda: None)()
         final = tally.summary()
         if stopped:
@@ -2799,8 +2975,8 @@ def main(argv=None):
             pass  # every finished row is still recoverable from the torn tail
         writer.close()
         interrupt.record_path, interrupt.rows_saved = run.path, writer.count
-        interrupt.resume_flags = "".join(f" --{name} {getattr(args, name)}" for name in ("concurrency", "retries")
-                                         if getattr(args, name) not in (0, 1))
+        interrupt.resume_flags = "".join(f" --{name} {getattr(settings, name)}" for name in ("concurrency", "retries")
+                                         if getattr(settings, name) not in (0, 1))
         raise
     except RecordError as exc:
         writer.close()
@@ -2815,7 +2991,7 @@ def main(argv=None):
         except RecordError as exc:
             print(f"regression.py: error: {exc}", file=sys.stderr)
             return 2
-    if args.update_baseline:
+    if settings.update_baseline:
         filled = fill_baselines(run.suite["file"], answers)
         print(f"baselines filled: {', '.join(filled) if filled else 'none'} ({run.suite['file']})")
     return final["exit_code"]
