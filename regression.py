@@ -622,7 +622,8 @@ class SuiteError(Exception):
     """A suite file that cannot run as written: one line naming the case and field."""
 
 
-SUITE_KEYS = {"name", "instructions", "tool", "tools", "response_format", "sources", "cases", "notes"}
+SUITE_KEYS = {"name", "instructions", "tool", "tools", "response_format", "sources", "cases", "notes",
+              "request", "tool_choice", "prices"}
 CASE_KEYS = {"id", "input", "question", "expect", "cite", "contains", "excludes", "expected_text",
              "min_similarity", "min_chars", "max_chars", "behaviors", "instructions_sha256", "notes"}
 SOURCES_KEYS = {"field", "hosts", "path", "also_allowed"}
@@ -740,6 +741,77 @@ def _function_names(tools):
     return sorted(_tool_name(tool) for tool in tools if tool.get("type") == "function")
 
 
+# A request option may tune the request, never replace what the suite is about (SPEC D).
+REQUEST_RESERVED = {
+    "model": "the model comes from --models", "messages": "the case input is the conversation",
+    "input": "the case input is the conversation", "tools": "tools come from the suite's tools",
+    "stream": "responses are read whole (a stream would be graded as a broken body)",
+}
+TOOL_CHOICES = ("auto", "required", "none")
+
+
+def request_problem(key, where):
+    """Why a `request` key may not be set, or None."""
+    if not isinstance(key, str) or not key.strip():
+        return f"{where}: request keys must be non-empty strings"
+    if key in REQUEST_RESERVED:
+        return f"{where}: request may not set {key!r} ({REQUEST_RESERVED[key]})"
+    return None
+
+
+def _validate_request(value, where):
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SuiteError(f"{where}: request must be an object of request body keys, e.g. {{\"seed\": 7}}")
+    for key in value:
+        problem = request_problem(key, where)
+        if problem:
+            raise SuiteError(problem)
+    return dict(value)
+
+
+def _validate_tool_choice(value, functions, where):
+    """The suite's tool_choice in the chat-completions form, or None."""
+    if value is None:
+        return None
+    if not functions:
+        raise SuiteError(f"{where}: tool_choice needs function tools in tools")
+    if value in TOOL_CHOICES:
+        return value
+    name = value if isinstance(value, str) else (value.get("function") or {}).get("name") \
+        if isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("function"), dict) \
+        else None
+    if not isinstance(name, str) or name not in functions:
+        raise SuiteError(f"{where}: tool_choice must be \"auto\", \"required\", \"none\" or the name of a "
+                         f"function tool of this suite (tools: {', '.join(functions)}); got {value!r}"[:300])
+    return {"type": "function", "function": {"name": name}}
+
+
+PRICE_FORM = "IN/OUT (USD per million input/output tokens, e.g. 0.15/0.60)"
+
+
+def parse_price(text, where):
+    """(input, output) USD per million tokens from "IN/OUT"; SuiteError otherwise."""
+    parts = text.split("/") if isinstance(text, str) else []
+    try:
+        prices = tuple(decimal.Decimal(part.strip()) for part in parts)
+    except decimal.InvalidOperation:
+        prices = ()
+    if len(prices) != 2 or not all(price.is_finite() and price >= 0 for price in prices):
+        raise SuiteError(f"{where}: {text!r} is not a price; use {PRICE_FORM}"[:300])
+    return prices
+
+
+def _validate_prices(value, where):
+    """The suite's `prices`: {"MODEL": "IN/OUT"} -> {model: (input, output)}."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SuiteError(f"{where}: prices must be an object of \"MODEL\": \"IN/OUT\"")
+    return {model: parse_price(price, f"{where}: prices[{model!r}]") for model, price in value.items()}
+
+
 def _validate_case(case, suite, schema, functions, allow_empty_baseline):
     where = f"case {case.get('id')!r}"
     _unknown_key(case, CASE_KEYS, where)
@@ -828,6 +900,9 @@ def validate_suite(data, allow_empty_baseline=False):
     functions = _function_names(tools)
     schema = _validate_response_format(data.get("response_format"), "suite")
     _validate_sources(data.get("sources"), "suite")
+    request = _validate_request(data.get("request"), "suite")
+    tool_choice = _validate_tool_choice(data.get("tool_choice"), functions, "suite")
+    prices = _validate_prices(data.get("prices"), "suite")
     if "notes" in data and not isinstance(data["notes"], str):
         raise SuiteError("suite: notes must be a string")
     cases = data.get("cases")
@@ -850,6 +925,9 @@ def validate_suite(data, allow_empty_baseline=False):
         "tools": tools,
         "response_format": data.get("response_format"),
         "sources": data.get("sources"),
+        "request": request,
+        "tool_choice": tool_choice,
+        "prices": prices,
         "cases": [{**{k: v for k, v in case.items() if k != "question"},
                    "input": case.get("input", case.get("question"))} for case in cases],
         "config_cases": cases,
@@ -968,6 +1046,12 @@ def agent_request(suite, case, model):
         request["response_format"] = suite["response_format"]
     request["max_steps"] = MAX_STEPS
     request["max_output_tokens"] = MAX_OUTPUT_TOKENS
+    # Options the SDK has no keyword for travel in the JSON body; a suite's own tool_choice too.
+    choice = suite.get("tool_choice")
+    extra = {**({"tool_choice": _flat_tool(choice) if isinstance(choice, dict) else choice} if choice else {}),
+             **(suite.get("request") or {})}
+    if extra:
+        request["extra_body"] = extra
     return request
 
 
@@ -1009,6 +1093,77 @@ def cap_response_bodies(client, limit=MAX_RESPONSE_BYTES):
     return True
 
 
+def _public_url(url):
+    """A base URL without credentials or query, safe to store."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+class Provider:
+    """What every provider declares; the CLI reads these and never names a provider.
+
+    A provider turns (model, suite, case) into a raw response dict (request) and a raw
+    response into a normalised trace (parse). The class attributes and classmethods below
+    say how it is set up, so adding a provider is one subclass plus its PROVIDERS entry.
+    Settings are only read (argparse's namespace or a frozen settings object, same names)."""
+
+    name = None
+    vendor = None             # how messages name the service ("Perplexity"); None: the name
+    key_variable = None       # the environment variable holding the key (None: no key)
+    key_required = False      # no run without the key
+    key_hosts = None          # hosts the key may be sent to over https (None: wherever the endpoint is)
+    base_url_flag = False     # takes --base-url; otherwise only base_url_variable names the endpoint
+    base_url_variable = None  # the environment variable naming the endpoint
+    default_base_url = None   # the endpoint when nothing names one (None with a variable: one is required)
+    evidence = "live"         # the record's "evidence" label
+    default_models = None     # models when --models is absent (None: --models is required)
+    server_search = False     # the server runs web search itself (a `cite` case can pass only then)
+    tool_loops = False        # the server runs the tool loop itself (Agent API max_steps)
+    reports_cost = None       # True: every response reports its USD cost; None: unknown
+    builds_offline = False    # cheap and offline to build, so --dry-run builds it to check more
+    replays_record = False    # answers from a saved record (--replay), whose config fills the defaults
+
+    @classmethod
+    def endpoint(cls, settings, env):
+        """The base URL this run talks to, or None (offline, or not named yet)."""
+        named = getattr(settings, "base_url", None) if cls.base_url_flag else None
+        variable = env.get(cls.base_url_variable) if cls.base_url_variable else None
+        return named or variable or cls.default_base_url
+
+    @classmethod
+    def problem(cls, settings, env):
+        """Why this provider cannot run as set up, or None. Sends nothing."""
+        if cls.key_required and not env.get(cls.key_variable):
+            return (f"{cls.key_variable} is not set; export your {cls.vendor or cls.name} API key "
+                    "(or try --provider echo for an offline run)")
+        return None
+
+    @classmethod
+    def from_settings(cls, settings, env):
+        """(provider, secret it sends or None); UsageError when it cannot be built."""
+        return cls(), None
+
+    @classmethod
+    def identity(cls, settings, env, replayed=None):
+        """The record's "provider": the name and the endpoint without credentials."""
+        endpoint = cls.endpoint(settings, env)
+        return {"name": cls.name, **({"base_url": _public_url(endpoint)} if endpoint else {})}
+
+    @classmethod
+    def sdk_version(cls):
+        """The client library version the record names (None: standard library only)."""
+        return None
+
+    @classmethod
+    def cost_reported(cls, settings, env):
+        """Whether this endpoint reports the USD cost of every response (None: unknown)."""
+        return cls.reports_cost
+
+
 def _without_none(value):
     if isinstance(value, dict):
         return {key: _without_none(item) for key, item in value.items() if item is not None}
@@ -1017,10 +1172,39 @@ def _without_none(value):
     return value
 
 
-class PerplexityProvider:
+class PerplexityProvider(Provider):
     """perplexity: the Perplexity Agent API through the perplexityai SDK (key PERPLEXITY_API_KEY)."""
 
     name = "perplexity"
+    vendor = "Perplexity"
+    key_variable, key_required = "PERPLEXITY_API_KEY", True
+    base_url_variable, default_base_url = "PERPLEXITY_BASE_URL", "https://api.perplexity.ai"  # as the SDK reads it
+    default_models = MODELS
+    server_search = tool_loops = reports_cost = True
+
+    @classmethod
+    def from_settings(cls, settings, env):
+        key = env[cls.key_variable]
+        try:
+            client = Perplexity(api_key=key, timeout=settings.timeout, max_retries=SDK_MAX_RETRIES)
+        except Exception as exc:
+            raise UsageError(f"cannot create the Perplexity client: {type(exc).__name__}: {exc}") from None
+        capped = cap_response_bodies(client)
+        provider = cls(client, deadline_seconds(settings.timeout), capped)
+        provider.endpoint_url = _public_url(cls.endpoint(settings, env))
+        return provider, key
+
+    @classmethod
+    def sdk_version(cls):
+        module = sys.modules.get("perplexity")
+        version = getattr(module, "__version__", None)
+        if version is None:
+            try:
+                from importlib import metadata
+                version = metadata.version("perplexityai")
+            except Exception:  # not installed: the record says so
+                version = None
+        return version
 
     def __init__(self, client, deadline=None, capped=False):
         self.client, self.deadline, self.capped = client, deadline, capped
@@ -1059,20 +1243,32 @@ class PerplexityProvider:
         return agent_trace(raw)
 
 
-def chat_request(suite, case, model):
-    """The JSON body of a chat-completions request for one case."""
+OUTPUT_CAP_KEYS = ("max_tokens", "max_completion_tokens")
+
+
+def chat_request(suite, case, model, cap_key="max_tokens"):
+    """The JSON body of a chat-completions request for one case.
+
+    The output cap goes under `cap_key`: api.openai.com wants max_completion_tokens, while
+    llama.cpp, Ollama, vLLM and LM Studio honour only max_tokens (OpenAIProvider.cap_key).
+    The suite's `request` options are merged last; setting either cap key there replaces ours."""
     messages = [{"role": "system", "content": suite["instructions"]}] if suite["instructions"] else []
     if isinstance(case["input"], list):
         messages.extend(case["input"])
     else:
         messages.append({"role": "user", "content": case["input"]})
-    body = {"model": model, "messages": messages, "temperature": 0,
-            "max_completion_tokens": MAX_OUTPUT_TOKENS}
+    options = suite.get("request") or {}
+    body = {"model": model, "messages": messages, "temperature": 0}
+    if not any(key in options for key in OUTPUT_CAP_KEYS):
+        body[cap_key] = MAX_OUTPUT_TOKENS
     if suite.get("response_format"):
         body["response_format"] = suite["response_format"]
     functions = [_nested_tool(tool) for tool in suite.get("tools", []) if tool.get("type") == "function"]
     if functions:
         body["tools"] = functions
+        # llama-cpp-python ignores tools sent without tool_choice: the model never sees them.
+        body["tool_choice"] = suite.get("tool_choice") or "auto"
+    body.update({key: value for key, value in options.items() if key not in REQUEST_RESERVED})
     return body
 
 
@@ -1109,16 +1305,64 @@ def chat_trace(raw):
     }
 
 
-class OpenAIProvider:
+class OpenAIProvider(Provider):
     """openai: any OpenAI-compatible /chat/completions endpoint, through urllib (standard library)."""
 
     name = "openai"
-    DEFAULT_BASE_URL = "https://api.openai.com/v1"
+    vendor = "OpenAI"
+    DEFAULT_BASE_URL = "https://api.openai.com/v1"  # suggested, never assumed: a run names its endpoint
+    # A custom base URL never receives the vendor's key unless the user names it (--api-key-env).
+    key_variable, key_hosts = "OPENAI_API_KEY", ("api.openai.com",)
+    base_url_flag, base_url_variable = True, "OPENAI_BASE_URL"
+    COST_HOSTS = ("openrouter.ai",)  # report usage.cost on every response
+
+    @classmethod
+    def _vendor_host(cls, base_url):
+        parts = urllib.parse.urlsplit(base_url or "")
+        return parts.scheme == "https" and (parts.hostname or "") in cls.key_hosts
+
+    @classmethod
+    def problem(cls, settings, env):
+        base_url, key_env = cls.endpoint(settings, env), getattr(settings, "api_key_env", None)
+        if not base_url:
+            return (f"--provider {cls.name} needs --base-url URL or {cls.base_url_variable} "
+                    f"(for OpenAI itself: {cls.DEFAULT_BASE_URL})")
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return f"--base-url {base_url!r} is not an http(s) URL"
+        if key_env and not env.get(key_env):
+            return f"{key_env} (named by --api-key-env) is not set"
+        if not key_env and cls._vendor_host(base_url) and not env.get(cls.key_variable):
+            return f"{cls.key_variable} is not set; it is needed for {parts.hostname}"
+        return None
+
+    @classmethod
+    def from_settings(cls, settings, env):
+        base_url, key_env = cls.endpoint(settings, env), getattr(settings, "api_key_env", None)
+        key = env.get(key_env) if key_env else env.get(cls.key_variable) if cls._vendor_host(base_url) else None
+        if key is None and env.get(cls.key_variable) and not cls._vendor_host(base_url):
+            print(f"note: {cls.key_variable} is not sent to {_public_url(base_url)}; "
+                  "name the endpoint's key variable with --api-key-env", file=sys.stderr)
+        return cls(base_url, key, settings.timeout), key
+
+    @classmethod
+    def cost_reported(cls, settings, env):
+        host = urllib.parse.urlsplit(cls.endpoint(settings, env) or "").hostname or ""
+        return True if host in cls.COST_HOSTS else None
 
     def __init__(self, base_url, key=None, timeout=TIMEOUT_SECONDS):
         parts = urllib.parse.urlsplit(base_url)
         self.url = urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/chat/completions"))
+        self.endpoint_url = _public_url(self.url)
         self.key, self.timeout, self.deadline = key, timeout, deadline_seconds(timeout)
+        self.cap_key = self.output_cap_key(base_url)
+
+    @classmethod
+    def output_cap_key(cls, base_url):
+        """api.openai.com wants max_completion_tokens (its newer models refuse max_tokens); every
+        other server gets max_tokens, the key llama.cpp, Ollama, vLLM, LM Studio and OpenRouter honour."""
+        host = urllib.parse.urlsplit(base_url).hostname or ""
+        return "max_completion_tokens" if host in cls.key_hosts else "max_tokens"
 
     def request(self, model, suite, case, repeat=0):
         import http.client
@@ -1127,7 +1371,7 @@ class OpenAIProvider:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.key:
             headers["Authorization"] = f"Bearer {self.key}"
-        body = json.dumps(chat_request(suite, case, model)).encode("utf-8")
+        body = json.dumps(chat_request(suite, case, model, self.cap_key)).encode("utf-8")
         request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
@@ -1176,10 +1420,14 @@ def echo_trace(raw):
             "cost_usd": reported_cost(raw)}
 
 
-class EchoProvider:
+class EchoProvider(Provider):
     """echo: offline; answers every case with its own input text (proves the plumbing, costs nothing)."""
 
     name = "echo"
+    evidence = "echo"
+    default_models = ["echo"]
+    server_search = None  # offline plumbing: a `cite` case runs and fails, nothing is spent
+    reports_cost = builds_offline = True
 
     def request(self, model, suite, case, repeat=0):
         return {"object": "echo", "model": model, "status": "completed", "output_text": _case_text(case),
@@ -1188,10 +1436,27 @@ class EchoProvider:
     parse = staticmethod(echo_trace)
 
 
-class ReplayProvider:
+class ReplayProvider(Provider):
     """replay: offline; answers each (model, case, repeat) from a saved record's stored responses."""
 
     name = "replay"
+    server_search = None  # as the replayed record's provider; regrading stored evidence spends nothing
+    reports_cost = builds_offline = replays_record = True
+
+    @classmethod
+    def problem(cls, settings, env):
+        return None if settings.replay else "--provider replay needs --replay RECORD"
+
+    @classmethod
+    def from_settings(cls, settings, env):
+        try:
+            return cls(load_record(settings.replay), settings.replay), None
+        except RecordError as exc:
+            raise UsageError(f"--replay: {exc}") from None
+
+    @classmethod
+    def identity(cls, settings, env, replayed=None):
+        return (replayed or {}).get("provider") or {"name": "perplexity"}
 
     def __init__(self, record, source):
         self.source = source
@@ -2115,7 +2380,7 @@ def build_parser():
     what = parser.add_argument_group("what to run")
     what.add_argument("--suite", metavar="FILE", help="a suite file (default: the built-in HTTP-advisor suite)")
     what.add_argument("--models", nargs="+", metavar="MODEL", help=f"models to run (default: {' '.join(MODELS)})")
-    what.add_argument("--repeats", type=int, metavar="N", help=f"runs of every case per model, {_span('repeats')} (default 1)")
+    what.add_argument("--repeats", type=int, metavar="N", help="runs of every case per model, 1-10 (default 1)")
     what.add_argument("--out", metavar="FILE", help="new record file (default results.json; never overwritten)")
     what.add_argument("--dry-run", action="store_true", help="validate the suite and print the plan; send nothing")
     what.add_argument("--list-checks", action="store_true", help="print the check catalogue and exit")
@@ -2127,19 +2392,19 @@ def build_parser():
     where.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the key for --base-url")
     where.add_argument("--replay", metavar="RECORD", help="the saved record that --provider replay answers from")
     where.add_argument("--timeout", type=float, metavar="SECONDS",
-                       help=f"per-request timeout, {_span('timeout')} seconds (default {TIMEOUT_SECONDS})")
+                       help=f"per-request timeout (default {TIMEOUT_SECONDS})")
     control = parser.add_argument_group("run control")
-    control.add_argument("--concurrency", type=int, metavar="N", help=f"requests in flight, {_span('concurrency')} (default 1)")
+    control.add_argument("--concurrency", type=int, metavar="N", help="requests in flight, 1-64 (default 1)")
     control.add_argument("--retries", type=int, metavar="N",
-                         help=f"retries of transient failures (429, 5xx, timeouts, resets), {_span('retries')} (default 0)")
+                         help="retries of transient failures (429, 5xx, timeouts, resets), 0-10 (default 0)")
     control.add_argument("--resume", metavar="RECORD", help="continue an interrupted record in place")
     control.add_argument("--max-cost-usd", metavar="X", help="send no new request once reported spend reaches X")
     control.add_argument("--shard", metavar="I/N", help="run the I-th of N deterministic slices of the rows")
     control.add_argument("--merge", nargs="+", metavar="FILE",
                          help="OUT SHARD...: combine shard records into one new record OUT, then exit")
-    control.add_argument("--redact", action="append", metavar="REGEX",
+    control.add_argument("--redact", action="append", default=[], metavar="REGEX",
                          help="mask matches in stored responses (repeatable)")
-    control.add_argument("--redact-pii", action="store_true", default=None,
+    control.add_argument("--redact-pii", action="store_true",
                          help="mask card numbers (Luhn), bearer tokens, API-key-like strings, e-mail addresses")
     report = parser.add_argument_group("reports (new files, mode 0600, never overwritten)")
     report.add_argument("--markdown", metavar="FILE", help="a Markdown summary (fits $GITHUB_STEP_SUMMARY)")
@@ -2149,96 +2414,13 @@ def build_parser():
     return parser
 
 
-class Settings:
-    """Every option of one invocation, resolved once (argv, then the environment, then on
-    --resume the record's header, then defaults) and never changed afterwards.
-
-    Field names are the argparse names, so code reads `settings.retries` wherever it used
-    to read `args.retries`. Adding an option is one line in FIELDS (name: default) next to
-    its parser argument; a parser option without a field fails at once (TypeError).
-    """
-
-    FIELDS = {
-        # what to run
-        "suite": None, "models": None, "repeats": 1, "out": None, "dry_run": False,
-        "list_checks": False, "update_baseline": False,
-        # where to send it
-        "provider": None, "base_url": None, "api_key_env": None, "replay": None, "timeout": None,
-        # run control
-        "concurrency": 1, "retries": 0, "resume": None, "max_cost_usd": None, "shard": None,
-        "merge": None, "redact": (), "redact_pii": False,
-        # reports
-        "markdown": None, "junit": None, "html": None, "report": None,
-        # read once while resolving, not options: the record --resume continues, the record replayed
-        "resumed_record": None, "replayed_record": None,
-    }
-    __slots__ = tuple(FIELDS)
-
-    def __init__(self, **values):
-        unknown = sorted(set(values) - set(self.FIELDS))
-        if unknown:
-            raise TypeError(f"Settings has no field {', '.join(unknown)}; add it to Settings.FIELDS")
-        for name, default in self.FIELDS.items():
-            object.__setattr__(self, name, values.get(name, default))
-
-    def __setattr__(self, name, value):
-        raise AttributeError(f"Settings are frozen (resolved once); cannot set {name}")
-
-    __delattr__ = __setattr__
-
-    def as_dict(self):
-        return {name: getattr(self, name) for name in self.FIELDS}
-
-    def replace(self, **changes):
-        """A copy with some fields changed (for tests and for resolution steps)."""
-        return Settings(**{**self.as_dict(), **changes})
-
-    def __eq__(self, other):
-        return isinstance(other, Settings) and self.as_dict() == other.as_dict()
-
-    __hash__ = None
-
-    def __repr__(self):
-        shown = {name: value for name, value in self.as_dict().items()
-                 if not name.endswith("_record") and value != self.FIELDS[name]}
-        return f"Settings({', '.join(f'{name}={value!r}' for name, value in shown.items())})"
-
-
-# Documented ranges of the numeric options (the --help text and every range error name them).
-RANGES = {"repeats": (1, 10), "concurrency": (1, 64), "retries": (0, 10), "timeout": (0.1, 3600)}
-
-# Run options that change what is stored or what may be spent: kept in the record's header
-# ("run_options") and re-applied by --resume. "same": a record keeps one redaction, so a
-# different flag on resume is refused; "default": the record's value unless the flag is given
-# (a higher --max-cost-usd or more --retries is how a stopped run continues).
-RUN_OPTIONS = {"redact": "same", "redact_pii": "same", "max_cost_usd": "default", "retries": "default",
-               "concurrency": "default"}
-
-
-def _span(name):
-    low, high = RANGES[name]
-    return f"{low:g}-{high:g}"
-
-
-def _range_text(name):
-    low, high = RANGES[name]
-    unit = " seconds" if name == "timeout" else ""
-    kind = "a number" if isinstance(low, float) else "a whole number"
-    return f"{kind} from {low:g} to {high:g}{unit}"
-
-
-def _from_environment(values, env):
-    """Unset options filled from their environment twins, and which variable set each."""
-    found, origin = {}, {}
-    for name, variable, convert in ENV_TWINS:
-        if values.get(name) is None and env.get(variable):
-            try:
-                found[name] = convert(env[variable])
-            except (ValueError, decimal.InvalidOperation):
-                expected = f": use {_range_text(name)}" if name in RANGES else ""
-                raise UsageError(f"{variable}={env[variable]!r} is not valid{expected}") from None
-            origin[name] = f"{variable}={env[variable]}"
-    return found, origin
+def _env_default(args, name, env, variable, convert=str):
+    """Fill an unset flag from its environment twin."""
+    if getattr(args, name) is None and env.get(variable):
+        try:
+            setattr(args, name, convert(env[variable]))
+        except (ValueError, decimal.InvalidOperation):
+            raise UsageError(f"{variable}={env[variable]!r} is not valid") from None
 
 
 def _shard(text):
@@ -2258,192 +2440,69 @@ def _cost(text):
     return value
 
 
-def _check_ranges(values, origin):
-    """Every value in its documented range; runs once, on the resolved values."""
-    models = values["models"]
-    if models is not None and len(set(models)) != len(models):
+def _check_ranges(args):
+    """Values in range; checked again once a resumed or replayed record has filled the defaults."""
+    if args.models is not None and len(set(args.models)) != len(args.models):
         raise UsageError("--models: each model may appear only once")
-    if models is not None and not all(model.strip() for model in models):
+    if args.models is not None and not all(model.strip() for model in args.models):
         raise UsageError("--models: a model name is empty")
-    for name, (low, high) in RANGES.items():
-        value = values[name]
-        if value is not None and not low <= value <= high:  # NaN fails both comparisons
-            where = origin.get(name) or "--" + name.replace("_", "-")
-            raise UsageError(f"{where}: must be {_range_text(name)}")
+    for name, low, high in (("repeats", 1, 10), ("concurrency", 1, 64), ("retries", 0, 10)):
+        value = getattr(args, name)
+        if value is not None and not low <= value <= high:
+            raise UsageError(f"--{name} must be between {low} and {high}")
+    if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UsageError("--timeout must be a positive number of seconds")
 
 
-def _check_flags(values):
+def _check_flags(args):
     """Flags that must agree with each other, regexes, and output paths (checked once, up front)."""
-    if values["provider"] is not None and values["provider"] not in PROVIDERS:
-        raise UsageError(f"unknown provider {values['provider']!r}; choose one of {', '.join(PROVIDERS)}")
-    if values["replay"] and values["provider"] not in (None, "replay"):
-        raise UsageError("--replay goes with --provider replay")
-    if values["provider"] == "replay" and not values["replay"] and not values["resume"]:
-        raise UsageError("--provider replay needs --replay RECORD (the saved record whose responses it answers with)")
-    for pattern in values["redact"] or ():
+    for pattern in args.redact:
         try:
             re.compile(pattern)
         except (re.error, OverflowError, RecursionError) as exc:
             raise UsageError(f"--redact {pattern!r} is not a valid regular expression: {exc}") from None
-    if values["merge"] is not None and len(values["merge"]) < 2:
+    if args.merge is not None and len(args.merge) < 2:
         raise UsageError("--merge needs OUT and at least one shard record")
-    if values["resume"] and values["out"]:
+    if args.resume and args.out:
         raise UsageError("--resume continues its record in place; drop --out")
-    if values["resume"] and values["shard"]:
+    if args.resume and args.shard:
         raise UsageError("--resume keeps the record's own shard; drop --shard")
-    if values["report"] and not any(values[kind] for kind in REPORTS):
-        raise UsageError("--report RECORD needs at least one of --markdown, --junit, --html")
-    _check_outputs(values)
-
-
-def _check_outputs(values):
-    """Every output names its own new file; an existing one is refused before anything is imported."""
-    runs = not (values["resume"] or values["merge"] or values["report"] or values["list_checks"])
-    outputs = [(f"--{kind}", values[kind]) for kind in REPORTS if values[kind]]
-    outputs += [("--out", values["out"] or ("results.json" if runs else None)),
-                ("--merge", values["merge"][0] if values["merge"] else None)]
+    outputs = [(f"--{kind}", getattr(args, kind)) for kind in REPORTS if getattr(args, kind)]
+    outputs += [("--out", args.out or ("results.json" if not (args.resume or args.merge or args.report) else None)),
+                ("--merge", args.merge[0] if args.merge else None)]
     outputs = [(flag, path) for flag, path in outputs if path]
     resolved = [os.path.abspath(path) for _, path in outputs]
     for (flag, path), full in zip(outputs, resolved):
         if resolved.count(full) > 1:
             raise UsageError(f"{flag} {path}: the same file is named twice; every output needs its own file")
-        if os.path.lexists(path) and not (flag == "--out" and values["dry_run"]):
-            raise UsageError(f"{flag}: {path} already exists (records and reports never overwrite a file)"
-                             + (_continue_hint(path) if flag in ("--out", "--merge") else ""))
-
-
-def _continue_hint(path):
-    """For an existing record that is not finished: the command that continues it."""
-    try:
-        record = load_record(path)
-    except RecordError:
-        return ""
-    final = record.get("summary") if isinstance(record.get("summary"), dict) else {}
-    if record_problem(record) is not None or final.get("complete") is True:
-        return ""
-    rows = len(record["runs"])
-    return (f"; it holds an unfinished record ({rows} row(s) saved); "
-            f"continue it with: python regression.py --resume {_quote(path)}")
-
-
-def _quote(text):
-    import shlex
-    return shlex.quote(str(text))
-
-
-def _resume_options(values, record, path):
-    """The run options a --resume re-applies from the record's header (RUN_OPTIONS)."""
-    stored = record.get("run_options") if isinstance(record.get("run_options"), dict) else None
-    if stored is None:  # a record from before "run_options": only its redaction marker is known
-        redaction = record.get("redaction") if isinstance(record.get("redaction"), dict) else {}
-        stored = {"redact_pii": redaction.get("pii") is True}
-        count = redaction.get("patterns") if isinstance(redaction.get("patterns"), int) else 0
-        given = len(values["redact"] or ())
-        if count and given != count:
-            raise UsageError(f"--resume: {path} was made with {count} --redact pattern(s), which older records "
-                             f"do not store; pass the same --redact flags again")
-    found = {}
-    for name, policy in RUN_OPTIONS.items():
-        flag = "--" + name.replace("_", "-")
-        if name not in stored:
-            continue
-        value = stored[name]
-        if name == "max_cost_usd" and value is not None:
-            value = _cost(str(value))
-        if name == "redact":
-            value = tuple(value or ())
-        given = values[name]
-        if given is None or (name == "redact" and policy == "same" and not given and not value):
-            found[name] = value
-        elif policy == "same" and (tuple(given) if name == "redact" else given) != value:
-            raise UsageError(f"--resume: run option {name!r} differs from the record's ({flag}); "
-                             f"{path} keeps one redaction for all its rows: drop the flag to keep the record's")
-    return found
-
-
-def _resume_defaults(values, record, path, env):
-    """What the record fills for a --resume: config (models, repeats, timeout), endpoint, replay source."""
-    config = record["config"]
-    found = {"models": values["models"] or config["models"], "repeats": values["repeats"] or config["repeats"],
-             "timeout": values["timeout"] or config.get("timeout_seconds")}
-    replayed_from = (record.get("replayed_from") or {}).get("path")
-    identity = record.get("provider") or {"name": "perplexity"}
-    made_with = "replay" if replayed_from else identity.get("name")
-    found["provider"] = values["provider"] or made_with
-    if found["provider"] != made_with:
-        raise UsageError(f"--resume: {path} was made with --provider {made_with}; resume it with that provider")
-    if made_with == "openai":
-        base_url = values["base_url"] or env.get("OPENAI_BASE_URL") or identity.get("base_url")
-        if _public_url(base_url) != identity.get("base_url"):
-            raise UsageError(f"--resume: {path} was made against {identity.get('base_url')}; "
-                             "one record never mixes endpoints")
-        found["base_url"] = base_url
-    found["replay"] = values["replay"] or replayed_from
-    return found
-
-
-def _replay_defaults(values, replayed):
-    """A replayed record's models, repeats and timeout fill every option not given."""
-    config = replayed["config"]
-    return {"models": values["models"] or config["models"], "repeats": values["repeats"] or config["repeats"],
-            "timeout": values["timeout"] or config.get("timeout_seconds")}
-
-
-def _run_sources(values, env):
-    """What a run takes from the record it resumes or replays, and its provider's defaults."""
-    found = {}
-    if values["resume"]:
-        record = _load_for("--resume", values["resume"])
-        found.update(_resume_defaults(values, record, values["resume"], env))
-        found.update(_resume_options({**values, **found}, record, values["resume"]))
-        found["resumed_record"] = record
-    values = {**values, **found}
-    found["provider"] = values["provider"] or ("replay" if values["replay"] else "perplexity")
-    if found["provider"] == "openai":
-        found["base_url"] = values["base_url"] or env.get("OPENAI_BASE_URL")
-        if not values["models"]:
-            raise UsageError("--provider openai needs --models (names as the endpoint knows them)")
-    if found["provider"] == "replay" and values["replay"]:
-        found["replayed_record"] = _load_for("--replay", values["replay"])
-        found.update(_replay_defaults(values, found["replayed_record"]))
-    return found
-
-
-def resolve(args, env):
-    """One Settings from parsed argv, the environment and (on --resume) the record; UsageError on bad input.
-
-    Order: flags beat environment twins; on --resume the record's header fills what neither
-    gave (and refuses what would change its config or redaction); then the defaults.
-    """
-    values = {name: value for name, value in vars(args).items()}
-    found, origin = _from_environment(values, env)
-    values.update(found)
-    _check_flags(values)
-    values["shard"] = _shard(values["shard"]) if values["shard"] else None
-    values["max_cost_usd"] = _cost(values["max_cost_usd"]) if values["max_cost_usd"] is not None else None
-    if not (values["list_checks"] or values["report"] or values["merge"]):  # only a run reads records here
-        values.update(_run_sources(values, env))
-    values["models"] = tuple(values["models"] or (["echo"] if values["provider"] == "echo" else MODELS))
-    values["provider"] = values["provider"] or "perplexity"
-    values.update({name: default for name, default in (("repeats", 1), ("timeout", TIMEOUT_SECONDS),
-                                                       ("concurrency", 1), ("retries", 0))
-                   if values[name] is None})
-    values["redact"] = tuple(values["redact"] or ())
-    values["redact_pii"] = bool(values["redact_pii"])
-    values["merge"] = tuple(values["merge"]) if values["merge"] is not None else None
-    _check_ranges(values, origin)
-    return Settings(**values)
+        if flag != "--out" and os.path.lexists(path):
+            raise UsageError(f"{flag}: {path} already exists (reports and records never overwrite a file)")
+    if args.report and not any(getattr(args, kind) for kind in REPORTS):
+        raise UsageError("--report RECORD needs at least one of --markdown, --junit, --html")
 
 
 def parse_args(argv, env=None):
-    """Parse the command line and resolve it into Settings; exit 2 with one line on bad input."""
+    """Parse and check the command line (and its environment twins); exit 2 on bad input."""
     env = os.environ if env is None else env
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return parser, resolve(args, env)
-    except (UsageError, SuiteError, RecordError) as exc:
+        for name, variable, convert in ENV_TWINS:
+            _env_default(args, name, env, variable, convert)
+        if args.provider is not None and args.provider not in PROVIDERS:
+            raise UsageError(f"unknown provider {args.provider!r}; choose one of {', '.join(PROVIDERS)}")
+        if args.replay and args.provider is not None and not PROVIDERS[args.provider].replays_record:
+            raise UsageError("--replay goes with " + " or ".join(
+                f"--provider {name}" for name, cls in PROVIDERS.items() if cls.replays_record))
+        _check_ranges(args)
+        _check_flags(args)
+        args.shard = _shard(args.shard) if args.shard else None
+        args.max_cost_usd = _cost(args.max_cost_usd) if args.max_cost_usd is not None else None
+    except UsageError as exc:
         parser.error(str(exc))
+    args.concurrency = args.concurrency or 1
+    args.retries = args.retries or 0
+    return parser, args
 
 
 def code_sha256():
@@ -2452,15 +2511,8 @@ def code_sha256():
 
 
 def sdk_version():
-    module = sys.modules.get("perplexity")
-    version = getattr(module, "__version__", None)
-    if version is None:
-        try:
-            from importlib import metadata
-            version = metadata.version("perplexityai")
-        except Exception:  # not installed: the record says so
-            version = None
-    return version
+    """The perplexityai SDK's version (kept for callers; the provider class owns it)."""
+    return PerplexityProvider.sdk_version()
 
 
 def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS):
@@ -2480,44 +2532,23 @@ def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS):
     if not suite.get("builtin"):
         config["tools"] = definition.get("tools")
         config["sources"] = suite.get("sources")
+    # What changes the request body is config, so compare stays strict; absent when unused,
+    # so records made before these keys existed keep their config.
+    if suite.get("tool_choice"):
+        config["tool_choice"] = suite["tool_choice"]
+    if suite.get("request"):
+        config["request"] = suite["request"]
     return config
-
-
-def _public_url(url):
-    """A base URL without credentials or query, safe to store."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"[{host}]" if ":" in host else host
-    if parts.port:
-        netloc += f":{parts.port}"
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def provider_problem(args, env):
     """Why the provider cannot run as set up (missing key, base URL, ...), or None. Sends nothing."""
-    if args.base_url and args.provider != "openai":
-        return "--base-url goes with --provider openai (the Perplexity SDK reads PERPLEXITY_BASE_URL)"
-    if args.provider == "perplexity" and not env.get("PERPLEXITY_API_KEY"):
-        return ("PERPLEXITY_API_KEY is not set; export your Perplexity API key "
-                "(or try --provider echo for an offline run)")
-    if args.provider == "openai":
-        if not args.base_url:
-            return ("--provider openai needs --base-url URL or OPENAI_BASE_URL "
-                    f"(for OpenAI itself: {OpenAIProvider.DEFAULT_BASE_URL})")
-        parts = urllib.parse.urlsplit(args.base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            return f"--base-url {args.base_url!r} is not an http(s) URL"
-        if args.api_key_env and not env.get(args.api_key_env):
-            return f"{args.api_key_env} (named by --api-key-env) is not set"
-        if not args.api_key_env and _is_openai(args.base_url) and not env.get("OPENAI_API_KEY"):
-            return "OPENAI_API_KEY is not set; it is needed for api.openai.com"
-    if args.provider == "replay" and not args.replay:
-        return "--provider replay needs --replay RECORD"
-    return None
-
-
-def _is_openai(base_url):
-    return base_url.rstrip("/") == OpenAIProvider.DEFAULT_BASE_URL
+    cls = PROVIDERS[args.provider]
+    if args.base_url and not cls.base_url_flag:
+        takers = " or ".join(f"--provider {name}" for name, other in PROVIDERS.items() if other.base_url_flag)
+        reads = f" (the {cls.vendor or cls.name} provider reads {cls.base_url_variable})" if cls.base_url_variable else ""
+        return f"--base-url goes with {takers}{reads}"
+    return cls.problem(args, env)
 
 
 def make_provider(args, env):
@@ -2525,28 +2556,7 @@ def make_provider(args, env):
     problem = provider_problem(args, env)
     if problem:
         raise UsageError(problem)
-    if args.provider == "perplexity":
-        key = env["PERPLEXITY_API_KEY"]
-        try:
-            client = Perplexity(api_key=key, timeout=args.timeout, max_retries=SDK_MAX_RETRIES)
-        except Exception as exc:
-            raise UsageError(f"cannot create the Perplexity client: {type(exc).__name__}: {exc}") from None
-        capped = cap_response_bodies(client)
-        return PerplexityProvider(client, deadline_seconds(args.timeout), capped), key
-    if args.provider == "openai":
-        # A custom base URL never receives the vendor's key unless the user names it.
-        key = env.get(args.api_key_env) if args.api_key_env else \
-            env.get("OPENAI_API_KEY") if _is_openai(args.base_url) else None
-        if key is None and env.get("OPENAI_API_KEY") and not _is_openai(args.base_url):
-            print(f"note: OPENAI_API_KEY is not sent to {_public_url(args.base_url)}; "
-                  "name the endpoint's key variable with --api-key-env", file=sys.stderr)
-        return OpenAIProvider(args.base_url, key, args.timeout), key
-    if args.provider == "replay":
-        try:
-            return ReplayProvider(load_record(args.replay), args.replay), None
-        except RecordError as exc:
-            raise UsageError(f"--replay: {exc}") from None
-    return EchoProvider(), None
+    return PROVIDERS[args.provider].from_settings(args, env)
 
 
 def _load_for(flag, path):
@@ -2561,13 +2571,9 @@ def _load_for(flag, path):
     return record
 
 
-def provider_identity(provider_name, base_url, replayed):
-    if replayed is not None:
-        return replayed.get("provider") or {"name": "perplexity"}
-    identity = {"name": provider_name}
-    if provider_name == "openai":
-        identity["base_url"] = _public_url(base_url)
-    return identity
+def provider_identity(args, env, replayed=None):
+    """The record's "provider": the name and the endpoint (without credentials) it talks to."""
+    return PROVIDERS[args.provider].identity(args, env, replayed)
 
 
 def catalogue():
@@ -2641,11 +2647,11 @@ def _differing_key(old, new):
     return next((key for key in [*old, *new] if key not in old or key not in new or old[key] != new[key]), None)
 
 
-def _suite_from_record(record, settings):
+def _suite_from_record(record, args):
     """The suite a record was made with: the built-in one, --suite, or the cases in its config."""
     info = record.get("suite") if isinstance(record.get("suite"), dict) else {"builtin": True}
-    if settings.suite:
-        return load_suite(settings.suite, allow_empty_baseline=settings.update_baseline)
+    if args.suite:
+        return load_suite(args.suite, allow_empty_baseline=args.update_baseline)
     if info.get("builtin", True):
         return builtin_suite()
     config = record["config"]
@@ -2653,8 +2659,9 @@ def _suite_from_record(record, settings):
         return validate_suite({"name": info.get("name") or "suite", "instructions": config.get("instructions"),
                                "tool": config.get("tool"), "tools": config.get("tools"),
                                "response_format": config.get("response_format"),
+                               "tool_choice": config.get("tool_choice"), "request": config.get("request"),
                                "sources": config.get("sources"), "cases": config.get("cases")},
-                              allow_empty_baseline=settings.update_baseline)
+                              allow_empty_baseline=args.update_baseline)
     except SuiteError as exc:
         raise UsageError(f"the record's suite is not valid: {exc}") from None
 
@@ -2670,26 +2677,55 @@ class Run:
         self.provider = self.secret = None
 
 
-def _choose_suite(settings, record, replayed):
+def _resume_defaults(args, env):
+    """Load the record to continue; its config (and endpoint) fill every flag not given."""
+    record = _load_for("--resume", args.resume)
+    config = record["config"]
+    args.models = args.models or config["models"]
+    args.repeats = args.repeats or config["repeats"]
+    args.timeout = args.timeout or config.get("timeout_seconds")
+    replayed_from = (record.get("replayed_from") or {}).get("path")
+    identity = record.get("provider") or {"name": "perplexity"}
+    made_with = "replay" if replayed_from else identity.get("name")
+    args.provider = args.provider or made_with
+    if args.provider != made_with:
+        raise UsageError(f"--resume: {args.resume} was made with --provider {made_with}; resume it with that provider")
+    cls = PROVIDERS.get(made_with)
+    if cls is None:
+        raise UsageError(f"--resume: {args.resume} was made with an unknown provider {made_with!r}")
+    if cls.base_url_flag:  # continue against the record's endpoint unless one is named
+        args.base_url = args.base_url or env.get(cls.base_url_variable) or identity.get("base_url")
+    current = cls.endpoint(args, env)
+    recorded = identity.get("base_url") or cls.default_base_url  # older records omit the default
+    if current is not None and _public_url(current) != (recorded and _public_url(recorded)):
+        raise UsageError(f"--resume: {args.resume} was made against {recorded}, but this run would send to "
+                         f"{_public_url(current)}; one record never mixes endpoints")
+    args.replay = args.replay or replayed_from
+    return record
+
+
+def _replay_defaults(args):
+    """Load the record to replay; its models, repeats and timeout fill every flag not given."""
+    replayed = _load_for("--replay", args.replay or "")
+    config = replayed["config"]
+    args.models = args.models or config["models"]
+    args.repeats = args.repeats or config["repeats"]
+    args.timeout = args.timeout or config.get("timeout_seconds")
+    return replayed
+
+
+def _choose_suite(args, record, replayed):
     """The suite to run: a resumed record's, --suite, a replayed record's, or the built-in one."""
     if record is not None:
-        return _suite_from_record(record, settings)
-    if settings.suite:
-        return load_suite(settings.suite, allow_empty_baseline=settings.update_baseline)
+        return _suite_from_record(record, args)
+    if args.suite:
+        return load_suite(args.suite, allow_empty_baseline=args.update_baseline)
     if replayed is not None and not (replayed.get("suite") or {}).get("builtin", True):
-        return _suite_from_record(replayed, settings)
+        return _suite_from_record(replayed, args)
     return builtin_suite()
 
 
-def run_options(settings):
-    """The header's "run_options": what --resume re-applies (RUN_OPTIONS), as JSON."""
-    values = {name: getattr(settings, name) for name in RUN_OPTIONS}
-    values["redact"] = list(values["redact"])
-    values["max_cost_usd"] = format(values["max_cost_usd"], "f") if values["max_cost_usd"] is not None else None
-    return values
-
-
-def _resumed_run(record, suite, plan, config, settings):
+def _resumed_run(record, suite, plan, config, path):
     """A Run that keeps the record's finished rows and runs the missing and errored ones."""
     key = _differing_key(record["config"], config)
     if key is not None:
@@ -2701,36 +2737,44 @@ def _resumed_run(record, suite, plan, config, settings):
             kept.setdefault(row_key(row), row)
     rows = [kept[key] for key in plan if key in kept]
     header = {k: v for k, v in record.items() if k not in ("runs", "summary", "recovered")}
-    header["run_options"] = run_options(settings)
     header["resumed"] = list(header.get("resumed") or []) + [
         {"at": _now(), "kept_rows": len(rows), "code_sha256": code_sha256()}]
-    return Run(suite, plan, set(plan), header, settings.resume, rows, resuming=True)
+    return Run(suite, plan, set(plan), header, path, rows, resuming=True)
 
 
-def prepare(settings, env):
+def prepare(args, env):
     """Suite, plan and header for a new run, or for --resume; raises UsageError / SuiteError."""
-    record, replayed = settings.resumed_record, settings.replayed_record
-    suite = _choose_suite(settings, record, replayed)
-    if settings.update_baseline and not suite.get("file"):
+    record = _resume_defaults(args, env) if args.resume else None
+    args.provider = args.provider or ("replay" if args.replay else "perplexity")
+    cls = PROVIDERS[args.provider]
+    if cls.base_url_flag:
+        args.base_url = cls.endpoint(args, env)
+    replayed = _replay_defaults(args) if cls.replays_record else None
+    if cls.default_models is None and not args.models:
+        raise UsageError(f"--provider {cls.name} needs --models (names as the endpoint knows them)")
+    args.models = args.models or list(cls.default_models)
+    args.repeats = args.repeats or 1
+    args.timeout = args.timeout or TIMEOUT_SECONDS
+    _check_ranges(args)
+    suite = _choose_suite(args, record, replayed)
+    if args.update_baseline and not suite.get("file"):
         raise UsageError("--update-baseline needs --suite FILE (the file it fills)")
-    config = run_config(suite, settings.models, settings.repeats, settings.timeout)
-    full_plan = plan_rows(settings.models, [case["id"] for case in suite["cases"]], settings.repeats)
-    shard = settings.shard or (_shard(record["shard"]) if record is not None and record.get("shard") else None)
+    config = run_config(suite, args.models, args.repeats, args.timeout)
+    full_plan = plan_rows(args.models, [case["id"] for case in suite["cases"]], args.repeats)
+    shard = args.shard or (_shard(record["shard"]) if record is not None and record.get("shard") else None)
     plan = [key for n, key in enumerate(full_plan) if shard is None or n % shard[1] == shard[0] - 1]
     if record is not None:
-        return _resumed_run(record, suite, plan, config, settings)
+        return _resumed_run(record, suite, plan, config, args.resume)
     header = record_header(
         config,
         replayed.get("sdk_version") if replayed is not None else None,  # live: filled once the client exists
-        replayed.get("evidence", "live") if replayed is not None else "echo" if settings.provider == "echo" else "live",
+        replayed.get("evidence", "live") if replayed is not None else cls.evidence,
         suite={"name": suite["name"], "builtin": suite["builtin"], "file": suite.get("file")},
-        provider=provider_identity(settings.provider, settings.base_url, replayed),
+        provider=provider_identity(args, env, replayed),
         shard=f"{shard[0]}/{shard[1]}" if shard else None,
-        replayed_from={"path": settings.replay, "created_at": replayed.get("created_at")} if replayed else None,
-        redaction={"pii": settings.redact_pii, "patterns": len(settings.redact)}
-        if settings.redact or settings.redact_pii else None,
-        run_options=run_options(settings))
-    return Run(suite, plan, set(plan), header, settings.out or "results.json")
+        replayed_from={"path": args.replay, "created_at": replayed.get("created_at")} if replayed else None,
+        redaction={"pii": args.redact_pii, "patterns": len(args.redact)} if args.redact or args.redact_pii else None)
+    return Run(suite, plan, set(plan), header, args.out or "results.json")
 
 
 def run_jobs(jobs, work, concurrency, stopping, refill_early=lambda row: False):
@@ -2824,11 +2868,11 @@ def _stop_reason(row, tally, cap):
     return None
 
 
-def execute_run(run, settings, writer, tally):
+def execute_run(run, args, writer, tally):
     """Send the rows still to do and append each one as it finishes; returns (stopped, in_order, answers)."""
     cases = {case["id"]: case for case in run.suite["cases"]}
     grader = builtin_grader(run.suite, run.provider)
-    mask = redactor(settings.redact, settings.redact_pii, [run.secret] if run.secret else [])
+    mask = redactor(args.redact, args.redact_pii, [run.secret] if run.secret else [])
     position = {key: n for n, key in enumerate(run.plan)}
     progress = Progress(len(run.plan), len(run.kept))
     state = {"stopped": None, "last": max((position[row_key(r)] for r in run.kept), default=-1), "in_order": True}
@@ -2836,12 +2880,12 @@ def execute_run(run, settings, writer, tally):
 
     def work(key):
         model, case_id, repeat = key
-        return execute(run.provider, run.suite, cases[case_id], model, repeat, grader=grader, retries=settings.retries)
+        return execute(run.provider, run.suite, cases[case_id], model, repeat, grader=grader, retries=args.retries)
 
     try:
         # A finished row can only stop the run by an error or by the spending cap.
-        refill_early = lambda row: row["error"] is None and settings.max_cost_usd is None  # noqa: E731
-        for key, row in run_jobs(run.todo, work, settings.concurrency, lambda: state["stopped"] is not None,
+        refill_early = lambda row: row["error"] is None and args.max_cost_usd is None  # noqa: E731
+        for key, row in run_jobs(run.todo, work, args.concurrency, lambda: state["stopped"] is not None,
                                  refill_early):
             stored = redact_row(row, mask)  # checks ran on the original; only the masked row is stored
             tally.add(stored)
@@ -2855,7 +2899,7 @@ def execute_run(run, settings, writer, tally):
                 best = answers.get(key[1])
                 if best is None or position[key] < best[0]:
                     answers[key[1]] = (position[key], stored["answer_text"])
-            state["stopped"] = state["stopped"] or _stop_reason(stored, tally, settings.max_cost_usd)
+            state["stopped"] = state["stopped"] or _stop_reason(stored, tally, args.max_cost_usd)
     finally:
         progress.close()
     return state["stopped"], state["in_order"], {case_id: text for case_id, (_, text) in answers.items()}
@@ -2901,11 +2945,11 @@ def merge(out, paths):
     return final["exit_code"]
 
 
-def _check_replay_covers(provider, run, settings):
+def _check_replay_covers(provider, run, args):
     """A replay must answer every row it is asked for; UsageError before anything runs."""
     missing = provider.missing(run.todo) if isinstance(provider, ReplayProvider) else None
     if missing:
-        raise UsageError(f"--replay: {settings.replay} has no stored response for {' / '.join(map(str, missing))}")
+        raise UsageError(f"--replay: {args.replay} has no stored response for {' / '.join(map(str, missing))}")
 
 
 def main(argv=None):
@@ -2915,32 +2959,32 @@ def main(argv=None):
     raises SystemExit(2) through argparse before the record file is created.
     KeyboardInterrupt propagates after the record is saved with exit code 2.
     """
-    parser, settings = parse_args(argv)
+    parser, args = parse_args(argv)
     env = os.environ
-    if settings.list_checks:
+    if args.list_checks:
         print(catalogue())
         return 0
-    targets = {kind: getattr(settings, kind) for kind in REPORTS if getattr(settings, kind)}
+    targets = {kind: getattr(args, kind) for kind in REPORTS if getattr(args, kind)}
     try:
-        if settings.report:
-            record = _load_for("--report", settings.report)
+        if args.report:
+            record = _load_for("--report", args.report)
             write_reports(record, targets)
-            print(f"wrote {', '.join(targets.values())} from {settings.report}")
+            print(f"wrote {', '.join(targets.values())} from {args.report}")
             return 0
-        if settings.merge:
-            code = merge(settings.merge[0], settings.merge[1:])
-            write_reports(load_record(settings.merge[0]), targets)
+        if args.merge:
+            code = merge(args.merge[0], args.merge[1:])
+            write_reports(load_record(args.merge[0]), targets)
             return code
-        run = prepare(settings, env)
-        if settings.dry_run:
-            if settings.provider == "replay":  # cheap and offline: a dry run can check the coverage too
-                _check_replay_covers(make_provider(settings, env)[0], run, settings)
-            print(plan_text(run.suite, settings, run.plan, provider_problem(settings, env)))
+        run = prepare(args, env)
+        if args.dry_run:
+            if PROVIDERS[args.provider].builds_offline:  # cheap and offline: a dry run can check coverage too
+                _check_replay_covers(make_provider(args, env)[0], run, args)
+            print(plan_text(run.suite, args, run.plan, provider_problem(args, env)))
             return 0
-        run.provider, run.secret = make_provider(settings, env)
-        _check_replay_covers(run.provider, run, settings)
-        if settings.provider == "perplexity" and not run.resuming:
-            run.header["sdk_version"] = sdk_version()
+        run.provider, run.secret = make_provider(args, env)
+        _check_replay_covers(run.provider, run, args)
+        if not run.resuming and run.header.get("sdk_version") is None:
+            run.header["sdk_version"] = PROVIDERS[args.provider].sdk_version()
     except (SuiteError, UsageError, RecordError) as exc:
         parser.error(str(exc))
     config = run.header["config"]
@@ -2957,7 +3001,7 @@ def main(argv=None):
     except RecordError as exc:
         parser.error(str(exc))
     try:
-        stopped, in_order, answers = execute_run(run, settings, writer, tally)
+        stopped, in_order, answers = execute_run(run, args, writer, tally)
         getattr(run.provider, "close", lambda: None)()
         final = tally.summary()
         if stopped:
@@ -2975,8 +3019,8 @@ def main(argv=None):
             pass  # every finished row is still recoverable from the torn tail
         writer.close()
         interrupt.record_path, interrupt.rows_saved = run.path, writer.count
-        interrupt.resume_flags = "".join(f" --{name} {getattr(settings, name)}" for name in ("concurrency", "retries")
-                                         if getattr(settings, name) not in (0, 1))
+        interrupt.resume_flags = "".join(f" --{name} {getattr(args, name)}" for name in ("concurrency", "retries")
+                                         if getattr(args, name) not in (0, 1))
         raise
     except RecordError as exc:
         writer.close()
@@ -2991,7 +3035,7 @@ def main(argv=None):
         except RecordError as exc:
             print(f"regression.py: error: {exc}", file=sys.stderr)
             return 2
-    if settings.update_baseline:
+    if args.update_baseline:
         filled = fill_baselines(run.suite["file"], answers)
         print(f"baselines filled: {', '.join(filled) if filled else 'none'} ({run.suite['file']})")
     return final["exit_code"]
