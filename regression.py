@@ -968,35 +968,160 @@ def load_suite(path, allow_empty_baseline=False):
     return suite
 
 
-def fill_baselines(path, answers):
-    """Fill empty expected_text baselines of a suite file from {case_id: answer}; atomic rewrite.
+def _value_spans(text, wanted):
+    """{path: (start, end)} of the JSON values at the `wanted` paths of a valid JSON text.
 
-    A baseline that already holds text is never replaced. Returns the ids filled.
-    """
-    with open(path, encoding="utf-8") as handle:
-        data = json.load(handle)
-    filled = []
-    for case in data["cases"]:
-        if case.get("expected_text") == "" and answers.get(case["id"]):
-            case["expected_text"] = answers[case["id"]]
-            filled.append(case["id"])
-    if not filled:
-        return filled
-    mode = os.stat(path).st_mode & 0o7777
-    temp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    Only containers on the way to a wanted path are walked (so the recursion is no deeper
+    than the longest path); everything else is skipped whole by the standard decoder."""
+    prefixes = {path[:n] for path in wanted for n in range(len(path))}
+    decoder, spans = json.JSONDecoder(), {}
+
+    def walk(i, path):
+        i = _skip_ws(text, i)
+        if path in wanted:
+            if path in spans:  # a duplicated key: which one is meant is not clear
+                raise ValueError(f"{_json_path_text(path)} appears twice")
+            spans[path] = (i, decoder.raw_decode(text, i)[1])
+            return spans[path][1]
+        if path not in prefixes or text[i] not in "[{":
+            return decoder.raw_decode(text, i)[1]
+        closing, position = ("}" if text[i] == "{" else "]"), 0
+        i = _skip_ws(text, i + 1)
+        while text[i] != closing:
+            if closing == "}":
+                key, i = json.decoder.scanstring(text, i + 1)
+                i = walk(_skip_ws(text, i) + 1, path + (key,))  # past the ':'
+            else:
+                i = walk(i, path + (position,))
+                position += 1
+            i = _skip_ws(text, i)
+            if text[i] == ",":
+                i = _skip_ws(text, i + 1)
+        return i + 1
+
+    walk(0, ())
+    return spans
+
+
+def _json_path_text(path):
+    """("cases", 3, "expected_text") as cases[3].expected_text, for messages."""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (("." if text else "") + part
+                                                           if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part)
+                                                           else f"[{json.dumps(part)}]")
+    return text or "(root)"
+
+
+def edit_json_strings(text, edits):
+    """`text` with the JSON string values at the given paths replaced, every other byte kept.
+
+    edits maps a path (a tuple of object keys and list indexes) to the new string, e.g.
+    {("cases", 3, "expected_text"): "new"}. A suite file keeps its layout, key order,
+    and escapes, so a review diff shows only the values that changed.
+    ValueError when the text is not JSON or a path is missing, duplicated or not a string.
+    A lone surrogate is written as a JSON escape, so the result always encodes as UTF-8."""
+    json.loads(text)  # valid JSON first: the walk below relies on it
+    spans = _value_spans(text, set(edits))
+    for path in edits:
+        if path not in spans:
+            raise ValueError(f"{_json_path_text(path)} is not in the JSON text")
+        start, _ = spans[path]
+        if text[start] != '"':
+            raise ValueError(f"{_json_path_text(path)} is not a string")
+    pieces, last = [], 0
+    for path, (start, end) in sorted(spans.items(), key=lambda item: item[1]):
+        encoded = json.dumps(edits[path], ensure_ascii=False)
+        try:
+            encoded.encode("utf-8")
+        except UnicodeEncodeError:
+            encoded = json.dumps(edits[path], ensure_ascii=True)
+        pieces += [text[last:start], encoded]
+        last = end
+    return "".join(pieces) + text[last:]
+
+
+def replace_text_file(path, text):
+    """Replace a file's text atomically: readers see the old text or the new, never half.
+
+    The real file behind a symbolic link is replaced (the link stays a link), its mode is
+    kept, and the temporary file has a unique name next to it and is removed on any failure.
+    OSError/UnicodeEncodeError propagate after the clean-up; the file is then unchanged."""
+    import tempfile
+    real = os.path.realpath(path)
+    data = text.encode("utf-8")  # before any file exists: nothing half-made is left
+    mode = os.stat(real).st_mode & 0o7777
+    fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(real)}.", suffix=".tmp", dir=os.path.dirname(real))
     try:
         try:
-            _pwrite_all(fd, (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode("utf-8"), 0)
+            _pwrite_all(fd, data, 0)
             os.fchmod(fd, mode)
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(temp, path)  # atomic: readers see the old suite or the new one, never half
-    except OSError:
-        os.unlink(temp)
+        os.replace(temp, real)
+    except BaseException:  # a full disk, a signal: the temp file goes, the original stays
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
         raise
-    _fsync_dir(path)
+    _fsync_dir(real)
+
+
+def baseline_answers(rows, plan):
+    """{case_id: row}: the row whose answer would become a case's baseline (the first
+    error-free row in run order, so the first model's first answer)."""
+    by_key = {row_key(row): row for row in rows if isinstance(row, dict) and row.get("error") is None
+              and isinstance(row.get("answer_text"), str)}
+    chosen = {}
+    for key in plan:
+        if key in by_key:
+            chosen.setdefault(key[1], by_key[key])
+    return chosen
+
+
+def fill_baselines(path, answers, reasons=None, approve_failing=False):
+    """Fill empty expected_text baselines of a suite file from {case_id: answer}.
+
+    Only the baseline strings change; every other byte of the file is kept. A baseline that
+    already holds text is never replaced. An answer that failed its case's other checks
+    (reasons: {case_id: [reason, ...]}) is not approved unless approve_failing. The suite
+    is rewritten atomically (through a symbolic link), or not at all: SuiteError with one
+    line otherwise. Returns the ids filled."""
+    reasons = reasons or {}
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+        data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    except (ValueError, RecursionError, SuiteError) as exc:
+        raise SuiteError(f"{path}: changed during the run and is no longer a valid suite ({exc}); "
+                         "no baseline was filled") from None
+    cases = data.get("cases") if isinstance(data, dict) else None
+    edits, filled = {}, []
+    for position, case in enumerate(cases if isinstance(cases, list) else []):
+        if isinstance(case, dict) and case.get("expected_text") == "" and answers.get(case.get("id")):
+            edits[("cases", position, "expected_text")] = answers[case["id"]]
+            filled.append(case["id"])
+    failing = [f"{case_id!r} ({', '.join(reasons[case_id])})" for case_id in filled if reasons.get(case_id)]
+    if failing and not approve_failing:
+        raise SuiteError(f"--update-baseline: not approving failing answer(s) of case {', '.join(failing)}; "
+                         f"fix them or pass --approve-failing to approve them anyway; {path} is unchanged")
+    for case_id in filled:
+        try:
+            answers[case_id].encode("utf-8")
+        except UnicodeEncodeError:
+            raise SuiteError(f"--update-baseline: the answer of case {case_id!r} holds a lone surrogate "
+                             f"(not text a suite file can hold); {path} is unchanged") from None
+    if not filled:
+        return filled
+    try:
+        replace_text_file(path, edit_json_strings(text, edits))
+    except (OSError, ValueError) as exc:
+        raise SuiteError(f"--update-baseline: cannot rewrite {path}: {getattr(exc, 'strerror', None) or exc}; "
+                         f"{path} is unchanged") from None
     return filled
 
 
@@ -2403,6 +2528,8 @@ def build_parser():
     what.add_argument("--list-checks", action="store_true", help="print the check catalogue and exit")
     what.add_argument("--update-baseline", action="store_true",
                       help="fill empty expected_text baselines of --suite from this run's answers")
+    what.add_argument("--approve-failing", action="store_true",
+                      help="with --update-baseline: approve an answer even if it failed the case's other checks")
     where = parser.add_argument_group("where to send it")
     where.add_argument("--provider", help=f"one of {', '.join(PROVIDERS)} (default perplexity)")
     where.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
@@ -2494,6 +2621,8 @@ def _check_flags(args):
             raise UsageError(f"{flag} {path}: the same file is named twice; every output needs its own file")
         if flag != "--out" and os.path.lexists(path):
             raise UsageError(f"{flag}: {path} already exists (reports and records never overwrite a file)")
+    if args.approve_failing and not args.update_baseline:
+        raise UsageError("--approve-failing goes with --update-baseline")
     if args.report and not any(getattr(args, kind) for kind in REPORTS):
         raise UsageError("--report RECORD needs at least one of --markdown, --junit, --html")
 
@@ -3161,9 +3290,30 @@ def main(argv=None):
             print(f"regression.py: error: {exc}", file=sys.stderr)
             return 2
     if args.update_baseline:
-        filled = fill_baselines(run.suite["file"], answers)
-        print(f"baselines filled: {', '.join(filled) if filled else 'none'} ({run.suite['file']})")
+        return update_baseline(run, args, final["exit_code"])
     return final["exit_code"]
+
+
+def update_baseline(run, args, exit_code):
+    """--update-baseline after a run: fill the suite's empty baselines from the record, then
+    say how to regrade this record, which was graded without them; returns the exit code."""
+    import shlex
+    try:
+        chosen = baseline_answers(load_record(run.path)["runs"], run.plan)
+        filled = fill_baselines(run.suite["file"], {case_id: row["answer_text"] for case_id, row in chosen.items()},
+                                {case_id: row.get("reasons") or [] for case_id, row in chosen.items()},
+                                approve_failing=args.approve_failing)
+    except (SuiteError, RecordError) as exc:
+        print(f"regression.py: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"baselines filled: {', '.join(filled) if filled else 'none'} ({run.suite['file']})")
+    if filled:
+        stem = run.path[:-5] if run.path.endswith(".json") else run.path
+        print(f"note: {run.path} was graded before these baselines existed, so compare_runs.py refuses it "
+              f"against runs of the new suite; regrade it first: python regression.py --provider replay "
+              f"--replay {shlex.quote(run.path)} --suite {shlex.quote(run.suite['file'])} "
+              f"--out {shlex.quote(stem + '-regraded.json')}")
+    return exit_code
 
 
 def cli():
