@@ -1910,6 +1910,77 @@ def status_of(exc):
     return status if isinstance(status, int) and not isinstance(status, bool) else None
 
 
+# ---------------------------------------------------------------------- provider set-up
+# What the run asks of the provider table before anything is sent: problems, the key and
+# endpoint rules, the provider object, and its identity for the record.
+
+def provider_problem(args, env):
+    """Why the provider cannot run as set up (missing key, base URL, ...), or None. Sends nothing."""
+    cls = PROVIDERS[args.provider]
+    if args.base_url and not cls.base_url_flag:
+        takers = " or ".join(f"--provider {name}" for name, other in PROVIDERS.items() if other.base_url_flag)
+        reads = f" (the {cls.vendor or cls.name} provider reads {cls.base_url_variable})" if cls.base_url_variable else ""
+        return f"--base-url goes with {takers}{reads}"
+    return cls.problem(args, env) or transport_problem(cls, args, env)
+
+
+def sent_key_variable(cls, settings, env):
+    """The environment variable whose value this run sends as its key, or None (from the
+    provider's table attributes: --api-key-env, key_variable, key_hosts)."""
+    named = getattr(settings, "api_key_env", None)
+    if named and cls.base_url_flag:
+        return named
+    if not cls.key_variable or not env.get(cls.key_variable):
+        return None
+    if cls.key_hosts is None:
+        return cls.key_variable
+    parts = urllib.parse.urlsplit(cls.endpoint(settings, env) or "")
+    return cls.key_variable if parts.scheme == "https" and (parts.hostname or "") in cls.key_hosts else None
+
+
+def endpoint_problem(cls, settings, env):
+    """Why the endpoint named by --base-url or the provider's variable is not a usable URL, or None."""
+    named = getattr(settings, "base_url", None) if cls.base_url_flag else None
+    variable = env.get(cls.base_url_variable) if cls.base_url_variable else None
+    if named:
+        return base_url_problem(named, "--base-url")
+    return base_url_problem(variable, cls.base_url_variable) if variable else None
+
+
+def transport_problem(cls, settings, env):
+    """The endpoint and the key this run would send, checked before anything is sent: a usable
+    URL, a key that is a clean token, and no key over plain http to a non-loopback host."""
+    problem = endpoint_problem(cls, settings, env)
+    variable = sent_key_variable(cls, settings, env) if problem is None else None
+    if variable is None or not env.get(variable):
+        return problem
+    endpoint = cls.endpoint(settings, env)
+    return key_problem(variable, env[variable]) or (endpoint and plain_http_problem(
+        endpoint, variable, getattr(settings, "allow_insecure_http", False))) or None
+
+
+def make_provider(args, env):
+    """The provider for this run and the secret it uses (never stored); UsageError on a bad set-up."""
+    problem = provider_problem(args, env)
+    if problem:
+        raise UsageError(problem)
+    return PROVIDERS[args.provider].from_settings(args, env)
+
+
+def _env_base_url(env, variable):
+    """A base URL variable when set, checked like --base-url (a bad one is a usage error naming it)."""
+    url = env.get(variable) if variable else None
+    problem = base_url_problem(url, variable) if url else None
+    if problem:
+        raise UsageError(problem)
+    return url
+
+
+def provider_identity(args, env, replayed=None):
+    """The record's "provider": the name and the endpoint (without credentials) it talks to."""
+    return PROVIDERS[args.provider].identity(args, env, replayed)
+
+
 # ====================================================================== one request
 
 def builtin_grader(suite, provider):
@@ -3464,73 +3535,6 @@ def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS):
     return config
 
 
-def provider_problem(args, env):
-    """Why the provider cannot run as set up (missing key, base URL, ...), or None. Sends nothing."""
-    cls = PROVIDERS[args.provider]
-    if args.base_url and not cls.base_url_flag:
-        takers = " or ".join(f"--provider {name}" for name, other in PROVIDERS.items() if other.base_url_flag)
-        reads = f" (the {cls.vendor or cls.name} provider reads {cls.base_url_variable})" if cls.base_url_variable else ""
-        return f"--base-url goes with {takers}{reads}"
-    return cls.problem(args, env) or transport_problem(cls, args, env)
-
-
-def sent_key_variable(cls, settings, env):
-    """The environment variable whose value this run sends as its key, or None (from the
-    provider's table attributes: --api-key-env, key_variable, key_hosts)."""
-    named = getattr(settings, "api_key_env", None)
-    if named and cls.base_url_flag:
-        return named
-    if not cls.key_variable or not env.get(cls.key_variable):
-        return None
-    if cls.key_hosts is None:
-        return cls.key_variable
-    parts = urllib.parse.urlsplit(cls.endpoint(settings, env) or "")
-    return cls.key_variable if parts.scheme == "https" and (parts.hostname or "") in cls.key_hosts else None
-
-
-def endpoint_problem(cls, settings, env):
-    """Why the endpoint named by --base-url or the provider's variable is not a usable URL, or None."""
-    named = getattr(settings, "base_url", None) if cls.base_url_flag else None
-    variable = env.get(cls.base_url_variable) if cls.base_url_variable else None
-    if named:
-        return base_url_problem(named, "--base-url")
-    return base_url_problem(variable, cls.base_url_variable) if variable else None
-
-
-def transport_problem(cls, settings, env):
-    """The endpoint and the key this run would send, checked before anything is sent: a usable
-    URL, a key that is a clean token, and no key over plain http to a non-loopback host."""
-    problem = endpoint_problem(cls, settings, env)
-    variable = sent_key_variable(cls, settings, env) if problem is None else None
-    if variable is None or not env.get(variable):
-        return problem
-    endpoint = cls.endpoint(settings, env)
-    return key_problem(variable, env[variable]) or (endpoint and plain_http_problem(
-        endpoint, variable, getattr(settings, "allow_insecure_http", False))) or None
-
-
-def make_provider(args, env):
-    """The provider for this run and the secret it uses (never stored); UsageError on a bad set-up."""
-    problem = provider_problem(args, env)
-    if problem:
-        raise UsageError(problem)
-    return PROVIDERS[args.provider].from_settings(args, env)
-
-
-def _env_base_url(env, variable):
-    """A base URL variable when set, checked like --base-url (a bad one is a usage error naming it)."""
-    url = env.get(variable) if variable else None
-    problem = base_url_problem(url, variable) if url else None
-    if problem:
-        raise UsageError(problem)
-    return url
-
-
-def provider_identity(args, env, replayed=None):
-    """The record's "provider": the name and the endpoint (without credentials) it talks to."""
-    return PROVIDERS[args.provider].identity(args, env, replayed)
-
-
 def catalogue():
     """The --list-checks text, from the checks' own docstrings."""
     lines = ["Checks (run in this order; each is a pure function of the case and the response trace):"]
@@ -3895,8 +3899,10 @@ def continue_flags(settings, row=None, tally=None):
     flags = []
     if settings.api_key_env:
         flags += ["--api-key-env", settings.api_key_env]
+    if settings.allow_insecure_http:
+        flags += ["--allow-insecure-http"]
     if settings.suite and settings.update_baseline:
-        flags += ["--suite", settings.suite, "--update-baseline"]
+        flags += ["--suite", settings.suite, "--update-baseline"] + (["--approve-failing"] if settings.approve_failing else [])
     for kind in REPORTS:
         if getattr(settings, kind):
             flags += [f"--{kind}", getattr(settings, kind)]
