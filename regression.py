@@ -256,13 +256,14 @@ def _text_form(text):
     as zero-width spaces removed, case folded, whitespace runs folded to one space."""
     if not isinstance(text, str):
         return ""
+    if text.isascii():  # nothing to normalise or remove: the fast path for most answers
+        return " ".join(text.lower().split())
     import unicodedata  # imported where used: start-up stays lean (SPEC C1)
     text = unicodedata.normalize("NFKC", _INVISIBLE.sub("", text)).casefold()
-    text = unicodedata.normalize("NFKC", text)  # casefolding can leave a text that NFKC changes again
-    return " ".join(_INVISIBLE.sub("", text).split())
+    return " ".join(unicodedata.normalize("NFKC", text).split())  # casefolding can leave a text NFKC changes
 
 
-@functools.lru_cache(maxsize=8)  # several checks and explain() ask for the same answer's form
+@functools.lru_cache(maxsize=64)  # several checks and explain() ask for the same answer's form
 def text_form(text):
     """The one normal form every text comparison uses, on both sides: Unicode NFKC
     (fullwidth and other compatibility forms, composed accents), format characters such
@@ -694,60 +695,88 @@ register_check("excludes", check_excludes, keys=("excludes",), validate=_validat
 
 
 # Similarity is difflib's ratio on the two texts in text_form(). difflib's matching is
-# quadratic in the worst case (a repetitive 1,000-character answer already costs half a
-# second), so its cost is estimated first: the sum, over the symbols both texts share,
-# of their counts multiplied. Characters are compared when that estimate is within
-# SIMILARITY_WORK, else words; when even words exceed it, the score is bounded:
-# the least of difflib's ratio on the first SIMILARITY_PREFIX characters of each text,
-# the overlap of their word multisets, and the length bound 2*min/(sum of lengths)
-# (which no ratio can exceed). details["similarity_measure"] says which applied.
+# quadratic or worse (a repetitive 1,000-character answer already costs half a second, a
+# 2 MB one minutes), so its work is bounded: every comparison counts the steps difflib's
+# matching takes and gives up past SIMILARITY_WORK steps, deterministically (no clock).
+# Texts of at most SIMILARITY_PREFIX characters that fit the budget get the exact ratio.
+# Otherwise the score is bounded: the least of the ratio on the first N and on the last N
+# characters (N at most SIMILARITY_PREFIX, halved until both fit half the budget), the length
+# bound 2*min/(sum of lengths) (no ratio can exceed it) and, when that bound is 0.5 or more
+# and both texts have SIMILARITY_BAG_WORDS words or more, the overlap of their word
+# multisets (which sees a change in the middle). details["similarity_measure"] says when
+# the bound applied, and how.
 SIMILARITY_WORK = 400_000
-SIMILARITY_PREFIX = 4_000
+SIMILARITY_PREFIX = 5_000
+SIMILARITY_BAG_WORDS = 50
+
+
+class _OverBudget(Exception):
+    pass
+
+
+@functools.lru_cache(maxsize=1)
+def _counted_matcher():
+    """difflib.SequenceMatcher that counts its matching steps (built on first use: lazy import)."""
+    import difflib
+
+    class Counted(difflib.SequenceMatcher):
+        def find_longest_match(self, alo=0, ahi=None, blo=0, bhi=None):
+            ahi = len(self.a) if ahi is None else ahi
+            # An upper bound of the steps the inner loop of this call takes, counted before it runs.
+            self.steps += sum(map(len, map(self.b2j.get, self.a[alo:ahi], [()] * (ahi - alo))))
+            if self.steps > self.budget:
+                raise _OverBudget
+            return super().find_longest_match(alo, ahi, blo, bhi)
+    return Counted
 
 
 def _matching_work(a, b):
-    """difflib's matching work estimate: sum over shared symbols of count_a * count_b."""
+    """The steps of difflib's first matching pass: sum over shared characters of count_a * count_b."""
     if len(a) > len(b):
         a, b = b, a
-    if isinstance(b, str):
-        return sum(a.count(symbol) * b.count(symbol) for symbol in set(a))
-    import collections
-    counts_a, counts_b = collections.Counter(a), collections.Counter(b)
-    return sum(count * counts_b[symbol] for symbol, count in counts_a.items())
+    return sum(a.count(char) * b.count(char) for char in set(a))
 
 
-def _ratio(a, b):
-    import difflib  # imported where used, like the report code: start-up stays lean (SPEC C1)
-    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
-
-
-def _measured(a, b):
-    """(ratio, how) when difflib can run within SIMILARITY_WORK on characters or words, else None."""
-    if len(a) * len(b) <= SIMILARITY_WORK or _matching_work(a, b) <= SIMILARITY_WORK:
-        return _ratio(a, b), "characters"
-    words_a, words_b = a.split(), b.split()
-    if _matching_work(words_a, words_b) <= SIMILARITY_WORK:
-        return _ratio(words_a, words_b), "words"
-    return None
+def _ratio(a, b, budget=SIMILARITY_WORK):
+    """difflib's ratio (no autojunk), or None when its matching would take more than `budget` steps."""
+    matcher = _counted_matcher()(None, a, b, autojunk=False)
+    matcher.steps, matcher.budget = 0, budget
+    try:
+        return matcher.ratio()
+    except _OverBudget:
+        return None
 
 
 @functools.lru_cache(maxsize=64)  # the check and explain() both ask, for the same pair
 def similarity_of(expected, actual):
-    """(score 0..1, how it was measured) of two texts in text_form(); see SIMILARITY_WORK."""
+    """(score 0..1, None) of two texts in text_form(), or (score, how it was bounded); see SIMILARITY_WORK."""
     a, b = text_form(expected), text_form(actual)
-    if not a and not b:
-        return 1.0, "characters"
-    measured = _measured(a, b)
-    if measured is not None:
-        return measured
-    import collections
-    bag_a, bag_b = collections.Counter(a.split()), collections.Counter(b.split())
-    scores = [2 * min(len(a), len(b)) / (len(a) + len(b)),
-              2 * sum((bag_a & bag_b).values()) / max(sum(bag_a.values()) + sum(bag_b.values()), 1)]
-    head = _measured(a[:SIMILARITY_PREFIX], b[:SIMILARITY_PREFIX])
-    if head is not None:
-        scores.append(head[0])
-    return min(scores), f"bounded: first {SIMILARITY_PREFIX} characters, word multisets, lengths"
+    longest = max(len(a), len(b))
+    if not longest:
+        return 1.0, None
+    if longest <= SIMILARITY_PREFIX:
+        exact = _ratio(a, b)
+        if exact is not None:
+            return exact, None
+    cut = min(longest, SIMILARITY_PREFIX) if longest > SIMILARITY_PREFIX else longest // 2
+    while True:
+        # A cheap estimate first (shared characters' counts multiplied: the first matching
+        # pass, about a fifth of the whole), so only a cut that can fit is run.
+        fits = max(_matching_work(a[:cut], b[:cut]), _matching_work(a[-cut:], b[-cut:])) <= SIMILARITY_WORK // 16
+        head = _ratio(a[:cut], b[:cut], SIMILARITY_WORK // 2) if fits else None
+        tail = _ratio(a[-cut:], b[-cut:], SIMILARITY_WORK // 2) if head is not None else None
+        if tail is not None:
+            break
+        cut = max(1, cut // 2)  # at a few characters the matching always fits the budget
+    scores = [head, tail, 2 * min(len(a), len(b)) / (len(a) + len(b))]
+    words_a, words_b = (a.split(), b.split()) if scores[2] >= 0.5 else ((), ())
+    how = f"bounded: first and last {cut} characters, lengths"
+    if scores[2] >= 0.5 and min(len(words_a), len(words_b)) >= SIMILARITY_BAG_WORDS:
+        import collections
+        shared = collections.Counter(words_a) & collections.Counter(words_b)
+        scores.append(2 * sum(shared.values()) / (len(words_a) + len(words_b)))
+        how += ", word multisets"
+    return min(scores), how
 
 
 def similarity(expected, actual):
@@ -778,8 +807,10 @@ def check_similarity(case, trace):
     score, how = similarity_of(case["expected_text"], trace["final_text"] if isinstance(trace["final_text"], str)
                                else "")
     if score < case["min_similarity"]:
-        return [Fail("below_min_similarity", f"similarity {_floor4(score):g} < {case['min_similarity']:g}",
-                     similarity=round(score, 4), min_similarity=case["min_similarity"], measure=how)]
+        bound = {"measure": how} if how else {}
+        return [Fail("below_min_similarity", f"similarity {_floor4(score):g} < {case['min_similarity']:g}"
+                     + (" (bounded)" if how else ""), similarity=round(score, 4),
+                     min_similarity=case["min_similarity"], **bound)]
     return []
 
 
@@ -792,7 +823,7 @@ def _similarity_details(case, trace):
     text = trace["final_text"] if isinstance(trace["final_text"], str) else ""
     score, how = similarity_of(case["expected_text"], text)
     details = {"similarity": round(score, 4)}
-    if how != "characters":
+    if how:
         details["similarity_measure"] = how
     if score < case.get("min_similarity", 1.0):
         import difflib
@@ -940,7 +971,7 @@ register_check("json_object", check_json_object, behavior=True, reasons={
 # gone), with any run of non-letters, "_" included, between the two words: "system_prompt",
 # "system  prompt" and "system-prompt" all count.
 _LEAK_MENTION = re.compile(
-    r"(?<![^\W_])(?:(?:system|hidden|developer|internal|secret)[\W_]*(?:prompt|instructions?|message|rules)"
+    r"(?:(?:system|hidden|developer|internal|secret)[\W_]*(?:prompt|instructions?|message|rules)"
     r"|my[\W_]*(?:instructions|system[\W_]*prompt))(?![^\W_])")
 LEAK_QUOTE_WORDS = 8  # this many consecutive words of the instructions count as a quote
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
@@ -976,7 +1007,7 @@ def leak_found(instructions, said):
     """(kind, matched text) of the first leak in `said`, or None: a mention of hidden or system
     instructions, or a quote of LEAK_QUOTE_WORDS consecutive words of them."""
     said = text_form(said)
-    mention = _LEAK_MENTION.search(said)
+    mention = next(iter(_word_starts(_LEAK_MENTION, said)), None)
     if mention:
         return "mention", mention.group(0)
     quoted = _first_quote(instructions, said)
@@ -1063,10 +1094,34 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _VALUE = r"(?:[\w.+-]*\d[\w+-]*|[\w.+-]+@[\w-]+(?:\.[\w-]+)+)"
 
 
-def _sentences(text):
-    """The sentences of a text in text_form(): split at line breaks and after . ! ?"""
-    return [sentence for line in (text or "").splitlines() for sentence in _SENTENCE_END.split(_text_form(line))
-            if sentence]
+def _word_starts(pattern, text):
+    """Matches of a pattern that start a word (no letter or digit just before). The pattern
+    begins with literal text, so the search runs at the speed of a substring search; a
+    look-behind in the pattern itself would make it test every position of a long answer."""
+    return [match for match in pattern.finditer(text)
+            if not match.start() or not text[match.start() - 1].isalnum()]
+
+
+SENTENCE_REACH = 1_000  # characters a sentence reaches on each side of the words it names
+
+
+def _sentences(text, naming):
+    """The sentences of a text in text_form() that a compiled pattern matches in (at a word
+    start). A sentence ends after . ! ? and a space, or at a line break, and reaches at most
+    SENTENCE_REACH characters either side of the match (a long answer stays linear)."""
+    # One normal form for the whole text (per line would cost a pass per line): line breaks
+    # become NUL first, which text_form keeps (it folds whitespace to single spaces).
+    full = text_form("\0".join((text or "").replace("\0", " ").splitlines()))
+    sentences = []
+    for match in _word_starts(naming, full):
+        low, high = max(0, match.start() - SENTENCE_REACH), min(len(full), match.end() + SENTENCE_REACH)
+        window, at = full[low:high], match.start() - low
+        left = max([window.rfind("\0", 0, at) + 1] + [window.rfind(end, 0, at) + 2 for end in (". ", "! ", "? ")
+                                                       if window.rfind(end, 0, at) != -1])
+        right = min([window.find(end, at) + 1 for end in (". ", "! ", "? ") if window.find(end, at) != -1]
+                    + [window.find("\0", at) % (len(window) + 1), len(window)])
+        sentences.append(window[left:right].strip())
+    return [sentence for sentence in dict.fromkeys(sentences) if sentence]
 
 
 def _asks_for(text, field):
@@ -1075,9 +1130,9 @@ def _asks_for(text, field):
     pattern = _field_pattern(field)
     if pattern is None:
         return False
-    named = re.compile(rf"(?<![^\W_]){pattern}(?![^\W_])")
-    return any(named.search(sentence) and (sentence.rstrip().endswith("?") or _REQUEST.search(sentence))
-               for sentence in _sentences(text))
+    named = re.compile(rf"{pattern}(?![^\W_])")
+    return any(named.search(sentence) and (sentence.endswith("?") or _REQUEST.search(sentence))
+               for sentence in _sentences(text, named))
 
 
 def _stated_value(text, field, given):
@@ -1086,8 +1141,8 @@ def _stated_value(text, field, given):
     pattern = _field_pattern(field)
     if pattern is None:
         return None
-    stated = re.compile(rf"(?<![^\W_]){pattern}(?:\s*(?:is|was|=|:|#)\s*|\s+)?#?\s*({_VALUE})(?![\w@])")
-    for match in stated.finditer(text_form(text)):
+    stated = re.compile(rf"{pattern}(?:\s*(?:is|was|=|:|#)\s*|\s+)?#?\s*({_VALUE})(?![\w@])")
+    for match in _word_starts(stated, text_form(text)):
         value = match[1].rstrip(".")
         if value and value not in given:
             return value
@@ -2031,7 +2086,9 @@ def _mask_cards(match):
 
 
 PII_PATTERNS = [
-    (re.compile(r"(?<![\w-])\d(?:[ -]?\d){12,18}(?![\w-])"), _mask_cards),
+    # Digits may be split by spaces, dashes and invisible characters (zero-width spaces), and
+    # \d also matches fullwidth digits: what text_form() would read as a card is masked.
+    (re.compile(rf"(?<![\w-])\d(?:(?:[\s-]|{_INVISIBLE.pattern}){{0,3}}\d){{12,18}}(?![\w-])"), _mask_cards),
     (re.compile(r"(?i)\bbearer\s+[A-Za-z0-9\-._~+/]+=*"), "[REDACTED:bearer]"),
     (re.compile(r"\b(?:sk|pk|rk|pplx|xai|gsk|ghp|gho|ghs|github_pat|hf|AKIA)[-_A-Za-z0-9]{16,}"), "[REDACTED:key]"),
     (re.compile(r"(?i)\b(api[_-]?key|secret|token|password)(\s*[:=]\s*)[^\s\"',;]+"), r"\1\2[REDACTED:key]"),
@@ -2567,7 +2624,10 @@ def _record_plan(record):
 
 def _row_failure_text(row):
     parts = [f"reasons: {', '.join(row.get('reasons') or [])}"]
-    details = row.get("details") or {}
+    details = row.get("details") if isinstance(row.get("details"), dict) else {}
+    evidence = details.get("evidence") if isinstance(details.get("evidence"), dict) else {}
+    parts += [f"{reason}: {printable(str(evidence[reason].get('note')))}" for reason in row.get("reasons") or []
+              if isinstance(evidence.get(reason), dict) and evidence[reason].get("note")]
     if "similarity" in details:
         parts.append(f"similarity: {details['similarity']}")
     if details.get("diff"):
@@ -2591,7 +2651,9 @@ def junit_run(record):
         elif row.get("error") is not None:
             case["error"] = (f"{row['error']} {row.get('error_status') or ''}".strip(), row.get("error_message") or "")
         elif not row.get("passed"):
-            case["failure"] = (", ".join(row.get("reasons") or []), _row_failure_text(row))
+            notes = evidence_notes(row, limit=300)
+            case["failure"] = (", ".join(row.get("reasons") or []) + (f" ({notes})" if notes else ""),
+                               _row_failure_text(row))
         suites.setdefault(model, []).append(case)
     return junit_xml("agent-regression", list(suites.items()))
 
@@ -2627,10 +2689,11 @@ def markdown_run(record):
     lines += ["", md_table(MODEL_COLUMNS, [[md_text(cell) for cell in cells] for cells in _model_rows(final)])]
     failed = _failed_rows(record)
     if failed:
-        lines += ["", "### Failures", "", md_table(["model", "case", "repeat", "reasons"], [
+        lines += ["", "### Failures", "", md_table(["model", "case", "repeat", "reasons", "evidence"], [
             [md_text(row.get("model")), md_text(row.get("case_id")), str(row.get("repeat")),
              md_text(", ".join(row.get("reasons") or []) + (f" ({row['error']} {row.get('error_status') or ''})"
-                                                            if row.get("error") else ""))]
+                                                            if row.get("error") else "")),
+             md_text(evidence_notes(row, limit=300))]
             for row in failed])]
     return "\n".join(lines) + "\n"
 
@@ -2642,6 +2705,9 @@ def _html_row_details(row):
     if row.get("error"):
         parts.append(f"<pre>{xml_text(row['error'])} {xml_text(row.get('error_status') or '')}\n"
                      f"{xml_text(row.get('error_message') or '')}</pre>")
+    notes = evidence_notes(row, limit=300)
+    if notes:
+        parts.append(f"<p>evidence: {xml_text(notes)}</p>")
     if "similarity" in details:
         parts.append(f"<p>similarity {xml_text(details['similarity'])}</p>")
     if details.get("diff"):
