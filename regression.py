@@ -1103,15 +1103,16 @@ def _word_starts(pattern, text):
 
 
 SENTENCE_REACH = 1_000  # characters a sentence reaches on each side of the words it names
+_PARAGRAPH = re.compile(r"\n[^\S\n]*\n\s*")
 
 
 def _sentences(text, naming):
     """The sentences of a text in text_form() that a compiled pattern matches in (at a word
-    start). A sentence ends after . ! ? and a space, or at a line break, and reaches at most
-    SENTENCE_REACH characters either side of the match (a long answer stays linear)."""
-    # One normal form for the whole text (per line would cost a pass per line): line breaks
-    # become NUL first, which text_form keeps (it folds whitespace to single spaces).
-    full = text_form("\0".join((text or "").replace("\0", " ").splitlines()))
+    start). A sentence ends after . ! ? and a space, or at a blank line (a wrapped line does
+    not end it), and reaches at most SENTENCE_REACH characters either side of the match (a
+    long answer stays linear)."""
+    # Blank lines become NUL first, which text_form keeps (it folds whitespace to one space).
+    full = text_form(_PARAGRAPH.sub("\0", (text or "").replace("\0", " ")))
     sentences = []
     for match in _word_starts(naming, full):
         low, high = max(0, match.start() - SENTENCE_REACH), min(len(full), match.end() + SENTENCE_REACH)
