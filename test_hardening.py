@@ -162,7 +162,7 @@ def normal(row):
     return row
 
 
-ROW_LINE = re.compile(r"(\S+)  (\S+)  r(\d+)  (.*)")
+ROW_LINE = re.compile(r"(\S+) {2,}(\S+) {2,}r(\d+)  (.*)")  # model and case columns are padded to line up
 
 
 def row_lines(stdout):
