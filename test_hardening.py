@@ -4,7 +4,7 @@
    built-in suite; openai through --base-url with suites/support-guardrails.json), each bounded
    by --timeout 1: classified and recorded as execution errors (exit 2), never graded as a model
    failure; with --retries 2 the transient ones recover.
-2. Crashes: SIGKILL at seeded random instants of a 200-row run; every printed row is recovered,
+2. Crashes: SIGKILL at seeded random instants of an 80-row run; every printed row is recovered,
    --resume pays only for the rest, and the final record equals an uninterrupted run.
 3. Disk trouble: missing directory, ENOTDIR, a full disk (RLIMIT_FSIZE), an existing --out.
 4. Hostile input, property-based (hypothesis): URLs, suites, argument lists, records.
@@ -421,7 +421,12 @@ def test_unreadable_retry_after_falls_back_to_backoff_and_recovers(tmp_path, val
 
 # ====================================================================== 2. crashes
 
-CRASH_MODELS = [f"m{n}" for n in range(1, 26)]
+# The trials run the openai provider (standard library): the record, its checkpoints and
+# --resume are the same for every provider, and a trial then costs a fraction of a second
+# instead of two SDK imports (about 1 s of CPU each). test_run_control.py's
+# test_resume_after_sigkill_completes_without_paying_twice kills a run on the Perplexity SDK.
+CRASH_MODELS = [f"m{n}" for n in range(1, 11)]
+CRASH_CASES = [case["id"] for case in json.loads(GUARDRAILS.read_text(encoding="utf-8"))["cases"]]
 CRASH_SEED = 20_251_130
 CRASH_TRIALS = 24
 
@@ -470,17 +475,18 @@ def settle(server, quiet_for=0.3, limit=3.0):
             return
 
 
-def crash_command(out):
-    return [sys.executable, str(SCRIPT), "--models", *CRASH_MODELS, "--repeats", "2", "--out", str(out)]
+def crash_command(out, server):
+    return [sys.executable, str(SCRIPT), "--provider", "openai", "--base-url", server.url + "/v1",
+            "--suite", str(GUARDRAILS), "--models", *CRASH_MODELS, "--repeats", "2", "--out", str(out)]
 
 
 def crash_trial(folder, number, trigger, plan, reference):
     """One SIGKILL trial; returns (notes, final record)."""
     out = folder / f"trial-{number}.json"
     notes = {"trigger": trigger}
-    with FakeServer(fakes.advisor()) as server:
-        env = child_env(server)
-        with subprocess.Popen(crash_command(out), cwd=folder, env=env, stdout=subprocess.PIPE,
+    with FakeServer(openai_good) as server:
+        env = child_env(key=None)
+        with subprocess.Popen(crash_command(out, server), cwd=folder, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, text=True) as proc:
             reader = LineReader(proc.stdout)
             reader.start()
@@ -540,7 +546,7 @@ def crash_trial(folder, number, trigger, plan, reference):
                 one_error_line(refused.stderr)
                 assert server.count == sent_before
             final_path = folder / f"trial-{number}-fresh.json"
-            fresh = subprocess.run(crash_command(final_path), cwd=folder, env=env, capture_output=True,
+            fresh = subprocess.run(crash_command(final_path, server), cwd=folder, env=env, capture_output=True,
                                    text=True, timeout=60)
             assert fresh.returncode == 0, fresh.stderr
             assert server.count - sent_before == len(plan)
@@ -553,12 +559,12 @@ def crash_trial(folder, number, trigger, plan, reference):
 
 
 def test_sigkill_at_random_instants_loses_no_finished_row(tmp_path):
-    plan = regression.plan_rows(CRASH_MODELS, CASE_IDS, 2)
-    assert len(plan) == 200
+    plan = regression.plan_rows(CRASH_MODELS, CRASH_CASES, 2)
+    assert len(plan) == 80
     reference_path = tmp_path / "uninterrupted.json"
-    with FakeServer(fakes.advisor()) as server:
+    with FakeServer(openai_good) as server:
         started = time.monotonic()
-        with subprocess.Popen(crash_command(reference_path), cwd=tmp_path, env=child_env(server),
+        with subprocess.Popen(crash_command(reference_path, server), cwd=tmp_path, env=child_env(key=None),
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
             first_line = None
             for line in proc.stdout:
@@ -566,7 +572,7 @@ def test_sigkill_at_random_instants_loses_no_finished_row(tmp_path):
                     first_line = time.monotonic() - started
             proc.wait(timeout=60)
         total = time.monotonic() - started
-        assert proc.returncode == 0 and server.count == 200
+        assert proc.returncode == 0 and server.count == len(plan)
     uninterrupted = read_json(reference_path)
     reference = {regression.row_key(row): normal(row) for row in uninterrupted["runs"]}
     assert list(reference) == plan
@@ -574,7 +580,7 @@ def test_sigkill_at_random_instants_loses_no_finished_row(tmp_path):
     rng = random.Random(CRASH_SEED)
     first_line = first_line or total / 2
     triggers = [("time", 0.0), ("time", 0.05), ("time", rng.uniform(0.1, first_line)),
-                ("file", 0.0), ("file", 0.003), ("line", 1), ("line", 199), ("line", 200),
+                ("file", 0.0), ("file", 0.003), ("line", 1), ("line", len(plan) - 1), ("line", len(plan)),
                 ("time", total * 0.99), ("time", total * 1.05)]
     triggers += [("time", rng.uniform(first_line, total)) for _ in range(CRASH_TRIALS - len(triggers))]
     assert len(triggers) >= 20
@@ -587,8 +593,8 @@ def test_sigkill_at_random_instants_loses_no_finished_row(tmp_path):
     # the kills really were spread: some before any record, some mid-run, some at the end
     notes = [note for note, _ in outcomes]
     assert any(note.get("no_record") for note in notes)
-    assert any(0 < note.get("recovered", 0) < 200 for note in notes)
-    assert any(note.get("recovered", 0) >= 199 for note in notes)
+    assert any(0 < note.get("recovered", 0) < len(plan) for note in notes)
+    assert any(note.get("recovered", 0) >= len(plan) - 1 for note in notes)
     for note, final in outcomes:
         with quiet():
             assert compare_runs.compare(uninterrupted, final) == 0, note
@@ -1040,11 +1046,12 @@ def run_main_in_process(argv):
     return code, err.getvalue()
 
 
-def check_suite_file(path, data):
-    """--suite FILE --dry-run: exit 0 (valid) or SystemExit(2) with exactly one line on stderr."""
+def check_suite_file(path, data, expected=(0, 2)):
+    """--suite FILE --dry-run: exit 0 (valid) or SystemExit(2) with exactly one line on stderr;
+    `expected` pins the one exit code a known input must give."""
     path.write_bytes(data)
     code, err = run_main_in_process(["--suite", path, "--dry-run"])
-    assert code in (0, 2), (code, err)
+    assert code in ((expected,) if isinstance(expected, int) else expected), (code, err)
     if code == 2:
         lines = err.rstrip("\n").split("\n")
         assert len(lines) == 1 and lines[0].startswith("regression.py: error: "), err
@@ -1071,25 +1078,31 @@ def _suite_with(**fields):
     return json.dumps(suite).encode()
 
 
+# name -> (suite file, the exit code `--suite FILE --dry-run` must give: 2 with one line, or 0)
 KNOWN_HOSTILE_SUITES = {
-    "non-function-tool-with-int-name": _suite_with(tools=[{"type": "web", "name": 5}]),
-    "json-object-format-with-int-json-schema": _suite_with(response_format={"type": "json_object", "json_schema": 5}),
-    "json-object-format-with-int-schema-name": _suite_with(
-        response_format={"type": "json_object", "json_schema": {"name": 7}}),
-    "sources-path-with-huge-repeat": _suite_with(
-        sources={"field": "u", "hosts": ["h"], "path": "(a){99999999999}"}),
-    "instructions-with-lone-surrogate": _suite_with(instructions="\ud800"),
-    "case-id-with-lone-surrogate": _suite_with(cases=[{"id": "a\udc00", "input": "hi"}]),
-    "deeply-nested": b"[" * 100_000,
-    "utf-8-bom": b"\xef\xbb\xbf{}",
-    "invalid-utf-8": b'{"name": "\xff"}',
+    "non-function-tool-with-int-name": (_suite_with(tools=[{"type": "web", "name": 5}]), 2),
+    "json-object-format-with-int-json-schema": (
+        _suite_with(response_format={"type": "json_object", "json_schema": 5}), 2),
+    "json-object-format-with-int-schema-name": (
+        _suite_with(response_format={"type": "json_object", "json_schema": {"name": 7}}), 2),
+    "sources-path-with-huge-repeat": (
+        _suite_with(sources={"field": "u", "hosts": ["h"], "path": "(a){99999999999}"}), 2),
+    # instructions are only hashed and sent (as JSON escapes), never printed: a valid suite
+    "instructions-with-lone-surrogate": (_suite_with(instructions="\ud800"), 0),
+    # issue 11: a case id with a lone surrogate is bad input (the real CLI printed a traceback)
+    "case-id-with-lone-surrogate": (_suite_with(cases=[{"id": "a\udc00", "input": "hi"}]), 2),
+    "suite-name-with-lone-surrogate": (_suite_with(name="x\ud800"), 2),
+    "deeply-nested": (b"[" * 100_000, 2),
+    "utf-8-bom": (b"\xef\xbb\xbf{}", 2),
+    "invalid-utf-8": (b'{"name": "\xff"}', 2),
 }
 
 
 @pytest.mark.parametrize("name", list(KNOWN_HOSTILE_SUITES))
 def test_known_hostile_suite_exits_0_or_2_with_one_line(tmp_path, monkeypatch, name):
     monkeypatch.chdir(tmp_path)
-    check_suite_file(tmp_path / "suite.json", KNOWN_HOSTILE_SUITES[name])
+    data, expected = KNOWN_HOSTILE_SUITES[name]
+    check_suite_file(tmp_path / "suite.json", data, expected)
 
 
 # ---------------------------------------------------------------------- (c) argument lists
@@ -1148,16 +1161,49 @@ def check_argv(argv):
         assert len(err.rstrip("\n").split("\n")) == 1, err
 
 
-@pytest.mark.parametrize("argv", [
+KNOWN_HOSTILE_ARGUMENTS = [
     ["--redact", "a{99999999999}"],
     ["--redact", "(a){4294967296}"],
     ["--max-cost-usd", "sNaN"],
     ["--shard", "1/" + "9" * 5000],
-], ids=lambda argv: " ".join(argv)[:40])
+]
+
+
+@pytest.mark.parametrize("argv", KNOWN_HOSTILE_ARGUMENTS, ids=lambda argv: " ".join(argv)[:40])
 def test_known_hostile_arguments_exit_2_with_one_line(tmp_path, monkeypatch, argv):
     monkeypatch.chdir(tmp_path)
-    check_argv([*argv, "--provider", "echo", "--dry-run"])
+    code, err = run_main_in_process([*argv, "--provider", "echo", "--dry-run"])
+    assert code == 2, (code, err)
+    one_error_line(err)
     assert os.listdir(tmp_path) == []
+
+
+def test_known_hostile_inputs_through_the_real_cli(tmp_path):
+    """Both fixed hostile tables through `python regression.py` itself, in one driver process
+    (fakes.cli_table): in-process runs print into a StringIO, which once hid a traceback the
+    real stdout raised. Each input pins its exit code; nothing is written but the suite."""
+    runs, expected = [], []
+    for name, (data, code) in KNOWN_HOSTILE_SUITES.items():
+        folder = tmp_path / f"suite-{len(runs)}"
+        folder.mkdir()
+        (folder / "suite.json").write_bytes(data)
+        runs.append((["--suite", "suite.json", "--dry-run"], folder))
+        expected.append((name, code, ["suite.json"]))
+    for argv in KNOWN_HOSTILE_ARGUMENTS:
+        folder = tmp_path / f"argv-{len(runs)}"
+        folder.mkdir()
+        runs.append(([*argv, "--provider", "echo", "--dry-run"], folder))
+        expected.append((" ".join(argv)[:40], 2, []))
+    results = fakes.cli_table(runs, env=child_env(key=None))
+    assert len(results) == len(runs)
+    for (name, code, files), (_, folder), (got, out, err) in zip(expected, runs, results):
+        assert "Traceback" not in err, (name, err)
+        assert got == code, (name, got, err)
+        if code == 2:
+            one_error_line(err)
+        else:
+            assert err == "" and out.strip(), (name, out, err)
+        assert sorted(os.listdir(folder)) == files, name
 
 
 def test_generated_argument_lists_exit_0_1_or_2_without_traceback(monkeypatch):
