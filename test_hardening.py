@@ -1152,9 +1152,9 @@ KNOWN_HOSTILE_SUITES = {
         _suite_with(response_format={"type": "json_object", "json_schema": {"name": 7}}), 2),
     "sources-path-with-huge-repeat": (
         _suite_with(sources={"field": "u", "hosts": ["h"], "path": "(a){99999999999}"}), 2),
-    # instructions are only hashed and sent (as JSON escapes), never printed: a valid suite
-    "instructions-with-lone-surrogate": (_suite_with(instructions="\ud800"), 0),
-    # issue 11: a case id with a lone surrogate is bad input (the real CLI printed a traceback)
+    # a lone surrogate anywhere in a suite is not text: bad input (a case id with one once
+    # passed in-process while the real CLI printed a traceback)
+    "instructions-with-lone-surrogate": (_suite_with(instructions="\ud800"), 2),
     "case-id-with-lone-surrogate": (_suite_with(cases=[{"id": "a\udc00", "input": "hi"}]), 2),
     "suite-name-with-lone-surrogate": (_suite_with(name="x\ud800"), 2),
     "deeply-nested": (b"[" * 100_000, 2),
