@@ -768,6 +768,10 @@ def _validate_request(value, where):
         problem = request_problem(key, where)
         if problem:
             raise SuiteError(problem)
+        try:  # NaN or Infinity would go out as invalid JSON
+            json.dumps(value[key], allow_nan=False)
+        except (ValueError, RecursionError):
+            raise SuiteError(f"{where}: request {key!r} is not plain JSON (NaN, Infinity or too deep)") from None
     return dict(value)
 
 
@@ -1163,6 +1167,22 @@ class Provider:
         """Whether this endpoint reports the USD cost of every response (None: unknown)."""
         return cls.reports_cost
 
+    @classmethod
+    def sent_tools(cls, suite):
+        """The suite's tools this provider puts on the wire (a server without search gets no web_search)."""
+        tools = suite.get("tools") or []
+        return tools if cls.server_search is not False else [t for t in tools if t.get("type") == "function"]
+
+    @classmethod
+    def sent_tool_choice(cls, suite):
+        """The tool_choice that goes out with the tools, or None."""
+        return suite.get("tool_choice")
+
+    @classmethod
+    def output_cap(cls, settings, env):
+        """The request key that carries the output cap (MAX_OUTPUT_TOKENS), or None."""
+        return None
+
 
 def _without_none(value):
     if isinstance(value, dict):
@@ -1181,6 +1201,10 @@ class PerplexityProvider(Provider):
     base_url_variable, default_base_url = "PERPLEXITY_BASE_URL", "https://api.perplexity.ai"  # as the SDK reads it
     default_models = MODELS
     server_search = tool_loops = reports_cost = True
+
+    @classmethod
+    def output_cap(cls, settings, env):
+        return "max_output_tokens"
 
     @classmethod
     def from_settings(cls, settings, env):
@@ -1267,7 +1291,7 @@ def chat_request(suite, case, model, cap_key="max_tokens"):
     if functions:
         body["tools"] = functions
         # llama-cpp-python ignores tools sent without tool_choice: the model never sees them.
-        body["tool_choice"] = suite.get("tool_choice") or "auto"
+        body["tool_choice"] = OpenAIProvider.sent_tool_choice(suite)
     body.update({key: value for key, value in options.items() if key not in REQUEST_RESERVED})
     return body
 
@@ -1349,6 +1373,14 @@ class OpenAIProvider(Provider):
     def cost_reported(cls, settings, env):
         host = urllib.parse.urlsplit(cls.endpoint(settings, env) or "").hostname or ""
         return True if host in cls.COST_HOSTS else None
+
+    @classmethod
+    def sent_tool_choice(cls, suite):
+        return (suite.get("tool_choice") or "auto") if cls.sent_tools(suite) else None
+
+    @classmethod
+    def output_cap(cls, settings, env):
+        return cls.output_cap_key(cls.endpoint(settings, env) or "")
 
     def __init__(self, base_url, key=None, timeout=TIMEOUT_SECONDS):
         parts = urllib.parse.urlsplit(base_url)
@@ -1648,6 +1680,44 @@ def execute(provider, suite, case, model, repeat=None, grader=None, retries=None
             row.setdefault("attempts", getattr(exc, "attempts", 1))
     row["seconds"] = round(time.monotonic() - started, 3)
     row["passed"] = not row["reasons"]
+    return row
+
+
+def _token_count(usage, *names):
+    value = next((usage[name] for name in names if name in usage), None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def usage_tokens(row):
+    """(input, output) tokens the endpoint reported for a row, summed over its rounds, or None
+    when any response lacks them (a guess is never priced)."""
+    rounds = row.get("rounds")
+    responses = rounds if isinstance(rounds, list) and rounds else [row.get("response")]
+    total_in = total_out = 0
+    for entry in responses:
+        raw = entry.get("response") if isinstance(entry, dict) and isinstance(entry.get("response"), dict) else entry
+        usage = raw.get("usage") if isinstance(raw, dict) else None
+        if not isinstance(usage, dict):
+            return None
+        tokens_in = _token_count(usage, "prompt_tokens", "input_tokens")
+        tokens_out = _token_count(usage, "completion_tokens", "output_tokens")
+        if tokens_in is None or tokens_out is None:
+            return None
+        total_in, total_out = total_in + tokens_in, total_out + tokens_out
+    return total_in, total_out
+
+
+def estimate_cost(row, prices):
+    """Where the endpoint reported no cost, the row's cost from its token usage and the model's
+    price (USD per million input/output tokens), marked `cost_estimated`. Returns the row."""
+    price = prices.get(row.get("model"))
+    if row.get("cost_usd") is not None or price is None or row.get("error") is not None:
+        return row
+    tokens = usage_tokens(row)
+    if tokens is not None:
+        cost = (price[0] * tokens[0] + price[1] * tokens[1]) / decimal.Decimal(1_000_000)
+        row["cost_usd"] = format(cost, "f")
+        row["cost_estimated"] = True
     return row
 
 
@@ -2391,6 +2461,9 @@ def build_parser():
     where.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
     where.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the key for --base-url")
     where.add_argument("--replay", metavar="RECORD", help="the saved record that --provider replay answers from")
+    where.add_argument("--request", action="append", default=[], metavar="KEY=JSON",
+                       help="set KEY of every request body to a JSON value, e.g. --request seed=7 (repeatable; "
+                            "part of the config; never model, messages, input, tools or stream)")
     where.add_argument("--timeout", type=float, metavar="SECONDS",
                        help=f"per-request timeout (default {TIMEOUT_SECONDS})")
     control = parser.add_argument_group("run control")
@@ -2399,6 +2472,9 @@ def build_parser():
                          help="retries of transient failures (429, 5xx, timeouts, resets), 0-10 (default 0)")
     control.add_argument("--resume", metavar="RECORD", help="continue an interrupted record in place")
     control.add_argument("--max-cost-usd", metavar="X", help="send no new request once reported spend reaches X")
+    control.add_argument("--price", action="append", default=[], metavar="MODEL=IN/OUT",
+                         help="USD per million input/output tokens of MODEL, to estimate cost from reported "
+                              "token usage where the endpoint reports none (repeatable)")
     control.add_argument("--shard", metavar="I/N", help="run the I-th of N deterministic slices of the rows")
     control.add_argument("--merge", nargs="+", metavar="FILE",
                          help="OUT SHARD...: combine shard records into one new record OUT, then exit")
@@ -2440,6 +2516,47 @@ def _cost(text):
     return value
 
 
+def _reject_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def request_options(settings):
+    """The --request KEY=JSON flags as {key: value}; UsageError on the first bad one."""
+    options = {}
+    for item in getattr(settings, "request", None) or []:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        shown = item if len(item) <= 60 else item[:57] + "..."
+        if not sep:
+            raise UsageError(f"--request {shown!r}: use KEY=JSON, e.g. --request seed=7")
+        problem = request_problem(key, f"--request {shown!r}")
+        if problem:
+            raise UsageError(problem)
+        if key in options:
+            raise UsageError(f"--request {key}: given twice; give each key once")
+        try:
+            options[key] = json.loads(text, parse_constant=_reject_constant)
+        except (ValueError, RecursionError):
+            raise UsageError(f"--request {shown!r}: the value is not JSON "
+                             f"(a string needs JSON quotes: --request '{key}=\"text\"')") from None
+    return options
+
+
+def price_options(settings):
+    """The --price MODEL=IN/OUT flags as {model: (input, output)} USD per million tokens."""
+    prices = {}
+    for item in getattr(settings, "price", None) or []:
+        model, sep, text = item.rpartition("=")
+        shown = item if len(item) <= 60 else item[:57] + "..."
+        if not sep or not model.strip():
+            raise UsageError(f"--price {shown!r}: use MODEL={PRICE_FORM}")
+        try:
+            prices[model.strip()] = parse_price(text, f"--price {shown!r}")
+        except SuiteError as exc:
+            raise UsageError(str(exc)) from None
+    return prices
+
+
 def _check_ranges(args):
     """Values in range; checked again once a resumed or replayed record has filled the defaults."""
     if args.models is not None and len(set(args.models)) != len(args.models):
@@ -2461,6 +2578,8 @@ def _check_flags(args):
             re.compile(pattern)
         except (re.error, OverflowError, RecursionError) as exc:
             raise UsageError(f"--redact {pattern!r} is not a valid regular expression: {exc}") from None
+    request_options(args)  # refused here, before anything is read or sent
+    price_options(args)
     if args.merge is not None and len(args.merge) < 2:
         raise UsageError("--merge needs OUT and at least one shard record")
     if args.resume and args.out:
@@ -2551,6 +2670,18 @@ def provider_problem(args, env):
     return cls.problem(args, env)
 
 
+def search_problem(suite, cls):
+    """Why a `cite` case of the suite can never pass on this provider, or None (issue 12 item 9)."""
+    if cls.server_search is not False:
+        return None
+    case = next((case for case in suite["cases"] if "cite" in case), None)
+    if case is None:
+        return None
+    searchers = ", ".join(name for name, other in PROVIDERS.items() if other.server_search)
+    return (f"case {case['id']!r} has cite, which needs the server's own web search, and --provider {cls.name} "
+            f"runs none, so it could never pass; drop cite from the case or use --provider {searchers}")
+
+
 def make_provider(args, env):
     """The provider for this run and the secret it uses (never stored); UsageError on a bad set-up."""
     problem = provider_problem(args, env)
@@ -2601,8 +2732,50 @@ def _format_name(response_format):
     return response_format["type"]
 
 
-def plan_text(suite, args, plan, provider_note):
+def _wire_lines(suite, args, env):
+    """What goes on the wire beside the cases: tools, tool_choice, output cap, request options."""
+    cls = PROVIDERS[args.provider]
+    sent = cls.sent_tools(suite)
+    held = [tool for tool in suite["tools"] if tool not in sent]
+    tools = ", ".join(str(_tool_name(t) or t["type"]) for t in sent) or "none"
+    if held:
+        tools += (f" (not sent: {', '.join(str(_tool_name(t) or t['type']) for t in held)}; "
+                  f"{cls.name} runs no server-side search)")
+    lines = ["tools: " + tools]
+    choice = cls.sent_tool_choice(suite)
+    if choice:
+        lines.append("tool_choice: " + (choice if isinstance(choice, str) else dumps(choice)))
+    options = suite.get("request") or {}
+    cap = cls.output_cap(args, env)
+    if cap:
+        overridden = [key for key in OUTPUT_CAP_KEYS if key in options]
+        lines.append("output cap: " + (f"set by request ({', '.join(overridden)})" if overridden
+                                       else f"{cap} {MAX_OUTPUT_TOKENS}"))
+    if options:
+        lines.append("request: " + dumps(options))
+    return lines
+
+
+def _cost_lines(args, env, run):
+    """How spend is known: reported by the endpoint, estimated from prices, or not at all."""
+    cls, prices = PROVIDERS[args.provider], (run.prices if run is not None else {})
+    reported = cls.cost_reported(args, env)
+    unpriced = [model for model in args.models if model not in prices]
+    lines = []
+    if prices:
+        lines.append("prices (USD per million input/output tokens): "
+                     + ", ".join(f"{model} {price[0]}/{price[1]}" for model, price in prices.items()))
+    if args.max_cost_usd is not None and reported is not True and unpriced:
+        lines.append(f"warning: --max-cost-usd is set, but this endpoint's cost reporting is unknown and "
+                     f"{', '.join(unpriced)} {'has' if len(unpriced) == 1 else 'have'} no price; the run stops "
+                     f"after the first row that reports no cost. Add --price MODEL=IN/OUT "
+                     f"(USD per million input/output tokens)")
+    return lines
+
+
+def plan_text(suite, args, plan, provider_note, run=None, env=None):
     """The --dry-run report: what would be sent, to whom, how many times."""
+    env = os.environ if env is None else env
     models = args.models
     lines = [
         f"suite: {suite['name']}" + (f" ({suite['file']})" if suite.get("file") else ""),
@@ -2610,13 +2783,16 @@ def plan_text(suite, args, plan, provider_note):
         f"instructions sha256: {instructions_sha256(suite['instructions'])}",
         f"plan: {len(suite['cases'])} cases x {len(models)} models x {args.repeats} repeats = {len(plan)} requests",
         f"models: {', '.join(models)}",
-        "tools: " + (", ".join(str(_tool_name(t) or t["type"]) for t in suite["tools"]) or "none"),
+        *_wire_lines(suite, args, env),
         "response format: " + _format_name(suite["response_format"]),
+        *_cost_lines(args, env, run),
     ]
     for case in suite["cases"]:
         text = _normalise(_case_text(case))
         lines.append(f"  {case['id']}: {text[:70]}{'...' if len(text) > 70 else ''}"
                      f"  [checks: {', '.join(_checks_of(case)) or 'completed only'}]")
+    if run is not None and run.refusal:
+        lines.append(f"refused: {run.refusal}")
     lines.append("nothing was sent (--dry-run)")
     return "\n".join(lines)
 
@@ -2674,7 +2850,8 @@ class Run:
         self.path, self.kept, self.resuming = path, list(kept), resuming
         done = {row_key(row) for row in self.kept}
         self.todo = [key for key in plan if key not in done]
-        self.provider = self.secret = None
+        self.provider = self.secret = self.refusal = None
+        self.prices = {}
 
 
 def _resume_defaults(args, env):
@@ -2757,15 +2934,33 @@ def prepare(args, env):
     args.timeout = args.timeout or TIMEOUT_SECONDS
     _check_ranges(args)
     suite = _choose_suite(args, record, replayed)
+    options = request_options(args)
+    if options:  # the flags win over the suite's own request options
+        suite = {**suite, "request": {**(suite.get("request") or {}), **options}}
     if args.update_baseline and not suite.get("file"):
         raise UsageError("--update-baseline needs --suite FILE (the file it fills)")
     config = run_config(suite, args.models, args.repeats, args.timeout)
     full_plan = plan_rows(args.models, [case["id"] for case in suite["cases"]], args.repeats)
     shard = args.shard or (_shard(record["shard"]) if record is not None and record.get("shard") else None)
     plan = [key for n, key in enumerate(full_plan) if shard is None or n % shard[1] == shard[0] - 1]
+    recorded = {model: parse_price(text, "the record's prices") for model, text in
+                ((record or {}).get("prices") or {}).items()} if record is not None else {}
+    prices = {**recorded, **(suite.get("prices") or {}), **price_options(args)}  # flags win
     if record is not None:
-        return _resumed_run(record, suite, plan, config, args.resume)
-    header = record_header(
+        run = _resumed_run(record, suite, plan, config, args.resume)
+    else:
+        run = Run(suite, plan, set(plan), _new_header(args, env, cls, suite, config, shard, replayed),
+                  args.out or "results.json")
+    if prices:  # not config: a price changes what a row is said to cost, never its verdict
+        run.header["prices"] = {model: f"{price[0]}/{price[1]}" for model, price in prices.items()}
+        run.kept = [estimate_cost(dict(row), prices) for row in run.kept]  # a resume may add the price
+    run.prices = prices
+    run.refusal = search_problem(suite, cls)
+    return run
+
+
+def _new_header(args, env, cls, suite, config, shard, replayed):
+    return record_header(
         config,
         replayed.get("sdk_version") if replayed is not None else None,  # live: filled once the client exists
         replayed.get("evidence", "live") if replayed is not None else cls.evidence,
@@ -2774,7 +2969,6 @@ def prepare(args, env):
         shard=f"{shard[0]}/{shard[1]}" if shard else None,
         replayed_from={"path": args.replay, "created_at": replayed.get("created_at")} if replayed else None,
         redaction={"pii": args.redact_pii, "patterns": len(args.redact)} if args.redact or args.redact_pii else None)
-    return Run(suite, plan, set(plan), header, args.out or "results.json")
 
 
 def run_jobs(jobs, work, concurrency, stopping, refill_early=lambda row: False):
@@ -2853,7 +3047,7 @@ class Progress:
             self.stream.flush()
 
 
-def _stop_reason(row, tally, cap):
+def _stop_reason(row, tally, cap, path=None):
     """Why no new request may start after this row, or None."""
     if row["error"] is not None:
         status = f" {row['error_status']}" if row["error_status"] else ""
@@ -2862,7 +3056,9 @@ def _stop_reason(row, tally, cap):
     if cap is not None:
         spent = tally.spent()
         if spent is None:
-            return "the provider reported no cost, so --max-cost-usd cannot be enforced"
+            return (f"the endpoint reported no cost for {row['model']} and it has no price, so --max-cost-usd "
+                    f"cannot be enforced; give its price and continue: python regression.py --resume "
+                    f"{path or 'RECORD'} --price {row['model']}=IN/OUT (USD per million input/output tokens)")
         if spent >= cap:
             return f"--max-cost-usd reached: reported spend ${format(spent, 'f')} of ${format(cap, 'f')}"
     return None
@@ -2880,7 +3076,8 @@ def execute_run(run, args, writer, tally):
 
     def work(key):
         model, case_id, repeat = key
-        return execute(run.provider, run.suite, cases[case_id], model, repeat, grader=grader, retries=args.retries)
+        row = execute(run.provider, run.suite, cases[case_id], model, repeat, grader=grader, retries=args.retries)
+        return estimate_cost(row, run.prices)
 
     try:
         # A finished row can only stop the run by an error or by the spending cap.
@@ -2899,7 +3096,7 @@ def execute_run(run, args, writer, tally):
                 best = answers.get(key[1])
                 if best is None or position[key] < best[0]:
                     answers[key[1]] = (position[key], stored["answer_text"])
-            state["stopped"] = state["stopped"] or _stop_reason(stored, tally, args.max_cost_usd)
+            state["stopped"] = state["stopped"] or _stop_reason(stored, tally, args.max_cost_usd, run.path)
     finally:
         progress.close()
     return state["stopped"], state["in_order"], {case_id: text for case_id, (_, text) in answers.items()}
@@ -2979,8 +3176,12 @@ def main(argv=None):
         if args.dry_run:
             if PROVIDERS[args.provider].builds_offline:  # cheap and offline: a dry run can check coverage too
                 _check_replay_covers(make_provider(args, env)[0], run, args)
-            print(plan_text(run.suite, args, run.plan, provider_problem(args, env)))
-            return 0
+            print(plan_text(run.suite, args, run.plan, provider_problem(args, env), run, env))
+            if run.refusal:
+                print(f"regression.py: error: {run.refusal}", file=sys.stderr)
+            return 2 if run.refusal else 0
+        if run.refusal:  # before the provider exists, so nothing is built, let alone sent
+            raise UsageError(run.refusal)
         run.provider, run.secret = make_provider(args, env)
         _check_replay_covers(run.provider, run, args)
         if not run.resuming and run.header.get("sdk_version") is None:
