@@ -464,6 +464,12 @@ def check_forbid_tool(case, trace):
     return ["forbidden_tool_called"] if any(call.get("name") in forbidden for call in trace["tool_calls"]) else []
 
 
+def check_require_tool(case, trace):
+    """behavior require_tool:NAME: the model called the tool NAME at least once (a tool check cannot pass vacuously)."""
+    called = {call.get("name") for call in trace["tool_calls"]}
+    return ["tool_not_called"] if any(name not in called for name in _behavior_args(case, "require_tool")) else []
+
+
 def _asks_for(text, field):
     """Whether a text asks a question that names the field: order_id as "order_id", "order id",
     "order-id", "orderid", and a trailing id also as "number", "no", "#" or "identifier"."""
@@ -503,11 +509,12 @@ CHECKS = {
     "max_tool_rounds": check_max_tool_rounds,
     "forbid_tool": check_forbid_tool,
     "require_clarification": check_require_clarification,
+    "require_tool": check_require_tool,
 }
 
 # behavior name -> what its ":ARG" is (None: takes no argument)
 BEHAVIORS = {"json_object": None, "no_system_leak": None, "max_tool_rounds": "count",
-             "forbid_tool": "tool", "require_clarification": "field"}
+             "forbid_tool": "tool", "require_clarification": "field", "require_tool": "tool"}
 
 
 def grade(case, trace):
@@ -867,7 +874,7 @@ def _validate_case(case, suite, schema, functions, allow_empty_baseline):
         for entry in case["behaviors"]:
             _validate_behavior(entry, where)
             name, _, arg = entry.partition(":")
-            if name == "forbid_tool" and arg not in functions:
+            if name in ("forbid_tool", "require_tool") and arg not in functions:
                 raise SuiteError(f"{where}: behavior {entry!r} names no function tool of this suite "
                                  f"(tools: {', '.join(functions) or 'none'})")
     if "notes" in case and not isinstance(case["notes"], str):
@@ -1303,16 +1310,92 @@ def _chat_text(content):
     return content if isinstance(content, str) else ""
 
 
+MAX_ENDPOINT_MESSAGE = 300  # characters of an endpoint's own error message kept per row
+MAX_ERROR_BODY_BYTES = 65536  # read of an error body, enough for any message worth showing
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def endpoint_text(value, secrets=()):
+    """An endpoint-supplied message made safe to store and print: key-like strings masked,
+    control characters escaped, then cut (after masking, so no partial key survives the cut)."""
+    text = value if isinstance(value, str) else dumps(value)
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "[REDACTED:secret]")
+    for pattern, replacement in PII_PATTERNS[1:3]:  # bearer tokens and API-key-like strings
+        text = pattern.sub(replacement, text)
+    text = _CONTROL.sub(lambda match: match.group(0).encode("unicode_escape").decode("ascii"), text.strip())
+    return text if len(text) <= MAX_ENDPOINT_MESSAGE else text[:MAX_ENDPOINT_MESSAGE - 3] + "..."
+
+
+def endpoint_message(body):
+    """The message an error body carries: error.message, detail, message, or the text itself."""
+    data = body
+    if isinstance(body, (bytes, str)):
+        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError):
+            return text if text.strip() else None
+    if not isinstance(data, dict):
+        return dumps(data) if data not in (None, "", [], {}) else None
+    error = data.get("error")
+    for found in ((error.get("message") if isinstance(error, dict) else error), data.get("detail"),
+                  data.get("message"), error):
+        if found not in (None, "", [], {}):
+            return found if isinstance(found, str) else dumps(found)
+    return None
+
+
+def chat_error(raw):
+    """The error a chat-completions body reports instead of an answer, or None: a top-level
+    `error` with no choices, or OpenRouter's finish_reason "error" after generation began."""
+    if not isinstance(raw, dict):
+        return None
+    choices = raw.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+    if first is not None and first.get("finish_reason") == "error":
+        return endpoint_message({"error": first.get("error") or raw.get("error")}) or 'finish_reason "error"'
+    if first is None and raw.get("error") not in (None, "", [], {}):
+        return endpoint_message(raw) or "an error object"
+    return None
+
+
+def _call_name(value):
+    return value if isinstance(value, str) or value is None else dumps(value)
+
+
+def chat_calls(message):
+    """Every tool call a chat message holds, in whatever shape the server sent it: tool_calls
+    (arguments as a string or an object, malformed ones kept raw) and the legacy function_call.
+    Nothing the model did is dropped: an unreadable entry is kept raw as the arguments."""
+    entries = message.get("tool_calls")
+    entries = [entries] if isinstance(entries, dict) else entries if isinstance(entries, list) else []
+    if message.get("function_call") is not None:  # the older OpenAI form, still sent by some servers
+        entries = [*entries, {"function": message["function_call"]}]
+    calls = []
+    for entry in entries:
+        inner = entry.get("function") if isinstance(entry, dict) else None
+        if isinstance(inner, dict):
+            calls.append({"name": _call_name(inner.get("name")), "arguments": inner.get("arguments")})
+        elif isinstance(entry, dict) and "name" in entry:
+            calls.append({"name": _call_name(entry.get("name")), "arguments": entry.get("arguments")})
+        else:
+            calls.append({"name": None, "arguments": entry})
+    return calls
+
+
 def chat_trace(raw):
     """The normalised trace of a chat-completions response."""
+    problem = chat_error(raw)
+    if problem:
+        raise ResponseError(f"the endpoint answered with an error: {endpoint_text(problem)}")
     choices = raw.get("choices") if isinstance(raw, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict) \
             or not isinstance(choices[0].get("message"), dict):
         raise ResponseError("the response has no choices[0].message")
     message, finish = choices[0]["message"], choices[0].get("finish_reason")
-    calls = [{"name": (call.get("function") or {}).get("name"),
-              "arguments": (call.get("function") or {}).get("arguments")}
-             for call in message.get("tool_calls") or [] if isinstance(call, dict)]
+    calls = chat_calls(message)
     # Perplexity's Sonar and OpenAI's search models report what their search returned.
     urls = [item["url"] for item in _items(raw, "search_results") if isinstance(item.get("url"), str)]
     urls += [note["url_citation"]["url"] for note in _items(message, "annotations")
@@ -1406,7 +1489,7 @@ class OpenAIProvider(Provider):
         body = json.dumps(chat_request(suite, case, model, self.cap_key)).encode("utf-8")
         request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with _no_redirect_opener().open(request, timeout=self.timeout) as response:
                 status, data = response.status, response.read(MAX_RESPONSE_BYTES + 1)
                 declared = response.headers.get("Content-Length", "")
                 if declared.isdigit() and len(data) < int(declared) <= MAX_RESPONSE_BYTES:
@@ -1414,7 +1497,7 @@ class OpenAIProvider(Provider):
                     raise http.client.IncompleteRead(data, int(declared) - len(data))
         except urllib.error.HTTPError as exc:
             exc.status_code = exc.code
-            exc.close()
+            self._explain(exc)
             raise
         except urllib.error.URLError as exc:
             # Report the underlying failure (refused, timeout, reset), not the wrapper.
@@ -1428,13 +1511,51 @@ class OpenAIProvider(Provider):
         if not isinstance(raw, dict):
             raise ResponseError("the body is not a JSON object", status)
         try:
-            chat_trace(raw)  # a body without choices[0].message is an endpoint failure, not an answer
+            chat_trace(raw)  # a body without choices[0].message, or a 200 that says error, is no answer
         except ResponseError as exc:
             exc.status_code = status
+            if chat_error(raw):
+                exc.raw = raw  # a 200 that reports an error is kept as the row's evidence
             raise
         return raw
 
     parse = staticmethod(chat_trace)
+
+    def _explain(self, exc):
+        """Put what the endpoint said, and what to do, into an HTTPError's message; close it."""
+        try:
+            body = exc.read(MAX_ERROR_BODY_BYTES)
+        except Exception:  # a body that cannot be read leaves the status line alone
+            body = b""
+        finally:
+            exc.close()
+        notes = [endpoint_text(said, [self.key]) for said in [endpoint_message(body)] if said]
+        if 300 <= exc.code < 400:
+            # Following it would resend the key to wherever Location points and grade that reply.
+            target = urllib.parse.urljoin(self.url, exc.headers.get("Location", "") if exc.headers else "")
+            host = urllib.parse.urlsplit(target).hostname or "an unnamed host"
+            base = target[:-len("/chat/completions")] if target.endswith("/chat/completions") else target
+            notes = [f"redirect to {host} not followed (the key would go along); if that is the endpoint, "
+                     f"use --base-url {endpoint_text(_public_url(base))}"]
+        elif exc.code == 404:
+            notes.append(f"POST {self.endpoint_url}")
+            base_path = urllib.parse.urlsplit(self.url).path[:-len("/chat/completions")]
+            if not base_path.rstrip("/").endswith("/v1"):
+                notes.append("most OpenAI-compatible servers serve /v1: try the base URL with the /v1 suffix")
+        if notes:
+            exc.msg = f"{exc.msg}: {'; '.join(notes)}"
+
+
+@functools.lru_cache(maxsize=1)
+def _no_redirect_opener():
+    """A urllib opener that follows no redirect (urllib is imported here: start-up stays lean)."""
+    import urllib.request
+
+    class RefuseRedirects(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req, fp, code, msg, headers, newurl):
+            return None  # urllib then raises HTTPError(3xx), which OpenAIProvider._explain words
+
+    return urllib.request.build_opener(RefuseRedirects)
 
 
 def _case_text(case):
@@ -1645,6 +1766,15 @@ def send(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter
             attempt += 1
 
 
+def error_message(exc, provider):
+    """What an execution error says; a failure to reach the endpoint also names where it was sent."""
+    message = str(exc) or type(exc).__name__
+    where = getattr(provider, "endpoint_url", None)
+    if where and status_of(exc) is None and not isinstance(exc, ResponseError) and where not in message:
+        message += f" (sending to {where})"
+    return message
+
+
 def execute(provider, suite, case, model, repeat=None, grader=None, retries=None):
     """One row: request, store the evidence, then grade (SPEC A6).
 
@@ -1667,6 +1797,8 @@ def execute(provider, suite, case, model, repeat=None, grader=None, retries=None
         row["answer_text"] = trace["final_text"]
         row["cost_usd"] = trace["cost_usd"]
         compiled = compile_case(suite, case)
+        if compiled["_function_tools"]:  # counted, so a run whose model never called a tool says so
+            row["tool_calls"] = len(trace["tool_calls"])
         row["reasons"] = grader(case, raw, trace) if grader else grade(compiled, trace)
         details = explain(compiled, trace)
         if details:
@@ -1674,7 +1806,9 @@ def execute(provider, suite, case, model, repeat=None, grader=None, retries=None
     except Exception as exc:  # an endpoint or checker failure is evidence, not a crash
         row["error"] = type(exc).__name__
         row["error_status"] = status_of(exc)
-        row["error_message"] = str(exc)[:4000]  # cut to 500 once masked (redact_row)
+        row["error_message"] = error_message(exc, provider)[:4000]  # cut to 500 once masked (redact_row)
+        if row["response"] is None and isinstance(getattr(exc, "raw", None), dict):
+            row["response"] = exc.raw  # a body that says error is evidence too
         row["reasons"] = ["execution_error"]
         if retries is not None:
             row.setdefault("attempts", getattr(exc, "attempts", 1))
@@ -2121,6 +2255,7 @@ class Tally:
         self.expected = set(expected if expected is not None else plan_rows(self.models, case_ids, repeats))
         self.seen, self.clash = set(), False
         self.errors = self.failures = 0
+        self.tool_rows = self.tool_calls = 0  # rows of a suite with function tools, and their calls
         self.per_model = {model: {"passed": 0, "total": 0, "errors": 0, "cost": decimal.Decimal(0),
                                   "cost_known": True, "expected": 0} for model in self.models}
         for model, _, _ in self.expected:
@@ -2137,6 +2272,9 @@ class Tally:
         self.seen.add(key)
         failed = row.get("passed") is not True
         errored = row.get("error") is not None
+        calls = row.get("tool_calls")
+        if isinstance(calls, int) and not isinstance(calls, bool):
+            self.tool_rows, self.tool_calls = self.tool_rows + 1, self.tool_calls + max(calls, 0)
         self.errors += errored
         self.failures += failed
         stats = self.per_model.get(row.get("model"))
@@ -2174,8 +2312,16 @@ class Tally:
                 "reported_cost_usd": format(stats["cost"], "f") if stats["cost_known"] else None,
             }
         exit_code = 2 if not complete or self.errors else 1 if self.failures else 0
-        return {"complete": complete, "rows": len(self.seen), "expected_rows": len(self.expected),
-                "models": models, "exit_code": exit_code}
+        verdict = {"complete": complete, "rows": len(self.seen), "expected_rows": len(self.expected),
+                   "models": models, "exit_code": exit_code}
+        if self.tool_rows and not self.tool_calls:
+            verdict["warnings"] = [NO_TOOL_CALLS.format(rows=self.tool_rows)]
+        return verdict
+
+
+NO_TOOL_CALLS = ("the suite declares function tools, but no model called a tool in {rows} answered row(s): "
+                 "tool checks may have passed vacuously (did the server receive the tools?); "
+                 "add behavior require_tool:NAME to a case that must call one")
 
 
 def summary(rows, models, repeats, cases=CASES):
@@ -2327,6 +2473,12 @@ def _model_rows(final):
             for model, stats in (models.items() if isinstance(models, dict) else []) if isinstance(stats, dict)]
 
 
+def _warnings(final):
+    """The summary's warnings (e.g. no tool was ever called), tolerating a hand-edited summary."""
+    warnings = final.get("warnings") if isinstance(final, dict) else None
+    return [str(warning) for warning in warnings] if isinstance(warnings, list) else []
+
+
 def _failed_rows(record):
     return [row for row in record["runs"] if isinstance(row, dict) and not row.get("passed")]
 
@@ -2344,12 +2496,14 @@ def markdown_run(record):
              f"{md_text(record.get('evidence', 'live'))}"]
     if final.get("stopped"):
         lines += ["", f"Stopped early: {md_text(final['stopped'])}"]
+    lines += ["", *(f"Warning: {md_text(warning)}" for warning in _warnings(final))] if _warnings(final) else []
     lines += ["", md_table(MODEL_COLUMNS, [[md_text(cell) for cell in cells] for cells in _model_rows(final)])]
     failed = _failed_rows(record)
     if failed:
         lines += ["", "### Failures", "", md_table(["model", "case", "repeat", "reasons"], [
             [md_text(row.get("model")), md_text(row.get("case_id")), str(row.get("repeat")),
-             md_text(", ".join(row.get("reasons") or []) + (f" ({row['error']} {row.get('error_status') or ''})"
+             md_text(", ".join(row.get("reasons") or []) + (f" ({row['error']} {row.get('error_status') or ''}"
+                                                            f"{': ' + row['error_message'][:300] if isinstance(row.get('error_message'), str) else ''})"
                                                             if row.get("error") else ""))]
             for row in failed])]
     return "\n".join(lines) + "\n"
@@ -2383,6 +2537,7 @@ def html_run(record):
             f"created {xml_text(record.get('created_at'))}</p>"]
     if final.get("stopped"):
         body.append(f"<p>Stopped early: {xml_text(final['stopped'])}</p>")
+    body += [f"<p>Warning: {xml_text(warning)}</p>" for warning in _warnings(final)]
     body.append(html_table(MODEL_COLUMNS, [
         [xml_text(cell) if n != 3 else (cell, "pass" if cell == "yes" else "fail") for n, cell in enumerate(cells)]
         for cells in _model_rows(final)]))
@@ -2801,9 +2956,14 @@ def row_line(row):
     """The console line of one row: model, case, repeat, verdict or reasons, cost, time."""
     if row["error"] is not None:
         verdict = f"ERROR {row['error']}" + (f" {row['error_status']}" if row["error_status"] else "")
+        if row.get("error_message"):  # what the endpoint said, one escaped line
+            verdict += ": " + endpoint_text(row["error_message"][:200])
     else:
         verdict = "PASS" if row["passed"] else "FAIL " + ",".join(row["reasons"])
+    if isinstance(row.get("attempts"), int) and row["attempts"] > 1:
+        verdict += f" (after {row['attempts']} attempts)"
     cost = f"${row['cost_usd']}" if row["cost_usd"] is not None else "$?"
+    cost += " estimated" if row.get("cost_estimated") else ""
     return f"{row['model']}  {row['case_id']}  r{row['repeat']}  {verdict}  {cost}  {row['seconds']:.3f}s"
 
 
@@ -3228,6 +3388,8 @@ def main(argv=None):
         print(f"regression.py: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(final, indent=2))
+    for warning in final.get("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr)
     if stopped:
         print(f"stopped early: {stopped}", file=sys.stderr)
     if targets:
