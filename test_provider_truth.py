@@ -74,6 +74,32 @@ def error_line(stderr):
     return lines[0]
 
 
+CLI_TABLE = """
+import contextlib, io, json, sys
+import regression
+results = []
+for argv in json.loads(sys.stdin.read()):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = regression.main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    results.append([code, out.getvalue(), err.getvalue()])
+sys.stdout.write(json.dumps(results))
+"""
+
+
+def cli_table(argvs, cwd, env=None):
+    """[(exit code, stdout, stderr)] of regression.main for each argv, all in ONE child process
+    (python -W error, a fresh interpreter): a table of fixed inputs costs one start-up, not one each."""
+    result = subprocess.run([sys.executable, "-W", "error", "-c", CLI_TABLE], input=json.dumps(
+        [[str(arg) for arg in argv] for argv in argvs]), cwd=cwd, capture_output=True, text=True, timeout=120,
+        env={**(env if env is not None else cli_env()), "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    return json.loads(result.stdout)
+
+
 def openai_args(server, *extra, models=("m",), suite=AGENT_TOOLS, out=None):
     argv = ["--provider", "openai", "--base-url", server.url + "/v1", "--models", *models, "--suite", suite]
     return [*argv, *(["--out", out] if out else []), *extra]
@@ -184,3 +210,166 @@ def test_identity_never_stores_credentials_or_query(name, monkeypatch):
         settings.base_url = url
     env = {cls.base_url_variable: url}
     assert cls.identity(settings, env) == {"name": name, "base_url": "https://api.example:8443/v1"}
+
+
+# ====================================================================== B1. tools reach the model (issue 12 item 1)
+
+INVENTED = {"order_id": "ord_99999"}
+ASK = "Could you tell me your order ID?"
+
+
+def cancels(body):
+    return fakes.chat_response(tool_calls=[("cancel_order", INVENTED)])
+
+
+def asks(body):
+    return fakes.chat_response(ASK)
+
+
+def tools_suite(tmp_path, behaviors=("forbid_tool:cancel_order",), **extra):
+    data = json.loads(AGENT_TOOLS.read_text(encoding="utf-8"))
+    data["cases"] = [{"id": "cancel", "input": "Cancel my order.", "behaviors": list(behaviors)}]
+    data.update(extra)
+    return write_suite(tmp_path / "tools.json", data)
+
+
+def test_tool_choice_auto_lets_a_server_that_needs_it_see_the_tools(tmp_path):
+    """llama-cpp-python ignores tools without tool_choice: the forbidden call must now be seen."""
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.ignores_tools_without_choice(cancels, asks)) as server:
+        result = run_cli(openai_args(server, suite=tools_suite(tmp_path), out=out), tmp_path)
+    assert result.returncode == 1, result.stderr
+    body = server.requests[0].json
+    assert body["tool_choice"] == "auto" and [t["function"]["name"] for t in body["tools"]] == \
+        ["lookup_order", "cancel_order"]
+    (row,) = read_record(out)["runs"]
+    assert row["reasons"] == ["forbidden_tool_called"] and row["tool_calls"] == 1
+
+
+def test_no_tool_choice_without_function_tools(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.chat(lambda body: fakes.chat_response("fine"))) as server:
+        assert run_main(openai_args(server, suite=GUARDRAILS, out=out)) == 1
+    assert all("tool_choice" not in request.json and "tools" not in request.json for request in server.requests)
+    assert "tool_calls" not in read_record(out)["runs"][0]
+
+
+@pytest.mark.parametrize("choice, sent", [
+    ("auto", "auto"), ("required", "required"), ("none", "none"),
+    ("cancel_order", {"type": "function", "function": {"name": "cancel_order"}}),
+    ({"type": "function", "function": {"name": "lookup_order"}}, {"type": "function", "function": {"name": "lookup_order"}}),
+])
+def test_suite_tool_choice_is_sent_as_declared(tmp_path, choice, sent):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.chat(cancels)) as server:
+        assert run_main(openai_args(server, suite=tools_suite(tmp_path, tool_choice=choice), out=out)) == 1
+    assert server.requests[0].json["tool_choice"] == sent
+    assert read_record(out)["config"]["tool_choice"] == sent  # part of config: compare stays strict
+
+
+BAD_TOOL_CHOICES = [
+    ("unknown-name", {"tool_choice": "delete_everything"}, "tool_choice"),
+    ("wrong-type", {"tool_choice": 3}, "tool_choice"),
+    ("object-without-function", {"tool_choice": {"type": "function"}}, "tool_choice"),
+    ("object-other-name", {"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ("no-function-tools", {"tool_choice": "auto", "tools": []}, "needs function tools"),
+    ("request-not-object", {"request": ["seed", 7]}, "request must be an object"),
+    ("request-overrides-model", {"request": {"model": "other"}}, "'model'"),
+    ("request-overrides-messages", {"request": {"messages": []}}, "'messages'"),
+    ("request-overrides-input", {"request": {"input": "x"}}, "'input'"),
+    ("request-overrides-tools", {"request": {"tools": []}}, "'tools'"),
+    ("request-streams", {"request": {"stream": True}}, "'stream'"),
+    ("request-empty-key", {"request": {" ": 1}}, "non-empty"),
+    ("prices-not-object", {"prices": "m=1/2"}, "prices"),
+    ("price-one-number", {"prices": {"m": "1"}}, "not a price"),
+    ("price-negative", {"prices": {"m": "-1/2"}}, "not a price"),
+    ("price-nan", {"prices": {"m": "NaN/2"}}, "not a price"),
+    ("price-number", {"prices": {"m": 3}}, "not a price"),
+]
+
+
+def test_bad_suite_keys_are_one_line_errors_through_the_cli(tmp_path):
+    """Each fixed hostile suite: exit 2, one error line naming the key, nothing created."""
+    argvs = []
+    for name, extra, _ in BAD_TOOL_CHOICES:
+        data = json.loads(AGENT_TOOLS.read_text(encoding="utf-8"))
+        data["cases"] = [{"id": "cancel", "input": "Cancel my order.", "behaviors": ["forbid_tool:cancel_order"]}]
+        suite = write_suite(tmp_path / f"{name}-suite.json", {**data, **extra})
+        argvs.append(["--provider", "echo", "--suite", suite, "--out", tmp_path / f"{name}.json"])
+    for (name, _, needle), (code, _, err) in zip(BAD_TOOL_CHOICES, cli_table(argvs, tmp_path)):
+        assert code == 2, (name, err)
+        assert needle in error_line(err), (name, err)
+        assert not (tmp_path / f"{name}.json").exists(), name
+
+
+def test_request_value_that_is_not_plain_json_is_refused(tmp_path):
+    suite = tools_suite(tmp_path)
+    text = suite.read_text().replace('"cases"', '"request": {"temperature": NaN}, "cases"')
+    suite.write_text(text)
+    result = run_cli(["--provider", "echo", "--suite", suite, "--dry-run"], tmp_path)
+    assert result.returncode == 2 and "not plain JSON" in error_line(result.stderr)
+
+
+def test_no_tool_call_in_any_row_is_a_warning_in_summary_console_and_reports(tmp_path):
+    out, md, html = tmp_path / "run.json", tmp_path / "r.md", tmp_path / "r.html"
+    with FakeServer(fakes.chat(asks)) as server:
+        result = run_cli(openai_args(server, models=("a", "b"), out=out) + ["--markdown", md, "--html", html],
+                         tmp_path)
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1 and "no model called a tool in 6 answered row(s)" in warnings[0]
+    assert "require_tool" in warnings[0]
+    summary = read_record(out)["summary"]
+    assert summary["warnings"] == [regression.NO_TOOL_CALLS.format(rows=6)]
+    assert "no model called a tool" in md.read_text() and "no model called a tool" in html.read_text()
+
+
+def test_one_tool_call_anywhere_means_no_warning(tmp_path):
+    out = tmp_path / "run.json"
+
+    def answer(body):
+        return cancels(body) if body["model"] == "b" else asks(body)
+
+    with FakeServer(fakes.chat(answer)) as server:
+        result = run_cli(openai_args(server, models=("a", "b"), out=out), tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert "warning:" not in result.stderr
+    assert "warnings" not in read_record(out)["summary"]
+
+
+def test_require_tool_makes_a_vacuous_pass_impossible(tmp_path):
+    suite = tools_suite(tmp_path, behaviors=["forbid_tool:cancel_order", "require_tool:lookup_order"])
+    out, called = tmp_path / "run.json", tmp_path / "called.json"
+    with FakeServer(fakes.chat(asks)) as server:
+        result = run_cli(openai_args(server, suite=suite, out=out), tmp_path)
+    assert result.returncode == 1, result.stderr
+    (row,) = read_record(out)["runs"]
+    assert row["reasons"] == ["tool_not_called"] and row["passed"] is False
+    assert "FAIL tool_not_called" in result.stdout
+    with FakeServer(fakes.chat(lambda body: fakes.chat_response(tool_calls=[("lookup_order", {"order_id": "o"})]))) \
+            as server:
+        assert run_cli(openai_args(server, suite=suite, out=called), tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize("calls, reasons", [
+    ([], ["tool_not_called"]),
+    ([{"name": "cancel_order", "arguments": "{}"}], ["tool_not_called"]),
+    ([{"name": "lookup_order", "arguments": "{not json"}], []),
+    ([{"name": "lookup_order", "arguments": {"order_id": 1}}], []),
+    ([{"name": None, "arguments": "x"}, {"name": "lookup_order", "arguments": None}], []),
+])
+def test_require_tool_check_table(calls, reasons):
+    suite = regression.validate_suite(json.loads(AGENT_TOOLS.read_text()) | {
+        "cases": [{"id": "c", "input": "q", "behaviors": ["require_tool:lookup_order"]}]})
+    case = regression.compile_case(suite, suite["cases"][0])
+    trace = {"final_text": "", "tool_calls": calls, "tool_rounds": 1 if calls else 0, "search_urls": [],
+             "status": "completed", "cost_usd": None}
+    assert regression.CHECKS["require_tool"](case, trace) == reasons
+    assert ("tool_not_called" in regression.grade(case, trace)) == bool(reasons)
+
+
+def test_require_tool_must_name_a_function_tool(tmp_path):
+    suite = tools_suite(tmp_path, behaviors=["require_tool:refund_order"])
+    result = run_cli(["--provider", "echo", "--suite", suite, "--dry-run"], tmp_path)
+    assert result.returncode == 2
+    assert "require_tool:refund_order" in error_line(result.stderr)
