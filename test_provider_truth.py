@@ -373,3 +373,312 @@ def test_require_tool_must_name_a_function_tool(tmp_path):
     result = run_cli(["--provider", "echo", "--suite", suite, "--dry-run"], tmp_path)
     assert result.returncode == 2
     assert "require_tool:refund_order" in error_line(result.stderr)
+
+
+# ====================================================================== B2. endpoint errors explained (item 2)
+
+LLAMA_SCHEMA_ERROR = "Input should be 'text' or 'json_object'"
+
+
+@pytest.mark.parametrize("body, said", [
+    ({"error": {"message": LLAMA_SCHEMA_ERROR, "type": "invalid_request_error"}}, LLAMA_SCHEMA_ERROR),
+    ({"detail": LLAMA_SCHEMA_ERROR}, LLAMA_SCHEMA_ERROR),
+    ({"detail": [{"loc": ["body", "response_format"], "msg": LLAMA_SCHEMA_ERROR}]}, LLAMA_SCHEMA_ERROR),
+    ({"message": LLAMA_SCHEMA_ERROR}, LLAMA_SCHEMA_ERROR),
+    ({"error": LLAMA_SCHEMA_ERROR}, LLAMA_SCHEMA_ERROR),
+    (LLAMA_SCHEMA_ERROR, LLAMA_SCHEMA_ERROR),
+], ids=["error.message", "detail", "detail-list", "message", "error-string", "json-string"])
+def test_endpoint_message_is_found_in_every_common_shape(body, said):
+    assert said in regression.endpoint_message(json.dumps(body).encode())
+
+
+def test_endpoint_message_from_a_text_body_and_none_from_nothing():
+    assert regression.endpoint_message(b"upstream timed out\n") == "upstream timed out\n"
+    assert regression.endpoint_message(b"") is None and regression.endpoint_message(b"{}") is None
+
+
+def test_endpoint_text_masks_escapes_and_bounds():
+    hostile = f"bad key {SECRET}\x1b[31m\r\nBearer abc.def-ghi " + "x" * 1000
+    text = regression.endpoint_text(hostile, [SECRET])
+    assert SECRET not in text and "abc.def-ghi" not in text
+    assert "\x1b" not in text and "\r" not in text and "\n" not in text and "\\x1b" in text
+    assert len(text) <= regression.MAX_ENDPOINT_MESSAGE
+    # masking comes before the cut: a key straddling the limit leaves no fragment behind
+    edge = "y" * (regression.MAX_ENDPOINT_MESSAGE - 10) + SECRET
+    assert SECRET[:8] not in regression.endpoint_text(edge, [SECRET])
+
+
+def test_500_with_json_error_keeps_the_servers_message_in_row_console_and_reports(tmp_path):
+    out, md, junit, html = (tmp_path / name for name in ("run.json", "r.md", "r.xml", "r.html"))
+    with FakeServer(fakes.json_error(500)) as server:
+        result = run_cli(openai_args(server, out=out) + ["--markdown", md, "--junit", junit, "--html", html],
+                         tmp_path)
+    assert result.returncode == 2, result.stderr
+    (row,) = read_record(out)["runs"]
+    assert row["error"] == "HTTPError" and row["error_status"] == 500
+    assert LLAMA_SCHEMA_ERROR in row["error_message"]
+    assert "HTTPError 500" in result.stdout and LLAMA_SCHEMA_ERROR in result.stdout
+    assert LLAMA_SCHEMA_ERROR in md.read_text()
+    escaped = LLAMA_SCHEMA_ERROR.replace("'", "&#x27;")
+    assert escaped in junit.read_text() or LLAMA_SCHEMA_ERROR in junit.read_text()
+    assert escaped in html.read_text() or LLAMA_SCHEMA_ERROR in html.read_text()
+
+
+def test_hostile_error_body_is_masked_escaped_and_bounded_everywhere(tmp_path):
+    out = tmp_path / "run.json"
+    said = f"denied for key {SECRET}\x1b]0;pwned\x07\nnext line " + "z" * 5000
+    with FakeServer(fakes.json_error(403, {"error": {"message": said}})) as server:
+        result = run_cli(openai_args(server, "--api-key-env", "MY_ENDPOINT_KEY", out=out), tmp_path,
+                         env=cli_env(MY_ENDPOINT_KEY=SECRET))
+    assert result.returncode == 2
+    assert SECRET not in result.stdout + result.stderr and SECRET.encode() not in out.read_bytes()
+    (row,) = read_record(out)["runs"]
+    assert "denied for key" in row["error_message"] and "\x1b" not in row["error_message"]
+    assert len(row["error_message"]) <= 500
+    line = next(line for line in result.stdout.splitlines() if "HTTPError 403" in line)
+    assert "\x1b" not in result.stdout and "\x07" not in result.stdout and len(line) < 400
+
+
+def test_404_names_the_url_posted_to_and_suggests_v1(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(lambda request: Reply(404, {"detail": "Not Found"})) as server:
+        result = run_cli(["--provider", "openai", "--base-url", server.url, "--models", "m", "--suite", AGENT_TOOLS,
+                          "--out", out], tmp_path)
+    assert result.returncode == 2
+    message = read_record(out)["runs"][0]["error_message"]
+    assert f"POST {server.url}/chat/completions" in message and "/v1" in message and "Not Found" in message
+    assert f"POST {server.url}/chat/completions" in result.stdout
+
+
+def test_404_under_v1_does_not_suggest_v1_again(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(lambda request: Reply(404, {"detail": "Not Found"})) as server:
+        assert run_main(openai_args(server, out=out)) == 2
+    message = read_record(out)["runs"][0]["error_message"]
+    assert f"POST {server.url}/v1/chat/completions" in message and "suffix" not in message
+
+
+def test_console_shows_the_attempt_count_when_retries_happened(tmp_path):
+    out = tmp_path / "run.json"
+
+    def flaky(request):
+        if request.number <= 2:
+            return Reply(503, {"error": {"message": "warming up"}}, headers={"Retry-After": "0"})
+        return Reply(body=fakes.chat_response(ASK))
+
+    with FakeServer(flaky) as server:
+        result = run_cli(openai_args(server, "--retries", "3", out=out, suite=tools_suite(tmp_path)), tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "PASS (after 3 attempts)" in result.stdout
+    assert read_record(out)["runs"][0]["attempts"] == 3
+
+
+def test_row_line_escapes_any_error_message():
+    row = {"model": "m", "case_id": "c", "repeat": 0, "error": "ValueError", "error_status": None,
+           "error_message": "two\nlines\x1b[2J", "passed": False, "reasons": ["execution_error"],
+           "cost_usd": None, "seconds": 0.1}
+    line = regression.row_line(row)
+    assert "\n" not in line and "\x1b" not in line and "two\\nlines" in line
+
+
+# ====================================================================== B3. the output cap reaches every server (item 3)
+
+@pytest.mark.parametrize("base_url, key", [
+    ("https://api.openai.com/v1", "max_completion_tokens"),
+    ("http://127.0.0.1:8080/v1", "max_tokens"),       # llama.cpp, vLLM, LM Studio
+    ("http://localhost:11434/v1", "max_tokens"),      # Ollama
+    ("https://openrouter.ai/api/v1", "max_tokens"),
+    ("http://api.openai.com.evil.example/v1", "max_tokens"),
+])
+def test_output_cap_key_rule(base_url, key):
+    assert regression.OpenAIProvider.output_cap_key(base_url) == key
+    other = ({"max_tokens", "max_completion_tokens"} - {key}).pop()
+    suite = regression.load_suite(str(GUARDRAILS))
+    body = regression.chat_request(suite, suite["cases"][0], "m", key)
+    assert body[key] == regression.MAX_OUTPUT_TOKENS and other not in body
+
+
+def test_server_honouring_only_max_tokens_stops_at_the_cap(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.honours_only_max_tokens(words=2010)) as server:
+        assert run_main(openai_args(server, "--request", "max_tokens=20", suite=GUARDRAILS, out=out)) == 1
+        sent = server.requests[0].json
+    assert sent["max_tokens"] == 20 and "max_completion_tokens" not in sent
+    rows = read_record(out)["runs"]
+    assert all(len(row["answer_text"].split()) == 20 for row in rows)
+    with FakeServer(fakes.honours_only_max_tokens(words=5000)) as server:
+        assert run_main(openai_args(server, suite=GUARDRAILS, out=tmp_path / "default.json")) == 1
+        assert server.requests[0].json["max_tokens"] == regression.MAX_OUTPUT_TOKENS
+    assert all(len(row["answer_text"].split()) == regression.MAX_OUTPUT_TOKENS
+               for row in read_record(tmp_path / "default.json")["runs"])
+
+
+def test_dry_run_prints_the_output_cap_it_would_send(tmp_path):
+    result = cli_table([
+        ["--provider", "openai", "--base-url", "https://api.openai.com/v1", "--models", "m", "--suite", AGENT_TOOLS,
+         "--dry-run"],
+        ["--provider", "openai", "--base-url", "http://127.0.0.1:9/v1", "--models", "m", "--suite", AGENT_TOOLS,
+         "--dry-run", "--request", "max_completion_tokens=64"],
+    ], tmp_path)
+    assert result[0][0] == 0 and "output cap: max_completion_tokens 4096" in result[0][1]
+    assert "tool_choice: auto" in result[0][1]
+    assert result[1][0] == 0 and "output cap: set by request (max_completion_tokens)" in result[1][1]
+    assert 'request:{"max_completion_tokens":64}' in result[1][1].replace(" ", "")
+
+
+# ====================================================================== B4. request options (item 4)
+
+JSON_SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "Code", "schema": {
+    "type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}}
+LLAMA_FORMAT = {"type": "json_object", "schema": JSON_SCHEMA_FORMAT["json_schema"]["schema"]}
+
+
+def test_request_options_reach_the_body_and_the_config_and_flags_win(tmp_path):
+    suite = write_suite(tmp_path / "s.json", {
+        "name": "s", "instructions": "Answer in JSON.", "response_format": JSON_SCHEMA_FORMAT,
+        "request": {"seed": 1, "top_p": 0.5, "response_format": LLAMA_FORMAT, "provider": {"order": ["x"]}},
+        "cases": [{"id": "c", "input": "code?", "expect": {"code": "429"}}]})
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.chat(lambda body: fakes.chat_response('{"code": "429"}'))) as server:
+        result = run_cli(openai_args(server, "--request", "seed=7", "--request", 'user="ci"', suite=suite, out=out),
+                         tmp_path)
+    assert result.returncode == 0, result.stderr
+    body = server.requests[0].json
+    assert body["seed"] == 7 and body["top_p"] == 0.5 and body["user"] == "ci"
+    assert body["provider"] == {"order": ["x"]}
+    assert body["response_format"] == LLAMA_FORMAT          # the server's own wire form ...
+    assert body["model"] == "m" and body["messages"][-1]["content"] == "code?"
+    record = read_record(out)
+    assert record["runs"][0]["passed"] is True              # ... while the suite's schema still grades
+    assert record["config"]["request"] == {"seed": 7, "top_p": 0.5, "response_format": LLAMA_FORMAT,
+                                           "provider": {"order": ["x"]}, "user": "ci"}
+
+
+def test_request_options_make_records_not_comparable_and_resume_strict(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    with FakeServer(fakes.chat(asks)) as server:
+        assert run_main(openai_args(server, "--request", "seed=1", out=a)) == 0
+        assert run_main(openai_args(server, "--request", "seed=2", out=b)) == 0
+        compared = subprocess.run([sys.executable, str(ROOT / "compare_runs.py"), a, b], cwd=tmp_path,
+                                  capture_output=True, text=True, timeout=60)
+        assert compared.returncode == 2 and "NOT_COMPARABLE" in compared.stdout + compared.stderr
+        assert "request" in compared.stdout + compared.stderr
+        partial = tmp_path / "partial.json"
+        record = read_record(a)
+        record["runs"] = record["runs"][:1]
+        partial.write_text(json.dumps(record))
+        refused = run_main(["--resume", partial, "--request", "seed=3"])
+        assert refused == 2
+        assert run_main(["--resume", partial]) == 0  # the record's own options are kept
+        assert all(request.json["seed"] == 1 for request in server.requests[-2:])
+
+
+BAD_REQUEST_FLAGS = [
+    (["--request", "seed"], "KEY=JSON"),
+    (["--request", "=7"], "non-empty"),
+    (["--request", "model=\"x\""], "'model'"),
+    (["--request", "messages=[]"], "'messages'"),
+    (["--request", "input=\"x\""], "'input'"),
+    (["--request", "tools=[]"], "'tools'"),
+    (["--request", "stream=true"], "'stream'"),
+    (["--request", "seed=seven"], "not JSON"),
+    (["--request", "seed=NaN"], "not JSON"),
+    (["--request", "seed=Infinity"], "not JSON"),
+    (["--request", "seed=1", "--request", "seed=2"], "given twice"),
+    (["--request", "x=" + "[" * 100000], "not JSON"),
+    (["--price", "m"], "MODEL=IN/OUT"),
+    (["--price", "=1/2"], "MODEL=IN/OUT"),
+    (["--price", "m=1"], "not a price"),
+    (["--price", "m=a/b"], "not a price"),
+    (["--price", "m=-1/2"], "not a price"),
+    (["--price", "m=1/2/3"], "not a price"),
+    (["--price", "m=inf/2"], "not a price"),
+]
+
+
+def test_bad_request_and_price_flags_are_one_line_errors_through_the_cli(tmp_path):
+    argvs = [["--provider", "echo", "--suite", GUARDRAILS, *flags, "--out", tmp_path / f"{n}.json"]
+             for n, (flags, _) in enumerate(BAD_REQUEST_FLAGS)]
+    for n, ((flags, needle), (code, _, err)) in enumerate(zip(BAD_REQUEST_FLAGS, cli_table(argvs, tmp_path))):
+        assert code == 2, (flags, err)
+        assert needle in error_line(err), (flags, err)
+        assert not (tmp_path / f"{n}.json").exists()
+
+
+def test_request_options_go_to_the_agent_api_in_the_body(tmp_path):
+    suite = regression.load_suite(str(AGENT_TOOLS))
+    suite = {**suite, "request": {"seed": 7}, "tool_choice": {"type": "function", "function": {"name": "lookup_order"}}}
+    kwargs = regression.agent_request(suite, suite["cases"][0], "m")
+    assert kwargs["extra_body"] == {"seed": 7, "tool_choice": {"type": "function", "name": "lookup_order"}}
+    assert "tool_choice" not in regression.agent_request(regression.load_suite(str(AGENT_TOOLS)),
+                                                         suite["cases"][0], "m")
+
+
+# ====================================================================== B5. a 200 that is an error (item 5)
+
+@pytest.mark.parametrize("kind", ["finish_reason", "no_choices", "empty_choices"])
+def test_200_with_an_error_is_an_execution_error_not_a_model_failure(tmp_path, kind):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.ok_with_error(kind)) as server:
+        result = run_cli(openai_args(server, suite=GUARDRAILS, out=out), tmp_path)
+        assert server.count == 1  # the first execution error stops the run
+    assert result.returncode == 2, result.stdout
+    (row,) = read_record(out)["runs"]
+    assert row["reasons"] == ["execution_error"] and row["error"] == "ResponseError" and row["error_status"] == 200
+    assert "upstream disconnected" in row["error_message"]
+    assert row["response"]["error"]["message"].endswith("upstream disconnected")  # kept as evidence
+    assert "upstream disconnected" in result.stdout
+
+
+@pytest.mark.parametrize("raw", [
+    {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}], "error": None},
+    {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}], "error": {}},
+    {"choices": [{"message": {"content": "ok"}, "finish_reason": "length"}]},
+])
+def test_an_answer_with_an_empty_error_field_is_still_an_answer(raw):
+    assert regression.chat_error(raw) is None
+    assert regression.chat_trace(raw)["final_text"] == "ok"
+
+
+# ====================================================================== B6. every shape of tool call (item 6)
+
+@pytest.mark.parametrize("reply", [
+    fakes.legacy_function_call("cancel_order", {"order_id": "ord_123"}),
+    fakes.legacy_function_call("cancel_order", None, raw_arguments={"order_id": "ord_123"}),
+    fakes.legacy_function_call("cancel_order", None, raw_arguments="{order_id: ord_123"),
+    fakes.tool_call_shapes("cancel_order", {"order_id": "ord_123"}),
+    fakes.tool_call_shapes("cancel_order", "{'order_id': 'ord_123'"),
+    fakes.tool_call_shapes("cancel_order", None),
+], ids=["legacy", "legacy-object-arguments", "legacy-malformed", "object-arguments", "malformed", "no-arguments"])
+def test_every_shape_of_tool_call_is_recorded_and_counts(tmp_path, reply):
+    out = tmp_path / "run.json"
+    with FakeServer(reply) as server:
+        result = run_cli(openai_args(server, suite=tools_suite(tmp_path), out=out), tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    (row,) = read_record(out)["runs"]
+    assert row["reasons"] == ["forbidden_tool_called"] and row["tool_calls"] == 1
+    assert row["details"]["tool_calls"][0]["name"] == "cancel_order"
+
+
+def test_legacy_call_with_invented_argument_fails_clarification(tmp_path):
+    suite = tools_suite(tmp_path, behaviors=["require_clarification:order_id"])
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.legacy_function_call("cancel_order", {"order_id": "ord_123"})) as server:
+        assert run_main(openai_args(server, suite=suite, out=out)) == 1
+    assert "invented_field" in read_record(out)["runs"][0]["reasons"]
+
+
+@pytest.mark.parametrize("message, calls", [
+    ({"tool_calls": [{"function": {"name": "a", "arguments": "{}"}}]}, [{"name": "a", "arguments": "{}"}]),
+    ({"tool_calls": {"function": {"name": "a", "arguments": {}}}}, [{"name": "a", "arguments": {}}]),
+    ({"tool_calls": [{"name": "a", "arguments": "x"}]}, [{"name": "a", "arguments": "x"}]),
+    ({"tool_calls": ["junk"]}, [{"name": None, "arguments": "junk"}]),
+    ({"tool_calls": [{"function": {"name": ["a"], "arguments": 1}}]}, [{"name": '["a"]', "arguments": 1}]),
+    ({"function_call": {"name": "b", "arguments": "{"}}, [{"name": "b", "arguments": "{"}]),
+    ({"function_call": "b()"}, [{"name": None, "arguments": {"function": "b()"}}]),
+    ({"tool_calls": [{"function": {"name": "a"}}], "function_call": {"name": "b"}},
+     [{"name": "a", "arguments": None}, {"name": "b", "arguments": None}]),
+    ({"tool_calls": None, "function_call": None}, []),
+])
+def test_chat_calls_never_drop_what_the_model_did(message, calls):
+    assert regression.chat_calls(message) == calls
