@@ -682,3 +682,193 @@ def test_legacy_call_with_invented_argument_fails_clarification(tmp_path):
 ])
 def test_chat_calls_never_drop_what_the_model_did(message, calls):
     assert regression.chat_calls(message) == calls
+
+
+# ====================================================================== B7. no redirects (item 7)
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_redirect_to_another_host_is_an_execution_error_and_never_followed(tmp_path, status):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.chat(asks)) as elsewhere:
+        target = f"http://localhost:{elsewhere.port}/v1/chat/completions"
+        with FakeServer(fakes.redirect(target, status)) as server:
+            result = run_cli(openai_args(server, "--api-key-env", "MY_ENDPOINT_KEY", out=out), tmp_path,
+                             env=cli_env(MY_ENDPOINT_KEY=SECRET))
+            assert server.count == 1
+        assert elsewhere.count == 0  # neither the request nor the key went there
+    assert result.returncode == 2, result.stdout
+    (row,) = read_record(out)["runs"]
+    assert row["error"] == "HTTPError" and row["error_status"] == status and row["response"] is None
+    assert "localhost" in row["error_message"]
+    assert f"--base-url http://localhost:{elsewhere.port}/v1" in row["error_message"]
+    assert "localhost" in result.stdout and SECRET not in result.stdout + result.stderr
+
+
+def test_redirect_location_with_credentials_is_not_echoed(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.redirect("https://user:hunter2@evil.example/v1/chat/completions?sig=abc")) as server:
+        assert run_main(openai_args(server, out=out)) == 2
+    message = read_record(out)["runs"][0]["error_message"]
+    assert "evil.example" in message and "hunter2" not in message and "sig=abc" not in message
+
+
+# ====================================================================== B8. every endpoint on record (item 8)
+
+def closed_port():
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_perplexity_endpoint_is_recorded_resume_elsewhere_refused_compare_cautions(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    with FakeServer(fakes.advisor()) as first, FakeServer(fakes.advisor()) as second:
+        env_a = cli_env(PERPLEXITY_BASE_URL=first.url, PERPLEXITY_API_KEY=SECRET)
+        env_b = cli_env(PERPLEXITY_BASE_URL=second.url, PERPLEXITY_API_KEY=SECRET)
+        assert run_cli(["--models", "m", "--out", a], tmp_path, env=env_a).returncode == 0
+        assert run_cli(["--models", "m", "--out", b], tmp_path, env=env_b).returncode == 0
+        assert read_record(a)["provider"] == {"name": "perplexity", "base_url": first.url}
+        assert read_record(b)["provider"] == {"name": "perplexity", "base_url": second.url}
+        partial = tmp_path / "partial.json"
+        record = read_record(a)
+        record["runs"] = record["runs"][:2]
+        partial.write_text(json.dumps(record))
+        sent = second.count
+        refused = run_cli(["--resume", partial], tmp_path, env=env_b)
+        assert refused.returncode == 2 and second.count == sent
+        line = error_line(refused.stderr)
+        assert first.url in line and second.url in line
+        resumed = run_cli(["--resume", partial], tmp_path, env=env_a)
+        assert resumed.returncode == 0, resumed.stderr
+    compared = subprocess.run([sys.executable, str(ROOT / "compare_runs.py"), a, b], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+    assert "CAUTION provider differs" in compared.stdout and second.url in compared.stdout
+
+
+def test_connection_errors_name_the_url_for_both_live_providers(tmp_path):
+    port = closed_port()
+    url = f"http://127.0.0.1:{port}"
+    live = run_cli(["--models", "m", "--out", tmp_path / "p.json"], tmp_path,
+                   env=cli_env(PERPLEXITY_BASE_URL=url, PERPLEXITY_API_KEY=SECRET))
+    chat = run_cli(["--provider", "openai", "--base-url", url + "/v1", "--models", "m", "--suite", AGENT_TOOLS,
+                    "--out", tmp_path / "o.json"], tmp_path)
+    for result, path, where in ((live, "p.json", url), (chat, "o.json", url + "/v1/chat/completions")):
+        assert result.returncode == 2, result.stderr
+        (row,) = read_record(tmp_path / path)["runs"]
+        assert row["error_status"] is None and where in row["error_message"], row["error_message"]
+        assert where in result.stdout
+
+
+# ====================================================================== B9. cite needs server-side search (item 9)
+
+def test_cite_case_on_a_provider_without_search_is_refused_before_any_request(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.chat(asks)) as server:
+        result = run_cli(["--provider", "openai", "--base-url", server.url + "/v1", "--models", "m", "--out", out],
+                         tmp_path)
+        assert server.count == 0
+    assert result.returncode == 2 and not out.exists()
+    line = error_line(result.stderr)
+    assert "'rate-limit'" in line and "cite" in line and "openai" in line and "perplexity" in line
+
+
+def test_dry_run_says_cite_would_be_refused_and_what_is_not_sent(tmp_path):
+    refused, fine = cli_table([
+        ["--provider", "openai", "--base-url", "http://127.0.0.1:9/v1", "--models", "m", "--dry-run"],
+        ["--dry-run"],
+    ], tmp_path)
+    code, out, err = refused
+    assert code == 2
+    assert "tools: none (not sent: web_search; openai runs no server-side search)" in out
+    assert "refused: case 'rate-limit' has cite" in out and "'rate-limit'" in error_line(err)
+    assert fine[0] == 0 and "tools: web_search\n" in fine[1] and "refused" not in fine[1]
+
+
+def test_cite_runs_on_the_offline_providers(tmp_path):
+    """echo proves the plumbing (cite cases run and fail); replay regrades stored evidence."""
+    assert run_main(["--provider", "echo", "--out", tmp_path / "e.json"]) == 1
+
+
+# ====================================================================== B10. prices and the spending cap (item 10)
+
+def test_price_estimates_cost_from_reported_tokens_and_the_cap_works(tmp_path):
+    out = tmp_path / "run.json"
+    # fakes.chat_response reports 10 prompt and 5 completion tokens: 10 * 2 + 5 * 8 = 60 per million
+    with FakeServer(fakes.chat(asks)) as server:
+        result = run_cli(openai_args(server, "--price", "m=2/8", "--max-cost-usd", "0.0001", suite=GUARDRAILS,
+                                     out=out), tmp_path)
+        assert server.count == 2  # 0.00006 after one row, 0.00012 >= 0.0001 after two: stop
+    assert result.returncode == 2
+    record = read_record(out)
+    assert [row["cost_usd"] for row in record["runs"]] == ["0.00006", "0.00006"]
+    assert all(row["cost_estimated"] is True for row in record["runs"])
+    assert record["prices"] == {"m": "2/8"}
+    assert "--max-cost-usd reached" in record["summary"]["stopped"]
+    assert "$0.00006 estimated" in result.stdout
+
+
+def test_reported_cost_wins_over_a_price(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.chat(lambda body: fakes.chat_response("hi", cost=0.5))) as server:
+        assert run_main(openai_args(server, "--price", "m=2/8", suite=GUARDRAILS, out=out)) == 1
+    assert all(row["cost_usd"] == "0.5" and "cost_estimated" not in row for row in read_record(out)["runs"])
+
+
+def test_suite_prices_and_flag_prices(tmp_path):
+    data = json.loads(GUARDRAILS.read_text(encoding="utf-8"))
+    suite = write_suite(tmp_path / "s.json", {**data, "prices": {"m": "1/1", "n": "0/0"}})
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.chat(asks)) as server:
+        assert run_main(openai_args(server, "--price", "n=1000/0", models=("m", "n"), suite=suite, out=out)) == 1
+    costs = {(row["model"]): row["cost_usd"] for row in read_record(out)["runs"]}
+    assert costs == {"m": "0.000015", "n": "0.01"}  # the flag wins over the suite for n
+
+
+def test_cap_without_cost_or_price_stops_on_the_first_row_with_the_next_command(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.chat(asks)) as server:
+        result = run_cli(openai_args(server, "--max-cost-usd", "1", suite=GUARDRAILS, out=out), tmp_path)
+        assert server.count == 1
+        assert result.returncode == 2
+        stopped = read_record(out)["summary"]["stopped"]
+        assert "no cost for m" in stopped and f"--resume {out} --price m=IN/OUT" in stopped
+        assert f"--resume {out} --price m=IN/OUT" in result.stderr
+        # the next command works: the price also prices the row already kept
+        resumed = run_cli(["--resume", out, "--price", "m=1/1", "--max-cost-usd", "1"], tmp_path)
+        assert resumed.returncode == 1, resumed.stderr
+    record = read_record(out)
+    assert len(record["runs"]) == 4 and all(row["cost_estimated"] for row in record["runs"])
+    assert record["summary"]["models"]["m"]["reported_cost_usd"] == "0.000060"
+
+
+def test_dry_run_warns_when_a_cap_cannot_be_enforced(tmp_path):
+    warned, priced, openrouter = cli_table([
+        ["--provider", "openai", "--base-url", "http://127.0.0.1:9/v1", "--models", "a", "b", "--suite", GUARDRAILS,
+         "--max-cost-usd", "1", "--price", "a=1/2", "--dry-run"],
+        ["--provider", "openai", "--base-url", "http://127.0.0.1:9/v1", "--models", "a", "--suite", GUARDRAILS,
+         "--max-cost-usd", "1", "--price", "a=1/2", "--dry-run"],
+        ["--provider", "openai", "--base-url", "https://openrouter.ai/api/v1", "--models", "a", "--suite", GUARDRAILS,
+         "--max-cost-usd", "1", "--dry-run"],
+    ], tmp_path)
+    assert warned[0] == 0 and "warning: --max-cost-usd is set" in warned[1] and "b has no price" in warned[1]
+    assert "prices (USD per million input/output tokens): a 1/2" in warned[1]
+    assert priced[0] == 0 and "warning" not in priced[1]
+    assert openrouter[0] == 0 and "warning" not in openrouter[1]
+
+
+@pytest.mark.parametrize("row, tokens", [
+    ({"response": {"usage": {"prompt_tokens": 3, "completion_tokens": 4}}}, (3, 4)),
+    ({"response": {"usage": {"input_tokens": 3, "output_tokens": 4}}}, (3, 4)),
+    ({"response": {"usage": {"prompt_tokens": 3}}}, None),
+    ({"response": {"usage": {"prompt_tokens": True, "completion_tokens": 4}}}, None),
+    ({"response": {"usage": {"prompt_tokens": -1, "completion_tokens": 4}}}, None),
+    ({"response": {"usage": {"prompt_tokens": "3", "completion_tokens": 4}}}, None),
+    ({"response": {}}, None),
+    ({"response": None}, None),
+    ({"rounds": [{"response": {"usage": {"prompt_tokens": 1, "completion_tokens": 2}}},
+                 {"usage": {"prompt_tokens": 10, "completion_tokens": 20}}],
+      "response": {"usage": {"prompt_tokens": 10, "completion_tokens": 20}}}, (11, 22)),
+])
+def test_usage_tokens_are_read_honestly(row, tokens):
+    assert regression.usage_tokens(row) == tokens
