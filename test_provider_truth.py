@@ -853,8 +853,8 @@ def test_dry_run_warns_when_a_cap_cannot_be_enforced(tmp_path):
     ], tmp_path)
     assert warned[0] == 0 and "warning: --max-cost-usd is set" in warned[1] and "b has no price" in warned[1]
     assert "prices (USD per million input/output tokens): a 1/2" in warned[1]
-    assert priced[0] == 0 and "warning" not in priced[1]
-    assert openrouter[0] == 0 and "warning" not in openrouter[1]
+    assert priced[0] == 0 and "--max-cost-usd is set" not in priced[1]
+    assert openrouter[0] == 0 and "--max-cost-usd is set" not in openrouter[1]
 
 
 @pytest.mark.parametrize("row, tokens", [
@@ -872,3 +872,15 @@ def test_dry_run_warns_when_a_cap_cannot_be_enforced(tmp_path):
 ])
 def test_usage_tokens_are_read_honestly(row, tokens):
     assert regression.usage_tokens(row) == tokens
+
+
+def test_tool_not_called_carries_its_evidence():
+    suite = regression.validate_suite(json.loads(AGENT_TOOLS.read_text()) | {
+        "cases": [{"id": "c", "input": "q", "behaviors": ["require_tool:lookup_order"]}]})
+    case = regression.compile_case(suite, suite["cases"][0])
+    trace = {"final_text": "", "tool_calls": [{"name": "cancel_order", "arguments": '{"order_id": "o1"}'}],
+             "tool_rounds": 1, "search_urls": [], "status": "completed", "cost_usd": None}
+    evidence = regression.explain(case, trace)["evidence"]["tool_not_called"]
+    assert "never called lookup_order" in evidence["note"] and "cancel_order(order_id=o1)" in evidence["note"]
+    assert ("tool_not_called", "`require_tool:NAME`: the model never called NAME",
+            "did the server get the tools? (see the summary's `warnings`)") in regression.reason_table()
