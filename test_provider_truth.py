@@ -884,3 +884,23 @@ def test_tool_not_called_carries_its_evidence():
     assert "never called lookup_order" in evidence["note"] and "cancel_order(order_id=o1)" in evidence["note"]
     assert ("tool_not_called", "`require_tool:NAME`: the model never called NAME",
             "did the server get the tools? (see the summary's `warnings`)") in regression.reason_table()
+
+
+def test_request_options_reach_the_agent_api_through_the_sdk(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.advisor()) as server:
+        result = run_cli(["--models", "m", "--request", "seed=7", "--request", 'metadata={"ci": "yes"}', "--out", out],
+                         tmp_path, env=cli_env(PERPLEXITY_BASE_URL=server.url, PERPLEXITY_API_KEY=SECRET))
+    assert result.returncode == 0, result.stderr
+    assert all(request.json["seed"] == 7 and request.json["metadata"] == {"ci": "yes"} for request in server.requests)
+    assert read_record(out)["config"]["request"] == {"seed": 7, "metadata": {"ci": "yes"}}
+
+
+def test_a_perplexity_404_names_the_url(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(lambda request: Reply(404, {"error": {"message": "no such route"}})) as server:
+        result = run_cli(["--models", "m", "--out", out], tmp_path,
+                         env=cli_env(PERPLEXITY_BASE_URL=server.url + "/nope", PERPLEXITY_API_KEY=SECRET))
+    assert result.returncode == 2
+    message = read_record(out)["runs"][0]["error_message"]
+    assert "no such route" in message and f"{server.url}/nope" in message
