@@ -437,6 +437,88 @@ def chat(answer):
     return reply
 
 
+# ---------------------------------------------------------------------- real servers' quirks (issue 12)
+# Each is a reply function for FakeServer, reproducing one behaviour seen on a real server.
+
+def ignores_tools_without_choice(with_tools, without_tools):
+    """llama-cpp-python: `tools` reach the model only when the request also has tool_choice.
+
+    `with_tools(body)` answers when both are sent, `without_tools(body)` otherwise (both give
+    chat_response bodies)."""
+    def answer(body):
+        return with_tools(body) if body.get("tools") and body.get("tool_choice") else without_tools(body)
+    return chat(answer)
+
+
+def honours_only_max_tokens(words=2010):
+    """A server that caps output by max_tokens and ignores max_completion_tokens: `words` words
+    come back unless max_tokens is smaller (one token per word, reported in usage)."""
+    def answer(body):
+        cap = body.get("max_tokens")
+        count = min(words, cap) if isinstance(cap, int) and not isinstance(cap, bool) else words
+        reply = chat_response(" ".join(["word"] * count), finish_reason="length" if count < words else "stop")
+        reply["usage"] = {"prompt_tokens": 10, "completion_tokens": count, "total_tokens": 10 + count}
+        return reply
+    return chat(answer)
+
+
+def json_error(status=500, body=None, headers=None):
+    """An error status with a JSON body saying what was wrong (default: a FastAPI-style detail
+    that llama-cpp-python sends for a response_format it does not take)."""
+    body = body if body is not None else {"error": {"message": "Input should be 'text' or 'json_object'",
+                                                    "type": "invalid_request_error"}}
+
+    def reply(request):
+        return Reply(status, body, headers=headers)
+    return reply
+
+
+def ok_with_error(kind="finish_reason"):
+    """HTTP 200 whose body is an error: OpenRouter's finish_reason "error" after generation began
+    (kind "finish_reason"), or a top-level error with no choices (kind "no_choices") or empty ones."""
+    error = {"code": 502, "message": "Provider returned error: upstream disconnected"}
+
+    def answer(body):
+        if kind == "finish_reason":
+            reply = chat_response("partial answ", finish_reason="error")
+            reply["error"] = error
+            return reply
+        reply = {"id": "gen-fake", "object": "chat.completion", "error": error}
+        if kind == "empty_choices":
+            reply["choices"] = []
+        return reply
+    return chat(answer)
+
+
+def legacy_function_call(name, arguments, raw_arguments=None):
+    """An older-form reply: message.function_call and finish_reason "function_call". The
+    arguments go as a JSON string, or as `raw_arguments` exactly (an object, malformed text)."""
+    def answer(body):
+        message = {"role": "assistant", "content": None,
+                   "function_call": {"name": name, "arguments": json.dumps(arguments) if raw_arguments is None
+                                     else raw_arguments}}
+        return {"id": "chatcmpl-legacy", "object": "chat.completion", "created": 1, "model": "fake-chat",
+                "choices": [{"index": 0, "message": message, "finish_reason": "function_call"}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+    return chat(answer)
+
+
+def tool_call_shapes(name, arguments):
+    """A tool call whose arguments arrive as an object (not a JSON string), or as given."""
+    def answer(body):
+        reply = chat_response(tool_calls=[(name, {})])
+        reply["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = arguments
+        return reply
+    return chat(answer)
+
+
+def redirect(location, status=302):
+    """Every request is redirected to `location` (another host, in the tests)."""
+    def reply(request):
+        return Reply(status, {"moved": True}, headers={"Location": location})
+    return reply
+
+
 def main():
     """Serve a scenario on a free loopback port (for manual runs): prints the base URL."""
     import argparse

@@ -1210,6 +1210,22 @@ register_check("require_clarification", check_require_clarification, behavior=Tr
                        "the model acted or answered instead of asking")})
 
 
+def check_require_tool(case, trace):
+    """behavior require_tool:NAME: the model called the tool NAME at least once (a tool check cannot pass vacuously)."""
+    called = {call.get("name") for call in trace["tool_calls"]}
+    missing = [name for name in _behavior_args(case, "require_tool") if name not in called]
+    if missing:
+        made = ", ".join(_describe_call(call) for call in trace["tool_calls"][:3]) or "no tool call"
+        return [Fail("tool_not_called", f"never called {', '.join(missing)}; made {made}",
+                     missing=missing, calls=trace["tool_calls"])]
+    return []
+
+
+register_check("require_tool", check_require_tool, behavior=True, arg="tool", details=_tool_details, reasons={
+    "tool_not_called": ("`require_tool:NAME`: the model never called NAME",
+                        "did the server get the tools? (see the summary's `warnings`)")})
+
+
 def grade(case, trace):
     """All reasons a compiled case fails on a trace; empty means pass."""
     reasons = []
@@ -1485,6 +1501,10 @@ def _validate_request(value, where):
         problem = request_problem(key, where)
         if problem:
             raise SuiteError(problem)
+        try:  # NaN or Infinity would go out as invalid JSON
+            json.dumps(value[key], allow_nan=False)
+        except (ValueError, RecursionError):
+            raise SuiteError(f"{where}: request {key!r} is not plain JSON (NaN, Infinity or too deep)") from None
     return dict(value)
 
 
@@ -2051,6 +2071,22 @@ class Provider:
         """Whether this endpoint reports the USD cost of every response (None: unknown)."""
         return cls.reports_cost
 
+    @classmethod
+    def sent_tools(cls, suite):
+        """The suite's tools this provider puts on the wire (a server without search gets no web_search)."""
+        tools = suite.get("tools") or []
+        return tools if cls.server_search is not False else [t for t in tools if t.get("type") == "function"]
+
+    @classmethod
+    def sent_tool_choice(cls, suite):
+        """The tool_choice that goes out with the tools, or None."""
+        return suite.get("tool_choice")
+
+    @classmethod
+    def output_cap(cls, settings, env):
+        """The request key that carries the output cap (MAX_OUTPUT_TOKENS), or None."""
+        return None
+
 
 def _without_none(value):
     if isinstance(value, dict):
@@ -2069,6 +2105,10 @@ class PerplexityProvider(Provider):
     base_url_variable, default_base_url = "PERPLEXITY_BASE_URL", "https://api.perplexity.ai"  # as the SDK reads it
     default_models = MODELS
     server_search = tool_loops = reports_cost = True
+
+    @classmethod
+    def output_cap(cls, settings, env):
+        return "max_output_tokens"
 
     @classmethod
     def from_settings(cls, settings, env):
@@ -2156,7 +2196,7 @@ def chat_request(suite, case, model, cap_key="max_tokens"):
     if functions:
         body["tools"] = functions
         # llama-cpp-python ignores tools sent without tool_choice: the model never sees them.
-        body["tool_choice"] = suite.get("tool_choice") or "auto"
+        body["tool_choice"] = OpenAIProvider.sent_tool_choice(suite)
     body.update({key: value for key, value in options.items() if key not in REQUEST_RESERVED})
     return body
 
@@ -2168,16 +2208,92 @@ def _chat_text(content):
     return content if isinstance(content, str) else ""
 
 
+MAX_ENDPOINT_MESSAGE = 300  # characters of an endpoint's own error message kept per row
+MAX_ERROR_BODY_BYTES = 65536  # read of an error body, enough for any message worth showing
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def endpoint_text(value, secrets=()):
+    """An endpoint-supplied message made safe to store and print: key-like strings masked,
+    control characters escaped, then cut (after masking, so no partial key survives the cut)."""
+    text = value if isinstance(value, str) else dumps(value)
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "[REDACTED:secret]")
+    for pattern, replacement in PII_PATTERNS[1:3]:  # bearer tokens and API-key-like strings
+        text = pattern.sub(replacement, text)
+    text = _CONTROL.sub(lambda match: match.group(0).encode("unicode_escape").decode("ascii"), text.strip())
+    return text if len(text) <= MAX_ENDPOINT_MESSAGE else text[:MAX_ENDPOINT_MESSAGE - 3] + "..."
+
+
+def endpoint_message(body):
+    """The message an error body carries: error.message, detail, message, or the text itself."""
+    data = body
+    if isinstance(body, (bytes, str)):
+        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError):
+            return text if text.strip() else None
+    if not isinstance(data, dict):
+        return dumps(data) if data not in (None, "", [], {}) else None
+    error = data.get("error")
+    for found in ((error.get("message") if isinstance(error, dict) else error), data.get("detail"),
+                  data.get("message"), error):
+        if found not in (None, "", [], {}):
+            return found if isinstance(found, str) else dumps(found)
+    return None
+
+
+def chat_error(raw):
+    """The error a chat-completions body reports instead of an answer, or None: a top-level
+    `error` with no choices, or OpenRouter's finish_reason "error" after generation began."""
+    if not isinstance(raw, dict):
+        return None
+    choices = raw.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+    if first is not None and first.get("finish_reason") == "error":
+        return endpoint_message({"error": first.get("error") or raw.get("error")}) or 'finish_reason "error"'
+    if first is None and raw.get("error") not in (None, "", [], {}):
+        return endpoint_message(raw) or "an error object"
+    return None
+
+
+def _call_name(value):
+    return value if isinstance(value, str) or value is None else dumps(value)
+
+
+def chat_calls(message):
+    """Every tool call a chat message holds, in whatever shape the server sent it: tool_calls
+    (arguments as a string or an object, malformed ones kept raw) and the legacy function_call.
+    Nothing the model did is dropped: an unreadable entry is kept raw as the arguments."""
+    entries = message.get("tool_calls")
+    entries = [entries] if isinstance(entries, dict) else entries if isinstance(entries, list) else []
+    if message.get("function_call") is not None:  # the older OpenAI form, still sent by some servers
+        entries = [*entries, {"function": message["function_call"]}]
+    calls = []
+    for entry in entries:
+        inner = entry.get("function") if isinstance(entry, dict) else None
+        if isinstance(inner, dict):
+            calls.append({"name": _call_name(inner.get("name")), "arguments": inner.get("arguments")})
+        elif isinstance(entry, dict) and "name" in entry:
+            calls.append({"name": _call_name(entry.get("name")), "arguments": entry.get("arguments")})
+        else:
+            calls.append({"name": None, "arguments": entry})
+    return calls
+
+
 def chat_trace(raw):
     """The normalised trace of a chat-completions response."""
+    problem = chat_error(raw)
+    if problem:
+        raise ResponseError(f"the endpoint answered with an error: {endpoint_text(problem)}")
     choices = raw.get("choices") if isinstance(raw, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict) \
             or not isinstance(choices[0].get("message"), dict):
         raise ResponseError("the response has no choices[0].message")
     message, finish = choices[0]["message"], choices[0].get("finish_reason")
-    calls = [{"name": (call.get("function") or {}).get("name"),
-              "arguments": (call.get("function") or {}).get("arguments")}
-             for call in message.get("tool_calls") or [] if isinstance(call, dict)]
+    calls = chat_calls(message)
     # Perplexity's Sonar and OpenAI's search models report what their search returned.
     urls = [item["url"] for item in _items(raw, "search_results") if isinstance(item.get("url"), str)]
     urls += [note["url_citation"]["url"] for note in _items(message, "annotations")
@@ -2239,6 +2355,14 @@ class OpenAIProvider(Provider):
         host = urllib.parse.urlsplit(cls.endpoint(settings, env) or "").hostname or ""
         return True if host in cls.COST_HOSTS else None
 
+    @classmethod
+    def sent_tool_choice(cls, suite):
+        return (suite.get("tool_choice") or "auto") if cls.sent_tools(suite) else None
+
+    @classmethod
+    def output_cap(cls, settings, env):
+        return cls.output_cap_key(cls.endpoint(settings, env) or "")
+
     def __init__(self, base_url, key=None, timeout=TIMEOUT_SECONDS):
         parts = urllib.parse.urlsplit(base_url)
         self.url = urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/chat/completions"))
@@ -2263,7 +2387,7 @@ class OpenAIProvider(Provider):
         body = json.dumps(chat_request(suite, case, model, self.cap_key)).encode("utf-8")
         request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with _no_redirect_opener().open(request, timeout=self.timeout) as response:
                 status, data = response.status, response.read(MAX_RESPONSE_BYTES + 1)
                 declared = response.headers.get("Content-Length", "")
                 if declared.isdigit() and len(data) < int(declared) <= MAX_RESPONSE_BYTES:
@@ -2271,7 +2395,7 @@ class OpenAIProvider(Provider):
                     raise http.client.IncompleteRead(data, int(declared) - len(data))
         except urllib.error.HTTPError as exc:
             exc.status_code = exc.code
-            exc.close()
+            self._explain(exc)
             raise
         except urllib.error.URLError as exc:
             # Report the underlying failure (refused, timeout, reset), not the wrapper.
@@ -2285,13 +2409,51 @@ class OpenAIProvider(Provider):
         if not isinstance(raw, dict):
             raise ResponseError("the body is not a JSON object", status)
         try:
-            chat_trace(raw)  # a body without choices[0].message is an endpoint failure, not an answer
+            chat_trace(raw)  # a body without choices[0].message, or a 200 that says error, is no answer
         except ResponseError as exc:
             exc.status_code = status
+            if chat_error(raw):
+                exc.raw = raw  # a 200 that reports an error is kept as the row's evidence
             raise
         return raw
 
     parse = staticmethod(chat_trace)
+
+    def _explain(self, exc):
+        """Put what the endpoint said, and what to do, into an HTTPError's message; close it."""
+        try:
+            body = exc.read(MAX_ERROR_BODY_BYTES)
+        except Exception:  # a body that cannot be read leaves the status line alone
+            body = b""
+        finally:
+            exc.close()
+        notes = [endpoint_text(said, [self.key]) for said in [endpoint_message(body)] if said]
+        if 300 <= exc.code < 400:
+            # Following it would resend the key to wherever Location points and grade that reply.
+            target = urllib.parse.urljoin(self.url, exc.headers.get("Location", "") if exc.headers else "")
+            host = urllib.parse.urlsplit(target).hostname or "an unnamed host"
+            base = target[:-len("/chat/completions")] if target.endswith("/chat/completions") else target
+            notes = [f"redirect to {host} not followed (the key would go along); if that is the endpoint, "
+                     f"use --base-url {endpoint_text(_public_url(base))}"]
+        elif exc.code == 404:
+            notes.append(f"POST {self.endpoint_url}")
+            base_path = urllib.parse.urlsplit(self.url).path[:-len("/chat/completions")]
+            if not base_path.rstrip("/").endswith("/v1"):
+                notes.append("most OpenAI-compatible servers serve /v1: try the base URL with the /v1 suffix")
+        if notes:
+            exc.msg = f"{exc.msg}: {'; '.join(notes)}"
+
+
+@functools.lru_cache(maxsize=1)
+def _no_redirect_opener():
+    """A urllib opener that follows no redirect (urllib is imported here: start-up stays lean)."""
+    import urllib.request
+
+    class RefuseRedirects(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req, fp, code, msg, headers, newurl):
+            return None  # urllib then raises HTTPError(3xx), which OpenAIProvider._explain words
+
+    return urllib.request.build_opener(RefuseRedirects)
 
 
 def _case_text(case):
@@ -2509,6 +2671,16 @@ def send_steps(provider, model, suite, case, repeat, retries, sleep=time.sleep, 
             attempt += 1
 
 
+def error_message(exc, provider):
+    """What an execution error says; a failure to reach the endpoint also names where it was sent."""
+    message = str(exc) or type(exc).__name__
+    where = getattr(provider, "endpoint_url", None)
+    unreached = status_of(exc) is None and not isinstance(exc, ResponseError)
+    if where and (unreached or status_of(exc) == 404) and where not in message:
+        message += f" (sending to {where})"  # a 404 or a refused connection is often the wrong URL
+    return message
+
+
 def send(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None):
     """provider.request with up to `retries` retries of transient failures; (raw, attempts)."""
     return run_steps(send_steps(provider, model, suite, case, repeat, retries, sleep, jitter))
@@ -2530,6 +2702,8 @@ def execute_steps(provider, suite, case, model, repeat=None, grader=None, retrie
         row["answer_text"] = trace["final_text"]
         row["cost_usd"] = trace["cost_usd"]
         compiled = compile_case(suite, case)
+        if compiled["_function_tools"]:  # counted, so a run whose model never called a tool says so
+            row["tool_calls"] = len(trace["tool_calls"])
         row["reasons"] = grader(case, raw, trace) if grader else grade(compiled, trace)
         details = explain(compiled, trace)
         if details:
@@ -2537,12 +2711,52 @@ def execute_steps(provider, suite, case, model, repeat=None, grader=None, retrie
     except Exception as exc:  # an endpoint or checker failure is evidence, not a crash
         row["error"] = type(exc).__name__
         row["error_status"] = status_of(exc)
-        row["error_message"] = str(exc)[:4000]  # cut to 500 once masked (redact_row)
+        row["error_message"] = error_message(exc, provider)[:4000]  # cut to 500 once masked (redact_row)
+        if row["response"] is None and isinstance(getattr(exc, "raw", None), dict):
+            row["response"] = exc.raw  # a body that says error is evidence too
         row["reasons"] = ["execution_error"]
         if retries is not None:
             row.setdefault("attempts", getattr(exc, "attempts", 1))
     row["seconds"] = round(time.monotonic() - started, 3)
     row["passed"] = not row["reasons"]
+    return row
+
+
+def _token_count(usage, *names):
+    value = next((usage[name] for name in names if name in usage), None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def usage_tokens(row):
+    """(input, output) tokens the endpoint reported for a row, summed over its rounds, or None
+    when any response lacks them (a guess is never priced)."""
+    rounds = row.get("rounds")
+    responses = rounds if isinstance(rounds, list) and rounds else [row.get("response")]
+    total_in = total_out = 0
+    for entry in responses:
+        raw = entry.get("response") if isinstance(entry, dict) and isinstance(entry.get("response"), dict) else entry
+        usage = raw.get("usage") if isinstance(raw, dict) else None
+        if not isinstance(usage, dict):
+            return None
+        tokens_in = _token_count(usage, "prompt_tokens", "input_tokens")
+        tokens_out = _token_count(usage, "completion_tokens", "output_tokens")
+        if tokens_in is None or tokens_out is None:
+            return None
+        total_in, total_out = total_in + tokens_in, total_out + tokens_out
+    return total_in, total_out
+
+
+def estimate_cost(row, prices):
+    """Where the endpoint reported no cost, the row's cost from its token usage and the model's
+    price (USD per million input/output tokens), marked `cost_estimated`. Returns the row."""
+    price = prices.get(row.get("model"))
+    if row.get("cost_usd") is not None or price is None or row.get("error") is not None:
+        return row
+    tokens = usage_tokens(row)
+    if tokens is not None:
+        cost = (price[0] * tokens[0] + price[1] * tokens[1]) / decimal.Decimal(1_000_000)
+        row["cost_usd"] = format(cost, "f")
+        row["cost_estimated"] = True
     return row
 
 
@@ -3091,6 +3305,7 @@ class Tally:
         self.expected = set(expected if expected is not None else plan_rows(self.models, case_ids, repeats))
         self.seen, self.clash = set(), False
         self.errors = self.failures = 0
+        self.tool_rows = self.tool_calls = 0  # rows of a suite with function tools, and their calls
         self.per_model = {model: {"passed": 0, "total": 0, "errors": 0, "cost": decimal.Decimal(0),
                                   "cost_known": True, "expected": 0} for model in self.models}
         for model, _, _ in self.expected:
@@ -3107,6 +3322,9 @@ class Tally:
         self.seen.add(key)
         failed = row.get("passed") is not True
         errored = row.get("error") is not None
+        calls = row.get("tool_calls")
+        if isinstance(calls, int) and not isinstance(calls, bool):
+            self.tool_rows, self.tool_calls = self.tool_rows + 1, self.tool_calls + max(calls, 0)
         self.errors += errored
         self.failures += failed
         stats = self.per_model.get(row.get("model"))
@@ -3144,8 +3362,16 @@ class Tally:
                 "reported_cost_usd": format(stats["cost"], "f") if stats["cost_known"] else None,
             }
         exit_code = 2 if not complete or self.errors else 1 if self.failures else 0
-        return {"complete": complete, "rows": len(self.seen), "expected_rows": len(self.expected),
-                "models": models, "exit_code": exit_code}
+        verdict = {"complete": complete, "rows": len(self.seen), "expected_rows": len(self.expected),
+                   "models": models, "exit_code": exit_code}
+        if self.tool_rows and not self.tool_calls:
+            verdict["warnings"] = [NO_TOOL_CALLS.format(rows=self.tool_rows)]
+        return verdict
+
+
+NO_TOOL_CALLS = ("the suite declares function tools, but no model called a tool in {rows} answered row(s): "
+                 "tool checks may have passed vacuously (did the server receive the tools?); "
+                 "add behavior require_tool:NAME to a case that must call one")
 
 
 def summary(rows, models, repeats, cases=CASES):
@@ -3329,6 +3555,12 @@ def _model_rows(final):
             for model, stats in (models.items() if isinstance(models, dict) else []) if isinstance(stats, dict)]
 
 
+def _warnings(final):
+    """The summary's warnings (e.g. no tool was ever called), tolerating a hand-edited summary."""
+    warnings = final.get("warnings") if isinstance(final, dict) else None
+    return [str(warning) for warning in warnings] if isinstance(warnings, list) else []
+
+
 def _failed_rows(record):
     return [row for row in record["runs"] if isinstance(row, dict) and not row.get("passed")]
 
@@ -3352,6 +3584,7 @@ def markdown_run(record):
              f"{md_text(record.get('evidence', 'live'))}"]
     if final.get("stopped"):
         lines += ["", f"Stopped early: {md_text(final['stopped'])}"]
+    lines += ["", *(f"Warning: {md_text(warning)}" for warning in _warnings(final))] if _warnings(final) else []
     lines += ["", md_table(MODEL_COLUMNS, [[md_text(cell) for cell in cells] for cells in _model_rows(final)])]
     failed = _failed_rows(record)
     if failed:
@@ -3359,7 +3592,7 @@ def markdown_run(record):
             [md_text(row.get("model")), md_text(row.get("case_id")), md_text(row.get("repeat")),
              md_text(", ".join(row.get("reasons") or []) + (f" ({row['error']} {row.get('error_status') or ''})"
                                                             if row.get("error") else "")),
-             md_text(evidence_notes(row, limit=300))]
+             md_text(evidence_notes(row, limit=300) or (row.get("error_message") or "")[:300])]  # endpoint's words
             for row in failed])]
     return "\n".join(lines) + "\n"
 
@@ -3395,6 +3628,7 @@ def html_run(record):
             f"created {xml_text(record.get('created_at'))}</p>"]
     if final.get("stopped"):
         body.append(f"<p>Stopped early: {xml_text(final['stopped'])}</p>")
+    body += [f"<p>Warning: {xml_text(warning)}</p>" for warning in _warnings(final)]
     body.append(html_table(MODEL_COLUMNS, [
         [xml_text(cell) if n != 3 else (cell, "pass" if cell == "yes" else "fail") for n, cell in enumerate(cells)]
         for cells in _model_rows(final)]))
@@ -3477,6 +3711,9 @@ def build_parser():
     where.add_argument("--allow-insecure-http", action="store_true",
                        help="allow sending a key over plain http:// to a host that is not loopback")
     where.add_argument("--replay", metavar="RECORD", help="the saved record that --provider replay answers from")
+    where.add_argument("--request", action="append", default=[], metavar="KEY=JSON",
+                       help="set KEY of every request body to a JSON value, e.g. --request seed=7 (repeatable; "
+                            "part of the config; never model, messages, input, tools or stream)")
     where.add_argument("--timeout", type=float, metavar="SECONDS",
                        help=f"per-request timeout (default {TIMEOUT_SECONDS})")
     control = parser.add_argument_group("run control")
@@ -3485,6 +3722,9 @@ def build_parser():
                          help="retries of transient failures (429, 5xx, timeouts, resets), 0-10 (default 0)")
     control.add_argument("--resume", metavar="RECORD", help="continue an interrupted record in place")
     control.add_argument("--max-cost-usd", metavar="X", help="send no new request once reported spend reaches X")
+    control.add_argument("--price", action="append", default=[], metavar="MODEL=IN/OUT",
+                         help="USD per million input/output tokens of MODEL, to estimate cost from reported "
+                              "token usage where the endpoint reports none (repeatable)")
     control.add_argument("--shard", metavar="I/N", help="run the I-th of N deterministic slices of the rows")
     control.add_argument("--merge", nargs="+", metavar="FILE",
                          help="OUT SHARD...: combine shard records into one new record OUT, then exit")
@@ -3526,6 +3766,47 @@ def _cost(text):
     return value
 
 
+def _reject_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def request_options(settings):
+    """The --request KEY=JSON flags as {key: value}; UsageError on the first bad one."""
+    options = {}
+    for item in getattr(settings, "request", None) or []:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        shown = item if len(item) <= 60 else item[:57] + "..."
+        if not sep:
+            raise UsageError(f"--request {shown!r}: use KEY=JSON, e.g. --request seed=7")
+        problem = request_problem(key, f"--request {shown!r}")
+        if problem:
+            raise UsageError(problem)
+        if key in options:
+            raise UsageError(f"--request {key}: given twice; give each key once")
+        try:
+            options[key] = json.loads(text, parse_constant=_reject_constant)
+        except (ValueError, RecursionError):
+            raise UsageError(f"--request {shown!r}: the value is not JSON "
+                             f"(a string needs JSON quotes: --request '{key}=\"text\"')") from None
+    return options
+
+
+def price_options(settings):
+    """The --price MODEL=IN/OUT flags as {model: (input, output)} USD per million tokens."""
+    prices = {}
+    for item in getattr(settings, "price", None) or []:
+        model, sep, text = item.rpartition("=")
+        shown = item if len(item) <= 60 else item[:57] + "..."
+        if not sep or not model.strip():
+            raise UsageError(f"--price {shown!r}: use MODEL={PRICE_FORM}")
+        try:
+            prices[model.strip()] = parse_price(text, f"--price {shown!r}")
+        except SuiteError as exc:
+            raise UsageError(str(exc)) from None
+    return prices
+
+
 def _check_ranges(args):
     """Values in range; checked again once a resumed or replayed record has filled the defaults."""
     if args.models is not None and len(set(args.models)) != len(args.models):
@@ -3547,6 +3828,8 @@ def _check_flags(args):
             re.compile(pattern)
         except (re.error, OverflowError, RecursionError) as exc:
             raise UsageError(f"--redact {pattern!r} is not a valid regular expression: {exc}") from None
+    request_options(args)  # refused here, before anything is read or sent
+    price_options(args)
     problem = base_url_problem(args.base_url) if args.base_url is not None else None
     if problem:
         raise UsageError(problem)
@@ -3677,6 +3960,18 @@ def transport_problem(cls, settings, env):
         endpoint, variable, getattr(settings, "allow_insecure_http", False))) or None
 
 
+def search_problem(suite, cls):
+    """Why a `cite` case of the suite can never pass on this provider, or None (issue 12 item 9)."""
+    if cls.server_search is not False:
+        return None
+    case = next((case for case in suite["cases"] if "cite" in case), None)
+    if case is None:
+        return None
+    searchers = ", ".join(name for name, other in PROVIDERS.items() if other.server_search)
+    return (f"case {case['id']!r} has cite, which needs the server's own web search, and --provider {cls.name} "
+            f"runs none, so it could never pass; drop cite from the case or use --provider {searchers}")
+
+
 def make_provider(args, env):
     """The provider for this run and the secret it uses (never stored); UsageError on a bad set-up."""
     problem = provider_problem(args, env)
@@ -3756,8 +4051,50 @@ def _format_name(response_format):
     return response_format["type"]
 
 
-def plan_text(suite, args, plan, provider_note):
+def _wire_lines(suite, args, env):
+    """What goes on the wire beside the cases: tools, tool_choice, output cap, request options."""
+    cls = PROVIDERS[args.provider]
+    sent = cls.sent_tools(suite)
+    held = [tool for tool in suite["tools"] if tool not in sent]
+    tools = ", ".join(str(_tool_name(t) or t["type"]) for t in sent) or "none"
+    if held:
+        tools += (f" (not sent: {', '.join(str(_tool_name(t) or t['type']) for t in held)}; "
+                  f"{cls.name} runs no server-side search)")
+    lines = ["tools: " + tools]
+    choice = cls.sent_tool_choice(suite)
+    if choice:
+        lines.append("tool_choice: " + (choice if isinstance(choice, str) else dumps(choice)))
+    options = suite.get("request") or {}
+    cap = cls.output_cap(args, env)
+    if cap:
+        overridden = [key for key in OUTPUT_CAP_KEYS if key in options]
+        lines.append("output cap: " + (f"set by request ({', '.join(overridden)})" if overridden
+                                       else f"{cap} {MAX_OUTPUT_TOKENS}"))
+    if options:
+        lines.append("request: " + dumps(options))
+    return lines
+
+
+def _cost_lines(args, env, run):
+    """How spend is known: reported by the endpoint, estimated from prices, or not at all."""
+    cls, prices = PROVIDERS[args.provider], (run.prices if run is not None else {})
+    reported = cls.cost_reported(args, env)
+    unpriced = [model for model in args.models if model not in prices]
+    lines = []
+    if prices:
+        lines.append("prices (USD per million input/output tokens): "
+                     + ", ".join(f"{model} {price[0]}/{price[1]}" for model, price in prices.items()))
+    if args.max_cost_usd is not None and reported is not True and unpriced:
+        lines.append(f"warning: --max-cost-usd is set, but this endpoint's cost reporting is unknown and "
+                     f"{', '.join(unpriced)} {'has' if len(unpriced) == 1 else 'have'} no price; the run stops "
+                     f"after the first row that reports no cost. Add --price MODEL=IN/OUT "
+                     f"(USD per million input/output tokens)")
+    return lines
+
+
+def plan_text(suite, args, plan, provider_note, run=None, env=None):
     """The --dry-run report: what would be sent, to whom, how many times."""
+    env = os.environ if env is None else env
     models = args.models
     lines = [
         f"suite: {suite['name']}" + (f" ({suite['file']})" if suite.get("file") else ""),
@@ -3766,8 +4103,9 @@ def plan_text(suite, args, plan, provider_note):
         f"plan: {_plural(len(suite['cases']), 'case')} x {_plural(len(models), 'model')} x "
         f"{_plural(args.repeats, 'repeat')} = {_plural(len(plan), 'request')}",
         f"models: {', '.join(models)}",
-        "tools: " + (", ".join(str(_tool_name(t) or t["type"]) for t in suite["tools"]) or "none"),
+        *_wire_lines(suite, args, env),
         "response format: " + _format_name(suite["response_format"]),
+        *_cost_lines(args, env, run),
     ]
     for case in suite["cases"]:
         text = _normalise(_case_text(case))
@@ -3775,6 +4113,8 @@ def plan_text(suite, args, plan, provider_note):
                      f"  [checks: {', '.join(['completed'] + _checks_of(case))}]")
     warnings = [warning for warning in map(lint_case, suite["cases"]) if warning]
     lines += [f"warning: {warning}" for warning in warnings]
+    if run is not None and run.refusal:
+        lines.append(f"refused: {run.refusal}")
     lines.append("nothing was sent (--dry-run)")
     return "\n".join(safe_text(line) for line in lines)
 
@@ -3784,12 +4124,17 @@ def row_line(row, widths=(0, 0)):
     evidence, cost, time. `widths` pads the model and case columns so rows line up."""
     if row["error"] is not None:
         verdict = f"ERROR {row['error']}" + (f" {row['error_status']}" if row["error_status"] else "")
+        if row.get("error_message"):  # what the endpoint said, one escaped line
+            verdict += ": " + endpoint_text(row["error_message"][:200])
     elif row["passed"]:
         verdict = "PASS"
     else:
         notes = evidence_notes(row)
         verdict = "FAIL " + ",".join(row["reasons"]) + (f" ({notes})" if notes else "")
+    if isinstance(row.get("attempts"), int) and row["attempts"] > 1:
+        verdict += f" (after {row['attempts']} attempts)"
     cost = f"${row['cost_usd']}" if row["cost_usd"] is not None else "cost ?"
+    cost += " estimated" if row.get("cost_estimated") else ""
     return safe_text(f"{row['model']:<{widths[0]}}  {row['case_id']:<{widths[1]}}  r{row['repeat']}  {verdict}  {cost}  "
             f"{row['seconds']:.3f}s")
 
@@ -3837,7 +4182,8 @@ class Run:
         self.path, self.kept, self.resuming = path, list(kept), resuming
         done = {row_key(row) for row in self.kept}
         self.todo = [key for key in plan if key not in done]
-        self.provider = self.secret = None
+        self.provider = self.secret = self.refusal = None
+        self.prices = {}
 
 
 def _resume_defaults(args, env):
@@ -3926,15 +4272,33 @@ def prepare(args, env):
     args.timeout = args.timeout or TIMEOUT_SECONDS
     _check_ranges(args)
     suite = _choose_suite(args, record, replayed)
+    options = request_options(args)
+    if options:  # the flags win over the suite's own request options
+        suite = {**suite, "request": {**(suite.get("request") or {}), **options}}
     if args.update_baseline and not suite.get("file"):
         raise UsageError("--update-baseline needs --suite FILE (the file it fills)")
     config = run_config(suite, args.models, args.repeats, args.timeout)
     full_plan = plan_rows(args.models, [case["id"] for case in suite["cases"]], args.repeats)
     shard = args.shard or (_shard(record["shard"]) if record is not None and record.get("shard") else None)
     plan = [key for n, key in enumerate(full_plan) if shard is None or n % shard[1] == shard[0] - 1]
+    recorded = {model: parse_price(text, "the record's prices") for model, text in
+                ((record or {}).get("prices") or {}).items()} if record is not None else {}
+    prices = {**recorded, **(suite.get("prices") or {}), **price_options(args)}  # flags win
     if record is not None:
-        return _resumed_run(record, suite, plan, config, args.resume)
-    header = record_header(
+        run = _resumed_run(record, suite, plan, config, args.resume)
+    else:
+        run = Run(suite, plan, set(plan), _new_header(args, env, cls, suite, config, shard, replayed),
+                  args.out or "results.json")
+    if prices:  # not config: a price changes what a row is said to cost, never its verdict
+        run.header["prices"] = {model: f"{price[0]}/{price[1]}" for model, price in prices.items()}
+        run.kept = [estimate_cost(dict(row), prices) for row in run.kept]  # a resume may add the price
+    run.prices = prices
+    run.refusal = search_problem(suite, cls)
+    return run
+
+
+def _new_header(args, env, cls, suite, config, shard, replayed):
+    return record_header(
         config,
         replayed.get("sdk_version") if replayed is not None else None,  # live: filled once the client exists
         replayed.get("evidence", "live") if replayed is not None else cls.evidence,
@@ -3943,7 +4307,6 @@ def prepare(args, env):
         shard=f"{shard[0]}/{shard[1]}" if shard else None,
         replayed_from={"path": args.replay, "created_at": replayed.get("created_at")} if replayed else None,
         redaction={"pii": args.redact_pii, "patterns": len(args.redact)} if args.redact or args.redact_pii else None)
-    return Run(suite, plan, set(plan), header, args.out or "results.json")
 
 
 class _Call:
@@ -4129,7 +4492,7 @@ class Progress:
             self.stream.flush()
 
 
-def _stop_reason(row, tally, cap):
+def _stop_reason(row, tally, cap, path=None):
     """Why no new request may start after this row, or None."""
     if row["error"] is not None:
         status = f" {row['error_status']}" if row["error_status"] else ""
@@ -4138,7 +4501,9 @@ def _stop_reason(row, tally, cap):
     if cap is not None:
         spent = tally.spent()
         if spent is None:
-            return "the provider reported no cost, so --max-cost-usd cannot be enforced"
+            return (f"the endpoint reported no cost for {row['model']} and it has no price, so --max-cost-usd "
+                    f"cannot be enforced; give its price and continue: python regression.py --resume "
+                    f"{path or 'RECORD'} --price {row['model']}=IN/OUT (USD per million input/output tokens)")
         if spent >= cap:
             return f"--max-cost-usd reached: reported spend ${format(spent, 'f')} of ${format(cap, 'f')}"
     return None
@@ -4168,7 +4533,8 @@ def execute_run(run, args, writer, tally):
         refill_early = lambda row: row["error"] is None and args.max_cost_usd is None  # noqa: E731
         for key, row in run_jobs(run.todo, work, args.concurrency, lambda: state["stopped"] is not None,
                                  refill_early):
-            stored = redact_row(row, mask)  # checks ran on the original; only the masked row is stored
+            # priced before it is stored or tallied, so the cap sees estimated spend too
+            stored = redact_row(estimate_cost(row, run.prices), mask)  # checks ran on the original
             tally.add(stored)
             saving = time.monotonic()
             writer.append(stored, tally.summary())
@@ -4180,7 +4546,7 @@ def execute_run(run, args, writer, tally):
                 best = answers.get(key[1])
                 if best is None or position[key] < best[0]:
                     answers[key[1]] = (position[key], stored["answer_text"])
-            state["stopped"] = state["stopped"] or _stop_reason(stored, tally, args.max_cost_usd)
+            state["stopped"] = state["stopped"] or _stop_reason(stored, tally, args.max_cost_usd, run.path)
     finally:
         progress.close()
     return state["stopped"], state["in_order"], {case_id: text for case_id, (_, text) in answers.items()}
@@ -4260,8 +4626,12 @@ def main(argv=None):
         if args.dry_run:
             if PROVIDERS[args.provider].builds_offline:  # cheap and offline: a dry run can check coverage too
                 _check_replay_covers(make_provider(args, env)[0], run, args)
-            print(plan_text(run.suite, args, run.plan, provider_problem(args, env)))
-            return 0
+            print(plan_text(run.suite, args, run.plan, provider_problem(args, env), run, env))
+            if run.refusal:
+                print(f"regression.py: error: {run.refusal}", file=sys.stderr)
+            return 2 if run.refusal else 0
+        if run.refusal:  # before the provider exists, so nothing is built, let alone sent
+            raise UsageError(run.refusal)
         run.provider, run.secret = make_provider(args, env)
         _check_replay_covers(run.provider, run, args)
         if not run.resuming and run.header.get("sdk_version") is None:
@@ -4308,6 +4678,8 @@ def main(argv=None):
         print(f"regression.py: error: {safe_text(exc)}", file=sys.stderr)
         return 2
     print(json.dumps(final, indent=2))
+    for warning in final.get("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr)
     if stopped:
         print(f"stopped early: {safe_text(stopped)}", file=sys.stderr)
     if targets:
