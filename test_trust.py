@@ -403,7 +403,7 @@ def json_paths(value, prefix=()):
         yield from json_paths(item, prefix + (key,))
 
 
-OTHER_VALUES = [None, True, False, 0, -1, 7, 1.5, 10 ** 30, "", "x", "1/2", "<img src=x onerror=alert(1)>",
+OTHER_VALUES = [None, True, False, 0, -1, 7, 1.5, 10 ** 30, 10 ** 400, -10 ** 400, 1e308, "", "x", "1/2", "<img src=x onerror=alert(1)>",
                 "\x1b[2J\x1b[1;1Hverdict: PASS", "\u202eevil", [], {}, ["x"], {"x": 1}, [[]], {"models": []}]
 
 
@@ -688,6 +688,8 @@ def test_hostile_suites_are_one_line_exit_2_and_leave_no_record(tmp_path):
                                           "cases": [{"id": "a", "input": "hi", "notes\ud83d": "x"}]}),
         "name-lone-surrogate": json.dumps({"name": "s\udc00", "instructions": "i",
                                            "cases": [{"id": "a", "input": "hi"}]}),
+        "threshold-400-digits": json.dumps({"name": "s", "instructions": "i", "cases": [
+            {"id": "a", "input": "hi", "expected_text": "hi", "min_similarity": 10 ** 400}]}),
     }
     commands = []
     for n, (name, text) in enumerate(suites.items()):
