@@ -152,7 +152,7 @@ def test_key_with_whitespace_or_control_is_a_problem_naming_the_variable(bad, wh
 
 
 @given(st.text(alphabet=ASCII_PRINTABLE, min_size=1, max_size=60))
-@settings(max_examples=60, **HYPOTHESIS)
+@settings(max_examples=30, **HYPOTHESIS)
 def test_clean_printable_key_has_no_problem(value):
     assert regression.key_problem("K", value) is None
 
@@ -162,7 +162,7 @@ NOT_PRINTABLE = ANY_CHAR.filter(lambda char: not "!" <= char <= "~")
 
 
 @given(PRINTABLE, NOT_PRINTABLE, PRINTABLE)
-@settings(max_examples=60, **HYPOTHESIS)
+@settings(max_examples=30, **HYPOTHESIS)
 def test_any_key_outside_printable_ascii_is_refused(head, bad, tail):
     value = head + bad + tail
     problem = regression.key_problem("K", value)
@@ -265,7 +265,7 @@ SECRET_TEXT = st.text(alphabet=ASCII_PRINTABLE, min_size=8, max_size=40)
 @given(SECRET_TEXT, st.sampled_from(["raw", "json", "repr", "quote", "quote-lower", "quote_plus", "json2",
                                      "repr-json", "bearer"]),
        ANY_TEXT, ANY_TEXT)
-@settings(max_examples=100, **HYPOTHESIS)
+@settings(max_examples=50, **HYPOTHESIS)
 def test_every_form_of_a_key_is_masked(secret, form, before, after):
     quoted = urllib.parse.quote(secret, safe="")
     spelled = {"raw": secret, "json": json.dumps(secret)[1:-1], "repr": repr(secret)[1:-1], "quote": quoted,
@@ -329,7 +329,7 @@ def test_key_echoed_in_any_form_reaches_no_file_and_no_console(tmp_path, provide
        st.recursive(st.none() | st.booleans() | st.integers() | ANY_TEXT,
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(SHORT_TEXT, inner, max_size=4),
                     max_leaves=12))
-@settings(max_examples=80, **HYPOTHESIS)
+@settings(max_examples=40, **HYPOTHESIS)
 def test_a_short_key_never_rewrites_evidence(secret, value):
     """Masking "x" would rewrite every x of every response: a short key is not masked at all."""
     value = {"response": value, "answer_text": f"{secret} {secret}{secret}", "details": {secret: secret}}
@@ -339,7 +339,7 @@ def test_a_short_key_never_rewrites_evidence(secret, value):
 @given(SECRET_TEXT, st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | ANY_TEXT,
                                  lambda inner: st.lists(inner, max_size=4)
                                  | st.dictionaries(SHORT_TEXT, inner, max_size=4), max_leaves=16))
-@settings(max_examples=80, **HYPOTHESIS)
+@settings(max_examples=40, **HYPOTHESIS)
 def test_evidence_without_the_key_round_trips_byte_identical(tmp_path, secret, response):
     """A stored row is byte-identical to the original whenever no form of the key occurs in it."""
     row = {"case_id": "c", "model": "m", "repeat": 0, "error": None, "error_status": None, "cost_usd": None,
@@ -517,7 +517,7 @@ def test_every_mutation_of_a_record_is_read_or_refused_in_one_line_by_every_read
     with scratch_dir() as folder:
         valid_path = write_json(folder / "valid.json", valid_record)
 
-        @settings(max_examples=40, **HYPOTHESIS)
+        @settings(max_examples=25, **HYPOTHESIS)
         @given(st.sampled_from(paths), MUTATIONS)
         def prop(path, how):
             run_every_reader(folder, valid_path, mutate(valid_record, path, how), (path, how))
@@ -553,11 +553,9 @@ HOSTILE_RECORDS = {
     "seconds-string": (("runs", 0, "seconds"), "fast"),
     "suite-string": (("suite",), "suite"),
     "provider-name-int": (("provider", "name"), 5),
-    "summary-string": (("summary",), "done"),
     "summary-rows-html": (("summary", "rows"), "<img src=x>"),
     "details-list": (("runs", 0, "details"), [1]),
     "shard-int": (("shard",), 7),
-    "row-string": (("runs", 0), "row"),
 }
 
 
@@ -636,7 +634,7 @@ def test_good_base_urls_have_no_problem(url):
 
 @given(st.lists(st.sampled_from(list("htps:/[]0123456789.:@%-x") + ["::1", "127.0.0.1", ":", "65536"]),
                 max_size=14).map("".join))
-@settings(max_examples=100, **HYPOTHESIS)
+@settings(max_examples=50, **HYPOTHESIS)
 def test_base_url_problem_never_raises(url):
     problem = regression.base_url_problem(url)
     if problem is None:  # what is accepted can be used: a host and a port in range
@@ -765,7 +763,7 @@ def test_safe_text_escapes_every_c0_c1_and_del(code):
 
 
 @given(st.lists(st.one_of(ANY_CHAR, st.sampled_from(TERMINAL_ATTACKS)), max_size=30).map("".join), st.booleans())
-@settings(max_examples=100, **HYPOTHESIS)
+@settings(max_examples=50, **HYPOTHESIS)
 def test_safe_text_output_is_printable_and_encodable(text, newlines):
     shown = regression.safe_text(text, newlines=newlines)
     assert not unsafe(shown, allowed="\n" if newlines else "")
@@ -840,7 +838,7 @@ CRAFTED_SUMMARY_VALUES = ["<img src=x onerror=alert(1)>", "# Fake heading", "\n#
 
 @given(st.sampled_from(CRAFTED_SUMMARY_VALUES) | ANY_TEXT, st.sampled_from(CRAFTED_SUMMARY_VALUES) | ANY_TEXT,
        st.sampled_from(CRAFTED_SUMMARY_VALUES) | ANY_TEXT | st.integers(), st.sampled_from(CRAFTED_SUMMARY_VALUES))
-@settings(max_examples=60, **HYPOTHESIS)
+@settings(max_examples=30, **HYPOTHESIS)
 def test_markdown_escapes_every_record_value_numbers_included(valid_record, rows, expected_rows, exit_code, repeat):
     record = copy.deepcopy(valid_record)
     record["summary"].update(rows=rows, expected_rows=expected_rows, exit_code=exit_code, stopped=rows)
