@@ -1369,7 +1369,9 @@ def _unknown_key(keys, known, where):
 
 
 def _is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) or math.isfinite(value)  # math.isfinite(10**400) raises OverflowError
 
 
 def _is_count(value):
@@ -2872,7 +2874,7 @@ def redact_row(row, mask):
     """The row as stored: responses, answers, details and error messages masked; an error
     message is cut only after masking, so no partial secret survives at the cut."""
     stored = dict(row)
-    for field in ("response", "answer_text", "details", "error_message"):
+    for field in ("response", "rounds", "answer_text", "details", "error_message"):
         if stored.get(field) is not None:
             stored[field] = mask(stored[field])
     if isinstance(stored.get("error_message"), str):
@@ -3180,7 +3182,7 @@ def _is_shard(value):
 
 
 _TEXT, _INT, _NUMBER, _BOOL = ((lambda v: isinstance(v, str)), "a string"), (_is_int, "a whole number"), \
-    ((lambda v: _is_number(v) and math.isfinite(v)), "a finite number"), ((lambda v: isinstance(v, bool)), "true or false")
+    ((lambda v: _is_number(v) and abs(v) <= 1e15), "a finite number"), ((lambda v: isinstance(v, bool)), "true or false")
 _OBJECT, _LIST = ((lambda v: isinstance(v, dict)), "an object"), ((lambda v: isinstance(v, list)), "a list")
 
 # {field: (test, what it must be)}: a field that is present and not null must pass its test.
@@ -3249,8 +3251,8 @@ def _config_problem(config):
     if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= 10:
         return "config.repeats is not a whole number from 1 to 10"
     timeout = config.get("timeout_seconds", TIMEOUT_SECONDS)
-    if not _is_number(timeout) or not math.isfinite(timeout) or timeout <= 0:
-        return "config.timeout_seconds is not a positive number"
+    if not _is_number(timeout) or not 0 < timeout <= 1e9:  # a float can hold it: no OverflowError later
+        return "config.timeout_seconds is not a positive number of seconds"
     return None
 
 
