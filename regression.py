@@ -550,7 +550,7 @@ def compile_case(suite, case):
     schema = (response_format.get("json_schema") or {}).get("schema")
     compiled["_schema"] = schema if isinstance(schema, dict) else None
     compiled["_sources"] = suite.get("sources")
-    compiled["_instructions"] = suite.get("instructions", "")
+    compiled["_instructions"] = case.get("instructions", suite.get("instructions", ""))
     compiled["_function_tools"] = _function_names(suite.get("tools") or [])
     return compiled
 
@@ -810,6 +810,8 @@ def validate_suite(data, allow_empty_baseline=False):
     """A suite object checked and normalised for running; SuiteError on the first problem."""
     if not isinstance(data, dict):
         raise SuiteError("a suite must be a JSON object")
+    if is_promptreg(data):
+        return promptreg_suite(data, allow_empty_baseline)
     _unknown_key(data, SUITE_KEYS, "suite")
     if not isinstance(data.get("name"), str) or not data["name"].strip():
         raise SuiteError("suite: name must be a non-empty string")
@@ -867,21 +869,31 @@ def _no_duplicate_keys(pairs):
     return dict(pairs)
 
 
-def load_suite(path, allow_empty_baseline=False):
-    """Read and validate a suite file; SuiteError("FILE: ...") on any problem."""
+def _read_json(path):
+    """A JSON file's value; SuiteError("FILE: ...") when it cannot be read or parsed."""
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     try:
-        data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as exc:
         raise SuiteError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
     except RecursionError:
         raise SuiteError(f"{path}: not valid JSON: nested too deeply") from None
     except SuiteError as exc:
         raise SuiteError(f"{path}: {exc}") from None
+
+
+def load_suite(path, allow_empty_baseline=False, system=None):
+    """Read and validate a suite file (or a folder of golden case files, with `system` naming
+    its SYSTEM.txt when it is elsewhere); SuiteError("FILE: ...") on any problem."""
+    if os.path.isdir(path):
+        return load_golden_dir(path, allow_empty_baseline, system)
+    if system is not None:
+        raise SuiteError(f"--system {system}: goes with --suite DIR, a folder of golden case files")
+    data = _read_json(path)
     try:
         suite = validate_suite(data, allow_empty_baseline)
     except SuiteError as exc:
@@ -890,8 +902,205 @@ def load_suite(path, allow_empty_baseline=False):
     return suite
 
 
-def fill_baselines(path, answers):
-    """Fill empty expected_text baselines of a suite file from {case_id: answer}; atomic rewrite.
+# ---------------------------------------------------------------------- other suite formats
+# Suites written for the two earlier designs run unmodified. Both are converted into the
+# suite form above on load, so every check, record, resume and comparison treats them alike:
+# - a prompt-regression suite: one JSON file, a system prompt per case (`system`), the user
+#   message in `prompt`, the approved baseline in `expected`;
+# - a folder of golden-behaviour case files: one case per JSON file, the system prompt in
+#   SYSTEM.txt, pinned by each case's `system_sha256`.
+
+PROMPTREG_KEYS = {"name", "cases", "notes"}
+PROMPTREG_CASE_KEYS = {"id", "prompt", "system", "expected", "contains", "excludes", "min_similarity",
+                       "max_chars", "min_chars", "notes"}
+PROMPTREG_RENAMES = {"prompt": "input", "expected": "expected_text"}  # their key -> ours
+
+
+def is_promptreg(data):
+    """A prompt-regression suite: no suite-level instructions, cases written with their keys."""
+    cases = data.get("cases") if isinstance(data, dict) else None
+    return "instructions" not in data and isinstance(cases, list) and any(
+        isinstance(case, dict) and ({"prompt", "system", "expected"} & set(case)) for case in cases)
+
+
+def _their_words(message):
+    """One of our validation messages in the prompt-regression key names."""
+    return re.sub(r"\bexpected_text\b", "expected", message)
+
+
+def promptreg_suite(data, allow_empty_baseline=False):
+    """A prompt-regression suite checked (their rules, our one-line errors) and converted: `prompt`
+    is the input, `expected` the expected_text, each case's `system` its own instructions."""
+    _unknown_key(data, PROMPTREG_KEYS, "suite")
+    if not isinstance(data.get("name"), str) or not data["name"].strip():
+        raise SuiteError("suite: name must be a non-empty string")
+    if "notes" in data and not isinstance(data["notes"], str):
+        raise SuiteError("suite: notes must be a string")
+    if not isinstance(data.get("cases"), list) or not data["cases"]:
+        raise SuiteError("suite: cases must be a non-empty list")
+    cases, config_cases, systems, seen = [], [], {}, set()
+    for position, case in enumerate(data["cases"]):
+        if not isinstance(case, dict):
+            raise SuiteError(f"case #{position + 1}: must be an object")
+        if not isinstance(case.get("id"), str) or not case["id"].strip():
+            raise SuiteError(f"case #{position + 1}: id must be a non-empty string")
+        where = f"case {case['id']!r}"
+        if case["id"] in seen:
+            raise SuiteError(f"{where}: duplicate id")
+        seen.add(case["id"])
+        _unknown_key(case, PROMPTREG_CASE_KEYS, where)
+        if not isinstance(case.get("prompt"), str) or not case["prompt"].strip():
+            raise SuiteError(f"{where}: prompt must be a non-empty string")
+        system = case.get("system", "")
+        if not isinstance(system, str):
+            raise SuiteError(f"{where}: system must be a string")
+        ours = {PROMPTREG_RENAMES.get(key, key): value for key, value in case.items() if key != "system"}
+        try:
+            _validate_case(ours, {"instructions": system}, None, [], allow_empty_baseline)
+        except SuiteError as exc:
+            raise SuiteError(_their_words(str(exc))) from None
+        ours["instructions_sha256"] = instructions_sha256(system)  # the config pins each case's prompt
+        config_cases.append(ours)
+        cases.append({**ours, "instructions": system})
+        systems[case["id"]] = system
+    shared = next(iter(systems.values())) if len(set(systems.values())) == 1 else None
+    return {
+        "name": data["name"],
+        "builtin": False,
+        "format": "prompt-regression",
+        "instructions": shared if shared is not None else "",
+        # one text when every case shares it (a prompt edit then compares like ours), else per case
+        "config_instructions": shared if shared is not None else systems,
+        "tools": [],
+        "response_format": None,
+        "sources": None,
+        "cases": cases,
+        "config_cases": config_cases,
+        "definition": {"name": data["name"]},
+    }
+
+
+def promptreg_from_config(name, config):
+    """The prompt-regression suite a record's config was made from (per-case instructions)."""
+    ours = {value: key for key, value in PROMPTREG_RENAMES.items()}
+    systems = config.get("instructions")
+    cases = config.get("cases") if isinstance(config.get("cases"), list) else []
+    return {"name": name, "cases": [
+        {**{ours.get(key, key): value for key, value in case.items() if key != "instructions_sha256"},
+         "system": systems.get(case.get("id"), "")} if isinstance(case, dict) else case for case in cases]}
+
+
+GOLDEN_KEYS = {"id", "user", "system_sha256", "tools", "behaviors", "notes"}
+GOLDEN_PLACEHOLDER = "compute-from-SYSTEM.txt"  # their system_sha256 before the first run
+
+
+def _system_file(folder, system):
+    """The golden folder's system prompt file: --system, else SYSTEM.txt in the folder or its parent."""
+    if system is not None:
+        return system
+    for place in (folder, os.path.dirname(os.path.abspath(folder))):
+        path = os.path.join(place, "SYSTEM.txt")
+        if os.path.isfile(path):
+            return path
+    raise SuiteError(f"{folder}: no SYSTEM.txt in the folder or its parent; name the system prompt "
+                     "with --system FILE")
+
+
+def _read_system(path):
+    """The system prompt exactly as stored (newlines untranslated), so its hash is the file's sha256."""
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _golden_case(data, system_text, system_path, allow_placeholder):
+    """One golden case file's value as a suite case, and its tool names; SuiteError otherwise."""
+    if not isinstance(data, dict):
+        raise SuiteError("a golden case must be a JSON object")
+    if not isinstance(data.get("id"), str) or not data["id"].strip():
+        raise SuiteError("id must be a non-empty string")
+    where = f"case {data['id']!r}"
+    _unknown_key(data, GOLDEN_KEYS, where)
+    if not isinstance(data.get("user"), str) or not data["user"].strip():
+        raise SuiteError(f"{where}: user must be a non-empty string")
+    tools = data.get("tools", [])
+    _string_list(tools, where, "tools", allow_empty=True)
+    for name in tools:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise SuiteError(f"{where}: tool name {name!r} must be letters, digits, '_', '.' or '-'")
+    if len(set(tools)) != len(tools):
+        raise SuiteError(f"{where}: tools lists a name twice")
+    pin, actual = data.get("system_sha256"), instructions_sha256(system_text)
+    if pin == GOLDEN_PLACEHOLDER:
+        if not allow_placeholder:
+            raise SuiteError(f"{where}: system_sha256 is still {GOLDEN_PLACEHOLDER!r}; fill it with "
+                             f"--update-baseline (SYSTEM.txt hashes to {actual})")
+    elif not isinstance(pin, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", pin):
+        raise SuiteError(f"{where}: system_sha256 must be 64 hex digits or {GOLDEN_PLACEHOLDER!r}")
+    elif pin.lower() != actual:
+        raise SuiteError(f"prompt drift: {where} pins system_sha256 {pin.lower()}, but {system_path} hashes "
+                         f"to {actual}; review the system prompt change, then update the pin")
+    case = {"id": data["id"], "input": data["user"]}
+    for key in ("behaviors", "notes"):
+        if key in data:
+            case[key] = data[key]
+    _validate_case(case, {"instructions": system_text}, None, sorted(tools), False)
+    case["instructions_sha256"] = actual
+    return case, tools, pin == GOLDEN_PLACEHOLDER
+
+
+def load_golden_dir(folder, allow_empty_baseline=False, system=None):
+    """Every *.json of a folder (sorted) as one suite of golden cases; SuiteError naming the file."""
+    system_path = _system_file(folder, system)
+    system_text = _read_system(system_path)
+    try:
+        names = sorted(name for name in os.listdir(folder)
+                       if name.endswith(".json") and os.path.isfile(os.path.join(folder, name)))
+    except OSError as exc:
+        raise SuiteError(f"{folder}: cannot read: {exc.strerror or exc}") from None
+    if not names:
+        raise SuiteError(f"{folder}: no *.json case files in this folder")
+    cases, tools, placeholders, files = [], [], {}, {}
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            case, names_used, placeholder = _golden_case(_read_json(path), system_text, system_path,
+                                                         allow_empty_baseline)
+        except SuiteError as exc:
+            message = str(exc)
+            raise SuiteError(message if message.startswith(path) else f"{path}: {message}") from None
+        if case["id"] in files:
+            raise SuiteError(f"{path}: case {case['id']!r}: duplicate id (also in {files[case['id']]})")
+        files[case["id"]] = path
+        if placeholder:
+            placeholders[case["id"]] = path
+        cases.append(case)
+        tools += [name for name in names_used if name not in tools]
+    # tools without parameters, as the golden harness sends them; every case is offered all of them
+    function_tools = [{"type": "function", "function": {"name": name}} for name in tools]
+    name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
+    return {
+        "name": name,
+        "builtin": False,
+        "format": "golden",
+        "instructions": system_text,
+        "tools": function_tools,
+        "response_format": None,
+        "sources": None,
+        "cases": cases,
+        "config_cases": cases,
+        "definition": {"name": name, "tools": function_tools},
+        "file": folder,
+        "system_file": system_path,
+        "placeholders": placeholders,
+    }
+
+
+def fill_baselines(path, answers, key="expected_text"):
+    """Fill empty expected_text baselines (`key`: "expected" in a prompt-regression suite) of a
+    suite file from {case_id: answer}; atomic rewrite.
 
     A baseline that already holds text is never replaced. Returns the ids filled.
     """
@@ -899,8 +1108,8 @@ def fill_baselines(path, answers):
         data = json.load(handle)
     filled = []
     for case in data["cases"]:
-        if case.get("expected_text") == "" and answers.get(case["id"]):
-            case["expected_text"] = answers[case["id"]]
+        if case.get(key) == "" and answers.get(case["id"]):
+            case[key] = answers[case["id"]]
             filled.append(case["id"])
     if not filled:
         return filled
@@ -920,6 +1129,52 @@ def fill_baselines(path, answers):
         raise
     _fsync_dir(path)
     return filled
+
+
+def _rewrite_text(path, text):
+    """Replace a file's text atomically, keeping its mode (readers see old or new, never half)."""
+    mode = os.stat(path).st_mode & 0o7777
+    temp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        try:
+            _pwrite_all(fd, text.encode("utf-8"), 0)
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, path)
+    except OSError:
+        os.unlink(temp)
+        raise
+    _fsync_dir(path)
+
+
+def fill_golden_pin(path, sha256):
+    """Replace the placeholder system_sha256 of one golden case file by `sha256`, keeping every
+    other byte of the file; True when filled. A pin that holds a hash is never touched."""
+    with open(path, encoding="utf-8", newline="") as handle:
+        text = handle.read()
+    data = json.loads(text)
+    spots = list(re.finditer(r'("system_sha256"\s*:\s*)"' + re.escape(GOLDEN_PLACEHOLDER) + '"', text))
+    if data.get("system_sha256") != GOLDEN_PLACEHOLDER or len(spots) != 1:
+        return False
+    start, end = spots[0].span()
+    new = text[:start] + spots[0].group(1) + json.dumps(sha256) + text[end:]
+    if json.loads(new) != {**data, "system_sha256": sha256}:
+        return False  # the match was not the top-level key (an escaped look-alike): leave the file alone
+    _rewrite_text(path, new)
+    return True
+
+
+def update_baselines(suite, answers):
+    """--update-baseline: fill what the suite leaves open; returns the case ids filled.
+    Golden folders: placeholder pins; prompt-regression suites: empty `expected`; ours: empty expected_text."""
+    if suite.get("format") == "golden":
+        pin = instructions_sha256(suite["instructions"])
+        return [case_id for case_id, path in suite.get("placeholders", {}).items() if fill_golden_pin(path, pin)]
+    key = "expected" if suite.get("format") == "prompt-regression" else "expected_text"
+    return fill_baselines(suite["file"], answers, key)
 
 
 # ====================================================================== providers
@@ -961,7 +1216,7 @@ def _nested_tool(tool):
 
 def agent_request(suite, case, model):
     """The keyword arguments of client.responses.create for one case (SPEC A6)."""
-    request = {"model": model, "instructions": suite["instructions"], "input": case["input"]}
+    request = {"model": model, "instructions": case.get("instructions", suite["instructions"]), "input": case["input"]}
     if suite.get("tools"):
         request["tools"] = [_flat_tool(tool) for tool in suite["tools"]]
     if suite.get("response_format"):
@@ -1061,7 +1316,8 @@ class PerplexityProvider:
 
 def chat_request(suite, case, model):
     """The JSON body of a chat-completions request for one case."""
-    messages = [{"role": "system", "content": suite["instructions"]}] if suite["instructions"] else []
+    instructions = case.get("instructions", suite["instructions"])  # a prompt-regression case has its own
+    messages = [{"role": "system", "content": instructions}] if instructions else []
     if isinstance(case["input"], list):
         messages.extend(case["input"])
     else:
@@ -2104,16 +2360,22 @@ ENV_TWINS = [
     ("retries", "REGRESSION_RETRIES", int),
     ("max_cost_usd", "REGRESSION_MAX_COST_USD", str),
     ("shard", "REGRESSION_SHARD", str),
+    # the prompt-regression CLI's variables, consulted only after ours
+    ("provider", "PROMPTREG_PROVIDER", lambda value: {"compatible": "openai"}.get(value.strip(), value.strip())),
+    ("models", "PROMPTREG_MODEL", lambda value: value.replace(",", " ").split()),
 ]
 
 
 def build_parser():
     parser = _Parser(prog="regression.py", description=__doc__.split("\n\n")[0],
                      epilog=f"Environment twins: {', '.join(variable for _, variable, _ in ENV_TWINS)}, "
-                            "OPENAI_BASE_URL (for --base-url).",
+                            "OPENAI_BASE_URL, then PROMPTREG_BASE_URL (for --base-url).",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_argument_group("what to run")
-    what.add_argument("--suite", metavar="FILE", help="a suite file (default: the built-in HTTP-advisor suite)")
+    what.add_argument("--suite", metavar="FILE", help="a suite file, or a folder of golden case files "
+                                                      "(default: the built-in HTTP-advisor suite)")
+    what.add_argument("--system", metavar="FILE", help="the system prompt of a --suite DIR "
+                                                       "(default: SYSTEM.txt in the folder or its parent)")
     what.add_argument("--models", nargs="+", metavar="MODEL", help=f"models to run (default: {' '.join(MODELS)})")
     what.add_argument("--repeats", type=int, metavar="N", help="runs of every case per model, 1-10 (default 1)")
     what.add_argument("--out", metavar="FILE", help="new record file (default results.json; never overwritten)")
@@ -2262,7 +2524,7 @@ def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS):
     config = {
         "models": list(models),
         "cases": suite["config_cases"],
-        "instructions": suite["instructions"],
+        "instructions": suite.get("config_instructions", suite["instructions"]),  # per case: {id: text}
         "tool": TOOL if suite.get("builtin") else definition.get("tool"),
         "response_format": suite["response_format"],
         "repeats": repeats,
@@ -2388,13 +2650,21 @@ def _format_name(response_format):
     return response_format["type"]
 
 
+def _instructions_line(suite):
+    """The instructions hash of a plan, or how many distinct ones when each case has its own."""
+    texts = {case.get("instructions", suite["instructions"]) for case in suite["cases"]}
+    if len(texts) > 1:
+        return f"instructions sha256: per case ({len(texts)} distinct)"
+    return f"instructions sha256: {instructions_sha256(texts.pop() if texts else suite['instructions'])}"
+
+
 def plan_text(suite, args, plan, provider_note):
     """The --dry-run report: what would be sent, to whom, how many times."""
     models = args.models
     lines = [
         f"suite: {suite['name']}" + (f" ({suite['file']})" if suite.get("file") else ""),
         f"provider: {args.provider}" + (f" ({provider_note})" if provider_note else ""),
-        f"instructions sha256: {instructions_sha256(suite['instructions'])}",
+        _instructions_line(suite),
         f"plan: {len(suite['cases'])} cases x {len(models)} models x {args.repeats} repeats = {len(plan)} requests",
         f"models: {', '.join(models)}",
         "tools: " + (", ".join(str(_tool_name(t) or t["type"]) for t in suite["tools"]) or "none"),
@@ -2418,6 +2688,30 @@ def row_line(row):
     return f"{row['model']}  {row['case_id']}  r{row['repeat']}  {verdict}  {cost}  {row['seconds']:.3f}s"
 
 
+def failure_lines(case, row):
+    """Under a failing row's line, the prompt-regression reading of its text rules: the similarity
+    score and each failed rule in words, then the diff (expected -> actual) of a similarity failure.
+    Reads the stored row, so whatever was masked stays masked."""
+    details = row.get("details") or {}
+    if row["passed"] or row["error"] is not None or not isinstance(details, dict):
+        return []
+    rules = [f"contains forbidden text: {phrase!r}" for phrase in details.get("forbidden_text", [])]
+    rules += [f"missing required text: {phrase!r}" for phrase in details.get("missing_text", [])]
+    score = details.get("similarity")
+    if "below_min_similarity" in row["reasons"] and score is not None:
+        rules.append(f"similarity {score:.2f} below min_similarity {case.get('min_similarity')}")
+    for reason, key, words in (("too_short", "min_chars", "fewer"), ("too_long", "max_chars", "more")):
+        if reason in row["reasons"]:
+            rules.append(f"{details.get('chars')} chars, {words} than {key} {case.get(key)}")
+    if not rules:
+        return []  # no text rule failed: the row line's reasons say it all
+    head = f"    score {score:.2f}" if isinstance(score, (int, float)) else "    score n/a"
+    lines = [f"{head}: {'; '.join(rules)}"]
+    if "below_min_similarity" in row["reasons"] and isinstance(details.get("diff"), str):
+        lines += ["    " + line for line in details["diff"].splitlines()]
+    return lines
+
+
 def _now():
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
@@ -2438,11 +2732,14 @@ def _suite_from_record(record, args):
     """The suite a record was made with: the built-in one, --suite, or the cases in its config."""
     info = record.get("suite") if isinstance(record.get("suite"), dict) else {"builtin": True}
     if args.suite:
-        return load_suite(args.suite, allow_empty_baseline=args.update_baseline)
+        return load_suite(args.suite, allow_empty_baseline=args.update_baseline, system=args.system)
     if info.get("builtin", True):
         return builtin_suite()
     config = record["config"]
     try:
+        if isinstance(config.get("instructions"), dict):  # a prompt-regression suite, a prompt per case
+            return validate_suite(promptreg_from_config(info.get("name") or "suite", config),
+                                  allow_empty_baseline=args.update_baseline)
         return validate_suite({"name": info.get("name") or "suite", "instructions": config.get("instructions"),
                                "tool": config.get("tool"), "tools": config.get("tools"),
                                "response_format": config.get("response_format"),
@@ -2500,7 +2797,7 @@ def _choose_suite(args, record, replayed):
     if record is not None:
         return _suite_from_record(record, args)
     if args.suite:
-        return load_suite(args.suite, allow_empty_baseline=args.update_baseline)
+        return load_suite(args.suite, allow_empty_baseline=args.update_baseline, system=args.system)
     if replayed is not None and not (replayed.get("suite") or {}).get("builtin", True):
         return _suite_from_record(replayed, args)
     return builtin_suite()
@@ -2528,7 +2825,7 @@ def prepare(args, env):
     record = _resume_defaults(args, env) if args.resume else None
     args.provider = args.provider or ("replay" if args.replay else "perplexity")
     if args.provider == "openai":
-        args.base_url = args.base_url or env.get("OPENAI_BASE_URL")
+        args.base_url = args.base_url or env.get("OPENAI_BASE_URL") or env.get("PROMPTREG_BASE_URL")
     replayed = _replay_defaults(args) if args.provider == "replay" else None
     if args.provider == "openai" and not args.models:
         raise UsageError("--provider openai needs --models (names as the endpoint knows them)")
@@ -2672,7 +2969,8 @@ def execute_run(run, args, writer, tally):
             saving = time.monotonic()
             writer.append(stored, tally.summary())
             saved = time.monotonic() - saving
-            progress.row(f"{row_line(stored)}  (+{saved:.3f}s save)", tally)
+            progress.row("\n".join([f"{row_line(stored)}  (+{saved:.3f}s save)",
+                                     *failure_lines(cases[key[1]], stored)]), tally)
             state["in_order"] &= position[key] > state["last"]
             state["last"] = max(state["last"], position[key])
             if stored["error"] is None and isinstance(stored["answer_text"], str):
@@ -2816,7 +3114,7 @@ def main(argv=None):
             print(f"regression.py: error: {exc}", file=sys.stderr)
             return 2
     if args.update_baseline:
-        filled = fill_baselines(run.suite["file"], answers)
+        filled = update_baselines(run.suite, answers)
         print(f"baselines filled: {', '.join(filled) if filled else 'none'} ({run.suite['file']})")
     return final["exit_code"]
 
