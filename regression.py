@@ -2460,6 +2460,8 @@ def _check_flags(args):
             raise UsageError(f"--redact {pattern!r} is not a valid regular expression: {exc}") from None
     if args.merge is not None and len(args.merge) < 2:
         raise UsageError("--merge needs OUT and at least one shard record")
+    if args.system and not args.suite:
+        raise UsageError("--system FILE goes with --suite DIR, a folder of golden case files")
     if args.resume and args.out:
         raise UsageError("--resume continues its record in place; drop --out")
     if args.resume and args.shard:

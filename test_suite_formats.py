@@ -499,6 +499,8 @@ def test_system_txt_in_the_parent_folder_and_system_flag(tmp_path):
     assert named.returncode == 0, named.stderr
     line = one_error_line(cli(["--suite", PROMPTREG, "--system", other, "--dry-run", "--provider", "echo"]))
     assert "--system" in line and "--suite DIR" in line
+    line = one_error_line(cli(["--system", other, "--dry-run", "--provider", "echo"]))
+    assert line == "regression.py: error: --system FILE goes with --suite DIR, a folder of golden case files"
 
 
 def golden_folder(root, files, system=SYSTEM_TEXT):
@@ -660,3 +662,38 @@ def test_matrix_refuses_incomparable_records_and_report_flags(tmp_path):
     assert not (tmp_path / "m.html").exists()
     missing = cli(["--matrix", "--models", "a", "z", tmp_path / "goldens.json"], script="compare_runs.py")
     assert missing.returncode == 2 and "NOT_COMPARABLE: model 'a' is not in this run" in missing.stdout
+
+
+GOLDEN_VALUES = {
+    "id": st.one_of(st.text(max_size=4), st.integers(), st.none()),
+    "user": st.one_of(st.text(max_size=8), st.integers(), st.lists(st.text(max_size=3), max_size=2)),
+    "system_sha256": st.one_of(st.just(SYSTEM_SHA), st.just(regression.GOLDEN_PLACEHOLDER), st.text(max_size=5),
+                               st.just(SYSTEM_SHA.upper()), st.integers()),
+    "tools": st.one_of(st.lists(st.sampled_from(["cancel_order", "lookup_order", "bad name", ""]), max_size=3),
+                       st.text(max_size=3)),
+    "behaviors": st.one_of(st.lists(st.sampled_from(["no_system_leak", "forbid_tool:cancel_order", "max_tool_rounds:x",
+                                                     "require_clarification:order_id", "json_object:1", 3]),
+                                    max_size=3), st.text(max_size=3)),
+    "notes": st.one_of(st.text(max_size=3), st.integers()),
+    "extra": st.integers(),
+}
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.fixed_dictionaries({}, optional=GOLDEN_VALUES), min_size=1, max_size=3), st.booleans())
+def test_any_golden_folder_loads_or_is_one_line(tmp_path_factory, cases, update):
+    """Whatever the case files hold, a golden folder loads as a suite or is one SuiteError line."""
+    folder = tmp_path_factory.mktemp("golden")
+    (folder / "SYSTEM.txt").write_text(SYSTEM_TEXT, encoding="utf-8")
+    for n, case in enumerate(cases):
+        (folder / f"{n}.json").write_text(json.dumps(case), encoding="utf-8")
+    try:
+        suite = regression.load_suite(str(folder), allow_empty_baseline=update)
+    except regression.SuiteError as exc:
+        assert "\n" not in str(exc) and str(folder) in str(exc)
+        return
+    assert [case["input"] for case in suite["cases"]] == [case["user"] for case in cases]
+    assert all(case["instructions_sha256"] == SYSTEM_SHA for case in suite["cases"])
+    placeholders = [case["id"] for case in cases if case["system_sha256"] == regression.GOLDEN_PLACEHOLDER]
+    assert update or not placeholders  # a placeholder runs only while --update-baseline fills it
+    assert list(suite["placeholders"]) == placeholders
