@@ -1051,6 +1051,39 @@ def _golden_case(data, system_text, system_path, allow_placeholder):
     return case, tools, pin == GOLDEN_PLACEHOLDER
 
 
+def golden_suite(name, entries, system_text, system_path, allow_placeholder=False):
+    """One suite from golden cases [(file, value)]: SYSTEM.txt is the instructions, every case is
+    offered only the tools it names (without parameters, as the golden harness sends them)."""
+    cases, tools, placeholders, files = [], [], {}, {}
+    for path, data in entries:
+        try:
+            case, names, placeholder = _golden_case(data, system_text, system_path, allow_placeholder)
+        except SuiteError as exc:
+            raise SuiteError(f"{path}: {exc}") from None
+        if case["id"] in files:
+            raise SuiteError(f"{path}: case {case['id']!r}: duplicate id (also in {files[case['id']]})")
+        files[case["id"]] = path
+        if placeholder:
+            placeholders[case["id"]] = path
+        cases.append({**case, "tools": names})
+        tools += [tool for tool in names if tool not in tools]
+    function_tools = [{"type": "function", "function": {"name": tool}} for tool in tools]
+    return {
+        "name": name,
+        "builtin": False,
+        "format": "golden",
+        "instructions": system_text,
+        "tools": function_tools,  # all of them: the plan and the config name every tool once
+        "response_format": None,
+        "sources": None,
+        "cases": cases,
+        "config_cases": cases,
+        "definition": {"name": name, "tools": function_tools},
+        "system_file": system_path,
+        "placeholders": placeholders,
+    }
+
+
 def load_golden_dir(folder, allow_empty_baseline=False, system=None):
     """Every *.json of a folder (sorted) as one suite of golden cases; SuiteError naming the file."""
     system_path = _system_file(folder, system)
@@ -1062,40 +1095,27 @@ def load_golden_dir(folder, allow_empty_baseline=False, system=None):
         raise SuiteError(f"{folder}: cannot read: {exc.strerror or exc}") from None
     if not names:
         raise SuiteError(f"{folder}: no *.json case files in this folder")
-    cases, tools, placeholders, files = [], [], {}, {}
-    for name in names:
-        path = os.path.join(folder, name)
-        try:
-            case, names_used, placeholder = _golden_case(_read_json(path), system_text, system_path,
-                                                         allow_empty_baseline)
-        except SuiteError as exc:
-            message = str(exc)
-            raise SuiteError(message if message.startswith(path) else f"{path}: {message}") from None
-        if case["id"] in files:
-            raise SuiteError(f"{path}: case {case['id']!r}: duplicate id (also in {files[case['id']]})")
-        files[case["id"]] = path
-        if placeholder:
-            placeholders[case["id"]] = path
-        cases.append(case)
-        tools += [name for name in names_used if name not in tools]
-    # tools without parameters, as the golden harness sends them; every case is offered all of them
-    function_tools = [{"type": "function", "function": {"name": name}} for name in tools]
+    entries = [(os.path.join(folder, name), _read_json(os.path.join(folder, name))) for name in names]
     name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
-    return {
-        "name": name,
-        "builtin": False,
-        "format": "golden",
-        "instructions": system_text,
-        "tools": function_tools,
-        "response_format": None,
-        "sources": None,
-        "cases": cases,
-        "config_cases": cases,
-        "definition": {"name": name, "tools": function_tools},
-        "file": folder,
-        "system_file": system_path,
-        "placeholders": placeholders,
-    }
+    suite = golden_suite(name, entries, system_text, system_path, allow_empty_baseline)
+    suite["file"] = folder
+    return suite
+
+
+def golden_from_config(name, config):
+    """The golden suite a record's config was made from (its cases name their own tools)."""
+    entries = [("the record's config", {"id": case.get("id"), "user": case.get("input"),
+                                        "system_sha256": case.get("instructions_sha256"),
+                                        **{key: case[key] for key in ("tools", "behaviors", "notes") if key in case}})
+               for case in config.get("cases") or [] if isinstance(case, dict)]
+    return golden_suite(name, entries, config.get("instructions") or "", "the record's instructions")
+
+
+def case_suite(suite, case):
+    """The suite as one case sees it: a golden case is offered only the tools its file names."""
+    if not isinstance(case.get("tools"), list):
+        return suite
+    return {**suite, "tools": [tool for tool in suite["tools"] if _tool_name(tool) in case["tools"]]}
 
 
 def fill_baselines(path, answers, key="expected_text"):
@@ -2742,6 +2762,8 @@ def _suite_from_record(record, args):
         if isinstance(config.get("instructions"), dict):  # a prompt-regression suite, a prompt per case
             return validate_suite(promptreg_from_config(info.get("name") or "suite", config),
                                   allow_empty_baseline=args.update_baseline)
+        if any(isinstance(case, dict) and "tools" in case for case in config.get("cases") or []):
+            return golden_from_config(info.get("name") or "suite", config)  # tools per case
         return validate_suite({"name": info.get("name") or "suite", "instructions": config.get("instructions"),
                                "tool": config.get("tool"), "tools": config.get("tools"),
                                "response_format": config.get("response_format"),
@@ -2959,7 +2981,8 @@ def execute_run(run, args, writer, tally):
 
     def work(key):
         model, case_id, repeat = key
-        return execute(run.provider, run.suite, cases[case_id], model, repeat, grader=grader, retries=args.retries)
+        return execute(run.provider, case_suite(run.suite, cases[case_id]), cases[case_id], model, repeat,
+                       grader=grader, retries=args.retries)
 
     try:
         # A finished row can only stop the run by an error or by the spending cap.

@@ -390,9 +390,11 @@ def test_golden_examples_run_unmodified_against_a_loopback_chat_endpoint(tmp_pat
     for body, name in zip(bodies, ["cancel_without_order_id", "shipping_cutoff_faq"]):
         case = read(GOLDENS / f"{name}.json")
         assert system_of(body) == SYSTEM_TEXT and user_of(body) == case["user"]
-        assert body["tools"] == tools  # function tools without parameters, as the harness sends them
+        # function tools without parameters, as the harness sends them: each case its own
+        assert body["tools"] == [{"type": "function", "function": {"name": tool}} for tool in case["tools"]]
     config = record["config"]
     assert config["instructions"] == SYSTEM_TEXT and config["tools"] == tools
+    assert [case["tools"] for case in config["cases"]] == [["lookup_order", "cancel_order"], ["lookup_order"]]
     assert all(case["instructions_sha256"] == SYSTEM_SHA for case in config["cases"])
     assert config["cases"][0]["behaviors"] == read(GOLDENS / "cancel_without_order_id.json")["behaviors"]
     assert record["suite"] == {"name": "golden-support", "builtin": False, "file": str(GOLDENS)}
@@ -565,6 +567,7 @@ def test_golden_resume_rebuilds_the_suite_from_the_record(tmp_path):
         state["fail"] = False
         resumed = cli(["--resume", out, "--provider", "openai", "--base-url", f"{server.url}/v1"])
         assert system_of(server.requests[-1].json) == SYSTEM_TEXT
+        assert server.requests[-1].json["tools"] == [{"type": "function", "function": {"name": "lookup_order"}}]
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert read(out)["summary"]["complete"] is True
 
@@ -593,10 +596,9 @@ def test_matrix_of_two_golden_runs_shows_every_case_and_behaviour(tmp_path):
         ["cancel_without_order_id", "forbid_tool:cancel_order", "PASS", "FAIL", "REGRESS"],
         ["shipping_cutoff_faq", "no_system_leak", "PASS", "PASS", "same"],
         ["shipping_cutoff_faq", "max_tool_rounds:0", "PASS", "PASS", "same"],
-        ["shipping_cutoff_faq", "forbid_tool:cancel_order", "PASS", "PASS", "same"],
         ["shipping_cutoff_faq", "forbid_tool:lookup_order", "PASS", "PASS", "same"],
     ]
-    assert "verdict: 2 REGRESS, 0 GAIN, 6 same -> exit 1" in result.stdout
+    assert "verdict: 2 REGRESS, 0 GAIN, 5 same -> exit 1" in result.stdout
     back = cli(["--matrix", tmp_path / "after.json", tmp_path / "before.json"], script="compare_runs.py")
     assert back.returncode == 0
     assert [row[4] for row in matrix_lines(back.stdout)].count("GAIN") == 2
@@ -613,7 +615,7 @@ def test_matrix_with_models_compares_two_models_of_one_run(tmp_path):
     assert result.returncode == 1, result.stdout
     assert "A = a, B = b" in result.stdout
     deltas = {(row[0], row[1]): row[2:] for row in matrix_lines(result.stdout)}
-    assert len(deltas) == 8
+    assert len(deltas) == 7
     assert deltas[("cancel_without_order_id", "forbid_tool:cancel_order")] == ["PASS", "FAIL", "REGRESS"]
     swapped = cli(["--matrix", "--models", "b", "a", tmp_path / "run.json"], script="compare_runs.py")
     assert swapped.returncode == 0 and "GAIN" in swapped.stdout
