@@ -263,10 +263,12 @@ def test_any_promptreg_suite_is_valid_or_one_line_exit_2(capsys, cases):
 
 
 def test_update_baseline_fills_their_empty_expected(tmp_path):
-    data = read(PROMPTREG)
-    data["cases"][2]["expected"] = ""
-    data["cases"][2]["min_similarity"] = 0.9
-    suite = write_json(tmp_path / "suite.json", data)
+    text = PROMPTREG.read_text(encoding="utf-8").replace(
+        '"prompt": "How do I reset my password?",', '"prompt": "How do I reset my password?",\n'
+        '      "expected": "",\n      "min_similarity": 0.9,')
+    data = json.loads(text)
+    suite = tmp_path / "suite.json"
+    suite.write_text(text, encoding="utf-8")
     os.chmod(suite, 0o640)
     first = cli(["--suite", suite, "--provider", "echo", "--update-baseline", "--out", tmp_path / "a.json"])
     assert first.returncode == 1, first.stderr
@@ -275,6 +277,8 @@ def test_update_baseline_fills_their_empty_expected(tmp_path):
     assert filled["cases"][2]["expected"] == "How do I reset my password?"  # the echo answer
     assert filled["cases"][0] == data["cases"][0]  # a baseline holding text is never replaced
     assert "expected_text" not in json.dumps(filled)  # their key names stay theirs
+    assert suite.read_text(encoding="utf-8") == text.replace(  # only the baseline string changed
+        '"expected": "",', '"expected": "How do I reset my password?",')
     assert stat.S_IMODE(os.stat(suite).st_mode) == 0o640
     again = cli(["--suite", suite, "--provider", "echo", "--out", tmp_path / "b.json"])
     assert rows_by_case(read(tmp_path / "b.json"))["password-reset"]["passed"] is True, again.stdout
@@ -472,13 +476,18 @@ def test_update_baseline_never_repins_a_drifted_case(tmp_path):
     assert {path.name: path.read_bytes() for path in folder.glob("*.json")} == kept
 
 
-def test_fill_golden_pin_leaves_a_look_alike_alone(tmp_path):
+def test_fill_golden_pin_edits_only_the_top_level_pin(tmp_path):
     path = tmp_path / "case.json"
-    text = json.dumps({"id": "a", "user": 'say "system_sha256": "compute-from-SYSTEM.txt"',
-                       "system_sha256": "0" * 64})
+    look_alike = 'say "system_sha256": "compute-from-SYSTEM.txt"'
+    text = '{"id": "a",\n  "user": %s,\n  "system_sha256" :  "compute-from-SYSTEM.txt"}' % json.dumps(look_alike)
     path.write_text(text)
-    assert regression.fill_golden_pin(str(path), SYSTEM_SHA) is False
-    assert path.read_text() == text
+    assert regression.fill_golden_pin(str(path), SYSTEM_SHA) is True
+    assert path.read_text() == text.replace('"compute-from-SYSTEM.txt"}', f'"{SYSTEM_SHA}"}}')
+    assert json.loads(path.read_text())["user"] == look_alike
+    assert regression.fill_golden_pin(str(path), "f" * 64) is False  # a pin holding a hash is never touched
+    path.write_text(text.replace('"id": "a"', '"id": "a", "system_sha256": "x"'))
+    with pytest.raises(regression.SuiteError, match="cannot fill system_sha256"):
+        regression.fill_golden_pin(str(path), SYSTEM_SHA)
 
 
 def test_system_txt_in_the_parent_folder_and_system_flag(tmp_path):
