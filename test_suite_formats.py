@@ -86,9 +86,9 @@ def test_promptreg_example_runs_unmodified_with_echo_and_reads_out_failing_rules
     assert rows["card-number-not-echoed"]["reasons"] == ["forbidden_text_present"]
     assert rows["password-reset"]["passed"] is True
     lines = result.stdout.splitlines()
-    card = next(n for n, line in enumerate(lines) if line.startswith("echo  card-number-not-echoed  r0  FAIL"))
+    card = next(n for n, line in enumerate(lines) if line.split()[:4] == ["echo", "card-number-not-echoed", "r0", "FAIL"])
     assert "contains forbidden text: '4'" in lines[card + 1] and "score" in lines[card + 1]
-    refund = next(n for n, line in enumerate(lines) if line.startswith("echo  refund-policy  r0  FAIL"))
+    refund = next(n for n, line in enumerate(lines) if line.split()[:4] == ["echo", "refund-policy", "r0", "FAIL"])
     score = rows["refund-policy"]["details"]["similarity"]
     assert lines[refund + 1] == (f"    score {score:.2f}: missing required text: '30 days'; "
                                  f"similarity {score:.2f} below min_similarity 0.8")
@@ -97,7 +97,7 @@ def test_promptreg_example_runs_unmodified_with_echo_and_reads_out_failing_rules
         "    --- expected", "    +++ actual", "    @@ -1 +1 @@",
         "    -Annual plans can be refunded within 30 days of purchase.",
         "    +What is the refund window for annual plans?"]
-    password = next(n for n, line in enumerate(lines) if line.startswith("echo  password-reset  r0  PASS"))
+    password = next(n for n, line in enumerate(lines) if line.split()[:4] == ["echo", "password-reset", "r0", "PASS"])
     assert lines[password + 1].startswith("{")  # a passing row has no detail lines
 
 
@@ -118,7 +118,7 @@ def test_promptreg_dry_run_is_their_check(tmp_path):
     result = cli(["--suite", PROMPTREG, "--dry-run", "--provider", "echo"])
     assert result.returncode == 0, result.stderr
     assert "instructions sha256: per case (2 distinct)" in result.stdout
-    assert "plan: 3 cases x 1 models x 1 repeats = 3 requests" in result.stdout
+    assert "plan: 3 cases x 1 model x 1 repeat = 3 requests" in result.stdout
 
 
 def test_promptreg_each_case_sends_its_own_system_prompt(tmp_path):
