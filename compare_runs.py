@@ -33,9 +33,9 @@ import math
 import os
 import sys
 
-from regression import (CASES, INSTRUCTIONS, RecordError, check, dumps, html_page, html_table, junit_xml,
-                        load_record, md_table, md_text, plan_rows, record_problem, row_key, safe_text, summary, write_new_file,
-                        xml_text)
+from regression import (CASES, CHECK_TABLE, INSTRUCTIONS, RecordError, check, dumps, html_page, html_table,
+                        junit_xml, load_record, md_table, md_text, plan_rows, record_problem, row_key, safe_text,
+                        summary, write_new_file, xml_text)
 
 
 # ====================================================================== records
@@ -244,48 +244,29 @@ def model_swap(record, model_a, model_b, alpha=None):
 # reasons its check can give; a reason no declared rule explains gets a row of its own, so a
 # failure is never hidden.
 
-RULE_REASONS = {  # rule (behaviour name or case key) -> the reasons its check gives
-    "json_object": {"not_json_object"},
-    "no_system_leak": {"system_leak"},
-    "max_tool_rounds": {"too_many_tool_rounds"},
-    "forbid_tool": {"forbidden_tool_called"},
-    "require_clarification": {"invented_field", "clarification_missing"},
-    "require_tool": {"tool_not_called"},
-    "tool_order": {"wrong_tool_order"},
-    "tool_args": {"wrong_tool_args"},
-    "claims": {"unbacked_claim"},
-    "expect": {"invalid_json", "invalid_answer_shape"},
-    "cite": {"search_not_observed", "invalid_answer_shape", "missing_or_duplicate_sources",
-             "citation_not_in_search_results", "citation_not_approved", "primary_reference_missing"},
-    "contains": {"missing_required_text"},
-    "excludes": {"forbidden_text_present"},
-    "min_similarity": {"below_min_similarity"},
-    "min_chars": {"too_short"},
-    "max_chars": {"too_long"},
-}
 MATRIX_COLUMNS = ["case_id", "behavior", "A", "B", "delta"]
 
 
-def _explains(rule, reason):
-    name = rule.partition(":")[0]
-    return reason in RULE_REASONS.get(name, ()) or (name == "expect" and reason.startswith("wrong_"))
-
-
-BEHAVIOR_KEYS = {"json_object", "no_system_leak", "max_tool_rounds", "forbid_tool", "require_clarification",
-                 "require_tool", "tool_order"}  # names that only appear as behaviours, never as case keys
+def _explains(check, reason):
+    """Whether a check (a regression.CHECK_TABLE entry, or None) gives this reason ("wrong_<field>" is a family)."""
+    return check is not None and any(
+        reason == name or (name.endswith("<field>") and reason.startswith(name[:-len("<field>")]))
+        for name in check.reasons)
 
 
 def case_rules(case):
-    """The rules a case declares, in its order: each behaviour entry, then each check key."""
+    """[(rule, check)] a case declares: each behaviour entry in its order, then each other check
+    its keys switch on, in run order (read from the check table, so a new check needs no edit here)."""
+    by_name = {check.name: check for check in CHECK_TABLE}
     behaviors = case.get("behaviors") if isinstance(case.get("behaviors"), list) else []
-    rules = [entry for entry in behaviors if isinstance(entry, str)]
-    return rules + [key for key in case if key in RULE_REASONS and key not in BEHAVIOR_KEYS]
+    rules = [(entry, by_name.get(entry.partition(":")[0])) for entry in behaviors if isinstance(entry, str)]
+    return rules + [(check.name, check) for check in CHECK_TABLE
+                    if not check.behavior and not check.always and check.active(case)]
 
 
-def _verdict(rows, rule):
+def _verdict(rows, explains):
     """(passes, runs) of one rule over a side's rows (one per repeat)."""
-    return sum(not any(_explains(rule, reason) or reason == rule for reason in row["reasons"])
-               for row in rows), len(rows)
+    return sum(not any(explains(reason) for reason in row["reasons"]) for row in rows), len(rows)
 
 
 def _verdict_text(passes, runs):
@@ -297,11 +278,12 @@ def behaviour_matrix(cases, side_a, side_b):
     table = []
     for case in cases:
         rows_a, rows_b = side_a[case["id"]], side_b[case["id"]]
-        rules = case_rules(case)
+        rules = [(rule, lambda reason, check=check: _explains(check, reason)) for rule, check in case_rules(case)]
         seen = [reason for row in rows_a + rows_b for reason in row["reasons"]]
-        rules += list(dict.fromkeys(reason for reason in seen if not any(_explains(rule, reason) for rule in rules)))
-        for rule in rules:
-            (pass_a, runs_a), (pass_b, runs_b) = _verdict(rows_a, rule), _verdict(rows_b, rule)
+        rules += [(reason, lambda other, reason=reason: other == reason) for reason in dict.fromkeys(seen)
+                  if not any(explains(reason) for _, explains in rules)]
+        for rule, explains in rules:
+            (pass_a, runs_a), (pass_b, runs_b) = _verdict(rows_a, explains), _verdict(rows_b, explains)
             # compare pass rates (a side may have a different number of repeats only in theory)
             delta = "same" if pass_a * runs_b == pass_b * runs_a else \
                 "REGRESS" if pass_b * runs_a < pass_a * runs_b else "GAIN"
