@@ -1786,6 +1786,8 @@ def _golden_case(data, system_text, system_path, allow_placeholder):
     """One golden case file's value as a suite case, and its tool names; SuiteError otherwise."""
     if not isinstance(data, dict):
         raise SuiteError("a golden case must be a JSON object")
+    if _not_unicode(data):
+        raise SuiteError("holds a lone surrogate escape (such as \\ud800), which is not text")
     if not isinstance(data.get("id"), str) or not data["id"].strip():
         raise SuiteError("id must be a non-empty string")
     where = f"case {data['id']!r}"

@@ -547,6 +547,7 @@ GOLDEN_BAD = {  # name -> (files, fragment of the one error line)
     "forbid-undeclared-tool": (_golden(behaviors=["forbid_tool:refund"]), "names no function tool"),
     "duplicate-id": ({**_golden(), "h.json": _golden()["g.json"]}, "case 'g': duplicate id (also in"),
     "duplicate-key": ({"g.json": '{"id": "g", "id": "h"}'}, "duplicate key 'id'"),
+    "lone-surrogate": ({"g.json": '{"id": "g", "user": "hi \\ud800"}'}, "holds a lone surrogate escape"),
 }
 
 
