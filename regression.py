@@ -1256,7 +1256,7 @@ def compile_case(suite, case):
     schema = (response_format.get("json_schema") or {}).get("schema")
     compiled["_schema"] = schema if isinstance(schema, dict) else None
     compiled["_sources"] = suite.get("sources")
-    compiled["_instructions"] = suite.get("instructions", "")
+    compiled["_instructions"] = case.get("instructions", suite.get("instructions", ""))
     compiled["_function_tools"] = _function_names(suite.get("tools") or [])
     return compiled
 
@@ -1608,6 +1608,8 @@ def validate_suite(data, allow_empty_baseline=False):
         where = next((f"case #{n + 1}" for n, case in enumerate(data.get("cases") or [])
                       if isinstance(data.get("cases"), list) and _not_unicode(case)), "suite")
         raise SuiteError(f"{where}: holds a lone surrogate escape (such as \\ud800), which is not text")
+    if is_promptreg(data):
+        return promptreg_suite(data, allow_empty_baseline)
     _unknown_key(data, SUITE_KEYS, "suite")
     if not isinstance(data.get("name"), str) or not data["name"].strip():
         raise SuiteError("suite: name must be a non-empty string")
@@ -1671,15 +1673,15 @@ def _no_duplicate_keys(pairs):
     return dict(pairs)
 
 
-def load_suite(path, allow_empty_baseline=False):
-    """Read and validate a suite file; SuiteError("FILE: ...") on any problem."""
+def _read_json(path):
+    """A JSON file's value; SuiteError("FILE: ...") when it cannot be read or parsed."""
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     try:
-        data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as exc:
         raise SuiteError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
     except RecursionError:
@@ -1688,12 +1690,240 @@ def load_suite(path, allow_empty_baseline=False):
         raise SuiteError(f"{path}: not valid JSON: a number is too long (over 4300 digits)") from None
     except SuiteError as exc:
         raise SuiteError(f"{path}: {exc}") from None
+
+
+def load_suite(path, allow_empty_baseline=False, system=None):
+    """Read and validate a suite file (or a folder of golden case files, with `system` naming
+    its SYSTEM.txt when it is elsewhere); SuiteError("FILE: ...") on any problem."""
+    if os.path.isdir(path):
+        return load_golden_dir(path, allow_empty_baseline, system)
+    if system is not None:
+        raise SuiteError(f"--system {system}: goes with --suite DIR, a folder of golden case files")
+    data = _read_json(path)
     try:
         suite = validate_suite(data, allow_empty_baseline)
     except SuiteError as exc:
         raise SuiteError(f"{path}: {exc}") from None
     suite["file"] = path
     return suite
+
+
+# ---------------------------------------------------------------------- other suite formats
+# Suites written for the two earlier designs run unmodified. Both are converted into the
+# suite form above on load, so every check, record, resume and comparison treats them alike:
+# - a prompt-regression suite: one JSON file, a system prompt per case (`system`), the user
+#   message in `prompt`, the approved baseline in `expected`;
+# - a folder of golden-behaviour case files: one case per JSON file, the system prompt in
+#   SYSTEM.txt, pinned by each case's `system_sha256`.
+
+PROMPTREG_KEYS = {"name", "cases", "notes"}
+PROMPTREG_CASE_KEYS = {"id", "prompt", "system", "expected", "contains", "excludes", "min_similarity",
+                       "max_chars", "min_chars", "notes"}
+PROMPTREG_RENAMES = {"prompt": "input", "expected": "expected_text"}  # their key -> ours
+
+
+def is_promptreg(data):
+    """A prompt-regression suite: no suite-level instructions, cases written with their keys."""
+    cases = data.get("cases") if isinstance(data, dict) else None
+    return "instructions" not in data and isinstance(cases, list) and any(
+        isinstance(case, dict) and ({"prompt", "system", "expected"} & set(case)) for case in cases)
+
+
+def _their_words(message):
+    """One of our validation messages in the prompt-regression key names."""
+    return re.sub(r"\bexpected_text\b", "expected", message)
+
+
+def promptreg_suite(data, allow_empty_baseline=False):
+    """A prompt-regression suite checked (their rules, our one-line errors) and converted: `prompt`
+    is the input, `expected` the expected_text, each case's `system` its own instructions."""
+    _unknown_key(data, PROMPTREG_KEYS, "suite")
+    if not isinstance(data.get("name"), str) or not data["name"].strip():
+        raise SuiteError("suite: name must be a non-empty string")
+    if "notes" in data and not isinstance(data["notes"], str):
+        raise SuiteError("suite: notes must be a string")
+    if not isinstance(data.get("cases"), list) or not data["cases"]:
+        raise SuiteError("suite: cases must be a non-empty list")
+    cases, config_cases, systems, seen = [], [], {}, set()
+    for position, case in enumerate(data["cases"]):
+        if not isinstance(case, dict):
+            raise SuiteError(f"case #{position + 1}: must be an object")
+        if not isinstance(case.get("id"), str) or not case["id"].strip():
+            raise SuiteError(f"case #{position + 1}: id must be a non-empty string")
+        where = f"case {case['id']!r}"
+        if case["id"] in seen:
+            raise SuiteError(f"{where}: duplicate id")
+        seen.add(case["id"])
+        _unknown_key(case, PROMPTREG_CASE_KEYS, where)
+        if not isinstance(case.get("prompt"), str) or not case["prompt"].strip():
+            raise SuiteError(f"{where}: prompt must be a non-empty string")
+        system = case.get("system", "")
+        if not isinstance(system, str):
+            raise SuiteError(f"{where}: system must be a string")
+        ours = {PROMPTREG_RENAMES.get(key, key): value for key, value in case.items() if key != "system"}
+        try:
+            _validate_case(ours, {"instructions": system}, None, [], allow_empty_baseline)
+        except SuiteError as exc:
+            raise SuiteError(_their_words(str(exc))) from None
+        ours["instructions_sha256"] = instructions_sha256(system)  # the config pins each case's prompt
+        config_cases.append(ours)
+        cases.append({**ours, "instructions": system})
+        systems[case["id"]] = system
+    shared = next(iter(systems.values())) if len(set(systems.values())) == 1 else None
+    return {
+        "name": data["name"],
+        "builtin": False,
+        "format": "prompt-regression",
+        "instructions": shared if shared is not None else "",
+        # one text when every case shares it (a prompt edit then compares like ours), else per case
+        "config_instructions": shared if shared is not None else systems,
+        "tools": [],
+        "response_format": None,
+        "sources": None,
+        "cases": cases,
+        "config_cases": config_cases,
+        "definition": {"name": data["name"]},
+    }
+
+
+def promptreg_from_config(name, config):
+    """The prompt-regression suite a record's config was made from (per-case instructions)."""
+    ours = {value: key for key, value in PROMPTREG_RENAMES.items()}
+    systems = config.get("instructions")
+    cases = config.get("cases") if isinstance(config.get("cases"), list) else []
+    return {"name": name, "cases": [
+        {**{ours.get(key, key): value for key, value in case.items() if key != "instructions_sha256"},
+         "system": systems.get(case.get("id"), "")} if isinstance(case, dict) else case for case in cases]}
+
+
+GOLDEN_KEYS = {"id", "user", "system_sha256", "tools", "behaviors", "notes"}
+GOLDEN_PLACEHOLDER = "compute-from-SYSTEM.txt"  # their system_sha256 before the first run
+
+
+def _system_file(folder, system):
+    """The golden folder's system prompt file: --system, else SYSTEM.txt in the folder or its parent."""
+    if system is not None:
+        return system
+    for place in (folder, os.path.dirname(os.path.abspath(folder))):
+        path = os.path.join(place, "SYSTEM.txt")
+        if os.path.isfile(path):
+            return path
+    raise SuiteError(f"{folder}: no SYSTEM.txt in the folder or its parent; name the system prompt "
+                     "with --system FILE")
+
+
+def _read_system(path):
+    """The system prompt exactly as stored (newlines untranslated), so its hash is the file's sha256."""
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _golden_case(data, system_text, system_path, allow_placeholder):
+    """One golden case file's value as a suite case, and its tool names; SuiteError otherwise."""
+    if not isinstance(data, dict):
+        raise SuiteError("a golden case must be a JSON object")
+    if _not_unicode(data):
+        raise SuiteError("holds a lone surrogate escape (such as \\ud800), which is not text")
+    if not isinstance(data.get("id"), str) or not data["id"].strip():
+        raise SuiteError("id must be a non-empty string")
+    where = f"case {data['id']!r}"
+    _unknown_key(data, GOLDEN_KEYS, where)
+    if not isinstance(data.get("user"), str) or not data["user"].strip():
+        raise SuiteError(f"{where}: user must be a non-empty string")
+    tools = data.get("tools", [])
+    _string_list(tools, where, "tools", allow_empty=True)
+    for name in tools:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise SuiteError(f"{where}: tool name {name!r} must be letters, digits, '_', '.' or '-'")
+    if len(set(tools)) != len(tools):
+        raise SuiteError(f"{where}: tools lists a name twice")
+    pin, actual = data.get("system_sha256"), instructions_sha256(system_text)
+    if pin == GOLDEN_PLACEHOLDER:
+        if not allow_placeholder:
+            raise SuiteError(f"{where}: system_sha256 is still {GOLDEN_PLACEHOLDER!r}; fill it with "
+                             f"--update-baseline (SYSTEM.txt hashes to {actual})")
+    elif not isinstance(pin, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", pin):
+        raise SuiteError(f"{where}: system_sha256 must be 64 hex digits or {GOLDEN_PLACEHOLDER!r}")
+    elif pin.lower() != actual:
+        raise SuiteError(f"prompt drift: {where} pins system_sha256 {pin.lower()}, but {system_path} hashes "
+                         f"to {actual}; review the system prompt change, then update the pin")
+    case = {"id": data["id"], "input": data["user"]}
+    for key in ("behaviors", "notes"):
+        if key in data:
+            case[key] = data[key]
+    _validate_case(case, {"instructions": system_text}, None, sorted(tools), False)
+    case["instructions_sha256"] = actual
+    return case, tools, pin == GOLDEN_PLACEHOLDER
+
+
+def golden_suite(name, entries, system_text, system_path, allow_placeholder=False):
+    """One suite from golden cases [(file, value)]: SYSTEM.txt is the instructions, every case is
+    offered only the tools it names (without parameters, as the golden harness sends them)."""
+    cases, tools, placeholders, files = [], [], {}, {}
+    for path, data in entries:
+        try:
+            case, names, placeholder = _golden_case(data, system_text, system_path, allow_placeholder)
+        except SuiteError as exc:
+            raise SuiteError(f"{path}: {exc}") from None
+        if case["id"] in files:
+            raise SuiteError(f"{path}: case {case['id']!r}: duplicate id (also in {files[case['id']]})")
+        files[case["id"]] = path
+        if placeholder:
+            placeholders[case["id"]] = path
+        cases.append({**case, "tools": names})
+        tools += [tool for tool in names if tool not in tools]
+    function_tools = [{"type": "function", "function": {"name": tool}} for tool in tools]
+    return {
+        "name": name,
+        "builtin": False,
+        "format": "golden",
+        "instructions": system_text,
+        "tools": function_tools,  # all of them: the plan and the config name every tool once
+        "response_format": None,
+        "sources": None,
+        "cases": cases,
+        "config_cases": cases,
+        "definition": {"name": name, "tools": function_tools},
+        "system_file": system_path,
+        "placeholders": placeholders,
+    }
+
+
+def load_golden_dir(folder, allow_empty_baseline=False, system=None):
+    """Every *.json of a folder (sorted) as one suite of golden cases; SuiteError naming the file."""
+    system_path = _system_file(folder, system)
+    system_text = _read_system(system_path)
+    try:
+        names = sorted(name for name in os.listdir(folder)
+                       if name.endswith(".json") and os.path.isfile(os.path.join(folder, name)))
+    except OSError as exc:
+        raise SuiteError(f"{folder}: cannot read: {exc.strerror or exc}") from None
+    if not names:
+        raise SuiteError(f"{folder}: no *.json case files in this folder")
+    entries = [(os.path.join(folder, name), _read_json(os.path.join(folder, name))) for name in names]
+    name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
+    suite = golden_suite(name, entries, system_text, system_path, allow_empty_baseline)
+    suite["file"] = folder
+    return suite
+
+
+def golden_from_config(name, config):
+    """The golden suite a record's config was made from (its cases name their own tools)."""
+    entries = [("the record's config", {"id": case.get("id"), "user": case.get("input"),
+                                        "system_sha256": case.get("instructions_sha256"),
+                                        **{key: case[key] for key in ("tools", "behaviors", "notes") if key in case}})
+               for case in config.get("cases") or [] if isinstance(case, dict)]
+    return golden_suite(name, entries, config.get("instructions") or "", "the record's instructions")
+
+
+def case_suite(suite, case):
+    """The suite as one case sees it: a golden case is offered only the tools its file names."""
+    if not isinstance(case.get("tools"), list):
+        return suite
+    return {**suite, "tools": [tool for tool in suite["tools"] if _tool_name(tool) in case["tools"]]}
 
 
 def _value_spans(text, wanted):
@@ -1809,8 +2039,9 @@ def baseline_answers(rows, plan):
     return chosen
 
 
-def fill_baselines(path, answers, reasons=None, approve_failing=False):
-    """Fill empty expected_text baselines of a suite file from {case_id: answer}.
+def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expected_text"):
+    """Fill empty expected_text baselines (`key`: "expected" in a prompt-regression suite) of a
+    suite file from {case_id: answer}.
 
     Only the baseline strings change; every other byte of the file is kept. A baseline that
     already holds text is never replaced. An answer that failed its case's other checks
@@ -1830,8 +2061,8 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False):
     cases = data.get("cases") if isinstance(data, dict) else None
     edits, filled = {}, []
     for position, case in enumerate(cases if isinstance(cases, list) else []):
-        if isinstance(case, dict) and case.get("expected_text") == "" and answers.get(case.get("id")):
-            edits[("cases", position, "expected_text")] = answers[case["id"]]
+        if isinstance(case, dict) and case.get(key) == "" and answers.get(case.get("id")):
+            edits[("cases", position, key)] = answers[case["id"]]
             filled.append(case["id"])
     failing = [f"{case_id!r} ({', '.join(reasons[case_id])})" for case_id in filled if reasons.get(case_id)]
     if failing and not approve_failing:
@@ -1851,6 +2082,31 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False):
         raise SuiteError(f"--update-baseline: cannot rewrite {path}: {getattr(exc, 'strerror', None) or exc}; "
                          f"{path} is unchanged") from None
     return filled
+
+
+def fill_golden_pin(path, sha256):
+    """Replace the placeholder system_sha256 of one golden case file by `sha256`, keeping every
+    other byte of the file; True when filled. A pin that holds a hash is never touched."""
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            text = handle.read()
+        if json.loads(text).get("system_sha256") != GOLDEN_PLACEHOLDER:
+            return False
+        replace_text_file(path, edit_json_strings(text, {("system_sha256",): sha256}))
+    except (OSError, ValueError, AttributeError) as exc:
+        raise SuiteError(f"--update-baseline: cannot fill system_sha256 in {path}: "
+                         f"{getattr(exc, 'strerror', None) or exc}; it is unchanged") from None
+    return True
+
+
+def update_baselines(suite, answers, reasons=None, approve_failing=False):
+    """--update-baseline: fill what the suite leaves open; returns the case ids filled. Golden
+    folders: placeholder pins; prompt-regression suites: empty `expected`; ours: empty expected_text."""
+    if suite.get("format") == "golden":
+        pin = instructions_sha256(suite["instructions"])
+        return [case_id for case_id, path in suite.get("placeholders", {}).items() if fill_golden_pin(path, pin)]
+    key = "expected" if suite.get("format") == "prompt-regression" else "expected_text"
+    return fill_baselines(suite["file"], answers, reasons, approve_failing, key)
 
 
 # ====================================================================== providers
@@ -1949,7 +2205,7 @@ def _nested_tool(tool):
 
 def agent_request(suite, case, model):
     """The keyword arguments of client.responses.create for one case (SPEC A6)."""
-    request = {"model": model, "instructions": suite["instructions"], "input": case["input"]}
+    request = {"model": model, "instructions": case.get("instructions", suite["instructions"]), "input": case["input"]}
     if suite.get("tools"):
         request["tools"] = [_flat_tool(tool) for tool in suite["tools"]]
     if suite.get("response_format"):
@@ -2183,7 +2439,8 @@ def chat_request(suite, case, model, cap_key="max_tokens"):
     The output cap goes under `cap_key`: api.openai.com wants max_completion_tokens, while
     llama.cpp, Ollama, vLLM and LM Studio honour only max_tokens (OpenAIProvider.cap_key).
     The suite's `request` options are merged last; setting either cap key there replaces ours."""
-    messages = [{"role": "system", "content": suite["instructions"]}] if suite["instructions"] else []
+    instructions = case.get("instructions", suite["instructions"])  # a prompt-regression case has its own
+    messages = [{"role": "system", "content": instructions}] if instructions else []
     if isinstance(case["input"], list):
         messages.extend(case["input"])
     else:
@@ -3687,16 +3944,22 @@ ENV_TWINS = [
     ("retries", "REGRESSION_RETRIES", int),
     ("max_cost_usd", "REGRESSION_MAX_COST_USD", str),
     ("shard", "REGRESSION_SHARD", str),
+    # the prompt-regression CLI's variables, consulted only after ours
+    ("provider", "PROMPTREG_PROVIDER", lambda value: {"compatible": "openai"}.get(value.strip(), value.strip())),
+    ("models", "PROMPTREG_MODEL", lambda value: value.replace(",", " ").split()),
 ]
 
 
 def build_parser():
     parser = _Parser(prog="regression.py", description=__doc__.split("\n\n")[0],
                      epilog=f"Environment twins: {', '.join(variable for _, variable, _ in ENV_TWINS)}, "
-                            "OPENAI_BASE_URL (for --base-url).",
+                            "OPENAI_BASE_URL, then PROMPTREG_BASE_URL (for --base-url).",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_argument_group("what to run")
-    what.add_argument("--suite", metavar="FILE", help="a suite file (default: the built-in HTTP-advisor suite)")
+    what.add_argument("--suite", metavar="FILE", help="a suite file, or a folder of golden case files "
+                                                      "(default: the built-in HTTP-advisor suite)")
+    what.add_argument("--system", metavar="FILE", help="the system prompt of a --suite DIR "
+                                                       "(default: SYSTEM.txt in the folder or its parent)")
     what.add_argument("--models", nargs="+", metavar="MODEL", help=f"models to run (default: {' '.join(MODELS)})")
     what.add_argument("--repeats", type=int, metavar="N", help="runs of every case per model, 1-10 (default 1)")
     what.add_argument("--out", metavar="FILE", help="new record file (default results.json; never overwritten)")
@@ -3837,6 +4100,8 @@ def _check_flags(args):
         raise UsageError(problem)
     if args.merge is not None and len(args.merge) < 2:
         raise UsageError("--merge needs OUT and at least one shard record")
+    if args.system and not args.suite:
+        raise UsageError("--system FILE goes with --suite DIR, a folder of golden case files")
     if args.resume and args.out:
         raise UsageError("--resume continues its record in place; drop --out")
     if args.resume and args.shard:
@@ -3897,7 +4162,7 @@ def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS):
     config = {
         "models": list(models),
         "cases": suite["config_cases"],
-        "instructions": suite["instructions"],
+        "instructions": suite.get("config_instructions", suite["instructions"]),  # per case: {id: text}
         "tool": TOOL if suite.get("builtin") else definition.get("tool"),
         "response_format": suite["response_format"],
         "repeats": repeats,
@@ -4094,6 +4359,14 @@ def _cost_lines(args, env, run):
     return lines
 
 
+def _instructions_line(suite):
+    """The instructions hash of a plan, or how many distinct ones when each case has its own."""
+    texts = {case.get("instructions", suite["instructions"]) for case in suite["cases"]}
+    if len(texts) > 1:
+        return f"instructions sha256: per case ({len(texts)} distinct)"
+    return f"instructions sha256: {instructions_sha256(texts.pop() if texts else suite['instructions'])}"
+
+
 def plan_text(suite, args, plan, provider_note, run=None, env=None):
     """The --dry-run report: what would be sent, to whom, how many times."""
     env = os.environ if env is None else env
@@ -4101,7 +4374,7 @@ def plan_text(suite, args, plan, provider_note, run=None, env=None):
     lines = [
         f"suite: {suite['name']}" + (f" ({suite['file']})" if suite.get("file") else ""),
         f"provider: {args.provider}" + (f" ({provider_note})" if provider_note else ""),
-        f"instructions sha256: {instructions_sha256(suite['instructions'])}",
+        _instructions_line(suite),
         f"plan: {_plural(len(suite['cases']), 'case')} x {_plural(len(models), 'model')} x "
         f"{_plural(args.repeats, 'repeat')} = {_plural(len(plan), 'request')}",
         f"models: {', '.join(models)}",
@@ -4141,6 +4414,30 @@ def row_line(row, widths=(0, 0)):
             f"{row['seconds']:.3f}s")
 
 
+def failure_lines(case, row):
+    """Under a failing row's line, the prompt-regression reading of its text rules: the similarity
+    score and each failed rule in words, then the diff (expected -> actual) of a similarity failure.
+    Reads the stored row, so whatever was masked stays masked."""
+    details = row.get("details") or {}
+    if row["passed"] or row["error"] is not None or not isinstance(details, dict):
+        return []
+    rules = [f"contains forbidden text: {phrase!r}" for phrase in details.get("forbidden_text", [])]
+    rules += [f"missing required text: {phrase!r}" for phrase in details.get("missing_text", [])]
+    score = details.get("similarity")
+    if "below_min_similarity" in row["reasons"] and score is not None:
+        rules.append(f"similarity {score:.2f} below min_similarity {case.get('min_similarity')}")
+    for reason, key, words in (("too_short", "min_chars", "fewer"), ("too_long", "max_chars", "more")):
+        if reason in row["reasons"]:
+            rules.append(f"{details.get('chars')} chars, {words} than {key} {case.get(key)}")
+    if not rules:
+        return []  # no text rule failed: the row line's reasons say it all
+    head = f"    score {score:.2f}" if isinstance(score, (int, float)) else "    score n/a"
+    lines = [f"{head}: {'; '.join(rules)}"]
+    if "below_min_similarity" in row["reasons"] and isinstance(details.get("diff"), str):
+        lines += ["    " + line for line in details["diff"].splitlines()]
+    return lines
+
+
 def _now():
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
@@ -4161,11 +4458,16 @@ def _suite_from_record(record, args):
     """The suite a record was made with: the built-in one, --suite, or the cases in its config."""
     info = record.get("suite") if isinstance(record.get("suite"), dict) else {"builtin": True}
     if args.suite:
-        return load_suite(args.suite, allow_empty_baseline=args.update_baseline)
+        return load_suite(args.suite, allow_empty_baseline=args.update_baseline, system=args.system)
     if info.get("builtin", True):
         return builtin_suite()
     config = record["config"]
     try:
+        if isinstance(config.get("instructions"), dict):  # a prompt-regression suite, a prompt per case
+            return validate_suite(promptreg_from_config(info.get("name") or "suite", config),
+                                  allow_empty_baseline=args.update_baseline)
+        if any(isinstance(case, dict) and "tools" in case for case in config.get("cases") or []):
+            return golden_from_config(info.get("name") or "suite", config)  # tools per case
         return validate_suite({"name": info.get("name") or "suite", "instructions": config.get("instructions"),
                                "tool": config.get("tool"), "tools": config.get("tools"),
                                "response_format": config.get("response_format"),
@@ -4233,7 +4535,7 @@ def _choose_suite(args, record, replayed):
     if record is not None:
         return _suite_from_record(record, args)
     if args.suite:
-        return load_suite(args.suite, allow_empty_baseline=args.update_baseline)
+        return load_suite(args.suite, allow_empty_baseline=args.update_baseline, system=args.system)
     if replayed is not None and not (replayed.get("suite") or {}).get("builtin", True):
         return _suite_from_record(replayed, args)
     return builtin_suite()
@@ -4265,7 +4567,7 @@ def prepare(args, env):
     if problem:
         raise UsageError(problem)
     if cls.base_url_flag:
-        args.base_url = cls.endpoint(args, env)
+        args.base_url = cls.endpoint(args, env) or env.get("PROMPTREG_BASE_URL")  # their twin, after ours
     replayed = _replay_defaults(args) if cls.replays_record else None
     if cls.default_models is None and not args.models:
         raise UsageError(f"--provider {cls.name} needs --models (names as the endpoint knows them)")
@@ -4527,8 +4829,8 @@ def execute_run(run, args, writer, tally):
 
     def work(key):
         model, case_id, repeat = key
-        return execute_steps(run.provider, run.suite, cases[case_id], model, repeat, grader=grader,
-                             retries=args.retries)
+        return execute_steps(run.provider, case_suite(run.suite, cases[case_id]), cases[case_id], model, repeat,
+                             grader=grader, retries=args.retries)
 
     try:
         # A finished row can only stop the run by an error or by the spending cap.
@@ -4541,7 +4843,8 @@ def execute_run(run, args, writer, tally):
             saving = time.monotonic()
             writer.append(stored, tally.summary())
             saved = time.monotonic() - saving
-            progress.row(f"{row_line(stored, widths)}  (+{saved:.3f}s save)", tally)
+            progress.row("\n".join([f"{row_line(stored, widths)}  (+{saved:.3f}s save)",
+                                     *failure_lines(cases[key[1]], stored)]), tally)
             state["in_order"] &= position[key] > state["last"]
             state["last"] = max(state["last"], position[key])
             if stored["error"] is None and isinstance(stored["answer_text"], str):
@@ -4701,14 +5004,14 @@ def update_baseline(run, args, exit_code):
     import shlex
     try:
         chosen = baseline_answers(load_record(run.path)["runs"], run.plan)
-        filled = fill_baselines(run.suite["file"], {case_id: row["answer_text"] for case_id, row in chosen.items()},
-                                {case_id: row.get("reasons") or [] for case_id, row in chosen.items()},
-                                approve_failing=args.approve_failing)
+        filled = update_baselines(run.suite, {case_id: row["answer_text"] for case_id, row in chosen.items()},
+                                  {case_id: row.get("reasons") or [] for case_id, row in chosen.items()},
+                                  approve_failing=args.approve_failing)
     except (SuiteError, RecordError) as exc:
         print(f"regression.py: error: {safe_text(exc)}", file=sys.stderr)
         return 2
     print(safe_text(f"baselines filled: {', '.join(filled) if filled else 'none'} ({run.suite['file']})"))
-    if filled:
+    if filled and run.suite.get("format") != "golden":  # a pin changes no verdict; a baseline does
         stem = run.path[:-5] if run.path.endswith(".json") else run.path
         print(f"note: {run.path} was graded before these baselines existed, so compare_runs.py refuses it "
               f"against runs of the new suite; regrade it first: python regression.py --provider replay "
