@@ -488,6 +488,63 @@ def check_require_clarification(case, trace):
     return list(dict.fromkeys(reasons))
 
 
+# ---------------------------------------------------------------------- trajectory checks
+# Over the ordered call list of a played case (issue 15): every call carries its round,
+# name, arguments and, when one was sent back, the scripted result.
+
+def _said(phrase, text):
+    """Whether a text says a phrase: case-insensitive, whitespace folded."""
+    return _normalise(phrase).casefold() in _normalise(text).casefold()
+
+
+def _arguments_match(wanted, arguments):
+    """Every wanted argument is present with an equal JSON value (subset match)."""
+    return all(key in arguments and _canonical(arguments[key]) == _canonical(value) for key, value in wanted.items())
+
+
+def is_error_result(call):
+    """A call got no usable result: none was sent, it was unscripted, or it is an {"error": ...} object."""
+    if "result" not in call or call.get("unscripted"):
+        return True
+    result = call["result"]
+    return isinstance(result, dict) and result.get("error") not in (None, False, "")
+
+
+def check_no_final_answer(case, trace):
+    """A played case (`tool_results` / `max_rounds`): the model stopped calling tools and answered within max_rounds turns."""
+    return ["no_final_answer"] if trace.get("final") is False else []
+
+
+def check_tool_args(case, trace):
+    """`tool_args` {NAME: {ARG: VALUE}}: some call of NAME had these argument values (subset match)."""
+    for name, wanted in (case.get("tool_args") or {}).items():
+        if not any(call.get("name") == name and _arguments_match(wanted, _call_arguments(call))
+                   for call in trace["tool_calls"]):
+            return ["wrong_tool_args"]
+    return []
+
+
+def check_tool_order(case, trace):
+    """behavior tool_order:A,B,...: each tool was called, the first call of each after the first call of the one before."""
+    names = [call.get("name") for call in trace["tool_calls"]]
+    for arg in _behavior_args(case, "tool_order"):
+        wanted = arg.split(",")
+        firsts = [names.index(name) if name in names else None for name in wanted]
+        if None in firsts or any(a >= b for a, b in zip(firsts, firsts[1:])):
+            return ["wrong_tool_order"]
+    return []
+
+
+def check_claims(case, trace):
+    """`claims` {PHRASE: NAME}: an answer that says PHRASE needs a call of NAME that got a non-error result."""
+    text = trace["final_text"] if isinstance(trace["final_text"], str) else ""
+    for phrase, name in (case.get("claims") or {}).items():
+        if _said(phrase, text) and not any(call.get("name") == name and not is_error_result(call)
+                                           for call in trace["tool_calls"]):
+            return ["unbacked_claim"]
+    return []
+
+
 # Checks run in this order; the first four reproduce SPEC A4's order exactly.
 CHECKS = {
     "completed": check_completed,
@@ -503,11 +560,15 @@ CHECKS = {
     "max_tool_rounds": check_max_tool_rounds,
     "forbid_tool": check_forbid_tool,
     "require_clarification": check_require_clarification,
+    "no_final_answer": check_no_final_answer,
+    "tool_args": check_tool_args,
+    "tool_order": check_tool_order,
+    "claims": check_claims,
 }
 
 # behavior name -> what its ":ARG" is (None: takes no argument)
 BEHAVIORS = {"json_object": None, "no_system_leak": None, "max_tool_rounds": "count",
-             "forbid_tool": "tool", "require_clarification": "field"}
+             "forbid_tool": "tool", "require_clarification": "field", "tool_order": "tools"}
 
 
 def grade(case, trace):
@@ -537,9 +598,12 @@ def explain(case, trace):
         details["forbidden_text"] = forbidden
     if "min_chars" in case or "max_chars" in case:
         details["chars"] = len(_normalise(text))
-    if case.get("behaviors") and (trace["tool_calls"] or trace["tool_rounds"]):
-        details["tool_calls"] = trace["tool_calls"]
+    watched = case.get("behaviors") or "tool_args" in case or "claims" in case
+    if "rounds" in trace or (watched and (trace["tool_calls"] or trace["tool_rounds"])):
+        details["tool_calls"] = trace["tool_calls"]  # a played case's calls carry round and result
         details["tool_rounds"] = trace["tool_rounds"]
+    if "rounds" in trace:
+        details["rounds"] = trace["rounds"]
     return details
 
 
@@ -622,9 +686,10 @@ class SuiteError(Exception):
     """A suite file that cannot run as written: one line naming the case and field."""
 
 
-SUITE_KEYS = {"name", "instructions", "tool", "tools", "response_format", "sources", "cases", "notes"}
+SUITE_KEYS = {"name", "instructions", "tool", "tools", "response_format", "sources", "cases", "notes", "max_rounds"}
 CASE_KEYS = {"id", "input", "question", "expect", "cite", "contains", "excludes", "expected_text",
-             "min_similarity", "min_chars", "max_chars", "behaviors", "instructions_sha256", "notes"}
+             "min_similarity", "min_chars", "max_chars", "behaviors", "instructions_sha256", "notes",
+             "tool_results", "max_rounds", "tool_args", "claims"}
 SOURCES_KEYS = {"field", "hosts", "path", "also_allowed"}
 
 
@@ -734,10 +799,73 @@ def _validate_behavior(entry, where):
         raise SuiteError(f"{where}: behavior {name!r} needs a whole number, as in '{name}:2'")
     if kind in ("tool", "field") and not re.fullmatch(r"[A-Za-z0-9_.-]+", arg):
         raise SuiteError(f"{where}: behavior {name!r} needs a {kind} name, as in '{name}:NAME'")
+    if kind == "tools":
+        names = arg.split(",")
+        if len(names) < 2 or not all(re.fullmatch(r"[A-Za-z0-9_.-]+", n) for n in names):
+            raise SuiteError(f"{where}: behavior {name!r} needs two or more tool names, as in '{name}:A,B'")
+        if len(set(names)) != len(names):
+            raise SuiteError(f"{where}: behavior {entry!r} names a tool twice")
 
 
 def _function_names(tools):
     return sorted(_tool_name(tool) for tool in tools if tool.get("type") == "function")
+
+
+MAX_ROUNDS_LIMIT = 20
+
+
+def _validate_max_rounds(value, where):
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_ROUNDS_LIMIT:
+        raise SuiteError(f"{where}: max_rounds must be a whole number from 1 to {MAX_ROUNDS_LIMIT} (got {value!r})")
+
+
+def _declared(name, functions, where, field):
+    if name not in functions:
+        raise SuiteError(f"{where}: {field} names {name!r}, which is not a function tool of this suite "
+                         f"(tools: {', '.join(functions) or 'none'})")
+
+
+def _validate_tool_results(results, functions, where):
+    if not isinstance(results, dict) or not results:
+        raise SuiteError(f"{where}: tool_results must be a non-empty object of NAME: RESULT")
+    for name, script in results.items():
+        _declared(name, functions, where, "tool_results")
+        if not isinstance(script, list):
+            continue  # a static result: any JSON, returned for every call
+        # A list is always a list of entries, so a list result is never mistaken for one.
+        hint = f'; to return a list, wrap it: [{{"result": [...]}}]'
+        if not script:
+            raise SuiteError(f"{where}: tool_results.{name} is an empty list of entries{hint}")
+        for position, entry in enumerate(script, 1):
+            if not isinstance(entry, dict) or "result" not in entry or not set(entry) <= {"when", "result"}:
+                raise SuiteError(f"{where}: tool_results.{name} entry {position} must be "
+                                 f'{{"when": {{"ARG": VALUE}}, "result": RESULT}} or {{"result": RESULT}}{hint}')
+            if "when" in entry and not isinstance(entry["when"], dict):
+                raise SuiteError(f"{where}: tool_results.{name} entry {position}: when must be an object of ARG: VALUE")
+
+
+def _validate_trajectory_keys(case, functions, where):
+    """tool_results, max_rounds, tool_args and claims (issue 15): names are declared function tools."""
+    if "tool_results" in case:
+        _validate_tool_results(case["tool_results"], functions, where)
+    if "max_rounds" in case:
+        _validate_max_rounds(case["max_rounds"], where)
+    if "tool_args" in case:
+        if not isinstance(case["tool_args"], dict) or not case["tool_args"]:
+            raise SuiteError(f"{where}: tool_args must be a non-empty object of NAME: {{ARG: VALUE}}")
+        for name, wanted in case["tool_args"].items():
+            _declared(name, functions, where, "tool_args")
+            if not isinstance(wanted, dict) or not wanted:
+                raise SuiteError(f"{where}: tool_args.{name} must be a non-empty object of ARG: VALUE")
+    if "claims" in case:
+        if not isinstance(case["claims"], dict) or not case["claims"]:
+            raise SuiteError(f"{where}: claims must be a non-empty object of PHRASE: NAME")
+        for phrase, name in case["claims"].items():
+            if not phrase.strip():
+                raise SuiteError(f"{where}: claims has an empty phrase")
+            if not isinstance(name, str):
+                raise SuiteError(f"{where}: claims[{phrase!r}] must be a tool name string")
+            _declared(name, functions, where, f"claims[{phrase!r}]")
 
 
 def _validate_case(case, suite, schema, functions, allow_empty_baseline):
@@ -791,9 +919,10 @@ def _validate_case(case, suite, schema, functions, allow_empty_baseline):
         for entry in case["behaviors"]:
             _validate_behavior(entry, where)
             name, _, arg = entry.partition(":")
-            if name == "forbid_tool" and arg not in functions:
+            if BEHAVIORS[name] in ("tool", "tools") and not set(arg.split(",")) <= set(functions):
                 raise SuiteError(f"{where}: behavior {entry!r} names no function tool of this suite "
                                  f"(tools: {', '.join(functions) or 'none'})")
+    _validate_trajectory_keys(case, functions, where)
     if "notes" in case and not isinstance(case["notes"], str):
         raise SuiteError(f"{where}: notes must be a string")
     if "instructions_sha256" in case:
@@ -830,6 +959,8 @@ def validate_suite(data, allow_empty_baseline=False):
     _validate_sources(data.get("sources"), "suite")
     if "notes" in data and not isinstance(data["notes"], str):
         raise SuiteError("suite: notes must be a string")
+    if "max_rounds" in data:
+        _validate_max_rounds(data["max_rounds"], "suite")
     cases = data.get("cases")
     if not isinstance(cases, list) or not cases:
         raise SuiteError("suite: cases must be a non-empty list")
@@ -854,6 +985,7 @@ def validate_suite(data, allow_empty_baseline=False):
                    "input": case.get("input", case.get("question"))} for case in cases],
         "config_cases": cases,
         "definition": data,
+        **({"max_rounds": data["max_rounds"]} if "max_rounds" in data else {}),
     }
 
 
@@ -971,6 +1103,47 @@ def agent_request(suite, case, model):
     return request
 
 
+def result_text(result):
+    """A scripted tool result as the text both APIs carry: strings as they are, anything else as JSON."""
+    return result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
+
+
+def _arguments_text(arguments):
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
+def _input_items(value):
+    """A case's input as Agent API input items (a string becomes one user message)."""
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": value}]
+    return [message if "type" in message else {"type": "message", **message} for message in value]
+
+
+def agent_tool_input(case, rounds):
+    """The whole conversation so far as input items: the case's input, then per round the model's
+    text, its function_call items and our function_call_output items.
+
+    Resent in full rather than chained by previous_response_id: a turn that ends in function
+    calls is not a completed response to continue from, the server need not store anything,
+    and a replay rebuilds exactly the same request from the record."""
+    items = _input_items(case["input"])
+    for turn in rounds:
+        text = _agent_text(turn["response"])
+        if text:
+            items.append({"type": "message", "role": "assistant", "content": text})
+        signatures = {item.get("call_id"): item.get("thought_signature") for item in _items(turn["response"])
+                      if item.get("type") == "function_call"}
+        for sent in turn["tool_results"]:
+            call = {"type": "function_call", "call_id": sent["call_id"], "name": sent["name"],
+                    "arguments": _arguments_text(sent["arguments"])}
+            if isinstance(signatures.get(sent["call_id"]), str):  # thinking models need it back
+                call["thought_signature"] = signatures[sent["call_id"]]
+            items.append(call)
+        items += [{"type": "function_call_output", "call_id": sent["call_id"], "name": sent["name"],
+                   "output": result_text(sent["result"])} for sent in turn["tool_results"]]
+    return items
+
+
 def cap_response_bodies(client, limit=MAX_RESPONSE_BYTES):
     """Make an SDK client refuse bodies over `limit` bytes while they arrive, not after;
     True when the cap is in place.
@@ -1034,9 +1207,12 @@ class PerplexityProvider:
             except Exception:
                 pass  # closing is best effort; the run's outcome is already recorded
 
-    def request(self, model, suite, case, repeat=0):
+    def request(self, model, suite, case, repeat=0, rounds=()):
+        body = agent_request(suite, case, model)
+        if rounds:
+            body["input"] = agent_tool_input(case, rounds)
         try:
-            response = self.client.responses.create(**agent_request(suite, case, model))
+            response = self.client.responses.create(**body)
         except Exception as exc:
             if isinstance(exc.__cause__, ResponseError):  # the body cap, wrapped by the SDK as a connection error
                 raise exc.__cause__ from None
@@ -1058,6 +1234,11 @@ class PerplexityProvider:
             raise ResponseError('the response has no "output" list')
         return agent_trace(raw)
 
+    @staticmethod
+    def call_ids(raw):
+        """The call_id of each function call, in trace order (function_call_output answers it)."""
+        return [item.get("call_id") for item in _items(raw) if item.get("type") == "function_call"]
+
 
 def chat_request(suite, case, model):
     """The JSON body of a chat-completions request for one case."""
@@ -1074,6 +1255,24 @@ def chat_request(suite, case, model):
     if functions:
         body["tools"] = functions
     return body
+
+
+def chat_tool_messages(rounds):
+    """The messages that carry the tool rounds so far: per round, the assistant message with its
+    tool_calls, then one tool message per call with the scripted result."""
+    messages = []
+    for turn in rounds:
+        choices = turn["response"].get("choices") or [{}]
+        said = (choices[0] if isinstance(choices[0], dict) else {}).get("message") or {}
+        messages.append({
+            # "" and never null: llama-cpp-python's server answers HTTP 500 to a null content
+            "role": "assistant", "content": _chat_text(said.get("content")),
+            "tool_calls": [{"id": sent["call_id"], "type": "function",
+                            "function": {"name": sent["name"], "arguments": _arguments_text(sent["arguments"])}}
+                           for sent in turn["tool_results"]]})
+        messages += [{"role": "tool", "tool_call_id": sent["call_id"], "content": result_text(sent["result"])}
+                     for sent in turn["tool_results"]]
+    return messages
 
 
 def _chat_text(content):
@@ -1120,14 +1319,17 @@ class OpenAIProvider:
         self.url = urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/chat/completions"))
         self.key, self.timeout, self.deadline = key, timeout, deadline_seconds(timeout)
 
-    def request(self, model, suite, case, repeat=0):
+    def request(self, model, suite, case, repeat=0, rounds=()):
         import http.client
         import urllib.error
         import urllib.request
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.key:
             headers["Authorization"] = f"Bearer {self.key}"
-        body = json.dumps(chat_request(suite, case, model)).encode("utf-8")
+        payload = chat_request(suite, case, model)
+        if rounds:
+            payload["messages"] = payload["messages"] + chat_tool_messages(rounds)
+        body = json.dumps(payload).encode("utf-8")
         request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
@@ -1160,6 +1362,12 @@ class OpenAIProvider:
 
     parse = staticmethod(chat_trace)
 
+    @staticmethod
+    def call_ids(raw):
+        """The id of each tool call, in trace order (a tool message answers it by tool_call_id)."""
+        message = raw["choices"][0]["message"]
+        return [call.get("id") for call in message.get("tool_calls") or [] if isinstance(call, dict)]
+
 
 def _case_text(case):
     """The user's words of a case: its input, or the last user message of a conversation."""
@@ -1181,7 +1389,7 @@ class EchoProvider:
 
     name = "echo"
 
-    def request(self, model, suite, case, repeat=0):
+    def request(self, model, suite, case, repeat=0, rounds=()):
         return {"object": "echo", "model": model, "status": "completed", "output_text": _case_text(case),
                 "usage": {"cost": {"currency": "USD", "total_cost": 0}}}
 
@@ -1199,16 +1407,22 @@ class ReplayProvider:
                      if isinstance(row, dict) and row.get("error") is None and "response" in row}
         kind = (record.get("provider") or {}).get("name", "perplexity")
         self.parse = PROVIDERS[kind].parse if kind in PROVIDERS and kind != "replay" else agent_trace
+        self.call_ids = getattr(PROVIDERS.get(kind), "call_ids", PerplexityProvider.call_ids)
 
     def missing(self, plan):
         """The first planned row key the record cannot answer, or None."""
         return next((key for key in plan if key not in self.rows), None)
 
-    def request(self, model, suite, case, repeat=0):
+    def request(self, model, suite, case, repeat=0, rounds=()):
+        """The stored response of round len(rounds)+1: a played row keeps every round, others one."""
         row = self.rows.get((model, case["id"], repeat))
         if row is None:
             raise ResponseError(f"{self.source} has no stored response for {model} / {case['id']} / repeat {repeat}")
-        return row["response"]
+        stored = row.get("rounds") if isinstance(row.get("rounds"), list) else [{"response": row["response"]}]
+        if len(rounds) >= len(stored) or not isinstance(stored[len(rounds)], dict):
+            raise ResponseError(f"{self.source} has no stored round {len(rounds) + 1} for {model} / {case['id']} / "
+                                f"repeat {repeat} (it kept {len(stored)})")
+        return stored[len(rounds)].get("response")
 
 
 PROVIDERS = {
@@ -1331,21 +1545,140 @@ def within(seconds, call):
     return outcome["value"]
 
 
-def send(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None):
-    """provider.request with up to `retries` retries of transient failures; (raw, attempts)."""
+class RowDeadline(TimeoutError):
+    """A played row ran past its whole-row deadline (rounds and retries together)."""
+
+
+def send(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None, rounds=(), until=None,
+         clock=time.monotonic):
+    """provider.request with up to `retries` retries of transient failures; (raw, attempts).
+
+    With `rounds`, the request continues a played conversation; with `until` (a clock
+    reading), no attempt starts, waits or runs past it."""
     import random
     jitter = jitter or (lambda: random.uniform(0.5, 1.0))
     attempt, deadline = 1, getattr(provider, "deadline", None)
+    rounds = tuple(rounds)  # a request abandoned at its deadline must not see later rounds
+    call = (lambda: provider.request(model, suite, case, repeat, rounds)) if rounds else \
+        (lambda: provider.request(model, suite, case, repeat))
     while True:
+        limit = deadline
+        if until is not None:
+            left = until - clock()
+            if left <= 0:
+                raise RowDeadline(f"the row's deadline passed before round {len(rounds) + 1}")
+            limit = left if deadline is None else min(deadline, left)
         try:
-            return within(deadline, lambda: provider.request(model, suite, case, repeat)), attempt
+            return within(limit, call), attempt
         except Exception as exc:
             wait = backoff(attempt, exc, jitter) if attempt <= retries and transient(exc) else None
+            if wait is not None and until is not None and clock() + wait >= until:
+                wait = None  # the wait alone would overrun the row's deadline
             if wait is None:
                 exc.attempts = attempt
                 raise
             sleep(wait)
             attempt += 1
+
+
+# ---------------------------------------------------------------------- played tools
+# A case with tool_results or max_rounds (its own or the suite's) is played: the harness
+# answers the model's function calls with the case's scripted results and asks again,
+# until the model answers without calling a tool or the round limit is reached (issue 15).
+
+DEFAULT_MAX_ROUNDS = 8
+_NO_SCRIPT = object()
+
+
+def plays_tools(suite, case):
+    """Whether a case runs as a multi-round agent loop rather than one request."""
+    return "tool_results" in case or "max_rounds" in case or "max_rounds" in suite
+
+
+def round_limit(suite, case):
+    """Model turns allowed for a played case: its max_rounds, the suite's, or 8."""
+    return case.get("max_rounds", suite.get("max_rounds", DEFAULT_MAX_ROUNDS))
+
+
+def scripted_result(case, name, arguments):
+    """(result, scripted) for one call: the first entry whose `when` values all equal the call's
+    arguments wins (no `when`: any call); nothing matching is an error result, unscripted."""
+    script = (case.get("tool_results") or {}).get(name, _NO_SCRIPT)
+    if script is not _NO_SCRIPT and not isinstance(script, list):
+        return script, True
+    parsed = _call_arguments({"arguments": arguments})
+    for entry in script if script is not _NO_SCRIPT else []:
+        if _arguments_match(entry.get("when") or {}, parsed):
+            return entry["result"], True
+    return {"error": f"no scripted result for {name}"}, False
+
+
+def tool_results(case, trace, ids, number):
+    """What is sent back for one round's calls: call id, name, arguments, result (and unscripted)."""
+    sent = []
+    for position, call in enumerate(trace["tool_calls"]):
+        call_id = ids[position] if position < len(ids) and isinstance(ids[position], str) and ids[position] \
+            else f"call_{number}_{position + 1}"  # some servers send no id; the reply still needs one
+        result, scripted = scripted_result(case, call.get("name"), call.get("arguments"))
+        sent.append({"call_id": call_id, "name": call.get("name"), "arguments": call.get("arguments"),
+                     "result": result, **({} if scripted else {"unscripted": True})})
+    return sent
+
+
+def _sum_costs(costs):
+    """The sum of decimal cost strings, or None when any round reported none."""
+    if not costs or any(cost is None for cost in costs):
+        return None
+    return format(sum((decimal.Decimal(cost) for cost in costs), decimal.Decimal(0)), "f")
+
+
+def rounds_trace(parse, rounds):
+    """One trace for a played row: the last turn's answer and status, the ordered calls of every
+    round (round, name, arguments, and the result sent back), tool rounds and cost summed."""
+    traces = [parse(turn["response"]) for turn in rounds]
+    calls = []
+    for number, (turn, trace) in enumerate(zip(rounds, traces), 1):
+        sent = turn.get("tool_results") or []
+        for position, call in enumerate(trace["tool_calls"]):
+            entry = {"round": number, "name": call.get("name"), "arguments": call.get("arguments")}
+            if position < len(sent):
+                entry["result"] = sent[position]["result"]
+                if sent[position].get("unscripted"):
+                    entry["unscripted"] = True
+            calls.append(entry)
+    last = traces[-1]
+    return {
+        "final_text": last["final_text"],
+        "tool_calls": calls,
+        "tool_rounds": sum(trace["tool_rounds"] for trace in traces),
+        "search_urls": [url for trace in traces for url in trace["search_urls"]],
+        "status": last["status"],
+        "cost_usd": _sum_costs([trace["cost_usd"] for trace in traces]),
+        "rounds": len(rounds),
+        "final": not last["tool_calls"],
+    }
+
+
+def play_tools(provider, suite, case, model, repeat, retries, row, clock=time.monotonic, sleep=time.sleep):
+    """Run a played case into `row` round by round and return its trace.
+
+    Each response is stored in row["rounds"] (and row["response"]) before it is read, so a
+    failure mid-loop keeps every round already made as evidence."""
+    limit = round_limit(suite, case)
+    deadline = getattr(provider, "deadline", None)
+    until = clock() + deadline * limit if deadline else None  # the whole row, retries included
+    call_ids = getattr(provider, "call_ids", lambda raw: [])
+    rounds = row["rounds"] = []
+    while True:
+        raw, attempts = send(provider, model, suite, case, repeat, retries, sleep=sleep, rounds=rounds,
+                             until=until, clock=clock)
+        rounds.append({"response": raw})
+        row["response"] = raw
+        row["attempts"] = row.get("attempts", 0) + attempts
+        trace = provider.parse(raw)
+        if not trace["tool_calls"] or len(rounds) >= limit:
+            return rounds_trace(provider.parse, rounds)
+        rounds[-1]["tool_results"] = tool_results(case, trace, call_ids(raw), len(rounds))
 
 
 def execute(provider, suite, case, model, repeat=None, grader=None, retries=None):
@@ -1362,11 +1695,17 @@ def execute(provider, suite, case, model, repeat=None, grader=None, retries=None
     row.update(error=None, error_status=None, cost_usd=None, response=None, answer_text=None, reasons=[])
     started = time.monotonic()
     try:
-        raw, attempts = send(provider, model, suite, case, repeat or 0, retries or 0)
-        if retries is not None:
-            row["attempts"] = attempts
-        row["response"] = raw
-        trace = provider.parse(raw)
+        if plays_tools(suite, case):
+            trace = play_tools(provider, suite, case, model, repeat or 0, retries or 0, row)
+            raw = row["response"]
+            if retries is None:
+                row.pop("attempts")
+        else:
+            raw, attempts = send(provider, model, suite, case, repeat or 0, retries or 0)
+            if retries is not None:
+                row["attempts"] = attempts
+            row["response"] = raw
+            trace = provider.parse(raw)
         row["answer_text"] = trace["final_text"]
         row["cost_usd"] = trace["cost_usd"]
         compiled = compile_case(suite, case)
@@ -1379,8 +1718,12 @@ def execute(provider, suite, case, model, repeat=None, grader=None, retries=None
         row["error_status"] = status_of(exc)
         row["error_message"] = str(exc)[:4000]  # cut to 500 once masked (redact_row)
         row["reasons"] = ["execution_error"]
-        if retries is not None:
-            row.setdefault("attempts", getattr(exc, "attempts", 1))
+        if retries is None:
+            row.pop("attempts", None)  # counted only when --retries is in force, as for one request
+        elif hasattr(exc, "attempts"):  # a request that failed: its attempts add to the rounds' before it
+            row["attempts"] = row.get("attempts", 0) + exc.attempts
+        else:
+            row.setdefault("attempts", 1)
     row["seconds"] = round(time.monotonic() - started, 3)
     row["passed"] = not row["reasons"]
     return row
@@ -1448,7 +1791,7 @@ def redact_row(row, mask):
     """The row as stored: responses, answers, details and error messages masked; an error
     message is cut only after masking, so no partial secret survives at the cut."""
     stored = dict(row)
-    for field in ("response", "answer_text", "details", "error_message"):
+    for field in ("response", "rounds", "answer_text", "details", "error_message"):
         if stored.get(field) is not None:
             stored[field] = mask(stored[field])
     if isinstance(stored.get("error_message"), str):
@@ -2273,6 +2616,8 @@ def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS):
     if not suite.get("builtin"):
         config["tools"] = definition.get("tools")
         config["sources"] = suite.get("sources")
+    if "max_rounds" in suite:  # only when set, so records made before it existed stay comparable
+        config["max_rounds"] = suite["max_rounds"]
     return config
 
 
@@ -2446,7 +2791,8 @@ def _suite_from_record(record, args):
         return validate_suite({"name": info.get("name") or "suite", "instructions": config.get("instructions"),
                                "tool": config.get("tool"), "tools": config.get("tools"),
                                "response_format": config.get("response_format"),
-                               "sources": config.get("sources"), "cases": config.get("cases")},
+                               "sources": config.get("sources"), "cases": config.get("cases"),
+                               **({"max_rounds": config["max_rounds"]} if "max_rounds" in config else {})},
                               allow_empty_baseline=args.update_baseline)
     except SuiteError as exc:
         raise UsageError(f"the record's suite is not valid: {exc}") from None
