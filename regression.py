@@ -48,7 +48,7 @@ __all__ = [
     "Tally", "summary", "row_key", "plan_rows",
     # reports (B5)
     "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
-    "markdown_run", "junit_run", "html_run",
+    "markdown_run", "junit_run", "html_run", "tool_sequence", "trajectory",
     "main", "cli",
 ]
 
@@ -2293,6 +2293,51 @@ def _record_plan(record):
     return plan
 
 
+TRAJECTORY_TEXT_LIMIT = 160  # characters of one call's arguments or result in a report
+TRAJECTORY_CALLS_SHOWN = 24  # calls of one row in a report; a looping agent's rest is counted
+
+
+def _cut(text, limit):
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _row_calls(row):
+    details = row.get("details") if isinstance(row, dict) else None
+    calls = details.get("tool_calls") if isinstance(details, dict) else None
+    return [call for call in calls if isinstance(call, dict)] if isinstance(calls, list) else []
+
+
+def tool_sequence(row):
+    """The names of a row's tool calls, in order (from its details)."""
+    return [str(call.get("name")) for call in _row_calls(row)]
+
+
+def trajectory(row, limit=TRAJECTORY_TEXT_LIMIT):
+    """A row's calls as (round, "name(arguments)", result) texts, each cut to `limit` characters;
+    not escaped (every report escapes for its own format)."""
+    steps = []
+    for call in _row_calls(row):
+        arguments = call.get("arguments")
+        arguments = arguments if isinstance(arguments, str) else dumps(arguments)
+        if "result" not in call:
+            result = "(no result sent)"
+        else:
+            result = dumps(call["result"]) + (" [unscripted]" if call.get("unscripted") else "")
+        steps.append((call.get("round"), _cut(f"{call.get('name')}({arguments})", limit), _cut(result, limit)))
+    return steps
+
+
+def trajectory_lines(row):
+    """A row's trajectory as plain lines, at most TRAJECTORY_CALLS_SHOWN of them plus a count."""
+    steps = trajectory(row)
+    lines = [f"{'round ' + str(number) + ': ' if number is not None else ''}{call} -> {result}"
+             for number, call, result in steps[:TRAJECTORY_CALLS_SHOWN]]
+    if len(steps) > TRAJECTORY_CALLS_SHOWN:
+        lines.append(f"... {len(steps) - TRAJECTORY_CALLS_SHOWN} more call(s)")
+    return lines
+
+
 def _row_failure_text(row):
     parts = [f"reasons: {', '.join(row.get('reasons') or [])}"]
     details = row.get("details") or {}
@@ -2300,6 +2345,8 @@ def _row_failure_text(row):
         parts.append(f"similarity: {details['similarity']}")
     if details.get("diff"):
         parts.append(details["diff"])
+    if _row_calls(row):
+        parts += ["trajectory:", *("  " + line for line in trajectory_lines(row))]
     parts.append(f"answer: {row.get('answer_text')}")
     return "\n".join(parts)
 
@@ -2360,6 +2407,12 @@ def markdown_run(record):
              md_text(", ".join(row.get("reasons") or []) + (f" ({row['error']} {row.get('error_status') or ''})"
                                                             if row.get("error") else ""))]
             for row in failed])]
+    traced = [row for row in failed if _row_calls(row)]
+    if traced:
+        lines += ["", "### Trajectories of failing rows", "", md_table(["model", "case", "repeat", "calls"], [
+            [md_text(row.get("model")), md_text(row.get("case_id")), str(row.get("repeat")),
+             "<br>".join(md_text(line, limit=2 * TRAJECTORY_TEXT_LIMIT + 40) for line in trajectory_lines(row))]
+            for row in traced])]
     return "\n".join(lines) + "\n"
 
 
@@ -2374,6 +2427,9 @@ def _html_row_details(row):
         parts.append(f"<p>similarity {xml_text(details['similarity'])}</p>")
     if details.get("diff"):
         parts.append(f"<pre>{xml_text(details['diff'])}</pre>")
+    if _row_calls(row):
+        parts.append("<ol class=\"trajectory\">" + "".join(f"<li>{xml_text(line)}</li>" for line in trajectory_lines(row))
+                     + "</ol>")
     parts.append(f"<details><summary>answer</summary><pre>{xml_text(row.get('answer_text'))}</pre></details>")
     return "\n".join(parts)
 
