@@ -344,8 +344,8 @@ def calls_trace(names, text="ok", results=None, final=True):
     ("a,b", ["b", "a"], True),
     ("a,b", ["a"], True),
     ("a,b", [], True),
-    ("a,b,c", ["a", "c", "b", "c"], False),
-    ("a,b,c", ["a", "c", "b"], True),
+    ("a,b,c", ["a", "b", "a", "c", "b"], False),
+    ("a,b,c", ["a", "c", "b", "c"], True),  # the first c comes before the first b
 ])
 def test_tool_order_table(order, names, fails):
     case = {"behaviors": [f"tool_order:{order}"]}
