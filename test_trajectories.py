@@ -796,15 +796,38 @@ def test_invalid_suite_max_rounds_is_a_suite_error(value):
         regression.validate_suite({**example(), "max_rounds": value})
 
 
+LOOP_OVER_SUITES = """
+import contextlib, io, json, sys
+import regression
+results = []
+for suite, out in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = regression.main(["--suite", suite, "--provider", "echo", "--out", out])
+        except SystemExit as exc:
+            code = exc.code
+    results.append([code, err.getvalue()])
+print(json.dumps(results))
+"""
+
+
 def test_invalid_trajectory_keys_exit_2_with_one_line_through_the_cli(tmp_path):
-    """Every bad key above, through the real CLI: exit 2, one line on stderr, no record."""
+    """Every bad key above exits 2 with one line on stderr and no record: two through the real
+    CLI, all of them through main() in one subprocess (one interpreter start for the table)."""
+    jobs = []
     for n, (mutation, message) in enumerate(BAD_KEYS):
-        suite = write_suite(tmp_path / f"bad{n}.json", bad_suite(mutation))
-        result = run_cli(["--suite", suite, "--provider", "echo", "--out", tmp_path / f"out{n}.json"], tmp_path)
-        assert result.returncode == 2, (mutation, result.stderr)
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and message in lines[0], (mutation, result.stderr)
-        assert not (tmp_path / f"out{n}.json").exists()
+        jobs.append([str(write_suite(tmp_path / f"bad{n}.json", bad_suite(mutation))), str(tmp_path / f"out{n}.json")])
+    for suite, out in jobs[:1] + jobs[-1:]:
+        result = run_cli(["--suite", suite, "--provider", "echo", "--out", out], tmp_path)
+        assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    looped = subprocess.run([sys.executable, "-W", "error", "-c", LOOP_OVER_SUITES, json.dumps(jobs)], cwd=ROOT,
+                            env=cli_env(), capture_output=True, text=True, timeout=60)
+    assert looped.returncode == 0, looped.stderr
+    for (mutation, message), (code, stderr), (_, out) in zip(BAD_KEYS, json.loads(looped.stdout), jobs):
+        lines = stderr.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and message in lines[0], (mutation, stderr)
+        assert "Traceback" not in stderr and not os.path.exists(out)
 
 
 def test_example_suite_is_valid_and_dry_runs(tmp_path):
@@ -823,6 +846,11 @@ def readme_agent_block():
     return commands, expected
 
 
+def row_line(line):
+    """A console row line with its reasons sorted (the order of checks is not the point here)."""
+    return re.sub(r"FAIL (\S+)", lambda m: "FAIL " + ",".join(sorted(m.group(1).split(","))), line)
+
+
 def test_readme_agent_example_runs_offline_as_written(tmp_path):
     commands, expected = readme_agent_block()
     serve, run = commands
@@ -837,9 +865,10 @@ def test_readme_agent_example_runs_offline_as_written(tmp_path):
         result = subprocess.run([sys.executable, "regression.py", *argv], cwd=tmp_path, env=cli_env(),
                                 capture_output=True, text=True, timeout=60)
     assert result.returncode == 1, result.stderr
-    got = [re.sub(r"\s+\S+s  \(\+\S+s save\)$", "", line) for line in result.stdout.splitlines() if "  r0  " in line]
-    want = [re.sub(r"\s+\S+s$", "", line) for line in expected.strip().splitlines() if "  r0  " in line]
-    assert got == want
+    got = [row_line(re.sub(r"\s+\S+s  \(\+\S+s save\)$", "", line))
+           for line in result.stdout.splitlines() if "  r0  " in line]
+    want = [row_line(re.sub(r"\s+\S+s$", "", line)) for line in expected.strip().splitlines() if "  r0  " in line]
+    assert got == want and len(want) == 18
     assert "exit 1" in expected
 
 
