@@ -2062,16 +2062,24 @@ def rounds_trace(parse, rounds):
     }
 
 
-def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=time.monotonic, sleep=time.sleep):
+class BudgetReached(Exception):
+    """The spending cap was reached in the middle of a played row: no further round is sent."""
+
+
+def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=time.monotonic, sleep=time.sleep,
+                     budget=None):
     """Run a played case into `row` round by round (as steps, see send_steps); returns its trace.
 
     Each response is stored in row["rounds"] (and row["response"]) before it is read, so a
-    failure mid-loop keeps every round already made as evidence."""
+    failure mid-loop keeps every round already made as evidence. `budget(row_cost)` (the
+    row's reported cost so far, a decimal string or None) says why no further round may be
+    sent, or None: the spending cap applies to every request, not only between rows."""
     limit = round_limit(suite, case)
     deadline = getattr(provider, "deadline", None)
     until = clock() + deadline * limit if deadline else None  # the whole row, retries included
     call_ids = getattr(provider, "call_ids", lambda raw: [])
     rounds = row["rounds"] = []
+    costs = []
     while True:
         raw, attempts = yield from send_steps(provider, model, suite, case, repeat, retries, sleep=sleep,
                                               rounds=rounds, until=until, clock=clock)
@@ -2079,18 +2087,26 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
         row["response"] = raw
         row["attempts"] = row.get("attempts", 0) + attempts
         trace = provider.parse(raw)
+        costs.append(trace["cost_usd"])
         if not trace["tool_calls"] or len(rounds) >= limit:
             return rounds_trace(provider.parse, rounds)
         rounds[-1]["tool_results"] = tool_results(case, trace, call_ids(raw), len(rounds))
+        stop = budget(_sum_costs(costs)) if budget is not None else None
+        if stop:
+            row["cost_usd"] = _sum_costs(costs)  # spent for real, though the row did not finish
+            raise BudgetReached(f"{stop} after round {len(rounds)}")
 
 
-def play_tools(provider, suite, case, model, repeat, retries, row, clock=time.monotonic, sleep=time.sleep):
+def play_tools(provider, suite, case, model, repeat, retries, row, clock=time.monotonic, sleep=time.sleep,
+               budget=None):
     """A played case on this thread (see play_tools_steps)."""
-    return run_steps(play_tools_steps(provider, suite, case, model, repeat, retries, row, clock, sleep))
+    return run_steps(play_tools_steps(provider, suite, case, model, repeat, retries, row, clock, sleep, budget))
 
 
-def execute_steps(provider, suite, case, model, repeat=None, grader=None, retries=None, sleep=time.sleep):
-    """execute() as steps (see send_steps): a run's worker pool drives these; returns the row."""
+def execute_steps(provider, suite, case, model, repeat=None, grader=None, retries=None, sleep=time.sleep,
+                  budget=None):
+    """execute() as steps (see send_steps): a run's worker pool drives these; returns the row.
+    `budget` is checked between the rounds of a played case (see play_tools_steps)."""
     row = {"case_id": case["id"], "model": model}
     if repeat is not None:
         row["repeat"] = repeat
@@ -2099,7 +2115,7 @@ def execute_steps(provider, suite, case, model, repeat=None, grader=None, retrie
     try:
         if plays_tools(suite, case):
             trace = yield from play_tools_steps(provider, suite, case, model, repeat or 0, retries or 0, row,
-                                                sleep=sleep)
+                                                sleep=sleep, budget=budget)
             raw = row["response"]
             if retries is None:
                 row.pop("attempts")
@@ -3540,10 +3556,20 @@ def execute_run(run, args, writer, tally):
     state = {"stopped": None, "last": max((position[row_key(r)] for r in run.kept), default=-1), "in_order": True}
     answers = {}
 
+    def budget(row_cost):
+        """Why a played row may send no further round: the cap counts its rounds so far."""
+        spent = tally.spent()
+        if args.max_cost_usd is None or spent is None or row_cost is None:
+            return None  # no cap, or no cost to hold it against (the row's end says so)
+        if spent + decimal.Decimal(row_cost) >= args.max_cost_usd:
+            return f"--max-cost-usd reached: reported spend ${format(spent + decimal.Decimal(row_cost), 'f')} " \
+                   f"of ${format(args.max_cost_usd, 'f')}"
+        return None
+
     def work(key):
         model, case_id, repeat = key
         return execute_steps(run.provider, run.suite, cases[case_id], model, repeat, grader=grader,
-                             retries=args.retries)
+                             retries=args.retries, budget=budget)
 
     try:
         # A finished row can only stop the run by an error or by the spending cap.

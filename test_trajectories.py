@@ -888,3 +888,32 @@ def test_fakes_serves_the_refund_agent_scenario_and_prints_its_url(tmp_path):
         process.terminate()
         process.wait(timeout=10)
         process.stdout.close()
+
+
+# ====================================================================== 11. run control with played rows
+
+def test_spending_cap_applies_between_the_rounds_of_a_played_row(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.refund_agent()) as server:
+        code = cli_run(server, out, "--max-cost-usd", "0.00025", models=["refund-loops"])
+        sent = server.count
+    record = read_record(out)
+    row = record["runs"][0]
+    assert code == 2 and sent == 3  # rounds at 0.0001 each: the third reaches the cap, no fourth is sent
+    assert row["error"] == "BudgetReached" and "--max-cost-usd reached" in row["error_message"]
+    assert len(row["rounds"]) == 3 and row["cost_usd"] == "0.0003"
+    assert record["summary"]["models"]["refund-loops"]["reported_cost_usd"] == "0.0003"
+    assert len(record["runs"]) == 1 and record["summary"]["stopped"].startswith("execution error")
+
+
+def test_played_rows_under_concurrency_equal_a_sequential_run(tmp_path):
+    models = sorted(fakes.REFUND_AGENTS)
+    one, many = tmp_path / "one.json", tmp_path / "many.json"
+    with FakeServer(fakes.refund_agent()) as server:
+        assert cli_run(server, one, models=models) == 1
+        assert cli_run(server, many, "--concurrency", "6", models=models) == 1
+    first, second = read_record(one)["runs"], read_record(many)["runs"]
+    assert [regression.row_key(row) for row in first] == [regression.row_key(row) for row in second]
+    for a, b in zip(first, second):
+        assert (a["reasons"], a["rounds"], a["details"], a["cost_usd"]) == \
+            (b["reasons"], b["rounds"], b["details"], b["cost_usd"])
