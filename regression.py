@@ -3157,7 +3157,8 @@ def catalogue():
 
 
 def _checks_of(case):
-    names = [key for key in ("expect", "cite", "contains", "excludes", "min_chars", "max_chars") if key in case]
+    names = [key for key in ("expect", "cite", "contains", "excludes", "min_chars", "max_chars", "tool_args", "claims")
+             if key in case]
     if "min_similarity" in case:
         names.append("similarity")
     return names + list(case.get("behaviors", []))
@@ -3183,10 +3184,15 @@ def plan_text(suite, args, plan, provider_note):
         "tools: " + (", ".join(str(_tool_name(t) or t["type"]) for t in suite["tools"]) or "none"),
         "response format: " + _format_name(suite["response_format"]),
     ]
+    played = [case for case in suite["cases"] if plays_tools(suite, case)]
+    if played:
+        lines.append(f"played tools: {len(played)} case(s) answer function calls with scripted results, "
+                     f"up to {max(round_limit(suite, case) for case in played)} requests per row")
     for case in suite["cases"]:
         text = _normalise(_case_text(case))
         lines.append(f"  {case['id']}: {text[:70]}{'...' if len(text) > 70 else ''}"
-                     f"  [checks: {', '.join(_checks_of(case)) or 'completed only'}]")
+                     f"  [checks: {', '.join(_checks_of(case)) or 'completed only'}]"
+                     + (f"  [up to {round_limit(suite, case)} rounds]" if plays_tools(suite, case) else ""))
     lines.append("nothing was sent (--dry-run)")
     return "\n".join(lines)
 

@@ -834,6 +834,9 @@ def test_example_suite_is_valid_and_dry_runs(tmp_path):
     result = run_cli(["--suite", EXAMPLE, "--dry-run"], tmp_path)
     assert result.returncode == 0, result.stderr
     assert "3 cases" in result.stdout and "lookup_order, refund_order" in result.stdout
+    assert "played tools: 3 case(s) answer function calls with scripted results, up to 4 requests per row" \
+        in result.stdout
+    assert result.stdout.count("[up to 4 rounds]") == 3 and "tool_args, claims" in result.stdout
 
 
 # ====================================================================== 10. the README example
