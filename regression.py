@@ -599,11 +599,9 @@ def explain(case, trace):
     if "min_chars" in case or "max_chars" in case:
         details["chars"] = len(_normalise(text))
     watched = case.get("behaviors") or "tool_args" in case or "claims" in case
-    if "rounds" in trace or (watched and (trace["tool_calls"] or trace["tool_rounds"])):
-        details["tool_calls"] = trace["tool_calls"]  # a played case's calls carry round and result
+    if watched and (trace["tool_calls"] or trace["tool_rounds"]):
+        details["tool_calls"] = trace["tool_calls"]
         details["tool_rounds"] = trace["tool_rounds"]
-    if "rounds" in trace:
-        details["rounds"] = trace["rounds"]
     return details
 
 
@@ -933,7 +931,7 @@ def _validate_trajectory_keys(case, functions, where):
         if not isinstance(case["claims"], dict) or not case["claims"]:
             raise SuiteError(f"{where}: claims must be a non-empty object of PHRASE: NAME")
         for phrase, name in case["claims"].items():
-            if not phrase.strip():
+            if not isinstance(phrase, str) or not phrase.strip():
                 raise SuiteError(f"{where}: claims has an empty phrase")
             if not isinstance(name, str):
                 raise SuiteError(f"{where}: claims[{phrase!r}] must be a tool name string")
@@ -2130,6 +2128,8 @@ def execute_steps(provider, suite, case, model, repeat=None, grader=None, retrie
         compiled = compile_case(suite, case)
         row["reasons"] = grader(case, raw, trace) if grader else grade(compiled, trace)
         details = explain(compiled, trace)
+        if "rounds" in trace:  # a played row always shows what the agent did: calls with round and result
+            details.update(tool_calls=trace["tool_calls"], tool_rounds=trace["tool_rounds"], rounds=trace["rounds"])
         if details:
             row["details"] = details
     except Exception as exc:  # an endpoint or checker failure is evidence, not a crash
