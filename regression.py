@@ -1583,6 +1583,13 @@ def chat_tool_messages(rounds):
     for turn in rounds:
         choices = turn["response"].get("choices") or [{}]
         said = (choices[0] if isinstance(choices[0], dict) else {}).get("message") or {}
+        if isinstance(said.get("function_call"), dict) and not said.get("tool_calls"):
+            # the legacy form: a function_call is answered by a "function" message, by name
+            sent = turn["tool_results"][0]
+            messages += [{"role": "assistant", "content": _chat_text(said.get("content")), "function_call": {
+                "name": sent["name"], "arguments": _arguments_text(sent["arguments"])}},
+                {"role": "function", "name": sent["name"], "content": result_text(sent["result"])}]
+            continue
         messages.append({
             # "" and never null: llama-cpp-python's server answers HTTP 500 to a null content
             "role": "assistant", "content": _chat_text(said.get("content")),

@@ -920,3 +920,14 @@ def test_played_rows_under_concurrency_equal_a_sequential_run(tmp_path):
     for a, b in zip(first, second):
         assert (a["reasons"], a["rounds"], a["details"], a["cost_usd"]) == \
             (b["reasons"], b["rounds"], b["details"], b["cost_usd"])
+
+
+def test_a_legacy_function_call_is_answered_by_a_function_message():
+    rounds = [{"response": fakes.chat_response(""), "tool_results": [
+        {"call_id": "call_1_1", "name": "lookup_order", "arguments": '{"order_id": "ord_1"}', "result": {"ok": 1}}]}]
+    rounds[0]["response"]["choices"][0]["message"]["function_call"] = {"name": "lookup_order",
+                                                                       "arguments": '{"order_id": "ord_1"}'}
+    assert regression.chat_tool_messages(rounds) == [
+        {"role": "assistant", "content": "", "function_call": {"name": "lookup_order",
+                                                               "arguments": '{"order_id": "ord_1"}'}},
+        {"role": "function", "name": "lookup_order", "content": '{"ok": 1}'}]
