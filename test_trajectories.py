@@ -771,7 +771,7 @@ BAD_KEYS = [
     ({"behaviors": ["tool_order:lookup_order"]}, "needs two or more tool names"),
     ({"behaviors": ["tool_order:lookup_order,lookup_order"]}, "names a tool twice"),
     ({"behaviors": ["tool_order:lookup_order,cancel_order"]}, "names no function tool of this suite"),
-    ({"behaviors": ["tool_order:lookup_order, refund_order"]}, "needs two or more tool names"),
+    ({"behaviors": ["tool_order:lookup_order, refund_order"]}, "needs tool names, as in 'tool_order:A,B'"),
     ({"max_round": 3}, "unknown key 'max_round' (did you mean 'max_rounds'?)"),
 ]
 
