@@ -5082,10 +5082,46 @@ def _continue_hint(path):
             f"continue it with: python regression.py --resume {shell_word(path)}")
 
 
+def _stored_options(record, path):
+    """The record's "run_options", each value checked like its flag; UsageError naming a bad one."""
+    stored = record["run_options"]
+    if not isinstance(stored, dict):
+        raise UsageError(f"--resume: {path} has a run_options that is not an object")
+    found = {}
+    for name in RUN_OPTIONS:
+        if name not in stored:
+            continue
+        value, bad = stored[name], UsageError(f"--resume: {path} has an invalid run_options.{name}")
+        if name == "redact":
+            if not isinstance(value, list) or not all(isinstance(pattern, str) for pattern in value):
+                raise bad
+            for pattern in value:
+                try:
+                    re.compile(pattern)
+                except (re.error, OverflowError, RecursionError):
+                    raise bad from None
+            value = tuple(value)
+        elif name == "redact_pii" and not isinstance(value, bool):
+            raise bad
+        elif name == "max_cost_usd" and value is not None:
+            try:
+                value = _cost(value) if isinstance(value, str) else None
+            except UsageError:
+                value = None
+            if value is None:
+                raise bad
+        elif name in RANGES and (not isinstance(value, int) or isinstance(value, bool)
+                                 or not RANGES[name][0] <= value <= RANGES[name][1]):
+            raise bad
+        found[name] = value
+    return found
+
+
 def _resume_options(values, record, path):
     """The run options a --resume re-applies from the record's header (RUN_OPTIONS)."""
-    stored = record.get("run_options") if isinstance(record.get("run_options"), dict) else None
-    if stored is None:  # a record from before "run_options": only its redaction marker is known
+    if "run_options" in record:
+        stored = _stored_options(record, path)
+    else:  # a record from before "run_options": only its redaction marker is known
         redaction = record.get("redaction") if isinstance(record.get("redaction"), dict) else {}
         stored = {"redact_pii": redaction.get("pii") is True}
         count = redaction.get("patterns") if isinstance(redaction.get("patterns"), int) else 0
@@ -5098,13 +5134,8 @@ def _resume_options(values, record, path):
         flag = "--" + name.replace("_", "-")
         if name not in stored:
             continue
-        value = stored[name]
-        if name == "max_cost_usd" and value is not None:
-            value = _cost(str(value))
-        if name == "redact":
-            value = tuple(value or ())
-        given = values[name]
-        if given is None or (name == "redact" and policy == "same" and not given and not value):
+        value, given = stored[name], values[name]
+        if given is None or (name == "redact" and not given and not value):
             found[name] = value
         elif policy == "same" and (tuple(given) if name == "redact" else given) != value:
             raise UsageError(f"--resume: run option {name!r} differs from the record's ({flag}); "
@@ -5789,12 +5820,12 @@ def continue_command(path, flags=()):
     return " ".join(["python regression.py --resume", shell_word(path), *map(shell_word, flags)])
 
 
-def _storable(row, mask):
-    """The row as stored and its JSON text. Anything failing after the response arrived
-    (masking a reply nested 900 levels deep, say) makes the row an execution_error row
-    that keeps what can be stored, never a lost row or a traceback."""
+def _storable(row, mask, prices=None):
+    """The row as stored (priced, then masked) and its JSON text. Anything failing after the
+    response arrived (masking a reply nested 900 levels deep, say) makes the row an
+    execution_error row that keeps what can be stored, never a lost row or a traceback."""
     try:
-        stored = redact_row(row, mask)
+        stored = redact_row(estimate_cost(row, prices) if prices else row, mask)
         return stored, dumps(stored)
     except Exception as exc:
         problem = f"{type(exc).__name__}: {exc}"
@@ -5859,14 +5890,14 @@ def execute_run(run, settings, writer, tally):
     def refill_early(row):
         # A finished row can only stop the run by an error (also one in storing it) or by the spending cap.
         # A sequential run checkpoints every row before the next request starts (SPEC A8).
-        storable[id(row)] = _storable(estimate_cost(row, run.prices), mask)  # priced: the cap sees estimates
+        storable[id(row)] = _storable(row, mask, run.prices)  # priced: the cap sees estimated spend too
         return storable[id(row)][0]["error"] is None and settings.max_cost_usd is None and settings.concurrency > 1
 
     try:
         for key, row in run_jobs(run.todo, work, settings.concurrency, lambda: state["stopped"] is not None,
                                  refill_early):
             # checks ran on the original; only the masked row is stored
-            stored, text = storable.pop(id(row), None) or _storable(estimate_cost(row, run.prices), mask)
+            stored, text = storable.pop(id(row), None) or _storable(row, mask, run.prices)
             saving = time.monotonic()
             with deferred_signals():  # the tally never counts a row that is not durably in the file
                 tally.add(stored)

@@ -293,6 +293,33 @@ def test_resume_reapplies_the_cost_cap(tmp_path, monkeypatch):
         assert server.count == 4 and read(out)["run_options"]["max_cost_usd"] == "1"
 
 
+STORED_OPTIONS = [
+    ("retries", "x"), ("retries", 99), ("retries", True), ("concurrency", 0), ("concurrency", [2]),
+    ("redact", "q"), ("redact", ["("]), ("redact", [1]), ("redact_pii", "yes"), ("redact_pii", None),
+    ("max_cost_usd", 5), ("max_cost_usd", "-1"), ("max_cost_usd", "NaN"), ("max_cost_usd", ["1"]),
+]
+
+
+def test_a_crafted_run_options_header_is_one_line_and_exit_2(tmp_path):
+    """What --resume re-applies is checked like the flag it stands for, through the real CLI."""
+    suite = write_suite(tmp_path)
+    out = tmp_path / "run.json"
+    assert main_code(["--provider", "echo", "--suite", suite, "--out", out]) == 0
+    record = read(out)
+    cases = []
+    for n, (name, value) in enumerate([*STORED_OPTIONS, (None, None)]):
+        crafted = dict(record, run_options=dict(record["run_options"], **{name: value}) if name else [1])
+        crafted["runs"] = record["runs"][:1]
+        path = tmp_path / f"crafted-{n}.json"
+        path.write_text(json.dumps(crafted))
+        cases.append([["--resume", str(path)], {}])
+    for (name, value), (code, _, err) in zip([*STORED_OPTIONS, (None, None)], fork_cli(cases, tmp_path)):
+        assert code == 2, (name, value, err)
+        line = one_line(err)
+        assert (f"invalid run_options.{name}" if name else "run_options that is not an object") in line, line
+    assert temp_files(tmp_path) == []
+
+
 def test_resume_takes_limits_from_the_record_unless_given(tmp_path):
     suite = write_suite(tmp_path)
     out = tmp_path / "run.json"
