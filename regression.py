@@ -4831,7 +4831,8 @@ def build_parser():
     control.add_argument("--concurrency", type=int, metavar="N", help=f"requests in flight, {_span('concurrency')} (default 1)")
     control.add_argument("--retries", type=int, metavar="N",
                          help=f"retries of transient failures (429, 5xx, timeouts, resets), {_span('retries')} (default 0)")
-    control.add_argument("--resume", metavar="RECORD", help="continue an interrupted record in place")
+    control.add_argument("--resume", metavar="RECORD", help="continue an interrupted record in place (its config, "
+                                                             "redaction, cost cap, retries and concurrency come along)")
     control.add_argument("--max-cost-usd", metavar="X", help="send no new request once reported spend reaches X")
     control.add_argument("--price", action="append", default=[], metavar="MODEL=IN/OUT",
                          help="USD per million input/output tokens of MODEL, to estimate cost from reported "
