@@ -904,3 +904,15 @@ def test_a_perplexity_404_names_the_url(tmp_path):
     assert result.returncode == 2
     message = read_record(out)["runs"][0]["error_message"]
     assert "no such route" in message and f"{server.url}/nope" in message
+
+
+def test_perplexity_follows_no_redirect_either(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.advisor()) as elsewhere:
+        with FakeServer(fakes.redirect(f"http://localhost:{elsewhere.port}/v1/responses", 307)) as server:
+            result = run_cli(["--models", "m", "--out", out], tmp_path,
+                             env=cli_env(PERPLEXITY_BASE_URL=server.url, PERPLEXITY_API_KEY=SECRET))
+        assert elsewhere.count == 0
+    assert result.returncode == 2, result.stdout
+    (row,) = read_record(out)["runs"]
+    assert row["error_status"] == 307 and "redirect to localhost not followed" in row["error_message"]
