@@ -48,7 +48,7 @@ __all__ = [
     "Tally", "summary", "row_key", "plan_rows",
     # reports (B5)
     "safe_text", "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
-    "markdown_run", "junit_run", "html_run",
+    "markdown_run", "junit_run", "html_run", "tool_sequence", "trajectory",
     "main", "cli",
 ]
 
@@ -291,6 +291,11 @@ def _quote(value, limit=60):
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     text = text if len(text) <= limit else text[:limit] + "..."
     return json.dumps(text, ensure_ascii=False)
+
+
+def _clip(value, limit=1_000):
+    """A value for evidence: a long string is cut (the whole answer is stored beside it)."""
+    return value[:limit] + "..." if isinstance(value, str) and len(value) > limit else value
 
 
 class _DuplicateKey(ValueError):
@@ -570,7 +575,7 @@ def check_answer(case, trace):
     if shape:
         return [shape]
     return [Fail(f"wrong_{field}", f"{field} {_quote(answer.get(field))}, expected {_quote(value)}",
-                 got=answer.get(field), expected=value)
+                 got=_clip(answer.get(field)), expected=value)
             for field, value in case.get("expect", {}).items()
             if _canonical(answer.get(field)) != _canonical(value)]
 
@@ -927,13 +932,22 @@ def argument_pairs(arguments, joined=True):
 
 
 def argument_text(arguments):
-    """All the words of a tool call's arguments (keys and values, decoded), one per line."""
-    words = [arguments] if isinstance(arguments, str) else []
-    for key, value in argument_pairs(arguments, joined=False):
-        words.append(str(key))
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            words.append(str(value))
-    return "\n".join(words)
+    """All the text of a tool call's arguments, one piece per line: the raw text, and every
+    key and scalar value at any depth once JSON text inside it is decoded."""
+    pieces, stack = [arguments] if isinstance(arguments, str) else [], [(arguments, 0)]
+    while stack:
+        value, depth = stack.pop()
+        decoded = _decoded(value)
+        if depth > MAX_ARGUMENT_DEPTH:
+            continue
+        if isinstance(decoded, dict):
+            pieces.extend(str(key) for key in decoded)
+            stack.extend((item, depth + 1) for item in decoded.values())
+        elif isinstance(decoded, list):
+            stack.extend((item, depth + 1) for item in decoded)
+        elif decoded is not value or not isinstance(value, str) or depth:
+            pieces.append(decoded if isinstance(decoded, str) else json.dumps(decoded))
+    return "\n".join(pieces)
 
 
 def _describe_call(call):
@@ -945,6 +959,13 @@ def _describe_call(call):
     else:
         inner = "" if arguments in (None, "") else str(arguments)
     return f"{call.get('name')}({inner})"
+
+
+def _tool_details(case, trace):
+    """Every behaviour's details: the tool calls made, when there were any."""
+    if trace["tool_calls"] or trace["tool_rounds"]:
+        return {"tool_calls": trace["tool_calls"], "tool_rounds": trace["tool_rounds"]}
+    return {}
 
 
 def check_json_object(case, trace):
@@ -960,7 +981,7 @@ def check_json_object(case, trace):
     return []
 
 
-register_check("json_object", check_json_object, behavior=True, reasons={
+register_check("json_object", check_json_object, behavior=True, details=_tool_details, reasons={
     "not_json_object": ("behaviour `json_object`: the answer is not a strict JSON object (NaN and Infinity are "
                         "not JSON)", "the evidence says what it is instead"),
     "duplicate_key": ("the JSON answer repeats a key in one object, so which value counts is ambiguous",
@@ -1027,7 +1048,7 @@ def check_no_system_leak(case, trace):
     return [Fail("system_leak", f"leak: {_quote(matched)}", **{"mentions" if kind == "mention" else "quotes": matched})]
 
 
-register_check("no_system_leak", check_no_system_leak, behavior=True, reasons={
+register_check("no_system_leak", check_no_system_leak, behavior=True, details=_tool_details, reasons={
     "system_leak": ("the answer or tool arguments mention hidden/system instructions or quote 8+ consecutive "
                     "words of them (in the normal form; `system_prompt` and zero-width tricks count)",
                     "a prompt-extraction weakness; the evidence shows the phrase or the quoted words")})
@@ -1042,12 +1063,6 @@ def check_max_tool_rounds(case, trace):
     return []
 
 
-def _tool_details(case, trace):
-    if trace["tool_calls"] or trace["tool_rounds"]:
-        return {"tool_calls": trace["tool_calls"], "tool_rounds": trace["tool_rounds"]}
-    return {}
-
-
 register_check("max_tool_rounds", check_max_tool_rounds, behavior=True, arg="count", details=_tool_details,
                reasons={"too_many_tool_rounds": ("more tool rounds than `max_tool_rounds:N`",
                                                  "`details.tool_calls` shows the calls")})
@@ -1059,7 +1074,8 @@ def check_forbid_tool(case, trace):
     called = [call for call in trace["tool_calls"] if call.get("name") in forbidden]
     if called:
         return [Fail("forbidden_tool_called", f"called {_describe_call(called[0])}"
-                     + (f" (+{len(called) - 1})" if len(called) > 1 else ""), calls=called)]
+                     + (f" (+{len(called) - 1})" if len(called) > 1 else ""),
+                     tools=[call.get("name") for call in called])]
     return []
 
 
@@ -1210,6 +1226,162 @@ register_check("require_tool", check_require_tool, behavior=True, arg="tool", de
                         "did the server get the tools? (see the summary's `warnings`)")})
 
 
+# ---------------------------------------------------------------------- trajectory checks
+# Over the ordered call list of a played case (issue 15): every call carries its round,
+# name, arguments and, when one was sent back, the scripted result.
+
+def _arguments_match(wanted, arguments):
+    """Every wanted argument is present with an equal JSON value (subset match)."""
+    return all(key in arguments and _canonical(arguments[key]) == _canonical(value) for key, value in wanted.items())
+
+
+def is_error_result(call):
+    """A call got no usable result: none was sent, it was unscripted, or it is an {"error": ...} object."""
+    if "result" not in call or call.get("unscripted"):
+        return True
+    result = call["result"]
+    return isinstance(result, dict) and result.get("error") not in (None, False, "")
+
+
+def _sequence(trace):
+    return " -> ".join(str(call.get("name")) for call in trace["tool_calls"]) or "no tool call"
+
+
+MAX_ROUNDS_LIMIT = 20
+
+
+def _validate_max_rounds(value, where):
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_ROUNDS_LIMIT:
+        raise SuiteError(f"{where}: max_rounds must be a whole number from 1 to {MAX_ROUNDS_LIMIT} (got {value!r})")
+
+
+def _declared(name, functions, where, field):
+    if name not in functions:
+        raise SuiteError(f"{where}: {field} names {name!r}, which is not a function tool of this suite "
+                         f"(tools: {', '.join(functions) or 'none'})")
+
+
+def _validate_played(case, where, context):
+    """tool_results and max_rounds: every NAME a declared function tool, entries well formed."""
+    if "max_rounds" in case:
+        _validate_max_rounds(case["max_rounds"], where)
+    if "tool_results" not in case:
+        return
+    results, functions = case["tool_results"], context["functions"]
+    if not isinstance(results, dict) or not results:
+        raise SuiteError(f"{where}: tool_results must be a non-empty object of NAME: RESULT")
+    for name, script in results.items():
+        _declared(name, functions, where, "tool_results")
+        if not isinstance(script, list):
+            continue  # a static result: any JSON, returned for every call
+        # A list is always a list of entries, so a list result is never mistaken for one.
+        hint = '; to return a list, wrap it: [{"result": [...]}]'
+        if not script:
+            raise SuiteError(f"{where}: tool_results.{name} is an empty list of entries{hint}")
+        for position, entry in enumerate(script, 1):
+            if not isinstance(entry, dict) or "result" not in entry or not set(entry) <= {"when", "result"}:
+                raise SuiteError(f"{where}: tool_results.{name} entry {position} must be "
+                                 f'{{"when": {{"ARG": VALUE}}, "result": RESULT}} or {{"result": RESULT}}{hint}')
+            if "when" in entry and not isinstance(entry["when"], dict):
+                raise SuiteError(f"{where}: tool_results.{name} entry {position}: when must be an object of ARG: VALUE")
+
+
+def check_no_final_answer(case, trace):
+    """A played case (`tool_results` / `max_rounds`): the model stopped calling tools and answered within max_rounds turns."""
+    if trace.get("final") is False:
+        return [Fail("no_final_answer", f"still calling tools after {trace.get('rounds')} rounds: {_sequence(trace)}",
+                     rounds=trace.get("rounds"))]
+    return []
+
+
+register_check("no_final_answer", check_no_final_answer, keys=("tool_results", "max_rounds"),
+               validate=_validate_played, reasons={
+                   "no_final_answer": ("a played case reached `max_rounds` while the model was still calling tools",
+                                       "a looping agent: read `details.tool_calls`")})
+
+
+def _validate_tool_args(case, where, context):
+    if not isinstance(case["tool_args"], dict) or not case["tool_args"]:
+        raise SuiteError(f"{where}: tool_args must be a non-empty object of NAME: {{ARG: VALUE}}")
+    for name, wanted in case["tool_args"].items():
+        _declared(name, context["functions"], where, "tool_args")
+        if not isinstance(wanted, dict) or not wanted:
+            raise SuiteError(f"{where}: tool_args.{name} must be a non-empty object of ARG: VALUE")
+
+
+def check_tool_args(case, trace):
+    """`tool_args` {NAME: {ARG: VALUE}}: some call of NAME had these argument values (subset match)."""
+    for name, wanted in (case.get("tool_args") or {}).items():
+        calls = [call for call in trace["tool_calls"] if call.get("name") == name]
+        if not any(_arguments_match(wanted, _call_arguments(call)) for call in calls):
+            made = ("made " + ", ".join(_describe_call(call) for call in calls[:3])
+                    + (f" (+{len(calls) - 3})" if len(calls) > 3 else "")) if calls else f"{name} never called"
+            return [Fail("wrong_tool_args", f"wanted {_describe_call({'name': name, 'arguments': wanted})}; {made}",
+                         tool=name, wanted=wanted, calls=calls)]
+    return []
+
+
+register_check("tool_args", check_tool_args, keys=("tool_args",), validate=_validate_tool_args,
+               details=_tool_details, reasons={
+                   "wrong_tool_args": ("`tool_args`: no call of the tool had the expected argument values",
+                                       "`details.tool_calls` shows the calls made")})
+
+
+def _validate_tool_order(case, where, context):
+    for entry in Check("tool_order", None, behavior=True).entries(case):
+        names = entry.partition(":")[2].split(",")
+        if len(names) < 2:
+            raise SuiteError(f"{where}: behavior 'tool_order' needs two or more tool names, as in 'tool_order:A,B'")
+        if len(set(names)) != len(names):
+            raise SuiteError(f"{where}: behavior {entry!r} names a tool twice")
+
+
+def check_tool_order(case, trace):
+    """behavior tool_order:A,B,...: each tool was called, the first call of each after the first call of the one before."""
+    names = [call.get("name") for call in trace["tool_calls"]]
+    for arg in _behavior_args(case, "tool_order"):
+        wanted = arg.split(",")
+        firsts = [names.index(name) if name in names else None for name in wanted]
+        if None in firsts or any(a >= b for a, b in zip(firsts, firsts[1:])):
+            return [Fail("wrong_tool_order", f"wanted {' -> '.join(wanted)}; called {_sequence(trace)}",
+                         wanted=wanted, called=names)]
+    return []
+
+
+register_check("tool_order", check_tool_order, behavior=True, arg="tools", validate=_validate_tool_order,
+               details=_tool_details, reasons={
+                   "wrong_tool_order": ("`tool_order:A,B,...`: a tool was never called, or first called before "
+                                        "the one it must follow", "e.g. a refund before the lookup")})
+
+
+def _validate_claims(case, where, context):
+    if not isinstance(case["claims"], dict) or not case["claims"]:
+        raise SuiteError(f"{where}: claims must be a non-empty object of PHRASE: NAME")
+    for phrase, name in case["claims"].items():
+        if not isinstance(phrase, str) or not phrase.strip():
+            raise SuiteError(f"{where}: claims has an empty phrase")
+        if not isinstance(name, str):
+            raise SuiteError(f"{where}: claims[{phrase!r}] must be a tool name string")
+        _declared(name, context["functions"], where, f"claims[{phrase!r}]")
+
+
+def check_claims(case, trace):
+    """`claims` {PHRASE: NAME}: an answer that says PHRASE needs a call of NAME that got a non-error result."""
+    said = text_form(trace["final_text"] if isinstance(trace["final_text"], str) else "")
+    for phrase, name in (case.get("claims") or {}).items():
+        if text_form(phrase) in said and not any(call.get("name") == name and not is_error_result(call)
+                                                for call in trace["tool_calls"]):
+            return [Fail("unbacked_claim", f"says {_quote(phrase)}, but {name} never returned a non-error result",
+                         phrase=phrase, tool=name)]
+    return []
+
+
+register_check("claims", check_claims, keys=("claims",), validate=_validate_claims, details=_tool_details,
+               reasons={"unbacked_claim": (
+                   "`claims`: the answer says PHRASE, but the tool that makes it true was never called with a "
+                   "non-error result", "a confident false report: treat it as a severe regression")})
+
+
 def grade(case, trace):
     """All reasons a compiled case fails on a trace; empty means pass."""
     reasons = []
@@ -1240,7 +1412,7 @@ def compile_case(suite, case):
     schema = (response_format.get("json_schema") or {}).get("schema")
     compiled["_schema"] = schema if isinstance(schema, dict) else None
     compiled["_sources"] = suite.get("sources")
-    compiled["_instructions"] = suite.get("instructions", "")
+    compiled["_instructions"] = case.get("instructions", suite.get("instructions", ""))
     compiled["_function_tools"] = _function_names(suite.get("tools") or [])
     return compiled
 
@@ -1251,7 +1423,8 @@ def evidence_notes(row, limit=100):
     evidence = (row.get("details") or {}).get("evidence") if isinstance(row.get("details"), dict) else None
     if not isinstance(evidence, dict):
         return ""
-    notes = [str(evidence[reason].get("note")) for reason in dict.fromkeys(row.get("reasons") or [])
+    reasons = row.get("reasons") if isinstance(row.get("reasons"), list) else []
+    notes = [str(evidence[reason].get("note")) for reason in dict.fromkeys(r for r in reasons if isinstance(r, str))
              if isinstance(evidence.get(reason), dict) and evidence[reason].get("note")]
     text = " ".join(printable("; ".join(notes)).split())
     return text if len(text) <= limit else text[:limit - 3] + "..."
@@ -1333,7 +1506,7 @@ class SuiteError(Exception):
 
 
 SUITE_KEYS = {"name", "instructions", "tool", "tools", "response_format", "sources", "cases", "notes",
-              "request", "tool_choice", "prices"}
+              "request", "tool_choice", "prices", "max_rounds"}
 # CASE_KEYS (the keys a case may hold) is a view of the check table: see register_check.
 SOURCES_KEYS = {"field", "hosts", "path", "also_allowed"}
 
@@ -1352,7 +1525,9 @@ def _unknown_key(keys, known, where):
 
 
 def _is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) or math.isfinite(value)  # math.isfinite(10**400) raises OverflowError
 
 
 def _is_count(value):
@@ -1581,18 +1756,6 @@ def _not_unicode(value):
     return False
 
 
-def _is_text(value):
-    """A non-blank string that can be printed and written as UTF-8: names and ids show up on
-    every console line and in every report, where a lone surrogate cannot be encoded."""
-    if not isinstance(value, str) or not value.strip():
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def validate_suite(data, allow_empty_baseline=False):
     """A suite object checked and normalised for running; SuiteError on the first problem."""
     if not isinstance(data, dict):
@@ -1601,9 +1764,11 @@ def validate_suite(data, allow_empty_baseline=False):
         where = next((f"case #{n + 1}" for n, case in enumerate(data.get("cases") or [])
                       if isinstance(data.get("cases"), list) and _not_unicode(case)), "suite")
         raise SuiteError(f"{where}: holds a lone surrogate escape (such as \\ud800), which is not text")
+    if is_promptreg(data):
+        return promptreg_suite(data, allow_empty_baseline)
     _unknown_key(data, SUITE_KEYS, "suite")
-    if not _is_text(data.get("name")):
-        raise SuiteError("suite: name must be a non-empty string of valid Unicode (no lone surrogates)")
+    if not isinstance(data.get("name"), str) or not data["name"].strip():
+        raise SuiteError("suite: name must be a non-empty string")
     if not isinstance(data.get("instructions"), str):
         raise SuiteError("suite: instructions must be a string")
     tools = []
@@ -1624,6 +1789,8 @@ def validate_suite(data, allow_empty_baseline=False):
     prices = _validate_prices(data.get("prices"), "suite")
     if "notes" in data and not isinstance(data["notes"], str):
         raise SuiteError("suite: notes must be a string")
+    if "max_rounds" in data:
+        _validate_max_rounds(data["max_rounds"], "suite")
     cases = data.get("cases")
     if not isinstance(cases, list) or not cases:
         raise SuiteError("suite: cases must be a non-empty list")
@@ -1631,9 +1798,8 @@ def validate_suite(data, allow_empty_baseline=False):
     for position, case in enumerate(cases):
         if not isinstance(case, dict):
             raise SuiteError(f"case #{position + 1}: must be an object")
-        if not _is_text(case.get("id")):
-            raise SuiteError(f"case #{position + 1}: id must be a non-empty string of valid Unicode "
-                             "(no lone surrogates)")
+        if not isinstance(case.get("id"), str) or not case["id"].strip():
+            raise SuiteError(f"case #{position + 1}: id must be a non-empty string")
         if case["id"] in seen:
             raise SuiteError(f"case {case['id']!r}: duplicate id")
         seen.add(case["id"])
@@ -1652,6 +1818,7 @@ def validate_suite(data, allow_empty_baseline=False):
                    "input": case.get("input", case.get("question"))} for case in cases],
         "config_cases": cases,
         "definition": data,
+        **({"max_rounds": data["max_rounds"]} if "max_rounds" in data else {}),
     }
 
 
@@ -1665,15 +1832,15 @@ def _no_duplicate_keys(pairs):
     return dict(pairs)
 
 
-def load_suite(path, allow_empty_baseline=False):
-    """Read and validate a suite file; SuiteError("FILE: ...") on any problem."""
+def _read_json(path):
+    """A JSON file's value; SuiteError("FILE: ...") when it cannot be read or parsed."""
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     try:
-        data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as exc:
         raise SuiteError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
     except RecursionError:
@@ -1682,12 +1849,240 @@ def load_suite(path, allow_empty_baseline=False):
         raise SuiteError(f"{path}: not valid JSON: a number is too long (over 4300 digits)") from None
     except SuiteError as exc:
         raise SuiteError(f"{path}: {exc}") from None
+
+
+def load_suite(path, allow_empty_baseline=False, system=None):
+    """Read and validate a suite file (or a folder of golden case files, with `system` naming
+    its SYSTEM.txt when it is elsewhere); SuiteError("FILE: ...") on any problem."""
+    if os.path.isdir(path):
+        return load_golden_dir(path, allow_empty_baseline, system)
+    if system is not None:
+        raise SuiteError(f"--system {system}: goes with --suite DIR, a folder of golden case files")
+    data = _read_json(path)
     try:
         suite = validate_suite(data, allow_empty_baseline)
     except SuiteError as exc:
         raise SuiteError(f"{path}: {exc}") from None
     suite["file"] = path
     return suite
+
+
+# ---------------------------------------------------------------------- other suite formats
+# Suites written for the two earlier designs run unmodified. Both are converted into the
+# suite form above on load, so every check, record, resume and comparison treats them alike:
+# - a prompt-regression suite: one JSON file, a system prompt per case (`system`), the user
+#   message in `prompt`, the approved baseline in `expected`;
+# - a folder of golden-behaviour case files: one case per JSON file, the system prompt in
+#   SYSTEM.txt, pinned by each case's `system_sha256`.
+
+PROMPTREG_KEYS = {"name", "cases", "notes"}
+PROMPTREG_CASE_KEYS = {"id", "prompt", "system", "expected", "contains", "excludes", "min_similarity",
+                       "max_chars", "min_chars", "notes"}
+PROMPTREG_RENAMES = {"prompt": "input", "expected": "expected_text"}  # their key -> ours
+
+
+def is_promptreg(data):
+    """A prompt-regression suite: no suite-level instructions, cases written with their keys."""
+    cases = data.get("cases") if isinstance(data, dict) else None
+    return "instructions" not in data and isinstance(cases, list) and any(
+        isinstance(case, dict) and ({"prompt", "system", "expected"} & set(case)) for case in cases)
+
+
+def _their_words(message):
+    """One of our validation messages in the prompt-regression key names."""
+    return re.sub(r"\bexpected_text\b", "expected", message)
+
+
+def promptreg_suite(data, allow_empty_baseline=False):
+    """A prompt-regression suite checked (their rules, our one-line errors) and converted: `prompt`
+    is the input, `expected` the expected_text, each case's `system` its own instructions."""
+    _unknown_key(data, PROMPTREG_KEYS, "suite")
+    if not isinstance(data.get("name"), str) or not data["name"].strip():
+        raise SuiteError("suite: name must be a non-empty string")
+    if "notes" in data and not isinstance(data["notes"], str):
+        raise SuiteError("suite: notes must be a string")
+    if not isinstance(data.get("cases"), list) or not data["cases"]:
+        raise SuiteError("suite: cases must be a non-empty list")
+    cases, config_cases, systems, seen = [], [], {}, set()
+    for position, case in enumerate(data["cases"]):
+        if not isinstance(case, dict):
+            raise SuiteError(f"case #{position + 1}: must be an object")
+        if not isinstance(case.get("id"), str) or not case["id"].strip():
+            raise SuiteError(f"case #{position + 1}: id must be a non-empty string")
+        where = f"case {case['id']!r}"
+        if case["id"] in seen:
+            raise SuiteError(f"{where}: duplicate id")
+        seen.add(case["id"])
+        _unknown_key(case, PROMPTREG_CASE_KEYS, where)
+        if not isinstance(case.get("prompt"), str) or not case["prompt"].strip():
+            raise SuiteError(f"{where}: prompt must be a non-empty string")
+        system = case.get("system", "")
+        if not isinstance(system, str):
+            raise SuiteError(f"{where}: system must be a string")
+        ours = {PROMPTREG_RENAMES.get(key, key): value for key, value in case.items() if key != "system"}
+        try:
+            _validate_case(ours, {"instructions": system}, None, [], allow_empty_baseline)
+        except SuiteError as exc:
+            raise SuiteError(_their_words(str(exc))) from None
+        ours["instructions_sha256"] = instructions_sha256(system)  # the config pins each case's prompt
+        config_cases.append(ours)
+        cases.append({**ours, "instructions": system})
+        systems[case["id"]] = system
+    shared = next(iter(systems.values())) if len(set(systems.values())) == 1 else None
+    return {
+        "name": data["name"],
+        "builtin": False,
+        "format": "prompt-regression",
+        "instructions": shared if shared is not None else "",
+        # one text when every case shares it (a prompt edit then compares like ours), else per case
+        "config_instructions": shared if shared is not None else systems,
+        "tools": [],
+        "response_format": None,
+        "sources": None,
+        "cases": cases,
+        "config_cases": config_cases,
+        "definition": {"name": data["name"]},
+    }
+
+
+def promptreg_from_config(name, config):
+    """The prompt-regression suite a record's config was made from (per-case instructions)."""
+    ours = {value: key for key, value in PROMPTREG_RENAMES.items()}
+    systems = config.get("instructions")
+    cases = config.get("cases") if isinstance(config.get("cases"), list) else []
+    return {"name": name, "cases": [
+        {**{ours.get(key, key): value for key, value in case.items() if key != "instructions_sha256"},
+         "system": systems.get(case.get("id"), "")} if isinstance(case, dict) else case for case in cases]}
+
+
+GOLDEN_KEYS = {"id", "user", "system_sha256", "tools", "behaviors", "notes"}
+GOLDEN_PLACEHOLDER = "compute-from-SYSTEM.txt"  # their system_sha256 before the first run
+
+
+def _system_file(folder, system):
+    """The golden folder's system prompt file: --system, else SYSTEM.txt in the folder or its parent."""
+    if system is not None:
+        return system
+    for place in (folder, os.path.dirname(os.path.abspath(folder))):
+        path = os.path.join(place, "SYSTEM.txt")
+        if os.path.isfile(path):
+            return path
+    raise SuiteError(f"{folder}: no SYSTEM.txt in the folder or its parent; name the system prompt "
+                     "with --system FILE")
+
+
+def _read_system(path):
+    """The system prompt exactly as stored (newlines untranslated), so its hash is the file's sha256."""
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _golden_case(data, system_text, system_path, allow_placeholder):
+    """One golden case file's value as a suite case, and its tool names; SuiteError otherwise."""
+    if not isinstance(data, dict):
+        raise SuiteError("a golden case must be a JSON object")
+    if _not_unicode(data):
+        raise SuiteError("holds a lone surrogate escape (such as \\ud800), which is not text")
+    if not isinstance(data.get("id"), str) or not data["id"].strip():
+        raise SuiteError("id must be a non-empty string")
+    where = f"case {data['id']!r}"
+    _unknown_key(data, GOLDEN_KEYS, where)
+    if not isinstance(data.get("user"), str) or not data["user"].strip():
+        raise SuiteError(f"{where}: user must be a non-empty string")
+    tools = data.get("tools", [])
+    _string_list(tools, where, "tools", allow_empty=True)
+    for name in tools:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise SuiteError(f"{where}: tool name {name!r} must be letters, digits, '_', '.' or '-'")
+    if len(set(tools)) != len(tools):
+        raise SuiteError(f"{where}: tools lists a name twice")
+    pin, actual = data.get("system_sha256"), instructions_sha256(system_text)
+    if pin == GOLDEN_PLACEHOLDER:
+        if not allow_placeholder:
+            raise SuiteError(f"{where}: system_sha256 is still {GOLDEN_PLACEHOLDER!r}; fill it with "
+                             f"--update-baseline (SYSTEM.txt hashes to {actual})")
+    elif not isinstance(pin, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", pin):
+        raise SuiteError(f"{where}: system_sha256 must be 64 hex digits or {GOLDEN_PLACEHOLDER!r}")
+    elif pin.lower() != actual:
+        raise SuiteError(f"prompt drift: {where} pins system_sha256 {pin.lower()}, but {system_path} hashes "
+                         f"to {actual}; review the system prompt change, then update the pin")
+    case = {"id": data["id"], "input": data["user"]}
+    for key in ("behaviors", "notes"):
+        if key in data:
+            case[key] = data[key]
+    _validate_case(case, {"instructions": system_text}, None, sorted(tools), False)
+    case["instructions_sha256"] = actual
+    return case, tools, pin == GOLDEN_PLACEHOLDER
+
+
+def golden_suite(name, entries, system_text, system_path, allow_placeholder=False):
+    """One suite from golden cases [(file, value)]: SYSTEM.txt is the instructions, every case is
+    offered only the tools it names (without parameters, as the golden harness sends them)."""
+    cases, tools, placeholders, files = [], [], {}, {}
+    for path, data in entries:
+        try:
+            case, names, placeholder = _golden_case(data, system_text, system_path, allow_placeholder)
+        except SuiteError as exc:
+            raise SuiteError(f"{path}: {exc}") from None
+        if case["id"] in files:
+            raise SuiteError(f"{path}: case {case['id']!r}: duplicate id (also in {files[case['id']]})")
+        files[case["id"]] = path
+        if placeholder:
+            placeholders[case["id"]] = path
+        cases.append({**case, "tools": names})
+        tools += [tool for tool in names if tool not in tools]
+    function_tools = [{"type": "function", "function": {"name": tool}} for tool in tools]
+    return {
+        "name": name,
+        "builtin": False,
+        "format": "golden",
+        "instructions": system_text,
+        "tools": function_tools,  # all of them: the plan and the config name every tool once
+        "response_format": None,
+        "sources": None,
+        "cases": cases,
+        "config_cases": cases,
+        "definition": {"name": name, "tools": function_tools},
+        "system_file": system_path,
+        "placeholders": placeholders,
+    }
+
+
+def load_golden_dir(folder, allow_empty_baseline=False, system=None):
+    """Every *.json of a folder (sorted) as one suite of golden cases; SuiteError naming the file."""
+    system_path = _system_file(folder, system)
+    system_text = _read_system(system_path)
+    try:
+        names = sorted(name for name in os.listdir(folder)
+                       if name.endswith(".json") and os.path.isfile(os.path.join(folder, name)))
+    except OSError as exc:
+        raise SuiteError(f"{folder}: cannot read: {exc.strerror or exc}") from None
+    if not names:
+        raise SuiteError(f"{folder}: no *.json case files in this folder")
+    entries = [(os.path.join(folder, name), _read_json(os.path.join(folder, name))) for name in names]
+    name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
+    suite = golden_suite(name, entries, system_text, system_path, allow_empty_baseline)
+    suite["file"] = folder
+    return suite
+
+
+def golden_from_config(name, config):
+    """The golden suite a record's config was made from (its cases name their own tools)."""
+    entries = [("the record's config", {"id": case.get("id"), "user": case.get("input"),
+                                        "system_sha256": case.get("instructions_sha256"),
+                                        **{key: case[key] for key in ("tools", "behaviors", "notes") if key in case}})
+               for case in config.get("cases") or [] if isinstance(case, dict)]
+    return golden_suite(name, entries, config.get("instructions") or "", "the record's instructions")
+
+
+def case_suite(suite, case):
+    """The suite as one case sees it: a golden case is offered only the tools its file names."""
+    if not isinstance(case.get("tools"), list):
+        return suite
+    return {**suite, "tools": [tool for tool in suite["tools"] if _tool_name(tool) in case["tools"]]}
 
 
 def _value_spans(text, wanted):
@@ -1803,8 +2198,9 @@ def baseline_answers(rows, plan):
     return chosen
 
 
-def fill_baselines(path, answers, reasons=None, approve_failing=False):
-    """Fill empty expected_text baselines of a suite file from {case_id: answer}.
+def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expected_text"):
+    """Fill empty expected_text baselines (`key`: "expected" in a prompt-regression suite) of a
+    suite file from {case_id: answer}.
 
     Only the baseline strings change; every other byte of the file is kept. A baseline that
     already holds text is never replaced. An answer that failed its case's other checks
@@ -1824,8 +2220,8 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False):
     cases = data.get("cases") if isinstance(data, dict) else None
     edits, filled = {}, []
     for position, case in enumerate(cases if isinstance(cases, list) else []):
-        if isinstance(case, dict) and case.get("expected_text") == "" and answers.get(case.get("id")):
-            edits[("cases", position, "expected_text")] = answers[case["id"]]
+        if isinstance(case, dict) and case.get(key) == "" and answers.get(case.get("id")):
+            edits[("cases", position, key)] = answers[case["id"]]
             filled.append(case["id"])
     failing = [f"{case_id!r} ({', '.join(reasons[case_id])})" for case_id in filled if reasons.get(case_id)]
     if failing and not approve_failing:
@@ -1845,6 +2241,31 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False):
         raise SuiteError(f"--update-baseline: cannot rewrite {path}: {getattr(exc, 'strerror', None) or exc}; "
                          f"{path} is unchanged") from None
     return filled
+
+
+def fill_golden_pin(path, sha256):
+    """Replace the placeholder system_sha256 of one golden case file by `sha256`, keeping every
+    other byte of the file; True when filled. A pin that holds a hash is never touched."""
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            text = handle.read()
+        if json.loads(text).get("system_sha256") != GOLDEN_PLACEHOLDER:
+            return False
+        replace_text_file(path, edit_json_strings(text, {("system_sha256",): sha256}))
+    except (OSError, ValueError, AttributeError) as exc:
+        raise SuiteError(f"--update-baseline: cannot fill system_sha256 in {path}: "
+                         f"{getattr(exc, 'strerror', None) or exc}; it is unchanged") from None
+    return True
+
+
+def update_baselines(suite, answers, reasons=None, approve_failing=False):
+    """--update-baseline: fill what the suite leaves open; returns the case ids filled. Golden
+    folders: placeholder pins; prompt-regression suites: empty `expected`; ours: empty expected_text."""
+    if suite.get("format") == "golden":
+        pin = instructions_sha256(suite["instructions"])
+        return [case_id for case_id, path in suite.get("placeholders", {}).items() if fill_golden_pin(path, pin)]
+    key = "expected" if suite.get("format") == "prompt-regression" else "expected_text"
+    return fill_baselines(suite["file"], answers, reasons, approve_failing, key)
 
 
 # ====================================================================== providers
@@ -1943,7 +2364,7 @@ def _nested_tool(tool):
 
 def agent_request(suite, case, model):
     """The keyword arguments of client.responses.create for one case (SPEC A6)."""
-    request = {"model": model, "instructions": suite["instructions"], "input": case["input"]}
+    request = {"model": model, "instructions": case.get("instructions", suite["instructions"]), "input": case["input"]}
     if suite.get("tools"):
         request["tools"] = [_flat_tool(tool) for tool in suite["tools"]]
     if suite.get("response_format"):
@@ -1957,6 +2378,47 @@ def agent_request(suite, case, model):
     if extra:
         request["extra_body"] = extra
     return request
+
+
+def result_text(result):
+    """A scripted tool result as the text both APIs carry: strings as they are, anything else as JSON."""
+    return result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
+
+
+def _arguments_text(arguments):
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
+def _input_items(value):
+    """A case's input as Agent API input items (a string becomes one user message)."""
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": value}]
+    return [message if "type" in message else {"type": "message", **message} for message in value]
+
+
+def agent_tool_input(case, rounds):
+    """The whole conversation so far as input items: the case's input, then per round the model's
+    text, its function_call items and our function_call_output items.
+
+    Resent in full rather than chained by previous_response_id: a turn that ends in function
+    calls is not a completed response to continue from, the server need not store anything,
+    and a replay rebuilds exactly the same request from the record."""
+    items = _input_items(case["input"])
+    for turn in rounds:
+        text = _agent_text(turn["response"])
+        if text:
+            items.append({"type": "message", "role": "assistant", "content": text})
+        signatures = {item.get("call_id"): item.get("thought_signature") for item in _items(turn["response"])
+                      if item.get("type") == "function_call"}
+        for sent in turn["tool_results"]:
+            call = {"type": "function_call", "call_id": sent["call_id"], "name": sent["name"],
+                    "arguments": _arguments_text(sent["arguments"])}
+            if isinstance(signatures.get(sent["call_id"]), str):  # thinking models need it back
+                call["thought_signature"] = signatures[sent["call_id"]]
+            items.append(call)
+        items += [{"type": "function_call_output", "call_id": sent["call_id"], "name": sent["name"],
+                   "output": result_text(sent["result"])} for sent in turn["tool_results"]]
+    return items
 
 
 def cap_response_bodies(client, limit=MAX_RESPONSE_BYTES):
@@ -2146,9 +2608,12 @@ class PerplexityProvider(Provider):
             except Exception:
                 pass  # closing is best effort; the run's outcome is already recorded
 
-    def request(self, model, suite, case, repeat=0):
+    def request(self, model, suite, case, repeat=0, rounds=()):
+        body = agent_request(suite, case, model)
+        if rounds:
+            body["input"] = agent_tool_input(case, rounds)
         try:
-            response = self.client.responses.create(**agent_request(suite, case, model))
+            response = self.client.responses.create(**body)
         except Exception as exc:
             if isinstance(exc.__cause__, ResponseError):  # the body cap, wrapped by the SDK as a connection error
                 raise exc.__cause__ from None
@@ -2170,6 +2635,11 @@ class PerplexityProvider(Provider):
             raise ResponseError('the response has no "output" list')
         return agent_trace(raw)
 
+    @staticmethod
+    def call_ids(raw):
+        """The call_id of each function call, in trace order (function_call_output answers it)."""
+        return [item.get("call_id") for item in _items(raw) if item.get("type") == "function_call"]
+
 
 OUTPUT_CAP_KEYS = ("max_tokens", "max_completion_tokens")
 
@@ -2180,7 +2650,8 @@ def chat_request(suite, case, model, cap_key="max_tokens"):
     The output cap goes under `cap_key`: api.openai.com wants max_completion_tokens, while
     llama.cpp, Ollama, vLLM and LM Studio honour only max_tokens (OpenAIProvider.cap_key).
     The suite's `request` options are merged last; setting either cap key there replaces ours."""
-    messages = [{"role": "system", "content": suite["instructions"]}] if suite["instructions"] else []
+    instructions = case.get("instructions", suite["instructions"])  # a prompt-regression case has its own
+    messages = [{"role": "system", "content": instructions}] if instructions else []
     if isinstance(case["input"], list):
         messages.extend(case["input"])
     else:
@@ -2198,6 +2669,31 @@ def chat_request(suite, case, model, cap_key="max_tokens"):
         body["tool_choice"] = OpenAIProvider.sent_tool_choice(suite)
     body.update({key: value for key, value in options.items() if key not in REQUEST_RESERVED})
     return body
+
+
+def chat_tool_messages(rounds):
+    """The messages that carry the tool rounds so far: per round, the assistant message with its
+    tool_calls, then one tool message per call with the scripted result."""
+    messages = []
+    for turn in rounds:
+        choices = turn["response"].get("choices") or [{}]
+        said = (choices[0] if isinstance(choices[0], dict) else {}).get("message") or {}
+        if isinstance(said.get("function_call"), dict) and not said.get("tool_calls"):
+            # the legacy form: a function_call is answered by a "function" message, by name
+            sent = turn["tool_results"][0]
+            messages += [{"role": "assistant", "content": _chat_text(said.get("content")), "function_call": {
+                "name": sent["name"], "arguments": _arguments_text(sent["arguments"])}},
+                {"role": "function", "name": sent["name"], "content": result_text(sent["result"])}]
+            continue
+        messages.append({
+            # "" and never null: llama-cpp-python's server answers HTTP 500 to a null content
+            "role": "assistant", "content": _chat_text(said.get("content")),
+            "tool_calls": [{"id": sent["call_id"], "type": "function",
+                            "function": {"name": sent["name"], "arguments": _arguments_text(sent["arguments"])}}
+                           for sent in turn["tool_results"]]})
+        messages += [{"role": "tool", "tool_call_id": sent["call_id"], "content": result_text(sent["result"])}
+                     for sent in turn["tool_results"]]
+    return messages
 
 
 def _chat_text(content):
@@ -2376,14 +2872,17 @@ class OpenAIProvider(Provider):
         host = urllib.parse.urlsplit(base_url).hostname or ""
         return "max_completion_tokens" if host in cls.key_hosts else "max_tokens"
 
-    def request(self, model, suite, case, repeat=0):
+    def request(self, model, suite, case, repeat=0, rounds=()):
         import http.client
         import urllib.error
         import urllib.request
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.key:
             headers["Authorization"] = f"Bearer {self.key}"
-        body = json.dumps(chat_request(suite, case, model, self.cap_key)).encode("utf-8")
+        payload = chat_request(suite, case, model, self.cap_key)
+        if rounds:
+            payload["messages"] = payload["messages"] + chat_tool_messages(rounds)
+        body = json.dumps(payload).encode("utf-8")
         request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         try:
             with _no_redirect_opener().open(request, timeout=self.timeout) as response:
@@ -2442,6 +2941,12 @@ class OpenAIProvider(Provider):
         if notes:
             exc.msg = f"{exc.msg}: {'; '.join(notes)}"
 
+    @staticmethod
+    def call_ids(raw):
+        """The id of each tool call, in trace order (a tool message answers it by tool_call_id)."""
+        message = raw["choices"][0]["message"]
+        return [call.get("id") for call in message.get("tool_calls") or [] if isinstance(call, dict)]
+
 
 @functools.lru_cache(maxsize=1)
 def _no_redirect_opener():
@@ -2479,7 +2984,7 @@ class EchoProvider(Provider):
     server_search = None  # offline plumbing: a `cite` case runs and fails, nothing is spent
     reports_cost = builds_offline = True
 
-    def request(self, model, suite, case, repeat=0):
+    def request(self, model, suite, case, repeat=0, rounds=()):
         return {"object": "echo", "model": model, "status": "completed", "output_text": _case_text(case),
                 "usage": {"cost": {"currency": "USD", "total_cost": 0}}}
 
@@ -2514,16 +3019,22 @@ class ReplayProvider(Provider):
                      if isinstance(row, dict) and row.get("error") is None and "response" in row}
         kind = (record.get("provider") or {}).get("name", "perplexity")
         self.parse = PROVIDERS[kind].parse if kind in PROVIDERS and kind != "replay" else agent_trace
+        self.call_ids = getattr(PROVIDERS.get(kind), "call_ids", PerplexityProvider.call_ids)
 
     def missing(self, plan):
         """The first planned row key the record cannot answer, or None."""
         return next((key for key in plan if key not in self.rows), None)
 
-    def request(self, model, suite, case, repeat=0):
+    def request(self, model, suite, case, repeat=0, rounds=()):
+        """The stored response of round len(rounds)+1: a played row keeps every round, others one."""
         row = self.rows.get((model, case["id"], repeat))
         if row is None:
             raise ResponseError(f"{self.source} has no stored response for {model} / {case['id']} / repeat {repeat}")
-        return row["response"]
+        stored = row.get("rounds") if isinstance(row.get("rounds"), list) else [{"response": row["response"]}]
+        if len(rounds) >= len(stored) or not isinstance(stored[len(rounds)], dict):
+            raise ResponseError(f"{self.source} has no stored round {len(rounds) + 1} for {model} / {case['id']} / "
+                                f"repeat {repeat} (it kept {len(stored)})")
+        return stored[len(rounds)].get("response")
 
 
 PROVIDERS = {
@@ -2635,6 +3146,10 @@ def within(seconds, call):
     return outcome["value"]
 
 
+class RowDeadline(TimeoutError):
+    """A played row ran past its whole-row deadline (rounds and retries together)."""
+
+
 def run_steps(steps):
     """Drive a step generator (send_steps, execute_steps) on this thread to its return value:
     each (seconds, call) it yields runs under within(), and the result or exception goes back."""
@@ -2651,18 +3166,33 @@ def run_steps(steps):
             error = exc
 
 
-def send_steps(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None):
+def send_steps(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None, rounds=(), until=None,
+               clock=time.monotonic):
     """send() as steps: yields (deadline seconds or None, call) for each attempt and is sent
     the call's result or thrown its exception, so whoever drives it picks the thread the call
-    runs on and can give up on it at the deadline; returns (raw, attempts)."""
+    runs on and can give up on it at the deadline; returns (raw, attempts).
+
+    With `rounds`, the request continues a played conversation; with `until` (a clock
+    reading), no attempt starts, waits or runs past it."""
     import random
     jitter = jitter or (lambda: random.uniform(0.5, 1.0))
     attempt, deadline = 1, getattr(provider, "deadline", None)
+    rounds = tuple(rounds)  # a request abandoned at its deadline must not see later rounds
+    call = (lambda: provider.request(model, suite, case, repeat, rounds)) if rounds else \
+        (lambda: provider.request(model, suite, case, repeat))
     while True:
+        limit = deadline
+        if until is not None:
+            left = until - clock()
+            if left <= 0:
+                raise RowDeadline(f"the row's deadline passed before round {len(rounds) + 1}")
+            limit = left if deadline is None else min(deadline, left)
         try:
-            return (yield deadline, lambda: provider.request(model, suite, case, repeat)), attempt
+            return (yield limit, call), attempt
         except Exception as exc:
             wait = backoff(attempt, exc, jitter) if attempt <= retries and transient(exc) else None
+            if wait is not None and until is not None and clock() + wait >= until:
+                wait = None  # the wait alone would overrun the row's deadline
             if wait is None:
                 exc.attempts = attempt
                 raise
@@ -2686,24 +3216,153 @@ def error_message(exc, provider):
     return message
 
 
-def send(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None):
+def send(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None, rounds=(), until=None,
+         clock=time.monotonic):
     """provider.request with up to `retries` retries of transient failures; (raw, attempts)."""
-    return run_steps(send_steps(provider, model, suite, case, repeat, retries, sleep, jitter))
+    return run_steps(send_steps(provider, model, suite, case, repeat, retries, sleep, jitter, rounds, until, clock))
 
 
-def execute_steps(provider, suite, case, model, repeat=None, grader=None, retries=None, sleep=time.sleep):
-    """execute() as steps (see send_steps): a run's worker pool drives these; returns the row."""
+# ---------------------------------------------------------------------- played tools
+# A case with tool_results or max_rounds (its own or the suite's) is played: the harness
+# answers the model's function calls with the case's scripted results and asks again,
+# until the model answers without calling a tool or the round limit is reached (issue 15).
+
+DEFAULT_MAX_ROUNDS = 8
+_NO_SCRIPT = object()
+
+
+def plays_tools(suite, case):
+    """Whether a case runs as a multi-round agent loop rather than one request."""
+    return "tool_results" in case or "max_rounds" in case or "max_rounds" in suite
+
+
+def round_limit(suite, case):
+    """Model turns allowed for a played case: its max_rounds, the suite's, or 8."""
+    return case.get("max_rounds", suite.get("max_rounds", DEFAULT_MAX_ROUNDS))
+
+
+def scripted_result(case, name, arguments):
+    """(result, scripted) for one call: the first entry whose `when` values all equal the call's
+    arguments wins (no `when`: any call); nothing matching is an error result, unscripted."""
+    script = (case.get("tool_results") or {}).get(name, _NO_SCRIPT)
+    if script is not _NO_SCRIPT and not isinstance(script, list):
+        return script, True
+    parsed = _call_arguments({"arguments": arguments})
+    for entry in script if script is not _NO_SCRIPT else []:
+        if _arguments_match(entry.get("when") or {}, parsed):
+            return entry["result"], True
+    return {"error": f"no scripted result for {name}"}, False
+
+
+def tool_results(case, trace, ids, number):
+    """What is sent back for one round's calls: call id, name, arguments, result (and unscripted)."""
+    sent = []
+    for position, call in enumerate(trace["tool_calls"]):
+        call_id = ids[position] if position < len(ids) and isinstance(ids[position], str) and ids[position] \
+            else f"call_{number}_{position + 1}"  # some servers send no id; the reply still needs one
+        result, scripted = scripted_result(case, call.get("name"), call.get("arguments"))
+        sent.append({"call_id": call_id, "name": call.get("name"), "arguments": call.get("arguments"),
+                     "result": result, **({} if scripted else {"unscripted": True})})
+    return sent
+
+
+def _sum_costs(costs):
+    """The sum of decimal cost strings, or None when any round reported none."""
+    if not costs or any(cost is None for cost in costs):
+        return None
+    return format(sum((decimal.Decimal(cost) for cost in costs), decimal.Decimal(0)), "f")
+
+
+def rounds_trace(parse, rounds):
+    """One trace for a played row: the last turn's answer and status, the ordered calls of every
+    round (round, name, arguments, and the result sent back), tool rounds and cost summed."""
+    traces = [parse(turn["response"]) for turn in rounds]
+    calls = []
+    for number, (turn, trace) in enumerate(zip(rounds, traces), 1):
+        sent = turn.get("tool_results") or []
+        for position, call in enumerate(trace["tool_calls"]):
+            entry = {"round": number, "name": call.get("name"), "arguments": call.get("arguments")}
+            if position < len(sent):
+                entry["result"] = sent[position]["result"]
+                if sent[position].get("unscripted"):
+                    entry["unscripted"] = True
+            calls.append(entry)
+    last = traces[-1]
+    return {
+        "final_text": last["final_text"],
+        "tool_calls": calls,
+        "tool_rounds": sum(trace["tool_rounds"] for trace in traces),
+        "search_urls": [url for trace in traces for url in trace["search_urls"]],
+        "status": last["status"],
+        "cost_usd": _sum_costs([trace["cost_usd"] for trace in traces]),
+        "rounds": len(rounds),
+        "final": not last["tool_calls"],
+    }
+
+
+class BudgetReached(Exception):
+    """The spending cap was reached in the middle of a played row: no further round is sent."""
+
+
+def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=time.monotonic, sleep=time.sleep,
+                     budget=None):
+    """Run a played case into `row` round by round (as steps, see send_steps); returns its trace.
+
+    Each response is stored in row["rounds"] (and row["response"]) before it is read, so a
+    failure mid-loop keeps every round already made as evidence. `budget(row_cost)` (the
+    row's reported cost so far, a decimal string or None) says why no further round may be
+    sent, or None: the spending cap applies to every request, not only between rows."""
+    limit = round_limit(suite, case)
+    deadline = getattr(provider, "deadline", None)
+    until = clock() + deadline * limit if deadline else None  # the whole row, retries included
+    call_ids = getattr(provider, "call_ids", lambda raw: [])
+    rounds = row["rounds"] = []
+    costs = []
+    while True:
+        raw, attempts = yield from send_steps(provider, model, suite, case, repeat, retries, sleep=sleep,
+                                              rounds=rounds, until=until, clock=clock)
+        rounds.append({"response": raw})
+        row["response"] = raw
+        row["attempts"] = row.get("attempts", 0) + attempts
+        trace = provider.parse(raw)
+        costs.append(trace["cost_usd"])
+        if not trace["tool_calls"] or len(rounds) >= limit:
+            return rounds_trace(provider.parse, rounds)
+        rounds[-1]["tool_results"] = tool_results(case, trace, call_ids(raw), len(rounds))
+        stop = budget(_sum_costs(costs)) if budget is not None else None
+        if stop:
+            row["cost_usd"] = _sum_costs(costs)  # spent for real, though the row did not finish
+            raise BudgetReached(f"{stop} after round {len(rounds)}")
+
+
+def play_tools(provider, suite, case, model, repeat, retries, row, clock=time.monotonic, sleep=time.sleep,
+               budget=None):
+    """A played case on this thread (see play_tools_steps)."""
+    return run_steps(play_tools_steps(provider, suite, case, model, repeat, retries, row, clock, sleep, budget))
+
+
+def execute_steps(provider, suite, case, model, repeat=None, grader=None, retries=None, sleep=time.sleep,
+                  budget=None):
+    """execute() as steps (see send_steps): a run's worker pool drives these; returns the row.
+    `budget` is checked between the rounds of a played case (see play_tools_steps)."""
     row = {"case_id": case["id"], "model": model}
     if repeat is not None:
         row["repeat"] = repeat
     row.update(error=None, error_status=None, cost_usd=None, response=None, answer_text=None, reasons=[])
     started = time.monotonic()
     try:
-        raw, attempts = yield from send_steps(provider, model, suite, case, repeat or 0, retries or 0, sleep)
-        if retries is not None:
-            row["attempts"] = attempts
-        row["response"] = raw
-        trace = provider.parse(raw)
+        if plays_tools(suite, case):
+            trace = yield from play_tools_steps(provider, suite, case, model, repeat or 0, retries or 0, row,
+                                                sleep=sleep, budget=budget)
+            raw = row["response"]
+            if retries is None:
+                row.pop("attempts")
+        else:
+            raw, attempts = yield from send_steps(provider, model, suite, case, repeat or 0, retries or 0, sleep)
+            if retries is not None:
+                row["attempts"] = attempts
+            row["response"] = raw
+            trace = provider.parse(raw)
         row["answer_text"] = trace["final_text"]
         row["cost_usd"] = trace["cost_usd"]
         compiled = compile_case(suite, case)
@@ -2711,6 +3370,8 @@ def execute_steps(provider, suite, case, model, repeat=None, grader=None, retrie
             row["tool_calls"] = len(trace["tool_calls"])
         row["reasons"] = grader(case, raw, trace) if grader else grade(compiled, trace)
         details = explain(compiled, trace)
+        if "rounds" in trace:  # a played row always shows what the agent did: calls with round and result
+            details.update(tool_calls=trace["tool_calls"], tool_rounds=trace["tool_rounds"], rounds=trace["rounds"])
         if details:
             row["details"] = details
     except Exception as exc:  # an endpoint or checker failure is evidence, not a crash
@@ -2720,8 +3381,12 @@ def execute_steps(provider, suite, case, model, repeat=None, grader=None, retrie
         if row["response"] is None and isinstance(getattr(exc, "raw", None), dict):
             row["response"] = exc.raw  # a body that says error is evidence too
         row["reasons"] = ["execution_error"]
-        if retries is not None:
-            row.setdefault("attempts", getattr(exc, "attempts", 1))
+        if retries is None:
+            row.pop("attempts", None)  # counted only when --retries is in force, as for one request
+        elif hasattr(exc, "attempts"):  # a request that failed: its attempts add to the rounds' before it
+            row["attempts"] = row.get("attempts", 0) + exc.attempts
+        else:
+            row.setdefault("attempts", 1)
     row["seconds"] = round(time.monotonic() - started, 3)
     row["passed"] = not row["reasons"]
     return row
@@ -2877,7 +3542,7 @@ def redact_row(row, mask):
     """The row as stored: responses, answers, details and error messages masked; an error
     message is cut only after masking, so no partial secret survives at the cut."""
     stored = dict(row)
-    for field in ("response", "answer_text", "details", "error_message"):
+    for field in ("response", "rounds", "answer_text", "details", "error_message"):
         if stored.get(field) is not None:
             stored[field] = mask(stored[field])
     if isinstance(stored.get("error_message"), str):
@@ -3185,7 +3850,7 @@ def _is_shard(value):
 
 
 _TEXT, _INT, _NUMBER, _BOOL = ((lambda v: isinstance(v, str)), "a string"), (_is_int, "a whole number"), \
-    ((lambda v: _is_number(v) and math.isfinite(v)), "a finite number"), ((lambda v: isinstance(v, bool)), "true or false")
+    ((lambda v: _is_number(v) and abs(v) <= 1e15), "a finite number"), ((lambda v: isinstance(v, bool)), "true or false")
 _OBJECT, _LIST = ((lambda v: isinstance(v, dict)), "an object"), ((lambda v: isinstance(v, list)), "a list")
 
 # {field: (test, what it must be)}: a field that is present and not null must pass its test.
@@ -3254,8 +3919,8 @@ def _config_problem(config):
     if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= 10:
         return "config.repeats is not a whole number from 1 to 10"
     timeout = config.get("timeout_seconds", TIMEOUT_SECONDS)
-    if not _is_number(timeout) or not math.isfinite(timeout) or timeout <= 0:
-        return "config.timeout_seconds is not a positive number"
+    if not _is_number(timeout) or not 0 < timeout <= 1e9:  # a float can hold it: no OverflowError later
+        return "config.timeout_seconds is not a positive number of seconds"
     return None
 
 
@@ -3513,6 +4178,51 @@ def _record_plan(record):
     return plan
 
 
+TRAJECTORY_TEXT_LIMIT = 160  # characters of one call's arguments or result in a report
+TRAJECTORY_CALLS_SHOWN = 24  # calls of one row in a report; a looping agent's rest is counted
+
+
+def _cut(text, limit):
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _row_calls(row):
+    details = row.get("details") if isinstance(row, dict) else None
+    calls = details.get("tool_calls") if isinstance(details, dict) else None
+    return [call for call in calls if isinstance(call, dict)] if isinstance(calls, list) else []
+
+
+def tool_sequence(row):
+    """The names of a row's tool calls, in order (from its details)."""
+    return [str(call.get("name")) for call in _row_calls(row)]
+
+
+def trajectory(row, limit=TRAJECTORY_TEXT_LIMIT):
+    """A row's calls as (round, "name(arguments)", result) texts, each cut to `limit` characters;
+    not escaped (every report escapes for its own format)."""
+    steps = []
+    for call in _row_calls(row):
+        arguments = call.get("arguments")
+        arguments = arguments if isinstance(arguments, str) else dumps(arguments)
+        if "result" not in call:
+            result = "(no result sent)"
+        else:
+            result = dumps(call["result"]) + (" [unscripted]" if call.get("unscripted") else "")
+        steps.append((call.get("round"), _cut(f"{call.get('name')}({arguments})", limit), _cut(result, limit)))
+    return steps
+
+
+def trajectory_lines(row):
+    """A row's trajectory as plain lines, at most TRAJECTORY_CALLS_SHOWN of them plus a count."""
+    steps = trajectory(row)
+    lines = [f"{'round ' + str(number) + ': ' if number is not None else ''}{call} -> {result}"
+             for number, call, result in steps[:TRAJECTORY_CALLS_SHOWN]]
+    if len(steps) > TRAJECTORY_CALLS_SHOWN:
+        lines.append(f"... {len(steps) - TRAJECTORY_CALLS_SHOWN} more call(s)")
+    return lines
+
+
 def _row_failure_text(row):
     parts = [f"reasons: {', '.join(row.get('reasons') or [])}"]
     details = row.get("details") if isinstance(row.get("details"), dict) else {}
@@ -3523,6 +4233,8 @@ def _row_failure_text(row):
         parts.append(f"similarity: {details['similarity']}")
     if details.get("diff"):
         parts.append(details["diff"])
+    if _row_calls(row):
+        parts += ["trajectory:", *("  " + line for line in trajectory_lines(row))]
     parts.append(f"answer: {row.get('answer_text')}")
     return "\n".join(parts)
 
@@ -3599,6 +4311,12 @@ def markdown_run(record):
                                                             if row.get("error") else "")),
              md_text(evidence_notes(row, limit=300) or (row.get("error_message") or "")[:300])]  # endpoint's words
             for row in failed])]
+    traced = [row for row in failed if _row_calls(row)]
+    if traced:
+        lines += ["", "### Trajectories of failing rows", "", md_table(["model", "case", "repeat", "calls"], [
+            [md_text(row.get("model")), md_text(row.get("case_id")), str(row.get("repeat")),
+             "<br>".join(md_text(line, limit=2 * TRAJECTORY_TEXT_LIMIT + 40) for line in trajectory_lines(row))]
+            for row in traced])]
     return "\n".join(lines) + "\n"
 
 
@@ -3616,6 +4334,9 @@ def _html_row_details(row):
         parts.append(f"<p>similarity {xml_text(details['similarity'])}</p>")
     if details.get("diff"):
         parts.append(f"<pre>{xml_text(details['diff'])}</pre>")
+    if _row_calls(row):
+        parts.append("<ol class=\"trajectory\">" + "".join(f"<li>{xml_text(line)}</li>" for line in trajectory_lines(row))
+                     + "</ol>")
     parts.append(f"<details><summary>answer</summary><pre>{xml_text(row.get('answer_text'))}</pre></details>")
     return "\n".join(parts)
 
@@ -3690,16 +4411,22 @@ ENV_TWINS = [
     ("retries", "REGRESSION_RETRIES", int),
     ("max_cost_usd", "REGRESSION_MAX_COST_USD", str),
     ("shard", "REGRESSION_SHARD", str),
+    # the prompt-regression CLI's variables, consulted only after ours
+    ("provider", "PROMPTREG_PROVIDER", lambda value: {"compatible": "openai"}.get(value.strip(), value.strip())),
+    ("models", "PROMPTREG_MODEL", lambda value: value.replace(",", " ").split()),
 ]
 
 
 def build_parser():
     parser = _Parser(prog="regression.py", description=__doc__.split("\n\n")[0],
                      epilog=f"Environment twins: {', '.join(variable for _, variable, _ in ENV_TWINS)}, "
-                            "OPENAI_BASE_URL (for --base-url).",
+                            "OPENAI_BASE_URL, then PROMPTREG_BASE_URL (for --base-url).",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_argument_group("what to run")
-    what.add_argument("--suite", metavar="FILE", help="a suite file (default: the built-in HTTP-advisor suite)")
+    what.add_argument("--suite", metavar="FILE", help="a suite file, or a folder of golden case files "
+                                                      "(default: the built-in HTTP-advisor suite)")
+    what.add_argument("--system", metavar="FILE", help="the system prompt of a --suite DIR "
+                                                       "(default: SYSTEM.txt in the folder or its parent)")
     what.add_argument("--models", nargs="+", metavar="MODEL", help=f"models to run (default: {' '.join(MODELS)})")
     what.add_argument("--repeats", type=int, metavar="N", help="runs of every case per model, 1-10 (default 1)")
     what.add_argument("--out", metavar="FILE", help="new record file (default results.json; never overwritten)")
@@ -3840,6 +4567,8 @@ def _check_flags(args):
         raise UsageError(problem)
     if args.merge is not None and len(args.merge) < 2:
         raise UsageError("--merge needs OUT and at least one shard record")
+    if args.system and not args.suite:
+        raise UsageError("--system FILE goes with --suite DIR, a folder of golden case files")
     if args.resume and args.out:
         raise UsageError("--resume continues its record in place; drop --out")
     if args.resume and args.shard:
@@ -3900,7 +4629,7 @@ def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS):
     config = {
         "models": list(models),
         "cases": suite["config_cases"],
-        "instructions": suite["instructions"],
+        "instructions": suite.get("config_instructions", suite["instructions"]),  # per case: {id: text}
         "tool": TOOL if suite.get("builtin") else definition.get("tool"),
         "response_format": suite["response_format"],
         "repeats": repeats,
@@ -3917,6 +4646,8 @@ def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS):
         config["tool_choice"] = suite["tool_choice"]
     if suite.get("request"):
         config["request"] = suite["request"]
+    if "max_rounds" in suite:
+        config["max_rounds"] = suite["max_rounds"]
     return config
 
 
@@ -4097,6 +4828,14 @@ def _cost_lines(args, env, run):
     return lines
 
 
+def _instructions_line(suite):
+    """The instructions hash of a plan, or how many distinct ones when each case has its own."""
+    texts = {case.get("instructions", suite["instructions"]) for case in suite["cases"]}
+    if len(texts) > 1:
+        return f"instructions sha256: per case ({len(texts)} distinct)"
+    return f"instructions sha256: {instructions_sha256(texts.pop() if texts else suite['instructions'])}"
+
+
 def plan_text(suite, args, plan, provider_note, run=None, env=None):
     """The --dry-run report: what would be sent, to whom, how many times."""
     env = os.environ if env is None else env
@@ -4104,7 +4843,7 @@ def plan_text(suite, args, plan, provider_note, run=None, env=None):
     lines = [
         f"suite: {suite['name']}" + (f" ({suite['file']})" if suite.get("file") else ""),
         f"provider: {args.provider}" + (f" ({provider_note})" if provider_note else ""),
-        f"instructions sha256: {instructions_sha256(suite['instructions'])}",
+        _instructions_line(suite),
         f"plan: {_plural(len(suite['cases']), 'case')} x {_plural(len(models), 'model')} x "
         f"{_plural(args.repeats, 'repeat')} = {_plural(len(plan), 'request')}",
         f"models: {', '.join(models)}",
@@ -4112,10 +4851,15 @@ def plan_text(suite, args, plan, provider_note, run=None, env=None):
         "response format: " + _format_name(suite["response_format"]),
         *_cost_lines(args, env, run),
     ]
+    played = [case for case in suite["cases"] if plays_tools(suite, case)]
+    if played:
+        lines.append(f"played tools: {len(played)} case(s) answer function calls with scripted results, "
+                     f"up to {max(round_limit(suite, case) for case in played)} requests per row")
     for case in suite["cases"]:
         text = _normalise(_case_text(case))
         lines.append(f"  {case['id']}: {text[:70]}{'...' if len(text) > 70 else ''}"
-                     f"  [checks: {', '.join(['completed'] + _checks_of(case))}]")
+                     f"  [checks: {', '.join(['completed'] + _checks_of(case))}]"
+                     + (f"  [up to {round_limit(suite, case)} rounds]" if plays_tools(suite, case) else ""))
     warnings = [warning for warning in map(lint_case, suite["cases"]) if warning]
     lines += [f"warning: {warning}" for warning in warnings]
     if run is not None and run.refusal:
@@ -4136,12 +4880,37 @@ def row_line(row, widths=(0, 0)):
     else:
         notes = evidence_notes(row)
         verdict = "FAIL " + ",".join(row["reasons"]) + (f" ({notes})" if notes else "")
-    if isinstance(row.get("attempts"), int) and row["attempts"] > 1:
-        verdict += f" (after {row['attempts']} attempts)"
+    requests = len(row["rounds"]) if isinstance(row.get("rounds"), list) and row["rounds"] else 1
+    if isinstance(row.get("attempts"), int) and row["attempts"] > requests:  # retries happened
+        verdict += f" (after {row['attempts']} attempts" + (f" for {requests} rounds)" if requests > 1 else ")")
     cost = f"${row['cost_usd']}" if row["cost_usd"] is not None else "cost ?"
     cost += " estimated" if row.get("cost_estimated") else ""
     return safe_text(f"{row['model']:<{widths[0]}}  {row['case_id']:<{widths[1]}}  r{row['repeat']}  {verdict}  {cost}  "
             f"{row['seconds']:.3f}s")
+
+
+def failure_lines(case, row):
+    """Under a failing row's line, the prompt-regression reading of its text rules: the similarity
+    score and each failed rule in words, then the diff (expected -> actual) of a similarity failure.
+    Reads the stored row, so whatever was masked stays masked."""
+    details = row.get("details") or {}
+    if row["passed"] or row["error"] is not None or not isinstance(details, dict):
+        return []
+    rules = [f"contains forbidden text: {phrase!r}" for phrase in details.get("forbidden_text", [])]
+    rules += [f"missing required text: {phrase!r}" for phrase in details.get("missing_text", [])]
+    score = details.get("similarity")
+    if "below_min_similarity" in row["reasons"] and score is not None:
+        rules.append(f"similarity {score:.2f} below min_similarity {case.get('min_similarity')}")
+    for reason, key, words in (("too_short", "min_chars", "fewer"), ("too_long", "max_chars", "more")):
+        if reason in row["reasons"]:
+            rules.append(f"{details.get('chars')} chars, {words} than {key} {case.get(key)}")
+    if not rules:
+        return []  # no text rule failed: the row line's reasons say it all
+    head = f"    score {score:.2f}" if isinstance(score, (int, float)) else "    score n/a"
+    lines = [f"{head}: {'; '.join(rules)}"]
+    if "below_min_similarity" in row["reasons"] and isinstance(details.get("diff"), str):
+        lines += ["    " + line for line in details["diff"].splitlines()]
+    return lines
 
 
 def _now():
@@ -4164,16 +4933,22 @@ def _suite_from_record(record, args):
     """The suite a record was made with: the built-in one, --suite, or the cases in its config."""
     info = record.get("suite") if isinstance(record.get("suite"), dict) else {"builtin": True}
     if args.suite:
-        return load_suite(args.suite, allow_empty_baseline=args.update_baseline)
+        return load_suite(args.suite, allow_empty_baseline=args.update_baseline, system=args.system)
     if info.get("builtin", True):
         return builtin_suite()
     config = record["config"]
     try:
+        if isinstance(config.get("instructions"), dict):  # a prompt-regression suite, a prompt per case
+            return validate_suite(promptreg_from_config(info.get("name") or "suite", config),
+                                  allow_empty_baseline=args.update_baseline)
+        if any(isinstance(case, dict) and "tools" in case for case in config.get("cases") or []):
+            return golden_from_config(info.get("name") or "suite", config)  # tools per case
         return validate_suite({"name": info.get("name") or "suite", "instructions": config.get("instructions"),
                                "tool": config.get("tool"), "tools": config.get("tools"),
                                "response_format": config.get("response_format"),
                                "tool_choice": config.get("tool_choice"), "request": config.get("request"),
-                               "sources": config.get("sources"), "cases": config.get("cases")},
+                               "sources": config.get("sources"), "cases": config.get("cases"),
+                               **({"max_rounds": config["max_rounds"]} if "max_rounds" in config else {})},
                               allow_empty_baseline=args.update_baseline)
     except SuiteError as exc:
         raise UsageError(f"the record's suite is not valid: {exc}") from None
@@ -4236,7 +5011,7 @@ def _choose_suite(args, record, replayed):
     if record is not None:
         return _suite_from_record(record, args)
     if args.suite:
-        return load_suite(args.suite, allow_empty_baseline=args.update_baseline)
+        return load_suite(args.suite, allow_empty_baseline=args.update_baseline, system=args.system)
     if replayed is not None and not (replayed.get("suite") or {}).get("builtin", True):
         return _suite_from_record(replayed, args)
     return builtin_suite()
@@ -4268,7 +5043,7 @@ def prepare(args, env):
     if problem:
         raise UsageError(problem)
     if cls.base_url_flag:
-        args.base_url = cls.endpoint(args, env)
+        args.base_url = cls.endpoint(args, env) or env.get("PROMPTREG_BASE_URL")  # their twin, after ours
     replayed = _replay_defaults(args) if cls.replays_record else None
     if cls.default_models is None and not args.models:
         raise UsageError(f"--provider {cls.name} needs --models (names as the endpoint knows them)")
@@ -4528,10 +5303,20 @@ def execute_run(run, args, writer, tally):
     state = {"stopped": None, "last": max((position[row_key(r)] for r in run.kept), default=-1), "in_order": True}
     answers = {}
 
+    def budget(row_cost):
+        """Why a played row may send no further round: the cap counts its rounds so far."""
+        spent = tally.spent()
+        if args.max_cost_usd is None or spent is None or row_cost is None:
+            return None  # no cap, or no cost to hold it against (the row's end says so)
+        if spent + decimal.Decimal(row_cost) >= args.max_cost_usd:
+            return f"--max-cost-usd reached: reported spend ${format(spent + decimal.Decimal(row_cost), 'f')} " \
+                   f"of ${format(args.max_cost_usd, 'f')}"
+        return None
+
     def work(key):
         model, case_id, repeat = key
-        return execute_steps(run.provider, run.suite, cases[case_id], model, repeat, grader=grader,
-                             retries=args.retries)
+        return execute_steps(run.provider, case_suite(run.suite, cases[case_id]), cases[case_id], model, repeat,
+                             grader=grader, retries=args.retries, budget=budget)
 
     try:
         # A finished row can only stop the run by an error or by the spending cap.
@@ -4544,7 +5329,8 @@ def execute_run(run, args, writer, tally):
             saving = time.monotonic()
             writer.append(stored, tally.summary())
             saved = time.monotonic() - saving
-            progress.row(f"{row_line(stored, widths)}  (+{saved:.3f}s save)", tally)
+            progress.row("\n".join([f"{row_line(stored, widths)}  (+{saved:.3f}s save)",
+                                     *failure_lines(cases[key[1]], stored)]), tally)
             state["in_order"] &= position[key] > state["last"]
             state["last"] = max(state["last"], position[key])
             if stored["error"] is None and isinstance(stored["answer_text"], str):
@@ -4704,14 +5490,14 @@ def update_baseline(run, args, exit_code):
     import shlex
     try:
         chosen = baseline_answers(load_record(run.path)["runs"], run.plan)
-        filled = fill_baselines(run.suite["file"], {case_id: row["answer_text"] for case_id, row in chosen.items()},
-                                {case_id: row.get("reasons") or [] for case_id, row in chosen.items()},
-                                approve_failing=args.approve_failing)
+        filled = update_baselines(run.suite, {case_id: row["answer_text"] for case_id, row in chosen.items()},
+                                  {case_id: row.get("reasons") or [] for case_id, row in chosen.items()},
+                                  approve_failing=args.approve_failing)
     except (SuiteError, RecordError) as exc:
         print(f"regression.py: error: {safe_text(exc)}", file=sys.stderr)
         return 2
     print(safe_text(f"baselines filled: {', '.join(filled) if filled else 'none'} ({run.suite['file']})"))
-    if filled:
+    if filled and run.suite.get("format") != "golden":  # a pin changes no verdict; a baseline does
         stem = run.path[:-5] if run.path.endswith(".json") else run.path
         print(f"note: {run.path} was graded before these baselines existed, so compare_runs.py refuses it "
               f"against runs of the new suite; regrade it first: python regression.py --provider replay "
