@@ -958,3 +958,20 @@ def test_endpoint_text_is_one_bounded_line_without_the_key(text, cut):
     assert not any(ord(char) < 32 or 0x7f <= ord(char) <= 0x9f for char in shown)
     said = regression.endpoint_message(hostile.encode("utf-8"))  # any body: a message or None, never a raise
     assert said is None or isinstance(said, str)
+
+
+def test_an_older_perplexity_record_without_base_url_means_the_default_endpoint(tmp_path, monkeypatch, capsys):
+    """Records made before every endpoint was recorded say only {"name": "perplexity"}."""
+    made = tmp_path / "echo.json"
+    assert run_main(["--provider", "echo", "--models", "m", "--out", made]) == 1
+    record = read_record(made)
+    record.update(provider={"name": "perplexity"}, evidence="live")
+    record["runs"] = record["runs"][:1]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(record))
+    monkeypatch.setenv("PERPLEXITY_BASE_URL", "http://127.0.0.1:9")
+    assert run_main(["--resume", old, "--dry-run"]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert "https://api.perplexity.ai" in line and "http://127.0.0.1:9" in line
+    monkeypatch.delenv("PERPLEXITY_BASE_URL")
+    assert run_main(["--resume", old, "--dry-run"]) == 0
