@@ -2796,6 +2796,9 @@ class PerplexityProvider(Provider):
             message = redactor(secrets=[key])(str(exc))  # an SDK error may quote the key
             raise UsageError(f"cannot create the Perplexity client: {type(exc).__name__}: {message}") from None
         capped = cap_response_bodies(client)
+        inner = getattr(client, "_client", None)
+        if hasattr(inner, "follow_redirects"):  # the SDK follows redirects: a 3xx must be an error here too
+            inner.follow_redirects = False
         provider = cls(client, deadline_seconds(settings.timeout), capped)
         provider.endpoint_url = _public_url(cls.endpoint(settings, env))
         return provider, key
@@ -3503,9 +3506,15 @@ def error_message(exc, provider):
     """What an execution error says; a failure to reach the endpoint also names where it was sent."""
     message = str(exc) or type(exc).__name__
     where = getattr(provider, "endpoint_url", None)
-    unreached = status_of(exc) is None and not isinstance(exc, ResponseError)
-    if where and (unreached or status_of(exc) == 404) and where not in message:
+    status = status_of(exc)
+    unreached = status is None and not isinstance(exc, ResponseError)
+    if where and (unreached or status == 404) and where not in message:
         message += f" (sending to {where})"  # a 404 or a refused connection is often the wrong URL
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    location = headers.get("location") if status is not None and 300 <= status < 400 and headers else None
+    if isinstance(location, str) and "not followed" not in message:
+        host = urllib.parse.urlsplit(location).hostname or "an unnamed host"
+        message += f" (redirect to {host} not followed: the key would go along)"
     return message
 
 
