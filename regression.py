@@ -38,6 +38,7 @@ __all__ = [
     # URL rules and checks (A3-A5, B2)
     "rfc_document", "approved_source", "document_id", "CHECKS", "BEHAVIORS", "check", "grade", "explain",
     "compile_case", "agent_trace", "chat_trace", "reported_cost", "similarity",
+    "register_check", "register_case_key", "CHECK_TABLE", "Fail", "text_form", "reason_table",
     # suites (B1)
     "SuiteError", "load_suite", "validate_suite", "instructions_sha256",
     # providers and one request (A6, B3, B4)
@@ -311,8 +312,12 @@ def _unique_pairs(pairs):
     return dict(pairs)
 
 
+class _NotJSONConstant(ValueError):
+    pass
+
+
 def _not_json(name):
-    raise ValueError(f"{name} is not JSON")
+    raise _NotJSONConstant(name)
 
 
 def read_json(text):
@@ -326,6 +331,9 @@ def read_json(text):
     except _DuplicateKey as exc:
         key = exc.args[0]
         return None, Fail("duplicate_key", f"duplicate key {_quote(key)}", key=key)
+    except _NotJSONConstant as exc:
+        name = exc.args[0]
+        return None, Fail("invalid_json", f"{name} is not JSON", error=f"{name} is not JSON", constant=name)
     except json.JSONDecodeError as exc:
         return None, Fail("invalid_json", f"not JSON: {exc.msg} at char {exc.pos}", error=exc.msg, position=exc.pos)
     except ValueError as exc:
@@ -969,21 +977,26 @@ def _tool_details(case, trace):
 
 
 def check_json_object(case, trace):
-    """behavior json_object: the answer is strict JSON (no NaN, no repeated key) and an object."""
+    """behavior json_object: the answer is a JSON object; NaN or Infinity fail invalid_json, a repeated key duplicate_key."""
     if not _behavior_args(case, "json_object"):
         return []
     value, problem = read_json(trace["final_text"])
     if problem is not None:
-        return [problem] if problem == "duplicate_key" else [
-            Fail("not_json_object", problem.evidence["note"], error=problem.evidence.get("error"))]
+        # JSON-looking text that breaks the format (NaN, Infinity, a repeated key) says so;
+        # anything else is simply not a JSON object.
+        if problem == "duplicate_key" or "constant" in problem.evidence:
+            return [problem]
+        return [Fail("not_json_object", problem.evidence["note"], error=problem.evidence.get("error"))]
     if not isinstance(value, dict):
         return [Fail("not_json_object", f"a JSON {_json_type(value)}, not an object", got=_json_type(value))]
     return []
 
 
 register_check("json_object", check_json_object, behavior=True, details=_tool_details, reasons={
-    "not_json_object": ("behaviour `json_object`: the answer is not a strict JSON object (NaN and Infinity are "
-                        "not JSON)", "the evidence says what it is instead"),
+    "not_json_object": ("behaviour `json_object`: the answer is not a JSON object",
+                        "the evidence says what it is instead"),
+    "invalid_json": ("the answer is not strict JSON (NaN and Infinity are not JSON)",
+                     "the model ignored the response format"),
     "duplicate_key": ("the JSON answer repeats a key in one object, so which value counts is ambiguous",
                       "a model can hide a wrong value behind a right one: treat it as wrong")})
 

@@ -473,10 +473,11 @@ JSON_OBJECT = {"id": "j", "input": "q", "behaviors": ["json_object"]}
 
 # (suite, case, answer, every reason grade() gives)
 JSON_ANSWERS = [
-    pytest.param(FREE_SUITE, JSON_OBJECT, '{"a": NaN}', ["not_json_object"], id="object-nan"),
-    pytest.param(FREE_SUITE, JSON_OBJECT, '{"a": Infinity}', ["not_json_object"], id="object-infinity"),
-    pytest.param(FREE_SUITE, JSON_OBJECT, '{"a": -Infinity}', ["not_json_object"], id="object-minus-infinity"),
-    pytest.param(FREE_SUITE, JSON_OBJECT, "NaN", ["not_json_object"], id="bare-nan"),
+    pytest.param(FREE_SUITE, JSON_OBJECT, '{"a": NaN}', ["invalid_json"], id="object-nan"),
+    pytest.param(FREE_SUITE, JSON_OBJECT, '{"a": Infinity}', ["invalid_json"], id="object-infinity"),
+    pytest.param(FREE_SUITE, JSON_OBJECT, '{"a": -Infinity}', ["invalid_json"], id="object-minus-infinity"),
+    pytest.param(FREE_SUITE, JSON_OBJECT, "NaN", ["invalid_json"], id="bare-nan"),
+    pytest.param(FREE_SUITE, JSON_OBJECT, "{'a': 1}", ["not_json_object"], id="object-python-repr"),
     pytest.param(FREE_SUITE, JSON_OBJECT, '{"ok": true, "ok": false, "ok": true}', ["duplicate_key"],
                  id="object-duplicate-key"),
     pytest.param(FREE_SUITE, JSON_OBJECT, '{"a": {"b": 1, "b": 2}}', ["duplicate_key"], id="object-nested-duplicate"),
