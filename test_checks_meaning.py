@@ -783,3 +783,26 @@ def test_short_texts_keep_the_exact_difflib_ratio():
         assert regression.similarity_of(a, b) == (difflib.SequenceMatcher(None, a.lower(), b.lower(),
                                                                          autojunk=False).ratio() if a or b else 1.0,
                                                   None)
+
+
+# ====================================================================== evidence and the original text
+
+def test_checks_compare_the_normal_form_but_the_row_keeps_the_original_answer():
+    suite = regression.validate_suite({"name": "s", "instructions": "Echo.", "cases": [
+        {"id": "card", "input": "Card 41\u200b11 11\uff11\uff11 1111 1111, caf\u00e9\u200b.", "excludes": [CARD]}]})
+    row = regression.execute(regression.EchoProvider(), suite, suite["cases"][0], "m")
+    assert row["reasons"] == ["forbidden_text_present"]
+    assert row["answer_text"] == suite["cases"][0]["input"]  # as the model said it, invisible characters kept
+    assert row["details"]["evidence"]["forbidden_text_present"]["phrases"] == [CARD]
+
+
+def test_redact_pii_masks_the_evidence_shown_on_the_console_too(tmp_path):
+    data = {"name": "pii", "instructions": "Echo.", "cases": [
+        {"id": "card", "input": "My card is 4111\u200b 1111 1111 1111.", "excludes": [CARD], "contains": ["refund"]}]}
+    path = write_suite(tmp_path, data)
+    result = run_script(["--suite", str(path), "--provider", "echo", "--redact-pii", "--out", "run.json"], tmp_path)
+    assert result.returncode == 1, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("echo "))
+    assert 'forbidden "[REDACTED:card]"' in line and 'missing "refund"' in line
+    stored = json.loads((tmp_path / "run.json").read_text(encoding="utf-8"))["runs"][0]
+    assert "4111" not in json.dumps(stored, ensure_ascii=False)  # answer, response and evidence all masked
