@@ -562,6 +562,8 @@ register_check("search_observed", check_search_observed, keys=("cite",), reasons
 
 
 def _validate_expect(case, where, context):
+    if "expect" not in case:
+        return  # switched on by cite alone: cite's own rules check it
     expect, schema = case["expect"], context["schema"]
     if not isinstance(expect, dict) or not expect:
         raise SuiteError(f"{where}: expect must be a non-empty object of field: value")
@@ -588,7 +590,7 @@ def check_answer(case, trace):
             if _canonical(answer.get(field)) != _canonical(value)]
 
 
-register_check("expect", check_answer, keys=("expect",), validate=_validate_expect, reasons={
+register_check("expect", check_answer, keys=("expect", "cite"), validate=_validate_expect, reasons={
     "invalid_json": ("the answer is not strict JSON (NaN and Infinity are not JSON)",
                      "the model ignored the response format"),
     "duplicate_key": ("the JSON answer repeats a key in one object, so which value counts is ambiguous",
@@ -693,13 +695,13 @@ def _phrase_details(key, detail):
 
 
 check_contains = _phrase_check("contains", "missing_required_text", "missing")
-check_contains.__doc__ = "`contains`: every listed phrase appears in the answer (both in text_form); a hard rule."
+check_contains.__doc__ = "`contains`: every listed phrase appears in the answer (both in the text normal form); a hard rule."
 register_check("contains", check_contains, keys=("contains",), validate=_validate_phrases("contains"),
                details=_phrase_details("contains", "missing_text"), reasons={
                    "missing_required_text": ("a `contains` phrase is missing (compared in the normal form)",
                                              "hard rule: no similarity score rescues it")})
 check_excludes = _phrase_check("excludes", "forbidden_text_present", "forbidden")
-check_excludes.__doc__ = "`excludes`: no listed phrase appears in the answer (both in text_form); a hard rule."
+check_excludes.__doc__ = "`excludes`: no listed phrase appears in the answer (both in the text normal form); a hard rule."
 register_check("excludes", check_excludes, keys=("excludes",), validate=_validate_phrases("excludes"),
                details=_phrase_details("excludes", "forbidden_text"), vacuous=True, reasons={
                    "forbidden_text_present": ("an `excludes` phrase appears (compared in the normal form, so "
@@ -814,7 +816,7 @@ def _validate_similarity(case, where, context):
 
 
 def check_similarity(case, trace):
-    """`expected_text` + `min_similarity`: the answer is at least this similar to the approved baseline (difflib ratio in text_form, time-bounded)."""
+    """`expected_text` + `min_similarity`: the answer is at least this similar to the approved baseline (difflib ratio in the text normal form, time-bounded)."""
     if "min_similarity" not in case or not case.get("expected_text"):
         return []  # an empty baseline is only allowed while --update-baseline fills it
     score, how = similarity_of(case["expected_text"], trace["final_text"] if isinstance(trace["final_text"], str)
@@ -863,7 +865,7 @@ def _validate_length(case, where, context):
 
 
 def check_length(case, trace):
-    """`min_chars` / `max_chars`: the answer's length in characters of text_form()."""
+    """`min_chars` / `max_chars`: the answer's length in characters of the text normal form."""
     length = len(text_form(trace["final_text"]))
     reasons = []
     if "min_chars" in case and length < case["min_chars"]:
@@ -1049,7 +1051,7 @@ def leak_found(instructions, said):
 
 
 def check_no_system_leak(case, trace):
-    """behavior no_system_leak: neither the answer nor tool arguments (decoded) mention hidden/system instructions or quote 8+ consecutive words of them, compared in text_form."""
+    """behavior no_system_leak: neither the answer nor tool arguments (decoded) mention hidden/system instructions or quote 8+ consecutive words of them, in the text normal form."""
     if not _behavior_args(case, "no_system_leak"):
         return []
     said = "\n".join([trace["final_text"] if isinstance(trace["final_text"], str) else ""]
