@@ -806,3 +806,68 @@ def test_redact_pii_masks_the_evidence_shown_on_the_console_too(tmp_path):
     assert 'forbidden "[REDACTED:card]"' in line and 'missing "refund"' in line
     stored = json.loads((tmp_path / "run.json").read_text(encoding="utf-8"))["runs"][0]
     assert "4111" not in json.dumps(stored, ensure_ascii=False)  # answer, response and evidence all masked
+
+
+# ====================================================================== the normal form, as a property
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+PROPERTY = dict(max_examples=40, deadline=None, database=None, derandomize=True)
+HIDDEN = ["\u200b", "\u200c", "\u200d", "\u2060", "\ufeff", "\u00ad", "\u200e", "\u202a", "\u2066", "\U000e0041",
+          "\ufe0f", "\u180e", "\u2064"]
+LOOKS = [lambda c: c, str.upper, lambda c: c.translate(FULLWIDTH), lambda c: c.translate(MATH_BOLD)]
+
+
+def disguised(draw, text):
+    """The text with invisible characters strewn in and characters swapped for look-alikes."""
+    out = []
+    for char in text:
+        out.append(draw(st.sampled_from(LOOKS))(char) if char != " " else draw(st.sampled_from([" ", "\u00a0", "\t",
+                                                                                                 "\u3000", " \n"])))
+        out.extend(draw(st.lists(st.sampled_from(HIDDEN), max_size=2)))
+    return "".join(out)
+
+
+@st.composite
+def phrase_and_disguise(draw):
+    words = draw(st.lists(st.text("abcdefghijklmnopqrstuvwxyz0123456789", min_size=1, max_size=6), min_size=1,
+                          max_size=4))
+    phrase = " ".join(words)
+    return phrase, disguised(draw, phrase)
+
+
+@settings(**PROPERTY)
+@given(phrase_and_disguise())
+def test_any_disguise_of_a_phrase_is_still_the_phrase(pair):
+    phrase, shown = pair
+    assert regression.text_form(shown) == phrase
+    answer = f"Well: {shown}!"
+    assert regression.grade(text_case(excludes=[phrase]), trace(answer)) == ["forbidden_text_present"]
+    assert regression.grade(text_case(contains=[phrase]), trace(answer)) == []
+
+
+def luhn_digit(digits):
+    total = 0
+    for position, digit in enumerate(reversed(digits + "0")):
+        value = int(digit) * (2 if position % 2 else 1)
+        total += value - 9 if value > 9 else value
+    return str((10 - total % 10) % 10)
+
+
+@st.composite
+def disguised_card(draw):
+    body = draw(st.text("0123456789", min_size=15, max_size=15))
+    card = body + luhn_digit(body)
+    out = []
+    for n, digit in enumerate(card):
+        out.append(draw(st.sampled_from([lambda c: c, lambda c: c.translate(FULLWIDTH)]))(digit))
+        if n < len(card) - 1:
+            out.append(draw(st.sampled_from(["", "", " ", "-"] + HIDDEN[:6])) if n % 4 == 3
+                       else draw(st.sampled_from(["", ""] + HIDDEN[:6])))
+    return "".join(out)
+
+
+@settings(**PROPERTY)
+@given(disguised_card())
+def test_redact_pii_masks_any_disguise_of_a_card(card):
+    assert regression.redactor(pii=True)(f"paid with {card} today") == "paid with [REDACTED:card] today"
