@@ -871,3 +871,11 @@ def disguised_card(draw):
 @given(disguised_card())
 def test_redact_pii_masks_any_disguise_of_a_card(card):
     assert regression.redactor(pii=True)(f"paid with {card} today") == "paid with [REDACTED:card] today"
+
+
+def test_readme_states_the_similarity_bound_and_sentence_reach_as_coded():
+    section = " ".join(README.split("**Similarity on long texts.**", 1)[1].split("\n\n", 1)[0].split())
+    assert f"{regression.SIMILARITY_PREFIX:,} characters" in section
+    assert f"{regression.SIMILARITY_WORK:,} steps" in section
+    assert f"{regression.SIMILARITY_BAG_WORDS} words" in section
+    assert regression.LEAK_QUOTE_WORDS == 8 and "quotes 8 consecutive words" in " ".join(README.split())
