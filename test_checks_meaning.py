@@ -879,3 +879,54 @@ def test_readme_states_the_similarity_bound_and_sentence_reach_as_coded():
     assert f"{regression.SIMILARITY_WORK:,} steps" in section
     assert f"{regression.SIMILARITY_BAG_WORDS} words" in section
     assert regression.LEAK_QUOTE_WORDS == 8 and "quotes 8 consecutive words" in " ".join(README.split())
+
+
+# ====================================================================== hostile check keys, through the real CLI
+
+# (case keys, fragment of the one stderr line); every row exits 2 before anything runs
+HOSTILE_CHECK_KEYS = [
+    ({"behaviors": 5}, "behaviors must be a list of strings"),
+    ({"behaviors": [None]}, "behaviors must be strings"),
+    ({"behaviors": {"a": 1}}, "behaviors must be a list of strings"),
+    ({"behaviors": ["forbid_tool:a,b"]}, "needs a tool name"),
+    ({"behaviors": ["require_clarification:"]}, "needs a field name"),
+    ({"behaviors": ["json_object:yes"]}, "takes no argument"),
+    ({"expected_text": 5}, "expected_text must be a string"),
+    ({"expected_text": "x", "min_similarity": float("nan")}, "min_similarity must be a number"),
+    ({"contains": [""]}, "contains must be a list of non-empty strings"),
+    ({"excludes": "lifetime"}, "excludes must be a list of non-empty strings"),
+    ({"min_chars": True}, "min_chars must be a whole number"),
+    ({"min_chars": 5, "max_chars": 2}, "min_chars is larger than max_chars"),
+    ({"expect": {}}, "expect must be a non-empty object"),
+    ({"expect": {"a b": 1}}, "must be letters, digits and underscores"),
+    ({"cite": 5}, "cite must be a document id string"),
+]
+DRIVER = """
+import contextlib, io, json, runpy, sys
+results = []
+for path in sys.argv[1:]:
+    err = io.StringIO()
+    sys.argv = ["regression.py", "--suite", path, "--provider", "echo", "--dry-run"]
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            runpy.run_path(%r, run_name="__main__")
+            code = None
+        except SystemExit as exc:
+            code = exc.code
+    results.append([code, err.getvalue()])
+print(json.dumps(results))
+"""
+
+
+def test_hostile_check_keys_exit_2_with_one_line_through_the_cli(tmp_path):
+    paths = []
+    for n, (keys, _) in enumerate(HOSTILE_CHECK_KEYS):
+        data = {"name": "h", "instructions": "i", "cases": [{"id": "a", "input": "q", **keys}]}
+        paths.append(str(write_suite(tmp_path, data, name=f"h{n}.json")))
+    result = subprocess.run([sys.executable, "-W", "error", "-c", DRIVER % str(SCRIPT), *paths], cwd=tmp_path,
+                            env=offline_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    for (keys, fragment), (code, err) in zip(HOSTILE_CHECK_KEYS, json.loads(result.stdout)):
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and "Traceback" not in err, (keys, err)
+        assert lines[0].startswith("regression.py: error: ") and "case 'a'" in lines[0] and fragment in lines[0], keys
