@@ -264,7 +264,7 @@ def _text_form(text):
     return " ".join(unicodedata.normalize("NFKC", text).split())  # casefolding can leave a text NFKC changes
 
 
-@functools.lru_cache(maxsize=16)  # several checks and explain() ask for the same answer's form (few: answers can be MBs)
+@functools.lru_cache(maxsize=16)  # checks and explain() ask for the same answer's form; few (answers can be MBs)
 def text_form(text):
     """The one normal form every text comparison uses, on both sides: Unicode NFKC
     (fullwidth and other compatibility forms, composed accents), format characters such
@@ -1187,7 +1187,7 @@ def _same_field(key, field):
 
 
 def check_require_clarification(case, trace):
-    """behavior require_clarification:FIELD: the model asked for FIELD (a "?" sentence or a request sentence naming it) instead of inventing it: no tool argument carries FIELD (decoded, nested or truncated JSON included), and the answer states no value for it that the user never gave."""
+    """behavior require_clarification:FIELD: a question or request sentence names FIELD; no tool argument carries it and the answer states no value for it that the user never gave."""
     reasons = []
     text = trace["final_text"] if isinstance(trace["final_text"], str) else ""
     given = text_form(_user_text(case))

@@ -168,7 +168,8 @@ def test_registering_a_behaviour_with_tool_names_validates_them():
 
     with registered("needs_tools", check_require, behavior=True, arg="tools",
                     reasons={"tool_missing": ("a tool was not called", "")}):
-        good = dict(AGENT_TOOLS, cases=[{"id": "a", "input": "q", "behaviors": ["needs_tools:lookup_order,cancel_order"]}])
+        good = dict(AGENT_TOOLS, cases=[{"id": "a", "input": "q",
+                                         "behaviors": ["needs_tools:lookup_order,cancel_order"]}])
         regression.validate_suite(good)
         for entry, fragment in [("needs_tools:lookup_order,nope", "names no function tool"),
                                 ("needs_tools", "needs tool names"), ("needs_tools:a,,b", "needs tool names")]:
