@@ -2659,6 +2659,37 @@ def secret_rule(secrets):
     return re.compile("|".join(_percent_pattern(form) for form in ordered)), "[REDACTED:secret]"
 
 
+_VISIBLE_RUN = re.compile(_INVISIBLE.pattern.replace("[", "[^", 1) + "+")
+
+
+def _sub_seeing_through(pattern, replacement, text):
+    """pattern.sub as if the text had no invisible characters (zero-width spaces and other
+    format characters): a value split by them is still masked, whole; every character
+    outside a masked span, invisible ones included, stays as it was."""
+    if not _INVISIBLE.search(text):
+        return pattern.sub(replacement, text)
+    import bisect
+    runs = [(run.start(), run.group()) for run in _VISIBLE_RUN.finditer(text)]
+    starts, offset = [], 0  # where each visible run starts in the text read without them
+    for _, run in runs:
+        starts.append(offset)
+        offset += len(run)
+    seen = "".join(run for _, run in runs)
+
+    def original(position):  # index in `text` of the visible character at `position` of `seen`
+        index = bisect.bisect_right(starts, position) - 1
+        return runs[index][0] + position - starts[index]
+
+    out, done = [], 0
+    for match in pattern.finditer(seen):
+        if match.end() == match.start():
+            continue
+        begin, end = original(match.start()), original(match.end() - 1) + 1
+        out += [text[done:begin], replacement(match) if callable(replacement) else match.expand(replacement)]
+        done = end
+    return "".join(out) + text[done:]
+
+
 def redactor(patterns=(), pii=False, secrets=()):
     """A function that masks secrets, PII (optional) and user patterns in any JSON value.
 
@@ -2671,7 +2702,7 @@ def redactor(patterns=(), pii=False, secrets=()):
     def mask(value):
         if isinstance(value, str):
             for pattern, replacement in rules:
-                value = pattern.sub(replacement, value)
+                value = _sub_seeing_through(pattern, replacement, value)
             return value
         if isinstance(value, dict):
             return {mask(key): mask(item) for key, item in value.items()}

@@ -931,3 +931,20 @@ def test_hostile_check_keys_exit_2_with_one_line_through_the_cli(tmp_path):
         lines = err.strip().splitlines()
         assert code == 2 and len(lines) == 1 and "Traceback" not in err, (keys, err)
         assert lines[0].startswith("regression.py: error: ") and "case 'a'" in lines[0] and fragment in lines[0], keys
+
+
+@pytest.mark.parametrize("text, masked", [
+    pytest.param("mail bob\u200b@exa\u200dmple.com now\u200b ok", "mail [REDACTED:email] now\u200b ok",
+                 id="email-split-by-zero-width"),
+    pytest.param("auth: Bearer abc\u2060def.ghi then", "auth: [REDACTED:bearer] then", id="bearer-split-by-word-joiner"),
+    pytest.param("key sk-\u200babcdefghijklmnop1234 end", "key [REDACTED:key] end", id="api-key-split"),
+    pytest.param("my pass\u00adword= hunter2\u200b!", "my password= [REDACTED:key]", id="labelled-secret-split"),
+    pytest.param("caf\u00e9\u200b plain text", "caf\u00e9\u200b plain text", id="nothing-to-mask-keeps-invisibles"),
+])
+def test_redact_pii_reads_through_invisible_characters(text, masked):
+    assert regression.redactor(pii=True)(text) == masked
+
+
+def test_user_redact_patterns_read_through_invisible_characters():
+    mask = regression.redactor(patterns=[r"ticket-[0-9]+"])
+    assert mask("see ticket-12\u200b34 and ticket-9\u200b") == "see [REDACTED] and [REDACTED]\u200b"
