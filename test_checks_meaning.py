@@ -948,3 +948,11 @@ def test_redact_pii_reads_through_invisible_characters(text, masked):
 def test_user_redact_patterns_read_through_invisible_characters():
     mask = regression.redactor(patterns=[r"ticket-[0-9]+"])
     assert mask("see ticket-12\u200b34 and ticket-9\u200b") == "see [REDACTED] and [REDACTED]\u200b"
+
+
+def test_grade_and_the_spec_checker_return_plain_strings():
+    for reason, suite, case, trace_, _ in EVIDENCE_ROWS:
+        reasons = regression.grade(regression.compile_case(suite, case), trace_)
+        assert reasons and all(type(item) is str for item in reasons), reason
+    builtin = regression.CASES[0]
+    assert all(type(item) is str for item in regression.check(builtin, {"status": "failed", "output": []}, "x"))
