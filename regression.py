@@ -659,11 +659,16 @@ register_check("cite", check_citations, keys=("cite",), validate=_validate_cite,
 
 
 def phrases_found(case, key, text):
-    """(present, absent) phrases of a case's `contains` or `excludes`, both sides in text_form()."""
-    folded = text_form(text)
+    """(present, absent) phrases of a case's `contains` or `excludes`, both sides in text_form().
+    For `excludes` an invisible character may also stand for a space ("lifetime<ZWSP>access"
+    is "lifetime access" too): a forbidden phrase is present when either reading holds it."""
+    forms = [text_form(text)]
+    if key == "excludes" and isinstance(text, str) and _INVISIBLE.search(text):
+        forms.append(_text_form(_INVISIBLE.sub(" ", text)))
     present, absent = [], []
     for phrase in case.get(key, []):
-        (present if text_form(phrase) in folded else absent).append(phrase)
+        wanted = text_form(phrase)
+        (present if any(wanted in form for form in forms) else absent).append(phrase)
     return present, absent
 
 

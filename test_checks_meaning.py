@@ -357,6 +357,15 @@ def test_excludes_sees_through_the_character_class(disguise):
         ["forbidden_text_present"]
 
 
+@pytest.mark.parametrize("joiner", ["\u200b", "\u2060", "\ufeff", "\u00ad"])
+def test_excludes_reads_an_invisible_character_as_a_space_too(joiner):
+    case = text_case(excludes=["lifetime access", CARD])
+    assert regression.grade(case, trace(f"You get lifetime{joiner}access.")) == ["forbidden_text_present"]
+    assert regression.grade(case, trace(joiner.join(CARD.split()))) == ["forbidden_text_present"]
+    assert regression.grade(text_case(excludes=["lifetimeaccess"]), trace(f"lifetime{joiner}access")) == \
+        ["forbidden_text_present"]
+
+
 @ALL_CLASSES
 def test_contains_sees_through_the_character_class(disguise):
     case = text_case(contains=["free trial", "30 days"])
