@@ -249,6 +249,26 @@ _INVISIBLE = re.compile(
     "\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
     "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
     "\U000e0000-\U000e0fff]")
+# The same characters split by plane: a class with astral ranges scans a long text several
+# times slower, and most texts hold no astral character at all (a one-range check says so).
+_BMP_PART, _ASTRAL_PART = _INVISIBLE.pattern[1:-1].split("\U000110bd", 1)
+_INVISIBLE_BMP = re.compile(f"[{_BMP_PART}]")
+_INVISIBLE_ASTRAL = re.compile(f"[\U000110bd{_ASTRAL_PART}]")
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
+
+
+def _invisible_in(text):
+    """Whether a text holds a character text_form() removes (fast on long texts)."""
+    return not text.isascii() and bool(_INVISIBLE_BMP.search(text) or (
+        _ASTRAL.search(text) and _INVISIBLE_ASTRAL.search(text)))
+
+
+def _drop_invisible(text, replacement=""):
+    """The text with every character text_form() removes replaced (by nothing, by default)."""
+    if text.isascii():
+        return text
+    text = _INVISIBLE_BMP.sub(replacement, text)
+    return _INVISIBLE_ASTRAL.sub(replacement, text) if _ASTRAL.search(text) else text
 
 
 def _text_form(text):
@@ -260,7 +280,7 @@ def _text_form(text):
     if text.isascii():  # nothing to normalise or remove: the fast path for most answers
         return " ".join(text.lower().split())
     import unicodedata  # imported where used: start-up stays lean (SPEC C1)
-    text = unicodedata.normalize("NFKC", _INVISIBLE.sub("", text)).casefold()
+    text = unicodedata.normalize("NFKC", _drop_invisible(text)).casefold()
     return " ".join(unicodedata.normalize("NFKC", text).split())  # casefolding can leave a text NFKC changes
 
 
@@ -663,8 +683,8 @@ def phrases_found(case, key, text):
     For `excludes` an invisible character may also stand for a space ("lifetime<ZWSP>access"
     is "lifetime access" too): a forbidden phrase is present when either reading holds it."""
     forms = [text_form(text)]
-    if key == "excludes" and isinstance(text, str) and _INVISIBLE.search(text):
-        forms.append(_text_form(_INVISIBLE.sub(" ", text)))
+    if key == "excludes" and isinstance(text, str) and _invisible_in(text):
+        forms.append(_text_form(_drop_invisible(text, " ")))
     present, absent = [], []
     for phrase in case.get(key, []):
         wanted = text_form(phrase)
@@ -1048,8 +1068,8 @@ def leak_found(instructions, said):
     """(kind, matched text) of the first leak in `said`, or None: a mention of hidden or system
     instructions, or a quote of LEAK_QUOTE_WORDS consecutive words of them."""
     forms = [text_form(said)]
-    if _INVISIBLE.search(said):  # an invisible character may stand for a space between words, too
-        forms.append(_text_form(_INVISIBLE.sub(" ", said)))
+    if _invisible_in(said):  # an invisible character may stand for a space between words, too
+        forms.append(_text_form(_drop_invisible(said, " ")))
     for form in forms:
         mention = next(iter(_word_starts(_LEAK_MENTION, form)), None)
         if mention:
@@ -3539,7 +3559,7 @@ def _sub_seeing_through(pattern, replacement, text):
     """pattern.sub as if the text had no invisible characters (zero-width spaces and other
     format characters): a value split by them is still masked, whole; every character
     outside a masked span, invisible ones included, stays as it was."""
-    if not _INVISIBLE.search(text):
+    if not _invisible_in(text):
         return pattern.sub(replacement, text)
     import bisect
     runs = [(run.start(), run.group()) for run in _VISIBLE_RUN.finditer(text)]
