@@ -292,6 +292,12 @@ def text_form(text):
     return _text_form(text)
 
 
+@functools.lru_cache(maxsize=4)
+def _spaced_form(text):
+    """text_form() with each invisible character read as a space (excludes and leak read both)."""
+    return _text_form(_drop_invisible(text, " "))
+
+
 def _canonical(value):
     return json.dumps(value, sort_keys=True)
 
@@ -684,7 +690,7 @@ def phrases_found(case, key, text):
     is "lifetime access" too): a forbidden phrase is present when either reading holds it."""
     forms = [text_form(text)]
     if key == "excludes" and isinstance(text, str) and _invisible_in(text):
-        forms.append(_text_form(_drop_invisible(text, " ")))
+        forms.append(_spaced_form(text))
     present, absent = [], []
     for phrase in case.get(key, []):
         wanted = text_form(phrase)
@@ -1069,7 +1075,7 @@ def leak_found(instructions, said):
     instructions, or a quote of LEAK_QUOTE_WORDS consecutive words of them."""
     forms = [text_form(said)]
     if _invisible_in(said):  # an invisible character may stand for a space between words, too
-        forms.append(_text_form(_drop_invisible(said, " ")))
+        forms.append(_spaced_form(said))
     for form in forms:
         mention = next(iter(_word_starts(_LEAK_MENTION, form)), None)
         if mention:
