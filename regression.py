@@ -548,14 +548,6 @@ def reason_table():
     return list(rows.values())
 
 
-def _reason_of(name):
-    """The reason a failure name stands under in the table (wrong_code -> wrong_<field>)."""
-    known = {reason for reason, _, _ in reason_table()}
-    if name in known:
-        return name
-    return next((reason for reason in known if "<" in reason and name.startswith(reason.split("<")[0])), name)
-
-
 # ---------------------------------------------------------------------- the checks, in run order
 
 def check_completed(case, trace):
