@@ -205,6 +205,8 @@ def test_list_checks_shows_switches_reasons_and_the_normal_form(capsys):
         for reason in check.reasons:
             assert reason in out
     assert "NFKC" in out and "zero-width" in out
+    assert f"{regression.SIMILARITY_PREFIX:,} characters" in out and f"{regression.SIMILARITY_WORK:,}" in out
+    assert "invented_field" in out and "please, could you" in out
 
 
 # ====================================================================== 1. require_clarification
