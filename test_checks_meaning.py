@@ -974,3 +974,26 @@ def test_grade_and_the_spec_checker_return_plain_strings():
         assert reasons and all(type(item) is str for item in reasons), reason
     builtin = regression.CASES[0]
     assert all(type(item) is str for item in regression.check(builtin, {"status": "failed", "output": []}, "x"))
+
+
+SPELLINGS = ["order id", "order ID", "Order-Id", "order_id", "orderid", "order number", "order no.", "order #",
+             "order identifier"]
+ASKS = ["What is your {f}?", "Could you share the {f}", "Please send me your {f}.", "Sure, tell me the {f} first.",
+        "I need the {f} to do that.", "Which {f} is it?", "Can you give me the {f}", "Let me know the {f}!"]
+STATES = ["Your {f} is {v}.", "Cancelled {f} {v} for you.", "Done: {f}: {v}.", "I found {f} {v}; anything else?"]
+
+
+@settings(**PROPERTY)
+@given(st.sampled_from(ASKS), st.sampled_from(SPELLINGS), st.sampled_from(list(INVISIBLE.values()) + [str]))
+def test_any_request_naming_the_field_is_a_clarification(ask, spelling, disguise):
+    assert clarify("Happy to help. " + ask.format(f=disguise(spelling))) == []
+
+
+@settings(**PROPERTY)
+@given(st.sampled_from(STATES), st.sampled_from(SPELLINGS),
+       st.from_regex(r"(ord_)?[0-9]{3,8}|[A-Z]{2,3}-[0-9]{2,5}", fullmatch=True))
+def test_any_stated_value_the_user_never_gave_is_invented(state, spelling, value):
+    reasons = clarify(state.format(f=spelling, v=value))
+    assert "invented_field" in reasons
+    given = dict(CLARIFY, input=f"Cancel order {value}.")  # the user gave it: nothing invented
+    assert "invented_field" not in clarify(state.format(f=spelling, v=value), case=given)
