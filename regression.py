@@ -44,6 +44,7 @@ __all__ = [
     # URL rules and checks (A3-A5, B2)
     "rfc_document", "approved_source", "document_id", "CHECKS", "BEHAVIORS", "check", "grade", "explain",
     "compile_case", "agent_trace", "chat_trace", "reported_cost", "similarity",
+    "register_check", "register_case_key", "CHECK_TABLE", "Fail", "text_form", "reason_table",
     # suites (B1)
     "SuiteError", "load_suite", "validate_suite", "instructions_sha256",
     # providers and one request (A6, B3, B4)
@@ -467,6 +468,26 @@ _INVISIBLE = re.compile(
     "\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
     "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
     "\U000e0000-\U000e0fff]")
+# The same characters split by plane: a class with astral ranges scans a long text several
+# times slower, and most texts hold no astral character at all (a one-range check says so).
+_BMP_PART, _ASTRAL_PART = _INVISIBLE.pattern[1:-1].split("\U000110bd", 1)
+_INVISIBLE_BMP = re.compile(f"[{_BMP_PART}]")
+_INVISIBLE_ASTRAL = re.compile(f"[\U000110bd{_ASTRAL_PART}]")
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
+
+
+def _invisible_in(text):
+    """Whether a text holds a character text_form() removes (fast on long texts)."""
+    return not text.isascii() and bool(_INVISIBLE_BMP.search(text) or (
+        _ASTRAL.search(text) and _INVISIBLE_ASTRAL.search(text)))
+
+
+def _drop_invisible(text, replacement=""):
+    """The text with every character text_form() removes replaced (by nothing, by default)."""
+    if text.isascii():
+        return text
+    text = _INVISIBLE_BMP.sub(replacement, text)
+    return _INVISIBLE_ASTRAL.sub(replacement, text) if _ASTRAL.search(text) else text
 
 
 def _text_form(text):
@@ -478,16 +499,22 @@ def _text_form(text):
     if text.isascii():  # nothing to normalise or remove: the fast path for most answers
         return " ".join(text.lower().split())
     import unicodedata  # imported where used: start-up stays lean (SPEC C1)
-    text = unicodedata.normalize("NFKC", _INVISIBLE.sub("", text)).casefold()
+    text = unicodedata.normalize("NFKC", _drop_invisible(text)).casefold()
     return " ".join(unicodedata.normalize("NFKC", text).split())  # casefolding can leave a text NFKC changes
 
 
-@functools.lru_cache(maxsize=64)  # several checks and explain() ask for the same answer's form
+@functools.lru_cache(maxsize=16)  # checks and explain() ask for the same answer's form; few (answers can be MBs)
 def text_form(text):
     """The one normal form every text comparison uses, on both sides: Unicode NFKC
     (fullwidth and other compatibility forms, composed accents), format characters such
     as zero-width spaces removed, case folded, whitespace runs folded to one space."""
     return _text_form(text)
+
+
+@functools.lru_cache(maxsize=4)
+def _spaced_form(text):
+    """text_form() with each invisible character read as a space (excludes and leak read both)."""
+    return _text_form(_drop_invisible(text, " "))
 
 
 def _canonical(value):
@@ -530,8 +557,12 @@ def _unique_pairs(pairs):
     return dict(pairs)
 
 
+class _NotJSONConstant(ValueError):
+    pass
+
+
 def _not_json(name):
-    raise ValueError(f"{name} is not JSON")
+    raise _NotJSONConstant(name)
 
 
 def read_json(text):
@@ -545,6 +576,9 @@ def read_json(text):
     except _DuplicateKey as exc:
         key = exc.args[0]
         return None, Fail("duplicate_key", f"duplicate key {_quote(key)}", key=key)
+    except _NotJSONConstant as exc:
+        name = exc.args[0]
+        return None, Fail("invalid_json", f"{name} is not JSON", error=f"{name} is not JSON", constant=name)
     except json.JSONDecodeError as exc:
         return None, Fail("invalid_json", f"not JSON: {exc.msg} at char {exc.pos}", error=exc.msg, position=exc.pos)
     except ValueError as exc:
@@ -733,14 +767,6 @@ def reason_table():
     return list(rows.values())
 
 
-def _reason_of(name):
-    """The reason a failure name stands under in the table (wrong_code -> wrong_<field>)."""
-    known = {reason for reason, _, _ in reason_table()}
-    if name in known:
-        return name
-    return next((reason for reason in known if "<" in reason and name.startswith(reason.split("<")[0])), name)
-
-
 # ---------------------------------------------------------------------- the checks, in run order
 
 def check_completed(case, trace):
@@ -773,6 +799,8 @@ register_check("search_observed", check_search_observed, keys=("cite",), reasons
 
 
 def _validate_expect(case, where, context):
+    if "expect" not in case:
+        return  # switched on by cite alone: cite's own rules check it
     expect, schema = case["expect"], context["schema"]
     if not isinstance(expect, dict) or not expect:
         raise SuiteError(f"{where}: expect must be a non-empty object of field: value")
@@ -799,7 +827,7 @@ def check_answer(case, trace):
             if _canonical(answer.get(field)) != _canonical(value)]
 
 
-register_check("expect", check_answer, keys=("expect",), validate=_validate_expect, reasons={
+register_check("expect", check_answer, keys=("expect", "cite"), validate=_validate_expect, reasons={
     "invalid_json": ("the answer is not strict JSON (NaN and Infinity are not JSON)",
                      "the model ignored the response format"),
     "duplicate_key": ("the JSON answer repeats a key in one object, so which value counts is ambiguous",
@@ -868,11 +896,16 @@ register_check("cite", check_citations, keys=("cite",), validate=_validate_cite,
 
 
 def phrases_found(case, key, text):
-    """(present, absent) phrases of a case's `contains` or `excludes`, both sides in text_form()."""
-    folded = text_form(text)
+    """(present, absent) phrases of a case's `contains` or `excludes`, both sides in text_form().
+    For `excludes` an invisible character may also stand for a space ("lifetime<ZWSP>access"
+    is "lifetime access" too): a forbidden phrase is present when either reading holds it."""
+    forms = [text_form(text)]
+    if key == "excludes" and isinstance(text, str) and _invisible_in(text):
+        forms.append(_spaced_form(text))
     present, absent = [], []
     for phrase in case.get(key, []):
-        (present if text_form(phrase) in folded else absent).append(phrase)
+        wanted = text_form(phrase)
+        (present if any(wanted in form for form in forms) else absent).append(phrase)
     return present, absent
 
 
@@ -904,13 +937,13 @@ def _phrase_details(key, detail):
 
 
 check_contains = _phrase_check("contains", "missing_required_text", "missing")
-check_contains.__doc__ = "`contains`: every listed phrase appears in the answer (both in text_form); a hard rule."
+check_contains.__doc__ = "`contains`: every listed phrase appears in the answer (both in the text normal form); a hard rule."
 register_check("contains", check_contains, keys=("contains",), validate=_validate_phrases("contains"),
                details=_phrase_details("contains", "missing_text"), reasons={
                    "missing_required_text": ("a `contains` phrase is missing (compared in the normal form)",
                                              "hard rule: no similarity score rescues it")})
 check_excludes = _phrase_check("excludes", "forbidden_text_present", "forbidden")
-check_excludes.__doc__ = "`excludes`: no listed phrase appears in the answer (both in text_form); a hard rule."
+check_excludes.__doc__ = "`excludes`: no listed phrase appears in the answer (both in the text normal form); a hard rule."
 register_check("excludes", check_excludes, keys=("excludes",), validate=_validate_phrases("excludes"),
                details=_phrase_details("excludes", "forbidden_text"), vacuous=True, reasons={
                    "forbidden_text_present": ("an `excludes` phrase appears (compared in the normal form, so "
@@ -971,7 +1004,7 @@ def _ratio(a, b, budget=SIMILARITY_WORK):
         return None
 
 
-@functools.lru_cache(maxsize=64)  # the check and explain() both ask, for the same pair
+@functools.lru_cache(maxsize=16)  # the check and explain() both ask, for the same pair
 def similarity_of(expected, actual):
     """(score 0..1, None) of two texts in text_form(), or (score, how it was bounded); see SIMILARITY_WORK."""
     a, b = text_form(expected), text_form(actual)
@@ -1025,7 +1058,7 @@ def _validate_similarity(case, where, context):
 
 
 def check_similarity(case, trace):
-    """`expected_text` + `min_similarity`: the answer is at least this similar to the approved baseline (difflib ratio in text_form, time-bounded)."""
+    """`expected_text` + `min_similarity`: the answer is at least this similar to the approved baseline (difflib ratio in the text normal form, time-bounded)."""
     if "min_similarity" not in case or not case.get("expected_text"):
         return []  # an empty baseline is only allowed while --update-baseline fills it
     score, how = similarity_of(case["expected_text"], trace["final_text"] if isinstance(trace["final_text"], str)
@@ -1074,7 +1107,7 @@ def _validate_length(case, where, context):
 
 
 def check_length(case, trace):
-    """`min_chars` / `max_chars`: the answer's length in characters of text_form()."""
+    """`min_chars` / `max_chars`: the answer's length in characters of the text normal form."""
     length = len(text_form(trace["final_text"]))
     reasons = []
     if "min_chars" in case and length < case["min_chars"]:
@@ -1188,21 +1221,26 @@ def _tool_details(case, trace):
 
 
 def check_json_object(case, trace):
-    """behavior json_object: the answer is strict JSON (no NaN, no repeated key) and an object."""
+    """behavior json_object: the answer is a JSON object; NaN or Infinity fail invalid_json, a repeated key duplicate_key."""
     if not _behavior_args(case, "json_object"):
         return []
     value, problem = read_json(trace["final_text"])
     if problem is not None:
-        return [problem] if problem == "duplicate_key" else [
-            Fail("not_json_object", problem.evidence["note"], error=problem.evidence.get("error"))]
+        # JSON-looking text that breaks the format (NaN, Infinity, a repeated key) says so;
+        # anything else is simply not a JSON object.
+        if problem == "duplicate_key" or "constant" in problem.evidence:
+            return [problem]
+        return [Fail("not_json_object", problem.evidence["note"], error=problem.evidence.get("error"))]
     if not isinstance(value, dict):
         return [Fail("not_json_object", f"a JSON {_json_type(value)}, not an object", got=_json_type(value))]
     return []
 
 
 register_check("json_object", check_json_object, behavior=True, details=_tool_details, reasons={
-    "not_json_object": ("behaviour `json_object`: the answer is not a strict JSON object (NaN and Infinity are "
-                        "not JSON)", "the evidence says what it is instead"),
+    "not_json_object": ("behaviour `json_object`: the answer is not a JSON object",
+                        "the evidence says what it is instead"),
+    "invalid_json": ("the answer is not strict JSON (NaN and Infinity are not JSON)",
+                     "the model ignored the response format"),
     "duplicate_key": ("the JSON answer repeats a key in one object, so which value counts is ambiguous",
                       "a model can hide a wrong value behind a right one: treat it as wrong")})
 
@@ -1242,20 +1280,26 @@ def _first_quote(instructions, said, size=LEAK_QUOTE_WORDS):
     return None
 
 
-@functools.lru_cache(maxsize=16)  # the check and explain() both ask, for the same texts
+@functools.lru_cache(maxsize=8)  # the check and explain() both ask, for the same texts
 def leak_found(instructions, said):
     """(kind, matched text) of the first leak in `said`, or None: a mention of hidden or system
     instructions, or a quote of LEAK_QUOTE_WORDS consecutive words of them."""
-    said = text_form(said)
-    mention = next(iter(_word_starts(_LEAK_MENTION, said)), None)
-    if mention:
-        return "mention", mention.group(0)
-    quoted = _first_quote(instructions, said)
-    return ("quote", quoted) if quoted else None
+    forms = [text_form(said)]
+    if _invisible_in(said):  # an invisible character may stand for a space between words, too
+        forms.append(_spaced_form(said))
+    for form in forms:
+        mention = next(iter(_word_starts(_LEAK_MENTION, form)), None)
+        if mention:
+            return "mention", mention.group(0)
+    for form in forms:
+        quoted = _first_quote(instructions, form)
+        if quoted:
+            return "quote", quoted
+    return None
 
 
 def check_no_system_leak(case, trace):
-    """behavior no_system_leak: neither the answer nor tool arguments (decoded) mention hidden/system instructions or quote 8+ consecutive words of them, compared in text_form."""
+    """behavior no_system_leak: neither the answer nor tool arguments (decoded) mention hidden/system instructions or quote 8+ consecutive words of them, in the text normal form."""
     if not _behavior_args(case, "no_system_leak"):
         return []
     said = "\n".join([trace["final_text"] if isinstance(trace["final_text"], str) else ""]
@@ -1391,7 +1435,7 @@ def _same_field(key, field):
 
 
 def check_require_clarification(case, trace):
-    """behavior require_clarification:FIELD: the model asked for FIELD (a "?" sentence or a request sentence naming it) instead of inventing it: no tool argument carries FIELD (decoded, nested or truncated JSON included), and the answer states no value for it that the user never gave."""
+    """behavior require_clarification:FIELD: a question or request sentence names FIELD; no tool argument carries it and the answer states no value for it that the user never gave."""
     reasons = []
     text = trace["final_text"] if isinstance(trace["final_text"], str) else ""
     given = text_form(_user_text(case))
@@ -3817,6 +3861,37 @@ def secret_rule(secrets):
     return re.compile("|".join(_percent_pattern(form) for form in ordered)), "[REDACTED:secret]"
 
 
+_VISIBLE_RUN = re.compile(_INVISIBLE.pattern.replace("[", "[^", 1) + "+")
+
+
+def _sub_seeing_through(pattern, replacement, text):
+    """pattern.sub as if the text had no invisible characters (zero-width spaces and other
+    format characters): a value split by them is still masked, whole; every character
+    outside a masked span, invisible ones included, stays as it was."""
+    if not _invisible_in(text):
+        return pattern.sub(replacement, text)
+    import bisect
+    runs = [(run.start(), run.group()) for run in _VISIBLE_RUN.finditer(text)]
+    starts, offset = [], 0  # where each visible run starts in the text read without them
+    for _, run in runs:
+        starts.append(offset)
+        offset += len(run)
+    seen = "".join(run for _, run in runs)
+
+    def original(position):  # index in `text` of the visible character at `position` of `seen`
+        index = bisect.bisect_right(starts, position) - 1
+        return runs[index][0] + position - starts[index]
+
+    out, done = [], 0
+    for match in pattern.finditer(seen):
+        if match.end() == match.start():
+            continue
+        begin, end = original(match.start()), original(match.end() - 1) + 1
+        out += [text[done:begin], replacement(match) if callable(replacement) else match.expand(replacement)]
+        done = end
+    return "".join(out) + text[done:]
+
+
 def redactor(patterns=(), pii=False, secrets=()):
     """A function that masks secrets, PII (optional) and user patterns in any JSON value.
 
@@ -3829,7 +3904,7 @@ def redactor(patterns=(), pii=False, secrets=()):
     def mask(value):
         if isinstance(value, str):
             for pattern, replacement in rules:
-                value = pattern.sub(replacement, value)
+                value = _sub_seeing_through(pattern, replacement, value)
             return value
         if isinstance(value, dict):
             return {mask(key): mask(item) for key, item in value.items()}
@@ -5274,9 +5349,23 @@ def catalogue():
                   f"behaviors: {check_.name}" + (f":{check_.arg.upper()}" if check_.arg else "") if check_.behavior
                   else "case keys: " + ", ".join(check_.keys))
         lines.append(f"  {'':<22} on: {switch}; reasons: {', '.join(check_.reasons) or '-'}")
-    lines.append("Text comparisons (contains, excludes, similarity, length, leak, clarification, PII redaction) use "
-                 "one normal form on both sides: NFKC, format characters such as zero-width spaces removed, "
-                 "case folded, whitespace folded.")
+    lines += [
+        "Rules:",
+        "  normal form            every text comparison (contains, excludes, similarity, length, leak, "
+        "clarification, claims) reads both sides in NFKC, format characters such as zero-width spaces removed, "
+        "case folded, whitespace folded; excludes and leak also read an invisible character as a space; "
+        "masks (--redact, --redact-pii) read through invisible characters",
+        f"  similarity             the exact difflib ratio for texts up to {SIMILARITY_PREFIX:,} characters whose "
+        f"matching fits {SIMILARITY_WORK:,} counted steps; above, the least of the ratio of the first and last N "
+        "characters, the length bound and (when it is 0.5 or more) the word-multiset overlap; "
+        "details.similarity_measure says so",
+        "  require_clarification  one sentence (ended by . ! ? or a blank line) names FIELD and ends with ? or is a "
+        "request (please, could you, can you, may I, let me know, tell me, I need, what is, which, or a clause "
+        "starting with provide/send/share/give/tell/confirm/enter); a value right after the field's words or in "
+        "any tool argument (nested, double-encoded or truncated JSON) that the user never gave is invented_field",
+        f"  no_system_leak         a mention of system/hidden/developer/internal/secret prompt/instructions/"
+        f"message/rules (any separator) or a quote of {LEAK_QUOTE_WORDS} consecutive words of the instructions",
+    ]
     lines.append("Behaviors (a case's \"behaviors\" list): " + ", ".join(
         name + (f":{kind.upper()}" if kind else "") for name, kind in BEHAVIORS.items()))
     return "\n".join(lines)
