@@ -2024,8 +2024,8 @@ def validate_suite(data, allow_empty_baseline=False):
     if not isinstance(data, dict):
         raise SuiteError("a suite must be a JSON object")
     if _not_unicode(data):
-        where = next((f"case #{n + 1}" for n, case in enumerate(data.get("cases") or [])
-                      if isinstance(data.get("cases"), list) and _not_unicode(case)), "suite")
+        cases = data.get("cases") if isinstance(data.get("cases"), list) else []  # {"cases": 5} too
+        where = next((f"case #{n + 1}" for n, case in enumerate(cases) if _not_unicode(case)), "suite")
         raise SuiteError(f"{where}: holds a lone surrogate escape (such as \\ud800), which is not text")
     if is_promptreg(data):
         return promptreg_suite(data, allow_empty_baseline)
