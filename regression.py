@@ -1263,7 +1263,7 @@ def check_no_final_answer(case, trace):
 
 
 register_check("no_final_answer", check_no_final_answer, keys=("tool_results", "max_rounds"),
-               validate=_validate_played, reasons={
+               validate=_validate_played, vacuous=True, reasons={
                    "no_final_answer": ("a played case reached `max_rounds` while the model was still calling tools",
                                        "a looping agent: read `details.tool_calls`")})
 
@@ -1345,7 +1345,7 @@ def check_claims(case, trace):
 
 
 register_check("claims", check_claims, keys=("claims",), validate=_validate_claims, details=_tool_details,
-               reasons={"unbacked_claim": (
+               vacuous=True, reasons={"unbacked_claim": (
                    "`claims`: the answer says PHRASE, but the tool that makes it true was never called with a "
                    "non-error result", "a confident false report: treat it as a severe regression")})
 
