@@ -931,3 +931,25 @@ def test_a_legacy_function_call_is_answered_by_a_function_message():
         {"role": "assistant", "content": "", "function_call": {"name": "lookup_order",
                                                                "arguments": '{"order_id": "ord_1"}'}},
         {"role": "function", "name": "lookup_order", "content": '{"ok": 1}'}]
+
+
+def test_perplexity_cli_run_plays_tools_through_the_sdk_and_replays_offline(tmp_path, monkeypatch):
+    out, again = tmp_path / "run.json", tmp_path / "again.json"
+    with FakeServer(fakes.refund_agent()) as server:
+        monkeypatch.setenv("PERPLEXITY_BASE_URL", server.url)
+        monkeypatch.setenv("PERPLEXITY_API_KEY", "pplx-test-key-123456")
+        code = run_main(["--suite", EXAMPLE, "--models", "refund-correct", "refund-loops", "--out", out])
+        sent = server.count
+        assert run_main(["--provider", "replay", "--replay", out, "--out", again]) == 1
+        assert server.count == sent
+    assert code == 1
+    record = read_record(out)
+    assert record["provider"]["name"] == "perplexity"
+    rows = rows_by_key(record)
+    assert sent == sum(len(row["rounds"]) for row in rows.values()) == 3 + 2 + 1 + 4 * 3
+    correct = rows[("refund-correct", "refund-shipped-order", 0)]
+    assert correct["passed"] and correct["rounds"][0]["response"]["output"][0]["type"] == "function_call"
+    assert [request.json["input"][-1]["type"] for request in server.requests[1:3]] == ["function_call_output"] * 2
+    assert b"pplx-test-key-123456" not in out.read_bytes()
+    replayed = rows_by_key(read_record(again))
+    assert all(replayed[key]["reasons"] == row["reasons"] for key, row in rows.items())
