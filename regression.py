@@ -3809,7 +3809,7 @@ def markdown_run(record):
     traced = [row for row in failed if _row_calls(row)]
     if traced:
         lines += ["", "### Trajectories of failing rows", "", md_table(["model", "case", "repeat", "calls"], [
-            [md_text(row.get("model")), md_text(row.get("case_id")), str(row.get("repeat")),
+            [md_text(row.get("model")), md_text(row.get("case_id")), md_text(row.get("repeat")),
              "<br>".join(md_text(line, limit=2 * TRAJECTORY_TEXT_LIMIT + 40) for line in trajectory_lines(row))]
             for row in traced])]
     return "\n".join(lines) + "\n"
