@@ -35,7 +35,8 @@ import sys
 
 from regression import (CASES, CHECK_TABLE, INSTRUCTIONS, RecordError, check, dumps, html_page, html_table,
                         junit_xml, load_record, md_table, md_text, plan_rows, record_problem, row_key, safe_text,
-                        summary, tool_sequence, write_new_file, xml_text)
+                        tool_sequence,
+                        summary, write_new_file, xml_text)
 
 
 # ====================================================================== records

@@ -2914,12 +2914,6 @@ class OpenAIProvider(Provider):
 
     parse = staticmethod(chat_trace)
 
-    @staticmethod
-    def call_ids(raw):
-        """The id of each tool call, in trace order (a tool message answers it by tool_call_id)."""
-        message = raw["choices"][0]["message"]
-        return [call.get("id") for call in message.get("tool_calls") or [] if isinstance(call, dict)]
-
     def _explain(self, exc):
         """Put what the endpoint said, and what to do, into an HTTPError's message; close it."""
         try:
@@ -2943,6 +2937,12 @@ class OpenAIProvider(Provider):
                 notes.append("most OpenAI-compatible servers serve /v1: try the base URL with the /v1 suffix")
         if notes:
             exc.msg = f"{exc.msg}: {'; '.join(notes)}"
+
+    @staticmethod
+    def call_ids(raw):
+        """The id of each tool call, in trace order (a tool message answers it by tool_call_id)."""
+        message = raw["choices"][0]["message"]
+        return [call.get("id") for call in message.get("tool_calls") or [] if isinstance(call, dict)]
 
 
 @functools.lru_cache(maxsize=1)
@@ -4871,8 +4871,9 @@ def row_line(row, widths=(0, 0)):
     else:
         notes = evidence_notes(row)
         verdict = "FAIL " + ",".join(row["reasons"]) + (f" ({notes})" if notes else "")
-    if isinstance(row.get("attempts"), int) and row["attempts"] > 1:
-        verdict += f" (after {row['attempts']} attempts)"
+    requests = len(row["rounds"]) if isinstance(row.get("rounds"), list) and row["rounds"] else 1
+    if isinstance(row.get("attempts"), int) and row["attempts"] > requests:  # retries happened
+        verdict += f" (after {row['attempts']} attempts" + (f" for {requests} rounds)" if requests > 1 else ")")
     cost = f"${row['cost_usd']}" if row["cost_usd"] is not None else "cost ?"
     cost += " estimated" if row.get("cost_estimated") else ""
     return safe_text(f"{row['model']:<{widths[0]}}  {row['case_id']:<{widths[1]}}  r{row['repeat']}  {verdict}  {cost}  "

@@ -78,8 +78,7 @@ def test_quick_start_demo(tmp_path):
 
 
 def test_every_python_command_of_the_readme_is_covered_here():
-    covered = set(OFFLINE) | set(LIVE_FAKED) | set(NEEDS_REAL_ENDPOINT) | {QUICK_DEMO} | set(GOLDEN_MATRIX) \
-        | set(TESTED_ELSEWHERE)
+    covered = set(OFFLINE) | set(LIVE_FAKED) | set(NEEDS_REAL_ENDPOINT) | {QUICK_DEMO} | set(GOLDEN_MATRIX) | set(TESTED_ELSEWHERE)
     assert set(python_commands()) <= covered, set(python_commands()) - covered
 
 
