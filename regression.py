@@ -3300,9 +3300,9 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
     """Run a played case into `row` round by round (as steps, see send_steps); returns its trace.
 
     Each response is stored in row["rounds"] (and row["response"]) before it is read, so a
-    failure mid-loop keeps every round already made as evidence. `budget(row_cost)` (the
-    row's reported cost so far, a decimal string or None) says why no further round may be
-    sent, or None: the spending cap applies to every request, not only between rows."""
+    failure mid-loop keeps every round already made as evidence. `budget(row, row_cost)` (the
+    row so far, and its reported cost so far, a decimal string or None) says why no further
+    round may be sent, or None: the spending cap applies to every request, not only between rows."""
     limit = round_limit(suite, case)
     deadline = getattr(provider, "deadline", None)
     until = clock() + deadline * limit if deadline else None  # the whole row, retries included
@@ -3320,7 +3320,7 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
         if not trace["tool_calls"] or len(rounds) >= limit:
             return rounds_trace(provider.parse, rounds)
         rounds[-1]["tool_results"] = tool_results(case, trace, call_ids(raw), len(rounds))
-        stop = budget(_sum_costs(costs)) if budget is not None else None
+        stop = budget(row, _sum_costs(costs)) if budget is not None else None
         if stop:
             row["cost_usd"] = _sum_costs(costs)  # spent for real, though the row did not finish
             raise BudgetReached(f"{stop} after round {len(rounds)}")
@@ -5294,14 +5294,19 @@ def execute_run(run, args, writer, tally):
     state = {"stopped": None, "last": max((position[row_key(r)] for r in run.kept), default=-1), "in_order": True}
     answers = {}
 
-    def budget(row_cost):
-        """Why a played row may send no further round: the cap counts its rounds so far."""
+    def budget(row, row_cost):
+        """Why a played row may send no further round: the cap counts its rounds so far
+        (reported, or estimated from their token usage with --price)."""
+        if args.max_cost_usd is None:
+            return None
+        if row_cost is None:  # no reported cost: the estimate the finished row would get
+            row_cost = estimate_cost({**row, "cost_usd": None, "error": None}, run.prices or {}).get("cost_usd")
         spent = tally.spent()
-        if args.max_cost_usd is None or spent is None or row_cost is None:
-            return None  # no cap, or no cost to hold it against (the row's end says so)
-        if spent + decimal.Decimal(row_cost) >= args.max_cost_usd:
-            return f"--max-cost-usd reached: reported spend ${format(spent + decimal.Decimal(row_cost), 'f')} " \
-                   f"of ${format(args.max_cost_usd, 'f')}"
+        if spent is None or row_cost is None:
+            return None  # no cost to hold the cap against (the row's end says so)
+        total = spent + decimal.Decimal(row_cost)
+        if total >= args.max_cost_usd:
+            return f"--max-cost-usd reached: spend ${format(total, 'f')} of ${format(args.max_cost_usd, 'f')}"
         return None
 
     def work(key):

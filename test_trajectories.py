@@ -953,3 +953,14 @@ def test_perplexity_cli_run_plays_tools_through_the_sdk_and_replays_offline(tmp_
     assert b"pplx-test-key-123456" not in out.read_bytes()
     replayed = rows_by_key(read_record(again))
     assert all(replayed[key]["reasons"] == row["reasons"] for key, row in rows.items())
+
+
+def test_spending_cap_between_rounds_counts_estimated_cost_with_price(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.scripted_chat({"loops": fakes.refund_loops}, cost=None)) as server:
+        # 10 input tokens per turn at 10,000 USD per million: 0.1 per round, estimated
+        code = cli_run(server, out, "--price", "loops=10000/0", "--max-cost-usd", "0.25", models=["loops"])
+        sent = server.count
+    row = read_record(out)["runs"][0]
+    assert code == 2 and sent == 3 and len(row["rounds"]) == 3
+    assert row["error"] == "BudgetReached" and "spend $0.3" in row["error_message"]
