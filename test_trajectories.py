@@ -8,6 +8,7 @@ read the conversation they are sent and refuse malformed ones, as real servers d
 """
 
 import contextlib
+import decimal
 import json
 import os
 import re
@@ -964,3 +965,63 @@ def test_spending_cap_between_rounds_counts_estimated_cost_with_price(tmp_path):
     row = read_record(out)["runs"][0]
     assert code == 2 and sent == 3 and len(row["rounds"]) == 3
     assert row["error"] == "BudgetReached" and "spend $0.3" in row["error_message"]
+
+
+class ScriptedStub:
+    """An in-process provider playing a fixed script of turns in the `kind` API's wire form; it
+    checks every continuation it is sent as the loopback fakes do (ids answered, content not null)."""
+
+    name = "stub"
+    deadline = None
+
+    def __init__(self, kind, turns):
+        self.kind, self.turns, self.sent = kind, turns, []
+        self.parse = regression.chat_trace if kind == "openai" else regression.PerplexityProvider.parse
+        self.call_ids = (regression.OpenAIProvider if kind == "openai" else regression.PerplexityProvider).call_ids
+
+    def request(self, model, suite, case, repeat=0, rounds=()):
+        if self.kind == "openai":
+            body = regression.chat_request(suite, case, model)
+            body["messages"] += regression.chat_tool_messages(rounds)
+            _, history = fakes.chat_conversation(body)
+        else:
+            body = regression.agent_request(suite, case, model)
+            body["input"] = regression.agent_tool_input(case, rounds) if rounds else body["input"]
+            _, history = fakes.agent_conversation(body)
+        self.sent.append(history)
+        calls = self.turns[len(rounds)] if len(rounds) < len(self.turns) else []
+        calls = [(name, {"order_id": f"ord_{len(rounds)}_{n}"}) for n, name in enumerate(calls)]
+        if self.kind == "openai":
+            return fakes.chat_response("" if calls else "done", tool_calls=calls, cost=0.5)
+        response = fakes.agent_response(None if calls else "done", function_calls=calls, cost=0.5,
+                                        status="requires_action" if calls else "completed")
+        for n, item in enumerate(item for item in response["output"] if item["type"] == "function_call"):
+            item["call_id"] = f"c{len(rounds)}_{n}"
+        return response
+
+
+@settings(max_examples=60, deadline=None)
+@given(kind=st.sampled_from(PROVIDERS), limit=st.integers(1, 6),
+       turns=st.lists(st.lists(st.sampled_from(["lookup_order", "refund_order", "cancel_order"]), max_size=3),
+                      max_size=8))
+def test_the_loop_over_generated_agents(kind, limit, turns):
+    """Any agent: the loop sends back exactly the calls made so far, stops at the first turn
+    without a call or at max_rounds, and the trace lists every call in order with its round."""
+    suite = regression.validate_suite({**example(), "max_rounds": limit, "cases": [
+        {"id": "c", "input": "Refund ord_1.", "tool_results": {"lookup_order": {"status": "shipped"}}}]})
+    stub = ScriptedStub(kind, turns)
+    row = regression.execute(stub, suite, suite["cases"][0], "m", 0)
+    assert row["error"] is None, row.get("error_message")
+    played = turns + [[]]
+    stop = next(n for n, calls in enumerate(played) if not calls) + 1  # the first turn without a call
+    rounds = min(stop, limit)
+    assert len(row["rounds"]) == len(stub.sent) == rounds
+    expected = [(n, name) for n, calls in enumerate(played[:rounds], 1) for name in calls]
+    assert [(call["round"], call["name"]) for call in row["details"]["tool_calls"]] == expected
+    for n, history in enumerate(stub.sent):  # each request carried every call answered before it
+        assert [name for name, _, _ in history] == [name for calls in played[:n] for name in calls]
+    for call in row["details"]["tool_calls"]:  # only the last turn's calls (at the limit) got no result
+        assert ("result" in call) == (call["round"] < rounds)
+        assert "result" not in call or bool(call.get("unscripted")) == (call["name"] != "lookup_order")
+    assert ("no_final_answer" in row["reasons"]) == (stop > limit)
+    assert row["cost_usd"] == format(decimal.Decimal("0.5") * rounds, "f")
