@@ -4186,7 +4186,7 @@ def _row_calls(row):
 
 def tool_sequence(row):
     """The names of a row's tool calls, in order (from its details)."""
-    return [str(call.get("name")) for call in _row_calls(row)]
+    return [_cut(str(call.get("name")), 80) for call in _row_calls(row)]
 
 
 def trajectory(row, limit=TRAJECTORY_TEXT_LIMIT):
@@ -4200,7 +4200,9 @@ def trajectory(row, limit=TRAJECTORY_TEXT_LIMIT):
             result = "(no result sent)"
         else:
             result = dumps(call["result"]) + (" [unscripted]" if call.get("unscripted") else "")
-        steps.append((call.get("round"), _cut(f"{call.get('name')}({arguments})", limit), _cut(result, limit)))
+        number = call.get("round")
+        number = number if isinstance(number, int) and not isinstance(number, bool) and 0 <= number <= 10_000 else None
+        steps.append((number, _cut(f"{call.get('name')}({arguments})", limit), _cut(result, limit)))
     return steps
 
 

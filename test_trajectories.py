@@ -1025,3 +1025,22 @@ def test_the_loop_over_generated_agents(kind, limit, turns):
         assert "result" not in call or bool(call.get("unscripted")) == (call["name"] != "lookup_order")
     assert ("no_final_answer" in row["reasons"]) == (stop > limit)
     assert row["cost_usd"] == format(decimal.Decimal("0.5") * rounds, "f")
+
+
+json_values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True),
+                                     st.text(max_size=300)),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
+                                                                                        max_size=3), max_leaves=12)
+
+
+@settings(max_examples=80, deadline=None)
+@given(details=st.one_of(json_values, st.fixed_dictionaries({"tool_calls": st.lists(st.one_of(
+    json_values, st.fixed_dictionaries({"round": json_values | st.integers(), "name": json_values,
+                                        "arguments": json_values},
+                                       optional={"result": json_values, "unscripted": json_values})), max_size=30)})))
+def test_trajectory_of_any_stored_details_never_raises_and_stays_short(details):
+    row = {"details": details}
+    lines = regression.trajectory_lines(row)
+    sequence = regression.tool_sequence(row)
+    assert len(lines) <= regression.TRAJECTORY_CALLS_SHOWN + 1 and all(isinstance(name, str) for name in sequence)
+    assert all(len(line) <= 2 * regression.TRAJECTORY_TEXT_LIMIT + 60 for line in lines)
