@@ -3247,10 +3247,12 @@ def scripted_result(case, name, arguments):
 
 def tool_results(case, trace, ids, number):
     """What is sent back for one round's calls: call id, name, arguments, result (and unscripted)."""
-    sent = []
+    sent, seen = [], set()
     for position, call in enumerate(trace["tool_calls"]):
-        call_id = ids[position] if position < len(ids) and isinstance(ids[position], str) and ids[position] \
-            else f"call_{number}_{position + 1}"  # some servers send no id; the reply still needs one
+        call_id = ids[position] if position < len(ids) and isinstance(ids[position], str) else ""
+        if not call_id or call_id in seen:  # no id, or one a server repeated: each reply needs its own
+            call_id = f"call_{number}_{position + 1}"
+        seen.add(call_id)
         result, scripted = scripted_result(case, call.get("name"), call.get("arguments"))
         sent.append({"call_id": call_id, "name": call.get("name"), "arguments": call.get("arguments"),
                      "result": result, **({} if scripted else {"unscripted": True})})

@@ -1044,3 +1044,15 @@ def test_trajectory_of_any_stored_details_never_raises_and_stays_short(details):
     sequence = regression.tool_sequence(row)
     assert len(lines) <= regression.TRAJECTORY_CALLS_SHOWN + 1 and all(isinstance(name, str) for name in sequence)
     assert all(len(line) <= 2 * regression.TRAJECTORY_TEXT_LIMIT + 60 for line in lines)
+
+
+@pytest.mark.parametrize("ids, expected", [
+    (["a", "b"], ["a", "b"]),
+    (["a", "a"], ["a", "call_3_2"]),  # a repeated id would make the tool messages ambiguous
+    ([None, ""], ["call_3_1", "call_3_2"]),
+    ([], ["call_3_1", "call_3_2"]),
+    ([7, "b"], ["call_3_1", "b"]),
+])
+def test_each_call_of_a_round_is_answered_under_its_own_id(ids, expected):
+    trace = {"tool_calls": [{"name": "lookup_order", "arguments": "{}"}, {"name": "lookup_order", "arguments": "{}"}]}
+    assert [sent["call_id"] for sent in regression.tool_results({}, trace, ids, 3)] == expected
