@@ -371,6 +371,8 @@ def test_tool_order_matches_a_reference(names, order):
     ("Refund issued.", None, True),  # called, but no result was ever sent back
     ("Your refund was refused.", [{"error": "refused"}], False),  # no claim made
     ("Refund  issued.", [{"refunded": True}], False),
+    ("Re\u200bfund issued.", None, True),  # a zero-width space does not hide the claim
+    ("\uff32\uff45\uff46\uff55\uff4e\uff44 issued.", [{"error": "refused"}], True),  # fullwidth letters neither
 ])
 def test_claims_table(text, results, fails):
     case = {"claims": {"refund issued": "refund_order"}}
