@@ -3201,7 +3201,7 @@ def error_message(exc, provider):
     """What an execution error says; a failure to reach the endpoint also names where it was sent."""
     message = str(exc) or type(exc).__name__
     where = getattr(provider, "endpoint_url", None)
-    unreached = status_of(exc) is None and not isinstance(exc, ResponseError)
+    unreached = status_of(exc) is None and not isinstance(exc, (ResponseError, BudgetReached))
     if where and (unreached or status_of(exc) == 404) and where not in message:
         message += f" (sending to {where})"  # a 404 or a refused connection is often the wrong URL
     return message

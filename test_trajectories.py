@@ -907,6 +907,7 @@ def test_spending_cap_applies_between_the_rounds_of_a_played_row(tmp_path):
     row = record["runs"][0]
     assert code == 2 and sent == 3  # rounds at 0.0001 each: the third reaches the cap, no fourth is sent
     assert row["error"] == "BudgetReached" and "--max-cost-usd reached" in row["error_message"]
+    assert "sending to" not in row["error_message"]  # the endpoint was reached; the cap stopped the row
     assert len(row["rounds"]) == 3 and row["cost_usd"] == "0.0003"
     assert record["summary"]["models"]["refund-loops"]["reported_cost_usd"] == "0.0003"
     assert len(record["runs"]) == 1 and record["summary"]["stopped"].startswith("execution error")
