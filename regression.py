@@ -1558,7 +1558,7 @@ def check_no_final_answer(case, trace):
 
 
 register_check("no_final_answer", check_no_final_answer, keys=("tool_results", "max_rounds"),
-               validate=_validate_played, reasons={
+               validate=_validate_played, vacuous=True, reasons={
                    "no_final_answer": ("a played case reached `max_rounds` while the model was still calling tools",
                                        "a looping agent: read `details.tool_calls`")})
 
@@ -1640,7 +1640,7 @@ def check_claims(case, trace):
 
 
 register_check("claims", check_claims, keys=("claims",), validate=_validate_claims, details=_tool_details,
-               reasons={"unbacked_claim": (
+               vacuous=True, reasons={"unbacked_claim": (
                    "`claims`: the answer says PHRASE, but the tool that makes it true was never called with a "
                    "non-error result", "a confident false report: treat it as a severe regression")})
 
@@ -3551,7 +3551,7 @@ def error_message(exc, provider):
     message = str(exc) or type(exc).__name__
     where = getattr(provider, "endpoint_url", None)
     status = status_of(exc)
-    unreached = status is None and not isinstance(exc, ResponseError)
+    unreached = status is None and not isinstance(exc, (ResponseError, BudgetReached))
     if where and (unreached or status == 404) and where not in message:
         message += f" (sending to {where})"  # a 404 or a refused connection is often the wrong URL
     headers = getattr(getattr(exc, "response", None), "headers", None)
@@ -3602,10 +3602,12 @@ def scripted_result(case, name, arguments):
 
 def tool_results(case, trace, ids, number):
     """What is sent back for one round's calls: call id, name, arguments, result (and unscripted)."""
-    sent = []
+    sent, seen = [], set()
     for position, call in enumerate(trace["tool_calls"]):
-        call_id = ids[position] if position < len(ids) and isinstance(ids[position], str) and ids[position] \
-            else f"call_{number}_{position + 1}"  # some servers send no id; the reply still needs one
+        call_id = ids[position] if position < len(ids) and isinstance(ids[position], str) else ""
+        if not call_id or call_id in seen:  # no id, or one a server repeated: each reply needs its own
+            call_id = f"call_{number}_{position + 1}"
+        seen.add(call_id)
         result, scripted = scripted_result(case, call.get("name"), call.get("arguments"))
         sent.append({"call_id": call_id, "name": call.get("name"), "arguments": call.get("arguments"),
                      "result": result, **({} if scripted else {"unscripted": True})})
@@ -3655,9 +3657,9 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
     """Run a played case into `row` round by round (as steps, see send_steps); returns its trace.
 
     Each response is stored in row["rounds"] (and row["response"]) before it is read, so a
-    failure mid-loop keeps every round already made as evidence. `budget(row_cost)` (the
-    row's reported cost so far, a decimal string or None) says why no further round may be
-    sent, or None: the spending cap applies to every request, not only between rows."""
+    failure mid-loop keeps every round already made as evidence. `budget(row, row_cost)` (the
+    row so far, and its reported cost so far, a decimal string or None) says why no further
+    round may be sent, or None: the spending cap applies to every request, not only between rows."""
     limit = round_limit(suite, case)
     deadline = getattr(provider, "deadline", None)
     until = clock() + deadline * limit if deadline else None  # the whole row, retries included
@@ -3675,7 +3677,7 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
         if not trace["tool_calls"] or len(rounds) >= limit:
             return rounds_trace(provider.parse, rounds)
         rounds[-1]["tool_results"] = tool_results(case, trace, call_ids(raw), len(rounds))
-        stop = budget(_sum_costs(costs)) if budget is not None else None
+        stop = budget(row, _sum_costs(costs)) if budget is not None else None
         if stop:
             row["cost_usd"] = _sum_costs(costs)  # spent for real, though the row did not finish
             raise BudgetReached(f"{stop} after round {len(rounds)}")
@@ -4650,7 +4652,7 @@ def _row_calls(row):
 
 def tool_sequence(row):
     """The names of a row's tool calls, in order (from its details)."""
-    return [str(call.get("name")) for call in _row_calls(row)]
+    return [_cut(str(call.get("name")), 80) for call in _row_calls(row)]
 
 
 def trajectory(row, limit=TRAJECTORY_TEXT_LIMIT):
@@ -4664,7 +4666,9 @@ def trajectory(row, limit=TRAJECTORY_TEXT_LIMIT):
             result = "(no result sent)"
         else:
             result = dumps(call["result"]) + (" [unscripted]" if call.get("unscripted") else "")
-        steps.append((call.get("round"), _cut(f"{call.get('name')}({arguments})", limit), _cut(result, limit)))
+        number = call.get("round")
+        number = number if isinstance(number, int) and not isinstance(number, bool) and 0 <= number <= 10_000 else None
+        steps.append((number, _cut(f"{call.get('name')}({arguments})", limit), _cut(result, limit)))
     return steps
 
 
@@ -4769,7 +4773,7 @@ def markdown_run(record):
     traced = [row for row in failed if _row_calls(row)]
     if traced:
         lines += ["", "### Trajectories of failing rows", "", md_table(["model", "case", "repeat", "calls"], [
-            [md_text(row.get("model")), md_text(row.get("case_id")), str(row.get("repeat")),
+            [md_text(row.get("model")), md_text(row.get("case_id")), md_text(row.get("repeat")),
              "<br>".join(md_text(line, limit=2 * TRAJECTORY_TEXT_LIMIT + 40) for line in trajectory_lines(row))]
             for row in traced])]
     return "\n".join(lines) + "\n"
@@ -5186,14 +5190,33 @@ def _resume_options(values, record, path):
         if name == "max_cost_usd" and value is not None:
             value = _cost(str(value))
         if name == "redact":
-            value = tuple(value or ())
+            _same_redaction(value, values["redact"], path)
+            continue
         given = values[name]
-        if given is None or (name == "redact" and policy == "same" and not given and not value):
+        if given is None:
             found[name] = value
-        elif policy == "same" and (tuple(given) if name == "redact" else given) != value:
+        elif policy == "same" and given != value:
             raise UsageError(f"--resume: run option {name!r} differs from the record's ({flag}); "
                              f"{path} keeps one redaction for all its rows: drop the flag to keep the record's")
     return found
+
+
+def pattern_digest(pattern):
+    """How a --redact pattern is kept in a record: a pattern can be the secret itself, so only
+    its hash is stored, and a resume proves it was given the same patterns."""
+    return "sha256:" + hashlib.sha256(pattern.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _same_redaction(stored, given, path):
+    """A resume masks its new rows exactly as the record's earlier ones, or is refused."""
+    stored = sorted(stored) if isinstance(stored, list) and all(isinstance(d, str) for d in stored) else None
+    if stored is None:
+        raise UsageError(f"--resume: {path}'s run_options.redact is not a list of pattern hashes")
+    if sorted(pattern_digest(pattern) for pattern in given or ()) != stored:
+        raise UsageError(f"--resume: run option 'redact' differs from the record's (--redact): {path} was masked "
+                         f"with {len(stored)} --redact pattern(s); pass exactly the same --redact flags again (a "
+                         "record keeps one redaction for all its rows and stores patterns only as hashes, since a "
+                         "pattern can be the secret itself)")
 
 
 def _resume_defaults(values, record, path, env):
@@ -5590,7 +5613,7 @@ def _choose_suite(settings, record, replayed):
 def run_options(settings):
     """The header's "run_options": what --resume re-applies (RUN_OPTIONS), as JSON."""
     values = {name: getattr(settings, name) for name in RUN_OPTIONS}
-    values["redact"] = list(values["redact"])
+    values["redact"] = [pattern_digest(pattern) for pattern in values["redact"]]  # never the pattern itself
     values["max_cost_usd"] = format(values["max_cost_usd"], "f") if values["max_cost_usd"] is not None else None
     return values
 
@@ -5937,14 +5960,19 @@ def execute_run(run, settings, writer, tally):
              "last": max((position[row_key(r)] for r in run.kept), default=-1), "in_order": True, "row": None}
     answers = {}
 
-    def budget(row_cost):
-        """Why a played row may send no further round: the cap counts its rounds so far."""
+    def budget(row, row_cost):
+        """Why a played row may send no further round: the cap counts its rounds so far
+        (reported, or estimated from their token usage with --price)."""
+        if settings.max_cost_usd is None:
+            return None
+        if row_cost is None:  # no reported cost: the estimate the finished row would get
+            row_cost = estimate_cost({**row, "cost_usd": None, "error": None}, run.prices or {}).get("cost_usd")
         spent = tally.spent()
-        if settings.max_cost_usd is None or spent is None or row_cost is None:
-            return None  # no cap, or no cost to hold it against (the row's end says so)
-        if spent + decimal.Decimal(row_cost) >= settings.max_cost_usd:
-            return f"--max-cost-usd reached: reported spend ${format(spent + decimal.Decimal(row_cost), 'f')} " \
-                   f"of ${format(settings.max_cost_usd, 'f')}"
+        if spent is None or row_cost is None:
+            return None  # no cost to hold the cap against (the row's end says so)
+        total = spent + decimal.Decimal(row_cost)
+        if total >= settings.max_cost_usd:
+            return f"--max-cost-usd reached: spend ${format(total, 'f')} of ${format(settings.max_cost_usd, 'f')}"
         return None
 
     def work(key):
