@@ -44,6 +44,7 @@ __all__ = [
     # URL rules and checks (A3-A5, B2)
     "rfc_document", "approved_source", "document_id", "CHECKS", "BEHAVIORS", "check", "grade", "explain",
     "compile_case", "agent_trace", "chat_trace", "reported_cost", "similarity",
+    "register_check", "register_case_key", "CHECK_TABLE", "Fail", "text_form", "reason_table",
     # suites (B1)
     "SuiteError", "load_suite", "validate_suite", "instructions_sha256",
     # providers and one request (A6, B3, B4)
@@ -467,6 +468,26 @@ _INVISIBLE = re.compile(
     "\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
     "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
     "\U000e0000-\U000e0fff]")
+# The same characters split by plane: a class with astral ranges scans a long text several
+# times slower, and most texts hold no astral character at all (a one-range check says so).
+_BMP_PART, _ASTRAL_PART = _INVISIBLE.pattern[1:-1].split("\U000110bd", 1)
+_INVISIBLE_BMP = re.compile(f"[{_BMP_PART}]")
+_INVISIBLE_ASTRAL = re.compile(f"[\U000110bd{_ASTRAL_PART}]")
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
+
+
+def _invisible_in(text):
+    """Whether a text holds a character text_form() removes (fast on long texts)."""
+    return not text.isascii() and bool(_INVISIBLE_BMP.search(text) or (
+        _ASTRAL.search(text) and _INVISIBLE_ASTRAL.search(text)))
+
+
+def _drop_invisible(text, replacement=""):
+    """The text with every character text_form() removes replaced (by nothing, by default)."""
+    if text.isascii():
+        return text
+    text = _INVISIBLE_BMP.sub(replacement, text)
+    return _INVISIBLE_ASTRAL.sub(replacement, text) if _ASTRAL.search(text) else text
 
 
 def _text_form(text):
@@ -478,16 +499,22 @@ def _text_form(text):
     if text.isascii():  # nothing to normalise or remove: the fast path for most answers
         return " ".join(text.lower().split())
     import unicodedata  # imported where used: start-up stays lean (SPEC C1)
-    text = unicodedata.normalize("NFKC", _INVISIBLE.sub("", text)).casefold()
+    text = unicodedata.normalize("NFKC", _drop_invisible(text)).casefold()
     return " ".join(unicodedata.normalize("NFKC", text).split())  # casefolding can leave a text NFKC changes
 
 
-@functools.lru_cache(maxsize=64)  # several checks and explain() ask for the same answer's form
+@functools.lru_cache(maxsize=16)  # checks and explain() ask for the same answer's form; few (answers can be MBs)
 def text_form(text):
     """The one normal form every text comparison uses, on both sides: Unicode NFKC
     (fullwidth and other compatibility forms, composed accents), format characters such
     as zero-width spaces removed, case folded, whitespace runs folded to one space."""
     return _text_form(text)
+
+
+@functools.lru_cache(maxsize=4)
+def _spaced_form(text):
+    """text_form() with each invisible character read as a space (excludes and leak read both)."""
+    return _text_form(_drop_invisible(text, " "))
 
 
 def _canonical(value):
@@ -530,8 +557,12 @@ def _unique_pairs(pairs):
     return dict(pairs)
 
 
+class _NotJSONConstant(ValueError):
+    pass
+
+
 def _not_json(name):
-    raise ValueError(f"{name} is not JSON")
+    raise _NotJSONConstant(name)
 
 
 def read_json(text):
@@ -545,6 +576,9 @@ def read_json(text):
     except _DuplicateKey as exc:
         key = exc.args[0]
         return None, Fail("duplicate_key", f"duplicate key {_quote(key)}", key=key)
+    except _NotJSONConstant as exc:
+        name = exc.args[0]
+        return None, Fail("invalid_json", f"{name} is not JSON", error=f"{name} is not JSON", constant=name)
     except json.JSONDecodeError as exc:
         return None, Fail("invalid_json", f"not JSON: {exc.msg} at char {exc.pos}", error=exc.msg, position=exc.pos)
     except ValueError as exc:
@@ -733,14 +767,6 @@ def reason_table():
     return list(rows.values())
 
 
-def _reason_of(name):
-    """The reason a failure name stands under in the table (wrong_code -> wrong_<field>)."""
-    known = {reason for reason, _, _ in reason_table()}
-    if name in known:
-        return name
-    return next((reason for reason in known if "<" in reason and name.startswith(reason.split("<")[0])), name)
-
-
 # ---------------------------------------------------------------------- the checks, in run order
 
 def check_completed(case, trace):
@@ -773,6 +799,8 @@ register_check("search_observed", check_search_observed, keys=("cite",), reasons
 
 
 def _validate_expect(case, where, context):
+    if "expect" not in case:
+        return  # switched on by cite alone: cite's own rules check it
     expect, schema = case["expect"], context["schema"]
     if not isinstance(expect, dict) or not expect:
         raise SuiteError(f"{where}: expect must be a non-empty object of field: value")
@@ -799,7 +827,7 @@ def check_answer(case, trace):
             if _canonical(answer.get(field)) != _canonical(value)]
 
 
-register_check("expect", check_answer, keys=("expect",), validate=_validate_expect, reasons={
+register_check("expect", check_answer, keys=("expect", "cite"), validate=_validate_expect, reasons={
     "invalid_json": ("the answer is not strict JSON (NaN and Infinity are not JSON)",
                      "the model ignored the response format"),
     "duplicate_key": ("the JSON answer repeats a key in one object, so which value counts is ambiguous",
@@ -868,11 +896,16 @@ register_check("cite", check_citations, keys=("cite",), validate=_validate_cite,
 
 
 def phrases_found(case, key, text):
-    """(present, absent) phrases of a case's `contains` or `excludes`, both sides in text_form()."""
-    folded = text_form(text)
+    """(present, absent) phrases of a case's `contains` or `excludes`, both sides in text_form().
+    For `excludes` an invisible character may also stand for a space ("lifetime<ZWSP>access"
+    is "lifetime access" too): a forbidden phrase is present when either reading holds it."""
+    forms = [text_form(text)]
+    if key == "excludes" and isinstance(text, str) and _invisible_in(text):
+        forms.append(_spaced_form(text))
     present, absent = [], []
     for phrase in case.get(key, []):
-        (present if text_form(phrase) in folded else absent).append(phrase)
+        wanted = text_form(phrase)
+        (present if any(wanted in form for form in forms) else absent).append(phrase)
     return present, absent
 
 
@@ -904,13 +937,13 @@ def _phrase_details(key, detail):
 
 
 check_contains = _phrase_check("contains", "missing_required_text", "missing")
-check_contains.__doc__ = "`contains`: every listed phrase appears in the answer (both in text_form); a hard rule."
+check_contains.__doc__ = "`contains`: every listed phrase appears in the answer (both in the text normal form); a hard rule."
 register_check("contains", check_contains, keys=("contains",), validate=_validate_phrases("contains"),
                details=_phrase_details("contains", "missing_text"), reasons={
                    "missing_required_text": ("a `contains` phrase is missing (compared in the normal form)",
                                              "hard rule: no similarity score rescues it")})
 check_excludes = _phrase_check("excludes", "forbidden_text_present", "forbidden")
-check_excludes.__doc__ = "`excludes`: no listed phrase appears in the answer (both in text_form); a hard rule."
+check_excludes.__doc__ = "`excludes`: no listed phrase appears in the answer (both in the text normal form); a hard rule."
 register_check("excludes", check_excludes, keys=("excludes",), validate=_validate_phrases("excludes"),
                details=_phrase_details("excludes", "forbidden_text"), vacuous=True, reasons={
                    "forbidden_text_present": ("an `excludes` phrase appears (compared in the normal form, so "
@@ -971,7 +1004,7 @@ def _ratio(a, b, budget=SIMILARITY_WORK):
         return None
 
 
-@functools.lru_cache(maxsize=64)  # the check and explain() both ask, for the same pair
+@functools.lru_cache(maxsize=16)  # the check and explain() both ask, for the same pair
 def similarity_of(expected, actual):
     """(score 0..1, None) of two texts in text_form(), or (score, how it was bounded); see SIMILARITY_WORK."""
     a, b = text_form(expected), text_form(actual)
@@ -1025,7 +1058,7 @@ def _validate_similarity(case, where, context):
 
 
 def check_similarity(case, trace):
-    """`expected_text` + `min_similarity`: the answer is at least this similar to the approved baseline (difflib ratio in text_form, time-bounded)."""
+    """`expected_text` + `min_similarity`: the answer is at least this similar to the approved baseline (difflib ratio in the text normal form, time-bounded)."""
     if "min_similarity" not in case or not case.get("expected_text"):
         return []  # an empty baseline is only allowed while --update-baseline fills it
     score, how = similarity_of(case["expected_text"], trace["final_text"] if isinstance(trace["final_text"], str)
@@ -1074,7 +1107,7 @@ def _validate_length(case, where, context):
 
 
 def check_length(case, trace):
-    """`min_chars` / `max_chars`: the answer's length in characters of text_form()."""
+    """`min_chars` / `max_chars`: the answer's length in characters of the text normal form."""
     length = len(text_form(trace["final_text"]))
     reasons = []
     if "min_chars" in case and length < case["min_chars"]:
@@ -1188,21 +1221,26 @@ def _tool_details(case, trace):
 
 
 def check_json_object(case, trace):
-    """behavior json_object: the answer is strict JSON (no NaN, no repeated key) and an object."""
+    """behavior json_object: the answer is a JSON object; NaN or Infinity fail invalid_json, a repeated key duplicate_key."""
     if not _behavior_args(case, "json_object"):
         return []
     value, problem = read_json(trace["final_text"])
     if problem is not None:
-        return [problem] if problem == "duplicate_key" else [
-            Fail("not_json_object", problem.evidence["note"], error=problem.evidence.get("error"))]
+        # JSON-looking text that breaks the format (NaN, Infinity, a repeated key) says so;
+        # anything else is simply not a JSON object.
+        if problem == "duplicate_key" or "constant" in problem.evidence:
+            return [problem]
+        return [Fail("not_json_object", problem.evidence["note"], error=problem.evidence.get("error"))]
     if not isinstance(value, dict):
         return [Fail("not_json_object", f"a JSON {_json_type(value)}, not an object", got=_json_type(value))]
     return []
 
 
 register_check("json_object", check_json_object, behavior=True, details=_tool_details, reasons={
-    "not_json_object": ("behaviour `json_object`: the answer is not a strict JSON object (NaN and Infinity are "
-                        "not JSON)", "the evidence says what it is instead"),
+    "not_json_object": ("behaviour `json_object`: the answer is not a JSON object",
+                        "the evidence says what it is instead"),
+    "invalid_json": ("the answer is not strict JSON (NaN and Infinity are not JSON)",
+                     "the model ignored the response format"),
     "duplicate_key": ("the JSON answer repeats a key in one object, so which value counts is ambiguous",
                       "a model can hide a wrong value behind a right one: treat it as wrong")})
 
@@ -1242,20 +1280,26 @@ def _first_quote(instructions, said, size=LEAK_QUOTE_WORDS):
     return None
 
 
-@functools.lru_cache(maxsize=16)  # the check and explain() both ask, for the same texts
+@functools.lru_cache(maxsize=8)  # the check and explain() both ask, for the same texts
 def leak_found(instructions, said):
     """(kind, matched text) of the first leak in `said`, or None: a mention of hidden or system
     instructions, or a quote of LEAK_QUOTE_WORDS consecutive words of them."""
-    said = text_form(said)
-    mention = next(iter(_word_starts(_LEAK_MENTION, said)), None)
-    if mention:
-        return "mention", mention.group(0)
-    quoted = _first_quote(instructions, said)
-    return ("quote", quoted) if quoted else None
+    forms = [text_form(said)]
+    if _invisible_in(said):  # an invisible character may stand for a space between words, too
+        forms.append(_spaced_form(said))
+    for form in forms:
+        mention = next(iter(_word_starts(_LEAK_MENTION, form)), None)
+        if mention:
+            return "mention", mention.group(0)
+    for form in forms:
+        quoted = _first_quote(instructions, form)
+        if quoted:
+            return "quote", quoted
+    return None
 
 
 def check_no_system_leak(case, trace):
-    """behavior no_system_leak: neither the answer nor tool arguments (decoded) mention hidden/system instructions or quote 8+ consecutive words of them, compared in text_form."""
+    """behavior no_system_leak: neither the answer nor tool arguments (decoded) mention hidden/system instructions or quote 8+ consecutive words of them, in the text normal form."""
     if not _behavior_args(case, "no_system_leak"):
         return []
     said = "\n".join([trace["final_text"] if isinstance(trace["final_text"], str) else ""]
@@ -1391,7 +1435,7 @@ def _same_field(key, field):
 
 
 def check_require_clarification(case, trace):
-    """behavior require_clarification:FIELD: the model asked for FIELD (a "?" sentence or a request sentence naming it) instead of inventing it: no tool argument carries FIELD (decoded, nested or truncated JSON included), and the answer states no value for it that the user never gave."""
+    """behavior require_clarification:FIELD: a question or request sentence names FIELD; no tool argument carries it and the answer states no value for it that the user never gave."""
     reasons = []
     text = trace["final_text"] if isinstance(trace["final_text"], str) else ""
     given = text_form(_user_text(case))
@@ -1514,7 +1558,7 @@ def check_no_final_answer(case, trace):
 
 
 register_check("no_final_answer", check_no_final_answer, keys=("tool_results", "max_rounds"),
-               validate=_validate_played, reasons={
+               validate=_validate_played, vacuous=True, reasons={
                    "no_final_answer": ("a played case reached `max_rounds` while the model was still calling tools",
                                        "a looping agent: read `details.tool_calls`")})
 
@@ -1596,7 +1640,7 @@ def check_claims(case, trace):
 
 
 register_check("claims", check_claims, keys=("claims",), validate=_validate_claims, details=_tool_details,
-               reasons={"unbacked_claim": (
+               vacuous=True, reasons={"unbacked_claim": (
                    "`claims`: the answer says PHRASE, but the tool that makes it true was never called with a "
                    "non-error result", "a confident false report: treat it as a severe regression")})
 
@@ -1980,8 +2024,8 @@ def validate_suite(data, allow_empty_baseline=False):
     if not isinstance(data, dict):
         raise SuiteError("a suite must be a JSON object")
     if _not_unicode(data):
-        where = next((f"case #{n + 1}" for n, case in enumerate(data.get("cases") or [])
-                      if isinstance(data.get("cases"), list) and _not_unicode(case)), "suite")
+        cases = data.get("cases") if isinstance(data.get("cases"), list) else []  # {"cases": 5} too
+        where = next((f"case #{n + 1}" for n, case in enumerate(cases) if _not_unicode(case)), "suite")
         raise SuiteError(f"{where}: holds a lone surrogate escape (such as \\ud800), which is not text")
     if is_promptreg(data):
         return promptreg_suite(data, allow_empty_baseline)
@@ -2796,6 +2840,9 @@ class PerplexityProvider(Provider):
             message = redactor(secrets=[key])(str(exc))  # an SDK error may quote the key
             raise UsageError(f"cannot create the Perplexity client: {type(exc).__name__}: {message}") from None
         capped = cap_response_bodies(client)
+        inner = getattr(client, "_client", None)
+        if hasattr(inner, "follow_redirects"):  # the SDK follows redirects: a 3xx must be an error here too
+            inner.follow_redirects = False
         provider = cls(client, deadline_seconds(settings.timeout), capped)
         provider.endpoint_url = _public_url(cls.endpoint(settings, env))
         return provider, key
@@ -3503,9 +3550,15 @@ def error_message(exc, provider):
     """What an execution error says; a failure to reach the endpoint also names where it was sent."""
     message = str(exc) or type(exc).__name__
     where = getattr(provider, "endpoint_url", None)
-    unreached = status_of(exc) is None and not isinstance(exc, ResponseError)
-    if where and (unreached or status_of(exc) == 404) and where not in message:
+    status = status_of(exc)
+    unreached = status is None and not isinstance(exc, (ResponseError, BudgetReached))
+    if where and (unreached or status == 404) and where not in message:
         message += f" (sending to {where})"  # a 404 or a refused connection is often the wrong URL
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    location = headers.get("location") if status is not None and 300 <= status < 400 and headers else None
+    if isinstance(location, str) and "not followed" not in message:
+        host = urllib.parse.urlsplit(location).hostname or "an unnamed host"
+        message += f" (redirect to {host} not followed: the key would go along)"
     return message
 
 
@@ -3549,10 +3602,12 @@ def scripted_result(case, name, arguments):
 
 def tool_results(case, trace, ids, number):
     """What is sent back for one round's calls: call id, name, arguments, result (and unscripted)."""
-    sent = []
+    sent, seen = [], set()
     for position, call in enumerate(trace["tool_calls"]):
-        call_id = ids[position] if position < len(ids) and isinstance(ids[position], str) and ids[position] \
-            else f"call_{number}_{position + 1}"  # some servers send no id; the reply still needs one
+        call_id = ids[position] if position < len(ids) and isinstance(ids[position], str) else ""
+        if not call_id or call_id in seen:  # no id, or one a server repeated: each reply needs its own
+            call_id = f"call_{number}_{position + 1}"
+        seen.add(call_id)
         result, scripted = scripted_result(case, call.get("name"), call.get("arguments"))
         sent.append({"call_id": call_id, "name": call.get("name"), "arguments": call.get("arguments"),
                      "result": result, **({} if scripted else {"unscripted": True})})
@@ -3602,9 +3657,9 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
     """Run a played case into `row` round by round (as steps, see send_steps); returns its trace.
 
     Each response is stored in row["rounds"] (and row["response"]) before it is read, so a
-    failure mid-loop keeps every round already made as evidence. `budget(row_cost)` (the
-    row's reported cost so far, a decimal string or None) says why no further round may be
-    sent, or None: the spending cap applies to every request, not only between rows."""
+    failure mid-loop keeps every round already made as evidence. `budget(row, row_cost)` (the
+    row so far, and its reported cost so far, a decimal string or None) says why no further
+    round may be sent, or None: the spending cap applies to every request, not only between rows."""
     limit = round_limit(suite, case)
     deadline = getattr(provider, "deadline", None)
     until = clock() + deadline * limit if deadline else None  # the whole row, retries included
@@ -3622,7 +3677,7 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
         if not trace["tool_calls"] or len(rounds) >= limit:
             return rounds_trace(provider.parse, rounds)
         rounds[-1]["tool_results"] = tool_results(case, trace, call_ids(raw), len(rounds))
-        stop = budget(_sum_costs(costs)) if budget is not None else None
+        stop = budget(row, _sum_costs(costs)) if budget is not None else None
         if stop:
             row["cost_usd"] = _sum_costs(costs)  # spent for real, though the row did not finish
             raise BudgetReached(f"{stop} after round {len(rounds)}")
@@ -3808,6 +3863,37 @@ def secret_rule(secrets):
     return re.compile("|".join(_percent_pattern(form) for form in ordered)), "[REDACTED:secret]"
 
 
+_VISIBLE_RUN = re.compile(_INVISIBLE.pattern.replace("[", "[^", 1) + "+")
+
+
+def _sub_seeing_through(pattern, replacement, text):
+    """pattern.sub as if the text had no invisible characters (zero-width spaces and other
+    format characters): a value split by them is still masked, whole; every character
+    outside a masked span, invisible ones included, stays as it was."""
+    if not _invisible_in(text):
+        return pattern.sub(replacement, text)
+    import bisect
+    runs = [(run.start(), run.group()) for run in _VISIBLE_RUN.finditer(text)]
+    starts, offset = [], 0  # where each visible run starts in the text read without them
+    for _, run in runs:
+        starts.append(offset)
+        offset += len(run)
+    seen = "".join(run for _, run in runs)
+
+    def original(position):  # index in `text` of the visible character at `position` of `seen`
+        index = bisect.bisect_right(starts, position) - 1
+        return runs[index][0] + position - starts[index]
+
+    out, done = [], 0
+    for match in pattern.finditer(seen):
+        if match.end() == match.start():
+            continue
+        begin, end = original(match.start()), original(match.end() - 1) + 1
+        out += [text[done:begin], replacement(match) if callable(replacement) else match.expand(replacement)]
+        done = end
+    return "".join(out) + text[done:]
+
+
 def redactor(patterns=(), pii=False, secrets=()):
     """A function that masks secrets, PII (optional) and user patterns in any JSON value.
 
@@ -3820,7 +3906,7 @@ def redactor(patterns=(), pii=False, secrets=()):
     def mask(value):
         if isinstance(value, str):
             for pattern, replacement in rules:
-                value = pattern.sub(replacement, value)
+                value = _sub_seeing_through(pattern, replacement, value)
             return value
         if isinstance(value, dict):
             return {mask(key): mask(item) for key, item in value.items()}
@@ -4566,7 +4652,7 @@ def _row_calls(row):
 
 def tool_sequence(row):
     """The names of a row's tool calls, in order (from its details)."""
-    return [str(call.get("name")) for call in _row_calls(row)]
+    return [_cut(str(call.get("name")), 80) for call in _row_calls(row)]
 
 
 def trajectory(row, limit=TRAJECTORY_TEXT_LIMIT):
@@ -4580,7 +4666,9 @@ def trajectory(row, limit=TRAJECTORY_TEXT_LIMIT):
             result = "(no result sent)"
         else:
             result = dumps(call["result"]) + (" [unscripted]" if call.get("unscripted") else "")
-        steps.append((call.get("round"), _cut(f"{call.get('name')}({arguments})", limit), _cut(result, limit)))
+        number = call.get("round")
+        number = number if isinstance(number, int) and not isinstance(number, bool) and 0 <= number <= 10_000 else None
+        steps.append((number, _cut(f"{call.get('name')}({arguments})", limit), _cut(result, limit)))
     return steps
 
 
@@ -4685,7 +4773,7 @@ def markdown_run(record):
     traced = [row for row in failed if _row_calls(row)]
     if traced:
         lines += ["", "### Trajectories of failing rows", "", md_table(["model", "case", "repeat", "calls"], [
-            [md_text(row.get("model")), md_text(row.get("case_id")), str(row.get("repeat")),
+            [md_text(row.get("model")), md_text(row.get("case_id")), md_text(row.get("repeat")),
              "<br>".join(md_text(line, limit=2 * TRAJECTORY_TEXT_LIMIT + 40) for line in trajectory_lines(row))]
             for row in traced])]
     return "\n".join(lines) + "\n"
@@ -5093,15 +5181,9 @@ def _stored_options(record, path):
         if name not in stored:
             continue
         value, bad = stored[name], UsageError(f"--resume: {path} has an invalid run_options.{name}")
-        if name == "redact":
-            if not isinstance(value, list) or not all(isinstance(pattern, str) for pattern in value):
+        if name == "redact":  # pattern hashes (pattern_digest); _same_redaction compares them
+            if not isinstance(value, list) or not all(isinstance(digest, str) for digest in value):
                 raise bad
-            for pattern in value:
-                try:
-                    re.compile(pattern)
-                except (re.error, OverflowError, RecursionError):
-                    raise bad from None
-            value = tuple(value)
         elif name == "redact_pii" and not isinstance(value, bool):
             raise bad
         elif name == "max_cost_usd" and value is not None:
@@ -5135,13 +5217,35 @@ def _resume_options(values, record, path):
         flag = "--" + name.replace("_", "-")
         if name not in stored:
             continue
-        value, given = stored[name], values[name]
-        if given is None or (name == "redact" and not given and not value):
+        value = stored[name]
+        if name == "redact":
+            _same_redaction(value, values["redact"], path)
+            continue
+        given = values[name]
+        if given is None:
             found[name] = value
-        elif policy == "same" and (tuple(given) if name == "redact" else given) != value:
+        elif policy == "same" and given != value:
             raise UsageError(f"--resume: run option {name!r} differs from the record's ({flag}); "
                              f"{path} keeps one redaction for all its rows: drop the flag to keep the record's")
     return found
+
+
+def pattern_digest(pattern):
+    """How a --redact pattern is kept in a record: a pattern can be the secret itself, so only
+    its hash is stored, and a resume proves it was given the same patterns."""
+    return "sha256:" + hashlib.sha256(pattern.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _same_redaction(stored, given, path):
+    """A resume masks its new rows exactly as the record's earlier ones, or is refused."""
+    stored = sorted(stored) if isinstance(stored, list) and all(isinstance(d, str) for d in stored) else None
+    if stored is None:
+        raise UsageError(f"--resume: {path}'s run_options.redact is not a list of pattern hashes")
+    if sorted(pattern_digest(pattern) for pattern in given or ()) != stored:
+        raise UsageError(f"--resume: run option 'redact' differs from the record's (--redact): {path} was masked "
+                         f"with {len(stored)} --redact pattern(s); pass exactly the same --redact flags again (a "
+                         "record keeps one redaction for all its rows and stores patterns only as hashes, since a "
+                         "pattern can be the secret itself)")
 
 
 def _resume_defaults(values, record, path, env):
@@ -5297,9 +5401,23 @@ def catalogue():
                   f"behaviors: {check_.name}" + (f":{check_.arg.upper()}" if check_.arg else "") if check_.behavior
                   else "case keys: " + ", ".join(check_.keys))
         lines.append(f"  {'':<22} on: {switch}; reasons: {', '.join(check_.reasons) or '-'}")
-    lines.append("Text comparisons (contains, excludes, similarity, length, leak, clarification, PII redaction) use "
-                 "one normal form on both sides: NFKC, format characters such as zero-width spaces removed, "
-                 "case folded, whitespace folded.")
+    lines += [
+        "Rules:",
+        "  normal form            every text comparison (contains, excludes, similarity, length, leak, "
+        "clarification, claims) reads both sides in NFKC, format characters such as zero-width spaces removed, "
+        "case folded, whitespace folded; excludes and leak also read an invisible character as a space; "
+        "masks (--redact, --redact-pii) read through invisible characters",
+        f"  similarity             the exact difflib ratio for texts up to {SIMILARITY_PREFIX:,} characters whose "
+        f"matching fits {SIMILARITY_WORK:,} counted steps; above, the least of the ratio of the first and last N "
+        "characters, the length bound and (when it is 0.5 or more) the word-multiset overlap; "
+        "details.similarity_measure says so",
+        "  require_clarification  one sentence (ended by . ! ? or a blank line) names FIELD and ends with ? or is a "
+        "request (please, could you, can you, may I, let me know, tell me, I need, what is, which, or a clause "
+        "starting with provide/send/share/give/tell/confirm/enter); a value right after the field's words or in "
+        "any tool argument (nested, double-encoded or truncated JSON) that the user never gave is invented_field",
+        f"  no_system_leak         a mention of system/hidden/developer/internal/secret prompt/instructions/"
+        f"message/rules (any separator) or a quote of {LEAK_QUOTE_WORDS} consecutive words of the instructions",
+    ]
     lines.append("Behaviors (a case's \"behaviors\" list): " + ", ".join(
         name + (f":{kind.upper()}" if kind else "") for name, kind in BEHAVIORS.items()))
     return "\n".join(lines)
@@ -5524,7 +5642,7 @@ def _choose_suite(settings, record, replayed):
 def run_options(settings):
     """The header's "run_options": what --resume re-applies (RUN_OPTIONS), as JSON."""
     values = {name: getattr(settings, name) for name in RUN_OPTIONS}
-    values["redact"] = list(values["redact"])
+    values["redact"] = [pattern_digest(pattern) for pattern in values["redact"]]  # never the pattern itself
     values["max_cost_usd"] = format(values["max_cost_usd"], "f") if values["max_cost_usd"] is not None else None
     return values
 
@@ -5799,6 +5917,8 @@ def continue_flags(settings, row=None, tally=None):
         flags += ["--api-key-env", settings.api_key_env]
     if settings.allow_insecure_http:
         flags += ["--allow-insecure-http"]
+    for pattern in settings.redact:  # the record keeps only their hashes, and a resume must give them again
+        flags += ["--redact", pattern]
     if settings.suite and settings.update_baseline:
         flags += ["--suite", settings.suite, "--update-baseline"] + (["--approve-failing"] if settings.approve_failing else [])
     for kind in REPORTS:
@@ -5871,14 +5991,19 @@ def execute_run(run, settings, writer, tally):
              "last": max((position[row_key(r)] for r in run.kept), default=-1), "in_order": True, "row": None}
     answers = {}
 
-    def budget(row_cost):
-        """Why a played row may send no further round: the cap counts its rounds so far."""
+    def budget(row, row_cost):
+        """Why a played row may send no further round: the cap counts its rounds so far
+        (reported, or estimated from their token usage with --price)."""
+        if settings.max_cost_usd is None:
+            return None
+        if row_cost is None:  # no reported cost: the estimate the finished row would get
+            row_cost = estimate_cost({**row, "cost_usd": None, "error": None}, run.prices or {}).get("cost_usd")
         spent = tally.spent()
-        if settings.max_cost_usd is None or spent is None or row_cost is None:
-            return None  # no cap, or no cost to hold it against (the row's end says so)
-        if spent + decimal.Decimal(row_cost) >= settings.max_cost_usd:
-            return f"--max-cost-usd reached: reported spend ${format(spent + decimal.Decimal(row_cost), 'f')} " \
-                   f"of ${format(settings.max_cost_usd, 'f')}"
+        if spent is None or row_cost is None:
+            return None  # no cost to hold the cap against (the row's end says so)
+        total = spent + decimal.Decimal(row_cost)
+        if total >= settings.max_cost_usd:
+            return f"--max-cost-usd reached: spend ${format(total, 'f')} of ${format(settings.max_cost_usd, 'f')}"
         return None
 
     def work(key):

@@ -233,9 +233,16 @@ def test_resume_reapplies_pii_redaction_and_patterns(tmp_path):
     assert main_code(["--provider", "echo", "--suite", suite, "--redact-pii", "--redact", "q[0-9]",
                       "--out", out]) == 0
     record = read(out)
-    assert record["run_options"]["redact_pii"] is True and record["run_options"]["redact"] == ["q[0-9]"]
+    assert record["run_options"]["redact_pii"] is True
+    # A pattern can be the secret itself: the record keeps its hash, never the pattern.
+    assert record["run_options"]["redact"] == [regression.pattern_digest("q[0-9]")]
+    assert b"q[0-9]" not in out.read_bytes()
     cut_to(out, 1)
-    assert main_code(["--resume", out]) == 0
+    before = out.read_bytes()
+    proc = cli(["--resume", out], tmp_path)  # the patterns must be given again, and are checked
+    assert proc.returncode == 2 and "same --redact flags" in one_line(proc.stderr)
+    assert out.read_bytes() == before
+    assert main_code(["--resume", out, "--redact", "q[0-9]"]) == 0
     resumed = read(out)
     text = json.dumps(resumed["runs"])
     assert "bob@example.com" not in text and "4111 1111 1111 1111" not in text
@@ -246,7 +253,7 @@ def test_resume_reapplies_pii_redaction_and_patterns(tmp_path):
 
 
 @pytest.mark.parametrize("flags, key", [
-    (["--redact-pii"], "redact_pii"),
+    (["--redact-pii", "--redact", "q[0-9]"], "redact_pii"),
     (["--redact", "other"], "redact"),
 ])
 def test_resume_refuses_a_different_redaction_naming_the_key(tmp_path, flags, key):
@@ -295,7 +302,7 @@ def test_resume_reapplies_the_cost_cap(tmp_path, monkeypatch):
 
 STORED_OPTIONS = [
     ("retries", "x"), ("retries", 99), ("retries", True), ("concurrency", 0), ("concurrency", [2]),
-    ("redact", "q"), ("redact", ["("]), ("redact", [1]), ("redact_pii", "yes"), ("redact_pii", None),
+    ("redact", "q"), ("redact", [1]), ("redact", {"a": 1}), ("redact_pii", "yes"), ("redact_pii", None),
     ("max_cost_usd", 5), ("max_cost_usd", "-1"), ("max_cost_usd", "NaN"), ("max_cost_usd", ["1"]),
 ]
 
@@ -547,20 +554,24 @@ def test_a_record_being_written_refuses_resume_and_merge_then_sigterm_saves_it(t
 
 
 def test_ctrl_c_prints_the_full_command_and_that_command_finishes_the_run(tmp_path):
+    import shlex
     md = tmp_path / "r.md"
     with fakes.FakeServer(slow_after_first) as server:
-        proc, out, env = start_slow_run(tmp_path, server, "--markdown", md)
+        proc, out, env = start_slow_run(tmp_path, server, "--markdown", md, "--redact", "ans[a-z]+")
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == 130
         line = one_line(err)
         command = line.split("continue with: ", 1)[1]
-        assert command == f"python regression.py --resume {out} --api-key-env {KEY_VARIABLE} --markdown {md}"
+        assert command == (f"python regression.py --resume {out} --api-key-env {KEY_VARIABLE} "
+                           f"--redact 'ans[a-z]+' --markdown {md}")
         server.reply = lambda request: Reply(body=fakes.chat_response("answer"))
-        finished = subprocess.run([sys.executable, str(SCRIPT), *command.split()[2:]], cwd=tmp_path, env=env,
-                                  capture_output=True, text=True, timeout=60)
+        finished = subprocess.run([sys.executable, str(SCRIPT), *shlex.split(command)[2:]], cwd=tmp_path,
+                                  env=env, capture_output=True, text=True, timeout=60)
     assert finished.returncode == 0, finished.stderr
     assert read(out)["summary"]["complete"] is True and md.exists()
+    # every row, before and after the interruption, is masked alike
+    assert [row["answer_text"] for row in read(out)["runs"]] == ["[REDACTED]"] * len(SUITE["cases"])
 
 
 # ====================================================================== the next step is always printed
