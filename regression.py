@@ -4240,6 +4240,13 @@ def _load_for(flag, path):
     return record
 
 
+def redact_note(record):
+    """What a resume command needs beyond the record: the --redact patterns, kept only as hashes."""
+    options = record.get("run_options") if isinstance(record.get("run_options"), dict) else {}
+    count = len(options["redact"]) if isinstance(options.get("redact"), list) else 0
+    return f" plus the same {count} --redact flag(s) it was made with" if count else ""
+
+
 def merge(out, paths):
     """--merge OUT SHARD...: one record from shard records of the same config; returns the exit code."""
     for path in paths:
@@ -4289,8 +4296,8 @@ def merge_gaps(records, paths, plan, final):
     for record, path in zip(records, paths):
         if not (record.get("summary") or {}).get("complete", False) or any(
                 row.get("error") is not None for row in record["runs"]):
-            lines.append(f"{path} is unfinished: continue it with: python regression.py --resume {shell_word(path)}, "
-                         "then merge again")
+            lines.append(f"{path} is unfinished: continue it with: python regression.py --resume {shell_word(path)}"
+                         f"{redact_note(record)}, then merge again")
     return "\n".join(lines)
 
 
@@ -5168,7 +5175,7 @@ def _continue_hint(path):
         return ""
     rows = len(record["runs"])
     return (f"; it holds an unfinished record ({rows} row(s) saved); "
-            f"continue it with: python regression.py --resume {shell_word(path)}")
+            f"continue it with: python regression.py --resume {shell_word(path)}{redact_note(record)}")
 
 
 def _stored_options(record, path):

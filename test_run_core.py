@@ -614,6 +614,12 @@ def test_existing_unfinished_out_names_the_resume_command(tmp_path):
     assert one_line(proc.stderr).endswith(
         f"already exists (records and reports never overwrite a file); it holds an unfinished record "
         f"(1 row(s) saved); continue it with: python regression.py --resume {out}")
+    masked = tmp_path / "masked.json"
+    assert main_code(["--provider", "echo", "--suite", suite, "--redact", "q[0-9]", "--out", masked]) == 0
+    cut_to(masked, 1)
+    proc = cli(["--provider", "echo", "--suite", suite, "--out", masked], tmp_path)
+    assert one_line(proc.stderr).endswith(
+        f"continue it with: python regression.py --resume {masked} plus the same 1 --redact flag(s) it was made with")
 
 
 def test_incomplete_merge_names_missing_shards_rows_and_unfinished_shards(tmp_path):
