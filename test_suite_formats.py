@@ -371,8 +371,11 @@ def test_promptreg_variables_select_a_compatible_endpoint(tmp_path):
     ({"PROMPTREG_MODEL": "theirs"}, ["--models", "flag"], ("perplexity", ["flag"])),
 ])
 def test_our_variables_and_flags_win_over_theirs(env, flags, expected):
-    _, args = regression.parse_args(flags, env=env)
-    assert (args.provider or "perplexity", args.models) == expected
+    # parse_args now resolves everything into Settings (defaults included), so read the
+    # precedence step itself: flags, then our environment twins, then theirs.
+    values = vars(regression.build_parser().parse_args(flags))
+    values.update(regression._from_environment(values, env)[0])
+    assert (values["provider"] or "perplexity", values["models"]) == expected
 
 
 def test_our_base_url_wins_over_theirs(tmp_path):
