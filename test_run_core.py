@@ -112,6 +112,9 @@ def test_flags_beat_environment_twins_which_beat_defaults():
     env = {"REGRESSION_RETRIES": "4", "REGRESSION_CONCURRENCY": "3", "REGRESSION_SHARD": "2/5"}
     _, settings = regression.parse_args(["--provider", "echo", "--retries", "1", "--dry-run"], env=env)
     assert (settings.retries, settings.concurrency, settings.shard) == (1, 3, (2, 5))
+    _, settings = regression.parse_args(["--dry-run"], env={"REGRESSION_PROVIDER": "echo",
+                                                         "PROMPTREG_PROVIDER": "openai"})
+    assert settings.provider == "echo", "the first twin in ENV_TWINS order wins"
     _, settings = regression.parse_args(["--provider", "echo", "--dry-run"], env={})
     assert (settings.retries, settings.concurrency, settings.repeats, settings.timeout) == (0, 1, 1, 180)
     assert settings.models == ("echo",) and settings.max_cost_usd is None
