@@ -4002,7 +4002,8 @@ def _lock(fd, path, shared=False):
     try:
         fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise RecordError(f"{path} is being written by another process (a run, --resume or --merge); "
+        raise RecordError(f"{path} is being written by another process (a run, --resume, --merge or "
+                          "--update-baseline); "
                           "wait until it ends, then try again") from None
     except OSError:
         pass  # a file system without locks (some network mounts)
@@ -6131,6 +6132,8 @@ def dry_run_mode(settings, env, stage):
 
 def run_mode(settings, env, stage):
     """Run the suite (or the rest of a resumed record); the verdict is the exit code."""
+    if settings.update_baseline and settings.suite:
+        hold_record(settings.suite)  # one baseline writer per suite, from the start of the run to its rewrite
     if settings.resume:
         stage.now(lambda word: f"{word} before the first request; {settings.resume} is unchanged")
     run = prepare(settings, env)
