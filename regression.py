@@ -6177,7 +6177,7 @@ def run_mode(settings, env, stage):
         print(f"warning: {warning}", file=sys.stderr)
     if stopped:
         hint = f"; continue with: {continue_command(run.path, continue_flags(settings, last, tally))}" \
-            if not final["complete"] and "reported no cost" not in stopped else ""
+            if (not final["complete"] or tally.errors) and "reported no cost" not in stopped else ""
         print(f"stopped early: {safe_text(stopped)}{safe_text(hint)}", file=sys.stderr)
     write_reports_of(load_record(run.path), settings, stage, run.path)
     if settings.update_baseline:

@@ -608,6 +608,17 @@ def test_execution_error_prints_the_resume_command_with_retries_when_transient(t
         assert line.endswith(f"; continue with: python regression.py --resume {out}{flags}"), line
 
 
+def test_an_error_on_the_last_row_still_prints_the_resume_command(tmp_path):
+    suite = write_suite(tmp_path, dict(SUITE, cases=SUITE["cases"][:1]))
+    out = tmp_path / "run.json"
+    with fakes.FakeServer(fakes.failing(502)) as server:
+        proc = cli(["--provider", "openai", "--base-url", server.url + "/v1", "--models", "m", "--suite", suite,
+                    "--out", out], tmp_path)
+    assert proc.returncode == 2
+    assert one_line(proc.stderr).endswith(f"; continue with: python regression.py --resume {out} --retries 3")
+    assert read(out)["summary"]["complete"] is True  # every row is there, one of them an error
+
+
 def test_budget_stop_prints_the_resume_command_with_a_higher_cap(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run.json"
     with fakes.FakeServer(fakes.advisor()) as server:
