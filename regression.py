@@ -897,8 +897,8 @@ def validate_suite(data, allow_empty_baseline=False):
     if not isinstance(data, dict):
         raise SuiteError("a suite must be a JSON object")
     if _not_unicode(data):
-        where = next((f"case #{n + 1}" for n, case in enumerate(data.get("cases") or [])
-                      if isinstance(data.get("cases"), list) and _not_unicode(case)), "suite")
+        cases = data.get("cases") if isinstance(data.get("cases"), list) else []
+        where = next((f"case #{n + 1}" for n, case in enumerate(cases) if _not_unicode(case)), "suite")
         raise SuiteError(f"{where}: holds a lone surrogate escape (such as \\ud800), which is not text")
     _unknown_key(data, SUITE_KEYS, "suite")
     if not isinstance(data.get("name"), str) or not data["name"].strip():
@@ -1184,7 +1184,7 @@ def key_problem(variable, value):
 def base_url_problem(url, source="--base-url"):
     """Why a base URL cannot be used (scheme, host, port, IPv6 literal), or None."""
     if not isinstance(url, str) or not _PRINTABLE_ASCII.fullmatch(url):
-        return f"{source}: the URL is empty or holds whitespace, control or non-ASCII characters"
+        return f"{source}: not an http(s) URL (it is empty or holds whitespace, control or non-ASCII characters)"
     try:
         parts = urllib.parse.urlsplit(url)
         host, port = parts.hostname, parts.port
