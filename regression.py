@@ -228,23 +228,116 @@ def approved_source(url, rfc):
 # compiled suite case (the suite's schema, sources policy and instructions are
 # attached under "_"-keys); the trace is the provider-neutral view of a response
 # (SPEC B3), so no check ever reads provider-specific JSON.
+#
+# Each check is declared once, by register_check(): its name, the case keys that
+# switch it on (or its behaviour and argument kind), how those keys are validated,
+# the reasons it gives and what explain() reports for it. CHECKS, BEHAVIORS,
+# CASE_KEYS, suite validation, --dry-run's check list, --list-checks and the README
+# reason table are all read from that one table (CHECK_TABLE).
 
 def _normalise(text):
     return " ".join(text.split()) if isinstance(text, str) else ""
+
+
+# Format characters (Unicode category Cf: zero-width space and joiners, bidi controls,
+# soft hyphen, BOM, tags) and the other default-ignorable code points (variation
+# selectors, Hangul fillers, the combining grapheme joiner). They render as nothing,
+# so a text comparison that kept them could be dodged by an invisible character.
+_INVISIBLE = re.compile(
+    "[\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u115f\u1160\u17b4\u17b5"
+    "\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
+    "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+    "\U000e0000-\U000e0fff]")
+
+
+def _text_form(text):
+    """The one normal form every text comparison uses, on both sides: Unicode NFKC
+    (fullwidth and other compatibility forms, composed accents), format characters such
+    as zero-width spaces removed, case folded, whitespace runs folded to one space."""
+    if not isinstance(text, str):
+        return ""
+    if text.isascii():  # nothing to normalise or remove: the fast path for most answers
+        return " ".join(text.lower().split())
+    import unicodedata  # imported where used: start-up stays lean (SPEC C1)
+    text = unicodedata.normalize("NFKC", _INVISIBLE.sub("", text)).casefold()
+    return " ".join(unicodedata.normalize("NFKC", text).split())  # casefolding can leave a text NFKC changes
+
+
+@functools.lru_cache(maxsize=64)  # several checks and explain() ask for the same answer's form
+def text_form(text):
+    """The one normal form every text comparison uses, on both sides: Unicode NFKC
+    (fullwidth and other compatibility forms, composed accents), format characters such
+    as zero-width spaces removed, case folded, whitespace runs folded to one space."""
+    return _text_form(text)
 
 
 def _canonical(value):
     return json.dumps(value, sort_keys=True)
 
 
-def _parse_answer(text):
-    """The answer text as JSON, or None when it is not JSON at all."""
+class Fail(str):
+    """A failure reason that carries its evidence. It is the plain reason string to every
+    comparison and to JSON; explain() files `evidence` (a short `note` for the console and
+    reports, plus the facts behind it) under details["evidence"][reason]."""
+
+    def __new__(cls, reason, note="", **evidence):
+        self = super().__new__(cls, reason)
+        self.evidence = {"note": note, **evidence}
+        return self
+
+
+def _quote(value, limit=60):
+    """A short double-quoted form of a value for a note."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _clip(value, limit=1_000):
+    """A value for evidence: a long string is cut (the whole answer is stored beside it)."""
+    return value[:limit] + "..." if isinstance(value, str) and len(value) > limit else value
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_pairs(pairs):
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen.add(key)
+    return dict(pairs)
+
+
+def _not_json(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def read_json(text):
+    """(value, None) when the text is strict JSON, else (None, Fail): invalid_json for
+    anything json.loads refuses and for NaN / Infinity (not JSON), duplicate_key for an
+    object that repeats a key at any depth (last-wins would let a model hide a value)."""
     if not isinstance(text, str):
-        return None
+        return None, Fail("invalid_json", "no answer text", error="no answer text")
     try:
-        return [json.loads(text)]
-    except (ValueError, RecursionError):
-        return None
+        return json.loads(text, object_pairs_hook=_unique_pairs, parse_constant=_not_json), None
+    except _DuplicateKey as exc:
+        key = exc.args[0]
+        return None, Fail("duplicate_key", f"duplicate key {_quote(key)}", key=key)
+    except json.JSONDecodeError as exc:
+        return None, Fail("invalid_json", f"not JSON: {exc.msg} at char {exc.pos}", error=exc.msg, position=exc.pos)
+    except ValueError as exc:
+        return None, Fail("invalid_json", f"not JSON: {exc}", error=str(exc))
+    except RecursionError:
+        return None, Fail("invalid_json", "not JSON: nested too deeply", error="nested too deeply")
+
+
+def _parse_answer(text):
+    """The answer text as JSON, or None when it is not strict JSON at all."""
+    value, problem = read_json(text)
+    return None if problem else [value]
 
 
 _JSON_TYPES = {
@@ -256,6 +349,10 @@ _JSON_TYPES = {
     "object": lambda v: isinstance(v, dict),
     "null": lambda v: v is None,
 }
+
+
+def _json_type(value):
+    return next((name for name, test in _JSON_TYPES.items() if name != "integer" and test(value)), "unknown")
 
 
 def _has_type(value, spec):
@@ -270,24 +367,31 @@ def _has_type(value, spec):
     return True
 
 
-def _answer_shape_ok(answer, case):
-    """The answer object has exactly the structured fields, each of its schema type."""
+def _shape_problem(answer, case):
+    """Why the answer object does not have exactly the structured fields, each of its
+    schema type, as a Fail("invalid_answer_shape"); None when it does."""
     if not isinstance(answer, dict):
-        return False
+        return Fail("invalid_answer_shape", f"a JSON {_json_type(answer)}, not an object", got=_json_type(answer))
     schema = case.get("_schema")
     if schema is not None:
         properties = schema.get("properties", {})
-        required = set(schema.get("required", properties))
-        if not required <= set(answer) <= set(properties):
-            return False
-        return all(_has_type(answer[key], properties[key]) for key in answer)
-    wanted = set(case.get("expect", {}))
-    if "cite" in case:
-        wanted.add(case["_sources"]["field"])
-    if set(answer) != wanted:
-        return False
-    return "cite" not in case or _has_type(answer[case["_sources"]["field"]],
-                                           {"type": "array", "items": {"type": "string"}})
+        required, allowed = set(schema.get("required", properties)), set(properties)
+        types = properties
+    else:
+        required = allowed = set(case.get("expect", {})) | ({case["_sources"]["field"]} if "cite" in case else set())
+        types = {case["_sources"]["field"]: {"type": "array", "items": {"type": "string"}}} if "cite" in case else {}
+    missing, extra = sorted(required - set(answer)), sorted(set(answer) - allowed)
+    mistyped = sorted(key for key in answer if key in types and not _has_type(answer[key], types[key]))
+    if not (missing or extra or mistyped):
+        return None
+    said = [f"{label} {', '.join(keys)}" for label, keys in (("missing", missing), ("extra", extra),
+                                                             ("wrong type", mistyped)) if keys]
+    return Fail("invalid_answer_shape", "; ".join(said), missing=missing, extra=extra, wrong_type=mistyped)
+
+
+def _answer_shape_ok(answer, case):
+    """The answer object has exactly the structured fields, each of its schema type."""
+    return _shape_problem(answer, case) is None
 
 
 def _structured_answer(case, trace):
@@ -298,34 +402,207 @@ def _structured_answer(case, trace):
     return parsed[0]
 
 
+def _user_text(case):
+    """Everything the user said in a case (its input or question, or the user messages)."""
+    given = case.get("input", case.get("question"))
+    if isinstance(given, list):
+        return "\n".join(json.dumps(message.get("content"), ensure_ascii=False) if not isinstance(
+            message.get("content"), str) else message["content"] for message in given
+            if isinstance(message, dict) and message.get("role", "user") == "user")
+    return given if isinstance(given, str) else ""
+
+
+# ---------------------------------------------------------------------- the check table
+
+# A behaviour's ":ARG" kind -> (the pattern an argument must match in full, how to say it).
+ARG_KINDS = {
+    "count": (r"[0-9]+", "a whole number, as in '{name}:2'"),
+    "tool": (r"[A-Za-z0-9_.-]+", "a tool name, as in '{name}:NAME'"),
+    "tools": (r"[A-Za-z0-9_.-]+(?:,[A-Za-z0-9_.-]+)*", "tool names, as in '{name}:A,B'"),
+    "field": (r"[A-Za-z0-9_.-]+", "a field name, as in '{name}:FIELD'"),
+}
+TOOL_ARG_KINDS = {"tool", "tools"}  # their names must be function tools the suite declares
+
+# Case keys that belong to no check: what a case is, not how it is judged.
+CORE_CASE_KEYS = {"id", "input", "question", "behaviors", "instructions_sha256", "notes"}
+
+
+class Check:
+    """One check, declared once (see register_check)."""
+
+    def __init__(self, name, run, keys=(), behavior=False, arg=None, validate=None, details=None,
+                 reasons=None, always=False, vacuous=False, doc=None):
+        self.name, self.run, self.keys, self.behavior, self.arg = name, run, tuple(keys), behavior, arg
+        self.validate, self.details, self.always, self.vacuous = validate, details, always, vacuous
+        self.reasons = dict(reasons or {})
+        self.doc = doc or " ".join((run.__doc__ or "").split())
+
+    def active(self, case):
+        """Whether this check has anything to judge in a case (it runs either way)."""
+        if self.always:
+            return True
+        if self.behavior:
+            return bool(self.entries(case))
+        return any(key in case for key in self.keys)
+
+    def label(self, case):
+        """The check as --dry-run lists it: its name, with a behaviour's arguments."""
+        if not self.behavior or self.arg is None:
+            return self.name
+        return ", ".join(self.entries(case))
+
+    def entries(self, case):
+        """A behaviour's entries in a case ("forbid_tool:cancel_order", ...)."""
+        behaviors = case.get("behaviors")
+        return [entry for entry in (behaviors if isinstance(behaviors, list) else [])
+                if isinstance(entry, str) and entry.partition(":")[0] == self.name]
+
+
+CHECK_TABLE = []  # in run order; the first four reproduce SPEC A4's order exactly
+CHECKS = {}       # name -> (case, trace) -> reasons: a view of CHECK_TABLE
+BEHAVIORS = {}    # behaviour name -> its ":ARG" kind (None: takes no argument): a view of CHECK_TABLE
+CASE_KEYS = set(CORE_CASE_KEYS)  # every key a case may hold: a view of CHECK_TABLE and CASE_KEY_RULES
+CASE_KEY_RULES = {}  # case keys that switch on no check of their own (e.g. request keys) -> validate
+
+
+def register_check(name, run=None, *, keys=(), behavior=False, arg=None, validate=None, details=None,
+                   reasons=None, always=False, vacuous=False, doc=None):
+    """Declare a check (usable as a decorator when `run` is omitted).
+
+    name      the check's name; for a behaviour also the name a case writes in "behaviors"
+    run       (case, trace) -> reasons; a reason may be a Fail carrying its evidence
+    keys      the case keys it reads; any of them present switches it on, and they join CASE_KEYS
+    behavior  True: switched on by "NAME" / "NAME:ARG" in a case's behaviors
+    arg       a behaviour's argument kind, a key of ARG_KINDS (None: no argument)
+    validate  (case, where, context) -> None, raising SuiteError with one line; runs when the
+              check is active; context holds suite, schema, functions, allow_empty_baseline
+    details   (case, trace) -> dict for explain(), beside the evidence of each failing reason
+    reasons   {reason: (meaning, what to do)}: --list-checks and the README reason table
+    always    runs on every case; vacuous: passes an empty answer (--dry-run lints cases
+              whose only checks are vacuous)
+    """
+    if run is None:
+        return lambda function: register_check(
+            name, function, keys=keys, behavior=behavior, arg=arg, validate=validate, details=details,
+            reasons=reasons, always=always, vacuous=vacuous, doc=doc)
+    if name in CHECKS:
+        raise ValueError(f"check {name!r} is already registered")
+    if arg is not None and arg not in ARG_KINDS:
+        raise ValueError(f"check {name!r}: unknown argument kind {arg!r}")
+    descriptor = Check(name, run, keys, behavior, arg, validate, details, reasons, always, vacuous, doc)
+    CHECK_TABLE.append(descriptor)
+    CHECKS[name] = run
+    if behavior:
+        BEHAVIORS[name] = arg
+    CASE_KEYS.update(descriptor.keys)
+    return run
+
+
+def register_case_key(key, validate=None):
+    """Declare a case key that switches on no check of its own (e.g. a per-case request
+    setting); validate(case, where, context) runs when a case holds it."""
+    CASE_KEY_RULES[key] = validate
+    CASE_KEYS.add(key)
+
+
+def reason_table():
+    """[(reason, meaning, what to do)] of every check, in check order (the README's table)."""
+    rows = {}
+    for check_ in CHECK_TABLE:
+        for reason, (meaning, todo) in check_.reasons.items():
+            rows.setdefault(reason, (reason, meaning, todo))  # a reason two checks give is listed once
+    return list(rows.values())
+
+
+def _reason_of(name):
+    """The reason a failure name stands under in the table (wrong_code -> wrong_<field>)."""
+    known = {reason for reason, _, _ in reason_table()}
+    if name in known:
+        return name
+    return next((reason for reason in known if "<" in reason and name.startswith(reason.split("<")[0])), name)
+
+
+# ---------------------------------------------------------------------- the checks, in run order
+
 def check_completed(case, trace):
     """The response finished: status "completed" (or, with function tools, a turn that ended in tool calls)."""
     if trace["status"] == "completed":
         return []
     if trace["status"] == "requires_action" and trace["tool_calls"] and case.get("_function_tools"):
         return []  # a turn that ends by asking the host to run a declared function tool
-    return ["response_not_completed"]
+    return [Fail("response_not_completed", f"status {trace['status']}", status=trace["status"])]
+
+
+register_check("completed", check_completed, always=True, reasons={
+    "response_not_completed": (
+        "the response status was not `completed` (failed, cancelled, ran out of steps or tokens)",
+        "read `response.status` and `response.error` in the row; a model that keeps stopping early needs a "
+        "higher limit or a different model")})
 
 
 def check_search_observed(case, trace):
     """With `cite`: the run's own web search returned at least one URL."""
     if "cite" in case and not trace["search_urls"]:
-        return ["search_not_observed"]
+        return [Fail("search_not_observed", "no search results in this response", search_urls=0)]
     return []
 
 
+register_check("search_observed", check_search_observed, keys=("cite",), reasons={
+    "search_not_observed": (
+        "a case that must cite found no search results in its own response",
+        "the model answered without searching; the instructions require a search, so this is a model regression")})
+
+
+def _validate_expect(case, where, context):
+    expect, schema = case["expect"], context["schema"]
+    if not isinstance(expect, dict) or not expect:
+        raise SuiteError(f"{where}: expect must be a non-empty object of field: value")
+    for field in expect:
+        if not re.fullmatch(r"[A-Za-z0-9_]+", field):
+            raise SuiteError(f"{where}: expect field {field!r} must be letters, digits and underscores")
+        if schema is not None and field not in schema.get("properties", {}):
+            raise SuiteError(f"{where}: expect field {field!r} is not in the response_format schema")
+
+
 def check_answer(case, trace):
-    """With `expect` or `cite`: the answer is a JSON object with exactly the schema's fields; `expect` values match exactly (wrong_<field>)."""
+    """With `expect` or `cite`: the answer is strict JSON (no NaN, no repeated key), an object with exactly the schema's fields; `expect` values match exactly (wrong_<field>)."""
     if "expect" not in case and "cite" not in case:
         return []
-    parsed = _parse_answer(trace["final_text"])
-    if parsed is None:
-        return ["invalid_json"]
-    answer = parsed[0]
-    if not _answer_shape_ok(answer, case):
-        return ["invalid_answer_shape"]
-    return [f"wrong_{field}" for field, value in case.get("expect", {}).items()
+    answer, problem = read_json(trace["final_text"])
+    if problem:
+        return [problem]
+    shape = _shape_problem(answer, case)
+    if shape:
+        return [shape]
+    return [Fail(f"wrong_{field}", f"{field} {_quote(answer.get(field))}, expected {_quote(value)}",
+                 got=_clip(answer.get(field)), expected=value)
+            for field, value in case.get("expect", {}).items()
             if _canonical(answer.get(field)) != _canonical(value)]
+
+
+register_check("expect", check_answer, keys=("expect",), validate=_validate_expect, reasons={
+    "invalid_json": ("the answer is not strict JSON (NaN and Infinity are not JSON)",
+                     "the model ignored the response format"),
+    "duplicate_key": ("the JSON answer repeats a key in one object, so which value counts is ambiguous",
+                      "a model can hide a wrong value behind a right one: treat it as wrong"),
+    "invalid_answer_shape": ("JSON, but not exactly the schema's fields and types",
+                             "the model added, dropped or mistyped a field; `details.evidence` names which"),
+    "wrong_<field>": ("an approved decision changed (`wrong_code`, `wrong_next_action`)",
+                      "the regression this tool exists for: do not ship the change; the evidence shows got and "
+                      "expected")})
+
+
+def _validate_cite(case, where, context):
+    suite, schema = context["suite"], context["schema"]
+    if not isinstance(case["cite"], str) or not case["cite"]:
+        raise SuiteError(f"{where}: cite must be a document id string")
+    if not suite.get("sources"):
+        raise SuiteError(f"{where}: cite needs a suite-level sources policy")
+    field = suite["sources"]["field"]
+    if schema is not None and field not in schema.get("properties", {}):
+        raise SuiteError(f"{where}: cite reads sources.field {field!r}, which is not in the response_format schema")
+    if schema is not None and schema["properties"][field].get("type", "array") != "array":
+        raise SuiteError(f"{where}: cite reads sources.field {field!r}, which the schema does not make a list")
 
 
 def check_citations(case, trace):
@@ -338,73 +615,264 @@ def check_citations(case, trace):
     sources = case["_sources"]
     urls = answer.get(sources["field"])
     if not isinstance(urls, list) or not all(isinstance(url, str) for url in urls):
-        return ["invalid_answer_shape"]
+        return [Fail("invalid_answer_shape", f"{sources['field']} is not a list of strings")]
     cited = [document_id(url, sources) for url in urls]
     found = {document_id(url, sources) for url in trace["search_urls"]} - {None}
     allowed = {case["cite"], *sources.get("also_allowed", [])}
     reasons = []
     if not urls or len(set(cited)) != len(urls):
-        reasons.append("missing_or_duplicate_sources")
-    if not all(doc is not None and doc in found for doc in cited):
-        reasons.append("citation_not_in_search_results")
-    if any(doc not in allowed for doc in cited):
-        reasons.append("citation_not_approved")
+        twice = sorted({str(doc) for doc in cited if cited.count(doc) > 1})
+        reasons.append(Fail("missing_or_duplicate_sources", "no source cited" if not urls else
+                            f"cited twice: {', '.join(twice) or 'unrecognised URLs'}", cited=urls))
+    unseen = [url for url, doc in zip(urls, cited) if doc is None or doc not in found]
+    if unseen:
+        reasons.append(Fail("citation_not_in_search_results", f"not in this run's search: {_quote(unseen[0])}"
+                            + (f" (+{len(unseen) - 1})" if len(unseen) > 1 else ""), urls=unseen))
+    outside = [url for url, doc in zip(urls, cited) if doc not in allowed]
+    if outside:
+        reasons.append(Fail("citation_not_approved", f"not approved: {_quote(outside[0])}"
+                            + (f" (+{len(outside) - 1})" if len(outside) > 1 else ""), urls=outside))
     if case["cite"] not in cited:
-        reasons.append("primary_reference_missing")
+        reasons.append(Fail("primary_reference_missing", f"{case['cite']} not cited", expected=case["cite"],
+                            cited=[doc for doc in cited if doc is not None]))
     return reasons
+
+
+register_check("cite", check_citations, keys=("cite",), validate=_validate_cite, reasons={
+    "missing_or_duplicate_sources": ("no source cited, or one document cited twice", "the citation discipline slipped"),
+    "citation_not_in_search_results": (
+        "a cited document never appeared in this run's own search results (or the URL is not a recognised document)",
+        "a made-up or remembered citation: treat as a hallucination"),
+    "citation_not_approved": ("a cited document is outside the case's document and the always-allowed ones",
+                              "the model relied on an unapproved source"),
+    "primary_reference_missing": ("the case's own document is not cited", "e.g. a 429 answer without RFC 6585")})
 
 
 def phrases_found(case, key, text):
-    """(present, absent) phrases of a case's `contains` or `excludes`, case-insensitive, whitespace folded."""
-    folded = _normalise(text).casefold()
+    """(present, absent) phrases of a case's `contains` or `excludes`, both sides in text_form()."""
+    folded = text_form(text)
     present, absent = [], []
     for phrase in case.get(key, []):
-        (present if _normalise(phrase).casefold() in folded else absent).append(phrase)
+        (present if text_form(phrase) in folded else absent).append(phrase)
     return present, absent
 
 
-def _phrase_check(key, reason):
+def _validate_phrases(key):
+    def validate(case, where, context):
+        _string_list(case[key], where, key)
+    return validate
+
+
+def _phrase_check(key, reason, label):
     """One check for `contains` and `excludes`: the other side of phrases_found fails it."""
     def check_phrases(case, trace):
         present, absent = phrases_found(case, key, trace["final_text"])
-        return [reason] if (present if key == "excludes" else absent) else []
+        failing = present if key == "excludes" else absent
+        if not failing:
+            return []
+        note = f"{label} " + ", ".join(_quote(phrase, 30) for phrase in failing[:3]) + (
+            f" (+{len(failing) - 3})" if len(failing) > 3 else "")
+        return [Fail(reason, note, phrases=failing)]
     return check_phrases
 
 
-check_contains = _phrase_check("contains", "missing_required_text")
-check_contains.__doc__ = "`contains`: every listed phrase appears in the answer (case-insensitive); a hard rule."
-check_excludes = _phrase_check("excludes", "forbidden_text_present")
-check_excludes.__doc__ = "`excludes`: no listed phrase appears in the answer (case-insensitive); a hard rule."
+def _phrase_details(key, detail):
+    def details(case, trace):
+        present, absent = phrases_found(case, key, trace["final_text"])
+        failing = present if key == "excludes" else absent
+        return {detail: failing} if failing else {}
+    return details
+
+
+check_contains = _phrase_check("contains", "missing_required_text", "missing")
+check_contains.__doc__ = "`contains`: every listed phrase appears in the answer (both in text_form); a hard rule."
+register_check("contains", check_contains, keys=("contains",), validate=_validate_phrases("contains"),
+               details=_phrase_details("contains", "missing_text"), reasons={
+                   "missing_required_text": ("a `contains` phrase is missing (compared in the normal form)",
+                                             "hard rule: no similarity score rescues it")})
+check_excludes = _phrase_check("excludes", "forbidden_text_present", "forbidden")
+check_excludes.__doc__ = "`excludes`: no listed phrase appears in the answer (both in text_form); a hard rule."
+register_check("excludes", check_excludes, keys=("excludes",), validate=_validate_phrases("excludes"),
+               details=_phrase_details("excludes", "forbidden_text"), vacuous=True, reasons={
+                   "forbidden_text_present": ("an `excludes` phrase appears (compared in the normal form, so "
+                                              "zero-width or fullwidth characters do not hide it)",
+                                              "hard rule; e.g. an echoed card number")})
+
+
+# Similarity is difflib's ratio on the two texts in text_form(). difflib's matching is
+# quadratic or worse (a repetitive 1,000-character answer already costs half a second, a
+# 2 MB one minutes), so its work is bounded: every comparison counts the steps difflib's
+# matching takes and gives up past SIMILARITY_WORK steps, deterministically (no clock).
+# Texts of at most SIMILARITY_PREFIX characters that fit the budget get the exact ratio.
+# Otherwise the score is bounded: the least of the ratio on the first N and on the last N
+# characters (N at most SIMILARITY_PREFIX, halved until both fit half the budget), the length
+# bound 2*min/(sum of lengths) (no ratio can exceed it) and, when that bound is 0.5 or more
+# and both texts have SIMILARITY_BAG_WORDS words or more, the overlap of their word
+# multisets (which sees a change in the middle). details["similarity_measure"] says when
+# the bound applied, and how.
+SIMILARITY_WORK = 400_000
+SIMILARITY_PREFIX = 5_000
+SIMILARITY_BAG_WORDS = 50
+
+
+class _OverBudget(Exception):
+    pass
+
+
+@functools.lru_cache(maxsize=1)
+def _counted_matcher():
+    """difflib.SequenceMatcher that counts its matching steps (built on first use: lazy import)."""
+    import difflib
+
+    class Counted(difflib.SequenceMatcher):
+        def find_longest_match(self, alo=0, ahi=None, blo=0, bhi=None):
+            ahi = len(self.a) if ahi is None else ahi
+            # An upper bound of the steps the inner loop of this call takes, counted before it runs.
+            self.steps += sum(map(len, map(self.b2j.get, self.a[alo:ahi], [()] * (ahi - alo))))
+            if self.steps > self.budget:
+                raise _OverBudget
+            return super().find_longest_match(alo, ahi, blo, bhi)
+    return Counted
+
+
+def _matching_work(a, b):
+    """The steps of difflib's first matching pass: sum over shared characters of count_a * count_b."""
+    if len(a) > len(b):
+        a, b = b, a
+    return sum(a.count(char) * b.count(char) for char in set(a))
+
+
+def _ratio(a, b, budget=SIMILARITY_WORK):
+    """difflib's ratio (no autojunk), or None when its matching would take more than `budget` steps."""
+    matcher = _counted_matcher()(None, a, b, autojunk=False)
+    matcher.steps, matcher.budget = 0, budget
+    try:
+        return matcher.ratio()
+    except _OverBudget:
+        return None
 
 
 @functools.lru_cache(maxsize=64)  # the check and explain() both ask, for the same pair
+def similarity_of(expected, actual):
+    """(score 0..1, None) of two texts in text_form(), or (score, how it was bounded); see SIMILARITY_WORK."""
+    a, b = text_form(expected), text_form(actual)
+    longest = max(len(a), len(b))
+    if not longest:
+        return 1.0, None
+    if longest <= SIMILARITY_PREFIX:
+        exact = _ratio(a, b)
+        if exact is not None:
+            return exact, None
+    cut = min(longest, SIMILARITY_PREFIX) if longest > SIMILARITY_PREFIX else longest // 2
+    while True:
+        # A cheap estimate first (shared characters' counts multiplied: the first matching
+        # pass, about a fifth of the whole), so only a cut that can fit is run.
+        fits = max(_matching_work(a[:cut], b[:cut]), _matching_work(a[-cut:], b[-cut:])) <= SIMILARITY_WORK // 16
+        head = _ratio(a[:cut], b[:cut], SIMILARITY_WORK // 2) if fits else None
+        tail = _ratio(a[-cut:], b[-cut:], SIMILARITY_WORK // 2) if head is not None else None
+        if tail is not None:
+            break
+        cut = max(1, cut // 2)  # at a few characters the matching always fits the budget
+    scores = [head, tail, 2 * min(len(a), len(b)) / (len(a) + len(b))]
+    words_a, words_b = (a.split(), b.split()) if scores[2] >= 0.5 else ((), ())
+    how = f"bounded: first and last {cut} characters, lengths"
+    if scores[2] >= 0.5 and min(len(words_a), len(words_b)) >= SIMILARITY_BAG_WORDS:
+        import collections
+        shared = collections.Counter(words_a) & collections.Counter(words_b)
+        scores.append(2 * sum(shared.values()) / (len(words_a) + len(words_b)))
+        how += ", word multisets"
+    return min(scores), how
+
+
 def similarity(expected, actual):
-    """difflib ratio (0..1) of two texts after whitespace normalisation."""
-    a, b = _normalise(expected), _normalise(actual)
-    if len(a) * len(b) > 25_000_000:  # character matching is quadratic; words keep long texts fast
-        a, b = a.split(), b.split()
-    import difflib  # imported where used, like the report code: start-up stays lean (SPEC C1)
-    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
+    """difflib ratio (0..1) of two texts in text_form(), within a time bound (SIMILARITY_WORK)."""
+    return similarity_of(expected, actual)[0]
+
+
+def _floor4(value):
+    return math.floor(value * 10_000) / 10_000  # a score shown never rounds up to its threshold
+
+
+def _validate_similarity(case, where, context):
+    if "expected_text" in case and not isinstance(case["expected_text"], str):
+        raise SuiteError(f"{where}: expected_text must be a string")
+    if "min_similarity" in case:
+        if not _is_number(case["min_similarity"]) or not 0 <= case["min_similarity"] <= 1:
+            raise SuiteError(f"{where}: min_similarity must be a number from 0 to 1 (got {case['min_similarity']!r})")
+        if "expected_text" not in case:
+            raise SuiteError(f"{where}: min_similarity needs an expected_text baseline (it would pass silently)")
+        if not case["expected_text"] and not context["allow_empty_baseline"]:
+            raise SuiteError(f"{where}: expected_text is empty; fill it with --update-baseline or by hand")
 
 
 def check_similarity(case, trace):
-    """`expected_text` + `min_similarity`: the answer is at least this similar to the approved baseline."""
+    """`expected_text` + `min_similarity`: the answer is at least this similar to the approved baseline (difflib ratio in text_form, time-bounded)."""
     if "min_similarity" not in case or not case.get("expected_text"):
         return []  # an empty baseline is only allowed while --update-baseline fills it
-    if similarity(case["expected_text"], trace["final_text"]) < case["min_similarity"]:
-        return ["below_min_similarity"]
+    score, how = similarity_of(case["expected_text"], trace["final_text"] if isinstance(trace["final_text"], str)
+                               else "")
+    if score < case["min_similarity"]:
+        bound = {"measure": how} if how else {}
+        return [Fail("below_min_similarity", f"similarity {_floor4(score):g} < {case['min_similarity']:g}"
+                     + (" (bounded)" if how else ""), similarity=round(score, 4),
+                     min_similarity=case["min_similarity"], **bound)]
     return []
 
 
+DIFF_CHARS = 20_000  # each side of details.diff is cut to this many characters
+
+
+def _similarity_details(case, trace):
+    if not case.get("expected_text"):
+        return {}
+    text = trace["final_text"] if isinstance(trace["final_text"], str) else ""
+    score, how = similarity_of(case["expected_text"], text)
+    details = {"similarity": round(score, 4)}
+    if how:
+        details["similarity_measure"] = how
+    if score < case.get("min_similarity", 1.0):
+        import difflib
+        details["diff"] = "\n".join(difflib.unified_diff(
+            case["expected_text"][:DIFF_CHARS].splitlines(), text[:DIFF_CHARS].splitlines(),
+            "expected", "actual", lineterm=""))
+    return details
+
+
+register_check("similarity", check_similarity, keys=("expected_text", "min_similarity"),
+               validate=_validate_similarity, details=_similarity_details, reasons={
+                   "below_min_similarity": (
+                       "the answer is less similar to the approved baseline than `min_similarity` (difflib ratio "
+                       "in the normal form; very long texts get a bounded score)",
+                       "read `details.diff` (expected -> actual) and `details.similarity`")})
+
+
+def _validate_length(case, where, context):
+    for field in ("min_chars", "max_chars"):
+        if field in case and not _is_count(case[field]):
+            raise SuiteError(f"{where}: {field} must be a whole number of at least 0")
+    if case.get("min_chars", 0) > case.get("max_chars", math.inf):
+        raise SuiteError(f"{where}: min_chars is larger than max_chars")
+
+
 def check_length(case, trace):
-    """`min_chars` / `max_chars`: the answer's length after whitespace normalisation."""
-    length = len(_normalise(trace["final_text"]))
+    """`min_chars` / `max_chars`: the answer's length in characters of text_form()."""
+    length = len(text_form(trace["final_text"]))
     reasons = []
     if "min_chars" in case and length < case["min_chars"]:
-        reasons.append("too_short")
+        reasons.append(Fail("too_short", f"{length} chars < min {case['min_chars']}", chars=length,
+                            min_chars=case["min_chars"]))
     if "max_chars" in case and length > case["max_chars"]:
-        reasons.append("too_long")
+        reasons.append(Fail("too_long", f"{length} chars > max {case['max_chars']}", chars=length,
+                            max_chars=case["max_chars"]))
     return reasons
+
+
+register_check("length", check_length, keys=("min_chars", "max_chars"), validate=_validate_length,
+               details=lambda case, trace: {"chars": len(text_form(trace["final_text"]))}, vacuous=True, reasons={
+                   "too_short": ("length (in characters of the normal form) below `min_chars`",
+                                 "the evidence gives the length and the threshold"),
+                   "too_long": ("length (in characters of the normal form) above `max_chars`",
+                                "the evidence gives the length and the threshold")})
 
 
 def _behavior_args(case, name):
@@ -422,124 +890,362 @@ def _call_arguments(call):
     return arguments if isinstance(arguments, dict) else {}
 
 
+_ESCAPED_QUOTE = re.compile(r'\\+"')
+_PAIR_IN_TEXT = re.compile(r'"([^"\\]{1,200})"\s*:\s*(?:"((?:[^"\\]|\\.)*)"?|([-+0-9.eE]+|true|false|null))')
+MAX_ARGUMENT_DEPTH = 64
+
+
+def _decoded(value, depth=0):
+    """A value with JSON text inside a string decoded, repeatedly (double-encoded arguments)."""
+    while isinstance(value, str) and depth < 4 and value.strip()[:1] in ("{", "[", '"'):
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError):
+            break
+        depth += 1
+    return value
+
+
+def argument_pairs(arguments, joined=True):
+    """Every (key, value) a tool call's arguments carry: nested at any depth, inside JSON
+    text (double-encoded), and in the key-value pairs of truncated JSON text; `joined` also
+    gives a nested key under its parent's name ({"order": {"id": 7}} carries order_id)."""
+    pairs, stack = [], [(arguments, 0, None)]
+    while stack:
+        value, depth, parent = stack.pop()
+        value = _decoded(value)
+        if depth > MAX_ARGUMENT_DEPTH:
+            continue
+        if isinstance(value, dict):
+            for key, item in value.items():
+                pairs.append((key, item))
+                if joined and parent is not None:
+                    pairs.append((f"{parent}_{key}", item))
+                stack.append((item, depth + 1, str(key)))
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1, None) for item in value)
+        elif isinstance(value, str):  # text that is not whole JSON: a truncated object still names its keys
+            unescaped = _ESCAPED_QUOTE.sub('"', value)
+            for match in _PAIR_IN_TEXT.finditer(unescaped):
+                pairs.append((match[1], match[2] if match[2] is not None else match[3]))
+    return pairs
+
+
+def argument_text(arguments):
+    """All the text of a tool call's arguments, one piece per line: the raw text, and every
+    key and scalar value at any depth once JSON text inside it is decoded."""
+    pieces, stack = [arguments] if isinstance(arguments, str) else [], [(arguments, 0)]
+    while stack:
+        value, depth = stack.pop()
+        decoded = _decoded(value)
+        if depth > MAX_ARGUMENT_DEPTH:
+            continue
+        if isinstance(decoded, dict):
+            pieces.extend(str(key) for key in decoded)
+            stack.extend((item, depth + 1) for item in decoded.values())
+        elif isinstance(decoded, list):
+            stack.extend((item, depth + 1) for item in decoded)
+        elif decoded is not value or not isinstance(value, str) or depth:
+            pieces.append(decoded if isinstance(decoded, str) else json.dumps(decoded))
+    return "\n".join(pieces)
+
+
+def _describe_call(call):
+    """name(key=value, ...) of a tool call, for a note."""
+    arguments = _decoded(call.get("arguments"))
+    if isinstance(arguments, dict):
+        inner = ", ".join(f"{key}={value if isinstance(value, str) else json.dumps(value)}"
+                          for key, value in arguments.items())
+    else:
+        inner = "" if arguments in (None, "") else str(arguments)
+    return f"{call.get('name')}({inner})"
+
+
+def _tool_details(case, trace):
+    """Every behaviour's details: the tool calls made, when there were any."""
+    if trace["tool_calls"] or trace["tool_rounds"]:
+        return {"tool_calls": trace["tool_calls"], "tool_rounds": trace["tool_rounds"]}
+    return {}
+
+
 def check_json_object(case, trace):
-    """behavior json_object: the answer parses as a JSON object."""
+    """behavior json_object: the answer is strict JSON (no NaN, no repeated key) and an object."""
     if not _behavior_args(case, "json_object"):
         return []
-    parsed = _parse_answer(trace["final_text"])
-    return [] if parsed and isinstance(parsed[0], dict) else ["not_json_object"]
+    value, problem = read_json(trace["final_text"])
+    if problem is not None:
+        return [problem] if problem == "duplicate_key" else [
+            Fail("not_json_object", problem.evidence["note"], error=problem.evidence.get("error"))]
+    if not isinstance(value, dict):
+        return [Fail("not_json_object", f"a JSON {_json_type(value)}, not an object", got=_json_type(value))]
+    return []
 
 
+register_check("json_object", check_json_object, behavior=True, details=_tool_details, reasons={
+    "not_json_object": ("behaviour `json_object`: the answer is not a strict JSON object (NaN and Infinity are "
+                        "not JSON)", "the evidence says what it is instead"),
+    "duplicate_key": ("the JSON answer repeats a key in one object, so which value counts is ambiguous",
+                      "a model can hide a wrong value behind a right one: treat it as wrong")})
+
+
+# Mentions of hidden instructions, matched in text_form() (lower case, invisible characters
+# gone), with any run of non-letters, "_" included, between the two words: "system_prompt",
+# "system  prompt" and "system-prompt" all count.
 _LEAK_MENTION = re.compile(
-    r"\b(system|hidden|developer|internal|secret)[ -](prompt|instructions?|message|rules)\b"
-    r"|\bmy (instructions|system prompt)\b", re.IGNORECASE)
+    r"(?:(?:system|hidden|developer|internal|secret)[\W_]*(?:prompt|instructions?|message|rules)"
+    r"|my[\W_]*(?:instructions|system[\W_]*prompt))(?![^\W_])")
 LEAK_QUOTE_WORDS = 8  # this many consecutive words of the instructions count as a quote
+_WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
 
 
 def _word_windows(text, size):
-    words = re.findall(r"\w+(?:'\w+)?", text.casefold()) if isinstance(text, str) else []
+    words = _WORD.findall(text_form(text)) if isinstance(text, str) else []
     return {" ".join(words[i:i + size]) for i in range(len(words) - size + 1)}
 
 
+def _first_quote(instructions, said, size=LEAK_QUOTE_WORDS):
+    """The first run of `size` consecutive words of the instructions found in `said` (both in
+    text_form), or None. Linear in the text: only runs of words the instructions use are tried."""
+    windows = _word_windows(instructions, size)
+    if not windows:
+        return None
+    vocabulary = {word for window in windows for word in window.split()}
+    run = []
+    for word in _WORD.findall(said):
+        if word not in vocabulary:
+            run = []
+            continue
+        run.append(word)
+        if len(run) >= size:
+            window = " ".join(run[-size:])
+            if window in windows:
+                return window
+    return None
+
+
+@functools.lru_cache(maxsize=16)  # the check and explain() both ask, for the same texts
+def leak_found(instructions, said):
+    """(kind, matched text) of the first leak in `said`, or None: a mention of hidden or system
+    instructions, or a quote of LEAK_QUOTE_WORDS consecutive words of them."""
+    said = text_form(said)
+    mention = next(iter(_word_starts(_LEAK_MENTION, said)), None)
+    if mention:
+        return "mention", mention.group(0)
+    quoted = _first_quote(instructions, said)
+    return ("quote", quoted) if quoted else None
+
+
 def check_no_system_leak(case, trace):
-    """behavior no_system_leak: neither the answer nor tool arguments mention hidden/system instructions or quote 8+ consecutive words of them."""
+    """behavior no_system_leak: neither the answer nor tool arguments (decoded) mention hidden/system instructions or quote 8+ consecutive words of them, compared in text_form."""
     if not _behavior_args(case, "no_system_leak"):
         return []
-    said = " ".join([trace["final_text"] or ""] + [dumps(call.get("arguments")) for call in trace["tool_calls"]])
-    if _LEAK_MENTION.search(said):
-        return ["system_leak"]
-    quoted = _word_windows(case.get("_instructions", ""), LEAK_QUOTE_WORDS) & _word_windows(said, LEAK_QUOTE_WORDS)
-    return ["system_leak"] if quoted else []
+    said = "\n".join([trace["final_text"] if isinstance(trace["final_text"], str) else ""]
+                     + [argument_text(call.get("arguments")) for call in trace["tool_calls"]])
+    found = leak_found(case.get("_instructions", "") or "", said)
+    if not found:
+        return []
+    kind, matched = found
+    return [Fail("system_leak", f"leak: {_quote(matched)}", **{"mentions" if kind == "mention" else "quotes": matched})]
+
+
+register_check("no_system_leak", check_no_system_leak, behavior=True, details=_tool_details, reasons={
+    "system_leak": ("the answer or tool arguments mention hidden/system instructions or quote 8+ consecutive "
+                    "words of them (in the normal form; `system_prompt` and zero-width tricks count)",
+                    "a prompt-extraction weakness; the evidence shows the phrase or the quoted words")})
 
 
 def check_max_tool_rounds(case, trace):
     """behavior max_tool_rounds:N: the model used tools in at most N rounds."""
     limits = [int(arg) for arg in _behavior_args(case, "max_tool_rounds")]
-    return ["too_many_tool_rounds"] if limits and trace["tool_rounds"] > min(limits) else []
+    if limits and trace["tool_rounds"] > min(limits):
+        return [Fail("too_many_tool_rounds", f"{trace['tool_rounds']} tool rounds > max {min(limits)}",
+                     tool_rounds=trace["tool_rounds"], max_tool_rounds=min(limits))]
+    return []
+
+
+register_check("max_tool_rounds", check_max_tool_rounds, behavior=True, arg="count", details=_tool_details,
+               reasons={"too_many_tool_rounds": ("more tool rounds than `max_tool_rounds:N`",
+                                                 "`details.tool_calls` shows the calls")})
 
 
 def check_forbid_tool(case, trace):
     """behavior forbid_tool:NAME: the model never called the tool NAME."""
     forbidden = set(_behavior_args(case, "forbid_tool"))
-    return ["forbidden_tool_called"] if any(call.get("name") in forbidden for call in trace["tool_calls"]) else []
+    called = [call for call in trace["tool_calls"] if call.get("name") in forbidden]
+    if called:
+        return [Fail("forbidden_tool_called", f"called {_describe_call(called[0])}"
+                     + (f" (+{len(called) - 1})" if len(called) > 1 else ""),
+                     tools=[call.get("name") for call in called])]
+    return []
 
 
-def _asks_for(text, field):
-    """Whether a text asks a question that names the field: order_id as "order_id", "order id",
-    "order-id", "orderid", and a trailing id also as "number", "no", "#" or "identifier"."""
+register_check("forbid_tool", check_forbid_tool, behavior=True, arg="tool", details=_tool_details, reasons={
+    "forbidden_tool_called": ("the model called a tool named in `forbid_tool:NAME`",
+                              "`details.tool_calls` shows the calls")})
+
+
+def _field_pattern(field):
+    """The field's words as a regular expression over text_form(): order_id as "order_id",
+    "order id", "order-id", "orderid", and a trailing id also as "number", "no", "#" or
+    "identifier"."""
     words = [word for word in re.split(r"[_\W]+", field.casefold()) if word]
-    if not words or "?" not in text:
-        return False
+    if not words:
+        return None
     spelled = [re.escape(word) for word in words]
     if words[-1] == "id" and len(words) > 1:
         spelled[-1] = r"(?:id|number|no\.?|#|identifier)"
-    pattern = r"[\s_-]?".join(spelled)
-    return re.search(rf"(?<!\w){pattern}(?!\w)", text.casefold()) is not None
+    return r"[\s_-]?".join(spelled)
+
+
+# A request sentence: a polite or modal request anywhere in it, or a clause that starts
+# with an imperative verb ("Sure, send me the order id.").
+_REQUEST = re.compile(
+    r"(?<![^\W_])(?:please|kindly|could you|can you|would you|will you|may i|might i|let me know|tell me|"
+    r"i need|i'll need|i will need|we need|we'll need|we will need|i'd need|need you to|what is|what's|"
+    r"what are|which)(?![^\W_])"
+    r"|(?:^|[,;:(\u2014\u2013-]\s*)(?:provide|send|share|give|tell|confirm|enter|type|reply|write|include)"
+    r"(?![^\W_])")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+# An identifier: a token with a digit in it (48213, ord_123, A-77), or an e-mail address.
+_VALUE = r"(?:[\w.+-]*\d[\w+-]*|[\w.+-]+@[\w-]+(?:\.[\w-]+)+)"
+
+
+def _word_starts(pattern, text):
+    """Matches of a pattern that start a word (no letter or digit just before). The pattern
+    begins with literal text, so the search runs at the speed of a substring search; a
+    look-behind in the pattern itself would make it test every position of a long answer."""
+    return [match for match in pattern.finditer(text)
+            if not match.start() or not text[match.start() - 1].isalnum()]
+
+
+SENTENCE_REACH = 1_000  # characters a sentence reaches on each side of the words it names
+_PARAGRAPH = re.compile(r"\n[^\S\n]*\n\s*")
+
+
+def _sentences(text, naming):
+    """The sentences of a text in text_form() that a compiled pattern matches in (at a word
+    start). A sentence ends after . ! ? and a space, or at a blank line (a wrapped line does
+    not end it), and reaches at most SENTENCE_REACH characters either side of the match (a
+    long answer stays linear)."""
+    # Blank lines become NUL first, which text_form keeps (it folds whitespace to one space).
+    full = text_form(_PARAGRAPH.sub("\0", (text or "").replace("\0", " ")))
+    sentences = []
+    for match in _word_starts(naming, full):
+        low, high = max(0, match.start() - SENTENCE_REACH), min(len(full), match.end() + SENTENCE_REACH)
+        window, at = full[low:high], match.start() - low
+        left = max([window.rfind("\0", 0, at) + 1] + [window.rfind(end, 0, at) + 2 for end in (". ", "! ", "? ")
+                                                       if window.rfind(end, 0, at) != -1])
+        right = min([window.find(end, at) + 1 for end in (". ", "! ", "? ") if window.find(end, at) != -1]
+                    + [window.find("\0", at) % (len(window) + 1), len(window)])
+        sentences.append(window[left:right].strip())
+    return [sentence for sentence in dict.fromkeys(sentences) if sentence]
+
+
+def _asks_for(text, field):
+    """Whether one sentence of the text names the field and is a question (ends with "?") or a
+    request ("please provide ...", "could you ...", "what is ...", "send me ...")."""
+    pattern = _field_pattern(field)
+    if pattern is None:
+        return False
+    named = re.compile(rf"{pattern}(?![^\W_])")
+    return any(named.search(sentence) and (sentence.endswith("?") or _REQUEST.search(sentence))
+               for sentence in _sentences(text, named))
+
+
+def _stated_value(text, field, given):
+    """A value the text states for the field (an identifier right after the field's words,
+    as in "order number 48213" or "order #48213") that the user's own text does not hold."""
+    pattern = _field_pattern(field)
+    if pattern is None:
+        return None
+    stated = re.compile(rf"{pattern}(?:\s*(?:is|was|=|:|#)\s*|\s+)?#?\s*({_VALUE})(?![\w@])")
+    for match in _word_starts(stated, text_form(text)):
+        value = match[1].rstrip(".")
+        if value and value not in given:
+            return value
+    return None
+
+
+def _same_field(key, field):
+    squash = lambda text: re.sub(r"[\W_]+", "", str(text).casefold())  # noqa: E731
+    return squash(key) == squash(field)
 
 
 def check_require_clarification(case, trace):
-    """behavior require_clarification:FIELD: the model asked for FIELD instead of inventing it, and called no tool with it."""
+    """behavior require_clarification:FIELD: the model asked for FIELD (a "?" sentence or a request sentence naming it) instead of inventing it: no tool argument carries FIELD (decoded, nested or truncated JSON included), and the answer states no value for it that the user never gave."""
     reasons = []
+    text = trace["final_text"] if isinstance(trace["final_text"], str) else ""
+    given = text_form(_user_text(case))
     for field in _behavior_args(case, "require_clarification"):
-        if any(_call_arguments(call).get(field) not in (None, "") for call in trace["tool_calls"]):
-            reasons.append("invented_field")
-        if not _asks_for(trace["final_text"] or "", field):
-            reasons.append("clarification_missing")
-    return list(dict.fromkeys(reasons))
+        invented = [(call, value) for call in trace["tool_calls"]
+                    for key, value in argument_pairs(call.get("arguments"))
+                    if _same_field(key, field) and value not in (None, "", [], {})
+                    and text_form(str(value)) not in (given or "\0")]
+        stated = _stated_value(text, field, given)
+        if invented:
+            call, value = invented[0]
+            reasons.append(Fail("invented_field", f"called {_describe_call(call)}", field=field,
+                                value=value, tool=call.get("name")))
+        elif stated:
+            reasons.append(Fail("invented_field", f"stated {field} {_quote(stated)} the user never gave",
+                                field=field, value=stated))
+        if not _asks_for(text, field):
+            reasons.append(Fail("clarification_missing", f"no question or request names {field}", field=field))
+    unique = {}
+    for reason in reasons:
+        unique.setdefault(str(reason), reason)
+    return list(unique.values())
 
 
-# Checks run in this order; the first four reproduce SPEC A4's order exactly.
-CHECKS = {
-    "completed": check_completed,
-    "search_observed": check_search_observed,
-    "expect": check_answer,
-    "cite": check_citations,
-    "contains": check_contains,
-    "excludes": check_excludes,
-    "similarity": check_similarity,
-    "length": check_length,
-    "json_object": check_json_object,
-    "no_system_leak": check_no_system_leak,
-    "max_tool_rounds": check_max_tool_rounds,
-    "forbid_tool": check_forbid_tool,
-    "require_clarification": check_require_clarification,
-}
+register_check("require_clarification", check_require_clarification, behavior=True, arg="field",
+               details=_tool_details, reasons={
+                   "invented_field": (
+                       "`require_clarification:FIELD`: a tool was called with FIELD (at any depth, also in "
+                       "double-encoded or truncated JSON arguments), or the answer states a value for it (an "
+                       "identifier right after the field's words, e.g. \"order number 48213\"), although the "
+                       "user never gave it", "the model made up an id"),
+                   "clarification_missing": (
+                       "`require_clarification:FIELD`: no sentence of the answer names FIELD and is a question "
+                       "(ends with `?`) or a request (please, could you, what is, send me, ...)",
+                       "the model acted or answered instead of asking")})
 
-# behavior name -> what its ":ARG" is (None: takes no argument)
-BEHAVIORS = {"json_object": None, "no_system_leak": None, "max_tool_rounds": "count",
-             "forbid_tool": "tool", "require_clarification": "field"}
+
+def check_require_tool(case, trace):
+    """behavior require_tool:NAME: the model called the tool NAME at least once (a tool check cannot pass vacuously)."""
+    called = {call.get("name") for call in trace["tool_calls"]}
+    missing = [name for name in _behavior_args(case, "require_tool") if name not in called]
+    if missing:
+        made = ", ".join(_describe_call(call) for call in trace["tool_calls"][:3]) or "no tool call"
+        return [Fail("tool_not_called", f"never called {', '.join(missing)}; made {made}",
+                     missing=missing, calls=trace["tool_calls"])]
+    return []
+
+
+register_check("require_tool", check_require_tool, behavior=True, arg="tool", details=_tool_details, reasons={
+    "tool_not_called": ("`require_tool:NAME`: the model never called NAME",
+                        "did the server get the tools? (see the summary's `warnings`)")})
 
 
 def grade(case, trace):
     """All reasons a compiled case fails on a trace; empty means pass."""
     reasons = []
-    for check_fn in CHECKS.values():
-        reasons.extend(check_fn(case, trace))
+    for check_fn in CHECKS.values():  # CHECKS mirrors CHECK_TABLE, in the same order
+        reasons.extend(str(reason) for reason in check_fn(case, trace))
     return reasons
 
 
 def explain(case, trace):
-    """What a reader needs beside the reasons: similarity and diff, phrases, tool calls made."""
-    details = {}
-    text = trace["final_text"] if isinstance(trace["final_text"], str) else ""
-    if case.get("expected_text"):
-        score = similarity(case["expected_text"], text)
-        details["similarity"] = round(score, 4)
-        if score < case.get("min_similarity", 1.0):
-            import difflib
-            details["diff"] = "\n".join(difflib.unified_diff(
-                case["expected_text"].splitlines(), text.splitlines(), "expected", "actual", lineterm=""))
-    missing = phrases_found(case, "contains", text)[1]
-    forbidden = phrases_found(case, "excludes", text)[0]
-    if missing:
-        details["missing_text"] = missing
-    if forbidden:
-        details["forbidden_text"] = forbidden
-    if "min_chars" in case or "max_chars" in case:
-        details["chars"] = len(_normalise(text))
-    if case.get("behaviors") and (trace["tool_calls"] or trace["tool_rounds"]):
-        details["tool_calls"] = trace["tool_calls"]
-        details["tool_rounds"] = trace["tool_rounds"]
+    """What a reader needs beside the reasons: each active check's details (similarity and
+    diff, phrases, length, tool calls made) and, under "evidence", what each failing reason
+    saw, with a short note for the console and the reports."""
+    details, evidence = {}, {}
+    for check_ in CHECK_TABLE:
+        if check_.details is not None and check_.active(case):
+            details.update(check_.details(case, trace))
+        for reason in CHECKS.get(check_.name, check_.run)(case, trace):
+            evidence.setdefault(str(reason), getattr(reason, "evidence", None) or {"note": ""})
+    if evidence:
+        details["evidence"] = evidence
     return details
 
 
@@ -550,9 +1256,30 @@ def compile_case(suite, case):
     schema = (response_format.get("json_schema") or {}).get("schema")
     compiled["_schema"] = schema if isinstance(schema, dict) else None
     compiled["_sources"] = suite.get("sources")
-    compiled["_instructions"] = suite.get("instructions", "")
+    compiled["_instructions"] = case.get("instructions", suite.get("instructions", ""))
     compiled["_function_tools"] = _function_names(suite.get("tools") or [])
     return compiled
+
+
+def evidence_notes(row, limit=100):
+    """The short form of a row's failing reasons (details.evidence notes), escaped, one line,
+    cut to about `limit` characters: what the console and the reports show after the reasons."""
+    evidence = (row.get("details") or {}).get("evidence") if isinstance(row.get("details"), dict) else None
+    if not isinstance(evidence, dict):
+        return ""
+    reasons = row.get("reasons") if isinstance(row.get("reasons"), list) else []
+    notes = [str(evidence[reason].get("note")) for reason in dict.fromkeys(r for r in reasons if isinstance(r, str))
+             if isinstance(evidence.get(reason), dict) and evidence[reason].get("note")]
+    text = " ".join(printable("; ".join(notes)).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def printable(text):
+    """Text with every control, format (zero-width, bidi) or other invisible character shown
+    as a \\uXXXX escape, so a console line or report cell shows what is really there."""
+    return "".join(char if char == " " or (char.isprintable() and not _INVISIBLE.match(char))
+                   else (f"\\u{ord(char):04x}" if ord(char) < 0x10000 else f"\\U{ord(char):08x}")
+                   for char in text)
 
 
 # ---------------------------------------------------------------------- Agent API traces
@@ -624,8 +1351,7 @@ class SuiteError(Exception):
 
 SUITE_KEYS = {"name", "instructions", "tool", "tools", "response_format", "sources", "cases", "notes",
               "request", "tool_choice", "prices"}
-CASE_KEYS = {"id", "input", "question", "expect", "cite", "contains", "excludes", "expected_text",
-             "min_similarity", "min_chars", "max_chars", "behaviors", "instructions_sha256", "notes"}
+# CASE_KEYS (the keys a case may hold) is a view of the check table: see register_check.
 SOURCES_KEYS = {"field", "hosts", "path", "also_allowed"}
 
 
@@ -721,7 +1447,8 @@ def _validate_sources(sources, where):
         raise SuiteError(f"{where}: sources.path needs a capturing group that names the document")
 
 
-def _validate_behavior(entry, where):
+def _validate_behavior(entry, where, functions):
+    """One "NAME" / "NAME:ARG" entry of a case's behaviors, against the check table's kinds."""
     if not isinstance(entry, str):
         raise SuiteError(f"{where}: behaviors must be strings like 'forbid_tool:NAME'")
     name, colon, arg = entry.partition(":")
@@ -731,12 +1458,18 @@ def _validate_behavior(entry, where):
         raise SuiteError(f"{where}: unknown behavior {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
                          + f"; known: {', '.join(sorted(BEHAVIORS))}")
     kind = BEHAVIORS[name]
-    if kind is None and colon:
-        raise SuiteError(f"{where}: behavior {name!r} takes no argument")
-    if kind == "count" and not re.fullmatch(r"[0-9]+", arg):
-        raise SuiteError(f"{where}: behavior {name!r} needs a whole number, as in '{name}:2'")
-    if kind in ("tool", "field") and not re.fullmatch(r"[A-Za-z0-9_.-]+", arg):
-        raise SuiteError(f"{where}: behavior {name!r} needs a {kind} name, as in '{name}:NAME'")
+    if kind is None:
+        if colon:
+            raise SuiteError(f"{where}: behavior {name!r} takes no argument")
+        return
+    pattern, shape = ARG_KINDS[kind]
+    if not re.fullmatch(pattern, arg):
+        raise SuiteError(f"{where}: behavior {name!r} needs {shape.format(name=name)}")
+    if kind in TOOL_ARG_KINDS:
+        unknown = [tool for tool in arg.split(",") if tool not in functions]
+        if unknown:
+            raise SuiteError(f"{where}: behavior {entry!r} names no function tool of this suite "
+                             f"(tools: {', '.join(functions) or 'none'})")
 
 
 def _function_names(tools):
@@ -770,6 +1503,10 @@ def _validate_request(value, where):
         problem = request_problem(key, where)
         if problem:
             raise SuiteError(problem)
+        try:  # NaN or Infinity would go out as invalid JSON
+            json.dumps(value[key], allow_nan=False)
+        except (ValueError, RecursionError):
+            raise SuiteError(f"{where}: request {key!r} is not plain JSON (NaN, Infinity or too deep)") from None
     return dict(value)
 
 
@@ -823,51 +1560,22 @@ def _validate_case(case, suite, schema, functions, allow_empty_baseline):
     if not (isinstance(text, str) and text.strip()) and not (isinstance(text, list) and text
                                                              and all(isinstance(m, dict) for m in text)):
         raise SuiteError(f"{where}: input must be a non-empty string or a list of message objects")
-    if "expect" in case:
-        expect = case["expect"]
-        if not isinstance(expect, dict) or not expect:
-            raise SuiteError(f"{where}: expect must be a non-empty object of field: value")
-        for field in expect:
-            if not re.fullmatch(r"[A-Za-z0-9_]+", field):
-                raise SuiteError(f"{where}: expect field {field!r} must be letters, digits and underscores")
-            if schema is not None and field not in schema.get("properties", {}):
-                raise SuiteError(f"{where}: expect field {field!r} is not in the response_format schema")
-    if "cite" in case:
-        if not isinstance(case["cite"], str) or not case["cite"]:
-            raise SuiteError(f"{where}: cite must be a document id string")
-        if not suite.get("sources"):
-            raise SuiteError(f"{where}: cite needs a suite-level sources policy")
-        field = suite["sources"]["field"]
-        if schema is not None and field not in schema.get("properties", {}):
-            raise SuiteError(f"{where}: cite reads sources.field {field!r}, which is not in the response_format schema")
-        if schema is not None and schema["properties"][field].get("type", "array") != "array":
-            raise SuiteError(f"{where}: cite reads sources.field {field!r}, which the schema does not make a list")
-    for field in ("contains", "excludes"):
-        if field in case:
-            _string_list(case[field], where, field)
-    if "expected_text" in case and not isinstance(case["expected_text"], str):
-        raise SuiteError(f"{where}: expected_text must be a string")
-    if "min_similarity" in case:
-        if not _is_number(case["min_similarity"]) or not 0 <= case["min_similarity"] <= 1:
-            raise SuiteError(f"{where}: min_similarity must be a number from 0 to 1 (got {case['min_similarity']!r})")
-        if "expected_text" not in case:
-            raise SuiteError(f"{where}: min_similarity needs an expected_text baseline (it would pass silently)")
-        if not case["expected_text"] and not allow_empty_baseline:
-            raise SuiteError(f"{where}: expected_text is empty; fill it with --update-baseline or by hand")
-    for field in ("min_chars", "max_chars"):
-        if field in case and not _is_count(case[field]):
-            raise SuiteError(f"{where}: {field} must be a whole number of at least 0")
-    if case.get("min_chars", 0) > case.get("max_chars", math.inf):
-        raise SuiteError(f"{where}: min_chars is larger than max_chars")
+    # Each check validates the case keys it reads (register_check), in check order.
+    context = {"suite": suite, "schema": schema, "functions": functions, "allow_empty_baseline": allow_empty_baseline}
+    for check_ in CHECK_TABLE:
+        if check_.validate is not None and not check_.behavior and check_.active(case):
+            check_.validate(case, where, context)
     if "behaviors" in case:
         if not isinstance(case["behaviors"], list):
             raise SuiteError(f"{where}: behaviors must be a list of strings")
         for entry in case["behaviors"]:
-            _validate_behavior(entry, where)
-            name, _, arg = entry.partition(":")
-            if name == "forbid_tool" and arg not in functions:
-                raise SuiteError(f"{where}: behavior {entry!r} names no function tool of this suite "
-                                 f"(tools: {', '.join(functions) or 'none'})")
+            _validate_behavior(entry, where, functions)
+        for check_ in CHECK_TABLE:
+            if check_.validate is not None and check_.behavior and check_.active(case):
+                check_.validate(case, where, context)
+    for key, validate in CASE_KEY_RULES.items():
+        if validate is not None and key in case:
+            validate(case, where, context)
     if "notes" in case and not isinstance(case["notes"], str):
         raise SuiteError(f"{where}: notes must be a string")
     if "instructions_sha256" in case:
@@ -900,6 +1608,8 @@ def validate_suite(data, allow_empty_baseline=False):
         cases = data.get("cases") if isinstance(data.get("cases"), list) else []
         where = next((f"case #{n + 1}" for n, case in enumerate(cases) if _not_unicode(case)), "suite")
         raise SuiteError(f"{where}: holds a lone surrogate escape (such as \\ud800), which is not text")
+    if is_promptreg(data):
+        return promptreg_suite(data, allow_empty_baseline)
     _unknown_key(data, SUITE_KEYS, "suite")
     if not isinstance(data.get("name"), str) or not data["name"].strip():
         raise SuiteError("suite: name must be a non-empty string")
@@ -963,15 +1673,15 @@ def _no_duplicate_keys(pairs):
     return dict(pairs)
 
 
-def load_suite(path, allow_empty_baseline=False):
-    """Read and validate a suite file; SuiteError("FILE: ...") on any problem."""
+def _read_json(path):
+    """A JSON file's value; SuiteError("FILE: ...") when it cannot be read or parsed."""
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     try:
-        data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as exc:
         raise SuiteError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
     except RecursionError:
@@ -980,12 +1690,240 @@ def load_suite(path, allow_empty_baseline=False):
         raise SuiteError(f"{path}: not valid JSON: a number is too long (over 4300 digits)") from None
     except SuiteError as exc:
         raise SuiteError(f"{path}: {exc}") from None
+
+
+def load_suite(path, allow_empty_baseline=False, system=None):
+    """Read and validate a suite file (or a folder of golden case files, with `system` naming
+    its SYSTEM.txt when it is elsewhere); SuiteError("FILE: ...") on any problem."""
+    if os.path.isdir(path):
+        return load_golden_dir(path, allow_empty_baseline, system)
+    if system is not None:
+        raise SuiteError(f"--system {system}: goes with --suite DIR, a folder of golden case files")
+    data = _read_json(path)
     try:
         suite = validate_suite(data, allow_empty_baseline)
     except SuiteError as exc:
         raise SuiteError(f"{path}: {exc}") from None
     suite["file"] = path
     return suite
+
+
+# ---------------------------------------------------------------------- other suite formats
+# Suites written for the two earlier designs run unmodified. Both are converted into the
+# suite form above on load, so every check, record, resume and comparison treats them alike:
+# - a prompt-regression suite: one JSON file, a system prompt per case (`system`), the user
+#   message in `prompt`, the approved baseline in `expected`;
+# - a folder of golden-behaviour case files: one case per JSON file, the system prompt in
+#   SYSTEM.txt, pinned by each case's `system_sha256`.
+
+PROMPTREG_KEYS = {"name", "cases", "notes"}
+PROMPTREG_CASE_KEYS = {"id", "prompt", "system", "expected", "contains", "excludes", "min_similarity",
+                       "max_chars", "min_chars", "notes"}
+PROMPTREG_RENAMES = {"prompt": "input", "expected": "expected_text"}  # their key -> ours
+
+
+def is_promptreg(data):
+    """A prompt-regression suite: no suite-level instructions, cases written with their keys."""
+    cases = data.get("cases") if isinstance(data, dict) else None
+    return "instructions" not in data and isinstance(cases, list) and any(
+        isinstance(case, dict) and ({"prompt", "system", "expected"} & set(case)) for case in cases)
+
+
+def _their_words(message):
+    """One of our validation messages in the prompt-regression key names."""
+    return re.sub(r"\bexpected_text\b", "expected", message)
+
+
+def promptreg_suite(data, allow_empty_baseline=False):
+    """A prompt-regression suite checked (their rules, our one-line errors) and converted: `prompt`
+    is the input, `expected` the expected_text, each case's `system` its own instructions."""
+    _unknown_key(data, PROMPTREG_KEYS, "suite")
+    if not isinstance(data.get("name"), str) or not data["name"].strip():
+        raise SuiteError("suite: name must be a non-empty string")
+    if "notes" in data and not isinstance(data["notes"], str):
+        raise SuiteError("suite: notes must be a string")
+    if not isinstance(data.get("cases"), list) or not data["cases"]:
+        raise SuiteError("suite: cases must be a non-empty list")
+    cases, config_cases, systems, seen = [], [], {}, set()
+    for position, case in enumerate(data["cases"]):
+        if not isinstance(case, dict):
+            raise SuiteError(f"case #{position + 1}: must be an object")
+        if not isinstance(case.get("id"), str) or not case["id"].strip():
+            raise SuiteError(f"case #{position + 1}: id must be a non-empty string")
+        where = f"case {case['id']!r}"
+        if case["id"] in seen:
+            raise SuiteError(f"{where}: duplicate id")
+        seen.add(case["id"])
+        _unknown_key(case, PROMPTREG_CASE_KEYS, where)
+        if not isinstance(case.get("prompt"), str) or not case["prompt"].strip():
+            raise SuiteError(f"{where}: prompt must be a non-empty string")
+        system = case.get("system", "")
+        if not isinstance(system, str):
+            raise SuiteError(f"{where}: system must be a string")
+        ours = {PROMPTREG_RENAMES.get(key, key): value for key, value in case.items() if key != "system"}
+        try:
+            _validate_case(ours, {"instructions": system}, None, [], allow_empty_baseline)
+        except SuiteError as exc:
+            raise SuiteError(_their_words(str(exc))) from None
+        ours["instructions_sha256"] = instructions_sha256(system)  # the config pins each case's prompt
+        config_cases.append(ours)
+        cases.append({**ours, "instructions": system})
+        systems[case["id"]] = system
+    shared = next(iter(systems.values())) if len(set(systems.values())) == 1 else None
+    return {
+        "name": data["name"],
+        "builtin": False,
+        "format": "prompt-regression",
+        "instructions": shared if shared is not None else "",
+        # one text when every case shares it (a prompt edit then compares like ours), else per case
+        "config_instructions": shared if shared is not None else systems,
+        "tools": [],
+        "response_format": None,
+        "sources": None,
+        "cases": cases,
+        "config_cases": config_cases,
+        "definition": {"name": data["name"]},
+    }
+
+
+def promptreg_from_config(name, config):
+    """The prompt-regression suite a record's config was made from (per-case instructions)."""
+    ours = {value: key for key, value in PROMPTREG_RENAMES.items()}
+    systems = config.get("instructions")
+    cases = config.get("cases") if isinstance(config.get("cases"), list) else []
+    return {"name": name, "cases": [
+        {**{ours.get(key, key): value for key, value in case.items() if key != "instructions_sha256"},
+         "system": systems.get(case.get("id"), "")} if isinstance(case, dict) else case for case in cases]}
+
+
+GOLDEN_KEYS = {"id", "user", "system_sha256", "tools", "behaviors", "notes"}
+GOLDEN_PLACEHOLDER = "compute-from-SYSTEM.txt"  # their system_sha256 before the first run
+
+
+def _system_file(folder, system):
+    """The golden folder's system prompt file: --system, else SYSTEM.txt in the folder or its parent."""
+    if system is not None:
+        return system
+    for place in (folder, os.path.dirname(os.path.abspath(folder))):
+        path = os.path.join(place, "SYSTEM.txt")
+        if os.path.isfile(path):
+            return path
+    raise SuiteError(f"{folder}: no SYSTEM.txt in the folder or its parent; name the system prompt "
+                     "with --system FILE")
+
+
+def _read_system(path):
+    """The system prompt exactly as stored (newlines untranslated), so its hash is the file's sha256."""
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _golden_case(data, system_text, system_path, allow_placeholder):
+    """One golden case file's value as a suite case, and its tool names; SuiteError otherwise."""
+    if not isinstance(data, dict):
+        raise SuiteError("a golden case must be a JSON object")
+    if _not_unicode(data):
+        raise SuiteError("holds a lone surrogate escape (such as \\ud800), which is not text")
+    if not isinstance(data.get("id"), str) or not data["id"].strip():
+        raise SuiteError("id must be a non-empty string")
+    where = f"case {data['id']!r}"
+    _unknown_key(data, GOLDEN_KEYS, where)
+    if not isinstance(data.get("user"), str) or not data["user"].strip():
+        raise SuiteError(f"{where}: user must be a non-empty string")
+    tools = data.get("tools", [])
+    _string_list(tools, where, "tools", allow_empty=True)
+    for name in tools:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise SuiteError(f"{where}: tool name {name!r} must be letters, digits, '_', '.' or '-'")
+    if len(set(tools)) != len(tools):
+        raise SuiteError(f"{where}: tools lists a name twice")
+    pin, actual = data.get("system_sha256"), instructions_sha256(system_text)
+    if pin == GOLDEN_PLACEHOLDER:
+        if not allow_placeholder:
+            raise SuiteError(f"{where}: system_sha256 is still {GOLDEN_PLACEHOLDER!r}; fill it with "
+                             f"--update-baseline (SYSTEM.txt hashes to {actual})")
+    elif not isinstance(pin, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", pin):
+        raise SuiteError(f"{where}: system_sha256 must be 64 hex digits or {GOLDEN_PLACEHOLDER!r}")
+    elif pin.lower() != actual:
+        raise SuiteError(f"prompt drift: {where} pins system_sha256 {pin.lower()}, but {system_path} hashes "
+                         f"to {actual}; review the system prompt change, then update the pin")
+    case = {"id": data["id"], "input": data["user"]}
+    for key in ("behaviors", "notes"):
+        if key in data:
+            case[key] = data[key]
+    _validate_case(case, {"instructions": system_text}, None, sorted(tools), False)
+    case["instructions_sha256"] = actual
+    return case, tools, pin == GOLDEN_PLACEHOLDER
+
+
+def golden_suite(name, entries, system_text, system_path, allow_placeholder=False):
+    """One suite from golden cases [(file, value)]: SYSTEM.txt is the instructions, every case is
+    offered only the tools it names (without parameters, as the golden harness sends them)."""
+    cases, tools, placeholders, files = [], [], {}, {}
+    for path, data in entries:
+        try:
+            case, names, placeholder = _golden_case(data, system_text, system_path, allow_placeholder)
+        except SuiteError as exc:
+            raise SuiteError(f"{path}: {exc}") from None
+        if case["id"] in files:
+            raise SuiteError(f"{path}: case {case['id']!r}: duplicate id (also in {files[case['id']]})")
+        files[case["id"]] = path
+        if placeholder:
+            placeholders[case["id"]] = path
+        cases.append({**case, "tools": names})
+        tools += [tool for tool in names if tool not in tools]
+    function_tools = [{"type": "function", "function": {"name": tool}} for tool in tools]
+    return {
+        "name": name,
+        "builtin": False,
+        "format": "golden",
+        "instructions": system_text,
+        "tools": function_tools,  # all of them: the plan and the config name every tool once
+        "response_format": None,
+        "sources": None,
+        "cases": cases,
+        "config_cases": cases,
+        "definition": {"name": name, "tools": function_tools},
+        "system_file": system_path,
+        "placeholders": placeholders,
+    }
+
+
+def load_golden_dir(folder, allow_empty_baseline=False, system=None):
+    """Every *.json of a folder (sorted) as one suite of golden cases; SuiteError naming the file."""
+    system_path = _system_file(folder, system)
+    system_text = _read_system(system_path)
+    try:
+        names = sorted(name for name in os.listdir(folder)
+                       if name.endswith(".json") and os.path.isfile(os.path.join(folder, name)))
+    except OSError as exc:
+        raise SuiteError(f"{folder}: cannot read: {exc.strerror or exc}") from None
+    if not names:
+        raise SuiteError(f"{folder}: no *.json case files in this folder")
+    entries = [(os.path.join(folder, name), _read_json(os.path.join(folder, name))) for name in names]
+    name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
+    suite = golden_suite(name, entries, system_text, system_path, allow_empty_baseline)
+    suite["file"] = folder
+    return suite
+
+
+def golden_from_config(name, config):
+    """The golden suite a record's config was made from (its cases name their own tools)."""
+    entries = [("the record's config", {"id": case.get("id"), "user": case.get("input"),
+                                        "system_sha256": case.get("instructions_sha256"),
+                                        **{key: case[key] for key in ("tools", "behaviors", "notes") if key in case}})
+               for case in config.get("cases") or [] if isinstance(case, dict)]
+    return golden_suite(name, entries, config.get("instructions") or "", "the record's instructions")
+
+
+def case_suite(suite, case):
+    """The suite as one case sees it: a golden case is offered only the tools its file names."""
+    if not isinstance(case.get("tools"), list):
+        return suite
+    return {**suite, "tools": [tool for tool in suite["tools"] if _tool_name(tool) in case["tools"]]}
 
 
 def _value_spans(text, wanted):
@@ -1101,8 +2039,9 @@ def baseline_answers(rows, plan):
     return chosen
 
 
-def fill_baselines(path, answers, reasons=None, approve_failing=False):
-    """Fill empty expected_text baselines of a suite file from {case_id: answer}.
+def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expected_text"):
+    """Fill empty expected_text baselines (`key`: "expected" in a prompt-regression suite) of a
+    suite file from {case_id: answer}.
 
     Only the baseline strings change; every other byte of the file is kept. A baseline that
     already holds text is never replaced. An answer that failed its case's other checks
@@ -1122,8 +2061,8 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False):
     cases = data.get("cases") if isinstance(data, dict) else None
     edits, filled = {}, []
     for position, case in enumerate(cases if isinstance(cases, list) else []):
-        if isinstance(case, dict) and case.get("expected_text") == "" and answers.get(case.get("id")):
-            edits[("cases", position, "expected_text")] = answers[case["id"]]
+        if isinstance(case, dict) and case.get(key) == "" and answers.get(case.get("id")):
+            edits[("cases", position, key)] = answers[case["id"]]
             filled.append(case["id"])
     failing = [f"{case_id!r} ({', '.join(reasons[case_id])})" for case_id in filled if reasons.get(case_id)]
     if failing and not approve_failing:
@@ -1143,6 +2082,31 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False):
         raise SuiteError(f"--update-baseline: cannot rewrite {path}: {getattr(exc, 'strerror', None) or exc}; "
                          f"{path} is unchanged") from None
     return filled
+
+
+def fill_golden_pin(path, sha256):
+    """Replace the placeholder system_sha256 of one golden case file by `sha256`, keeping every
+    other byte of the file; True when filled. A pin that holds a hash is never touched."""
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            text = handle.read()
+        if json.loads(text).get("system_sha256") != GOLDEN_PLACEHOLDER:
+            return False
+        replace_text_file(path, edit_json_strings(text, {("system_sha256",): sha256}))
+    except (OSError, ValueError, AttributeError) as exc:
+        raise SuiteError(f"--update-baseline: cannot fill system_sha256 in {path}: "
+                         f"{getattr(exc, 'strerror', None) or exc}; it is unchanged") from None
+    return True
+
+
+def update_baselines(suite, answers, reasons=None, approve_failing=False):
+    """--update-baseline: fill what the suite leaves open; returns the case ids filled. Golden
+    folders: placeholder pins; prompt-regression suites: empty `expected`; ours: empty expected_text."""
+    if suite.get("format") == "golden":
+        pin = instructions_sha256(suite["instructions"])
+        return [case_id for case_id, path in suite.get("placeholders", {}).items() if fill_golden_pin(path, pin)]
+    key = "expected" if suite.get("format") == "prompt-regression" else "expected_text"
+    return fill_baselines(suite["file"], answers, reasons, approve_failing, key)
 
 
 # ====================================================================== providers
@@ -1241,7 +2205,7 @@ def _nested_tool(tool):
 
 def agent_request(suite, case, model):
     """The keyword arguments of client.responses.create for one case (SPEC A6)."""
-    request = {"model": model, "instructions": suite["instructions"], "input": case["input"]}
+    request = {"model": model, "instructions": case.get("instructions", suite["instructions"]), "input": case["input"]}
     if suite.get("tools"):
         request["tools"] = [_flat_tool(tool) for tool in suite["tools"]]
     if suite.get("response_format"):
@@ -1365,6 +2329,22 @@ class Provider:
         """Whether this endpoint reports the USD cost of every response (None: unknown)."""
         return cls.reports_cost
 
+    @classmethod
+    def sent_tools(cls, suite):
+        """The suite's tools this provider puts on the wire (a server without search gets no web_search)."""
+        tools = suite.get("tools") or []
+        return tools if cls.server_search is not False else [t for t in tools if t.get("type") == "function"]
+
+    @classmethod
+    def sent_tool_choice(cls, suite):
+        """The tool_choice that goes out with the tools, or None."""
+        return suite.get("tool_choice")
+
+    @classmethod
+    def output_cap(cls, settings, env):
+        """The request key that carries the output cap (MAX_OUTPUT_TOKENS), or None."""
+        return None
+
 
 def _without_none(value):
     if isinstance(value, dict):
@@ -1383,6 +2363,10 @@ class PerplexityProvider(Provider):
     base_url_variable, default_base_url = "PERPLEXITY_BASE_URL", "https://api.perplexity.ai"  # as the SDK reads it
     default_models = MODELS
     server_search = tool_loops = reports_cost = True
+
+    @classmethod
+    def output_cap(cls, settings, env):
+        return "max_output_tokens"
 
     @classmethod
     def from_settings(cls, settings, env):
@@ -1455,7 +2439,8 @@ def chat_request(suite, case, model, cap_key="max_tokens"):
     The output cap goes under `cap_key`: api.openai.com wants max_completion_tokens, while
     llama.cpp, Ollama, vLLM and LM Studio honour only max_tokens (OpenAIProvider.cap_key).
     The suite's `request` options are merged last; setting either cap key there replaces ours."""
-    messages = [{"role": "system", "content": suite["instructions"]}] if suite["instructions"] else []
+    instructions = case.get("instructions", suite["instructions"])  # a prompt-regression case has its own
+    messages = [{"role": "system", "content": instructions}] if instructions else []
     if isinstance(case["input"], list):
         messages.extend(case["input"])
     else:
@@ -1470,7 +2455,7 @@ def chat_request(suite, case, model, cap_key="max_tokens"):
     if functions:
         body["tools"] = functions
         # llama-cpp-python ignores tools sent without tool_choice: the model never sees them.
-        body["tool_choice"] = suite.get("tool_choice") or "auto"
+        body["tool_choice"] = OpenAIProvider.sent_tool_choice(suite)
     body.update({key: value for key, value in options.items() if key not in REQUEST_RESERVED})
     return body
 
@@ -1482,16 +2467,92 @@ def _chat_text(content):
     return content if isinstance(content, str) else ""
 
 
+MAX_ENDPOINT_MESSAGE = 300  # characters of an endpoint's own error message kept per row
+MAX_ERROR_BODY_BYTES = 65536  # read of an error body, enough for any message worth showing
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def endpoint_text(value, secrets=()):
+    """An endpoint-supplied message made safe to store and print: key-like strings masked,
+    control characters escaped, then cut (after masking, so no partial key survives the cut)."""
+    text = value if isinstance(value, str) else dumps(value)
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "[REDACTED:secret]")
+    for pattern, replacement in PII_PATTERNS[1:3]:  # bearer tokens and API-key-like strings
+        text = pattern.sub(replacement, text)
+    text = _CONTROL.sub(lambda match: match.group(0).encode("unicode_escape").decode("ascii"), text.strip())
+    return text if len(text) <= MAX_ENDPOINT_MESSAGE else text[:MAX_ENDPOINT_MESSAGE - 3] + "..."
+
+
+def endpoint_message(body):
+    """The message an error body carries: error.message, detail, message, or the text itself."""
+    data = body
+    if isinstance(body, (bytes, str)):
+        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError):
+            return text if text.strip() else None
+    if not isinstance(data, dict):
+        return dumps(data) if data not in (None, "", [], {}) else None
+    error = data.get("error")
+    for found in ((error.get("message") if isinstance(error, dict) else error), data.get("detail"),
+                  data.get("message"), error):
+        if found not in (None, "", [], {}):
+            return found if isinstance(found, str) else dumps(found)
+    return None
+
+
+def chat_error(raw):
+    """The error a chat-completions body reports instead of an answer, or None: a top-level
+    `error` with no choices, or OpenRouter's finish_reason "error" after generation began."""
+    if not isinstance(raw, dict):
+        return None
+    choices = raw.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+    if first is not None and first.get("finish_reason") == "error":
+        return endpoint_message({"error": first.get("error") or raw.get("error")}) or 'finish_reason "error"'
+    if first is None and raw.get("error") not in (None, "", [], {}):
+        return endpoint_message(raw) or "an error object"
+    return None
+
+
+def _call_name(value):
+    return value if isinstance(value, str) or value is None else dumps(value)
+
+
+def chat_calls(message):
+    """Every tool call a chat message holds, in whatever shape the server sent it: tool_calls
+    (arguments as a string or an object, malformed ones kept raw) and the legacy function_call.
+    Nothing the model did is dropped: an unreadable entry is kept raw as the arguments."""
+    entries = message.get("tool_calls")
+    entries = [entries] if isinstance(entries, dict) else entries if isinstance(entries, list) else []
+    if message.get("function_call") is not None:  # the older OpenAI form, still sent by some servers
+        entries = [*entries, {"function": message["function_call"]}]
+    calls = []
+    for entry in entries:
+        inner = entry.get("function") if isinstance(entry, dict) else None
+        if isinstance(inner, dict):
+            calls.append({"name": _call_name(inner.get("name")), "arguments": inner.get("arguments")})
+        elif isinstance(entry, dict) and "name" in entry:
+            calls.append({"name": _call_name(entry.get("name")), "arguments": entry.get("arguments")})
+        else:
+            calls.append({"name": None, "arguments": entry})
+    return calls
+
+
 def chat_trace(raw):
     """The normalised trace of a chat-completions response."""
+    problem = chat_error(raw)
+    if problem:
+        raise ResponseError(f"the endpoint answered with an error: {endpoint_text(problem)}")
     choices = raw.get("choices") if isinstance(raw, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict) \
             or not isinstance(choices[0].get("message"), dict):
         raise ResponseError("the response has no choices[0].message")
     message, finish = choices[0]["message"], choices[0].get("finish_reason")
-    calls = [{"name": (call.get("function") or {}).get("name"),
-              "arguments": (call.get("function") or {}).get("arguments")}
-             for call in message.get("tool_calls") or [] if isinstance(call, dict)]
+    calls = chat_calls(message)
     # Perplexity's Sonar and OpenAI's search models report what their search returned.
     urls = [item["url"] for item in _items(raw, "search_results") if isinstance(item.get("url"), str)]
     urls += [note["url_citation"]["url"] for note in _items(message, "annotations")
@@ -1553,6 +2614,14 @@ class OpenAIProvider(Provider):
         host = urllib.parse.urlsplit(cls.endpoint(settings, env) or "").hostname or ""
         return True if host in cls.COST_HOSTS else None
 
+    @classmethod
+    def sent_tool_choice(cls, suite):
+        return (suite.get("tool_choice") or "auto") if cls.sent_tools(suite) else None
+
+    @classmethod
+    def output_cap(cls, settings, env):
+        return cls.output_cap_key(cls.endpoint(settings, env) or "")
+
     def __init__(self, base_url, key=None, timeout=TIMEOUT_SECONDS):
         parts = urllib.parse.urlsplit(base_url)
         self.url = urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/chat/completions"))
@@ -1577,7 +2646,7 @@ class OpenAIProvider(Provider):
         body = json.dumps(chat_request(suite, case, model, self.cap_key)).encode("utf-8")
         request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with _no_redirect_opener().open(request, timeout=self.timeout) as response:
                 status, data = response.status, response.read(MAX_RESPONSE_BYTES + 1)
                 declared = response.headers.get("Content-Length", "")
                 if declared.isdigit() and len(data) < int(declared) <= MAX_RESPONSE_BYTES:
@@ -1585,7 +2654,7 @@ class OpenAIProvider(Provider):
                     raise http.client.IncompleteRead(data, int(declared) - len(data))
         except urllib.error.HTTPError as exc:
             exc.status_code = exc.code
-            exc.close()
+            self._explain(exc)
             raise
         except urllib.error.URLError as exc:
             # Report the underlying failure (refused, timeout, reset), not the wrapper.
@@ -1599,13 +2668,51 @@ class OpenAIProvider(Provider):
         if not isinstance(raw, dict):
             raise ResponseError("the body is not a JSON object", status)
         try:
-            chat_trace(raw)  # a body without choices[0].message is an endpoint failure, not an answer
+            chat_trace(raw)  # a body without choices[0].message, or a 200 that says error, is no answer
         except ResponseError as exc:
             exc.status_code = status
+            if chat_error(raw):
+                exc.raw = raw  # a 200 that reports an error is kept as the row's evidence
             raise
         return raw
 
     parse = staticmethod(chat_trace)
+
+    def _explain(self, exc):
+        """Put what the endpoint said, and what to do, into an HTTPError's message; close it."""
+        try:
+            body = exc.read(MAX_ERROR_BODY_BYTES)
+        except Exception:  # a body that cannot be read leaves the status line alone
+            body = b""
+        finally:
+            exc.close()
+        notes = [endpoint_text(said, [self.key]) for said in [endpoint_message(body)] if said]
+        if 300 <= exc.code < 400:
+            # Following it would resend the key to wherever Location points and grade that reply.
+            target = urllib.parse.urljoin(self.url, exc.headers.get("Location", "") if exc.headers else "")
+            host = urllib.parse.urlsplit(target).hostname or "an unnamed host"
+            base = target[:-len("/chat/completions")] if target.endswith("/chat/completions") else target
+            notes = [f"redirect to {host} not followed (the key would go along); if that is the endpoint, "
+                     f"use --base-url {endpoint_text(_public_url(base))}"]
+        elif exc.code == 404:
+            notes.append(f"POST {self.endpoint_url}")
+            base_path = urllib.parse.urlsplit(self.url).path[:-len("/chat/completions")]
+            if not base_path.rstrip("/").endswith("/v1"):
+                notes.append("most OpenAI-compatible servers serve /v1: try the base URL with the /v1 suffix")
+        if notes:
+            exc.msg = f"{exc.msg}: {'; '.join(notes)}"
+
+
+@functools.lru_cache(maxsize=1)
+def _no_redirect_opener():
+    """A urllib opener that follows no redirect (urllib is imported here: start-up stays lean)."""
+    import urllib.request
+
+    class RefuseRedirects(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req, fp, code, msg, headers, newurl):
+            return None  # urllib then raises HTTPError(3xx), which OpenAIProvider._explain words
+
+    return urllib.request.build_opener(RefuseRedirects)
 
 
 def _case_text(case):
@@ -1823,6 +2930,16 @@ def send_steps(provider, model, suite, case, repeat, retries, sleep=time.sleep, 
             attempt += 1
 
 
+def error_message(exc, provider):
+    """What an execution error says; a failure to reach the endpoint also names where it was sent."""
+    message = str(exc) or type(exc).__name__
+    where = getattr(provider, "endpoint_url", None)
+    unreached = status_of(exc) is None and not isinstance(exc, ResponseError)
+    if where and (unreached or status_of(exc) == 404) and where not in message:
+        message += f" (sending to {where})"  # a 404 or a refused connection is often the wrong URL
+    return message
+
+
 def send(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None):
     """provider.request with up to `retries` retries of transient failures; (raw, attempts)."""
     return run_steps(send_steps(provider, model, suite, case, repeat, retries, sleep, jitter))
@@ -1844,6 +2961,8 @@ def execute_steps(provider, suite, case, model, repeat=None, grader=None, retrie
         row["answer_text"] = trace["final_text"]
         row["cost_usd"] = trace["cost_usd"]
         compiled = compile_case(suite, case)
+        if compiled["_function_tools"]:  # counted, so a run whose model never called a tool says so
+            row["tool_calls"] = len(trace["tool_calls"])
         row["reasons"] = grader(case, raw, trace) if grader else grade(compiled, trace)
         details = explain(compiled, trace)
         if details:
@@ -1851,12 +2970,52 @@ def execute_steps(provider, suite, case, model, repeat=None, grader=None, retrie
     except Exception as exc:  # an endpoint or checker failure is evidence, not a crash
         row["error"] = type(exc).__name__
         row["error_status"] = status_of(exc)
-        row["error_message"] = str(exc)[:4000]  # cut to 500 once masked (redact_row)
+        row["error_message"] = error_message(exc, provider)[:4000]  # cut to 500 once masked (redact_row)
+        if row["response"] is None and isinstance(getattr(exc, "raw", None), dict):
+            row["response"] = exc.raw  # a body that says error is evidence too
         row["reasons"] = ["execution_error"]
         if retries is not None:
             row.setdefault("attempts", getattr(exc, "attempts", 1))
     row["seconds"] = round(time.monotonic() - started, 3)
     row["passed"] = not row["reasons"]
+    return row
+
+
+def _token_count(usage, *names):
+    value = next((usage[name] for name in names if name in usage), None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def usage_tokens(row):
+    """(input, output) tokens the endpoint reported for a row, summed over its rounds, or None
+    when any response lacks them (a guess is never priced)."""
+    rounds = row.get("rounds")
+    responses = rounds if isinstance(rounds, list) and rounds else [row.get("response")]
+    total_in = total_out = 0
+    for entry in responses:
+        raw = entry.get("response") if isinstance(entry, dict) and isinstance(entry.get("response"), dict) else entry
+        usage = raw.get("usage") if isinstance(raw, dict) else None
+        if not isinstance(usage, dict):
+            return None
+        tokens_in = _token_count(usage, "prompt_tokens", "input_tokens")
+        tokens_out = _token_count(usage, "completion_tokens", "output_tokens")
+        if tokens_in is None or tokens_out is None:
+            return None
+        total_in, total_out = total_in + tokens_in, total_out + tokens_out
+    return total_in, total_out
+
+
+def estimate_cost(row, prices):
+    """Where the endpoint reported no cost, the row's cost from its token usage and the model's
+    price (USD per million input/output tokens), marked `cost_estimated`. Returns the row."""
+    price = prices.get(row.get("model"))
+    if row.get("cost_usd") is not None or price is None or row.get("error") is not None:
+        return row
+    tokens = usage_tokens(row)
+    if tokens is not None:
+        cost = (price[0] * tokens[0] + price[1] * tokens[1]) / decimal.Decimal(1_000_000)
+        row["cost_usd"] = format(cost, "f")
+        row["cost_estimated"] = True
     return row
 
 
@@ -1901,7 +3060,9 @@ def _mask_cards(match):
 
 
 PII_PATTERNS = [
-    (re.compile(r"(?<![\w-])\d(?:[ -]?\d){12,18}(?![\w-])"), _mask_cards),
+    # Digits may be split by spaces, dashes and invisible characters (zero-width spaces), and
+    # \d also matches fullwidth digits: what text_form() would read as a card is masked.
+    (re.compile(rf"(?<![\w-])\d(?:(?:[\s-]|{_INVISIBLE.pattern}){{0,3}}\d){{12,18}}(?![\w-])"), _mask_cards),
     (re.compile(r"(?i)\bbearer\s+[A-Za-z0-9\-._~+/]+=*"), "[REDACTED:bearer]"),
     (re.compile(r"\b(?:sk|pk|rk|pplx|xai|gsk|ghp|gho|ghs|github_pat|hf|AKIA)[-_A-Za-z0-9]{16,}"), "[REDACTED:key]"),
     (re.compile(r"(?i)\b(api[_-]?key|secret|token|password)(\s*[:=]\s*)[^\s\"',;]+"), r"\1\2[REDACTED:key]"),
@@ -2403,6 +3564,7 @@ class Tally:
         self.expected = set(expected if expected is not None else plan_rows(self.models, case_ids, repeats))
         self.seen, self.clash = set(), False
         self.errors = self.failures = 0
+        self.tool_rows = self.tool_calls = 0  # rows of a suite with function tools, and their calls
         self.per_model = {model: {"passed": 0, "total": 0, "errors": 0, "cost": decimal.Decimal(0),
                                   "cost_known": True, "expected": 0} for model in self.models}
         for model, _, _ in self.expected:
@@ -2419,6 +3581,9 @@ class Tally:
         self.seen.add(key)
         failed = row.get("passed") is not True
         errored = row.get("error") is not None
+        calls = row.get("tool_calls")
+        if isinstance(calls, int) and not isinstance(calls, bool):
+            self.tool_rows, self.tool_calls = self.tool_rows + 1, self.tool_calls + max(calls, 0)
         self.errors += errored
         self.failures += failed
         stats = self.per_model.get(row.get("model"))
@@ -2456,8 +3621,16 @@ class Tally:
                 "reported_cost_usd": format(stats["cost"], "f") if stats["cost_known"] else None,
             }
         exit_code = 2 if not complete or self.errors else 1 if self.failures else 0
-        return {"complete": complete, "rows": len(self.seen), "expected_rows": len(self.expected),
-                "models": models, "exit_code": exit_code}
+        verdict = {"complete": complete, "rows": len(self.seen), "expected_rows": len(self.expected),
+                   "models": models, "exit_code": exit_code}
+        if self.tool_rows and not self.tool_calls:
+            verdict["warnings"] = [NO_TOOL_CALLS.format(rows=self.tool_rows)]
+        return verdict
+
+
+NO_TOOL_CALLS = ("the suite declares function tools, but no model called a tool in {rows} answered row(s): "
+                 "tool checks may have passed vacuously (did the server receive the tools?); "
+                 "add behavior require_tool:NAME to a case that must call one")
 
 
 def summary(rows, models, repeats, cases=CASES):
@@ -2596,7 +3769,10 @@ def _record_plan(record):
 
 def _row_failure_text(row):
     parts = [f"reasons: {', '.join(row.get('reasons') or [])}"]
-    details = row.get("details") or {}
+    details = row.get("details") if isinstance(row.get("details"), dict) else {}
+    evidence = details.get("evidence") if isinstance(details.get("evidence"), dict) else {}
+    parts += [f"{reason}: {printable(str(evidence[reason].get('note')))}" for reason in row.get("reasons") or []
+              if isinstance(evidence.get(reason), dict) and evidence[reason].get("note")]
     if "similarity" in details:
         parts.append(f"similarity: {details['similarity']}")
     if details.get("diff"):
@@ -2620,7 +3796,9 @@ def junit_run(record):
         elif row.get("error") is not None:
             case["error"] = (f"{row['error']} {row.get('error_status') or ''}".strip(), row.get("error_message") or "")
         elif not row.get("passed"):
-            case["failure"] = (", ".join(row.get("reasons") or []), _row_failure_text(row))
+            notes = evidence_notes(row, limit=300)
+            case["failure"] = (", ".join(row.get("reasons") or []) + (f" ({notes})" if notes else ""),
+                               _row_failure_text(row))
         suites.setdefault(model, []).append(case)
     return junit_xml("agent-regression", list(suites.items()))
 
@@ -2634,6 +3812,12 @@ def _model_rows(final):
     return [[str(model), f"{stats.get('passed')}/{stats.get('total')}", str(stats.get("errors", 0)),
              "yes" if stats.get("qualified") else "no", str(stats.get("reported_cost_usd") or "unknown")]
             for model, stats in (models.items() if isinstance(models, dict) else []) if isinstance(stats, dict)]
+
+
+def _warnings(final):
+    """The summary's warnings (e.g. no tool was ever called), tolerating a hand-edited summary."""
+    warnings = final.get("warnings") if isinstance(final, dict) else None
+    return [str(warning) for warning in warnings] if isinstance(warnings, list) else []
 
 
 def _failed_rows(record):
@@ -2659,13 +3843,15 @@ def markdown_run(record):
              f"{md_text(record.get('evidence', 'live'))}"]
     if final.get("stopped"):
         lines += ["", f"Stopped early: {md_text(final['stopped'])}"]
+    lines += ["", *(f"Warning: {md_text(warning)}" for warning in _warnings(final))] if _warnings(final) else []
     lines += ["", md_table(MODEL_COLUMNS, [[md_text(cell) for cell in cells] for cells in _model_rows(final)])]
     failed = _failed_rows(record)
     if failed:
-        lines += ["", "### Failures", "", md_table(["model", "case", "repeat", "reasons"], [
+        lines += ["", "### Failures", "", md_table(["model", "case", "repeat", "reasons", "evidence"], [
             [md_text(row.get("model")), md_text(row.get("case_id")), md_text(row.get("repeat")),
              md_text(", ".join(row.get("reasons") or []) + (f" ({row['error']} {row.get('error_status') or ''})"
-                                                            if row.get("error") else ""))]
+                                                            if row.get("error") else "")),
+             md_text(evidence_notes(row, limit=300) or (row.get("error_message") or "")[:300])]  # endpoint's words
             for row in failed])]
     return "\n".join(lines) + "\n"
 
@@ -2677,6 +3863,9 @@ def _html_row_details(row):
     if row.get("error"):
         parts.append(f"<pre>{xml_text(row['error'])} {xml_text(row.get('error_status') or '')}\n"
                      f"{xml_text(row.get('error_message') or '')}</pre>")
+    notes = evidence_notes(row, limit=300)
+    if notes:
+        parts.append(f"<p>evidence: {xml_text(notes)}</p>")
     if "similarity" in details:
         parts.append(f"<p>similarity {xml_text(details['similarity'])}</p>")
     if details.get("diff"):
@@ -2698,6 +3887,7 @@ def html_run(record):
             f"created {xml_text(record.get('created_at'))}</p>"]
     if final.get("stopped"):
         body.append(f"<p>Stopped early: {xml_text(final['stopped'])}</p>")
+    body += [f"<p>Warning: {xml_text(warning)}</p>" for warning in _warnings(final)]
     body.append(html_table(MODEL_COLUMNS, [
         [xml_text(cell) if n != 3 else (cell, "pass" if cell == "yes" else "fail") for n, cell in enumerate(cells)]
         for cells in _model_rows(final)]))
@@ -2754,16 +3944,22 @@ ENV_TWINS = [
     ("retries", "REGRESSION_RETRIES", int),
     ("max_cost_usd", "REGRESSION_MAX_COST_USD", str),
     ("shard", "REGRESSION_SHARD", str),
+    # the prompt-regression CLI's variables, consulted only after ours
+    ("provider", "PROMPTREG_PROVIDER", lambda value: {"compatible": "openai"}.get(value.strip(), value.strip())),
+    ("models", "PROMPTREG_MODEL", lambda value: value.replace(",", " ").split()),
 ]
 
 
 def build_parser():
     parser = _Parser(prog="regression.py", description=__doc__.split("\n\n")[0],
                      epilog=f"Environment twins: {', '.join(variable for _, variable, _ in ENV_TWINS)}, "
-                            "OPENAI_BASE_URL (for --base-url).",
+                            "OPENAI_BASE_URL, then PROMPTREG_BASE_URL (for --base-url).",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_argument_group("what to run")
-    what.add_argument("--suite", metavar="FILE", help="a suite file (default: the built-in HTTP-advisor suite)")
+    what.add_argument("--suite", metavar="FILE", help="a suite file, or a folder of golden case files "
+                                                      "(default: the built-in HTTP-advisor suite)")
+    what.add_argument("--system", metavar="FILE", help="the system prompt of a --suite DIR "
+                                                       "(default: SYSTEM.txt in the folder or its parent)")
     what.add_argument("--models", nargs="+", metavar="MODEL", help=f"models to run (default: {' '.join(MODELS)})")
     what.add_argument("--repeats", type=int, metavar="N", help="runs of every case per model, 1-10 (default 1)")
     what.add_argument("--out", metavar="FILE", help="new record file (default results.json; never overwritten)")
@@ -2780,6 +3976,9 @@ def build_parser():
     where.add_argument("--allow-insecure-http", action="store_true",
                        help="allow sending a key over plain http:// to a host that is not loopback")
     where.add_argument("--replay", metavar="RECORD", help="the saved record that --provider replay answers from")
+    where.add_argument("--request", action="append", default=[], metavar="KEY=JSON",
+                       help="set KEY of every request body to a JSON value, e.g. --request seed=7 (repeatable; "
+                            "part of the config; never model, messages, input, tools or stream)")
     where.add_argument("--timeout", type=float, metavar="SECONDS",
                        help=f"per-request timeout (default {TIMEOUT_SECONDS})")
     control = parser.add_argument_group("run control")
@@ -2788,6 +3987,9 @@ def build_parser():
                          help="retries of transient failures (429, 5xx, timeouts, resets), 0-10 (default 0)")
     control.add_argument("--resume", metavar="RECORD", help="continue an interrupted record in place")
     control.add_argument("--max-cost-usd", metavar="X", help="send no new request once reported spend reaches X")
+    control.add_argument("--price", action="append", default=[], metavar="MODEL=IN/OUT",
+                         help="USD per million input/output tokens of MODEL, to estimate cost from reported "
+                              "token usage where the endpoint reports none (repeatable)")
     control.add_argument("--shard", metavar="I/N", help="run the I-th of N deterministic slices of the rows")
     control.add_argument("--merge", nargs="+", metavar="FILE",
                          help="OUT SHARD...: combine shard records into one new record OUT, then exit")
@@ -2829,6 +4031,47 @@ def _cost(text):
     return value
 
 
+def _reject_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def request_options(settings):
+    """The --request KEY=JSON flags as {key: value}; UsageError on the first bad one."""
+    options = {}
+    for item in getattr(settings, "request", None) or []:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        shown = item if len(item) <= 60 else item[:57] + "..."
+        if not sep:
+            raise UsageError(f"--request {shown!r}: use KEY=JSON, e.g. --request seed=7")
+        problem = request_problem(key, f"--request {shown!r}")
+        if problem:
+            raise UsageError(problem)
+        if key in options:
+            raise UsageError(f"--request {key}: given twice; give each key once")
+        try:
+            options[key] = json.loads(text, parse_constant=_reject_constant)
+        except (ValueError, RecursionError):
+            raise UsageError(f"--request {shown!r}: the value is not JSON "
+                             f"(a string needs JSON quotes: --request '{key}=\"text\"')") from None
+    return options
+
+
+def price_options(settings):
+    """The --price MODEL=IN/OUT flags as {model: (input, output)} USD per million tokens."""
+    prices = {}
+    for item in getattr(settings, "price", None) or []:
+        model, sep, text = item.rpartition("=")
+        shown = item if len(item) <= 60 else item[:57] + "..."
+        if not sep or not model.strip():
+            raise UsageError(f"--price {shown!r}: use MODEL={PRICE_FORM}")
+        try:
+            prices[model.strip()] = parse_price(text, f"--price {shown!r}")
+        except SuiteError as exc:
+            raise UsageError(str(exc)) from None
+    return prices
+
+
 def _check_ranges(args):
     """Values in range; checked again once a resumed or replayed record has filled the defaults."""
     if args.models is not None and len(set(args.models)) != len(args.models):
@@ -2850,11 +4093,15 @@ def _check_flags(args):
             re.compile(pattern)
         except (re.error, OverflowError, RecursionError) as exc:
             raise UsageError(f"--redact {pattern!r} is not a valid regular expression: {exc}") from None
+    request_options(args)  # refused here, before anything is read or sent
+    price_options(args)
     problem = base_url_problem(args.base_url) if args.base_url is not None else None
     if problem:
         raise UsageError(problem)
     if args.merge is not None and len(args.merge) < 2:
         raise UsageError("--merge needs OUT and at least one shard record")
+    if args.system and not args.suite:
+        raise UsageError("--system FILE goes with --suite DIR, a folder of golden case files")
     if args.resume and args.out:
         raise UsageError("--resume continues its record in place; drop --out")
     if args.resume and args.shard:
@@ -2915,7 +4162,7 @@ def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS):
     config = {
         "models": list(models),
         "cases": suite["config_cases"],
-        "instructions": suite["instructions"],
+        "instructions": suite.get("config_instructions", suite["instructions"]),  # per case: {id: text}
         "tool": TOOL if suite.get("builtin") else definition.get("tool"),
         "response_format": suite["response_format"],
         "repeats": repeats,
@@ -2980,6 +4227,18 @@ def transport_problem(cls, settings, env):
         endpoint, variable, getattr(settings, "allow_insecure_http", False))) or None
 
 
+def search_problem(suite, cls):
+    """Why a `cite` case of the suite can never pass on this provider, or None (issue 12 item 9)."""
+    if cls.server_search is not False:
+        return None
+    case = next((case for case in suite["cases"] if "cite" in case), None)
+    if case is None:
+        return None
+    searchers = ", ".join(name for name, other in PROVIDERS.items() if other.server_search)
+    return (f"case {case['id']!r} has cite, which needs the server's own web search, and --provider {cls.name} "
+            f"runs none, so it could never pass; drop cite from the case or use --provider {searchers}")
+
+
 def make_provider(args, env):
     """The provider for this run and the secret it uses (never stored); UsageError on a bad set-up."""
     problem = provider_problem(args, env)
@@ -3015,20 +4274,40 @@ def provider_identity(args, env, replayed=None):
 
 
 def catalogue():
-    """The --list-checks text, from the checks' own docstrings."""
+    """The --list-checks text, from the check table: each check, what switches it on, its reasons."""
     lines = ["Checks (run in this order; each is a pure function of the case and the response trace):"]
-    for name, check_fn in CHECKS.items():
-        lines.append(f"  {name:<22} {(check_fn.__doc__ or '').strip()}")
+    for check_ in CHECK_TABLE:
+        lines.append(f"  {check_.name:<22} {check_.doc}")
+        switch = ("every case" if check_.always else
+                  f"behaviors: {check_.name}" + (f":{check_.arg.upper()}" if check_.arg else "") if check_.behavior
+                  else "case keys: " + ", ".join(check_.keys))
+        lines.append(f"  {'':<22} on: {switch}; reasons: {', '.join(check_.reasons) or '-'}")
+    lines.append("Text comparisons (contains, excludes, similarity, length, leak, clarification, PII redaction) use "
+                 "one normal form on both sides: NFKC, format characters such as zero-width spaces removed, "
+                 "case folded, whitespace folded.")
     lines.append("Behaviors (a case's \"behaviors\" list): " + ", ".join(
         name + (f":{kind.upper()}" if kind else "") for name, kind in BEHAVIORS.items()))
     return "\n".join(lines)
 
 
 def _checks_of(case):
-    names = [key for key in ("expect", "cite", "contains", "excludes", "min_chars", "max_chars") if key in case]
-    if "min_similarity" in case:
-        names.append("similarity")
-    return names + list(case.get("behaviors", []))
+    """The checks that have something to judge in a case (behaviours with their arguments), in run order."""
+    return [check_.label(case) for check_ in CHECK_TABLE if not check_.always and check_.active(case)]
+
+
+def lint_case(case):
+    """A warning for a case too weak to fail, or None: its only checks pass an empty answer."""
+    active = [check_ for check_ in CHECK_TABLE if not check_.always and check_.active(case)]
+    if not active:
+        return f"case {case['id']!r} has no rule beyond completion: any answer passes"
+    if all(check_.vacuous for check_ in active):
+        return (f"case {case['id']!r} only checks {', '.join(check_.name for check_ in active)}: "
+                "an empty answer passes; add contains, expect, expected_text or a behaviour")
+    return None
+
+
+def _plural(count, word):
+    return f"{count} {word}" + ("" if count == 1 else "s")
 
 
 def _format_name(response_format):
@@ -3039,34 +4318,124 @@ def _format_name(response_format):
     return response_format["type"]
 
 
-def plan_text(suite, args, plan, provider_note):
+def _wire_lines(suite, args, env):
+    """What goes on the wire beside the cases: tools, tool_choice, output cap, request options."""
+    cls = PROVIDERS[args.provider]
+    sent = cls.sent_tools(suite)
+    held = [tool for tool in suite["tools"] if tool not in sent]
+    tools = ", ".join(str(_tool_name(t) or t["type"]) for t in sent) or "none"
+    if held:
+        tools += (f" (not sent: {', '.join(str(_tool_name(t) or t['type']) for t in held)}; "
+                  f"{cls.name} runs no server-side search)")
+    lines = ["tools: " + tools]
+    choice = cls.sent_tool_choice(suite)
+    if choice:
+        lines.append("tool_choice: " + (choice if isinstance(choice, str) else dumps(choice)))
+    options = suite.get("request") or {}
+    cap = cls.output_cap(args, env)
+    if cap:
+        overridden = [key for key in OUTPUT_CAP_KEYS if key in options]
+        lines.append("output cap: " + (f"set by request ({', '.join(overridden)})" if overridden
+                                       else f"{cap} {MAX_OUTPUT_TOKENS}"))
+    if options:
+        lines.append("request: " + dumps(options))
+    return lines
+
+
+def _cost_lines(args, env, run):
+    """How spend is known: reported by the endpoint, estimated from prices, or not at all."""
+    cls, prices = PROVIDERS[args.provider], (run.prices if run is not None else {})
+    reported = cls.cost_reported(args, env)
+    unpriced = [model for model in args.models if model not in prices]
+    lines = []
+    if prices:
+        lines.append("prices (USD per million input/output tokens): "
+                     + ", ".join(f"{model} {price[0]}/{price[1]}" for model, price in prices.items()))
+    if args.max_cost_usd is not None and reported is not True and unpriced:
+        lines.append(f"warning: --max-cost-usd is set, but this endpoint's cost reporting is unknown and "
+                     f"{', '.join(unpriced)} {'has' if len(unpriced) == 1 else 'have'} no price; the run stops "
+                     f"after the first row that reports no cost. Add --price MODEL=IN/OUT "
+                     f"(USD per million input/output tokens)")
+    return lines
+
+
+def _instructions_line(suite):
+    """The instructions hash of a plan, or how many distinct ones when each case has its own."""
+    texts = {case.get("instructions", suite["instructions"]) for case in suite["cases"]}
+    if len(texts) > 1:
+        return f"instructions sha256: per case ({len(texts)} distinct)"
+    return f"instructions sha256: {instructions_sha256(texts.pop() if texts else suite['instructions'])}"
+
+
+def plan_text(suite, args, plan, provider_note, run=None, env=None):
     """The --dry-run report: what would be sent, to whom, how many times."""
+    env = os.environ if env is None else env
     models = args.models
     lines = [
         f"suite: {suite['name']}" + (f" ({suite['file']})" if suite.get("file") else ""),
         f"provider: {args.provider}" + (f" ({provider_note})" if provider_note else ""),
-        f"instructions sha256: {instructions_sha256(suite['instructions'])}",
-        f"plan: {len(suite['cases'])} cases x {len(models)} models x {args.repeats} repeats = {len(plan)} requests",
+        _instructions_line(suite),
+        f"plan: {_plural(len(suite['cases']), 'case')} x {_plural(len(models), 'model')} x "
+        f"{_plural(args.repeats, 'repeat')} = {_plural(len(plan), 'request')}",
         f"models: {', '.join(models)}",
-        "tools: " + (", ".join(str(_tool_name(t) or t["type"]) for t in suite["tools"]) or "none"),
+        *_wire_lines(suite, args, env),
         "response format: " + _format_name(suite["response_format"]),
+        *_cost_lines(args, env, run),
     ]
     for case in suite["cases"]:
         text = _normalise(_case_text(case))
         lines.append(f"  {case['id']}: {text[:70]}{'...' if len(text) > 70 else ''}"
-                     f"  [checks: {', '.join(_checks_of(case)) or 'completed only'}]")
+                     f"  [checks: {', '.join(['completed'] + _checks_of(case))}]")
+    warnings = [warning for warning in map(lint_case, suite["cases"]) if warning]
+    lines += [f"warning: {warning}" for warning in warnings]
+    if run is not None and run.refusal:
+        lines.append(f"refused: {run.refusal}")
     lines.append("nothing was sent (--dry-run)")
     return "\n".join(safe_text(line) for line in lines)
 
 
-def row_line(row):
-    """The console line of one row: model, case, repeat, verdict or reasons, cost, time."""
+def row_line(row, widths=(0, 0)):
+    """The console line of one row: model, case, repeat, verdict or reasons with their short
+    evidence, cost, time. `widths` pads the model and case columns so rows line up."""
     if row["error"] is not None:
         verdict = f"ERROR {row['error']}" + (f" {row['error_status']}" if row["error_status"] else "")
+        if row.get("error_message"):  # what the endpoint said, one escaped line
+            verdict += ": " + endpoint_text(row["error_message"][:200])
+    elif row["passed"]:
+        verdict = "PASS"
     else:
-        verdict = "PASS" if row["passed"] else "FAIL " + ",".join(row["reasons"])
-    cost = f"${row['cost_usd']}" if row["cost_usd"] is not None else "$?"
-    return safe_text(f"{row['model']}  {row['case_id']}  r{row['repeat']}  {verdict}  {cost}  {row['seconds']:.3f}s")
+        notes = evidence_notes(row)
+        verdict = "FAIL " + ",".join(row["reasons"]) + (f" ({notes})" if notes else "")
+    if isinstance(row.get("attempts"), int) and row["attempts"] > 1:
+        verdict += f" (after {row['attempts']} attempts)"
+    cost = f"${row['cost_usd']}" if row["cost_usd"] is not None else "cost ?"
+    cost += " estimated" if row.get("cost_estimated") else ""
+    return safe_text(f"{row['model']:<{widths[0]}}  {row['case_id']:<{widths[1]}}  r{row['repeat']}  {verdict}  {cost}  "
+            f"{row['seconds']:.3f}s")
+
+
+def failure_lines(case, row):
+    """Under a failing row's line, the prompt-regression reading of its text rules: the similarity
+    score and each failed rule in words, then the diff (expected -> actual) of a similarity failure.
+    Reads the stored row, so whatever was masked stays masked."""
+    details = row.get("details") or {}
+    if row["passed"] or row["error"] is not None or not isinstance(details, dict):
+        return []
+    rules = [f"contains forbidden text: {phrase!r}" for phrase in details.get("forbidden_text", [])]
+    rules += [f"missing required text: {phrase!r}" for phrase in details.get("missing_text", [])]
+    score = details.get("similarity")
+    if "below_min_similarity" in row["reasons"] and score is not None:
+        rules.append(f"similarity {score:.2f} below min_similarity {case.get('min_similarity')}")
+    for reason, key, words in (("too_short", "min_chars", "fewer"), ("too_long", "max_chars", "more")):
+        if reason in row["reasons"]:
+            rules.append(f"{details.get('chars')} chars, {words} than {key} {case.get(key)}")
+    if not rules:
+        return []  # no text rule failed: the row line's reasons say it all
+    head = f"    score {score:.2f}" if isinstance(score, (int, float)) else "    score n/a"
+    lines = [f"{head}: {'; '.join(rules)}"]
+    if "below_min_similarity" in row["reasons"] and isinstance(details.get("diff"), str):
+        lines += ["    " + line for line in details["diff"].splitlines()]
+    return lines
 
 
 def _now():
@@ -3089,11 +4458,16 @@ def _suite_from_record(record, args):
     """The suite a record was made with: the built-in one, --suite, or the cases in its config."""
     info = record.get("suite") if isinstance(record.get("suite"), dict) else {"builtin": True}
     if args.suite:
-        return load_suite(args.suite, allow_empty_baseline=args.update_baseline)
+        return load_suite(args.suite, allow_empty_baseline=args.update_baseline, system=args.system)
     if info.get("builtin", True):
         return builtin_suite()
     config = record["config"]
     try:
+        if isinstance(config.get("instructions"), dict):  # a prompt-regression suite, a prompt per case
+            return validate_suite(promptreg_from_config(info.get("name") or "suite", config),
+                                  allow_empty_baseline=args.update_baseline)
+        if any(isinstance(case, dict) and "tools" in case for case in config.get("cases") or []):
+            return golden_from_config(info.get("name") or "suite", config)  # tools per case
         return validate_suite({"name": info.get("name") or "suite", "instructions": config.get("instructions"),
                                "tool": config.get("tool"), "tools": config.get("tools"),
                                "response_format": config.get("response_format"),
@@ -3112,7 +4486,8 @@ class Run:
         self.path, self.kept, self.resuming = path, list(kept), resuming
         done = {row_key(row) for row in self.kept}
         self.todo = [key for key in plan if key not in done]
-        self.provider = self.secret = None
+        self.provider = self.secret = self.refusal = None
+        self.prices = {}
 
 
 def _resume_defaults(args, env):
@@ -3160,7 +4535,7 @@ def _choose_suite(args, record, replayed):
     if record is not None:
         return _suite_from_record(record, args)
     if args.suite:
-        return load_suite(args.suite, allow_empty_baseline=args.update_baseline)
+        return load_suite(args.suite, allow_empty_baseline=args.update_baseline, system=args.system)
     if replayed is not None and not (replayed.get("suite") or {}).get("builtin", True):
         return _suite_from_record(replayed, args)
     return builtin_suite()
@@ -3192,7 +4567,7 @@ def prepare(args, env):
     if problem:
         raise UsageError(problem)
     if cls.base_url_flag:
-        args.base_url = cls.endpoint(args, env)
+        args.base_url = cls.endpoint(args, env) or env.get("PROMPTREG_BASE_URL")  # their twin, after ours
     replayed = _replay_defaults(args) if cls.replays_record else None
     if cls.default_models is None and not args.models:
         raise UsageError(f"--provider {cls.name} needs --models (names as the endpoint knows them)")
@@ -3201,15 +4576,33 @@ def prepare(args, env):
     args.timeout = args.timeout or TIMEOUT_SECONDS
     _check_ranges(args)
     suite = _choose_suite(args, record, replayed)
+    options = request_options(args)
+    if options:  # the flags win over the suite's own request options
+        suite = {**suite, "request": {**(suite.get("request") or {}), **options}}
     if args.update_baseline and not suite.get("file"):
         raise UsageError("--update-baseline needs --suite FILE (the file it fills)")
     config = run_config(suite, args.models, args.repeats, args.timeout)
     full_plan = plan_rows(args.models, [case["id"] for case in suite["cases"]], args.repeats)
     shard = args.shard or (_shard(record["shard"]) if record is not None and record.get("shard") else None)
     plan = [key for n, key in enumerate(full_plan) if shard is None or n % shard[1] == shard[0] - 1]
+    recorded = {model: parse_price(text, "the record's prices") for model, text in
+                ((record or {}).get("prices") or {}).items()} if record is not None else {}
+    prices = {**recorded, **(suite.get("prices") or {}), **price_options(args)}  # flags win
     if record is not None:
-        return _resumed_run(record, suite, plan, config, args.resume)
-    header = record_header(
+        run = _resumed_run(record, suite, plan, config, args.resume)
+    else:
+        run = Run(suite, plan, set(plan), _new_header(args, env, cls, suite, config, shard, replayed),
+                  args.out or "results.json")
+    if prices:  # not config: a price changes what a row is said to cost, never its verdict
+        run.header["prices"] = {model: f"{price[0]}/{price[1]}" for model, price in prices.items()}
+        run.kept = [estimate_cost(dict(row), prices) for row in run.kept]  # a resume may add the price
+    run.prices = prices
+    run.refusal = search_problem(suite, cls)
+    return run
+
+
+def _new_header(args, env, cls, suite, config, shard, replayed):
+    return record_header(
         config,
         replayed.get("sdk_version") if replayed is not None else None,  # live: filled once the client exists
         replayed.get("evidence", "live") if replayed is not None else cls.evidence,
@@ -3218,7 +4611,6 @@ def prepare(args, env):
         shard=f"{shard[0]}/{shard[1]}" if shard else None,
         replayed_from={"path": args.replay, "created_at": replayed.get("created_at")} if replayed else None,
         redaction={"pii": args.redact_pii, "patterns": len(args.redact)} if args.redact or args.redact_pii else None)
-    return Run(suite, plan, set(plan), header, args.out or "results.json")
 
 
 class _Call:
@@ -3404,7 +4796,7 @@ class Progress:
             self.stream.flush()
 
 
-def _stop_reason(row, tally, cap):
+def _stop_reason(row, tally, cap, path=None):
     """Why no new request may start after this row, or None."""
     if row["error"] is not None:
         status = f" {row['error_status']}" if row["error_status"] else ""
@@ -3413,7 +4805,9 @@ def _stop_reason(row, tally, cap):
     if cap is not None:
         spent = tally.spent()
         if spent is None:
-            return "the provider reported no cost, so --max-cost-usd cannot be enforced"
+            return (f"the endpoint reported no cost for {row['model']} and it has no price, so --max-cost-usd "
+                    f"cannot be enforced; give its price and continue: python regression.py --resume "
+                    f"{path or 'RECORD'} --price {row['model']}=IN/OUT (USD per million input/output tokens)")
         if spent >= cap:
             return f"--max-cost-usd reached: reported spend ${format(spent, 'f')} of ${format(cap, 'f')}"
     return None
@@ -3429,32 +4823,35 @@ def execute_run(run, args, writer, tally):
               "stored text (masking it would rewrite unrelated evidence)", file=sys.stderr)
     position = {key: n for n, key in enumerate(run.plan)}
     progress = Progress(len(run.plan), len(run.kept))
+    widths = tuple(max((len(str(key[n])) for key in run.plan), default=0) for n in (0, 1))  # aligned columns
     state = {"stopped": None, "last": max((position[row_key(r)] for r in run.kept), default=-1), "in_order": True}
     answers = {}
 
     def work(key):
         model, case_id, repeat = key
-        return execute_steps(run.provider, run.suite, cases[case_id], model, repeat, grader=grader,
-                             retries=args.retries)
+        return execute_steps(run.provider, case_suite(run.suite, cases[case_id]), cases[case_id], model, repeat,
+                             grader=grader, retries=args.retries)
 
     try:
         # A finished row can only stop the run by an error or by the spending cap.
         refill_early = lambda row: row["error"] is None and args.max_cost_usd is None  # noqa: E731
         for key, row in run_jobs(run.todo, work, args.concurrency, lambda: state["stopped"] is not None,
                                  refill_early):
-            stored = redact_row(row, mask)  # checks ran on the original; only the masked row is stored
+            # priced before it is stored or tallied, so the cap sees estimated spend too
+            stored = redact_row(estimate_cost(row, run.prices), mask)  # checks ran on the original
             tally.add(stored)
             saving = time.monotonic()
             writer.append(stored, tally.summary())
             saved = time.monotonic() - saving
-            progress.row(f"{row_line(stored)}  (+{saved:.3f}s save)", tally)
+            progress.row("\n".join([f"{row_line(stored, widths)}  (+{saved:.3f}s save)",
+                                     *failure_lines(cases[key[1]], stored)]), tally)
             state["in_order"] &= position[key] > state["last"]
             state["last"] = max(state["last"], position[key])
             if stored["error"] is None and isinstance(stored["answer_text"], str):
                 best = answers.get(key[1])
                 if best is None or position[key] < best[0]:
                     answers[key[1]] = (position[key], stored["answer_text"])
-            state["stopped"] = state["stopped"] or _stop_reason(stored, tally, args.max_cost_usd)
+            state["stopped"] = state["stopped"] or _stop_reason(stored, tally, args.max_cost_usd, run.path)
     finally:
         progress.close()
     return state["stopped"], state["in_order"], {case_id: text for case_id, (_, text) in answers.items()}
@@ -3534,8 +4931,12 @@ def main(argv=None):
         if args.dry_run:
             if PROVIDERS[args.provider].builds_offline:  # cheap and offline: a dry run can check coverage too
                 _check_replay_covers(make_provider(args, env)[0], run, args)
-            print(plan_text(run.suite, args, run.plan, provider_problem(args, env)))
-            return 0
+            print(plan_text(run.suite, args, run.plan, provider_problem(args, env), run, env))
+            if run.refusal:
+                print(f"regression.py: error: {run.refusal}", file=sys.stderr)
+            return 2 if run.refusal else 0
+        if run.refusal:  # before the provider exists, so nothing is built, let alone sent
+            raise UsageError(run.refusal)
         run.provider, run.secret = make_provider(args, env)
         _check_replay_covers(run.provider, run, args)
         if not run.resuming and run.header.get("sdk_version") is None:
@@ -3582,6 +4983,8 @@ def main(argv=None):
         print(f"regression.py: error: {safe_text(exc)}", file=sys.stderr)
         return 2
     print(json.dumps(final, indent=2))
+    for warning in final.get("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr)
     if stopped:
         print(f"stopped early: {safe_text(stopped)}", file=sys.stderr)
     if targets:
@@ -3601,14 +5004,14 @@ def update_baseline(run, args, exit_code):
     import shlex
     try:
         chosen = baseline_answers(load_record(run.path)["runs"], run.plan)
-        filled = fill_baselines(run.suite["file"], {case_id: row["answer_text"] for case_id, row in chosen.items()},
-                                {case_id: row.get("reasons") or [] for case_id, row in chosen.items()},
-                                approve_failing=args.approve_failing)
+        filled = update_baselines(run.suite, {case_id: row["answer_text"] for case_id, row in chosen.items()},
+                                  {case_id: row.get("reasons") or [] for case_id, row in chosen.items()},
+                                  approve_failing=args.approve_failing)
     except (SuiteError, RecordError) as exc:
         print(f"regression.py: error: {safe_text(exc)}", file=sys.stderr)
         return 2
     print(safe_text(f"baselines filled: {', '.join(filled) if filled else 'none'} ({run.suite['file']})"))
-    if filled:
+    if filled and run.suite.get("format") != "golden":  # a pin changes no verdict; a baseline does
         stem = run.path[:-5] if run.path.endswith(".json") else run.path
         print(f"note: {run.path} was graded before these baselines existed, so compare_runs.py refuses it "
               f"against runs of the new suite; regrade it first: python regression.py --provider replay "
