@@ -3457,7 +3457,7 @@ NESTED_FIELDS = {
                         base_url=((lambda v: base_url_problem(v) is None), "an http(s) URL")),
     "replayed_from": dict(path=_TEXT),
     "summary": dict(complete=_BOOL, rows=_INT, expected_rows=_INT, exit_code=_INT, stopped=_TEXT,
-                       models=_OBJECT),
+                       models=_OBJECT, warnings=(_is_text_list, "a list of strings")),
 }
 SUMMARY_MODEL_FIELDS = dict(passed=_INT, total=_INT, errors=_INT, qualified=_BOOL, reported_cost_usd=_TEXT)
 ROW_FIELDS = dict(
@@ -4933,7 +4933,7 @@ def main(argv=None):
                 _check_replay_covers(make_provider(args, env)[0], run, args)
             print(plan_text(run.suite, args, run.plan, provider_problem(args, env), run, env))
             if run.refusal:
-                print(f"regression.py: error: {run.refusal}", file=sys.stderr)
+                print(f"regression.py: error: {safe_text(run.refusal)}", file=sys.stderr)
             return 2 if run.refusal else 0
         if run.refusal:  # before the provider exists, so nothing is built, let alone sent
             raise UsageError(run.refusal)
@@ -4984,7 +4984,7 @@ def main(argv=None):
         return 2
     print(json.dumps(final, indent=2))
     for warning in final.get("warnings", []):
-        print(f"warning: {warning}", file=sys.stderr)
+        print(f"warning: {safe_text(warning)}", file=sys.stderr)
     if stopped:
         print(f"stopped early: {safe_text(stopped)}", file=sys.stderr)
     if targets:
