@@ -34,8 +34,8 @@ import os
 import sys
 
 from regression import (CASES, CHECK_TABLE, INSTRUCTIONS, RecordError, check, dumps, html_page, html_table,
-                        junit_xml, load_record, md_table, md_text, plan_rows, record_problem, row_key, safe_text,
-                        summary, write_new_file, xml_text)
+                        junit_xml, key_text, load_record, md_table, md_text, plan_rows, record_problem, row_key,
+                        safe_text, summary, write_new_file, xml_text)
 
 
 # ====================================================================== records
@@ -77,9 +77,7 @@ def index(record):
     return rows
 
 
-def _name(key):
-    model, case_id, repeat = key
-    return f"{model} / {case_id} / repeat {repeat}"
+_name = key_text  # the one spelling of a row key in messages
 
 
 # ====================================================================== comparison

@@ -45,7 +45,7 @@ __all__ = [
     "run_one", "execute", "transient", "retry_after", "redactor",
     # record and summary (A7, A8, B4)
     "RecordError", "create_record", "replace_record", "load_record", "write_new_file", "dumps",
-    "Tally", "summary", "row_key", "plan_rows",
+    "Tally", "summary", "row_key", "plan_rows", "shard_plan", "key_text", "record_problem",
     # reports (B5)
     "safe_text", "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
     "markdown_run", "junit_run", "html_run",
@@ -2782,7 +2782,7 @@ class ReplayProvider(Provider):
     def request(self, model, suite, case, repeat=0):
         row = self.rows.get((model, case["id"], repeat))
         if row is None:
-            raise ResponseError(f"{self.source} has no stored response for {model} / {case['id']} / repeat {repeat}")
+            raise ResponseError(f"{self.source} has no stored response for {key_text((model, case['id'], repeat))}")
         return row["response"]
 
 
@@ -3490,7 +3490,7 @@ def masked_evidence(record):
     for row in record.get("runs") or []:
         stored = {field: row.get(field) for field in ("response", "rounds")} if isinstance(row, dict) else None
         if stored and _MASK_MARK.search(dumps(stored)):
-            return (f"the stored response of {' / '.join(map(str, row_key(row)))} holds a [REDACTED] mask "
+            return (f"the stored response of {key_text(row_key(row))} holds a [REDACTED] mask "
                     "(a key or pattern was masked)")
     return None
 
@@ -3553,6 +3553,21 @@ def plan_rows(models, case_ids, repeats):
         ordered = list(models) if repeat % 2 == 0 else list(reversed(models))
         plan.extend((model, case_id, repeat) for case_id in case_ids for model in ordered)
     return plan
+
+
+def shard_plan(plan, shard):
+    """The I-th of N deterministic slices of a plan (shard = (I, N)): every N-th row from the
+    I-th; None is the whole plan. The one shard filter of runs and reports."""
+    if shard is None:
+        return list(plan)
+    index, total = shard
+    return [key for n, key in enumerate(plan) if n % total == index - 1]
+
+
+def key_text(key):
+    """A row key as errors, stop reasons and comparisons name it: "MODEL / CASE / repeat N"."""
+    model, case_id, repeat = key
+    return f"{model} / {case_id} / repeat {repeat}"
 
 
 class Tally:
@@ -3761,10 +3776,7 @@ def junit_xml(name, suites):
 def _record_plan(record):
     config = record["config"]
     plan = plan_rows(config["models"], [case["id"] for case in config["cases"]], config["repeats"])
-    if record.get("shard"):
-        index, total = _shard(record["shard"])
-        plan = [key for n, key in enumerate(plan) if n % total == index - 1]
-    return plan
+    return shard_plan(plan, _shard(record["shard"]) if record.get("shard") else None)
 
 
 def _row_failure_text(row):
@@ -4584,7 +4596,7 @@ def prepare(args, env):
     config = run_config(suite, args.models, args.repeats, args.timeout)
     full_plan = plan_rows(args.models, [case["id"] for case in suite["cases"]], args.repeats)
     shard = args.shard or (_shard(record["shard"]) if record is not None and record.get("shard") else None)
-    plan = [key for n, key in enumerate(full_plan) if shard is None or n % shard[1] == shard[0] - 1]
+    plan = shard_plan(full_plan, shard)
     recorded = {model: parse_price(text, "the record's prices") for model, text in
                 ((record or {}).get("prices") or {}).items()} if record is not None else {}
     prices = {**recorded, **(suite.get("prices") or {}), **price_options(args)}  # flags win
@@ -4800,7 +4812,7 @@ def _stop_reason(row, tally, cap, path=None):
     """Why no new request may start after this row, or None."""
     if row["error"] is not None:
         status = f" {row['error_status']}" if row["error_status"] else ""
-        return (f"execution error on {row['model']} / {row['case_id']} / repeat {row['repeat']}: "
+        return (f"execution error on {key_text(row_key(row))}: "
                 f"{row['error']}{status}")
     if cap is not None:
         spent = tally.spent()
@@ -4901,7 +4913,7 @@ def _check_replay_covers(provider, run, args):
     """A replay must answer every row it is asked for; UsageError before anything runs."""
     missing = provider.missing(run.todo) if isinstance(provider, ReplayProvider) else None
     if missing:
-        raise UsageError(f"--replay: {args.replay} has no stored response for {' / '.join(map(str, missing))}")
+        raise UsageError(f"--replay: {args.replay} has no stored response for {key_text(missing)}")
 
 
 def main(argv=None):
