@@ -866,3 +866,22 @@ def test_report_of_a_record_with_crafted_summary_numbers_is_refused_in_one_line(
     result = run_cli(["--report", path, "--markdown", tmp_path / "r.md"], child_env(), tmp_path)
     assert result.returncode == 2 and "summary." in one_error_line(result.stderr)
     assert not (tmp_path / "r.md").exists()
+
+
+# ====================================================================== one shard filter, one row-key spelling
+
+@given(st.integers(1, 4), st.integers(1, 5), st.integers(1, 3), st.integers(1, 9))
+@settings(max_examples=40, **HYPOTHESIS)
+def test_shards_partition_the_plan_in_order(models, cases, repeats, total):
+    plan = regression.plan_rows([f"m{n}" for n in range(models)], [f"c{n}" for n in range(cases)], repeats)
+    shards = [regression.shard_plan(plan, (index, total)) for index in range(1, total + 1)]
+    assert sorted(key for shard in shards for key in shard) == sorted(plan)
+    assert sum(len(shard) for shard in shards) == len(plan)
+    for shard in shards:
+        assert shard == [key for key in plan if key in set(shard)]  # run order kept
+    assert regression.shard_plan(plan, None) == plan
+
+
+def test_a_row_key_is_spelled_one_way_in_messages():
+    assert regression.key_text(("m", "c", 2)) == "m / c / repeat 2"
+    assert compare_runs._name is regression.key_text
