@@ -35,7 +35,7 @@ import sys
 
 from regression import (CASES, CHECK_TABLE, INSTRUCTIONS, RecordError, check, dumps, html_page, html_table,
                         junit_xml, key_text, load_record, md_table, md_text, plan_rows, record_problem, row_key,
-                        safe_text, summary, write_new_file, xml_text)
+                        safe_text, summary, tool_sequence, write_new_file, xml_text)
 
 
 # ====================================================================== records
@@ -125,7 +125,8 @@ def analyse(pairs, alpha=None):
     for key, old, new in pairs:
         label = LABELS[(old["passed"], new["passed"])]
         rows.append({"key": key, "label": label, "before": old["reasons"], "after": new["reasons"],
-                     "diff": _answer_diff(old, new), "seconds": new.get("seconds")})
+                     "diff": _answer_diff(old, new), "seconds": new.get("seconds"),
+                     "tools_before": tool_sequence(old), "tools_after": tool_sequence(new)})
         group = groups.setdefault(key[:2], {"model": key[0], "case": key[1], "old": [], "new": []})
         group["old"].append(old)
         group["new"].append(new)
@@ -157,6 +158,16 @@ def _key_text(key):
     return safe_text(f"{model}  {case_id}  repeat {repeat}")
 
 
+def _sequence_text(names):
+    return safe_text(" -> ".join(map(str, names))) if names else "(no tool call)"  # tool names come from a model
+
+
+def _tools_changed(row):
+    """A row whose tool sequence changed, or whose verdict changed while it called tools."""
+    before, after = row.get("tools_before") or [], row.get("tools_after") or []
+    return before != after or (row["label"] in ("NEW_FAILURE", "RECOVERED") and bool(before or after))
+
+
 def render(result, all_diffs=False):
     """The console text of a comparison: the SPEC A9 lines first, then what changed and why."""
     lines = [f"{row['label']:<13}  {_key_text(row['key'])}  "
@@ -176,6 +187,11 @@ def render(result, all_diffs=False):
             flaky = f"  FLAKY({','.join(g['flaky'])})" if g["flaky"] else ""
             lines.append(f"RATE           {safe_text(g['model'])}  {safe_text(g['case'])}  {g['passed_before']}/{g['runs_before']} -> "
                          f"{g['passed_after']}/{g['runs_after']}  p={g['p']:.4f}{flaky}")
+    sequences = [row for row in result["rows"] if _tools_changed(row)]
+    if sequences:
+        lines += ["", "tool sequences of changed rows (before vs after):"]
+        lines += [f"TOOLS          {_key_text(row['key'])}  {_sequence_text(row['tools_before'])}  vs  "
+                  f"{_sequence_text(row['tools_after'])}" for row in sequences]
     diffs = [row for row in result["rows"] if row["diff"] and (all_diffs or row["label"] in ("NEW_FAILURE", "RECOVERED"))]
     if diffs:
         lines += ["", "answers that changed (unified diff before -> after):"]
@@ -316,13 +332,13 @@ def matrix_models(record, model_a, model_b):
 
 def render_matrix(title, sections):
     """The console text of [(heading or None, table)]: aligned columns, then the verdict."""
-    lines = [title]
+    lines = [safe_text(title)]
     for heading, table in sections:
-        widths = [max(len(str(row[n])) for row in [MATRIX_COLUMNS] + table) for n in range(len(MATRIX_COLUMNS))]
+        shown = [[safe_text(cell) for cell in row] for row in [MATRIX_COLUMNS] + table]  # record text, made visible
+        widths = [max(len(row[n]) for row in shown) for n in range(len(MATRIX_COLUMNS))]
         if heading:
-            lines += ["", heading]
-        lines += ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
-                  for row in [MATRIX_COLUMNS] + table]
+            lines += ["", safe_text(heading)]
+        lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in shown]
     deltas = [row[4] for _, table in sections for row in table]
     code = 1 if "REGRESS" in deltas else 0
     lines += ["", f"verdict: {deltas.count('REGRESS')} REGRESS, {deltas.count('GAIN')} GAIN, "
@@ -346,6 +362,13 @@ def markdown_comparison(result, title):
           f"{g['passed_before']}/{g['runs_before']} -> {g['passed_after']}/{g['runs_after']}"
           + (" FLAKY" if g["flaky"] else ""), f"{g['p']:.4f}",
           md_text(", ".join(g["regress"])), md_text(", ".join(g["gain"]))] for g in result["groups"]])]
+    sequences = [row for row in result["rows"] if _tools_changed(row)]
+    if sequences:
+        lines += ["", "### Tool sequences of changed rows", "", md_table(
+            ["label", "model", "case", "repeat", "tools before", "tools after"],
+            [[row["label"], md_text(row["key"][0]), md_text(row["key"][1]), str(row["key"][2]),
+              md_text(_sequence_text(row["tools_before"])), md_text(_sequence_text(row["tools_after"]))]
+             for row in sequences])]
     return "\n".join(lines) + "\n"
 
 
@@ -384,6 +407,13 @@ def html_comparison(result, title):
                          xml_text(row["key"][1]), xml_text(row["key"][2]),
                          xml_text(", ".join(row["before"]) or "pass"), xml_text(", ".join(row["after"]) or "pass")]
                         for row in result["rows"]])]
+    sequences = [row for row in result["rows"] if _tools_changed(row)]
+    if sequences:
+        body += ["<h2>Tool sequences of changed rows</h2>", html_table(
+            ["label", "model", "case", "repeat", "tools before", "tools after"],
+            [[(xml_text(row["label"]), css[row["label"]]), xml_text(row["key"][0]), xml_text(row["key"][1]),
+              xml_text(row["key"][2]), xml_text(_sequence_text(row["tools_before"])),
+              xml_text(_sequence_text(row["tools_after"]))] for row in sequences])]
     diffs = [row for row in result["rows"] if row["diff"]]
     if diffs:
         body.append("<h2>Answers that changed</h2>")
