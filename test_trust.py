@@ -832,6 +832,9 @@ def test_compare_prints_record_text_visibly_and_its_verdict_line_cannot_be_forge
     verdicts = [line for line in result.stdout.splitlines() if line.startswith("verdict:")]
     assert verdicts == ["verdict: 1 NEW_FAILURE row(s) -> exit 1"], result.stdout
     assert "\\x1b[1A" in result.stdout and "CAUTION code_sha256" in result.stdout
+    # the behaviour matrix too
+    code, stdout, stderr = call(compare_runs.main, ["--matrix", *paths])
+    assert code in (0, 1) and not unsafe(stdout) and "\\x1b" in stdout and stderr == "", (code, stdout, stderr)
     # NOT_COMPARABLE names record text visibly, in one line
     broken = copy.deepcopy(after)
     broken["runs"][0]["case_id"] = "zz\x1b[2J\nverdict"
