@@ -183,6 +183,30 @@ def builtin_suite():
     }
 
 
+_BUILTIN_FILE_KEYS = {"name", "notes", "instructions", "tool", "tools", "response_format", "sources", "cases"}
+_BUILTIN_CASE_KEYS = {"id", "input", "question", "expect", "cite", "instructions_sha256", "notes"}
+
+
+def as_builtin(suite):
+    """The built-in suite's form of a suite file that holds exactly its cases, tool, response
+    format and sources (instructions may differ: they are what an edit changes), else `suite`.
+
+    suites/http-advisor.json is the built-in suite as a file: runs of the two must have the
+    same config, so they compare and resume across each other. Pins and notes cannot change
+    a result; any other key (a request option, a check) keeps the file's own form."""
+    definition = suite.get("definition")
+    if suite.get("builtin") or not isinstance(definition, dict) or set(definition) - _BUILTIN_FILE_KEYS:
+        return suite
+    cases = [{key: value for key, value in case.items() if key not in ("instructions_sha256", "notes")}
+             for case in suite["cases"]]
+    if (any(set(case) - _BUILTIN_CASE_KEYS for case in suite["cases"]) or suite["tools"] != [TOOL]
+            or suite["response_format"] != FORMAT or suite.get("sources") != RFC_SOURCES
+            or cases != [builtin_case(case) for case in CASES]):
+        return suite
+    return {**builtin_suite(), "name": suite["name"], "instructions": suite["instructions"],
+            **{key: suite[key] for key in ("file",) if key in suite}}
+
+
 # ====================================================================== URL rules
 # SPEC A3: which URL names which document. Strict on purpose: a look-alike URL must
 # never count as a citation of an approved document.
@@ -626,6 +650,11 @@ SUITE_KEYS = {"name", "instructions", "tool", "tools", "response_format", "sourc
 CASE_KEYS = {"id", "input", "question", "expect", "cite", "contains", "excludes", "expected_text",
              "min_similarity", "min_chars", "max_chars", "behaviors", "instructions_sha256", "notes"}
 SOURCES_KEYS = {"field", "hosts", "path", "also_allowed"}
+# Case keys that only grade an answer and never change what is sent: a record and its
+# replay may differ in these (compare_runs.py calls that a REGRADE). "expected", "rfc" and
+# "action" are the built-in cases' own form (SPEC A2); a key not listed counts as input.
+CHECK_KEYS = {"expect", "cite", "contains", "excludes", "expected_text", "min_similarity", "min_chars",
+              "max_chars", "behaviors", "tool_args", "claims", "expected", "rfc", "action"}
 
 
 def instructions_sha256(instructions):
@@ -2038,6 +2067,12 @@ def html_table(headers, rows):
     return "\n".join(out + ["</table>"])
 
 
+def junit_name(text):
+    """One part of a JUnit classname: viewers split a classname into packages at every dot,
+    so a model name such as gpt-4.1-mini keeps its dots as underscores (gpt-4_1-mini)."""
+    return str(text).replace(".", "_")
+
+
 def junit_xml(name, suites):
     """JUnit XML: suites is [(suite_name, [testcase])], testcase a dict with name, classname,
     seconds and optionally failure / error / skipped (each a (message, text) pair)."""
@@ -2076,14 +2111,24 @@ def _record_plan(record):
 
 
 def _row_failure_text(row):
-    parts = [f"reasons: {', '.join(row.get('reasons') or [])}"]
+    parts = [f"reasons: {json.dumps(row.get('reasons') or [])}"]
     details = row.get("details") or {}
     if "similarity" in details:
         parts.append(f"similarity: {details['similarity']}")
     if details.get("diff"):
         parts.append(details["diff"])
-    parts.append(f"answer: {row.get('answer_text')}")
+    parts.append(f"answer: {row.get('answer_text')}" if isinstance(row.get("answer_text"), str)
+                 else f"no answer: {_what_failed(row)}")
     return "\n".join(parts)
+
+
+def _what_failed(row):
+    """Why a row has no answer, in words (never `None`)."""
+    if row.get("error"):
+        status = f" (HTTP {row['error_status']})" if row.get("error_status") else ""
+        message = f": {row['error_message']}" if row.get("error_message") else ""
+        return f"the request failed with {row['error']}{status}{message}"
+    return "the response held no answer text"
 
 
 def junit_run(record):
@@ -2094,14 +2139,15 @@ def junit_run(record):
     for key in _record_plan(record):
         model, case_id, repeat = key
         row = rows.get(key)
-        case = {"classname": f"{(record.get('suite') or {}).get('name', 'suite')}.{model}",
+        # One package level: viewers split a classname at dots, so the parts' own dots are escaped.
+        case = {"classname": f"{junit_name((record.get('suite') or {}).get('name', 'suite'))}.{junit_name(model)}",
                 "name": f"{case_id} [repeat {repeat}]", "seconds": (row or {}).get("seconds")}
         if row is None:
             case["skipped"] = ("not run", stopped)
         elif row.get("error") is not None:
             case["error"] = (f"{row['error']} {row.get('error_status') or ''}".strip(), row.get("error_message") or "")
         elif not row.get("passed"):
-            case["failure"] = (", ".join(row.get("reasons") or []), _row_failure_text(row))
+            case["failure"] = (json.dumps(row.get("reasons") or []), _row_failure_text(row))
         suites.setdefault(model, []).append(case)
     return junit_xml("agent-regression", list(suites.items()))
 
@@ -2112,7 +2158,8 @@ MODEL_COLUMNS = ["model", "passed", "errors", "qualified", "reported cost (USD)"
 def _model_rows(final):
     """The per-model table of a summary as plain text cells, tolerating a hand-edited summary."""
     models = final.get("models") if isinstance(final, dict) else None
-    return [[str(model), f"{stats.get('passed')}/{stats.get('total')}", str(stats.get("errors", 0)),
+    return [[str(model), f"{stats.get('passed')}/{stats.get('total')}" if stats.get("total") else "not run",
+             str(stats.get("errors", 0)),
              "yes" if stats.get("qualified") else "no", str(stats.get("reported_cost_usd") or "unknown")]
             for model, stats in (models.items() if isinstance(models, dict) else []) if isinstance(stats, dict)]
 
@@ -2139,8 +2186,7 @@ def markdown_run(record):
     if failed:
         lines += ["", "### Failures", "", md_table(["model", "case", "repeat", "reasons"], [
             [md_text(row.get("model")), md_text(row.get("case_id")), str(row.get("repeat")),
-             md_text(", ".join(row.get("reasons") or []) + (f" ({row['error']} {row.get('error_status') or ''})"
-                                                            if row.get("error") else ""))]
+             md_text(", ".join(row.get("reasons") or []) + (f": {_what_failed(row)}" if row.get("error") else ""))]
             for row in failed])]
     return "\n".join(lines) + "\n"
 
@@ -2156,7 +2202,10 @@ def _html_row_details(row):
         parts.append(f"<p>similarity {xml_text(details['similarity'])}</p>")
     if details.get("diff"):
         parts.append(f"<pre>{xml_text(details['diff'])}</pre>")
-    parts.append(f"<details><summary>answer</summary><pre>{xml_text(row.get('answer_text'))}</pre></details>")
+    if isinstance(row.get("answer_text"), str):
+        parts.append(f"<details><summary>answer</summary><pre>{xml_text(row['answer_text'])}</pre></details>")
+    else:
+        parts.append(f"<p>no answer: {xml_text(_what_failed(row))}</p>")
     return "\n".join(parts)
 
 
@@ -2186,8 +2235,8 @@ def html_run(record):
             css = ("error" if any(row.get("error") for row in done) else "pass" if done and passed == len(done)
                    else "fail" if done else "")
             reasons = sorted({reason for row in done for reason in row.get("reasons") or []})
-            cells.append((f"{passed}/{len(done)}" + (f"<br><small>{xml_text(', '.join(reasons))}</small>"
-                                                     if reasons else ""), css))
+            cells.append(((f"{passed}/{len(done)}" if done else "not run")
+                          + (f"<br><small>{xml_text(', '.join(reasons))}</small>" if reasons else ""), css))
         matrix.append(cells)
     body += ["<h2>Cases</h2>", html_table(["case", *config["models"]], matrix)]
     failed = _failed_rows(record)
@@ -2387,6 +2436,7 @@ def sdk_version():
 
 def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS):
     """Everything that can change results (SPEC A8); nothing that cannot."""
+    suite = as_builtin(suite)
     definition = suite.get("definition", {})
     config = {
         "models": list(models),
@@ -2568,9 +2618,10 @@ def _suite_from_record(record, args):
     info = record.get("suite") if isinstance(record.get("suite"), dict) else {"builtin": True}
     if args.suite:
         return load_suite(args.suite, allow_empty_baseline=args.update_baseline)
-    if info.get("builtin", True):
-        return builtin_suite()
     config = record["config"]
+    if info.get("builtin", True) or config.get("cases") == CASES:  # the built-in suite (maybe as a file)
+        return {**builtin_suite(), "instructions": config.get("instructions")} \
+            if isinstance(config.get("instructions"), str) else builtin_suite()
     try:
         return validate_suite({"name": info.get("name") or "suite", "instructions": config.get("instructions"),
                                "tool": config.get("tool"), "tools": config.get("tools"),

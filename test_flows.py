@@ -289,3 +289,261 @@ def test_update_baseline_on_the_shipped_suite_changes_one_line_per_baseline(tmp_
     assert len(text.splitlines()) == len(edited.splitlines()) and len(changed) == 1
     assert '"A new baseline."' in changed[0][1]
     assert path.exists()
+
+
+# ====================================================================== comparisons: records
+
+def make_row(model, case_id, repeat=0, reasons=(), answer="{}", error=None):
+    reasons = list(reasons)
+    return {"case_id": case_id, "model": model, "repeat": repeat, "error": error, "error_status": None,
+            "cost_usd": "0.001", "response": {"status": "completed", "text": answer}, "answer_text": answer,
+            "reasons": reasons, "seconds": 0.5, "passed": not reasons}
+
+
+def make_record(models=("m/one",), case_ids=("c1", "c2"), repeats=1, failing=None, answers=None, **top):
+    failing, answers = failing or {}, answers or {}
+    rows = [make_row(m, c, r, failing.get((m, c, r), ()), answers.get((m, c, r), "{}"))
+            for r in range(repeats) for c in case_ids for m in models]
+    record = {"created_at": "2026-01-01T00:00:00+00:00",
+              "config": {"models": list(models), "cases": [{"id": c, "input": f"q {c}"} for c in case_ids],
+                         "instructions": "Be careful.", "tool": None, "response_format": None,
+                         "repeats": repeats, "max_steps": 5, "max_output_tokens": 4096, "timeout_seconds": 180},
+              "sdk_version": None, "code_sha256": "a" * 64, "evidence": "echo", "runs": rows,
+              "summary": {"exit_code": 0}}
+    record.update(top)
+    return record
+
+
+def write_json(path, value):
+    path.write_text(json.dumps(value), encoding="utf-8")
+    return str(path)
+
+
+def compare_cli(tmp_path, before, after, *flags):
+    paths = write_json(tmp_path / "before.json", before), write_json(tmp_path / "after.json", after)
+    return run_script(COMPARE, [*paths, *flags], tmp_path)
+
+
+def _with_case(record, case_id, **changes):
+    for case in record["config"]["cases"]:
+        if case["id"] == case_id:
+            case.update(changes)
+    return record
+
+
+# ====================================================================== 14.1 / 14.2: what may differ, and naming what does
+
+def before_tools(record):
+    return record
+
+
+def _mutated(mutate):
+    record = make_record(case_ids=("refund-policy", "c2"))
+    _with_case(record, "refund-policy", contains=["30 days"])
+    record["config"]["tools"] = [{"type": "function", "function": {"name": "b"}}]
+    mutate(record)
+    return record
+
+
+NOT_COMPARABLE = [
+    ("contains", lambda r: _with_case(r, "refund-policy", contains=["30 days", "annual"]),
+     'cases["refund-policy"].contains differs: ["30 days"] -> ["30 days", "annual"]'),
+    ("input", lambda r: _with_case(r, "c2", input="other"), 'cases["c2"].input differs: "q c2" -> "other"'),
+    ("case-added", lambda r: r["config"]["cases"].append({"id": "new", "input": "x"}),
+     'cases["new"] differs: (absent) -> {"id": "new", "input": "x"}'),
+    ("case-order", lambda r: r["config"]["cases"].reverse(),
+     'cases order differs: ["refund-policy", "c2"] -> ["c2", "refund-policy"]'),
+    ("models", lambda r: r["config"].update(models=["m/two"]), 'models differs: ["m/one"] -> ["m/two"]'),
+    ("tools", lambda r: r["config"].update(tools=[{"type": "function", "function": {"name": "a"}}]) or
+     before_tools(r), 'tools[0].function.name differs: "b" -> "a"'),
+    ("repeats", lambda r: r["config"].update(repeats=2), "repeats differs: 1 -> 2"),
+    ("tool", lambda r: r["config"].update(tool={"type": "web_search"}), 'tool differs: null -> {"type": "web_search"}'),
+    ("key-added", lambda r: r["config"].update(max_rounds=3), "max_rounds differs: (absent) -> 3"),
+    ("control-characters", lambda r: _with_case(r, "c2", input="a\x1b[2J\u202eb"),
+     'cases["c2"].input differs: "q c2" -> "a\\u001b[2J\\u202eb"'),
+]
+
+
+@pytest.mark.parametrize("name, mutate, message", NOT_COMPARABLE, ids=[item[0] for item in NOT_COMPARABLE])
+def test_not_comparable_names_the_first_differing_path_and_both_values(tmp_path, capsys, name, mutate, message):
+    before, after = _mutated(lambda r: None), _mutated(mutate)
+    paths = write_json(tmp_path / "b.json", before), write_json(tmp_path / "a.json", after)
+    code, out, err = run_main(compare_runs.main, list(paths), capsys)
+    assert code == 2 and err == ""
+    assert out.count("\n") == 1 and out.startswith(f"NOT_COMPARABLE: {message}"), out
+
+
+def test_not_comparable_through_the_cli_exact_line(tmp_path):
+    before = _mutated(lambda r: None)
+    after = _mutated(NOT_COMPARABLE[0][1])
+    result = compare_cli(tmp_path, before, after)
+    assert result.returncode == 2 and result.stderr == ""
+    assert result.stdout.startswith('NOT_COMPARABLE: cases["refund-policy"].contains differs: '
+                                    '["30 days"] -> ["30 days", "annual"]')
+    assert "regrade" in result.stdout  # only checks differ: the way to compare is printed
+
+
+def test_a_long_value_is_shortened_around_the_difference():
+    old = "Checkout log: " + "x" * 200 + " status 503"
+    new = old.replace("503", "504")
+    path, a, b = compare_runs.first_difference({"input": old}, {"input": new})
+    assert path == "input"
+    shown_old, shown_new = compare_runs.shorten(a, b), compare_runs.shorten(b, a)
+    assert "503" in shown_old and "504" in shown_new
+    assert len(shown_old) <= compare_runs.SHORT + 10 and shown_old.startswith("...")
+
+
+@settings(max_examples=60, deadline=None)
+@given(a=JSON_VALUES, b=JSON_VALUES)
+def test_first_difference_is_none_exactly_when_equal(a, b):
+    found = compare_runs.first_difference(a, b)
+    assert (found is None) == (a == b)
+    if found is not None:
+        line = (f"{found[0]} differs: {compare_runs.shorten(found[1], found[2])} -> "
+                f"{compare_runs.shorten(found[2], found[1])}")
+        assert "\n" not in line and all(char.isprintable() for char in line)
+
+
+@pytest.mark.parametrize("key, value", [("instructions_sha256", "b" * 64), ("notes", "changed by a reviewer")])
+def test_pins_and_notes_may_differ_like_the_instructions(capsys, key, value):
+    before = _with_case(make_record(), "c1", instructions_sha256="a" * 64)
+    after = _with_case(make_record(), "c1", **{key: value})
+    after["config"]["instructions"] = "Edited instructions."
+    assert compare_runs.compare(before, after) == 0
+    assert "NOT_COMPARABLE" not in capsys.readouterr().out
+
+
+PINNED_SUITE = {"name": "pinned", "instructions": "You are a support agent.", "cases": [
+    {"id": "refund-policy", "input": "Refunds within 30 days.", "contains": ["30 days"]},
+    {"id": "password-reset", "input": "How do I reset my password?", "contains": ["reset"]}]}
+
+
+def _pinned(instructions):
+    import hashlib
+    pin = hashlib.sha256(instructions.encode("utf-8")).hexdigest()
+    return {**PINNED_SUITE, "instructions": instructions,
+            "cases": [{**case, "instructions_sha256": pin} for case in PINNED_SUITE["cases"]]}
+
+
+def test_edit_the_instructions_update_the_pins_then_compare(tmp_path):
+    """Issue 14.1 through the real CLI: the pins follow the instructions, so compare accepts them."""
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps(_pinned("You are a support agent."), indent=2), encoding="utf-8")
+    first = run_script(SCRIPT, ["--suite", "suite.json", "--provider", "echo", "--out", "before.json"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    suite.write_text(json.dumps(_pinned("You are a careful support agent."), indent=2), encoding="utf-8")
+    second = run_script(SCRIPT, ["--suite", "suite.json", "--provider", "echo", "--out", "after.json"], tmp_path)
+    assert second.returncode == 0, second.stderr
+    compared = run_script(COMPARE, ["before.json", "after.json"], tmp_path)
+    assert compared.returncode == 0, compared.stdout
+    assert "PASS 2" in compared.stdout and "NOT_COMPARABLE" not in compared.stdout
+
+
+# ====================================================================== 14.3: regrade
+
+def test_regrade_a_record_with_a_changed_suite_then_compare(tmp_path):
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps(PINNED_SUITE, indent=2), encoding="utf-8")
+    first = run_script(SCRIPT, ["--suite", "suite.json", "--provider", "echo", "--out", "old.json"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    changed_suite = json.loads(json.dumps(PINNED_SUITE))
+    changed_suite["cases"][0]["contains"] = ["30 days", "annual"]  # a stricter check
+    (tmp_path / "stricter.json").write_text(json.dumps(changed_suite, indent=2), encoding="utf-8")
+    regrade = run_script(SCRIPT, ["--provider", "replay", "--replay", "old.json", "--suite", "stricter.json",
+                                  "--out", "regraded.json"], tmp_path)
+    assert regrade.returncode == 1, regrade.stderr
+    compared = run_script(COMPARE, ["old.json", "regraded.json"], tmp_path)
+    assert compared.returncode == 1, compared.stdout
+    lines = compared.stdout.splitlines()
+    assert lines[0].startswith("REGRADE") and "refund-policy" in lines[0] and "password-reset" not in lines[0]
+    assert [line.split()[:3] for line in lines if "NEW_FAILURE" in line] == [["NEW_FAILURE", "echo", "refund-policy"]]
+    # either order: the replay names the record it replayed
+    assert run_script(COMPARE, ["regraded.json", "old.json"], tmp_path).returncode == 0
+
+    # A replay whose inputs differ is not a regrade: NOT_COMPARABLE, naming the input.
+    changed_suite["cases"][1]["input"] = "How do I change my password?"
+    (tmp_path / "other-input.json").write_text(json.dumps(changed_suite, indent=2), encoding="utf-8")
+    replayed = run_script(SCRIPT, ["--provider", "replay", "--replay", "old.json", "--suite", "other-input.json",
+                                   "--out", "other.json"], tmp_path)
+    assert replayed.returncode in (0, 1), replayed.stderr
+    refused = run_script(COMPARE, ["old.json", "other.json"], tmp_path)
+    assert refused.returncode == 2
+    assert refused.stdout.startswith('NOT_COMPARABLE: cases["password-reset"].input differs: ')
+
+    # Two independent runs that differ only in checks are not a record and its replay.
+    again = run_script(SCRIPT, ["--suite", "stricter.json", "--provider", "echo", "--out", "new.json"], tmp_path)
+    assert again.returncode == 1
+    independent = run_script(COMPARE, ["old.json", "new.json"], tmp_path)
+    assert independent.returncode == 2 and "regrade the earlier record" in independent.stdout
+
+
+def test_a_regrade_must_keep_the_stored_responses(capsys):
+    before = make_record(created_at="2026-01-01T00:00:00+00:00")
+    after = _with_case(make_record(created_at="2026-01-02T00:00:00+00:00",
+                                   replayed_from={"path": "before.json", "created_at": "2026-01-01T00:00:00+00:00"}),
+                       "c1", contains=["x"])
+    assert compare_runs.compare(before, after) == 0
+    assert capsys.readouterr().out.startswith("REGRADE")
+    after["runs"][0]["response"] = {"status": "completed", "text": "something else"}
+    with pytest.raises(ValueError, match="replay must keep the stored responses"):
+        compare_runs.compare(before, after)
+
+
+def test_update_baseline_prints_the_regrade_command_and_it_works(tmp_path):
+    text = BASELINE_SUITE.replace('"excludes": ["lifetime"]', '"excludes": ["never"]')
+    baseline_suite(tmp_path, text)
+    first = run_script(SCRIPT, ["--suite", "suite.json", "--provider", "echo", "--update-baseline",
+                                "--out", "run1.json"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    hint = [line for line in first.stdout.splitlines() if line.startswith("note: run1.json")]
+    assert len(hint) == 1
+    command = hint[0].split("regrade it first: ")[1]
+    assert command == ("python regression.py --provider replay --replay run1.json --suite suite.json "
+                       "--out run1-regraded.json")
+    second = run_script(SCRIPT, ["--suite", "suite.json", "--provider", "echo", "--out", "run2.json"], tmp_path)
+    assert second.returncode == 0, second.stderr
+    refused = run_script(COMPARE, ["run1.json", "run2.json"], tmp_path)
+    assert refused.returncode == 2 and "expected_text differs" in refused.stdout
+    regraded = run_script(SCRIPT, command.split()[2:], tmp_path)
+    assert regraded.returncode == 0, regraded.stderr
+    assert run_script(COMPARE, ["run1.json", "run1-regraded.json"], tmp_path).stdout.startswith("REGRADE")
+    later = run_script(COMPARE, ["run1-regraded.json", "run2.json"], tmp_path)
+    assert later.returncode == 0, later.stdout
+
+
+# ====================================================================== 14.4: the built-in suite as a file
+
+def test_builtin_suite_and_its_file_have_the_same_config():
+    builtin = regression.run_config(regression.builtin_suite(), regression.MODELS, 2)
+    from_file = regression.run_config(regression.load_suite(str(HERE / "suites" / "http-advisor.json")),
+                                      regression.MODELS, 2)
+    assert builtin == from_file
+    assert builtin["cases"] == regression.CASES  # SPEC A8: the built-in config keeps its own form
+
+
+def test_a_changed_builtin_file_keeps_its_own_config():
+    data = json.loads((HERE / "suites" / "http-advisor.json").read_text(encoding="utf-8"))
+    data["cases"][0]["expect"]["code"] = "430"
+    config = regression.run_config(regression.validate_suite(data), regression.MODELS, 1)
+    assert config["cases"] != regression.CASES and config["cases"][0]["expect"]["code"] == "430"
+
+
+def test_compare_and_resume_across_the_builtin_suite_and_its_file(tmp_path):
+    shutil_copy = (HERE / "suites" / "http-advisor.json").read_text(encoding="utf-8")
+    (tmp_path / "http-advisor.json").write_text(shutil_copy, encoding="utf-8")
+    builtin = run_script(SCRIPT, ["--provider", "echo", "--out", "builtin.json"], tmp_path)
+    from_file = run_script(SCRIPT, ["--provider", "echo", "--suite", "http-advisor.json", "--out", "file.json"],
+                           tmp_path)
+    assert builtin.returncode == from_file.returncode == 1
+    compared = run_script(COMPARE, ["builtin.json", "file.json"], tmp_path)
+    assert compared.returncode == 0, compared.stdout
+    # An interrupted built-in run resumes with the file, and the other way round.
+    for made, then in (("builtin.json", ["--resume", "a.json", "--suite", "http-advisor.json"]),
+                       ("file.json", ["--resume", "b.json"])):
+        record = json.loads((tmp_path / made).read_text(encoding="utf-8"))
+        record["runs"] = record["runs"][:1]  # as if the run had been killed after its first row
+        (tmp_path / then[1]).write_text(json.dumps(record), encoding="utf-8")
+        resumed = run_script(SCRIPT, then, tmp_path)
+        assert resumed.returncode == 1, resumed.stderr
+        record = json.loads((tmp_path / then[1]).read_text(encoding="utf-8"))
+        assert record["summary"]["complete"] is True and len(record["runs"]) == 4
