@@ -547,3 +547,160 @@ def test_compare_and_resume_across_the_builtin_suite_and_its_file(tmp_path):
         assert resumed.returncode == 1, resumed.stderr
         record = json.loads((tmp_path / then[1]).read_text(encoding="utf-8"))
         assert record["summary"]["complete"] is True and len(record["runs"]) == 4
+
+
+# ====================================================================== 14.6: compare scales
+
+def _big_pair(cases=500, models=("openai/gpt-4.1-mini", "anthropic/claude-sonnet-4-6"), repeats=3,
+              still=(), new=(), same_diff_case=None):
+    case_ids = [f"case-{n:03d}" for n in range(cases)]
+    failing_before = {(models[0], case_ids[n], r): ["wrong_code"] for n in still for r in range(repeats)}
+    failing_after = dict(failing_before)
+    answers_after = {}
+    for n in new:
+        for r in range(repeats):
+            failing_after[(models[1], case_ids[n], r)] = ["missing_required_text"]
+            answers_after[(models[1], case_ids[n], r)] = "a changed answer"  # identical in every repeat
+    return (make_record(models, case_ids, repeats, failing_before),
+            make_record(models, case_ids, repeats, failing_after, answers_after))
+
+
+def test_unchanged_big_comparison_is_a_few_lines(tmp_path):
+    before, after = _big_pair()
+    result = compare_cli(tmp_path, before, after)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) <= 8, lines
+    assert any(line.startswith("PASS 3,000") for line in lines)
+    assert "NEW_FAILURE" not in result.stdout and "STILL_FAILING" not in result.stdout
+    everything = compare_cli(tmp_path, before, after, "--all")
+    assert sum(line.startswith("PASS ") for line in everything.stdout.splitlines()) == 3000
+
+
+def test_changed_rows_listed_unchanged_counted_and_grep_counts_new_failures(tmp_path):
+    before, after = _big_pair(still=(7, 8), new=(3, 4))
+    result = compare_cli(tmp_path, before, after)
+    assert result.returncode == 1
+    out = result.stdout
+    assert sum("NEW_FAILURE" in line for line in out.splitlines()) == 6  # grep -c NEW_FAILURE: one per row
+    assert out.count("NEW_FAILURE") == 6
+    assert "PASS 2,988" in out and "STILL_FAILING 6" in out
+    # The identical diff of the three repeats appears once and names them.
+    headers = [line for line in out.splitlines() if line.startswith("== ")]
+    assert headers == [f"== anthropic/claude-sonnet-4-6  case-{n:03d}  repeats 0, 1, 2 (passed before, fails now)"
+                       for n in (3, 4)]
+    assert out.count("+a changed answer") == 2
+    # Pass-rate lines only for the pairs that changed; the rest are counted.
+    assert sum(line.startswith("RATE    ") for line in out.splitlines()) == 2
+    assert "RATE unchanged: 998 model/case pair(s)" in out
+    assert len(out.splitlines()) < 40
+
+
+def test_reports_of_a_big_comparison_fold_unchanged_rows(tmp_path):
+    before, after = _big_pair(still=(7,), new=(3,))
+    paths = write_json(tmp_path / "b.json", before), write_json(tmp_path / "a.json", after)
+    result = run_script(COMPARE, [*paths, "--markdown", "d.md", "--html", "d.html", "--junit", "d.xml"], tmp_path)
+    assert result.returncode == 1, result.stderr
+    markdown = (tmp_path / "d.md").read_text(encoding="utf-8")
+    assert len(markdown.splitlines()) < 30 and "PASS 2,994" in markdown and "STILL_FAILING 3" in markdown
+    html = (tmp_path / "d.html").read_text(encoding="utf-8")
+    assert len(html) < 20_000 and "PASS 2,994" in html
+    junit = (tmp_path / "d.xml").read_text(encoding="utf-8")
+    assert junit.count("<testcase ") == 3000  # JUnit keeps one testcase per row key
+
+
+# ====================================================================== 14.7: counts, and the --alpha headline
+
+def test_regress_sees_a_drop_whose_reason_already_occurred_before(tmp_path):
+    """password-reset 2/3 -> 0/3 with the reason seen once before: a REGRESS line, with counts."""
+    before = make_record(case_ids=("password-reset",), repeats=3,
+                         failing={("m/one", "password-reset", 0): ["missing_required_text"]})
+    after = make_record(case_ids=("password-reset",), repeats=3,
+                        failing={("m/one", "password-reset", r): ["missing_required_text"] for r in range(3)})
+    result = compare_cli(tmp_path, before, after)
+    regress = [line for line in result.stdout.splitlines() if line.startswith("REGRESS")]
+    assert regress == ["REGRESS        m/one  password-reset  +missing_required_text 1->3"]
+    back = compare_cli(tmp_path, after, before)
+    assert [line for line in back.stdout.splitlines() if line.startswith("GAIN")] == [
+        "GAIN           m/one  password-reset  -missing_required_text 3->1"]
+
+
+@pytest.mark.parametrize("flip, alpha, code, verdict", [
+    (3, "0.01", 0, "verdict: no significant drop (exit 0): 3 of 6 row(s) flipped to failing, none at p <= 0.01"),
+    (3, "0.05", 1, "verdict: SIGNIFICANT DROP (exit 1): 1 model/case pair(s) dropped at p <= 0.05; "
+                   "3 of 6 row(s) flipped to failing"),
+    (0, "0.05", 0, "verdict: no significant drop (exit 0): 0 of 6 row(s) flipped to failing, none at p <= 0.05"),
+    (1, None, 1, "verdict: NEW FAILURES (exit 1): 1 of 6 row(s) flipped to failing"),
+    (0, None, 0, "verdict: no new failure (exit 0): 0 of 6 row(s) flipped to failing"),
+])
+def test_the_headline_never_contradicts_the_rows(tmp_path, flip, alpha, code, verdict):
+    before = make_record(repeats=3)
+    after = make_record(repeats=3, failing={("m/one", "c1", r): ["wrong_code"] for r in range(flip)})
+    result = compare_cli(tmp_path, before, after, *(["--alpha", alpha] if alpha else []))
+    assert result.returncode == code
+    assert verdict in result.stdout.splitlines()
+    assert result.stdout.count("NEW_FAILURE") == flip
+    if flip:
+        assert "no new failure" not in result.stdout
+
+
+# ====================================================================== 14.10: reports read well
+
+def _report_record():
+    model = "openai/gpt-4.1-mini"
+    record = make_record(models=(model,), case_ids=("c1", "c2", "c3"), failing={(model, "c1", 0): ["wrong_code"]},
+                         suite={"name": "support.v2"})
+    errored = record["runs"][1]
+    errored.update(error="ConnectionError", error_status=503, error_message="upstream reset", answer_text=None,
+                   response=None, reasons=["execution_error"], passed=False)
+    del record["runs"][2]  # never ran
+    record["summary"] = regression.summary(record["runs"], [model], 1, record["config"]["cases"])
+    return record
+
+
+def test_junit_names_are_stable_dots_escaped_reasons_json():
+    import xml.etree.ElementTree as ET
+    record = _report_record()
+    root = ET.fromstring(regression.junit_run(record))
+    cases = root.iter("testcase")
+    names = {(case.get("classname"), case.get("name")) for case in cases}
+    assert names == {("support_v2.openai/gpt-4_1-mini", f"{c} [repeat 0]") for c in ("c1", "c2", "c3")}
+    failure = next(case for case in root.iter("testcase") if case.get("name") == "c1 [repeat 0]").find("failure")
+    assert json.loads(failure.get("message")) == ["wrong_code"]
+    # The same names when every row passes: a test's identity does not depend on its verdict.
+    passing = make_record(models=("openai/gpt-4.1-mini",), case_ids=("c1", "c2", "c3"), suite={"name": "support.v2"})
+    passing_root = ET.fromstring(regression.junit_run(passing))
+    assert {(c.get("classname"), c.get("name")) for c in passing_root.iter("testcase")} == names
+
+
+def test_junit_comparison_names_are_stable(tmp_path):
+    import xml.etree.ElementTree as ET
+    model = "openai/gpt-4.1-mini"
+    before = make_record(models=(model,))
+    outcomes = {}
+    for name, after in (("same", make_record(models=(model,))),
+                        ("worse", make_record(models=(model,), failing={(model, "c1", 0): ["wrong_code"]}))):
+        paths = write_json(tmp_path / f"b-{name}.json", before), write_json(tmp_path / f"a-{name}.json", after)
+        run_script(COMPARE, [*paths, "--junit", f"{name}.xml"], tmp_path)
+        root = ET.parse(tmp_path / f"{name}.xml").getroot()
+        outcomes[name] = root
+        assert all(case.get("classname") == "compare.openai/gpt-4_1-mini" for case in root.iter("testcase"))
+    assert [c.get("name") for c in outcomes["same"].iter("testcase")] == \
+        [c.get("name") for c in outcomes["worse"].iter("testcase")] == ["c1 [repeat 0]", "c2 [repeat 0]"]
+    failure = next(outcomes["worse"].iter("failure"))
+    assert failure.get("message") == 'NEW_FAILURE: ["wrong_code"]'
+
+
+def test_markdown_and_html_say_what_failed_and_not_run():
+    record = _report_record()
+    for text in (regression.markdown_run(record), regression.html_run(record)):
+        assert "None" not in text and "0/0" not in text
+        assert "ConnectionError" in text and "503" in text
+    html = regression.html_run(record)
+    assert "no answer: the request failed with ConnectionError (HTTP 503): upstream reset" in html
+    assert "not run" in html
+    unrun = make_record(models=("a", "b"), case_ids=("c1",))
+    unrun["runs"] = [row for row in unrun["runs"] if row["model"] == "a"]
+    unrun["summary"] = regression.summary(unrun["runs"], ["a", "b"], 1, unrun["config"]["cases"])
+    markdown = regression.markdown_run(unrun)
+    assert "| b | not run |" in markdown and "0/0" not in markdown
