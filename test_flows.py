@@ -704,3 +704,112 @@ def test_markdown_and_html_say_what_failed_and_not_run():
     unrun["summary"] = regression.summary(unrun["runs"], ["a", "b"], 1, unrun["config"]["cases"])
     markdown = regression.markdown_run(unrun)
     assert "| b | not run |" in markdown and "0/0" not in markdown
+
+
+# ====================================================================== 14.12: the README's flows, as written
+
+import re  # noqa: E402
+import shlex  # noqa: E402
+import shutil  # noqa: E402
+
+README = (HERE / "README.md").read_text(encoding="utf-8")
+
+README_COMMANDS = [
+    "python regression.py --suite suites/support-guardrails.json --provider echo --out old.json",
+    "python regression.py --provider replay --replay old.json --suite suites/support-guardrails.json "
+    "--out regraded.json",
+    "python compare_runs.py old.json regraded.json",
+    "python compare_runs.py before.json after.json --all",
+    "python compare_runs.py before.json after.json | grep -c NEW_FAILURE",
+]
+INSTALLED_COMMANDS = ["agent-regression --suite suites/agent-tools.json --dry-run",
+                      "compare-runs --demo offline-demo-2"]
+
+
+def project_copy(folder):
+    for name in ("regression.py", "compare_runs.py"):
+        shutil.copy(HERE / name, folder / name)
+    shutil.copytree(HERE / "suites", folder / "suites")
+    return folder
+
+
+def readme_run(command, cwd):
+    """A README command exactly as written, `python` meaning this interpreter (pipes through sh)."""
+    assert command in README, command
+    text = shlex.quote(sys.executable) + command[len("python"):]
+    return subprocess.run(text, shell=True, cwd=cwd, env=offline_env(), capture_output=True, text=True, timeout=120)
+
+
+def test_readme_regrade_flow(tmp_path):
+    cwd = project_copy(tmp_path)
+    first = readme_run(README_COMMANDS[0], cwd)
+    assert first.returncode == 1, first.stderr  # echo fails 3 of the 4 cases, as the README says
+    rows = json.loads((cwd / "old.json").read_text(encoding="utf-8"))["runs"]
+    assert sorted(row["case_id"] for row in rows if not row["passed"]) == [
+        "card-number-not-echoed", "no-data-loss-promise", "refund-policy"]
+    # "edit a check of a case": password-reset now also requires "link"
+    suite_path = cwd / "suites" / "support-guardrails.json"
+    text = suite_path.read_text(encoding="utf-8")
+    data = json.loads(text)
+    position = next(n for n, case in enumerate(data["cases"]) if case["id"] == "password-reset")
+    suite_path.write_text(text.replace('"reset"\n', '"reset",\n        "link"\n', 1), encoding="utf-8")
+    assert json.loads(suite_path.read_text())["cases"][position]["contains"] == ["reset", "link"]
+    regraded = readme_run(README_COMMANDS[1], cwd)
+    assert regraded.returncode == 1, regraded.stderr
+    compared = readme_run(README_COMMANDS[2], cwd)
+    assert compared.returncode == 1, compared.stdout
+    lines = compared.stdout.splitlines()
+    assert lines[0] == "REGRADE: the same stored responses graded with changed checks; cases whose checks changed: " \
+                       "password-reset"
+    assert [line.split()[:3] for line in lines if "NEW_FAILURE" in line] == [["NEW_FAILURE", "echo", "password-reset"]]
+    assert "STILL_FAILING 3" in compared.stdout
+
+
+def test_readme_compare_flags_and_grep(tmp_path):
+    before = make_record(case_ids=("c1", "c2", "c3"), repeats=2)
+    after = make_record(case_ids=("c1", "c2", "c3"), repeats=2,
+                        failing={("m/one", "c2", 0): ["wrong_code"], ("m/one", "c3", 1): ["too_long"]})
+    write_json(tmp_path / "before.json", before)
+    write_json(tmp_path / "after.json", after)
+    project_copy(tmp_path)
+    everything = readme_run(README_COMMANDS[3], tmp_path)
+    assert everything.returncode == 1
+    assert sum(line.split()[:1] == ["PASS"] for line in everything.stdout.splitlines()) == 4
+    counted = readme_run(README_COMMANDS[4], tmp_path)
+    assert counted.stdout.strip() == "2"  # grep -c: exactly the two new-failure rows
+
+
+def test_readme_every_flow_command_is_in_the_readme():
+    for command in README_COMMANDS + INSTALLED_COMMANDS:
+        assert command in README, command
+    for phrase in ("`qualified`", "flat form", "three of its four cases", "`details` only when",
+                   "`agent-regression`", "`compare-runs`", "own `--max-cost-usd` cap", "SIGTERM",
+                   "143", "Regrade a record", "llama.cpp", "Ollama", "vLLM", "LM Studio", "--approve-failing"):
+        assert phrase in README, phrase
+
+
+@pytest.mark.skipif(not shutil.which("agent-regression", path=os.path.dirname(sys.executable)),
+                    reason="the console scripts are installed by pip install -e .")
+def test_readme_installed_commands(tmp_path):
+    cwd = project_copy(tmp_path)
+    bin_dir = os.path.dirname(sys.executable)
+    for command, code in zip(INSTALLED_COMMANDS, (0, 1)):
+        argv = shlex.split(command)
+        result = subprocess.run([os.path.join(bin_dir, argv[0]), *argv[1:]], cwd=cwd, env=offline_env(),
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == code, result.stdout + result.stderr
+    assert (cwd / "offline-demo-2" / "after.json").exists()
+
+
+def test_readme_local_server_commands_are_valid_set_ups(tmp_path):
+    """Each local-server line of the README passes every check before sending (a dry run)."""
+    section = README.split("### Local servers", 1)[1].split("\n## ", 1)[0]
+    commands = [line for line in re.findall(r"^python regression\.py .*$", section, re.M)]
+    assert len(commands) == 4
+    cwd = project_copy(tmp_path)
+    for command, port in zip(commands, ("8080", "11434", "8000", "1234")):
+        assert f"http://127.0.0.1:{port}/v1" in command
+        result = subprocess.run([sys.executable, *shlex.split(command)[1:], "--dry-run"], cwd=cwd,
+                                env=offline_env(), capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "nothing was sent" in result.stdout

@@ -75,7 +75,8 @@ def test_quick_start_demo(tmp_path):
 
 
 def test_every_python_command_of_the_readme_is_covered_here():
-    covered = set(OFFLINE) | set(LIVE_FAKED) | set(NEEDS_REAL_ENDPOINT) | {QUICK_DEMO}
+    import test_flows  # the everyday flows (regrade, compare output) run there, as written
+    covered = set(OFFLINE) | set(LIVE_FAKED) | set(NEEDS_REAL_ENDPOINT) | {QUICK_DEMO} | set(test_flows.README_COMMANDS)
     assert set(python_commands()) <= covered, set(python_commands()) - covered
 
 
