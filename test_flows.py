@@ -324,6 +324,13 @@ def compare_cli(tmp_path, before, after, *flags):
     return run_script(COMPARE, [*paths, *flags], tmp_path)
 
 
+def compare_in_process(tmp_path, capsys, before, after, *flags):
+    """compare_runs.main in-process (fast); returns an object like a CompletedProcess."""
+    paths = write_json(tmp_path / "before.json", before), write_json(tmp_path / "after.json", after)
+    code, out, err = run_main(compare_runs.main, [*paths, *flags], capsys)
+    return subprocess.CompletedProcess([], code, out, err)
+
+
 def _with_case(record, case_id, **changes):
     for case in record["config"]["cases"]:
         if case["id"] == case_id:
@@ -565,7 +572,7 @@ def _big_pair(cases=500, models=("openai/gpt-4.1-mini", "anthropic/claude-sonnet
             make_record(models, case_ids, repeats, failing_after, answers_after))
 
 
-def test_unchanged_big_comparison_is_a_few_lines(tmp_path):
+def test_unchanged_big_comparison_is_a_few_lines(tmp_path, capsys):
     before, after = _big_pair()
     result = compare_cli(tmp_path, before, after)
     assert result.returncode == 0, result.stderr
@@ -573,13 +580,13 @@ def test_unchanged_big_comparison_is_a_few_lines(tmp_path):
     assert len(lines) <= 8, lines
     assert any(line.startswith("PASS 3,000") for line in lines)
     assert "NEW_FAILURE" not in result.stdout and "STILL_FAILING" not in result.stdout
-    everything = compare_cli(tmp_path, before, after, "--all")
+    everything = compare_in_process(tmp_path, capsys, before, after, "--all")
     assert sum(line.startswith("PASS ") for line in everything.stdout.splitlines()) == 3000
 
 
-def test_changed_rows_listed_unchanged_counted_and_grep_counts_new_failures(tmp_path):
+def test_changed_rows_listed_unchanged_counted_and_grep_counts_new_failures(tmp_path, capsys):
     before, after = _big_pair(still=(7, 8), new=(3, 4))
-    result = compare_cli(tmp_path, before, after)
+    result = compare_in_process(tmp_path, capsys, before, after)
     assert result.returncode == 1
     out = result.stdout
     assert sum("NEW_FAILURE" in line for line in out.splitlines()) == 6  # grep -c NEW_FAILURE: one per row
@@ -611,16 +618,16 @@ def test_reports_of_a_big_comparison_fold_unchanged_rows(tmp_path):
 
 # ====================================================================== 14.7: counts, and the --alpha headline
 
-def test_regress_sees_a_drop_whose_reason_already_occurred_before(tmp_path):
+def test_regress_sees_a_drop_whose_reason_already_occurred_before(tmp_path, capsys):
     """password-reset 2/3 -> 0/3 with the reason seen once before: a REGRESS line, with counts."""
     before = make_record(case_ids=("password-reset",), repeats=3,
                          failing={("m/one", "password-reset", 0): ["missing_required_text"]})
     after = make_record(case_ids=("password-reset",), repeats=3,
                         failing={("m/one", "password-reset", r): ["missing_required_text"] for r in range(3)})
-    result = compare_cli(tmp_path, before, after)
+    result = compare_in_process(tmp_path, capsys, before, after)
     regress = [line for line in result.stdout.splitlines() if line.startswith("REGRESS")]
     assert regress == ["REGRESS        m/one  password-reset  +missing_required_text 1->3"]
-    back = compare_cli(tmp_path, after, before)
+    back = compare_in_process(tmp_path, capsys, after, before)
     assert [line for line in back.stdout.splitlines() if line.startswith("GAIN")] == [
         "GAIN           m/one  password-reset  -missing_required_text 3->1"]
 
@@ -633,10 +640,10 @@ def test_regress_sees_a_drop_whose_reason_already_occurred_before(tmp_path):
     (1, None, 1, "verdict: NEW FAILURES (exit 1): 1 of 6 row(s) flipped to failing"),
     (0, None, 0, "verdict: no new failure (exit 0): 0 of 6 row(s) flipped to failing"),
 ])
-def test_the_headline_never_contradicts_the_rows(tmp_path, flip, alpha, code, verdict):
+def test_the_headline_never_contradicts_the_rows(tmp_path, capsys, flip, alpha, code, verdict):
     before = make_record(repeats=3)
     after = make_record(repeats=3, failing={("m/one", "c1", r): ["wrong_code"] for r in range(flip)})
-    result = compare_cli(tmp_path, before, after, *(["--alpha", alpha] if alpha else []))
+    result = compare_in_process(tmp_path, capsys, before, after, *(["--alpha", alpha] if alpha else []))
     assert result.returncode == code
     assert verdict in result.stdout.splitlines()
     assert result.stdout.count("NEW_FAILURE") == flip
@@ -673,7 +680,7 @@ def test_junit_names_are_stable_dots_escaped_reasons_json():
     assert {(c.get("classname"), c.get("name")) for c in passing_root.iter("testcase")} == names
 
 
-def test_junit_comparison_names_are_stable(tmp_path):
+def test_junit_comparison_names_are_stable(tmp_path, capsys):
     import xml.etree.ElementTree as ET
     model = "openai/gpt-4.1-mini"
     before = make_record(models=(model,))
@@ -681,7 +688,7 @@ def test_junit_comparison_names_are_stable(tmp_path):
     for name, after in (("same", make_record(models=(model,))),
                         ("worse", make_record(models=(model,), failing={(model, "c1", 0): ["wrong_code"]}))):
         paths = write_json(tmp_path / f"b-{name}.json", before), write_json(tmp_path / f"a-{name}.json", after)
-        run_script(COMPARE, [*paths, "--junit", f"{name}.xml"], tmp_path)
+        run_main(compare_runs.main, [*paths, "--junit", str(tmp_path / f"{name}.xml")], capsys)
         root = ET.parse(tmp_path / f"{name}.xml").getroot()
         outcomes[name] = root
         assert all(case.get("classname") == "compare.openai/gpt-4_1-mini" for case in root.iter("testcase"))
