@@ -646,7 +646,8 @@ class SuiteError(Exception):
     """A suite file that cannot run as written: one line naming the case and field."""
 
 
-SUITE_KEYS = {"name", "instructions", "tool", "tools", "response_format", "sources", "cases", "notes"}
+SUITE_KEYS = {"name", "instructions", "tool", "tools", "response_format", "sources", "cases", "notes",
+              "request", "tool_choice", "prices"}
 CASE_KEYS = {"id", "input", "question", "expect", "cite", "contains", "excludes", "expected_text",
              "min_similarity", "min_chars", "max_chars", "behaviors", "instructions_sha256", "notes"}
 SOURCES_KEYS = {"field", "hosts", "path", "also_allowed"}
@@ -769,6 +770,77 @@ def _function_names(tools):
     return sorted(_tool_name(tool) for tool in tools if tool.get("type") == "function")
 
 
+# A request option may tune the request, never replace what the suite is about (SPEC D).
+REQUEST_RESERVED = {
+    "model": "the model comes from --models", "messages": "the case input is the conversation",
+    "input": "the case input is the conversation", "tools": "tools come from the suite's tools",
+    "stream": "responses are read whole (a stream would be graded as a broken body)",
+}
+TOOL_CHOICES = ("auto", "required", "none")
+
+
+def request_problem(key, where):
+    """Why a `request` key may not be set, or None."""
+    if not isinstance(key, str) or not key.strip():
+        return f"{where}: request keys must be non-empty strings"
+    if key in REQUEST_RESERVED:
+        return f"{where}: request may not set {key!r} ({REQUEST_RESERVED[key]})"
+    return None
+
+
+def _validate_request(value, where):
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SuiteError(f"{where}: request must be an object of request body keys, e.g. {{\"seed\": 7}}")
+    for key in value:
+        problem = request_problem(key, where)
+        if problem:
+            raise SuiteError(problem)
+    return dict(value)
+
+
+def _validate_tool_choice(value, functions, where):
+    """The suite's tool_choice in the chat-completions form, or None."""
+    if value is None:
+        return None
+    if not functions:
+        raise SuiteError(f"{where}: tool_choice needs function tools in tools")
+    if value in TOOL_CHOICES:
+        return value
+    name = value if isinstance(value, str) else (value.get("function") or {}).get("name") \
+        if isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("function"), dict) \
+        else None
+    if not isinstance(name, str) or name not in functions:
+        raise SuiteError(f"{where}: tool_choice must be \"auto\", \"required\", \"none\" or the name of a "
+                         f"function tool of this suite (tools: {', '.join(functions)}); got {value!r}"[:300])
+    return {"type": "function", "function": {"name": name}}
+
+
+PRICE_FORM = "IN/OUT (USD per million input/output tokens, e.g. 0.15/0.60)"
+
+
+def parse_price(text, where):
+    """(input, output) USD per million tokens from "IN/OUT"; SuiteError otherwise."""
+    parts = text.split("/") if isinstance(text, str) else []
+    try:
+        prices = tuple(decimal.Decimal(part.strip()) for part in parts)
+    except decimal.InvalidOperation:
+        prices = ()
+    if len(prices) != 2 or not all(price.is_finite() and price >= 0 for price in prices):
+        raise SuiteError(f"{where}: {text!r} is not a price; use {PRICE_FORM}"[:300])
+    return prices
+
+
+def _validate_prices(value, where):
+    """The suite's `prices`: {"MODEL": "IN/OUT"} -> {model: (input, output)}."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SuiteError(f"{where}: prices must be an object of \"MODEL\": \"IN/OUT\"")
+    return {model: parse_price(price, f"{where}: prices[{model!r}]") for model, price in value.items()}
+
+
 def _validate_case(case, suite, schema, functions, allow_empty_baseline):
     where = f"case {case.get('id')!r}"
     _unknown_key(case, CASE_KEYS, where)
@@ -857,6 +929,9 @@ def validate_suite(data, allow_empty_baseline=False):
     functions = _function_names(tools)
     schema = _validate_response_format(data.get("response_format"), "suite")
     _validate_sources(data.get("sources"), "suite")
+    request = _validate_request(data.get("request"), "suite")
+    tool_choice = _validate_tool_choice(data.get("tool_choice"), functions, "suite")
+    prices = _validate_prices(data.get("prices"), "suite")
     if "notes" in data and not isinstance(data["notes"], str):
         raise SuiteError("suite: notes must be a string")
     cases = data.get("cases")
@@ -879,6 +954,9 @@ def validate_suite(data, allow_empty_baseline=False):
         "tools": tools,
         "response_format": data.get("response_format"),
         "sources": data.get("sources"),
+        "request": request,
+        "tool_choice": tool_choice,
+        "prices": prices,
         "cases": [{**{k: v for k, v in case.items() if k != "question"},
                    "input": case.get("input", case.get("question"))} for case in cases],
         "config_cases": cases,
@@ -1122,6 +1200,12 @@ def agent_request(suite, case, model):
         request["response_format"] = suite["response_format"]
     request["max_steps"] = MAX_STEPS
     request["max_output_tokens"] = MAX_OUTPUT_TOKENS
+    # Options the SDK has no keyword for travel in the JSON body; a suite's own tool_choice too.
+    choice = suite.get("tool_choice")
+    extra = {**({"tool_choice": _flat_tool(choice) if isinstance(choice, dict) else choice} if choice else {}),
+             **(suite.get("request") or {})}
+    if extra:
+        request["extra_body"] = extra
     return request
 
 
@@ -1163,6 +1247,77 @@ def cap_response_bodies(client, limit=MAX_RESPONSE_BYTES):
     return True
 
 
+def _public_url(url):
+    """A base URL without credentials or query, safe to store."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+class Provider:
+    """What every provider declares; the CLI reads these and never names a provider.
+
+    A provider turns (model, suite, case) into a raw response dict (request) and a raw
+    response into a normalised trace (parse). The class attributes and classmethods below
+    say how it is set up, so adding a provider is one subclass plus its PROVIDERS entry.
+    Settings are only read (argparse's namespace or a frozen settings object, same names)."""
+
+    name = None
+    vendor = None             # how messages name the service ("Perplexity"); None: the name
+    key_variable = None       # the environment variable holding the key (None: no key)
+    key_required = False      # no run without the key
+    key_hosts = None          # hosts the key may be sent to over https (None: wherever the endpoint is)
+    base_url_flag = False     # takes --base-url; otherwise only base_url_variable names the endpoint
+    base_url_variable = None  # the environment variable naming the endpoint
+    default_base_url = None   # the endpoint when nothing names one (None with a variable: one is required)
+    evidence = "live"         # the record's "evidence" label
+    default_models = None     # models when --models is absent (None: --models is required)
+    server_search = False     # the server runs web search itself (a `cite` case can pass only then)
+    tool_loops = False        # the server runs the tool loop itself (Agent API max_steps)
+    reports_cost = None       # True: every response reports its USD cost; None: unknown
+    builds_offline = False    # cheap and offline to build, so --dry-run builds it to check more
+    replays_record = False    # answers from a saved record (--replay), whose config fills the defaults
+
+    @classmethod
+    def endpoint(cls, settings, env):
+        """The base URL this run talks to, or None (offline, or not named yet)."""
+        named = getattr(settings, "base_url", None) if cls.base_url_flag else None
+        variable = env.get(cls.base_url_variable) if cls.base_url_variable else None
+        return named or variable or cls.default_base_url
+
+    @classmethod
+    def problem(cls, settings, env):
+        """Why this provider cannot run as set up, or None. Sends nothing."""
+        if cls.key_required and not env.get(cls.key_variable):
+            return (f"{cls.key_variable} is not set; export your {cls.vendor or cls.name} API key "
+                    "(or try --provider echo for an offline run)")
+        return None
+
+    @classmethod
+    def from_settings(cls, settings, env):
+        """(provider, secret it sends or None); UsageError when it cannot be built."""
+        return cls(), None
+
+    @classmethod
+    def identity(cls, settings, env, replayed=None):
+        """The record's "provider": the name and the endpoint without credentials."""
+        endpoint = cls.endpoint(settings, env)
+        return {"name": cls.name, **({"base_url": _public_url(endpoint)} if endpoint else {})}
+
+    @classmethod
+    def sdk_version(cls):
+        """The client library version the record names (None: standard library only)."""
+        return None
+
+    @classmethod
+    def cost_reported(cls, settings, env):
+        """Whether this endpoint reports the USD cost of every response (None: unknown)."""
+        return cls.reports_cost
+
+
 def _without_none(value):
     if isinstance(value, dict):
         return {key: _without_none(item) for key, item in value.items() if item is not None}
@@ -1171,10 +1326,39 @@ def _without_none(value):
     return value
 
 
-class PerplexityProvider:
+class PerplexityProvider(Provider):
     """perplexity: the Perplexity Agent API through the perplexityai SDK (key PERPLEXITY_API_KEY)."""
 
     name = "perplexity"
+    vendor = "Perplexity"
+    key_variable, key_required = "PERPLEXITY_API_KEY", True
+    base_url_variable, default_base_url = "PERPLEXITY_BASE_URL", "https://api.perplexity.ai"  # as the SDK reads it
+    default_models = MODELS
+    server_search = tool_loops = reports_cost = True
+
+    @classmethod
+    def from_settings(cls, settings, env):
+        key = env[cls.key_variable]
+        try:
+            client = Perplexity(api_key=key, timeout=settings.timeout, max_retries=SDK_MAX_RETRIES)
+        except Exception as exc:
+            raise UsageError(f"cannot create the Perplexity client: {type(exc).__name__}: {exc}") from None
+        capped = cap_response_bodies(client)
+        provider = cls(client, deadline_seconds(settings.timeout), capped)
+        provider.endpoint_url = _public_url(cls.endpoint(settings, env))
+        return provider, key
+
+    @classmethod
+    def sdk_version(cls):
+        module = sys.modules.get("perplexity")
+        version = getattr(module, "__version__", None)
+        if version is None:
+            try:
+                from importlib import metadata
+                version = metadata.version("perplexityai")
+            except Exception:  # not installed: the record says so
+                version = None
+        return version
 
     def __init__(self, client, deadline=None, capped=False):
         self.client, self.deadline, self.capped = client, deadline, capped
@@ -1213,20 +1397,32 @@ class PerplexityProvider:
         return agent_trace(raw)
 
 
-def chat_request(suite, case, model):
-    """The JSON body of a chat-completions request for one case."""
+OUTPUT_CAP_KEYS = ("max_tokens", "max_completion_tokens")
+
+
+def chat_request(suite, case, model, cap_key="max_tokens"):
+    """The JSON body of a chat-completions request for one case.
+
+    The output cap goes under `cap_key`: api.openai.com wants max_completion_tokens, while
+    llama.cpp, Ollama, vLLM and LM Studio honour only max_tokens (OpenAIProvider.cap_key).
+    The suite's `request` options are merged last; setting either cap key there replaces ours."""
     messages = [{"role": "system", "content": suite["instructions"]}] if suite["instructions"] else []
     if isinstance(case["input"], list):
         messages.extend(case["input"])
     else:
         messages.append({"role": "user", "content": case["input"]})
-    body = {"model": model, "messages": messages, "temperature": 0,
-            "max_completion_tokens": MAX_OUTPUT_TOKENS}
+    options = suite.get("request") or {}
+    body = {"model": model, "messages": messages, "temperature": 0}
+    if not any(key in options for key in OUTPUT_CAP_KEYS):
+        body[cap_key] = MAX_OUTPUT_TOKENS
     if suite.get("response_format"):
         body["response_format"] = suite["response_format"]
     functions = [_nested_tool(tool) for tool in suite.get("tools", []) if tool.get("type") == "function"]
     if functions:
         body["tools"] = functions
+        # llama-cpp-python ignores tools sent without tool_choice: the model never sees them.
+        body["tool_choice"] = suite.get("tool_choice") or "auto"
+    body.update({key: value for key, value in options.items() if key not in REQUEST_RESERVED})
     return body
 
 
@@ -1263,16 +1459,64 @@ def chat_trace(raw):
     }
 
 
-class OpenAIProvider:
+class OpenAIProvider(Provider):
     """openai: any OpenAI-compatible /chat/completions endpoint, through urllib (standard library)."""
 
     name = "openai"
-    DEFAULT_BASE_URL = "https://api.openai.com/v1"
+    vendor = "OpenAI"
+    DEFAULT_BASE_URL = "https://api.openai.com/v1"  # suggested, never assumed: a run names its endpoint
+    # A custom base URL never receives the vendor's key unless the user names it (--api-key-env).
+    key_variable, key_hosts = "OPENAI_API_KEY", ("api.openai.com",)
+    base_url_flag, base_url_variable = True, "OPENAI_BASE_URL"
+    COST_HOSTS = ("openrouter.ai",)  # report usage.cost on every response
+
+    @classmethod
+    def _vendor_host(cls, base_url):
+        parts = urllib.parse.urlsplit(base_url or "")
+        return parts.scheme == "https" and (parts.hostname or "") in cls.key_hosts
+
+    @classmethod
+    def problem(cls, settings, env):
+        base_url, key_env = cls.endpoint(settings, env), getattr(settings, "api_key_env", None)
+        if not base_url:
+            return (f"--provider {cls.name} needs --base-url URL or {cls.base_url_variable} "
+                    f"(for OpenAI itself: {cls.DEFAULT_BASE_URL})")
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return f"--base-url {base_url!r} is not an http(s) URL"
+        if key_env and not env.get(key_env):
+            return f"{key_env} (named by --api-key-env) is not set"
+        if not key_env and cls._vendor_host(base_url) and not env.get(cls.key_variable):
+            return f"{cls.key_variable} is not set; it is needed for {parts.hostname}"
+        return None
+
+    @classmethod
+    def from_settings(cls, settings, env):
+        base_url, key_env = cls.endpoint(settings, env), getattr(settings, "api_key_env", None)
+        key = env.get(key_env) if key_env else env.get(cls.key_variable) if cls._vendor_host(base_url) else None
+        if key is None and env.get(cls.key_variable) and not cls._vendor_host(base_url):
+            print(f"note: {cls.key_variable} is not sent to {_public_url(base_url)}; "
+                  "name the endpoint's key variable with --api-key-env", file=sys.stderr)
+        return cls(base_url, key, settings.timeout), key
+
+    @classmethod
+    def cost_reported(cls, settings, env):
+        host = urllib.parse.urlsplit(cls.endpoint(settings, env) or "").hostname or ""
+        return True if host in cls.COST_HOSTS else None
 
     def __init__(self, base_url, key=None, timeout=TIMEOUT_SECONDS):
         parts = urllib.parse.urlsplit(base_url)
         self.url = urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/chat/completions"))
+        self.endpoint_url = _public_url(self.url)
         self.key, self.timeout, self.deadline = key, timeout, deadline_seconds(timeout)
+        self.cap_key = self.output_cap_key(base_url)
+
+    @classmethod
+    def output_cap_key(cls, base_url):
+        """api.openai.com wants max_completion_tokens (its newer models refuse max_tokens); every
+        other server gets max_tokens, the key llama.cpp, Ollama, vLLM, LM Studio and OpenRouter honour."""
+        host = urllib.parse.urlsplit(base_url).hostname or ""
+        return "max_completion_tokens" if host in cls.key_hosts else "max_tokens"
 
     def request(self, model, suite, case, repeat=0):
         import http.client
@@ -1281,7 +1525,7 @@ class OpenAIProvider:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.key:
             headers["Authorization"] = f"Bearer {self.key}"
-        body = json.dumps(chat_request(suite, case, model)).encode("utf-8")
+        body = json.dumps(chat_request(suite, case, model, self.cap_key)).encode("utf-8")
         request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
@@ -1330,10 +1574,14 @@ def echo_trace(raw):
             "cost_usd": reported_cost(raw)}
 
 
-class EchoProvider:
+class EchoProvider(Provider):
     """echo: offline; answers every case with its own input text (proves the plumbing, costs nothing)."""
 
     name = "echo"
+    evidence = "echo"
+    default_models = ["echo"]
+    server_search = None  # offline plumbing: a `cite` case runs and fails, nothing is spent
+    reports_cost = builds_offline = True
 
     def request(self, model, suite, case, repeat=0):
         return {"object": "echo", "model": model, "status": "completed", "output_text": _case_text(case),
@@ -1342,10 +1590,27 @@ class EchoProvider:
     parse = staticmethod(echo_trace)
 
 
-class ReplayProvider:
+class ReplayProvider(Provider):
     """replay: offline; answers each (model, case, repeat) from a saved record's stored responses."""
 
     name = "replay"
+    server_search = None  # as the replayed record's provider; regrading stored evidence spends nothing
+    reports_cost = builds_offline = replays_record = True
+
+    @classmethod
+    def problem(cls, settings, env):
+        return None if settings.replay else "--provider replay needs --replay RECORD"
+
+    @classmethod
+    def from_settings(cls, settings, env):
+        try:
+            return cls(load_record(settings.replay), settings.replay), None
+        except RecordError as exc:
+            raise UsageError(f"--replay: {exc}") from None
+
+    @classmethod
+    def identity(cls, settings, env, replayed=None):
+        return (replayed or {}).get("provider") or {"name": "perplexity"}
 
     def __init__(self, record, source):
         self.source = source
@@ -1444,55 +1709,62 @@ def deadline_seconds(timeout):
     return timeout * 1.1 + 1.0
 
 
-_IDLE_HELPERS = []  # queues of daemon threads waiting for their next deadline-bound call
+def deadline_error(seconds):
+    return TimeoutError(f"no complete response within {seconds:g} s")
 
 
-def _helper(inbox):
-    """A daemon thread that runs deadline-bound calls one after another, then waits for more."""
-    while True:
-        call, outcome, done = inbox.get()
+def within(seconds, call):
+    """call() with a deadline on the whole call, or TimeoutError. The call runs in a daemon
+    thread that is abandoned on timeout: no client timeout bounds a trickling body.
+    A run's rows never come here: its worker pool (run_jobs) runs their calls on its own
+    workers and enforces the same deadline without a second thread per request."""
+    if seconds is None:
+        return call()
+    import threading
+    outcome, done = {}, threading.Event()
+
+    def helper():
         try:
             outcome["value"] = call()
         except BaseException as exc:  # handed to the caller, whatever it is
             outcome["error"] = exc
         finally:
             done.set()
-        if outcome.get("abandoned"):
-            return  # the caller gave up on us; a fresh helper takes our place
-        _IDLE_HELPERS.append(inbox)
 
-
-def within(seconds, call):
-    """call() with a deadline on the whole call, or TimeoutError. The call runs in a daemon
-    helper thread that is abandoned on timeout: no client timeout bounds a trickling body.
-    Helpers are reused, so a request pays a hand-off, not a thread start."""
-    if seconds is None:
-        return call()
-    import queue
-    import threading
-    outcome, done = {}, threading.Event()
-    try:
-        inbox = _IDLE_HELPERS.pop()
-    except IndexError:
-        inbox = queue.SimpleQueue()
-        threading.Thread(target=_helper, args=(inbox,), daemon=True).start()
-    inbox.put((call, outcome, done))
+    threading.Thread(target=helper, daemon=True).start()
     if not done.wait(seconds):
-        outcome["abandoned"] = True
-        raise TimeoutError(f"no complete response within {seconds:g} s")
+        raise deadline_error(seconds)
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
 
 
-def send(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None):
-    """provider.request with up to `retries` retries of transient failures; (raw, attempts)."""
+def run_steps(steps):
+    """Drive a step generator (send_steps, execute_steps) on this thread to its return value:
+    each (seconds, call) it yields runs under within(), and the result or exception goes back."""
+    value = error = None
+    while True:
+        try:
+            seconds, call = steps.send(value) if error is None else steps.throw(error)
+        except StopIteration as stop:
+            return stop.value
+        value = error = None
+        try:
+            value = within(seconds, call)
+        except Exception as exc:
+            error = exc
+
+
+def send_steps(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None):
+    """send() as steps: yields (deadline seconds or None, call) for each attempt and is sent
+    the call's result or thrown its exception, so whoever drives it picks the thread the call
+    runs on and can give up on it at the deadline; returns (raw, attempts)."""
     import random
     jitter = jitter or (lambda: random.uniform(0.5, 1.0))
     attempt, deadline = 1, getattr(provider, "deadline", None)
     while True:
         try:
-            return within(deadline, lambda: provider.request(model, suite, case, repeat)), attempt
+            return (yield deadline, lambda: provider.request(model, suite, case, repeat)), attempt
         except Exception as exc:
             wait = backoff(attempt, exc, jitter) if attempt <= retries and transient(exc) else None
             if wait is None:
@@ -1502,21 +1774,20 @@ def send(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter
             attempt += 1
 
 
-def execute(provider, suite, case, model, repeat=None, grader=None, retries=None):
-    """One row: request, store the evidence, then grade (SPEC A6).
+def send(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None):
+    """provider.request with up to `retries` retries of transient failures; (raw, attempts)."""
+    return run_steps(send_steps(provider, model, suite, case, repeat, retries, sleep, jitter))
 
-    The response, answer text and cost are stored in the row before grading, so a
-    crashing checker still leaves the evidence; any exception becomes an
-    execution_error row instead of escaping. With `retries` set, the row also
-    records how many attempts the request took.
-    """
+
+def execute_steps(provider, suite, case, model, repeat=None, grader=None, retries=None, sleep=time.sleep):
+    """execute() as steps (see send_steps): a run's worker pool drives these; returns the row."""
     row = {"case_id": case["id"], "model": model}
     if repeat is not None:
         row["repeat"] = repeat
     row.update(error=None, error_status=None, cost_usd=None, response=None, answer_text=None, reasons=[])
     started = time.monotonic()
     try:
-        raw, attempts = send(provider, model, suite, case, repeat or 0, retries or 0)
+        raw, attempts = yield from send_steps(provider, model, suite, case, repeat or 0, retries or 0, sleep)
         if retries is not None:
             row["attempts"] = attempts
         row["response"] = raw
@@ -1538,6 +1809,17 @@ def execute(provider, suite, case, model, repeat=None, grader=None, retries=None
     row["seconds"] = round(time.monotonic() - started, 3)
     row["passed"] = not row["reasons"]
     return row
+
+
+def execute(provider, suite, case, model, repeat=None, grader=None, retries=None):
+    """One row: request, store the evidence, then grade (SPEC A6).
+
+    The response, answer text and cost are stored in the row before grading, so a
+    crashing checker still leaves the evidence; any exception becomes an
+    execution_error row instead of escaping. With `retries` set, the row also
+    records how many attempts the request took.
+    """
+    return run_steps(execute_steps(provider, suite, case, model, repeat, grader, retries))
 
 
 # ---------------------------------------------------------------------- redaction
@@ -2404,8 +2686,9 @@ def parse_args(argv, env=None):
             _env_default(args, name, env, variable, convert)
         if args.provider is not None and args.provider not in PROVIDERS:
             raise UsageError(f"unknown provider {args.provider!r}; choose one of {', '.join(PROVIDERS)}")
-        if args.replay and args.provider not in (None, "replay"):
-            raise UsageError("--replay goes with --provider replay")
+        if args.replay and args.provider is not None and not PROVIDERS[args.provider].replays_record:
+            raise UsageError("--replay goes with " + " or ".join(
+                f"--provider {name}" for name, cls in PROVIDERS.items() if cls.replays_record))
         _check_ranges(args)
         _check_flags(args)
         args.shard = _shard(args.shard) if args.shard else None
@@ -2423,15 +2706,8 @@ def code_sha256():
 
 
 def sdk_version():
-    module = sys.modules.get("perplexity")
-    version = getattr(module, "__version__", None)
-    if version is None:
-        try:
-            from importlib import metadata
-            version = metadata.version("perplexityai")
-        except Exception:  # not installed: the record says so
-            version = None
-    return version
+    """The perplexityai SDK's version (kept for callers; the provider class owns it)."""
+    return PerplexityProvider.sdk_version()
 
 
 def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS):
@@ -2452,44 +2728,23 @@ def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS):
     if not suite.get("builtin"):
         config["tools"] = definition.get("tools")
         config["sources"] = suite.get("sources")
+    # What changes the request body is config, so compare stays strict; absent when unused,
+    # so records made before these keys existed keep their config.
+    if suite.get("tool_choice"):
+        config["tool_choice"] = suite["tool_choice"]
+    if suite.get("request"):
+        config["request"] = suite["request"]
     return config
-
-
-def _public_url(url):
-    """A base URL without credentials or query, safe to store."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"[{host}]" if ":" in host else host
-    if parts.port:
-        netloc += f":{parts.port}"
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def provider_problem(args, env):
     """Why the provider cannot run as set up (missing key, base URL, ...), or None. Sends nothing."""
-    if args.base_url and args.provider != "openai":
-        return "--base-url goes with --provider openai (the Perplexity SDK reads PERPLEXITY_BASE_URL)"
-    if args.provider == "perplexity" and not env.get("PERPLEXITY_API_KEY"):
-        return ("PERPLEXITY_API_KEY is not set; export your Perplexity API key "
-                "(or try --provider echo for an offline run)")
-    if args.provider == "openai":
-        if not args.base_url:
-            return ("--provider openai needs --base-url URL or OPENAI_BASE_URL "
-                    f"(for OpenAI itself: {OpenAIProvider.DEFAULT_BASE_URL})")
-        parts = urllib.parse.urlsplit(args.base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            return f"--base-url {args.base_url!r} is not an http(s) URL"
-        if args.api_key_env and not env.get(args.api_key_env):
-            return f"{args.api_key_env} (named by --api-key-env) is not set"
-        if not args.api_key_env and _is_openai(args.base_url) and not env.get("OPENAI_API_KEY"):
-            return "OPENAI_API_KEY is not set; it is needed for api.openai.com"
-    if args.provider == "replay" and not args.replay:
-        return "--provider replay needs --replay RECORD"
-    return None
-
-
-def _is_openai(base_url):
-    return base_url.rstrip("/") == OpenAIProvider.DEFAULT_BASE_URL
+    cls = PROVIDERS[args.provider]
+    if args.base_url and not cls.base_url_flag:
+        takers = " or ".join(f"--provider {name}" for name, other in PROVIDERS.items() if other.base_url_flag)
+        reads = f" (the {cls.vendor or cls.name} provider reads {cls.base_url_variable})" if cls.base_url_variable else ""
+        return f"--base-url goes with {takers}{reads}"
+    return cls.problem(args, env)
 
 
 def make_provider(args, env):
@@ -2497,28 +2752,7 @@ def make_provider(args, env):
     problem = provider_problem(args, env)
     if problem:
         raise UsageError(problem)
-    if args.provider == "perplexity":
-        key = env["PERPLEXITY_API_KEY"]
-        try:
-            client = Perplexity(api_key=key, timeout=args.timeout, max_retries=SDK_MAX_RETRIES)
-        except Exception as exc:
-            raise UsageError(f"cannot create the Perplexity client: {type(exc).__name__}: {exc}") from None
-        capped = cap_response_bodies(client)
-        return PerplexityProvider(client, deadline_seconds(args.timeout), capped), key
-    if args.provider == "openai":
-        # A custom base URL never receives the vendor's key unless the user names it.
-        key = env.get(args.api_key_env) if args.api_key_env else \
-            env.get("OPENAI_API_KEY") if _is_openai(args.base_url) else None
-        if key is None and env.get("OPENAI_API_KEY") and not _is_openai(args.base_url):
-            print(f"note: OPENAI_API_KEY is not sent to {_public_url(args.base_url)}; "
-                  "name the endpoint's key variable with --api-key-env", file=sys.stderr)
-        return OpenAIProvider(args.base_url, key, args.timeout), key
-    if args.provider == "replay":
-        try:
-            return ReplayProvider(load_record(args.replay), args.replay), None
-        except RecordError as exc:
-            raise UsageError(f"--replay: {exc}") from None
-    return EchoProvider(), None
+    return PROVIDERS[args.provider].from_settings(args, env)
 
 
 def _load_for(flag, path):
@@ -2533,13 +2767,9 @@ def _load_for(flag, path):
     return record
 
 
-def provider_identity(provider_name, base_url, replayed):
-    if replayed is not None:
-        return replayed.get("provider") or {"name": "perplexity"}
-    identity = {"name": provider_name}
-    if provider_name == "openai":
-        identity["base_url"] = _public_url(base_url)
-    return identity
+def provider_identity(args, env, replayed=None):
+    """The record's "provider": the name and the endpoint (without credentials) it talks to."""
+    return PROVIDERS[args.provider].identity(args, env, replayed)
 
 
 def catalogue():
@@ -2626,6 +2856,7 @@ def _suite_from_record(record, args):
         return validate_suite({"name": info.get("name") or "suite", "instructions": config.get("instructions"),
                                "tool": config.get("tool"), "tools": config.get("tools"),
                                "response_format": config.get("response_format"),
+                               "tool_choice": config.get("tool_choice"), "request": config.get("request"),
                                "sources": config.get("sources"), "cases": config.get("cases")},
                               allow_empty_baseline=args.update_baseline)
     except SuiteError as exc:
@@ -2656,11 +2887,16 @@ def _resume_defaults(args, env):
     args.provider = args.provider or made_with
     if args.provider != made_with:
         raise UsageError(f"--resume: {args.resume} was made with --provider {made_with}; resume it with that provider")
-    if made_with == "openai":
-        args.base_url = args.base_url or env.get("OPENAI_BASE_URL") or identity.get("base_url")
-        if _public_url(args.base_url) != identity.get("base_url"):
-            raise UsageError(f"--resume: {args.resume} was made against {identity.get('base_url')}; "
-                             "one record never mixes endpoints")
+    cls = PROVIDERS.get(made_with)
+    if cls is None:
+        raise UsageError(f"--resume: {args.resume} was made with an unknown provider {made_with!r}")
+    if cls.base_url_flag:  # continue against the record's endpoint unless one is named
+        args.base_url = args.base_url or env.get(cls.base_url_variable) or identity.get("base_url")
+    current = cls.endpoint(args, env)
+    recorded = identity.get("base_url") or cls.default_base_url  # older records omit the default
+    if current is not None and _public_url(current) != (recorded and _public_url(recorded)):
+        raise UsageError(f"--resume: {args.resume} was made against {recorded}, but this run would send to "
+                         f"{_public_url(current)}; one record never mixes endpoints")
     args.replay = args.replay or replayed_from
     return record
 
@@ -2707,12 +2943,13 @@ def prepare(args, env):
     """Suite, plan and header for a new run, or for --resume; raises UsageError / SuiteError."""
     record = _resume_defaults(args, env) if args.resume else None
     args.provider = args.provider or ("replay" if args.replay else "perplexity")
-    if args.provider == "openai":
-        args.base_url = args.base_url or env.get("OPENAI_BASE_URL")
-    replayed = _replay_defaults(args) if args.provider == "replay" else None
-    if args.provider == "openai" and not args.models:
-        raise UsageError("--provider openai needs --models (names as the endpoint knows them)")
-    args.models = args.models or (["echo"] if args.provider == "echo" else list(MODELS))
+    cls = PROVIDERS[args.provider]
+    if cls.base_url_flag:
+        args.base_url = cls.endpoint(args, env)
+    replayed = _replay_defaults(args) if cls.replays_record else None
+    if cls.default_models is None and not args.models:
+        raise UsageError(f"--provider {cls.name} needs --models (names as the endpoint knows them)")
+    args.models = args.models or list(cls.default_models)
     args.repeats = args.repeats or 1
     args.timeout = args.timeout or TIMEOUT_SECONDS
     _check_ranges(args)
@@ -2728,55 +2965,162 @@ def prepare(args, env):
     header = record_header(
         config,
         replayed.get("sdk_version") if replayed is not None else None,  # live: filled once the client exists
-        replayed.get("evidence", "live") if replayed is not None else "echo" if args.provider == "echo" else "live",
+        replayed.get("evidence", "live") if replayed is not None else cls.evidence,
         suite={"name": suite["name"], "builtin": suite["builtin"], "file": suite.get("file")},
-        provider=provider_identity(args.provider, args.base_url, replayed),
+        provider=provider_identity(args, env, replayed),
         shard=f"{shard[0]}/{shard[1]}" if shard else None,
         replayed_from={"path": args.replay, "created_at": replayed.get("created_at")} if replayed else None,
         redaction={"pii": args.redact_pii, "patterns": len(args.redact)} if args.redact or args.redact_pii else None)
     return Run(suite, plan, set(plan), header, args.out or "results.json")
 
 
+class _Call:
+    """A deadline-bound call in progress on a pool worker."""
+    __slots__ = ("deadline", "seconds", "job", "steps", "abandoned")
+
+    def __init__(self, seconds, job, steps):
+        self.deadline, self.seconds = time.monotonic() + seconds, seconds
+        self.job, self.steps, self.abandoned = job, steps, False
+
+
+class WorkerPool:
+    """`size` long-lived worker threads that turn jobs into rows; finished (job, row) pairs
+    (or (job, exception)) come out of `finished`.
+
+    work(job) returns a row, or steps (execute_steps) that yield (deadline, call). A worker
+    runs each call itself, so a request costs one thread and no hand-off. The deadline
+    cannot interrupt a thread stuck in a trickling read, so a watchdog thread, which sleeps
+    until the earliest deadline of the calls in progress, abandons a call past it: its worker
+    finishes the call, drops the result and exits, while a new worker takes its place and
+    resumes the job by throwing TimeoutError into its steps (which retry or record it)."""
+
+    _STOP = object()
+
+    def __init__(self, work, size):
+        import queue
+        import threading
+        self.work, self.size, self._thread = work, size, threading.Thread
+        self.jobs, self.finished = queue.SimpleQueue(), queue.SimpleQueue()
+        self._cond = threading.Condition()
+        self._calls, self._wake_at, self._watchdog, self._closed = set(), None, None, False
+        for _ in range(size):
+            self._spawn(None)
+
+    def submit(self, job):
+        self.jobs.put(job)
+
+    def close(self):
+        """Stop the workers once their current job is done, and the watchdog; returns at once."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        for _ in range(self.size):
+            self.jobs.put(self._STOP)
+
+    def _spawn(self, resume):
+        self._thread(target=self._worker, args=(resume,), daemon=True).start()
+
+    def _worker(self, resume):
+        if resume is not None and not self._drive(*resume):
+            return
+        while True:
+            job = self.jobs.get()
+            if job is self._STOP:
+                return
+            try:
+                steps = self.work(job)
+            except BaseException as exc:  # never lose a worker's failure silently
+                self.finished.put((job, exc))
+                continue
+            if not hasattr(steps, "throw"):  # work returned the row itself
+                self.finished.put((job, steps))
+            elif not self._drive(job, steps, None):
+                return
+
+    def _drive(self, job, steps, error):
+        """Run a job's steps to its row; False when this worker was abandoned at a deadline."""
+        value = None
+        while True:
+            try:
+                seconds, call = steps.send(value) if error is None else steps.throw(error)
+            except StopIteration as stop:
+                self.finished.put((job, stop.value))
+                return True
+            except BaseException as exc:
+                self.finished.put((job, exc))
+                return True
+            pending = self._begin(seconds, job, steps) if seconds is not None else None
+            value = error = None
+            try:
+                value = call()
+            except BaseException as exc:  # thrown into the steps, which decide what it means
+                error = exc
+            if pending is not None and not self._end(pending):
+                return False
+
+    def _begin(self, seconds, job, steps):
+        pending = _Call(seconds, job, steps)
+        with self._cond:
+            self._calls.add(pending)
+            if self._watchdog is None:
+                self._watchdog = self._thread(target=self._watch, daemon=True)
+                self._watchdog.start()
+            # The watchdog sleeps until the earliest deadline it knows; wake it only for an
+            # earlier one (with one deadline length for all calls: only when it is idle).
+            if self._wake_at is None or pending.deadline < self._wake_at:
+                self._wake_at = pending.deadline
+                self._cond.notify()
+        return pending
+
+    def _end(self, pending):
+        with self._cond:
+            self._calls.discard(pending)
+            return not pending.abandoned
+
+    def _watch(self):
+        with self._cond:
+            while not self._closed:
+                now = time.monotonic()
+                for pending in [p for p in self._calls if p.deadline <= now]:
+                    self._calls.discard(pending)
+                    pending.abandoned = True
+                    self._spawn((pending.job, pending.steps, deadline_error(pending.seconds)))
+                self._wake_at = min((p.deadline for p in self._calls), default=None)
+                self._cond.wait(None if self._wake_at is None else self._wake_at - now)
+
+
 def run_jobs(jobs, work, concurrency, stopping, refill_early=lambda row: False):
     """Yield (job, row) as rows finish: at most `concurrency` in flight, none started once stopping().
 
-    When refill_early(row) says the finished row cannot stop the run, its slot gets the next
-    request before the row is checkpointed, so a slot never waits on the disk."""
-    if concurrency <= 1:
-        for job in jobs:
-            if stopping():
-                return
-            yield job, work(job)
-        return
-    import queue
-    import threading
-    finished, pending, in_flight = queue.Queue(), iter(jobs), 0
-
-    def worker(job):
-        try:
-            finished.put((job, work(job)))
-        except BaseException as exc:  # never lose a worker's failure silently
-            finished.put((job, exc))
+    Rows are made by one WorkerPool of `concurrency` workers (one worker for a sequential
+    run), which also enforces each request's deadline. When refill_early(row) says the
+    finished row cannot stop the run, its slot gets the next request before the row is
+    checkpointed, so a slot never waits on the disk."""
+    pending, in_flight = iter(jobs), 0
+    pool = WorkerPool(work, max(1, concurrency))
 
     def start_more():
         nonlocal in_flight
-        while in_flight < concurrency and not stopping():
+        while in_flight < pool.size and not stopping():
             job = next(pending, None)
             if job is None:
                 return
-            threading.Thread(target=worker, args=(job,), daemon=True).start()
+            pool.submit(job)
             in_flight += 1
 
-    start_more()
-    while in_flight:
-        job, row = finished.get()
-        in_flight -= 1
-        if isinstance(row, BaseException):
-            raise row
-        if refill_early(row):
-            start_more()
-        yield job, row
+    try:
         start_more()
+        while in_flight:
+            job, row = pool.finished.get()
+            in_flight -= 1
+            if isinstance(row, BaseException):
+                raise row
+            if refill_early(row):
+                start_more()
+            yield job, row
+            start_more()
+    finally:
+        pool.close()
 
 
 class Progress:
@@ -2840,7 +3184,8 @@ def execute_run(run, args, writer, tally):
 
     def work(key):
         model, case_id, repeat = key
-        return execute(run.provider, run.suite, cases[case_id], model, repeat, grader=grader, retries=args.retries)
+        return execute_steps(run.provider, run.suite, cases[case_id], model, repeat, grader=grader,
+                             retries=args.retries)
 
     try:
         # A finished row can only stop the run by an error or by the spending cap.
@@ -2937,14 +3282,14 @@ def main(argv=None):
             return code
         run = prepare(args, env)
         if args.dry_run:
-            if args.provider == "replay":  # cheap and offline: a dry run can check the coverage too
+            if PROVIDERS[args.provider].builds_offline:  # cheap and offline: a dry run can check coverage too
                 _check_replay_covers(make_provider(args, env)[0], run, args)
             print(plan_text(run.suite, args, run.plan, provider_problem(args, env)))
             return 0
         run.provider, run.secret = make_provider(args, env)
         _check_replay_covers(run.provider, run, args)
-        if args.provider == "perplexity" and not run.resuming:
-            run.header["sdk_version"] = sdk_version()
+        if not run.resuming and run.header.get("sdk_version") is None:
+            run.header["sdk_version"] = PROVIDERS[args.provider].sdk_version()
     except (SuiteError, UsageError, RecordError) as exc:
         parser.error(str(exc))
     config = run.header["config"]

@@ -596,7 +596,8 @@ def test_main_builds_perplexity_client_through_patchable_name(tmp_path, monkeypa
     assert all(request.headers["authorization"] == f"Bearer {SECRET}" for request, _ in endpoint.sent)
     record = read_record(out)
     assert code == record["summary"]["exit_code"] == 1
-    assert record["provider"] == {"name": "perplexity"}
+    # issue 12 item 8: the endpoint is recorded for every provider (here the SDK's default)
+    assert record["provider"] == {"name": "perplexity", "base_url": "https://api.perplexity.ai"}
     rows = rows_by_key(record)
     assert {"forbidden_tool_called", "invented_field"} <= set(rows[("inventor", "cancel-without-order-id", 0)]["reasons"])
     assert rows[("asker", "cancel-without-order-id", 0)]["passed"] is True
