@@ -229,9 +229,11 @@ def _comparable(before, after):
     _require(labels[0] == labels[1], f"evidence differs: {labels[0]} vs {labels[1]}")
     if not regrade:
         return None
-    old_cases = {case.get("id"): case for case in _config_view(before["config"])["cases"] if isinstance(case, dict)}
-    return [case["id"] for case in _config_view(after["config"])["cases"]
-            if isinstance(case, dict) and old_cases.get(case.get("id")) != case] + \
+    def cases(record):
+        found = _config_view(record["config"]).get("cases")
+        return [case for case in found if isinstance(case, dict)] if isinstance(found, list) else []
+    old_cases = {case.get("id"): case for case in cases(before)}
+    return [str(case.get("id")) for case in cases(after) if old_cases.get(case.get("id")) != case] + \
         (["(sources)"] if before["config"].get("sources") != after["config"].get("sources") else [])
 
 

@@ -1148,6 +1148,13 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False):
         return filled
     try:
         replace_text_file(path, edit_json_strings(text, edits))
+    except KeyboardInterrupt as interrupt:  # say truly which suite is on disk: old or new, never a mix
+        try:
+            with open(path, encoding="utf-8") as handle:
+                interrupt.suite_state = "unchanged" if handle.read() == text else "filled"
+        except (OSError, UnicodeDecodeError):
+            interrupt.suite_state = "unchanged or filled (it could not be read back)"
+        raise
     except (OSError, ValueError) as exc:
         raise SuiteError(f"--update-baseline: cannot rewrite {path}: {getattr(exc, 'strerror', None) or exc}; "
                          f"{path} is unchanged") from None
@@ -3357,6 +3364,10 @@ def update_baseline(run, args, exit_code):
     except (SuiteError, RecordError) as exc:
         print(f"regression.py: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as interrupt:  # the run is complete: this is not "nothing was saved"
+        print(f"interrupted while filling baselines: {run.suite['file']} is "
+              f"{getattr(interrupt, 'suite_state', 'unchanged')}; every row is saved in {run.path}", file=sys.stderr)
+        return 130
     print(f"baselines filled: {', '.join(filled) if filled else 'none'} ({run.suite['file']})")
     if filled:
         stem = run.path[:-5] if run.path.endswith(".json") else run.path

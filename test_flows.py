@@ -253,13 +253,9 @@ def test_update_baseline_fault_leaves_the_suite_fully_old_and_no_temp(tmp_path, 
     path = baseline_suite(tmp_path, text)
     FAULTS[fault](monkeypatch)
     argv = ["--suite", str(path), "--provider", "echo", "--update-baseline", "--out", "r.json"]
-    if fault == "interrupted":
-        with pytest.raises(KeyboardInterrupt):
-            regression.main(argv)
-    else:
-        code, out, err = run_main(regression.main, argv, capsys)
-        err = one_line_error(code, err)
-        assert "is unchanged" in err and str(path) in err
+    code, out, err = run_main(regression.main, argv, capsys)
+    err = one_line_error(code, err, 130 if fault == "interrupted" else 2)
+    assert "is unchanged" in err and str(path) in err
     assert path.read_text(encoding="utf-8") == text
     assert no_temp_files(tmp_path)
     assert json.loads((tmp_path / "r.json").read_text())["summary"]["complete"] is True  # the record is kept
@@ -820,3 +816,19 @@ def test_readme_local_server_commands_are_valid_set_ups(tmp_path):
                                 env=offline_env(), capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stdout + result.stderr
         assert "nothing was sent" in result.stdout
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(replayed_from=st.one_of(JSON_VALUES, st.fixed_dictionaries({"created_at": st.sampled_from(
+           ["2026-01-01T00:00:00+00:00", None, 5])})),
+       field=st.sampled_from(["cases", "sources", "models", "repeats", "tool"]), value=JSON_VALUES,
+       side=st.sampled_from(["before", "after", "both"]))
+def test_crafted_replay_pairs_never_crash_compare(tmp_path, capsys, replayed_from, field, value, side):
+    records = {"before": make_record(), "after": make_record(replayed_from=replayed_from)}
+    for name in (("before", "after") if side == "both" else (side,)):
+        records[name]["config"][field] = value
+    code, out, err = run_main(compare_runs.main, [write_json(tmp_path / "b.json", records["before"]),
+                                                  write_json(tmp_path / "a.json", records["after"])], capsys)
+    assert code in (0, 1, 2) and err == ""
+    if code == 2:
+        assert out.startswith("NOT_COMPARABLE: ") and out.count("\n") == 1, out
