@@ -1120,7 +1120,7 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False):
     line otherwise. Returns the ids filled."""
     reasons = reasons or {}
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8", newline="") as handle:  # keep \r\n line ends as they are
             text = handle.read()
         data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except (OSError, UnicodeDecodeError) as exc:
@@ -1150,7 +1150,7 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False):
         replace_text_file(path, edit_json_strings(text, edits))
     except KeyboardInterrupt as interrupt:  # say truly which suite is on disk: old or new, never a mix
         try:
-            with open(path, encoding="utf-8") as handle:
+            with open(path, encoding="utf-8", newline="") as handle:
                 interrupt.suite_state = "unchanged" if handle.read() == text else "filled"
         except (OSError, UnicodeDecodeError):
             interrupt.suite_state = "unchanged or filled (it could not be read back)"

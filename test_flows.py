@@ -261,6 +261,20 @@ def test_update_baseline_fault_leaves_the_suite_fully_old_and_no_temp(tmp_path, 
     assert json.loads((tmp_path / "r.json").read_text())["summary"]["complete"] is True  # the record is kept
 
 
+def test_update_baseline_keeps_windows_line_endings_and_tabs(tmp_path, capsys):
+    text = BASELINE_SUITE.replace('"excludes": ["lifetime"]', '"excludes": ["never"]').replace("    ", "\t")
+    path = tmp_path / "suite.json"
+    path.write_bytes(text.replace("\n", "\r\n").encode("utf-8"))
+    code, out, err = run_main(regression.main, ["--suite", str(path), "--provider", "echo", "--update-baseline",
+                                                "--out", "r.json"], capsys)
+    assert code == 0, err
+    after = path.read_bytes().decode("utf-8")
+    assert after.count("\r\n") == text.count("\n") and after.count("\n") == text.count("\n")
+    assert after.replace("\r\n", "\n") == text.replace('"expected_text": "", "min', '"expected_text": '
+                                                        '"Annual plans can be refunded within 30 days.", "min').replace(
+        '"expected_text": "",\n', '"expected_text": "We offer lifetime refunds.",\n')
+
+
 def test_a_stale_pid_named_temp_file_does_not_block_the_rewrite(tmp_path, capsys):
     path = baseline_suite(tmp_path, BASELINE_SUITE.replace('"excludes": ["lifetime"]', '"excludes": ["never"]'))
     stale = tmp_path / f"suite.json.{os.getpid()}.tmp"
