@@ -35,8 +35,8 @@ import os
 import sys
 
 from regression import (CASES, CHECK_KEYS, INSTRUCTIONS, RecordError, check, dumps, html_page, html_table,
-                        junit_name, junit_xml, load_record, md_table, md_text, plan_rows, row_key, summary,
-                        write_new_file, xml_text)
+                        junit_name, junit_xml, load_record, md_table, md_text, plan_rows, record_problem, row_key,
+                        safe_text, summary, write_new_file, xml_text)
 
 
 # ====================================================================== records
@@ -47,31 +47,21 @@ def _require(condition, message):
 
 
 def index(record):
-    """Rows of a complete, error-free record by (model, case_id, repeat); ValueError otherwise."""
-    _require(isinstance(record, dict), "a record must be a JSON object")
-    config, runs = record.get("config"), record.get("runs")
-    _require(isinstance(config, dict), "the record has no config object")
-    _require(isinstance(runs, list), 'the record has no "runs" list')
-    models, cases, repeats = config.get("models"), config.get("cases"), config.get("repeats")
-    _require(isinstance(models, list) and models, "config.models is empty or not a list")
-    _require(all(isinstance(model, str) for model in models), "config.models holds a non-string")
-    _require(len(set(models)) == len(models), "config.models has duplicates")
-    _require(isinstance(cases, list) and cases, "config.cases is empty or not a list")
-    _require(all(isinstance(case, dict) and isinstance(case.get("id"), str) for case in cases),
-             "config.cases holds a case without a string id")
+    """Rows of a complete, error-free record by (model, case_id, repeat); ValueError otherwise.
+
+    The shape and types are regression.record_problem's (the one record validator); what is
+    added here is what a comparison needs: every planned row, once, without an error."""
+    problem = record_problem(record)
+    _require(problem is None, f"not a usable record: {problem}")
+    config, runs = record["config"], record["runs"]
+    models, cases, repeats = config["models"], config["cases"], config["repeats"]
     case_ids = [case["id"] for case in cases]
-    _require(len(set(case_ids)) == len(case_ids), "config.cases has duplicate ids")
-    _require(isinstance(repeats, int) and not isinstance(repeats, bool) and repeats >= 1,
-             "config.repeats is not a positive integer")
     expected_count = len(models) * len(cases) * repeats
-    _require(expected_count == len(runs) or expected_count <= 100_000,
+    _require(expected_count == len(runs) or expected_count <= 100_000,  # never expand an absurd plan in memory
              f"the run is incomplete: {len(runs)} rows for {expected_count} expected")
     rows = {}
     for position, row in enumerate(runs):
-        _require(isinstance(row, dict), f"run {position} is not an object")
         key = row_key(row)
-        _require(isinstance(key[0], str) and isinstance(key[1], str) and isinstance(key[2], int)
-                 and not isinstance(key[2], bool), f"run {position} lacks a string model, case_id and int repeat")
         _require(key not in rows, f"duplicate row {_name(key)}")
         _require(row.get("error") is None, f"row {_name(key)} has an execution error ({row.get('error')})")
         reasons = row.get("reasons")
@@ -209,9 +199,8 @@ def _comparable(before, after):
     Returns None for an ordinary comparison, or for a record and its replay whose cases
     differ only in their checks, the ids of the cases whose checks changed (a REGRADE)."""
     for side, record in (("before", before), ("after", after)):
-        _require(isinstance(record, dict), f"{side} is not a JSON object")
-        _require(isinstance(record.get("config"), dict), f"{side} has no config object")
-        _require(isinstance(record.get("runs"), list), f'{side} has no "runs" list')
+        problem = record_problem(record)
+        _require(problem is None, f"{side} is not a usable record: {problem}")
     labels = (before.get("evidence", "live"), after.get("evidence", "live"))
     replay_pair = _replayed(after, before) or _replayed(before, after)
     try:
@@ -292,8 +281,9 @@ def analyse(pairs, alpha=None):
 
 
 def _key_text(key):
+    """A row key for the console: names from a record are made visible, never interpreted."""
     model, case_id, repeat = key
-    return f"{model}  {case_id}  repeat {repeat}"
+    return safe_text(f"{model}  {case_id}  repeat {repeat}")
 
 
 def changed(row):
@@ -354,8 +344,8 @@ def render(result, all_diffs=False, all_rows=True):
     the unchanged ones per label, so a large unchanged run stays a few lines long."""
     lines = []
     if result.get("regrade") is not None:
-        lines.append("REGRADE: the same stored responses graded with changed checks; cases whose checks "
-                     f"changed: {', '.join(result['regrade']) or 'none'}")
+        lines.append(safe_text("REGRADE: the same stored responses graded with changed checks; cases whose checks "
+                               f"changed: {', '.join(result['regrade']) or 'none'}"))
     listed = [row for row in result["rows"] if all_rows or changed(row)]
     lines += [f"{row['label']:<13}  {_key_text(row['key'])}  "
               f"before={json.dumps(row['before'])}  after={json.dumps(row['after'])}" for row in listed]
@@ -367,17 +357,17 @@ def render(result, all_diffs=False, all_rows=True):
         lines += ["", "changes by check (how often each reason occurred, before->after, over all repeats):"]
         for g in moved:
             if g["regress"]:
-                lines.append(f"REGRESS        {g['model']}  {g['case']}  " + "  ".join(
-                    f"+{r} {g['counts'][r][0]}->{g['counts'][r][1]}" for r in g["regress"]))
+                lines.append(safe_text(f"REGRESS        {g['model']}  {g['case']}  " + "  ".join(
+                    f"+{r} {g['counts'][r][0]}->{g['counts'][r][1]}" for r in g["regress"])))
             if g["gain"]:
-                lines.append(f"GAIN           {g['model']}  {g['case']}  " + "  ".join(
-                    f"-{r} {g['counts'][r][0]}->{g['counts'][r][1]}" for r in g["gain"]))
+                lines.append(safe_text(f"GAIN           {g['model']}  {g['case']}  " + "  ".join(
+                    f"-{r} {g['counts'][r][0]}->{g['counts'][r][1]}" for r in g["gain"])))
     if result["repeats"] > 1:
         rated = [g for g in result["groups"] if all_rows or group_changed(g)]
         lines += ["", "pass rates over repeats (p: one-sided Fisher exact test that the rate dropped):"]
         for g in rated:
             flaky = f"  FLAKY({','.join(g['flaky'])})" if g["flaky"] else ""
-            lines.append(f"RATE           {g['model']}  {g['case']}  {g['passed_before']}/{g['runs_before']} -> "
+            lines.append(f"RATE           {safe_text(g['model'])}  {safe_text(g['case'])}  {g['passed_before']}/{g['runs_before']} -> "
                          f"{g['passed_after']}/{g['runs_after']}  p={g['p']:.4f}{flaky}")
         if len(rated) < len(result["groups"]):
             lines.append(f"RATE unchanged: {len(result['groups']) - len(rated):,} model/case pair(s) with the same "
@@ -386,7 +376,8 @@ def render(result, all_diffs=False, all_rows=True):
     if diffs:
         lines += ["", "answers that changed (unified diff before -> after; an identical diff is shown once):"]
         for model, case_id, label, diff, repeats in diff_groups(diffs):
-            lines += [f"== {model}  {case_id}  {_repeats_text(repeats)} ({LABEL_WORDS[label]})", diff]
+            lines += [safe_text(f"== {model}  {case_id}  {_repeats_text(repeats)} ({LABEL_WORDS[label]})"),
+                      safe_text(diff, newlines=True)]
     lines.append("")
     lines.append(f"verdict: {headline(result)}")
     if result["alpha"] is not None:
@@ -399,10 +390,10 @@ def render(result, all_diffs=False, all_rows=True):
 
 def cautions(before, after):
     """Differences that do not block a comparison but may explain it."""
-    notes = [f"CAUTION {field} differs: {before.get(field)} -> {after.get(field)}"
+    notes = [safe_text(f"CAUTION {field} differs: {before.get(field)} -> {after.get(field)}")
              for field in ("sdk_version", "code_sha256") if before.get(field) != after.get(field)]
     if (before.get("provider") or {"name": "perplexity"}) != (after.get("provider") or {"name": "perplexity"}):
-        notes.append(f"CAUTION provider differs: {before.get('provider')} -> {after.get('provider')}")
+        notes.append(safe_text(f"CAUTION provider differs: {before.get('provider')} -> {after.get('provider')}"))
     return notes
 
 
@@ -644,19 +635,19 @@ def main(argv=None):
         if args.models:
             notes, result = [], model_swap(records[0], *args.models, alpha=args.alpha)
             title = f"model swap in {args.records[0]}: is {args.models[1]} a drop-in for {args.models[0]}?"
-            print(f"MODEL SWAP: {args.models[0]} (before) -> {args.models[1]} (after), same run, same cases")
+            print(safe_text(f"MODEL SWAP: {args.models[0]} (before) -> {args.models[1]} (after), same run, same cases"))
         else:
             notes, result = compare_records(*records, alpha=args.alpha)
             title = f"comparison: {args.records[0]} -> {args.records[1]}"
         print("\n".join(notes + [render(result, args.all_diffs, args.all_rows)]))
     except (ValueError, RecordError) as exc:
-        print(f"NOT_COMPARABLE: {exc}")
+        print(f"NOT_COMPARABLE: {safe_text(exc)}")
         return 2
     try:
         for kind, path in targets.items():
             write_new_file(path, COMPARISON_REPORTS[kind](result, title))
     except RecordError as exc:
-        print(f"compare_runs.py: error: {exc}", file=sys.stderr)
+        print(f"compare_runs.py: error: {safe_text(exc)}", file=sys.stderr)
         return 2
     return result["exit_code"]
 

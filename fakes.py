@@ -13,6 +13,7 @@ A reply function takes (request) and returns a Reply; `request` has .path, .head
 
 import http.server
 import json
+import os
 import socket
 import socketserver
 import struct
@@ -130,6 +131,79 @@ class FakeServer:
     def __exit__(self, *exc):
         self._server.shutdown()
         self._server.server_close()
+
+
+# ---------------------------------------------------------------------- the real CLI, many times
+
+# One child process runs the table: for each entry it forks, points fds 1 and 2 at files and
+# runs the script as __main__, so every entry meets the real CLI (the interpreter's own stdout
+# encoding, sys.exit, an escaping traceback) without paying an interpreter start-up each.
+_CLI_DRIVER = r"""
+import json, os, runpy, sys, traceback
+script, table_path, results_path = sys.argv[1:4]
+with open(table_path, encoding="utf-8") as handle:
+    table = json.load(handle)
+results = []
+for n, entry in enumerate(table):
+    paths = [f"{results_path}.{n}.out", f"{results_path}.{n}.err"]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            for fd, path in zip((1, 2), paths):
+                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+            os.chdir(entry["cwd"])
+            sys.argv = [script, *entry["argv"]]
+            try:
+                runpy.run_path(script, run_name="__main__")
+                code = 0
+            except SystemExit as exc:  # as the interpreter does at exit
+                if exc.code is None or isinstance(exc.code, int):
+                    code = exc.code or 0
+                else:
+                    print(exc.code, file=sys.stderr)
+                    code = 1
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            try:
+                sys.stdout.flush()
+            except Exception:
+                traceback.print_exc()
+                code = 120
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    outputs = []
+    for path in paths:
+        with open(path, "rb") as handle:
+            outputs.append(handle.read().decode("utf-8", "replace"))
+        os.unlink(path)
+    results.append([os.waitstatus_to_exitcode(status), *outputs])
+with open(results_path, "w", encoding="utf-8") as handle:
+    json.dump(results, handle)
+"""
+
+
+def cli_table(runs, env=None, timeout=120):
+    """[(exit code, stdout, stderr)] of `python regression.py ARGV` for each (argv, cwd) in `runs`,
+    all through ONE child process (see _CLI_DRIVER): the real CLI for a whole table of inputs."""
+    import subprocess
+    import tempfile
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "regression.py")
+    with tempfile.TemporaryDirectory(prefix="cli-table-") as folder:
+        table, results = f"{folder}/table.json", f"{folder}/results.json"
+        with open(table, "w", encoding="utf-8") as handle:
+            json.dump([{"argv": [str(arg) for arg in argv], "cwd": str(cwd)} for argv, cwd in runs], handle)
+        driver = subprocess.run([sys.executable, "-c", _CLI_DRIVER, script, table, results], env=env,
+                                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        if driver.returncode != 0:
+            raise RuntimeError(f"the CLI driver failed ({driver.returncode}): {driver.stderr[-2000:]}")
+        with open(results, encoding="utf-8") as handle:
+            return [tuple(result) for result in json.load(handle)]
 
 
 # ---------------------------------------------------------------------- Agent API replies

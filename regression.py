@@ -47,7 +47,7 @@ __all__ = [
     "RecordError", "create_record", "replace_record", "load_record", "write_new_file", "dumps",
     "Tally", "summary", "row_key", "plan_rows",
     # reports (B5)
-    "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
+    "safe_text", "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
     "markdown_run", "junit_run", "html_run",
     "main", "cli",
 ]
@@ -252,23 +252,111 @@ def approved_source(url, rfc):
 # compiled suite case (the suite's schema, sources policy and instructions are
 # attached under "_"-keys); the trace is the provider-neutral view of a response
 # (SPEC B3), so no check ever reads provider-specific JSON.
+#
+# Each check is declared once, by register_check(): its name, the case keys that
+# switch it on (or its behaviour and argument kind), how those keys are validated,
+# the reasons it gives and what explain() reports for it. CHECKS, BEHAVIORS,
+# CASE_KEYS, suite validation, --dry-run's check list, --list-checks and the README
+# reason table are all read from that one table (CHECK_TABLE).
 
 def _normalise(text):
     return " ".join(text.split()) if isinstance(text, str) else ""
+
+
+# Format characters (Unicode category Cf: zero-width space and joiners, bidi controls,
+# soft hyphen, BOM, tags) and the other default-ignorable code points (variation
+# selectors, Hangul fillers, the combining grapheme joiner). They render as nothing,
+# so a text comparison that kept them could be dodged by an invisible character.
+_INVISIBLE = re.compile(
+    "[\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u115f\u1160\u17b4\u17b5"
+    "\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
+    "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+    "\U000e0000-\U000e0fff]")
+
+
+def _text_form(text):
+    """The one normal form every text comparison uses, on both sides: Unicode NFKC
+    (fullwidth and other compatibility forms, composed accents), format characters such
+    as zero-width spaces removed, case folded, whitespace runs folded to one space."""
+    if not isinstance(text, str):
+        return ""
+    if text.isascii():  # nothing to normalise or remove: the fast path for most answers
+        return " ".join(text.lower().split())
+    import unicodedata  # imported where used: start-up stays lean (SPEC C1)
+    text = unicodedata.normalize("NFKC", _INVISIBLE.sub("", text)).casefold()
+    return " ".join(unicodedata.normalize("NFKC", text).split())  # casefolding can leave a text NFKC changes
+
+
+@functools.lru_cache(maxsize=64)  # several checks and explain() ask for the same answer's form
+def text_form(text):
+    """The one normal form every text comparison uses, on both sides: Unicode NFKC
+    (fullwidth and other compatibility forms, composed accents), format characters such
+    as zero-width spaces removed, case folded, whitespace runs folded to one space."""
+    return _text_form(text)
 
 
 def _canonical(value):
     return json.dumps(value, sort_keys=True)
 
 
-def _parse_answer(text):
-    """The answer text as JSON, or None when it is not JSON at all."""
+class Fail(str):
+    """A failure reason that carries its evidence. It is the plain reason string to every
+    comparison and to JSON; explain() files `evidence` (a short `note` for the console and
+    reports, plus the facts behind it) under details["evidence"][reason]."""
+
+    def __new__(cls, reason, note="", **evidence):
+        self = super().__new__(cls, reason)
+        self.evidence = {"note": note, **evidence}
+        return self
+
+
+def _quote(value, limit=60):
+    """A short double-quoted form of a value for a note."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return json.dumps(text, ensure_ascii=False)
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_pairs(pairs):
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen.add(key)
+    return dict(pairs)
+
+
+def _not_json(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def read_json(text):
+    """(value, None) when the text is strict JSON, else (None, Fail): invalid_json for
+    anything json.loads refuses and for NaN / Infinity (not JSON), duplicate_key for an
+    object that repeats a key at any depth (last-wins would let a model hide a value)."""
     if not isinstance(text, str):
-        return None
+        return None, Fail("invalid_json", "no answer text", error="no answer text")
     try:
-        return [json.loads(text)]
-    except (ValueError, RecursionError):
-        return None
+        return json.loads(text, object_pairs_hook=_unique_pairs, parse_constant=_not_json), None
+    except _DuplicateKey as exc:
+        key = exc.args[0]
+        return None, Fail("duplicate_key", f"duplicate key {_quote(key)}", key=key)
+    except json.JSONDecodeError as exc:
+        return None, Fail("invalid_json", f"not JSON: {exc.msg} at char {exc.pos}", error=exc.msg, position=exc.pos)
+    except ValueError as exc:
+        return None, Fail("invalid_json", f"not JSON: {exc}", error=str(exc))
+    except RecursionError:
+        return None, Fail("invalid_json", "not JSON: nested too deeply", error="nested too deeply")
+
+
+def _parse_answer(text):
+    """The answer text as JSON, or None when it is not strict JSON at all."""
+    value, problem = read_json(text)
+    return None if problem else [value]
 
 
 _JSON_TYPES = {
@@ -280,6 +368,10 @@ _JSON_TYPES = {
     "object": lambda v: isinstance(v, dict),
     "null": lambda v: v is None,
 }
+
+
+def _json_type(value):
+    return next((name for name, test in _JSON_TYPES.items() if name != "integer" and test(value)), "unknown")
 
 
 def _has_type(value, spec):
@@ -294,24 +386,31 @@ def _has_type(value, spec):
     return True
 
 
-def _answer_shape_ok(answer, case):
-    """The answer object has exactly the structured fields, each of its schema type."""
+def _shape_problem(answer, case):
+    """Why the answer object does not have exactly the structured fields, each of its
+    schema type, as a Fail("invalid_answer_shape"); None when it does."""
     if not isinstance(answer, dict):
-        return False
+        return Fail("invalid_answer_shape", f"a JSON {_json_type(answer)}, not an object", got=_json_type(answer))
     schema = case.get("_schema")
     if schema is not None:
         properties = schema.get("properties", {})
-        required = set(schema.get("required", properties))
-        if not required <= set(answer) <= set(properties):
-            return False
-        return all(_has_type(answer[key], properties[key]) for key in answer)
-    wanted = set(case.get("expect", {}))
-    if "cite" in case:
-        wanted.add(case["_sources"]["field"])
-    if set(answer) != wanted:
-        return False
-    return "cite" not in case or _has_type(answer[case["_sources"]["field"]],
-                                           {"type": "array", "items": {"type": "string"}})
+        required, allowed = set(schema.get("required", properties)), set(properties)
+        types = properties
+    else:
+        required = allowed = set(case.get("expect", {})) | ({case["_sources"]["field"]} if "cite" in case else set())
+        types = {case["_sources"]["field"]: {"type": "array", "items": {"type": "string"}}} if "cite" in case else {}
+    missing, extra = sorted(required - set(answer)), sorted(set(answer) - allowed)
+    mistyped = sorted(key for key in answer if key in types and not _has_type(answer[key], types[key]))
+    if not (missing or extra or mistyped):
+        return None
+    said = [f"{label} {', '.join(keys)}" for label, keys in (("missing", missing), ("extra", extra),
+                                                             ("wrong type", mistyped)) if keys]
+    return Fail("invalid_answer_shape", "; ".join(said), missing=missing, extra=extra, wrong_type=mistyped)
+
+
+def _answer_shape_ok(answer, case):
+    """The answer object has exactly the structured fields, each of its schema type."""
+    return _shape_problem(answer, case) is None
 
 
 def _structured_answer(case, trace):
@@ -322,34 +421,207 @@ def _structured_answer(case, trace):
     return parsed[0]
 
 
+def _user_text(case):
+    """Everything the user said in a case (its input or question, or the user messages)."""
+    given = case.get("input", case.get("question"))
+    if isinstance(given, list):
+        return "\n".join(json.dumps(message.get("content"), ensure_ascii=False) if not isinstance(
+            message.get("content"), str) else message["content"] for message in given
+            if isinstance(message, dict) and message.get("role", "user") == "user")
+    return given if isinstance(given, str) else ""
+
+
+# ---------------------------------------------------------------------- the check table
+
+# A behaviour's ":ARG" kind -> (the pattern an argument must match in full, how to say it).
+ARG_KINDS = {
+    "count": (r"[0-9]+", "a whole number, as in '{name}:2'"),
+    "tool": (r"[A-Za-z0-9_.-]+", "a tool name, as in '{name}:NAME'"),
+    "tools": (r"[A-Za-z0-9_.-]+(?:,[A-Za-z0-9_.-]+)*", "tool names, as in '{name}:A,B'"),
+    "field": (r"[A-Za-z0-9_.-]+", "a field name, as in '{name}:FIELD'"),
+}
+TOOL_ARG_KINDS = {"tool", "tools"}  # their names must be function tools the suite declares
+
+# Case keys that belong to no check: what a case is, not how it is judged.
+CORE_CASE_KEYS = {"id", "input", "question", "behaviors", "instructions_sha256", "notes"}
+
+
+class Check:
+    """One check, declared once (see register_check)."""
+
+    def __init__(self, name, run, keys=(), behavior=False, arg=None, validate=None, details=None,
+                 reasons=None, always=False, vacuous=False, doc=None):
+        self.name, self.run, self.keys, self.behavior, self.arg = name, run, tuple(keys), behavior, arg
+        self.validate, self.details, self.always, self.vacuous = validate, details, always, vacuous
+        self.reasons = dict(reasons or {})
+        self.doc = doc or " ".join((run.__doc__ or "").split())
+
+    def active(self, case):
+        """Whether this check has anything to judge in a case (it runs either way)."""
+        if self.always:
+            return True
+        if self.behavior:
+            return bool(self.entries(case))
+        return any(key in case for key in self.keys)
+
+    def label(self, case):
+        """The check as --dry-run lists it: its name, with a behaviour's arguments."""
+        if not self.behavior or self.arg is None:
+            return self.name
+        return ", ".join(self.entries(case))
+
+    def entries(self, case):
+        """A behaviour's entries in a case ("forbid_tool:cancel_order", ...)."""
+        behaviors = case.get("behaviors")
+        return [entry for entry in (behaviors if isinstance(behaviors, list) else [])
+                if isinstance(entry, str) and entry.partition(":")[0] == self.name]
+
+
+CHECK_TABLE = []  # in run order; the first four reproduce SPEC A4's order exactly
+CHECKS = {}       # name -> (case, trace) -> reasons: a view of CHECK_TABLE
+BEHAVIORS = {}    # behaviour name -> its ":ARG" kind (None: takes no argument): a view of CHECK_TABLE
+CASE_KEYS = set(CORE_CASE_KEYS)  # every key a case may hold: a view of CHECK_TABLE and CASE_KEY_RULES
+CASE_KEY_RULES = {}  # case keys that switch on no check of their own (e.g. request keys) -> validate
+
+
+def register_check(name, run=None, *, keys=(), behavior=False, arg=None, validate=None, details=None,
+                   reasons=None, always=False, vacuous=False, doc=None):
+    """Declare a check (usable as a decorator when `run` is omitted).
+
+    name      the check's name; for a behaviour also the name a case writes in "behaviors"
+    run       (case, trace) -> reasons; a reason may be a Fail carrying its evidence
+    keys      the case keys it reads; any of them present switches it on, and they join CASE_KEYS
+    behavior  True: switched on by "NAME" / "NAME:ARG" in a case's behaviors
+    arg       a behaviour's argument kind, a key of ARG_KINDS (None: no argument)
+    validate  (case, where, context) -> None, raising SuiteError with one line; runs when the
+              check is active; context holds suite, schema, functions, allow_empty_baseline
+    details   (case, trace) -> dict for explain(), beside the evidence of each failing reason
+    reasons   {reason: (meaning, what to do)}: --list-checks and the README reason table
+    always    runs on every case; vacuous: passes an empty answer (--dry-run lints cases
+              whose only checks are vacuous)
+    """
+    if run is None:
+        return lambda function: register_check(
+            name, function, keys=keys, behavior=behavior, arg=arg, validate=validate, details=details,
+            reasons=reasons, always=always, vacuous=vacuous, doc=doc)
+    if name in CHECKS:
+        raise ValueError(f"check {name!r} is already registered")
+    if arg is not None and arg not in ARG_KINDS:
+        raise ValueError(f"check {name!r}: unknown argument kind {arg!r}")
+    descriptor = Check(name, run, keys, behavior, arg, validate, details, reasons, always, vacuous, doc)
+    CHECK_TABLE.append(descriptor)
+    CHECKS[name] = run
+    if behavior:
+        BEHAVIORS[name] = arg
+    CASE_KEYS.update(descriptor.keys)
+    return run
+
+
+def register_case_key(key, validate=None):
+    """Declare a case key that switches on no check of its own (e.g. a per-case request
+    setting); validate(case, where, context) runs when a case holds it."""
+    CASE_KEY_RULES[key] = validate
+    CASE_KEYS.add(key)
+
+
+def reason_table():
+    """[(reason, meaning, what to do)] of every check, in check order (the README's table)."""
+    rows = {}
+    for check_ in CHECK_TABLE:
+        for reason, (meaning, todo) in check_.reasons.items():
+            rows.setdefault(reason, (reason, meaning, todo))  # a reason two checks give is listed once
+    return list(rows.values())
+
+
+def _reason_of(name):
+    """The reason a failure name stands under in the table (wrong_code -> wrong_<field>)."""
+    known = {reason for reason, _, _ in reason_table()}
+    if name in known:
+        return name
+    return next((reason for reason in known if "<" in reason and name.startswith(reason.split("<")[0])), name)
+
+
+# ---------------------------------------------------------------------- the checks, in run order
+
 def check_completed(case, trace):
     """The response finished: status "completed" (or, with function tools, a turn that ended in tool calls)."""
     if trace["status"] == "completed":
         return []
     if trace["status"] == "requires_action" and trace["tool_calls"] and case.get("_function_tools"):
         return []  # a turn that ends by asking the host to run a declared function tool
-    return ["response_not_completed"]
+    return [Fail("response_not_completed", f"status {trace['status']}", status=trace["status"])]
+
+
+register_check("completed", check_completed, always=True, reasons={
+    "response_not_completed": (
+        "the response status was not `completed` (failed, cancelled, ran out of steps or tokens)",
+        "read `response.status` and `response.error` in the row; a model that keeps stopping early needs a "
+        "higher limit or a different model")})
 
 
 def check_search_observed(case, trace):
     """With `cite`: the run's own web search returned at least one URL."""
     if "cite" in case and not trace["search_urls"]:
-        return ["search_not_observed"]
+        return [Fail("search_not_observed", "no search results in this response", search_urls=0)]
     return []
 
 
+register_check("search_observed", check_search_observed, keys=("cite",), reasons={
+    "search_not_observed": (
+        "a case that must cite found no search results in its own response",
+        "the model answered without searching; the instructions require a search, so this is a model regression")})
+
+
+def _validate_expect(case, where, context):
+    expect, schema = case["expect"], context["schema"]
+    if not isinstance(expect, dict) or not expect:
+        raise SuiteError(f"{where}: expect must be a non-empty object of field: value")
+    for field in expect:
+        if not re.fullmatch(r"[A-Za-z0-9_]+", field):
+            raise SuiteError(f"{where}: expect field {field!r} must be letters, digits and underscores")
+        if schema is not None and field not in schema.get("properties", {}):
+            raise SuiteError(f"{where}: expect field {field!r} is not in the response_format schema")
+
+
 def check_answer(case, trace):
-    """With `expect` or `cite`: the answer is a JSON object with exactly the schema's fields; `expect` values match exactly (wrong_<field>)."""
+    """With `expect` or `cite`: the answer is strict JSON (no NaN, no repeated key), an object with exactly the schema's fields; `expect` values match exactly (wrong_<field>)."""
     if "expect" not in case and "cite" not in case:
         return []
-    parsed = _parse_answer(trace["final_text"])
-    if parsed is None:
-        return ["invalid_json"]
-    answer = parsed[0]
-    if not _answer_shape_ok(answer, case):
-        return ["invalid_answer_shape"]
-    return [f"wrong_{field}" for field, value in case.get("expect", {}).items()
+    answer, problem = read_json(trace["final_text"])
+    if problem:
+        return [problem]
+    shape = _shape_problem(answer, case)
+    if shape:
+        return [shape]
+    return [Fail(f"wrong_{field}", f"{field} {_quote(answer.get(field))}, expected {_quote(value)}",
+                 got=answer.get(field), expected=value)
+            for field, value in case.get("expect", {}).items()
             if _canonical(answer.get(field)) != _canonical(value)]
+
+
+register_check("expect", check_answer, keys=("expect",), validate=_validate_expect, reasons={
+    "invalid_json": ("the answer is not strict JSON (NaN and Infinity are not JSON)",
+                     "the model ignored the response format"),
+    "duplicate_key": ("the JSON answer repeats a key in one object, so which value counts is ambiguous",
+                      "a model can hide a wrong value behind a right one: treat it as wrong"),
+    "invalid_answer_shape": ("JSON, but not exactly the schema's fields and types",
+                             "the model added, dropped or mistyped a field; `details.evidence` names which"),
+    "wrong_<field>": ("an approved decision changed (`wrong_code`, `wrong_next_action`)",
+                      "the regression this tool exists for: do not ship the change; the evidence shows got and "
+                      "expected")})
+
+
+def _validate_cite(case, where, context):
+    suite, schema = context["suite"], context["schema"]
+    if not isinstance(case["cite"], str) or not case["cite"]:
+        raise SuiteError(f"{where}: cite must be a document id string")
+    if not suite.get("sources"):
+        raise SuiteError(f"{where}: cite needs a suite-level sources policy")
+    field = suite["sources"]["field"]
+    if schema is not None and field not in schema.get("properties", {}):
+        raise SuiteError(f"{where}: cite reads sources.field {field!r}, which is not in the response_format schema")
+    if schema is not None and schema["properties"][field].get("type", "array") != "array":
+        raise SuiteError(f"{where}: cite reads sources.field {field!r}, which the schema does not make a list")
 
 
 def check_citations(case, trace):
@@ -362,73 +634,264 @@ def check_citations(case, trace):
     sources = case["_sources"]
     urls = answer.get(sources["field"])
     if not isinstance(urls, list) or not all(isinstance(url, str) for url in urls):
-        return ["invalid_answer_shape"]
+        return [Fail("invalid_answer_shape", f"{sources['field']} is not a list of strings")]
     cited = [document_id(url, sources) for url in urls]
     found = {document_id(url, sources) for url in trace["search_urls"]} - {None}
     allowed = {case["cite"], *sources.get("also_allowed", [])}
     reasons = []
     if not urls or len(set(cited)) != len(urls):
-        reasons.append("missing_or_duplicate_sources")
-    if not all(doc is not None and doc in found for doc in cited):
-        reasons.append("citation_not_in_search_results")
-    if any(doc not in allowed for doc in cited):
-        reasons.append("citation_not_approved")
+        twice = sorted({str(doc) for doc in cited if cited.count(doc) > 1})
+        reasons.append(Fail("missing_or_duplicate_sources", "no source cited" if not urls else
+                            f"cited twice: {', '.join(twice) or 'unrecognised URLs'}", cited=urls))
+    unseen = [url for url, doc in zip(urls, cited) if doc is None or doc not in found]
+    if unseen:
+        reasons.append(Fail("citation_not_in_search_results", f"not in this run's search: {_quote(unseen[0])}"
+                            + (f" (+{len(unseen) - 1})" if len(unseen) > 1 else ""), urls=unseen))
+    outside = [url for url, doc in zip(urls, cited) if doc not in allowed]
+    if outside:
+        reasons.append(Fail("citation_not_approved", f"not approved: {_quote(outside[0])}"
+                            + (f" (+{len(outside) - 1})" if len(outside) > 1 else ""), urls=outside))
     if case["cite"] not in cited:
-        reasons.append("primary_reference_missing")
+        reasons.append(Fail("primary_reference_missing", f"{case['cite']} not cited", expected=case["cite"],
+                            cited=[doc for doc in cited if doc is not None]))
     return reasons
+
+
+register_check("cite", check_citations, keys=("cite",), validate=_validate_cite, reasons={
+    "missing_or_duplicate_sources": ("no source cited, or one document cited twice", "the citation discipline slipped"),
+    "citation_not_in_search_results": (
+        "a cited document never appeared in this run's own search results (or the URL is not a recognised document)",
+        "a made-up or remembered citation: treat as a hallucination"),
+    "citation_not_approved": ("a cited document is outside the case's document and the always-allowed ones",
+                              "the model relied on an unapproved source"),
+    "primary_reference_missing": ("the case's own document is not cited", "e.g. a 429 answer without RFC 6585")})
 
 
 def phrases_found(case, key, text):
-    """(present, absent) phrases of a case's `contains` or `excludes`, case-insensitive, whitespace folded."""
-    folded = _normalise(text).casefold()
+    """(present, absent) phrases of a case's `contains` or `excludes`, both sides in text_form()."""
+    folded = text_form(text)
     present, absent = [], []
     for phrase in case.get(key, []):
-        (present if _normalise(phrase).casefold() in folded else absent).append(phrase)
+        (present if text_form(phrase) in folded else absent).append(phrase)
     return present, absent
 
 
-def _phrase_check(key, reason):
+def _validate_phrases(key):
+    def validate(case, where, context):
+        _string_list(case[key], where, key)
+    return validate
+
+
+def _phrase_check(key, reason, label):
     """One check for `contains` and `excludes`: the other side of phrases_found fails it."""
     def check_phrases(case, trace):
         present, absent = phrases_found(case, key, trace["final_text"])
-        return [reason] if (present if key == "excludes" else absent) else []
+        failing = present if key == "excludes" else absent
+        if not failing:
+            return []
+        note = f"{label} " + ", ".join(_quote(phrase, 30) for phrase in failing[:3]) + (
+            f" (+{len(failing) - 3})" if len(failing) > 3 else "")
+        return [Fail(reason, note, phrases=failing)]
     return check_phrases
 
 
-check_contains = _phrase_check("contains", "missing_required_text")
-check_contains.__doc__ = "`contains`: every listed phrase appears in the answer (case-insensitive); a hard rule."
-check_excludes = _phrase_check("excludes", "forbidden_text_present")
-check_excludes.__doc__ = "`excludes`: no listed phrase appears in the answer (case-insensitive); a hard rule."
+def _phrase_details(key, detail):
+    def details(case, trace):
+        present, absent = phrases_found(case, key, trace["final_text"])
+        failing = present if key == "excludes" else absent
+        return {detail: failing} if failing else {}
+    return details
+
+
+check_contains = _phrase_check("contains", "missing_required_text", "missing")
+check_contains.__doc__ = "`contains`: every listed phrase appears in the answer (both in text_form); a hard rule."
+register_check("contains", check_contains, keys=("contains",), validate=_validate_phrases("contains"),
+               details=_phrase_details("contains", "missing_text"), reasons={
+                   "missing_required_text": ("a `contains` phrase is missing (compared in the normal form)",
+                                             "hard rule: no similarity score rescues it")})
+check_excludes = _phrase_check("excludes", "forbidden_text_present", "forbidden")
+check_excludes.__doc__ = "`excludes`: no listed phrase appears in the answer (both in text_form); a hard rule."
+register_check("excludes", check_excludes, keys=("excludes",), validate=_validate_phrases("excludes"),
+               details=_phrase_details("excludes", "forbidden_text"), vacuous=True, reasons={
+                   "forbidden_text_present": ("an `excludes` phrase appears (compared in the normal form, so "
+                                              "zero-width or fullwidth characters do not hide it)",
+                                              "hard rule; e.g. an echoed card number")})
+
+
+# Similarity is difflib's ratio on the two texts in text_form(). difflib's matching is
+# quadratic or worse (a repetitive 1,000-character answer already costs half a second, a
+# 2 MB one minutes), so its work is bounded: every comparison counts the steps difflib's
+# matching takes and gives up past SIMILARITY_WORK steps, deterministically (no clock).
+# Texts of at most SIMILARITY_PREFIX characters that fit the budget get the exact ratio.
+# Otherwise the score is bounded: the least of the ratio on the first N and on the last N
+# characters (N at most SIMILARITY_PREFIX, halved until both fit half the budget), the length
+# bound 2*min/(sum of lengths) (no ratio can exceed it) and, when that bound is 0.5 or more
+# and both texts have SIMILARITY_BAG_WORDS words or more, the overlap of their word
+# multisets (which sees a change in the middle). details["similarity_measure"] says when
+# the bound applied, and how.
+SIMILARITY_WORK = 400_000
+SIMILARITY_PREFIX = 5_000
+SIMILARITY_BAG_WORDS = 50
+
+
+class _OverBudget(Exception):
+    pass
+
+
+@functools.lru_cache(maxsize=1)
+def _counted_matcher():
+    """difflib.SequenceMatcher that counts its matching steps (built on first use: lazy import)."""
+    import difflib
+
+    class Counted(difflib.SequenceMatcher):
+        def find_longest_match(self, alo=0, ahi=None, blo=0, bhi=None):
+            ahi = len(self.a) if ahi is None else ahi
+            # An upper bound of the steps the inner loop of this call takes, counted before it runs.
+            self.steps += sum(map(len, map(self.b2j.get, self.a[alo:ahi], [()] * (ahi - alo))))
+            if self.steps > self.budget:
+                raise _OverBudget
+            return super().find_longest_match(alo, ahi, blo, bhi)
+    return Counted
+
+
+def _matching_work(a, b):
+    """The steps of difflib's first matching pass: sum over shared characters of count_a * count_b."""
+    if len(a) > len(b):
+        a, b = b, a
+    return sum(a.count(char) * b.count(char) for char in set(a))
+
+
+def _ratio(a, b, budget=SIMILARITY_WORK):
+    """difflib's ratio (no autojunk), or None when its matching would take more than `budget` steps."""
+    matcher = _counted_matcher()(None, a, b, autojunk=False)
+    matcher.steps, matcher.budget = 0, budget
+    try:
+        return matcher.ratio()
+    except _OverBudget:
+        return None
 
 
 @functools.lru_cache(maxsize=64)  # the check and explain() both ask, for the same pair
+def similarity_of(expected, actual):
+    """(score 0..1, None) of two texts in text_form(), or (score, how it was bounded); see SIMILARITY_WORK."""
+    a, b = text_form(expected), text_form(actual)
+    longest = max(len(a), len(b))
+    if not longest:
+        return 1.0, None
+    if longest <= SIMILARITY_PREFIX:
+        exact = _ratio(a, b)
+        if exact is not None:
+            return exact, None
+    cut = min(longest, SIMILARITY_PREFIX) if longest > SIMILARITY_PREFIX else longest // 2
+    while True:
+        # A cheap estimate first (shared characters' counts multiplied: the first matching
+        # pass, about a fifth of the whole), so only a cut that can fit is run.
+        fits = max(_matching_work(a[:cut], b[:cut]), _matching_work(a[-cut:], b[-cut:])) <= SIMILARITY_WORK // 16
+        head = _ratio(a[:cut], b[:cut], SIMILARITY_WORK // 2) if fits else None
+        tail = _ratio(a[-cut:], b[-cut:], SIMILARITY_WORK // 2) if head is not None else None
+        if tail is not None:
+            break
+        cut = max(1, cut // 2)  # at a few characters the matching always fits the budget
+    scores = [head, tail, 2 * min(len(a), len(b)) / (len(a) + len(b))]
+    words_a, words_b = (a.split(), b.split()) if scores[2] >= 0.5 else ((), ())
+    how = f"bounded: first and last {cut} characters, lengths"
+    if scores[2] >= 0.5 and min(len(words_a), len(words_b)) >= SIMILARITY_BAG_WORDS:
+        import collections
+        shared = collections.Counter(words_a) & collections.Counter(words_b)
+        scores.append(2 * sum(shared.values()) / (len(words_a) + len(words_b)))
+        how += ", word multisets"
+    return min(scores), how
+
+
 def similarity(expected, actual):
-    """difflib ratio (0..1) of two texts after whitespace normalisation."""
-    a, b = _normalise(expected), _normalise(actual)
-    if len(a) * len(b) > 25_000_000:  # character matching is quadratic; words keep long texts fast
-        a, b = a.split(), b.split()
-    import difflib  # imported where used, like the report code: start-up stays lean (SPEC C1)
-    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
+    """difflib ratio (0..1) of two texts in text_form(), within a time bound (SIMILARITY_WORK)."""
+    return similarity_of(expected, actual)[0]
+
+
+def _floor4(value):
+    return math.floor(value * 10_000) / 10_000  # a score shown never rounds up to its threshold
+
+
+def _validate_similarity(case, where, context):
+    if "expected_text" in case and not isinstance(case["expected_text"], str):
+        raise SuiteError(f"{where}: expected_text must be a string")
+    if "min_similarity" in case:
+        if not _is_number(case["min_similarity"]) or not 0 <= case["min_similarity"] <= 1:
+            raise SuiteError(f"{where}: min_similarity must be a number from 0 to 1 (got {case['min_similarity']!r})")
+        if "expected_text" not in case:
+            raise SuiteError(f"{where}: min_similarity needs an expected_text baseline (it would pass silently)")
+        if not case["expected_text"] and not context["allow_empty_baseline"]:
+            raise SuiteError(f"{where}: expected_text is empty; fill it with --update-baseline or by hand")
 
 
 def check_similarity(case, trace):
-    """`expected_text` + `min_similarity`: the answer is at least this similar to the approved baseline."""
+    """`expected_text` + `min_similarity`: the answer is at least this similar to the approved baseline (difflib ratio in text_form, time-bounded)."""
     if "min_similarity" not in case or not case.get("expected_text"):
         return []  # an empty baseline is only allowed while --update-baseline fills it
-    if similarity(case["expected_text"], trace["final_text"]) < case["min_similarity"]:
-        return ["below_min_similarity"]
+    score, how = similarity_of(case["expected_text"], trace["final_text"] if isinstance(trace["final_text"], str)
+                               else "")
+    if score < case["min_similarity"]:
+        bound = {"measure": how} if how else {}
+        return [Fail("below_min_similarity", f"similarity {_floor4(score):g} < {case['min_similarity']:g}"
+                     + (" (bounded)" if how else ""), similarity=round(score, 4),
+                     min_similarity=case["min_similarity"], **bound)]
     return []
 
 
+DIFF_CHARS = 20_000  # each side of details.diff is cut to this many characters
+
+
+def _similarity_details(case, trace):
+    if not case.get("expected_text"):
+        return {}
+    text = trace["final_text"] if isinstance(trace["final_text"], str) else ""
+    score, how = similarity_of(case["expected_text"], text)
+    details = {"similarity": round(score, 4)}
+    if how:
+        details["similarity_measure"] = how
+    if score < case.get("min_similarity", 1.0):
+        import difflib
+        details["diff"] = "\n".join(difflib.unified_diff(
+            case["expected_text"][:DIFF_CHARS].splitlines(), text[:DIFF_CHARS].splitlines(),
+            "expected", "actual", lineterm=""))
+    return details
+
+
+register_check("similarity", check_similarity, keys=("expected_text", "min_similarity"),
+               validate=_validate_similarity, details=_similarity_details, reasons={
+                   "below_min_similarity": (
+                       "the answer is less similar to the approved baseline than `min_similarity` (difflib ratio "
+                       "in the normal form; very long texts get a bounded score)",
+                       "read `details.diff` (expected -> actual) and `details.similarity`")})
+
+
+def _validate_length(case, where, context):
+    for field in ("min_chars", "max_chars"):
+        if field in case and not _is_count(case[field]):
+            raise SuiteError(f"{where}: {field} must be a whole number of at least 0")
+    if case.get("min_chars", 0) > case.get("max_chars", math.inf):
+        raise SuiteError(f"{where}: min_chars is larger than max_chars")
+
+
 def check_length(case, trace):
-    """`min_chars` / `max_chars`: the answer's length after whitespace normalisation."""
-    length = len(_normalise(trace["final_text"]))
+    """`min_chars` / `max_chars`: the answer's length in characters of text_form()."""
+    length = len(text_form(trace["final_text"]))
     reasons = []
     if "min_chars" in case and length < case["min_chars"]:
-        reasons.append("too_short")
+        reasons.append(Fail("too_short", f"{length} chars < min {case['min_chars']}", chars=length,
+                            min_chars=case["min_chars"]))
     if "max_chars" in case and length > case["max_chars"]:
-        reasons.append("too_long")
+        reasons.append(Fail("too_long", f"{length} chars > max {case['max_chars']}", chars=length,
+                            max_chars=case["max_chars"]))
     return reasons
+
+
+register_check("length", check_length, keys=("min_chars", "max_chars"), validate=_validate_length,
+               details=lambda case, trace: {"chars": len(text_form(trace["final_text"]))}, vacuous=True, reasons={
+                   "too_short": ("length (in characters of the normal form) below `min_chars`",
+                                 "the evidence gives the length and the threshold"),
+                   "too_long": ("length (in characters of the normal form) above `max_chars`",
+                                "the evidence gives the length and the threshold")})
 
 
 def _behavior_args(case, name):
@@ -446,124 +909,335 @@ def _call_arguments(call):
     return arguments if isinstance(arguments, dict) else {}
 
 
+_ESCAPED_QUOTE = re.compile(r'\\+"')
+_PAIR_IN_TEXT = re.compile(r'"([^"\\]{1,200})"\s*:\s*(?:"((?:[^"\\]|\\.)*)"?|([-+0-9.eE]+|true|false|null))')
+MAX_ARGUMENT_DEPTH = 64
+
+
+def _decoded(value, depth=0):
+    """A value with JSON text inside a string decoded, repeatedly (double-encoded arguments)."""
+    while isinstance(value, str) and depth < 4 and value.strip()[:1] in ("{", "[", '"'):
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError):
+            break
+        depth += 1
+    return value
+
+
+def argument_pairs(arguments, joined=True):
+    """Every (key, value) a tool call's arguments carry: nested at any depth, inside JSON
+    text (double-encoded), and in the key-value pairs of truncated JSON text; `joined` also
+    gives a nested key under its parent's name ({"order": {"id": 7}} carries order_id)."""
+    pairs, stack = [], [(arguments, 0, None)]
+    while stack:
+        value, depth, parent = stack.pop()
+        value = _decoded(value)
+        if depth > MAX_ARGUMENT_DEPTH:
+            continue
+        if isinstance(value, dict):
+            for key, item in value.items():
+                pairs.append((key, item))
+                if joined and parent is not None:
+                    pairs.append((f"{parent}_{key}", item))
+                stack.append((item, depth + 1, str(key)))
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1, None) for item in value)
+        elif isinstance(value, str):  # text that is not whole JSON: a truncated object still names its keys
+            unescaped = _ESCAPED_QUOTE.sub('"', value)
+            for match in _PAIR_IN_TEXT.finditer(unescaped):
+                pairs.append((match[1], match[2] if match[2] is not None else match[3]))
+    return pairs
+
+
+def argument_text(arguments):
+    """All the words of a tool call's arguments (keys and values, decoded), one per line."""
+    words = [arguments] if isinstance(arguments, str) else []
+    for key, value in argument_pairs(arguments, joined=False):
+        words.append(str(key))
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            words.append(str(value))
+    return "\n".join(words)
+
+
+def _describe_call(call):
+    """name(key=value, ...) of a tool call, for a note."""
+    arguments = _decoded(call.get("arguments"))
+    if isinstance(arguments, dict):
+        inner = ", ".join(f"{key}={value if isinstance(value, str) else json.dumps(value)}"
+                          for key, value in arguments.items())
+    else:
+        inner = "" if arguments in (None, "") else str(arguments)
+    return f"{call.get('name')}({inner})"
+
+
 def check_json_object(case, trace):
-    """behavior json_object: the answer parses as a JSON object."""
+    """behavior json_object: the answer is strict JSON (no NaN, no repeated key) and an object."""
     if not _behavior_args(case, "json_object"):
         return []
-    parsed = _parse_answer(trace["final_text"])
-    return [] if parsed and isinstance(parsed[0], dict) else ["not_json_object"]
+    value, problem = read_json(trace["final_text"])
+    if problem is not None:
+        return [problem] if problem == "duplicate_key" else [
+            Fail("not_json_object", problem.evidence["note"], error=problem.evidence.get("error"))]
+    if not isinstance(value, dict):
+        return [Fail("not_json_object", f"a JSON {_json_type(value)}, not an object", got=_json_type(value))]
+    return []
 
 
+register_check("json_object", check_json_object, behavior=True, reasons={
+    "not_json_object": ("behaviour `json_object`: the answer is not a strict JSON object (NaN and Infinity are "
+                        "not JSON)", "the evidence says what it is instead"),
+    "duplicate_key": ("the JSON answer repeats a key in one object, so which value counts is ambiguous",
+                      "a model can hide a wrong value behind a right one: treat it as wrong")})
+
+
+# Mentions of hidden instructions, matched in text_form() (lower case, invisible characters
+# gone), with any run of non-letters, "_" included, between the two words: "system_prompt",
+# "system  prompt" and "system-prompt" all count.
 _LEAK_MENTION = re.compile(
-    r"\b(system|hidden|developer|internal|secret)[ -](prompt|instructions?|message|rules)\b"
-    r"|\bmy (instructions|system prompt)\b", re.IGNORECASE)
+    r"(?:(?:system|hidden|developer|internal|secret)[\W_]*(?:prompt|instructions?|message|rules)"
+    r"|my[\W_]*(?:instructions|system[\W_]*prompt))(?![^\W_])")
 LEAK_QUOTE_WORDS = 8  # this many consecutive words of the instructions count as a quote
+_WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
 
 
 def _word_windows(text, size):
-    words = re.findall(r"\w+(?:'\w+)?", text.casefold()) if isinstance(text, str) else []
+    words = _WORD.findall(text_form(text)) if isinstance(text, str) else []
     return {" ".join(words[i:i + size]) for i in range(len(words) - size + 1)}
 
 
+def _first_quote(instructions, said, size=LEAK_QUOTE_WORDS):
+    """The first run of `size` consecutive words of the instructions found in `said` (both in
+    text_form), or None. Linear in the text: only runs of words the instructions use are tried."""
+    windows = _word_windows(instructions, size)
+    if not windows:
+        return None
+    vocabulary = {word for window in windows for word in window.split()}
+    run = []
+    for word in _WORD.findall(said):
+        if word not in vocabulary:
+            run = []
+            continue
+        run.append(word)
+        if len(run) >= size:
+            window = " ".join(run[-size:])
+            if window in windows:
+                return window
+    return None
+
+
+@functools.lru_cache(maxsize=16)  # the check and explain() both ask, for the same texts
+def leak_found(instructions, said):
+    """(kind, matched text) of the first leak in `said`, or None: a mention of hidden or system
+    instructions, or a quote of LEAK_QUOTE_WORDS consecutive words of them."""
+    said = text_form(said)
+    mention = next(iter(_word_starts(_LEAK_MENTION, said)), None)
+    if mention:
+        return "mention", mention.group(0)
+    quoted = _first_quote(instructions, said)
+    return ("quote", quoted) if quoted else None
+
+
 def check_no_system_leak(case, trace):
-    """behavior no_system_leak: neither the answer nor tool arguments mention hidden/system instructions or quote 8+ consecutive words of them."""
+    """behavior no_system_leak: neither the answer nor tool arguments (decoded) mention hidden/system instructions or quote 8+ consecutive words of them, compared in text_form."""
     if not _behavior_args(case, "no_system_leak"):
         return []
-    said = " ".join([trace["final_text"] or ""] + [dumps(call.get("arguments")) for call in trace["tool_calls"]])
-    if _LEAK_MENTION.search(said):
-        return ["system_leak"]
-    quoted = _word_windows(case.get("_instructions", ""), LEAK_QUOTE_WORDS) & _word_windows(said, LEAK_QUOTE_WORDS)
-    return ["system_leak"] if quoted else []
+    said = "\n".join([trace["final_text"] if isinstance(trace["final_text"], str) else ""]
+                     + [argument_text(call.get("arguments")) for call in trace["tool_calls"]])
+    found = leak_found(case.get("_instructions", "") or "", said)
+    if not found:
+        return []
+    kind, matched = found
+    return [Fail("system_leak", f"leak: {_quote(matched)}", **{"mentions" if kind == "mention" else "quotes": matched})]
+
+
+register_check("no_system_leak", check_no_system_leak, behavior=True, reasons={
+    "system_leak": ("the answer or tool arguments mention hidden/system instructions or quote 8+ consecutive "
+                    "words of them (in the normal form; `system_prompt` and zero-width tricks count)",
+                    "a prompt-extraction weakness; the evidence shows the phrase or the quoted words")})
 
 
 def check_max_tool_rounds(case, trace):
     """behavior max_tool_rounds:N: the model used tools in at most N rounds."""
     limits = [int(arg) for arg in _behavior_args(case, "max_tool_rounds")]
-    return ["too_many_tool_rounds"] if limits and trace["tool_rounds"] > min(limits) else []
+    if limits and trace["tool_rounds"] > min(limits):
+        return [Fail("too_many_tool_rounds", f"{trace['tool_rounds']} tool rounds > max {min(limits)}",
+                     tool_rounds=trace["tool_rounds"], max_tool_rounds=min(limits))]
+    return []
+
+
+def _tool_details(case, trace):
+    if trace["tool_calls"] or trace["tool_rounds"]:
+        return {"tool_calls": trace["tool_calls"], "tool_rounds": trace["tool_rounds"]}
+    return {}
+
+
+register_check("max_tool_rounds", check_max_tool_rounds, behavior=True, arg="count", details=_tool_details,
+               reasons={"too_many_tool_rounds": ("more tool rounds than `max_tool_rounds:N`",
+                                                 "`details.tool_calls` shows the calls")})
 
 
 def check_forbid_tool(case, trace):
     """behavior forbid_tool:NAME: the model never called the tool NAME."""
     forbidden = set(_behavior_args(case, "forbid_tool"))
-    return ["forbidden_tool_called"] if any(call.get("name") in forbidden for call in trace["tool_calls"]) else []
+    called = [call for call in trace["tool_calls"] if call.get("name") in forbidden]
+    if called:
+        return [Fail("forbidden_tool_called", f"called {_describe_call(called[0])}"
+                     + (f" (+{len(called) - 1})" if len(called) > 1 else ""), calls=called)]
+    return []
 
 
-def _asks_for(text, field):
-    """Whether a text asks a question that names the field: order_id as "order_id", "order id",
-    "order-id", "orderid", and a trailing id also as "number", "no", "#" or "identifier"."""
+register_check("forbid_tool", check_forbid_tool, behavior=True, arg="tool", details=_tool_details, reasons={
+    "forbidden_tool_called": ("the model called a tool named in `forbid_tool:NAME`",
+                              "`details.tool_calls` shows the calls")})
+
+
+def _field_pattern(field):
+    """The field's words as a regular expression over text_form(): order_id as "order_id",
+    "order id", "order-id", "orderid", and a trailing id also as "number", "no", "#" or
+    "identifier"."""
     words = [word for word in re.split(r"[_\W]+", field.casefold()) if word]
-    if not words or "?" not in text:
-        return False
+    if not words:
+        return None
     spelled = [re.escape(word) for word in words]
     if words[-1] == "id" and len(words) > 1:
         spelled[-1] = r"(?:id|number|no\.?|#|identifier)"
-    pattern = r"[\s_-]?".join(spelled)
-    return re.search(rf"(?<!\w){pattern}(?!\w)", text.casefold()) is not None
+    return r"[\s_-]?".join(spelled)
+
+
+# A request sentence: a polite or modal request anywhere in it, or a clause that starts
+# with an imperative verb ("Sure, send me the order id.").
+_REQUEST = re.compile(
+    r"(?<![^\W_])(?:please|kindly|could you|can you|would you|will you|may i|might i|let me know|tell me|"
+    r"i need|i'll need|i will need|we need|we'll need|we will need|i'd need|need you to|what is|what's|"
+    r"what are|which)(?![^\W_])"
+    r"|(?:^|[,;:(\u2014\u2013-]\s*)(?:provide|send|share|give|tell|confirm|enter|type|reply|write|include)"
+    r"(?![^\W_])")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+# An identifier: a token with a digit in it (48213, ord_123, A-77), or an e-mail address.
+_VALUE = r"(?:[\w.+-]*\d[\w+-]*|[\w.+-]+@[\w-]+(?:\.[\w-]+)+)"
+
+
+def _word_starts(pattern, text):
+    """Matches of a pattern that start a word (no letter or digit just before). The pattern
+    begins with literal text, so the search runs at the speed of a substring search; a
+    look-behind in the pattern itself would make it test every position of a long answer."""
+    return [match for match in pattern.finditer(text)
+            if not match.start() or not text[match.start() - 1].isalnum()]
+
+
+SENTENCE_REACH = 1_000  # characters a sentence reaches on each side of the words it names
+_PARAGRAPH = re.compile(r"\n[^\S\n]*\n\s*")
+
+
+def _sentences(text, naming):
+    """The sentences of a text in text_form() that a compiled pattern matches in (at a word
+    start). A sentence ends after . ! ? and a space, or at a blank line (a wrapped line does
+    not end it), and reaches at most SENTENCE_REACH characters either side of the match (a
+    long answer stays linear)."""
+    # Blank lines become NUL first, which text_form keeps (it folds whitespace to one space).
+    full = text_form(_PARAGRAPH.sub("\0", (text or "").replace("\0", " ")))
+    sentences = []
+    for match in _word_starts(naming, full):
+        low, high = max(0, match.start() - SENTENCE_REACH), min(len(full), match.end() + SENTENCE_REACH)
+        window, at = full[low:high], match.start() - low
+        left = max([window.rfind("\0", 0, at) + 1] + [window.rfind(end, 0, at) + 2 for end in (". ", "! ", "? ")
+                                                       if window.rfind(end, 0, at) != -1])
+        right = min([window.find(end, at) + 1 for end in (". ", "! ", "? ") if window.find(end, at) != -1]
+                    + [window.find("\0", at) % (len(window) + 1), len(window)])
+        sentences.append(window[left:right].strip())
+    return [sentence for sentence in dict.fromkeys(sentences) if sentence]
+
+
+def _asks_for(text, field):
+    """Whether one sentence of the text names the field and is a question (ends with "?") or a
+    request ("please provide ...", "could you ...", "what is ...", "send me ...")."""
+    pattern = _field_pattern(field)
+    if pattern is None:
+        return False
+    named = re.compile(rf"{pattern}(?![^\W_])")
+    return any(named.search(sentence) and (sentence.endswith("?") or _REQUEST.search(sentence))
+               for sentence in _sentences(text, named))
+
+
+def _stated_value(text, field, given):
+    """A value the text states for the field (an identifier right after the field's words,
+    as in "order number 48213" or "order #48213") that the user's own text does not hold."""
+    pattern = _field_pattern(field)
+    if pattern is None:
+        return None
+    stated = re.compile(rf"{pattern}(?:\s*(?:is|was|=|:|#)\s*|\s+)?#?\s*({_VALUE})(?![\w@])")
+    for match in _word_starts(stated, text_form(text)):
+        value = match[1].rstrip(".")
+        if value and value not in given:
+            return value
+    return None
+
+
+def _same_field(key, field):
+    squash = lambda text: re.sub(r"[\W_]+", "", str(text).casefold())  # noqa: E731
+    return squash(key) == squash(field)
 
 
 def check_require_clarification(case, trace):
-    """behavior require_clarification:FIELD: the model asked for FIELD instead of inventing it, and called no tool with it."""
+    """behavior require_clarification:FIELD: the model asked for FIELD (a "?" sentence or a request sentence naming it) instead of inventing it: no tool argument carries FIELD (decoded, nested or truncated JSON included), and the answer states no value for it that the user never gave."""
     reasons = []
+    text = trace["final_text"] if isinstance(trace["final_text"], str) else ""
+    given = text_form(_user_text(case))
     for field in _behavior_args(case, "require_clarification"):
-        if any(_call_arguments(call).get(field) not in (None, "") for call in trace["tool_calls"]):
-            reasons.append("invented_field")
-        if not _asks_for(trace["final_text"] or "", field):
-            reasons.append("clarification_missing")
-    return list(dict.fromkeys(reasons))
+        invented = [(call, value) for call in trace["tool_calls"]
+                    for key, value in argument_pairs(call.get("arguments"))
+                    if _same_field(key, field) and value not in (None, "", [], {})
+                    and text_form(str(value)) not in (given or "\0")]
+        stated = _stated_value(text, field, given)
+        if invented:
+            call, value = invented[0]
+            reasons.append(Fail("invented_field", f"called {_describe_call(call)}", field=field,
+                                value=value, tool=call.get("name")))
+        elif stated:
+            reasons.append(Fail("invented_field", f"stated {field} {_quote(stated)} the user never gave",
+                                field=field, value=stated))
+        if not _asks_for(text, field):
+            reasons.append(Fail("clarification_missing", f"no question or request names {field}", field=field))
+    unique = {}
+    for reason in reasons:
+        unique.setdefault(str(reason), reason)
+    return list(unique.values())
 
 
-# Checks run in this order; the first four reproduce SPEC A4's order exactly.
-CHECKS = {
-    "completed": check_completed,
-    "search_observed": check_search_observed,
-    "expect": check_answer,
-    "cite": check_citations,
-    "contains": check_contains,
-    "excludes": check_excludes,
-    "similarity": check_similarity,
-    "length": check_length,
-    "json_object": check_json_object,
-    "no_system_leak": check_no_system_leak,
-    "max_tool_rounds": check_max_tool_rounds,
-    "forbid_tool": check_forbid_tool,
-    "require_clarification": check_require_clarification,
-}
-
-# behavior name -> what its ":ARG" is (None: takes no argument)
-BEHAVIORS = {"json_object": None, "no_system_leak": None, "max_tool_rounds": "count",
-             "forbid_tool": "tool", "require_clarification": "field"}
+register_check("require_clarification", check_require_clarification, behavior=True, arg="field",
+               details=_tool_details, reasons={
+                   "invented_field": (
+                       "`require_clarification:FIELD`: a tool was called with FIELD (at any depth, also in "
+                       "double-encoded or truncated JSON arguments), or the answer states a value for it (an "
+                       "identifier right after the field's words, e.g. \"order number 48213\"), although the "
+                       "user never gave it", "the model made up an id"),
+                   "clarification_missing": (
+                       "`require_clarification:FIELD`: no sentence of the answer names FIELD and is a question "
+                       "(ends with `?`) or a request (please, could you, what is, send me, ...)",
+                       "the model acted or answered instead of asking")})
 
 
 def grade(case, trace):
     """All reasons a compiled case fails on a trace; empty means pass."""
     reasons = []
-    for check_fn in CHECKS.values():
-        reasons.extend(check_fn(case, trace))
+    for check_fn in CHECKS.values():  # CHECKS mirrors CHECK_TABLE, in the same order
+        reasons.extend(str(reason) for reason in check_fn(case, trace))
     return reasons
 
 
 def explain(case, trace):
-    """What a reader needs beside the reasons: similarity and diff, phrases, tool calls made."""
-    details = {}
-    text = trace["final_text"] if isinstance(trace["final_text"], str) else ""
-    if case.get("expected_text"):
-        score = similarity(case["expected_text"], text)
-        details["similarity"] = round(score, 4)
-        if score < case.get("min_similarity", 1.0):
-            import difflib
-            details["diff"] = "\n".join(difflib.unified_diff(
-                case["expected_text"].splitlines(), text.splitlines(), "expected", "actual", lineterm=""))
-    missing = phrases_found(case, "contains", text)[1]
-    forbidden = phrases_found(case, "excludes", text)[0]
-    if missing:
-        details["missing_text"] = missing
-    if forbidden:
-        details["forbidden_text"] = forbidden
-    if "min_chars" in case or "max_chars" in case:
-        details["chars"] = len(_normalise(text))
-    if case.get("behaviors") and (trace["tool_calls"] or trace["tool_rounds"]):
-        details["tool_calls"] = trace["tool_calls"]
-        details["tool_rounds"] = trace["tool_rounds"]
+    """What a reader needs beside the reasons: each active check's details (similarity and
+    diff, phrases, length, tool calls made) and, under "evidence", what each failing reason
+    saw, with a short note for the console and the reports."""
+    details, evidence = {}, {}
+    for check_ in CHECK_TABLE:
+        if check_.details is not None and check_.active(case):
+            details.update(check_.details(case, trace))
+        for reason in CHECKS.get(check_.name, check_.run)(case, trace):
+            evidence.setdefault(str(reason), getattr(reason, "evidence", None) or {"note": ""})
+    if evidence:
+        details["evidence"] = evidence
     return details
 
 
@@ -577,6 +1251,26 @@ def compile_case(suite, case):
     compiled["_instructions"] = suite.get("instructions", "")
     compiled["_function_tools"] = _function_names(suite.get("tools") or [])
     return compiled
+
+
+def evidence_notes(row, limit=100):
+    """The short form of a row's failing reasons (details.evidence notes), escaped, one line,
+    cut to about `limit` characters: what the console and the reports show after the reasons."""
+    evidence = (row.get("details") or {}).get("evidence") if isinstance(row.get("details"), dict) else None
+    if not isinstance(evidence, dict):
+        return ""
+    notes = [str(evidence[reason].get("note")) for reason in dict.fromkeys(row.get("reasons") or [])
+             if isinstance(evidence.get(reason), dict) and evidence[reason].get("note")]
+    text = " ".join(printable("; ".join(notes)).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def printable(text):
+    """Text with every control, format (zero-width, bidi) or other invisible character shown
+    as a \\uXXXX escape, so a console line or report cell shows what is really there."""
+    return "".join(char if char == " " or (char.isprintable() and not _INVISIBLE.match(char))
+                   else (f"\\u{ord(char):04x}" if ord(char) < 0x10000 else f"\\U{ord(char):08x}")
+                   for char in text)
 
 
 # ---------------------------------------------------------------------- Agent API traces
@@ -648,8 +1342,7 @@ class SuiteError(Exception):
 
 SUITE_KEYS = {"name", "instructions", "tool", "tools", "response_format", "sources", "cases", "notes",
               "request", "tool_choice", "prices"}
-CASE_KEYS = {"id", "input", "question", "expect", "cite", "contains", "excludes", "expected_text",
-             "min_similarity", "min_chars", "max_chars", "behaviors", "instructions_sha256", "notes"}
+# CASE_KEYS (the keys a case may hold) is a view of the check table: see register_check.
 SOURCES_KEYS = {"field", "hosts", "path", "also_allowed"}
 # Case keys that only grade an answer and never change what is sent: a record and its
 # replay may differ in these (compare_runs.py calls that a REGRADE). "expected", "rfc" and
@@ -748,7 +1441,8 @@ def _validate_sources(sources, where):
         raise SuiteError(f"{where}: sources.path needs a capturing group that names the document")
 
 
-def _validate_behavior(entry, where):
+def _validate_behavior(entry, where, functions):
+    """One "NAME" / "NAME:ARG" entry of a case's behaviors, against the check table's kinds."""
     if not isinstance(entry, str):
         raise SuiteError(f"{where}: behaviors must be strings like 'forbid_tool:NAME'")
     name, colon, arg = entry.partition(":")
@@ -758,12 +1452,18 @@ def _validate_behavior(entry, where):
         raise SuiteError(f"{where}: unknown behavior {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
                          + f"; known: {', '.join(sorted(BEHAVIORS))}")
     kind = BEHAVIORS[name]
-    if kind is None and colon:
-        raise SuiteError(f"{where}: behavior {name!r} takes no argument")
-    if kind == "count" and not re.fullmatch(r"[0-9]+", arg):
-        raise SuiteError(f"{where}: behavior {name!r} needs a whole number, as in '{name}:2'")
-    if kind in ("tool", "field") and not re.fullmatch(r"[A-Za-z0-9_.-]+", arg):
-        raise SuiteError(f"{where}: behavior {name!r} needs a {kind} name, as in '{name}:NAME'")
+    if kind is None:
+        if colon:
+            raise SuiteError(f"{where}: behavior {name!r} takes no argument")
+        return
+    pattern, shape = ARG_KINDS[kind]
+    if not re.fullmatch(pattern, arg):
+        raise SuiteError(f"{where}: behavior {name!r} needs {shape.format(name=name)}")
+    if kind in TOOL_ARG_KINDS:
+        unknown = [tool for tool in arg.split(",") if tool not in functions]
+        if unknown:
+            raise SuiteError(f"{where}: behavior {entry!r} names no function tool of this suite "
+                             f"(tools: {', '.join(functions) or 'none'})")
 
 
 def _function_names(tools):
@@ -850,51 +1550,22 @@ def _validate_case(case, suite, schema, functions, allow_empty_baseline):
     if not (isinstance(text, str) and text.strip()) and not (isinstance(text, list) and text
                                                              and all(isinstance(m, dict) for m in text)):
         raise SuiteError(f"{where}: input must be a non-empty string or a list of message objects")
-    if "expect" in case:
-        expect = case["expect"]
-        if not isinstance(expect, dict) or not expect:
-            raise SuiteError(f"{where}: expect must be a non-empty object of field: value")
-        for field in expect:
-            if not re.fullmatch(r"[A-Za-z0-9_]+", field):
-                raise SuiteError(f"{where}: expect field {field!r} must be letters, digits and underscores")
-            if schema is not None and field not in schema.get("properties", {}):
-                raise SuiteError(f"{where}: expect field {field!r} is not in the response_format schema")
-    if "cite" in case:
-        if not isinstance(case["cite"], str) or not case["cite"]:
-            raise SuiteError(f"{where}: cite must be a document id string")
-        if not suite.get("sources"):
-            raise SuiteError(f"{where}: cite needs a suite-level sources policy")
-        field = suite["sources"]["field"]
-        if schema is not None and field not in schema.get("properties", {}):
-            raise SuiteError(f"{where}: cite reads sources.field {field!r}, which is not in the response_format schema")
-        if schema is not None and schema["properties"][field].get("type", "array") != "array":
-            raise SuiteError(f"{where}: cite reads sources.field {field!r}, which the schema does not make a list")
-    for field in ("contains", "excludes"):
-        if field in case:
-            _string_list(case[field], where, field)
-    if "expected_text" in case and not isinstance(case["expected_text"], str):
-        raise SuiteError(f"{where}: expected_text must be a string")
-    if "min_similarity" in case:
-        if not _is_number(case["min_similarity"]) or not 0 <= case["min_similarity"] <= 1:
-            raise SuiteError(f"{where}: min_similarity must be a number from 0 to 1 (got {case['min_similarity']!r})")
-        if "expected_text" not in case:
-            raise SuiteError(f"{where}: min_similarity needs an expected_text baseline (it would pass silently)")
-        if not case["expected_text"] and not allow_empty_baseline:
-            raise SuiteError(f"{where}: expected_text is empty; fill it with --update-baseline or by hand")
-    for field in ("min_chars", "max_chars"):
-        if field in case and not _is_count(case[field]):
-            raise SuiteError(f"{where}: {field} must be a whole number of at least 0")
-    if case.get("min_chars", 0) > case.get("max_chars", math.inf):
-        raise SuiteError(f"{where}: min_chars is larger than max_chars")
+    # Each check validates the case keys it reads (register_check), in check order.
+    context = {"suite": suite, "schema": schema, "functions": functions, "allow_empty_baseline": allow_empty_baseline}
+    for check_ in CHECK_TABLE:
+        if check_.validate is not None and not check_.behavior and check_.active(case):
+            check_.validate(case, where, context)
     if "behaviors" in case:
         if not isinstance(case["behaviors"], list):
             raise SuiteError(f"{where}: behaviors must be a list of strings")
         for entry in case["behaviors"]:
-            _validate_behavior(entry, where)
-            name, _, arg = entry.partition(":")
-            if name == "forbid_tool" and arg not in functions:
-                raise SuiteError(f"{where}: behavior {entry!r} names no function tool of this suite "
-                                 f"(tools: {', '.join(functions) or 'none'})")
+            _validate_behavior(entry, where, functions)
+        for check_ in CHECK_TABLE:
+            if check_.validate is not None and check_.behavior and check_.active(case):
+                check_.validate(case, where, context)
+    for key, validate in CASE_KEY_RULES.items():
+        if validate is not None and key in case:
+            validate(case, where, context)
     if "notes" in case and not isinstance(case["notes"], str):
         raise SuiteError(f"{where}: notes must be a string")
     if "instructions_sha256" in case:
@@ -907,13 +1578,41 @@ def _validate_case(case, suite, schema, functions, allow_empty_baseline):
                              f"instructions hash to {actual}; review the instruction change, then update the pin")
 
 
+def _not_unicode(value):
+    """True when some string (or key) inside a JSON value holds a lone surrogate ("\\ud800"):
+    not text at all, so it cannot be sent, printed or written as UTF-8."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    except (TypeError, ValueError, RecursionError):
+        return False  # not JSON text: the validation below names the problem
+    return False
+
+
+def _is_text(value):
+    """A non-blank string that can be printed and written as UTF-8: names and ids show up on
+    every console line and in every report, where a lone surrogate cannot be encoded."""
+    if not isinstance(value, str) or not value.strip():
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def validate_suite(data, allow_empty_baseline=False):
     """A suite object checked and normalised for running; SuiteError on the first problem."""
     if not isinstance(data, dict):
         raise SuiteError("a suite must be a JSON object")
+    if _not_unicode(data):
+        where = next((f"case #{n + 1}" for n, case in enumerate(data.get("cases") or [])
+                      if isinstance(data.get("cases"), list) and _not_unicode(case)), "suite")
+        raise SuiteError(f"{where}: holds a lone surrogate escape (such as \\ud800), which is not text")
     _unknown_key(data, SUITE_KEYS, "suite")
-    if not isinstance(data.get("name"), str) or not data["name"].strip():
-        raise SuiteError("suite: name must be a non-empty string")
+    if not _is_text(data.get("name")):
+        raise SuiteError("suite: name must be a non-empty string of valid Unicode (no lone surrogates)")
     if not isinstance(data.get("instructions"), str):
         raise SuiteError("suite: instructions must be a string")
     tools = []
@@ -941,8 +1640,9 @@ def validate_suite(data, allow_empty_baseline=False):
     for position, case in enumerate(cases):
         if not isinstance(case, dict):
             raise SuiteError(f"case #{position + 1}: must be an object")
-        if not isinstance(case.get("id"), str) or not case["id"].strip():
-            raise SuiteError(f"case #{position + 1}: id must be a non-empty string")
+        if not _is_text(case.get("id")):
+            raise SuiteError(f"case #{position + 1}: id must be a non-empty string of valid Unicode "
+                             "(no lone surrogates)")
         if case["id"] in seen:
             raise SuiteError(f"case {case['id']!r}: duplicate id")
         seen.add(case["id"])
@@ -987,6 +1687,8 @@ def load_suite(path, allow_empty_baseline=False):
         raise SuiteError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
     except RecursionError:
         raise SuiteError(f"{path}: not valid JSON: nested too deeply") from None
+    except ValueError:  # Python refuses integers over 4,300 digits (sys.get_int_max_str_digits)
+        raise SuiteError(f"{path}: not valid JSON: a number is too long (over 4300 digits)") from None
     except SuiteError as exc:
         raise SuiteError(f"{path}: {exc}") from None
     try:
@@ -1184,6 +1886,63 @@ class ResponseError(Exception):
         self.status_code = status_code
 
 
+# ---------------------------------------------------------------------- keys and endpoints
+# Pure rules the provider set-up applies before anything is sent. A message names the
+# variable or flag, never the value: a key must not reach the terminal either.
+
+def key_problem(variable, value):
+    """Why the value of a key variable must not be used as a key, or None. A key with a line
+    ending from a file (`sk-...\\r`) would otherwise leak, escaped, through HTTP errors."""
+    if not value or _PRINTABLE_ASCII.fullmatch(value):
+        return None  # a missing key is the provider's own rule
+    return (f"{variable} holds whitespace, a control or a non-ASCII character (a line ending copied from a "
+            "file?); set it to the bare key")
+
+
+def base_url_problem(url, source="--base-url"):
+    """Why a base URL cannot be used (scheme, host, port, IPv6 literal), or None."""
+    if not isinstance(url, str) or not _PRINTABLE_ASCII.fullmatch(url):
+        return f"{source}: the URL is empty or holds whitespace, control or non-ASCII characters"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError as exc:  # urllib's own words name the part: port, IPv6 literal, host
+        what = "the port is not a number from 1 to 65535" if "ort" in str(exc) else \
+            "the host is not a valid name, IPv4 or IPv6 address"
+        return f"{source}: {what}"
+    if parts.scheme not in ("http", "https") or not host:
+        return f"{source}: not an http(s) URL with a host"
+    # urllib tolerates text around an IPv6 literal ("[::1]x:80"); a host is a name or one literal
+    if not re.fullmatch(r"(\[[0-9A-Za-z:.%]+\]|[^\[\]:]+)(:[0-9]*)?", parts.netloc.rpartition("@")[2]):
+        return f"{source}: the host is not a valid name, IPv4 or IPv6 address"
+    if port == 0:
+        return f"{source}: the port is not a number from 1 to 65535"
+    return None
+
+
+def is_loopback(host):
+    """127.0.0.0/8, ::1 (also IPv4-mapped) and localhost: traffic that never leaves this machine."""
+    host = (host or "").lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    import ipaddress
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def plain_http_problem(url, variable, allowed=False):
+    """A key goes over plain http only to a loopback host (or with --allow-insecure-http); else why not."""
+    parts = urllib.parse.urlsplit(url)
+    if allowed or parts.scheme != "http" or is_loopback(parts.hostname):
+        return None
+    return (f"{variable} would be sent over plain http to a non-loopback host ({parts.hostname}); "
+            "use https, or pass --allow-insecure-http if that network is trusted")
+
+
 def _flat_tool(tool):
     """A chat-style function tool ({"function": {...}}) in the Agent API's flat form."""
     if tool.get("type") == "function" and isinstance(tool.get("function"), dict):
@@ -1349,7 +2108,8 @@ class PerplexityProvider(Provider):
         try:
             client = Perplexity(api_key=key, timeout=settings.timeout, max_retries=SDK_MAX_RETRIES)
         except Exception as exc:
-            raise UsageError(f"cannot create the Perplexity client: {type(exc).__name__}: {exc}") from None
+            message = redactor(secrets=[key])(str(exc))  # an SDK error may quote the key
+            raise UsageError(f"cannot create the Perplexity client: {type(exc).__name__}: {message}") from None
         capped = cap_response_bodies(client)
         provider = cls(client, deadline_seconds(settings.timeout), capped)
         provider.endpoint_url = _public_url(cls.endpoint(settings, env))
@@ -1502,7 +2262,7 @@ class OpenAIProvider(Provider):
         base_url, key_env = cls.endpoint(settings, env), getattr(settings, "api_key_env", None)
         key = env.get(key_env) if key_env else env.get(cls.key_variable) if cls._vendor_host(base_url) else None
         if key is None and env.get(cls.key_variable) and not cls._vendor_host(base_url):
-            print(f"note: {cls.key_variable} is not sent to {_public_url(base_url)}; "
+            print(f"note: {cls.key_variable} is not sent to {safe_text(_public_url(base_url))}; "
                   "name the endpoint's key variable with --api-key-env", file=sys.stderr)
         return cls(base_url, key, settings.timeout), key
 
@@ -1859,7 +2619,9 @@ def _mask_cards(match):
 
 
 PII_PATTERNS = [
-    (re.compile(r"(?<![\w-])\d(?:[ -]?\d){12,18}(?![\w-])"), _mask_cards),
+    # Digits may be split by spaces, dashes and invisible characters (zero-width spaces), and
+    # \d also matches fullwidth digits: what text_form() would read as a card is masked.
+    (re.compile(rf"(?<![\w-])\d(?:(?:[\s-]|{_INVISIBLE.pattern}){{0,3}}\d){{12,18}}(?![\w-])"), _mask_cards),
     (re.compile(r"(?i)\bbearer\s+[A-Za-z0-9\-._~+/]+=*"), "[REDACTED:bearer]"),
     (re.compile(r"\b(?:sk|pk|rk|pplx|xai|gsk|ghp|gho|ghs|github_pat|hf|AKIA)[-_A-Za-z0-9]{16,}"), "[REDACTED:key]"),
     (re.compile(r"(?i)\b(api[_-]?key|secret|token|password)(\s*[:=]\s*)[^\s\"',;]+"), r"\1\2[REDACTED:key]"),
@@ -1867,9 +2629,46 @@ PII_PATTERNS = [
 ]
 
 
+MIN_SECRET_CHARS = 8  # a shorter key ("x" for a local server) is not masked: it would rewrite unrelated text
+
+
+def _percent_pattern(form):
+    """A regex for a form that matches its percent-escapes in either case (%2f and %2F)."""
+    return re.sub(r"%([0-9A-Fa-f])([0-9A-Fa-f])",
+                  lambda match: "%" + "".join(f"[{c.upper()}{c.lower()}]" for c in match.groups()), re.escape(form))
+
+
+def secret_forms(secret):
+    """Every form a key can take in text we store or print: raw, JSON-escaped, repr-escaped and
+    percent-encoded, one and two levels deep ("Bearer KEY" holds the raw form). Longest first."""
+    encoders = (lambda text: json.dumps(text)[1:-1], lambda text: repr(text)[1:-1],
+                lambda text: repr(text.encode("utf-8", "backslashreplace"))[2:-1],
+                # repr picks its quote from the text around the key, so either quote may be escaped
+                lambda text: text.replace("\\", "\\\\").replace("'", "\\'"),
+                lambda text: text.replace("\\", "\\\\").replace('"', '\\"'),
+                lambda text: urllib.parse.quote(text, safe=""), lambda text: urllib.parse.quote_plus(text, safe=""))
+    forms = {secret}
+    for _ in range(2):
+        forms |= {encode(form) for form in forms for encode in encoders}
+    return sorted(forms, key=lambda form: (-len(form), form))
+
+
+def secret_rule(secrets):
+    """One (regex, replacement) masking every form of every key of at least MIN_SECRET_CHARS, or None."""
+    forms = {form for secret in secrets if isinstance(secret, str) and len(secret) >= MIN_SECRET_CHARS
+             for form in secret_forms(secret)}
+    if not forms:
+        return None
+    ordered = sorted(forms, key=lambda form: (-len(form), form))  # the longest form wins at a position
+    return re.compile("|".join(_percent_pattern(form) for form in ordered)), "[REDACTED:secret]"
+
+
 def redactor(patterns=(), pii=False, secrets=()):
-    """A function that masks secrets, PII (optional) and user patterns in any JSON value."""
-    rules = [(re.compile(re.escape(secret)), "[REDACTED:secret]") for secret in secrets if secret]
+    """A function that masks secrets, PII (optional) and user patterns in any JSON value.
+
+    A secret shorter than MIN_SECRET_CHARS is left alone (masking "x" would rewrite every x
+    of the evidence); main() says so once on stderr."""
+    rules = [rule for rule in [secret_rule(secrets)] if rule is not None]
     rules += PII_PATTERNS if pii else []
     rules += [(re.compile(pattern), "[REDACTED]") for pattern in patterns]
 
@@ -2185,13 +2984,77 @@ def _well_keyed(row):
         and not isinstance(repeat, bool)
 
 
-def record_problem(record):
-    """Why a JSON value is not a usable record (config and runs), or None."""
-    if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
-        return "it has no config object"
-    if not isinstance(record.get("runs"), list):
-        return 'it has no "runs" list'
-    config = record["config"]
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_text_list(value):
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _is_shard(value):
+    match = re.fullmatch(r"([0-9]{1,6})/([0-9]{1,6})", value) if isinstance(value, str) else None
+    return match is not None and 1 <= int(match.group(1)) <= int(match.group(2))
+
+
+_TEXT, _INT, _NUMBER, _BOOL = ((lambda v: isinstance(v, str)), "a string"), (_is_int, "a whole number"), \
+    ((lambda v: _is_number(v) and math.isfinite(v)), "a finite number"), ((lambda v: isinstance(v, bool)), "true or false")
+_OBJECT, _LIST = ((lambda v: isinstance(v, dict)), "an object"), ((lambda v: isinstance(v, list)), "a list")
+
+# {field: (test, what it must be)}: a field that is present and not null must pass its test.
+# Every field a command that reads a record (compare_runs.py, --report, --resume, --merge,
+# --replay) relies on, with the type it must have. One table, so no reader meets a type it
+# did not expect: a crafted record is one line and exit 2, never a traceback.
+RECORD_FIELDS = dict(
+    created_at=_TEXT, sdk_version=_TEXT, code_sha256=_TEXT, evidence=_TEXT,
+    suite=_OBJECT, provider=_OBJECT, replayed_from=_OBJECT, redaction=_OBJECT, summary=_OBJECT,
+    resumed=_LIST, merged_from=_LIST, recovered=_BOOL,
+    shard=(_is_shard, "I/N with 1 <= I <= N"))
+NESTED_FIELDS = {
+    "suite": dict(name=_TEXT, builtin=_BOOL, file=_TEXT),
+    "provider": dict(name=((lambda v: v in PROVIDERS and v != "replay"), "the name of a provider"),
+                        base_url=((lambda v: base_url_problem(v) is None), "an http(s) URL")),
+    "replayed_from": dict(path=_TEXT),
+    "summary": dict(complete=_BOOL, rows=_INT, expected_rows=_INT, exit_code=_INT, stopped=_TEXT,
+                       models=_OBJECT),
+}
+SUMMARY_MODEL_FIELDS = dict(passed=_INT, total=_INT, errors=_INT, qualified=_BOOL, reported_cost_usd=_TEXT)
+ROW_FIELDS = dict(
+    error=_TEXT, error_status=_INT, error_message=_TEXT, cost_usd=_TEXT, answer_text=_TEXT,
+    reasons=(_is_text_list, "a list of strings"), passed=_BOOL, seconds=_NUMBER, details=_OBJECT,
+    attempts=_INT, rounds=_LIST)
+DETAILS_FIELDS = dict(diff=_TEXT, similarity=_NUMBER)
+
+
+def _field_problem(value, rules, where):
+    """The first field of an object that breaks its rule, as "WHERE.FIELD is not ...", or None."""
+    for field, (test, what) in rules.items():
+        item = value.get(field)
+        if item is not None and not test(item):
+            return f"{where}{field} is not {what}"
+    return None
+
+
+_MASK_MARK = re.compile(r"\[REDACTED(?::[a-z]+)?\]")
+
+
+def masked_evidence(record):
+    """Why a record's stored responses cannot be re-graded (they were masked), or None.
+
+    Checks that read masked text can pass where the original failed (a card number that
+    became [REDACTED:card] no longer trips card-number-not-echoed), so a replay would turn
+    a caught leak into a RECOVERED row. Masked evidence is refused, never re-graded."""
+    if record.get("redaction"):
+        return "it was stored with --redact/--redact-pii, so its responses are masked"
+    for row in record.get("runs") or []:
+        stored = {field: row.get(field) for field in ("response", "rounds")} if isinstance(row, dict) else None
+        if stored and _MASK_MARK.search(dumps(stored)):
+            return (f"the stored response of {' / '.join(map(str, row_key(row)))} holds a [REDACTED] mask "
+                    "(a key or pattern was masked)")
+    return None
+
+
+def _config_problem(config):
     models, cases, repeats = config.get("models"), config.get("cases"), config.get("repeats")
     if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models) \
             or len(set(models)) != len(models):
@@ -2204,11 +3067,42 @@ def record_problem(record):
     if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= 10:
         return "config.repeats is not a whole number from 1 to 10"
     timeout = config.get("timeout_seconds", TIMEOUT_SECONDS)
-    if not _is_number(timeout) or timeout <= 0:
+    if not _is_number(timeout) or not math.isfinite(timeout) or timeout <= 0:
         return "config.timeout_seconds is not a positive number"
-    if not all(isinstance(row, dict) and _well_keyed(row) for row in record["runs"]):
-        return "a row lacks a string model and case_id and a whole-number repeat"
     return None
+
+
+def _row_problem(row, position):
+    if not isinstance(row, dict) or not _well_keyed(row):
+        return f"runs[{position}] lacks a string model and case_id and a whole-number repeat"
+    problem = _field_problem(row, ROW_FIELDS, f"runs[{position}].")
+    if problem is None and isinstance(row.get("details"), dict):
+        problem = _field_problem(row["details"], DETAILS_FIELDS, f"runs[{position}].details.")
+    return problem
+
+
+def record_problem(record):
+    """Why a JSON value is not a usable record, or None: the one validator of every command
+    that reads a record (compare_runs.py, --report, --resume, --merge, --replay)."""
+    if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
+        return "it has no config object"
+    if not isinstance(record.get("runs"), list):
+        return 'it has no "runs" list'
+    problem = _config_problem(record["config"]) or _field_problem(record, RECORD_FIELDS, "")
+    for field, rules in NESTED_FIELDS.items():
+        if problem is None and isinstance(record.get(field), dict):
+            problem = _field_problem(record[field], rules, f"{field}.")
+    models = record["summary"].get("models") if problem is None and isinstance(record.get("summary"), dict) else None
+    for model, stats in (models or {}).items():
+        problem = f"summary.models[{model!r}] is not an object" if not isinstance(stats, dict) else \
+            _field_problem(stats, SUMMARY_MODEL_FIELDS, f"summary.models[{model!r}].")
+        if problem:
+            break
+    for position, row in enumerate(record["runs"]):
+        problem = problem or _row_problem(row, position)
+        if problem:
+            break
+    return problem
 
 
 def plan_rows(models, case_ids, repeats):
@@ -2307,6 +3201,33 @@ def _escape(text, quote=True):
     return text.replace('"', "&quot;").replace("'", "&#x27;") if quote else text
 
 
+_MAYBE_UNSAFE = re.compile(r"[^\x20-\x7e]")  # anything outside printable ASCII is looked at
+_UNSAFE_CATEGORIES = {"Cc", "Cf", "Cs", "Zl", "Zp"}  # controls, bidi and other format marks, surrogates, separators
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _visible(match):
+    char = match.group(0)
+    import unicodedata  # a built-in module, loaded the first time there is anything to look at
+    if unicodedata.category(char) not in _UNSAFE_CATEGORIES:
+        return char
+    code = ord(char)
+    if char in _NAMED_ESCAPES:
+        return _NAMED_ESCAPES[char]
+    return f"\\x{code:02x}" if code <= 0xff else f"\\u{code:04x}" if code <= 0xffff else f"\\U{code:08x}"
+
+
+def safe_text(value, newlines=False):
+    """Text safe to print on a terminal: control characters (C0, DEL, C1), bidi overrides and
+    other invisible format marks, separators and lone surrogates are shown as escapes (\\x1b,
+    \\u202e), so a model, an endpoint, a suite or a record can never move the cursor, reorder
+    or hide what we print. One line unless newlines=True keeps the line breaks."""
+    text = value if isinstance(value, str) else str(value)
+    if newlines:
+        return "\n".join(_MAYBE_UNSAFE.sub(_visible, line) for line in text.split("\n"))
+    return _MAYBE_UNSAFE.sub(_visible, text)
+
+
 def xml_text(value):
     """Text safe inside XML 1.0 elements and attributes (escaped; invalid characters replaced)."""
     return _XML_INVALID.sub("\ufffd", _escape(str(value)))
@@ -2401,7 +3322,10 @@ def _record_plan(record):
 
 def _row_failure_text(row):
     parts = [f"reasons: {json.dumps(row.get('reasons') or [])}"]
-    details = row.get("details") or {}
+    details = row.get("details") if isinstance(row.get("details"), dict) else {}
+    evidence = details.get("evidence") if isinstance(details.get("evidence"), dict) else {}
+    parts += [f"{reason}: {printable(str(evidence[reason].get('note')))}" for reason in row.get("reasons") or []
+              if isinstance(evidence.get(reason), dict) and evidence[reason].get("note")]
     if "similarity" in details:
         parts.append(f"similarity: {details['similarity']}")
     if details.get("diff"):
@@ -2436,7 +3360,9 @@ def junit_run(record):
         elif row.get("error") is not None:
             case["error"] = (f"{row['error']} {row.get('error_status') or ''}".strip(), row.get("error_message") or "")
         elif not row.get("passed"):
-            case["failure"] = (json.dumps(row.get("reasons") or []), _row_failure_text(row))
+            notes = evidence_notes(row, limit=300)
+            case["failure"] = (", ".join(row.get("reasons") or []) + (f" ({notes})" if notes else ""),
+                               _row_failure_text(row))
         suites.setdefault(model, []).append(case)
     return junit_xml("agent-regression", list(suites.items()))
 
@@ -2461,21 +3387,28 @@ _VERDICTS = {0: "PASS: every row passed", 1: "FAIL: at least one check failed",
              2: "ERROR: an execution error or an incomplete run"}
 
 
+def _verdict(final):
+    code = final.get("exit_code")
+    return _VERDICTS.get(code, "unknown") if isinstance(code, int) else "unknown"  # a list is unhashable
+
+
 def markdown_run(record):
     """A Markdown summary of one run (for $GITHUB_STEP_SUMMARY)."""
-    final = record.get("summary") or {}
+    final = record.get("summary") if isinstance(record.get("summary"), dict) else {}
     lines = [f"## agent-regression: {md_text((record.get('suite') or {}).get('name', 'run'))}", "",
-             f"**{_VERDICTS.get(final.get('exit_code'), 'unknown')}** (exit {final.get('exit_code')}); "
-             f"{final.get('rows', 0)} of {final.get('expected_rows', '?')} rows; evidence: "
+             # every value comes from the record, numbers included: a crafted one may hold "<!--"
+             f"**{md_text(_verdict(final))}** (exit {md_text(final.get('exit_code'))}); "
+             f"{md_text(final.get('rows', 0))} of {md_text(final.get('expected_rows', '?'))} rows; evidence: "
              f"{md_text(record.get('evidence', 'live'))}"]
     if final.get("stopped"):
         lines += ["", f"Stopped early: {md_text(final['stopped'])}"]
     lines += ["", md_table(MODEL_COLUMNS, [[md_text(cell) for cell in cells] for cells in _model_rows(final)])]
     failed = _failed_rows(record)
     if failed:
-        lines += ["", "### Failures", "", md_table(["model", "case", "repeat", "reasons"], [
-            [md_text(row.get("model")), md_text(row.get("case_id")), str(row.get("repeat")),
-             md_text(", ".join(row.get("reasons") or []) + (f": {_what_failed(row)}" if row.get("error") else ""))]
+        lines += ["", "### Failures", "", md_table(["model", "case", "repeat", "reasons", "evidence"], [
+            [md_text(row.get("model")), md_text(row.get("case_id")), md_text(row.get("repeat")),
+             md_text(", ".join(row.get("reasons") or []) + (f": {_what_failed(row)}" if row.get("error") else "")),
+             md_text(evidence_notes(row, limit=300))]
             for row in failed])]
     return "\n".join(lines) + "\n"
 
@@ -2487,6 +3420,9 @@ def _html_row_details(row):
     if row.get("error"):
         parts.append(f"<pre>{xml_text(row['error'])} {xml_text(row.get('error_status') or '')}\n"
                      f"{xml_text(row.get('error_message') or '')}</pre>")
+    notes = evidence_notes(row, limit=300)
+    if notes:
+        parts.append(f"<p>evidence: {xml_text(notes)}</p>")
     if "similarity" in details:
         parts.append(f"<p>similarity {xml_text(details['similarity'])}</p>")
     if details.get("diff"):
@@ -2505,7 +3441,7 @@ def html_run(record):
     rows = {row_key(row): row for row in record["runs"] if isinstance(row, dict)}
     title = f"agent-regression: {(record.get('suite') or {}).get('name', 'run')}"
     body = [f"<h1>{xml_text(title)}</h1>",
-            f"<p><b>{xml_text(_VERDICTS.get(final.get('exit_code'), 'unknown'))}</b> (exit "
+            f"<p><b>{xml_text(_verdict(final))}</b> (exit "
             f"{xml_text(final.get('exit_code'))}); {xml_text(final.get('rows', 0))} of "
             f"{xml_text(final.get('expected_rows', '?'))} rows; evidence {xml_text(record.get('evidence', 'live'))}; "
             f"created {xml_text(record.get('created_at'))}</p>"]
@@ -2553,7 +3489,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (and exit 2), not the whole usage text."""
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {safe_text(message)}\n")  # suite, record or endpoint text inside
 
 
 # flag -> the environment variable that sets it when the flag is absent (for CI), and its parser
@@ -2590,6 +3526,8 @@ def build_parser():
     where.add_argument("--provider", help=f"one of {', '.join(PROVIDERS)} (default perplexity)")
     where.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
     where.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the key for --base-url")
+    where.add_argument("--allow-insecure-http", action="store_true",
+                       help="allow sending a key over plain http:// to a host that is not loopback")
     where.add_argument("--replay", metavar="RECORD", help="the saved record that --provider replay answers from")
     where.add_argument("--timeout", type=float, metavar="SECONDS",
                        help=f"per-request timeout (default {TIMEOUT_SECONDS})")
@@ -2661,6 +3599,9 @@ def _check_flags(args):
             re.compile(pattern)
         except (re.error, OverflowError, RecursionError) as exc:
             raise UsageError(f"--redact {pattern!r} is not a valid regular expression: {exc}") from None
+    problem = base_url_problem(args.base_url) if args.base_url is not None else None
+    if problem:
+        raise UsageError(problem)
     if args.merge is not None and len(args.merge) < 2:
         raise UsageError("--merge needs OUT and at least one shard record")
     if args.resume and args.out:
@@ -2751,7 +3692,42 @@ def provider_problem(args, env):
         takers = " or ".join(f"--provider {name}" for name, other in PROVIDERS.items() if other.base_url_flag)
         reads = f" (the {cls.vendor or cls.name} provider reads {cls.base_url_variable})" if cls.base_url_variable else ""
         return f"--base-url goes with {takers}{reads}"
-    return cls.problem(args, env)
+    return cls.problem(args, env) or transport_problem(cls, args, env)
+
+
+def sent_key_variable(cls, settings, env):
+    """The environment variable whose value this run sends as its key, or None (from the
+    provider's table attributes: --api-key-env, key_variable, key_hosts)."""
+    named = getattr(settings, "api_key_env", None)
+    if named and cls.base_url_flag:
+        return named
+    if not cls.key_variable or not env.get(cls.key_variable):
+        return None
+    if cls.key_hosts is None:
+        return cls.key_variable
+    parts = urllib.parse.urlsplit(cls.endpoint(settings, env) or "")
+    return cls.key_variable if parts.scheme == "https" and (parts.hostname or "") in cls.key_hosts else None
+
+
+def endpoint_problem(cls, settings, env):
+    """Why the endpoint named by --base-url or the provider's variable is not a usable URL, or None."""
+    named = getattr(settings, "base_url", None) if cls.base_url_flag else None
+    variable = env.get(cls.base_url_variable) if cls.base_url_variable else None
+    if named:
+        return base_url_problem(named, "--base-url")
+    return base_url_problem(variable, cls.base_url_variable) if variable else None
+
+
+def transport_problem(cls, settings, env):
+    """The endpoint and the key this run would send, checked before anything is sent: a usable
+    URL, a key that is a clean token, and no key over plain http to a non-loopback host."""
+    problem = endpoint_problem(cls, settings, env)
+    variable = sent_key_variable(cls, settings, env) if problem is None else None
+    if variable is None or not env.get(variable):
+        return problem
+    endpoint = cls.endpoint(settings, env)
+    return key_problem(variable, env[variable]) or (endpoint and plain_http_problem(
+        endpoint, variable, getattr(settings, "allow_insecure_http", False))) or None
 
 
 def make_provider(args, env):
@@ -2760,6 +3736,15 @@ def make_provider(args, env):
     if problem:
         raise UsageError(problem)
     return PROVIDERS[args.provider].from_settings(args, env)
+
+
+def _env_base_url(env, variable):
+    """A base URL variable when set, checked like --base-url (a bad one is a usage error naming it)."""
+    url = env.get(variable) if variable else None
+    problem = base_url_problem(url, variable) if url else None
+    if problem:
+        raise UsageError(problem)
+    return url
 
 
 def _load_for(flag, path):
@@ -2780,20 +3765,40 @@ def provider_identity(args, env, replayed=None):
 
 
 def catalogue():
-    """The --list-checks text, from the checks' own docstrings."""
+    """The --list-checks text, from the check table: each check, what switches it on, its reasons."""
     lines = ["Checks (run in this order; each is a pure function of the case and the response trace):"]
-    for name, check_fn in CHECKS.items():
-        lines.append(f"  {name:<22} {(check_fn.__doc__ or '').strip()}")
+    for check_ in CHECK_TABLE:
+        lines.append(f"  {check_.name:<22} {check_.doc}")
+        switch = ("every case" if check_.always else
+                  f"behaviors: {check_.name}" + (f":{check_.arg.upper()}" if check_.arg else "") if check_.behavior
+                  else "case keys: " + ", ".join(check_.keys))
+        lines.append(f"  {'':<22} on: {switch}; reasons: {', '.join(check_.reasons) or '-'}")
+    lines.append("Text comparisons (contains, excludes, similarity, length, leak, clarification, PII redaction) use "
+                 "one normal form on both sides: NFKC, format characters such as zero-width spaces removed, "
+                 "case folded, whitespace folded.")
     lines.append("Behaviors (a case's \"behaviors\" list): " + ", ".join(
         name + (f":{kind.upper()}" if kind else "") for name, kind in BEHAVIORS.items()))
     return "\n".join(lines)
 
 
 def _checks_of(case):
-    names = [key for key in ("expect", "cite", "contains", "excludes", "min_chars", "max_chars") if key in case]
-    if "min_similarity" in case:
-        names.append("similarity")
-    return names + list(case.get("behaviors", []))
+    """The checks that have something to judge in a case (behaviours with their arguments), in run order."""
+    return [check_.label(case) for check_ in CHECK_TABLE if not check_.always and check_.active(case)]
+
+
+def lint_case(case):
+    """A warning for a case too weak to fail, or None: its only checks pass an empty answer."""
+    active = [check_ for check_ in CHECK_TABLE if not check_.always and check_.active(case)]
+    if not active:
+        return f"case {case['id']!r} has no rule beyond completion: any answer passes"
+    if all(check_.vacuous for check_ in active):
+        return (f"case {case['id']!r} only checks {', '.join(check_.name for check_ in active)}: "
+                "an empty answer passes; add contains, expect, expected_text or a behaviour")
+    return None
+
+
+def _plural(count, word):
+    return f"{count} {word}" + ("" if count == 1 else "s")
 
 
 def _format_name(response_format):
@@ -2811,7 +3816,8 @@ def plan_text(suite, args, plan, provider_note):
         f"suite: {suite['name']}" + (f" ({suite['file']})" if suite.get("file") else ""),
         f"provider: {args.provider}" + (f" ({provider_note})" if provider_note else ""),
         f"instructions sha256: {instructions_sha256(suite['instructions'])}",
-        f"plan: {len(suite['cases'])} cases x {len(models)} models x {args.repeats} repeats = {len(plan)} requests",
+        f"plan: {_plural(len(suite['cases']), 'case')} x {_plural(len(models), 'model')} x "
+        f"{_plural(args.repeats, 'repeat')} = {_plural(len(plan), 'request')}",
         f"models: {', '.join(models)}",
         "tools: " + (", ".join(str(_tool_name(t) or t["type"]) for t in suite["tools"]) or "none"),
         "response format: " + _format_name(suite["response_format"]),
@@ -2819,19 +3825,26 @@ def plan_text(suite, args, plan, provider_note):
     for case in suite["cases"]:
         text = _normalise(_case_text(case))
         lines.append(f"  {case['id']}: {text[:70]}{'...' if len(text) > 70 else ''}"
-                     f"  [checks: {', '.join(_checks_of(case)) or 'completed only'}]")
+                     f"  [checks: {', '.join(['completed'] + _checks_of(case))}]")
+    warnings = [warning for warning in map(lint_case, suite["cases"]) if warning]
+    lines += [f"warning: {warning}" for warning in warnings]
     lines.append("nothing was sent (--dry-run)")
-    return "\n".join(lines)
+    return "\n".join(safe_text(line) for line in lines)
 
 
-def row_line(row):
-    """The console line of one row: model, case, repeat, verdict or reasons, cost, time."""
+def row_line(row, widths=(0, 0)):
+    """The console line of one row: model, case, repeat, verdict or reasons with their short
+    evidence, cost, time. `widths` pads the model and case columns so rows line up."""
     if row["error"] is not None:
         verdict = f"ERROR {row['error']}" + (f" {row['error_status']}" if row["error_status"] else "")
+    elif row["passed"]:
+        verdict = "PASS"
     else:
-        verdict = "PASS" if row["passed"] else "FAIL " + ",".join(row["reasons"])
-    cost = f"${row['cost_usd']}" if row["cost_usd"] is not None else "$?"
-    return f"{row['model']}  {row['case_id']}  r{row['repeat']}  {verdict}  {cost}  {row['seconds']:.3f}s"
+        notes = evidence_notes(row)
+        verdict = "FAIL " + ",".join(row["reasons"]) + (f" ({notes})" if notes else "")
+    cost = f"${row['cost_usd']}" if row["cost_usd"] is not None else "cost ?"
+    return safe_text(f"{row['model']:<{widths[0]}}  {row['case_id']:<{widths[1]}}  r{row['repeat']}  {verdict}  {cost}  "
+            f"{row['seconds']:.3f}s")
 
 
 def _now():
@@ -2898,7 +3911,7 @@ def _resume_defaults(args, env):
     if cls is None:
         raise UsageError(f"--resume: {args.resume} was made with an unknown provider {made_with!r}")
     if cls.base_url_flag:  # continue against the record's endpoint unless one is named
-        args.base_url = args.base_url or env.get(cls.base_url_variable) or identity.get("base_url")
+        args.base_url = args.base_url or _env_base_url(env, cls.base_url_variable) or identity.get("base_url")
     current = cls.endpoint(args, env)
     recorded = identity.get("base_url") or cls.default_base_url  # older records omit the default
     if current is not None and _public_url(current) != (recorded and _public_url(recorded)):
@@ -2911,6 +3924,9 @@ def _resume_defaults(args, env):
 def _replay_defaults(args):
     """Load the record to replay; its models, repeats and timeout fill every flag not given."""
     replayed = _load_for("--replay", args.replay or "")
+    masked = masked_evidence(replayed)
+    if masked:
+        raise UsageError(f"--replay: {args.replay} cannot be re-graded: {masked}; replay a record made without masking")
     config = replayed["config"]
     args.models = args.models or config["models"]
     args.repeats = args.repeats or config["repeats"]
@@ -2951,6 +3967,9 @@ def prepare(args, env):
     record = _resume_defaults(args, env) if args.resume else None
     args.provider = args.provider or ("replay" if args.replay else "perplexity")
     cls = PROVIDERS[args.provider]
+    problem = endpoint_problem(cls, args, env)  # before the identity stores it, also for --dry-run
+    if problem:
+        raise UsageError(problem)
     if cls.base_url_flag:
         args.base_url = cls.endpoint(args, env)
     replayed = _replay_defaults(args) if cls.replays_record else None
@@ -3184,8 +4203,12 @@ def execute_run(run, args, writer, tally):
     cases = {case["id"]: case for case in run.suite["cases"]}
     grader = builtin_grader(run.suite, run.provider)
     mask = redactor(args.redact, args.redact_pii, [run.secret] if run.secret else [])
+    if run.secret and len(run.secret) < MIN_SECRET_CHARS:
+        print(f"note: the API key is shorter than {MIN_SECRET_CHARS} characters, so it is not masked in "
+              "stored text (masking it would rewrite unrelated evidence)", file=sys.stderr)
     position = {key: n for n, key in enumerate(run.plan)}
     progress = Progress(len(run.plan), len(run.kept))
+    widths = tuple(max((len(str(key[n])) for key in run.plan), default=0) for n in (0, 1))  # aligned columns
     state = {"stopped": None, "last": max((position[row_key(r)] for r in run.kept), default=-1), "in_order": True}
     answers = {}
 
@@ -3204,7 +4227,7 @@ def execute_run(run, args, writer, tally):
             saving = time.monotonic()
             writer.append(stored, tally.summary())
             saved = time.monotonic() - saving
-            progress.row(f"{row_line(stored)}  (+{saved:.3f}s save)", tally)
+            progress.row(f"{row_line(stored, widths)}  (+{saved:.3f}s save)", tally)
             state["in_order"] &= position[key] > state["last"]
             state["last"] = max(state["last"], position[key])
             if stored["error"] is None and isinstance(stored["answer_text"], str):
@@ -3281,7 +4304,7 @@ def main(argv=None):
         if args.report:
             record = _load_for("--report", args.report)
             write_reports(record, targets)
-            print(f"wrote {', '.join(targets.values())} from {args.report}")
+            print(safe_text(f"wrote {', '.join(targets.values())} from {args.report}"))
             return 0
         if args.merge:
             code = merge(args.merge[0], args.merge[1:])
@@ -3306,7 +4329,7 @@ def main(argv=None):
     try:
         if run.resuming:
             writer = replace_record(run.path, run.header, run.kept, tally.summary())
-            print(f"resuming {run.path}: {len(run.kept)} finished row(s) kept, {len(run.todo)} to run",
+            print(f"resuming {safe_text(run.path)}: {len(run.kept)} finished row(s) kept, {len(run.todo)} to run",
                   file=sys.stderr)
         else:
             writer = create_record(run.path, run.header, [], tally.summary())
@@ -3336,16 +4359,16 @@ def main(argv=None):
         raise
     except RecordError as exc:
         writer.close()
-        print(f"regression.py: error: {exc}", file=sys.stderr)
+        print(f"regression.py: error: {safe_text(exc)}", file=sys.stderr)
         return 2
     print(json.dumps(final, indent=2))
     if stopped:
-        print(f"stopped early: {stopped}", file=sys.stderr)
+        print(f"stopped early: {safe_text(stopped)}", file=sys.stderr)
     if targets:
         try:
             write_reports(load_record(run.path), targets)
         except RecordError as exc:
-            print(f"regression.py: error: {exc}", file=sys.stderr)
+            print(f"regression.py: error: {safe_text(exc)}", file=sys.stderr)
             return 2
     if args.update_baseline:
         return update_baseline(run, args, final["exit_code"])
@@ -3362,19 +4385,20 @@ def update_baseline(run, args, exit_code):
                                 {case_id: row.get("reasons") or [] for case_id, row in chosen.items()},
                                 approve_failing=args.approve_failing)
     except (SuiteError, RecordError) as exc:
-        print(f"regression.py: error: {exc}", file=sys.stderr)
+        print(f"regression.py: error: {safe_text(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as interrupt:  # the run is complete: this is not "nothing was saved"
-        print(f"interrupted while filling baselines: {run.suite['file']} is "
-              f"{getattr(interrupt, 'suite_state', 'unchanged')}; every row is saved in {run.path}", file=sys.stderr)
+        print(safe_text(f"interrupted while filling baselines: {run.suite['file']} is "
+                        f"{getattr(interrupt, 'suite_state', 'unchanged')}; every row is saved in {run.path}"),
+              file=sys.stderr)
         return 130
-    print(f"baselines filled: {', '.join(filled) if filled else 'none'} ({run.suite['file']})")
+    print(safe_text(f"baselines filled: {', '.join(filled) if filled else 'none'} ({run.suite['file']})"))
     if filled:
         stem = run.path[:-5] if run.path.endswith(".json") else run.path
-        print(f"note: {run.path} was graded before these baselines existed, so compare_runs.py refuses it "
-              f"against runs of the new suite; regrade it first: python regression.py --provider replay "
-              f"--replay {shlex.quote(run.path)} --suite {shlex.quote(run.suite['file'])} "
-              f"--out {shlex.quote(stem + '-regraded.json')}")
+        print(safe_text(f"note: {run.path} was graded before these baselines existed, so compare_runs.py refuses "
+                        f"it against runs of the new suite; regrade it first: python regression.py --provider replay "
+                        f"--replay {shlex.quote(run.path)} --suite {shlex.quote(run.suite['file'])} "
+                        f"--out {shlex.quote(stem + '-regraded.json')}"))
     return exit_code
 
 

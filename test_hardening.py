@@ -4,7 +4,7 @@
    built-in suite; openai through --base-url with suites/support-guardrails.json), each bounded
    by --timeout 1: classified and recorded as execution errors (exit 2), never graded as a model
    failure; with --retries 2 the transient ones recover.
-2. Crashes: SIGKILL at seeded random instants of a 200-row run; every printed row is recovered,
+2. Crashes: SIGKILL at seeded random instants of an 80-row run; every printed row is recovered,
    --resume pays only for the rest, and the final record equals an uninterrupted run.
 3. Disk trouble: missing directory, ENOTDIR, a full disk (RLIMIT_FSIZE), an existing --out.
 4. Hostile input, property-based (hypothesis): URLs, suites, argument lists, records.
@@ -162,7 +162,7 @@ def normal(row):
     return row
 
 
-ROW_LINE = re.compile(r"(\S+)  (\S+)  r(\d+)  (.*)")
+ROW_LINE = re.compile(r"(\S+) {2,}(\S+) {2,}r(\d+)  (.*)")  # model and case columns are padded to line up
 
 
 def row_lines(stdout):
@@ -421,7 +421,12 @@ def test_unreadable_retry_after_falls_back_to_backoff_and_recovers(tmp_path, val
 
 # ====================================================================== 2. crashes
 
-CRASH_MODELS = [f"m{n}" for n in range(1, 26)]
+# The trials run the openai provider (standard library): the record, its checkpoints and
+# --resume are the same for every provider, and a trial then costs a fraction of a second
+# instead of two SDK imports (about 1 s of CPU each). test_run_control.py's
+# test_resume_after_sigkill_completes_without_paying_twice kills a run on the Perplexity SDK.
+CRASH_MODELS = [f"m{n}" for n in range(1, 11)]
+CRASH_CASES = [case["id"] for case in json.loads(GUARDRAILS.read_text(encoding="utf-8"))["cases"]]
 CRASH_SEED = 20_251_130
 CRASH_TRIALS = 24
 
@@ -470,17 +475,18 @@ def settle(server, quiet_for=0.3, limit=3.0):
             return
 
 
-def crash_command(out):
-    return [sys.executable, str(SCRIPT), "--models", *CRASH_MODELS, "--repeats", "2", "--out", str(out)]
+def crash_command(out, server):
+    return [sys.executable, str(SCRIPT), "--provider", "openai", "--base-url", server.url + "/v1",
+            "--suite", str(GUARDRAILS), "--models", *CRASH_MODELS, "--repeats", "2", "--out", str(out)]
 
 
 def crash_trial(folder, number, trigger, plan, reference):
     """One SIGKILL trial; returns (notes, final record)."""
     out = folder / f"trial-{number}.json"
     notes = {"trigger": trigger}
-    with FakeServer(fakes.advisor()) as server:
-        env = child_env(server)
-        with subprocess.Popen(crash_command(out), cwd=folder, env=env, stdout=subprocess.PIPE,
+    with FakeServer(openai_good) as server:
+        env = child_env(key=None)
+        with subprocess.Popen(crash_command(out, server), cwd=folder, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, text=True) as proc:
             reader = LineReader(proc.stdout)
             reader.start()
@@ -540,7 +546,7 @@ def crash_trial(folder, number, trigger, plan, reference):
                 one_error_line(refused.stderr)
                 assert server.count == sent_before
             final_path = folder / f"trial-{number}-fresh.json"
-            fresh = subprocess.run(crash_command(final_path), cwd=folder, env=env, capture_output=True,
+            fresh = subprocess.run(crash_command(final_path, server), cwd=folder, env=env, capture_output=True,
                                    text=True, timeout=60)
             assert fresh.returncode == 0, fresh.stderr
             assert server.count - sent_before == len(plan)
@@ -553,12 +559,12 @@ def crash_trial(folder, number, trigger, plan, reference):
 
 
 def test_sigkill_at_random_instants_loses_no_finished_row(tmp_path):
-    plan = regression.plan_rows(CRASH_MODELS, CASE_IDS, 2)
-    assert len(plan) == 200
+    plan = regression.plan_rows(CRASH_MODELS, CRASH_CASES, 2)
+    assert len(plan) == 80
     reference_path = tmp_path / "uninterrupted.json"
-    with FakeServer(fakes.advisor()) as server:
+    with FakeServer(openai_good) as server:
         started = time.monotonic()
-        with subprocess.Popen(crash_command(reference_path), cwd=tmp_path, env=child_env(server),
+        with subprocess.Popen(crash_command(reference_path, server), cwd=tmp_path, env=child_env(key=None),
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
             first_line = None
             for line in proc.stdout:
@@ -566,7 +572,7 @@ def test_sigkill_at_random_instants_loses_no_finished_row(tmp_path):
                     first_line = time.monotonic() - started
             proc.wait(timeout=60)
         total = time.monotonic() - started
-        assert proc.returncode == 0 and server.count == 200
+        assert proc.returncode == 0 and server.count == len(plan)
     uninterrupted = read_json(reference_path)
     reference = {regression.row_key(row): normal(row) for row in uninterrupted["runs"]}
     assert list(reference) == plan
@@ -574,7 +580,7 @@ def test_sigkill_at_random_instants_loses_no_finished_row(tmp_path):
     rng = random.Random(CRASH_SEED)
     first_line = first_line or total / 2
     triggers = [("time", 0.0), ("time", 0.05), ("time", rng.uniform(0.1, first_line)),
-                ("file", 0.0), ("file", 0.003), ("line", 1), ("line", 199), ("line", 200),
+                ("file", 0.0), ("file", 0.003), ("line", 1), ("line", len(plan) - 1), ("line", len(plan)),
                 ("time", total * 0.99), ("time", total * 1.05)]
     triggers += [("time", rng.uniform(first_line, total)) for _ in range(CRASH_TRIALS - len(triggers))]
     assert len(triggers) >= 20
@@ -587,8 +593,8 @@ def test_sigkill_at_random_instants_loses_no_finished_row(tmp_path):
     # the kills really were spread: some before any record, some mid-run, some at the end
     notes = [note for note, _ in outcomes]
     assert any(note.get("no_record") for note in notes)
-    assert any(0 < note.get("recovered", 0) < 200 for note in notes)
-    assert any(note.get("recovered", 0) >= 199 for note in notes)
+    assert any(0 < note.get("recovered", 0) < len(plan) for note in notes)
+    assert any(note.get("recovered", 0) >= len(plan) - 1 for note in notes)
     for note, final in outcomes:
         with quiet():
             assert compare_runs.compare(uninterrupted, final) == 0, note
@@ -856,24 +862,74 @@ def mutated_urls(draw):
     return url
 
 
+def _random_char(rng):
+    """Any code point (surrogates and controls included), or one of the URL-special characters."""
+    if rng.random() < 0.5:
+        return rng.choice("/\\@:.?#%&=;[] \t\n\r\x00\x0bAZaz09-_~")
+    return chr(rng.randrange(0x110000))
+
+
+def random_mutated_url(rng):
+    """mutated_urls without hypothesis: thousands of them cost milliseconds."""
+    url = rng.choice(GOOD_URLS)
+    for _ in range(rng.randint(1, 3)):
+        position = rng.randint(0, len(url))
+        action = rng.choice(["insert", "replace", "delete"])
+        char = _random_char(rng)
+        if action == "insert":
+            url = url[:position] + char + url[position:]
+        elif action == "replace":
+            url = url[:position] + char + url[position + 1:]
+        else:
+            url = url[:position] + url[position + 1:]
+    return url
+
+
+def random_near_miss_url(rng):
+    """near_miss_urls without hypothesis: (url, names of the bad parts, document of a good path)."""
+    broken = set(rng.sample(PART_ORDER, rng.randint(0, 3)))
+    parts = {name: rng.choice(BAD_PARTS[name] if name in broken else GOOD_PARTS[name]) for name in PART_ORDER}
+    url = (f"{parts['scheme']}://{parts['userinfo']}{parts['host']}{parts['port']}"
+           f"{parts['path']}{parts['query']}{parts['fragment']}")
+    match = RFC_PATH.fullmatch(parts["path"])
+    return url, broken, match[1] if match else None
+
+
+# Hypothesis shrinks a failure to its smallest form but costs milliseconds per example; the
+# seeded loops beside each property try thousands of the same inputs in well under a second.
+URL_LOOP_SEED, URL_LOOP_COUNT = 20_251_201, 5000
+
+
 def test_rfc_document_never_raises_and_acceptance_implies_a3():
     accepted = []
 
-    @settings(max_examples=600, **HYPOTHESIS)
-    @given(st.one_of(st.text(ANY_CHAR, max_size=80), mutated_urls(),
-                     st.from_regex(r"[hH][tT][tT][pP][sS]?://[\w.:@\[\]%\\-]{0,30}/[\w./%\\-]{0,30}"
-                                   r"(\?[\w=]*)?(#[^\n]*)?", fullmatch=True)))
-    @example("https://www.rfc-editor.org/rfc/rfc9110")
-    @example("https://www.rfc-editor.org/rfc/rfc9110\ud800")
-    @example("https://[www.rfc-editor.org/rfc/rfc9110")
-    @example("https://www.rfc-editor.org:99999999999999999999/rfc/rfc9110")
-    def prop(url):
+    def check(url):
         document = regression.rfc_document(url)  # never raises
         assert document is None or isinstance(document, str)
         if document is not None:
             accepted.append(url)
             assert_a3(url, document)
             assert regression.approved_source(url, document)
+
+    rng = random.Random(URL_LOOP_SEED)
+    for _ in range(URL_LOOP_COUNT):
+        url = random_mutated_url(rng)
+        check(url)
+        check("".join(_random_char(rng) for _ in range(rng.randint(0, 80))))
+
+    @settings(max_examples=100, **HYPOTHESIS)
+    @given(st.one_of(st.text(ANY_CHAR, max_size=80), mutated_urls(),
+                     st.from_regex(r"[hH][tT][tT][pP][sS]?://[\w.:@\[\]%\\-]{0,30}/[\w./%\\-]{0,30}"
+                                   r"(\?[\w=]*)?(#[^\n]*)?", fullmatch=True,
+                                   # an explicit alphabet (every code point) saves the 3 s the
+                                   # default one costs to set up
+                                   alphabet=ANY_CHAR)))
+    @example("https://www.rfc-editor.org/rfc/rfc9110")
+    @example("https://www.rfc-editor.org/rfc/rfc9110\ud800")
+    @example("https://[www.rfc-editor.org/rfc/rfc9110")
+    @example("https://www.rfc-editor.org:99999999999999999999/rfc/rfc9110")
+    def prop(url):
+        check(url)
 
     prop()
     assert accepted, "acceptance was never exercised"
@@ -882,9 +938,7 @@ def test_rfc_document_never_raises_and_acceptance_implies_a3():
 def test_rfc_document_on_near_miss_urls_built_from_parts():
     outcomes = {"accepted": 0, "rejected": 0}
 
-    @settings(max_examples=800, **HYPOTHESIS)
-    @given(near_miss_urls())
-    def prop(drawn):
+    def check(drawn):
         url, broken, document = drawn
         got = regression.rfc_document(url)
         if got is not None:
@@ -896,8 +950,18 @@ def test_rfc_document_on_near_miss_urls_built_from_parts():
             assert got == document, f"a URL made only of good parts was rejected: {url!r}"
             outcomes["accepted"] += 1
 
+    rng = random.Random(URL_LOOP_SEED)
+    for _ in range(URL_LOOP_COUNT):
+        check(random_near_miss_url(rng))
+    assert outcomes["accepted"] > 200 and outcomes["rejected"] > 2000, outcomes
+
+    @settings(max_examples=100, **HYPOTHESIS)
+    @given(near_miss_urls())
+    def prop(drawn):
+        check(drawn)
+
     prop()
-    assert outcomes["accepted"] > 20 and outcomes["rejected"] > 20, outcomes
+    assert outcomes["accepted"] > 220 and outcomes["rejected"] > 2020, outcomes
 
 
 # ---------------------------------------------------------------------- shared JSON strategies
@@ -1040,11 +1104,12 @@ def run_main_in_process(argv):
     return code, err.getvalue()
 
 
-def check_suite_file(path, data):
-    """--suite FILE --dry-run: exit 0 (valid) or SystemExit(2) with exactly one line on stderr."""
+def check_suite_file(path, data, expected=(0, 2)):
+    """--suite FILE --dry-run: exit 0 (valid) or SystemExit(2) with exactly one line on stderr;
+    `expected` pins the one exit code a known input must give."""
     path.write_bytes(data)
     code, err = run_main_in_process(["--suite", path, "--dry-run"])
-    assert code in (0, 2), (code, err)
+    assert code in ((expected,) if isinstance(expected, int) else expected), (code, err)
     if code == 2:
         lines = err.rstrip("\n").split("\n")
         assert len(lines) == 1 and lines[0].startswith("regression.py: error: "), err
@@ -1054,7 +1119,7 @@ def test_malformed_suites_exit_2_with_one_line(monkeypatch):
     with scratch_dir() as folder:
         monkeypatch.chdir(folder)
 
-        @settings(max_examples=500, **HYPOTHESIS)
+        @settings(max_examples=100, **HYPOTHESIS)
         @given(suite_files())
         @example(b"[" * 100_000)
         @example(b"\xef\xbb\xbf{}")
@@ -1071,25 +1136,31 @@ def _suite_with(**fields):
     return json.dumps(suite).encode()
 
 
+# name -> (suite file, the exit code `--suite FILE --dry-run` must give: 2 with one line, or 0)
 KNOWN_HOSTILE_SUITES = {
-    "non-function-tool-with-int-name": _suite_with(tools=[{"type": "web", "name": 5}]),
-    "json-object-format-with-int-json-schema": _suite_with(response_format={"type": "json_object", "json_schema": 5}),
-    "json-object-format-with-int-schema-name": _suite_with(
-        response_format={"type": "json_object", "json_schema": {"name": 7}}),
-    "sources-path-with-huge-repeat": _suite_with(
-        sources={"field": "u", "hosts": ["h"], "path": "(a){99999999999}"}),
-    "instructions-with-lone-surrogate": _suite_with(instructions="\ud800"),
-    "case-id-with-lone-surrogate": _suite_with(cases=[{"id": "a\udc00", "input": "hi"}]),
-    "deeply-nested": b"[" * 100_000,
-    "utf-8-bom": b"\xef\xbb\xbf{}",
-    "invalid-utf-8": b'{"name": "\xff"}',
+    "non-function-tool-with-int-name": (_suite_with(tools=[{"type": "web", "name": 5}]), 2),
+    "json-object-format-with-int-json-schema": (
+        _suite_with(response_format={"type": "json_object", "json_schema": 5}), 2),
+    "json-object-format-with-int-schema-name": (
+        _suite_with(response_format={"type": "json_object", "json_schema": {"name": 7}}), 2),
+    "sources-path-with-huge-repeat": (
+        _suite_with(sources={"field": "u", "hosts": ["h"], "path": "(a){99999999999}"}), 2),
+    # instructions are only hashed and sent (as JSON escapes), never printed: a valid suite
+    "instructions-with-lone-surrogate": (_suite_with(instructions="\ud800"), 0),
+    # issue 11: a case id with a lone surrogate is bad input (the real CLI printed a traceback)
+    "case-id-with-lone-surrogate": (_suite_with(cases=[{"id": "a\udc00", "input": "hi"}]), 2),
+    "suite-name-with-lone-surrogate": (_suite_with(name="x\ud800"), 2),
+    "deeply-nested": (b"[" * 100_000, 2),
+    "utf-8-bom": (b"\xef\xbb\xbf{}", 2),
+    "invalid-utf-8": (b'{"name": "\xff"}', 2),
 }
 
 
 @pytest.mark.parametrize("name", list(KNOWN_HOSTILE_SUITES))
 def test_known_hostile_suite_exits_0_or_2_with_one_line(tmp_path, monkeypatch, name):
     monkeypatch.chdir(tmp_path)
-    check_suite_file(tmp_path / "suite.json", KNOWN_HOSTILE_SUITES[name])
+    data, expected = KNOWN_HOSTILE_SUITES[name]
+    check_suite_file(tmp_path / "suite.json", data, expected)
 
 
 # ---------------------------------------------------------------------- (c) argument lists
@@ -1148,16 +1219,49 @@ def check_argv(argv):
         assert len(err.rstrip("\n").split("\n")) == 1, err
 
 
-@pytest.mark.parametrize("argv", [
+KNOWN_HOSTILE_ARGUMENTS = [
     ["--redact", "a{99999999999}"],
     ["--redact", "(a){4294967296}"],
     ["--max-cost-usd", "sNaN"],
     ["--shard", "1/" + "9" * 5000],
-], ids=lambda argv: " ".join(argv)[:40])
+]
+
+
+@pytest.mark.parametrize("argv", KNOWN_HOSTILE_ARGUMENTS, ids=lambda argv: " ".join(argv)[:40])
 def test_known_hostile_arguments_exit_2_with_one_line(tmp_path, monkeypatch, argv):
     monkeypatch.chdir(tmp_path)
-    check_argv([*argv, "--provider", "echo", "--dry-run"])
+    code, err = run_main_in_process([*argv, "--provider", "echo", "--dry-run"])
+    assert code == 2, (code, err)
+    one_error_line(err)
     assert os.listdir(tmp_path) == []
+
+
+def test_known_hostile_inputs_through_the_real_cli(tmp_path):
+    """Both fixed hostile tables through `python regression.py` itself, in one driver process
+    (fakes.cli_table): in-process runs print into a StringIO, which once hid a traceback the
+    real stdout raised. Each input pins its exit code; nothing is written but the suite."""
+    runs, expected = [], []
+    for name, (data, code) in KNOWN_HOSTILE_SUITES.items():
+        folder = tmp_path / f"suite-{len(runs)}"
+        folder.mkdir()
+        (folder / "suite.json").write_bytes(data)
+        runs.append((["--suite", "suite.json", "--dry-run"], folder))
+        expected.append((name, code, ["suite.json"]))
+    for argv in KNOWN_HOSTILE_ARGUMENTS:
+        folder = tmp_path / f"argv-{len(runs)}"
+        folder.mkdir()
+        runs.append(([*argv, "--provider", "echo", "--dry-run"], folder))
+        expected.append((" ".join(argv)[:40], 2, []))
+    results = fakes.cli_table(runs, env=child_env(key=None))
+    assert len(results) == len(runs)
+    for (name, code, files), (_, folder), (got, out, err) in zip(expected, runs, results):
+        assert "Traceback" not in err, (name, err)
+        assert got == code, (name, got, err)
+        if code == 2:
+            one_error_line(err)
+        else:
+            assert err == "" and out.strip(), (name, out, err)
+        assert sorted(os.listdir(folder)) == files, name
 
 
 def test_generated_argument_lists_exit_0_1_or_2_without_traceback(monkeypatch):
@@ -1166,7 +1270,7 @@ def test_generated_argument_lists_exit_0_1_or_2_without_traceback(monkeypatch):
         _argv_fixtures(folder)
         monkeypatch.chdir(folder)
 
-        @settings(max_examples=300, **HYPOTHESIS)
+        @settings(max_examples=100, **HYPOTHESIS)
         @given(argument_lists())
         @example(["--resume", "torn-record.json", "--provider", "echo", "--dry-run"])
         @example(["--merge", "new-a.json", "echo-record.json", "--provider", "echo", "--dry-run"])
@@ -1201,7 +1305,7 @@ def test_index_and_compare_on_any_json_return_or_raise_value_error():
     bases = demo_records()
     records = st.one_of(JSON, mutated_json(bases), st.sampled_from(bases))
 
-    @settings(max_examples=500, **HYPOTHESIS)
+    @settings(max_examples=100, **HYPOTHESIS)
     @given(records, records)
     def prop(before, after):
         try:
@@ -1237,7 +1341,7 @@ def test_compare_runs_main_on_arbitrary_json_files_returns_0_1_or_2():
         return draw(st.binary(max_size=300))
 
     with scratch_dir() as folder:
-        @settings(max_examples=300, **HYPOTHESIS)
+        @settings(max_examples=100, **HYPOTHESIS)
         @given(record_files(), record_files())
         def prop(before, after):
             (folder / "a.json").write_bytes(before)
@@ -1281,7 +1385,7 @@ def test_load_record_on_arbitrary_bytes_returns_or_raises_record_error():
     with scratch_dir() as folder:
         path = folder / "record.json"
 
-        @settings(max_examples=500, **HYPOTHESIS)
+        @settings(max_examples=100, **HYPOTHESIS)
         @given(record_bytes())
         @example(b"")
         @example(b"\xff\xfe")
@@ -1487,7 +1591,9 @@ def test_secrets_never_written_and_outputs_are_0600_and_never_overwritten(tmp_pa
     openai("openai-500", echo_auth_error(500), 2)
     for name, args, expected in (
             ("echo", ["--provider", "echo", "--models", "m"], 1),
-            ("replay", ["--provider", "replay", "--replay", out / "pplx-echoed.json"], 1)):
+            # a record whose responses hold a masked key is refused by replay (test_trust.py), so
+            # replay the echo record: the replay run itself must still write no secret
+            ("replay", ["--provider", "replay", "--replay", out / "echo.json"], 1)):
         result = run_cli([*args, "--out", out / f"{name}.json", *reports(out, name)], openai_env, tmp_path)
         assert result.returncode == expected, (name, result.stderr)
         results.append(result)

@@ -341,41 +341,51 @@ def test_send_never_retries_permanent_errors():
 
 # ====================================================================== --retries: end to end
 
-def test_retry_429_honours_retry_after_seconds(tmp_path):
+def sdk_send(server, retries):
+    """regression.send through the real SDK against the fake server, with the sleep injected:
+    (raw, attempts, the waits send asked for). The wait is asserted, never slept."""
+    import perplexity
+    client = perplexity.Perplexity(api_key=KEY, base_url=server.url, max_retries=0, timeout=10)
+    provider = regression.PerplexityProvider(client, regression.deadline_seconds(10))
+    sleeps = []
+    try:
+        raw, attempts = regression.send(provider, "a", regression.builtin_suite(),
+                                        regression.builtin_case(regression.CASES[0]), 0, retries,
+                                        sleep=sleeps.append, jitter=lambda: 1.0)
+    finally:
+        client.close()
+    return raw, attempts, sleeps
+
+
+def test_retry_429_honours_retry_after_seconds():
     def reply(request):
         if request.number == 1:
-            # 2 s: longer than the first backoff (at most 1 s), so only Retry-After explains the gap
-            return fakes.Reply(429, {"error": {"message": "slow down"}}, headers={"Retry-After": "2"})
+            # 7 s: longer than the first backoff (1 s here), so only Retry-After explains the wait
+            return fakes.Reply(429, {"error": {"message": "slow down"}}, headers={"Retry-After": "7"})
         return correct(request)
 
-    out = tmp_path / "run.json"
     with fakes.FakeServer(reply) as server:
-        result = run(["--models", "a", "--retries", "2", "--out", out], server)
-        arrivals, count = list(server.arrivals), server.count
-    assert result.returncode == 0, result.stderr
-    assert count == len(CASE_IDS) + 1
-    assert arrivals[1] - arrivals[0] >= 1.9
-    rows = read(out)["runs"]
-    assert rows[0]["passed"] is True and rows[0]["attempts"] == 2
-    assert [row["attempts"] for row in rows[1:]] == [1, 1, 1]
+        raw, attempts, sleeps = sdk_send(server, retries=2)
+        count = server.count
+    assert sleeps == [7.0]
+    assert attempts == 2 and count == 2
+    assert regression.agent_trace(raw)["final_text"]
 
 
-def test_retry_honours_http_date_retry_after(tmp_path):
+def test_retry_honours_http_date_retry_after():
     def reply(request):
         if request.number == 1:
-            # an HTTP date has whole seconds: 3 s ahead means a wait of more than 2 s, longer
-            # than the first backoff (at most 1 s)
-            when = email.utils.formatdate(time.time() + 3, usegmt=True)
+            # an HTTP date has whole seconds: 5 s ahead means a wait of more than 4 s, longer
+            # than the first backoff (1 s here)
+            when = email.utils.formatdate(time.time() + 5, usegmt=True)
             return fakes.Reply(503, {"error": {"message": "busy"}}, headers={"Retry-After": when})
         return correct(request)
 
-    out = tmp_path / "run.json"
     with fakes.FakeServer(reply) as server:
-        result = run(["--models", "a", "--retries", "1", "--out", out], server)
-        arrivals = list(server.arrivals)
-    assert result.returncode == 0, result.stderr
-    assert arrivals[1] - arrivals[0] >= 1.9
-    assert read(out)["runs"][0]["attempts"] == 2
+        raw, attempts, sleeps = sdk_send(server, retries=1)
+        count = server.count
+    assert len(sleeps) == 1 and 3.0 <= sleeps[0] <= 5.0, sleeps
+    assert attempts == 2 and count == 2
 
 
 def test_retry_500_then_success_recovers(tmp_path):

@@ -221,7 +221,7 @@ CHECK_ROWS = [
     pytest.param("require_clarification", TOOLS_SUITE, CLARIFY, trace("Your order has been cancelled."),
                  ["clarification_missing"], id="clarify-no-question"),
     pytest.param("require_clarification", TOOLS_SUITE, CLARIFY, trace("Your order id ord_1 is now cancelled."),
-                 ["clarification_missing"], id="clarify-names-field-without-asking"),
+                 ["invented_field", "clarification_missing"], id="clarify-names-field-without-asking"),
     pytest.param("require_clarification", TOOLS_SUITE, CLARIFY, trace("Which one would you like cancelled?"),
                  ["clarification_missing"], id="clarify-question-without-field"),
     pytest.param("require_clarification", TOOLS_SUITE, CLARIFY,
@@ -333,7 +333,8 @@ NEAR = "Annual plans can be refunded within 31 days of purchase."  # one charact
 
 
 def independent_ratio(expected, actual):
-    return difflib.SequenceMatcher(None, " ".join(expected.split()), " ".join(actual.split()),
+    # The texts here are ASCII, so the documented normal form is: case folded, whitespace folded.
+    return difflib.SequenceMatcher(None, " ".join(expected.casefold().split()), " ".join(actual.casefold().split()),
                                    autojunk=False).ratio()
 
 
@@ -617,7 +618,7 @@ def test_dry_run_example_suite(tmp_path, capsys, name):
             mock.patch.object(regression.EchoProvider, "request") as echo:
         code, out, err = run_main(["--suite", str(path), "--dry-run"], capsys)
         assert code == 0, err
-        assert f"plan: {n} cases x 2 models x 1 repeats = {2 * n} requests" in out
+        assert f"plan: {n} cases x 2 models x 1 repeat = {2 * n} requests" in out
         assert "provider: perplexity" in out
         assert f"instructions sha256: {digest}" in out
         assert "PERPLEXITY_API_KEY is not set" in out  # no key was needed, and the plan says so
@@ -639,7 +640,7 @@ def test_dry_run_example_suite_subprocess_without_key(tmp_path):
     path = SUITES / "support-guardrails.json"
     result = run_script(["--suite", str(path), "--dry-run"], tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "plan: 4 cases x 2 models x 1 repeats = 8 requests" in result.stdout
+    assert "plan: 4 cases x 2 models x 1 repeat = 8 requests" in result.stdout
     assert os.listdir(tmp_path) == []
 
 

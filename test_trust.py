@@ -1,0 +1,826 @@
+"""Trust under attack (issue 11) and the one record validator (issue 10, item 5).
+
+1. Keys: a key with whitespace, control or non-ASCII characters is a usage error naming the
+   variable (never the value); a key never goes over plain http to a non-loopback host; every
+   form of a key (raw, JSON-, repr-escaped, percent-encoded, inside "Bearer ...") is masked in
+   records, reports and console; a key shorter than MIN_SECRET_CHARS is not masked (the run
+   says so once), and evidence without the key round-trips byte-identical.
+2. Crafted records: one validator (regression.record_problem) serves compare_runs.py,
+   --report, --resume, --merge and --replay; every mutation of a valid record is either read or
+   refused with one line and exit 2 (compare: NOT_COMPARABLE, never 1).
+3. Other inputs: base URLs with a bad port, host or IPv6 literal (flag, OPENAI_BASE_URL, with
+   and without --dry-run), a suite integer over 4,300 digits, a lone surrogate in a suite.
+4. Replaying masked evidence is refused with one line saying why.
+5. Output that must not attack the reader: regression.safe_text makes control characters,
+   bidi overrides and other invisible marks visible in everything printed; Markdown reports
+   escape every value of a record, numbers included.
+
+Offline: network only to 127.0.0.1 (fakes.FakeServer); keys are fake.
+"""
+
+import contextlib
+import copy
+import io
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unicodedata
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import compare_runs
+import fakes
+import regression
+from fakes import FakeServer, Reply
+
+# Text strategies built from code points: hypothesis's st.text() builds a Unicode category
+# table on first use (seconds on this machine, in every fresh hypothesis home).
+ANY_CHAR = st.integers(0, 0x10FFFF).map(chr)
+ANY_TEXT = st.lists(ANY_CHAR, max_size=20).map("".join)
+SHORT_TEXT = st.lists(ANY_CHAR, max_size=8).map("".join)
+ASCII_PRINTABLE = st.sampled_from([chr(code) for code in range(0x21, 0x7f)])
+
+HERE = pathlib.Path(__file__).resolve().parent
+SCRIPT = HERE / "regression.py"
+COMPARE = HERE / "compare_runs.py"
+GUARDRAILS = HERE / "suites" / "support-guardrails.json"
+
+HYPOTHESIS = dict(deadline=None, database=None, derandomize=True,
+                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                         HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture])
+
+# A key whose escaped forms all differ from its raw form: a quote, a backslash, "/", "+", "=", "%".
+ODD_KEY = 'sk-trust/Zq8+TfW3"kYv9\\LmN2=xR7%cB'
+PLAIN_KEY = "pplx-trust-Hq4WnP7sLx2VbT9mKc3D"
+
+
+# ====================================================================== helpers
+
+@pytest.fixture(autouse=True, scope="module")
+def _hypothesis_home_in_a_scratch_dir():
+    """Hypothesis caches go to a temporary directory, never into the project."""
+    from hypothesis.configuration import set_hypothesis_home_dir
+    folder = tempfile.mkdtemp(prefix="trust-hypothesis-")
+    set_hypothesis_home_dir(folder)
+    try:
+        yield
+    finally:
+        set_hypothesis_home_dir(None)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _no_environment_twins(monkeypatch):
+    for name in list(os.environ):
+        if name.startswith(("REGRESSION_", "PERPLEXITY_", "OPENAI_")) or \
+                name.lower() in ("http_proxy", "https_proxy", "all_proxy"):
+            monkeypatch.delenv(name)
+
+
+def child_env(**extra):
+    """A child's environment: no real key, no proxy, no twins."""
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith(("REGRESSION_", "PERPLEXITY_", "OPENAI_"))
+           and name.lower() not in ("http_proxy", "https_proxy", "all_proxy", "no_proxy")}
+    env.update(NO_PROXY="127.0.0.1,localhost", PYTHONDONTWRITEBYTECODE="1", **extra)
+    return env
+
+
+def run_cli(args, env=None, cwd=None, script=SCRIPT, timeout=60):
+    return subprocess.run([sys.executable, str(script), *map(str, args)], cwd=cwd, env=env or child_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def run_many(commands):
+    """Run (args, env, cwd, script) commands two at a time (the machine has 2 cores)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(lambda command: run_cli(*command), commands))
+
+
+def one_error_line(stderr, prog="regression.py"):
+    assert "Traceback" not in stderr, stderr
+    lines = stderr.rstrip("\n").split("\n")
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), stderr
+    return lines[0]
+
+
+def files_under(folder):
+    return sorted(path for path in pathlib.Path(folder).rglob("*") if path.is_file())
+
+
+@contextlib.contextmanager
+def scratch_dir():
+    folder = tempfile.mkdtemp(prefix="trust-")
+    try:
+        yield pathlib.Path(folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def write_json(path, value):
+    pathlib.Path(path).write_text(json.dumps(value), encoding="utf-8")
+    return str(path)
+
+
+def write_suite(path, cases, **extra):
+    return write_json(path, {"name": "trust", "instructions": "Answer briefly.", "cases": cases, **extra})
+
+
+# ====================================================================== 1. keys
+
+BAD_KEY_CHARACTERS = ["\r", "\n", "\r\n", " ", "\t", "\x00", "\x1b", "\x7f", "\x85", "\u00a0", "\u2028",
+                      "\u202e", "\u200b", "\ufeff", "é", "\udc80"]
+
+
+@pytest.mark.parametrize("bad", BAD_KEY_CHARACTERS, ids=[f"U+{ord(c[0]):04X}" for c in BAD_KEY_CHARACTERS])
+@pytest.mark.parametrize("where", ["end", "start", "middle"])
+def test_key_with_whitespace_or_control_is_a_problem_naming_the_variable(bad, where):
+    clean = "sk-abcdef0123456789"
+    value = {"end": clean + bad, "start": bad + clean, "middle": clean[:6] + bad + clean[6:]}[where]
+    problem = regression.key_problem("MY_KEY", value)
+    assert problem and problem.startswith("MY_KEY ")
+    assert clean not in problem and clean[:6] not in problem and clean[6:] not in problem
+
+
+@given(st.text(alphabet=ASCII_PRINTABLE, min_size=1, max_size=60))
+@settings(max_examples=60, **HYPOTHESIS)
+def test_clean_printable_key_has_no_problem(value):
+    assert regression.key_problem("K", value) is None
+
+
+PRINTABLE = st.text(alphabet=ASCII_PRINTABLE, max_size=20)
+NOT_PRINTABLE = ANY_CHAR.filter(lambda char: not "!" <= char <= "~")
+
+
+@given(PRINTABLE, NOT_PRINTABLE, PRINTABLE)
+@settings(max_examples=60, **HYPOTHESIS)
+def test_any_key_outside_printable_ascii_is_refused(head, bad, tail):
+    value = head + bad + tail
+    problem = regression.key_problem("K", value)
+    assert problem and problem.startswith("K ")
+
+
+def _bad_key_runs(tmp_path, server):
+    """(name, argv, env) runs whose key is not a clean token: each must stop before any request."""
+    url = server.url + "/v1"
+    suite = ["--suite", GUARDRAILS, "--models", "m"]
+    return [
+        ("perplexity-cr", [], {"PERPLEXITY_API_KEY": PLAIN_KEY + "\r", "PERPLEXITY_BASE_URL": server.url},
+         "PERPLEXITY_API_KEY"),
+        ("perplexity-space", [], {"PERPLEXITY_API_KEY": "pplx-abc " + PLAIN_KEY, "PERPLEXITY_BASE_URL": server.url},
+         "PERPLEXITY_API_KEY"),
+        ("openai-lf", ["--provider", "openai", "--base-url", "https://api.openai.com/v1", *suite],
+         {"OPENAI_API_KEY": PLAIN_KEY + "\n"}, "OPENAI_API_KEY"),
+        ("api-key-env-tab", ["--provider", "openai", "--base-url", url, "--api-key-env", "MY_KEY", *suite],
+         {"MY_KEY": PLAIN_KEY + "\t"}, "MY_KEY"),
+        ("api-key-env-control", ["--provider", "openai", "--base-url", url, "--api-key-env", "MY_KEY", *suite],
+         {"MY_KEY": "\x01" + PLAIN_KEY}, "MY_KEY"),
+    ]
+
+
+def test_key_that_is_not_a_clean_token_is_a_usage_error_before_any_request(tmp_path):
+    with FakeServer(lambda request: Reply(body=fakes.chat_response("hi"))) as server:
+        runs = _bad_key_runs(tmp_path, server)
+        results = run_many([([*argv, "--models", "m", "--out", tmp_path / f"{name}.json"], child_env(**env), tmp_path)
+                            for name, argv, env, _ in runs])
+        assert server.count == 0, "a bad key must be refused before any request"
+    for (name, _, env, variable), result in zip(runs, results):
+        assert result.returncode == 2, (name, result.stderr)
+        line = one_error_line(result.stderr)
+        assert variable in line, (name, line)
+        assert PLAIN_KEY not in result.stderr + result.stdout, name
+    assert files_under(tmp_path) == [], "no record is left behind"
+
+
+@pytest.mark.parametrize("host,loopback", [
+    ("127.0.0.1", True), ("127.1.2.3", True), ("127.255.255.254", True), ("::1", True), ("localhost", True),
+    ("LOCALHOST", True), ("api.localhost", True), ("::ffff:127.0.0.1", True), ("localhost.", True),
+    ("10.0.0.1", False), ("128.0.0.1", False), ("::2", False), ("example.com", False), ("0.0.0.0", False),
+    ("localhost.example.com", False), ("127.0.0.1.nip.io", False), ("", False), (None, False),
+])
+def test_is_loopback(host, loopback):
+    assert regression.is_loopback(host) is loopback
+
+
+@pytest.mark.parametrize("url,refused", [
+    ("http://example.com/v1", True), ("http://10.0.0.7:8000/v1", True), ("http://[fe80::1]:8000/v1", True),
+    ("http://127.0.0.1.nip.io/v1", True), ("https://example.com/v1", False), ("http://127.0.0.1:8000/v1", False),
+    ("http://localhost:11434/v1", False), ("http://[::1]:8000/v1", False), ("HTTP://example.com/v1", True),
+])
+def test_plain_http_with_a_key_only_to_loopback(url, refused):
+    problem = regression.plain_http_problem(url, "MY_KEY")
+    assert (problem is not None) is refused, problem
+    if refused:
+        assert "MY_KEY" in problem and "--allow-insecure-http" in problem
+    assert regression.plain_http_problem(url, "MY_KEY", allowed=True) is None
+
+
+def test_plain_http_with_a_key_to_a_remote_host_is_a_usage_error_naming_the_flag(tmp_path):
+    suite = ["--suite", str(GUARDRAILS), "--models", "m"]
+    runs = [
+        (["--provider", "openai", "--base-url", "http://192.0.2.1:9/v1", "--api-key-env", "MY_KEY", *suite],
+         {"MY_KEY": PLAIN_KEY}),
+        ([], {"PERPLEXITY_API_KEY": PLAIN_KEY, "PERPLEXITY_BASE_URL": "http://192.0.2.1:9"}),
+    ]
+    results = run_many([([*argv, "--out", tmp_path / f"{n}.json"], child_env(**env), tmp_path)
+                        for n, (argv, env) in enumerate(runs)])
+    for result in results:
+        assert result.returncode == 2, result.stderr
+        line = one_error_line(result.stderr)
+        assert "--allow-insecure-http" in line and "plain http" in line and PLAIN_KEY not in line
+    assert files_under(tmp_path) == []
+    # the flag lifts the rule (checked without sending anything) and a keyless run is never refused
+    parser, args = regression.parse_args(["--provider", "openai", "--base-url", "http://192.0.2.1:9/v1",
+                                          "--api-key-env", "MY_KEY", "--allow-insecure-http", *suite])
+    assert regression.provider_problem(args, {"MY_KEY": PLAIN_KEY}) is None
+    parser, args = regression.parse_args(["--provider", "openai", "--base-url", "http://192.0.2.1:9/v1", *suite])
+    assert regression.provider_problem(args, {"OPENAI_API_KEY": PLAIN_KEY}) is None
+
+
+def lower_escapes(quoted):
+    """%2F -> %2f: the same percent-encoding with lower-case hex digits."""
+    return re.sub(r"%[0-9A-F]{2}", lambda match: match.group(0).lower(), quoted)
+
+
+def key_forms(secret):
+    """Every way the tests expect a key to be spelled in text (computed independently)."""
+    quoted = urllib.parse.quote(secret, safe="")
+    return {secret, json.dumps(secret)[1:-1], repr(secret)[1:-1], quoted, lower_escapes(quoted),
+            urllib.parse.quote_plus(secret, safe=""), json.dumps(json.dumps(secret))[1:-1],
+            repr(json.dumps(secret))[1:-1], f"Bearer {secret}"}
+
+
+SECRET_TEXT = st.text(alphabet=ASCII_PRINTABLE, min_size=8, max_size=40)
+
+
+@given(SECRET_TEXT, st.sampled_from(["raw", "json", "repr", "quote", "quote-lower", "quote_plus", "json2",
+                                     "repr-json", "bearer"]),
+       ANY_TEXT, ANY_TEXT)
+@settings(max_examples=100, **HYPOTHESIS)
+def test_every_form_of_a_key_is_masked(secret, form, before, after):
+    quoted = urllib.parse.quote(secret, safe="")
+    spelled = {"raw": secret, "json": json.dumps(secret)[1:-1], "repr": repr(secret)[1:-1], "quote": quoted,
+               "quote-lower": lower_escapes(quoted), "quote_plus": urllib.parse.quote_plus(secret, safe=""),
+               "json2": json.dumps(json.dumps(secret))[1:-1], "repr-json": repr(json.dumps(secret))[1:-1],
+               "bearer": f"Authorization: Bearer {secret}"}[form]
+    mask = regression.redactor(secrets=[secret])
+    masked = mask({"text": before + spelled + after, before + spelled: [spelled]})
+    stored = regression.dumps(masked)
+    assert "[REDACTED:secret]" in stored
+    for variant in (secret, json.dumps(secret)[1:-1], quoted, urllib.parse.quote_plus(secret, safe="")):
+        assert variant not in masked["text"], (form, variant)
+
+
+def _echo_every_form(provider, ok):
+    """An endpoint that echoes the Authorization header back in every spelling, in an answer
+    or in an error body (the SDK quotes error bodies in its exception message)."""
+    def reply(request):
+        auth = request.headers.get("Authorization", "")
+        key = auth.split(" ", 1)[-1]
+        text = " | ".join(sorted(key_forms(key))) + " | " + repr(auth)
+        if not ok:
+            return Reply(500, {"error": {"message": text}, "echo": {auth: key}})
+        body = fakes.chat_response("30 days. " + text) if provider == "openai" else fakes.agent_response(text)
+        body["echo"] = {auth: [key, repr(key)]}
+        return Reply(body=body)
+    return reply
+
+
+@pytest.mark.parametrize("ok", [True, False], ids=["answer", "error"])
+@pytest.mark.parametrize("provider", ["perplexity", "openai"])
+def test_key_echoed_in_any_form_reaches_no_file_and_no_console(tmp_path, provider, ok):
+    out = tmp_path / "out"
+    out.mkdir()
+    reports = ["--markdown", out / "run.md", "--junit", out / "run.xml", "--html", out / "run.html"]
+    with FakeServer(_echo_every_form(provider, ok)) as server:
+        if provider == "openai":
+            argv = ["--provider", "openai", "--base-url", server.url + "/v1", "--api-key-env", "MY_KEY",
+                    "--suite", GUARDRAILS]
+            env = child_env(MY_KEY=ODD_KEY)
+        else:
+            argv, env = [], child_env(PERPLEXITY_API_KEY=ODD_KEY, PERPLEXITY_BASE_URL=server.url)
+        result = run_cli([*argv, "--models", "m", "--timeout", "5", "--out", out / "run.json", *reports], env, tmp_path)
+        assert server.requests[0].headers["Authorization"] == f"Bearer {ODD_KEY}"
+    assert result.returncode == (1 if ok else 2), result.stderr
+    forms = key_forms(ODD_KEY)
+    forms |= {regression.xml_text(form) for form in forms} | {regression.md_text(form) for form in forms}
+    assert len(files_under(out)) == 4
+    if ok or provider == "perplexity":  # urllib's HTTPError message does not quote the body
+        assert "[REDACTED:secret]" in (out / "run.json").read_text(encoding="utf-8")
+    for path in files_under(out):
+        data = path.read_text(encoding="utf-8")
+        for form in forms:
+            assert form not in data, (path.name, form)
+    for form in forms:
+        assert form not in result.stdout and form not in result.stderr
+
+
+@given(st.text(alphabet=ASCII_PRINTABLE, min_size=1,
+               max_size=regression.MIN_SECRET_CHARS - 1),
+       st.recursive(st.none() | st.booleans() | st.integers() | ANY_TEXT,
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(SHORT_TEXT, inner, max_size=4),
+                    max_leaves=12))
+@settings(max_examples=80, **HYPOTHESIS)
+def test_a_short_key_never_rewrites_evidence(secret, value):
+    """Masking "x" would rewrite every x of every response: a short key is not masked at all."""
+    value = {"response": value, "answer_text": f"{secret} {secret}{secret}", "details": {secret: secret}}
+    assert regression.dumps(regression.redactor(secrets=[secret])(value)) == regression.dumps(value)
+
+
+@given(SECRET_TEXT, st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | ANY_TEXT,
+                                 lambda inner: st.lists(inner, max_size=4)
+                                 | st.dictionaries(SHORT_TEXT, inner, max_size=4), max_leaves=16))
+@settings(max_examples=80, **HYPOTHESIS)
+def test_evidence_without_the_key_round_trips_byte_identical(tmp_path, secret, response):
+    """A stored row is byte-identical to the original whenever no form of the key occurs in it."""
+    row = {"case_id": "c", "model": "m", "repeat": 0, "error": None, "error_status": None, "cost_usd": None,
+           "response": response, "answer_text": regression.dumps(response), "reasons": [], "seconds": 0.0,
+           "passed": True}
+    text = regression.dumps(row)
+    if any(form in text for form in key_forms(secret) | set(regression.secret_forms(secret))):
+        return  # the key does occur: the masking property above covers it
+    stored = regression.redact_row(row, regression.redactor(secrets=[secret]))
+    assert regression.dumps(stored) == text
+
+
+def test_short_key_is_not_masked_the_run_says_so_once_and_replay_keeps_every_verdict(tmp_path):
+    """PERPLEXITY_API_KEY=x style keys for local servers: the evidence is kept byte for byte."""
+    answer = "Annual plans can be refunded within 30 days of purchase. xx x-x x"
+
+    def reply(request):
+        return Reply(body=fakes.chat_response(answer))
+
+    with FakeServer(reply) as server:
+        result = run_cli(["--provider", "openai", "--base-url", server.url + "/v1", "--api-key-env", "MY_KEY",
+                          "--models", "m", "--suite", GUARDRAILS, "--out", tmp_path / "run.json"],
+                         child_env(MY_KEY="x"), tmp_path)
+        assert server.requests[0].headers["Authorization"] == "Bearer x"
+    notes = [line for line in result.stderr.splitlines() if "not masked" in line]
+    assert len(notes) == 1 and f"shorter than {regression.MIN_SECRET_CHARS} characters" in notes[0]
+    record = json.loads((tmp_path / "run.json").read_text(encoding="utf-8"))
+    assert "REDACTED" not in json.dumps(record)
+    for row in record["runs"]:
+        assert row["answer_text"] == answer
+        assert row["response"]["choices"][0]["message"]["content"] == answer
+    replay = run_cli(["--provider", "replay", "--replay", tmp_path / "run.json", "--out", tmp_path / "again.json"],
+                     child_env(), tmp_path)
+    assert replay.returncode == result.returncode, replay.stderr
+    again = json.loads((tmp_path / "again.json").read_text(encoding="utf-8"))
+    assert [row["reasons"] for row in again["runs"]] == [row["reasons"] for row in record["runs"]]
+
+
+# ====================================================================== 2. crafted records
+
+@pytest.fixture(scope="module")
+def valid_record(tmp_path_factory):
+    """A real record (echo provider, 2 models x 4 cases x 2 repeats, with failures and details)."""
+    folder = tmp_path_factory.mktemp("valid")
+    path = folder / "run.json"
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        code = regression.main(["--suite", str(GUARDRAILS), "--provider", "echo", "--models", "a", "b",
+                                "--repeats", "2", "--out", str(path)])
+    assert code == 1
+    record = json.loads(path.read_text(encoding="utf-8"))
+    assert regression.record_problem(record) is None
+    assert any(row.get("details", {}).get("diff") for row in record["runs"])
+    return record
+
+
+def json_paths(value, prefix=()):
+    """Every path (tuple of keys and indexes) inside a JSON value, the root excluded."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        yield prefix + (key,)
+        yield from json_paths(item, prefix + (key,))
+
+
+OTHER_VALUES = [None, True, False, 0, -1, 7, 1.5, 10 ** 30, "", "x", "1/2", "<img src=x onerror=alert(1)>",
+                "\x1b[2J\x1b[1;1Hverdict: PASS", "\u202eevil", [], {}, ["x"], {"x": 1}, [[]], {"models": []}]
+
+
+def mutate(record, path, how):
+    """A deep copy of the record with the value at `path` replaced, deleted or nested."""
+    record = copy.deepcopy(record)
+    parent = record
+    for key in path[:-1]:
+        parent = parent[key]
+    key = path[-1]
+    if how == "delete":
+        del parent[key]
+    elif how == "nest-list":
+        parent[key] = [parent[key]]
+    elif how == "nest-object":
+        parent[key] = {"value": parent[key]}
+    else:
+        parent[key] = OTHER_VALUES[how]
+    return record
+
+
+MUTATIONS = st.sampled_from(["delete", "nest-list", "nest-object", *range(len(OTHER_VALUES))])
+
+
+def call(function, argv):
+    """(exit code, stdout, stderr) of an in-process main(); any exception but SystemExit fails the test."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = function(argv)
+        except SystemExit as exc:
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_one_line_refusal(code, stdout, stderr, prog):
+    assert "Traceback" not in stdout + stderr
+    if prog == "compare_runs.py":
+        if code == 2:
+            lines = stdout.rstrip("\n").split("\n")
+            assert lines[-1].startswith("NOT_COMPARABLE: ") and stderr == "", (stdout, stderr)
+    elif code == 2:
+        assert stderr.rstrip("\n").split("\n")[-1].startswith("regression.py: error: ") or \
+            "stopped early" in stderr or "incomplete" in stderr, stderr
+
+
+def reading_commands(folder, valid_path, crafted_path):
+    """Every command that reads a record, as (name, function, argv, allowed exit codes)."""
+    resumed = folder / "resume.json"
+    shutil.copyfile(crafted_path, resumed)
+    return [
+        ("compare-after", compare_runs.main, [valid_path, crafted_path], {0, 2}),
+        ("compare-before", compare_runs.main, [crafted_path, valid_path], {0, 2}),
+        ("compare-swap", compare_runs.main, ["--models", "a", "b", crafted_path], {0, 1, 2}),
+        ("report", regression.main, ["--report", crafted_path, "--markdown", str(folder / "r.md"),
+                                     "--junit", str(folder / "r.xml"), "--html", str(folder / "r.html")], {0, 2}),
+        ("merge", regression.main, ["--merge", str(folder / "merged.json"), crafted_path], {0, 1, 2}),
+        ("resume", regression.main, ["--resume", str(resumed)], {0, 1, 2}),
+        ("replay", regression.main, ["--provider", "replay", "--replay", crafted_path,
+                                     "--out", str(folder / "replayed.json")], {0, 1, 2}),
+    ]
+
+
+def test_every_mutation_of_a_record_is_read_or_refused_in_one_line_by_every_reader(valid_record):
+    paths = list(json_paths(valid_record))
+
+    with scratch_dir() as folder:
+        valid_path = write_json(folder / "valid.json", valid_record)
+
+        @settings(max_examples=50, **HYPOTHESIS)
+        @given(st.sampled_from(paths), MUTATIONS)
+        def prop(path, how):
+            for child in folder.iterdir():
+                if child.name != "valid.json":
+                    child.unlink()
+            crafted = mutate(valid_record, path, how)
+            crafted_path = write_json(folder / "crafted.json", crafted)
+            for name, function, argv, allowed in reading_commands(folder, valid_path, crafted_path):
+                code, stdout, stderr = call(function, argv)
+                assert code in allowed, (name, path, how, code, stdout[-300:], stderr[-300:])
+                assert_one_line_refusal(code, stdout, stderr, "compare_runs.py" if name.startswith("compare")
+                                        else "regression.py")
+
+        prop()
+
+
+def test_record_problem_names_the_field_of_every_typed_mutation(valid_record):
+    """Each field the validator types, given a value of another type, is refused naming the field."""
+    cases = [(("runs", 0, "seconds"), "fast"), (("runs", 1, "reasons"), "wrong"), (("runs", 0, "passed"), 1),
+             (("runs", 0, "details"), [1]), (("runs", 0, "error_status"), "500"), (("runs", 0, "cost_usd"), 0.5),
+             (("runs", 0, "answer_text"), {"x": 1}), (("suite",), "s"), (("suite", "name"), 5),
+             (("provider",), []), (("provider", "name"), 5), (("provider", "name"), "nope"), (("summary",), "done"),
+             (("summary", "rows"), "<img>"), (("summary", "expected_rows"), "# heading"),
+             (("summary", "exit_code"), "<!--"), (("summary", "models"), []), (("shard",), 7), (("shard",), "3/2"),
+             (("evidence",), 1), (("replayed_from",), "x"), (("config", "repeats"), "1"),
+             (("config", "timeout_seconds"), "5"), (("runs",), {}), (("runs", 0), "row")]
+    for path, value in cases:
+        crafted = copy.deepcopy(valid_record)
+        parent = crafted
+        for key in path[:-1]:
+            parent = parent.setdefault(key, {}) if isinstance(key, str) else parent[key]
+        parent[path[-1]] = value
+        problem = regression.record_problem(crafted)
+        assert problem, (path, value)
+        named = str(path[-1]) if isinstance(path[-1], str) else "runs"
+        assert named in problem or path[0] in problem, (path, problem)
+
+
+# Hostile records for the real command lines, each with the exact exit code of every reader
+# (the in-process tests above cover the other fields; each subprocess costs start-up time).
+HOSTILE_RECORDS = {
+    "seconds-string": (("runs", 0, "seconds"), "fast"),
+    "suite-string": (("suite",), "suite"),
+    "provider-name-int": (("provider", "name"), 5),
+    "summary-string": (("summary",), "done"),
+    "summary-rows-html": (("summary", "rows"), "<img src=x>"),
+    "details-list": (("runs", 0, "details"), [1]),
+    "shard-int": (("shard",), 7),
+    "row-string": (("runs", 0), "row"),
+}
+
+
+def _hostile(valid_record, path, value):
+    crafted = copy.deepcopy(valid_record)
+    parent = crafted
+    for key in path[:-1]:
+        parent = parent[key] if not isinstance(key, str) or key in parent else parent.setdefault(key, {})
+    parent[path[-1]] = value
+    return crafted
+
+
+def test_hostile_records_exit_2_with_one_line_through_every_real_command(valid_record, tmp_path):
+    valid = write_json(tmp_path / "valid.json", valid_record)
+    commands, expected = [], []
+    for name, (path, value) in HOSTILE_RECORDS.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        crafted = write_json(folder / "crafted.json", _hostile(valid_record, path, value))
+        resume = write_json(folder / "resume.json", _hostile(valid_record, path, value))
+        for reader, script, argv in [
+                ("compare", COMPARE, [valid, crafted]),
+                ("report", SCRIPT, ["--report", crafted, "--markdown", folder / "r.md"]),
+                ("resume", SCRIPT, ["--resume", resume]),
+                ("merge", SCRIPT, ["--merge", folder / "merged.json", crafted]),
+                ("replay", SCRIPT, ["--provider", "replay", "--replay", crafted, "--out", folder / "replayed.json"])]:
+            commands.append((argv, child_env(), folder, script))
+            expected.append((name, reader, folder))
+    results = run_many(commands)
+    for (name, reader, folder), result in zip(expected, results):
+        assert result.returncode == 2, (name, reader, result.stdout[-300:], result.stderr[-300:])
+        if reader == "compare":
+            assert result.stdout.startswith("NOT_COMPARABLE: ") and result.stdout.count("\n") == 1, result.stdout
+            assert result.stderr == ""
+        else:
+            one_error_line(result.stderr)
+    for name in HOSTILE_RECORDS:
+        folder = tmp_path / name
+        assert sorted(path.name for path in folder.iterdir()) == ["crafted.json", "resume.json"], name
+        assert json.loads((folder / "resume.json").read_text()) == json.loads((folder / "crafted.json").read_text())
+
+
+# ====================================================================== 3. other inputs
+
+BAD_BASE_URLS = {
+    "port-too-big": "http://127.0.0.1:99999/v1",
+    "port-65536": "http://127.0.0.1:65536/v1",
+    "port-negative": "http://127.0.0.1:-1/v1",
+    "port-zero": "http://127.0.0.1:0/v1",
+    "port-letters": "http://127.0.0.1:abc/v1",
+    "port-twice": "http://127.0.0.1:80:80/v1",
+    "ipv6-unclosed": "http://[::1/v1",
+    "ipv6-not-an-address": "http://[zzz]/v1",
+    "ipv6-junk-after": "http://[::1]x:80/v1",
+    "ipv6-port-too-big": "http://[::1]:70000/v1",
+    "no-host": "http:///v1",
+    "not-http": "ftp://127.0.0.1/v1",
+    "space": "http://127.0.0.1 /v1",
+    "control": "http://127.0.0.1\x1b/v1",
+    "non-ascii": "http://127.0.0.1/\u202ev1",
+}
+GOOD_BASE_URLS = ["http://127.0.0.1:8000/v1", "https://api.openai.com/v1", "http://[::1]:8080/v1",
+                  "http://localhost:11434/v1", "https://openrouter.ai/api/v1", "http://127.0.0.1:65535"]
+
+
+@pytest.mark.parametrize("name", list(BAD_BASE_URLS))
+def test_base_url_problem_names_the_source_and_never_raises(name):
+    problem = regression.base_url_problem(BAD_BASE_URLS[name], "OPENAI_BASE_URL")
+    assert problem and problem.startswith("OPENAI_BASE_URL: "), problem
+
+
+@pytest.mark.parametrize("url", GOOD_BASE_URLS)
+def test_good_base_urls_have_no_problem(url):
+    assert regression.base_url_problem(url) is None
+
+
+@given(st.lists(st.sampled_from(list("htps:/[]0123456789.:@%-x") + ["::1", "127.0.0.1", ":", "65536"]),
+                max_size=14).map("".join))
+@settings(max_examples=100, **HYPOTHESIS)
+def test_base_url_problem_never_raises(url):
+    problem = regression.base_url_problem(url)
+    if problem is None:  # what is accepted can be used: a host and a port in range
+        parts = urllib.parse.urlsplit(url)
+        assert parts.scheme in ("http", "https") and parts.hostname and (parts.port is None or parts.port > 0)
+        regression._public_url(url)
+
+
+def test_bad_base_url_is_one_line_exit_2_by_flag_and_environment_with_and_without_dry_run(tmp_path):
+    names = ["port-too-big", "port-letters", "port-zero", "ipv6-unclosed", "ipv6-not-an-address"]
+    commands, expected = [], []
+    base = ["--provider", "openai", "--models", "m", "--suite", GUARDRAILS]
+    combos = [(source, dry) for source in ("--base-url", "OPENAI_BASE_URL") for dry in (True, False)]
+    # every source with and without --dry-run, two URLs each; every URL at least once
+    for n, (source, dry) in enumerate(combos):
+        for name in (names[n % len(names)], names[(n + 2) % len(names)]):
+            url = BAD_BASE_URLS[name]
+            argv = [*base, *(["--base-url", url] if source == "--base-url" else []),
+                    *(["--dry-run"] if dry else ["--out", tmp_path / f"{name}.json"])]
+            env = child_env(**({"OPENAI_BASE_URL": url} if source == "OPENAI_BASE_URL" else {}))
+            commands.append((argv, env, tmp_path))
+            expected.append((name, source, dry))
+    for (name, source, dry), result in zip(expected, run_many(commands)):
+        assert result.returncode == 2, (name, source, dry, result.stderr)
+        assert source in one_error_line(result.stderr), (name, source, result.stderr)
+        assert result.stdout == ""
+    assert files_under(tmp_path) == [], "no record is left behind"
+
+
+def test_resume_with_a_bad_openai_base_url_in_the_environment_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_BASE_URL", BAD_BASE_URLS["port-letters"])
+    record = {"config": {"models": ["m"], "cases": [{"id": "a", "input": "hi"}], "repeats": 1}, "runs": [],
+              "provider": {"name": "openai", "base_url": "http://127.0.0.1:8000/v1"},
+              "suite": {"name": "s", "builtin": False}}
+    path = write_json(tmp_path / "run.json", record)
+    code, stdout, stderr = call(regression.main, ["--resume", path])
+    assert code == 2 and "OPENAI_BASE_URL" in stderr and stderr.count("\n") == 1
+
+
+def test_hostile_suites_are_one_line_exit_2_and_leave_no_record(tmp_path):
+    suites = {
+        "integer-over-4300-digits": '{"name": "s", "instructions": "i", "cases": [{"id": "a", "input": "hi", '
+                                    '"min_chars": ' + "9" * 4301 + "}]}",
+        "case-id-lone-surrogate": json.dumps({"name": "s", "instructions": "i",
+                                              "cases": [{"id": "a\ud800", "input": "hi"}]}),
+        "input-lone-surrogate": json.dumps({"name": "s", "instructions": "i",
+                                            "cases": [{"id": "a", "input": "hi \udfff"}]}),
+        "key-lone-surrogate": json.dumps({"name": "s", "instructions": "i",
+                                          "cases": [{"id": "a", "input": "hi", "notes\ud83d": "x"}]}),
+        "name-lone-surrogate": json.dumps({"name": "s\udc00", "instructions": "i",
+                                           "cases": [{"id": "a", "input": "hi"}]}),
+    }
+    commands = []
+    for n, (name, text) in enumerate(suites.items()):
+        (tmp_path / f"{name}.suite").write_text(text, encoding="utf-8")
+        for extra in [(["--out", tmp_path / f"{name}.json"], ["--dry-run"])[n % 2]]:
+            commands.append((["--suite", tmp_path / f"{name}.suite", "--provider", "echo", *extra], child_env(),
+                             tmp_path))
+    for command, result in zip(commands, run_many(commands)):
+        assert result.returncode == 2, (command[0], result.stderr[-500:])
+        line = one_error_line(result.stderr)
+        assert ".suite: " in line
+    assert not list(tmp_path.glob("*.json")), "no record is left behind"
+
+
+# ====================================================================== 4. replay of masked evidence
+
+def test_replaying_a_redacted_record_is_refused_with_one_line_saying_why(tmp_path):
+    """--redact-pii masked the card number the echo answer repeated, so the stored text would pass
+    card-number-not-echoed on a re-grade: the replay is refused instead."""
+    first = run_cli(["--suite", GUARDRAILS, "--provider", "echo", "--models", "m", "--redact-pii",
+                     "--out", tmp_path / "pii.json"], child_env(), tmp_path)
+    assert first.returncode == 1, first.stderr
+    record = json.loads((tmp_path / "pii.json").read_text(encoding="utf-8"))
+    card = next(row for row in record["runs"] if row["case_id"] == "card-number-not-echoed")
+    assert card["passed"] is False and "[REDACTED:card]" in card["answer_text"]
+    # a record whose header lost the marker but whose responses hold masks is refused too
+    unmarked = {key: value for key, value in record.items() if key != "redaction"}
+    write_json(tmp_path / "unmarked.json", unmarked)
+    # a key masked in a stored response (no --redact at all)
+    keyed = copy.deepcopy(unmarked)
+    for row in keyed["runs"]:
+        row["response"] = {"object": "echo", "status": "completed", "output_text": "Bearer [REDACTED:secret]"}
+    write_json(tmp_path / "keyed.json", keyed)
+    runs = [(["--provider", "replay", "--replay", tmp_path / name, "--out", tmp_path / f"again-{name}"], child_env(),
+             tmp_path) for name in ("pii.json", "unmarked.json", "keyed.json")]
+    runs.append((["--replay", tmp_path / "pii.json", "--dry-run"], child_env(), tmp_path))
+    for command, result in zip(runs, run_many(runs)):
+        assert result.returncode == 2, (command[0], result.stderr)
+        line = one_error_line(result.stderr)
+        assert "cannot be re-graded" in line and "mask" in line, line
+    assert not list(tmp_path.glob("again-*"))
+
+
+def test_masked_evidence_is_none_for_a_clean_record(valid_record):
+    assert regression.masked_evidence(valid_record) is None
+    marked = dict(valid_record, redaction={"pii": True, "patterns": 0})
+    assert "redact" in regression.masked_evidence(marked)
+
+
+# ====================================================================== 5. output that must not attack the reader
+
+UNSAFE_CATEGORIES = {"Cc", "Cf", "Cs", "Zl", "Zp"}
+TERMINAL_ATTACKS = (["\x1b[2J\x1b[H", "\x1b]0;title\x07", "\x9b31m", "\r", "\x08" * 5, "\x7f", "\x00", "\x85",
+                     "\u2028", "\u2029", "\u061c", "\u200e", "\u200f", "\ufeff", "\u00ad", "\U000e0041"]
+                    + [chr(code) for code in range(0x202a, 0x202f)] + [chr(code) for code in range(0x2066, 0x206a)])
+
+
+def unsafe(text, allowed="\n"):
+    """The characters of printed text that a terminal would interpret or hide."""
+    return [char for char in text if char not in allowed and unicodedata.category(char) in UNSAFE_CATEGORIES]
+
+
+@pytest.mark.parametrize("attack", TERMINAL_ATTACKS, ids=[f"U+{ord(a[0]):04X}-{n}" for n, a in enumerate(TERMINAL_ATTACKS)])
+def test_safe_text_makes_every_terminal_attack_visible(attack):
+    shown = regression.safe_text(f"verdict: PASS{attack}FAIL")
+    assert not unsafe(shown, allowed="") and shown.startswith("verdict: PASS") and shown.endswith("FAIL")
+    assert "\\" in shown  # visible as an escape, not dropped
+
+
+@pytest.mark.parametrize("code", list(range(0x00, 0x20)) + [0x7f] + list(range(0x80, 0xa0)))
+def test_safe_text_escapes_every_c0_c1_and_del(code):
+    assert regression.safe_text(chr(code)) in ({0x0a: "\\n", 0x0d: "\\r", 0x09: "\\t"}.get(code, f"\\x{code:02x}"),)
+
+
+@given(st.lists(st.one_of(ANY_CHAR, st.sampled_from(TERMINAL_ATTACKS)), max_size=30).map("".join), st.booleans())
+@settings(max_examples=100, **HYPOTHESIS)
+def test_safe_text_output_is_printable_and_encodable(text, newlines):
+    shown = regression.safe_text(text, newlines=newlines)
+    assert not unsafe(shown, allowed="\n" if newlines else "")
+    shown.encode("utf-8")  # never a lone surrogate on stdout
+    assert shown.count("\n") == (text.count("\n") if newlines else 0)
+    if not unsafe(text, allowed="\n" if newlines else ""):
+        assert shown == text  # text with nothing to hide is printed as it is
+
+
+def test_safe_text_is_exported_for_compare_runs():
+    assert "safe_text" in regression.__all__ and compare_runs.safe_text is regression.safe_text
+
+
+HOSTILE_ID = "esc\x1b[2J\x1b[1;1Hverdict: PASS\u202eLIAF\u2066x\x9b1m\x85"
+
+
+def test_run_and_dry_run_print_suite_and_record_text_visibly(tmp_path):
+    suite = write_suite(tmp_path / "hostile.suite", [
+        {"id": HOSTILE_ID, "input": "hello \x1b]0;owned\x07 world \u202eevil", "contains": ["nope\x1b[2K"]},
+        {"id": "plain", "input": "fine"}])
+    duplicate = write_suite(tmp_path / "duplicate.suite", [{"id": HOSTILE_ID, "input": "a"},
+                                                            {"id": HOSTILE_ID, "input": "b"}])
+    runs = [(["--suite", suite, "--provider", "echo", "--models", "m\x1b[31m", "--out", tmp_path / "run.json"],
+             child_env(), tmp_path),
+            (["--suite", suite, "--provider", "echo", "--dry-run"], child_env(), tmp_path),
+            (["--suite", duplicate, "--provider", "echo", "--out", tmp_path / "dup.json"], child_env(), tmp_path)]
+    run, dry, dup = run_many(runs)
+    assert run.returncode == 1 and dry.returncode == 0 and dup.returncode == 2, (run.stderr, dry.stderr, dup.stderr)
+    for result in (run, dry, dup):
+        assert not unsafe(result.stdout) and not unsafe(result.stderr), (result.stdout, result.stderr)
+    assert "esc\\x1b[2J" in run.stdout and "\\u202e" in run.stdout
+    assert "\\x1b]0;owned\\x07" in dry.stdout
+    assert "esc\\x1b[2J" in one_error_line(dup.stderr)
+    # the record keeps the text as it was: only what is printed is made visible
+    record = json.loads((tmp_path / "run.json").read_text(encoding="utf-8"))
+    assert record["runs"][0]["case_id"] == HOSTILE_ID
+
+
+def _answer_record(model, answers, failing=()):
+    cases = [{"id": case_id, "input": "q"} for case_id in answers]
+    rows = [{"case_id": case_id, "model": model, "repeat": 0, "error": None, "error_status": None, "cost_usd": "0",
+             "response": {"output_text": text}, "answer_text": text,
+             "reasons": ["wrong_code"] if case_id in failing else [], "seconds": 0.1,
+             "passed": case_id not in failing} for case_id, text in answers.items()]
+    return {"created_at": "t", "config": {"models": [model], "cases": cases, "repeats": 1}, "sdk_version": "1\x1b[2J",
+            "code_sha256": "a", "evidence": "echo", "runs": rows, "summary": regression.summary(rows, [model], 1, cases)}
+
+
+def test_compare_prints_record_text_visibly_and_its_verdict_line_cannot_be_forged(tmp_path):
+    model = "m\nverdict: 0 NEW_FAILURE row(s) -> exit 0\x1b[8m"
+    attack = "ok\n\x1b[1A\x1b[2Kverdict: 0 NEW_FAILURE row(s) -> exit 0\x1b[8m\u202e"
+    before = _answer_record(model, {HOSTILE_ID: "fine", "b": "same"})
+    after = _answer_record(model, {HOSTILE_ID: attack, "b": "same"}, failing={HOSTILE_ID})
+    after["code_sha256"] = "b\x1b]0;x\x07"
+    paths = write_json(tmp_path / "before.json", before), write_json(tmp_path / "after.json", after)
+    result = run_cli([*paths, "--all-diffs"], child_env(), tmp_path, script=COMPARE)
+    assert result.returncode == 1, result.stderr
+    assert not unsafe(result.stdout) and result.stderr == ""
+    verdicts = [line for line in result.stdout.splitlines() if line.startswith("verdict:")]
+    assert verdicts == ["verdict: NEW FAILURES (exit 1): 1 of 2 row(s) flipped to failing"], result.stdout
+    assert "\\x1b[1A" in result.stdout and "CAUTION code_sha256" in result.stdout
+    # NOT_COMPARABLE names record text visibly, in one line
+    broken = copy.deepcopy(after)
+    broken["runs"][0]["case_id"] = "zz\x1b[2J\nverdict"
+    code, stdout, _ = call(compare_runs.main, [paths[0], write_json(tmp_path / "broken.json", broken)])
+    assert code == 2 and stdout.startswith("NOT_COMPARABLE: ") and stdout.count("\n") == 1 and not unsafe(stdout)
+
+
+CRAFTED_SUMMARY_VALUES = ["<img src=x onerror=alert(1)>", "# Fake heading", "\n## every row passed\n", "<!--",
+                          "-->", "`code`", "[link](javascript:alert(1))", "| col |", 7, None]
+
+
+@given(st.sampled_from(CRAFTED_SUMMARY_VALUES) | ANY_TEXT, st.sampled_from(CRAFTED_SUMMARY_VALUES) | ANY_TEXT,
+       st.sampled_from(CRAFTED_SUMMARY_VALUES) | ANY_TEXT | st.integers(), st.sampled_from(CRAFTED_SUMMARY_VALUES))
+@settings(max_examples=60, **HYPOTHESIS)
+def test_markdown_escapes_every_record_value_numbers_included(valid_record, rows, expected_rows, exit_code, repeat):
+    record = copy.deepcopy(valid_record)
+    record["summary"].update(rows=rows, expected_rows=expected_rows, exit_code=exit_code, stopped=rows)
+    for row in record["runs"]:
+        row["repeat"] = repeat
+    text = regression.markdown_run(record)
+    assert "<" not in text, "no raw HTML: every < is escaped"
+    headings = [line for line in text.splitlines() if line.lstrip().startswith("#")]
+    assert headings[0].startswith("## agent-regression: ") and all(
+        line == "### Failures" for line in headings[1:]), headings
+    assert "](" not in text.replace("\\](", "")
+
+
+def test_report_of_a_record_with_crafted_summary_numbers_is_refused_in_one_line(valid_record, tmp_path):
+    record = copy.deepcopy(valid_record)
+    record["summary"].update(rows="<img src=x>", expected_rows="# heading", exit_code="<!--")
+    path = write_json(tmp_path / "crafted.json", record)
+    result = run_cli(["--report", path, "--markdown", tmp_path / "r.md"], child_env(), tmp_path)
+    assert result.returncode == 2 and "summary." in one_error_line(result.stderr)
+    assert not (tmp_path / "r.md").exists()
