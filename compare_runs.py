@@ -4,6 +4,8 @@ Usage:
     python compare_runs.py BEFORE.json AFTER.json
     python compare_runs.py BEFORE.json AFTER.json --alpha 0.05 --html diff.html
     python compare_runs.py --models A B RUN.json   # within one run: is model B a drop-in for A?
+    python compare_runs.py --matrix BEFORE.json AFTER.json   # every (case, behaviour): same / REGRESS / GAIN
+    python compare_runs.py --matrix --models A B RUN.json
     python compare_runs.py --demo NEW_DIR          # offline: two synthetic runs, no key
 
 The two records must come from the same configuration (models, cases, tools,
@@ -21,7 +23,7 @@ one-sided Fisher exact p for a drop, and a diff of each answer whose verdict cha
 
 Exit codes:
     0  comparable, no new failure
-    1  comparable, at least one NEW_FAILURE (with --alpha: a drop with p <= alpha)
+    1  comparable, at least one NEW_FAILURE (with --alpha: a drop with p <= alpha; with --matrix: a REGRESS)
     2  not comparable (missing file, bad JSON, different config, incomplete run, ...)
 """
 
@@ -34,9 +36,9 @@ import math
 import os
 import sys
 
-from regression import (CASES, CHECK_KEYS, INSTRUCTIONS, RecordError, check, dumps, html_page, html_table,
-                        junit_name, junit_xml, load_record, md_table, md_text, plan_rows, record_problem, row_key,
-                        safe_text, summary, write_new_file, xml_text)
+from regression import (CASES, CHECK_KEYS, CHECK_TABLE, INSTRUCTIONS, RecordError, check, dumps, html_page,
+                        html_table, junit_name, junit_xml, load_record, md_table, md_text, plan_rows, record_problem,
+                        row_key, safe_text, summary, write_new_file, xml_text)
 
 
 # ====================================================================== records
@@ -437,6 +439,100 @@ def model_swap(record, model_a, model_b, alpha=None):
     return analyse(pairs, alpha)
 
 
+# ====================================================================== behaviour matrix
+# The golden-behaviours harness's model-swap view: every (case, behaviour) of the suite with
+# both sides' verdicts, not only the changed ones. A behaviour's verdict is read from the
+# reasons its check can give; a reason no declared rule explains gets a row of its own, so a
+# failure is never hidden.
+
+MATRIX_COLUMNS = ["case_id", "behavior", "A", "B", "delta"]
+
+
+def _explains(check, reason):
+    """Whether a check (a regression.CHECK_TABLE entry, or None) gives this reason ("wrong_<field>" is a family)."""
+    return check is not None and any(
+        reason == name or (name.endswith("<field>") and reason.startswith(name[:-len("<field>")]))
+        for name in check.reasons)
+
+
+def case_rules(case):
+    """[(rule, check)] a case declares: each behaviour entry in its order, then each other check
+    its keys switch on, in run order (read from the check table, so a new check needs no edit here)."""
+    by_name = {check.name: check for check in CHECK_TABLE}
+    behaviors = case.get("behaviors") if isinstance(case.get("behaviors"), list) else []
+    rules = [(entry, by_name.get(entry.partition(":")[0])) for entry in behaviors if isinstance(entry, str)]
+    return rules + [(check.name, check) for check in CHECK_TABLE
+                    if not check.behavior and not check.always and check.active(case)]
+
+
+def _verdict(rows, explains):
+    """(passes, runs) of one rule over a side's rows (one per repeat)."""
+    return sum(not any(explains(reason) for reason in row["reasons"]) for row in rows), len(rows)
+
+
+def _verdict_text(passes, runs):
+    return "PASS" if passes == runs else "FAIL" if passes == 0 else f"{passes}/{runs}"
+
+
+def behaviour_matrix(cases, side_a, side_b):
+    """Rows [case_id, behavior, A, B, delta] for every (case, rule); side_x: {case_id: [rows]}."""
+    table = []
+    for case in cases:
+        rows_a, rows_b = side_a[case["id"]], side_b[case["id"]]
+        rules = [(rule, lambda reason, check=check: _explains(check, reason)) for rule, check in case_rules(case)]
+        seen = [reason for row in rows_a + rows_b for reason in row["reasons"]]
+        rules += [(reason, lambda other, reason=reason: other == reason) for reason in dict.fromkeys(seen)
+                  if not any(explains(reason) for _, explains in rules)]
+        for rule, explains in rules:
+            (pass_a, runs_a), (pass_b, runs_b) = _verdict(rows_a, explains), _verdict(rows_b, explains)
+            # compare pass rates (a side may have a different number of repeats only in theory)
+            delta = "same" if pass_a * runs_b == pass_b * runs_a else \
+                "REGRESS" if pass_b * runs_a < pass_a * runs_b else "GAIN"
+            table.append([case["id"], rule, _verdict_text(pass_a, runs_a), _verdict_text(pass_b, runs_b), delta])
+    return table
+
+
+def _sides(rows, model, repeats, cases):
+    return {case["id"]: [rows[(model, case["id"], repeat)] for repeat in range(repeats)] for case in cases}
+
+
+def matrix_records(before, after):
+    """Two comparable records: per model, the matrix of before (A) against after (B)."""
+    _comparable(before, after)
+    rows_a, rows_b = index(before), index(after)
+    config = before["config"]
+    return [(model, behaviour_matrix(config["cases"], _sides(rows_a, model, config["repeats"], config["cases"]),
+                                     _sides(rows_b, model, config["repeats"], config["cases"])))
+            for model in config["models"]]
+
+
+def matrix_models(record, model_a, model_b):
+    """One record: the matrix of model A against model B on the same cases."""
+    rows = index(record)
+    config = record["config"]
+    for model in (model_a, model_b):
+        _require(model in config["models"], f"model {model!r} is not in this run ({', '.join(config['models'])})")
+    _require(model_a != model_b, "give two different models")
+    return behaviour_matrix(config["cases"], _sides(rows, model_a, config["repeats"], config["cases"]),
+                            _sides(rows, model_b, config["repeats"], config["cases"]))
+
+
+def render_matrix(title, sections):
+    """The console text of [(heading or None, table)]: aligned columns, then the verdict."""
+    lines = [title]
+    for heading, table in sections:
+        widths = [max(len(str(row[n])) for row in [MATRIX_COLUMNS] + table) for n in range(len(MATRIX_COLUMNS))]
+        if heading:
+            lines += ["", heading]
+        lines += ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
+                  for row in [MATRIX_COLUMNS] + table]
+    deltas = [row[4] for _, table in sections for row in table]
+    code = 1 if "REGRESS" in deltas else 0
+    lines += ["", f"verdict: {deltas.count('REGRESS')} REGRESS, {deltas.count('GAIN')} GAIN, "
+                  f"{deltas.count('same')} same -> exit {code}"]
+    return "\n".join(lines), code
+
+
 # ====================================================================== reports
 
 def _reasons_text(reasons):
@@ -609,6 +705,8 @@ def main(argv=None):
     parser.add_argument("records", nargs="*", metavar="RECORD", help="BEFORE and AFTER (or one RUN with --models)")
     parser.add_argument("--demo", metavar="NEW_DIR", help="write two synthetic records into NEW_DIR and compare them")
     parser.add_argument("--models", nargs=2, metavar=("A", "B"), help="within one RUN: is model B a drop-in for A?")
+    parser.add_argument("--matrix", action="store_true",
+                        help="every (case, behaviour) with both verdicts and same / REGRESS / GAIN")
     parser.add_argument("--alpha", type=_alpha, help="exit 1 only for pass-rate drops with p <= ALPHA")
     parser.add_argument("--all", action="store_true", dest="all_rows",
                         help="list every row and pair, not only the changed ones (the others are counted)")
@@ -617,8 +715,10 @@ def main(argv=None):
     parser.add_argument("--junit", metavar="FILE", help="write a JUnit XML report (new file)")
     parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (new file)")
     args = parser.parse_args(argv)
-    if args.demo is not None and (args.records or args.models):
+    if args.demo is not None and (args.records or args.models or args.matrix):
         parser.error("give BEFORE AFTER, --models A B RUN, or --demo NEW_DIR: one of them")
+    if args.matrix and (args.alpha is not None or args.all_diffs or args.markdown or args.junit or args.html):
+        parser.error("--matrix prints its table only; drop --alpha, --all-diffs and the report flags")
     wanted = 1 if args.models else 2
     if args.demo is None and len(args.records) != wanted:
         parser.error("give two record files, BEFORE and AFTER" if wanted == 2 else "--models A B takes one RUN record")
@@ -632,6 +732,8 @@ def main(argv=None):
         if args.demo is not None:
             return demo(args.demo, all_rows=args.all_rows)
         records = [load_record(path) for path in args.records]
+        if args.matrix:
+            return matrix(args, records)
         if args.models:
             notes, result = [], model_swap(records[0], *args.models, alpha=args.alpha)
             title = f"model swap in {args.records[0]}: is {args.models[1]} a drop-in for {args.models[0]}?"
@@ -650,6 +752,21 @@ def main(argv=None):
         print(f"compare_runs.py: error: {safe_text(exc)}", file=sys.stderr)
         return 2
     return result["exit_code"]
+
+
+def matrix(args, records):
+    """--matrix: print the behaviour matrix of two records (or two models of one); 1 on any REGRESS."""
+    if args.models:
+        a, b = args.models
+        sections = [(None, matrix_models(records[0], a, b))]
+        title = f"BEHAVIOUR MATRIX: A = {a}, B = {b} (same run: {args.records[0]})"
+    else:
+        sections = [(f"model: {model}" if len(tables) > 1 else None, table)
+                    for tables in [matrix_records(*records)] for model, table in tables]
+        title = f"BEHAVIOUR MATRIX: A = {args.records[0]}, B = {args.records[1]}"
+    text, code = render_matrix(title, sections)
+    print(text)
+    return code
 
 
 def cli():

@@ -188,6 +188,155 @@ with open(results_path, "w", encoding="utf-8") as handle:
 """
 
 
+# A zygote: one interpreter that has paid the perplexity SDK import (about 1 s of CPU) and
+# forks a fresh process for every run. The forked process becomes `python regression.py ARGV`
+# in the run's folder, with its environment and pipes, and leaves the zygote's code before it
+# runs the script, so the script meets the interpreter's own top level (traceback, sys.exit,
+# atexit, flush). The only difference from a cold start: the SDK is already imported. So it
+# serves tests of what a run does, never tests of what a run imports or how fast it starts.
+_ZYGOTE = r"""
+import builtins, json, os, signal, socket, struct, sys
+path, known = sys.argv[1:3]
+import perplexity, httpcore, h11, queue, random, threading, email.utils  # what a live run imports
+import argparse, datetime, decimal, functools, hashlib, math, re, time, urllib.parse  # and at start
+
+
+def compiled(script):
+    with open(script, "rb") as handle:
+        return os.fstat(handle.fileno()).st_mtime_ns, compile(handle.read(), script, "exec")
+
+
+# regression.py compiled once, as `python regression.py` compiles it on every start
+cache = {known: compiled(known)}
+
+
+def serve():
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    print("ready", flush=True)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the per-run waiters reap themselves
+    while True:
+        conn, _ = listener.accept()
+        if os.fork() != 0:
+            conn.close()
+            continue
+        # the waiter: receive the run, fork it, report its pid and then its exit status
+        listener.close()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        head, fds, _, _ = socket.recv_fds(conn, 8, 3)
+        size, = struct.unpack("!Q", head)
+        body = b""
+        while len(body) < size:
+            body += conn.recv(size - len(body))
+        pid = os.fork()
+        if pid == 0:
+            conn.close()
+            return json.loads(body), fds
+        for fd in fds:
+            os.close(fd)
+        conn.sendall(f"{pid}\n".encode())
+        _, status = os.waitpid(pid, 0)
+        conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+        os._exit(0)
+
+
+run, fds = serve()
+for target, fd in enumerate(fds):
+    os.dup2(fd, target)
+    os.close(fd)
+os.chdir(run["cwd"])
+os.environ.clear()
+os.environ.update(run["env"])
+sys.argv = [run["script"], *run["argv"]]
+sys.path[0] = os.path.dirname(run["script"])
+stamp, code = cache.get(run["script"], (None, None))
+if stamp is None or stamp != os.stat(run["script"]).st_mtime_ns:
+    stamp, code = compiled(run["script"])
+main = type(sys)("__main__")  # a fresh __main__, as the interpreter makes for a script
+main.__file__, main.__builtins__ = run["script"], builtins
+sys.modules["__main__"] = main
+del serve, compiled, cache, run, fds, stamp
+exec(code, main.__dict__)
+"""
+
+_zygote = {}
+
+
+def _zygote_path():
+    """The socket of this process's zygote, started on first use (and stopped at exit)."""
+    import atexit
+    import subprocess
+    import tempfile
+    if _zygote.get("pid") != os.getpid():
+        folder = tempfile.mkdtemp(prefix="zygote-")
+        path = os.path.join(folder, "socket")
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "regression.py")
+        proc = subprocess.Popen([sys.executable, "-c", _ZYGOTE, path, script], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                cwd=os.path.dirname(os.path.abspath(__file__)))
+        if proc.stdout.readline() != b"ready\n":
+            raise RuntimeError("the test zygote did not start")
+
+        def stop():
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
+            import shutil
+            shutil.rmtree(folder, ignore_errors=True)
+
+        atexit.register(stop)
+        _zygote.update(pid=os.getpid(), path=path)
+    return _zygote["path"]
+
+
+def run_script(argv, cwd, env, timeout=60, script="regression.py"):
+    """`python SCRIPT ARGV` like subprocess.run(..., capture_output=True, text=True), forked from
+    the zygote (see _ZYGOTE): a CompletedProcess; subprocess.TimeoutExpired after `timeout`."""
+    import signal
+    import struct
+    import subprocess
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
+    body = json.dumps({"script": script, "argv": [str(arg) for arg in argv], "cwd": str(cwd),
+                       "env": dict(env)}).encode()
+    stdin = os.open(os.devnull, os.O_RDONLY)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(_zygote_path())
+        try:
+            socket.send_fds(conn, [struct.pack("!Q", len(body))], [stdin, out_w, err_w])
+        finally:
+            for fd in (stdin, out_w, err_w):
+                os.close(fd)
+        conn.sendall(body)
+        replies = conn.makefile("rb")
+        pid = int(replies.readline())
+        chunks = {out_r: [], err_r: []}
+
+        def drain(fd):
+            with open(fd, "rb", closefd=True) as pipe:
+                chunks[fd].append(pipe.read())
+
+        readers = [threading.Thread(target=drain, args=(fd,), daemon=True) for fd in (out_r, err_r)]
+        for reader in readers:
+            reader.start()
+        conn.settimeout(timeout)
+        try:
+            status = replies.readline()
+        except socket.timeout:
+            os.kill(pid, signal.SIGKILL)
+            raise subprocess.TimeoutExpired([script, *argv], timeout) from None
+        finally:
+            for reader in readers:
+                reader.join(timeout)
+            replies.close()
+    def decode(fd):  # as text=True does: universal newlines
+        return b"".join(chunks[fd]).decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+
+    return subprocess.CompletedProcess([sys.executable, script, *argv], int(status), decode(out_r), decode(err_r))
+
+
 def cli_table(runs, env=None, timeout=120):
     """[(exit code, stdout, stderr)] of `python regression.py ARGV` for each (argv, cwd) in `runs`,
     all through ONE child process (see _CLI_DRIVER): the real CLI for a whole table of inputs."""
@@ -285,6 +434,88 @@ def chat(answer):
         if not request.path.split("?")[0].endswith("/chat/completions"):
             return Reply(404, {"error": {"message": f"no route {request.path}"}})
         return Reply(body=answer(request.json or {}))
+    return reply
+
+
+# ---------------------------------------------------------------------- real servers' quirks (issue 12)
+# Each is a reply function for FakeServer, reproducing one behaviour seen on a real server.
+
+def ignores_tools_without_choice(with_tools, without_tools):
+    """llama-cpp-python: `tools` reach the model only when the request also has tool_choice.
+
+    `with_tools(body)` answers when both are sent, `without_tools(body)` otherwise (both give
+    chat_response bodies)."""
+    def answer(body):
+        return with_tools(body) if body.get("tools") and body.get("tool_choice") else without_tools(body)
+    return chat(answer)
+
+
+def honours_only_max_tokens(words=2010):
+    """A server that caps output by max_tokens and ignores max_completion_tokens: `words` words
+    come back unless max_tokens is smaller (one token per word, reported in usage)."""
+    def answer(body):
+        cap = body.get("max_tokens")
+        count = min(words, cap) if isinstance(cap, int) and not isinstance(cap, bool) else words
+        reply = chat_response(" ".join(["word"] * count), finish_reason="length" if count < words else "stop")
+        reply["usage"] = {"prompt_tokens": 10, "completion_tokens": count, "total_tokens": 10 + count}
+        return reply
+    return chat(answer)
+
+
+def json_error(status=500, body=None, headers=None):
+    """An error status with a JSON body saying what was wrong (default: a FastAPI-style detail
+    that llama-cpp-python sends for a response_format it does not take)."""
+    body = body if body is not None else {"error": {"message": "Input should be 'text' or 'json_object'",
+                                                    "type": "invalid_request_error"}}
+
+    def reply(request):
+        return Reply(status, body, headers=headers)
+    return reply
+
+
+def ok_with_error(kind="finish_reason"):
+    """HTTP 200 whose body is an error: OpenRouter's finish_reason "error" after generation began
+    (kind "finish_reason"), or a top-level error with no choices (kind "no_choices") or empty ones."""
+    error = {"code": 502, "message": "Provider returned error: upstream disconnected"}
+
+    def answer(body):
+        if kind == "finish_reason":
+            reply = chat_response("partial answ", finish_reason="error")
+            reply["error"] = error
+            return reply
+        reply = {"id": "gen-fake", "object": "chat.completion", "error": error}
+        if kind == "empty_choices":
+            reply["choices"] = []
+        return reply
+    return chat(answer)
+
+
+def legacy_function_call(name, arguments, raw_arguments=None):
+    """An older-form reply: message.function_call and finish_reason "function_call". The
+    arguments go as a JSON string, or as `raw_arguments` exactly (an object, malformed text)."""
+    def answer(body):
+        message = {"role": "assistant", "content": None,
+                   "function_call": {"name": name, "arguments": json.dumps(arguments) if raw_arguments is None
+                                     else raw_arguments}}
+        return {"id": "chatcmpl-legacy", "object": "chat.completion", "created": 1, "model": "fake-chat",
+                "choices": [{"index": 0, "message": message, "finish_reason": "function_call"}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+    return chat(answer)
+
+
+def tool_call_shapes(name, arguments):
+    """A tool call whose arguments arrive as an object (not a JSON string), or as given."""
+    def answer(body):
+        reply = chat_response(tool_calls=[(name, {})])
+        reply["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = arguments
+        return reply
+    return chat(answer)
+
+
+def redirect(location, status=302):
+    """Every request is redirected to `location` (another host, in the tests)."""
+    def reply(request):
+        return Reply(status, {"moved": True}, headers={"Location": location})
     return reply
 
 

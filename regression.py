@@ -317,6 +317,11 @@ def _quote(value, limit=60):
     return json.dumps(text, ensure_ascii=False)
 
 
+def _clip(value, limit=1_000):
+    """A value for evidence: a long string is cut (the whole answer is stored beside it)."""
+    return value[:limit] + "..." if isinstance(value, str) and len(value) > limit else value
+
+
 class _DuplicateKey(ValueError):
     pass
 
@@ -594,7 +599,7 @@ def check_answer(case, trace):
     if shape:
         return [shape]
     return [Fail(f"wrong_{field}", f"{field} {_quote(answer.get(field))}, expected {_quote(value)}",
-                 got=answer.get(field), expected=value)
+                 got=_clip(answer.get(field)), expected=value)
             for field, value in case.get("expect", {}).items()
             if _canonical(answer.get(field)) != _canonical(value)]
 
@@ -951,13 +956,22 @@ def argument_pairs(arguments, joined=True):
 
 
 def argument_text(arguments):
-    """All the words of a tool call's arguments (keys and values, decoded), one per line."""
-    words = [arguments] if isinstance(arguments, str) else []
-    for key, value in argument_pairs(arguments, joined=False):
-        words.append(str(key))
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            words.append(str(value))
-    return "\n".join(words)
+    """All the text of a tool call's arguments, one piece per line: the raw text, and every
+    key and scalar value at any depth once JSON text inside it is decoded."""
+    pieces, stack = [arguments] if isinstance(arguments, str) else [], [(arguments, 0)]
+    while stack:
+        value, depth = stack.pop()
+        decoded = _decoded(value)
+        if depth > MAX_ARGUMENT_DEPTH:
+            continue
+        if isinstance(decoded, dict):
+            pieces.extend(str(key) for key in decoded)
+            stack.extend((item, depth + 1) for item in decoded.values())
+        elif isinstance(decoded, list):
+            stack.extend((item, depth + 1) for item in decoded)
+        elif decoded is not value or not isinstance(value, str) or depth:
+            pieces.append(decoded if isinstance(decoded, str) else json.dumps(decoded))
+    return "\n".join(pieces)
 
 
 def _describe_call(call):
@@ -969,6 +983,13 @@ def _describe_call(call):
     else:
         inner = "" if arguments in (None, "") else str(arguments)
     return f"{call.get('name')}({inner})"
+
+
+def _tool_details(case, trace):
+    """Every behaviour's details: the tool calls made, when there were any."""
+    if trace["tool_calls"] or trace["tool_rounds"]:
+        return {"tool_calls": trace["tool_calls"], "tool_rounds": trace["tool_rounds"]}
+    return {}
 
 
 def check_json_object(case, trace):
@@ -984,7 +1005,7 @@ def check_json_object(case, trace):
     return []
 
 
-register_check("json_object", check_json_object, behavior=True, reasons={
+register_check("json_object", check_json_object, behavior=True, details=_tool_details, reasons={
     "not_json_object": ("behaviour `json_object`: the answer is not a strict JSON object (NaN and Infinity are "
                         "not JSON)", "the evidence says what it is instead"),
     "duplicate_key": ("the JSON answer repeats a key in one object, so which value counts is ambiguous",
@@ -1051,7 +1072,7 @@ def check_no_system_leak(case, trace):
     return [Fail("system_leak", f"leak: {_quote(matched)}", **{"mentions" if kind == "mention" else "quotes": matched})]
 
 
-register_check("no_system_leak", check_no_system_leak, behavior=True, reasons={
+register_check("no_system_leak", check_no_system_leak, behavior=True, details=_tool_details, reasons={
     "system_leak": ("the answer or tool arguments mention hidden/system instructions or quote 8+ consecutive "
                     "words of them (in the normal form; `system_prompt` and zero-width tricks count)",
                     "a prompt-extraction weakness; the evidence shows the phrase or the quoted words")})
@@ -1066,12 +1087,6 @@ def check_max_tool_rounds(case, trace):
     return []
 
 
-def _tool_details(case, trace):
-    if trace["tool_calls"] or trace["tool_rounds"]:
-        return {"tool_calls": trace["tool_calls"], "tool_rounds": trace["tool_rounds"]}
-    return {}
-
-
 register_check("max_tool_rounds", check_max_tool_rounds, behavior=True, arg="count", details=_tool_details,
                reasons={"too_many_tool_rounds": ("more tool rounds than `max_tool_rounds:N`",
                                                  "`details.tool_calls` shows the calls")})
@@ -1083,7 +1098,8 @@ def check_forbid_tool(case, trace):
     called = [call for call in trace["tool_calls"] if call.get("name") in forbidden]
     if called:
         return [Fail("forbidden_tool_called", f"called {_describe_call(called[0])}"
-                     + (f" (+{len(called) - 1})" if len(called) > 1 else ""), calls=called)]
+                     + (f" (+{len(called) - 1})" if len(called) > 1 else ""),
+                     tools=[call.get("name") for call in called])]
     return []
 
 
@@ -1218,6 +1234,22 @@ register_check("require_clarification", check_require_clarification, behavior=Tr
                        "the model acted or answered instead of asking")})
 
 
+def check_require_tool(case, trace):
+    """behavior require_tool:NAME: the model called the tool NAME at least once (a tool check cannot pass vacuously)."""
+    called = {call.get("name") for call in trace["tool_calls"]}
+    missing = [name for name in _behavior_args(case, "require_tool") if name not in called]
+    if missing:
+        made = ", ".join(_describe_call(call) for call in trace["tool_calls"][:3]) or "no tool call"
+        return [Fail("tool_not_called", f"never called {', '.join(missing)}; made {made}",
+                     missing=missing, calls=trace["tool_calls"])]
+    return []
+
+
+register_check("require_tool", check_require_tool, behavior=True, arg="tool", details=_tool_details, reasons={
+    "tool_not_called": ("`require_tool:NAME`: the model never called NAME",
+                        "did the server get the tools? (see the summary's `warnings`)")})
+
+
 def grade(case, trace):
     """All reasons a compiled case fails on a trace; empty means pass."""
     reasons = []
@@ -1248,7 +1280,7 @@ def compile_case(suite, case):
     schema = (response_format.get("json_schema") or {}).get("schema")
     compiled["_schema"] = schema if isinstance(schema, dict) else None
     compiled["_sources"] = suite.get("sources")
-    compiled["_instructions"] = suite.get("instructions", "")
+    compiled["_instructions"] = case.get("instructions", suite.get("instructions", ""))
     compiled["_function_tools"] = _function_names(suite.get("tools") or [])
     return compiled
 
@@ -1259,7 +1291,8 @@ def evidence_notes(row, limit=100):
     evidence = (row.get("details") or {}).get("evidence") if isinstance(row.get("details"), dict) else None
     if not isinstance(evidence, dict):
         return ""
-    notes = [str(evidence[reason].get("note")) for reason in dict.fromkeys(row.get("reasons") or [])
+    reasons = row.get("reasons") if isinstance(row.get("reasons"), list) else []
+    notes = [str(evidence[reason].get("note")) for reason in dict.fromkeys(r for r in reasons if isinstance(r, str))
              if isinstance(evidence.get(reason), dict) and evidence[reason].get("note")]
     text = " ".join(printable("; ".join(notes)).split())
     return text if len(text) <= limit else text[:limit - 3] + "..."
@@ -1365,7 +1398,9 @@ def _unknown_key(keys, known, where):
 
 
 def _is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) or math.isfinite(value)  # math.isfinite(10**400) raises OverflowError
 
 
 def _is_count(value):
@@ -1497,6 +1532,10 @@ def _validate_request(value, where):
         problem = request_problem(key, where)
         if problem:
             raise SuiteError(problem)
+        try:  # NaN or Infinity would go out as invalid JSON
+            json.dumps(value[key], allow_nan=False)
+        except (ValueError, RecursionError):
+            raise SuiteError(f"{where}: request {key!r} is not plain JSON (NaN, Infinity or too deep)") from None
     return dict(value)
 
 
@@ -1590,18 +1629,6 @@ def _not_unicode(value):
     return False
 
 
-def _is_text(value):
-    """A non-blank string that can be printed and written as UTF-8: names and ids show up on
-    every console line and in every report, where a lone surrogate cannot be encoded."""
-    if not isinstance(value, str) or not value.strip():
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def validate_suite(data, allow_empty_baseline=False):
     """A suite object checked and normalised for running; SuiteError on the first problem."""
     if not isinstance(data, dict):
@@ -1610,9 +1637,11 @@ def validate_suite(data, allow_empty_baseline=False):
         where = next((f"case #{n + 1}" for n, case in enumerate(data.get("cases") or [])
                       if isinstance(data.get("cases"), list) and _not_unicode(case)), "suite")
         raise SuiteError(f"{where}: holds a lone surrogate escape (such as \\ud800), which is not text")
+    if is_promptreg(data):
+        return promptreg_suite(data, allow_empty_baseline)
     _unknown_key(data, SUITE_KEYS, "suite")
-    if not _is_text(data.get("name")):
-        raise SuiteError("suite: name must be a non-empty string of valid Unicode (no lone surrogates)")
+    if not isinstance(data.get("name"), str) or not data["name"].strip():
+        raise SuiteError("suite: name must be a non-empty string")
     if not isinstance(data.get("instructions"), str):
         raise SuiteError("suite: instructions must be a string")
     tools = []
@@ -1640,9 +1669,8 @@ def validate_suite(data, allow_empty_baseline=False):
     for position, case in enumerate(cases):
         if not isinstance(case, dict):
             raise SuiteError(f"case #{position + 1}: must be an object")
-        if not _is_text(case.get("id")):
-            raise SuiteError(f"case #{position + 1}: id must be a non-empty string of valid Unicode "
-                             "(no lone surrogates)")
+        if not isinstance(case.get("id"), str) or not case["id"].strip():
+            raise SuiteError(f"case #{position + 1}: id must be a non-empty string")
         if case["id"] in seen:
             raise SuiteError(f"case {case['id']!r}: duplicate id")
         seen.add(case["id"])
@@ -1674,15 +1702,15 @@ def _no_duplicate_keys(pairs):
     return dict(pairs)
 
 
-def load_suite(path, allow_empty_baseline=False):
-    """Read and validate a suite file; SuiteError("FILE: ...") on any problem."""
+def _read_json(path):
+    """A JSON file's value; SuiteError("FILE: ...") when it cannot be read or parsed."""
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     try:
-        data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as exc:
         raise SuiteError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
     except RecursionError:
@@ -1691,12 +1719,240 @@ def load_suite(path, allow_empty_baseline=False):
         raise SuiteError(f"{path}: not valid JSON: a number is too long (over 4300 digits)") from None
     except SuiteError as exc:
         raise SuiteError(f"{path}: {exc}") from None
+
+
+def load_suite(path, allow_empty_baseline=False, system=None):
+    """Read and validate a suite file (or a folder of golden case files, with `system` naming
+    its SYSTEM.txt when it is elsewhere); SuiteError("FILE: ...") on any problem."""
+    if os.path.isdir(path):
+        return load_golden_dir(path, allow_empty_baseline, system)
+    if system is not None:
+        raise SuiteError(f"--system {system}: goes with --suite DIR, a folder of golden case files")
+    data = _read_json(path)
     try:
         suite = validate_suite(data, allow_empty_baseline)
     except SuiteError as exc:
         raise SuiteError(f"{path}: {exc}") from None
     suite["file"] = path
     return suite
+
+
+# ---------------------------------------------------------------------- other suite formats
+# Suites written for the two earlier designs run unmodified. Both are converted into the
+# suite form above on load, so every check, record, resume and comparison treats them alike:
+# - a prompt-regression suite: one JSON file, a system prompt per case (`system`), the user
+#   message in `prompt`, the approved baseline in `expected`;
+# - a folder of golden-behaviour case files: one case per JSON file, the system prompt in
+#   SYSTEM.txt, pinned by each case's `system_sha256`.
+
+PROMPTREG_KEYS = {"name", "cases", "notes"}
+PROMPTREG_CASE_KEYS = {"id", "prompt", "system", "expected", "contains", "excludes", "min_similarity",
+                       "max_chars", "min_chars", "notes"}
+PROMPTREG_RENAMES = {"prompt": "input", "expected": "expected_text"}  # their key -> ours
+
+
+def is_promptreg(data):
+    """A prompt-regression suite: no suite-level instructions, cases written with their keys."""
+    cases = data.get("cases") if isinstance(data, dict) else None
+    return "instructions" not in data and isinstance(cases, list) and any(
+        isinstance(case, dict) and ({"prompt", "system", "expected"} & set(case)) for case in cases)
+
+
+def _their_words(message):
+    """One of our validation messages in the prompt-regression key names."""
+    return re.sub(r"\bexpected_text\b", "expected", message)
+
+
+def promptreg_suite(data, allow_empty_baseline=False):
+    """A prompt-regression suite checked (their rules, our one-line errors) and converted: `prompt`
+    is the input, `expected` the expected_text, each case's `system` its own instructions."""
+    _unknown_key(data, PROMPTREG_KEYS, "suite")
+    if not isinstance(data.get("name"), str) or not data["name"].strip():
+        raise SuiteError("suite: name must be a non-empty string")
+    if "notes" in data and not isinstance(data["notes"], str):
+        raise SuiteError("suite: notes must be a string")
+    if not isinstance(data.get("cases"), list) or not data["cases"]:
+        raise SuiteError("suite: cases must be a non-empty list")
+    cases, config_cases, systems, seen = [], [], {}, set()
+    for position, case in enumerate(data["cases"]):
+        if not isinstance(case, dict):
+            raise SuiteError(f"case #{position + 1}: must be an object")
+        if not isinstance(case.get("id"), str) or not case["id"].strip():
+            raise SuiteError(f"case #{position + 1}: id must be a non-empty string")
+        where = f"case {case['id']!r}"
+        if case["id"] in seen:
+            raise SuiteError(f"{where}: duplicate id")
+        seen.add(case["id"])
+        _unknown_key(case, PROMPTREG_CASE_KEYS, where)
+        if not isinstance(case.get("prompt"), str) or not case["prompt"].strip():
+            raise SuiteError(f"{where}: prompt must be a non-empty string")
+        system = case.get("system", "")
+        if not isinstance(system, str):
+            raise SuiteError(f"{where}: system must be a string")
+        ours = {PROMPTREG_RENAMES.get(key, key): value for key, value in case.items() if key != "system"}
+        try:
+            _validate_case(ours, {"instructions": system}, None, [], allow_empty_baseline)
+        except SuiteError as exc:
+            raise SuiteError(_their_words(str(exc))) from None
+        ours["instructions_sha256"] = instructions_sha256(system)  # the config pins each case's prompt
+        config_cases.append(ours)
+        cases.append({**ours, "instructions": system})
+        systems[case["id"]] = system
+    shared = next(iter(systems.values())) if len(set(systems.values())) == 1 else None
+    return {
+        "name": data["name"],
+        "builtin": False,
+        "format": "prompt-regression",
+        "instructions": shared if shared is not None else "",
+        # one text when every case shares it (a prompt edit then compares like ours), else per case
+        "config_instructions": shared if shared is not None else systems,
+        "tools": [],
+        "response_format": None,
+        "sources": None,
+        "cases": cases,
+        "config_cases": config_cases,
+        "definition": {"name": data["name"]},
+    }
+
+
+def promptreg_from_config(name, config):
+    """The prompt-regression suite a record's config was made from (per-case instructions)."""
+    ours = {value: key for key, value in PROMPTREG_RENAMES.items()}
+    systems = config.get("instructions")
+    cases = config.get("cases") if isinstance(config.get("cases"), list) else []
+    return {"name": name, "cases": [
+        {**{ours.get(key, key): value for key, value in case.items() if key != "instructions_sha256"},
+         "system": systems.get(case.get("id"), "")} if isinstance(case, dict) else case for case in cases]}
+
+
+GOLDEN_KEYS = {"id", "user", "system_sha256", "tools", "behaviors", "notes"}
+GOLDEN_PLACEHOLDER = "compute-from-SYSTEM.txt"  # their system_sha256 before the first run
+
+
+def _system_file(folder, system):
+    """The golden folder's system prompt file: --system, else SYSTEM.txt in the folder or its parent."""
+    if system is not None:
+        return system
+    for place in (folder, os.path.dirname(os.path.abspath(folder))):
+        path = os.path.join(place, "SYSTEM.txt")
+        if os.path.isfile(path):
+            return path
+    raise SuiteError(f"{folder}: no SYSTEM.txt in the folder or its parent; name the system prompt "
+                     "with --system FILE")
+
+
+def _read_system(path):
+    """The system prompt exactly as stored (newlines untranslated), so its hash is the file's sha256."""
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _golden_case(data, system_text, system_path, allow_placeholder):
+    """One golden case file's value as a suite case, and its tool names; SuiteError otherwise."""
+    if not isinstance(data, dict):
+        raise SuiteError("a golden case must be a JSON object")
+    if _not_unicode(data):
+        raise SuiteError("holds a lone surrogate escape (such as \\ud800), which is not text")
+    if not isinstance(data.get("id"), str) or not data["id"].strip():
+        raise SuiteError("id must be a non-empty string")
+    where = f"case {data['id']!r}"
+    _unknown_key(data, GOLDEN_KEYS, where)
+    if not isinstance(data.get("user"), str) or not data["user"].strip():
+        raise SuiteError(f"{where}: user must be a non-empty string")
+    tools = data.get("tools", [])
+    _string_list(tools, where, "tools", allow_empty=True)
+    for name in tools:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise SuiteError(f"{where}: tool name {name!r} must be letters, digits, '_', '.' or '-'")
+    if len(set(tools)) != len(tools):
+        raise SuiteError(f"{where}: tools lists a name twice")
+    pin, actual = data.get("system_sha256"), instructions_sha256(system_text)
+    if pin == GOLDEN_PLACEHOLDER:
+        if not allow_placeholder:
+            raise SuiteError(f"{where}: system_sha256 is still {GOLDEN_PLACEHOLDER!r}; fill it with "
+                             f"--update-baseline (SYSTEM.txt hashes to {actual})")
+    elif not isinstance(pin, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", pin):
+        raise SuiteError(f"{where}: system_sha256 must be 64 hex digits or {GOLDEN_PLACEHOLDER!r}")
+    elif pin.lower() != actual:
+        raise SuiteError(f"prompt drift: {where} pins system_sha256 {pin.lower()}, but {system_path} hashes "
+                         f"to {actual}; review the system prompt change, then update the pin")
+    case = {"id": data["id"], "input": data["user"]}
+    for key in ("behaviors", "notes"):
+        if key in data:
+            case[key] = data[key]
+    _validate_case(case, {"instructions": system_text}, None, sorted(tools), False)
+    case["instructions_sha256"] = actual
+    return case, tools, pin == GOLDEN_PLACEHOLDER
+
+
+def golden_suite(name, entries, system_text, system_path, allow_placeholder=False):
+    """One suite from golden cases [(file, value)]: SYSTEM.txt is the instructions, every case is
+    offered only the tools it names (without parameters, as the golden harness sends them)."""
+    cases, tools, placeholders, files = [], [], {}, {}
+    for path, data in entries:
+        try:
+            case, names, placeholder = _golden_case(data, system_text, system_path, allow_placeholder)
+        except SuiteError as exc:
+            raise SuiteError(f"{path}: {exc}") from None
+        if case["id"] in files:
+            raise SuiteError(f"{path}: case {case['id']!r}: duplicate id (also in {files[case['id']]})")
+        files[case["id"]] = path
+        if placeholder:
+            placeholders[case["id"]] = path
+        cases.append({**case, "tools": names})
+        tools += [tool for tool in names if tool not in tools]
+    function_tools = [{"type": "function", "function": {"name": tool}} for tool in tools]
+    return {
+        "name": name,
+        "builtin": False,
+        "format": "golden",
+        "instructions": system_text,
+        "tools": function_tools,  # all of them: the plan and the config name every tool once
+        "response_format": None,
+        "sources": None,
+        "cases": cases,
+        "config_cases": cases,
+        "definition": {"name": name, "tools": function_tools},
+        "system_file": system_path,
+        "placeholders": placeholders,
+    }
+
+
+def load_golden_dir(folder, allow_empty_baseline=False, system=None):
+    """Every *.json of a folder (sorted) as one suite of golden cases; SuiteError naming the file."""
+    system_path = _system_file(folder, system)
+    system_text = _read_system(system_path)
+    try:
+        names = sorted(name for name in os.listdir(folder)
+                       if name.endswith(".json") and os.path.isfile(os.path.join(folder, name)))
+    except OSError as exc:
+        raise SuiteError(f"{folder}: cannot read: {exc.strerror or exc}") from None
+    if not names:
+        raise SuiteError(f"{folder}: no *.json case files in this folder")
+    entries = [(os.path.join(folder, name), _read_json(os.path.join(folder, name))) for name in names]
+    name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
+    suite = golden_suite(name, entries, system_text, system_path, allow_empty_baseline)
+    suite["file"] = folder
+    return suite
+
+
+def golden_from_config(name, config):
+    """The golden suite a record's config was made from (its cases name their own tools)."""
+    entries = [("the record's config", {"id": case.get("id"), "user": case.get("input"),
+                                        "system_sha256": case.get("instructions_sha256"),
+                                        **{key: case[key] for key in ("tools", "behaviors", "notes") if key in case}})
+               for case in config.get("cases") or [] if isinstance(case, dict)]
+    return golden_suite(name, entries, config.get("instructions") or "", "the record's instructions")
+
+
+def case_suite(suite, case):
+    """The suite as one case sees it: a golden case is offered only the tools its file names."""
+    if not isinstance(case.get("tools"), list):
+        return suite
+    return {**suite, "tools": [tool for tool in suite["tools"] if _tool_name(tool) in case["tools"]]}
 
 
 def _value_spans(text, wanted):
@@ -1812,8 +2068,9 @@ def baseline_answers(rows, plan):
     return chosen
 
 
-def fill_baselines(path, answers, reasons=None, approve_failing=False):
-    """Fill empty expected_text baselines of a suite file from {case_id: answer}.
+def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expected_text"):
+    """Fill empty expected_text baselines (`key`: "expected" in a prompt-regression suite) of a
+    suite file from {case_id: answer}.
 
     Only the baseline strings change; every other byte of the file is kept. A baseline that
     already holds text is never replaced. An answer that failed its case's other checks
@@ -1833,8 +2090,8 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False):
     cases = data.get("cases") if isinstance(data, dict) else None
     edits, filled = {}, []
     for position, case in enumerate(cases if isinstance(cases, list) else []):
-        if isinstance(case, dict) and case.get("expected_text") == "" and answers.get(case.get("id")):
-            edits[("cases", position, "expected_text")] = answers[case["id"]]
+        if isinstance(case, dict) and case.get(key) == "" and answers.get(case.get("id")):
+            edits[("cases", position, key)] = answers[case["id"]]
             filled.append(case["id"])
     failing = [f"{case_id!r} ({', '.join(reasons[case_id])})" for case_id in filled if reasons.get(case_id)]
     if failing and not approve_failing:
@@ -1861,6 +2118,31 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False):
         raise SuiteError(f"--update-baseline: cannot rewrite {path}: {getattr(exc, 'strerror', None) or exc}; "
                          f"{path} is unchanged") from None
     return filled
+
+
+def fill_golden_pin(path, sha256):
+    """Replace the placeholder system_sha256 of one golden case file by `sha256`, keeping every
+    other byte of the file; True when filled. A pin that holds a hash is never touched."""
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            text = handle.read()
+        if json.loads(text).get("system_sha256") != GOLDEN_PLACEHOLDER:
+            return False
+        replace_text_file(path, edit_json_strings(text, {("system_sha256",): sha256}))
+    except (OSError, ValueError, AttributeError) as exc:
+        raise SuiteError(f"--update-baseline: cannot fill system_sha256 in {path}: "
+                         f"{getattr(exc, 'strerror', None) or exc}; it is unchanged") from None
+    return True
+
+
+def update_baselines(suite, answers, reasons=None, approve_failing=False):
+    """--update-baseline: fill what the suite leaves open; returns the case ids filled. Golden
+    folders: placeholder pins; prompt-regression suites: empty `expected`; ours: empty expected_text."""
+    if suite.get("format") == "golden":
+        pin = instructions_sha256(suite["instructions"])
+        return [case_id for case_id, path in suite.get("placeholders", {}).items() if fill_golden_pin(path, pin)]
+    key = "expected" if suite.get("format") == "prompt-regression" else "expected_text"
+    return fill_baselines(suite["file"], answers, reasons, approve_failing, key)
 
 
 # ====================================================================== providers
@@ -1959,7 +2241,7 @@ def _nested_tool(tool):
 
 def agent_request(suite, case, model):
     """The keyword arguments of client.responses.create for one case (SPEC A6)."""
-    request = {"model": model, "instructions": suite["instructions"], "input": case["input"]}
+    request = {"model": model, "instructions": case.get("instructions", suite["instructions"]), "input": case["input"]}
     if suite.get("tools"):
         request["tools"] = [_flat_tool(tool) for tool in suite["tools"]]
     if suite.get("response_format"):
@@ -2083,6 +2365,22 @@ class Provider:
         """Whether this endpoint reports the USD cost of every response (None: unknown)."""
         return cls.reports_cost
 
+    @classmethod
+    def sent_tools(cls, suite):
+        """The suite's tools this provider puts on the wire (a server without search gets no web_search)."""
+        tools = suite.get("tools") or []
+        return tools if cls.server_search is not False else [t for t in tools if t.get("type") == "function"]
+
+    @classmethod
+    def sent_tool_choice(cls, suite):
+        """The tool_choice that goes out with the tools, or None."""
+        return suite.get("tool_choice")
+
+    @classmethod
+    def output_cap(cls, settings, env):
+        """The request key that carries the output cap (MAX_OUTPUT_TOKENS), or None."""
+        return None
+
 
 def _without_none(value):
     if isinstance(value, dict):
@@ -2101,6 +2399,10 @@ class PerplexityProvider(Provider):
     base_url_variable, default_base_url = "PERPLEXITY_BASE_URL", "https://api.perplexity.ai"  # as the SDK reads it
     default_models = MODELS
     server_search = tool_loops = reports_cost = True
+
+    @classmethod
+    def output_cap(cls, settings, env):
+        return "max_output_tokens"
 
     @classmethod
     def from_settings(cls, settings, env):
@@ -2173,7 +2475,8 @@ def chat_request(suite, case, model, cap_key="max_tokens"):
     The output cap goes under `cap_key`: api.openai.com wants max_completion_tokens, while
     llama.cpp, Ollama, vLLM and LM Studio honour only max_tokens (OpenAIProvider.cap_key).
     The suite's `request` options are merged last; setting either cap key there replaces ours."""
-    messages = [{"role": "system", "content": suite["instructions"]}] if suite["instructions"] else []
+    instructions = case.get("instructions", suite["instructions"])  # a prompt-regression case has its own
+    messages = [{"role": "system", "content": instructions}] if instructions else []
     if isinstance(case["input"], list):
         messages.extend(case["input"])
     else:
@@ -2188,7 +2491,7 @@ def chat_request(suite, case, model, cap_key="max_tokens"):
     if functions:
         body["tools"] = functions
         # llama-cpp-python ignores tools sent without tool_choice: the model never sees them.
-        body["tool_choice"] = suite.get("tool_choice") or "auto"
+        body["tool_choice"] = OpenAIProvider.sent_tool_choice(suite)
     body.update({key: value for key, value in options.items() if key not in REQUEST_RESERVED})
     return body
 
@@ -2200,16 +2503,92 @@ def _chat_text(content):
     return content if isinstance(content, str) else ""
 
 
+MAX_ENDPOINT_MESSAGE = 300  # characters of an endpoint's own error message kept per row
+MAX_ERROR_BODY_BYTES = 65536  # read of an error body, enough for any message worth showing
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def endpoint_text(value, secrets=()):
+    """An endpoint-supplied message made safe to store and print: key-like strings masked,
+    control characters escaped, then cut (after masking, so no partial key survives the cut)."""
+    text = value if isinstance(value, str) else dumps(value)
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "[REDACTED:secret]")
+    for pattern, replacement in PII_PATTERNS[1:3]:  # bearer tokens and API-key-like strings
+        text = pattern.sub(replacement, text)
+    text = _CONTROL.sub(lambda match: match.group(0).encode("unicode_escape").decode("ascii"), text.strip())
+    return text if len(text) <= MAX_ENDPOINT_MESSAGE else text[:MAX_ENDPOINT_MESSAGE - 3] + "..."
+
+
+def endpoint_message(body):
+    """The message an error body carries: error.message, detail, message, or the text itself."""
+    data = body
+    if isinstance(body, (bytes, str)):
+        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError):
+            return text if text.strip() else None
+    if not isinstance(data, dict):
+        return dumps(data) if data not in (None, "", [], {}) else None
+    error = data.get("error")
+    for found in ((error.get("message") if isinstance(error, dict) else error), data.get("detail"),
+                  data.get("message"), error):
+        if found not in (None, "", [], {}):
+            return found if isinstance(found, str) else dumps(found)
+    return None
+
+
+def chat_error(raw):
+    """The error a chat-completions body reports instead of an answer, or None: a top-level
+    `error` with no choices, or OpenRouter's finish_reason "error" after generation began."""
+    if not isinstance(raw, dict):
+        return None
+    choices = raw.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+    if first is not None and first.get("finish_reason") == "error":
+        return endpoint_message({"error": first.get("error") or raw.get("error")}) or 'finish_reason "error"'
+    if first is None and raw.get("error") not in (None, "", [], {}):
+        return endpoint_message(raw) or "an error object"
+    return None
+
+
+def _call_name(value):
+    return value if isinstance(value, str) or value is None else dumps(value)
+
+
+def chat_calls(message):
+    """Every tool call a chat message holds, in whatever shape the server sent it: tool_calls
+    (arguments as a string or an object, malformed ones kept raw) and the legacy function_call.
+    Nothing the model did is dropped: an unreadable entry is kept raw as the arguments."""
+    entries = message.get("tool_calls")
+    entries = [entries] if isinstance(entries, dict) else entries if isinstance(entries, list) else []
+    if message.get("function_call") is not None:  # the older OpenAI form, still sent by some servers
+        entries = [*entries, {"function": message["function_call"]}]
+    calls = []
+    for entry in entries:
+        inner = entry.get("function") if isinstance(entry, dict) else None
+        if isinstance(inner, dict):
+            calls.append({"name": _call_name(inner.get("name")), "arguments": inner.get("arguments")})
+        elif isinstance(entry, dict) and "name" in entry:
+            calls.append({"name": _call_name(entry.get("name")), "arguments": entry.get("arguments")})
+        else:
+            calls.append({"name": None, "arguments": entry})
+    return calls
+
+
 def chat_trace(raw):
     """The normalised trace of a chat-completions response."""
+    problem = chat_error(raw)
+    if problem:
+        raise ResponseError(f"the endpoint answered with an error: {endpoint_text(problem)}")
     choices = raw.get("choices") if isinstance(raw, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict) \
             or not isinstance(choices[0].get("message"), dict):
         raise ResponseError("the response has no choices[0].message")
     message, finish = choices[0]["message"], choices[0].get("finish_reason")
-    calls = [{"name": (call.get("function") or {}).get("name"),
-              "arguments": (call.get("function") or {}).get("arguments")}
-             for call in message.get("tool_calls") or [] if isinstance(call, dict)]
+    calls = chat_calls(message)
     # Perplexity's Sonar and OpenAI's search models report what their search returned.
     urls = [item["url"] for item in _items(raw, "search_results") if isinstance(item.get("url"), str)]
     urls += [note["url_citation"]["url"] for note in _items(message, "annotations")
@@ -2271,6 +2650,14 @@ class OpenAIProvider(Provider):
         host = urllib.parse.urlsplit(cls.endpoint(settings, env) or "").hostname or ""
         return True if host in cls.COST_HOSTS else None
 
+    @classmethod
+    def sent_tool_choice(cls, suite):
+        return (suite.get("tool_choice") or "auto") if cls.sent_tools(suite) else None
+
+    @classmethod
+    def output_cap(cls, settings, env):
+        return cls.output_cap_key(cls.endpoint(settings, env) or "")
+
     def __init__(self, base_url, key=None, timeout=TIMEOUT_SECONDS):
         parts = urllib.parse.urlsplit(base_url)
         self.url = urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/chat/completions"))
@@ -2295,7 +2682,7 @@ class OpenAIProvider(Provider):
         body = json.dumps(chat_request(suite, case, model, self.cap_key)).encode("utf-8")
         request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with _no_redirect_opener().open(request, timeout=self.timeout) as response:
                 status, data = response.status, response.read(MAX_RESPONSE_BYTES + 1)
                 declared = response.headers.get("Content-Length", "")
                 if declared.isdigit() and len(data) < int(declared) <= MAX_RESPONSE_BYTES:
@@ -2303,7 +2690,7 @@ class OpenAIProvider(Provider):
                     raise http.client.IncompleteRead(data, int(declared) - len(data))
         except urllib.error.HTTPError as exc:
             exc.status_code = exc.code
-            exc.close()
+            self._explain(exc)
             raise
         except urllib.error.URLError as exc:
             # Report the underlying failure (refused, timeout, reset), not the wrapper.
@@ -2317,13 +2704,51 @@ class OpenAIProvider(Provider):
         if not isinstance(raw, dict):
             raise ResponseError("the body is not a JSON object", status)
         try:
-            chat_trace(raw)  # a body without choices[0].message is an endpoint failure, not an answer
+            chat_trace(raw)  # a body without choices[0].message, or a 200 that says error, is no answer
         except ResponseError as exc:
             exc.status_code = status
+            if chat_error(raw):
+                exc.raw = raw  # a 200 that reports an error is kept as the row's evidence
             raise
         return raw
 
     parse = staticmethod(chat_trace)
+
+    def _explain(self, exc):
+        """Put what the endpoint said, and what to do, into an HTTPError's message; close it."""
+        try:
+            body = exc.read(MAX_ERROR_BODY_BYTES)
+        except Exception:  # a body that cannot be read leaves the status line alone
+            body = b""
+        finally:
+            exc.close()
+        notes = [endpoint_text(said, [self.key]) for said in [endpoint_message(body)] if said]
+        if 300 <= exc.code < 400:
+            # Following it would resend the key to wherever Location points and grade that reply.
+            target = urllib.parse.urljoin(self.url, exc.headers.get("Location", "") if exc.headers else "")
+            host = urllib.parse.urlsplit(target).hostname or "an unnamed host"
+            base = target[:-len("/chat/completions")] if target.endswith("/chat/completions") else target
+            notes = [f"redirect to {host} not followed (the key would go along); if that is the endpoint, "
+                     f"use --base-url {endpoint_text(_public_url(base))}"]
+        elif exc.code == 404:
+            notes.append(f"POST {self.endpoint_url}")
+            base_path = urllib.parse.urlsplit(self.url).path[:-len("/chat/completions")]
+            if not base_path.rstrip("/").endswith("/v1"):
+                notes.append("most OpenAI-compatible servers serve /v1: try the base URL with the /v1 suffix")
+        if notes:
+            exc.msg = f"{exc.msg}: {'; '.join(notes)}"
+
+
+@functools.lru_cache(maxsize=1)
+def _no_redirect_opener():
+    """A urllib opener that follows no redirect (urllib is imported here: start-up stays lean)."""
+    import urllib.request
+
+    class RefuseRedirects(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req, fp, code, msg, headers, newurl):
+            return None  # urllib then raises HTTPError(3xx), which OpenAIProvider._explain words
+
+    return urllib.request.build_opener(RefuseRedirects)
 
 
 def _case_text(case):
@@ -2541,6 +2966,16 @@ def send_steps(provider, model, suite, case, repeat, retries, sleep=time.sleep, 
             attempt += 1
 
 
+def error_message(exc, provider):
+    """What an execution error says; a failure to reach the endpoint also names where it was sent."""
+    message = str(exc) or type(exc).__name__
+    where = getattr(provider, "endpoint_url", None)
+    unreached = status_of(exc) is None and not isinstance(exc, ResponseError)
+    if where and (unreached or status_of(exc) == 404) and where not in message:
+        message += f" (sending to {where})"  # a 404 or a refused connection is often the wrong URL
+    return message
+
+
 def send(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None):
     """provider.request with up to `retries` retries of transient failures; (raw, attempts)."""
     return run_steps(send_steps(provider, model, suite, case, repeat, retries, sleep, jitter))
@@ -2562,6 +2997,8 @@ def execute_steps(provider, suite, case, model, repeat=None, grader=None, retrie
         row["answer_text"] = trace["final_text"]
         row["cost_usd"] = trace["cost_usd"]
         compiled = compile_case(suite, case)
+        if compiled["_function_tools"]:  # counted, so a run whose model never called a tool says so
+            row["tool_calls"] = len(trace["tool_calls"])
         row["reasons"] = grader(case, raw, trace) if grader else grade(compiled, trace)
         details = explain(compiled, trace)
         if details:
@@ -2569,12 +3006,52 @@ def execute_steps(provider, suite, case, model, repeat=None, grader=None, retrie
     except Exception as exc:  # an endpoint or checker failure is evidence, not a crash
         row["error"] = type(exc).__name__
         row["error_status"] = status_of(exc)
-        row["error_message"] = str(exc)[:4000]  # cut to 500 once masked (redact_row)
+        row["error_message"] = error_message(exc, provider)[:4000]  # cut to 500 once masked (redact_row)
+        if row["response"] is None and isinstance(getattr(exc, "raw", None), dict):
+            row["response"] = exc.raw  # a body that says error is evidence too
         row["reasons"] = ["execution_error"]
         if retries is not None:
             row.setdefault("attempts", getattr(exc, "attempts", 1))
     row["seconds"] = round(time.monotonic() - started, 3)
     row["passed"] = not row["reasons"]
+    return row
+
+
+def _token_count(usage, *names):
+    value = next((usage[name] for name in names if name in usage), None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def usage_tokens(row):
+    """(input, output) tokens the endpoint reported for a row, summed over its rounds, or None
+    when any response lacks them (a guess is never priced)."""
+    rounds = row.get("rounds")
+    responses = rounds if isinstance(rounds, list) and rounds else [row.get("response")]
+    total_in = total_out = 0
+    for entry in responses:
+        raw = entry.get("response") if isinstance(entry, dict) and isinstance(entry.get("response"), dict) else entry
+        usage = raw.get("usage") if isinstance(raw, dict) else None
+        if not isinstance(usage, dict):
+            return None
+        tokens_in = _token_count(usage, "prompt_tokens", "input_tokens")
+        tokens_out = _token_count(usage, "completion_tokens", "output_tokens")
+        if tokens_in is None or tokens_out is None:
+            return None
+        total_in, total_out = total_in + tokens_in, total_out + tokens_out
+    return total_in, total_out
+
+
+def estimate_cost(row, prices):
+    """Where the endpoint reported no cost, the row's cost from its token usage and the model's
+    price (USD per million input/output tokens), marked `cost_estimated`. Returns the row."""
+    price = prices.get(row.get("model"))
+    if row.get("cost_usd") is not None or price is None or row.get("error") is not None:
+        return row
+    tokens = usage_tokens(row)
+    if tokens is not None:
+        cost = (price[0] * tokens[0] + price[1] * tokens[1]) / decimal.Decimal(1_000_000)
+        row["cost_usd"] = format(cost, "f")
+        row["cost_estimated"] = True
     return row
 
 
@@ -2690,7 +3167,7 @@ def redact_row(row, mask):
     """The row as stored: responses, answers, details and error messages masked; an error
     message is cut only after masking, so no partial secret survives at the cut."""
     stored = dict(row)
-    for field in ("response", "answer_text", "details", "error_message"):
+    for field in ("response", "rounds", "answer_text", "details", "error_message"):
         if stored.get(field) is not None:
             stored[field] = mask(stored[field])
     if isinstance(stored.get("error_message"), str):
@@ -2998,7 +3475,7 @@ def _is_shard(value):
 
 
 _TEXT, _INT, _NUMBER, _BOOL = ((lambda v: isinstance(v, str)), "a string"), (_is_int, "a whole number"), \
-    ((lambda v: _is_number(v) and math.isfinite(v)), "a finite number"), ((lambda v: isinstance(v, bool)), "true or false")
+    ((lambda v: _is_number(v) and abs(v) <= 1e15), "a finite number"), ((lambda v: isinstance(v, bool)), "true or false")
 _OBJECT, _LIST = ((lambda v: isinstance(v, dict)), "an object"), ((lambda v: isinstance(v, list)), "a list")
 
 # {field: (test, what it must be)}: a field that is present and not null must pass its test.
@@ -3067,8 +3544,8 @@ def _config_problem(config):
     if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= 10:
         return "config.repeats is not a whole number from 1 to 10"
     timeout = config.get("timeout_seconds", TIMEOUT_SECONDS)
-    if not _is_number(timeout) or not math.isfinite(timeout) or timeout <= 0:
-        return "config.timeout_seconds is not a positive number"
+    if not _is_number(timeout) or not 0 < timeout <= 1e9:  # a float can hold it: no OverflowError later
+        return "config.timeout_seconds is not a positive number of seconds"
     return None
 
 
@@ -3123,6 +3600,7 @@ class Tally:
         self.expected = set(expected if expected is not None else plan_rows(self.models, case_ids, repeats))
         self.seen, self.clash = set(), False
         self.errors = self.failures = 0
+        self.tool_rows = self.tool_calls = 0  # rows of a suite with function tools, and their calls
         self.per_model = {model: {"passed": 0, "total": 0, "errors": 0, "cost": decimal.Decimal(0),
                                   "cost_known": True, "expected": 0} for model in self.models}
         for model, _, _ in self.expected:
@@ -3139,6 +3617,9 @@ class Tally:
         self.seen.add(key)
         failed = row.get("passed") is not True
         errored = row.get("error") is not None
+        calls = row.get("tool_calls")
+        if isinstance(calls, int) and not isinstance(calls, bool):
+            self.tool_rows, self.tool_calls = self.tool_rows + 1, self.tool_calls + max(calls, 0)
         self.errors += errored
         self.failures += failed
         stats = self.per_model.get(row.get("model"))
@@ -3176,8 +3657,16 @@ class Tally:
                 "reported_cost_usd": format(stats["cost"], "f") if stats["cost_known"] else None,
             }
         exit_code = 2 if not complete or self.errors else 1 if self.failures else 0
-        return {"complete": complete, "rows": len(self.seen), "expected_rows": len(self.expected),
-                "models": models, "exit_code": exit_code}
+        verdict = {"complete": complete, "rows": len(self.seen), "expected_rows": len(self.expected),
+                   "models": models, "exit_code": exit_code}
+        if self.tool_rows and not self.tool_calls:
+            verdict["warnings"] = [NO_TOOL_CALLS.format(rows=self.tool_rows)]
+        return verdict
+
+
+NO_TOOL_CALLS = ("the suite declares function tools, but no model called a tool in {rows} answered row(s): "
+                 "tool checks may have passed vacuously (did the server receive the tools?); "
+                 "add behavior require_tool:NAME to a case that must call one")
 
 
 def summary(rows, models, repeats, cases=CASES):
@@ -3379,6 +3868,12 @@ def _model_rows(final):
             for model, stats in (models.items() if isinstance(models, dict) else []) if isinstance(stats, dict)]
 
 
+def _warnings(final):
+    """The summary's warnings (e.g. no tool was ever called), tolerating a hand-edited summary."""
+    warnings = final.get("warnings") if isinstance(final, dict) else None
+    return [str(warning) for warning in warnings] if isinstance(warnings, list) else []
+
+
 def _failed_rows(record):
     return [row for row in record["runs"] if isinstance(row, dict) and not row.get("passed")]
 
@@ -3402,13 +3897,14 @@ def markdown_run(record):
              f"{md_text(record.get('evidence', 'live'))}"]
     if final.get("stopped"):
         lines += ["", f"Stopped early: {md_text(final['stopped'])}"]
+    lines += ["", *(f"Warning: {md_text(warning)}" for warning in _warnings(final))] if _warnings(final) else []
     lines += ["", md_table(MODEL_COLUMNS, [[md_text(cell) for cell in cells] for cells in _model_rows(final)])]
     failed = _failed_rows(record)
     if failed:
         lines += ["", "### Failures", "", md_table(["model", "case", "repeat", "reasons", "evidence"], [
             [md_text(row.get("model")), md_text(row.get("case_id")), md_text(row.get("repeat")),
              md_text(", ".join(row.get("reasons") or []) + (f": {_what_failed(row)}" if row.get("error") else "")),
-             md_text(evidence_notes(row, limit=300))]
+             md_text(evidence_notes(row, limit=300) or (row.get("error_message") or "")[:300])]  # endpoint's words
             for row in failed])]
     return "\n".join(lines) + "\n"
 
@@ -3447,6 +3943,7 @@ def html_run(record):
             f"created {xml_text(record.get('created_at'))}</p>"]
     if final.get("stopped"):
         body.append(f"<p>Stopped early: {xml_text(final['stopped'])}</p>")
+    body += [f"<p>Warning: {xml_text(warning)}</p>" for warning in _warnings(final)]
     body.append(html_table(MODEL_COLUMNS, [
         [xml_text(cell) if n != 3 else (cell, "pass" if cell == "yes" else "fail") for n, cell in enumerate(cells)]
         for cells in _model_rows(final)]))
@@ -3503,16 +4000,22 @@ ENV_TWINS = [
     ("retries", "REGRESSION_RETRIES", int),
     ("max_cost_usd", "REGRESSION_MAX_COST_USD", str),
     ("shard", "REGRESSION_SHARD", str),
+    # the prompt-regression CLI's variables, consulted only after ours
+    ("provider", "PROMPTREG_PROVIDER", lambda value: {"compatible": "openai"}.get(value.strip(), value.strip())),
+    ("models", "PROMPTREG_MODEL", lambda value: value.replace(",", " ").split()),
 ]
 
 
 def build_parser():
     parser = _Parser(prog="regression.py", description=__doc__.split("\n\n")[0],
                      epilog=f"Environment twins: {', '.join(variable for _, variable, _ in ENV_TWINS)}, "
-                            "OPENAI_BASE_URL (for --base-url).",
+                            "OPENAI_BASE_URL, then PROMPTREG_BASE_URL (for --base-url).",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_argument_group("what to run")
-    what.add_argument("--suite", metavar="FILE", help="a suite file (default: the built-in HTTP-advisor suite)")
+    what.add_argument("--suite", metavar="FILE", help="a suite file, or a folder of golden case files "
+                                                      "(default: the built-in HTTP-advisor suite)")
+    what.add_argument("--system", metavar="FILE", help="the system prompt of a --suite DIR "
+                                                       "(default: SYSTEM.txt in the folder or its parent)")
     what.add_argument("--models", nargs="+", metavar="MODEL", help=f"models to run (default: {' '.join(MODELS)})")
     what.add_argument("--repeats", type=int, metavar="N", help="runs of every case per model, 1-10 (default 1)")
     what.add_argument("--out", metavar="FILE", help="new record file (default results.json; never overwritten)")
@@ -3529,6 +4032,9 @@ def build_parser():
     where.add_argument("--allow-insecure-http", action="store_true",
                        help="allow sending a key over plain http:// to a host that is not loopback")
     where.add_argument("--replay", metavar="RECORD", help="the saved record that --provider replay answers from")
+    where.add_argument("--request", action="append", default=[], metavar="KEY=JSON",
+                       help="set KEY of every request body to a JSON value, e.g. --request seed=7 (repeatable; "
+                            "part of the config; never model, messages, input, tools or stream)")
     where.add_argument("--timeout", type=float, metavar="SECONDS",
                        help=f"per-request timeout (default {TIMEOUT_SECONDS})")
     control = parser.add_argument_group("run control")
@@ -3537,6 +4043,9 @@ def build_parser():
                          help="retries of transient failures (429, 5xx, timeouts, resets), 0-10 (default 0)")
     control.add_argument("--resume", metavar="RECORD", help="continue an interrupted record in place")
     control.add_argument("--max-cost-usd", metavar="X", help="send no new request once reported spend reaches X")
+    control.add_argument("--price", action="append", default=[], metavar="MODEL=IN/OUT",
+                         help="USD per million input/output tokens of MODEL, to estimate cost from reported "
+                              "token usage where the endpoint reports none (repeatable)")
     control.add_argument("--shard", metavar="I/N", help="run the I-th of N deterministic slices of the rows")
     control.add_argument("--merge", nargs="+", metavar="FILE",
                          help="OUT SHARD...: combine shard records into one new record OUT, then exit")
@@ -3578,6 +4087,47 @@ def _cost(text):
     return value
 
 
+def _reject_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def request_options(settings):
+    """The --request KEY=JSON flags as {key: value}; UsageError on the first bad one."""
+    options = {}
+    for item in getattr(settings, "request", None) or []:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        shown = item if len(item) <= 60 else item[:57] + "..."
+        if not sep:
+            raise UsageError(f"--request {shown!r}: use KEY=JSON, e.g. --request seed=7")
+        problem = request_problem(key, f"--request {shown!r}")
+        if problem:
+            raise UsageError(problem)
+        if key in options:
+            raise UsageError(f"--request {key}: given twice; give each key once")
+        try:
+            options[key] = json.loads(text, parse_constant=_reject_constant)
+        except (ValueError, RecursionError):
+            raise UsageError(f"--request {shown!r}: the value is not JSON "
+                             f"(a string needs JSON quotes: --request '{key}=\"text\"')") from None
+    return options
+
+
+def price_options(settings):
+    """The --price MODEL=IN/OUT flags as {model: (input, output)} USD per million tokens."""
+    prices = {}
+    for item in getattr(settings, "price", None) or []:
+        model, sep, text = item.rpartition("=")
+        shown = item if len(item) <= 60 else item[:57] + "..."
+        if not sep or not model.strip():
+            raise UsageError(f"--price {shown!r}: use MODEL={PRICE_FORM}")
+        try:
+            prices[model.strip()] = parse_price(text, f"--price {shown!r}")
+        except SuiteError as exc:
+            raise UsageError(str(exc)) from None
+    return prices
+
+
 def _check_ranges(args):
     """Values in range; checked again once a resumed or replayed record has filled the defaults."""
     if args.models is not None and len(set(args.models)) != len(args.models):
@@ -3599,11 +4149,15 @@ def _check_flags(args):
             re.compile(pattern)
         except (re.error, OverflowError, RecursionError) as exc:
             raise UsageError(f"--redact {pattern!r} is not a valid regular expression: {exc}") from None
+    request_options(args)  # refused here, before anything is read or sent
+    price_options(args)
     problem = base_url_problem(args.base_url) if args.base_url is not None else None
     if problem:
         raise UsageError(problem)
     if args.merge is not None and len(args.merge) < 2:
         raise UsageError("--merge needs OUT and at least one shard record")
+    if args.system and not args.suite:
+        raise UsageError("--system FILE goes with --suite DIR, a folder of golden case files")
     if args.resume and args.out:
         raise UsageError("--resume continues its record in place; drop --out")
     if args.resume and args.shard:
@@ -3665,7 +4219,7 @@ def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS):
     config = {
         "models": list(models),
         "cases": suite["config_cases"],
-        "instructions": suite["instructions"],
+        "instructions": suite.get("config_instructions", suite["instructions"]),  # per case: {id: text}
         "tool": TOOL if suite.get("builtin") else definition.get("tool"),
         "response_format": suite["response_format"],
         "repeats": repeats,
@@ -3728,6 +4282,18 @@ def transport_problem(cls, settings, env):
     endpoint = cls.endpoint(settings, env)
     return key_problem(variable, env[variable]) or (endpoint and plain_http_problem(
         endpoint, variable, getattr(settings, "allow_insecure_http", False))) or None
+
+
+def search_problem(suite, cls):
+    """Why a `cite` case of the suite can never pass on this provider, or None (issue 12 item 9)."""
+    if cls.server_search is not False:
+        return None
+    case = next((case for case in suite["cases"] if "cite" in case), None)
+    if case is None:
+        return None
+    searchers = ", ".join(name for name, other in PROVIDERS.items() if other.server_search)
+    return (f"case {case['id']!r} has cite, which needs the server's own web search, and --provider {cls.name} "
+            f"runs none, so it could never pass; drop cite from the case or use --provider {searchers}")
 
 
 def make_provider(args, env):
@@ -3809,18 +4375,69 @@ def _format_name(response_format):
     return response_format["type"]
 
 
-def plan_text(suite, args, plan, provider_note):
+def _wire_lines(suite, args, env):
+    """What goes on the wire beside the cases: tools, tool_choice, output cap, request options."""
+    cls = PROVIDERS[args.provider]
+    sent = cls.sent_tools(suite)
+    held = [tool for tool in suite["tools"] if tool not in sent]
+    tools = ", ".join(str(_tool_name(t) or t["type"]) for t in sent) or "none"
+    if held:
+        tools += (f" (not sent: {', '.join(str(_tool_name(t) or t['type']) for t in held)}; "
+                  f"{cls.name} runs no server-side search)")
+    lines = ["tools: " + tools]
+    choice = cls.sent_tool_choice(suite)
+    if choice:
+        lines.append("tool_choice: " + (choice if isinstance(choice, str) else dumps(choice)))
+    options = suite.get("request") or {}
+    cap = cls.output_cap(args, env)
+    if cap:
+        overridden = [key for key in OUTPUT_CAP_KEYS if key in options]
+        lines.append("output cap: " + (f"set by request ({', '.join(overridden)})" if overridden
+                                       else f"{cap} {MAX_OUTPUT_TOKENS}"))
+    if options:
+        lines.append("request: " + dumps(options))
+    return lines
+
+
+def _cost_lines(args, env, run):
+    """How spend is known: reported by the endpoint, estimated from prices, or not at all."""
+    cls, prices = PROVIDERS[args.provider], (run.prices if run is not None else {})
+    reported = cls.cost_reported(args, env)
+    unpriced = [model for model in args.models if model not in prices]
+    lines = []
+    if prices:
+        lines.append("prices (USD per million input/output tokens): "
+                     + ", ".join(f"{model} {price[0]}/{price[1]}" for model, price in prices.items()))
+    if args.max_cost_usd is not None and reported is not True and unpriced:
+        lines.append(f"warning: --max-cost-usd is set, but this endpoint's cost reporting is unknown and "
+                     f"{', '.join(unpriced)} {'has' if len(unpriced) == 1 else 'have'} no price; the run stops "
+                     f"after the first row that reports no cost. Add --price MODEL=IN/OUT "
+                     f"(USD per million input/output tokens)")
+    return lines
+
+
+def _instructions_line(suite):
+    """The instructions hash of a plan, or how many distinct ones when each case has its own."""
+    texts = {case.get("instructions", suite["instructions"]) for case in suite["cases"]}
+    if len(texts) > 1:
+        return f"instructions sha256: per case ({len(texts)} distinct)"
+    return f"instructions sha256: {instructions_sha256(texts.pop() if texts else suite['instructions'])}"
+
+
+def plan_text(suite, args, plan, provider_note, run=None, env=None):
     """The --dry-run report: what would be sent, to whom, how many times."""
+    env = os.environ if env is None else env
     models = args.models
     lines = [
         f"suite: {suite['name']}" + (f" ({suite['file']})" if suite.get("file") else ""),
         f"provider: {args.provider}" + (f" ({provider_note})" if provider_note else ""),
-        f"instructions sha256: {instructions_sha256(suite['instructions'])}",
+        _instructions_line(suite),
         f"plan: {_plural(len(suite['cases']), 'case')} x {_plural(len(models), 'model')} x "
         f"{_plural(args.repeats, 'repeat')} = {_plural(len(plan), 'request')}",
         f"models: {', '.join(models)}",
-        "tools: " + (", ".join(str(_tool_name(t) or t["type"]) for t in suite["tools"]) or "none"),
+        *_wire_lines(suite, args, env),
         "response format: " + _format_name(suite["response_format"]),
+        *_cost_lines(args, env, run),
     ]
     for case in suite["cases"]:
         text = _normalise(_case_text(case))
@@ -3828,6 +4445,8 @@ def plan_text(suite, args, plan, provider_note):
                      f"  [checks: {', '.join(['completed'] + _checks_of(case))}]")
     warnings = [warning for warning in map(lint_case, suite["cases"]) if warning]
     lines += [f"warning: {warning}" for warning in warnings]
+    if run is not None and run.refusal:
+        lines.append(f"refused: {run.refusal}")
     lines.append("nothing was sent (--dry-run)")
     return "\n".join(safe_text(line) for line in lines)
 
@@ -3837,14 +4456,43 @@ def row_line(row, widths=(0, 0)):
     evidence, cost, time. `widths` pads the model and case columns so rows line up."""
     if row["error"] is not None:
         verdict = f"ERROR {row['error']}" + (f" {row['error_status']}" if row["error_status"] else "")
+        if row.get("error_message"):  # what the endpoint said, one escaped line
+            verdict += ": " + endpoint_text(row["error_message"][:200])
     elif row["passed"]:
         verdict = "PASS"
     else:
         notes = evidence_notes(row)
         verdict = "FAIL " + ",".join(row["reasons"]) + (f" ({notes})" if notes else "")
+    if isinstance(row.get("attempts"), int) and row["attempts"] > 1:
+        verdict += f" (after {row['attempts']} attempts)"
     cost = f"${row['cost_usd']}" if row["cost_usd"] is not None else "cost ?"
+    cost += " estimated" if row.get("cost_estimated") else ""
     return safe_text(f"{row['model']:<{widths[0]}}  {row['case_id']:<{widths[1]}}  r{row['repeat']}  {verdict}  {cost}  "
             f"{row['seconds']:.3f}s")
+
+
+def failure_lines(case, row):
+    """Under a failing row's line, the prompt-regression reading of its text rules: the similarity
+    score and each failed rule in words, then the diff (expected -> actual) of a similarity failure.
+    Reads the stored row, so whatever was masked stays masked."""
+    details = row.get("details") or {}
+    if row["passed"] or row["error"] is not None or not isinstance(details, dict):
+        return []
+    rules = [f"contains forbidden text: {phrase!r}" for phrase in details.get("forbidden_text", [])]
+    rules += [f"missing required text: {phrase!r}" for phrase in details.get("missing_text", [])]
+    score = details.get("similarity")
+    if "below_min_similarity" in row["reasons"] and score is not None:
+        rules.append(f"similarity {score:.2f} below min_similarity {case.get('min_similarity')}")
+    for reason, key, words in (("too_short", "min_chars", "fewer"), ("too_long", "max_chars", "more")):
+        if reason in row["reasons"]:
+            rules.append(f"{details.get('chars')} chars, {words} than {key} {case.get(key)}")
+    if not rules:
+        return []  # no text rule failed: the row line's reasons say it all
+    head = f"    score {score:.2f}" if isinstance(score, (int, float)) else "    score n/a"
+    lines = [f"{head}: {'; '.join(rules)}"]
+    if "below_min_similarity" in row["reasons"] and isinstance(details.get("diff"), str):
+        lines += ["    " + line for line in details["diff"].splitlines()]
+    return lines
 
 
 def _now():
@@ -3867,12 +4515,17 @@ def _suite_from_record(record, args):
     """The suite a record was made with: the built-in one, --suite, or the cases in its config."""
     info = record.get("suite") if isinstance(record.get("suite"), dict) else {"builtin": True}
     if args.suite:
-        return load_suite(args.suite, allow_empty_baseline=args.update_baseline)
+        return load_suite(args.suite, allow_empty_baseline=args.update_baseline, system=args.system)
     config = record["config"]
     if info.get("builtin", True) or config.get("cases") == CASES:  # the built-in suite (maybe as a file)
         return {**builtin_suite(), "instructions": config.get("instructions")} \
             if isinstance(config.get("instructions"), str) else builtin_suite()
     try:
+        if isinstance(config.get("instructions"), dict):  # a prompt-regression suite, a prompt per case
+            return validate_suite(promptreg_from_config(info.get("name") or "suite", config),
+                                  allow_empty_baseline=args.update_baseline)
+        if any(isinstance(case, dict) and "tools" in case for case in config.get("cases") or []):
+            return golden_from_config(info.get("name") or "suite", config)  # tools per case
         return validate_suite({"name": info.get("name") or "suite", "instructions": config.get("instructions"),
                                "tool": config.get("tool"), "tools": config.get("tools"),
                                "response_format": config.get("response_format"),
@@ -3891,7 +4544,8 @@ class Run:
         self.path, self.kept, self.resuming = path, list(kept), resuming
         done = {row_key(row) for row in self.kept}
         self.todo = [key for key in plan if key not in done]
-        self.provider = self.secret = None
+        self.provider = self.secret = self.refusal = None
+        self.prices = {}
 
 
 def _resume_defaults(args, env):
@@ -3939,7 +4593,7 @@ def _choose_suite(args, record, replayed):
     if record is not None:
         return _suite_from_record(record, args)
     if args.suite:
-        return load_suite(args.suite, allow_empty_baseline=args.update_baseline)
+        return load_suite(args.suite, allow_empty_baseline=args.update_baseline, system=args.system)
     if replayed is not None and not (replayed.get("suite") or {}).get("builtin", True):
         return _suite_from_record(replayed, args)
     return builtin_suite()
@@ -3971,7 +4625,7 @@ def prepare(args, env):
     if problem:
         raise UsageError(problem)
     if cls.base_url_flag:
-        args.base_url = cls.endpoint(args, env)
+        args.base_url = cls.endpoint(args, env) or env.get("PROMPTREG_BASE_URL")  # their twin, after ours
     replayed = _replay_defaults(args) if cls.replays_record else None
     if cls.default_models is None and not args.models:
         raise UsageError(f"--provider {cls.name} needs --models (names as the endpoint knows them)")
@@ -3980,15 +4634,33 @@ def prepare(args, env):
     args.timeout = args.timeout or TIMEOUT_SECONDS
     _check_ranges(args)
     suite = _choose_suite(args, record, replayed)
+    options = request_options(args)
+    if options:  # the flags win over the suite's own request options
+        suite = {**suite, "request": {**(suite.get("request") or {}), **options}}
     if args.update_baseline and not suite.get("file"):
         raise UsageError("--update-baseline needs --suite FILE (the file it fills)")
     config = run_config(suite, args.models, args.repeats, args.timeout)
     full_plan = plan_rows(args.models, [case["id"] for case in suite["cases"]], args.repeats)
     shard = args.shard or (_shard(record["shard"]) if record is not None and record.get("shard") else None)
     plan = [key for n, key in enumerate(full_plan) if shard is None or n % shard[1] == shard[0] - 1]
+    recorded = {model: parse_price(text, "the record's prices") for model, text in
+                ((record or {}).get("prices") or {}).items()} if record is not None else {}
+    prices = {**recorded, **(suite.get("prices") or {}), **price_options(args)}  # flags win
     if record is not None:
-        return _resumed_run(record, suite, plan, config, args.resume)
-    header = record_header(
+        run = _resumed_run(record, suite, plan, config, args.resume)
+    else:
+        run = Run(suite, plan, set(plan), _new_header(args, env, cls, suite, config, shard, replayed),
+                  args.out or "results.json")
+    if prices:  # not config: a price changes what a row is said to cost, never its verdict
+        run.header["prices"] = {model: f"{price[0]}/{price[1]}" for model, price in prices.items()}
+        run.kept = [estimate_cost(dict(row), prices) for row in run.kept]  # a resume may add the price
+    run.prices = prices
+    run.refusal = search_problem(suite, cls)
+    return run
+
+
+def _new_header(args, env, cls, suite, config, shard, replayed):
+    return record_header(
         config,
         replayed.get("sdk_version") if replayed is not None else None,  # live: filled once the client exists
         replayed.get("evidence", "live") if replayed is not None else cls.evidence,
@@ -3997,7 +4669,6 @@ def prepare(args, env):
         shard=f"{shard[0]}/{shard[1]}" if shard else None,
         replayed_from={"path": args.replay, "created_at": replayed.get("created_at")} if replayed else None,
         redaction={"pii": args.redact_pii, "patterns": len(args.redact)} if args.redact or args.redact_pii else None)
-    return Run(suite, plan, set(plan), header, args.out or "results.json")
 
 
 class _Call:
@@ -4183,7 +4854,7 @@ class Progress:
             self.stream.flush()
 
 
-def _stop_reason(row, tally, cap):
+def _stop_reason(row, tally, cap, path=None):
     """Why no new request may start after this row, or None."""
     if row["error"] is not None:
         status = f" {row['error_status']}" if row["error_status"] else ""
@@ -4192,7 +4863,9 @@ def _stop_reason(row, tally, cap):
     if cap is not None:
         spent = tally.spent()
         if spent is None:
-            return "the provider reported no cost, so --max-cost-usd cannot be enforced"
+            return (f"the endpoint reported no cost for {row['model']} and it has no price, so --max-cost-usd "
+                    f"cannot be enforced; give its price and continue: python regression.py --resume "
+                    f"{path or 'RECORD'} --price {row['model']}=IN/OUT (USD per million input/output tokens)")
         if spent >= cap:
             return f"--max-cost-usd reached: reported spend ${format(spent, 'f')} of ${format(cap, 'f')}"
     return None
@@ -4214,27 +4887,29 @@ def execute_run(run, args, writer, tally):
 
     def work(key):
         model, case_id, repeat = key
-        return execute_steps(run.provider, run.suite, cases[case_id], model, repeat, grader=grader,
-                             retries=args.retries)
+        return execute_steps(run.provider, case_suite(run.suite, cases[case_id]), cases[case_id], model, repeat,
+                             grader=grader, retries=args.retries)
 
     try:
         # A finished row can only stop the run by an error or by the spending cap.
         refill_early = lambda row: row["error"] is None and args.max_cost_usd is None  # noqa: E731
         for key, row in run_jobs(run.todo, work, args.concurrency, lambda: state["stopped"] is not None,
                                  refill_early):
-            stored = redact_row(row, mask)  # checks ran on the original; only the masked row is stored
+            # priced before it is stored or tallied, so the cap sees estimated spend too
+            stored = redact_row(estimate_cost(row, run.prices), mask)  # checks ran on the original
             tally.add(stored)
             saving = time.monotonic()
             writer.append(stored, tally.summary())
             saved = time.monotonic() - saving
-            progress.row(f"{row_line(stored, widths)}  (+{saved:.3f}s save)", tally)
+            progress.row("\n".join([f"{row_line(stored, widths)}  (+{saved:.3f}s save)",
+                                     *failure_lines(cases[key[1]], stored)]), tally)
             state["in_order"] &= position[key] > state["last"]
             state["last"] = max(state["last"], position[key])
             if stored["error"] is None and isinstance(stored["answer_text"], str):
                 best = answers.get(key[1])
                 if best is None or position[key] < best[0]:
                     answers[key[1]] = (position[key], stored["answer_text"])
-            state["stopped"] = state["stopped"] or _stop_reason(stored, tally, args.max_cost_usd)
+            state["stopped"] = state["stopped"] or _stop_reason(stored, tally, args.max_cost_usd, run.path)
     finally:
         progress.close()
     return state["stopped"], state["in_order"], {case_id: text for case_id, (_, text) in answers.items()}
@@ -4314,8 +4989,12 @@ def main(argv=None):
         if args.dry_run:
             if PROVIDERS[args.provider].builds_offline:  # cheap and offline: a dry run can check coverage too
                 _check_replay_covers(make_provider(args, env)[0], run, args)
-            print(plan_text(run.suite, args, run.plan, provider_problem(args, env)))
-            return 0
+            print(plan_text(run.suite, args, run.plan, provider_problem(args, env), run, env))
+            if run.refusal:
+                print(f"regression.py: error: {run.refusal}", file=sys.stderr)
+            return 2 if run.refusal else 0
+        if run.refusal:  # before the provider exists, so nothing is built, let alone sent
+            raise UsageError(run.refusal)
         run.provider, run.secret = make_provider(args, env)
         _check_replay_covers(run.provider, run, args)
         if not run.resuming and run.header.get("sdk_version") is None:
@@ -4362,6 +5041,8 @@ def main(argv=None):
         print(f"regression.py: error: {safe_text(exc)}", file=sys.stderr)
         return 2
     print(json.dumps(final, indent=2))
+    for warning in final.get("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr)
     if stopped:
         print(f"stopped early: {safe_text(stopped)}", file=sys.stderr)
     if targets:
@@ -4381,9 +5062,9 @@ def update_baseline(run, args, exit_code):
     import shlex
     try:
         chosen = baseline_answers(load_record(run.path)["runs"], run.plan)
-        filled = fill_baselines(run.suite["file"], {case_id: row["answer_text"] for case_id, row in chosen.items()},
-                                {case_id: row.get("reasons") or [] for case_id, row in chosen.items()},
-                                approve_failing=args.approve_failing)
+        filled = update_baselines(run.suite, {case_id: row["answer_text"] for case_id, row in chosen.items()},
+                                  {case_id: row.get("reasons") or [] for case_id, row in chosen.items()},
+                                  approve_failing=args.approve_failing)
     except (SuiteError, RecordError) as exc:
         print(f"regression.py: error: {safe_text(exc)}", file=sys.stderr)
         return 2
@@ -4393,7 +5074,7 @@ def update_baseline(run, args, exit_code):
               file=sys.stderr)
         return 130
     print(safe_text(f"baselines filled: {', '.join(filled) if filled else 'none'} ({run.suite['file']})"))
-    if filled:
+    if filled and run.suite.get("format") != "golden":  # a pin changes no verdict; a baseline does
         stem = run.path[:-5] if run.path.endswith(".json") else run.path
         print(safe_text(f"note: {run.path} was graded before these baselines existed, so compare_runs.py refuses "
                         f"it against runs of the new suite; regrade it first: python regression.py --provider replay "

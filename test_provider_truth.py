@@ -74,6 +74,32 @@ def error_line(stderr):
     return lines[0]
 
 
+CLI_TABLE = """
+import contextlib, io, json, sys
+import regression
+results = []
+for argv in json.loads(sys.stdin.read()):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = regression.main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    results.append([code, out.getvalue(), err.getvalue()])
+sys.stdout.write(json.dumps(results))
+"""
+
+
+def cli_table(argvs, cwd, env=None):
+    """[(exit code, stdout, stderr)] of regression.main for each argv, all in ONE child process
+    (python -W error, a fresh interpreter): a table of fixed inputs costs one start-up, not one each."""
+    result = subprocess.run([sys.executable, "-W", "error", "-c", CLI_TABLE], input=json.dumps(
+        [[str(arg) for arg in argv] for argv in argvs]), cwd=cwd, capture_output=True, text=True, timeout=120,
+        env={**(env if env is not None else cli_env()), "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    return json.loads(result.stdout)
+
+
 def openai_args(server, *extra, models=("m",), suite=AGENT_TOOLS, out=None):
     argv = ["--provider", "openai", "--base-url", server.url + "/v1", "--models", *models, "--suite", suite]
     return [*argv, *(["--out", out] if out else []), *extra]
@@ -184,3 +210,697 @@ def test_identity_never_stores_credentials_or_query(name, monkeypatch):
         settings.base_url = url
     env = {cls.base_url_variable: url}
     assert cls.identity(settings, env) == {"name": name, "base_url": "https://api.example:8443/v1"}
+
+
+# ====================================================================== B1. tools reach the model (issue 12 item 1)
+
+INVENTED = {"order_id": "ord_99999"}
+ASK = "Could you tell me your order ID?"
+
+
+def cancels(body):
+    return fakes.chat_response(tool_calls=[("cancel_order", INVENTED)])
+
+
+def asks(body):
+    return fakes.chat_response(ASK)
+
+
+def tools_suite(tmp_path, behaviors=("forbid_tool:cancel_order",), **extra):
+    data = json.loads(AGENT_TOOLS.read_text(encoding="utf-8"))
+    data["cases"] = [{"id": "cancel", "input": "Cancel my order.", "behaviors": list(behaviors)}]
+    data.update(extra)
+    return write_suite(tmp_path / "tools.json", data)
+
+
+def test_tool_choice_auto_lets_a_server_that_needs_it_see_the_tools(tmp_path):
+    """llama-cpp-python ignores tools without tool_choice: the forbidden call must now be seen."""
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.ignores_tools_without_choice(cancels, asks)) as server:
+        result = run_cli(openai_args(server, suite=tools_suite(tmp_path), out=out), tmp_path)
+    assert result.returncode == 1, result.stderr
+    body = server.requests[0].json
+    assert body["tool_choice"] == "auto" and [t["function"]["name"] for t in body["tools"]] == \
+        ["lookup_order", "cancel_order"]
+    (row,) = read_record(out)["runs"]
+    assert row["reasons"] == ["forbidden_tool_called"] and row["tool_calls"] == 1
+
+
+def test_no_tool_choice_without_function_tools(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.chat(lambda body: fakes.chat_response("fine"))) as server:
+        assert run_main(openai_args(server, suite=GUARDRAILS, out=out)) == 1
+    assert all("tool_choice" not in request.json and "tools" not in request.json for request in server.requests)
+    assert "tool_calls" not in read_record(out)["runs"][0]
+
+
+@pytest.mark.parametrize("choice, sent", [
+    ("auto", "auto"), ("required", "required"), ("none", "none"),
+    ("cancel_order", {"type": "function", "function": {"name": "cancel_order"}}),
+    ({"type": "function", "function": {"name": "lookup_order"}}, {"type": "function", "function": {"name": "lookup_order"}}),
+])
+def test_suite_tool_choice_is_sent_as_declared(tmp_path, choice, sent):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.chat(cancels)) as server:
+        assert run_main(openai_args(server, suite=tools_suite(tmp_path, tool_choice=choice), out=out)) == 1
+    assert server.requests[0].json["tool_choice"] == sent
+    assert read_record(out)["config"]["tool_choice"] == sent  # part of config: compare stays strict
+
+
+BAD_TOOL_CHOICES = [
+    ("unknown-name", {"tool_choice": "delete_everything"}, "tool_choice"),
+    ("wrong-type", {"tool_choice": 3}, "tool_choice"),
+    ("object-without-function", {"tool_choice": {"type": "function"}}, "tool_choice"),
+    ("object-other-name", {"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ("no-function-tools", {"tool_choice": "auto", "tools": []}, "needs function tools"),
+    ("request-not-object", {"request": ["seed", 7]}, "request must be an object"),
+    ("request-overrides-model", {"request": {"model": "other"}}, "'model'"),
+    ("request-overrides-messages", {"request": {"messages": []}}, "'messages'"),
+    ("request-overrides-input", {"request": {"input": "x"}}, "'input'"),
+    ("request-overrides-tools", {"request": {"tools": []}}, "'tools'"),
+    ("request-streams", {"request": {"stream": True}}, "'stream'"),
+    ("request-empty-key", {"request": {" ": 1}}, "non-empty"),
+    ("prices-not-object", {"prices": "m=1/2"}, "prices"),
+    ("price-one-number", {"prices": {"m": "1"}}, "not a price"),
+    ("price-negative", {"prices": {"m": "-1/2"}}, "not a price"),
+    ("price-nan", {"prices": {"m": "NaN/2"}}, "not a price"),
+    ("price-number", {"prices": {"m": 3}}, "not a price"),
+]
+
+
+def test_bad_suite_keys_are_one_line_errors_through_the_cli(tmp_path):
+    """Each fixed hostile suite: exit 2, one error line naming the key, nothing created."""
+    argvs = []
+    for name, extra, _ in BAD_TOOL_CHOICES:
+        data = json.loads(AGENT_TOOLS.read_text(encoding="utf-8"))
+        data["cases"] = [{"id": "cancel", "input": "Cancel my order.", "behaviors": ["forbid_tool:cancel_order"]}]
+        suite = write_suite(tmp_path / f"{name}-suite.json", {**data, **extra})
+        argvs.append(["--provider", "echo", "--suite", suite, "--out", tmp_path / f"{name}.json"])
+    for (name, _, needle), (code, _, err) in zip(BAD_TOOL_CHOICES, cli_table(argvs, tmp_path)):
+        assert code == 2, (name, err)
+        assert needle in error_line(err), (name, err)
+        assert not (tmp_path / f"{name}.json").exists(), name
+
+
+def test_request_value_that_is_not_plain_json_is_refused(tmp_path):
+    suite = tools_suite(tmp_path)
+    text = suite.read_text().replace('"cases"', '"request": {"temperature": NaN}, "cases"')
+    suite.write_text(text)
+    result = run_cli(["--provider", "echo", "--suite", suite, "--dry-run"], tmp_path)
+    assert result.returncode == 2 and "not plain JSON" in error_line(result.stderr)
+
+
+def test_no_tool_call_in_any_row_is_a_warning_in_summary_console_and_reports(tmp_path):
+    out, md, html = tmp_path / "run.json", tmp_path / "r.md", tmp_path / "r.html"
+    with FakeServer(fakes.chat(asks)) as server:
+        result = run_cli(openai_args(server, models=("a", "b"), out=out) + ["--markdown", md, "--html", html],
+                         tmp_path)
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1 and "no model called a tool in 6 answered row(s)" in warnings[0]
+    assert "require_tool" in warnings[0]
+    summary = read_record(out)["summary"]
+    assert summary["warnings"] == [regression.NO_TOOL_CALLS.format(rows=6)]
+    assert "no model called a tool" in md.read_text() and "no model called a tool" in html.read_text()
+
+
+def test_one_tool_call_anywhere_means_no_warning(tmp_path):
+    out = tmp_path / "run.json"
+
+    def answer(body):
+        return cancels(body) if body["model"] == "b" else asks(body)
+
+    with FakeServer(fakes.chat(answer)) as server:
+        result = run_cli(openai_args(server, models=("a", "b"), out=out), tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert "warning:" not in result.stderr
+    assert "warnings" not in read_record(out)["summary"]
+
+
+def test_require_tool_makes_a_vacuous_pass_impossible(tmp_path):
+    suite = tools_suite(tmp_path, behaviors=["forbid_tool:cancel_order", "require_tool:lookup_order"])
+    out, called = tmp_path / "run.json", tmp_path / "called.json"
+    with FakeServer(fakes.chat(asks)) as server:
+        result = run_cli(openai_args(server, suite=suite, out=out), tmp_path)
+    assert result.returncode == 1, result.stderr
+    (row,) = read_record(out)["runs"]
+    assert row["reasons"] == ["tool_not_called"] and row["passed"] is False
+    assert "FAIL tool_not_called" in result.stdout
+    with FakeServer(fakes.chat(lambda body: fakes.chat_response(tool_calls=[("lookup_order", {"order_id": "o"})]))) \
+            as server:
+        assert run_cli(openai_args(server, suite=suite, out=called), tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize("calls, reasons", [
+    ([], ["tool_not_called"]),
+    ([{"name": "cancel_order", "arguments": "{}"}], ["tool_not_called"]),
+    ([{"name": "lookup_order", "arguments": "{not json"}], []),
+    ([{"name": "lookup_order", "arguments": {"order_id": 1}}], []),
+    ([{"name": None, "arguments": "x"}, {"name": "lookup_order", "arguments": None}], []),
+])
+def test_require_tool_check_table(calls, reasons):
+    suite = regression.validate_suite(json.loads(AGENT_TOOLS.read_text()) | {
+        "cases": [{"id": "c", "input": "q", "behaviors": ["require_tool:lookup_order"]}]})
+    case = regression.compile_case(suite, suite["cases"][0])
+    trace = {"final_text": "", "tool_calls": calls, "tool_rounds": 1 if calls else 0, "search_urls": [],
+             "status": "completed", "cost_usd": None}
+    assert regression.CHECKS["require_tool"](case, trace) == reasons
+    assert ("tool_not_called" in regression.grade(case, trace)) == bool(reasons)
+
+
+def test_require_tool_must_name_a_function_tool(tmp_path):
+    suite = tools_suite(tmp_path, behaviors=["require_tool:refund_order"])
+    result = run_cli(["--provider", "echo", "--suite", suite, "--dry-run"], tmp_path)
+    assert result.returncode == 2
+    assert "require_tool:refund_order" in error_line(result.stderr)
+
+
+# ====================================================================== B2. endpoint errors explained (item 2)
+
+LLAMA_SCHEMA_ERROR = "Input should be 'text' or 'json_object'"
+
+
+@pytest.mark.parametrize("body, said", [
+    ({"error": {"message": LLAMA_SCHEMA_ERROR, "type": "invalid_request_error"}}, LLAMA_SCHEMA_ERROR),
+    ({"detail": LLAMA_SCHEMA_ERROR}, LLAMA_SCHEMA_ERROR),
+    ({"detail": [{"loc": ["body", "response_format"], "msg": LLAMA_SCHEMA_ERROR}]}, LLAMA_SCHEMA_ERROR),
+    ({"message": LLAMA_SCHEMA_ERROR}, LLAMA_SCHEMA_ERROR),
+    ({"error": LLAMA_SCHEMA_ERROR}, LLAMA_SCHEMA_ERROR),
+    (LLAMA_SCHEMA_ERROR, LLAMA_SCHEMA_ERROR),
+], ids=["error.message", "detail", "detail-list", "message", "error-string", "json-string"])
+def test_endpoint_message_is_found_in_every_common_shape(body, said):
+    assert said in regression.endpoint_message(json.dumps(body).encode())
+
+
+def test_endpoint_message_from_a_text_body_and_none_from_nothing():
+    assert regression.endpoint_message(b"upstream timed out\n") == "upstream timed out\n"
+    assert regression.endpoint_message(b"") is None and regression.endpoint_message(b"{}") is None
+
+
+def test_endpoint_text_masks_escapes_and_bounds():
+    hostile = f"bad key {SECRET}\x1b[31m\r\nBearer abc.def-ghi " + "x" * 1000
+    text = regression.endpoint_text(hostile, [SECRET])
+    assert SECRET not in text and "abc.def-ghi" not in text
+    assert "\x1b" not in text and "\r" not in text and "\n" not in text and "\\x1b" in text
+    assert len(text) <= regression.MAX_ENDPOINT_MESSAGE
+    # masking comes before the cut: a key straddling the limit leaves no fragment behind
+    edge = "y" * (regression.MAX_ENDPOINT_MESSAGE - 10) + SECRET
+    assert SECRET[:8] not in regression.endpoint_text(edge, [SECRET])
+
+
+def test_500_with_json_error_keeps_the_servers_message_in_row_console_and_reports(tmp_path):
+    out, md, junit, html = (tmp_path / name for name in ("run.json", "r.md", "r.xml", "r.html"))
+    with FakeServer(fakes.json_error(500)) as server:
+        result = run_cli(openai_args(server, out=out) + ["--markdown", md, "--junit", junit, "--html", html],
+                         tmp_path)
+    assert result.returncode == 2, result.stderr
+    (row,) = read_record(out)["runs"]
+    assert row["error"] == "HTTPError" and row["error_status"] == 500
+    assert LLAMA_SCHEMA_ERROR in row["error_message"]
+    assert "HTTPError 500" in result.stdout and LLAMA_SCHEMA_ERROR in result.stdout
+    assert LLAMA_SCHEMA_ERROR in md.read_text()
+    escaped = LLAMA_SCHEMA_ERROR.replace("'", "&#x27;")
+    assert escaped in junit.read_text() or LLAMA_SCHEMA_ERROR in junit.read_text()
+    assert escaped in html.read_text() or LLAMA_SCHEMA_ERROR in html.read_text()
+
+
+def test_hostile_error_body_is_masked_escaped_and_bounded_everywhere(tmp_path):
+    out = tmp_path / "run.json"
+    said = f"denied for key {SECRET}\x1b]0;pwned\x07\nnext line " + "z" * 5000
+    with FakeServer(fakes.json_error(403, {"error": {"message": said}})) as server:
+        result = run_cli(openai_args(server, "--api-key-env", "MY_ENDPOINT_KEY", out=out), tmp_path,
+                         env=cli_env(MY_ENDPOINT_KEY=SECRET))
+    assert result.returncode == 2
+    assert SECRET not in result.stdout + result.stderr and SECRET.encode() not in out.read_bytes()
+    (row,) = read_record(out)["runs"]
+    assert "denied for key" in row["error_message"] and "\x1b" not in row["error_message"]
+    assert len(row["error_message"]) <= 500
+    line = next(line for line in result.stdout.splitlines() if "HTTPError 403" in line)
+    assert "\x1b" not in result.stdout and "\x07" not in result.stdout and len(line) < 400
+
+
+def test_404_names_the_url_posted_to_and_suggests_v1(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(lambda request: Reply(404, {"detail": "Not Found"})) as server:
+        result = run_cli(["--provider", "openai", "--base-url", server.url, "--models", "m", "--suite", AGENT_TOOLS,
+                          "--out", out], tmp_path)
+    assert result.returncode == 2
+    message = read_record(out)["runs"][0]["error_message"]
+    assert f"POST {server.url}/chat/completions" in message and "/v1" in message and "Not Found" in message
+    assert f"POST {server.url}/chat/completions" in result.stdout
+
+
+def test_404_under_v1_does_not_suggest_v1_again(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(lambda request: Reply(404, {"detail": "Not Found"})) as server:
+        assert run_main(openai_args(server, out=out)) == 2
+    message = read_record(out)["runs"][0]["error_message"]
+    assert f"POST {server.url}/v1/chat/completions" in message and "suffix" not in message
+
+
+def test_console_shows_the_attempt_count_when_retries_happened(tmp_path):
+    out = tmp_path / "run.json"
+
+    def flaky(request):
+        if request.number <= 2:
+            return Reply(503, {"error": {"message": "warming up"}}, headers={"Retry-After": "0"})
+        return Reply(body=fakes.chat_response(ASK))
+
+    with FakeServer(flaky) as server:
+        result = run_cli(openai_args(server, "--retries", "3", out=out, suite=tools_suite(tmp_path)), tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "PASS (after 3 attempts)" in result.stdout
+    assert read_record(out)["runs"][0]["attempts"] == 3
+
+
+def test_row_line_escapes_any_error_message():
+    row = {"model": "m", "case_id": "c", "repeat": 0, "error": "ValueError", "error_status": None,
+           "error_message": "two\nlines\x1b[2J", "passed": False, "reasons": ["execution_error"],
+           "cost_usd": None, "seconds": 0.1}
+    line = regression.row_line(row)
+    assert "\n" not in line and "\x1b" not in line and "two\\nlines" in line
+
+
+# ====================================================================== B3. the output cap reaches every server (item 3)
+
+@pytest.mark.parametrize("base_url, key", [
+    ("https://api.openai.com/v1", "max_completion_tokens"),
+    ("http://127.0.0.1:8080/v1", "max_tokens"),       # llama.cpp, vLLM, LM Studio
+    ("http://localhost:11434/v1", "max_tokens"),      # Ollama
+    ("https://openrouter.ai/api/v1", "max_tokens"),
+    ("http://api.openai.com.evil.example/v1", "max_tokens"),
+])
+def test_output_cap_key_rule(base_url, key):
+    assert regression.OpenAIProvider.output_cap_key(base_url) == key
+    other = ({"max_tokens", "max_completion_tokens"} - {key}).pop()
+    suite = regression.load_suite(str(GUARDRAILS))
+    body = regression.chat_request(suite, suite["cases"][0], "m", key)
+    assert body[key] == regression.MAX_OUTPUT_TOKENS and other not in body
+
+
+def test_server_honouring_only_max_tokens_stops_at_the_cap(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.honours_only_max_tokens(words=2010)) as server:
+        assert run_main(openai_args(server, "--request", "max_tokens=20", suite=GUARDRAILS, out=out)) == 1
+        sent = server.requests[0].json
+    assert sent["max_tokens"] == 20 and "max_completion_tokens" not in sent
+    rows = read_record(out)["runs"]
+    assert all(len(row["answer_text"].split()) == 20 for row in rows)
+    with FakeServer(fakes.honours_only_max_tokens(words=5000)) as server:
+        assert run_main(openai_args(server, suite=GUARDRAILS, out=tmp_path / "default.json")) == 1
+        assert server.requests[0].json["max_tokens"] == regression.MAX_OUTPUT_TOKENS
+    assert all(len(row["answer_text"].split()) == regression.MAX_OUTPUT_TOKENS
+               for row in read_record(tmp_path / "default.json")["runs"])
+
+
+def test_dry_run_prints_the_output_cap_it_would_send(tmp_path):
+    result = cli_table([
+        ["--provider", "openai", "--base-url", "https://api.openai.com/v1", "--models", "m", "--suite", AGENT_TOOLS,
+         "--dry-run"],
+        ["--provider", "openai", "--base-url", "http://127.0.0.1:9/v1", "--models", "m", "--suite", AGENT_TOOLS,
+         "--dry-run", "--request", "max_completion_tokens=64"],
+    ], tmp_path)
+    assert result[0][0] == 0 and "output cap: max_completion_tokens 4096" in result[0][1]
+    assert "tool_choice: auto" in result[0][1]
+    assert result[1][0] == 0 and "output cap: set by request (max_completion_tokens)" in result[1][1]
+    assert 'request:{"max_completion_tokens":64}' in result[1][1].replace(" ", "")
+
+
+# ====================================================================== B4. request options (item 4)
+
+JSON_SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "Code", "schema": {
+    "type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}}
+LLAMA_FORMAT = {"type": "json_object", "schema": JSON_SCHEMA_FORMAT["json_schema"]["schema"]}
+
+
+def test_request_options_reach_the_body_and_the_config_and_flags_win(tmp_path):
+    suite = write_suite(tmp_path / "s.json", {
+        "name": "s", "instructions": "Answer in JSON.", "response_format": JSON_SCHEMA_FORMAT,
+        "request": {"seed": 1, "top_p": 0.5, "response_format": LLAMA_FORMAT, "provider": {"order": ["x"]}},
+        "cases": [{"id": "c", "input": "code?", "expect": {"code": "429"}}]})
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.chat(lambda body: fakes.chat_response('{"code": "429"}'))) as server:
+        result = run_cli(openai_args(server, "--request", "seed=7", "--request", 'user="ci"', suite=suite, out=out),
+                         tmp_path)
+    assert result.returncode == 0, result.stderr
+    body = server.requests[0].json
+    assert body["seed"] == 7 and body["top_p"] == 0.5 and body["user"] == "ci"
+    assert body["provider"] == {"order": ["x"]}
+    assert body["response_format"] == LLAMA_FORMAT          # the server's own wire form ...
+    assert body["model"] == "m" and body["messages"][-1]["content"] == "code?"
+    record = read_record(out)
+    assert record["runs"][0]["passed"] is True              # ... while the suite's schema still grades
+    assert record["config"]["request"] == {"seed": 7, "top_p": 0.5, "response_format": LLAMA_FORMAT,
+                                           "provider": {"order": ["x"]}, "user": "ci"}
+
+
+def test_request_options_make_records_not_comparable_and_resume_strict(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    with FakeServer(fakes.chat(asks)) as server:
+        assert run_main(openai_args(server, "--request", "seed=1", out=a)) == 0
+        assert run_main(openai_args(server, "--request", "seed=2", out=b)) == 0
+        compared = subprocess.run([sys.executable, str(ROOT / "compare_runs.py"), a, b], cwd=tmp_path,
+                                  capture_output=True, text=True, timeout=60)
+        assert compared.returncode == 2 and "NOT_COMPARABLE" in compared.stdout + compared.stderr
+        assert "request" in compared.stdout + compared.stderr
+        partial = tmp_path / "partial.json"
+        record = read_record(a)
+        record["runs"] = record["runs"][:1]
+        partial.write_text(json.dumps(record))
+        refused = run_main(["--resume", partial, "--request", "seed=3"])
+        assert refused == 2
+        assert run_main(["--resume", partial]) == 0  # the record's own options are kept
+        assert all(request.json["seed"] == 1 for request in server.requests[-2:])
+
+
+BAD_REQUEST_FLAGS = [
+    (["--request", "seed"], "KEY=JSON"),
+    (["--request", "=7"], "non-empty"),
+    (["--request", "model=\"x\""], "'model'"),
+    (["--request", "messages=[]"], "'messages'"),
+    (["--request", "input=\"x\""], "'input'"),
+    (["--request", "tools=[]"], "'tools'"),
+    (["--request", "stream=true"], "'stream'"),
+    (["--request", "seed=seven"], "not JSON"),
+    (["--request", "seed=NaN"], "not JSON"),
+    (["--request", "seed=Infinity"], "not JSON"),
+    (["--request", "seed=1", "--request", "seed=2"], "given twice"),
+    (["--request", "x=" + "[" * 100000], "not JSON"),
+    (["--price", "m"], "MODEL=IN/OUT"),
+    (["--price", "=1/2"], "MODEL=IN/OUT"),
+    (["--price", "m=1"], "not a price"),
+    (["--price", "m=a/b"], "not a price"),
+    (["--price", "m=-1/2"], "not a price"),
+    (["--price", "m=1/2/3"], "not a price"),
+    (["--price", "m=inf/2"], "not a price"),
+]
+
+
+def test_bad_request_and_price_flags_are_one_line_errors_through_the_cli(tmp_path):
+    argvs = [["--provider", "echo", "--suite", GUARDRAILS, *flags, "--out", tmp_path / f"{n}.json"]
+             for n, (flags, _) in enumerate(BAD_REQUEST_FLAGS)]
+    for n, ((flags, needle), (code, _, err)) in enumerate(zip(BAD_REQUEST_FLAGS, cli_table(argvs, tmp_path))):
+        assert code == 2, (flags, err)
+        assert needle in error_line(err), (flags, err)
+        assert not (tmp_path / f"{n}.json").exists()
+
+
+def test_request_options_go_to_the_agent_api_in_the_body(tmp_path):
+    suite = regression.load_suite(str(AGENT_TOOLS))
+    suite = {**suite, "request": {"seed": 7}, "tool_choice": {"type": "function", "function": {"name": "lookup_order"}}}
+    kwargs = regression.agent_request(suite, suite["cases"][0], "m")
+    assert kwargs["extra_body"] == {"seed": 7, "tool_choice": {"type": "function", "name": "lookup_order"}}
+    assert "tool_choice" not in regression.agent_request(regression.load_suite(str(AGENT_TOOLS)),
+                                                         suite["cases"][0], "m")
+
+
+# ====================================================================== B5. a 200 that is an error (item 5)
+
+@pytest.mark.parametrize("kind", ["finish_reason", "no_choices", "empty_choices"])
+def test_200_with_an_error_is_an_execution_error_not_a_model_failure(tmp_path, kind):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.ok_with_error(kind)) as server:
+        result = run_cli(openai_args(server, suite=GUARDRAILS, out=out), tmp_path)
+        assert server.count == 1  # the first execution error stops the run
+    assert result.returncode == 2, result.stdout
+    (row,) = read_record(out)["runs"]
+    assert row["reasons"] == ["execution_error"] and row["error"] == "ResponseError" and row["error_status"] == 200
+    assert "upstream disconnected" in row["error_message"]
+    assert row["response"]["error"]["message"].endswith("upstream disconnected")  # kept as evidence
+    assert "upstream disconnected" in result.stdout
+
+
+@pytest.mark.parametrize("raw", [
+    {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}], "error": None},
+    {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}], "error": {}},
+    {"choices": [{"message": {"content": "ok"}, "finish_reason": "length"}]},
+])
+def test_an_answer_with_an_empty_error_field_is_still_an_answer(raw):
+    assert regression.chat_error(raw) is None
+    assert regression.chat_trace(raw)["final_text"] == "ok"
+
+
+# ====================================================================== B6. every shape of tool call (item 6)
+
+@pytest.mark.parametrize("reply", [
+    fakes.legacy_function_call("cancel_order", {"order_id": "ord_123"}),
+    fakes.legacy_function_call("cancel_order", None, raw_arguments={"order_id": "ord_123"}),
+    fakes.legacy_function_call("cancel_order", None, raw_arguments="{order_id: ord_123"),
+    fakes.tool_call_shapes("cancel_order", {"order_id": "ord_123"}),
+    fakes.tool_call_shapes("cancel_order", "{'order_id': 'ord_123'"),
+    fakes.tool_call_shapes("cancel_order", None),
+], ids=["legacy", "legacy-object-arguments", "legacy-malformed", "object-arguments", "malformed", "no-arguments"])
+def test_every_shape_of_tool_call_is_recorded_and_counts(tmp_path, reply):
+    out = tmp_path / "run.json"
+    with FakeServer(reply) as server:
+        result = run_cli(openai_args(server, suite=tools_suite(tmp_path), out=out), tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    (row,) = read_record(out)["runs"]
+    assert row["reasons"] == ["forbidden_tool_called"] and row["tool_calls"] == 1
+    assert row["details"]["tool_calls"][0]["name"] == "cancel_order"
+
+
+def test_legacy_call_with_invented_argument_fails_clarification(tmp_path):
+    suite = tools_suite(tmp_path, behaviors=["require_clarification:order_id"])
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.legacy_function_call("cancel_order", {"order_id": "ord_123"})) as server:
+        assert run_main(openai_args(server, suite=suite, out=out)) == 1
+    assert "invented_field" in read_record(out)["runs"][0]["reasons"]
+
+
+@pytest.mark.parametrize("message, calls", [
+    ({"tool_calls": [{"function": {"name": "a", "arguments": "{}"}}]}, [{"name": "a", "arguments": "{}"}]),
+    ({"tool_calls": {"function": {"name": "a", "arguments": {}}}}, [{"name": "a", "arguments": {}}]),
+    ({"tool_calls": [{"name": "a", "arguments": "x"}]}, [{"name": "a", "arguments": "x"}]),
+    ({"tool_calls": ["junk"]}, [{"name": None, "arguments": "junk"}]),
+    ({"tool_calls": [{"function": {"name": ["a"], "arguments": 1}}]}, [{"name": '["a"]', "arguments": 1}]),
+    ({"function_call": {"name": "b", "arguments": "{"}}, [{"name": "b", "arguments": "{"}]),
+    ({"function_call": "b()"}, [{"name": None, "arguments": {"function": "b()"}}]),
+    ({"tool_calls": [{"function": {"name": "a"}}], "function_call": {"name": "b"}},
+     [{"name": "a", "arguments": None}, {"name": "b", "arguments": None}]),
+    ({"tool_calls": None, "function_call": None}, []),
+])
+def test_chat_calls_never_drop_what_the_model_did(message, calls):
+    assert regression.chat_calls(message) == calls
+
+
+# ====================================================================== B7. no redirects (item 7)
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_redirect_to_another_host_is_an_execution_error_and_never_followed(tmp_path, status):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.chat(asks)) as elsewhere:
+        target = f"http://localhost:{elsewhere.port}/v1/chat/completions"
+        with FakeServer(fakes.redirect(target, status)) as server:
+            result = run_cli(openai_args(server, "--api-key-env", "MY_ENDPOINT_KEY", out=out), tmp_path,
+                             env=cli_env(MY_ENDPOINT_KEY=SECRET))
+            assert server.count == 1
+        assert elsewhere.count == 0  # neither the request nor the key went there
+    assert result.returncode == 2, result.stdout
+    (row,) = read_record(out)["runs"]
+    assert row["error"] == "HTTPError" and row["error_status"] == status and row["response"] is None
+    assert "localhost" in row["error_message"]
+    assert f"--base-url http://localhost:{elsewhere.port}/v1" in row["error_message"]
+    assert "localhost" in result.stdout and SECRET not in result.stdout + result.stderr
+
+
+def test_redirect_location_with_credentials_is_not_echoed(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.redirect("https://user:hunter2@evil.example/v1/chat/completions?sig=abc")) as server:
+        assert run_main(openai_args(server, out=out)) == 2
+    message = read_record(out)["runs"][0]["error_message"]
+    assert "evil.example" in message and "hunter2" not in message and "sig=abc" not in message
+
+
+# ====================================================================== B8. every endpoint on record (item 8)
+
+def closed_port():
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_perplexity_endpoint_is_recorded_resume_elsewhere_refused_compare_cautions(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    with FakeServer(fakes.advisor()) as first, FakeServer(fakes.advisor()) as second:
+        env_a = cli_env(PERPLEXITY_BASE_URL=first.url, PERPLEXITY_API_KEY=SECRET)
+        env_b = cli_env(PERPLEXITY_BASE_URL=second.url, PERPLEXITY_API_KEY=SECRET)
+        assert run_cli(["--models", "m", "--out", a], tmp_path, env=env_a).returncode == 0
+        assert run_cli(["--models", "m", "--out", b], tmp_path, env=env_b).returncode == 0
+        assert read_record(a)["provider"] == {"name": "perplexity", "base_url": first.url}
+        assert read_record(b)["provider"] == {"name": "perplexity", "base_url": second.url}
+        partial = tmp_path / "partial.json"
+        record = read_record(a)
+        record["runs"] = record["runs"][:2]
+        partial.write_text(json.dumps(record))
+        sent = second.count
+        refused = run_cli(["--resume", partial], tmp_path, env=env_b)
+        assert refused.returncode == 2 and second.count == sent
+        line = error_line(refused.stderr)
+        assert first.url in line and second.url in line
+        resumed = run_cli(["--resume", partial], tmp_path, env=env_a)
+        assert resumed.returncode == 0, resumed.stderr
+    compared = subprocess.run([sys.executable, str(ROOT / "compare_runs.py"), a, b], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+    assert "CAUTION provider differs" in compared.stdout and second.url in compared.stdout
+
+
+def test_connection_errors_name_the_url_for_both_live_providers(tmp_path):
+    port = closed_port()
+    url = f"http://127.0.0.1:{port}"
+    live = run_cli(["--models", "m", "--out", tmp_path / "p.json"], tmp_path,
+                   env=cli_env(PERPLEXITY_BASE_URL=url, PERPLEXITY_API_KEY=SECRET))
+    chat = run_cli(["--provider", "openai", "--base-url", url + "/v1", "--models", "m", "--suite", AGENT_TOOLS,
+                    "--out", tmp_path / "o.json"], tmp_path)
+    for result, path, where in ((live, "p.json", url), (chat, "o.json", url + "/v1/chat/completions")):
+        assert result.returncode == 2, result.stderr
+        (row,) = read_record(tmp_path / path)["runs"]
+        assert row["error_status"] is None and where in row["error_message"], row["error_message"]
+        assert where in result.stdout
+
+
+# ====================================================================== B9. cite needs server-side search (item 9)
+
+def test_cite_case_on_a_provider_without_search_is_refused_before_any_request(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.chat(asks)) as server:
+        result = run_cli(["--provider", "openai", "--base-url", server.url + "/v1", "--models", "m", "--out", out],
+                         tmp_path)
+        assert server.count == 0
+    assert result.returncode == 2 and not out.exists()
+    line = error_line(result.stderr)
+    assert "'rate-limit'" in line and "cite" in line and "openai" in line and "perplexity" in line
+
+
+def test_dry_run_says_cite_would_be_refused_and_what_is_not_sent(tmp_path):
+    refused, fine = cli_table([
+        ["--provider", "openai", "--base-url", "http://127.0.0.1:9/v1", "--models", "m", "--dry-run"],
+        ["--dry-run"],
+    ], tmp_path)
+    code, out, err = refused
+    assert code == 2
+    assert "tools: none (not sent: web_search; openai runs no server-side search)" in out
+    assert "refused: case 'rate-limit' has cite" in out and "'rate-limit'" in error_line(err)
+    assert fine[0] == 0 and "tools: web_search\n" in fine[1] and "refused" not in fine[1]
+
+
+def test_cite_runs_on_the_offline_providers(tmp_path):
+    """echo proves the plumbing (cite cases run and fail); replay regrades stored evidence."""
+    assert run_main(["--provider", "echo", "--out", tmp_path / "e.json"]) == 1
+
+
+# ====================================================================== B10. prices and the spending cap (item 10)
+
+def test_price_estimates_cost_from_reported_tokens_and_the_cap_works(tmp_path):
+    out = tmp_path / "run.json"
+    # fakes.chat_response reports 10 prompt and 5 completion tokens: 10 * 2 + 5 * 8 = 60 per million
+    with FakeServer(fakes.chat(asks)) as server:
+        result = run_cli(openai_args(server, "--price", "m=2/8", "--max-cost-usd", "0.0001", suite=GUARDRAILS,
+                                     out=out), tmp_path)
+        assert server.count == 2  # 0.00006 after one row, 0.00012 >= 0.0001 after two: stop
+    assert result.returncode == 2
+    record = read_record(out)
+    assert [row["cost_usd"] for row in record["runs"]] == ["0.00006", "0.00006"]
+    assert all(row["cost_estimated"] is True for row in record["runs"])
+    assert record["prices"] == {"m": "2/8"}
+    assert "--max-cost-usd reached" in record["summary"]["stopped"]
+    assert "$0.00006 estimated" in result.stdout
+
+
+def test_reported_cost_wins_over_a_price(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.chat(lambda body: fakes.chat_response("hi", cost=0.5))) as server:
+        assert run_main(openai_args(server, "--price", "m=2/8", suite=GUARDRAILS, out=out)) == 1
+    assert all(row["cost_usd"] == "0.5" and "cost_estimated" not in row for row in read_record(out)["runs"])
+
+
+def test_suite_prices_and_flag_prices(tmp_path):
+    data = json.loads(GUARDRAILS.read_text(encoding="utf-8"))
+    suite = write_suite(tmp_path / "s.json", {**data, "prices": {"m": "1/1", "n": "0/0"}})
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.chat(asks)) as server:
+        assert run_main(openai_args(server, "--price", "n=1000/0", models=("m", "n"), suite=suite, out=out)) == 1
+    costs = {(row["model"]): row["cost_usd"] for row in read_record(out)["runs"]}
+    assert costs == {"m": "0.000015", "n": "0.01"}  # the flag wins over the suite for n
+
+
+def test_cap_without_cost_or_price_stops_on_the_first_row_with_the_next_command(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.chat(asks)) as server:
+        result = run_cli(openai_args(server, "--max-cost-usd", "1", suite=GUARDRAILS, out=out), tmp_path)
+        assert server.count == 1
+        assert result.returncode == 2
+        stopped = read_record(out)["summary"]["stopped"]
+        assert "no cost for m" in stopped and f"--resume {out} --price m=IN/OUT" in stopped
+        assert f"--resume {out} --price m=IN/OUT" in result.stderr
+        # the next command works: the price also prices the row already kept
+        resumed = run_cli(["--resume", out, "--price", "m=1/1", "--max-cost-usd", "1"], tmp_path)
+        assert resumed.returncode == 1, resumed.stderr
+    record = read_record(out)
+    assert len(record["runs"]) == 4 and all(row["cost_estimated"] for row in record["runs"])
+    assert record["summary"]["models"]["m"]["reported_cost_usd"] == "0.000060"
+
+
+def test_dry_run_warns_when_a_cap_cannot_be_enforced(tmp_path):
+    warned, priced, openrouter = cli_table([
+        ["--provider", "openai", "--base-url", "http://127.0.0.1:9/v1", "--models", "a", "b", "--suite", GUARDRAILS,
+         "--max-cost-usd", "1", "--price", "a=1/2", "--dry-run"],
+        ["--provider", "openai", "--base-url", "http://127.0.0.1:9/v1", "--models", "a", "--suite", GUARDRAILS,
+         "--max-cost-usd", "1", "--price", "a=1/2", "--dry-run"],
+        ["--provider", "openai", "--base-url", "https://openrouter.ai/api/v1", "--models", "a", "--suite", GUARDRAILS,
+         "--max-cost-usd", "1", "--dry-run"],
+    ], tmp_path)
+    assert warned[0] == 0 and "warning: --max-cost-usd is set" in warned[1] and "b has no price" in warned[1]
+    assert "prices (USD per million input/output tokens): a 1/2" in warned[1]
+    assert priced[0] == 0 and "--max-cost-usd is set" not in priced[1]
+    assert openrouter[0] == 0 and "--max-cost-usd is set" not in openrouter[1]
+
+
+@pytest.mark.parametrize("row, tokens", [
+    ({"response": {"usage": {"prompt_tokens": 3, "completion_tokens": 4}}}, (3, 4)),
+    ({"response": {"usage": {"input_tokens": 3, "output_tokens": 4}}}, (3, 4)),
+    ({"response": {"usage": {"prompt_tokens": 3}}}, None),
+    ({"response": {"usage": {"prompt_tokens": True, "completion_tokens": 4}}}, None),
+    ({"response": {"usage": {"prompt_tokens": -1, "completion_tokens": 4}}}, None),
+    ({"response": {"usage": {"prompt_tokens": "3", "completion_tokens": 4}}}, None),
+    ({"response": {}}, None),
+    ({"response": None}, None),
+    ({"rounds": [{"response": {"usage": {"prompt_tokens": 1, "completion_tokens": 2}}},
+                 {"usage": {"prompt_tokens": 10, "completion_tokens": 20}}],
+      "response": {"usage": {"prompt_tokens": 10, "completion_tokens": 20}}}, (11, 22)),
+])
+def test_usage_tokens_are_read_honestly(row, tokens):
+    assert regression.usage_tokens(row) == tokens
+
+
+def test_tool_not_called_carries_its_evidence():
+    suite = regression.validate_suite(json.loads(AGENT_TOOLS.read_text()) | {
+        "cases": [{"id": "c", "input": "q", "behaviors": ["require_tool:lookup_order"]}]})
+    case = regression.compile_case(suite, suite["cases"][0])
+    trace = {"final_text": "", "tool_calls": [{"name": "cancel_order", "arguments": '{"order_id": "o1"}'}],
+             "tool_rounds": 1, "search_urls": [], "status": "completed", "cost_usd": None}
+    evidence = regression.explain(case, trace)["evidence"]["tool_not_called"]
+    assert "never called lookup_order" in evidence["note"] and "cancel_order(order_id=o1)" in evidence["note"]
+    assert ("tool_not_called", "`require_tool:NAME`: the model never called NAME",
+            "did the server get the tools? (see the summary's `warnings`)") in regression.reason_table()
+
+
+def test_request_options_reach_the_agent_api_through_the_sdk(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.advisor()) as server:
+        result = run_cli(["--models", "m", "--request", "seed=7", "--request", 'metadata={"ci": "yes"}', "--out", out],
+                         tmp_path, env=cli_env(PERPLEXITY_BASE_URL=server.url, PERPLEXITY_API_KEY=SECRET))
+    assert result.returncode == 0, result.stderr
+    assert all(request.json["seed"] == 7 and request.json["metadata"] == {"ci": "yes"} for request in server.requests)
+    assert read_record(out)["config"]["request"] == {"seed": 7, "metadata": {"ci": "yes"}}
+
+
+def test_a_perplexity_404_names_the_url(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(lambda request: Reply(404, {"error": {"message": "no such route"}})) as server:
+        result = run_cli(["--models", "m", "--out", out], tmp_path,
+                         env=cli_env(PERPLEXITY_BASE_URL=server.url + "/nope", PERPLEXITY_API_KEY=SECRET))
+    assert result.returncode == 2
+    message = read_record(out)["runs"][0]["error_message"]
+    assert "no such route" in message and f"{server.url}/nope" in message

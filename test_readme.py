@@ -42,6 +42,9 @@ def run(command, cwd, env=None):
     """A README command as written, with `python` meaning this interpreter."""
     argv = shlex.split(command)
     assert argv[0] == "python"
+    if argv[1:2] == ["regression.py"]:  # forked from a zygote that paid the SDK import once
+        return fakes.run_script(argv[2:], cwd, {**os.environ, **(env or {})}, timeout=120,
+                                script=os.path.join(cwd, "regression.py"))
     return subprocess.run([sys.executable, *argv[1:]], cwd=cwd, capture_output=True, text=True, timeout=120,
                           env={**os.environ, **(env or {})})
 
@@ -76,7 +79,8 @@ def test_quick_start_demo(tmp_path):
 
 def test_every_python_command_of_the_readme_is_covered_here():
     import test_flows  # the everyday flows (regrade, compare output) run there, as written
-    covered = set(OFFLINE) | set(LIVE_FAKED) | set(NEEDS_REAL_ENDPOINT) | {QUICK_DEMO} | set(test_flows.README_COMMANDS)
+    covered = set(OFFLINE) | set(LIVE_FAKED) | set(NEEDS_REAL_ENDPOINT) | {QUICK_DEMO} | set(GOLDEN_MATRIX) \
+        | set(test_flows.README_COMMANDS)
     assert set(python_commands()) <= covered, set(python_commands()) - covered
 
 
@@ -87,7 +91,15 @@ OFFLINE = {
     "python regression.py --suite suites/agent-tools.json --dry-run": 0,
     "python regression.py --list-checks": 0,
     "python regression.py --provider echo --suite suites/support-guardrails.json": 1,
+    "python regression.py --suite suites/promptreg-support.json --provider echo --out promptreg-run.json": 1,
+    "python regression.py --suite suites/golden-support --dry-run": 0,
 }
+
+# "Coming from ...": a golden folder run with two models, then their model-swap view of it.
+GOLDEN_MATRIX = [
+    "python regression.py --suite suites/golden-support --provider echo --models model-a model-b --out goldens.json",
+    "python compare_runs.py --matrix --models model-a model-b goldens.json",
+]
 
 # Commands that talk to the Perplexity Agent API: run against the loopback fake instead.
 LIVE_FAKED = [
@@ -117,6 +129,16 @@ def test_offline_commands(tmp_path, command, code):
     result = run(command, project_copy(tmp_path), env)
     assert result.returncode == code, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_golden_matrix_commands_in_order(tmp_path):
+    cwd = project_copy(tmp_path)
+    env = {key: "" for key in ("PERPLEXITY_API_KEY", "OPENAI_API_KEY")}
+    run_ = run(GOLDEN_MATRIX[0], cwd, env)
+    assert run_.returncode == 1, run_.stdout + run_.stderr  # echo never asks for the order id
+    matrix = run(GOLDEN_MATRIX[1], cwd, env)
+    assert matrix.returncode == 0, matrix.stdout + matrix.stderr  # both models answer alike
+    assert "require_clarification:order_id  FAIL  FAIL  same" in matrix.stdout
 
 
 @pytest.mark.parametrize("command", NEEDS_REAL_ENDPOINT)

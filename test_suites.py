@@ -205,6 +205,11 @@ CHECK_ROWS = [
     pytest.param("forbid_tool", TOOLS_SUITE, FORBID,
                  trace("ok", calls=[("lookup_order", {}), ("cancel_order", {"order_id": "ord_1"})]),
                  ["forbidden_tool_called"], id="forbid-called"),
+    # require_tool:NAME (issue 12; more rows in test_provider_truth.py)
+    pytest.param("require_tool", TOOLS_SUITE, {"id": "rt", "input": "q", "behaviors": ["require_tool:lookup_order"]},
+                 trace("ok"), ["tool_not_called"], id="require-tool-no-calls"),
+    pytest.param("require_tool", TOOLS_SUITE, {"id": "rt", "input": "q", "behaviors": ["require_tool:lookup_order"]},
+                 trace("ok", calls=[("lookup_order", {"order_id": "ord_1"})]), [], id="require-tool-called"),
     # require_clarification:FIELD
     pytest.param("require_clarification", TOOLS_SUITE, CLARIFY, trace("What is your order id?"), [],
                  id="clarify-order-id"),
