@@ -309,15 +309,19 @@ LABEL_WORDS = {"NEW_FAILURE": "passed before, fails now", "RECOVERED": "failed b
                "PASS": "passes in both", "STILL_FAILING": "fails in both"}
 
 
+def _plural(count, word):
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
+
+
 def headline(result):
-    """The verdict in words, for the console and the reports."""
-    flipped = result["new_failures"]
-    rows = f"{flipped:,} of {len(result['rows']):,} row(s) flipped to failing"
+    """The verdict in words, for the console and the reports; it never says "no new failure"
+    beside rows that flipped to failing, and never repeats the NEW_FAILURE label."""
+    rows = f"{_plural(result['new_failures'], 'row')} flipped to failing"
     if result["alpha"] is None:
-        return (f"NEW FAILURES (exit 1): {rows}" if result["exit_code"] else f"no new failure (exit 0): {rows}")
+        return f"NEW FAILURES (exit 1): {rows}" if result["exit_code"] else f"no new failure (exit 0): {rows}"
     alpha = result["alpha"]
     if result["exit_code"]:
-        return (f"SIGNIFICANT DROP (exit 1): {len(result['significant'])} model/case pair(s) dropped at "
+        return (f"SIGNIFICANT DROP (exit 1): {_plural(len(result['significant']), 'model/case pair')} dropped at "
                 f"p <= {alpha}; {rows}")
     return f"no significant drop (exit 0): {rows}, none at p <= {alpha}"
 

@@ -652,12 +652,12 @@ def test_regress_sees_a_drop_whose_reason_already_occurred_before(tmp_path, caps
 
 
 @pytest.mark.parametrize("flip, alpha, code, verdict", [
-    (3, "0.01", 0, "verdict: no significant drop (exit 0): 3 of 6 row(s) flipped to failing, none at p <= 0.01"),
-    (3, "0.05", 1, "verdict: SIGNIFICANT DROP (exit 1): 1 model/case pair(s) dropped at p <= 0.05; "
-                   "3 of 6 row(s) flipped to failing"),
-    (0, "0.05", 0, "verdict: no significant drop (exit 0): 0 of 6 row(s) flipped to failing, none at p <= 0.05"),
-    (1, None, 1, "verdict: NEW FAILURES (exit 1): 1 of 6 row(s) flipped to failing"),
-    (0, None, 0, "verdict: no new failure (exit 0): 0 of 6 row(s) flipped to failing"),
+    (3, "0.01", 0, "verdict: no significant drop (exit 0): 3 rows flipped to failing, none at p <= 0.01"),
+    (3, "0.05", 1, "verdict: SIGNIFICANT DROP (exit 1): 1 model/case pair dropped at p <= 0.05; "
+                   "3 rows flipped to failing"),
+    (0, "0.05", 0, "verdict: no significant drop (exit 0): 0 rows flipped to failing, none at p <= 0.05"),
+    (1, None, 1, "verdict: NEW FAILURES (exit 1): 1 row flipped to failing"),
+    (0, None, 0, "verdict: no new failure (exit 0): 0 rows flipped to failing"),
 ])
 def test_the_headline_never_contradicts_the_rows(tmp_path, capsys, flip, alpha, code, verdict):
     before = make_record(repeats=3)

@@ -254,8 +254,8 @@ def test_alpha_significant_drop_exits_1(tmp_path, capsys):
     paths = _drop_records(tmp_path, 3, [0, 1, 2])  # 3/3 -> 0/3: p = 0.05 exactly
     assert compare_runs.main([*paths, "--alpha", "0.05"]) == 1
     out = capsys.readouterr().out
-    assert ("verdict: SIGNIFICANT DROP (exit 1): 1 model/case pair(s) dropped at p <= 0.05; "
-            "3 of 6 row(s) flipped to failing") in out
+    assert ("verdict: SIGNIFICANT DROP (exit 1): 1 model/case pair dropped at p <= 0.05; "
+            "3 rows flipped to failing") in out
     assert "note:" not in out  # 3 repeats can reach 0.05
 
 
@@ -264,7 +264,7 @@ def test_alpha_insignificant_drop_exits_0_despite_new_failures(tmp_path, capsys)
     assert compare_runs.main([*paths, "--alpha", "0.01"]) == 0
     out = capsys.readouterr().out
     assert sum(label == "NEW_FAILURE" for label, _, _ in key_lines(out).values()) == 3
-    assert "verdict: no significant drop (exit 0): 3 of 6 row(s) flipped to failing, none at p <= 0.01" in out
+    assert "verdict: no significant drop (exit 0): 3 rows flipped to failing, none at p <= 0.01" in out
     assert "no new failure" not in out and out.count("NEW_FAILURE") == 3
     assert "no drop can reach p <= 0.01 (the smallest possible p is 0.0500); add --repeats" in out
 
@@ -273,7 +273,7 @@ def test_without_alpha_any_new_failure_exits_1(tmp_path, capsys):
     paths = _drop_records(tmp_path, 3, [1])  # 3/3 -> 2/3, p = 0.5: only one row flipped
     assert compare_runs.main(list(paths)) == 1
     out = capsys.readouterr().out
-    assert "verdict: NEW FAILURES (exit 1): 1 of 6 row(s) flipped to failing" in out
+    assert "verdict: NEW FAILURES (exit 1): 1 row flipped to failing" in out
     assert compare_runs.main([*paths, "--alpha", "0.2"]) == 0
 
 
@@ -622,7 +622,7 @@ def test_markdown_comparison_hostile(tmp_path, capsys):
     assert compare_runs.main([*paths, "--markdown", str(out)]) == 1
     capsys.readouterr()
     text = out.read_text(encoding="utf-8")
-    assert "**NEW FAILURES (exit 1): 2 of 12 row(s) flipped to failing**" in text
+    assert "**NEW FAILURES (exit 1): 2 rows flipped to failing**" in text
     # changed rows (2 NEW_FAILURE + 1 RECOVERED), then the changed model x case pairs (issue 14.6)
     check_markdown_safe(text, [3, 3])
 
@@ -634,7 +634,7 @@ def test_markdown_comparison_no_new_failure(tmp_path, capsys):
     assert compare_runs.main([*paths, "--markdown", str(out)]) == 0
     capsys.readouterr()
     text = out.read_text(encoding="utf-8")
-    assert "**no new failure (exit 0): 0 of 1 row(s) flipped to failing**" in text
+    assert "**no new failure (exit 0): 0 rows flipped to failing**" in text
     assert "Unchanged rows (not listed): PASS 1." in text
     check_markdown_safe(text, [])
 

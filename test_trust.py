@@ -823,7 +823,7 @@ def test_compare_prints_record_text_visibly_and_its_verdict_line_cannot_be_forge
     assert result.returncode == 1, result.stderr
     assert not unsafe(result.stdout) and result.stderr == ""
     verdicts = [line for line in result.stdout.splitlines() if line.startswith("verdict:")]
-    assert verdicts == ["verdict: NEW FAILURES (exit 1): 1 of 2 row(s) flipped to failing"], result.stdout
+    assert verdicts == ["verdict: NEW FAILURES (exit 1): 1 row flipped to failing"], result.stdout
     assert "\\x1b[1A" in result.stdout and "CAUTION code_sha256" in result.stdout
     # NOT_COMPARABLE names record text visibly, in one line
     broken = copy.deepcopy(after)
