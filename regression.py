@@ -3906,7 +3906,17 @@ def markdown_run(record):
              md_text(", ".join(row.get("reasons") or []) + (f": {_what_failed(row)}" if row.get("error") else "")),
              md_text(evidence_notes(row, limit=300) or (row.get("error_message") or "")[:300])]  # endpoint's words
             for row in failed])]
+    missing = _not_run(record)
+    if missing:
+        shown = ", ".join(f"{model} / {case_id} / repeat {repeat}" for model, case_id, repeat in missing[:10])
+        lines += ["", f"Not run: {len(missing):,} row(s): {md_text(shown + (' ...' if len(missing) > 10 else ''))}"]
     return "\n".join(lines) + "\n"
+
+
+def _not_run(record):
+    """The planned row keys a record holds no row for (a stopped or interrupted run)."""
+    done = {row_key(row) for row in record["runs"] if isinstance(row, dict)}
+    return [key for key in _record_plan(record) if key not in done]
 
 
 def _html_row_details(row):

@@ -723,6 +723,7 @@ def test_markdown_and_html_say_what_failed_and_not_run():
     for text in (regression.markdown_run(record), regression.html_run(record)):
         assert "None" not in text and "0/0" not in text
         assert "ConnectionError" in text and "503" in text
+    assert "Not run: 1 row(s): openai/gpt-4.1-mini / c3 / repeat 0" in regression.markdown_run(record)
     html = regression.html_run(record)
     assert "no answer: the request failed with ConnectionError (HTTP 503): upstream reset" in html
     assert "not run" in html
