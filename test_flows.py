@@ -561,6 +561,8 @@ def test_compare_and_resume_across_the_builtin_suite_and_its_file(tmp_path):
     from_file = run_script(SCRIPT, ["--provider", "echo", "--suite", "http-advisor.json", "--out", "file.json"],
                            tmp_path)
     assert builtin.returncode == from_file.returncode == 1
+    configs = [json.loads((tmp_path / name).read_text(encoding="utf-8"))["config"] for name in ("builtin.json", "file.json")]
+    assert configs[0] == configs[1]
     compared = run_script(COMPARE, ["builtin.json", "file.json"], tmp_path)
     assert compared.returncode == 0, compared.stdout
     # An interrupted built-in run resumes with the file, and the other way round.
