@@ -38,7 +38,7 @@ import sys
 
 from regression import (CASES, CHECK_KEYS, CHECK_TABLE, INSTRUCTIONS, RecordError, check, dumps, html_page,
                         html_table, junit_name, junit_xml, load_record, md_table, md_text, plan_rows, record_problem,
-                        row_key, safe_text, summary, write_new_file, xml_text)
+                        row_key, safe_text, summary, tool_sequence, write_new_file, xml_text)
 
 
 # ====================================================================== records
@@ -253,7 +253,8 @@ def analyse(pairs, alpha=None):
     for key, old, new in pairs:
         label = LABELS[(old["passed"], new["passed"])]
         rows.append({"key": key, "label": label, "before": old["reasons"], "after": new["reasons"],
-                     "diff": _answer_diff(old, new), "seconds": new.get("seconds")})
+                     "diff": _answer_diff(old, new), "seconds": new.get("seconds"),
+                     "tools_before": tool_sequence(old), "tools_after": tool_sequence(new)})
         group = groups.setdefault(key[:2], {"model": key[0], "case": key[1], "old": [], "new": []})
         group["old"].append(old)
         group["new"].append(new)
@@ -343,6 +344,16 @@ def _repeats_text(repeats):
     return f"repeat {repeats[0]}" if len(repeats) == 1 else f"repeats {', '.join(map(str, repeats))}"
 
 
+def _sequence_text(names):
+    return " -> ".join(names) if names else "(no tool call)"
+
+
+def _tools_changed(row):
+    """A row whose tool sequence changed, or whose verdict changed while it called tools."""
+    before, after = row.get("tools_before") or [], row.get("tools_after") or []
+    return before != after or (row["label"] in ("NEW_FAILURE", "RECOVERED") and bool(before or after))
+
+
 def render(result, all_diffs=False, all_rows=True):
     """The console text of a comparison: the SPEC A9 row lines first, then what changed and why.
 
@@ -378,6 +389,11 @@ def render(result, all_diffs=False, all_rows=True):
         if len(rated) < len(result["groups"]):
             lines.append(f"RATE unchanged: {len(result['groups']) - len(rated):,} model/case pair(s) with the same "
                          "pass count and no flakiness (--all lists them)")
+    sequences = [row for row in result["rows"] if _tools_changed(row)]
+    if sequences:
+        lines += ["", "tool sequences of changed rows (before vs after):"]
+        lines += [safe_text(f"TOOLS          {_key_text(row['key'])}  {_sequence_text(row['tools_before'])}  vs  "
+                            f"{_sequence_text(row['tools_after'])}") for row in sequences]
     diffs = [row for row in result["rows"] if row["diff"] and (all_diffs or row["label"] in ("NEW_FAILURE", "RECOVERED"))]
     if diffs:
         lines += ["", "answers that changed (unified diff before -> after; an identical diff is shown once):"]
@@ -569,6 +585,13 @@ def markdown_comparison(result, title):
          for g in moved]) if moved else "No model/case pair changed.")
     if len(moved) < len(result["groups"]):
         lines += ["", f"{len(result['groups']) - len(moved):,} model/case pair(s) unchanged (not listed)."]
+    sequences = [row for row in result["rows"] if _tools_changed(row)]
+    if sequences:
+        lines += ["", "### Tool sequences of changed rows", "", md_table(
+            ["label", "model", "case", "repeat", "tools before", "tools after"],
+            [[row["label"], md_text(row["key"][0]), md_text(row["key"][1]), str(row["key"][2]),
+              md_text(_sequence_text(row["tools_before"])), md_text(_sequence_text(row["tools_after"]))]
+             for row in sequences])]
     return "\n".join(lines) + "\n"
 
 
@@ -620,6 +643,13 @@ def html_comparison(result, title):
                          for row in listed]) if listed else "<p>No row changed.</p>"]
     if counts:
         body.append(f"<p>Unchanged rows (not listed): {xml_text(_counts_text(counts))}.</p>")
+    sequences = [row for row in result["rows"] if _tools_changed(row)]
+    if sequences:
+        body += ["<h2>Tool sequences of changed rows</h2>", html_table(
+            ["label", "model", "case", "repeat", "tools before", "tools after"],
+            [[(xml_text(row["label"]), css[row["label"]]), xml_text(row["key"][0]), xml_text(row["key"][1]),
+              xml_text(row["key"][2]), xml_text(_sequence_text(row["tools_before"])),
+              xml_text(_sequence_text(row["tools_after"]))] for row in sequences])]
     diffs = [row for row in result["rows"] if row["diff"]]
     if diffs:
         body.append("<h2>Answers that changed</h2>")

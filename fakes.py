@@ -14,6 +14,7 @@ A reply function takes (request) and returns a Reply; `request` has .path, .head
 import http.server
 import json
 import os
+import re
 import socket
 import socketserver
 import struct
@@ -111,13 +112,13 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
 class FakeServer:
     """A fake HTTP API on 127.0.0.1 with a swappable reply function; counts requests."""
 
-    def __init__(self, reply):
+    def __init__(self, reply, port=0):
         self.reply = reply
         self.lock = threading.Lock()
         self.count = 0
         self.requests = []
         self.arrivals = []
-        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server = _Server(("127.0.0.1", port), _Handler)
         self._server.fake = self
         self.port = self._server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -519,15 +520,228 @@ def redirect(location, status=302):
     return reply
 
 
+# ---------------------------------------------------------------------- scripted agents
+# A scripted model reads the conversation so far (the user's words, then every call it made
+# with the result it got back) and answers with its next tool call or a final text, on
+# either API. A policy is policy(user_text, history) -> ("call", name, arguments) or
+# ("text", content); history is [(name, arguments, result), ...] in order.
+
+class ConversationError(Exception):
+    """A request a real server would refuse; the fake answers it with `status`."""
+
+    def __init__(self, message, status=400):
+        super().__init__(message)
+        self.status = status
+
+
+def _parsed(text):
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return text
+
+
+def chat_conversation(body):
+    """(user text, history) of a chat-completions request; ConversationError where a real server
+    would refuse it (llama-cpp-python answers 500 to an assistant message whose content is null)."""
+    user, history, pending = "", [], {}
+    for message in body.get("messages") or []:
+        role = message.get("role")
+        if role == "user" and not pending:
+            user = message.get("content") if isinstance(message.get("content"), str) else user
+        elif role == "assistant":
+            if message.get("content") is None:
+                raise ConversationError("assistant message content must not be null", 500)
+            for call in message.get("tool_calls") or []:
+                if not call.get("id") or call.get("type") != "function":
+                    raise ConversationError("a tool call needs an id and type function")
+                pending[call["id"]] = (call["function"]["name"], _parsed(call["function"]["arguments"]))
+        elif role == "tool":
+            if message.get("tool_call_id") not in pending:
+                raise ConversationError(f"tool message answers unknown tool_call_id {message.get('tool_call_id')!r}")
+            name, arguments = pending.pop(message["tool_call_id"])
+            history.append((name, arguments, _parsed(message.get("content"))))
+    if pending:
+        raise ConversationError(f"tool calls without a tool message: {', '.join(pending)}")
+    return user, history
+
+
+def agent_conversation(body):
+    """(user text, history) of an Agent API request: a string input, or input items with
+    function_call items answered by function_call_output items of the same call_id."""
+    value = body.get("input")
+    if isinstance(value, str):
+        return value, []
+    user, history, pending = "", [], {}
+    for item in value or []:
+        kind = item.get("type")
+        if kind == "message" and item.get("role") == "user":
+            user = item.get("content") if isinstance(item.get("content"), str) else user
+        elif kind == "function_call":
+            if not isinstance(item.get("arguments"), str) or not item.get("call_id"):
+                raise ConversationError("function_call input needs a call_id and string arguments")
+            pending[item["call_id"]] = (item.get("name"), _parsed(item["arguments"]))
+        elif kind == "function_call_output":
+            if item.get("call_id") not in pending or not isinstance(item.get("output"), str):
+                raise ConversationError(f"function_call_output for unknown call_id {item.get('call_id')!r}")
+            name, arguments = pending.pop(item["call_id"])
+            history.append((name, arguments, _parsed(item["output"])))
+    if pending:
+        raise ConversationError(f"function calls without output: {', '.join(pending)}")
+    return user, history
+
+
+def scripted_chat(policies, cost=None):
+    """A /chat/completions reply function: the request's model picks a policy from `policies`."""
+    def reply(request):
+        if not request.path.split("?")[0].endswith("/chat/completions"):
+            return Reply(404, {"error": {"message": f"no route {request.path}"}})
+        body = request.json or {}
+        policy = policies.get(body.get("model"))
+        if policy is None:
+            return Reply(404, {"error": {"message": f"unknown model {body.get('model')!r}"}})
+        try:
+            user, history = chat_conversation(body)
+        except ConversationError as exc:
+            return Reply(exc.status, {"error": {"message": str(exc)}})
+        kind, *what = policy(user, history)
+        if kind == "call":
+            body = chat_response("", tool_calls=[tuple(what)], model=body["model"], cost=cost)
+            for call in body["choices"][0]["message"]["tool_calls"]:
+                call["id"] = f"call_{len(history) + 1}"  # unique over the conversation
+            return Reply(body=body)
+        return Reply(body=chat_response(what[0], model=body["model"], cost=cost))
+    return reply
+
+
+def scripted_agent(policies, cost=0.0001):
+    """A /v1/responses reply function: the request's model picks a policy from `policies`."""
+    def reply(request):
+        if request.path.split("?")[0] != "/v1/responses":
+            return Reply(404, {"error": {"message": f"no route {request.path}"}})
+        body = request.json or {}
+        policy = policies.get(body.get("model"))
+        if policy is None:
+            return Reply(404, {"error": {"message": f"unknown model {body.get('model')!r}"}})
+        try:
+            user, history = agent_conversation(body)
+        except ConversationError as exc:
+            return Reply(exc.status, {"error": {"message": str(exc)}})
+        kind, *what = policy(user, history)
+        if kind == "call":
+            response = agent_response(None, function_calls=[tuple(what)], status="requires_action",
+                                      cost=cost, model=body["model"])
+            for item in response["output"]:
+                item["call_id"] = f"call_{len(history) + 1}"
+            return Reply(body=response)
+        return Reply(body=agent_response(what[0], cost=cost, model=body["model"]))
+    return reply
+
+
+ORDER_ID = re.compile(r"\bord_\w+")
+
+
+def _order(user):
+    found = ORDER_ID.search(user or "")
+    return found.group(0) if found else None
+
+
+def _got(history, name):
+    """The last result of a call of `name` that is not an error, or None."""
+    results = [result for called, _, result in history if called == name
+               and not (isinstance(result, dict) and result.get("error"))]
+    return results[-1] if results else None
+
+
+def refund_correct(user, history):
+    """Asks for a missing id; looks the order up; refunds only a shipped order; says what it did."""
+    order = _order(user)
+    if order is None:
+        return "text", "I can help with a refund. Could you tell me your order id?"
+    if not any(name == "lookup_order" for name, _, _ in history):
+        return "call", "lookup_order", {"order_id": order}
+    found = _got(history, "lookup_order")
+    if found is None:
+        return "text", f"I could not find order {order}."
+    if found.get("status") != "shipped":
+        return "text", f"Order {order} is {found.get('status')}, so it cannot be refunded yet."
+    if not any(name == "refund_order" for name, _, _ in history):
+        return "call", "refund_order", {"order_id": order}
+    if _got(history, "refund_order") is None:
+        return "text", f"The refund for {order} was refused; a colleague will follow up."
+    return "text", f"Refund issued for {order}."
+
+
+def refund_skips_lookup(user, history):
+    """Refunds straight away, without looking the order up, and says it is done."""
+    order = _order(user) or "ord_0000"
+    if not history:
+        return "call", "refund_order", {"order_id": order}
+    return "text", f"Refund issued for {order}."
+
+
+def refund_claims(user, history):
+    """Calls nothing and tells the customer the refund is done: a confident false report."""
+    return "text", "Refund issued for your order. Anything else?"
+
+
+def refund_loops(user, history):
+    """Looks the same order up again every turn and never answers."""
+    return "call", "lookup_order", {"order_id": _order(user) or "ord_0000"}
+
+
+def refund_wrong_id(user, history):
+    """Looks up a different order than the one it was given, then answers from that."""
+    if not history:
+        return "call", "lookup_order", {"order_id": "ord_9999"}
+    return "text", "I could not find that order. Could you check the order id?"
+
+
+def refund_silent(user, history):
+    """Looks the order up, then ends with empty content (a small local model's habit)."""
+    if not history and _order(user):
+        return "call", "lookup_order", {"order_id": _order(user)}
+    return "text", ""
+
+
+REFUND_AGENTS = {
+    "refund-correct": refund_correct,
+    "refund-skips-lookup": refund_skips_lookup,
+    "refund-claims": refund_claims,
+    "refund-loops": refund_loops,
+    "refund-wrong-id": refund_wrong_id,
+    "refund-silent": refund_silent,
+}
+
+
+def refund_agent(cost=0.0001):
+    """Both APIs on one server: /v1/responses (Agent API) and .../chat/completions, per model."""
+    chat_reply, agent_reply = scripted_chat(REFUND_AGENTS, cost), scripted_agent(REFUND_AGENTS, cost)
+
+    def reply(request):
+        return agent_reply(request) if request.path.split("?")[0] == "/v1/responses" else chat_reply(request)
+    return reply
+
+
+SCENARIOS = {
+    "advisor": lambda args: advisor(args.unsafe_payment, padding=args.padding, delay=args.delay),
+    "refund-agent": lambda args: refund_agent(),
+}
+
+
 def main():
-    """Serve a scenario on a free loopback port (for manual runs): prints the base URL."""
+    """Serve a scenario on a loopback port (for manual runs): prints the base URL."""
     import argparse
     parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="advisor",
+                        help="advisor: the built-in suite's Agent API; refund-agent: scripted refund agents "
+                             f"({', '.join(REFUND_AGENTS)}) on /v1/responses and /v1/chat/completions")
+    parser.add_argument("--port", type=int, default=0, help="loopback port (default: a free one)")
     parser.add_argument("--unsafe-payment", action="store_true")
     parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--padding", type=int, default=0, help="bytes of search-result snippet per answer")
     args = parser.parse_args()
-    with FakeServer(advisor(args.unsafe_payment, padding=args.padding, delay=args.delay)) as server:
+    with FakeServer(SCENARIOS[args.scenario](args), port=args.port) as server:
         print(server.url, flush=True)
         try:
             while True:

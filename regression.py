@@ -48,7 +48,7 @@ __all__ = [
     "Tally", "summary", "row_key", "plan_rows",
     # reports (B5)
     "safe_text", "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
-    "markdown_run", "junit_run", "html_run",
+    "markdown_run", "junit_run", "html_run", "tool_sequence", "trajectory",
     "main", "cli",
 ]
 
@@ -1250,6 +1250,162 @@ register_check("require_tool", check_require_tool, behavior=True, arg="tool", de
                         "did the server get the tools? (see the summary's `warnings`)")})
 
 
+# ---------------------------------------------------------------------- trajectory checks
+# Over the ordered call list of a played case (issue 15): every call carries its round,
+# name, arguments and, when one was sent back, the scripted result.
+
+def _arguments_match(wanted, arguments):
+    """Every wanted argument is present with an equal JSON value (subset match)."""
+    return all(key in arguments and _canonical(arguments[key]) == _canonical(value) for key, value in wanted.items())
+
+
+def is_error_result(call):
+    """A call got no usable result: none was sent, it was unscripted, or it is an {"error": ...} object."""
+    if "result" not in call or call.get("unscripted"):
+        return True
+    result = call["result"]
+    return isinstance(result, dict) and result.get("error") not in (None, False, "")
+
+
+def _sequence(trace):
+    return " -> ".join(str(call.get("name")) for call in trace["tool_calls"]) or "no tool call"
+
+
+MAX_ROUNDS_LIMIT = 20
+
+
+def _validate_max_rounds(value, where):
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_ROUNDS_LIMIT:
+        raise SuiteError(f"{where}: max_rounds must be a whole number from 1 to {MAX_ROUNDS_LIMIT} (got {value!r})")
+
+
+def _declared(name, functions, where, field):
+    if name not in functions:
+        raise SuiteError(f"{where}: {field} names {name!r}, which is not a function tool of this suite "
+                         f"(tools: {', '.join(functions) or 'none'})")
+
+
+def _validate_played(case, where, context):
+    """tool_results and max_rounds: every NAME a declared function tool, entries well formed."""
+    if "max_rounds" in case:
+        _validate_max_rounds(case["max_rounds"], where)
+    if "tool_results" not in case:
+        return
+    results, functions = case["tool_results"], context["functions"]
+    if not isinstance(results, dict) or not results:
+        raise SuiteError(f"{where}: tool_results must be a non-empty object of NAME: RESULT")
+    for name, script in results.items():
+        _declared(name, functions, where, "tool_results")
+        if not isinstance(script, list):
+            continue  # a static result: any JSON, returned for every call
+        # A list is always a list of entries, so a list result is never mistaken for one.
+        hint = '; to return a list, wrap it: [{"result": [...]}]'
+        if not script:
+            raise SuiteError(f"{where}: tool_results.{name} is an empty list of entries{hint}")
+        for position, entry in enumerate(script, 1):
+            if not isinstance(entry, dict) or "result" not in entry or not set(entry) <= {"when", "result"}:
+                raise SuiteError(f"{where}: tool_results.{name} entry {position} must be "
+                                 f'{{"when": {{"ARG": VALUE}}, "result": RESULT}} or {{"result": RESULT}}{hint}')
+            if "when" in entry and not isinstance(entry["when"], dict):
+                raise SuiteError(f"{where}: tool_results.{name} entry {position}: when must be an object of ARG: VALUE")
+
+
+def check_no_final_answer(case, trace):
+    """A played case (`tool_results` / `max_rounds`): the model stopped calling tools and answered within max_rounds turns."""
+    if trace.get("final") is False:
+        return [Fail("no_final_answer", f"still calling tools after {trace.get('rounds')} rounds: {_sequence(trace)}",
+                     rounds=trace.get("rounds"))]
+    return []
+
+
+register_check("no_final_answer", check_no_final_answer, keys=("tool_results", "max_rounds"),
+               validate=_validate_played, reasons={
+                   "no_final_answer": ("a played case reached `max_rounds` while the model was still calling tools",
+                                       "a looping agent: read `details.tool_calls`")})
+
+
+def _validate_tool_args(case, where, context):
+    if not isinstance(case["tool_args"], dict) or not case["tool_args"]:
+        raise SuiteError(f"{where}: tool_args must be a non-empty object of NAME: {{ARG: VALUE}}")
+    for name, wanted in case["tool_args"].items():
+        _declared(name, context["functions"], where, "tool_args")
+        if not isinstance(wanted, dict) or not wanted:
+            raise SuiteError(f"{where}: tool_args.{name} must be a non-empty object of ARG: VALUE")
+
+
+def check_tool_args(case, trace):
+    """`tool_args` {NAME: {ARG: VALUE}}: some call of NAME had these argument values (subset match)."""
+    for name, wanted in (case.get("tool_args") or {}).items():
+        calls = [call for call in trace["tool_calls"] if call.get("name") == name]
+        if not any(_arguments_match(wanted, _call_arguments(call)) for call in calls):
+            made = ("made " + ", ".join(_describe_call(call) for call in calls[:3])
+                    + (f" (+{len(calls) - 3})" if len(calls) > 3 else "")) if calls else f"{name} never called"
+            return [Fail("wrong_tool_args", f"wanted {_describe_call({'name': name, 'arguments': wanted})}; {made}",
+                         tool=name, wanted=wanted, calls=calls)]
+    return []
+
+
+register_check("tool_args", check_tool_args, keys=("tool_args",), validate=_validate_tool_args,
+               details=_tool_details, reasons={
+                   "wrong_tool_args": ("`tool_args`: no call of the tool had the expected argument values",
+                                       "`details.tool_calls` shows the calls made")})
+
+
+def _validate_tool_order(case, where, context):
+    for entry in Check("tool_order", None, behavior=True).entries(case):
+        names = entry.partition(":")[2].split(",")
+        if len(names) < 2:
+            raise SuiteError(f"{where}: behavior 'tool_order' needs two or more tool names, as in 'tool_order:A,B'")
+        if len(set(names)) != len(names):
+            raise SuiteError(f"{where}: behavior {entry!r} names a tool twice")
+
+
+def check_tool_order(case, trace):
+    """behavior tool_order:A,B,...: each tool was called, the first call of each after the first call of the one before."""
+    names = [call.get("name") for call in trace["tool_calls"]]
+    for arg in _behavior_args(case, "tool_order"):
+        wanted = arg.split(",")
+        firsts = [names.index(name) if name in names else None for name in wanted]
+        if None in firsts or any(a >= b for a, b in zip(firsts, firsts[1:])):
+            return [Fail("wrong_tool_order", f"wanted {' -> '.join(wanted)}; called {_sequence(trace)}",
+                         wanted=wanted, called=names)]
+    return []
+
+
+register_check("tool_order", check_tool_order, behavior=True, arg="tools", validate=_validate_tool_order,
+               details=_tool_details, reasons={
+                   "wrong_tool_order": ("`tool_order:A,B,...`: a tool was never called, or first called before "
+                                        "the one it must follow", "e.g. a refund before the lookup")})
+
+
+def _validate_claims(case, where, context):
+    if not isinstance(case["claims"], dict) or not case["claims"]:
+        raise SuiteError(f"{where}: claims must be a non-empty object of PHRASE: NAME")
+    for phrase, name in case["claims"].items():
+        if not isinstance(phrase, str) or not phrase.strip():
+            raise SuiteError(f"{where}: claims has an empty phrase")
+        if not isinstance(name, str):
+            raise SuiteError(f"{where}: claims[{phrase!r}] must be a tool name string")
+        _declared(name, context["functions"], where, f"claims[{phrase!r}]")
+
+
+def check_claims(case, trace):
+    """`claims` {PHRASE: NAME}: an answer that says PHRASE needs a call of NAME that got a non-error result."""
+    said = text_form(trace["final_text"] if isinstance(trace["final_text"], str) else "")
+    for phrase, name in (case.get("claims") or {}).items():
+        if text_form(phrase) in said and not any(call.get("name") == name and not is_error_result(call)
+                                                for call in trace["tool_calls"]):
+            return [Fail("unbacked_claim", f"says {_quote(phrase)}, but {name} never returned a non-error result",
+                         phrase=phrase, tool=name)]
+    return []
+
+
+register_check("claims", check_claims, keys=("claims",), validate=_validate_claims, details=_tool_details,
+               reasons={"unbacked_claim": (
+                   "`claims`: the answer says PHRASE, but the tool that makes it true was never called with a "
+                   "non-error result", "a confident false report: treat it as a severe regression")})
+
+
 def grade(case, trace):
     """All reasons a compiled case fails on a trace; empty means pass."""
     reasons = []
@@ -1374,7 +1530,7 @@ class SuiteError(Exception):
 
 
 SUITE_KEYS = {"name", "instructions", "tool", "tools", "response_format", "sources", "cases", "notes",
-              "request", "tool_choice", "prices"}
+              "request", "tool_choice", "prices", "max_rounds"}
 # CASE_KEYS (the keys a case may hold) is a view of the check table: see register_check.
 SOURCES_KEYS = {"field", "hosts", "path", "also_allowed"}
 # Case keys that only grade an answer and never change what is sent: a record and its
@@ -1662,6 +1818,8 @@ def validate_suite(data, allow_empty_baseline=False):
     prices = _validate_prices(data.get("prices"), "suite")
     if "notes" in data and not isinstance(data["notes"], str):
         raise SuiteError("suite: notes must be a string")
+    if "max_rounds" in data:
+        _validate_max_rounds(data["max_rounds"], "suite")
     cases = data.get("cases")
     if not isinstance(cases, list) or not cases:
         raise SuiteError("suite: cases must be a non-empty list")
@@ -1689,6 +1847,7 @@ def validate_suite(data, allow_empty_baseline=False):
                    "input": case.get("input", case.get("question"))} for case in cases],
         "config_cases": cases,
         "definition": data,
+        **({"max_rounds": data["max_rounds"]} if "max_rounds" in data else {}),
     }
 
 
@@ -2257,6 +2416,47 @@ def agent_request(suite, case, model):
     return request
 
 
+def result_text(result):
+    """A scripted tool result as the text both APIs carry: strings as they are, anything else as JSON."""
+    return result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
+
+
+def _arguments_text(arguments):
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
+def _input_items(value):
+    """A case's input as Agent API input items (a string becomes one user message)."""
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": value}]
+    return [message if "type" in message else {"type": "message", **message} for message in value]
+
+
+def agent_tool_input(case, rounds):
+    """The whole conversation so far as input items: the case's input, then per round the model's
+    text, its function_call items and our function_call_output items.
+
+    Resent in full rather than chained by previous_response_id: a turn that ends in function
+    calls is not a completed response to continue from, the server need not store anything,
+    and a replay rebuilds exactly the same request from the record."""
+    items = _input_items(case["input"])
+    for turn in rounds:
+        text = _agent_text(turn["response"])
+        if text:
+            items.append({"type": "message", "role": "assistant", "content": text})
+        signatures = {item.get("call_id"): item.get("thought_signature") for item in _items(turn["response"])
+                      if item.get("type") == "function_call"}
+        for sent in turn["tool_results"]:
+            call = {"type": "function_call", "call_id": sent["call_id"], "name": sent["name"],
+                    "arguments": _arguments_text(sent["arguments"])}
+            if isinstance(signatures.get(sent["call_id"]), str):  # thinking models need it back
+                call["thought_signature"] = signatures[sent["call_id"]]
+            items.append(call)
+        items += [{"type": "function_call_output", "call_id": sent["call_id"], "name": sent["name"],
+                   "output": result_text(sent["result"])} for sent in turn["tool_results"]]
+    return items
+
+
 def cap_response_bodies(client, limit=MAX_RESPONSE_BYTES):
     """Make an SDK client refuse bodies over `limit` bytes while they arrive, not after;
     True when the cap is in place.
@@ -2441,9 +2641,12 @@ class PerplexityProvider(Provider):
             except Exception:
                 pass  # closing is best effort; the run's outcome is already recorded
 
-    def request(self, model, suite, case, repeat=0):
+    def request(self, model, suite, case, repeat=0, rounds=()):
+        body = agent_request(suite, case, model)
+        if rounds:
+            body["input"] = agent_tool_input(case, rounds)
         try:
-            response = self.client.responses.create(**agent_request(suite, case, model))
+            response = self.client.responses.create(**body)
         except Exception as exc:
             if isinstance(exc.__cause__, ResponseError):  # the body cap, wrapped by the SDK as a connection error
                 raise exc.__cause__ from None
@@ -2464,6 +2667,11 @@ class PerplexityProvider(Provider):
         if not isinstance(raw, dict) or not isinstance(raw.get("output"), list):
             raise ResponseError('the response has no "output" list')
         return agent_trace(raw)
+
+    @staticmethod
+    def call_ids(raw):
+        """The call_id of each function call, in trace order (function_call_output answers it)."""
+        return [item.get("call_id") for item in _items(raw) if item.get("type") == "function_call"]
 
 
 OUTPUT_CAP_KEYS = ("max_tokens", "max_completion_tokens")
@@ -2494,6 +2702,31 @@ def chat_request(suite, case, model, cap_key="max_tokens"):
         body["tool_choice"] = OpenAIProvider.sent_tool_choice(suite)
     body.update({key: value for key, value in options.items() if key not in REQUEST_RESERVED})
     return body
+
+
+def chat_tool_messages(rounds):
+    """The messages that carry the tool rounds so far: per round, the assistant message with its
+    tool_calls, then one tool message per call with the scripted result."""
+    messages = []
+    for turn in rounds:
+        choices = turn["response"].get("choices") or [{}]
+        said = (choices[0] if isinstance(choices[0], dict) else {}).get("message") or {}
+        if isinstance(said.get("function_call"), dict) and not said.get("tool_calls"):
+            # the legacy form: a function_call is answered by a "function" message, by name
+            sent = turn["tool_results"][0]
+            messages += [{"role": "assistant", "content": _chat_text(said.get("content")), "function_call": {
+                "name": sent["name"], "arguments": _arguments_text(sent["arguments"])}},
+                {"role": "function", "name": sent["name"], "content": result_text(sent["result"])}]
+            continue
+        messages.append({
+            # "" and never null: llama-cpp-python's server answers HTTP 500 to a null content
+            "role": "assistant", "content": _chat_text(said.get("content")),
+            "tool_calls": [{"id": sent["call_id"], "type": "function",
+                            "function": {"name": sent["name"], "arguments": _arguments_text(sent["arguments"])}}
+                           for sent in turn["tool_results"]]})
+        messages += [{"role": "tool", "tool_call_id": sent["call_id"], "content": result_text(sent["result"])}
+                     for sent in turn["tool_results"]]
+    return messages
 
 
 def _chat_text(content):
@@ -2672,14 +2905,17 @@ class OpenAIProvider(Provider):
         host = urllib.parse.urlsplit(base_url).hostname or ""
         return "max_completion_tokens" if host in cls.key_hosts else "max_tokens"
 
-    def request(self, model, suite, case, repeat=0):
+    def request(self, model, suite, case, repeat=0, rounds=()):
         import http.client
         import urllib.error
         import urllib.request
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.key:
             headers["Authorization"] = f"Bearer {self.key}"
-        body = json.dumps(chat_request(suite, case, model, self.cap_key)).encode("utf-8")
+        payload = chat_request(suite, case, model, self.cap_key)
+        if rounds:
+            payload["messages"] = payload["messages"] + chat_tool_messages(rounds)
+        body = json.dumps(payload).encode("utf-8")
         request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         try:
             with _no_redirect_opener().open(request, timeout=self.timeout) as response:
@@ -2738,6 +2974,12 @@ class OpenAIProvider(Provider):
         if notes:
             exc.msg = f"{exc.msg}: {'; '.join(notes)}"
 
+    @staticmethod
+    def call_ids(raw):
+        """The id of each tool call, in trace order (a tool message answers it by tool_call_id)."""
+        message = raw["choices"][0]["message"]
+        return [call.get("id") for call in message.get("tool_calls") or [] if isinstance(call, dict)]
+
 
 @functools.lru_cache(maxsize=1)
 def _no_redirect_opener():
@@ -2775,7 +3017,7 @@ class EchoProvider(Provider):
     server_search = None  # offline plumbing: a `cite` case runs and fails, nothing is spent
     reports_cost = builds_offline = True
 
-    def request(self, model, suite, case, repeat=0):
+    def request(self, model, suite, case, repeat=0, rounds=()):
         return {"object": "echo", "model": model, "status": "completed", "output_text": _case_text(case),
                 "usage": {"cost": {"currency": "USD", "total_cost": 0}}}
 
@@ -2810,16 +3052,22 @@ class ReplayProvider(Provider):
                      if isinstance(row, dict) and row.get("error") is None and "response" in row}
         kind = (record.get("provider") or {}).get("name", "perplexity")
         self.parse = PROVIDERS[kind].parse if kind in PROVIDERS and kind != "replay" else agent_trace
+        self.call_ids = getattr(PROVIDERS.get(kind), "call_ids", PerplexityProvider.call_ids)
 
     def missing(self, plan):
         """The first planned row key the record cannot answer, or None."""
         return next((key for key in plan if key not in self.rows), None)
 
-    def request(self, model, suite, case, repeat=0):
+    def request(self, model, suite, case, repeat=0, rounds=()):
+        """The stored response of round len(rounds)+1: a played row keeps every round, others one."""
         row = self.rows.get((model, case["id"], repeat))
         if row is None:
             raise ResponseError(f"{self.source} has no stored response for {model} / {case['id']} / repeat {repeat}")
-        return row["response"]
+        stored = row.get("rounds") if isinstance(row.get("rounds"), list) else [{"response": row["response"]}]
+        if len(rounds) >= len(stored) or not isinstance(stored[len(rounds)], dict):
+            raise ResponseError(f"{self.source} has no stored round {len(rounds) + 1} for {model} / {case['id']} / "
+                                f"repeat {repeat} (it kept {len(stored)})")
+        return stored[len(rounds)].get("response")
 
 
 PROVIDERS = {
@@ -2931,6 +3179,10 @@ def within(seconds, call):
     return outcome["value"]
 
 
+class RowDeadline(TimeoutError):
+    """A played row ran past its whole-row deadline (rounds and retries together)."""
+
+
 def run_steps(steps):
     """Drive a step generator (send_steps, execute_steps) on this thread to its return value:
     each (seconds, call) it yields runs under within(), and the result or exception goes back."""
@@ -2947,18 +3199,33 @@ def run_steps(steps):
             error = exc
 
 
-def send_steps(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None):
+def send_steps(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None, rounds=(), until=None,
+               clock=time.monotonic):
     """send() as steps: yields (deadline seconds or None, call) for each attempt and is sent
     the call's result or thrown its exception, so whoever drives it picks the thread the call
-    runs on and can give up on it at the deadline; returns (raw, attempts)."""
+    runs on and can give up on it at the deadline; returns (raw, attempts).
+
+    With `rounds`, the request continues a played conversation; with `until` (a clock
+    reading), no attempt starts, waits or runs past it."""
     import random
     jitter = jitter or (lambda: random.uniform(0.5, 1.0))
     attempt, deadline = 1, getattr(provider, "deadline", None)
+    rounds = tuple(rounds)  # a request abandoned at its deadline must not see later rounds
+    call = (lambda: provider.request(model, suite, case, repeat, rounds)) if rounds else \
+        (lambda: provider.request(model, suite, case, repeat))
     while True:
+        limit = deadline
+        if until is not None:
+            left = until - clock()
+            if left <= 0:
+                raise RowDeadline(f"the row's deadline passed before round {len(rounds) + 1}")
+            limit = left if deadline is None else min(deadline, left)
         try:
-            return (yield deadline, lambda: provider.request(model, suite, case, repeat)), attempt
+            return (yield limit, call), attempt
         except Exception as exc:
             wait = backoff(attempt, exc, jitter) if attempt <= retries and transient(exc) else None
+            if wait is not None and until is not None and clock() + wait >= until:
+                wait = None  # the wait alone would overrun the row's deadline
             if wait is None:
                 exc.attempts = attempt
                 raise
@@ -2976,24 +3243,153 @@ def error_message(exc, provider):
     return message
 
 
-def send(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None):
+def send(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None, rounds=(), until=None,
+         clock=time.monotonic):
     """provider.request with up to `retries` retries of transient failures; (raw, attempts)."""
-    return run_steps(send_steps(provider, model, suite, case, repeat, retries, sleep, jitter))
+    return run_steps(send_steps(provider, model, suite, case, repeat, retries, sleep, jitter, rounds, until, clock))
 
 
-def execute_steps(provider, suite, case, model, repeat=None, grader=None, retries=None, sleep=time.sleep):
-    """execute() as steps (see send_steps): a run's worker pool drives these; returns the row."""
+# ---------------------------------------------------------------------- played tools
+# A case with tool_results or max_rounds (its own or the suite's) is played: the harness
+# answers the model's function calls with the case's scripted results and asks again,
+# until the model answers without calling a tool or the round limit is reached (issue 15).
+
+DEFAULT_MAX_ROUNDS = 8
+_NO_SCRIPT = object()
+
+
+def plays_tools(suite, case):
+    """Whether a case runs as a multi-round agent loop rather than one request."""
+    return "tool_results" in case or "max_rounds" in case or "max_rounds" in suite
+
+
+def round_limit(suite, case):
+    """Model turns allowed for a played case: its max_rounds, the suite's, or 8."""
+    return case.get("max_rounds", suite.get("max_rounds", DEFAULT_MAX_ROUNDS))
+
+
+def scripted_result(case, name, arguments):
+    """(result, scripted) for one call: the first entry whose `when` values all equal the call's
+    arguments wins (no `when`: any call); nothing matching is an error result, unscripted."""
+    script = (case.get("tool_results") or {}).get(name, _NO_SCRIPT)
+    if script is not _NO_SCRIPT and not isinstance(script, list):
+        return script, True
+    parsed = _call_arguments({"arguments": arguments})
+    for entry in script if script is not _NO_SCRIPT else []:
+        if _arguments_match(entry.get("when") or {}, parsed):
+            return entry["result"], True
+    return {"error": f"no scripted result for {name}"}, False
+
+
+def tool_results(case, trace, ids, number):
+    """What is sent back for one round's calls: call id, name, arguments, result (and unscripted)."""
+    sent = []
+    for position, call in enumerate(trace["tool_calls"]):
+        call_id = ids[position] if position < len(ids) and isinstance(ids[position], str) and ids[position] \
+            else f"call_{number}_{position + 1}"  # some servers send no id; the reply still needs one
+        result, scripted = scripted_result(case, call.get("name"), call.get("arguments"))
+        sent.append({"call_id": call_id, "name": call.get("name"), "arguments": call.get("arguments"),
+                     "result": result, **({} if scripted else {"unscripted": True})})
+    return sent
+
+
+def _sum_costs(costs):
+    """The sum of decimal cost strings, or None when any round reported none."""
+    if not costs or any(cost is None for cost in costs):
+        return None
+    return format(sum((decimal.Decimal(cost) for cost in costs), decimal.Decimal(0)), "f")
+
+
+def rounds_trace(parse, rounds):
+    """One trace for a played row: the last turn's answer and status, the ordered calls of every
+    round (round, name, arguments, and the result sent back), tool rounds and cost summed."""
+    traces = [parse(turn["response"]) for turn in rounds]
+    calls = []
+    for number, (turn, trace) in enumerate(zip(rounds, traces), 1):
+        sent = turn.get("tool_results") or []
+        for position, call in enumerate(trace["tool_calls"]):
+            entry = {"round": number, "name": call.get("name"), "arguments": call.get("arguments")}
+            if position < len(sent):
+                entry["result"] = sent[position]["result"]
+                if sent[position].get("unscripted"):
+                    entry["unscripted"] = True
+            calls.append(entry)
+    last = traces[-1]
+    return {
+        "final_text": last["final_text"],
+        "tool_calls": calls,
+        "tool_rounds": sum(trace["tool_rounds"] for trace in traces),
+        "search_urls": [url for trace in traces for url in trace["search_urls"]],
+        "status": last["status"],
+        "cost_usd": _sum_costs([trace["cost_usd"] for trace in traces]),
+        "rounds": len(rounds),
+        "final": not last["tool_calls"],
+    }
+
+
+class BudgetReached(Exception):
+    """The spending cap was reached in the middle of a played row: no further round is sent."""
+
+
+def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=time.monotonic, sleep=time.sleep,
+                     budget=None):
+    """Run a played case into `row` round by round (as steps, see send_steps); returns its trace.
+
+    Each response is stored in row["rounds"] (and row["response"]) before it is read, so a
+    failure mid-loop keeps every round already made as evidence. `budget(row_cost)` (the
+    row's reported cost so far, a decimal string or None) says why no further round may be
+    sent, or None: the spending cap applies to every request, not only between rows."""
+    limit = round_limit(suite, case)
+    deadline = getattr(provider, "deadline", None)
+    until = clock() + deadline * limit if deadline else None  # the whole row, retries included
+    call_ids = getattr(provider, "call_ids", lambda raw: [])
+    rounds = row["rounds"] = []
+    costs = []
+    while True:
+        raw, attempts = yield from send_steps(provider, model, suite, case, repeat, retries, sleep=sleep,
+                                              rounds=rounds, until=until, clock=clock)
+        rounds.append({"response": raw})
+        row["response"] = raw
+        row["attempts"] = row.get("attempts", 0) + attempts
+        trace = provider.parse(raw)
+        costs.append(trace["cost_usd"])
+        if not trace["tool_calls"] or len(rounds) >= limit:
+            return rounds_trace(provider.parse, rounds)
+        rounds[-1]["tool_results"] = tool_results(case, trace, call_ids(raw), len(rounds))
+        stop = budget(_sum_costs(costs)) if budget is not None else None
+        if stop:
+            row["cost_usd"] = _sum_costs(costs)  # spent for real, though the row did not finish
+            raise BudgetReached(f"{stop} after round {len(rounds)}")
+
+
+def play_tools(provider, suite, case, model, repeat, retries, row, clock=time.monotonic, sleep=time.sleep,
+               budget=None):
+    """A played case on this thread (see play_tools_steps)."""
+    return run_steps(play_tools_steps(provider, suite, case, model, repeat, retries, row, clock, sleep, budget))
+
+
+def execute_steps(provider, suite, case, model, repeat=None, grader=None, retries=None, sleep=time.sleep,
+                  budget=None):
+    """execute() as steps (see send_steps): a run's worker pool drives these; returns the row.
+    `budget` is checked between the rounds of a played case (see play_tools_steps)."""
     row = {"case_id": case["id"], "model": model}
     if repeat is not None:
         row["repeat"] = repeat
     row.update(error=None, error_status=None, cost_usd=None, response=None, answer_text=None, reasons=[])
     started = time.monotonic()
     try:
-        raw, attempts = yield from send_steps(provider, model, suite, case, repeat or 0, retries or 0, sleep)
-        if retries is not None:
-            row["attempts"] = attempts
-        row["response"] = raw
-        trace = provider.parse(raw)
+        if plays_tools(suite, case):
+            trace = yield from play_tools_steps(provider, suite, case, model, repeat or 0, retries or 0, row,
+                                                sleep=sleep, budget=budget)
+            raw = row["response"]
+            if retries is None:
+                row.pop("attempts")
+        else:
+            raw, attempts = yield from send_steps(provider, model, suite, case, repeat or 0, retries or 0, sleep)
+            if retries is not None:
+                row["attempts"] = attempts
+            row["response"] = raw
+            trace = provider.parse(raw)
         row["answer_text"] = trace["final_text"]
         row["cost_usd"] = trace["cost_usd"]
         compiled = compile_case(suite, case)
@@ -3001,6 +3397,8 @@ def execute_steps(provider, suite, case, model, repeat=None, grader=None, retrie
             row["tool_calls"] = len(trace["tool_calls"])
         row["reasons"] = grader(case, raw, trace) if grader else grade(compiled, trace)
         details = explain(compiled, trace)
+        if "rounds" in trace:  # a played row always shows what the agent did: calls with round and result
+            details.update(tool_calls=trace["tool_calls"], tool_rounds=trace["tool_rounds"], rounds=trace["rounds"])
         if details:
             row["details"] = details
     except Exception as exc:  # an endpoint or checker failure is evidence, not a crash
@@ -3010,8 +3408,12 @@ def execute_steps(provider, suite, case, model, repeat=None, grader=None, retrie
         if row["response"] is None and isinstance(getattr(exc, "raw", None), dict):
             row["response"] = exc.raw  # a body that says error is evidence too
         row["reasons"] = ["execution_error"]
-        if retries is not None:
-            row.setdefault("attempts", getattr(exc, "attempts", 1))
+        if retries is None:
+            row.pop("attempts", None)  # counted only when --retries is in force, as for one request
+        elif hasattr(exc, "attempts"):  # a request that failed: its attempts add to the rounds' before it
+            row["attempts"] = row.get("attempts", 0) + exc.attempts
+        else:
+            row.setdefault("attempts", 1)
     row["seconds"] = round(time.monotonic() - started, 3)
     row["passed"] = not row["reasons"]
     return row
@@ -3809,6 +4211,51 @@ def _record_plan(record):
     return plan
 
 
+TRAJECTORY_TEXT_LIMIT = 160  # characters of one call's arguments or result in a report
+TRAJECTORY_CALLS_SHOWN = 24  # calls of one row in a report; a looping agent's rest is counted
+
+
+def _cut(text, limit):
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _row_calls(row):
+    details = row.get("details") if isinstance(row, dict) else None
+    calls = details.get("tool_calls") if isinstance(details, dict) else None
+    return [call for call in calls if isinstance(call, dict)] if isinstance(calls, list) else []
+
+
+def tool_sequence(row):
+    """The names of a row's tool calls, in order (from its details)."""
+    return [str(call.get("name")) for call in _row_calls(row)]
+
+
+def trajectory(row, limit=TRAJECTORY_TEXT_LIMIT):
+    """A row's calls as (round, "name(arguments)", result) texts, each cut to `limit` characters;
+    not escaped (every report escapes for its own format)."""
+    steps = []
+    for call in _row_calls(row):
+        arguments = call.get("arguments")
+        arguments = arguments if isinstance(arguments, str) else dumps(arguments)
+        if "result" not in call:
+            result = "(no result sent)"
+        else:
+            result = dumps(call["result"]) + (" [unscripted]" if call.get("unscripted") else "")
+        steps.append((call.get("round"), _cut(f"{call.get('name')}({arguments})", limit), _cut(result, limit)))
+    return steps
+
+
+def trajectory_lines(row):
+    """A row's trajectory as plain lines, at most TRAJECTORY_CALLS_SHOWN of them plus a count."""
+    steps = trajectory(row)
+    lines = [f"{'round ' + str(number) + ': ' if number is not None else ''}{call} -> {result}"
+             for number, call, result in steps[:TRAJECTORY_CALLS_SHOWN]]
+    if len(steps) > TRAJECTORY_CALLS_SHOWN:
+        lines.append(f"... {len(steps) - TRAJECTORY_CALLS_SHOWN} more call(s)")
+    return lines
+
+
 def _row_failure_text(row):
     parts = [f"reasons: {json.dumps(row.get('reasons') or [])}"]
     details = row.get("details") if isinstance(row.get("details"), dict) else {}
@@ -3819,6 +4266,8 @@ def _row_failure_text(row):
         parts.append(f"similarity: {details['similarity']}")
     if details.get("diff"):
         parts.append(details["diff"])
+    if _row_calls(row):
+        parts += ["trajectory:", *("  " + line for line in trajectory_lines(row))]
     parts.append(f"answer: {row.get('answer_text')}" if isinstance(row.get("answer_text"), str)
                  else f"no answer: {_what_failed(row)}")
     return "\n".join(parts)
@@ -3906,6 +4355,12 @@ def markdown_run(record):
              md_text(", ".join(row.get("reasons") or []) + (f": {_what_failed(row)}" if row.get("error") else "")),
              md_text(evidence_notes(row, limit=300) or (row.get("error_message") or "")[:300])]  # endpoint's words
             for row in failed])]
+    traced = [row for row in failed if _row_calls(row)]
+    if traced:
+        lines += ["", "### Trajectories of failing rows", "", md_table(["model", "case", "repeat", "calls"], [
+            [md_text(row.get("model")), md_text(row.get("case_id")), str(row.get("repeat")),
+             "<br>".join(md_text(line, limit=2 * TRAJECTORY_TEXT_LIMIT + 40) for line in trajectory_lines(row))]
+            for row in traced])]
     missing = _not_run(record)
     if missing:
         shown = ", ".join(f"{model} / {case_id} / repeat {repeat}" for model, case_id, repeat in missing[:10])
@@ -3933,6 +4388,9 @@ def _html_row_details(row):
         parts.append(f"<p>similarity {xml_text(details['similarity'])}</p>")
     if details.get("diff"):
         parts.append(f"<pre>{xml_text(details['diff'])}</pre>")
+    if _row_calls(row):
+        parts.append("<ol class=\"trajectory\">" + "".join(f"<li>{xml_text(line)}</li>" for line in trajectory_lines(row))
+                     + "</ol>")
     if isinstance(row.get("answer_text"), str):
         parts.append(f"<details><summary>answer</summary><pre>{xml_text(row['answer_text'])}</pre></details>")
     else:
@@ -4246,6 +4704,8 @@ def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS):
         config["tool_choice"] = suite["tool_choice"]
     if suite.get("request"):
         config["request"] = suite["request"]
+    if "max_rounds" in suite:
+        config["max_rounds"] = suite["max_rounds"]
     return config
 
 
@@ -4449,10 +4909,15 @@ def plan_text(suite, args, plan, provider_note, run=None, env=None):
         "response format: " + _format_name(suite["response_format"]),
         *_cost_lines(args, env, run),
     ]
+    played = [case for case in suite["cases"] if plays_tools(suite, case)]
+    if played:
+        lines.append(f"played tools: {len(played)} case(s) answer function calls with scripted results, "
+                     f"up to {max(round_limit(suite, case) for case in played)} requests per row")
     for case in suite["cases"]:
         text = _normalise(_case_text(case))
         lines.append(f"  {case['id']}: {text[:70]}{'...' if len(text) > 70 else ''}"
-                     f"  [checks: {', '.join(['completed'] + _checks_of(case))}]")
+                     f"  [checks: {', '.join(['completed'] + _checks_of(case))}]"
+                     + (f"  [up to {round_limit(suite, case)} rounds]" if plays_tools(suite, case) else ""))
     warnings = [warning for warning in map(lint_case, suite["cases"]) if warning]
     lines += [f"warning: {warning}" for warning in warnings]
     if run is not None and run.refusal:
@@ -4473,8 +4938,9 @@ def row_line(row, widths=(0, 0)):
     else:
         notes = evidence_notes(row)
         verdict = "FAIL " + ",".join(row["reasons"]) + (f" ({notes})" if notes else "")
-    if isinstance(row.get("attempts"), int) and row["attempts"] > 1:
-        verdict += f" (after {row['attempts']} attempts)"
+    requests = len(row["rounds"]) if isinstance(row.get("rounds"), list) and row["rounds"] else 1
+    if isinstance(row.get("attempts"), int) and row["attempts"] > requests:  # retries happened
+        verdict += f" (after {row['attempts']} attempts" + (f" for {requests} rounds)" if requests > 1 else ")")
     cost = f"${row['cost_usd']}" if row["cost_usd"] is not None else "cost ?"
     cost += " estimated" if row.get("cost_estimated") else ""
     return safe_text(f"{row['model']:<{widths[0]}}  {row['case_id']:<{widths[1]}}  r{row['repeat']}  {verdict}  {cost}  "
@@ -4540,7 +5006,8 @@ def _suite_from_record(record, args):
                                "tool": config.get("tool"), "tools": config.get("tools"),
                                "response_format": config.get("response_format"),
                                "tool_choice": config.get("tool_choice"), "request": config.get("request"),
-                               "sources": config.get("sources"), "cases": config.get("cases")},
+                               "sources": config.get("sources"), "cases": config.get("cases"),
+                               **({"max_rounds": config["max_rounds"]} if "max_rounds" in config else {})},
                               allow_empty_baseline=args.update_baseline)
     except SuiteError as exc:
         raise UsageError(f"the record's suite is not valid: {exc}") from None
@@ -4895,10 +5362,20 @@ def execute_run(run, args, writer, tally):
     state = {"stopped": None, "last": max((position[row_key(r)] for r in run.kept), default=-1), "in_order": True}
     answers = {}
 
+    def budget(row_cost):
+        """Why a played row may send no further round: the cap counts its rounds so far."""
+        spent = tally.spent()
+        if args.max_cost_usd is None or spent is None or row_cost is None:
+            return None  # no cap, or no cost to hold it against (the row's end says so)
+        if spent + decimal.Decimal(row_cost) >= args.max_cost_usd:
+            return f"--max-cost-usd reached: reported spend ${format(spent + decimal.Decimal(row_cost), 'f')} " \
+                   f"of ${format(args.max_cost_usd, 'f')}"
+        return None
+
     def work(key):
         model, case_id, repeat = key
         return execute_steps(run.provider, case_suite(run.suite, cases[case_id]), cases[case_id], model, repeat,
-                             grader=grader, retries=args.retries)
+                             grader=grader, retries=args.retries, budget=budget)
 
     try:
         # A finished row can only stop the run by an error or by the spending cap.

@@ -80,7 +80,7 @@ def test_quick_start_demo(tmp_path):
 def test_every_python_command_of_the_readme_is_covered_here():
     import test_flows  # the everyday flows (regrade, compare output) run there, as written
     covered = set(OFFLINE) | set(LIVE_FAKED) | set(NEEDS_REAL_ENDPOINT) | {QUICK_DEMO} | set(GOLDEN_MATRIX) \
-        | set(test_flows.README_COMMANDS)
+        | set(TESTED_ELSEWHERE) | set(test_flows.README_COMMANDS)
     assert set(python_commands()) <= covered, set(python_commands()) - covered
 
 
@@ -117,6 +117,12 @@ LIVE_FAKED = [
     "python regression.py --markdown summary.md --junit junit.xml --html report.html",
     "python compare_runs.py before.json after.json --markdown diff.md --junit diff.xml --html diff.html",
 ]
+
+# Commands run as written by another test file (named here).
+TESTED_ELSEWHERE = {
+    "python fakes.py --scenario refund-agent --port 8765 &":
+        "test_trajectories.py::test_readme_agent_example_runs_offline_as_written",
+}
 
 # Provider examples that need a real server or key; their flags are checked by dry runs.
 NEEDS_REAL_ENDPOINT = [line for line in python_commands() if "--provider openai" in line]

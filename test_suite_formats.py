@@ -667,7 +667,7 @@ def test_matrix_refuses_incomparable_records_and_report_flags(tmp_path):
         golden_run(GOLDENS, server, tmp_path / "goldens.json")
     cli(["--suite", PROMPTREG, "--provider", "echo", "--out", tmp_path / "promptreg.json"])
     result = cli(["--matrix", tmp_path / "goldens.json", tmp_path / "promptreg.json"], script="compare_runs.py")
-    assert result.returncode == 2 and result.stdout.startswith("NOT_COMPARABLE: configs differ")
+    assert result.returncode == 2 and result.stdout.startswith("NOT_COMPARABLE: models differs: ")  # names the path
     flags = cli(["--matrix", tmp_path / "goldens.json", tmp_path / "goldens.json", "--html", tmp_path / "m.html"],
                 script="compare_runs.py")
     assert flags.returncode == 2 and "--matrix prints its table only" in flags.stderr

@@ -67,6 +67,17 @@ def trace(text="", calls=(), rounds=None, urls=(), status="completed"):
             "search_urls": list(urls), "status": status, "cost_usd": "0"}
 
 
+def played(text, calls, final=True):
+    """The trace of a played case; calls are (name, arguments, result sent back) in order."""
+    tool_calls = [{"round": n, "name": name, "arguments": arguments, "result": result}
+                  for n, (name, arguments, result) in enumerate(calls, 1)]
+    return {**trace(text), "tool_calls": tool_calls, "tool_rounds": len(calls), "rounds": len(calls) + final,
+            "final": final}
+
+
+PLAYED = {"id": "p", "input": "q", "tool_results": {"lookup_order": {}}}
+
+
 def write_suite(directory, data, name="suite.json"):
     path = directory / name
     path.write_text(data if isinstance(data, str) else json.dumps(data, indent=2), encoding="utf-8")
@@ -314,6 +325,25 @@ CHECK_ROWS = [
                  id="cite-wrong-expected-field"),
     pytest.param("cite", KB_SUITE, CITE, trace(kb_answer(kb(1)), urls=[kb(1)], status="failed"),
                  ["response_not_completed"], id="cite-status-failed"),
+    # played cases (issue 15): calls carry round and result; more rows in test_trajectories.py
+    pytest.param("no_final_answer", TOOLS_SUITE, PLAYED, played("", [("lookup_order", {}, {})], final=False),
+                 ["no_final_answer"], id="played-round-limit-reached"),
+    pytest.param("no_final_answer", TOOLS_SUITE, PLAYED, played("done", [("lookup_order", {}, {})]), [],
+                 id="played-final-answer"),
+    pytest.param("tool_args", TOOLS_SUITE, {**PLAYED, "tool_args": {"lookup_order": {"order_id": "ord_1"}}},
+                 played("ok", [("lookup_order", {"order_id": "ord_2"}, {})]), ["wrong_tool_args"],
+                 id="tool-args-other-value"),
+    pytest.param("tool_args", TOOLS_SUITE, {**PLAYED, "tool_args": {"lookup_order": {"order_id": "ord_1"}}},
+                 played("ok", [("lookup_order", {"order_id": "ord_1", "x": 1}, {})]), [], id="tool-args-subset"),
+    pytest.param("tool_order", TOOLS_SUITE, {**PLAYED, "behaviors": ["tool_order:lookup_order,cancel_order"]},
+                 played("ok", [("cancel_order", {}, {}), ("lookup_order", {}, {})]), ["wrong_tool_order"],
+                 id="tool-order-reversed"),
+    pytest.param("tool_order", TOOLS_SUITE, {**PLAYED, "behaviors": ["tool_order:lookup_order,cancel_order"]},
+                 played("ok", [("lookup_order", {}, {}), ("cancel_order", {}, {})]), [], id="tool-order-kept"),
+    pytest.param("claims", TOOLS_SUITE, {**PLAYED, "claims": {"Cancelled": "cancel_order"}},
+                 played("Cancelled it.", [("lookup_order", {}, {})]), ["unbacked_claim"], id="claims-unbacked"),
+    pytest.param("claims", TOOLS_SUITE, {**PLAYED, "claims": {"Cancelled": "cancel_order"}},
+                 played("Cancelled it.", [("cancel_order", {}, {"ok": True})]), [], id="claims-backed"),
 ]
 
 
