@@ -211,7 +211,7 @@ def _comparable(before, after):
                                                    _config_view(after["config"], True))
     except RecursionError:
         raise ValueError("the configs are nested too deeply to compare") from None
-    regrade = difference is not None and replay_pair and blocking is None
+    regrade = replay_pair and not blocking  # a replay with the same checks regrades with the current checker
     if difference is not None and not regrade:
         # For a record and its replay, name what keeps them apart (an input, not a check).
         path, old, new = blocking if replay_pair and blocking else difference

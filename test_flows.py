@@ -485,6 +485,11 @@ def test_regrade_a_record_with_a_changed_suite_then_compare(tmp_path):
     assert [line.split()[:3] for line in lines if "NEW_FAILURE" in line] == [["NEW_FAILURE", "echo", "refund-policy"]]
     # either order: the replay names the record it replayed
     assert run_script(COMPARE, ["regraded.json", "old.json"], tmp_path).returncode == 0
+    # a replay with the same suite is a regrade by the current checker: no case's checks changed
+    same = run_script(SCRIPT, ["--provider", "replay", "--replay", "old.json", "--out", "same.json"], tmp_path)
+    assert same.returncode == 0, same.stderr
+    unchanged = run_script(COMPARE, ["old.json", "same.json"], tmp_path)
+    assert unchanged.returncode == 0 and unchanged.stdout.splitlines()[0].endswith("cases whose checks changed: none")
 
     # A replay whose inputs differ is not a regrade: NOT_COMPARABLE, naming the input.
     changed_suite["cases"][1]["input"] = "How do I change my password?"
