@@ -4340,7 +4340,7 @@ _OBJECT, _LIST = ((lambda v: isinstance(v, dict)), "an object"), ((lambda v: isi
 # did not expect: a crafted record is one line and exit 2, never a traceback.
 RECORD_FIELDS = dict(
     created_at=_TEXT, sdk_version=_TEXT, code_sha256=_TEXT, evidence=_TEXT,
-    suite=_OBJECT, provider=_OBJECT, replayed_from=_OBJECT, redaction=_OBJECT, summary=_OBJECT,
+    suite=_OBJECT, provider=_OBJECT, replayed_from=_OBJECT, redaction=_OBJECT, run_options=_OBJECT, summary=_OBJECT,
     resumed=_LIST, merged_from=_LIST, recovered=_BOOL,
     shard=(_is_shard, "I/N with 1 <= I <= N"))
 NESTED_FIELDS = {
@@ -4348,6 +4348,9 @@ NESTED_FIELDS = {
     "provider": dict(name=((lambda v: v in PROVIDERS and v != "replay"), "the name of a provider"),
                         base_url=((lambda v: base_url_problem(v) is None), "an http(s) URL")),
     "replayed_from": dict(path=_TEXT),
+    "redaction": dict(pii=_BOOL, patterns=_INT),
+    "run_options": dict(redact=(_is_text_list, "a list of pattern hashes"), redact_pii=_BOOL, max_cost_usd=_TEXT,
+                        retries=_INT, concurrency=_INT),
     "summary": dict(complete=_BOOL, rows=_INT, expected_rows=_INT, exit_code=_INT, stopped=_TEXT,
                        models=_OBJECT, warnings=(_is_text_list, "a list of strings")),
 }
