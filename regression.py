@@ -4340,8 +4340,8 @@ _OBJECT, _LIST = ((lambda v: isinstance(v, dict)), "an object"), ((lambda v: isi
 # did not expect: a crafted record is one line and exit 2, never a traceback.
 RECORD_FIELDS = dict(
     created_at=_TEXT, sdk_version=_TEXT, code_sha256=_TEXT, evidence=_TEXT,
-    suite=_OBJECT, provider=_OBJECT, replayed_from=_OBJECT, redaction=_OBJECT, run_options=_OBJECT, summary=_OBJECT,
-    resumed=_LIST, merged_from=_LIST, recovered=_BOOL,
+    suite=_OBJECT, provider=_OBJECT, replayed_from=_OBJECT, redaction=_OBJECT, summary=_OBJECT,
+    resumed=_LIST, merged_from=_LIST, recovered=_BOOL, run_options=_OBJECT,
     shard=(_is_shard, "I/N with 1 <= I <= N"))
 NESTED_FIELDS = {
     "suite": dict(name=_TEXT, builtin=_BOOL, file=_TEXT),
