@@ -4336,7 +4336,7 @@ def merge_gaps(records, paths, plan, final):
     missing = [key for key in plan if key not in have]
     lines = [f"merged record is incomplete: {final['rows']} of {final['expected_rows']} rows"]
     if missing:
-        shown = ", ".join(" / ".join(map(str, key)) for key in missing[:5])
+        shown = ", ".join(safe_text(" / ".join(map(str, key))) for key in missing[:5])  # names from the records
         lines[0] += f"; missing or errored: {shown}" + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
     shards = {record.get("shard") for record in records if isinstance(record.get("shard"), str)}
     counts = {int(shard.split("/")[1]) for shard in shards if re.fullmatch(r"[0-9]+/[0-9]+", shard)}
@@ -4392,7 +4392,8 @@ NESTED_FIELDS = {
     "provider": dict(name=((lambda v: v in PROVIDERS and v != "replay"), "the name of a provider"),
                         base_url=((lambda v: base_url_problem(v) is None), "an http(s) URL")),
     "replayed_from": dict(path=_TEXT),
-    "run_options": dict(redact=(_is_text_list, "a list of strings"), redact_pii=_BOOL, max_cost_usd=_TEXT,
+    "redaction": dict(pii=_BOOL, patterns=_INT),
+    "run_options": dict(redact=(_is_text_list, "a list of pattern hashes"), redact_pii=_BOOL, max_cost_usd=_TEXT,
                         retries=_INT, concurrency=_INT),
     "summary": dict(complete=_BOOL, rows=_INT, expected_rows=_INT, exit_code=_INT, stopped=_TEXT,
                        models=_OBJECT, warnings=(_is_text_list, "a list of strings")),
