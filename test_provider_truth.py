@@ -173,7 +173,10 @@ class ToyProvider(regression.Provider):
 
 
 def test_a_new_provider_is_one_class(tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(regression.PROVIDERS, "toy", ToyProvider)
+    monkeypatch.setattr(regression, "PROVIDERS", dict(regression.PROVIDERS))  # undone after the test
+    assert regression.register_provider(ToyProvider) is ToyProvider
+    with pytest.raises(ValueError):
+        regression.register_provider(ToyProvider)  # a name is registered once
     suite = write_suite(tmp_path / "s.json", {"name": "toy", "instructions": "",
                                               "cases": [{"id": "hi", "input": "hi", "contains": ["hello"]}]})
     out = tmp_path / "run.json"
