@@ -48,7 +48,8 @@ __all__ = [
     # suites (B1)
     "SuiteError", "load_suite", "validate_suite", "instructions_sha256",
     # providers and one request (A6, B3, B4)
-    "Perplexity", "PROVIDERS", "PerplexityProvider", "OpenAIProvider", "EchoProvider", "ReplayProvider",
+    "Perplexity", "PROVIDERS", "Provider", "register_provider",
+    "PerplexityProvider", "OpenAIProvider", "EchoProvider", "ReplayProvider",
     "run_one", "execute", "transient", "retry_after", "redactor",
     # record and summary (A7, A8, B4)
     "RecordError", "create_record", "replace_record", "load_record", "write_new_file", "dumps",
@@ -2783,12 +2784,23 @@ def _public_url(url):
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+PROVIDERS = {}
+
+
+def register_provider(cls):
+    """Add a provider class to PROVIDERS under its name: the one call a new provider needs."""
+    if not cls.name or cls.name in PROVIDERS:
+        raise ValueError(f"provider {cls.name!r} is unnamed or already registered")
+    PROVIDERS[cls.name] = cls
+    return cls
+
+
 class Provider:
     """What every provider declares; the CLI reads these and never names a provider.
 
     A provider turns (model, suite, case) into a raw response dict (request) and a raw
     response into a normalised trace (parse). The class attributes and classmethods below
-    say how it is set up, so adding a provider is one subclass plus its PROVIDERS entry.
+    say how it is set up, so adding a provider is one subclass decorated with @register_provider.
     Settings are only read (argparse's namespace or a frozen settings object, same names)."""
 
     name = None
@@ -2868,6 +2880,7 @@ def _without_none(value):
     return value
 
 
+@register_provider
 class PerplexityProvider(Provider):
     """perplexity: the Perplexity Agent API through the perplexityai SDK (key PERPLEXITY_API_KEY)."""
 
@@ -3119,6 +3132,7 @@ def chat_trace(raw):
     }
 
 
+@register_provider
 class OpenAIProvider(Provider):
     """openai: any OpenAI-compatible /chat/completions endpoint, through urllib (standard library)."""
 
@@ -3289,6 +3303,7 @@ def echo_trace(raw):
             "cost_usd": reported_cost(raw)}
 
 
+@register_provider
 class EchoProvider(Provider):
     """echo: offline; answers every case with its own input text (proves the plumbing, costs nothing)."""
 
@@ -3305,6 +3320,7 @@ class EchoProvider(Provider):
     parse = staticmethod(echo_trace)
 
 
+@register_provider
 class ReplayProvider(Provider):
     """replay: offline; answers each (model, case, repeat) from a saved record's stored responses."""
 
@@ -3351,12 +3367,7 @@ class ReplayProvider(Provider):
         return stored[len(rounds)].get("response")
 
 
-PROVIDERS = {
-    "perplexity": PerplexityProvider,
-    "openai": OpenAIProvider,
-    "echo": EchoProvider,
-    "replay": ReplayProvider,
-}
+# PROVIDERS (name -> class) is filled by @register_provider, in definition order.
 
 
 def status_of(exc):

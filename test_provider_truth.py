@@ -173,7 +173,10 @@ class ToyProvider(regression.Provider):
 
 
 def test_a_new_provider_is_one_class(tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(regression.PROVIDERS, "toy", ToyProvider)
+    monkeypatch.setattr(regression, "PROVIDERS", dict(regression.PROVIDERS))  # undone after the test
+    assert regression.register_provider(ToyProvider) is ToyProvider
+    with pytest.raises(ValueError):
+        regression.register_provider(ToyProvider)  # a name is registered once
     suite = write_suite(tmp_path / "s.json", {"name": "toy", "instructions": "",
                                               "cases": [{"id": "hi", "input": "hi", "contains": ["hello"]}]})
     out = tmp_path / "run.json"
@@ -975,3 +978,18 @@ def test_an_older_perplexity_record_without_base_url_means_the_default_endpoint(
     assert "https://api.perplexity.ai" in line and "http://127.0.0.1:9" in line
     monkeypatch.delenv("PERPLEXITY_BASE_URL")
     assert run_main(["--resume", old, "--dry-run"]) == 0
+
+
+def test_perplexity_error_keeps_the_endpoints_words_bounded(tmp_path):
+    out = tmp_path / "run.json"
+    said = "model not found\x1b[2J " + "q" * 2000
+    with FakeServer(lambda request: Reply(400, {"error": {"message": said, "type": "invalid_request"}})) as server:
+        result = run_cli(["--models", "m", "--out", out], tmp_path,
+                         env=cli_env(PERPLEXITY_BASE_URL=server.url, PERPLEXITY_API_KEY=SECRET))
+    assert result.returncode == 2
+    (row,) = read_record(out)["runs"]
+    assert row["error"] == "BadRequestError" and row["error_status"] == 400
+    # the SDK's own message holds the endpoint's words; stored escaped and cut at 500 characters
+    assert "model not found" in row["error_message"] and "\x1b" not in row["error_message"]
+    assert len(row["error_message"]) <= 500
+    assert "model not found" in result.stdout and "\x1b" not in result.stdout
