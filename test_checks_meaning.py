@@ -545,6 +545,10 @@ def test_no_system_leak_details_say_what_matched(said, calls, kind, matched):
     evidence = regression.explain(case, trace(said, calls=calls))["evidence"]["system_leak"]
     assert evidence[kind] == matched
     assert evidence["note"] == f"leak: {json.dumps(matched)}"
+    as_written = evidence.get("as_written", matched)
+    assert as_written.casefold() == matched or as_written in said + json.dumps(calls), as_written
+    if said.startswith("Sorry"):
+        assert evidence["as_written"] == "my System Prompt"
 
 
 # ====================================================================== 5. every failing reason carries its evidence
