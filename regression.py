@@ -4854,7 +4854,12 @@ def catalogue():
 
 
 def _checks_of(case):
-    """The checks that have something to judge in a case (behaviours with their arguments), in run order."""
+    """The names (CHECKS keys) of the checks that have something to judge in a case, in run order."""
+    return [check_.name for check_ in CHECK_TABLE if not check_.always and check_.active(case)]
+
+
+def _check_labels(case):
+    """The checks of a case as --dry-run lists them: behaviours with their arguments."""
     return [check_.label(case) for check_ in CHECK_TABLE if not check_.always and check_.active(case)]
 
 
@@ -4952,7 +4957,7 @@ def plan_text(suite, args, plan, provider_note, run=None, env=None):
     for case in suite["cases"]:
         text = _normalise(_case_text(case))
         lines.append(f"  {case['id']}: {text[:70]}{'...' if len(text) > 70 else ''}"
-                     f"  [checks: {', '.join(['completed'] + _checks_of(case))}]"
+                     f"  [checks: {', '.join(['completed'] + _check_labels(case))}]"
                      + (f"  [up to {round_limit(suite, case)} rounds]" if plays_tools(suite, case) else ""))
     warnings = [warning for warning in map(lint_case, suite["cases"]) if warning]
     lines += [f"warning: {warning}" for warning in warnings]
