@@ -568,7 +568,10 @@ def matrix(args, records):
 
 
 def cli():
-    """Console-script entry point."""
+    """Console-script entry point. A closed stdout (`| head -1`) drops the rest of the output;
+    the exit code is the verdict's all the same, never a BrokenPipeError traceback."""
+    from regression import guard_output
+    guard_output()
     sys.exit(main())
 
 
