@@ -52,7 +52,7 @@ __all__ = [
     "run_one", "execute", "transient", "retry_after", "redactor",
     # record and summary (A7, A8, B4)
     "RecordError", "create_record", "replace_record", "load_record", "write_new_file", "dumps",
-    "Tally", "summary", "row_key", "plan_rows",
+    "Tally", "summary", "row_key", "plan_rows", "shard_plan", "key_text", "record_problem",
     # reports (B5)
     "safe_text", "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
     "markdown_run", "junit_run", "html_run", "tool_sequence", "trajectory",
@@ -161,6 +161,21 @@ def plan_rows(models, case_ids, repeats):
         ordered = list(models) if repeat % 2 == 0 else list(reversed(models))
         plan.extend((model, case_id, repeat) for case_id in case_ids for model in ordered)
     return plan
+
+
+def shard_plan(plan, shard):
+    """The I-th of N deterministic slices of a plan (shard = (I, N)): every N-th row from the
+    I-th; None is the whole plan. The one shard filter of runs and reports."""
+    if shard is None:
+        return list(plan)
+    index, total = shard
+    return [key for n, key in enumerate(plan) if n % total == index - 1]
+
+
+def key_text(key):
+    """A row key as errors, stop reasons and comparisons name it: "MODEL / CASE / repeat N"."""
+    model, case_id, repeat = key
+    return f"{model} / {case_id} / repeat {repeat}"
 
 
 def _now():
@@ -1572,7 +1587,7 @@ def check_no_final_answer(case, trace):
 
 
 register_check("no_final_answer", check_no_final_answer, keys=("tool_results", "max_rounds"),
-               validate=_validate_played, reasons={
+               validate=_validate_played, vacuous=True, reasons={
                    "no_final_answer": ("a played case reached `max_rounds` while the model was still calling tools",
                                        "a looping agent: read `details.tool_calls`")})
 
@@ -1654,7 +1669,7 @@ def check_claims(case, trace):
 
 
 register_check("claims", check_claims, keys=("claims",), validate=_validate_claims, details=_tool_details,
-               reasons={"unbacked_claim": (
+               vacuous=True, reasons={"unbacked_claim": (
                    "`claims`: the answer says PHRASE, but the tool that makes it true was never called with a "
                    "non-error result", "a confident false report: treat it as a severe regression")})
 
@@ -2584,7 +2599,7 @@ def key_problem(variable, value):
 def base_url_problem(url, source="--base-url"):
     """Why a base URL cannot be used (scheme, host, port, IPv6 literal), or None."""
     if not isinstance(url, str) or not _PRINTABLE_ASCII.fullmatch(url):
-        return f"{source}: the URL is empty or holds whitespace, control or non-ASCII characters"
+        return f"{source}: not an http(s) URL (it is empty or holds whitespace, control or non-ASCII characters)"
     try:
         parts = urllib.parse.urlsplit(url)
         host, port = parts.hostname, parts.port
@@ -3306,11 +3321,11 @@ class ReplayProvider(Provider):
         """The stored response of round len(rounds)+1: a played row keeps every round, others one."""
         row = self.rows.get((model, case["id"], repeat))
         if row is None:
-            raise ResponseError(f"{self.source} has no stored response for {model} / {case['id']} / repeat {repeat}")
+            raise ResponseError(f"{self.source} has no stored response for {key_text((model, case['id'], repeat))}")
         stored = row.get("rounds") if isinstance(row.get("rounds"), list) else [{"response": row["response"]}]
         if len(rounds) >= len(stored) or not isinstance(stored[len(rounds)], dict):
-            raise ResponseError(f"{self.source} has no stored round {len(rounds) + 1} for {model} / {case['id']} / "
-                                f"repeat {repeat} (it kept {len(stored)})")
+            raise ResponseError(f"{self.source} has no stored round {len(rounds) + 1} for "
+                                f"{key_text((model, case['id'], repeat))} (it kept {len(stored)})")
         return stored[len(rounds)].get("response")
 
 
@@ -3565,7 +3580,7 @@ def error_message(exc, provider):
     message = str(exc) or type(exc).__name__
     where = getattr(provider, "endpoint_url", None)
     status = status_of(exc)
-    unreached = status is None and not isinstance(exc, ResponseError)
+    unreached = status is None and not isinstance(exc, (ResponseError, BudgetReached))
     if where and (unreached or status == 404) and where not in message:
         message += f" (sending to {where})"  # a 404 or a refused connection is often the wrong URL
     headers = getattr(getattr(exc, "response", None), "headers", None)
@@ -3616,10 +3631,12 @@ def scripted_result(case, name, arguments):
 
 def tool_results(case, trace, ids, number):
     """What is sent back for one round's calls: call id, name, arguments, result (and unscripted)."""
-    sent = []
+    sent, seen = [], set()
     for position, call in enumerate(trace["tool_calls"]):
-        call_id = ids[position] if position < len(ids) and isinstance(ids[position], str) and ids[position] \
-            else f"call_{number}_{position + 1}"  # some servers send no id; the reply still needs one
+        call_id = ids[position] if position < len(ids) and isinstance(ids[position], str) else ""
+        if not call_id or call_id in seen:  # no id, or one a server repeated: each reply needs its own
+            call_id = f"call_{number}_{position + 1}"
+        seen.add(call_id)
         result, scripted = scripted_result(case, call.get("name"), call.get("arguments"))
         sent.append({"call_id": call_id, "name": call.get("name"), "arguments": call.get("arguments"),
                      "result": result, **({} if scripted else {"unscripted": True})})
@@ -3669,9 +3686,9 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
     """Run a played case into `row` round by round (as steps, see send_steps); returns its trace.
 
     Each response is stored in row["rounds"] (and row["response"]) before it is read, so a
-    failure mid-loop keeps every round already made as evidence. `budget(row_cost)` (the
-    row's reported cost so far, a decimal string or None) says why no further round may be
-    sent, or None: the spending cap applies to every request, not only between rows."""
+    failure mid-loop keeps every round already made as evidence. `budget(row, row_cost)` (the
+    row so far, and its reported cost so far, a decimal string or None) says why no further
+    round may be sent, or None: the spending cap applies to every request, not only between rows."""
     limit = round_limit(suite, case)
     deadline = getattr(provider, "deadline", None)
     until = clock() + deadline * limit if deadline else None  # the whole row, retries included
@@ -3689,7 +3706,7 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
         if not trace["tool_calls"] or len(rounds) >= limit:
             return rounds_trace(provider.parse, rounds)
         rounds[-1]["tool_results"] = tool_results(case, trace, call_ids(raw), len(rounds))
-        stop = budget(_sum_costs(costs)) if budget is not None else None
+        stop = budget(row, _sum_costs(costs)) if budget is not None else None
         if stop:
             row["cost_usd"] = _sum_costs(costs)  # spent for real, though the row did not finish
             raise BudgetReached(f"{stop} after round {len(rounds)}")
@@ -4338,15 +4355,17 @@ _OBJECT, _LIST = ((lambda v: isinstance(v, dict)), "an object"), ((lambda v: isi
 RECORD_FIELDS = dict(
     created_at=_TEXT, sdk_version=_TEXT, code_sha256=_TEXT, evidence=_TEXT,
     suite=_OBJECT, provider=_OBJECT, replayed_from=_OBJECT, redaction=_OBJECT, summary=_OBJECT,
-    resumed=_LIST, merged_from=_LIST, recovered=_BOOL,
+    resumed=_LIST, merged_from=_LIST, recovered=_BOOL, run_options=_OBJECT,
     shard=(_is_shard, "I/N with 1 <= I <= N"))
 NESTED_FIELDS = {
     "suite": dict(name=_TEXT, builtin=_BOOL, file=_TEXT),
     "provider": dict(name=((lambda v: v in PROVIDERS and v != "replay"), "the name of a provider"),
                         base_url=((lambda v: base_url_problem(v) is None), "an http(s) URL")),
     "replayed_from": dict(path=_TEXT),
+    "run_options": dict(redact=(_is_text_list, "a list of strings"), redact_pii=_BOOL, max_cost_usd=_TEXT,
+                        retries=_INT, concurrency=_INT),
     "summary": dict(complete=_BOOL, rows=_INT, expected_rows=_INT, exit_code=_INT, stopped=_TEXT,
-                       models=_OBJECT),
+                       models=_OBJECT, warnings=(_is_text_list, "a list of strings")),
 }
 SUMMARY_MODEL_FIELDS = dict(passed=_INT, total=_INT, errors=_INT, qualified=_BOOL, reported_cost_usd=_TEXT)
 ROW_FIELDS = dict(
@@ -4379,7 +4398,7 @@ def masked_evidence(record):
     for row in record.get("runs") or []:
         stored = {field: row.get(field) for field in ("response", "rounds")} if isinstance(row, dict) else None
         if stored and _MASK_MARK.search(dumps(stored)):
-            return (f"the stored response of {' / '.join(map(str, row_key(row)))} holds a [REDACTED] mask "
+            return (f"the stored response of {key_text(row_key(row))} holds a [REDACTED] mask "
                     "(a key or pattern was masked)")
     return None
 
@@ -4641,10 +4660,7 @@ def junit_xml(name, suites):
 def _record_plan(record):
     config = record["config"]
     plan = plan_rows(config["models"], [case["id"] for case in config["cases"]], config["repeats"])
-    if record.get("shard"):
-        index, total = _shard(record["shard"])
-        plan = [key for n, key in enumerate(plan) if n % total == index - 1]
-    return plan
+    return shard_plan(plan, _shard(record["shard"]) if record.get("shard") else None)
 
 
 TRAJECTORY_TEXT_LIMIT = 160  # characters of one call's arguments or result in a report
@@ -4664,7 +4680,7 @@ def _row_calls(row):
 
 def tool_sequence(row):
     """The names of a row's tool calls, in order (from its details)."""
-    return [str(call.get("name")) for call in _row_calls(row)]
+    return [_cut(str(call.get("name")), 80) for call in _row_calls(row)]
 
 
 def trajectory(row, limit=TRAJECTORY_TEXT_LIMIT):
@@ -4678,7 +4694,9 @@ def trajectory(row, limit=TRAJECTORY_TEXT_LIMIT):
             result = "(no result sent)"
         else:
             result = dumps(call["result"]) + (" [unscripted]" if call.get("unscripted") else "")
-        steps.append((call.get("round"), _cut(f"{call.get('name')}({arguments})", limit), _cut(result, limit)))
+        number = call.get("round")
+        number = number if isinstance(number, int) and not isinstance(number, bool) and 0 <= number <= 10_000 else None
+        steps.append((number, _cut(f"{call.get('name')}({arguments})", limit), _cut(result, limit)))
     return steps
 
 
@@ -4783,7 +4801,7 @@ def markdown_run(record):
     traced = [row for row in failed if _row_calls(row)]
     if traced:
         lines += ["", "### Trajectories of failing rows", "", md_table(["model", "case", "repeat", "calls"], [
-            [md_text(row.get("model")), md_text(row.get("case_id")), str(row.get("repeat")),
+            [md_text(row.get("model")), md_text(row.get("case_id")), md_text(row.get("repeat")),
              "<br>".join(md_text(line, limit=2 * TRAJECTORY_TEXT_LIMIT + 40) for line in trajectory_lines(row))]
             for row in traced])]
     return "\n".join(lines) + "\n"
@@ -5200,14 +5218,33 @@ def _resume_options(values, record, path):
         if name == "max_cost_usd" and value is not None:
             value = _cost(str(value))
         if name == "redact":
-            value = tuple(value or ())
+            _same_redaction(value, values["redact"], path)
+            continue
         given = values[name]
-        if given is None or (name == "redact" and policy == "same" and not given and not value):
+        if given is None:
             found[name] = value
-        elif policy == "same" and (tuple(given) if name == "redact" else given) != value:
+        elif policy == "same" and given != value:
             raise UsageError(f"--resume: run option {name!r} differs from the record's ({flag}); "
                              f"{path} keeps one redaction for all its rows: drop the flag to keep the record's")
     return found
+
+
+def pattern_digest(pattern):
+    """How a --redact pattern is kept in a record: a pattern can be the secret itself, so only
+    its hash is stored, and a resume proves it was given the same patterns."""
+    return "sha256:" + hashlib.sha256(pattern.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _same_redaction(stored, given, path):
+    """A resume masks its new rows exactly as the record's earlier ones, or is refused."""
+    stored = sorted(stored) if isinstance(stored, list) and all(isinstance(d, str) for d in stored) else None
+    if stored is None:
+        raise UsageError(f"--resume: {path}'s run_options.redact is not a list of pattern hashes")
+    if sorted(pattern_digest(pattern) for pattern in given or ()) != stored:
+        raise UsageError(f"--resume: run option 'redact' differs from the record's (--redact): {path} was masked "
+                         f"with {len(stored)} --redact pattern(s); pass exactly the same --redact flags again (a "
+                         "record keeps one redaction for all its rows and stores patterns only as hashes, since a "
+                         "pattern can be the secret itself)")
 
 
 def _resume_defaults(values, record, path, env):
@@ -5609,7 +5646,7 @@ def _choose_suite(settings, record, replayed):
 def run_options(settings):
     """The header's "run_options": what --resume re-applies (RUN_OPTIONS), as JSON."""
     values = {name: getattr(settings, name) for name in RUN_OPTIONS}
-    values["redact"] = list(values["redact"])
+    values["redact"] = [pattern_digest(pattern) for pattern in values["redact"]]  # never the pattern itself
     values["max_cost_usd"] = format(values["max_cost_usd"], "f") if values["max_cost_usd"] is not None else None
     return values
 
@@ -5645,7 +5682,7 @@ def prepare(settings, env):
     config = run_config(suite, settings.models, settings.repeats, settings.timeout)
     full_plan = plan_rows(settings.models, [case["id"] for case in suite["cases"]], settings.repeats)
     shard = settings.shard or (_shard(record["shard"]) if record is not None and record.get("shard") else None)
-    plan = [key for n, key in enumerate(full_plan) if shard is None or n % shard[1] == shard[0] - 1]
+    plan = shard_plan(full_plan, shard)
     recorded = {model: parse_price(text, "the record's prices") for model, text in
                 ((record or {}).get("prices") or {}).items()} if record is not None else {}
     prices = {**recorded, **(suite.get("prices") or {}), **price_options(settings)}  # flags win
@@ -5863,7 +5900,7 @@ def _stop_reason(row, tally, cap, path=None):
     """Why no new request may start after this row, or None."""
     if row["error"] is not None:
         status = f" {row['error_status']}" if row["error_status"] else ""
-        return (f"execution error on {row['model']} / {row['case_id']} / repeat {row['repeat']}: "
+        return (f"execution error on {key_text(row_key(row))}: "
                 f"{row['error']}{status}")
     if cap is not None:
         spent = tally.spent()
@@ -5956,14 +5993,19 @@ def execute_run(run, settings, writer, tally):
              "last": max((position[row_key(r)] for r in run.kept), default=-1), "in_order": True, "row": None}
     answers = {}
 
-    def budget(row_cost):
-        """Why a played row may send no further round: the cap counts its rounds so far."""
+    def budget(row, row_cost):
+        """Why a played row may send no further round: the cap counts its rounds so far
+        (reported, or estimated from their token usage with --price)."""
+        if settings.max_cost_usd is None:
+            return None
+        if row_cost is None:  # no reported cost: the estimate the finished row would get
+            row_cost = estimate_cost({**row, "cost_usd": None, "error": None}, run.prices or {}).get("cost_usd")
         spent = tally.spent()
-        if settings.max_cost_usd is None or spent is None or row_cost is None:
-            return None  # no cap, or no cost to hold it against (the row's end says so)
-        if spent + decimal.Decimal(row_cost) >= settings.max_cost_usd:
-            return f"--max-cost-usd reached: reported spend ${format(spent + decimal.Decimal(row_cost), 'f')} " \
-                   f"of ${format(settings.max_cost_usd, 'f')}"
+        if spent is None or row_cost is None:
+            return None  # no cost to hold the cap against (the row's end says so)
+        total = spent + decimal.Decimal(row_cost)
+        if total >= settings.max_cost_usd:
+            return f"--max-cost-usd reached: spend ${format(total, 'f')} of ${format(settings.max_cost_usd, 'f')}"
         return None
 
     def work(key):
@@ -6022,7 +6064,7 @@ def _check_replay_covers(provider, run, settings):
     """A replay must answer every row it is asked for; UsageError before anything runs."""
     missing = provider.missing(run.todo) if isinstance(provider, ReplayProvider) else None
     if missing:
-        raise UsageError(f"--replay: {settings.replay} has no stored response for {' / '.join(map(str, missing))}")
+        raise UsageError(f"--replay: {settings.replay} has no stored response for {key_text(missing)}")
 
 
 def open_record(run, tally):
@@ -6078,7 +6120,7 @@ def dry_run_mode(settings, env, stage):
         _check_replay_covers(make_provider(settings, env)[0], run, settings)
     print(plan_text(run.suite, settings, run.plan, provider_problem(settings, env), run, env))
     if run.refusal:
-        print(f"regression.py: error: {run.refusal}", file=sys.stderr)
+        print(f"regression.py: error: {safe_text(run.refusal)}", file=sys.stderr)
     return 2 if run.refusal else 0
 
 
@@ -6124,7 +6166,7 @@ def run_mode(settings, env, stage):
         writer.close()
     print(json.dumps(final, indent=2))
     for warning in final.get("warnings", []):
-        print(f"warning: {warning}", file=sys.stderr)
+        print(f"warning: {safe_text(warning)}", file=sys.stderr)
     if stopped:
         hint = f"; continue with: {continue_command(run.path, continue_flags(settings, last, tally))}" \
             if not final["complete"] and "reported no cost" not in stopped else ""

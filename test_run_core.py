@@ -233,9 +233,16 @@ def test_resume_reapplies_pii_redaction_and_patterns(tmp_path):
     assert main_code(["--provider", "echo", "--suite", suite, "--redact-pii", "--redact", "q[0-9]",
                       "--out", out]) == 0
     record = read(out)
-    assert record["run_options"]["redact_pii"] is True and record["run_options"]["redact"] == ["q[0-9]"]
+    assert record["run_options"]["redact_pii"] is True
+    # A pattern can be the secret itself: the record keeps its hash, never the pattern.
+    assert record["run_options"]["redact"] == [regression.pattern_digest("q[0-9]")]
+    assert b"q[0-9]" not in out.read_bytes()
     cut_to(out, 1)
-    assert main_code(["--resume", out]) == 0
+    before = out.read_bytes()
+    proc = cli(["--resume", out], tmp_path)  # the patterns must be given again, and are checked
+    assert proc.returncode == 2 and "same --redact flags" in one_line(proc.stderr)
+    assert out.read_bytes() == before
+    assert main_code(["--resume", out, "--redact", "q[0-9]"]) == 0
     resumed = read(out)
     text = json.dumps(resumed["runs"])
     assert "bob@example.com" not in text and "4111 1111 1111 1111" not in text
@@ -246,7 +253,7 @@ def test_resume_reapplies_pii_redaction_and_patterns(tmp_path):
 
 
 @pytest.mark.parametrize("flags, key", [
-    (["--redact-pii"], "redact_pii"),
+    (["--redact-pii", "--redact", "q[0-9]"], "redact_pii"),
     (["--redact", "other"], "redact"),
 ])
 def test_resume_refuses_a_different_redaction_naming_the_key(tmp_path, flags, key):
