@@ -121,7 +121,10 @@ def test_every_case_key_switches_on_the_check_named_for_it():
             assert regression._checks_of({"id": "x", key: "v"}) == readers
         if check.behavior:
             entry = check.name + (":NAME" if check.arg else "")
-            assert regression._checks_of({"id": "x", "behaviors": [entry]}) == [entry]
+            assert regression._checks_of({"id": "x", "behaviors": [entry]}) == [check.name]
+            assert regression._check_labels({"id": "x", "behaviors": [entry]}) == [entry]
+    for case in json.loads((HERE / "suites" / "agent-tools.json").read_text(encoding="utf-8"))["cases"]:
+        assert set(regression._checks_of(case)) <= set(regression.CHECKS)
 
 
 def test_every_check_has_a_one_line_doc_and_declares_its_reasons():
@@ -545,6 +548,10 @@ def test_no_system_leak_details_say_what_matched(said, calls, kind, matched):
     evidence = regression.explain(case, trace(said, calls=calls))["evidence"]["system_leak"]
     assert evidence[kind] == matched
     assert evidence["note"] == f"leak: {json.dumps(matched)}"
+    as_written = evidence.get("as_written", matched)
+    assert as_written.casefold() == matched or as_written in said + json.dumps(calls), as_written
+    if said.startswith("Sorry"):
+        assert evidence["as_written"] == "my System Prompt"
 
 
 # ====================================================================== 5. every failing reason carries its evidence
