@@ -5023,7 +5023,7 @@ def _from_environment(values, env):
     """Unset options filled from their environment twins, and which variable set each."""
     found, origin = {}, {}
     for name, variable, convert in ENV_TWINS:
-        if values.get(name) is None and env.get(variable):
+        if values.get(name) is None and name not in found and env.get(variable):  # the first twin listed wins
             try:
                 found[name] = convert(env[variable])
             except (ValueError, decimal.InvalidOperation):
@@ -5263,12 +5263,14 @@ def _run_sources(values, env):
     values = {**values, **found}
     found["provider"] = values["provider"] or ("replay" if values["replay"] else "perplexity")
     cls = PROVIDERS[found["provider"]]
+    if cls.base_url_flag and not values["base_url"] and not env.get(cls.base_url_variable or ""):
+        found["base_url"] = env.get("PROMPTREG_BASE_URL") or None  # their twin, consulted after ours
     view = Settings(**{**values, **found})
     problem = endpoint_problem(cls, view, env)  # before the identity stores it, also for --dry-run
     if problem:
         raise UsageError(problem)
     if cls.base_url_flag:
-        found["base_url"] = cls.endpoint(view, env) or env.get("PROMPTREG_BASE_URL")  # their twin, after ours
+        found["base_url"] = cls.endpoint(view, env)
     if cls.replays_record and values["replay"]:
         replayed = _load_for("--replay", values["replay"])
         masked = masked_evidence(replayed)

@@ -361,18 +361,26 @@ def test_promptreg_variables_select_a_compatible_endpoint(tmp_path):
     assert record["config"]["models"] == ["their-model"] and models == {"their-model"}
 
 
+ECHO = {"PROMPTREG_PROVIDER": "echo"}
+URL_A, URL_B, URL_C = "http://127.0.0.1:9/a", "http://127.0.0.1:9/b", "http://127.0.0.1:9/c"
+THEIRS_OPENAI = {"PROMPTREG_PROVIDER": "openai", "PROMPTREG_MODEL": "m", "PROMPTREG_BASE_URL": URL_B}
+
+
 @pytest.mark.parametrize("env, flags, expected", [
-    ({"PROMPTREG_PROVIDER": "echo"}, [], ("echo", None)),
-    ({"PROMPTREG_PROVIDER": "compatible"}, [], ("openai", None)),
-    ({"PROMPTREG_PROVIDER": "openai", "REGRESSION_PROVIDER": "echo"}, [], ("echo", None)),
-    ({"PROMPTREG_PROVIDER": "openai"}, ["--provider", "echo"], ("echo", None)),
-    ({"PROMPTREG_MODEL": "theirs"}, [], ("perplexity", ["theirs"])),
-    ({"PROMPTREG_MODEL": "theirs", "REGRESSION_MODELS": "ours"}, [], ("perplexity", ["ours"])),
-    ({"PROMPTREG_MODEL": "theirs"}, ["--models", "flag"], ("perplexity", ["flag"])),
+    (ECHO, [], ("echo", ("echo",), None)),
+    ({**THEIRS_OPENAI, "PROMPTREG_PROVIDER": "compatible"}, [], ("openai", ("m",), URL_B)),
+    ({"PROMPTREG_PROVIDER": "openai", "REGRESSION_PROVIDER": "echo"}, [], ("echo", ("echo",), None)),
+    ({"PROMPTREG_PROVIDER": "openai"}, ["--provider", "echo"], ("echo", ("echo",), None)),
+    ({**ECHO, "PROMPTREG_MODEL": "theirs"}, [], ("echo", ("theirs",), None)),
+    ({**ECHO, "PROMPTREG_MODEL": "theirs", "REGRESSION_MODELS": "ours"}, [], ("echo", ("ours",), None)),
+    ({**ECHO, "PROMPTREG_MODEL": "theirs"}, ["--models", "flag"], ("echo", ("flag",), None)),
+    (THEIRS_OPENAI, [], ("openai", ("m",), URL_B)),
+    ({**THEIRS_OPENAI, "OPENAI_BASE_URL": URL_A}, [], ("openai", ("m",), URL_A)),
+    ({**THEIRS_OPENAI, "OPENAI_BASE_URL": URL_A}, ["--base-url", URL_C], ("openai", ("m",), URL_C)),
 ])
 def test_our_variables_and_flags_win_over_theirs(env, flags, expected):
-    _, args = regression.parse_args(flags, env=env)
-    assert (args.provider or "perplexity", args.models) == expected
+    _, settings_ = regression.parse_args(flags, env=env)
+    assert (settings_.provider, tuple(settings_.models), settings_.base_url) == expected
 
 
 def test_our_base_url_wins_over_theirs(tmp_path):
