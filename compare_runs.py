@@ -335,13 +335,13 @@ def matrix_models(record, model_a, model_b):
 
 def render_matrix(title, sections):
     """The console text of [(heading or None, table)]: aligned columns, then the verdict."""
-    lines = [title]
+    lines = [safe_text(title)]
     for heading, table in sections:
-        widths = [max(len(str(row[n])) for row in [MATRIX_COLUMNS] + table) for n in range(len(MATRIX_COLUMNS))]
+        cells = [[safe_text(cell) for cell in row] for row in [MATRIX_COLUMNS] + table]  # ids come from a record
+        widths = [max(len(row[n]) for row in cells) for n in range(len(MATRIX_COLUMNS))]
         if heading:
-            lines += ["", heading]
-        lines += ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
-                  for row in [MATRIX_COLUMNS] + table]
+            lines += ["", safe_text(heading)]
+        lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
     deltas = [row[4] for _, table in sections for row in table]
     code = 1 if "REGRESS" in deltas else 0
     lines += ["", f"verdict: {deltas.count('REGRESS')} REGRESS, {deltas.count('GAIN')} GAIN, "

@@ -5547,7 +5547,7 @@ def failure_lines(case, row):
     lines = [f"{head}: {'; '.join(rules)}"]
     if "below_min_similarity" in row["reasons"] and isinstance(details.get("diff"), str):
         lines += ["    " + line for line in details["diff"].splitlines()]
-    return lines
+    return [safe_text(line) for line in lines]  # model text: never a terminal control sequence
 
 
 def record_header(config, sdk, evidence, **extra):

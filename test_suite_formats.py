@@ -131,6 +131,17 @@ def test_failure_lines_read_out_each_failed_text_rule(rules, answer, lines):
     assert regression.failure_lines(case, _row_for(case, answer)) == lines
 
 
+def test_failure_lines_and_matrix_never_print_a_control_sequence():
+    case = {"id": "c", "input": "q", "expected_text": "ok", "min_similarity": 0.9, "excludes": ["\x1b[2J"]}
+    lines = regression.failure_lines(case, _row_for(case, "\x1b[2J\u202ebad"))
+    assert lines and not any("\x1b" in line or "\u202e" in line for line in lines)
+    assert any("\\x1b" in line for line in lines)  # shown as an escape, not sent to the terminal
+    row = {"model": "m", "case_id": "c\x1b[31m", "repeat": 0, "reasons": ["x\x1b"], "passed": False}
+    text, code = compare_runs.render_matrix("t", [(None, compare_runs.behaviour_matrix(
+        [{"id": "c\x1b[31m"}], {"c\x1b[31m": [row]}, {"c\x1b[31m": [row]}))])
+    assert "\x1b" not in text and code == 0
+
+
 def test_failure_lines_never_for_an_execution_error():
     row = {"error": "TimeoutError", "passed": False, "reasons": ["execution_error"], "details": None}
     assert regression.failure_lines({"id": "c", "excludes": ["x"]}, row) == []
