@@ -34,9 +34,8 @@ import os
 import sys
 
 from regression import (CASES, CHECK_TABLE, INSTRUCTIONS, RecordError, check, dumps, html_page, html_table,
-                        junit_xml, load_record, md_table, md_text, plan_rows, record_problem, row_key, safe_text,
-                        tool_sequence,
-                        summary, write_new_file, xml_text)
+                        junit_xml, key_text, load_record, md_table, md_text, plan_rows, record_problem, row_key,
+                        safe_text, summary, tool_sequence, write_new_file, xml_text)
 
 
 # ====================================================================== records
@@ -78,9 +77,7 @@ def index(record):
     return rows
 
 
-def _name(key):
-    model, case_id, repeat = key
-    return f"{model} / {case_id} / repeat {repeat}"
+_name = key_text  # the one spelling of a row key in messages
 
 
 # ====================================================================== comparison
@@ -162,7 +159,7 @@ def _key_text(key):
 
 
 def _sequence_text(names):
-    return " -> ".join(names) if names else "(no tool call)"
+    return safe_text(" -> ".join(map(str, names))) if names else "(no tool call)"  # tool names come from a model
 
 
 def _tools_changed(row):
@@ -337,11 +334,11 @@ def render_matrix(title, sections):
     """The console text of [(heading or None, table)]: aligned columns, then the verdict."""
     lines = [safe_text(title)]
     for heading, table in sections:
-        cells = [[safe_text(cell) for cell in row] for row in [MATRIX_COLUMNS] + table]  # ids come from a record
-        widths = [max(len(row[n]) for row in cells) for n in range(len(MATRIX_COLUMNS))]
+        shown = [[safe_text(cell) for cell in row] for row in [MATRIX_COLUMNS] + table]  # record text, made visible
+        widths = [max(len(row[n]) for row in shown) for n in range(len(MATRIX_COLUMNS))]
         if heading:
             lines += ["", safe_text(heading)]
-        lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
+        lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in shown]
     deltas = [row[4] for _, table in sections for row in table]
     code = 1 if "REGRESS" in deltas else 0
     lines += ["", f"verdict: {deltas.count('REGRESS')} REGRESS, {deltas.count('GAIN')} GAIN, "

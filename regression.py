@@ -52,7 +52,7 @@ __all__ = [
     "run_one", "execute", "transient", "retry_after", "redactor",
     # record and summary (A7, A8, B4)
     "RecordError", "create_record", "replace_record", "load_record", "write_new_file", "dumps",
-    "Tally", "summary", "row_key", "plan_rows",
+    "Tally", "summary", "row_key", "plan_rows", "shard_plan", "key_text", "record_problem",
     # reports (B5)
     "safe_text", "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
     "markdown_run", "junit_run", "html_run", "tool_sequence", "trajectory",
@@ -161,6 +161,21 @@ def plan_rows(models, case_ids, repeats):
         ordered = list(models) if repeat % 2 == 0 else list(reversed(models))
         plan.extend((model, case_id, repeat) for case_id in case_ids for model in ordered)
     return plan
+
+
+def shard_plan(plan, shard):
+    """The I-th of N deterministic slices of a plan (shard = (I, N)): every N-th row from the
+    I-th; None is the whole plan. The one shard filter of runs and reports."""
+    if shard is None:
+        return list(plan)
+    index, total = shard
+    return [key for n, key in enumerate(plan) if n % total == index - 1]
+
+
+def key_text(key):
+    """A row key as errors, stop reasons and comparisons name it: "MODEL / CASE / repeat N"."""
+    model, case_id, repeat = key
+    return f"{model} / {case_id} / repeat {repeat}"
 
 
 def _now():
@@ -2570,7 +2585,7 @@ def key_problem(variable, value):
 def base_url_problem(url, source="--base-url"):
     """Why a base URL cannot be used (scheme, host, port, IPv6 literal), or None."""
     if not isinstance(url, str) or not _PRINTABLE_ASCII.fullmatch(url):
-        return f"{source}: the URL is empty or holds whitespace, control or non-ASCII characters"
+        return f"{source}: not an http(s) URL (it is empty or holds whitespace, control or non-ASCII characters)"
     try:
         parts = urllib.parse.urlsplit(url)
         host, port = parts.hostname, parts.port
@@ -3292,11 +3307,11 @@ class ReplayProvider(Provider):
         """The stored response of round len(rounds)+1: a played row keeps every round, others one."""
         row = self.rows.get((model, case["id"], repeat))
         if row is None:
-            raise ResponseError(f"{self.source} has no stored response for {model} / {case['id']} / repeat {repeat}")
+            raise ResponseError(f"{self.source} has no stored response for {key_text((model, case['id'], repeat))}")
         stored = row.get("rounds") if isinstance(row.get("rounds"), list) else [{"response": row["response"]}]
         if len(rounds) >= len(stored) or not isinstance(stored[len(rounds)], dict):
-            raise ResponseError(f"{self.source} has no stored round {len(rounds) + 1} for {model} / {case['id']} / "
-                                f"repeat {repeat} (it kept {len(stored)})")
+            raise ResponseError(f"{self.source} has no stored round {len(rounds) + 1} for "
+                                f"{key_text((model, case['id'], repeat))} (it kept {len(stored)})")
         return stored[len(rounds)].get("response")
 
 
@@ -4326,15 +4341,17 @@ _OBJECT, _LIST = ((lambda v: isinstance(v, dict)), "an object"), ((lambda v: isi
 RECORD_FIELDS = dict(
     created_at=_TEXT, sdk_version=_TEXT, code_sha256=_TEXT, evidence=_TEXT,
     suite=_OBJECT, provider=_OBJECT, replayed_from=_OBJECT, redaction=_OBJECT, summary=_OBJECT,
-    resumed=_LIST, merged_from=_LIST, recovered=_BOOL,
+    resumed=_LIST, merged_from=_LIST, recovered=_BOOL, run_options=_OBJECT,
     shard=(_is_shard, "I/N with 1 <= I <= N"))
 NESTED_FIELDS = {
     "suite": dict(name=_TEXT, builtin=_BOOL, file=_TEXT),
     "provider": dict(name=((lambda v: v in PROVIDERS and v != "replay"), "the name of a provider"),
                         base_url=((lambda v: base_url_problem(v) is None), "an http(s) URL")),
     "replayed_from": dict(path=_TEXT),
+    "run_options": dict(redact=(_is_text_list, "a list of strings"), redact_pii=_BOOL, max_cost_usd=_TEXT,
+                        retries=_INT, concurrency=_INT),
     "summary": dict(complete=_BOOL, rows=_INT, expected_rows=_INT, exit_code=_INT, stopped=_TEXT,
-                       models=_OBJECT),
+                       models=_OBJECT, warnings=(_is_text_list, "a list of strings")),
 }
 SUMMARY_MODEL_FIELDS = dict(passed=_INT, total=_INT, errors=_INT, qualified=_BOOL, reported_cost_usd=_TEXT)
 ROW_FIELDS = dict(
@@ -4367,7 +4384,7 @@ def masked_evidence(record):
     for row in record.get("runs") or []:
         stored = {field: row.get(field) for field in ("response", "rounds")} if isinstance(row, dict) else None
         if stored and _MASK_MARK.search(dumps(stored)):
-            return (f"the stored response of {' / '.join(map(str, row_key(row)))} holds a [REDACTED] mask "
+            return (f"the stored response of {key_text(row_key(row))} holds a [REDACTED] mask "
                     "(a key or pattern was masked)")
     return None
 
@@ -4629,10 +4646,7 @@ def junit_xml(name, suites):
 def _record_plan(record):
     config = record["config"]
     plan = plan_rows(config["models"], [case["id"] for case in config["cases"]], config["repeats"])
-    if record.get("shard"):
-        index, total = _shard(record["shard"])
-        plan = [key for n, key in enumerate(plan) if n % total == index - 1]
-    return plan
+    return shard_plan(plan, _shard(record["shard"]) if record.get("shard") else None)
 
 
 TRAJECTORY_TEXT_LIMIT = 160  # characters of one call's arguments or result in a report
@@ -5651,7 +5665,7 @@ def prepare(settings, env):
     config = run_config(suite, settings.models, settings.repeats, settings.timeout)
     full_plan = plan_rows(settings.models, [case["id"] for case in suite["cases"]], settings.repeats)
     shard = settings.shard or (_shard(record["shard"]) if record is not None and record.get("shard") else None)
-    plan = [key for n, key in enumerate(full_plan) if shard is None or n % shard[1] == shard[0] - 1]
+    plan = shard_plan(full_plan, shard)
     recorded = {model: parse_price(text, "the record's prices") for model, text in
                 ((record or {}).get("prices") or {}).items()} if record is not None else {}
     prices = {**recorded, **(suite.get("prices") or {}), **price_options(settings)}  # flags win
@@ -5869,7 +5883,7 @@ def _stop_reason(row, tally, cap, path=None):
     """Why no new request may start after this row, or None."""
     if row["error"] is not None:
         status = f" {row['error_status']}" if row["error_status"] else ""
-        return (f"execution error on {row['model']} / {row['case_id']} / repeat {row['repeat']}: "
+        return (f"execution error on {key_text(row_key(row))}: "
                 f"{row['error']}{status}")
     if cap is not None:
         spent = tally.spent()
@@ -6033,7 +6047,7 @@ def _check_replay_covers(provider, run, settings):
     """A replay must answer every row it is asked for; UsageError before anything runs."""
     missing = provider.missing(run.todo) if isinstance(provider, ReplayProvider) else None
     if missing:
-        raise UsageError(f"--replay: {settings.replay} has no stored response for {' / '.join(map(str, missing))}")
+        raise UsageError(f"--replay: {settings.replay} has no stored response for {key_text(missing)}")
 
 
 def open_record(run, tally):
@@ -6089,7 +6103,7 @@ def dry_run_mode(settings, env, stage):
         _check_replay_covers(make_provider(settings, env)[0], run, settings)
     print(plan_text(run.suite, settings, run.plan, provider_problem(settings, env), run, env))
     if run.refusal:
-        print(f"regression.py: error: {run.refusal}", file=sys.stderr)
+        print(f"regression.py: error: {safe_text(run.refusal)}", file=sys.stderr)
     return 2 if run.refusal else 0
 
 
@@ -6135,7 +6149,7 @@ def run_mode(settings, env, stage):
         writer.close()
     print(json.dumps(final, indent=2))
     for warning in final.get("warnings", []):
-        print(f"warning: {warning}", file=sys.stderr)
+        print(f"warning: {safe_text(warning)}", file=sys.stderr)
     if stopped:
         hint = f"; continue with: {continue_command(run.path, continue_flags(settings, last, tally))}" \
             if not final["complete"] and "reported no cost" not in stopped else ""
