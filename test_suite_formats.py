@@ -388,6 +388,7 @@ THEIRS_OPENAI = {"PROMPTREG_PROVIDER": "openai", "PROMPTREG_MODEL": "m", "PROMPT
     (THEIRS_OPENAI, [], ("openai", ("m",), URL_B)),
     ({**THEIRS_OPENAI, "OPENAI_BASE_URL": URL_A}, [], ("openai", ("m",), URL_A)),
     ({**THEIRS_OPENAI, "OPENAI_BASE_URL": URL_A}, ["--base-url", URL_C], ("openai", ("m",), URL_C)),
+    ({**THEIRS_OPENAI, "REGRESSION_PROVIDER": "echo", "REGRESSION_MODELS": "ours"}, [], ("echo", ("ours",), None)),
 ])
 def test_our_variables_and_flags_win_over_theirs(env, flags, expected):
     _, settings_ = regression.parse_args(flags, env=env)
@@ -721,7 +722,7 @@ def test_matrix_refuses_incomparable_records_and_report_flags(tmp_path):
         golden_run(GOLDENS, server, tmp_path / "goldens.json")
     cli(["--suite", PROMPTREG, "--provider", "echo", "--out", tmp_path / "promptreg.json"])
     result = cli(["--matrix", tmp_path / "goldens.json", tmp_path / "promptreg.json"], script="compare_runs.py")
-    assert result.returncode == 2 and result.stdout.startswith("NOT_COMPARABLE: ")
+    assert result.returncode == 2 and result.stdout.startswith("NOT_COMPARABLE: models differs: ")  # names the path
     flags = cli(["--matrix", tmp_path / "goldens.json", tmp_path / "goldens.json", "--html", tmp_path / "m.html"],
                 script="compare_runs.py")
     assert flags.returncode == 2 and "--matrix prints its table only" in flags.stderr

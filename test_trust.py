@@ -830,7 +830,7 @@ def test_compare_prints_record_text_visibly_and_its_verdict_line_cannot_be_forge
     assert result.returncode == 1, result.stderr
     assert not unsafe(result.stdout) and result.stderr == ""
     verdicts = [line for line in result.stdout.splitlines() if line.startswith("verdict:")]
-    assert verdicts == ["verdict: 1 NEW_FAILURE row(s) -> exit 1"], result.stdout
+    assert verdicts == ["verdict: NEW FAILURES (exit 1): 1 row flipped to failing"], result.stdout
     assert "\\x1b[1A" in result.stdout and "CAUTION code_sha256" in result.stdout
     # the behaviour matrix too
     code, stdout, stderr = call(compare_runs.main, ["--matrix", *paths])
