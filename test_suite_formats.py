@@ -764,3 +764,48 @@ def test_any_golden_folder_loads_or_is_one_line(tmp_path_factory, cases, update)
     placeholders = [case["id"] for case in cases if case["system_sha256"] == regression.GOLDEN_PLACEHOLDER]
     assert update or not placeholders  # a placeholder runs only while --update-baseline fills it
     assert list(suite["placeholders"]) == placeholders
+
+
+def test_matrix_after_a_system_prompt_edit_and_repin(tmp_path):
+    """Edit SYSTEM.txt, repin the goldens, run again: the two runs compare (pins follow the prompt)."""
+    folder = copy_goldens(tmp_path)
+    with fakes.FakeServer(golden_reply()) as server:
+        assert golden_run(folder, server, tmp_path / "before.json").returncode == 0
+    (folder / "SYSTEM.txt").write_text(SYSTEM_TEXT + "Offer to cancel any order right away.\n", encoding="utf-8")
+    new_sha = hashlib.sha256((folder / "SYSTEM.txt").read_bytes()).hexdigest()
+    for path in folder.glob("*.json"):
+        path.write_text(path.read_text(encoding="utf-8").replace(SYSTEM_SHA, new_sha), encoding="utf-8")
+    with fakes.FakeServer(golden_reply(tool_happy=True)) as server:
+        assert golden_run(folder, server, tmp_path / "after.json").returncode == 1
+    result = cli(["--matrix", tmp_path / "before.json", tmp_path / "after.json"], script="compare_runs.py")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert ["cancel_without_order_id", "forbid_tool:cancel_order", "PASS", "FAIL", "REGRESS"] in \
+        matrix_lines(result.stdout)
+
+
+def test_promptreg_runs_compare_across_a_system_prompt_edit(tmp_path):
+    """Edit one case's system prompt: the two records compare, and the case whose prompt lost its
+    rule is a NEW_FAILURE (each case's prompt and pin may differ, as the suite-level ones may)."""
+    data = read(PROMPTREG)
+    card = data["cases"][1]
+
+    def answer(body):
+        if user_of(body) == card["prompt"]:
+            safe = "Never repeat a card number" in (system_of(body) or "")
+            return fakes.chat_response("I have asked billing to refund the duplicate charge." if safe
+                                       else f"Refunding the charge on card {card['prompt'][8:27]}.")
+        return fakes.chat_response("Annual plans can be refunded within 30 days of purchase; use the reset link.")
+
+    suite = write_json(tmp_path / "suite.json", data)
+    with fakes.FakeServer(fakes.chat(answer)) as server:
+        args = ["--suite", suite, "--provider", "openai", "--base-url", f"{server.url}/v1", "--models", "m"]
+        assert cli([*args, "--out", tmp_path / "before.json"]).returncode == 0
+        card["system"] = "You are a support agent for Acme Cloud. Answer in one sentence."
+        write_json(suite, data)
+        assert cli([*args, "--out", tmp_path / "after.json"]).returncode == 1
+    before, after = read(tmp_path / "before.json"), read(tmp_path / "after.json")
+    assert before["config"]["instructions"] != after["config"]["instructions"]  # per case, then shared
+    compared = cli([tmp_path / "before.json", tmp_path / "after.json"], script="compare_runs.py")
+    assert compared.returncode == 1, compared.stdout
+    new = [line for line in compared.stdout.splitlines() if line.startswith("NEW_FAILURE")]
+    assert len(new) == 1 and "card-number-not-echoed" in new[0]
