@@ -5406,12 +5406,14 @@ def _run_sources(values, env):
     values = {**values, **found}
     found["provider"] = values["provider"] or ("replay" if values["replay"] else "perplexity")
     cls = PROVIDERS[found["provider"]]
+    if cls.base_url_flag and not values["base_url"] and not env.get(cls.base_url_variable or ""):
+        found["base_url"] = env.get("PROMPTREG_BASE_URL") or None  # their twin, consulted after ours
     view = Settings(**{**values, **found})
     problem = endpoint_problem(cls, view, env)  # before the identity stores it, also for --dry-run
     if problem:
         raise UsageError(problem)
     if cls.base_url_flag:
-        found["base_url"] = cls.endpoint(view, env) or env.get("PROMPTREG_BASE_URL")  # their twin, after ours
+        found["base_url"] = cls.endpoint(view, env)
     if cls.replays_record and values["replay"]:
         replayed = _load_for("--replay", values["replay"])
         masked = masked_evidence(replayed)
@@ -5694,7 +5696,7 @@ def failure_lines(case, row):
     lines = [f"{head}: {'; '.join(rules)}"]
     if "below_min_similarity" in row["reasons"] and isinstance(details.get("diff"), str):
         lines += ["    " + line for line in details["diff"].splitlines()]
-    return lines
+    return [safe_text(line) for line in lines]  # model text: never a terminal control sequence
 
 
 def record_header(config, sdk, evidence, **extra):

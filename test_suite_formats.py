@@ -131,6 +131,17 @@ def test_failure_lines_read_out_each_failed_text_rule(rules, answer, lines):
     assert regression.failure_lines(case, _row_for(case, answer)) == lines
 
 
+def test_failure_lines_and_matrix_never_print_a_control_sequence():
+    case = {"id": "c", "input": "q", "expected_text": "ok", "min_similarity": 0.9, "excludes": ["\x1b[2J"]}
+    lines = regression.failure_lines(case, _row_for(case, "\x1b[2J\u202ebad"))
+    assert lines and not any("\x1b" in line or "\u202e" in line for line in lines)
+    assert any("\\x1b" in line for line in lines)  # shown as an escape, not sent to the terminal
+    row = {"model": "m", "case_id": "c\x1b[31m", "repeat": 0, "reasons": ["x\x1b"], "passed": False}
+    text, code = compare_runs.render_matrix("t", [(None, compare_runs.behaviour_matrix(
+        [{"id": "c\x1b[31m"}], {"c\x1b[31m": [row]}, {"c\x1b[31m": [row]}))])
+    assert "\x1b" not in text and code == 0
+
+
 def test_failure_lines_never_for_an_execution_error():
     row = {"error": "TimeoutError", "passed": False, "reasons": ["execution_error"], "details": None}
     assert regression.failure_lines({"id": "c", "excludes": ["x"]}, row) == []
@@ -361,21 +372,27 @@ def test_promptreg_variables_select_a_compatible_endpoint(tmp_path):
     assert record["config"]["models"] == ["their-model"] and models == {"their-model"}
 
 
+ECHO = {"PROMPTREG_PROVIDER": "echo"}
+URL_A, URL_B, URL_C = "http://127.0.0.1:9/a", "http://127.0.0.1:9/b", "http://127.0.0.1:9/c"
+THEIRS_OPENAI = {"PROMPTREG_PROVIDER": "openai", "PROMPTREG_MODEL": "m", "PROMPTREG_BASE_URL": URL_B}
+
+
 @pytest.mark.parametrize("env, flags, expected", [
-    ({"PROMPTREG_PROVIDER": "echo"}, [], ("echo", ("echo",))),
-    ({"PROMPTREG_PROVIDER": "compatible", "PROMPTREG_MODEL": "m"}, [], ("openai", ("m",))),
-    ({"PROMPTREG_PROVIDER": "openai", "REGRESSION_PROVIDER": "echo"}, [], ("echo", ("echo",))),
-    ({"PROMPTREG_PROVIDER": "openai"}, ["--provider", "echo"], ("echo", ("echo",))),
-    ({"PROMPTREG_MODEL": "theirs"}, [], ("perplexity", ("theirs",))),
-    ({"PROMPTREG_MODEL": "theirs", "REGRESSION_MODELS": "ours"}, [], ("perplexity", ("ours",))),
-    ({"PROMPTREG_MODEL": "theirs"}, ["--models", "flag"], ("perplexity", ("flag",))),
-    ({"PROMPTREG_PROVIDER": "openai", "REGRESSION_PROVIDER": "echo", "PROMPTREG_MODEL": "theirs",
-      "REGRESSION_MODELS": "ours"}, [], ("echo", ("ours",))),
+    (ECHO, [], ("echo", ("echo",), None)),
+    ({**THEIRS_OPENAI, "PROMPTREG_PROVIDER": "compatible"}, [], ("openai", ("m",), URL_B)),
+    ({"PROMPTREG_PROVIDER": "openai", "REGRESSION_PROVIDER": "echo"}, [], ("echo", ("echo",), None)),
+    ({"PROMPTREG_PROVIDER": "openai"}, ["--provider", "echo"], ("echo", ("echo",), None)),
+    ({**ECHO, "PROMPTREG_MODEL": "theirs"}, [], ("echo", ("theirs",), None)),
+    ({**ECHO, "PROMPTREG_MODEL": "theirs", "REGRESSION_MODELS": "ours"}, [], ("echo", ("ours",), None)),
+    ({**ECHO, "PROMPTREG_MODEL": "theirs"}, ["--models", "flag"], ("echo", ("flag",), None)),
+    (THEIRS_OPENAI, [], ("openai", ("m",), URL_B)),
+    ({**THEIRS_OPENAI, "OPENAI_BASE_URL": URL_A}, [], ("openai", ("m",), URL_A)),
+    ({**THEIRS_OPENAI, "OPENAI_BASE_URL": URL_A}, ["--base-url", URL_C], ("openai", ("m",), URL_C)),
+    ({**THEIRS_OPENAI, "REGRESSION_PROVIDER": "echo", "REGRESSION_MODELS": "ours"}, [], ("echo", ("ours",), None)),
 ])
 def test_our_variables_and_flags_win_over_theirs(env, flags, expected):
-    _, settings = regression.parse_args(flags, env={**env, "PERPLEXITY_API_KEY": "pplx-test-key-123456",
-                                                    "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"})
-    assert (settings.provider, tuple(settings.models)) == expected
+    _, settings_ = regression.parse_args(flags, env=env)
+    assert (settings_.provider, tuple(settings_.models), settings_.base_url) == expected
 
 
 def test_our_base_url_wins_over_theirs(tmp_path):
@@ -747,3 +764,48 @@ def test_any_golden_folder_loads_or_is_one_line(tmp_path_factory, cases, update)
     placeholders = [case["id"] for case in cases if case["system_sha256"] == regression.GOLDEN_PLACEHOLDER]
     assert update or not placeholders  # a placeholder runs only while --update-baseline fills it
     assert list(suite["placeholders"]) == placeholders
+
+
+def test_matrix_after_a_system_prompt_edit_and_repin(tmp_path):
+    """Edit SYSTEM.txt, repin the goldens, run again: the two runs compare (pins follow the prompt)."""
+    folder = copy_goldens(tmp_path)
+    with fakes.FakeServer(golden_reply()) as server:
+        assert golden_run(folder, server, tmp_path / "before.json").returncode == 0
+    (folder / "SYSTEM.txt").write_text(SYSTEM_TEXT + "Offer to cancel any order right away.\n", encoding="utf-8")
+    new_sha = hashlib.sha256((folder / "SYSTEM.txt").read_bytes()).hexdigest()
+    for path in folder.glob("*.json"):
+        path.write_text(path.read_text(encoding="utf-8").replace(SYSTEM_SHA, new_sha), encoding="utf-8")
+    with fakes.FakeServer(golden_reply(tool_happy=True)) as server:
+        assert golden_run(folder, server, tmp_path / "after.json").returncode == 1
+    result = cli(["--matrix", tmp_path / "before.json", tmp_path / "after.json"], script="compare_runs.py")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert ["cancel_without_order_id", "forbid_tool:cancel_order", "PASS", "FAIL", "REGRESS"] in \
+        matrix_lines(result.stdout)
+
+
+def test_promptreg_runs_compare_across_a_system_prompt_edit(tmp_path):
+    """Edit one case's system prompt: the two records compare, and the case whose prompt lost its
+    rule is a NEW_FAILURE (each case's prompt and pin may differ, as the suite-level ones may)."""
+    data = read(PROMPTREG)
+    card = data["cases"][1]
+
+    def answer(body):
+        if user_of(body) == card["prompt"]:
+            safe = "Never repeat a card number" in (system_of(body) or "")
+            return fakes.chat_response("I have asked billing to refund the duplicate charge." if safe
+                                       else f"Refunding the charge on card {card['prompt'][8:27]}.")
+        return fakes.chat_response("Annual plans can be refunded within 30 days of purchase; use the reset link.")
+
+    suite = write_json(tmp_path / "suite.json", data)
+    with fakes.FakeServer(fakes.chat(answer)) as server:
+        args = ["--suite", suite, "--provider", "openai", "--base-url", f"{server.url}/v1", "--models", "m"]
+        assert cli([*args, "--out", tmp_path / "before.json"]).returncode == 0
+        card["system"] = "You are a support agent for Acme Cloud. Answer in one sentence."
+        write_json(suite, data)
+        assert cli([*args, "--out", tmp_path / "after.json"]).returncode == 1
+    before, after = read(tmp_path / "before.json"), read(tmp_path / "after.json")
+    assert before["config"]["instructions"] != after["config"]["instructions"]  # per case, then shared
+    compared = cli([tmp_path / "before.json", tmp_path / "after.json"], script="compare_runs.py")
+    assert compared.returncode == 1, compared.stdout
+    new = [line for line in compared.stdout.splitlines() if line.startswith("NEW_FAILURE")]
+    assert len(new) == 1 and "card-number-not-echoed" in new[0]
