@@ -9,15 +9,17 @@ Usage:
     python compare_runs.py --demo NEW_DIR          # offline: two synthetic runs, no key
 
 The two records must come from the same configuration (models, cases, tools,
-response format, repeats, limits); only the instructions may differ. Each row
-key (model, case, repeat) gets one line:
+response format, repeats, limits); only the instructions (and the cases' pins of
+them) may differ, and a record and its replay may also differ in the cases' checks
+(REGRADE). Each row key (model, case, repeat) has a label:
     NEW_FAILURE    passed before, fails now
     RECOVERED      failed before, passes now
     PASS           passes in both
     STILL_FAILING  fails in both
-then, per model and case, the reasons that appeared (REGRESS) or disappeared (GAIN),
-pass rates over repeats with FLAKY and a one-sided Fisher exact p for a drop, and a
-diff of each answer whose verdict changed.
+The rows that changed get one line each; unchanged rows are counted per label
+(--all lists every row). Then, per model and case, the reasons that occurred more
+often (REGRESS) or less often (GAIN), pass rates over repeats with FLAKY and a
+one-sided Fisher exact p for a drop, and a diff of each answer whose verdict changed.
 
 Exit codes:
     0  comparable, no new failure
@@ -26,6 +28,7 @@ Exit codes:
 """
 
 import argparse
+import collections
 import difflib
 import fractions
 import json
@@ -33,10 +36,9 @@ import math
 import os
 import sys
 
-from regression import (CASES, CHECK_TABLE, INSTRUCTIONS, RecordError, check, dumps, html_page, html_table,
-                        junit_xml, load_record, md_table, md_text, plan_rows, record_problem, row_key, safe_text,
-                        tool_sequence,
-                        summary, write_new_file, xml_text)
+from regression import (CASES, CHECK_KEYS, CHECK_TABLE, INSTRUCTIONS, RecordError, check, dumps, html_page,
+                        html_table, junit_name, junit_xml, key_text, load_record, md_table, md_text, plan_rows,
+                        record_problem, row_key, safe_text, summary, tool_sequence, write_new_file, xml_text)
 
 
 # ====================================================================== records
@@ -78,9 +80,7 @@ def index(record):
     return rows
 
 
-def _name(key):
-    model, case_id, repeat = key
-    return f"{model} / {case_id} / repeat {repeat}"
+_name = key_text  # the one spelling of a row key in messages
 
 
 # ====================================================================== comparison
@@ -89,18 +89,141 @@ LABELS = {(True, False): "NEW_FAILURE", (False, True): "RECOVERED",
           (True, True): "PASS", (False, False): "STILL_FAILING"}
 
 
+IGNORED_CASE_KEYS = ("instructions_sha256", "notes")  # a pin follows the instructions; notes are for people
+_ABSENT = object()
+
+
+def _config_view(config, without_checks=False):
+    """The part of a config two comparable records share: all but the instructions and
+    the cases' pins and notes (and, for a regrade, the cases' check keys and sources)."""
+    view = {key: value for key, value in config.items()
+            if key != "instructions" and not (without_checks and key == "sources")}
+    if isinstance(view.get("cases"), list):
+        dropped = IGNORED_CASE_KEYS + (tuple(CHECK_KEYS) if without_checks else ())
+        view["cases"] = [{key: value for key, value in case.items() if key not in dropped}
+                         if isinstance(case, dict) else case for case in view["cases"]]
+    return view
+
+
+def _ids(items):
+    """The ids of a list of objects with distinct string ids, else None."""
+    ids = [item.get("id") for item in items if isinstance(item, dict)]
+    if len(ids) == len(items) and all(isinstance(i, str) for i in ids) and len(set(ids)) == len(ids):
+        return ids
+    return None
+
+
+def _child(path, key):
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    if key.isidentifier() and key.isprintable():
+        return f"{path}.{key}" if path else key
+    return f"{path}[{_visible(json.dumps(key, ensure_ascii=False))}]"
+
+
+def first_difference(old, new, path=""):
+    """(path, old, new) of the first place two JSON values differ, or None when equal.
+
+    A list of objects with ids (the cases) is matched by id, so the path names the case:
+    cases["refund-policy"].contains. A value missing on one side is _ABSENT."""
+    if old == new:
+        return None
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in [*old, *(key for key in new if key not in old)]:
+            found = first_difference(old.get(key, _ABSENT), new.get(key, _ABSENT), _child(path, key))
+            if found:
+                return found
+    elif isinstance(old, list) and isinstance(new, list):
+        old_ids, new_ids = _ids(old), _ids(new)
+        if old_ids is not None and new_ids is not None:
+            by_old, by_new = dict(zip(old_ids, old)), dict(zip(new_ids, new))
+            for key in [*old_ids, *(key for key in new_ids if key not in by_old)]:
+                found = first_difference(by_old.get(key, _ABSENT), by_new.get(key, _ABSENT),
+                                         f"{path}[{_visible(json.dumps(key, ensure_ascii=False))}]")
+                if found:
+                    return found
+            if old_ids != new_ids:
+                return (f"{path} order", old_ids, new_ids)
+        elif any(isinstance(item, (dict, list)) for item in [*old, *new]):  # a list of strings is shown whole
+            for position in range(max(len(old), len(new))):
+                found = first_difference(old[position] if position < len(old) else _ABSENT,
+                                         new[position] if position < len(new) else _ABSENT, _child(path, position))
+                if found:
+                    return found
+    return (path or "(the whole value)", old, new)
+
+
+SHORT = 60
+
+
+def _visible(text):
+    """Text with every non-printable character shown as an escape (no terminal tricks)."""
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+
+
+def shorten(value, other=_ABSENT):
+    """A value as short JSON for a one-line message; a long string is shown around the first
+    character where it differs from `other`."""
+    if value is _ABSENT:
+        return "(absent)"
+    if isinstance(value, str) and isinstance(other, str) and len(value) > SHORT:
+        start = next((n for n, (a, b) in enumerate(zip(value, other)) if a != b), min(len(value), len(other)))
+        start = max(0, start - 20)
+        piece = value[start:start + SHORT - 10]
+        text = ("..." if start else "") + json.dumps(piece, ensure_ascii=False)[:-1] + \
+            ('..."' if start + len(piece) < len(value) else '"')
+        return _visible(text)
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(value)
+    text = _visible(text)
+    return text if len(text) <= SHORT else text[:SHORT - 3] + "..."
+
+
+def _replayed(record, other):
+    """Does `record` name `other` as the record it replayed (replayed_from)?"""
+    source = record.get("replayed_from")
+    return isinstance(source, dict) and source.get("created_at") is not None and \
+        source.get("created_at") == other.get("created_at")
+
+
+REGRADE_HINT = ("the checks differ: regrade the earlier record with the new suite "
+                "(python regression.py --provider replay --replay BEFORE.json --suite SUITE --out REGRADED.json) "
+                "and compare BEFORE.json with REGRADED.json")
+
+
 def _comparable(before, after):
-    """Raise ValueError unless the two records may be compared."""
+    """Raise ValueError (naming the first difference) unless the two records may be compared.
+
+    Returns None for an ordinary comparison, or for a record and its replay whose cases
+    differ only in their checks, the ids of the cases whose checks changed (a REGRADE)."""
     for side, record in (("before", before), ("after", after)):
         problem = record_problem(record)
         _require(problem is None, f"{side} is not a usable record: {problem}")
-    keys = set(before["config"]) | set(after["config"])
-    differing = sorted(key for key in keys - {"instructions"}
-                       if before["config"].get(key, None) != after["config"].get(key, None)
-                       or (key in before["config"]) != (key in after["config"]))
-    _require(not differing, f"configs differ in {', '.join(differing)} (only instructions may differ)")
     labels = (before.get("evidence", "live"), after.get("evidence", "live"))
+    replay_pair = _replayed(after, before) or _replayed(before, after)
+    try:
+        difference = first_difference(_config_view(before["config"]), _config_view(after["config"]))
+        blocking = difference and first_difference(_config_view(before["config"], True),
+                                                   _config_view(after["config"], True))
+    except RecursionError:
+        raise ValueError("the configs are nested too deeply to compare") from None
+    regrade = replay_pair and not blocking  # a replay with the same checks regrades with the current checker
+    if difference is not None and not regrade:
+        # For a record and its replay, name what keeps them apart (an input, not a check).
+        path, old, new = blocking if replay_pair and blocking else difference
+        raise ValueError(f"{path} differs: {shorten(old, new)} -> {shorten(new, old)}"
+                         + (f"; {REGRADE_HINT}" if blocking is None else " (only the instructions may differ)"))
     _require(labels[0] == labels[1], f"evidence differs: {labels[0]} vs {labels[1]}")
+    if not regrade:
+        return None
+    def cases(record):
+        found = _config_view(record["config"]).get("cases")
+        return [case for case in found if isinstance(case, dict)] if isinstance(found, list) else []
+    old_cases = {case.get("id"): case for case in cases(before)}
+    return [str(case.get("id")) for case in cases(after) if old_cases.get(case.get("id")) != case] + \
+        (["(sources)"] if before["config"].get("sources") != after["config"].get("sources") else [])
 
 
 def fisher_drop(passed_before, runs_before, passed_after, runs_after):
@@ -135,10 +258,13 @@ def analyse(pairs, alpha=None):
         group["new"].append(new)
     for group in groups.values():
         old, new = group.pop("old"), group.pop("new")
-        before = {reason for row in old for reason in row["reasons"]}
-        after = {reason for row in new for reason in row["reasons"]}
+        # How often each reason occurred on each side: 2/3 -> 0/3 with the same reason is a drop.
+        before = collections.Counter(reason for row in old for reason in row["reasons"])
+        after = collections.Counter(reason for row in new for reason in row["reasons"])
         group.update(
-            regress=sorted(after - before), gain=sorted(before - after),
+            regress=sorted(reason for reason in after if after[reason] > before[reason]),
+            gain=sorted(reason for reason in before if before[reason] > after[reason]),
+            counts={reason: (before[reason], after[reason]) for reason in set(before) | set(after)},
             passed_before=sum(row["passed"] for row in old), runs_before=len(old),
             passed_after=sum(row["passed"] for row in new), runs_after=len(new))
         group["p"] = fisher_drop(group["passed_before"], len(old), group["passed_after"], len(new))
@@ -151,7 +277,7 @@ def analyse(pairs, alpha=None):
     significant = [g for g in groups if g["dropped"] and alpha is not None and g["p"] <= alpha]
     exit_code = (1 if significant else 0) if alpha is not None else (1 if new_failures else 0)
     return {"rows": rows, "groups": groups, "new_failures": new_failures, "alpha": alpha,
-            "significant": significant, "exit_code": exit_code,
+            "significant": significant, "exit_code": exit_code, "regrade": None,
             "repeats": max((g["runs_before"] for g in groups), default=0)}
 
 
@@ -161,8 +287,63 @@ def _key_text(key):
     return safe_text(f"{model}  {case_id}  repeat {repeat}")
 
 
+def changed(row):
+    """A row worth its own line: the verdict flipped, or a failing row's reasons changed."""
+    return row["label"] in ("NEW_FAILURE", "RECOVERED") or row["before"] != row["after"]
+
+
+def group_changed(group):
+    return group["passed_before"] != group["passed_after"] or group["flaky"] or group["regress"] or group["gain"]
+
+
+def unchanged_counts(rows):
+    """{label: number of rows not listed} for the unchanged kinds, in label order."""
+    counts = collections.Counter(row["label"] for row in rows if not changed(row))
+    return {label: counts[label] for label in ("PASS", "STILL_FAILING") if counts[label]}
+
+
+# What a change means, in words: headers and verdicts never repeat the row labels, so
+# `grep -c NEW_FAILURE` counts exactly the rows that newly fail.
+LABEL_WORDS = {"NEW_FAILURE": "passed before, fails now", "RECOVERED": "failed before, passes now",
+               "PASS": "passes in both", "STILL_FAILING": "fails in both"}
+
+
+def _plural(count, word):
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
+
+
+def headline(result):
+    """The verdict in words, for the console and the reports; it never says "no new failure"
+    beside rows that flipped to failing, and never repeats the NEW_FAILURE label."""
+    rows = f"{_plural(result['new_failures'], 'row')} flipped to failing"
+    if result["alpha"] is None:
+        return f"NEW FAILURES (exit 1): {rows}" if result["exit_code"] else f"no new failure (exit 0): {rows}"
+    alpha = result["alpha"]
+    if result["exit_code"]:
+        return (f"SIGNIFICANT DROP (exit 1): {_plural(len(result['significant']), 'model/case pair')} dropped at "
+                f"p <= {alpha}; {rows}")
+    return f"no significant drop (exit 0): {rows}, none at p <= {alpha}"
+
+
+def _counts_text(counts):
+    return ", ".join(f"{label} {count:,}" for label, count in counts.items())
+
+
+def diff_groups(rows):
+    """Identical answer diffs once: [(model, case, label, diff, [repeats])] in first-seen order."""
+    groups = {}
+    for row in rows:
+        model, case_id, repeat = row["key"]
+        groups.setdefault((model, case_id, row["label"], row["diff"]), []).append(repeat)
+    return [(*key, repeats) for key, repeats in groups.items()]
+
+
+def _repeats_text(repeats):
+    return f"repeat {repeats[0]}" if len(repeats) == 1 else f"repeats {', '.join(map(str, repeats))}"
+
+
 def _sequence_text(names):
-    return " -> ".join(names) if names else "(no tool call)"
+    return safe_text(" -> ".join(map(str, names))) if names else "(no tool call)"  # tool names come from a model
 
 
 def _tools_changed(row):
@@ -171,45 +352,59 @@ def _tools_changed(row):
     return before != after or (row["label"] in ("NEW_FAILURE", "RECOVERED") and bool(before or after))
 
 
-def render(result, all_diffs=False):
-    """The console text of a comparison: the SPEC A9 lines first, then what changed and why."""
-    lines = [f"{row['label']:<13}  {_key_text(row['key'])}  "
-             f"before={json.dumps(row['before'])}  after={json.dumps(row['after'])}" for row in result["rows"]]
-    changed = [g for g in result["groups"] if g["regress"] or g["gain"]]
-    if changed:
-        lines += ["", "changes by check (reasons that appeared or disappeared, over all repeats):"]
-        for g in changed:
+def render(result, all_diffs=False, all_rows=True):
+    """The console text of a comparison: the SPEC A9 row lines first, then what changed and why.
+
+    all_rows=False (the command's default) lists only the rows that changed and counts
+    the unchanged ones per label, so a large unchanged run stays a few lines long."""
+    lines = []
+    if result.get("regrade") is not None:
+        lines.append(safe_text("REGRADE: the same stored responses graded with changed checks; cases whose checks "
+                               f"changed: {', '.join(result['regrade']) or 'none'}"))
+    listed = [row for row in result["rows"] if all_rows or changed(row)]
+    lines += [f"{row['label']:<13}  {_key_text(row['key'])}  "
+              f"before={json.dumps(row['before'])}  after={json.dumps(row['after'])}" for row in listed]
+    if not all_rows:
+        lines += [f"{label} {count:,} (unchanged rows, not listed; --all lists every row)"
+                  for label, count in unchanged_counts(result["rows"]).items()]
+    moved = [g for g in result["groups"] if g["regress"] or g["gain"]]
+    if moved:
+        lines += ["", "changes by check (how often each reason occurred, before->after, over all repeats):"]
+        for g in moved:
             if g["regress"]:
-                lines.append(safe_text(f"REGRESS        {g['model']}  {g['case']}  "
-                                       + " ".join("+" + r for r in g["regress"])))
+                lines.append(safe_text(f"REGRESS        {g['model']}  {g['case']}  " + "  ".join(
+                    f"+{r} {g['counts'][r][0]}->{g['counts'][r][1]}" for r in g["regress"])))
             if g["gain"]:
-                lines.append(safe_text(f"GAIN           {g['model']}  {g['case']}  " + " ".join("-" + r for r in g["gain"])))
+                lines.append(safe_text(f"GAIN           {g['model']}  {g['case']}  " + "  ".join(
+                    f"-{r} {g['counts'][r][0]}->{g['counts'][r][1]}" for r in g["gain"])))
     if result["repeats"] > 1:
+        rated = [g for g in result["groups"] if all_rows or group_changed(g)]
         lines += ["", "pass rates over repeats (p: one-sided Fisher exact test that the rate dropped):"]
-        for g in result["groups"]:
+        for g in rated:
             flaky = f"  FLAKY({','.join(g['flaky'])})" if g["flaky"] else ""
             lines.append(f"RATE           {safe_text(g['model'])}  {safe_text(g['case'])}  {g['passed_before']}/{g['runs_before']} -> "
                          f"{g['passed_after']}/{g['runs_after']}  p={g['p']:.4f}{flaky}")
+        if len(rated) < len(result["groups"]):
+            lines.append(f"RATE unchanged: {len(result['groups']) - len(rated):,} model/case pair(s) with the same "
+                         "pass count and no flakiness (--all lists them)")
     sequences = [row for row in result["rows"] if _tools_changed(row)]
     if sequences:
         lines += ["", "tool sequences of changed rows (before vs after):"]
-        lines += [f"TOOLS          {_key_text(row['key'])}  {_sequence_text(row['tools_before'])}  vs  "
-                  f"{_sequence_text(row['tools_after'])}" for row in sequences]
+        lines += [safe_text(f"TOOLS          {_key_text(row['key'])}  {_sequence_text(row['tools_before'])}  vs  "
+                            f"{_sequence_text(row['tools_after'])}") for row in sequences]
     diffs = [row for row in result["rows"] if row["diff"] and (all_diffs or row["label"] in ("NEW_FAILURE", "RECOVERED"))]
     if diffs:
-        lines += ["", "answers that changed (unified diff before -> after):"]
-        for row in diffs:
-            lines += [f"== {_key_text(row['key'])} ({row['label']})", safe_text(row["diff"], newlines=True)]
+        lines += ["", "answers that changed (unified diff before -> after; an identical diff is shown once):"]
+        for model, case_id, label, diff, repeats in diff_groups(diffs):
+            lines += [safe_text(f"== {model}  {case_id}  {_repeats_text(repeats)} ({LABEL_WORDS[label]})"),
+                      safe_text(diff, newlines=True)]
     lines.append("")
+    lines.append(f"verdict: {headline(result)}")
     if result["alpha"] is not None:
-        lines.append(f"verdict: {len(result['significant'])} significant drop(s) at p <= {result['alpha']} "
-                     f"({result['new_failures']} NEW_FAILURE row(s)) -> exit {result['exit_code']}")
         smallest = 1 / math.comb(2 * result["repeats"], result["repeats"]) if result["repeats"] else 1
         if smallest > result["alpha"]:
             lines.append(f"note: with {result['repeats']} repeat(s) per side no drop can reach p <= {result['alpha']} "
                          f"(the smallest possible p is {smallest:.4f}); add --repeats")
-    else:
-        lines.append(f"verdict: {result['new_failures']} NEW_FAILURE row(s) -> exit {result['exit_code']}")
     return "\n".join(lines)
 
 
@@ -224,21 +419,28 @@ def cautions(before, after):
 
 def compare_records(before, after, alpha=None):
     """Check two records are comparable and analyse them; (cautions, result). ValueError otherwise."""
-    _comparable(before, after)
+    regrade = _comparable(before, after)
     rows_before, rows_after = index(before), index(after)
     config = before["config"]
     plan = plan_rows(config["models"], [case["id"] for case in config["cases"]], config["repeats"])
-    return cautions(before, after), analyse([(key, rows_before[key], rows_after[key]) for key in plan], alpha)
+    if regrade is not None:  # a regrade claims the same evidence: hold it to that
+        for key in plan:
+            _require(rows_before[key].get("response") == rows_after[key].get("response"),
+                     f"a replay must keep the stored responses, but {_name(key)} differs")
+    result = analyse([(key, rows_before[key], rows_after[key]) for key in plan], alpha)
+    result["regrade"] = regrade
+    return cautions(before, after), result
 
 
-def compare(before, after, alpha=None, all_diffs=False):
+def compare(before, after, alpha=None, all_diffs=False, all_rows=True):
     """SPEC A9: print one line per row key (and what changed); 1 if any NEW_FAILURE, else 0.
 
-    With alpha, the exit code follows pass-rate drops with p <= alpha instead.
+    With alpha, the exit code follows pass-rate drops with p <= alpha instead. With
+    all_rows=False only the changed rows get a line and the others are counted.
     Raises ValueError when the records are not comparable.
     """
     notes, result = compare_records(before, after, alpha)
-    print("\n".join(notes + [render(result, all_diffs)]))
+    print("\n".join(notes + [render(result, all_diffs, all_rows)]))
     return result["exit_code"]
 
 
@@ -335,13 +537,13 @@ def matrix_models(record, model_a, model_b):
 
 def render_matrix(title, sections):
     """The console text of [(heading or None, table)]: aligned columns, then the verdict."""
-    lines = [title]
+    lines = [safe_text(title)]
     for heading, table in sections:
-        widths = [max(len(str(row[n])) for row in [MATRIX_COLUMNS] + table) for n in range(len(MATRIX_COLUMNS))]
+        shown = [[safe_text(cell) for cell in row] for row in [MATRIX_COLUMNS] + table]  # record text, made visible
+        widths = [max(len(row[n]) for row in shown) for n in range(len(MATRIX_COLUMNS))]
         if heading:
-            lines += ["", heading]
-        lines += ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
-                  for row in [MATRIX_COLUMNS] + table]
+            lines += ["", safe_text(heading)]
+        lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in shown]
     deltas = [row[4] for _, table in sections for row in table]
     code = 1 if "REGRESS" in deltas else 0
     lines += ["", f"verdict: {deltas.count('REGRESS')} REGRESS, {deltas.count('GAIN')} GAIN, "
@@ -351,20 +553,36 @@ def render_matrix(title, sections):
 
 # ====================================================================== reports
 
+def _reasons_text(reasons):
+    return ", ".join(reasons) or "pass"
+
+
 def markdown_comparison(result, title):
-    lines = [f"## {md_text(title)}", "",
-             f"**{'NEW FAILURES' if result['exit_code'] else 'no new failure'}** (exit {result['exit_code']}): "
-             f"{result['new_failures']} NEW_FAILURE row(s) of {len(result['rows'])}"]
+    """Markdown for a CI job summary: the changed rows and pairs, the unchanged ones counted."""
+    counts = unchanged_counts(result["rows"])
+    listed = [row for row in result["rows"] if changed(row)]
+    lines = [f"## {md_text(title)}", "", f"**{md_text(headline(result))}**"]
+    if result.get("regrade") is not None:
+        lines += ["", "REGRADE: the same stored responses graded with changed checks; cases whose checks changed: "
+                  + md_text(", ".join(result["regrade"]) or "none")]
     lines += ["", md_table(["label", "model", "case", "repeat", "before", "after"], [
         [row["label"], md_text(row["key"][0]), md_text(row["key"][1]), md_text(row["key"][2]),
-         md_text(", ".join(row["before"]) or "pass"), md_text(", ".join(row["after"]) or "pass")]
-        for row in result["rows"] if row["label"] != "PASS"] or [["PASS", "all", "", "", "", ""]])]
-    lines += ["", "### By model and case", "", md_table(
-        ["model", "case", "passes before -> after", "p (drop)", "appeared", "disappeared"],
+         md_text(_reasons_text(row["before"])), md_text(_reasons_text(row["after"]))]
+        for row in listed]) if listed else "No row changed."]
+    if counts:
+        lines += ["", f"Unchanged rows (not listed): {md_text(_counts_text(counts))}."]
+    moved = [g for g in result["groups"] if group_changed(g)]
+    lines += ["", "### By model and case", ""]
+    lines.append(md_table(
+        ["model", "case", "passes before -> after", "p (drop)", "occurred more often", "occurred less often"],
         [[md_text(g["model"]), md_text(g["case"]),
           f"{g['passed_before']}/{g['runs_before']} -> {g['passed_after']}/{g['runs_after']}"
           + (" FLAKY" if g["flaky"] else ""), f"{g['p']:.4f}",
-          md_text(", ".join(g["regress"])), md_text(", ".join(g["gain"]))] for g in result["groups"]])]
+          md_text(", ".join(f"{r} {g['counts'][r][0]}->{g['counts'][r][1]}" for r in g["regress"])),
+          md_text(", ".join(f"{r} {g['counts'][r][0]}->{g['counts'][r][1]}" for r in g["gain"]))]
+         for g in moved]) if moved else "No model/case pair changed.")
+    if len(moved) < len(result["groups"]):
+        lines += ["", f"{len(result['groups']) - len(moved):,} model/case pair(s) unchanged (not listed)."]
     sequences = [row for row in result["rows"] if _tools_changed(row)]
     if sequences:
         lines += ["", "### Tool sequences of changed rows", "", md_table(
@@ -376,40 +594,53 @@ def markdown_comparison(result, title):
 
 
 def junit_comparison(result, title):
+    """JUnit XML: one testcase per row key with a stable name (the label is in the outcome,
+    never in the name); a model's dots are escaped so viewers do not split it into packages."""
     suites = {}
     significant = {(g["model"], g["case"]) for g in result["significant"]}
     for row in result["rows"]:
         model, case_id, repeat = row["key"]
-        case = {"classname": f"compare.{model}", "name": f"{case_id} [repeat {repeat}] {row['label']}",
+        case = {"classname": f"compare.{junit_name(model)}", "name": f"{case_id} [repeat {repeat}]",
                 "seconds": row["seconds"]}
         failing = (model, case_id) in significant if result["alpha"] is not None else row["label"] == "NEW_FAILURE"
         if failing:
-            case["failure"] = (f"{row['label']}: {', '.join(row['after'])}",
-                               f"before: {row['before']}\nafter: {row['after']}\n{row['diff'] or ''}")
+            case["failure"] = (f"{row['label']}: {json.dumps(row['after'])}",
+                               f"{LABEL_WORDS[row['label']]}\nbefore: {json.dumps(row['before'])}\n"
+                               f"after: {json.dumps(row['after'])}\n{row['diff'] or ''}")
         suites.setdefault(model, []).append(case)
     return junit_xml(title, list(suites.items()))
 
 
 def html_comparison(result, title):
+    """One page: the verdict, the changed pairs and rows (unchanged ones counted), the diffs."""
     css = {"NEW_FAILURE": "fail", "RECOVERED": "pass", "PASS": "", "STILL_FAILING": "error"}
-    body = [f"<h1>{xml_text(title)}</h1>",
-            f"<p><b>{'NEW FAILURES' if result['exit_code'] else 'no new failure'}</b> (exit {result['exit_code']}); "
-            f"{result['new_failures']} NEW_FAILURE row(s) of {len(result['rows'])}</p>",
-            "<h2>By model and case</h2>",
-            html_table(["model", "case", "passes before -> after", "p (drop)", "appeared (REGRESS)",
-                        "disappeared (GAIN)"],
-                       [[xml_text(g["model"]), xml_text(g["case"]),
-                         (f"{g['passed_before']}/{g['runs_before']} -> {g['passed_after']}/{g['runs_after']}"
-                          + (" FLAKY" if g["flaky"] else ""), "flaky" if g["flaky"] else
-                          "fail" if g["dropped"] else ""), f"{g['p']:.4f}",
-                         xml_text(", ".join(g["regress"])), xml_text(", ".join(g["gain"]))]
-                        for g in result["groups"]]),
-            "<h2>Rows</h2>",
-            html_table(["label", "model", "case", "repeat", "before", "after"],
-                       [[(xml_text(row["label"]), css[row["label"]]), xml_text(row["key"][0]),
-                         xml_text(row["key"][1]), xml_text(row["key"][2]),
-                         xml_text(", ".join(row["before"]) or "pass"), xml_text(", ".join(row["after"]) or "pass")]
-                        for row in result["rows"]])]
+    counts = unchanged_counts(result["rows"])
+    listed = [row for row in result["rows"] if changed(row)]
+    moved = [g for g in result["groups"] if group_changed(g)]
+    body = [f"<h1>{xml_text(title)}</h1>", f"<p><b>{xml_text(headline(result))}</b></p>"]
+    if result.get("regrade") is not None:
+        body.append("<p>REGRADE: the same stored responses graded with changed checks; cases whose checks "
+                    f"changed: {xml_text(', '.join(result['regrade']) or 'none')}</p>")
+    body += ["<h2>By model and case</h2>",
+             html_table(["model", "case", "passes before -> after", "p (drop)", "occurred more often (REGRESS)",
+                         "occurred less often (GAIN)"],
+                        [[xml_text(g["model"]), xml_text(g["case"]),
+                          (f"{g['passed_before']}/{g['runs_before']} -> {g['passed_after']}/{g['runs_after']}"
+                           + (" FLAKY" if g["flaky"] else ""), "flaky" if g["flaky"] else
+                           "fail" if g["dropped"] else ""), f"{g['p']:.4f}",
+                          xml_text(", ".join(f"{r} {g['counts'][r][0]}->{g['counts'][r][1]}" for r in g["regress"])),
+                          xml_text(", ".join(f"{r} {g['counts'][r][0]}->{g['counts'][r][1]}" for r in g["gain"]))]
+                         for g in moved]) if moved else "<p>No model/case pair changed.</p>"]
+    if len(moved) < len(result["groups"]):
+        body.append(f"<p>{len(result['groups']) - len(moved):,} model/case pair(s) unchanged (not listed).</p>")
+    body += ["<h2>Rows that changed</h2>",
+             html_table(["label", "model", "case", "repeat", "before", "after"],
+                        [[(xml_text(row["label"]), css[row["label"]]), xml_text(row["key"][0]),
+                          xml_text(row["key"][1]), xml_text(row["key"][2]),
+                          xml_text(_reasons_text(row["before"])), xml_text(_reasons_text(row["after"]))]
+                         for row in listed]) if listed else "<p>No row changed.</p>"]
+    if counts:
+        body.append(f"<p>Unchanged rows (not listed): {xml_text(_counts_text(counts))}.</p>")
     sequences = [row for row in result["rows"] if _tools_changed(row)]
     if sequences:
         body += ["<h2>Tool sequences of changed rows</h2>", html_table(
@@ -420,9 +651,10 @@ def html_comparison(result, title):
     diffs = [row for row in result["rows"] if row["diff"]]
     if diffs:
         body.append("<h2>Answers that changed</h2>")
-        body += [f"<details{' open' if row['label'] == 'NEW_FAILURE' else ''}><summary>"
-                 f"{xml_text(_key_text(row['key']))} ({xml_text(row['label'])})</summary>"
-                 f"<pre>{xml_text(row['diff'])}</pre></details>" for row in diffs]
+        body += [f"<details{' open' if label == 'NEW_FAILURE' else ''}><summary>"
+                 f"{xml_text(model)}  {xml_text(case_id)}  {xml_text(_repeats_text(repeats))} "
+                 f"({xml_text(label)})</summary><pre>{xml_text(diff)}</pre></details>"
+                 for model, case_id, label, diff, repeats in diff_groups(diffs)]
     return html_page(title, "\n".join(body))
 
 
@@ -467,7 +699,7 @@ def _demo_record(instructions, broken_case):
             "evidence": "synthetic", "runs": rows, "summary": summary(rows, [DEMO_MODEL], 1)}
 
 
-def demo(folder):
+def demo(folder, all_rows=True):
     """Write two synthetic records into a new folder and compare them (no key, no network)."""
     try:
         os.mkdir(folder, 0o700)
@@ -483,7 +715,7 @@ def demo(folder):
           f"no model was called. The 'after' run adds an instruction edit that makes "
           f"the payment case retry. Records: {os.path.join(folder, 'before.json')}, "
           f"{os.path.join(folder, 'after.json')}")
-    return compare(before, after)
+    return compare(before, after, all_rows=all_rows)
 
 
 # ====================================================================== CLI
@@ -508,6 +740,8 @@ def main(argv=None):
     parser.add_argument("--matrix", action="store_true",
                         help="every (case, behaviour) with both verdicts and same / REGRESS / GAIN")
     parser.add_argument("--alpha", type=_alpha, help="exit 1 only for pass-rate drops with p <= ALPHA")
+    parser.add_argument("--all", action="store_true", dest="all_rows",
+                        help="list every row and pair, not only the changed ones (the others are counted)")
     parser.add_argument("--all-diffs", action="store_true", help="diff every changed answer, not only changed verdicts")
     parser.add_argument("--markdown", metavar="FILE", help="write a Markdown report (new file)")
     parser.add_argument("--junit", metavar="FILE", help="write a JUnit XML report (new file)")
@@ -528,7 +762,7 @@ def main(argv=None):
             parser.error(f"--{kind} {path}: the same file is named twice; every report needs its own file")
     try:
         if args.demo is not None:
-            return demo(args.demo)
+            return demo(args.demo, all_rows=args.all_rows)
         records = [load_record(path) for path in args.records]
         if args.matrix:
             return matrix(args, records)
@@ -539,7 +773,7 @@ def main(argv=None):
         else:
             notes, result = compare_records(*records, alpha=args.alpha)
             title = f"comparison: {args.records[0]} -> {args.records[1]}"
-        print("\n".join(notes + [render(result, args.all_diffs)]))
+        print("\n".join(notes + [render(result, args.all_diffs, args.all_rows)]))
     except (ValueError, RecordError) as exc:
         print(f"NOT_COMPARABLE: {safe_text(exc)}")
         return 2

@@ -52,7 +52,7 @@ __all__ = [
     "run_one", "execute", "transient", "retry_after", "redactor",
     # record and summary (A7, A8, B4)
     "RecordError", "create_record", "replace_record", "load_record", "write_new_file", "dumps",
-    "Tally", "summary", "row_key", "plan_rows",
+    "Tally", "summary", "row_key", "plan_rows", "shard_plan", "key_text", "record_problem",
     # reports (B5)
     "safe_text", "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
     "markdown_run", "junit_run", "html_run", "tool_sequence", "trajectory",
@@ -161,6 +161,21 @@ def plan_rows(models, case_ids, repeats):
         ordered = list(models) if repeat % 2 == 0 else list(reversed(models))
         plan.extend((model, case_id, repeat) for case_id in case_ids for model in ordered)
     return plan
+
+
+def shard_plan(plan, shard):
+    """The I-th of N deterministic slices of a plan (shard = (I, N)): every N-th row from the
+    I-th; None is the whole plan. The one shard filter of runs and reports."""
+    if shard is None:
+        return list(plan)
+    index, total = shard
+    return [key for n, key in enumerate(plan) if n % total == index - 1]
+
+
+def key_text(key):
+    """A row key as errors, stop reasons and comparisons name it: "MODEL / CASE / repeat N"."""
+    model, case_id, repeat = key
+    return f"{model} / {case_id} / repeat {repeat}"
 
 
 def _now():
@@ -401,6 +416,30 @@ def builtin_suite():
         "cases": [builtin_case(case) for case in CASES],
         "config_cases": CASES,
     }
+
+
+_BUILTIN_FILE_KEYS = {"name", "notes", "instructions", "tool", "tools", "response_format", "sources", "cases"}
+_BUILTIN_CASE_KEYS = {"id", "input", "question", "expect", "cite", "instructions_sha256", "notes"}
+
+
+def as_builtin(suite):
+    """The built-in suite's form of a suite file that holds exactly its cases, tool, response
+    format and sources (instructions may differ: they are what an edit changes), else `suite`.
+
+    suites/http-advisor.json is the built-in suite as a file: runs of the two must have the
+    same config, so they compare and resume across each other. Pins and notes cannot change
+    a result; any other key (a request option, a check) keeps the file's own form."""
+    definition = suite.get("definition")
+    if suite.get("builtin") or not isinstance(definition, dict) or set(definition) - _BUILTIN_FILE_KEYS:
+        return suite
+    cases = [{key: value for key, value in case.items() if key not in ("instructions_sha256", "notes")}
+             for case in suite["cases"]]
+    if (any(set(case) - _BUILTIN_CASE_KEYS for case in suite["cases"]) or suite["tools"] != [TOOL]
+            or suite["response_format"] != FORMAT or suite.get("sources") != RFC_SOURCES
+            or cases != [builtin_case(case) for case in CASES]):
+        return suite
+    return {**builtin_suite(), "name": suite["name"], "instructions": suite["instructions"],
+            **{key: suite[key] for key in ("file",) if key in suite}}
 
 
 # ====================================================================== URL rules
@@ -1772,6 +1811,11 @@ SUITE_KEYS = {"name", "instructions", "tool", "tools", "response_format", "sourc
               "request", "tool_choice", "prices", "max_rounds"}
 # CASE_KEYS (the keys a case may hold) is a view of the check table: see register_check.
 SOURCES_KEYS = {"field", "hosts", "path", "also_allowed"}
+# Case keys that only grade an answer and never change what is sent: a record and its
+# replay may differ in these (compare_runs.py calls that a REGRADE). "expected", "rfc" and
+# "action" are the built-in cases' own form (SPEC A2); a key not listed counts as input.
+CHECK_KEYS = {"expect", "cite", "contains", "excludes", "expected_text", "min_similarity", "min_chars",
+              "max_chars", "behaviors", "tool_args", "claims", "expected", "rfc", "action"}
 
 
 def instructions_sha256(instructions):
@@ -2472,7 +2516,7 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expe
     line otherwise. Returns the ids filled."""
     reasons = reasons or {}
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8", newline="") as handle:  # keep \r\n line ends as they are
             text = handle.read()
         data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except (OSError, UnicodeDecodeError) as exc:
@@ -2500,6 +2544,13 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expe
         return filled
     try:
         replace_text_file(path, edit_json_strings(text, edits))
+    except KeyboardInterrupt as interrupt:  # say truly which suite is on disk: old or new, never a mix
+        try:
+            with open(path, encoding="utf-8", newline="") as handle:
+                interrupt.suite_state = "unchanged" if handle.read() == text else "filled"
+        except (OSError, UnicodeDecodeError):
+            interrupt.suite_state = "unchanged or filled (it could not be read back)"
+        raise
     except (OSError, ValueError) as exc:
         raise SuiteError(f"--update-baseline: cannot rewrite {path}: {getattr(exc, 'strerror', None) or exc}; "
                          f"{path} is unchanged") from None
@@ -2570,7 +2621,7 @@ def key_problem(variable, value):
 def base_url_problem(url, source="--base-url"):
     """Why a base URL cannot be used (scheme, host, port, IPv6 literal), or None."""
     if not isinstance(url, str) or not _PRINTABLE_ASCII.fullmatch(url):
-        return f"{source}: the URL is empty or holds whitespace, control or non-ASCII characters"
+        return f"{source}: not an http(s) URL (it is empty or holds whitespace, control or non-ASCII characters)"
     try:
         parts = urllib.parse.urlsplit(url)
         host, port = parts.hostname, parts.port
@@ -3292,11 +3343,11 @@ class ReplayProvider(Provider):
         """The stored response of round len(rounds)+1: a played row keeps every round, others one."""
         row = self.rows.get((model, case["id"], repeat))
         if row is None:
-            raise ResponseError(f"{self.source} has no stored response for {model} / {case['id']} / repeat {repeat}")
+            raise ResponseError(f"{self.source} has no stored response for {key_text((model, case['id'], repeat))}")
         stored = row.get("rounds") if isinstance(row.get("rounds"), list) else [{"response": row["response"]}]
         if len(rounds) >= len(stored) or not isinstance(stored[len(rounds)], dict):
-            raise ResponseError(f"{self.source} has no stored round {len(rounds) + 1} for {model} / {case['id']} / "
-                                f"repeat {repeat} (it kept {len(stored)})")
+            raise ResponseError(f"{self.source} has no stored round {len(rounds) + 1} for "
+                                f"{key_text((model, case['id'], repeat))} (it kept {len(stored)})")
         return stored[len(rounds)].get("response")
 
 
@@ -4326,15 +4377,17 @@ _OBJECT, _LIST = ((lambda v: isinstance(v, dict)), "an object"), ((lambda v: isi
 RECORD_FIELDS = dict(
     created_at=_TEXT, sdk_version=_TEXT, code_sha256=_TEXT, evidence=_TEXT,
     suite=_OBJECT, provider=_OBJECT, replayed_from=_OBJECT, redaction=_OBJECT, summary=_OBJECT,
-    resumed=_LIST, merged_from=_LIST, recovered=_BOOL,
+    resumed=_LIST, merged_from=_LIST, recovered=_BOOL, run_options=_OBJECT,
     shard=(_is_shard, "I/N with 1 <= I <= N"))
 NESTED_FIELDS = {
     "suite": dict(name=_TEXT, builtin=_BOOL, file=_TEXT),
     "provider": dict(name=((lambda v: v in PROVIDERS and v != "replay"), "the name of a provider"),
                         base_url=((lambda v: base_url_problem(v) is None), "an http(s) URL")),
     "replayed_from": dict(path=_TEXT),
+    "run_options": dict(redact=(_is_text_list, "a list of strings"), redact_pii=_BOOL, max_cost_usd=_TEXT,
+                        retries=_INT, concurrency=_INT),
     "summary": dict(complete=_BOOL, rows=_INT, expected_rows=_INT, exit_code=_INT, stopped=_TEXT,
-                       models=_OBJECT),
+                       models=_OBJECT, warnings=(_is_text_list, "a list of strings")),
 }
 SUMMARY_MODEL_FIELDS = dict(passed=_INT, total=_INT, errors=_INT, qualified=_BOOL, reported_cost_usd=_TEXT)
 ROW_FIELDS = dict(
@@ -4367,7 +4420,7 @@ def masked_evidence(record):
     for row in record.get("runs") or []:
         stored = {field: row.get(field) for field in ("response", "rounds")} if isinstance(row, dict) else None
         if stored and _MASK_MARK.search(dumps(stored)):
-            return (f"the stored response of {' / '.join(map(str, row_key(row)))} holds a [REDACTED] mask "
+            return (f"the stored response of {key_text(row_key(row))} holds a [REDACTED] mask "
                     "(a key or pattern was masked)")
     return None
 
@@ -4598,6 +4651,12 @@ def html_table(headers, rows):
     return "\n".join(out + ["</table>"])
 
 
+def junit_name(text):
+    """One part of a JUnit classname: viewers split a classname into packages at every dot,
+    so a model name such as gpt-4.1-mini keeps its dots as underscores (gpt-4_1-mini)."""
+    return str(text).replace(".", "_")
+
+
 def junit_xml(name, suites):
     """JUnit XML: suites is [(suite_name, [testcase])], testcase a dict with name, classname,
     seconds and optionally failure / error / skipped (each a (message, text) pair)."""
@@ -4629,10 +4688,7 @@ def junit_xml(name, suites):
 def _record_plan(record):
     config = record["config"]
     plan = plan_rows(config["models"], [case["id"] for case in config["cases"]], config["repeats"])
-    if record.get("shard"):
-        index, total = _shard(record["shard"])
-        plan = [key for n, key in enumerate(plan) if n % total == index - 1]
-    return plan
+    return shard_plan(plan, _shard(record["shard"]) if record.get("shard") else None)
 
 
 TRAJECTORY_TEXT_LIMIT = 160  # characters of one call's arguments or result in a report
@@ -4683,7 +4739,7 @@ def trajectory_lines(row):
 
 
 def _row_failure_text(row):
-    parts = [f"reasons: {', '.join(row.get('reasons') or [])}"]
+    parts = [f"reasons: {json.dumps(row.get('reasons') or [])}"]
     details = row.get("details") if isinstance(row.get("details"), dict) else {}
     evidence = details.get("evidence") if isinstance(details.get("evidence"), dict) else {}
     parts += [f"{reason}: {printable(str(evidence[reason].get('note')))}" for reason in row.get("reasons") or []
@@ -4694,8 +4750,18 @@ def _row_failure_text(row):
         parts.append(details["diff"])
     if _row_calls(row):
         parts += ["trajectory:", *("  " + line for line in trajectory_lines(row))]
-    parts.append(f"answer: {row.get('answer_text')}")
+    parts.append(f"answer: {row.get('answer_text')}" if isinstance(row.get("answer_text"), str)
+                 else f"no answer: {_what_failed(row)}")
     return "\n".join(parts)
+
+
+def _what_failed(row):
+    """Why a row has no answer, in words (never `None`)."""
+    if row.get("error"):
+        status = f" (HTTP {row['error_status']})" if row.get("error_status") else ""
+        message = f": {row['error_message']}" if row.get("error_message") else ""
+        return f"the request failed with {row['error']}{status}{message}"
+    return "the response held no answer text"
 
 
 def junit_run(record):
@@ -4706,7 +4772,8 @@ def junit_run(record):
     for key in _record_plan(record):
         model, case_id, repeat = key
         row = rows.get(key)
-        case = {"classname": f"{(record.get('suite') or {}).get('name', 'suite')}.{model}",
+        # One package level: viewers split a classname at dots, so the parts' own dots are escaped.
+        case = {"classname": f"{junit_name((record.get('suite') or {}).get('name', 'suite'))}.{junit_name(model)}",
                 "name": f"{case_id} [repeat {repeat}]", "seconds": (row or {}).get("seconds")}
         if row is None:
             case["skipped"] = ("not run", stopped)
@@ -4726,7 +4793,8 @@ MODEL_COLUMNS = ["model", "passed", "errors", "qualified", "reported cost (USD)"
 def _model_rows(final):
     """The per-model table of a summary as plain text cells, tolerating a hand-edited summary."""
     models = final.get("models") if isinstance(final, dict) else None
-    return [[str(model), f"{stats.get('passed')}/{stats.get('total')}", str(stats.get("errors", 0)),
+    return [[str(model), f"{stats.get('passed')}/{stats.get('total')}" if stats.get("total") else "not run",
+             str(stats.get("errors", 0)),
              "yes" if stats.get("qualified") else "no", str(stats.get("reported_cost_usd") or "unknown")]
             for model, stats in (models.items() if isinstance(models, dict) else []) if isinstance(stats, dict)]
 
@@ -4766,8 +4834,7 @@ def markdown_run(record):
     if failed:
         lines += ["", "### Failures", "", md_table(["model", "case", "repeat", "reasons", "evidence"], [
             [md_text(row.get("model")), md_text(row.get("case_id")), md_text(row.get("repeat")),
-             md_text(", ".join(row.get("reasons") or []) + (f" ({row['error']} {row.get('error_status') or ''})"
-                                                            if row.get("error") else "")),
+             md_text(", ".join(row.get("reasons") or []) + (f": {_what_failed(row)}" if row.get("error") else "")),
              md_text(evidence_notes(row, limit=300) or (row.get("error_message") or "")[:300])]  # endpoint's words
             for row in failed])]
     traced = [row for row in failed if _row_calls(row)]
@@ -4776,7 +4843,17 @@ def markdown_run(record):
             [md_text(row.get("model")), md_text(row.get("case_id")), md_text(row.get("repeat")),
              "<br>".join(md_text(line, limit=2 * TRAJECTORY_TEXT_LIMIT + 40) for line in trajectory_lines(row))]
             for row in traced])]
+    missing = _not_run(record)
+    if missing:
+        shown = ", ".join(f"{model} / {case_id} / repeat {repeat}" for model, case_id, repeat in missing[:10])
+        lines += ["", f"Not run: {len(missing):,} row(s): {md_text(shown + (' ...' if len(missing) > 10 else ''))}"]
     return "\n".join(lines) + "\n"
+
+
+def _not_run(record):
+    """The planned row keys a record holds no row for (a stopped or interrupted run)."""
+    done = {row_key(row) for row in record["runs"] if isinstance(row, dict)}
+    return [key for key in _record_plan(record) if key not in done]
 
 
 def _html_row_details(row):
@@ -4796,7 +4873,10 @@ def _html_row_details(row):
     if _row_calls(row):
         parts.append("<ol class=\"trajectory\">" + "".join(f"<li>{xml_text(line)}</li>" for line in trajectory_lines(row))
                      + "</ol>")
-    parts.append(f"<details><summary>answer</summary><pre>{xml_text(row.get('answer_text'))}</pre></details>")
+    if isinstance(row.get("answer_text"), str):
+        parts.append(f"<details><summary>answer</summary><pre>{xml_text(row['answer_text'])}</pre></details>")
+    else:
+        parts.append(f"<p>no answer: {xml_text(_what_failed(row))}</p>")
     return "\n".join(parts)
 
 
@@ -4827,8 +4907,8 @@ def html_run(record):
             css = ("error" if any(row.get("error") for row in done) else "pass" if done and passed == len(done)
                    else "fail" if done else "")
             reasons = sorted({reason for row in done for reason in row.get("reasons") or []})
-            cells.append((f"{passed}/{len(done)}" + (f"<br><small>{xml_text(', '.join(reasons))}</small>"
-                                                     if reasons else ""), css))
+            cells.append(((f"{passed}/{len(done)}" if done else "not run")
+                          + (f"<br><small>{xml_text(', '.join(reasons))}</small>" if reasons else ""), css))
         matrix.append(cells)
     body += ["<h2>Cases</h2>", html_table(["case", *config["models"]], matrix)]
     failed = _failed_rows(record)
@@ -5023,7 +5103,7 @@ def _from_environment(values, env):
     """Unset options filled from their environment twins, and which variable set each."""
     found, origin = {}, {}
     for name, variable, convert in ENV_TWINS:
-        if values.get(name) is None and env.get(variable):
+        if values.get(name) is None and name not in found and env.get(variable):  # the first twin wins
             try:
                 found[name] = convert(env[variable])
             except (ValueError, decimal.InvalidOperation):
@@ -5337,6 +5417,7 @@ def sdk_version():
 
 def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS):
     """Everything that can change results (SPEC A8); nothing that cannot."""
+    suite = as_builtin(suite)
     definition = suite.get("definition", {})
     config = {
         "models": list(models),
@@ -5566,9 +5647,10 @@ def _suite_from_record(record, settings):
     if settings.suite:
         return load_suite(settings.suite, allow_empty_baseline=settings.update_baseline,
                           system=settings.system)
-    if info.get("builtin", True):
-        return builtin_suite()
     config = record["config"]
+    if info.get("builtin", True) or config.get("cases") == CASES:  # the built-in suite (maybe as a file)
+        return {**builtin_suite(), "instructions": config.get("instructions")} \
+            if isinstance(config.get("instructions"), str) else builtin_suite()
     try:
         if isinstance(config.get("instructions"), dict):  # a prompt-regression suite, a prompt per case
             return validate_suite(promptreg_from_config(info.get("name") or "suite", config),
@@ -5649,7 +5731,7 @@ def prepare(settings, env):
     config = run_config(suite, settings.models, settings.repeats, settings.timeout)
     full_plan = plan_rows(settings.models, [case["id"] for case in suite["cases"]], settings.repeats)
     shard = settings.shard or (_shard(record["shard"]) if record is not None and record.get("shard") else None)
-    plan = [key for n, key in enumerate(full_plan) if shard is None or n % shard[1] == shard[0] - 1]
+    plan = shard_plan(full_plan, shard)
     recorded = {model: parse_price(text, "the record's prices") for model, text in
                 ((record or {}).get("prices") or {}).items()} if record is not None else {}
     prices = {**recorded, **(suite.get("prices") or {}), **price_options(settings)}  # flags win
@@ -5867,7 +5949,7 @@ def _stop_reason(row, tally, cap, path=None):
     """Why no new request may start after this row, or None."""
     if row["error"] is not None:
         status = f" {row['error_status']}" if row["error_status"] else ""
-        return (f"execution error on {row['model']} / {row['case_id']} / repeat {row['repeat']}: "
+        return (f"execution error on {key_text(row_key(row))}: "
                 f"{row['error']}{status}")
     if cap is not None:
         spent = tally.spent()
@@ -6031,7 +6113,7 @@ def _check_replay_covers(provider, run, settings):
     """A replay must answer every row it is asked for; UsageError before anything runs."""
     missing = provider.missing(run.todo) if isinstance(provider, ReplayProvider) else None
     if missing:
-        raise UsageError(f"--replay: {settings.replay} has no stored response for {' / '.join(map(str, missing))}")
+        raise UsageError(f"--replay: {settings.replay} has no stored response for {key_text(missing)}")
 
 
 def open_record(run, tally):
@@ -6087,7 +6169,7 @@ def dry_run_mode(settings, env, stage):
         _check_replay_covers(make_provider(settings, env)[0], run, settings)
     print(plan_text(run.suite, settings, run.plan, provider_problem(settings, env), run, env))
     if run.refusal:
-        print(f"regression.py: error: {run.refusal}", file=sys.stderr)
+        print(f"regression.py: error: {safe_text(run.refusal)}", file=sys.stderr)
     return 2 if run.refusal else 0
 
 
@@ -6133,7 +6215,7 @@ def run_mode(settings, env, stage):
         writer.close()
     print(json.dumps(final, indent=2))
     for warning in final.get("warnings", []):
-        print(f"warning: {warning}", file=sys.stderr)
+        print(f"warning: {safe_text(warning)}", file=sys.stderr)
     if stopped:
         hint = f"; continue with: {continue_command(run.path, continue_flags(settings, last, tally))}" \
             if not final["complete"] and "reported no cost" not in stopped else ""
@@ -6171,13 +6253,18 @@ def update_baseline(run, args, exit_code):
     except (SuiteError, RecordError) as exc:
         print(f"regression.py: error: {safe_text(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as interrupt:  # the run is complete: this is not "nothing was saved"
+        print(safe_text(f"interrupted while filling baselines: {run.suite['file']} is "
+                        f"{getattr(interrupt, 'suite_state', 'unchanged')}; every row is saved in {run.path}"),
+              file=sys.stderr)
+        return 130
     print(safe_text(f"baselines filled: {', '.join(filled) if filled else 'none'} ({run.suite['file']})"))
     if filled and run.suite.get("format") != "golden":  # a pin changes no verdict; a baseline does
         stem = run.path[:-5] if run.path.endswith(".json") else run.path
-        print(f"note: {run.path} was graded before these baselines existed, so compare_runs.py refuses it "
-              f"against runs of the new suite; regrade it first: python regression.py --provider replay "
-              f"--replay {shlex.quote(run.path)} --suite {shlex.quote(run.suite['file'])} "
-              f"--out {shlex.quote(stem + '-regraded.json')}")
+        print(safe_text(f"note: {run.path} was graded before these baselines existed, so compare_runs.py refuses "
+                        f"it against runs of the new suite; regrade it first: python regression.py --provider replay "
+                        f"--replay {shlex.quote(run.path)} --suite {shlex.quote(run.suite['file'])} "
+                        f"--out {shlex.quote(stem + '-regraded.json')}"))
     return exit_code
 
 

@@ -57,7 +57,7 @@ def lines_by_case(output):
     result = {}
     for line in output.splitlines():
         parts = line.split()
-        if parts and parts[0] in ("NEW_FAILURE", "RECOVERED", "PASS", "STILL_FAILING"):
+        if parts[:1] and parts[0] in ("NEW_FAILURE", "RECOVERED", "PASS", "STILL_FAILING") and parts[3:4] == ["repeat"]:
             result[(parts[1], parts[2], int(parts[4]))] = (parts[0], line)
     return result
 
@@ -502,7 +502,7 @@ def test_main_reads_torn_record(tmp_path, capsys, tail):
     with pytest.raises(json.JSONDecodeError):
         json.loads(torn.read_bytes())
     after = write(tmp_path / "after.json", make_record(failing={("m/two", "c4", 0): ["wrong_code"]}))
-    assert compare_runs.main([str(torn), after]) == 1
+    assert compare_runs.main([str(torn), after, "--all"]) == 1
     lines = lines_by_case(capsys.readouterr().out)
     assert len(lines) == 8
     assert lines[("m/two", "c4", 0)][0] == "NEW_FAILURE"

@@ -216,11 +216,20 @@ def test_update_baseline_writes_through_a_symlink(tmp_path):
 
 
 def test_update_baseline_with_a_lone_surrogate_answer_is_one_line_exit_2(tmp_path):
-    text = BASELINE_SUITE.replace("We offer lifetime refunds.", "broken \\ud800 text").replace(
-        '"excludes": ["lifetime"]', '"excludes": ["never"]')
+    text = BASELINE_SUITE.replace('"excludes": ["lifetime"]', '"excludes": ["never"]')
     path = baseline_suite(tmp_path, text)
-    result = run_script(SCRIPT, ["--suite", str(path), "--provider", "echo", "--update-baseline",
-                                 "--out", "r.json"], tmp_path)
+    # A model answer holding a lone surrogate (a JSON escape no UTF-8 file can hold), replayed.
+    plain = {"name": "plain", "instructions": "Echo.",
+             "cases": [{"id": case["id"], "input": case["input"]} for case in json.loads(text)["cases"]]}
+    (tmp_path / "plain.json").write_text(json.dumps(plain), encoding="utf-8")
+    made = run_script(SCRIPT, ["--suite", "plain.json", "--provider", "echo", "--out", "r0.json"], tmp_path)
+    assert made.returncode == 0, made.stderr
+    record = (tmp_path / "r0.json").read_text(encoding="utf-8")
+    assert record.count('"We offer lifetime refunds."') >= 2  # the response and the answer
+    (tmp_path / "r0.json").write_text(record.replace('"We offer lifetime refunds."', '"broken \\ud800 text"'),
+                                      encoding="utf-8")
+    result = run_script(SCRIPT, ["--suite", str(path), "--provider", "replay", "--replay", "r0.json",
+                                 "--update-baseline", "--out", "r.json"], tmp_path)
     err = one_line_error(result.returncode, result.stderr)
     assert "surrogate" in err  # a suite holding one is now refused before the run (test_trust.py)
     assert path.read_text(encoding="utf-8") == text and no_temp_files(tmp_path)
@@ -253,16 +262,26 @@ def test_update_baseline_fault_leaves_the_suite_fully_old_and_no_temp(tmp_path, 
     path = baseline_suite(tmp_path, text)
     FAULTS[fault](monkeypatch)
     argv = ["--suite", str(path), "--provider", "echo", "--update-baseline", "--out", "r.json"]
-    if fault == "interrupted":
-        with pytest.raises(KeyboardInterrupt):
-            regression.main(argv)
-    else:
-        code, out, err = run_main(regression.main, argv, capsys)
-        err = one_line_error(code, err)
-        assert "is unchanged" in err and str(path) in err
+    code, out, err = run_main(regression.main, argv, capsys)
+    err = one_line_error(code, err, 130 if fault == "interrupted" else 2)
+    assert "is unchanged" in err and str(path) in err
     assert path.read_text(encoding="utf-8") == text
     assert no_temp_files(tmp_path)
     assert json.loads((tmp_path / "r.json").read_text())["summary"]["complete"] is True  # the record is kept
+
+
+def test_update_baseline_keeps_windows_line_endings_and_tabs(tmp_path, capsys):
+    text = BASELINE_SUITE.replace('"excludes": ["lifetime"]', '"excludes": ["never"]').replace("    ", "\t")
+    path = tmp_path / "suite.json"
+    path.write_bytes(text.replace("\n", "\r\n").encode("utf-8"))
+    code, out, err = run_main(regression.main, ["--suite", str(path), "--provider", "echo", "--update-baseline",
+                                                "--out", "r.json"], capsys)
+    assert code == 0, err
+    after = path.read_bytes().decode("utf-8")
+    assert after.count("\r\n") == text.count("\n") and after.count("\n") == text.count("\n")
+    assert after.replace("\r\n", "\n") == text.replace('"expected_text": "", "min', '"expected_text": '
+                                                        '"Annual plans can be refunded within 30 days.", "min').replace(
+        '"expected_text": "",\n', '"expected_text": "We offer lifetime refunds.",\n')
 
 
 def test_a_stale_pid_named_temp_file_does_not_block_the_rewrite(tmp_path, capsys):
@@ -289,3 +308,559 @@ def test_update_baseline_on_the_shipped_suite_changes_one_line_per_baseline(tmp_
     assert len(text.splitlines()) == len(edited.splitlines()) and len(changed) == 1
     assert '"A new baseline."' in changed[0][1]
     assert path.exists()
+
+
+# ====================================================================== comparisons: records
+
+def make_row(model, case_id, repeat=0, reasons=(), answer="{}", error=None):
+    reasons = list(reasons)
+    return {"case_id": case_id, "model": model, "repeat": repeat, "error": error, "error_status": None,
+            "cost_usd": "0.001", "response": {"status": "completed", "text": answer}, "answer_text": answer,
+            "reasons": reasons, "seconds": 0.5, "passed": not reasons}
+
+
+def make_record(models=("m/one",), case_ids=("c1", "c2"), repeats=1, failing=None, answers=None, **top):
+    failing, answers = failing or {}, answers or {}
+    rows = [make_row(m, c, r, failing.get((m, c, r), ()), answers.get((m, c, r), "{}"))
+            for r in range(repeats) for c in case_ids for m in models]
+    record = {"created_at": "2026-01-01T00:00:00+00:00",
+              "config": {"models": list(models), "cases": [{"id": c, "input": f"q {c}"} for c in case_ids],
+                         "instructions": "Be careful.", "tool": None, "response_format": None,
+                         "repeats": repeats, "max_steps": 5, "max_output_tokens": 4096, "timeout_seconds": 180},
+              "sdk_version": None, "code_sha256": "a" * 64, "evidence": "echo", "runs": rows,
+              "summary": {"exit_code": 0}}
+    record.update(top)
+    return record
+
+
+def write_json(path, value):
+    path.write_text(json.dumps(value), encoding="utf-8")
+    return str(path)
+
+
+def compare_cli(tmp_path, before, after, *flags):
+    paths = write_json(tmp_path / "before.json", before), write_json(tmp_path / "after.json", after)
+    return run_script(COMPARE, [*paths, *flags], tmp_path)
+
+
+def compare_in_process(tmp_path, capsys, before, after, *flags):
+    """compare_runs.main in-process (fast); returns an object like a CompletedProcess."""
+    paths = write_json(tmp_path / "before.json", before), write_json(tmp_path / "after.json", after)
+    code, out, err = run_main(compare_runs.main, [*paths, *flags], capsys)
+    return subprocess.CompletedProcess([], code, out, err)
+
+
+def _with_case(record, case_id, **changes):
+    for case in record["config"]["cases"]:
+        if case["id"] == case_id:
+            case.update(changes)
+    return record
+
+
+# ====================================================================== 14.1 / 14.2: what may differ, and naming what does
+
+def before_tools(record):
+    return record
+
+
+def _mutated(mutate):
+    record = make_record(case_ids=("refund-policy", "c2"))
+    _with_case(record, "refund-policy", contains=["30 days"])
+    record["config"]["tools"] = [{"type": "function", "function": {"name": "b"}}]
+    mutate(record)
+    return record
+
+
+NOT_COMPARABLE = [
+    ("contains", lambda r: _with_case(r, "refund-policy", contains=["30 days", "annual"]),
+     'cases["refund-policy"].contains differs: ["30 days"] -> ["30 days", "annual"]'),
+    ("input", lambda r: _with_case(r, "c2", input="other"), 'cases["c2"].input differs: "q c2" -> "other"'),
+    ("case-added", lambda r: r["config"]["cases"].append({"id": "new", "input": "x"}),
+     'cases["new"] differs: (absent) -> {"id": "new", "input": "x"}'),
+    ("case-order", lambda r: r["config"]["cases"].reverse(),
+     'cases order differs: ["refund-policy", "c2"] -> ["c2", "refund-policy"]'),
+    ("models", lambda r: r["config"].update(models=["m/two"]), 'models differs: ["m/one"] -> ["m/two"]'),
+    ("tools", lambda r: r["config"].update(tools=[{"type": "function", "function": {"name": "a"}}]) or
+     before_tools(r), 'tools[0].function.name differs: "b" -> "a"'),
+    ("repeats", lambda r: r["config"].update(repeats=2), "repeats differs: 1 -> 2"),
+    ("tool", lambda r: r["config"].update(tool={"type": "web_search"}), 'tool differs: null -> {"type": "web_search"}'),
+    ("key-added", lambda r: r["config"].update(max_rounds=3), "max_rounds differs: (absent) -> 3"),
+    ("control-characters", lambda r: _with_case(r, "c2", input="a\x1b[2J\u202eb"),
+     'cases["c2"].input differs: "q c2" -> "a\\u001b[2J\\u202eb"'),
+]
+
+
+@pytest.mark.parametrize("name, mutate, message", NOT_COMPARABLE, ids=[item[0] for item in NOT_COMPARABLE])
+def test_not_comparable_names_the_first_differing_path_and_both_values(tmp_path, capsys, name, mutate, message):
+    before, after = _mutated(lambda r: None), _mutated(mutate)
+    paths = write_json(tmp_path / "b.json", before), write_json(tmp_path / "a.json", after)
+    code, out, err = run_main(compare_runs.main, list(paths), capsys)
+    assert code == 2 and err == ""
+    assert out.count("\n") == 1 and out.startswith(f"NOT_COMPARABLE: {message}"), out
+
+
+def test_not_comparable_through_the_cli_exact_line(tmp_path):
+    before = _mutated(lambda r: None)
+    after = _mutated(NOT_COMPARABLE[0][1])
+    result = compare_cli(tmp_path, before, after)
+    assert result.returncode == 2 and result.stderr == ""
+    assert result.stdout.startswith('NOT_COMPARABLE: cases["refund-policy"].contains differs: '
+                                    '["30 days"] -> ["30 days", "annual"]')
+    assert "regrade" in result.stdout  # only checks differ: the way to compare is printed
+
+
+def test_a_long_value_is_shortened_around_the_difference():
+    old = "Checkout log: " + "x" * 200 + " status 503"
+    new = old.replace("503", "504")
+    path, a, b = compare_runs.first_difference({"input": old}, {"input": new})
+    assert path == "input"
+    shown_old, shown_new = compare_runs.shorten(a, b), compare_runs.shorten(b, a)
+    assert "503" in shown_old and "504" in shown_new
+    assert len(shown_old) <= compare_runs.SHORT + 10 and shown_old.startswith("...")
+
+
+@settings(max_examples=60, deadline=None)
+@given(a=JSON_VALUES, b=JSON_VALUES)
+def test_first_difference_is_none_exactly_when_equal(a, b):
+    found = compare_runs.first_difference(a, b)
+    assert (found is None) == (a == b)
+    if found is not None:
+        line = (f"{found[0]} differs: {compare_runs.shorten(found[1], found[2])} -> "
+                f"{compare_runs.shorten(found[2], found[1])}")
+        assert "\n" not in line and all(char.isprintable() for char in line)
+
+
+@pytest.mark.parametrize("key, value", [("instructions_sha256", "b" * 64), ("notes", "changed by a reviewer")])
+def test_pins_and_notes_may_differ_like_the_instructions(capsys, key, value):
+    before = _with_case(make_record(), "c1", instructions_sha256="a" * 64)
+    after = _with_case(make_record(), "c1", **{key: value})
+    after["config"]["instructions"] = "Edited instructions."
+    assert compare_runs.compare(before, after) == 0
+    assert "NOT_COMPARABLE" not in capsys.readouterr().out
+
+
+PINNED_SUITE = {"name": "pinned", "instructions": "You are a support agent.", "cases": [
+    {"id": "refund-policy", "input": "Refunds within 30 days.", "contains": ["30 days"]},
+    {"id": "password-reset", "input": "How do I reset my password?", "contains": ["reset"]}]}
+
+
+def _pinned(instructions):
+    import hashlib
+    pin = hashlib.sha256(instructions.encode("utf-8")).hexdigest()
+    return {**PINNED_SUITE, "instructions": instructions,
+            "cases": [{**case, "instructions_sha256": pin} for case in PINNED_SUITE["cases"]]}
+
+
+def test_edit_the_instructions_update_the_pins_then_compare(tmp_path):
+    """Issue 14.1 through the real CLI: the pins follow the instructions, so compare accepts them."""
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps(_pinned("You are a support agent."), indent=2), encoding="utf-8")
+    first = run_script(SCRIPT, ["--suite", "suite.json", "--provider", "echo", "--out", "before.json"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    suite.write_text(json.dumps(_pinned("You are a careful support agent."), indent=2), encoding="utf-8")
+    second = run_script(SCRIPT, ["--suite", "suite.json", "--provider", "echo", "--out", "after.json"], tmp_path)
+    assert second.returncode == 0, second.stderr
+    compared = run_script(COMPARE, ["before.json", "after.json"], tmp_path)
+    assert compared.returncode == 0, compared.stdout
+    assert "PASS 2" in compared.stdout and "NOT_COMPARABLE" not in compared.stdout
+
+
+# ====================================================================== 14.3: regrade
+
+def test_regrade_a_record_with_a_changed_suite_then_compare(tmp_path):
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps(PINNED_SUITE, indent=2), encoding="utf-8")
+    first = run_script(SCRIPT, ["--suite", "suite.json", "--provider", "echo", "--out", "old.json"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    changed_suite = json.loads(json.dumps(PINNED_SUITE))
+    changed_suite["cases"][0]["contains"] = ["30 days", "annual"]  # a stricter check
+    (tmp_path / "stricter.json").write_text(json.dumps(changed_suite, indent=2), encoding="utf-8")
+    regrade = run_script(SCRIPT, ["--provider", "replay", "--replay", "old.json", "--suite", "stricter.json",
+                                  "--out", "regraded.json"], tmp_path)
+    assert regrade.returncode == 1, regrade.stderr
+    compared = run_script(COMPARE, ["old.json", "regraded.json"], tmp_path)
+    assert compared.returncode == 1, compared.stdout
+    lines = compared.stdout.splitlines()
+    assert lines[0].startswith("REGRADE") and "refund-policy" in lines[0] and "password-reset" not in lines[0]
+    assert [line.split()[:3] for line in lines if "NEW_FAILURE" in line] == [["NEW_FAILURE", "echo", "refund-policy"]]
+    # either order: the replay names the record it replayed
+    assert run_script(COMPARE, ["regraded.json", "old.json"], tmp_path).returncode == 0
+    # a replay with the same suite is a regrade by the current checker: no case's checks changed
+    same = run_script(SCRIPT, ["--provider", "replay", "--replay", "old.json", "--out", "same.json"], tmp_path)
+    assert same.returncode == 0, same.stderr
+    unchanged = run_script(COMPARE, ["old.json", "same.json"], tmp_path)
+    assert unchanged.returncode == 0 and unchanged.stdout.splitlines()[0].endswith("cases whose checks changed: none")
+
+    # A replay whose inputs differ is not a regrade: NOT_COMPARABLE, naming the input.
+    changed_suite["cases"][1]["input"] = "How do I change my password?"
+    (tmp_path / "other-input.json").write_text(json.dumps(changed_suite, indent=2), encoding="utf-8")
+    replayed = run_script(SCRIPT, ["--provider", "replay", "--replay", "old.json", "--suite", "other-input.json",
+                                   "--out", "other.json"], tmp_path)
+    assert replayed.returncode in (0, 1), replayed.stderr
+    refused = run_script(COMPARE, ["old.json", "other.json"], tmp_path)
+    assert refused.returncode == 2
+    assert refused.stdout.startswith('NOT_COMPARABLE: cases["password-reset"].input differs: ')
+
+    # Two independent runs that differ only in checks are not a record and its replay.
+    again = run_script(SCRIPT, ["--suite", "stricter.json", "--provider", "echo", "--out", "new.json"], tmp_path)
+    assert again.returncode == 1
+    independent = run_script(COMPARE, ["old.json", "new.json"], tmp_path)
+    assert independent.returncode == 2 and "regrade the earlier record" in independent.stdout
+
+
+def test_a_regrade_must_keep_the_stored_responses(capsys):
+    before = make_record(created_at="2026-01-01T00:00:00+00:00")
+    after = _with_case(make_record(created_at="2026-01-02T00:00:00+00:00",
+                                   replayed_from={"path": "before.json", "created_at": "2026-01-01T00:00:00+00:00"}),
+                       "c1", contains=["x"])
+    assert compare_runs.compare(before, after) == 0
+    assert capsys.readouterr().out.startswith("REGRADE")
+    after["runs"][0]["response"] = {"status": "completed", "text": "something else"}
+    with pytest.raises(ValueError, match="replay must keep the stored responses"):
+        compare_runs.compare(before, after)
+
+
+def test_update_baseline_prints_the_regrade_command_and_it_works(tmp_path):
+    text = BASELINE_SUITE.replace('"excludes": ["lifetime"]', '"excludes": ["never"]')
+    baseline_suite(tmp_path, text)
+    first = run_script(SCRIPT, ["--suite", "suite.json", "--provider", "echo", "--update-baseline",
+                                "--out", "run1.json"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    hint = [line for line in first.stdout.splitlines() if line.startswith("note: run1.json")]
+    assert len(hint) == 1
+    command = hint[0].split("regrade it first: ")[1]
+    assert command == ("python regression.py --provider replay --replay run1.json --suite suite.json "
+                       "--out run1-regraded.json")
+    second = run_script(SCRIPT, ["--suite", "suite.json", "--provider", "echo", "--out", "run2.json"], tmp_path)
+    assert second.returncode == 0, second.stderr
+    refused = run_script(COMPARE, ["run1.json", "run2.json"], tmp_path)
+    assert refused.returncode == 2 and "expected_text differs" in refused.stdout
+    regraded = run_script(SCRIPT, command.split()[2:], tmp_path)
+    assert regraded.returncode == 0, regraded.stderr
+    assert run_script(COMPARE, ["run1.json", "run1-regraded.json"], tmp_path).stdout.startswith("REGRADE")
+    later = run_script(COMPARE, ["run1-regraded.json", "run2.json"], tmp_path)
+    assert later.returncode == 0, later.stdout
+
+
+# ====================================================================== 14.4: the built-in suite as a file
+
+def test_builtin_suite_and_its_file_have_the_same_config():
+    builtin = regression.run_config(regression.builtin_suite(), regression.MODELS, 2)
+    from_file = regression.run_config(regression.load_suite(str(HERE / "suites" / "http-advisor.json")),
+                                      regression.MODELS, 2)
+    assert builtin == from_file
+    assert builtin["cases"] == regression.CASES  # SPEC A8: the built-in config keeps its own form
+
+
+def test_a_changed_builtin_file_keeps_its_own_config():
+    data = json.loads((HERE / "suites" / "http-advisor.json").read_text(encoding="utf-8"))
+    data["cases"][0]["expect"]["code"] = "430"
+    config = regression.run_config(regression.validate_suite(data), regression.MODELS, 1)
+    assert config["cases"] != regression.CASES and config["cases"][0]["expect"]["code"] == "430"
+
+
+def test_compare_and_resume_across_the_builtin_suite_and_its_file(tmp_path):
+    shutil_copy = (HERE / "suites" / "http-advisor.json").read_text(encoding="utf-8")
+    (tmp_path / "http-advisor.json").write_text(shutil_copy, encoding="utf-8")
+    builtin = run_script(SCRIPT, ["--provider", "echo", "--out", "builtin.json"], tmp_path)
+    from_file = run_script(SCRIPT, ["--provider", "echo", "--suite", "http-advisor.json", "--out", "file.json"],
+                           tmp_path)
+    assert builtin.returncode == from_file.returncode == 1
+    configs = [json.loads((tmp_path / name).read_text(encoding="utf-8"))["config"] for name in ("builtin.json", "file.json")]
+    assert configs[0] == configs[1]
+    compared = run_script(COMPARE, ["builtin.json", "file.json"], tmp_path)
+    assert compared.returncode == 0, compared.stdout
+    # An interrupted built-in run resumes with the file, and the other way round.
+    for made, then in (("builtin.json", ["--resume", "a.json", "--suite", "http-advisor.json"]),
+                       ("file.json", ["--resume", "b.json"])):
+        record = json.loads((tmp_path / made).read_text(encoding="utf-8"))
+        record["runs"] = record["runs"][:1]  # as if the run had been killed after its first row
+        (tmp_path / then[1]).write_text(json.dumps(record), encoding="utf-8")
+        resumed = run_script(SCRIPT, then, tmp_path)
+        assert resumed.returncode == 1, resumed.stderr
+        record = json.loads((tmp_path / then[1]).read_text(encoding="utf-8"))
+        assert record["summary"]["complete"] is True and len(record["runs"]) == 4
+
+
+# ====================================================================== 14.6: compare scales
+
+def _big_pair(cases=500, models=("openai/gpt-4.1-mini", "anthropic/claude-sonnet-4-6"), repeats=3,
+              still=(), new=(), same_diff_case=None):
+    case_ids = [f"case-{n:03d}" for n in range(cases)]
+    failing_before = {(models[0], case_ids[n], r): ["wrong_code"] for n in still for r in range(repeats)}
+    failing_after = dict(failing_before)
+    answers_after = {}
+    for n in new:
+        for r in range(repeats):
+            failing_after[(models[1], case_ids[n], r)] = ["missing_required_text"]
+            answers_after[(models[1], case_ids[n], r)] = "a changed answer"  # identical in every repeat
+    return (make_record(models, case_ids, repeats, failing_before),
+            make_record(models, case_ids, repeats, failing_after, answers_after))
+
+
+def test_unchanged_big_comparison_is_a_few_lines(tmp_path, capsys):
+    before, after = _big_pair()
+    result = compare_cli(tmp_path, before, after)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) <= 8, lines
+    assert any(line.startswith("PASS 3,000") for line in lines)
+    assert "NEW_FAILURE" not in result.stdout and "STILL_FAILING" not in result.stdout
+    everything = compare_in_process(tmp_path, capsys, before, after, "--all")
+    assert sum(line.startswith("PASS ") for line in everything.stdout.splitlines()) == 3000
+
+
+def test_changed_rows_listed_unchanged_counted_and_grep_counts_new_failures(tmp_path, capsys):
+    before, after = _big_pair(still=(7, 8), new=(3, 4))
+    result = compare_in_process(tmp_path, capsys, before, after)
+    assert result.returncode == 1
+    out = result.stdout
+    assert sum("NEW_FAILURE" in line for line in out.splitlines()) == 6  # grep -c NEW_FAILURE: one per row
+    assert out.count("NEW_FAILURE") == 6
+    assert "PASS 2,988" in out and "STILL_FAILING 6" in out
+    # The identical diff of the three repeats appears once and names them.
+    headers = [line for line in out.splitlines() if line.startswith("== ")]
+    assert headers == [f"== anthropic/claude-sonnet-4-6  case-{n:03d}  repeats 0, 1, 2 (passed before, fails now)"
+                       for n in (3, 4)]
+    assert out.count("+a changed answer") == 2
+    # Pass-rate lines only for the pairs that changed; the rest are counted.
+    assert sum(line.startswith("RATE    ") for line in out.splitlines()) == 2
+    assert "RATE unchanged: 998 model/case pair(s)" in out
+    assert len(out.splitlines()) < 40
+
+
+def test_reports_of_a_big_comparison_fold_unchanged_rows(tmp_path):
+    before, after = _big_pair(still=(7,), new=(3,))
+    paths = write_json(tmp_path / "b.json", before), write_json(tmp_path / "a.json", after)
+    result = run_script(COMPARE, [*paths, "--markdown", "d.md", "--html", "d.html", "--junit", "d.xml"], tmp_path)
+    assert result.returncode == 1, result.stderr
+    markdown = (tmp_path / "d.md").read_text(encoding="utf-8")
+    assert len(markdown.splitlines()) < 30 and "PASS 2,994" in markdown and "STILL_FAILING 3" in markdown
+    html = (tmp_path / "d.html").read_text(encoding="utf-8")
+    assert len(html) < 20_000 and "PASS 2,994" in html
+    junit = (tmp_path / "d.xml").read_text(encoding="utf-8")
+    assert junit.count("<testcase ") == 3000  # JUnit keeps one testcase per row key
+
+
+# ====================================================================== 14.7: counts, and the --alpha headline
+
+def test_regress_sees_a_drop_whose_reason_already_occurred_before(tmp_path, capsys):
+    """password-reset 2/3 -> 0/3 with the reason seen once before: a REGRESS line, with counts."""
+    before = make_record(case_ids=("password-reset",), repeats=3,
+                         failing={("m/one", "password-reset", 0): ["missing_required_text"]})
+    after = make_record(case_ids=("password-reset",), repeats=3,
+                        failing={("m/one", "password-reset", r): ["missing_required_text"] for r in range(3)})
+    result = compare_in_process(tmp_path, capsys, before, after)
+    regress = [line for line in result.stdout.splitlines() if line.startswith("REGRESS")]
+    assert regress == ["REGRESS        m/one  password-reset  +missing_required_text 1->3"]
+    back = compare_in_process(tmp_path, capsys, after, before)
+    assert [line for line in back.stdout.splitlines() if line.startswith("GAIN")] == [
+        "GAIN           m/one  password-reset  -missing_required_text 3->1"]
+
+
+@pytest.mark.parametrize("flip, alpha, code, verdict", [
+    (3, "0.01", 0, "verdict: no significant drop (exit 0): 3 rows flipped to failing, none at p <= 0.01"),
+    (3, "0.05", 1, "verdict: SIGNIFICANT DROP (exit 1): 1 model/case pair dropped at p <= 0.05; "
+                   "3 rows flipped to failing"),
+    (0, "0.05", 0, "verdict: no significant drop (exit 0): 0 rows flipped to failing, none at p <= 0.05"),
+    (1, None, 1, "verdict: NEW FAILURES (exit 1): 1 row flipped to failing"),
+    (0, None, 0, "verdict: no new failure (exit 0): 0 rows flipped to failing"),
+])
+def test_the_headline_never_contradicts_the_rows(tmp_path, capsys, flip, alpha, code, verdict):
+    before = make_record(repeats=3)
+    after = make_record(repeats=3, failing={("m/one", "c1", r): ["wrong_code"] for r in range(flip)})
+    result = compare_in_process(tmp_path, capsys, before, after, *(["--alpha", alpha] if alpha else []))
+    assert result.returncode == code
+    assert verdict in result.stdout.splitlines()
+    assert result.stdout.count("NEW_FAILURE") == flip
+    if flip:
+        assert "no new failure" not in result.stdout
+
+
+# ====================================================================== 14.10: reports read well
+
+def _report_record():
+    model = "openai/gpt-4.1-mini"
+    record = make_record(models=(model,), case_ids=("c1", "c2", "c3"), failing={(model, "c1", 0): ["wrong_code"]},
+                         suite={"name": "support.v2"})
+    errored = record["runs"][1]
+    errored.update(error="ConnectionError", error_status=503, error_message="upstream reset", answer_text=None,
+                   response=None, reasons=["execution_error"], passed=False)
+    del record["runs"][2]  # never ran
+    record["summary"] = regression.summary(record["runs"], [model], 1, record["config"]["cases"])
+    return record
+
+
+def test_junit_names_are_stable_dots_escaped_reasons_json():
+    import xml.etree.ElementTree as ET
+    record = _report_record()
+    root = ET.fromstring(regression.junit_run(record))
+    cases = root.iter("testcase")
+    names = {(case.get("classname"), case.get("name")) for case in cases}
+    assert names == {("support_v2.openai/gpt-4_1-mini", f"{c} [repeat 0]") for c in ("c1", "c2", "c3")}
+    failure = next(case for case in root.iter("testcase") if case.get("name") == "c1 [repeat 0]").find("failure")
+    assert failure.get("message").startswith("wrong_code")
+    assert 'reasons: ["wrong_code"]' in failure.text and "['" not in failure.text  # JSON, never a Python list
+    # The same names when every row passes: a test's identity does not depend on its verdict.
+    passing = make_record(models=("openai/gpt-4.1-mini",), case_ids=("c1", "c2", "c3"), suite={"name": "support.v2"})
+    passing_root = ET.fromstring(regression.junit_run(passing))
+    assert {(c.get("classname"), c.get("name")) for c in passing_root.iter("testcase")} == names
+
+
+def test_junit_comparison_names_are_stable(tmp_path, capsys):
+    import xml.etree.ElementTree as ET
+    model = "openai/gpt-4.1-mini"
+    before = make_record(models=(model,))
+    outcomes = {}
+    for name, after in (("same", make_record(models=(model,))),
+                        ("worse", make_record(models=(model,), failing={(model, "c1", 0): ["wrong_code"]}))):
+        paths = write_json(tmp_path / f"b-{name}.json", before), write_json(tmp_path / f"a-{name}.json", after)
+        run_main(compare_runs.main, [*paths, "--junit", str(tmp_path / f"{name}.xml")], capsys)
+        root = ET.parse(tmp_path / f"{name}.xml").getroot()
+        outcomes[name] = root
+        assert all(case.get("classname") == "compare.openai/gpt-4_1-mini" for case in root.iter("testcase"))
+    assert [c.get("name") for c in outcomes["same"].iter("testcase")] == \
+        [c.get("name") for c in outcomes["worse"].iter("testcase")] == ["c1 [repeat 0]", "c2 [repeat 0]"]
+    failure = next(outcomes["worse"].iter("failure"))
+    assert failure.get("message") == 'NEW_FAILURE: ["wrong_code"]'
+
+
+def test_markdown_and_html_say_what_failed_and_not_run():
+    record = _report_record()
+    for text in (regression.markdown_run(record), regression.html_run(record)):
+        assert "None" not in text and "0/0" not in text
+        assert "ConnectionError" in text and "503" in text
+    assert "Not run: 1 row(s): openai/gpt-4.1-mini / c3 / repeat 0" in regression.markdown_run(record)
+    html = regression.html_run(record)
+    assert "no answer: the request failed with ConnectionError (HTTP 503): upstream reset" in html
+    assert "not run" in html
+    unrun = make_record(models=("a", "b"), case_ids=("c1",))
+    unrun["runs"] = [row for row in unrun["runs"] if row["model"] == "a"]
+    unrun["summary"] = regression.summary(unrun["runs"], ["a", "b"], 1, unrun["config"]["cases"])
+    markdown = regression.markdown_run(unrun)
+    assert "| b | not run |" in markdown and "0/0" not in markdown
+
+
+# ====================================================================== 14.12: the README's flows, as written
+
+import re  # noqa: E402
+import shlex  # noqa: E402
+import shutil  # noqa: E402
+
+README = (HERE / "README.md").read_text(encoding="utf-8")
+
+README_COMMANDS = [
+    "python regression.py --suite suites/support-guardrails.json --provider echo --out old.json",
+    "python regression.py --provider replay --replay old.json --suite suites/support-guardrails.json "
+    "--out regraded.json",
+    "python compare_runs.py old.json regraded.json",
+    "python compare_runs.py before.json after.json --all",
+    "python compare_runs.py before.json after.json | grep -c NEW_FAILURE",
+]
+INSTALLED_COMMANDS = ["agent-regression --suite suites/agent-tools.json --dry-run",
+                      "compare-runs --demo offline-demo-2"]
+
+
+def project_copy(folder):
+    for name in ("regression.py", "compare_runs.py"):
+        shutil.copy(HERE / name, folder / name)
+    shutil.copytree(HERE / "suites", folder / "suites")
+    return folder
+
+
+def readme_run(command, cwd):
+    """A README command exactly as written, `python` meaning this interpreter (pipes through sh)."""
+    assert command in README, command
+    text = shlex.quote(sys.executable) + command[len("python"):]
+    return subprocess.run(text, shell=True, cwd=cwd, env=offline_env(), capture_output=True, text=True, timeout=120)
+
+
+def test_readme_regrade_flow(tmp_path):
+    cwd = project_copy(tmp_path)
+    first = readme_run(README_COMMANDS[0], cwd)
+    assert first.returncode == 1, first.stderr  # echo fails 3 of the 4 cases, as the README says
+    rows = json.loads((cwd / "old.json").read_text(encoding="utf-8"))["runs"]
+    assert sorted(row["case_id"] for row in rows if not row["passed"]) == [
+        "card-number-not-echoed", "no-data-loss-promise", "refund-policy"]
+    # "edit a check of a case": password-reset now also requires "link"
+    suite_path = cwd / "suites" / "support-guardrails.json"
+    text = suite_path.read_text(encoding="utf-8")
+    data = json.loads(text)
+    position = next(n for n, case in enumerate(data["cases"]) if case["id"] == "password-reset")
+    suite_path.write_text(text.replace('"reset"\n', '"reset",\n        "link"\n', 1), encoding="utf-8")
+    assert json.loads(suite_path.read_text())["cases"][position]["contains"] == ["reset", "link"]
+    regraded = readme_run(README_COMMANDS[1], cwd)
+    assert regraded.returncode == 1, regraded.stderr
+    compared = readme_run(README_COMMANDS[2], cwd)
+    assert compared.returncode == 1, compared.stdout
+    lines = compared.stdout.splitlines()
+    assert lines[0] == "REGRADE: the same stored responses graded with changed checks; cases whose checks changed: " \
+                       "password-reset"
+    assert [line.split()[:3] for line in lines if "NEW_FAILURE" in line] == [["NEW_FAILURE", "echo", "password-reset"]]
+    assert "STILL_FAILING 3" in compared.stdout
+
+
+def test_readme_compare_flags_and_grep(tmp_path):
+    before = make_record(case_ids=("c1", "c2", "c3"), repeats=2)
+    after = make_record(case_ids=("c1", "c2", "c3"), repeats=2,
+                        failing={("m/one", "c2", 0): ["wrong_code"], ("m/one", "c3", 1): ["too_long"]})
+    write_json(tmp_path / "before.json", before)
+    write_json(tmp_path / "after.json", after)
+    project_copy(tmp_path)
+    everything = readme_run(README_COMMANDS[3], tmp_path)
+    assert everything.returncode == 1
+    assert sum(line.split()[:1] == ["PASS"] for line in everything.stdout.splitlines()) == 4
+    counted = readme_run(README_COMMANDS[4], tmp_path)
+    assert counted.stdout.strip() == "2"  # grep -c: exactly the two new-failure rows
+
+
+def test_readme_every_flow_command_is_in_the_readme():
+    for command in README_COMMANDS + INSTALLED_COMMANDS:
+        assert command in README, command
+    for phrase in ("`qualified`", "flat form", "three of its four cases", "`details` is there only when",
+                   "`agent-regression`", "`compare-runs`", "own `--max-cost-usd` cap", "SIGTERM",
+                   "143", "Regrade a record", "llama.cpp", "Ollama", "vLLM", "LM Studio", "--approve-failing"):
+        assert phrase in README, phrase
+
+
+@pytest.mark.skipif(not shutil.which("agent-regression", path=os.path.dirname(sys.executable)),
+                    reason="the console scripts are installed by pip install -e .")
+def test_readme_installed_commands(tmp_path):
+    cwd = project_copy(tmp_path)
+    bin_dir = os.path.dirname(sys.executable)
+    for command, code in zip(INSTALLED_COMMANDS, (0, 1)):
+        argv = shlex.split(command)
+        result = subprocess.run([os.path.join(bin_dir, argv[0]), *argv[1:]], cwd=cwd, env=offline_env(),
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == code, result.stdout + result.stderr
+    assert (cwd / "offline-demo-2" / "after.json").exists()
+
+
+def test_readme_local_server_commands_are_valid_set_ups(tmp_path):
+    """Each local-server line of the README passes every check before sending (a dry run)."""
+    section = README.split("### Local servers", 1)[1].split("\n## ", 1)[0]
+    commands = [line for line in re.findall(r"^python regression\.py .*$", section, re.M)]
+    assert len(commands) == 4
+    cwd = project_copy(tmp_path)
+    for command, port in zip(commands, ("8080", "11434", "8000", "1234")):
+        assert f"http://127.0.0.1:{port}/v1" in command
+        result = subprocess.run([sys.executable, *shlex.split(command)[1:], "--dry-run"], cwd=cwd,
+                                env=offline_env(), capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "nothing was sent" in result.stdout
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(replayed_from=st.one_of(JSON_VALUES, st.fixed_dictionaries({"created_at": st.sampled_from(
+           ["2026-01-01T00:00:00+00:00", None, 5])})),
+       field=st.sampled_from(["cases", "sources", "models", "repeats", "tool"]), value=JSON_VALUES,
+       side=st.sampled_from(["before", "after", "both"]))
+def test_crafted_replay_pairs_never_crash_compare(tmp_path, capsys, replayed_from, field, value, side):
+    records = {"before": make_record(), "after": make_record(replayed_from=replayed_from)}
+    for name in (("before", "after") if side == "both" else (side,)):
+        records[name]["config"][field] = value
+    code, out, err = run_main(compare_runs.main, [write_json(tmp_path / "b.json", records["before"]),
+                                                  write_json(tmp_path / "a.json", records["after"])], capsys)
+    assert code in (0, 1, 2) and err == ""
+    if code == 2:
+        assert out.startswith("NOT_COMPARABLE: ") and out.count("\n") == 1, out

@@ -136,9 +136,11 @@ def test_matrix_regress_and_gain_lines(capsys):
     assert compare_runs.compare(before, after) == 1
     out = capsys.readouterr().out
     changes = {tuple(line.split()) for line in out.splitlines() if line.startswith(("REGRESS", "GAIN"))}
-    # m2/c1 and m2/c2 only moved a reason between repeats: over all repeats nothing appeared or went
-    assert changes == {("REGRESS", "m1", "c1", "+forbidden_text"),
-                       ("GAIN", "m1", "c1", "-missing_citation", "-wrong_code")}
+    # m2/c1 only moved a reason between repeats (1 -> 1): no change; in m2/c2 wrong_action
+    # occurred more often (1 -> 2 of 2 repeats): counts per side, not sets (issue 14.7)
+    assert changes == {("REGRESS", "m1", "c1", "+forbidden_text", "0->1"),
+                       ("GAIN", "m1", "c1", "-missing_citation", "1->0", "-wrong_code", "2->0"),
+                       ("REGRESS", "m2", "c2", "+wrong_action", "1->2")}
 
 
 def test_matrix_labels_and_a9_line_format(capsys):
@@ -252,7 +254,8 @@ def test_alpha_significant_drop_exits_1(tmp_path, capsys):
     paths = _drop_records(tmp_path, 3, [0, 1, 2])  # 3/3 -> 0/3: p = 0.05 exactly
     assert compare_runs.main([*paths, "--alpha", "0.05"]) == 1
     out = capsys.readouterr().out
-    assert "verdict: 1 significant drop(s) at p <= 0.05 (3 NEW_FAILURE row(s)) -> exit 1" in out
+    assert ("verdict: SIGNIFICANT DROP (exit 1): 1 model/case pair dropped at p <= 0.05; "
+            "3 rows flipped to failing") in out
     assert "note:" not in out  # 3 repeats can reach 0.05
 
 
@@ -261,7 +264,8 @@ def test_alpha_insignificant_drop_exits_0_despite_new_failures(tmp_path, capsys)
     assert compare_runs.main([*paths, "--alpha", "0.01"]) == 0
     out = capsys.readouterr().out
     assert sum(label == "NEW_FAILURE" for label, _, _ in key_lines(out).values()) == 3
-    assert "verdict: 0 significant drop(s) at p <= 0.01 (3 NEW_FAILURE row(s)) -> exit 0" in out
+    assert "verdict: no significant drop (exit 0): 3 rows flipped to failing, none at p <= 0.01" in out
+    assert "no new failure" not in out and out.count("NEW_FAILURE") == 3
     assert "no drop can reach p <= 0.01 (the smallest possible p is 0.0500); add --repeats" in out
 
 
@@ -269,7 +273,7 @@ def test_without_alpha_any_new_failure_exits_1(tmp_path, capsys):
     paths = _drop_records(tmp_path, 3, [1])  # 3/3 -> 2/3, p = 0.5: only one row flipped
     assert compare_runs.main(list(paths)) == 1
     out = capsys.readouterr().out
-    assert "verdict: 1 NEW_FAILURE row(s) -> exit 1" in out
+    assert "verdict: NEW FAILURES (exit 1): 1 row flipped to failing" in out
     assert compare_runs.main([*paths, "--alpha", "0.2"]) == 0
 
 
@@ -303,7 +307,7 @@ SWAP_REASONS = {("A", "c2", 0): ["wrong_code"], ("A", "c2", 1): ["wrong_code"],
 
 def test_model_swap_pairs_a_before_b_after(tmp_path, capsys):
     run = _swap_record(tmp_path, SWAP_REASONS)
-    assert compare_runs.main(["--models", "A", "B", run]) == 1
+    assert compare_runs.main(["--models", "A", "B", run, "--all"]) == 1
     out = capsys.readouterr().out
     assert "MODEL SWAP: A (before) -> B (after)" in out
     lines = key_lines(out)
@@ -381,7 +385,7 @@ def _diff_records():
 
 def _diff_sections(out):
     """{case: diff text} from the 'answers that changed' part of a comparison."""
-    _, _, tail = out.partition("answers that changed (unified diff before -> after):\n")
+    _, _, tail = out.partition("answers that changed (unified diff before -> after; an identical diff is shown once):\n")
     sections = {}
     for block in tail.split("== ")[1:]:
         header, _, body = block.partition("\n")
@@ -395,7 +399,7 @@ def test_diff_for_new_failure_and_recovered_only(capsys):
     sections = _diff_sections(capsys.readouterr().out)
     assert set(sections) == {"new", "rec"}
     header, body = sections["new"]
-    assert header == "m  new  repeat 0 (NEW_FAILURE)"
+    assert header == "m  new  repeat 0 (passed before, fails now)"
     assert body.splitlines()[:5] == ["--- before", "+++ after", "@@ -1,2 +1,2 @@", "-code: 200", "+code: 503"]
     assert " action: retry" in body.splitlines()
     assert "-code: 404" in sections["rec"][1] and "+code: 409" in sections["rec"][1]
@@ -407,7 +411,7 @@ def test_all_diffs_shows_every_changed_answer(tmp_path, capsys):
     assert compare_runs.main([*paths, "--all-diffs"]) == 1
     sections = _diff_sections(capsys.readouterr().out)
     assert set(sections) == {"new", "rec", "pass", "still"}  # "same" did not change
-    assert sections["pass"][0] == "m  pass  repeat 0 (PASS)"
+    assert sections["pass"][0] == "m  pass  repeat 0 (passes in both)"
     assert "-old wording" in sections["pass"][1] and "+new wording" in sections["pass"][1]
     assert "-still old" in sections["still"][1] and "+still new" in sections["still"][1]
 
@@ -618,9 +622,9 @@ def test_markdown_comparison_hostile(tmp_path, capsys):
     assert compare_runs.main([*paths, "--markdown", str(out)]) == 1
     capsys.readouterr()
     text = out.read_text(encoding="utf-8")
-    assert "**NEW FAILURES** (exit 1): 2 NEW_FAILURE row(s) of 12" in text
-    # non-PASS rows (2 NEW_FAILURE + 1 RECOVERED), then one row per model x case
-    check_markdown_safe(text, [3, 6])
+    assert "**NEW FAILURES (exit 1): 2 rows flipped to failing**" in text
+    # changed rows (2 NEW_FAILURE + 1 RECOVERED), then the changed model x case pairs (issue 14.6)
+    check_markdown_safe(text, [3, 3])
 
 
 def test_markdown_comparison_no_new_failure(tmp_path, capsys):
@@ -630,8 +634,9 @@ def test_markdown_comparison_no_new_failure(tmp_path, capsys):
     assert compare_runs.main([*paths, "--markdown", str(out)]) == 0
     capsys.readouterr()
     text = out.read_text(encoding="utf-8")
-    assert "**no new failure** (exit 0): 0 NEW_FAILURE row(s) of 1" in text
-    check_markdown_safe(text, [1, 1])
+    assert "**no new failure (exit 0): 0 rows flipped to failing**" in text
+    assert "Unchanged rows (not listed): PASS 1." in text
+    check_markdown_safe(text, [])
 
 
 @pytest.mark.parametrize("value", HOSTILE_MD + ["a\u2028b\x85c\x0bd", "x" * 500 + "|"])
