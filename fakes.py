@@ -140,10 +140,13 @@ class FakeServer:
 # runs the script as __main__, so every entry meets the real CLI (the interpreter's own stdout
 # encoding, sys.exit, an escaping traceback) without paying an interpreter start-up each.
 _CLI_DRIVER = r"""
-import json, os, runpy, sys, traceback
+import builtins, json, os, sys, traceback
 script, table_path, results_path = sys.argv[1:4]
 with open(table_path, encoding="utf-8") as handle:
     table = json.load(handle)
+with open(script, "rb") as handle:
+    code_object = compile(handle.read(), script, "exec")  # once, not once per input
+sys.path[0] = os.path.dirname(script)
 results = []
 for n, entry in enumerate(table):
     paths = [f"{results_path}.{n}.out", f"{results_path}.{n}.err"]
@@ -157,8 +160,11 @@ for n, entry in enumerate(table):
                 os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
             os.chdir(entry["cwd"])
             sys.argv = [script, *entry["argv"]]
+            main = type(sys)("__main__")  # a fresh __main__, as for `python SCRIPT`
+            main.__file__, main.__builtins__ = script, builtins
+            sys.modules["__main__"] = main
             try:
-                runpy.run_path(script, run_name="__main__")
+                exec(code_object, main.__dict__)
                 code = 0
             except SystemExit as exc:  # as the interpreter does at exit
                 if exc.code is None or isinstance(exc.code, int):

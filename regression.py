@@ -5954,8 +5954,9 @@ def run_jobs(jobs, work, concurrency, stopping, refill_early=lambda row: False):
     run), which also enforces each request's deadline. When refill_early(row) says the
     finished row cannot stop the run, its slot gets the next request before the row is
     checkpointed, so a slot never waits on the disk."""
+    jobs = list(jobs)
     pending, in_flight = iter(jobs), 0
-    pool = WorkerPool(work, max(1, concurrency))
+    pool = WorkerPool(work, max(1, min(concurrency, len(jobs))))  # no idle workers for a short run
 
     def start_more():
         nonlocal in_flight

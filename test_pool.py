@@ -203,3 +203,19 @@ def test_keyboard_interrupt_inside_a_request_reaches_the_caller():
 def test_work_may_still_return_a_finished_row():
     rows = list(regression.run_jobs([1, 2, 3], lambda job: {"job": job}, 2, lambda: False))
     assert sorted(row["job"] for _, row in rows) == [1, 2, 3]
+
+
+def test_a_short_run_starts_no_idle_workers(monkeypatch):
+    sizes = []
+
+    class Recording(regression.WorkerPool):
+        def __init__(self, work, size):
+            sizes.append(size)
+            super().__init__(work, size)
+
+    monkeypatch.setattr(regression, "WorkerPool", Recording)
+    provider = Fake()
+    rows = list(regression.run_jobs([0, 1, 2], lambda job: regression.execute_steps(provider, SUITE, CASE, "m", job),
+                                    64, lambda: False))
+    assert len(rows) == 3
+    assert sizes == [3], "three jobs need three workers, not 64"

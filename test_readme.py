@@ -42,7 +42,7 @@ def run(command, cwd, env=None):
     """A README command as written, with `python` meaning this interpreter."""
     argv = shlex.split(command)
     assert argv[0] == "python"
-    if argv[1:2] == ["regression.py"]:  # forked from a zygote that paid the SDK import once
+    if argv[1:2] == ["regression.py"] and (env or {}).get("PERPLEXITY_API_KEY"):  # live: a zygote paid the SDK import
         return fakes.run_script(argv[2:], cwd, {**os.environ, **(env or {})}, timeout=120,
                                 script=os.path.join(cwd, "regression.py"))
     return subprocess.run([sys.executable, *argv[1:]], cwd=cwd, capture_output=True, text=True, timeout=120,

@@ -142,10 +142,13 @@ def test_concurrency_rows_written_in_plan_order_when_completion_is_reversed(tmp_
     plan = regression.plan_rows(models, CASE_IDS, 1)
     position = {(model, case_id): n for n, (model, case_id, _) in enumerate(plan)}
     gauge = Gauge()
+    everyone = threading.Barrier(len(plan))
 
     def delay_of(request):
-        # the later a row is in the plan, the sooner its reply comes back; 0.15 s apart, so a
-        # loaded machine's jitter in starting requests cannot reorder two replies
+        # The replies wait until all eight requests are in (a loaded machine may start them
+        # over more than a reply's spacing), then the later a row is in the plan, the sooner
+        # its reply comes back, 0.15 s apart.
+        everyone.wait(timeout=30)
         return 0.15 * (len(plan) - position[(request.json["model"], case_of(request)["id"])])
 
     out = tmp_path / "run.json"
