@@ -2215,6 +2215,48 @@ def replace_text_file(path, text):
     _fsync_dir(real)
 
 
+class SuiteLock:
+    """An exclusive lock (flock) on a suite file while --update-baseline reads and rewrites it:
+    a second process that wants to rewrite it refuses with one line instead of writing over
+    the first one's baselines. The lock is taken on the file the path names right now (a file
+    replaced meanwhile is locked again), and released when the block ends."""
+
+    def __init__(self, path):
+        self.path, self.fd = path, None
+
+    def __enter__(self):
+        try:
+            import fcntl
+        except ImportError:  # no flock on this platform: no lock
+            return self
+        real = os.path.realpath(self.path)
+        for _ in range(5):
+            try:
+                fd = os.open(real, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError:
+                return self  # fill_baselines names the problem in its own words
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                same = os.path.samestat(os.fstat(fd), os.stat(real))
+            except BlockingIOError:
+                os.close(fd)
+                raise SuiteError(f"--update-baseline: {self.path} is being rewritten by another process; "
+                                 "it is unchanged here: try again when that process ends") from None
+            except OSError:
+                same = True  # a file system without locks: as before
+            if same:
+                self.fd = fd
+                return self
+            os.close(fd)
+        raise SuiteError(f"--update-baseline: {self.path} keeps being replaced by another process; it is unchanged")
+
+    def __exit__(self, *exc_info):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        return False
+
+
 def baseline_answers(rows, plan):
     """{case_id: row}: the row whose answer would become a case's baseline (the first
     error-free row in run order, so the first model's first answer)."""
@@ -5549,9 +5591,10 @@ def update_baseline(run, args, exit_code):
     import shlex
     try:
         chosen = baseline_answers(load_record(run.path)["runs"], run.plan)
-        filled = update_baselines(run.suite, {case_id: row["answer_text"] for case_id, row in chosen.items()},
-                                  {case_id: row.get("reasons") or [] for case_id, row in chosen.items()},
-                                  approve_failing=args.approve_failing)
+        with SuiteLock(run.suite["file"]):
+            filled = update_baselines(run.suite, {case_id: row["answer_text"] for case_id, row in chosen.items()},
+                                      {case_id: row.get("reasons") or [] for case_id, row in chosen.items()},
+                                      approve_failing=args.approve_failing)
     except (SuiteError, RecordError) as exc:
         print(f"regression.py: error: {safe_text(exc)}", file=sys.stderr)
         return 2

@@ -284,6 +284,25 @@ def test_update_baseline_keeps_windows_line_endings_and_tabs(tmp_path, capsys):
         '"expected_text": "",\n', '"expected_text": "We offer lifetime refunds.",\n')
 
 
+def test_update_baseline_refuses_while_another_process_rewrites_the_suite(tmp_path):
+    import fcntl
+    text = BASELINE_SUITE.replace('"excludes": ["lifetime"]', '"excludes": ["never"]')
+    path = baseline_suite(tmp_path, text)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a concurrent --update-baseline holds it
+        result = run_script(SCRIPT, ["--suite", "suite.json", "--provider", "echo", "--update-baseline",
+                                     "--out", "r.json"], tmp_path)
+    finally:
+        os.close(fd)
+    err = one_line_error(result.returncode, result.stderr)
+    assert "being rewritten by another process" in err and "suite.json" in err
+    assert path.read_text(encoding="utf-8") == text and no_temp_files(tmp_path)
+    again = run_script(SCRIPT, ["--suite", "suite.json", "--provider", "echo", "--update-baseline",
+                                "--out", "r2.json"], tmp_path)
+    assert again.returncode == 0 and "baselines filled: fresh, strict" in again.stdout  # once it is released
+
+
 def test_a_stale_pid_named_temp_file_does_not_block_the_rewrite(tmp_path, capsys):
     path = baseline_suite(tmp_path, BASELINE_SUITE.replace('"excludes": ["lifetime"]', '"excludes": ["never"]'))
     stale = tmp_path / f"suite.json.{os.getpid()}.tmp"
