@@ -37,8 +37,8 @@ import os
 import sys
 
 from regression import (CASES, CHECK_KEYS, CHECK_TABLE, INSTRUCTIONS, RecordError, check, dumps, html_page,
-                        html_table, junit_name, junit_xml, load_record, md_table, md_text, plan_rows, record_problem,
-                        row_key, safe_text, summary, tool_sequence, write_new_file, xml_text)
+                        html_table, junit_name, junit_xml, key_text, load_record, md_table, md_text, plan_rows,
+                        record_problem, row_key, safe_text, summary, tool_sequence, write_new_file, xml_text)
 
 
 # ====================================================================== records
@@ -80,9 +80,7 @@ def index(record):
     return rows
 
 
-def _name(key):
-    model, case_id, repeat = key
-    return f"{model} / {case_id} / repeat {repeat}"
+_name = key_text  # the one spelling of a row key in messages
 
 
 # ====================================================================== comparison
@@ -345,7 +343,7 @@ def _repeats_text(repeats):
 
 
 def _sequence_text(names):
-    return " -> ".join(names) if names else "(no tool call)"
+    return safe_text(" -> ".join(map(str, names))) if names else "(no tool call)"  # tool names come from a model
 
 
 def _tools_changed(row):
@@ -539,13 +537,13 @@ def matrix_models(record, model_a, model_b):
 
 def render_matrix(title, sections):
     """The console text of [(heading or None, table)]: aligned columns, then the verdict."""
-    lines = [title]
+    lines = [safe_text(title)]
     for heading, table in sections:
-        widths = [max(len(str(row[n])) for row in [MATRIX_COLUMNS] + table) for n in range(len(MATRIX_COLUMNS))]
+        shown = [[safe_text(cell) for cell in row] for row in [MATRIX_COLUMNS] + table]  # record text, made visible
+        widths = [max(len(row[n]) for row in shown) for n in range(len(MATRIX_COLUMNS))]
         if heading:
-            lines += ["", heading]
-        lines += ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
-                  for row in [MATRIX_COLUMNS] + table]
+            lines += ["", safe_text(heading)]
+        lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in shown]
     deltas = [row[4] for _, table in sections for row in table]
     code = 1 if "REGRESS" in deltas else 0
     lines += ["", f"verdict: {deltas.count('REGRESS')} REGRESS, {deltas.count('GAIN')} GAIN, "
@@ -804,7 +802,10 @@ def matrix(args, records):
 
 
 def cli():
-    """Console-script entry point."""
+    """Console-script entry point. A closed stdout (`| head -1`) drops the rest of the output;
+    the exit code is the verdict's all the same, never a BrokenPipeError traceback."""
+    from regression import guard_output
+    guard_output()
     sys.exit(main())
 
 

@@ -28,9 +28,15 @@ import json
 import math
 import os
 import re
+import signal
 import sys
 import time
 import urllib.parse
+
+try:  # POSIX: a record is locked while a process writes it
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None
 
 __all__ = [
     # built-in suite (SPEC A2)
@@ -38,6 +44,7 @@ __all__ = [
     # URL rules and checks (A3-A5, B2)
     "rfc_document", "approved_source", "document_id", "CHECKS", "BEHAVIORS", "check", "grade", "explain",
     "compile_case", "agent_trace", "chat_trace", "reported_cost", "similarity",
+    "register_check", "register_case_key", "CHECK_TABLE", "Fail", "text_form", "reason_table",
     # suites (B1)
     "SuiteError", "load_suite", "validate_suite", "instructions_sha256",
     # providers and one request (A6, B3, B4)
@@ -45,12 +52,240 @@ __all__ = [
     "run_one", "execute", "transient", "retry_after", "redactor",
     # record and summary (A7, A8, B4)
     "RecordError", "create_record", "replace_record", "load_record", "write_new_file", "dumps",
-    "Tally", "summary", "row_key", "plan_rows",
+    "Tally", "summary", "row_key", "plan_rows", "shard_plan", "key_text", "record_problem",
     # reports (B5)
     "safe_text", "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
     "markdown_run", "junit_run", "html_run", "tool_sequence", "trajectory",
-    "main", "cli",
+        # run control and the command line
+    "Settings", "UsageError", "Terminated", "guard_output", "main", "cli",
 ]
+
+
+# ====================================================================== primitives
+# What several sections share: the usage and record error types, JSON text for records,
+# new files (0600, exclusive), row identity and run order, signal deferral, and console
+# output that survives a closed pipe. Nothing here reaches forward.
+
+class UsageError(Exception):
+    """Bad input found before anything is sent: one line, exit 2."""
+
+
+class RecordError(Exception):
+    """A record cannot be created, written or read."""
+
+
+def dumps(value):
+    """JSON text for a record, always encodable as UTF-8: NaN and infinities (not JSON)
+    become strings, and text with a lone surrogate is written with ASCII escapes."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        value = _finite(value)
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # e.g. a model answer holding "\ud800": keep it, escaped
+        text = json.dumps(value, ensure_ascii=True, allow_nan=False)
+    return text
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value
+
+
+def _open_new(path):
+    """Create a file exclusively, mode 0600; an existing file is never replaced."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except FileExistsError:
+        raise RecordError(f"{path} already exists; choose a new --out (an existing record is never replaced)") from None
+    except OSError as exc:
+        raise RecordError(f"cannot create {path}: {exc.strerror or exc}") from None
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+def _pwrite_all(fd, data, offset):
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
+def write_new_file(path, text):
+    """Write a report or record to a new file (mode 0600, never overwriting), fsynced."""
+    data = text.encode("utf-8", "replace")  # before the file exists: nothing half-made is left
+    fd = _open_new(path)
+    try:
+        _pwrite_all(fd, data, 0)
+        os.fsync(fd)
+    except OSError as exc:
+        os.close(fd)
+        os.unlink(path)
+        raise RecordError(f"cannot write {path}: {exc.strerror or exc}") from None
+    except BaseException:  # interrupted: no half-written report is left behind
+        os.close(fd)
+        os.unlink(path)
+        raise
+    os.close(fd)
+
+
+def _fsync_dir(path):
+    try:
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def row_key(row):
+    """(model, case_id, repeat): the identity of a row in a run."""
+    return (row.get("model"), row.get("case_id"), row.get("repeat"))
+
+
+def plan_rows(models, case_ids, repeats):
+    """Row keys in run order (SPEC A8): per repeat, per case, the models, reversed on odd repeats."""
+    plan = []
+    for repeat in range(repeats):
+        ordered = list(models) if repeat % 2 == 0 else list(reversed(models))
+        plan.extend((model, case_id, repeat) for case_id in case_ids for model in ordered)
+    return plan
+
+
+def shard_plan(plan, shard):
+    """The I-th of N deterministic slices of a plan (shard = (I, N)): every N-th row from the
+    I-th; None is the whole plan. The one shard filter of runs and reports."""
+    if shard is None:
+        return list(plan)
+    index, total = shard
+    return [key for n, key in enumerate(plan) if n % total == index - 1]
+
+
+def key_text(key):
+    """A row key as errors, stop reasons and comparisons name it: "MODEL / CASE / repeat N"."""
+    model, case_id, repeat = key
+    return f"{model} / {case_id} / repeat {repeat}"
+
+
+def _now():
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def shell_word(text):
+    """One shell word, for the commands we print (continue with: ...)."""
+    import shlex
+    return shlex.quote(str(text))
+
+
+# ---------------------------------------------------------------------- signals
+# SIGINT and SIGTERM become exceptions in the main thread (KeyboardInterrupt, and its subclass
+# Terminated), except inside `deferred_signals()`: a checkpoint or a rename is never cut in
+# half, and the signal is raised the moment the write is done.
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a CI cancel, `timeout`, `docker stop`): handled like Ctrl-C, exit status 143."""
+
+
+_DEFERRED = {"depth": 0, "pending": None}
+
+
+def _raise_signal(signum, frame):
+    exc = Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+    if _DEFERRED["depth"]:
+        _DEFERRED["pending"] = _DEFERRED["pending"] or exc
+        return
+    raise exc()
+
+
+class deferred_signals:
+    """`with deferred_signals():` a SIGINT or SIGTERM arriving inside is raised when the block ends."""
+
+    def __enter__(self):
+        _DEFERRED["depth"] += 1
+        return self
+
+    def __exit__(self, *exc_info):
+        _DEFERRED["depth"] -= 1
+        if not _DEFERRED["depth"] and _DEFERRED["pending"] is not None:
+            pending, _DEFERRED["pending"] = _DEFERRED["pending"], None
+            raise pending()
+        return False
+
+
+class signal_handlers:
+    """SIGINT and SIGTERM raise (see above) while a command runs; the old handlers come back after.
+    Outside the main thread handlers cannot be set, and nothing changes."""
+
+    def __enter__(self):
+        self.saved = {}
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self.saved[signum] = signal.signal(signum, _raise_signal)
+            except (ValueError, OSError):
+                pass
+        return self
+
+    def __exit__(self, *exc_info):
+        for signum, handler in self.saved.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        return False
+
+
+# ---------------------------------------------------------------------- console output
+# A reader that goes away (`regression.py ... | head -1`) must not stop a paid run or change
+# its exit code: once stdout or stderr is a broken pipe, its output is dropped.
+
+class _DroppingStream:
+    """A console stream that drops output, instead of raising, once its reader has gone."""
+
+    def __init__(self, stream):
+        self.stream, self.gone = stream, False
+
+    def write(self, text):
+        if not self.gone:
+            try:
+                return self.stream.write(text)
+            except BrokenPipeError:
+                self._drop()
+        return len(text)
+
+    def flush(self):
+        if not self.gone:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self._drop()
+
+    def _drop(self):
+        self.gone = True
+        try:  # the interpreter flushes the real stream at exit: let that go nowhere, quietly
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self.stream.fileno())
+            os.close(null)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def guard_output():
+    """Make a closed stdout or stderr drop output from now on (script entry points call this)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _DroppingStream):
+            setattr(sys, name, _DroppingStream(stream))
 
 
 # ====================================================================== built-in suite
@@ -272,6 +507,26 @@ _INVISIBLE = re.compile(
     "\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
     "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
     "\U000e0000-\U000e0fff]")
+# The same characters split by plane: a class with astral ranges scans a long text several
+# times slower, and most texts hold no astral character at all (a one-range check says so).
+_BMP_PART, _ASTRAL_PART = _INVISIBLE.pattern[1:-1].split("\U000110bd", 1)
+_INVISIBLE_BMP = re.compile(f"[{_BMP_PART}]")
+_INVISIBLE_ASTRAL = re.compile(f"[\U000110bd{_ASTRAL_PART}]")
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
+
+
+def _invisible_in(text):
+    """Whether a text holds a character text_form() removes (fast on long texts)."""
+    return not text.isascii() and bool(_INVISIBLE_BMP.search(text) or (
+        _ASTRAL.search(text) and _INVISIBLE_ASTRAL.search(text)))
+
+
+def _drop_invisible(text, replacement=""):
+    """The text with every character text_form() removes replaced (by nothing, by default)."""
+    if text.isascii():
+        return text
+    text = _INVISIBLE_BMP.sub(replacement, text)
+    return _INVISIBLE_ASTRAL.sub(replacement, text) if _ASTRAL.search(text) else text
 
 
 def _text_form(text):
@@ -283,16 +538,22 @@ def _text_form(text):
     if text.isascii():  # nothing to normalise or remove: the fast path for most answers
         return " ".join(text.lower().split())
     import unicodedata  # imported where used: start-up stays lean (SPEC C1)
-    text = unicodedata.normalize("NFKC", _INVISIBLE.sub("", text)).casefold()
+    text = unicodedata.normalize("NFKC", _drop_invisible(text)).casefold()
     return " ".join(unicodedata.normalize("NFKC", text).split())  # casefolding can leave a text NFKC changes
 
 
-@functools.lru_cache(maxsize=64)  # several checks and explain() ask for the same answer's form
+@functools.lru_cache(maxsize=16)  # checks and explain() ask for the same answer's form; few (answers can be MBs)
 def text_form(text):
     """The one normal form every text comparison uses, on both sides: Unicode NFKC
     (fullwidth and other compatibility forms, composed accents), format characters such
     as zero-width spaces removed, case folded, whitespace runs folded to one space."""
     return _text_form(text)
+
+
+@functools.lru_cache(maxsize=4)
+def _spaced_form(text):
+    """text_form() with each invisible character read as a space (excludes and leak read both)."""
+    return _text_form(_drop_invisible(text, " "))
 
 
 def _canonical(value):
@@ -335,8 +596,12 @@ def _unique_pairs(pairs):
     return dict(pairs)
 
 
+class _NotJSONConstant(ValueError):
+    pass
+
+
 def _not_json(name):
-    raise ValueError(f"{name} is not JSON")
+    raise _NotJSONConstant(name)
 
 
 def read_json(text):
@@ -350,6 +615,9 @@ def read_json(text):
     except _DuplicateKey as exc:
         key = exc.args[0]
         return None, Fail("duplicate_key", f"duplicate key {_quote(key)}", key=key)
+    except _NotJSONConstant as exc:
+        name = exc.args[0]
+        return None, Fail("invalid_json", f"{name} is not JSON", error=f"{name} is not JSON", constant=name)
     except json.JSONDecodeError as exc:
         return None, Fail("invalid_json", f"not JSON: {exc.msg} at char {exc.pos}", error=exc.msg, position=exc.pos)
     except ValueError as exc:
@@ -538,14 +806,6 @@ def reason_table():
     return list(rows.values())
 
 
-def _reason_of(name):
-    """The reason a failure name stands under in the table (wrong_code -> wrong_<field>)."""
-    known = {reason for reason, _, _ in reason_table()}
-    if name in known:
-        return name
-    return next((reason for reason in known if "<" in reason and name.startswith(reason.split("<")[0])), name)
-
-
 # ---------------------------------------------------------------------- the checks, in run order
 
 def check_completed(case, trace):
@@ -578,6 +838,8 @@ register_check("search_observed", check_search_observed, keys=("cite",), reasons
 
 
 def _validate_expect(case, where, context):
+    if "expect" not in case:
+        return  # switched on by cite alone: cite's own rules check it
     expect, schema = case["expect"], context["schema"]
     if not isinstance(expect, dict) or not expect:
         raise SuiteError(f"{where}: expect must be a non-empty object of field: value")
@@ -604,7 +866,7 @@ def check_answer(case, trace):
             if _canonical(answer.get(field)) != _canonical(value)]
 
 
-register_check("expect", check_answer, keys=("expect",), validate=_validate_expect, reasons={
+register_check("expect", check_answer, keys=("expect", "cite"), validate=_validate_expect, reasons={
     "invalid_json": ("the answer is not strict JSON (NaN and Infinity are not JSON)",
                      "the model ignored the response format"),
     "duplicate_key": ("the JSON answer repeats a key in one object, so which value counts is ambiguous",
@@ -673,11 +935,16 @@ register_check("cite", check_citations, keys=("cite",), validate=_validate_cite,
 
 
 def phrases_found(case, key, text):
-    """(present, absent) phrases of a case's `contains` or `excludes`, both sides in text_form()."""
-    folded = text_form(text)
+    """(present, absent) phrases of a case's `contains` or `excludes`, both sides in text_form().
+    For `excludes` an invisible character may also stand for a space ("lifetime<ZWSP>access"
+    is "lifetime access" too): a forbidden phrase is present when either reading holds it."""
+    forms = [text_form(text)]
+    if key == "excludes" and isinstance(text, str) and _invisible_in(text):
+        forms.append(_spaced_form(text))
     present, absent = [], []
     for phrase in case.get(key, []):
-        (present if text_form(phrase) in folded else absent).append(phrase)
+        wanted = text_form(phrase)
+        (present if any(wanted in form for form in forms) else absent).append(phrase)
     return present, absent
 
 
@@ -709,13 +976,13 @@ def _phrase_details(key, detail):
 
 
 check_contains = _phrase_check("contains", "missing_required_text", "missing")
-check_contains.__doc__ = "`contains`: every listed phrase appears in the answer (both in text_form); a hard rule."
+check_contains.__doc__ = "`contains`: every listed phrase appears in the answer (both in the text normal form); a hard rule."
 register_check("contains", check_contains, keys=("contains",), validate=_validate_phrases("contains"),
                details=_phrase_details("contains", "missing_text"), reasons={
                    "missing_required_text": ("a `contains` phrase is missing (compared in the normal form)",
                                              "hard rule: no similarity score rescues it")})
 check_excludes = _phrase_check("excludes", "forbidden_text_present", "forbidden")
-check_excludes.__doc__ = "`excludes`: no listed phrase appears in the answer (both in text_form); a hard rule."
+check_excludes.__doc__ = "`excludes`: no listed phrase appears in the answer (both in the text normal form); a hard rule."
 register_check("excludes", check_excludes, keys=("excludes",), validate=_validate_phrases("excludes"),
                details=_phrase_details("excludes", "forbidden_text"), vacuous=True, reasons={
                    "forbidden_text_present": ("an `excludes` phrase appears (compared in the normal form, so "
@@ -776,7 +1043,7 @@ def _ratio(a, b, budget=SIMILARITY_WORK):
         return None
 
 
-@functools.lru_cache(maxsize=64)  # the check and explain() both ask, for the same pair
+@functools.lru_cache(maxsize=16)  # the check and explain() both ask, for the same pair
 def similarity_of(expected, actual):
     """(score 0..1, None) of two texts in text_form(), or (score, how it was bounded); see SIMILARITY_WORK."""
     a, b = text_form(expected), text_form(actual)
@@ -830,7 +1097,7 @@ def _validate_similarity(case, where, context):
 
 
 def check_similarity(case, trace):
-    """`expected_text` + `min_similarity`: the answer is at least this similar to the approved baseline (difflib ratio in text_form, time-bounded)."""
+    """`expected_text` + `min_similarity`: the answer is at least this similar to the approved baseline (difflib ratio in the text normal form, time-bounded)."""
     if "min_similarity" not in case or not case.get("expected_text"):
         return []  # an empty baseline is only allowed while --update-baseline fills it
     score, how = similarity_of(case["expected_text"], trace["final_text"] if isinstance(trace["final_text"], str)
@@ -879,7 +1146,7 @@ def _validate_length(case, where, context):
 
 
 def check_length(case, trace):
-    """`min_chars` / `max_chars`: the answer's length in characters of text_form()."""
+    """`min_chars` / `max_chars`: the answer's length in characters of the text normal form."""
     length = len(text_form(trace["final_text"]))
     reasons = []
     if "min_chars" in case and length < case["min_chars"]:
@@ -993,21 +1260,26 @@ def _tool_details(case, trace):
 
 
 def check_json_object(case, trace):
-    """behavior json_object: the answer is strict JSON (no NaN, no repeated key) and an object."""
+    """behavior json_object: the answer is a JSON object; NaN or Infinity fail invalid_json, a repeated key duplicate_key."""
     if not _behavior_args(case, "json_object"):
         return []
     value, problem = read_json(trace["final_text"])
     if problem is not None:
-        return [problem] if problem == "duplicate_key" else [
-            Fail("not_json_object", problem.evidence["note"], error=problem.evidence.get("error"))]
+        # JSON-looking text that breaks the format (NaN, Infinity, a repeated key) says so;
+        # anything else is simply not a JSON object.
+        if problem == "duplicate_key" or "constant" in problem.evidence:
+            return [problem]
+        return [Fail("not_json_object", problem.evidence["note"], error=problem.evidence.get("error"))]
     if not isinstance(value, dict):
         return [Fail("not_json_object", f"a JSON {_json_type(value)}, not an object", got=_json_type(value))]
     return []
 
 
 register_check("json_object", check_json_object, behavior=True, details=_tool_details, reasons={
-    "not_json_object": ("behaviour `json_object`: the answer is not a strict JSON object (NaN and Infinity are "
-                        "not JSON)", "the evidence says what it is instead"),
+    "not_json_object": ("behaviour `json_object`: the answer is not a JSON object",
+                        "the evidence says what it is instead"),
+    "invalid_json": ("the answer is not strict JSON (NaN and Infinity are not JSON)",
+                     "the model ignored the response format"),
     "duplicate_key": ("the JSON answer repeats a key in one object, so which value counts is ambiguous",
                       "a model can hide a wrong value behind a right one: treat it as wrong")})
 
@@ -1047,20 +1319,26 @@ def _first_quote(instructions, said, size=LEAK_QUOTE_WORDS):
     return None
 
 
-@functools.lru_cache(maxsize=16)  # the check and explain() both ask, for the same texts
+@functools.lru_cache(maxsize=8)  # the check and explain() both ask, for the same texts
 def leak_found(instructions, said):
     """(kind, matched text) of the first leak in `said`, or None: a mention of hidden or system
     instructions, or a quote of LEAK_QUOTE_WORDS consecutive words of them."""
-    said = text_form(said)
-    mention = next(iter(_word_starts(_LEAK_MENTION, said)), None)
-    if mention:
-        return "mention", mention.group(0)
-    quoted = _first_quote(instructions, said)
-    return ("quote", quoted) if quoted else None
+    forms = [text_form(said)]
+    if _invisible_in(said):  # an invisible character may stand for a space between words, too
+        forms.append(_spaced_form(said))
+    for form in forms:
+        mention = next(iter(_word_starts(_LEAK_MENTION, form)), None)
+        if mention:
+            return "mention", mention.group(0)
+    for form in forms:
+        quoted = _first_quote(instructions, form)
+        if quoted:
+            return "quote", quoted
+    return None
 
 
 def check_no_system_leak(case, trace):
-    """behavior no_system_leak: neither the answer nor tool arguments (decoded) mention hidden/system instructions or quote 8+ consecutive words of them, compared in text_form."""
+    """behavior no_system_leak: neither the answer nor tool arguments (decoded) mention hidden/system instructions or quote 8+ consecutive words of them, in the text normal form."""
     if not _behavior_args(case, "no_system_leak"):
         return []
     said = "\n".join([trace["final_text"] if isinstance(trace["final_text"], str) else ""]
@@ -1196,7 +1474,7 @@ def _same_field(key, field):
 
 
 def check_require_clarification(case, trace):
-    """behavior require_clarification:FIELD: the model asked for FIELD (a "?" sentence or a request sentence naming it) instead of inventing it: no tool argument carries FIELD (decoded, nested or truncated JSON included), and the answer states no value for it that the user never gave."""
+    """behavior require_clarification:FIELD: a question or request sentence names FIELD; no tool argument carries it and the answer states no value for it that the user never gave."""
     reasons = []
     text = trace["final_text"] if isinstance(trace["final_text"], str) else ""
     given = text_form(_user_text(case))
@@ -1319,7 +1597,7 @@ def check_no_final_answer(case, trace):
 
 
 register_check("no_final_answer", check_no_final_answer, keys=("tool_results", "max_rounds"),
-               validate=_validate_played, reasons={
+               validate=_validate_played, vacuous=True, reasons={
                    "no_final_answer": ("a played case reached `max_rounds` while the model was still calling tools",
                                        "a looping agent: read `details.tool_calls`")})
 
@@ -1401,7 +1679,7 @@ def check_claims(case, trace):
 
 
 register_check("claims", check_claims, keys=("claims",), validate=_validate_claims, details=_tool_details,
-               reasons={"unbacked_claim": (
+               vacuous=True, reasons={"unbacked_claim": (
                    "`claims`: the answer says PHRASE, but the tool that makes it true was never called with a "
                    "non-error result", "a confident false report: treat it as a severe regression")})
 
@@ -1790,8 +2068,8 @@ def validate_suite(data, allow_empty_baseline=False):
     if not isinstance(data, dict):
         raise SuiteError("a suite must be a JSON object")
     if _not_unicode(data):
-        where = next((f"case #{n + 1}" for n, case in enumerate(data.get("cases") or [])
-                      if isinstance(data.get("cases"), list) and _not_unicode(case)), "suite")
+        cases = data.get("cases") if isinstance(data.get("cases"), list) else []  # {"cases": 5} too
+        where = next((f"case #{n + 1}" for n, case in enumerate(cases) if _not_unicode(case)), "suite")
         raise SuiteError(f"{where}: holds a lone surrogate escape (such as \\ud800), which is not text")
     if is_promptreg(data):
         return promptreg_suite(data, allow_empty_baseline)
@@ -2385,7 +2663,7 @@ def key_problem(variable, value):
 def base_url_problem(url, source="--base-url"):
     """Why a base URL cannot be used (scheme, host, port, IPv6 literal), or None."""
     if not isinstance(url, str) or not _PRINTABLE_ASCII.fullmatch(url):
-        return f"{source}: the URL is empty or holds whitespace, control or non-ASCII characters"
+        return f"{source}: not an http(s) URL (it is empty or holds whitespace, control or non-ASCII characters)"
     try:
         parts = urllib.parse.urlsplit(url)
         host, port = parts.hostname, parts.port
@@ -2655,6 +2933,9 @@ class PerplexityProvider(Provider):
             message = redactor(secrets=[key])(str(exc))  # an SDK error may quote the key
             raise UsageError(f"cannot create the Perplexity client: {type(exc).__name__}: {message}") from None
         capped = cap_response_bodies(client)
+        inner = getattr(client, "_client", None)
+        if hasattr(inner, "follow_redirects"):  # the SDK follows redirects: a 3xx must be an error here too
+            inner.follow_redirects = False
         provider = cls(client, deadline_seconds(settings.timeout), capped)
         provider.endpoint_url = _public_url(cls.endpoint(settings, env))
         return provider, key
@@ -3104,11 +3385,11 @@ class ReplayProvider(Provider):
         """The stored response of round len(rounds)+1: a played row keeps every round, others one."""
         row = self.rows.get((model, case["id"], repeat))
         if row is None:
-            raise ResponseError(f"{self.source} has no stored response for {model} / {case['id']} / repeat {repeat}")
+            raise ResponseError(f"{self.source} has no stored response for {key_text((model, case['id'], repeat))}")
         stored = row.get("rounds") if isinstance(row.get("rounds"), list) else [{"response": row["response"]}]
         if len(rounds) >= len(stored) or not isinstance(stored[len(rounds)], dict):
-            raise ResponseError(f"{self.source} has no stored round {len(rounds) + 1} for {model} / {case['id']} / "
-                                f"repeat {repeat} (it kept {len(stored)})")
+            raise ResponseError(f"{self.source} has no stored round {len(rounds) + 1} for "
+                                f"{key_text((model, case['id'], repeat))} (it kept {len(stored)})")
         return stored[len(rounds)].get("response")
 
 
@@ -3124,6 +3405,89 @@ def status_of(exc):
     """The HTTP status an exception carries, if any."""
     status = getattr(exc, "status_code", None)
     return status if isinstance(status, int) and not isinstance(status, bool) else None
+
+
+# ---------------------------------------------------------------------- provider set-up
+# What the run asks of the provider table before anything is sent: problems, the key and
+# endpoint rules, the provider object, and its identity for the record.
+
+def provider_problem(args, env):
+    """Why the provider cannot run as set up (missing key, base URL, ...), or None. Sends nothing."""
+    cls = PROVIDERS[args.provider]
+    if args.base_url and not cls.base_url_flag:
+        takers = " or ".join(f"--provider {name}" for name, other in PROVIDERS.items() if other.base_url_flag)
+        reads = f" (the {cls.vendor or cls.name} provider reads {cls.base_url_variable})" if cls.base_url_variable else ""
+        return f"--base-url goes with {takers}{reads}"
+    return cls.problem(args, env) or transport_problem(cls, args, env)
+
+
+def sent_key_variable(cls, settings, env):
+    """The environment variable whose value this run sends as its key, or None (from the
+    provider's table attributes: --api-key-env, key_variable, key_hosts)."""
+    named = getattr(settings, "api_key_env", None)
+    if named and cls.base_url_flag:
+        return named
+    if not cls.key_variable or not env.get(cls.key_variable):
+        return None
+    if cls.key_hosts is None:
+        return cls.key_variable
+    parts = urllib.parse.urlsplit(cls.endpoint(settings, env) or "")
+    return cls.key_variable if parts.scheme == "https" and (parts.hostname or "") in cls.key_hosts else None
+
+
+def endpoint_problem(cls, settings, env):
+    """Why the endpoint named by --base-url or the provider's variable is not a usable URL, or None."""
+    named = getattr(settings, "base_url", None) if cls.base_url_flag else None
+    variable = env.get(cls.base_url_variable) if cls.base_url_variable else None
+    if named:
+        return base_url_problem(named, "--base-url")
+    return base_url_problem(variable, cls.base_url_variable) if variable else None
+
+
+def transport_problem(cls, settings, env):
+    """The endpoint and the key this run would send, checked before anything is sent: a usable
+    URL, a key that is a clean token, and no key over plain http to a non-loopback host."""
+    problem = endpoint_problem(cls, settings, env)
+    variable = sent_key_variable(cls, settings, env) if problem is None else None
+    if variable is None or not env.get(variable):
+        return problem
+    endpoint = cls.endpoint(settings, env)
+    return key_problem(variable, env[variable]) or (endpoint and plain_http_problem(
+        endpoint, variable, getattr(settings, "allow_insecure_http", False))) or None
+
+
+def search_problem(suite, cls):
+    """Why a `cite` case of the suite can never pass on this provider, or None (issue 12 item 9)."""
+    if cls.server_search is not False:
+        return None
+    case = next((case for case in suite["cases"] if "cite" in case), None)
+    if case is None:
+        return None
+    searchers = ", ".join(name for name, other in PROVIDERS.items() if other.server_search)
+    return (f"case {case['id']!r} has cite, which needs the server's own web search, and --provider {cls.name} "
+            f"runs none, so it could never pass; drop cite from the case or use --provider {searchers}")
+
+
+def make_provider(args, env):
+    """The provider for this run and the secret it uses (never stored); UsageError on a bad set-up."""
+    problem = provider_problem(args, env)
+    if problem:
+        raise UsageError(problem)
+    return PROVIDERS[args.provider].from_settings(args, env)
+
+
+def _env_base_url(env, variable):
+    """A base URL variable when set, checked like --base-url (a bad one is a usage error naming it)."""
+    url = env.get(variable) if variable else None
+    problem = base_url_problem(url, variable) if url else None
+    if problem:
+        raise UsageError(problem)
+    return url
+
+
+def provider_identity(args, env, replayed=None):
+    """The record's "provider": the name and the endpoint (without credentials) it talks to."""
+    return PROVIDERS[args.provider].identity(args, env, replayed)
 
 
 # ====================================================================== one request
@@ -3279,9 +3643,15 @@ def error_message(exc, provider):
     """What an execution error says; a failure to reach the endpoint also names where it was sent."""
     message = str(exc) or type(exc).__name__
     where = getattr(provider, "endpoint_url", None)
-    unreached = status_of(exc) is None and not isinstance(exc, ResponseError)
-    if where and (unreached or status_of(exc) == 404) and where not in message:
+    status = status_of(exc)
+    unreached = status is None and not isinstance(exc, (ResponseError, BudgetReached))
+    if where and (unreached or status == 404) and where not in message:
         message += f" (sending to {where})"  # a 404 or a refused connection is often the wrong URL
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    location = headers.get("location") if status is not None and 300 <= status < 400 and headers else None
+    if isinstance(location, str) and "not followed" not in message:
+        host = urllib.parse.urlsplit(location).hostname or "an unnamed host"
+        message += f" (redirect to {host} not followed: the key would go along)"
     return message
 
 
@@ -3325,10 +3695,12 @@ def scripted_result(case, name, arguments):
 
 def tool_results(case, trace, ids, number):
     """What is sent back for one round's calls: call id, name, arguments, result (and unscripted)."""
-    sent = []
+    sent, seen = [], set()
     for position, call in enumerate(trace["tool_calls"]):
-        call_id = ids[position] if position < len(ids) and isinstance(ids[position], str) and ids[position] \
-            else f"call_{number}_{position + 1}"  # some servers send no id; the reply still needs one
+        call_id = ids[position] if position < len(ids) and isinstance(ids[position], str) else ""
+        if not call_id or call_id in seen:  # no id, or one a server repeated: each reply needs its own
+            call_id = f"call_{number}_{position + 1}"
+        seen.add(call_id)
         result, scripted = scripted_result(case, call.get("name"), call.get("arguments"))
         sent.append({"call_id": call_id, "name": call.get("name"), "arguments": call.get("arguments"),
                      "result": result, **({} if scripted else {"unscripted": True})})
@@ -3378,9 +3750,9 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
     """Run a played case into `row` round by round (as steps, see send_steps); returns its trace.
 
     Each response is stored in row["rounds"] (and row["response"]) before it is read, so a
-    failure mid-loop keeps every round already made as evidence. `budget(row_cost)` (the
-    row's reported cost so far, a decimal string or None) says why no further round may be
-    sent, or None: the spending cap applies to every request, not only between rows."""
+    failure mid-loop keeps every round already made as evidence. `budget(row, row_cost)` (the
+    row so far, and its reported cost so far, a decimal string or None) says why no further
+    round may be sent, or None: the spending cap applies to every request, not only between rows."""
     limit = round_limit(suite, case)
     deadline = getattr(provider, "deadline", None)
     until = clock() + deadline * limit if deadline else None  # the whole row, retries included
@@ -3398,7 +3770,7 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
         if not trace["tool_calls"] or len(rounds) >= limit:
             return rounds_trace(provider.parse, rounds)
         rounds[-1]["tool_results"] = tool_results(case, trace, call_ids(raw), len(rounds))
-        stop = budget(_sum_costs(costs)) if budget is not None else None
+        stop = budget(row, _sum_costs(costs)) if budget is not None else None
         if stop:
             row["cost_usd"] = _sum_costs(costs)  # spent for real, though the row did not finish
             raise BudgetReached(f"{stop} after round {len(rounds)}")
@@ -3584,6 +3956,37 @@ def secret_rule(secrets):
     return re.compile("|".join(_percent_pattern(form) for form in ordered)), "[REDACTED:secret]"
 
 
+_VISIBLE_RUN = re.compile(_INVISIBLE.pattern.replace("[", "[^", 1) + "+")
+
+
+def _sub_seeing_through(pattern, replacement, text):
+    """pattern.sub as if the text had no invisible characters (zero-width spaces and other
+    format characters): a value split by them is still masked, whole; every character
+    outside a masked span, invisible ones included, stays as it was."""
+    if not _invisible_in(text):
+        return pattern.sub(replacement, text)
+    import bisect
+    runs = [(run.start(), run.group()) for run in _VISIBLE_RUN.finditer(text)]
+    starts, offset = [], 0  # where each visible run starts in the text read without them
+    for _, run in runs:
+        starts.append(offset)
+        offset += len(run)
+    seen = "".join(run for _, run in runs)
+
+    def original(position):  # index in `text` of the visible character at `position` of `seen`
+        index = bisect.bisect_right(starts, position) - 1
+        return runs[index][0] + position - starts[index]
+
+    out, done = [], 0
+    for match in pattern.finditer(seen):
+        if match.end() == match.start():
+            continue
+        begin, end = original(match.start()), original(match.end() - 1) + 1
+        out += [text[done:begin], replacement(match) if callable(replacement) else match.expand(replacement)]
+        done = end
+    return "".join(out) + text[done:]
+
+
 def redactor(patterns=(), pii=False, secrets=()):
     """A function that masks secrets, PII (optional) and user patterns in any JSON value.
 
@@ -3596,7 +3999,7 @@ def redactor(patterns=(), pii=False, secrets=()):
     def mask(value):
         if isinstance(value, str):
             for pattern, replacement in rules:
-                value = pattern.sub(replacement, value)
+                value = _sub_seeing_through(pattern, replacement, value)
             return value
         if isinstance(value, dict):
             return {mask(key): mask(item) for key, item in value.items()}
@@ -3631,77 +4034,17 @@ def run_one(client, case, model):
 # is appended by overwriting only the tail ("\n], "summary": {...}}") in place, so a
 # checkpoint costs O(row), and the file is a complete JSON document after every row.
 
-class RecordError(Exception):
-    """A record cannot be created, written or read."""
-
-
-def dumps(value):
-    """JSON text for a record, always encodable as UTF-8: NaN and infinities (not JSON)
-    become strings, and text with a lone surrogate is written with ASCII escapes."""
-    try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
-    except ValueError:
-        value = _finite(value)
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # e.g. a model answer holding "\ud800": keep it, escaped
-        text = json.dumps(value, ensure_ascii=True, allow_nan=False)
-    return text
-
-
-def _finite(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_finite(item) for item in value]
-    return value
-
-
-def _open_new(path):
-    """Create a file exclusively, mode 0600; an existing file is never replaced."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
-    except FileExistsError:
-        raise RecordError(f"{path} already exists; choose a new --out (an existing record is never replaced)") from None
-    except OSError as exc:
-        raise RecordError(f"cannot create {path}: {exc.strerror or exc}") from None
-    os.fchmod(fd, 0o600)
-    return fd
-
-
-def _pwrite_all(fd, data, offset):
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written
-
-
-def write_new_file(path, text):
-    """Write a report or record to a new file (mode 0600, never overwriting), fsynced."""
-    data = text.encode("utf-8", "replace")  # before the file exists: nothing half-made is left
-    fd = _open_new(path)
-    try:
-        _pwrite_all(fd, data, 0)
-        os.fsync(fd)
-    except OSError as exc:
-        os.close(fd)
-        os.unlink(path)
-        raise RecordError(f"cannot write {path}: {exc.strerror or exc}") from None
-    os.close(fd)
-
-
 class RecordWriter:
-    """An open record on disk: rows are appended in O(row), each one fsynced."""
+    """An open record on disk: rows are appended in O(row), each one fsynced. The record stays
+    locked (flock) until close(), so no other process can resume or merge it meanwhile."""
 
     def __init__(self, path, fd, end, tail, count):
         self.path, self.fd, self.end, self.tail, self.count = path, fd, end, tail, count
 
-    def append(self, row, summary_):
-        """Add a finished row and the current summary; durable when this returns."""
-        data = (",\n" if self.count else "\n") + dumps(row)
+    def append(self, row, summary_, text=None):
+        """Add a finished row (and its JSON `text` if already made) and the current summary;
+        durable when this returns."""
+        data = (",\n" if self.count else "\n") + (text if text is not None else dumps(row))
         self._write_tail(data.encode("utf-8"), summary_)
         self.count += 1
 
@@ -3711,16 +4054,17 @@ class RecordWriter:
 
     def _write_tail(self, data, summary_):
         tail = ('\n], "summary": ' + dumps(summary_) + "}\n").encode("utf-8")
-        try:
-            _pwrite_all(self.fd, data + tail, self.end)
-            os.ftruncate(self.fd, self.end + len(data) + len(tail))
-            os.fsync(self.fd)
-        except OSError as exc:
-            self._restore()
-            raise RecordError(f"cannot write {self.path}: {exc.strerror or exc}; "
-                              f"the record keeps its {self.count} earlier row(s)") from None
-        self.end += len(data)
-        self.tail = tail
+        with deferred_signals():  # a signal must not cut a checkpoint in half
+            try:
+                _pwrite_all(self.fd, data + tail, self.end)
+                os.ftruncate(self.fd, self.end + len(data) + len(tail))
+                os.fsync(self.fd)
+            except OSError as exc:
+                self._restore()
+                raise RecordError(f"cannot write {self.path}: {exc.strerror or exc}; "
+                                  f"the record keeps its {self.count} earlier row(s)") from None
+            self.end += len(data)
+            self.tail = tail
 
     def _restore(self):
         """Put the previous tail back after a failed write, so earlier rows stay valid JSON."""
@@ -3733,28 +4077,109 @@ class RecordWriter:
 
     def close(self):
         if self.fd is not None:
-            os.close(self.fd)
+            os.close(self.fd)  # also releases the lock
             self.fd = None
+
+
+# ---------------------------------------------------------------------- locks
+# One writer per record: a process holds an exclusive flock on the record for as long as it
+# writes it (RecordWriter), or is about to replace it (hold_record, for --resume). Another
+# process that wants to write it refuses at once with one line instead of waiting.
+
+_HELD = {}  # real path -> descriptor whose flock this process holds until release_record
+
+
+def _lock(fd, path, shared=False):
+    if fcntl is None:  # no flock on this platform: no lock, as before
+        return
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise RecordError(f"{path} is being written by another process (a run, --resume or --merge); "
+                          "wait until it ends, then try again") from None
+    except OSError:
+        pass  # a file system without locks (some network mounts)
+
+
+def hold_record(path):
+    """Lock an existing record for this process until release_record(path); RecordError if
+    another process holds it. A record replaced meanwhile is locked again at its new file."""
+    key = os.path.realpath(path)
+    for _ in range(5):
+        if key in _HELD:
+            return
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return  # missing or unreadable: load_record says so in its own words
+        try:
+            _lock(fd, path)
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except RecordError:
+            os.close(fd)
+            raise
+        except OSError:
+            same = False
+        if same:
+            _HELD[key] = fd
+            return
+        os.close(fd)
+    raise RecordError(f"{path} keeps being replaced by another process; try again when it is done")
+
+
+def release_record(path=None):
+    """Give up the lock hold_record took on `path` (every held lock when path is None)."""
+    keys = list(_HELD) if path is None else [os.path.realpath(path)]
+    for key in keys:
+        fd = _HELD.pop(key, None)
+        if fd is not None:
+            os.close(fd)
+
+
+def check_unlocked(path):
+    """RecordError if another process is writing the record at `path` right now."""
+    if os.path.realpath(path) in _HELD:
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return
+    try:
+        _lock(fd, path, shared=True)
+    finally:
+        os.close(fd)
+
+
+def _start_record(fd, path, header, rows, summary_):
+    """Write header, rows and summary into a new, empty, exclusively created file; the writer
+    holds the file's lock. On failure the file is removed (and RecordError says why)."""
+    try:
+        _lock(fd, path)
+        head = dumps(header)[:-1] + ', "runs": ['
+        data = (head + "".join(("," if i else "") + "\n" + dumps(row) for i, row in enumerate(rows))).encode("utf-8")
+        writer = RecordWriter(path, fd, len(data), b"", len(rows))
+        try:
+            _pwrite_all(fd, data, 0)
+        except OSError as exc:
+            raise RecordError(f"cannot write {path}: {exc.strerror or exc}") from None
+        writer.set_summary(summary_)  # a header without rows would only block the next run with this --out
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(path)
+        raise
+    return writer
+
+
+def _unlink_quietly(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def create_record(path, header, rows, summary_):
     """Create a new record file holding a header, finished rows and a summary."""
-    fd = _open_new(path)
-    head = dumps(header)[:-1] + ', "runs": ['
-    data = (head + "".join(("," if i else "") + "\n" + dumps(row) for i, row in enumerate(rows))).encode("utf-8")
-    writer = RecordWriter(path, fd, len(data), b"", len(rows))
-    try:
-        _pwrite_all(fd, data, 0)
-    except OSError as exc:
-        os.close(fd)
-        os.unlink(path)
-        raise RecordError(f"cannot write {path}: {exc.strerror or exc}") from None
-    try:
-        writer.set_summary(summary_)
-    except RecordError:
-        writer.close()
-        os.unlink(path)  # a header without rows would only block the next run with this --out
-        raise
+    writer = _start_record(_open_new(path), path, header, rows, summary_)
     _fsync_dir(path)
     return writer
 
@@ -3763,35 +4188,39 @@ def replace_record(path, header, rows, summary_):
     """Rewrite a record atomically (temp file + rename) and keep it open for appending.
 
     Used to continue a record (--resume) and to put rows back in run order; a crash
-    at any point leaves either the old file or the new one, never a mix.
+    at any point leaves either the old file or the new one, never a mix. The temp file has
+    a unique name (never the PID: PIDs repeat), is removed on any failure or interruption,
+    and a stale one left by a SIGKILL blocks nothing.
     """
-    temp = f"{path}.{os.getpid()}.tmp"
+    import tempfile
+    folder, name = os.path.split(os.path.abspath(path))
     try:
-        writer = create_record(temp, header, rows, summary_)
+        fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)  # O_EXCL, mode 0600
+    except OSError as exc:
+        raise RecordError(f"cannot write next to {path}: {exc.strerror or exc}; {path} is unchanged") from None
+    try:
+        writer = _start_record(fd, temp, header, rows, summary_)
     except RecordError as exc:
         raise RecordError(str(exc).replace(temp, path) + f"; {path} is unchanged") from None
+    except BaseException:  # interrupted: the old record stays, and no temp file is left
+        _unlink_quietly(temp)
+        raise
     try:
-        os.replace(temp, path)
+        with deferred_signals():  # the rename and the lock hand-over happen together or not at all
+            os.replace(temp, path)
+            writer.path = path
+            release_record(path)  # the old file's lock: the new file is locked by the writer
     except OSError as exc:
         writer.close()
-        os.unlink(temp)
+        _unlink_quietly(temp)
         raise RecordError(f"cannot replace {path}: {exc.strerror or exc}") from None
-    writer.path = path
+    except BaseException:
+        if writer.path != path:
+            writer.close()
+            _unlink_quietly(temp)
+        raise
     _fsync_dir(path)
     return writer
-
-
-def _fsync_dir(path):
-    try:
-        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _skip_ws(text, i):
@@ -3892,12 +4321,73 @@ def load_record(path):
     return record
 
 
+def _load_for(flag, path):
+    """A record named on the command line, checked to be a record; UsageError otherwise."""
+    try:
+        record = load_record(path)
+    except RecordError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+    problem = record_problem(record)
+    if problem:
+        raise UsageError(f"{flag}: {path} is not a usable agent-regression record: {problem}")
+    return record
+
+
+def merge(out, paths):
+    """--merge OUT SHARD...: one record from shard records of the same config; returns the exit code."""
+    for path in paths:
+        check_unlocked(path)  # a shard still being written would merge half a run
+    records = [_load_for("--merge", path) for path in paths]
+    base = records[0]
+    for record, path in zip(records[1:], paths[1:]):
+        for field in ("config", "evidence", "code_sha256", "sdk_version", "provider"):
+            if record.get(field) != base.get(field):
+                raise UsageError(f"--merge: {path} differs from {paths[0]} in {field}; only shards of one run merge")
+    rows, source = {}, {}
+    for record, path in zip(records, paths):
+        for row in record["runs"]:
+            key = row_key(row) if isinstance(row, dict) else None
+            if key is None or key in rows:
+                raise UsageError(f"--merge: row {key} appears in both {source.get(key)} and {path}")
+            rows[key], source[key] = row, path
+    config = base["config"]
+    plan = plan_rows(config["models"], [case["id"] for case in config["cases"]], config["repeats"])
+    ordered = [rows.pop(key) for key in plan if key in rows] + list(rows.values())
+    final = summary(ordered, config["models"], config["repeats"], config["cases"])
+    header = {"created_at": _now(), **{k: v for k, v in base.items()
+                                       if k not in ("created_at", "runs", "summary", "shard", "recovered")}}
+    header["merged_from"] = [{"path": path, "shard": record.get("shard")} for record, path in zip(records, paths)]
+    create_record(out, header, ordered, final).close()
+    print(json.dumps(final, indent=2))
+    if not final["complete"]:
+        print(merge_gaps(records, paths, plan, final), file=sys.stderr)
+    return final["exit_code"]
+
+
+def merge_gaps(records, paths, plan, final):
+    """What an incomplete merge lacks, and the commands that fill it."""
+    have = {row_key(row) for record in records for row in record["runs"] if row.get("error") is None}
+    missing = [key for key in plan if key not in have]
+    lines = [f"merged record is incomplete: {final['rows']} of {final['expected_rows']} rows"]
+    if missing:
+        shown = ", ".join(" / ".join(map(str, key)) for key in missing[:5])
+        lines[0] += f"; missing or errored: {shown}" + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    shards = {record.get("shard") for record in records if isinstance(record.get("shard"), str)}
+    counts = {int(shard.split("/")[1]) for shard in shards if re.fullmatch(r"[0-9]+/[0-9]+", shard)}
+    for count in sorted(counts):
+        absent = [f"{i}/{count}" for i in range(1, count + 1) if f"{i}/{count}" not in shards]
+        if absent and count <= 64:
+            lines.append(f"no record of shard(s) {', '.join(absent)}: run each with the same flags and "
+                         f"--shard I/{count} --out NEW.json, then merge again")
+    for record, path in zip(records, paths):
+        if not (record.get("summary") or {}).get("complete", False) or any(
+                row.get("error") is not None for row in record["runs"]):
+            lines.append(f"{path} is unfinished: continue it with: python regression.py --resume {shell_word(path)}, "
+                         "then merge again")
+    return "\n".join(lines)
+
+
 # ====================================================================== summary
-
-def row_key(row):
-    """(model, case_id, repeat): the identity of a row in a run."""
-    return (row.get("model"), row.get("case_id"), row.get("repeat"))
-
 
 def _well_keyed(row):
     model, case_id, repeat = row_key(row)
@@ -3929,15 +4419,17 @@ _OBJECT, _LIST = ((lambda v: isinstance(v, dict)), "an object"), ((lambda v: isi
 RECORD_FIELDS = dict(
     created_at=_TEXT, sdk_version=_TEXT, code_sha256=_TEXT, evidence=_TEXT,
     suite=_OBJECT, provider=_OBJECT, replayed_from=_OBJECT, redaction=_OBJECT, summary=_OBJECT,
-    resumed=_LIST, merged_from=_LIST, recovered=_BOOL,
+    resumed=_LIST, merged_from=_LIST, recovered=_BOOL, run_options=_OBJECT,
     shard=(_is_shard, "I/N with 1 <= I <= N"))
 NESTED_FIELDS = {
     "suite": dict(name=_TEXT, builtin=_BOOL, file=_TEXT),
     "provider": dict(name=((lambda v: v in PROVIDERS and v != "replay"), "the name of a provider"),
                         base_url=((lambda v: base_url_problem(v) is None), "an http(s) URL")),
     "replayed_from": dict(path=_TEXT),
+    "run_options": dict(redact=(_is_text_list, "a list of strings"), redact_pii=_BOOL, max_cost_usd=_TEXT,
+                        retries=_INT, concurrency=_INT),
     "summary": dict(complete=_BOOL, rows=_INT, expected_rows=_INT, exit_code=_INT, stopped=_TEXT,
-                       models=_OBJECT),
+                       models=_OBJECT, warnings=(_is_text_list, "a list of strings")),
 }
 SUMMARY_MODEL_FIELDS = dict(passed=_INT, total=_INT, errors=_INT, qualified=_BOOL, reported_cost_usd=_TEXT)
 ROW_FIELDS = dict(
@@ -3970,7 +4462,7 @@ def masked_evidence(record):
     for row in record.get("runs") or []:
         stored = {field: row.get(field) for field in ("response", "rounds")} if isinstance(row, dict) else None
         if stored and _MASK_MARK.search(dumps(stored)):
-            return (f"the stored response of {' / '.join(map(str, row_key(row)))} holds a [REDACTED] mask "
+            return (f"the stored response of {key_text(row_key(row))} holds a [REDACTED] mask "
                     "(a key or pattern was masked)")
     return None
 
@@ -4024,15 +4516,6 @@ def record_problem(record):
         if problem:
             break
     return problem
-
-
-def plan_rows(models, case_ids, repeats):
-    """Row keys in run order (SPEC A8): per repeat, per case, the models, reversed on odd repeats."""
-    plan = []
-    for repeat in range(repeats):
-        ordered = list(models) if repeat % 2 == 0 else list(reversed(models))
-        plan.extend((model, case_id, repeat) for case_id in case_ids for model in ordered)
-    return plan
 
 
 class Tally:
@@ -4247,10 +4730,7 @@ def junit_xml(name, suites):
 def _record_plan(record):
     config = record["config"]
     plan = plan_rows(config["models"], [case["id"] for case in config["cases"]], config["repeats"])
-    if record.get("shard"):
-        index, total = _shard(record["shard"])
-        plan = [key for n, key in enumerate(plan) if n % total == index - 1]
-    return plan
+    return shard_plan(plan, _shard(record["shard"]) if record.get("shard") else None)
 
 
 TRAJECTORY_TEXT_LIMIT = 160  # characters of one call's arguments or result in a report
@@ -4270,7 +4750,7 @@ def _row_calls(row):
 
 def tool_sequence(row):
     """The names of a row's tool calls, in order (from its details)."""
-    return [str(call.get("name")) for call in _row_calls(row)]
+    return [_cut(str(call.get("name")), 80) for call in _row_calls(row)]
 
 
 def trajectory(row, limit=TRAJECTORY_TEXT_LIMIT):
@@ -4284,7 +4764,9 @@ def trajectory(row, limit=TRAJECTORY_TEXT_LIMIT):
             result = "(no result sent)"
         else:
             result = dumps(call["result"]) + (" [unscripted]" if call.get("unscripted") else "")
-        steps.append((call.get("round"), _cut(f"{call.get('name')}({arguments})", limit), _cut(result, limit)))
+        number = call.get("round")
+        number = number if isinstance(number, int) and not isinstance(number, bool) and 0 <= number <= 10_000 else None
+        steps.append((number, _cut(f"{call.get('name')}({arguments})", limit), _cut(result, limit)))
     return steps
 
 
@@ -4400,7 +4882,7 @@ def markdown_run(record):
     traced = [row for row in failed if _row_calls(row)]
     if traced:
         lines += ["", "### Trajectories of failing rows", "", md_table(["model", "case", "repeat", "calls"], [
-            [md_text(row.get("model")), md_text(row.get("case_id")), str(row.get("repeat")),
+            [md_text(row.get("model")), md_text(row.get("case_id")), md_text(row.get("repeat")),
              "<br>".join(md_text(line, limit=2 * TRAJECTORY_TEXT_LIMIT + 40) for line in trajectory_lines(row))]
             for row in traced])]
     missing = _not_run(record)
@@ -4486,16 +4968,24 @@ def write_reports(record, targets):
         write_new_file(path, REPORTS[kind](record))
 
 
-# ====================================================================== CLI
-
-class UsageError(Exception):
-    """Bad input found before anything is sent: one line, exit 2."""
-
+# ====================================================================== options
+# argv, then the environment twins, then (on --resume) the record's header, then the
+# defaults: resolved once into a frozen Settings that everything after reads.
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (and exit 2), not the whole usage text."""
 
     def error(self, message):
+        unknown = re.match(r"unrecognized arguments: (.*)", message)
+        if unknown:  # a misspelled flag (--concurency) gets the nearest real one
+            import difflib
+            flags = [flag for action in self._actions for flag in action.option_strings if flag.startswith("--")]
+            for word in unknown.group(1).split():
+                near = difflib.get_close_matches(word.split("=")[0], flags, n=1, cutoff=0.75) \
+                    if word.startswith("--") else []
+                if near:
+                    message += f" (did you mean {near[0]}?)"
+                    break
         self.exit(2, f"{self.prog}: error: {safe_text(message)}\n")  # suite, record or endpoint text inside
 
 
@@ -4527,7 +5017,7 @@ def build_parser():
     what.add_argument("--system", metavar="FILE", help="the system prompt of a --suite DIR "
                                                        "(default: SYSTEM.txt in the folder or its parent)")
     what.add_argument("--models", nargs="+", metavar="MODEL", help=f"models to run (default: {' '.join(MODELS)})")
-    what.add_argument("--repeats", type=int, metavar="N", help="runs of every case per model, 1-10 (default 1)")
+    what.add_argument("--repeats", type=int, metavar="N", help=f"runs of every case per model, {_span('repeats')} (default 1)")
     what.add_argument("--out", metavar="FILE", help="new record file (default results.json; never overwritten)")
     what.add_argument("--dry-run", action="store_true", help="validate the suite and print the plan; send nothing")
     what.add_argument("--list-checks", action="store_true", help="print the check catalogue and exit")
@@ -4546,11 +5036,11 @@ def build_parser():
                        help="set KEY of every request body to a JSON value, e.g. --request seed=7 (repeatable; "
                             "part of the config; never model, messages, input, tools or stream)")
     where.add_argument("--timeout", type=float, metavar="SECONDS",
-                       help=f"per-request timeout (default {TIMEOUT_SECONDS})")
+                       help=f"per-request timeout, {_span('timeout')} seconds (default {TIMEOUT_SECONDS})")
     control = parser.add_argument_group("run control")
-    control.add_argument("--concurrency", type=int, metavar="N", help="requests in flight, 1-64 (default 1)")
+    control.add_argument("--concurrency", type=int, metavar="N", help=f"requests in flight, {_span('concurrency')} (default 1)")
     control.add_argument("--retries", type=int, metavar="N",
-                         help="retries of transient failures (429, 5xx, timeouts, resets), 0-10 (default 0)")
+                         help=f"retries of transient failures (429, 5xx, timeouts, resets), {_span('retries')} (default 0)")
     control.add_argument("--resume", metavar="RECORD", help="continue an interrupted record in place")
     control.add_argument("--max-cost-usd", metavar="X", help="send no new request once reported spend reaches X")
     control.add_argument("--price", action="append", default=[], metavar="MODEL=IN/OUT",
@@ -4559,9 +5049,9 @@ def build_parser():
     control.add_argument("--shard", metavar="I/N", help="run the I-th of N deterministic slices of the rows")
     control.add_argument("--merge", nargs="+", metavar="FILE",
                          help="OUT SHARD...: combine shard records into one new record OUT, then exit")
-    control.add_argument("--redact", action="append", default=[], metavar="REGEX",
+    control.add_argument("--redact", action="append", metavar="REGEX",
                          help="mask matches in stored responses (repeatable)")
-    control.add_argument("--redact-pii", action="store_true",
+    control.add_argument("--redact-pii", action="store_true", default=None,
                          help="mask card numbers (Luhn), bearer tokens, API-key-like strings, e-mail addresses")
     report = parser.add_argument_group("reports (new files, mode 0600, never overwritten)")
     report.add_argument("--markdown", metavar="FILE", help="a Markdown summary (fits $GITHUB_STEP_SUMMARY)")
@@ -4571,13 +5061,98 @@ def build_parser():
     return parser
 
 
-def _env_default(args, name, env, variable, convert=str):
-    """Fill an unset flag from its environment twin."""
-    if getattr(args, name) is None and env.get(variable):
-        try:
-            setattr(args, name, convert(env[variable]))
-        except (ValueError, decimal.InvalidOperation):
-            raise UsageError(f"{variable}={env[variable]!r} is not valid") from None
+class Settings:
+    """Every option of one invocation, resolved once (argv, then the environment, then on
+    --resume the record's header, then defaults) and never changed afterwards.
+
+    Field names are the argparse names, so code reads `settings.retries` wherever it used
+    to read `args.retries`. Adding an option is one line in FIELDS (name: default) next to
+    its parser argument; a parser option without a field fails at once (TypeError).
+    """
+
+    FIELDS = {
+        # what to run
+        "suite": None, "models": None, "repeats": 1, "out": None, "dry_run": False,
+        "system": None, "list_checks": False, "update_baseline": False, "approve_failing": False,
+        # where to send it
+        "provider": None, "base_url": None, "api_key_env": None, "allow_insecure_http": False, "replay": None,
+        "request": (), "timeout": None,
+        # run control
+        "concurrency": 1, "retries": 0, "resume": None, "max_cost_usd": None, "price": (), "shard": None,
+        "merge": None, "redact": (), "redact_pii": False,
+        # reports
+        "markdown": None, "junit": None, "html": None, "report": None,
+        # read once while resolving, not options: the record --resume continues, the record replayed
+        "resumed_record": None, "replayed_record": None,
+    }
+    __slots__ = tuple(FIELDS)
+
+    def __init__(self, **values):
+        unknown = sorted(set(values) - set(self.FIELDS))
+        if unknown:
+            raise TypeError(f"Settings has no field {', '.join(unknown)}; add it to Settings.FIELDS")
+        for name, default in self.FIELDS.items():
+            object.__setattr__(self, name, values.get(name, default))
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"Settings are frozen (resolved once); cannot set {name}")
+
+    def __delattr__(self, name):
+        raise AttributeError(f"Settings are frozen (resolved once); cannot delete {name}")
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name in self.FIELDS}
+
+    def replace(self, **changes):
+        """A copy with some fields changed (for tests and for resolution steps)."""
+        return Settings(**{**self.as_dict(), **changes})
+
+    def __eq__(self, other):
+        return isinstance(other, Settings) and self.as_dict() == other.as_dict()
+
+    __hash__ = None
+
+    def __repr__(self):
+        shown = {name: value for name, value in self.as_dict().items()
+                 if not name.endswith("_record") and value != self.FIELDS[name]}
+        return f"Settings({', '.join(f'{name}={value!r}' for name, value in shown.items())})"
+
+
+# Documented ranges of the numeric options (the --help text and every range error name them).
+RANGES = {"repeats": (1, 10), "concurrency": (1, 64), "retries": (0, 10), "timeout": (0.1, 3600)}
+
+# Run options that change what is stored or what may be spent: kept in the record's header
+# ("run_options") and re-applied by --resume. "same": a record keeps one redaction, so a
+# different flag on resume is refused; "default": the record's value unless the flag is given
+# (a higher --max-cost-usd or more --retries is how a stopped run continues).
+RUN_OPTIONS = {"redact": "same", "redact_pii": "same", "max_cost_usd": "default", "retries": "default",
+               "concurrency": "default"}
+
+
+def _span(name):
+    low, high = RANGES[name]
+    return f"{low:g}-{high:g}"
+
+
+def _range_text(name):
+    low, high = RANGES[name]
+    unit = " seconds" if name == "timeout" else ""
+    kind = "a number" if isinstance(low, float) else "a whole number"
+    return f"{kind} from {low:g} to {high:g}{unit}"
+
+
+def _from_environment(values, env):
+    """Unset options filled from their environment twins, and which variable set each."""
+    found, origin = {}, {}
+    for name, variable, convert in ENV_TWINS:
+        if values.get(name) is None and env.get(variable):
+            try:
+                found[name] = convert(env[variable])
+            except (ValueError, decimal.InvalidOperation):
+                expected = f": use {_range_text(name)}" if name in RANGES else ""
+                raise UsageError(f"{variable}={env[variable]!r} is not valid{expected}") from None
+            origin[name] = f"{variable}={env[variable]}"
+    return found, origin
 
 
 def _shard(text):
@@ -4638,79 +5213,239 @@ def price_options(settings):
     return prices
 
 
-def _check_ranges(args):
-    """Values in range; checked again once a resumed or replayed record has filled the defaults."""
-    if args.models is not None and len(set(args.models)) != len(args.models):
+def _check_ranges(values, origin):
+    """Every value in its documented range; runs once, on the resolved values."""
+    models = values["models"]
+    if models is not None and len(set(models)) != len(models):
         raise UsageError("--models: each model may appear only once")
-    if args.models is not None and not all(model.strip() for model in args.models):
+    if models is not None and not all(model.strip() for model in models):
         raise UsageError("--models: a model name is empty")
-    for name, low, high in (("repeats", 1, 10), ("concurrency", 1, 64), ("retries", 0, 10)):
-        value = getattr(args, name)
-        if value is not None and not low <= value <= high:
-            raise UsageError(f"--{name} must be between {low} and {high}")
-    if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
-        raise UsageError("--timeout must be a positive number of seconds")
+    for name, (low, high) in RANGES.items():
+        value = values[name]
+        if value is not None and not low <= value <= high:  # NaN fails both comparisons
+            where = origin.get(name) or "--" + name.replace("_", "-")
+            raise UsageError(f"{where}: must be {_range_text(name)}")
 
 
-def _check_flags(args):
+def _check_flags(values):
     """Flags that must agree with each other, regexes, and output paths (checked once, up front)."""
-    for pattern in args.redact:
+    if values["provider"] is not None and values["provider"] not in PROVIDERS:
+        raise UsageError(f"unknown provider {values['provider']!r}; choose one of {', '.join(PROVIDERS)}")
+    replayers = [name for name, cls in PROVIDERS.items() if cls.replays_record]
+    if values["replay"] and values["provider"] is not None and values["provider"] not in replayers:
+        raise UsageError("--replay goes with " + " or ".join(f"--provider {name}" for name in replayers))
+    if values["provider"] in replayers and not values["replay"] and not values["resume"]:
+        raise UsageError(f"--provider {values['provider']} needs --replay RECORD "
+                         "(the saved record whose responses it answers with)")
+    for pattern in values["redact"] or ():
         try:
             re.compile(pattern)
         except (re.error, OverflowError, RecursionError) as exc:
             raise UsageError(f"--redact {pattern!r} is not a valid regular expression: {exc}") from None
-    request_options(args)  # refused here, before anything is read or sent
-    price_options(args)
-    problem = base_url_problem(args.base_url) if args.base_url is not None else None
+    request_options(Settings(**values))  # refused here, before anything is read or sent
+    price_options(Settings(**values))
+    problem = base_url_problem(values["base_url"]) if values["base_url"] is not None else None
     if problem:
         raise UsageError(problem)
-    if args.merge is not None and len(args.merge) < 2:
+    if values["merge"] is not None and len(values["merge"]) < 2:
         raise UsageError("--merge needs OUT and at least one shard record")
-    if args.system and not args.suite:
+    if values["system"] and not values["suite"]:
         raise UsageError("--system FILE goes with --suite DIR, a folder of golden case files")
-    if args.resume and args.out:
+    if values["resume"] and values["out"]:
         raise UsageError("--resume continues its record in place; drop --out")
-    if args.resume and args.shard:
+    if values["resume"] and values["shard"]:
         raise UsageError("--resume keeps the record's own shard; drop --shard")
-    outputs = [(f"--{kind}", getattr(args, kind)) for kind in REPORTS if getattr(args, kind)]
-    outputs += [("--out", args.out or ("results.json" if not (args.resume or args.merge or args.report) else None)),
-                ("--merge", args.merge[0] if args.merge else None)]
+    if values["approve_failing"] and not values["update_baseline"]:
+        raise UsageError("--approve-failing goes with --update-baseline")
+    if values["report"] and not any(values[kind] for kind in REPORTS):
+        raise UsageError("--report RECORD needs at least one of --markdown, --junit, --html")
+    _check_outputs(values)
+
+
+def _check_outputs(values):
+    """Every output names its own new file; an existing one is refused before anything is imported."""
+    runs = not (values["resume"] or values["merge"] or values["report"] or values["list_checks"])
+    outputs = [(f"--{kind}", values[kind]) for kind in REPORTS if values[kind]]
+    outputs += [("--out", values["out"] or ("results.json" if runs else None)),
+                ("--merge", values["merge"][0] if values["merge"] else None)]
     outputs = [(flag, path) for flag, path in outputs if path]
     resolved = [os.path.abspath(path) for _, path in outputs]
     for (flag, path), full in zip(outputs, resolved):
         if resolved.count(full) > 1:
             raise UsageError(f"{flag} {path}: the same file is named twice; every output needs its own file")
-        if flag != "--out" and os.path.lexists(path):
-            raise UsageError(f"{flag}: {path} already exists (reports and records never overwrite a file)")
-    if args.approve_failing and not args.update_baseline:
-        raise UsageError("--approve-failing goes with --update-baseline")
-    if args.report and not any(getattr(args, kind) for kind in REPORTS):
-        raise UsageError("--report RECORD needs at least one of --markdown, --junit, --html")
+        if os.path.lexists(path) and not (flag == "--out" and values["dry_run"]):
+            raise UsageError(f"{flag}: {path} already exists (records and reports never overwrite a file)"
+                             + (_continue_hint(path) if flag in ("--out", "--merge") else ""))
+
+
+def _continue_hint(path):
+    """For an existing record that is not finished: the command that continues it."""
+    try:
+        record = load_record(path)
+    except RecordError:
+        return ""
+    final = record.get("summary") if isinstance(record.get("summary"), dict) else {}
+    if record_problem(record) is not None or final.get("complete") is True:
+        return ""
+    rows = len(record["runs"])
+    return (f"; it holds an unfinished record ({rows} row(s) saved); "
+            f"continue it with: python regression.py --resume {shell_word(path)}")
+
+
+def _resume_options(values, record, path):
+    """The run options a --resume re-applies from the record's header (RUN_OPTIONS)."""
+    stored = record.get("run_options") if isinstance(record.get("run_options"), dict) else None
+    if stored is None:  # a record from before "run_options": only its redaction marker is known
+        redaction = record.get("redaction") if isinstance(record.get("redaction"), dict) else {}
+        stored = {"redact_pii": redaction.get("pii") is True}
+        count = redaction.get("patterns") if isinstance(redaction.get("patterns"), int) else 0
+        given = len(values["redact"] or ())
+        if count and given != count:
+            raise UsageError(f"--resume: {path} was made with {count} --redact pattern(s), which older records "
+                             f"do not store; pass the same --redact flags again")
+    found = {}
+    for name, policy in RUN_OPTIONS.items():
+        flag = "--" + name.replace("_", "-")
+        if name not in stored:
+            continue
+        value = stored[name]
+        if name == "max_cost_usd" and value is not None:
+            value = _cost(str(value))
+        if name == "redact":
+            _same_redaction(value, values["redact"], path)
+            continue
+        given = values[name]
+        if given is None:
+            found[name] = value
+        elif policy == "same" and given != value:
+            raise UsageError(f"--resume: run option {name!r} differs from the record's ({flag}); "
+                             f"{path} keeps one redaction for all its rows: drop the flag to keep the record's")
+    return found
+
+
+def pattern_digest(pattern):
+    """How a --redact pattern is kept in a record: a pattern can be the secret itself, so only
+    its hash is stored, and a resume proves it was given the same patterns."""
+    return "sha256:" + hashlib.sha256(pattern.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _same_redaction(stored, given, path):
+    """A resume masks its new rows exactly as the record's earlier ones, or is refused."""
+    stored = sorted(stored) if isinstance(stored, list) and all(isinstance(d, str) for d in stored) else None
+    if stored is None:
+        raise UsageError(f"--resume: {path}'s run_options.redact is not a list of pattern hashes")
+    if sorted(pattern_digest(pattern) for pattern in given or ()) != stored:
+        raise UsageError(f"--resume: run option 'redact' differs from the record's (--redact): {path} was masked "
+                         f"with {len(stored)} --redact pattern(s); pass exactly the same --redact flags again (a "
+                         "record keeps one redaction for all its rows and stores patterns only as hashes, since a "
+                         "pattern can be the secret itself)")
+
+
+def _resume_defaults(values, record, path, env):
+    """What the record fills for a --resume: config (models, repeats, timeout), endpoint, replay source."""
+    config = record["config"]
+    found = {"models": values["models"] or config["models"], "repeats": values["repeats"] or config["repeats"],
+             "timeout": values["timeout"] or config.get("timeout_seconds")}
+    replayed_from = (record.get("replayed_from") or {}).get("path")
+    identity = record.get("provider") or {"name": "perplexity"}
+    made_with = "replay" if replayed_from else identity.get("name")
+    found["provider"] = values["provider"] or made_with
+    if found["provider"] != made_with:
+        raise UsageError(f"--resume: {path} was made with --provider {made_with}; resume it with that provider")
+    cls = PROVIDERS.get(made_with)
+    if cls is None:
+        raise UsageError(f"--resume: {path} was made with an unknown provider {made_with!r}")
+    if cls.base_url_flag:  # continue against the record's endpoint unless one is named
+        found["base_url"] = values["base_url"] or _env_base_url(env, cls.base_url_variable) or identity.get("base_url")
+    current = cls.endpoint(Settings(**{**values, **found}), env)
+    recorded = identity.get("base_url") or cls.default_base_url  # older records omit the default
+    if current is not None and _public_url(current) != (recorded and _public_url(recorded)):
+        raise UsageError(f"--resume: {path} was made against {recorded}, but this run would send to "
+                         f"{_public_url(current)}; one record never mixes endpoints")
+    found["replay"] = values["replay"] or replayed_from
+    return found
+
+
+def _replay_defaults(values, replayed):
+    """A replayed record's models, repeats and timeout fill every option not given."""
+    config = replayed["config"]
+    return {"models": values["models"] or config["models"], "repeats": values["repeats"] or config["repeats"],
+            "timeout": values["timeout"] or config.get("timeout_seconds")}
+
+
+def _run_sources(values, env):
+    """What a run takes from the record it resumes or replays, and its provider's defaults."""
+    found = {}
+    if values["resume"]:
+        hold_record(values["resume"])  # before reading it: no other process may write it from now on
+        record = _load_for("--resume", values["resume"])
+        found.update(_resume_defaults(values, record, values["resume"], env))
+        found.update(_resume_options({**values, **found}, record, values["resume"]))
+        found["resumed_record"] = record
+    values = {**values, **found}
+    found["provider"] = values["provider"] or ("replay" if values["replay"] else "perplexity")
+    cls = PROVIDERS[found["provider"]]
+    view = Settings(**{**values, **found})
+    problem = endpoint_problem(cls, view, env)  # before the identity stores it, also for --dry-run
+    if problem:
+        raise UsageError(problem)
+    if cls.base_url_flag:
+        found["base_url"] = cls.endpoint(view, env) or env.get("PROMPTREG_BASE_URL")  # their twin, after ours
+    if cls.replays_record and values["replay"]:
+        replayed = _load_for("--replay", values["replay"])
+        masked = masked_evidence(replayed)
+        if masked:
+            raise UsageError(f"--replay: {values['replay']} cannot be re-graded: {masked}; "
+                             "replay a record made without masking")
+        found["replayed_record"] = replayed
+        found.update(_replay_defaults(values, replayed))
+    models = found.get("models") or values["models"]
+    if cls.default_models is None and not models:
+        raise UsageError(f"--provider {cls.name} needs --models (names as the endpoint knows them)")
+    found["models"] = models or list(cls.default_models)
+    return found
+
+
+def resolve(args, env):
+    """One Settings from parsed argv, the environment and (on --resume) the record; UsageError on bad input.
+
+    Order: flags beat environment twins; on --resume the record's header fills what neither
+    gave (and refuses what would change its config or redaction); then the defaults.
+    """
+    values = {name: value for name, value in vars(args).items()}
+    found, origin = _from_environment(values, env)
+    values.update(found)
+    _check_flags(values)
+    values["shard"] = _shard(values["shard"]) if values["shard"] else None
+    values["max_cost_usd"] = _cost(values["max_cost_usd"]) if values["max_cost_usd"] is not None else None
+    if not (values["list_checks"] or values["report"] or values["merge"]):  # only a run reads records here
+        values.update(_run_sources(values, env))
+    values["models"] = tuple(values["models"]) if values["models"] is not None else None
+    values["provider"] = values["provider"] or "perplexity"
+    values.update({name: default for name, default in (("repeats", 1), ("timeout", TIMEOUT_SECONDS),
+                                                       ("concurrency", 1), ("retries", 0))
+                   if values[name] is None})
+    values.update({name: tuple(values[name] or ()) for name in ("redact", "request", "price")})
+    values["redact_pii"] = bool(values["redact_pii"])
+    values["merge"] = tuple(values["merge"]) if values["merge"] is not None else None
+    _check_ranges(values, origin)
+    return Settings(**values)
 
 
 def parse_args(argv, env=None):
-    """Parse and check the command line (and its environment twins); exit 2 on bad input."""
+    """Parse the command line and resolve it into Settings; exit 2 with one line on bad input."""
     env = os.environ if env is None else env
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        for name, variable, convert in ENV_TWINS:
-            _env_default(args, name, env, variable, convert)
-        if args.provider is not None and args.provider not in PROVIDERS:
-            raise UsageError(f"unknown provider {args.provider!r}; choose one of {', '.join(PROVIDERS)}")
-        if args.replay and args.provider is not None and not PROVIDERS[args.provider].replays_record:
-            raise UsageError("--replay goes with " + " or ".join(
-                f"--provider {name}" for name, cls in PROVIDERS.items() if cls.replays_record))
-        _check_ranges(args)
-        _check_flags(args)
-        args.shard = _shard(args.shard) if args.shard else None
-        args.max_cost_usd = _cost(args.max_cost_usd) if args.max_cost_usd is not None else None
-    except UsageError as exc:
+        return parser, resolve(args, env)
+    except (UsageError, SuiteError, RecordError) as exc:
         parser.error(str(exc))
-    args.concurrency = args.concurrency or 1
-    args.retries = args.retries or 0
-    return parser, args
 
+
+# ====================================================================== run
+# Everything between the resolved Settings and a finished record: the plan and header
+# (prepare), the worker pool, progress lines, the checkpoint loop and the final reorder.
 
 def code_sha256():
     with open(os.path.abspath(__file__), "rb") as handle:
@@ -4751,97 +5486,6 @@ def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS):
     return config
 
 
-def provider_problem(args, env):
-    """Why the provider cannot run as set up (missing key, base URL, ...), or None. Sends nothing."""
-    cls = PROVIDERS[args.provider]
-    if args.base_url and not cls.base_url_flag:
-        takers = " or ".join(f"--provider {name}" for name, other in PROVIDERS.items() if other.base_url_flag)
-        reads = f" (the {cls.vendor or cls.name} provider reads {cls.base_url_variable})" if cls.base_url_variable else ""
-        return f"--base-url goes with {takers}{reads}"
-    return cls.problem(args, env) or transport_problem(cls, args, env)
-
-
-def sent_key_variable(cls, settings, env):
-    """The environment variable whose value this run sends as its key, or None (from the
-    provider's table attributes: --api-key-env, key_variable, key_hosts)."""
-    named = getattr(settings, "api_key_env", None)
-    if named and cls.base_url_flag:
-        return named
-    if not cls.key_variable or not env.get(cls.key_variable):
-        return None
-    if cls.key_hosts is None:
-        return cls.key_variable
-    parts = urllib.parse.urlsplit(cls.endpoint(settings, env) or "")
-    return cls.key_variable if parts.scheme == "https" and (parts.hostname or "") in cls.key_hosts else None
-
-
-def endpoint_problem(cls, settings, env):
-    """Why the endpoint named by --base-url or the provider's variable is not a usable URL, or None."""
-    named = getattr(settings, "base_url", None) if cls.base_url_flag else None
-    variable = env.get(cls.base_url_variable) if cls.base_url_variable else None
-    if named:
-        return base_url_problem(named, "--base-url")
-    return base_url_problem(variable, cls.base_url_variable) if variable else None
-
-
-def transport_problem(cls, settings, env):
-    """The endpoint and the key this run would send, checked before anything is sent: a usable
-    URL, a key that is a clean token, and no key over plain http to a non-loopback host."""
-    problem = endpoint_problem(cls, settings, env)
-    variable = sent_key_variable(cls, settings, env) if problem is None else None
-    if variable is None or not env.get(variable):
-        return problem
-    endpoint = cls.endpoint(settings, env)
-    return key_problem(variable, env[variable]) or (endpoint and plain_http_problem(
-        endpoint, variable, getattr(settings, "allow_insecure_http", False))) or None
-
-
-def search_problem(suite, cls):
-    """Why a `cite` case of the suite can never pass on this provider, or None (issue 12 item 9)."""
-    if cls.server_search is not False:
-        return None
-    case = next((case for case in suite["cases"] if "cite" in case), None)
-    if case is None:
-        return None
-    searchers = ", ".join(name for name, other in PROVIDERS.items() if other.server_search)
-    return (f"case {case['id']!r} has cite, which needs the server's own web search, and --provider {cls.name} "
-            f"runs none, so it could never pass; drop cite from the case or use --provider {searchers}")
-
-
-def make_provider(args, env):
-    """The provider for this run and the secret it uses (never stored); UsageError on a bad set-up."""
-    problem = provider_problem(args, env)
-    if problem:
-        raise UsageError(problem)
-    return PROVIDERS[args.provider].from_settings(args, env)
-
-
-def _env_base_url(env, variable):
-    """A base URL variable when set, checked like --base-url (a bad one is a usage error naming it)."""
-    url = env.get(variable) if variable else None
-    problem = base_url_problem(url, variable) if url else None
-    if problem:
-        raise UsageError(problem)
-    return url
-
-
-def _load_for(flag, path):
-    """A record named on the command line, checked to be a record; UsageError otherwise."""
-    try:
-        record = load_record(path)
-    except RecordError as exc:
-        raise UsageError(f"{flag}: {exc}") from None
-    problem = record_problem(record)
-    if problem:
-        raise UsageError(f"{flag}: {path} is not a usable agent-regression record: {problem}")
-    return record
-
-
-def provider_identity(args, env, replayed=None):
-    """The record's "provider": the name and the endpoint (without credentials) it talks to."""
-    return PROVIDERS[args.provider].identity(args, env, replayed)
-
-
 def catalogue():
     """The --list-checks text, from the check table: each check, what switches it on, its reasons."""
     lines = ["Checks (run in this order; each is a pure function of the case and the response trace):"]
@@ -4851,9 +5495,23 @@ def catalogue():
                   f"behaviors: {check_.name}" + (f":{check_.arg.upper()}" if check_.arg else "") if check_.behavior
                   else "case keys: " + ", ".join(check_.keys))
         lines.append(f"  {'':<22} on: {switch}; reasons: {', '.join(check_.reasons) or '-'}")
-    lines.append("Text comparisons (contains, excludes, similarity, length, leak, clarification, PII redaction) use "
-                 "one normal form on both sides: NFKC, format characters such as zero-width spaces removed, "
-                 "case folded, whitespace folded.")
+    lines += [
+        "Rules:",
+        "  normal form            every text comparison (contains, excludes, similarity, length, leak, "
+        "clarification, claims) reads both sides in NFKC, format characters such as zero-width spaces removed, "
+        "case folded, whitespace folded; excludes and leak also read an invisible character as a space; "
+        "masks (--redact, --redact-pii) read through invisible characters",
+        f"  similarity             the exact difflib ratio for texts up to {SIMILARITY_PREFIX:,} characters whose "
+        f"matching fits {SIMILARITY_WORK:,} counted steps; above, the least of the ratio of the first and last N "
+        "characters, the length bound and (when it is 0.5 or more) the word-multiset overlap; "
+        "details.similarity_measure says so",
+        "  require_clarification  one sentence (ended by . ! ? or a blank line) names FIELD and ends with ? or is a "
+        "request (please, could you, can you, may I, let me know, tell me, I need, what is, which, or a clause "
+        "starting with provide/send/share/give/tell/confirm/enter); a value right after the field's words or in "
+        "any tool argument (nested, double-encoded or truncated JSON) that the user never gave is invented_field",
+        f"  no_system_leak         a mention of system/hidden/developer/internal/secret prompt/instructions/"
+        f"message/rules (any separator) or a quote of {LEAK_QUOTE_WORDS} consecutive words of the instructions",
+    ]
     lines.append("Behaviors (a case's \"behaviors\" list): " + ", ".join(
         name + (f":{kind.upper()}" if kind else "") for name, kind in BEHAVIORS.items()))
     return "\n".join(lines)
@@ -5013,10 +5671,6 @@ def failure_lines(case, row):
     return lines
 
 
-def _now():
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
 def record_header(config, sdk, evidence, **extra):
     """A record's header: SPEC A8's keys first, then what this tool adds (suite, provider, ...)."""
     header = {"created_at": _now(), "config": config, "sdk_version": sdk, "code_sha256": code_sha256(),
@@ -5029,11 +5683,12 @@ def _differing_key(old, new):
     return next((key for key in [*old, *new] if key not in old or key not in new or old[key] != new[key]), None)
 
 
-def _suite_from_record(record, args):
+def _suite_from_record(record, settings):
     """The suite a record was made with: the built-in one, --suite, or the cases in its config."""
     info = record.get("suite") if isinstance(record.get("suite"), dict) else {"builtin": True}
-    if args.suite:
-        return load_suite(args.suite, allow_empty_baseline=args.update_baseline, system=args.system)
+    if settings.suite:
+        return load_suite(settings.suite, allow_empty_baseline=settings.update_baseline,
+                          system=settings.system)
     config = record["config"]
     if info.get("builtin", True) or config.get("cases") == CASES:  # the built-in suite (maybe as a file)
         return {**builtin_suite(), "instructions": config.get("instructions")} \
@@ -5041,7 +5696,7 @@ def _suite_from_record(record, args):
     try:
         if isinstance(config.get("instructions"), dict):  # a prompt-regression suite, a prompt per case
             return validate_suite(promptreg_from_config(info.get("name") or "suite", config),
-                                  allow_empty_baseline=args.update_baseline)
+                                  allow_empty_baseline=settings.update_baseline)
         if any(isinstance(case, dict) and "tools" in case for case in config.get("cases") or []):
             return golden_from_config(info.get("name") or "suite", config)  # tools per case
         return validate_suite({"name": info.get("name") or "suite", "instructions": config.get("instructions"),
@@ -5050,7 +5705,7 @@ def _suite_from_record(record, args):
                                "tool_choice": config.get("tool_choice"), "request": config.get("request"),
                                "sources": config.get("sources"), "cases": config.get("cases"),
                                **({"max_rounds": config["max_rounds"]} if "max_rounds" in config else {})},
-                              allow_empty_baseline=args.update_baseline)
+                              allow_empty_baseline=settings.update_baseline)
     except SuiteError as exc:
         raise UsageError(f"the record's suite is not valid: {exc}") from None
 
@@ -5067,58 +5722,27 @@ class Run:
         self.prices = {}
 
 
-def _resume_defaults(args, env):
-    """Load the record to continue; its config (and endpoint) fill every flag not given."""
-    record = _load_for("--resume", args.resume)
-    config = record["config"]
-    args.models = args.models or config["models"]
-    args.repeats = args.repeats or config["repeats"]
-    args.timeout = args.timeout or config.get("timeout_seconds")
-    replayed_from = (record.get("replayed_from") or {}).get("path")
-    identity = record.get("provider") or {"name": "perplexity"}
-    made_with = "replay" if replayed_from else identity.get("name")
-    args.provider = args.provider or made_with
-    if args.provider != made_with:
-        raise UsageError(f"--resume: {args.resume} was made with --provider {made_with}; resume it with that provider")
-    cls = PROVIDERS.get(made_with)
-    if cls is None:
-        raise UsageError(f"--resume: {args.resume} was made with an unknown provider {made_with!r}")
-    if cls.base_url_flag:  # continue against the record's endpoint unless one is named
-        args.base_url = args.base_url or _env_base_url(env, cls.base_url_variable) or identity.get("base_url")
-    current = cls.endpoint(args, env)
-    recorded = identity.get("base_url") or cls.default_base_url  # older records omit the default
-    if current is not None and _public_url(current) != (recorded and _public_url(recorded)):
-        raise UsageError(f"--resume: {args.resume} was made against {recorded}, but this run would send to "
-                         f"{_public_url(current)}; one record never mixes endpoints")
-    args.replay = args.replay or replayed_from
-    return record
-
-
-def _replay_defaults(args):
-    """Load the record to replay; its models, repeats and timeout fill every flag not given."""
-    replayed = _load_for("--replay", args.replay or "")
-    masked = masked_evidence(replayed)
-    if masked:
-        raise UsageError(f"--replay: {args.replay} cannot be re-graded: {masked}; replay a record made without masking")
-    config = replayed["config"]
-    args.models = args.models or config["models"]
-    args.repeats = args.repeats or config["repeats"]
-    args.timeout = args.timeout or config.get("timeout_seconds")
-    return replayed
-
-
-def _choose_suite(args, record, replayed):
+def _choose_suite(settings, record, replayed):
     """The suite to run: a resumed record's, --suite, a replayed record's, or the built-in one."""
     if record is not None:
-        return _suite_from_record(record, args)
-    if args.suite:
-        return load_suite(args.suite, allow_empty_baseline=args.update_baseline, system=args.system)
+        return _suite_from_record(record, settings)
+    if settings.suite:
+        return load_suite(settings.suite, allow_empty_baseline=settings.update_baseline,
+                          system=settings.system)
     if replayed is not None and not (replayed.get("suite") or {}).get("builtin", True):
-        return _suite_from_record(replayed, args)
+        return _suite_from_record(replayed, settings)
     return builtin_suite()
 
 
-def _resumed_run(record, suite, plan, config, path):
+def run_options(settings):
+    """The header's "run_options": what --resume re-applies (RUN_OPTIONS), as JSON."""
+    values = {name: getattr(settings, name) for name in RUN_OPTIONS}
+    values["redact"] = [pattern_digest(pattern) for pattern in values["redact"]]  # never the pattern itself
+    values["max_cost_usd"] = format(values["max_cost_usd"], "f") if values["max_cost_usd"] is not None else None
+    return values
+
+
+def _resumed_run(record, suite, plan, config, settings):
     """A Run that keeps the record's finished rows and runs the missing and errored ones."""
     key = _differing_key(record["config"], config)
     if key is not None:
@@ -5130,46 +5754,34 @@ def _resumed_run(record, suite, plan, config, path):
             kept.setdefault(row_key(row), row)
     rows = [kept[key] for key in plan if key in kept]
     header = {k: v for k, v in record.items() if k not in ("runs", "summary", "recovered")}
+    header["run_options"] = run_options(settings)
     header["resumed"] = list(header.get("resumed") or []) + [
         {"at": _now(), "kept_rows": len(rows), "code_sha256": code_sha256()}]
-    return Run(suite, plan, set(plan), header, path, rows, resuming=True)
+    return Run(suite, plan, set(plan), header, settings.resume, rows, resuming=True)
 
 
-def prepare(args, env):
+def prepare(settings, env):
     """Suite, plan and header for a new run, or for --resume; raises UsageError / SuiteError."""
-    record = _resume_defaults(args, env) if args.resume else None
-    args.provider = args.provider or ("replay" if args.replay else "perplexity")
-    cls = PROVIDERS[args.provider]
-    problem = endpoint_problem(cls, args, env)  # before the identity stores it, also for --dry-run
-    if problem:
-        raise UsageError(problem)
-    if cls.base_url_flag:
-        args.base_url = cls.endpoint(args, env) or env.get("PROMPTREG_BASE_URL")  # their twin, after ours
-    replayed = _replay_defaults(args) if cls.replays_record else None
-    if cls.default_models is None and not args.models:
-        raise UsageError(f"--provider {cls.name} needs --models (names as the endpoint knows them)")
-    args.models = args.models or list(cls.default_models)
-    args.repeats = args.repeats or 1
-    args.timeout = args.timeout or TIMEOUT_SECONDS
-    _check_ranges(args)
-    suite = _choose_suite(args, record, replayed)
-    options = request_options(args)
+    record, replayed = settings.resumed_record, settings.replayed_record
+    cls = PROVIDERS[settings.provider]
+    suite = _choose_suite(settings, record, replayed)
+    options = request_options(settings)
     if options:  # the flags win over the suite's own request options
         suite = {**suite, "request": {**(suite.get("request") or {}), **options}}
-    if args.update_baseline and not suite.get("file"):
+    if settings.update_baseline and not suite.get("file"):
         raise UsageError("--update-baseline needs --suite FILE (the file it fills)")
-    config = run_config(suite, args.models, args.repeats, args.timeout)
-    full_plan = plan_rows(args.models, [case["id"] for case in suite["cases"]], args.repeats)
-    shard = args.shard or (_shard(record["shard"]) if record is not None and record.get("shard") else None)
-    plan = [key for n, key in enumerate(full_plan) if shard is None or n % shard[1] == shard[0] - 1]
+    config = run_config(suite, settings.models, settings.repeats, settings.timeout)
+    full_plan = plan_rows(settings.models, [case["id"] for case in suite["cases"]], settings.repeats)
+    shard = settings.shard or (_shard(record["shard"]) if record is not None and record.get("shard") else None)
+    plan = shard_plan(full_plan, shard)
     recorded = {model: parse_price(text, "the record's prices") for model, text in
                 ((record or {}).get("prices") or {}).items()} if record is not None else {}
-    prices = {**recorded, **(suite.get("prices") or {}), **price_options(args)}  # flags win
+    prices = {**recorded, **(suite.get("prices") or {}), **price_options(settings)}  # flags win
     if record is not None:
-        run = _resumed_run(record, suite, plan, config, args.resume)
+        run = _resumed_run(record, suite, plan, config, settings)
     else:
-        run = Run(suite, plan, set(plan), _new_header(args, env, cls, suite, config, shard, replayed),
-                  args.out or "results.json")
+        run = Run(suite, plan, set(plan), _new_header(settings, env, cls, suite, config, shard, replayed),
+                  settings.out or "results.json")
     if prices:  # not config: a price changes what a row is said to cost, never its verdict
         run.header["prices"] = {model: f"{price[0]}/{price[1]}" for model, price in prices.items()}
         run.kept = [estimate_cost(dict(row), prices) for row in run.kept]  # a resume may add the price
@@ -5178,16 +5790,18 @@ def prepare(args, env):
     return run
 
 
-def _new_header(args, env, cls, suite, config, shard, replayed):
+def _new_header(settings, env, cls, suite, config, shard, replayed):
     return record_header(
         config,
         replayed.get("sdk_version") if replayed is not None else None,  # live: filled once the client exists
         replayed.get("evidence", "live") if replayed is not None else cls.evidence,
         suite={"name": suite["name"], "builtin": suite["builtin"], "file": suite.get("file")},
-        provider=provider_identity(args, env, replayed),
+        provider=provider_identity(settings, env, replayed),
         shard=f"{shard[0]}/{shard[1]}" if shard else None,
-        replayed_from={"path": args.replay, "created_at": replayed.get("created_at")} if replayed else None,
-        redaction={"pii": args.redact_pii, "patterns": len(args.redact)} if args.redact or args.redact_pii else None)
+        replayed_from={"path": settings.replay, "created_at": replayed.get("created_at")} if replayed else None,
+        redaction={"pii": settings.redact_pii, "patterns": len(settings.redact)}
+        if settings.redact or settings.redact_pii else None,
+        run_options=run_options(settings))
 
 
 class _Call:
@@ -5377,7 +5991,7 @@ def _stop_reason(row, tally, cap, path=None):
     """Why no new request may start after this row, or None."""
     if row["error"] is not None:
         status = f" {row['error_status']}" if row["error_status"] else ""
-        return (f"execution error on {row['model']} / {row['case_id']} / repeat {row['repeat']}: "
+        return (f"execution error on {key_text(row_key(row))}: "
                 f"{row['error']}{status}")
     if cap is not None:
         spent = tally.spent()
@@ -5390,45 +6004,123 @@ def _stop_reason(row, tally, cap, path=None):
     return None
 
 
-def execute_run(run, args, writer, tally):
-    """Send the rows still to do and append each one as it finishes; returns (stopped, in_order, answers)."""
+def continue_flags(settings, row=None, tally=None):
+    """The flags a --resume needs beyond the record, plus what lifts this stop: more --retries
+    after a transient failure, a higher --max-cost-usd after the budget stop."""
+    flags = []
+    if settings.api_key_env:
+        flags += ["--api-key-env", settings.api_key_env]
+    if settings.allow_insecure_http:
+        flags += ["--allow-insecure-http"]
+    if settings.suite and settings.update_baseline:
+        flags += ["--suite", settings.suite, "--update-baseline"] + (["--approve-failing"] if settings.approve_failing else [])
+    for kind in REPORTS:
+        if getattr(settings, kind):
+            flags += [f"--{kind}", getattr(settings, kind)]
+    if row is not None and row["error"] is not None and _transient_row(row):
+        flags += ["--retries", str(min(RANGES["retries"][1], max(3, settings.retries + 2)))]
+    elif settings.max_cost_usd is not None and tally is not None and tally.spent() is not None \
+            and tally.spent() >= settings.max_cost_usd:
+        flags += ["--max-cost-usd", format(settings.max_cost_usd * 2, "f")]
+    return flags
+
+
+def _transient_row(row):
+    status = row.get("error_status")
+    return (isinstance(status, int) and (status == 429 or 500 <= status <= 599)) or row["error"] in _TRANSIENT_ERRORS
+
+
+def continue_command(path, flags=()):
+    return " ".join(["python regression.py --resume", shell_word(path), *map(shell_word, flags)])
+
+
+def _storable(row, mask):
+    """The row as stored and its JSON text. Anything failing after the response arrived
+    (masking a reply nested 900 levels deep, say) makes the row an execution_error row
+    that keeps what can be stored, never a lost row or a traceback."""
+    try:
+        stored = redact_row(row, mask)
+        return stored, dumps(stored)
+    except Exception as exc:
+        problem = f"{type(exc).__name__}: {exc}"
+    kept = {key: row[key] for key in ("case_id", "model", "repeat") if key in row}
+    kept.update(error=problem.split(":")[0], error_status=None, cost_usd=None, response=None, answer_text=None,
+                reasons=["execution_error"])
+    if isinstance(row.get("cost_usd"), str):
+        kept["cost_usd"] = row["cost_usd"]  # money spent is evidence too
+    try:
+        kept["answer_text"] = mask(row["answer_text"]) if isinstance(row.get("answer_text"), str) else None
+        kept["error_message"] = mask(f"the response arrived but could not be stored: {problem}")[:500]
+    except Exception:
+        kept["error_message"] = "the response arrived but could not be stored or masked"
+    for key in ("attempts", "seconds"):
+        if isinstance(row.get(key), (int, float)):
+            kept[key] = row[key]
+    kept["passed"] = False
+    try:
+        return kept, dumps(kept)
+    except Exception:
+        kept["answer_text"] = None
+        return kept, dumps(kept)
+
+
+def execute_run(run, settings, writer, tally):
+    """Send the rows still to do and append each one as it finishes.
+
+    Returns (stopped, in_order, answers, last): why it stopped early (or None), whether rows
+    finished in plan order, each case's first answer, and the row that stopped it."""
     cases = {case["id"]: case for case in run.suite["cases"]}
     grader = builtin_grader(run.suite, run.provider)
-    mask = redactor(args.redact, args.redact_pii, [run.secret] if run.secret else [])
+    mask = redactor(settings.redact, settings.redact_pii, [run.secret] if run.secret else [])
     if run.secret and len(run.secret) < MIN_SECRET_CHARS:
         print(f"note: the API key is shorter than {MIN_SECRET_CHARS} characters, so it is not masked in "
               "stored text (masking it would rewrite unrelated evidence)", file=sys.stderr)
     position = {key: n for n, key in enumerate(run.plan)}
     progress = Progress(len(run.plan), len(run.kept))
     widths = tuple(max((len(str(key[n])) for key in run.plan), default=0) for n in (0, 1))  # aligned columns
-    state = {"stopped": None, "last": max((position[row_key(r)] for r in run.kept), default=-1), "in_order": True}
+    # A resumed record may already have spent the cap: then no new request starts at all.
+    spent_out = settings.max_cost_usd is not None and tally.spent() is not None and tally.spent() >= settings.max_cost_usd
+    state = {"stopped": _stop_reason({"error": None}, tally, settings.max_cost_usd) if spent_out else None,
+             "last": max((position[row_key(r)] for r in run.kept), default=-1), "in_order": True, "row": None}
     answers = {}
 
-    def budget(row_cost):
-        """Why a played row may send no further round: the cap counts its rounds so far."""
+    def budget(row, row_cost):
+        """Why a played row may send no further round: the cap counts its rounds so far
+        (reported, or estimated from their token usage with --price)."""
+        if settings.max_cost_usd is None:
+            return None
+        if row_cost is None:  # no reported cost: the estimate the finished row would get
+            row_cost = estimate_cost({**row, "cost_usd": None, "error": None}, run.prices or {}).get("cost_usd")
         spent = tally.spent()
-        if args.max_cost_usd is None or spent is None or row_cost is None:
-            return None  # no cap, or no cost to hold it against (the row's end says so)
-        if spent + decimal.Decimal(row_cost) >= args.max_cost_usd:
-            return f"--max-cost-usd reached: reported spend ${format(spent + decimal.Decimal(row_cost), 'f')} " \
-                   f"of ${format(args.max_cost_usd, 'f')}"
+        if spent is None or row_cost is None:
+            return None  # no cost to hold the cap against (the row's end says so)
+        total = spent + decimal.Decimal(row_cost)
+        if total >= settings.max_cost_usd:
+            return f"--max-cost-usd reached: spend ${format(total, 'f')} of ${format(settings.max_cost_usd, 'f')}"
         return None
 
     def work(key):
         model, case_id, repeat = key
         return execute_steps(run.provider, case_suite(run.suite, cases[case_id]), cases[case_id], model, repeat,
-                             grader=grader, retries=args.retries, budget=budget)
+                             grader=grader, retries=settings.retries, budget=budget)
+
+    storable = {}  # id(row) -> (stored row, its JSON): made once, before the slot is refilled
+
+    def refill_early(row):
+        # A finished row can only stop the run by an error (also one in storing it) or by the spending cap.
+        # A sequential run checkpoints every row before the next request starts (SPEC A8).
+        storable[id(row)] = _storable(estimate_cost(row, run.prices), mask)  # priced: the cap sees estimates
+        return storable[id(row)][0]["error"] is None and settings.max_cost_usd is None and settings.concurrency > 1
 
     try:
-        # A finished row can only stop the run by an error or by the spending cap.
-        refill_early = lambda row: row["error"] is None and args.max_cost_usd is None  # noqa: E731
-        for key, row in run_jobs(run.todo, work, args.concurrency, lambda: state["stopped"] is not None,
+        for key, row in run_jobs(run.todo, work, settings.concurrency, lambda: state["stopped"] is not None,
                                  refill_early):
-            # priced before it is stored or tallied, so the cap sees estimated spend too
-            stored = redact_row(estimate_cost(row, run.prices), mask)  # checks ran on the original
-            tally.add(stored)
+            # checks ran on the original; only the masked row is stored
+            stored, text = storable.pop(id(row), None) or _storable(estimate_cost(row, run.prices), mask)
             saving = time.monotonic()
-            writer.append(stored, tally.summary())
+            with deferred_signals():  # the tally never counts a row that is not durably in the file
+                tally.add(stored)
+                writer.append(stored, tally.summary(), text)
             saved = time.monotonic() - saving
             progress.row("\n".join([f"{row_line(stored, widths)}  (+{saved:.3f}s save)",
                                      *failure_lines(cases[key[1]], stored)]), tally)
@@ -5438,151 +6130,157 @@ def execute_run(run, args, writer, tally):
                 best = answers.get(key[1])
                 if best is None or position[key] < best[0]:
                     answers[key[1]] = (position[key], stored["answer_text"])
-            state["stopped"] = state["stopped"] or _stop_reason(stored, tally, args.max_cost_usd, run.path)
+            if state["stopped"] is None:
+                state["stopped"] = _stop_reason(stored, tally, settings.max_cost_usd, run.path)
+                state["row"] = stored if state["stopped"] else None
     finally:
         progress.close()
-    return state["stopped"], state["in_order"], {case_id: text for case_id, (_, text) in answers.items()}
+    answers = {case_id: text for case_id, (_, text) in answers.items()}
+    return state["stopped"], state["in_order"], answers, state["row"]
 
 
-def reorder(run, final):
-    """Put rows back in run order (after concurrency or a resume) with one atomic rewrite."""
+def reorder(run, final, writer=None):
+    """Put rows back in run order (after concurrency or a resume) with one atomic rewrite;
+    returns the writer of the new file (the lock passes to it)."""
     record = load_record(run.path)
     position = {key: n for n, key in enumerate(run.plan)}
     rows = sorted(record["runs"], key=lambda row: position.get(row_key(row), len(position)))
-    replace_record(run.path, run.header, rows, final).close()
+    replaced = replace_record(run.path, run.header, rows, final)
+    if writer is not None:
+        writer.close()
+    return replaced
 
 
-def merge(out, paths):
-    """--merge OUT SHARD...: one record from shard records of the same config; returns the exit code."""
-    records = [_load_for("--merge", path) for path in paths]
-    base = records[0]
-    for record, path in zip(records[1:], paths[1:]):
-        for field in ("config", "evidence", "code_sha256", "sdk_version", "provider"):
-            if record.get(field) != base.get(field):
-                raise UsageError(f"--merge: {path} differs from {paths[0]} in {field}; only shards of one run merge")
-    rows, source = {}, {}
-    for record, path in zip(records, paths):
-        for row in record["runs"]:
-            key = row_key(row) if isinstance(row, dict) else None
-            if key is None or key in rows:
-                raise UsageError(f"--merge: row {key} appears in both {source.get(key)} and {path}")
-            rows[key], source[key] = row, path
-    config = base["config"]
-    plan = plan_rows(config["models"], [case["id"] for case in config["cases"]], config["repeats"])
-    ordered = [rows.pop(key) for key in plan if key in rows] + list(rows.values())
-    final = summary(ordered, config["models"], config["repeats"], config["cases"])
-    header = {"created_at": _now(), **{k: v for k, v in base.items()
-                                       if k not in ("created_at", "runs", "summary", "shard", "recovered")}}
-    header["merged_from"] = [{"path": path, "shard": record.get("shard")} for record, path in zip(records, paths)]
-    try:
-        create_record(out, header, ordered, final).close()
-    except RecordError as exc:
-        raise UsageError(str(exc)) from None
-    print(json.dumps(final, indent=2))
-    if not final["complete"]:
-        print(f"merged record is incomplete: {final['rows']} of {final['expected_rows']} rows", file=sys.stderr)
-    return final["exit_code"]
-
-
-def _check_replay_covers(provider, run, args):
+def _check_replay_covers(provider, run, settings):
     """A replay must answer every row it is asked for; UsageError before anything runs."""
     missing = provider.missing(run.todo) if isinstance(provider, ReplayProvider) else None
     if missing:
-        raise UsageError(f"--replay: {args.replay} has no stored response for {' / '.join(map(str, missing))}")
+        raise UsageError(f"--replay: {settings.replay} has no stored response for {key_text(missing)}")
 
 
-def main(argv=None):
-    """Run a suite and return the exit code: 0 pass, 1 a check failed, 2 error or incomplete.
+def open_record(run, tally):
+    """The record this run appends to: a new file, or the resumed one rewritten with its kept rows."""
+    if run.resuming:
+        writer = replace_record(run.path, run.header, run.kept, tally.summary())
+        print(f"resuming {safe_text(run.path)}: {len(run.kept)} finished row(s) kept, {len(run.todo)} to run",
+              file=sys.stderr)
+        return writer
+    return create_record(run.path, run.header, [], tally.summary())
 
-    Everything that can fail before the first request (arguments, suite, key, client)
-    raises SystemExit(2) through argparse before the record file is created.
-    KeyboardInterrupt propagates after the record is saved with exit code 2.
-    """
-    parser, args = parse_args(argv)
-    env = os.environ
-    if args.list_checks:
-        print(catalogue())
-        return 0
-    targets = {kind: getattr(args, kind) for kind in REPORTS if getattr(args, kind)}
-    try:
-        if args.report:
-            record = _load_for("--report", args.report)
-            write_reports(record, targets)
-            print(safe_text(f"wrote {', '.join(targets.values())} from {args.report}"))
-            return 0
-        if args.merge:
-            code = merge(args.merge[0], args.merge[1:])
-            write_reports(load_record(args.merge[0]), targets)
-            return code
-        run = prepare(args, env)
-        if args.dry_run:
-            if PROVIDERS[args.provider].builds_offline:  # cheap and offline: a dry run can check coverage too
-                _check_replay_covers(make_provider(args, env)[0], run, args)
-            print(plan_text(run.suite, args, run.plan, provider_problem(args, env), run, env))
-            if run.refusal:
-                print(f"regression.py: error: {run.refusal}", file=sys.stderr)
-            return 2 if run.refusal else 0
-        if run.refusal:  # before the provider exists, so nothing is built, let alone sent
-            raise UsageError(run.refusal)
-        run.provider, run.secret = make_provider(args, env)
-        _check_replay_covers(run.provider, run, args)
-        if not run.resuming and run.header.get("sdk_version") is None:
-            run.header["sdk_version"] = PROVIDERS[args.provider].sdk_version()
-    except (SuiteError, UsageError, RecordError) as exc:
-        parser.error(str(exc))
+
+# ====================================================================== CLI
+
+# ---------------------------------------------------------------------- modes
+# Each mode is (settings, env, stage) -> exit code. It raises UsageError, SuiteError or
+# RecordError for one line and exit 2, and keeps `stage` saying what an interruption right
+# now would leave behind, so main's one wrapper prints one true line.
+
+class Stage:
+    """What an interruption at this point leaves behind: the line cli prints for it."""
+
+    def __init__(self, say):
+        self.say = say  # (word) -> line; word is "interrupted" or "terminated"
+
+    def now(self, say):
+        self.say = say
+
+
+def list_checks_mode(settings, env, stage):
+    print(catalogue())
+    return 0
+
+
+def report_mode(settings, env, stage):
+    record = _load_for("--report", settings.report)
+    written = write_reports_of(record, settings, stage, settings.report)
+    print(safe_text(f"wrote {', '.join(written)} from {settings.report}"))
+    return 0
+
+
+def merge_mode(settings, env, stage):
+    out, shards = settings.merge[0], list(settings.merge[1:])
+    stage.now(lambda word: f"{word} while merging; {out} was not created")
+    code = merge(out, shards)
+    write_reports_of(load_record(out), settings, stage, out)
+    return code
+
+
+def dry_run_mode(settings, env, stage):
+    run = prepare(settings, env)
+    if PROVIDERS[settings.provider].builds_offline:  # cheap and offline: a dry run can check coverage too
+        _check_replay_covers(make_provider(settings, env)[0], run, settings)
+    print(plan_text(run.suite, settings, run.plan, provider_problem(settings, env), run, env))
+    if run.refusal:
+        print(f"regression.py: error: {safe_text(run.refusal)}", file=sys.stderr)
+    return 2 if run.refusal else 0
+
+
+def run_mode(settings, env, stage):
+    """Run the suite (or the rest of a resumed record); the verdict is the exit code."""
+    if settings.resume:
+        stage.now(lambda word: f"{word} before the first request; {settings.resume} is unchanged")
+    run = prepare(settings, env)
+    if run.refusal:  # before the provider exists, so nothing is built, let alone sent
+        raise UsageError(run.refusal)
+    run.provider, run.secret = make_provider(settings, env)
+    _check_replay_covers(run.provider, run, settings)
+    if not run.resuming and run.header.get("sdk_version") is None:
+        run.header["sdk_version"] = PROVIDERS[settings.provider].sdk_version()
     config = run.header["config"]
     tally = Tally(config["models"], config["repeats"], config["cases"], expected=run.expected)
     for row in run.kept:
         tally.add(row)
+    writer = open_record(run, tally)
     try:
-        if run.resuming:
-            writer = replace_record(run.path, run.header, run.kept, tally.summary())
-            print(f"resuming {safe_text(run.path)}: {len(run.kept)} finished row(s) kept, {len(run.todo)} to run",
-                  file=sys.stderr)
-        else:
-            writer = create_record(run.path, run.header, [], tally.summary())
-    except RecordError as exc:
-        parser.error(str(exc))
-    try:
-        stopped, in_order, answers = execute_run(run, args, writer, tally)
+        stage.now(lambda word: f"{word}: {writer.count} finished row(s) saved in {run.path}; continue with: "
+                               f"{continue_command(run.path, continue_flags(settings))}")
+        try:
+            stopped, in_order, answers, last = execute_run(run, settings, writer, tally)
+        except KeyboardInterrupt as interrupt:
+            final = tally.summary()
+            final["stopped"] = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
+            try:
+                writer.set_summary(final)
+            except RecordError:
+                pass  # every finished row is still recoverable from the torn tail
+            raise
         getattr(run.provider, "close", lambda: None)()
         final = tally.summary()
         if stopped:
             final["stopped"] = stopped
         writer.set_summary(final)
-        writer.close()
+        stage.now(lambda word: f"{word} after the run ended: {run.path} holds its {final['rows']} row(s) and summary "
+                               f"(exit code {final['exit_code']})")
         if not in_order:
-            reorder(run, final)
-    except KeyboardInterrupt as interrupt:
-        final = tally.summary()
-        final["stopped"] = "interrupted"
-        try:
-            writer.set_summary(final)
-        except RecordError:
-            pass  # every finished row is still recoverable from the torn tail
+            writer = reorder(run, final, writer)
+    finally:
         writer.close()
-        interrupt.record_path, interrupt.rows_saved = run.path, writer.count
-        interrupt.resume_flags = "".join(f" --{name} {getattr(args, name)}" for name in ("concurrency", "retries")
-                                         if getattr(args, name) not in (0, 1))
-        raise
-    except RecordError as exc:
-        writer.close()
-        print(f"regression.py: error: {safe_text(exc)}", file=sys.stderr)
-        return 2
     print(json.dumps(final, indent=2))
     for warning in final.get("warnings", []):
-        print(f"warning: {warning}", file=sys.stderr)
+        print(f"warning: {safe_text(warning)}", file=sys.stderr)
     if stopped:
-        print(f"stopped early: {safe_text(stopped)}", file=sys.stderr)
-    if targets:
-        try:
-            write_reports(load_record(run.path), targets)
-        except RecordError as exc:
-            print(f"regression.py: error: {safe_text(exc)}", file=sys.stderr)
-            return 2
-    if args.update_baseline:
-        return update_baseline(run, args, final["exit_code"])
+        hint = f"; continue with: {continue_command(run.path, continue_flags(settings, last, tally))}" \
+            if not final["complete"] and "reported no cost" not in stopped else ""
+        print(f"stopped early: {safe_text(stopped)}{safe_text(hint)}", file=sys.stderr)
+    write_reports_of(load_record(run.path), settings, stage, run.path)
+    if settings.update_baseline:
+        stage.now(lambda word: f"{word} while filling the baselines of {settings.suite}; "
+                               f"{run.path} is complete (exit code {final['exit_code']})")
+        return update_baseline(run, settings, final["exit_code"])
     return final["exit_code"]
+
+
+def write_reports_of(record, settings, stage, source):
+    """Write the requested reports one by one; an interruption says which are still missing."""
+    targets = {kind: getattr(settings, kind) for kind in REPORTS if getattr(settings, kind)}
+    written = []
+    for kind, path in targets.items():
+        rest = [f"--{name} {shell_word(target)}" for name, target in targets.items() if target not in written]
+        stage.now(lambda word, rest=rest: f"{word} while writing reports; {source} is complete; write the rest with: "
+                                          f"python regression.py --report {shell_word(source)} {' '.join(rest)}")
+        write_reports(record, {kind: path})
+        written.append(path)
+    return written
 
 
 def update_baseline(run, args, exit_code):
@@ -5598,11 +6296,12 @@ def update_baseline(run, args, exit_code):
     except (SuiteError, RecordError) as exc:
         print(f"regression.py: error: {safe_text(exc)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as interrupt:  # the run is complete: this is not "nothing was saved"
-        print(safe_text(f"interrupted while filling baselines: {run.suite['file']} is "
-                        f"{getattr(interrupt, 'suite_state', 'unchanged')}; every row is saved in {run.path}"),
-              file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interrupt:  # the run is complete: say so, and which suite is on disk
+        word = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
+        interrupt.message = safe_text(
+            f"{word} while filling the baselines of {run.suite['file']}: it is "
+            f"{getattr(interrupt, 'suite_state', 'unchanged')}; {run.path} is complete (exit code {exit_code})")
+        raise
     print(safe_text(f"baselines filled: {', '.join(filled) if filled else 'none'} ({run.suite['file']})"))
     if filled and run.suite.get("format") != "golden":  # a pin changes no verdict; a baseline does
         stem = run.path[:-5] if run.path.endswith(".json") else run.path
@@ -5613,22 +6312,46 @@ def update_baseline(run, args, exit_code):
     return exit_code
 
 
+MODES = [("list_checks", list_checks_mode), ("report", report_mode), ("merge", merge_mode),
+         ("dry_run", dry_run_mode)]  # the first flag set picks the mode; none: a run
+
+
+def main(argv=None):
+    """Run a suite and return the exit code: 0 pass, 1 a check failed, 2 error or incomplete.
+
+    Everything that can fail before the first request (arguments, suite, key, client)
+    raises SystemExit(2) with one line before the record file is created; so does a
+    record that cannot be written. KeyboardInterrupt (Terminated for SIGTERM) propagates
+    after the record is saved, carrying the one line cli prints (`.message`) and its
+    exit status (`.code`: 130, or 143 for SIGTERM).
+    """
+    stage = Stage(lambda word: f"{word} before the first request; nothing was saved")
+    with signal_handlers():
+        try:
+            parser, settings = parse_args(argv)
+            mode = next((function for flag, function in MODES if getattr(settings, flag)), run_mode)
+            return mode(settings, os.environ, stage)
+        except (SuiteError, UsageError, RecordError) as exc:
+            build_parser().error(str(exc))
+        except KeyboardInterrupt as interrupt:
+            word = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
+            interrupt.message = getattr(interrupt, "message", None) or stage.say(word)
+            interrupt.code = 143 if isinstance(interrupt, Terminated) else 130
+            raise
+        finally:
+            release_record()
+
+
 def cli():
-    """The script entry point: Ctrl-C becomes one line and exit status 130, not a traceback."""
+    """The script entry point: Ctrl-C or SIGTERM becomes one line and exit status 130 or 143,
+    not a traceback; a closed stdout drops output without changing the exit code."""
+    guard_output()
     try:
         code = main()
     except KeyboardInterrupt as interrupt:
-        path = getattr(interrupt, "record_path", None)
-        if path:
-            flags = getattr(interrupt, "resume_flags", "")
-            print(f"interrupted: {interrupt.rows_saved} finished row(s) saved in {path}; "
-                  f"continue with: python regression.py --resume {path}{flags}", file=sys.stderr)
-        else:
-            print("interrupted before the first request; nothing was saved", file=sys.stderr)
-        code = 130
-    except BrokenPipeError:  # the reader of our output went away (| head): no traceback
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        code = 2
+        print(getattr(interrupt, "message", None) or "interrupted before the first request; nothing was saved",
+              file=sys.stderr)
+        code = getattr(interrupt, "code", 130)
     sys.exit(code)
 
 

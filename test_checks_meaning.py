@@ -168,7 +168,8 @@ def test_registering_a_behaviour_with_tool_names_validates_them():
 
     with registered("needs_tools", check_require, behavior=True, arg="tools",
                     reasons={"tool_missing": ("a tool was not called", "")}):
-        good = dict(AGENT_TOOLS, cases=[{"id": "a", "input": "q", "behaviors": ["needs_tools:lookup_order,cancel_order"]}])
+        good = dict(AGENT_TOOLS, cases=[{"id": "a", "input": "q",
+                                         "behaviors": ["needs_tools:lookup_order,cancel_order"]}])
         regression.validate_suite(good)
         for entry, fragment in [("needs_tools:lookup_order,nope", "names no function tool"),
                                 ("needs_tools", "needs tool names"), ("needs_tools:a,,b", "needs tool names")]:
@@ -204,6 +205,8 @@ def test_list_checks_shows_switches_reasons_and_the_normal_form(capsys):
         for reason in check.reasons:
             assert reason in out
     assert "NFKC" in out and "zero-width" in out
+    assert f"{regression.SIMILARITY_PREFIX:,} characters" in out and f"{regression.SIMILARITY_WORK:,}" in out
+    assert "invented_field" in out and "please, could you" in out
 
 
 # ====================================================================== 1. require_clarification
@@ -356,6 +359,15 @@ def test_excludes_sees_through_the_character_class(disguise):
         ["forbidden_text_present"]
 
 
+@pytest.mark.parametrize("joiner", ["\u200b", "\u2060", "\ufeff", "\u00ad"])
+def test_excludes_reads_an_invisible_character_as_a_space_too(joiner):
+    case = text_case(excludes=["lifetime access", CARD])
+    assert regression.grade(case, trace(f"You get lifetime{joiner}access.")) == ["forbidden_text_present"]
+    assert regression.grade(case, trace(joiner.join(CARD.split()))) == ["forbidden_text_present"]
+    assert regression.grade(text_case(excludes=["lifetimeaccess"]), trace(f"lifetime{joiner}access")) == \
+        ["forbidden_text_present"]
+
+
 @ALL_CLASSES
 def test_contains_sees_through_the_character_class(disguise):
     case = text_case(contains=["free trial", "30 days"])
@@ -413,6 +425,13 @@ def test_no_system_leak_sees_through_the_character_class(disguise):
 def test_no_system_leak_reads_tool_arguments_at_any_depth(arguments):
     case = regression.compile_case(TOOLS_SUITE, LEAK)
     assert regression.grade(case, trace("Done.", calls=[("lookup_order", arguments)])) == ["system_leak"]
+
+
+@pytest.mark.parametrize("joiner", ["\u200b", "\u2060", "\ufeff", "\u200d"])
+def test_no_system_leak_sees_a_quote_whose_spaces_are_invisible_characters(joiner):
+    case = regression.compile_case(TOOLS_SUITE, LEAK)
+    assert regression.grade(case, trace(joiner.join(QUOTE_8.split()))) == ["system_leak"]
+    assert regression.grade(case, trace(f"ok {joiner.join(QUOTE_8.split())[:-4]}")) == []  # 7 words and a bit
 
 
 @pytest.mark.parametrize("said", ["per the system_prompt", "the system  prompt says", "SYSTEM-PROMPT:",
@@ -473,10 +492,11 @@ JSON_OBJECT = {"id": "j", "input": "q", "behaviors": ["json_object"]}
 
 # (suite, case, answer, every reason grade() gives)
 JSON_ANSWERS = [
-    pytest.param(FREE_SUITE, JSON_OBJECT, '{"a": NaN}', ["not_json_object"], id="object-nan"),
-    pytest.param(FREE_SUITE, JSON_OBJECT, '{"a": Infinity}', ["not_json_object"], id="object-infinity"),
-    pytest.param(FREE_SUITE, JSON_OBJECT, '{"a": -Infinity}', ["not_json_object"], id="object-minus-infinity"),
-    pytest.param(FREE_SUITE, JSON_OBJECT, "NaN", ["not_json_object"], id="bare-nan"),
+    pytest.param(FREE_SUITE, JSON_OBJECT, '{"a": NaN}', ["invalid_json"], id="object-nan"),
+    pytest.param(FREE_SUITE, JSON_OBJECT, '{"a": Infinity}', ["invalid_json"], id="object-infinity"),
+    pytest.param(FREE_SUITE, JSON_OBJECT, '{"a": -Infinity}', ["invalid_json"], id="object-minus-infinity"),
+    pytest.param(FREE_SUITE, JSON_OBJECT, "NaN", ["invalid_json"], id="bare-nan"),
+    pytest.param(FREE_SUITE, JSON_OBJECT, "{'a': 1}", ["not_json_object"], id="object-python-repr"),
     pytest.param(FREE_SUITE, JSON_OBJECT, '{"ok": true, "ok": false, "ok": true}', ["duplicate_key"],
                  id="object-duplicate-key"),
     pytest.param(FREE_SUITE, JSON_OBJECT, '{"a": {"b": 1, "b": 2}}', ["duplicate_key"], id="object-nested-duplicate"),
@@ -782,3 +802,198 @@ def test_short_texts_keep_the_exact_difflib_ratio():
         assert regression.similarity_of(a, b) == (difflib.SequenceMatcher(None, a.lower(), b.lower(),
                                                                          autojunk=False).ratio() if a or b else 1.0,
                                                   None)
+
+
+# ====================================================================== evidence and the original text
+
+def test_checks_compare_the_normal_form_but_the_row_keeps_the_original_answer():
+    suite = regression.validate_suite({"name": "s", "instructions": "Echo.", "cases": [
+        {"id": "card", "input": "Card 41\u200b11 11\uff11\uff11 1111 1111, caf\u00e9\u200b.", "excludes": [CARD]}]})
+    row = regression.execute(regression.EchoProvider(), suite, suite["cases"][0], "m")
+    assert row["reasons"] == ["forbidden_text_present"]
+    assert row["answer_text"] == suite["cases"][0]["input"]  # as the model said it, invisible characters kept
+    assert row["details"]["evidence"]["forbidden_text_present"]["phrases"] == [CARD]
+
+
+def test_redact_pii_masks_the_evidence_shown_on_the_console_too(tmp_path):
+    data = {"name": "pii", "instructions": "Echo.", "cases": [
+        {"id": "card", "input": "My card is 4111\u200b 1111 1111 1111.", "excludes": [CARD], "contains": ["refund"]}]}
+    path = write_suite(tmp_path, data)
+    result = run_script(["--suite", str(path), "--provider", "echo", "--redact-pii", "--out", "run.json"], tmp_path)
+    assert result.returncode == 1, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("echo "))
+    assert 'forbidden "[REDACTED:card]"' in line and 'missing "refund"' in line
+    stored = json.loads((tmp_path / "run.json").read_text(encoding="utf-8"))["runs"][0]
+    assert "4111" not in json.dumps(stored, ensure_ascii=False)  # answer, response and evidence all masked
+
+
+# ====================================================================== the normal form, as a property
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+PROPERTY = dict(max_examples=40, deadline=None, database=None, derandomize=True)
+HIDDEN = ["\u200b", "\u200c", "\u200d", "\u2060", "\ufeff", "\u00ad", "\u200e", "\u202a", "\u2066", "\U000e0041",
+          "\ufe0f", "\u180e", "\u2064"]
+LOOKS = [lambda c: c, str.upper, lambda c: c.translate(FULLWIDTH), lambda c: c.translate(MATH_BOLD)]
+
+
+def disguised(draw, text):
+    """The text with invisible characters strewn in and characters swapped for look-alikes."""
+    out = []
+    for char in text:
+        out.append(draw(st.sampled_from(LOOKS))(char) if char != " " else draw(st.sampled_from([" ", "\u00a0", "\t",
+                                                                                                 "\u3000", " \n"])))
+        out.extend(draw(st.lists(st.sampled_from(HIDDEN), max_size=2)))
+    return "".join(out)
+
+
+@st.composite
+def phrase_and_disguise(draw):
+    words = draw(st.lists(st.text("abcdefghijklmnopqrstuvwxyz0123456789", min_size=1, max_size=6), min_size=1,
+                          max_size=4))
+    phrase = " ".join(words)
+    return phrase, disguised(draw, phrase)
+
+
+@settings(**PROPERTY)
+@given(phrase_and_disguise())
+def test_any_disguise_of_a_phrase_is_still_the_phrase(pair):
+    phrase, shown = pair
+    assert regression.text_form(shown) == phrase
+    answer = f"Well: {shown}!"
+    assert regression.grade(text_case(excludes=[phrase]), trace(answer)) == ["forbidden_text_present"]
+    assert regression.grade(text_case(contains=[phrase]), trace(answer)) == []
+
+
+def luhn_digit(digits):
+    total = 0
+    for position, digit in enumerate(reversed(digits + "0")):
+        value = int(digit) * (2 if position % 2 else 1)
+        total += value - 9 if value > 9 else value
+    return str((10 - total % 10) % 10)
+
+
+@st.composite
+def disguised_card(draw):
+    body = draw(st.text("0123456789", min_size=15, max_size=15))
+    card = body + luhn_digit(body)
+    out = []
+    for n, digit in enumerate(card):
+        out.append(draw(st.sampled_from([lambda c: c, lambda c: c.translate(FULLWIDTH)]))(digit))
+        if n < len(card) - 1:
+            out.append(draw(st.sampled_from(["", "", " ", "-"] + HIDDEN[:6])) if n % 4 == 3
+                       else draw(st.sampled_from(["", ""] + HIDDEN[:6])))
+    return "".join(out)
+
+
+@settings(**PROPERTY)
+@given(disguised_card())
+def test_redact_pii_masks_any_disguise_of_a_card(card):
+    assert regression.redactor(pii=True)(f"paid with {card} today") == "paid with [REDACTED:card] today"
+
+
+def test_readme_states_the_similarity_bound_and_sentence_reach_as_coded():
+    section = " ".join(README.split("**Similarity on long texts.**", 1)[1].split("\n\n", 1)[0].split())
+    assert f"{regression.SIMILARITY_PREFIX:,} characters" in section
+    assert f"{regression.SIMILARITY_WORK:,} steps" in section
+    assert f"{regression.SIMILARITY_BAG_WORDS} words" in section
+    assert regression.LEAK_QUOTE_WORDS == 8 and "quotes 8 consecutive words" in " ".join(README.split())
+
+
+# ====================================================================== hostile check keys, through the real CLI
+
+# (case keys, fragment of the one stderr line); every row exits 2 before anything runs
+HOSTILE_CHECK_KEYS = [
+    ({"behaviors": 5}, "behaviors must be a list of strings"),
+    ({"behaviors": [None]}, "behaviors must be strings"),
+    ({"behaviors": {"a": 1}}, "behaviors must be a list of strings"),
+    ({"behaviors": ["forbid_tool:a,b"]}, "needs a tool name"),
+    ({"behaviors": ["require_clarification:"]}, "needs a field name"),
+    ({"behaviors": ["json_object:yes"]}, "takes no argument"),
+    ({"expected_text": 5}, "expected_text must be a string"),
+    ({"expected_text": "x", "min_similarity": float("nan")}, "min_similarity must be a number"),
+    ({"contains": [""]}, "contains must be a list of non-empty strings"),
+    ({"excludes": "lifetime"}, "excludes must be a list of non-empty strings"),
+    ({"min_chars": True}, "min_chars must be a whole number"),
+    ({"min_chars": 5, "max_chars": 2}, "min_chars is larger than max_chars"),
+    ({"expect": {}}, "expect must be a non-empty object"),
+    ({"expect": {"a b": 1}}, "must be letters, digits and underscores"),
+    ({"cite": 5}, "cite must be a document id string"),
+]
+DRIVER = """
+import contextlib, io, json, runpy, sys
+results = []
+for path in sys.argv[1:]:
+    err = io.StringIO()
+    sys.argv = ["regression.py", "--suite", path, "--provider", "echo", "--dry-run"]
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            runpy.run_path(%r, run_name="__main__")
+            code = None
+        except SystemExit as exc:
+            code = exc.code
+    results.append([code, err.getvalue()])
+print(json.dumps(results))
+"""
+
+
+def test_hostile_check_keys_exit_2_with_one_line_through_the_cli(tmp_path):
+    paths = []
+    for n, (keys, _) in enumerate(HOSTILE_CHECK_KEYS):
+        data = {"name": "h", "instructions": "i", "cases": [{"id": "a", "input": "q", **keys}]}
+        paths.append(str(write_suite(tmp_path, data, name=f"h{n}.json")))
+    result = subprocess.run([sys.executable, "-W", "error", "-c", DRIVER % str(SCRIPT), *paths], cwd=tmp_path,
+                            env=offline_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    for (keys, fragment), (code, err) in zip(HOSTILE_CHECK_KEYS, json.loads(result.stdout)):
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and "Traceback" not in err, (keys, err)
+        assert lines[0].startswith("regression.py: error: ") and "case 'a'" in lines[0] and fragment in lines[0], keys
+
+
+@pytest.mark.parametrize("text, masked", [
+    pytest.param("mail bob\u200b@exa\u200dmple.com now\u200b ok", "mail [REDACTED:email] now\u200b ok",
+                 id="email-split-by-zero-width"),
+    pytest.param("auth: Bearer abc\u2060def.ghi then", "auth: [REDACTED:bearer] then", id="bearer-split-by-word-joiner"),
+    pytest.param("key sk-\u200babcdefghijklmnop1234 end", "key [REDACTED:key] end", id="api-key-split"),
+    pytest.param("my pass\u00adword= hunter2\u200b!", "my password= [REDACTED:key]", id="labelled-secret-split"),
+    pytest.param("caf\u00e9\u200b plain text", "caf\u00e9\u200b plain text", id="nothing-to-mask-keeps-invisibles"),
+])
+def test_redact_pii_reads_through_invisible_characters(text, masked):
+    assert regression.redactor(pii=True)(text) == masked
+
+
+def test_user_redact_patterns_read_through_invisible_characters():
+    mask = regression.redactor(patterns=[r"ticket-[0-9]+"])
+    assert mask("see ticket-12\u200b34 and ticket-9\u200b") == "see [REDACTED] and [REDACTED]\u200b"
+
+
+def test_grade_and_the_spec_checker_return_plain_strings():
+    for reason, suite, case, trace_, _ in EVIDENCE_ROWS:
+        reasons = regression.grade(regression.compile_case(suite, case), trace_)
+        assert reasons and all(type(item) is str for item in reasons), reason
+    builtin = regression.CASES[0]
+    assert all(type(item) is str for item in regression.check(builtin, {"status": "failed", "output": []}, "x"))
+
+
+SPELLINGS = ["order id", "order ID", "Order-Id", "order_id", "orderid", "order number", "order no.", "order #",
+             "order identifier"]
+ASKS = ["What is your {f}?", "Could you share the {f}", "Please send me your {f}.", "Sure, tell me the {f} first.",
+        "I need the {f} to do that.", "Which {f} is it?", "Can you give me the {f}", "Let me know the {f}!"]
+STATES = ["Your {f} is {v}.", "Cancelled {f} {v} for you.", "Done: {f}: {v}.", "I found {f} {v}; anything else?"]
+
+
+@settings(**PROPERTY)
+@given(st.sampled_from(ASKS), st.sampled_from(SPELLINGS), st.sampled_from(list(INVISIBLE.values()) + [str]))
+def test_any_request_naming_the_field_is_a_clarification(ask, spelling, disguise):
+    assert clarify("Happy to help. " + ask.format(f=disguise(spelling))) == []
+
+
+@settings(**PROPERTY)
+@given(st.sampled_from(STATES), st.sampled_from(SPELLINGS),
+       st.from_regex(r"(ord_)?[0-9]{3,8}|[A-Z]{2,3}-[0-9]{2,5}", fullmatch=True))
+def test_any_stated_value_the_user_never_gave_is_invented(state, spelling, value):
+    reasons = clarify(state.format(f=spelling, v=value))
+    assert "invented_field" in reasons
+    given = dict(CLARIFY, input=f"Cancel order {value}.")  # the user gave it: nothing invented
+    assert "invented_field" not in clarify(state.format(f=spelling, v=value), case=given)

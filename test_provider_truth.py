@@ -904,3 +904,74 @@ def test_a_perplexity_404_names_the_url(tmp_path):
     assert result.returncode == 2
     message = read_record(out)["runs"][0]["error_message"]
     assert "no such route" in message and f"{server.url}/nope" in message
+
+
+def test_perplexity_follows_no_redirect_either(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.advisor()) as elsewhere:
+        with FakeServer(fakes.redirect(f"http://localhost:{elsewhere.port}/v1/responses", 307)) as server:
+            result = run_cli(["--models", "m", "--out", out], tmp_path,
+                             env=cli_env(PERPLEXITY_BASE_URL=server.url, PERPLEXITY_API_KEY=SECRET))
+        assert elsewhere.count == 0
+    assert result.returncode == 2, result.stdout
+    (row,) = read_record(out)["runs"]
+    assert row["error_status"] == 307 and "redirect to localhost not followed" in row["error_message"]
+
+
+# ====================================================================== properties over hostile bodies
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                        max_size=4), max_leaves=20)
+CALL_ENTRIES = st.one_of(JSON_VALUES, st.fixed_dictionaries(
+    {"function": st.fixed_dictionaries({"name": JSON_VALUES, "arguments": JSON_VALUES})}))
+
+
+@settings(max_examples=60, deadline=None)
+@given(entries=st.lists(CALL_ENTRIES, max_size=5), legacy=st.none() | JSON_VALUES)
+def test_every_tool_call_entry_becomes_exactly_one_call(entries, legacy):
+    message = {"tool_calls": entries, "function_call": legacy}
+    calls = regression.chat_calls(message)
+    assert len(calls) == len(entries) + (legacy is not None)
+    assert all(call["name"] is None or isinstance(call["name"], str) for call in calls)
+    json.dumps(calls)  # storable as evidence
+
+
+@settings(max_examples=60, deadline=None)
+@given(raw=JSON_VALUES | st.fixed_dictionaries({"choices": JSON_VALUES, "error": JSON_VALUES}))
+def test_chat_trace_on_any_json_is_a_trace_or_a_response_error(raw):
+    try:
+        trace = regression.chat_trace(raw)
+    except regression.ResponseError:
+        return
+    assert isinstance(trace["final_text"], str) and isinstance(trace["tool_calls"], list)
+
+
+@settings(max_examples=80, deadline=None)
+@given(text=st.text(max_size=600), cut=st.integers(min_value=0, max_value=600))
+def test_endpoint_text_is_one_bounded_line_without_the_key(text, cut):
+    hostile = text[:cut] + SECRET + text[cut:]
+    shown = regression.endpoint_text(hostile, [SECRET])
+    assert SECRET not in shown and len(shown) <= regression.MAX_ENDPOINT_MESSAGE
+    assert not any(ord(char) < 32 or 0x7f <= ord(char) <= 0x9f for char in shown)
+    said = regression.endpoint_message(hostile.encode("utf-8"))  # any body: a message or None, never a raise
+    assert said is None or isinstance(said, str)
+
+
+def test_an_older_perplexity_record_without_base_url_means_the_default_endpoint(tmp_path, monkeypatch, capsys):
+    """Records made before every endpoint was recorded say only {"name": "perplexity"}."""
+    made = tmp_path / "echo.json"
+    assert run_main(["--provider", "echo", "--models", "m", "--out", made]) == 1
+    record = read_record(made)
+    record.update(provider={"name": "perplexity"}, evidence="live")
+    record["runs"] = record["runs"][:1]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(record))
+    monkeypatch.setenv("PERPLEXITY_BASE_URL", "http://127.0.0.1:9")
+    assert run_main(["--resume", old, "--dry-run"]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert "https://api.perplexity.ai" in line and "http://127.0.0.1:9" in line
+    monkeypatch.delenv("PERPLEXITY_BASE_URL")
+    assert run_main(["--resume", old, "--dry-run"]) == 0

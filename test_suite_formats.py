@@ -101,6 +101,41 @@ def test_promptreg_example_runs_unmodified_with_echo_and_reads_out_failing_rules
     assert lines[password + 1].startswith("{")  # a passing row has no detail lines
 
 
+def _row_for(case, answer):
+    """A graded row of `case` on `answer`, as execute() stores it."""
+    compiled = regression.compile_case({"instructions": "", "tools": []}, case)
+    trace = {"final_text": answer, "tool_calls": [], "tool_rounds": 0, "search_urls": [], "status": "completed",
+             "cost_usd": None}
+    reasons = [str(reason) for reason in regression.grade(compiled, trace)]
+    return {"error": None, "passed": not reasons, "reasons": reasons, "details": regression.explain(compiled, trace)}
+
+
+FAILURE_LINES = [  # (case, answer, the detail lines under the row line)
+    ({"excludes": ["4"]}, "card 4111", ["    score n/a: contains forbidden text: '4'"]),
+    ({"contains": ["30 days", "refund"]}, "a refund", ["    score n/a: missing required text: '30 days'"]),
+    ({"min_chars": 20}, "short", ["    score n/a: 5 chars, fewer than min_chars 20"]),
+    ({"max_chars": 3}, "longer", ["    score n/a: 6 chars, more than max_chars 3"]),
+    ({"expected_text": "alpha", "min_similarity": 0.9}, "omega",
+     ["    score 0.20: similarity 0.20 below min_similarity 0.9", "    --- expected", "    +++ actual",
+      "    @@ -1 +1 @@", "    -alpha", "    +omega"]),
+    ({"expected_text": "alpha beta", "contains": ["beta"]}, "alpha",
+     ["    score 0.67: missing required text: 'beta'"]),  # the score is shown even without a threshold
+    ({"contains": ["x"]}, "x", []),  # a pass: nothing under the row line
+    ({"behaviors": ["json_object"]}, "not json", []),  # no text rule failed: the row line says it all
+]
+
+
+@pytest.mark.parametrize("rules, answer, lines", FAILURE_LINES)
+def test_failure_lines_read_out_each_failed_text_rule(rules, answer, lines):
+    case = {"id": "c", "input": "q", **rules}
+    assert regression.failure_lines(case, _row_for(case, answer)) == lines
+
+
+def test_failure_lines_never_for_an_execution_error():
+    row = {"error": "TimeoutError", "passed": False, "reasons": ["execution_error"], "details": None}
+    assert regression.failure_lines({"id": "c", "excludes": ["x"]}, row) == []
+
+
 def test_promptreg_config_pins_each_case_prompt(tmp_path):
     out = tmp_path / "run.json"
     cli(["--suite", PROMPTREG, "--provider", "echo", "--out", out])

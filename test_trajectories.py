@@ -8,6 +8,7 @@ read the conversation they are sent and refuse malformed ones, as real servers d
 """
 
 import contextlib
+import decimal
 import json
 import os
 import re
@@ -370,6 +371,8 @@ def test_tool_order_matches_a_reference(names, order):
     ("Refund issued.", None, True),  # called, but no result was ever sent back
     ("Your refund was refused.", [{"error": "refused"}], False),  # no claim made
     ("Refund  issued.", [{"refunded": True}], False),
+    ("Re\u200bfund issued.", None, True),  # a zero-width space does not hide the claim
+    ("\uff32\uff45\uff46\uff55\uff4e\uff44 issued.", [{"error": "refused"}], True),  # fullwidth letters neither
 ])
 def test_claims_table(text, results, fails):
     case = {"claims": {"refund issued": "refund_order"}}
@@ -904,6 +907,7 @@ def test_spending_cap_applies_between_the_rounds_of_a_played_row(tmp_path):
     row = record["runs"][0]
     assert code == 2 and sent == 3  # rounds at 0.0001 each: the third reaches the cap, no fourth is sent
     assert row["error"] == "BudgetReached" and "--max-cost-usd reached" in row["error_message"]
+    assert "sending to" not in row["error_message"]  # the endpoint was reached; the cap stopped the row
     assert len(row["rounds"]) == 3 and row["cost_usd"] == "0.0003"
     assert record["summary"]["models"]["refund-loops"]["reported_cost_usd"] == "0.0003"
     assert len(record["runs"]) == 1 and record["summary"]["stopped"].startswith("execution error")
@@ -931,3 +935,127 @@ def test_a_legacy_function_call_is_answered_by_a_function_message():
         {"role": "assistant", "content": "", "function_call": {"name": "lookup_order",
                                                                "arguments": '{"order_id": "ord_1"}'}},
         {"role": "function", "name": "lookup_order", "content": '{"ok": 1}'}]
+
+
+def test_perplexity_cli_run_plays_tools_through_the_sdk_and_replays_offline(tmp_path, monkeypatch):
+    out, again = tmp_path / "run.json", tmp_path / "again.json"
+    with FakeServer(fakes.refund_agent()) as server:
+        monkeypatch.setenv("PERPLEXITY_BASE_URL", server.url)
+        monkeypatch.setenv("PERPLEXITY_API_KEY", "pplx-test-key-123456")
+        code = run_main(["--suite", EXAMPLE, "--models", "refund-correct", "refund-loops", "--out", out])
+        sent = server.count
+        assert run_main(["--provider", "replay", "--replay", out, "--out", again]) == 1
+        assert server.count == sent
+    assert code == 1
+    record = read_record(out)
+    assert record["provider"]["name"] == "perplexity"
+    rows = rows_by_key(record)
+    assert sent == sum(len(row["rounds"]) for row in rows.values()) == 3 + 2 + 1 + 4 * 3
+    correct = rows[("refund-correct", "refund-shipped-order", 0)]
+    assert correct["passed"] and correct["rounds"][0]["response"]["output"][0]["type"] == "function_call"
+    assert [request.json["input"][-1]["type"] for request in server.requests[1:3]] == ["function_call_output"] * 2
+    assert b"pplx-test-key-123456" not in out.read_bytes()
+    replayed = rows_by_key(read_record(again))
+    assert all(replayed[key]["reasons"] == row["reasons"] for key, row in rows.items())
+
+
+def test_spending_cap_between_rounds_counts_estimated_cost_with_price(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.scripted_chat({"loops": fakes.refund_loops}, cost=None)) as server:
+        # 10 input tokens per turn at 10,000 USD per million: 0.1 per round, estimated
+        code = cli_run(server, out, "--price", "loops=10000/0", "--max-cost-usd", "0.25", models=["loops"])
+        sent = server.count
+    row = read_record(out)["runs"][0]
+    assert code == 2 and sent == 3 and len(row["rounds"]) == 3
+    assert row["error"] == "BudgetReached" and "spend $0.3" in row["error_message"]
+
+
+class ScriptedStub:
+    """An in-process provider playing a fixed script of turns in the `kind` API's wire form; it
+    checks every continuation it is sent as the loopback fakes do (ids answered, content not null)."""
+
+    name = "stub"
+    deadline = None
+
+    def __init__(self, kind, turns):
+        self.kind, self.turns, self.sent = kind, turns, []
+        self.parse = regression.chat_trace if kind == "openai" else regression.PerplexityProvider.parse
+        self.call_ids = (regression.OpenAIProvider if kind == "openai" else regression.PerplexityProvider).call_ids
+
+    def request(self, model, suite, case, repeat=0, rounds=()):
+        if self.kind == "openai":
+            body = regression.chat_request(suite, case, model)
+            body["messages"] += regression.chat_tool_messages(rounds)
+            _, history = fakes.chat_conversation(body)
+        else:
+            body = regression.agent_request(suite, case, model)
+            body["input"] = regression.agent_tool_input(case, rounds) if rounds else body["input"]
+            _, history = fakes.agent_conversation(body)
+        self.sent.append(history)
+        calls = self.turns[len(rounds)] if len(rounds) < len(self.turns) else []
+        calls = [(name, {"order_id": f"ord_{len(rounds)}_{n}"}) for n, name in enumerate(calls)]
+        if self.kind == "openai":
+            return fakes.chat_response("" if calls else "done", tool_calls=calls, cost=0.5)
+        response = fakes.agent_response(None if calls else "done", function_calls=calls, cost=0.5,
+                                        status="requires_action" if calls else "completed")
+        for n, item in enumerate(item for item in response["output"] if item["type"] == "function_call"):
+            item["call_id"] = f"c{len(rounds)}_{n}"
+        return response
+
+
+@settings(max_examples=60, deadline=None)
+@given(kind=st.sampled_from(PROVIDERS), limit=st.integers(1, 6),
+       turns=st.lists(st.lists(st.sampled_from(["lookup_order", "refund_order", "cancel_order"]), max_size=3),
+                      max_size=8))
+def test_the_loop_over_generated_agents(kind, limit, turns):
+    """Any agent: the loop sends back exactly the calls made so far, stops at the first turn
+    without a call or at max_rounds, and the trace lists every call in order with its round."""
+    suite = regression.validate_suite({**example(), "max_rounds": limit, "cases": [
+        {"id": "c", "input": "Refund ord_1.", "tool_results": {"lookup_order": {"status": "shipped"}}}]})
+    stub = ScriptedStub(kind, turns)
+    row = regression.execute(stub, suite, suite["cases"][0], "m", 0)
+    assert row["error"] is None, row.get("error_message")
+    played = turns + [[]]
+    stop = next(n for n, calls in enumerate(played) if not calls) + 1  # the first turn without a call
+    rounds = min(stop, limit)
+    assert len(row["rounds"]) == len(stub.sent) == rounds
+    expected = [(n, name) for n, calls in enumerate(played[:rounds], 1) for name in calls]
+    assert [(call["round"], call["name"]) for call in row["details"]["tool_calls"]] == expected
+    for n, history in enumerate(stub.sent):  # each request carried every call answered before it
+        assert [name for name, _, _ in history] == [name for calls in played[:n] for name in calls]
+    for call in row["details"]["tool_calls"]:  # only the last turn's calls (at the limit) got no result
+        assert ("result" in call) == (call["round"] < rounds)
+        assert "result" not in call or bool(call.get("unscripted")) == (call["name"] != "lookup_order")
+    assert ("no_final_answer" in row["reasons"]) == (stop > limit)
+    assert row["cost_usd"] == format(decimal.Decimal("0.5") * rounds, "f")
+
+
+json_values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True),
+                                     st.text(max_size=300)),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
+                                                                                        max_size=3), max_leaves=12)
+
+
+@settings(max_examples=80, deadline=None)
+@given(details=st.one_of(json_values, st.fixed_dictionaries({"tool_calls": st.lists(st.one_of(
+    json_values, st.fixed_dictionaries({"round": json_values | st.integers(), "name": json_values,
+                                        "arguments": json_values},
+                                       optional={"result": json_values, "unscripted": json_values})), max_size=30)})))
+def test_trajectory_of_any_stored_details_never_raises_and_stays_short(details):
+    row = {"details": details}
+    lines = regression.trajectory_lines(row)
+    sequence = regression.tool_sequence(row)
+    assert len(lines) <= regression.TRAJECTORY_CALLS_SHOWN + 1 and all(isinstance(name, str) for name in sequence)
+    assert all(len(line) <= 2 * regression.TRAJECTORY_TEXT_LIMIT + 60 for line in lines)
+
+
+@pytest.mark.parametrize("ids, expected", [
+    (["a", "b"], ["a", "b"]),
+    (["a", "a"], ["a", "call_3_2"]),  # a repeated id would make the tool messages ambiguous
+    ([None, ""], ["call_3_1", "call_3_2"]),
+    ([], ["call_3_1", "call_3_2"]),
+    ([7, "b"], ["call_3_1", "b"]),
+])
+def test_each_call_of_a_round_is_answered_under_its_own_id(ids, expected):
+    trace = {"tool_calls": [{"name": "lookup_order", "arguments": "{}"}, {"name": "lookup_order", "arguments": "{}"}]}
+    assert [sent["call_id"] for sent in regression.tool_results({}, trace, ids, 3)] == expected

@@ -500,7 +500,13 @@ def run_every_reader(folder, valid_path, crafted, label):
                                 else "regression.py")
 
 
-def test_every_field_of_a_record_mutated_is_read_or_refused_in_one_line_by_every_reader(valid_record):
+@pytest.fixture
+def no_fsync(monkeypatch):
+    """Durability is not what these sweeps test; fsync only makes hundreds of writes slow."""
+    monkeypatch.setattr(os, "fsync", lambda fd: None)
+
+
+def test_every_field_of_a_record_mutated_is_read_or_refused_in_one_line_by_every_reader(valid_record, no_fsync):
     """A sweep: every field of a real record, each given another type (or deleted, or nested), through
     every command that reads a record; the kinds of mutation rotate over the fields."""
     kinds = ["delete", "nest-list", "nest-object", *range(len(OTHER_VALUES))]
@@ -511,7 +517,7 @@ def test_every_field_of_a_record_mutated_is_read_or_refused_in_one_line_by_every
             run_every_reader(folder, valid_path, mutate(valid_record, path, how), (path, how))
 
 
-def test_every_mutation_of_a_record_is_read_or_refused_in_one_line_by_every_reader(valid_record):
+def test_every_mutation_of_a_record_is_read_or_refused_in_one_line_by_every_reader(valid_record, no_fsync):
     """Property-based: any path of the record (any row, any depth) and any kind of mutation."""
     paths = list(json_paths(valid_record))
     with scratch_dir() as folder:
@@ -569,19 +575,20 @@ def _hostile(valid_record, path, value):
 
 
 def test_hostile_records_exit_2_with_one_line_through_every_real_command(valid_record, tmp_path):
+    """compare on every hostile record; each regression.py reader on two of them in rotation (the
+    in-process sweep above runs the whole cross product)."""
     valid = write_json(tmp_path / "valid.json", valid_record)
     commands, expected = [], []
-    for name, (path, value) in HOSTILE_RECORDS.items():
+    for n, (name, (path, value)) in enumerate(HOSTILE_RECORDS.items()):
         folder = tmp_path / name
         folder.mkdir()
         crafted = write_json(folder / "crafted.json", _hostile(valid_record, path, value))
         resume = write_json(folder / "resume.json", _hostile(valid_record, path, value))
-        for reader, script, argv in [
-                ("compare", COMPARE, [valid, crafted]),
-                ("report", SCRIPT, ["--report", crafted, "--markdown", folder / "r.md"]),
-                ("resume", SCRIPT, ["--resume", resume]),
-                ("merge", SCRIPT, ["--merge", folder / "merged.json", crafted]),
-                ("replay", SCRIPT, ["--provider", "replay", "--replay", crafted, "--out", folder / "replayed.json"])]:
+        readers = [("report", SCRIPT, ["--report", crafted, "--markdown", folder / "r.md"]),
+                   ("resume", SCRIPT, ["--resume", resume]),
+                   ("merge", SCRIPT, ["--merge", folder / "merged.json", crafted]),
+                   ("replay", SCRIPT, ["--provider", "replay", "--replay", crafted, "--out", folder / "replayed.json"])]
+        for reader, script, argv in [("compare", COMPARE, [valid, crafted]), readers[n % 4], readers[(n + 1) % 4]]:
             commands.append((argv, child_env(), folder, script))
             expected.append((name, reader, folder))
     results = run_many(commands)
@@ -825,6 +832,9 @@ def test_compare_prints_record_text_visibly_and_its_verdict_line_cannot_be_forge
     verdicts = [line for line in result.stdout.splitlines() if line.startswith("verdict:")]
     assert verdicts == ["verdict: NEW FAILURES (exit 1): 1 row flipped to failing"], result.stdout
     assert "\\x1b[1A" in result.stdout and "CAUTION code_sha256" in result.stdout
+    # the behaviour matrix too
+    code, stdout, stderr = call(compare_runs.main, ["--matrix", *paths])
+    assert code in (0, 1) and not unsafe(stdout) and "\\x1b" in stdout and stderr == "", (code, stdout, stderr)
     # NOT_COMPARABLE names record text visibly, in one line
     broken = copy.deepcopy(after)
     broken["runs"][0]["case_id"] = "zz\x1b[2J\nverdict"
@@ -859,3 +869,22 @@ def test_report_of_a_record_with_crafted_summary_numbers_is_refused_in_one_line(
     result = run_cli(["--report", path, "--markdown", tmp_path / "r.md"], child_env(), tmp_path)
     assert result.returncode == 2 and "summary." in one_error_line(result.stderr)
     assert not (tmp_path / "r.md").exists()
+
+
+# ====================================================================== one shard filter, one row-key spelling
+
+@given(st.integers(1, 4), st.integers(1, 5), st.integers(1, 3), st.integers(1, 9))
+@settings(max_examples=40, **HYPOTHESIS)
+def test_shards_partition_the_plan_in_order(models, cases, repeats, total):
+    plan = regression.plan_rows([f"m{n}" for n in range(models)], [f"c{n}" for n in range(cases)], repeats)
+    shards = [regression.shard_plan(plan, (index, total)) for index in range(1, total + 1)]
+    assert sorted(key for shard in shards for key in shard) == sorted(plan)
+    assert sum(len(shard) for shard in shards) == len(plan)
+    for shard in shards:
+        assert shard == [key for key in plan if key in set(shard)]  # run order kept
+    assert regression.shard_plan(plan, None) == plan
+
+
+def test_a_row_key_is_spelled_one_way_in_messages():
+    assert regression.key_text(("m", "c", 2)) == "m / c / repeat 2"
+    assert compare_runs._name is regression.key_text
