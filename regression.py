@@ -5145,7 +5145,7 @@ def _from_environment(values, env):
     """Unset options filled from their environment twins, and which variable set each."""
     found, origin = {}, {}
     for name, variable, convert in ENV_TWINS:
-        if values.get(name) is None and env.get(variable):
+        if values.get(name) is None and name not in found and env.get(variable):  # the first twin wins
             try:
                 found[name] = convert(env[variable])
             except (ValueError, decimal.InvalidOperation):

@@ -362,17 +362,20 @@ def test_promptreg_variables_select_a_compatible_endpoint(tmp_path):
 
 
 @pytest.mark.parametrize("env, flags, expected", [
-    ({"PROMPTREG_PROVIDER": "echo"}, [], ("echo", None)),
-    ({"PROMPTREG_PROVIDER": "compatible"}, [], ("openai", None)),
-    ({"PROMPTREG_PROVIDER": "openai", "REGRESSION_PROVIDER": "echo"}, [], ("echo", None)),
-    ({"PROMPTREG_PROVIDER": "openai"}, ["--provider", "echo"], ("echo", None)),
-    ({"PROMPTREG_MODEL": "theirs"}, [], ("perplexity", ["theirs"])),
-    ({"PROMPTREG_MODEL": "theirs", "REGRESSION_MODELS": "ours"}, [], ("perplexity", ["ours"])),
-    ({"PROMPTREG_MODEL": "theirs"}, ["--models", "flag"], ("perplexity", ["flag"])),
+    ({"PROMPTREG_PROVIDER": "echo"}, [], ("echo", ("echo",))),
+    ({"PROMPTREG_PROVIDER": "compatible", "PROMPTREG_MODEL": "m"}, [], ("openai", ("m",))),
+    ({"PROMPTREG_PROVIDER": "openai", "REGRESSION_PROVIDER": "echo"}, [], ("echo", ("echo",))),
+    ({"PROMPTREG_PROVIDER": "openai"}, ["--provider", "echo"], ("echo", ("echo",))),
+    ({"PROMPTREG_MODEL": "theirs"}, [], ("perplexity", ("theirs",))),
+    ({"PROMPTREG_MODEL": "theirs", "REGRESSION_MODELS": "ours"}, [], ("perplexity", ("ours",))),
+    ({"PROMPTREG_MODEL": "theirs"}, ["--models", "flag"], ("perplexity", ("flag",))),
+    ({"PROMPTREG_PROVIDER": "openai", "REGRESSION_PROVIDER": "echo", "PROMPTREG_MODEL": "theirs",
+      "REGRESSION_MODELS": "ours"}, [], ("echo", ("ours",))),
 ])
 def test_our_variables_and_flags_win_over_theirs(env, flags, expected):
-    _, args = regression.parse_args(flags, env=env)
-    assert (args.provider or "perplexity", args.models) == expected
+    _, settings = regression.parse_args(flags, env={**env, "PERPLEXITY_API_KEY": "pplx-test-key-123456",
+                                                    "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"})
+    assert (settings.provider, tuple(settings.models)) == expected
 
 
 def test_our_base_url_wins_over_theirs(tmp_path):
