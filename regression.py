@@ -2508,6 +2508,48 @@ def replace_text_file(path, text):
     _fsync_dir(real)
 
 
+class SuiteLock:
+    """An exclusive lock (flock) on a suite file while --update-baseline reads and rewrites it:
+    a second process that wants to rewrite it refuses with one line instead of writing over
+    the first one's baselines. The lock is taken on the file the path names right now (a file
+    replaced meanwhile is locked again), and released when the block ends."""
+
+    def __init__(self, path):
+        self.path, self.fd = path, None
+
+    def __enter__(self):
+        try:
+            import fcntl
+        except ImportError:  # no flock on this platform: no lock
+            return self
+        real = os.path.realpath(self.path)
+        for _ in range(5):
+            try:
+                fd = os.open(real, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError:
+                return self  # fill_baselines names the problem in its own words
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                same = os.path.samestat(os.fstat(fd), os.stat(real))
+            except BlockingIOError:
+                os.close(fd)
+                raise SuiteError(f"--update-baseline: {self.path} is being rewritten by another process; "
+                                 "it is unchanged here: try again when that process ends") from None
+            except OSError:
+                same = True  # a file system without locks: as before
+            if same:
+                self.fd = fd
+                return self
+            os.close(fd)
+        raise SuiteError(f"--update-baseline: {self.path} keeps being replaced by another process; it is unchanged")
+
+    def __exit__(self, *exc_info):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        return False
+
+
 def baseline_answers(rows, plan):
     """{case_id: row}: the row whose answer would become a case's baseline (the first
     error-free row in run order, so the first model's first answer)."""
@@ -6322,17 +6364,19 @@ def update_baseline(run, args, exit_code):
     import shlex
     try:
         chosen = baseline_answers(load_record(run.path)["runs"], run.plan)
-        filled = update_baselines(run.suite, {case_id: row["answer_text"] for case_id, row in chosen.items()},
-                                  {case_id: row.get("reasons") or [] for case_id, row in chosen.items()},
-                                  approve_failing=args.approve_failing)
+        with SuiteLock(run.suite["file"]):
+            filled = update_baselines(run.suite, {case_id: row["answer_text"] for case_id, row in chosen.items()},
+                                      {case_id: row.get("reasons") or [] for case_id, row in chosen.items()},
+                                      approve_failing=args.approve_failing)
     except (SuiteError, RecordError) as exc:
         print(f"regression.py: error: {safe_text(exc)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as interrupt:  # the run is complete: this is not "nothing was saved"
-        print(safe_text(f"interrupted while filling baselines: {run.suite['file']} is "
-                        f"{getattr(interrupt, 'suite_state', 'unchanged')}; every row is saved in {run.path}"),
-              file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interrupt:  # the run is complete: say so, and which suite is on disk
+        word = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
+        interrupt.message = safe_text(
+            f"{word} while filling the baselines of {run.suite['file']}: it is "
+            f"{getattr(interrupt, 'suite_state', 'unchanged')}; {run.path} is complete (exit code {exit_code})")
+        raise
     print(safe_text(f"baselines filled: {', '.join(filled) if filled else 'none'} ({run.suite['file']})"))
     if filled and run.suite.get("format") != "golden":  # a pin changes no verdict; a baseline does
         stem = run.path[:-5] if run.path.endswith(".json") else run.path

@@ -262,9 +262,16 @@ def test_update_baseline_fault_leaves_the_suite_fully_old_and_no_temp(tmp_path, 
     path = baseline_suite(tmp_path, text)
     FAULTS[fault](monkeypatch)
     argv = ["--suite", str(path), "--provider", "echo", "--update-baseline", "--out", "r.json"]
-    code, out, err = run_main(regression.main, argv, capsys)
-    err = one_line_error(code, err, 130 if fault == "interrupted" else 2)
-    assert "is unchanged" in err and str(path) in err
+    if fault == "interrupted":  # main saves and explains; cli prints .message and exits with .code
+        with pytest.raises(KeyboardInterrupt) as interrupt:
+            regression.main(argv)
+        assert interrupt.value.code == 130
+        err = interrupt.value.message + "\n"
+        assert "r.json is complete" in err
+    else:
+        code, out, err = run_main(regression.main, argv, capsys)
+        err = one_line_error(code, err)
+    assert "is unchanged" in err and str(path) in err and err.count("\n") == 1
     assert path.read_text(encoding="utf-8") == text
     assert no_temp_files(tmp_path)
     assert json.loads((tmp_path / "r.json").read_text())["summary"]["complete"] is True  # the record is kept
@@ -282,6 +289,25 @@ def test_update_baseline_keeps_windows_line_endings_and_tabs(tmp_path, capsys):
     assert after.replace("\r\n", "\n") == text.replace('"expected_text": "", "min', '"expected_text": '
                                                         '"Annual plans can be refunded within 30 days.", "min').replace(
         '"expected_text": "",\n', '"expected_text": "We offer lifetime refunds.",\n')
+
+
+def test_update_baseline_refuses_while_another_process_rewrites_the_suite(tmp_path):
+    import fcntl
+    text = BASELINE_SUITE.replace('"excludes": ["lifetime"]', '"excludes": ["never"]')
+    path = baseline_suite(tmp_path, text)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a concurrent --update-baseline holds it
+        result = run_script(SCRIPT, ["--suite", "suite.json", "--provider", "echo", "--update-baseline",
+                                     "--out", "r.json"], tmp_path)
+    finally:
+        os.close(fd)
+    err = one_line_error(result.returncode, result.stderr)
+    assert "being rewritten by another process" in err and "suite.json" in err
+    assert path.read_text(encoding="utf-8") == text and no_temp_files(tmp_path)
+    again = run_script(SCRIPT, ["--suite", "suite.json", "--provider", "echo", "--update-baseline",
+                                "--out", "r2.json"], tmp_path)
+    assert again.returncode == 0 and "baselines filled: fresh, strict" in again.stdout  # once it is released
 
 
 def test_a_stale_pid_named_temp_file_does_not_block_the_rewrite(tmp_path, capsys):
