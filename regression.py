@@ -2508,6 +2508,12 @@ def replace_text_file(path, text):
     _fsync_dir(real)
 
 
+def suite_busy(path):
+    """The one line for a suite another --update-baseline holds (the run's hold or SuiteLock)."""
+    return (f"--update-baseline: {path} is being written by another process (its baselines are being rewritten "
+            "by another process); it is unchanged here: try again when that process ends")
+
+
 class SuiteLock:
     """An exclusive lock (flock) on a suite file while --update-baseline reads and rewrites it:
     a second process that wants to rewrite it refuses with one line instead of writing over
@@ -2523,6 +2529,8 @@ class SuiteLock:
         except ImportError:  # no flock on this platform: no lock
             return self
         real = os.path.realpath(self.path)
+        if real in _HELD:  # this process already holds the suite for the whole run (hold_record)
+            return self
         for _ in range(5):
             try:
                 fd = os.open(real, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -2533,8 +2541,7 @@ class SuiteLock:
                 same = os.path.samestat(os.fstat(fd), os.stat(real))
             except BlockingIOError:
                 os.close(fd)
-                raise SuiteError(f"--update-baseline: {self.path} is being rewritten by another process; "
-                                 "it is unchanged here: try again when that process ends") from None
+                raise SuiteError(suite_busy(self.path)) from None
             except OSError:
                 same = True  # a file system without locks: as before
             if same:
@@ -6291,7 +6298,10 @@ def dry_run_mode(settings, env, stage):
 def run_mode(settings, env, stage):
     """Run the suite (or the rest of a resumed record); the verdict is the exit code."""
     if settings.update_baseline and settings.suite:
-        hold_record(settings.suite)  # one baseline writer per suite, from the start of the run to its rewrite
+        try:  # one baseline writer per suite, from the start of the run to its rewrite
+            hold_record(settings.suite)
+        except RecordError:  # said as SuiteLock says it (SuiteLock then sees this process holds it)
+            raise SuiteError(suite_busy(settings.suite)) from None
     if settings.resume:
         stage.now(lambda word: f"{word} before the first request; {settings.resume} is unchanged")
     run = prepare(settings, env)
