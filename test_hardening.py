@@ -535,8 +535,7 @@ def crash_trial(folder, number, trigger, plan, reference):
                 assert normal(row) == reference[regression.row_key(row)], f"trial {number}: row differs"
             finished = sum(1 for row in rows if row["error"] is None)
             notes["recovered"] = finished
-            resumed = subprocess.run([sys.executable, str(SCRIPT), "--resume", str(out)], cwd=folder, env=env,
-                                     capture_output=True, text=True, timeout=60)
+            resumed = fakes.run_script(["--resume", out], folder, env, timeout=60)  # forked: no compile
             assert resumed.returncode == 0, (number, trigger, resumed.stderr)
             assert server.count - sent_before == len(plan) - finished, (
                 f"trial {number} ({trigger}): resume sent {server.count - sent_before} requests, "
@@ -547,14 +546,12 @@ def crash_trial(folder, number, trigger, plan, reference):
             assert printed == [], f"trial {number}: rows printed but no record"
             notes["no_record"] = True
             if out.exists():  # created, still empty: --resume must refuse it cleanly
-                refused = subprocess.run([sys.executable, str(SCRIPT), "--resume", str(out)], cwd=folder,
-                                         env=env, capture_output=True, text=True, timeout=60)
+                refused = fakes.run_script(["--resume", out], folder, env, timeout=60)
                 assert refused.returncode == 2
                 one_error_line(refused.stderr)
                 assert server.count == sent_before
             final_path = folder / f"trial-{number}-fresh.json"
-            fresh = subprocess.run(crash_command(final_path, server), cwd=folder, env=env, capture_output=True,
-                                   text=True, timeout=60)
+            fresh = fakes.run_script(crash_command(final_path, server)[2:], folder, env, timeout=60)
             assert fresh.returncode == 0, fresh.stderr
             assert server.count - sent_before == len(plan)
     final = read_json(final_path)  # strict JSON, not a recovery

@@ -194,7 +194,6 @@ def test_concurrency_is_faster_than_sequential(tmp_path):
     # end, eight at a time take one latency (0.3 s). Loose on purpose.
     span = arrivals[-1] - arrivals[0]
     assert span < 0.3 * (rows - 1) * latency, span
-    assert gauge.peak == 8
 
 
 def test_concurrency_first_error_stops_new_requests_but_keeps_in_flight_rows(tmp_path):
