@@ -2523,6 +2523,8 @@ class SuiteLock:
         except ImportError:  # no flock on this platform: no lock
             return self
         real = os.path.realpath(self.path)
+        if real in _HELD:  # this process already holds it (run_mode's hold_record): a second flock would clash
+            return self
         for _ in range(5):
             try:
                 fd = os.open(real, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
