@@ -6290,8 +6290,6 @@ def dry_run_mode(settings, env, stage):
 
 def run_mode(settings, env, stage):
     """Run the suite (or the rest of a resumed record); the verdict is the exit code."""
-    if settings.update_baseline and settings.suite:
-        hold_record(settings.suite)  # one baseline writer per suite, from the start of the run to its rewrite
     if settings.resume:
         stage.now(lambda word: f"{word} before the first request; {settings.resume} is unchanged")
     run = prepare(settings, env)
