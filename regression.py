@@ -4127,8 +4127,7 @@ def _lock(fd, path, shared=False):
     try:
         fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise RecordError(f"{path} is being written by another process (a run, --resume, --merge or "
-                          "--update-baseline); "
+        raise RecordError(f"{path} is being written by another process (a run, --resume or --merge); "
                           "wait until it ends, then try again") from None
     except OSError:
         pass  # a file system without locks (some network mounts)

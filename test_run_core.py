@@ -556,21 +556,6 @@ def test_a_record_being_written_refuses_resume_and_merge_then_sigterm_saves_it(t
     assert temp_files(tmp_path) == []
 
 
-def test_a_suite_whose_baselines_are_being_filled_refuses_a_second_update_baseline(tmp_path):
-    with fakes.FakeServer(slow_after_first) as server:
-        proc, out, env = start_slow_run(tmp_path, server, "--update-baseline")
-        try:
-            second = cli(["--provider", "echo", "--suite", tmp_path / "suite.json", "--update-baseline",
-                          "--out", tmp_path / "other.json"], tmp_path, env=env, timeout=30)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.communicate(timeout=30)
-    assert second.returncode == 2
-    assert "suite.json is being written by another process" in one_line(second.stderr)
-    assert not (tmp_path / "other.json").exists()
-    assert proc.returncode == 143
-
-
 def test_ctrl_c_prints_the_full_command_and_that_command_finishes_the_run(tmp_path):
     import shlex
     md = tmp_path / "r.md"
