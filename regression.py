@@ -4398,7 +4398,7 @@ def merge(out, paths):
     header["merged_from"] = [{"path": path, "shard": record.get("shard")} for record, path in zip(records, paths)]
     create_record(out, header, ordered, final).close()
     print(json.dumps(final, indent=2))
-    if not final["complete"]:
+    if final["exit_code"] == 2:  # incomplete, or a shard kept an execution error: say what continues it
         print(merge_gaps(records, paths, plan, final), file=sys.stderr)
     return final["exit_code"]
 
@@ -4407,7 +4407,9 @@ def merge_gaps(records, paths, plan, final):
     """What an incomplete merge lacks, and the commands that fill it."""
     have = {row_key(row) for record in records for row in record["runs"] if row.get("error") is None}
     missing = [key for key in plan if key not in have]
-    lines = [f"merged record is incomplete: {final['rows']} of {final['expected_rows']} rows"]
+    lines = [f"merged record is incomplete: {final['rows']} of {final['expected_rows']} rows" if not final["complete"]
+             else f"merged record holds execution errors: {final['rows']} of {final['expected_rows']} rows, "
+                  "not all usable"]
     if missing:
         shown = ", ".join(safe_text(" / ".join(map(str, key))) for key in missing[:5])  # names from the records
         lines[0] += f"; missing or errored: {shown}" + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")

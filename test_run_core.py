@@ -651,6 +651,21 @@ def test_incomplete_merge_names_missing_shards_rows_and_unfinished_shards(tmp_pa
     assert "Traceback" not in proc.stderr
 
 
+def test_complete_merge_with_an_errored_row_says_why_it_exits_2(tmp_path):
+    suite = write_suite(tmp_path)
+    one, two = tmp_path / "s1.json", tmp_path / "s2.json"
+    assert main_code(["--provider", "echo", "--suite", suite, "--shard", "1/2", "--out", one]) == 0
+    assert main_code(["--provider", "echo", "--suite", suite, "--shard", "2/2", "--out", two]) == 0
+    record = read(two)
+    record["runs"][0].update(error="HTTPError", error_status=503, reasons=["execution_error"], passed=False)
+    two.write_text(json.dumps(record))
+    proc = cli(["--merge", tmp_path / "all.json", one, two], tmp_path)
+    assert proc.returncode == 2
+    lines = proc.stderr.rstrip("\n").split("\n")
+    assert lines[0].startswith("merged record holds execution errors: 4 of 4 rows"), proc.stderr
+    assert lines[-1] == f"{two} is unfinished: continue it with: python regression.py --resume {two}, then merge again"
+
+
 # ====================================================================== a closed stdout
 
 def closed_pipe():
