@@ -50,7 +50,7 @@ __all__ = [
     # providers and one request (A6, B3, B4)
     "Perplexity", "PROVIDERS", "Provider", "register_provider",
     "PerplexityProvider", "OpenAIProvider", "EchoProvider", "ReplayProvider",
-    "run_one", "execute", "transient", "retry_after", "redactor",
+    "run_one", "run_row", "run_row_steps", "send_request", "execute", "transient", "retry_after", "redactor",
     # record and summary (A7, A8, B4)
     "RecordError", "create_record", "replace_record", "load_record", "write_new_file", "dumps",
     "Tally", "summary", "row_key", "plan_rows", "shard_plan", "key_text", "record_problem",
@@ -627,12 +627,6 @@ def read_json(text):
         return None, Fail("invalid_json", "not JSON: nested too deeply", error="nested too deeply")
 
 
-def _parse_answer(text):
-    """The answer text as JSON, or None when it is not strict JSON at all."""
-    value, problem = read_json(text)
-    return None if problem else [value]
-
-
 _JSON_TYPES = {
     "string": lambda v: isinstance(v, str),
     "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
@@ -689,10 +683,8 @@ def _answer_shape_ok(answer, case):
 
 def _structured_answer(case, trace):
     """The answer object when it parses and has the right shape, else None."""
-    parsed = _parse_answer(trace["final_text"])
-    if parsed is None or not _answer_shape_ok(parsed[0], case):
-        return None
-    return parsed[0]
+    answer, problem = read_json(trace["final_text"])
+    return None if problem or not _answer_shape_ok(answer, case) else answer
 
 
 def _user_text(case):
@@ -1177,8 +1169,7 @@ def _call_arguments(call):
     """A tool call's arguments as a dict (they arrive as a JSON string or an object)."""
     arguments = call.get("arguments")
     if isinstance(arguments, str):
-        parsed = _parse_answer(arguments)
-        arguments = parsed[0] if parsed else None
+        arguments, problem = read_json(arguments)
     return arguments if isinstance(arguments, dict) else {}
 
 
@@ -3594,7 +3585,7 @@ def deadline_error(seconds):
 def within(seconds, call):
     """call() with a deadline on the whole call, or TimeoutError. The call runs in a daemon
     thread that is abandoned on timeout: no client timeout bounds a trickling body.
-    A run's rows never come here: its worker pool (run_jobs) runs their calls on its own
+    A run's rows never come here: its worker pool (run_in_pool) runs their calls on its own
     workers and enforces the same deadline without a second thread per request."""
     if seconds is None:
         return call()
@@ -3621,8 +3612,8 @@ class RowDeadline(TimeoutError):
     """A played row ran past its whole-row deadline (rounds and retries together)."""
 
 
-def run_steps(steps):
-    """Drive a step generator (send_steps, execute_steps) on this thread to its return value:
+def drive_steps(steps):
+    """Drive a step generator (send_request_steps, run_row_steps) on this thread to its return value:
     each (seconds, call) it yields runs under within(), and the result or exception goes back."""
     value = error = None
     while True:
@@ -3637,9 +3628,9 @@ def run_steps(steps):
             error = exc
 
 
-def send_steps(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None, rounds=(), until=None,
+def send_request_steps(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None, rounds=(), until=None,
                clock=time.monotonic):
-    """send() as steps: yields (deadline seconds or None, call) for each attempt and is sent
+    """send_request() as steps: yields (deadline seconds or None, call) for each attempt and is sent
     the call's result or thrown its exception, so whoever drives it picks the thread the call
     runs on and can give up on it at the deadline; returns (raw, attempts).
 
@@ -3687,10 +3678,10 @@ def error_message(exc, provider):
     return message
 
 
-def send(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None, rounds=(), until=None,
+def send_request(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None, rounds=(), until=None,
          clock=time.monotonic):
     """provider.request with up to `retries` retries of transient failures; (raw, attempts)."""
-    return run_steps(send_steps(provider, model, suite, case, repeat, retries, sleep, jitter, rounds, until, clock))
+    return drive_steps(send_request_steps(provider, model, suite, case, repeat, retries, sleep, jitter, rounds, until, clock))
 
 
 # ---------------------------------------------------------------------- played tools
@@ -3779,7 +3770,7 @@ class BudgetReached(Exception):
 
 def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=time.monotonic, sleep=time.sleep,
                      budget=None):
-    """Run a played case into `row` round by round (as steps, see send_steps); returns its trace.
+    """Run a played case into `row` round by round (as steps, see send_request_steps); returns its trace.
 
     Each response is stored in row["rounds"] (and row["response"]) before it is read, so a
     failure mid-loop keeps every round already made as evidence. `budget(row, row_cost)` (the
@@ -3792,7 +3783,7 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
     rounds = row["rounds"] = []
     costs = []
     while True:
-        raw, attempts = yield from send_steps(provider, model, suite, case, repeat, retries, sleep=sleep,
+        raw, attempts = yield from send_request_steps(provider, model, suite, case, repeat, retries, sleep=sleep,
                                               rounds=rounds, until=until, clock=clock)
         rounds.append({"response": raw})
         row["response"] = raw
@@ -3811,12 +3802,12 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
 def play_tools(provider, suite, case, model, repeat, retries, row, clock=time.monotonic, sleep=time.sleep,
                budget=None):
     """A played case on this thread (see play_tools_steps)."""
-    return run_steps(play_tools_steps(provider, suite, case, model, repeat, retries, row, clock, sleep, budget))
+    return drive_steps(play_tools_steps(provider, suite, case, model, repeat, retries, row, clock, sleep, budget))
 
 
-def execute_steps(provider, suite, case, model, repeat=None, grader=None, retries=None, sleep=time.sleep,
+def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retries=None, sleep=time.sleep,
                   budget=None):
-    """execute() as steps (see send_steps): a run's worker pool drives these; returns the row.
+    """run_row() as steps (see send_request_steps): a run's worker pool drives these; returns the row.
     `budget` is checked between the rounds of a played case (see play_tools_steps)."""
     row = {"case_id": case["id"], "model": model}
     if repeat is not None:
@@ -3831,7 +3822,7 @@ def execute_steps(provider, suite, case, model, repeat=None, grader=None, retrie
             if retries is None:
                 row.pop("attempts")
         else:
-            raw, attempts = yield from send_steps(provider, model, suite, case, repeat or 0, retries or 0, sleep)
+            raw, attempts = yield from send_request_steps(provider, model, suite, case, repeat or 0, retries or 0, sleep)
             if retries is not None:
                 row["attempts"] = attempts
             row["response"] = raw
@@ -3903,7 +3894,7 @@ def estimate_cost(row, prices):
     return row
 
 
-def execute(provider, suite, case, model, repeat=None, grader=None, retries=None):
+def run_row(provider, suite, case, model, repeat=None, grader=None, retries=None):
     """One row: request, store the evidence, then grade (SPEC A6).
 
     The response, answer text and cost are stored in the row before grading, so a
@@ -3911,7 +3902,11 @@ def execute(provider, suite, case, model, repeat=None, grader=None, retries=None
     execution_error row instead of escaping. With `retries` set, the row also
     records how many attempts the request took.
     """
-    return run_steps(execute_steps(provider, suite, case, model, repeat, grader, retries))
+    return drive_steps(run_row_steps(provider, suite, case, model, repeat, grader, retries))
+
+
+# The names earlier releases used (tests and user scripts call them): thin aliases.
+execute, execute_steps, send, send_steps, run_steps = run_row, run_row_steps, send_request, send_request_steps, drive_steps
 
 
 # ---------------------------------------------------------------------- redaction
@@ -4058,7 +4053,7 @@ def run_one(client, case, model):
     """SPEC A6: one Agent API request for a built-in case, graded through check()."""
     # Grading goes through the module-level name so tests can replace regression.check.
     grader = lambda _, raw, trace: check(case, raw, trace["final_text"])  # noqa: E731
-    return execute(PerplexityProvider(client), builtin_suite(), builtin_case(case), model, grader=grader)
+    return run_row(PerplexityProvider(client), builtin_suite(), builtin_case(case), model, grader=grader)
 
 
 # ====================================================================== record
@@ -4073,19 +4068,19 @@ class RecordWriter:
     def __init__(self, path, fd, end, tail, count):
         self.path, self.fd, self.end, self.tail, self.count = path, fd, end, tail, count
 
-    def append(self, row, summary_, text=None):
+    def append(self, row, final, text=None):
         """Add a finished row (and its JSON `text` if already made) and the current summary;
         durable when this returns."""
         data = (",\n" if self.count else "\n") + (text if text is not None else dumps(row))
-        self._write_tail(data.encode("utf-8"), summary_)
+        self._write_tail(data.encode("utf-8"), final)
         self.count += 1
 
-    def set_summary(self, summary_):
+    def set_summary(self, final):
         """Replace only the summary (for example, to say why the run stopped)."""
-        self._write_tail(b"", summary_)
+        self._write_tail(b"", final)
 
-    def _write_tail(self, data, summary_):
-        tail = ('\n], "summary": ' + dumps(summary_) + "}\n").encode("utf-8")
+    def _write_tail(self, data, final):
+        tail = ('\n], "summary": ' + dumps(final) + "}\n").encode("utf-8")
         with deferred_signals():  # a signal must not cut a checkpoint in half
             try:
                 _pwrite_all(self.fd, data + tail, self.end)
@@ -4182,7 +4177,7 @@ def check_unlocked(path):
         os.close(fd)
 
 
-def _start_record(fd, path, header, rows, summary_):
+def _start_record(fd, path, header, rows, final):
     """Write header, rows and summary into a new, empty, exclusively created file; the writer
     holds the file's lock. On failure the file is removed (and RecordError says why)."""
     try:
@@ -4194,7 +4189,7 @@ def _start_record(fd, path, header, rows, summary_):
             _pwrite_all(fd, data, 0)
         except OSError as exc:
             raise RecordError(f"cannot write {path}: {exc.strerror or exc}") from None
-        writer.set_summary(summary_)  # a header without rows would only block the next run with this --out
+        writer.set_summary(final)  # a header without rows would only block the next run with this --out
     except BaseException:
         os.close(fd)
         _unlink_quietly(path)
@@ -4209,14 +4204,14 @@ def _unlink_quietly(path):
         pass
 
 
-def create_record(path, header, rows, summary_):
+def create_record(path, header, rows, final):
     """Create a new record file holding a header, finished rows and a summary."""
-    writer = _start_record(_open_new(path), path, header, rows, summary_)
+    writer = _start_record(_open_new(path), path, header, rows, final)
     _fsync_dir(path)
     return writer
 
 
-def replace_record(path, header, rows, summary_):
+def replace_record(path, header, rows, final):
     """Rewrite a record atomically (temp file + rename) and keep it open for appending.
 
     Used to continue a record (--resume) and to put rows back in run order; a crash
@@ -4231,7 +4226,7 @@ def replace_record(path, header, rows, summary_):
     except OSError as exc:
         raise RecordError(f"cannot write next to {path}: {exc.strerror or exc}; {path} is unchanged") from None
     try:
-        writer = _start_record(fd, temp, header, rows, summary_)
+        writer = _start_record(fd, temp, header, rows, final)
     except RecordError as exc:
         raise RecordError(str(exc).replace(temp, path) + f"; {path} is unchanged") from None
     except BaseException:  # interrupted: the old record stays, and no temp file is left
@@ -5895,7 +5890,7 @@ class WorkerPool:
     """`size` long-lived worker threads that turn jobs into rows; finished (job, row) pairs
     (or (job, exception)) come out of `finished`.
 
-    work(job) returns a row, or steps (execute_steps) that yield (deadline, call). A worker
+    work(job) returns a row, or steps (run_row_steps) that yield (deadline, call). A worker
     runs each call itself, so a request costs one thread and no hand-off. The deadline
     cannot interrupt a thread stuck in a trickling read, so a watchdog thread, which sleeps
     until the earliest deadline of the calls in progress, abandons a call past it: its worker
@@ -5997,7 +5992,7 @@ class WorkerPool:
                 self._cond.wait(None if self._wake_at is None else self._wake_at - now)
 
 
-def run_jobs(jobs, work, concurrency, stopping, refill_early=lambda row: False):
+def run_in_pool(jobs, work, concurrency, stopping, refill_early=lambda row: False):
     """Yield (job, row) as rows finish: at most `concurrency` in flight, none started once stopping().
 
     Rows are made by one WorkerPool of `concurrency` workers (one worker for a sequential
@@ -6145,7 +6140,7 @@ def _storable(row, mask, prices=None):
         return kept, dumps(kept)
 
 
-def execute_run(run, settings, writer, tally):
+def run_rows(run, settings, writer, tally):
     """Send the rows still to do and append each one as it finishes.
 
     Returns (stopped, in_order, answers, last): why it stopped early (or None), whether rows
@@ -6182,7 +6177,7 @@ def execute_run(run, settings, writer, tally):
 
     def work(key):
         model, case_id, repeat = key
-        return execute_steps(run.provider, case_suite(run.suite, cases[case_id]), cases[case_id], model, repeat,
+        return run_row_steps(run.provider, case_suite(run.suite, cases[case_id]), cases[case_id], model, repeat,
                              grader=grader, retries=settings.retries, budget=budget)
 
     storable = {}  # id(row) -> (stored row, its JSON): made once, before the slot is refilled
@@ -6194,7 +6189,7 @@ def execute_run(run, settings, writer, tally):
         return storable[id(row)][0]["error"] is None and settings.max_cost_usd is None and settings.concurrency > 1
 
     try:
-        for key, row in run_jobs(run.todo, work, settings.concurrency, lambda: state["stopped"] is not None,
+        for key, row in run_in_pool(run.todo, work, settings.concurrency, lambda: state["stopped"] is not None,
                                  refill_early):
             # checks ran on the original; only the masked row is stored
             stored, text = storable.pop(id(row), None) or _storable(row, mask, run.prices)
@@ -6247,6 +6242,9 @@ def open_record(run, tally):
               file=sys.stderr)
         return writer
     return create_record(run.path, run.header, [], tally.summary())
+
+
+execute_run, run_jobs = run_rows, run_in_pool  # the names earlier releases used
 
 
 # ====================================================================== CLI
@@ -6321,7 +6319,7 @@ def run_mode(settings, env, stage):
         stage.now(lambda word: f"{word}: {writer.count} finished row(s) saved in {run.path}; continue with: "
                                f"{continue_command(run.path, continue_flags(settings))}")
         try:
-            stopped, in_order, answers, last = execute_run(run, settings, writer, tally)
+            stopped, in_order, answers, last = run_rows(run, settings, writer, tally)
         except KeyboardInterrupt as interrupt:
             final = tally.summary()
             final["stopped"] = "terminated" if isinstance(interrupt, Terminated) else "interrupted"

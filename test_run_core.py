@@ -405,7 +405,7 @@ def test_sigterm_during_a_checkpoint_is_terminated_and_never_counts_a_missing_ro
 def test_interrupt_during_the_reorder_is_one_true_line_and_leaves_no_temp(tmp_path, monkeypatch):
     suite = write_suite(tmp_path)
     out = tmp_path / "run.json"
-    real_run, real_start = regression.execute_run, regression._start_record
+    real_run, real_start = regression.run_rows, regression._start_record
 
     def out_of_order(*args):
         stopped, _, answers, last = real_run(*args)
@@ -416,7 +416,7 @@ def test_interrupt_during_the_reorder_is_one_true_line_and_leaves_no_temp(tmp_pa
             os.kill(os.getpid(), signal.SIGINT)  # inside the temp file's writing
         return real_start(fd, path, *args)
 
-    monkeypatch.setattr(regression, "execute_run", out_of_order)
+    monkeypatch.setattr(regression, "run_rows", out_of_order)
     monkeypatch.setattr(regression, "_start_record", start)
     with pytest.raises(KeyboardInterrupt) as caught:
         regression.main(["--provider", "echo", "--suite", str(suite), "--out", str(out)])
