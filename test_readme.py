@@ -90,6 +90,7 @@ OFFLINE = {
     "python regression.py --suite suites/support-guardrails.json --provider echo --out echo-run.json": 1,
     "python regression.py --suite suites/agent-tools.json --dry-run": 0,
     "python regression.py --list-checks": 0,
+    "python regression.py --dry-run": 0,
     "python regression.py --provider echo --suite suites/support-guardrails.json": 1,
     "python regression.py --suite suites/promptreg-support.json --provider echo --out promptreg-run.json": 1,
     "python regression.py --suite suites/golden-support --dry-run": 0,
