@@ -597,51 +597,49 @@ def agent_conversation(body):
     return user, history
 
 
-def scripted_chat(policies, cost=None):
-    """A /chat/completions reply function: the request's model picks a policy from `policies`."""
+def _scripted(policies, on_route, conversation, call_reply, text_reply):
+    """A reply function that plays `policies` on one API: the request's model picks the policy,
+    `conversation(body)` reads (user, history), and the policy's next step is answered by
+    call_reply(body, history, name, arguments) or text_reply(body, text)."""
     def reply(request):
-        if not request.path.split("?")[0].endswith("/chat/completions"):
+        if not on_route(request.path.split("?")[0]):
             return Reply(404, {"error": {"message": f"no route {request.path}"}})
         body = request.json or {}
         policy = policies.get(body.get("model"))
         if policy is None:
             return Reply(404, {"error": {"message": f"unknown model {body.get('model')!r}"}})
         try:
-            user, history = chat_conversation(body)
+            user, history = conversation(body)
         except ConversationError as exc:
             return Reply(exc.status, {"error": {"message": str(exc)}})
         kind, *what = policy(user, history)
-        if kind == "call":
-            body = chat_response("", tool_calls=[tuple(what)], model=body["model"], cost=cost)
-            for call in body["choices"][0]["message"]["tool_calls"]:
-                call["id"] = f"call_{len(history) + 1}"  # unique over the conversation
-            return Reply(body=body)
-        return Reply(body=chat_response(what[0], model=body["model"], cost=cost))
+        return Reply(body=call_reply(body, history, *what) if kind == "call" else text_reply(body, what[0]))
     return reply
+
+
+def scripted_chat(policies, cost=None):
+    """A /chat/completions reply function: the request's model picks a policy from `policies`."""
+    def call_reply(body, history, name, arguments):
+        reply = chat_response("", tool_calls=[(name, arguments)], model=body["model"], cost=cost)
+        for call in reply["choices"][0]["message"]["tool_calls"]:
+            call["id"] = f"call_{len(history) + 1}"  # unique over the conversation
+        return reply
+
+    return _scripted(policies, lambda path: path.endswith("/chat/completions"), chat_conversation, call_reply,
+                     lambda body, text: chat_response(text, model=body["model"], cost=cost))
 
 
 def scripted_agent(policies, cost=0.0001):
     """A /v1/responses reply function: the request's model picks a policy from `policies`."""
-    def reply(request):
-        if request.path.split("?")[0] != "/v1/responses":
-            return Reply(404, {"error": {"message": f"no route {request.path}"}})
-        body = request.json or {}
-        policy = policies.get(body.get("model"))
-        if policy is None:
-            return Reply(404, {"error": {"message": f"unknown model {body.get('model')!r}"}})
-        try:
-            user, history = agent_conversation(body)
-        except ConversationError as exc:
-            return Reply(exc.status, {"error": {"message": str(exc)}})
-        kind, *what = policy(user, history)
-        if kind == "call":
-            response = agent_response(None, function_calls=[tuple(what)], status="requires_action",
-                                      cost=cost, model=body["model"])
-            for item in response["output"]:
-                item["call_id"] = f"call_{len(history) + 1}"
-            return Reply(body=response)
-        return Reply(body=agent_response(what[0], cost=cost, model=body["model"]))
-    return reply
+    def call_reply(body, history, name, arguments):
+        response = agent_response(None, function_calls=[(name, arguments)], status="requires_action",
+                                  cost=cost, model=body["model"])
+        for item in response["output"]:
+            item["call_id"] = f"call_{len(history) + 1}"
+        return response
+
+    return _scripted(policies, lambda path: path == "/v1/responses", agent_conversation, call_reply,
+                     lambda body, text: agent_response(text, cost=cost, model=body["model"]))
 
 
 ORDER_ID = re.compile(r"\bord_\w+")
