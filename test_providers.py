@@ -18,61 +18,19 @@ import pytest
 import compare_runs
 import fakes
 import regression
+from testkit import ROOT, SCRUBBED_PREFIXES, clean_env, cli_env, read_record, run_cli, run_main, write_suite  # noqa: F401
 from fakes import FakeServer, Reply
 
-ROOT = Path(regression.__file__).resolve().parent
 SUITES = ROOT / "suites"
 AGENT_TOOLS = SUITES / "agent-tools.json"
 GUARDRAILS = SUITES / "support-guardrails.json"
 SECRET = "sk-test-SECRET123"
 OTHER_SECRET = "sk-test-OTHER456"
-SCRUBBED_PREFIXES = ("PERPLEXITY_", "OPENAI_", "REGRESSION_", "MY_ENDPOINT_KEY", "UNSET_KEY_VAR")
-PROXY_VARIABLES = {"http_proxy", "https_proxy", "all_proxy", "no_proxy"}
 ASK = "Could you tell me your order ID?"
 INVENTED = {"order_id": "ord_99999"}
 
 
 # ---------------------------------------------------------------------- helpers
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch, tmp_path):
-    """No real key, base URL, twin variable or proxy leaks in; the default --out lands in tmp_path."""
-    for name in list(os.environ):
-        if name.startswith(SCRUBBED_PREFIXES) or name.lower() in PROXY_VARIABLES:
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
-
-
-def cli_env(**extra):
-    env = {name: value for name, value in os.environ.items()
-           if not name.startswith(SCRUBBED_PREFIXES) and name.lower() not in PROXY_VARIABLES}
-    env.update(extra)
-    return env
-
-
-def run_cli(args, cwd, env=None, timeout=60):
-    """python -W error regression.py ARGS as a subprocess."""
-    return subprocess.run([sys.executable, "-W", "error", str(ROOT / "regression.py"), *map(str, args)],
-                          cwd=cwd, env=env if env is not None else cli_env(), capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def run_main(argv):
-    """regression.main(argv) in-process; a usage error's SystemExit becomes its code."""
-    try:
-        return regression.main([str(arg) for arg in argv])
-    except SystemExit as exc:
-        return exc.code
-
-
-def read_record(path):
-    return json.loads(Path(path).read_text(encoding="utf-8"))
-
-
-def write_suite(path, data):
-    path.write_text(json.dumps(data), encoding="utf-8")
-    return path
-
 
 def suite_data(path):
     return json.loads(Path(path).read_text(encoding="utf-8"))

@@ -26,55 +26,15 @@ from hypothesis import given, settings, strategies as st
 import compare_runs
 import fakes
 import regression
+from testkit import ROOT, SCRUBBED_PREFIXES, clean_env, cli_env, read_record, run_cli, run_main, write_suite  # noqa: F401
 from fakes import FakeServer, Reply
 
-ROOT = Path(regression.__file__).resolve().parent
 EXAMPLE = ROOT / "suites" / "agent-trajectories.json"
-SCRUBBED_PREFIXES = ("PERPLEXITY_", "OPENAI_", "REGRESSION_")
-PROXY_VARIABLES = {"http_proxy", "https_proxy", "all_proxy", "no_proxy"}
 PROVIDERS = ["openai", "perplexity"]
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch, tmp_path):
-    """No real key, base URL, twin variable or proxy leaks in; files land in tmp_path."""
-    for name in list(os.environ):
-        if name.startswith(SCRUBBED_PREFIXES) or name.lower() in PROXY_VARIABLES:
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
-
-
-def cli_env(**extra):
-    env = {name: value for name, value in os.environ.items()
-           if not name.startswith(SCRUBBED_PREFIXES) and name.lower() not in PROXY_VARIABLES}
-    env.update(extra)
-    return env
-
-
-def run_cli(args, cwd, env=None, timeout=60):
-    return subprocess.run([sys.executable, "-W", "error", str(ROOT / "regression.py"), *map(str, args)],
-                          cwd=cwd, env=env if env is not None else cli_env(), capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def run_main(argv):
-    try:
-        return regression.main([str(arg) for arg in argv])
-    except SystemExit as exc:
-        return exc.code
 
 
 def example():
     return json.loads(EXAMPLE.read_text(encoding="utf-8"))
-
-
-def write_suite(path, data):
-    path.write_text(json.dumps(data), encoding="utf-8")
-    return path
-
-
-def read_record(path):
-    return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
 def rows_by_key(record):
