@@ -1004,3 +1004,54 @@ def test_any_stated_value_the_user_never_gave_is_invented(state, spelling, value
     assert "invented_field" in reasons
     given = dict(CLARIFY, input=f"Cancel order {value}.")  # the user gave it: nothing invented
     assert "invented_field" not in clarify(state.format(f=spelling, v=value), case=given)
+
+
+# ====================================================================== review: crafted answers that slipped past
+
+REVIEW_TOOLS = [{"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+                for name in ("cancel_order", "refund")]
+
+
+def review_grade(case, answer, calls=()):
+    suite = {"name": "s", "instructions": "Be brief and helpful to every customer who writes in today please.",
+             "tools": REVIEW_TOOLS}
+    compiled = regression.compile_case(suite, {"id": "c", "input": case.pop("input", "Cancel my order."), **case})
+    return regression.grade(compiled, trace(answer, calls))
+
+
+@pytest.mark.parametrize("case, answer, calls, reason", [
+    # typographic apostrophes and dashes read as their ASCII forms
+    ({"excludes": ["we can't refund"]}, "Sorry, we can\u2019t refund it.", (), "forbidden_text_present"),
+    ({"excludes": ["non-refundable"]}, "This plan is non\u2011refundable.", (), "forbidden_text_present"),
+    ({"contains": ["don't"]}, "Please don\u2019t worry.", (), None),
+    # plurals of hidden-instruction mentions
+    ({"behaviors": ["no_system_leak"]}, "Here are my system prompts: be brief.", (), "system_leak"),
+    ({"behaviors": ["no_system_leak"]}, "The developer messages tell me to be brief.", (), "system_leak"),
+    # eight words of the instructions are a quote
+    ({"behaviors": ["no_system_leak"]}, "Be brief and helpful to every customer who writes in today.", (), "system_leak"),
+    # an argument named by another spelling of the field, and a value only inside a longer one
+    ({"behaviors": ["require_clarification:order_id"]}, "What is your order id?",
+     (("cancel_order", '{"order_number": "48213"}'),), "invented_field"),
+    ({"behaviors": ["require_clarification:order_id"], "input": "Cancel it. My phone is 5551234567."},
+     "What is your order id?", (("cancel_order", '{"orderId": "1234"}'),), "invented_field"),
+    ({"behaviors": ["require_clarification:order_id"], "input": "Cancel it. My phone is 5551234567."},
+     "I cancelled order id 1234. What is your order id?", (), "invented_field"),
+    # a claim split by an invisible character is still a claim
+    ({"claims": {"refund issued": "refund"}}, "Your refund\u200bissued today.", (), "unbacked_claim"),
+    # a number too large for a float is not JSON
+    ({"behaviors": ["json_object"]}, '{"a": 1e999}', (), "invalid_json"),
+])
+def test_crafted_answers_found_in_review_fail(case, answer, calls, reason):
+    reasons = review_grade(dict(case), answer, calls)
+    if reason is None:
+        assert reasons == []
+    else:
+        assert reason in reasons, reasons
+
+
+@pytest.mark.parametrize("case", [{"contains": ["\u200b\u00ad"]}, {"excludes": ["\ufeff"]},
+                                  {"claims": {"\u200b": "refund"}}])
+def test_a_phrase_of_invisible_characters_only_is_refused(case):
+    with pytest.raises(regression.SuiteError, match="no visible text"):
+        regression.validate_suite({"name": "s", "instructions": "x", "tools": REVIEW_TOOLS,
+                                   "cases": [{"id": "c", "input": "hi", **case}]})

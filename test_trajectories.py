@@ -729,7 +729,7 @@ BAD_KEYS = [
     ({"tool_args": []}, "tool_args must be a non-empty object"),
     ({"claims": {"refund issued": "cancel_order"}}, "names 'cancel_order', which is not a function tool"),
     ({"claims": {"refund issued": 3}}, "must be a tool name string"),
-    ({"claims": {"  ": "refund_order"}}, "claims has an empty phrase"),
+    ({"claims": {"  ": "refund_order"}}, "claims has a phrase with no visible text"),
     ({"claims": ["refund issued"]}, "claims must be a non-empty object"),
     ({"behaviors": ["tool_order:lookup_order"]}, "needs two or more tool names"),
     ({"behaviors": ["tool_order:lookup_order,lookup_order"]}, "names a tool twice"),
@@ -1019,3 +1019,20 @@ def test_trajectory_of_any_stored_details_never_raises_and_stays_short(details):
 def test_each_call_of_a_round_is_answered_under_its_own_id(ids, expected):
     trace = {"tool_calls": [{"name": "lookup_order", "arguments": "{}"}, {"name": "lookup_order", "arguments": "{}"}]}
     assert [sent["call_id"] for sent in regression.tool_results({}, trace, ids, 3)] == expected
+
+
+def test_a_played_row_that_fails_mid_loop_keeps_the_cost_of_its_rounds(tmp_path):
+    out = tmp_path / "run.json"
+
+    def reply(request):
+        if request.number <= 2:  # two paid tool rounds, then the endpoint fails
+            body = fakes.chat_response("", tool_calls=[("lookup_order", {"order_id": "ord_1001"})], cost=0.5)
+            body["choices"][0]["message"]["tool_calls"][0]["id"] = f"call_{request.number}"
+            return Reply(body=body)
+        return Reply(500, {"error": {"message": "upstream broke"}})
+
+    with FakeServer(reply) as server:
+        assert cli_run(server, out, models=["m"]) == 2
+    row = read_record(out)["runs"][0]
+    assert row["error"] is not None and len(row["rounds"]) == 2
+    assert row["cost_usd"] == "1.0"  # spent for real, so --max-cost-usd and the summary count it
