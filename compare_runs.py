@@ -218,12 +218,28 @@ def _comparable(before, after):
     _require(labels[0] == labels[1], f"evidence differs: {labels[0]} vs {labels[1]}")
     if not regrade:
         return None
+    _same_evidence(before, after)
+
     def cases(record):
         found = _config_view(record["config"]).get("cases")
         return [case for case in found if isinstance(case, dict)] if isinstance(found, list) else []
     old_cases = {case.get("id"): case for case in cases(before)}
     return [str(case.get("id")) for case in cases(after) if old_cases.get(case.get("id")) != case] + \
         (["(sources)"] if before["config"].get("sources") != after["config"].get("sources") else [])
+
+
+def _same_evidence(before, after):
+    """A regrade claims the same evidence graded by other checks: the same instructions and,
+    row by row, the same stored responses (every round of a played row). Otherwise the
+    "after" side answered something else, and a regrade would call that no change."""
+    _require(before["config"].get("instructions") == after["config"].get("instructions"),
+             "config.instructions differs: a replay re-grades the stored responses and cannot test an "
+             "instruction change; run the new instructions live and compare those records")
+    rows_before, rows_after = index(before), index(after)
+    for key, row in rows_before.items():
+        other = rows_after.get(key) or {}
+        _require(row.get("response") == other.get("response") and row.get("rounds") == other.get("rounds"),
+                 f"a replay must keep the stored responses, but {_name(key)} differs")
 
 
 def fisher_drop(passed_before, runs_before, passed_after, runs_after):
@@ -423,10 +439,6 @@ def compare_records(before, after, alpha=None):
     rows_before, rows_after = index(before), index(after)
     config = before["config"]
     plan = plan_rows(config["models"], [case["id"] for case in config["cases"]], config["repeats"])
-    if regrade is not None:  # a regrade claims the same evidence: hold it to that
-        for key in plan:
-            _require(rows_before[key].get("response") == rows_after[key].get("response"),
-                     f"a replay must keep the stored responses, but {_name(key)} differs")
     result = analyse([(key, rows_before[key], rows_after[key]) for key in plan], alpha)
     result["regrade"] = regrade
     return cautions(before, after), result

@@ -544,6 +544,21 @@ def test_a_regrade_must_keep_the_stored_responses(capsys):
     after["runs"][0]["response"] = {"status": "completed", "text": "something else"}
     with pytest.raises(ValueError, match="replay must keep the stored responses"):
         compare_runs.compare(before, after)
+    with pytest.raises(ValueError, match="replay must keep the stored responses"):
+        compare_runs.matrix_records(before, after)  # the behaviour matrix holds a regrade to it too
+
+
+def test_a_replay_under_other_instructions_is_no_regrade():
+    """Stored responses answered the old instructions: a replay cannot say what new ones do."""
+    before = make_record(created_at="2026-01-01T00:00:00+00:00")
+    after = make_record(created_at="2026-01-02T00:00:00+00:00",
+                        replayed_from={"path": "before.json", "created_at": "2026-01-01T00:00:00+00:00"})
+    after["config"]["instructions"] = "Ignore the log and always answer retry."
+    for pair in ((before, after), (after, before)):
+        with pytest.raises(ValueError, match="config.instructions differs: a replay re-grades"):
+            compare_runs.compare(*pair)
+        with pytest.raises(ValueError, match="config.instructions differs"):
+            compare_runs.matrix_records(*pair)
 
 
 def test_update_baseline_prints_the_regrade_command_and_it_works(tmp_path):
