@@ -6134,8 +6134,6 @@ def continue_flags(settings, row=None, tally=None):
         flags += ["--api-key-env", settings.api_key_env]
     if settings.allow_insecure_http:
         flags += ["--allow-insecure-http"]
-    for pattern in settings.redact:  # the record keeps only their hashes, and a resume must give them again
-        flags += ["--redact", pattern]
     if settings.suite and settings.update_baseline:
         flags += ["--suite", settings.suite, "--update-baseline"] + (["--approve-failing"] if settings.approve_failing else [])
     for kind in REPORTS:
@@ -6365,7 +6363,7 @@ def run_mode(settings, env, stage):
     writer = open_record(run, tally)
     try:
         stage.now(lambda word: f"{word}: {writer.count} finished row(s) saved in {run.path}; continue with: "
-                               f"{continue_command(run.path, continue_flags(settings))}")
+                               f"{continue_command(run.path, continue_flags(settings))}{redact_note(run.header)}")
         try:
             stopped, in_order, answers, last = run_rows(run, settings, writer, tally)
         except KeyboardInterrupt as interrupt:
@@ -6392,6 +6390,7 @@ def run_mode(settings, env, stage):
         print(f"warning: {safe_text(warning)}", file=sys.stderr)
     if stopped:
         hint = f"; continue with: {continue_command(run.path, continue_flags(settings, last, tally))}" \
+               f"{redact_note(run.header)}" \
             if (not final["complete"] or tally.errors) and "reported no cost" not in stopped else ""
         print(f"stopped early: {safe_text(stopped)}{safe_text(hint)}", file=sys.stderr)
     write_reports_of(load_record(run.path), settings, stage, run.path)

@@ -566,8 +566,11 @@ def test_ctrl_c_prints_the_full_command_and_that_command_finishes_the_run(tmp_pa
         assert proc.returncode == 130
         line = one_line(err)
         command = line.split("continue with: ", 1)[1]
+        # A --redact pattern can be the secret itself: the command names how many to give again.
         assert command == (f"python regression.py --resume {out} --api-key-env {KEY_VARIABLE} "
-                           f"--redact 'ans[a-z]+' --markdown {md}")
+                           f"--markdown {md} plus the same 1 --redact flag(s) it was made with")
+        assert "ans[a-z]+" not in err
+        command = command.split(" plus the same ")[0] + " --redact 'ans[a-z]+'"
         server.reply = lambda request: Reply(body=fakes.chat_response("answer"))
         finished = subprocess.run([sys.executable, str(SCRIPT), *shlex.split(command)[2:]], cwd=tmp_path,
                                   env=env, capture_output=True, text=True, timeout=60)
@@ -710,3 +713,19 @@ def test_closed_stdout_keeps_compare_exit_code(tmp_path):
         os.close(write_end)
     assert closed.returncode == open_proc.returncode
     assert "Traceback" not in closed.stderr and "BrokenPipe" not in closed.stderr
+
+
+def test_a_redact_pattern_never_reaches_the_continue_command(tmp_path):
+    """A pattern can be the secret itself: the record keeps its hash, and the printed command
+    says how many --redact flags to give again, never the patterns."""
+    suite = write_suite(tmp_path)
+    out = tmp_path / "run.json"
+    pattern = "sk-live-SECRET123"
+    with fakes.FakeServer(fakes.failing(503)) as server:
+        proc = cli(["--provider", "openai", "--base-url", server.url + "/v1", "--models", "m", "--suite", suite,
+                    "--redact", pattern, "--out", out], tmp_path)
+    assert proc.returncode == 2
+    assert pattern not in proc.stderr + proc.stdout
+    assert f"continue with: python regression.py --resume {out} --retries 3 plus the same 1 --redact flag(s)" \
+        in proc.stderr
+    assert pattern.encode() not in out.read_bytes()
