@@ -4422,9 +4422,13 @@ def merge(out, paths):
     records = [_load_for("--merge", path) for path in paths]
     base = records[0]
     for record, path in zip(records[1:], paths[1:]):
-        for field in ("config", "evidence", "code_sha256", "sdk_version", "provider"):
+        for field in ("config", "evidence", "code_sha256", "sdk_version", "provider", "redaction"):
             if record.get(field) != base.get(field):
                 raise UsageError(f"--merge: {path} differs from {paths[0]} in {field}; only shards of one run merge")
+        for option in ("redact", "redact_pii"):  # one record keeps one redaction (its header says which)
+            if (record.get("run_options") or {}).get(option) != (base.get("run_options") or {}).get(option):
+                raise UsageError(f"--merge: {path} differs from {paths[0]} in run_options.{option}; "
+                                 "its rows were masked differently, and one record keeps one redaction")
     rows, source = {}, {}
     for record, path in zip(records, paths):
         for row in record["runs"]:

@@ -729,3 +729,15 @@ def test_a_redact_pattern_never_reaches_the_continue_command(tmp_path):
     assert f"continue with: python regression.py --resume {out} --retries 3 plus the same 1 --redact flag(s)" \
         in proc.stderr
     assert pattern.encode() not in out.read_bytes()
+
+
+def test_merge_refuses_shards_masked_differently(tmp_path):
+    suite = write_suite(tmp_path)
+    one, two = tmp_path / "s1.json", tmp_path / "s2.json"
+    assert main_code(["--provider", "echo", "--suite", suite, "--shard", "1/2", "--redact", "q[0-9]",
+                      "--out", one]) == 0
+    assert main_code(["--provider", "echo", "--suite", suite, "--shard", "2/2", "--out", two]) == 0
+    proc = cli(["--merge", tmp_path / "all.json", one, two], tmp_path)
+    assert proc.returncode == 2
+    assert "differs from" in one_line(proc.stderr) and "redaction" in proc.stderr
+    assert not (tmp_path / "all.json").exists()
