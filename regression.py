@@ -3135,8 +3135,9 @@ def endpoint_text(value, secrets=()):
     control characters escaped, then cut (after masking, so no partial key survives the cut)."""
     text = value if isinstance(value, str) else dumps(value)
     for secret in secrets:
-        if secret:
-            text = text.replace(secret, "[REDACTED:secret]")
+        if secret and len(secret) >= MIN_SECRET_CHARS:  # the run's own masking rule, every form of the key
+            for form in secret_forms(secret):
+                text = text.replace(form, "[REDACTED:secret]")
     for pattern, replacement in PII_PATTERNS[1:3]:  # bearer tokens and API-key-like strings
         text = pattern.sub(replacement, text)
     text = _CONTROL.sub(lambda match: match.group(0).encode("unicode_escape").decode("ascii"), text.strip())
@@ -3185,7 +3186,9 @@ def chat_calls(message):
     (arguments as a string or an object, malformed ones kept raw) and the legacy function_call.
     Nothing the model did is dropped: an unreadable entry is kept raw as the arguments."""
     entries = message.get("tool_calls")
-    entries = [entries] if isinstance(entries, dict) else entries if isinstance(entries, list) else []
+    if isinstance(entries, str) and entries.strip():  # double-encoded by some servers: read it, else keep it raw
+        entries = read_json(entries)[0] or entries
+    entries = entries if isinstance(entries, list) else [] if entries in (None, "", {}) else [entries]
     if message.get("function_call") is not None:  # the older OpenAI form, still sent by some servers
         entries = [*entries, {"function": message["function_call"]}]
     calls = []
@@ -3334,7 +3337,11 @@ class OpenAIProvider(Provider):
         except ResponseError as exc:
             exc.status_code = status
             if chat_error(raw):
-                exc.raw = raw  # a 200 that reports an error is kept as the row's evidence
+                # The message is cut to a few hundred characters: mask the key before the cut.
+                said = ResponseError(f"the endpoint answered with an error: "
+                                     f"{endpoint_text(chat_error(raw), [self.key])}", status)
+                said.raw = raw  # a 200 that reports an error is kept as the row's evidence
+                raise said from None
             raise
         return raw
 
@@ -3351,11 +3358,14 @@ class OpenAIProvider(Provider):
         notes = [endpoint_text(said, [self.key]) for said in [endpoint_message(body)] if said]
         if 300 <= exc.code < 400:
             # Following it would resend the key to wherever Location points and grade that reply.
-            target = urllib.parse.urljoin(self.url, exc.headers.get("Location", "") if exc.headers else "")
-            host = urllib.parse.urlsplit(target).hostname or "an unnamed host"
-            base = target[:-len("/chat/completions")] if target.endswith("/chat/completions") else target
-            notes = [f"redirect to {host} not followed (the key would go along); if that is the endpoint, "
-                     f"use --base-url {endpoint_text(_public_url(base))}"]
+            try:  # a hostile Location (a port out of range, a broken IPv6 literal) must not lose the 3xx
+                target = urllib.parse.urljoin(self.url, exc.headers.get("Location", "") if exc.headers else "")
+                host = endpoint_text(urllib.parse.urlsplit(target).hostname or "an unnamed host")
+                base = target[:-len("/chat/completions")] if target.endswith("/chat/completions") else target
+                suggestion = f"; if that is the endpoint, use --base-url {endpoint_text(_public_url(base))}"
+            except ValueError:
+                host, suggestion = "a malformed Location", ""
+            notes = [f"redirect to {host} not followed (the key would go along){suggestion}"]
         elif exc.code == 404:
             notes.append(f"POST {self.endpoint_url}")
             base_path = urllib.parse.urlsplit(self.url).path[:-len("/chat/completions")]
@@ -3376,9 +3386,15 @@ def _no_redirect_opener():
     """A urllib opener that follows no redirect (urllib is imported here: start-up stays lean)."""
     import urllib.request
 
+    import urllib.error
+
     class RefuseRedirects(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, req, fp, code, msg, headers, newurl):
-            return None  # urllib then raises HTTPError(3xx), which OpenAIProvider._explain words
+        def http_error_302(self, req, fp, code, msg, headers):
+            # Raised before urllib reads Location (a malformed one would raise ValueError there);
+            # OpenAIProvider._explain words the 3xx.
+            raise urllib.error.HTTPError(req.full_url, code, msg, headers, fp)
+
+        http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
 
     return urllib.request.build_opener(RefuseRedirects)
 

@@ -951,3 +951,43 @@ def test_perplexity_error_keeps_the_endpoints_words_bounded(tmp_path):
     assert "model not found" in row["error_message"] and "\x1b" not in row["error_message"]
     assert len(row["error_message"]) <= 500
     assert "model not found" in result.stdout and "\x1b" not in result.stdout
+
+
+# ====================================================================== review: shapes and messages that slipped past
+
+def test_tool_calls_sent_as_a_json_string_still_count(tmp_path):
+    """A server that double-encodes tool_calls must not hide a forbidden call (a false pass)."""
+    out = tmp_path / "run.json"
+    suite = tools_suite(tmp_path)
+
+    def answer(body):
+        reply = fakes.chat_response(tool_calls=[("cancel_order", {"order_id": "ord_1"})])
+        message = reply["choices"][0]["message"]
+        message["tool_calls"] = json.dumps(message["tool_calls"])
+        return reply
+
+    with FakeServer(fakes.chat(answer)) as server:
+        assert run_main(openai_args(server, suite=suite, out=out)) == 1
+    assert "forbidden_tool_called" in read_record(out)["runs"][0]["reasons"]
+
+
+def test_a_key_quoted_by_an_error_body_is_masked_before_the_message_is_cut(tmp_path):
+    out = tmp_path / "run.json"
+    body = {"error": {"message": "x" * 275 + f" your key {SECRET} is invalid"}}
+    with FakeServer(fakes.chat(lambda request: body)) as server:
+        result = run_cli(openai_args(server, "--api-key-env", "MY_ENDPOINT_KEY", out=out), tmp_path,
+                         env=cli_env(MY_ENDPOINT_KEY=SECRET))
+    assert result.returncode == 2
+    stored = out.read_text(encoding="utf-8")
+    assert SECRET[:12] not in stored and SECRET[:12] not in result.stdout + result.stderr
+    assert "your key [REDACTED:se" in read_record(out)["runs"][0]["error_message"]  # masked, then cut
+
+
+@pytest.mark.parametrize("location", ["https://evil.example:99999/v1/chat/completions", "http://[::1/v1"])
+def test_a_redirect_to_a_malformed_location_keeps_the_http_error(tmp_path, location):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.redirect(location)) as server:
+        assert run_main(openai_args(server, out=out)) == 2
+    (row,) = read_record(out)["runs"]
+    assert row["error"] == "HTTPError" and row["error_status"] == 302
+    assert "not followed" in row["error_message"]
