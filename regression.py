@@ -6139,8 +6139,9 @@ def _stop_reason(row, tally, cap, path=None):
         spent = tally.spent()
         if spent is None:
             return (f"the endpoint reported no cost for {row['model']} and it has no price, so --max-cost-usd "
-                    f"cannot be enforced; give its price and continue: python regression.py --resume "
-                    f"{path or 'RECORD'} --price {row['model']}=IN/OUT (USD per million input/output tokens)")
+                    f"cannot be enforced; give its price and continue: "
+                    f"{continue_command(path or 'RECORD', ['--price', row['model'] + '=IN/OUT'])} "
+                    "(USD per million input/output tokens)")
         if spent >= cap:
             return f"--max-cost-usd reached: reported spend ${format(spent, 'f')} of ${format(cap, 'f')}"
     return None
