@@ -2714,6 +2714,12 @@ def key_problem(variable, value):
             "file?); set it to the bare key")
 
 
+def key_host(url, hosts):
+    """Whether a key may go to this URL: https to one of the vendor's own hosts."""
+    parts = urllib.parse.urlsplit(url or "")
+    return parts.scheme == "https" and (parts.hostname or "") in hosts
+
+
 def base_url_problem(url, source="--base-url"):
     """Why a base URL cannot be used (scheme, host, port, IPv6 literal), or None."""
     if not isinstance(url, str) or not _PRINTABLE_ASCII.fullmatch(url):
@@ -3244,8 +3250,7 @@ class OpenAIProvider(Provider):
 
     @classmethod
     def _vendor_host(cls, base_url):
-        parts = urllib.parse.urlsplit(base_url or "")
-        return parts.scheme == "https" and (parts.hostname or "") in cls.key_hosts
+        return key_host(base_url, cls.key_hosts)
 
     @classmethod
     def problem(cls, settings, env):
@@ -3264,9 +3269,9 @@ class OpenAIProvider(Provider):
 
     @classmethod
     def from_settings(cls, settings, env):
-        base_url, key_env = cls.endpoint(settings, env), getattr(settings, "api_key_env", None)
-        key = env.get(key_env) if key_env else env.get(cls.key_variable) if cls._vendor_host(base_url) else None
-        if key is None and env.get(cls.key_variable) and not cls._vendor_host(base_url):
+        base_url, variable = cls.endpoint(settings, env), sent_key_variable(cls, settings, env)
+        key = env.get(variable) if variable else None
+        if variable is None and env.get(cls.key_variable):
             print(f"note: {cls.key_variable} is not sent to {safe_text(_public_url(base_url))}; "
                   "name the endpoint's key variable with --api-key-env", file=sys.stderr)
         return cls(base_url, key, settings.timeout), key
@@ -3511,8 +3516,7 @@ def sent_key_variable(cls, settings, env):
         return None
     if cls.key_hosts is None:
         return cls.key_variable
-    parts = urllib.parse.urlsplit(cls.endpoint(settings, env) or "")
-    return cls.key_variable if parts.scheme == "https" and (parts.hostname or "") in cls.key_hosts else None
+    return cls.key_variable if key_host(cls.endpoint(settings, env), cls.key_hosts) else None
 
 
 def endpoint_problem(cls, settings, env):
