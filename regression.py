@@ -6133,8 +6133,9 @@ class Progress:
             self.stream.flush()
 
 
-def _stop_reason(row, tally, cap, path=None):
-    """Why no new request may start after this row, or None."""
+def _stop_reason(row, tally, cap, resume=lambda flags: continue_command("RECORD", flags)):
+    """Why no new request may start after this row, or None; `resume(flags)` is the command
+    that continues the run with those flags added."""
     if row["error"] is not None:
         status = f" {row['error_status']}" if row["error_status"] else ""
         return (f"execution error on {key_text(row_key(row))}: "
@@ -6144,7 +6145,7 @@ def _stop_reason(row, tally, cap, path=None):
         if spent is None:
             return (f"the endpoint reported no cost for {row['model']} and it has no price, so --max-cost-usd "
                     f"cannot be enforced; give its price and continue: "
-                    f"{continue_command(path or 'RECORD', ['--price', row['model'] + '=IN/OUT'])} "
+                    f"{resume(['--price', row['model'] + '=IN/OUT'])} "
                     "(USD per million input/output tokens)")
         if spent >= cap:
             return f"--max-cost-usd reached: reported spend ${format(spent, 'f')} of ${format(cap, 'f')}"
@@ -6278,7 +6279,8 @@ def run_rows(run, settings, writer, tally):
                 if best is None or position[key] < best[0]:
                     answers[key[1]] = (position[key], stored["answer_text"])
             if state["stopped"] is None:
-                state["stopped"] = _stop_reason(stored, tally, settings.max_cost_usd, run.path)
+                state["stopped"] = _stop_reason(stored, tally, settings.max_cost_usd, lambda flags: continue_command(
+                    run.path, continue_flags(settings) + flags) + redact_note(run.header))
                 state["row"] = stored if state["stopped"] else None
     finally:
         progress.close()

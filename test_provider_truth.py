@@ -769,6 +769,19 @@ def test_price_estimates_cost_from_reported_tokens_and_the_cap_works(tmp_path):
     assert "$0.00006 estimated" in result.stdout
 
 
+def test_no_cost_stop_names_every_flag_the_resume_needs_but_never_a_redact_pattern(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.chat(asks)) as server:
+        result = run_cli(openai_args(server, "--max-cost-usd", "1", "--redact", "sekrit-[0-9]+",
+                                     "--junit", str(tmp_path / "j.xml"), suite=GUARDRAILS, out=out), tmp_path)
+    assert result.returncode == 2, result.stderr
+    stopped = read_record(out)["summary"]["stopped"]
+    for text in (stopped, result.stderr):
+        assert f"--price m=IN/OUT" in text and "--junit" in text
+        assert "plus the same 1 --redact flag(s)" in text
+        assert "sekrit" not in text
+
+
 def test_reported_cost_wins_over_a_price(tmp_path):
     out = tmp_path / "run.json"
     with FakeServer(fakes.chat(lambda body: fakes.chat_response("hi", cost=0.5))) as server:
