@@ -3187,18 +3187,24 @@ def _call_name(value):
     return value if isinstance(value, str) or value is None else dumps(value)
 
 
-def chat_calls(message):
-    """Every tool call a chat message holds, in whatever shape the server sent it: tool_calls
-    (arguments as a string or an object, malformed ones kept raw) and the legacy function_call.
-    Nothing the model did is dropped: an unreadable entry is kept raw as the arguments."""
+def chat_call_entries(message):
+    """The tool-call entries of a chat message as sent, one per call: tool_calls (a list, one
+    entry, or double-encoded as a string by some servers) then the legacy function_call."""
     entries = message.get("tool_calls")
     if isinstance(entries, str) and entries.strip():  # double-encoded by some servers: read it, else keep it raw
         entries = read_json(entries)[0] or entries
     entries = entries if isinstance(entries, list) else [] if entries in (None, "", {}) else [entries]
     if message.get("function_call") is not None:  # the older OpenAI form, still sent by some servers
         entries = [*entries, {"function": message["function_call"]}]
+    return entries
+
+
+def chat_calls(message):
+    """Every tool call a chat message holds, in whatever shape the server sent it: tool_calls
+    (arguments as a string or an object, malformed ones kept raw) and the legacy function_call.
+    Nothing the model did is dropped: an unreadable entry is kept raw as the arguments."""
     calls = []
-    for entry in entries:
+    for entry in chat_call_entries(message):
         inner = entry.get("function") if isinstance(entry, dict) else None
         if isinstance(inner, dict):
             calls.append({"name": _call_name(inner.get("name")), "arguments": inner.get("arguments")})
@@ -3381,9 +3387,10 @@ class OpenAIProvider(Provider):
 
     @staticmethod
     def call_ids(raw):
-        """The id of each tool call, in trace order (a tool message answers it by tool_call_id)."""
-        message = raw["choices"][0]["message"]
-        return [call.get("id") for call in message.get("tool_calls") or [] if isinstance(call, dict)]
+        """The id of each tool call, in trace order (a tool message answers it by tool_call_id):
+        the same entries chat_calls reads, so the nth id belongs to the nth call."""
+        return [entry.get("id") if isinstance(entry, dict) else None
+                for entry in chat_call_entries(raw["choices"][0]["message"])]
 
 
 @functools.lru_cache(maxsize=1)
