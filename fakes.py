@@ -519,6 +519,23 @@ def tool_call_shapes(name, arguments):
     return chat(answer)
 
 
+def reasoning_in_content(reasoning, answer, form="inline"):
+    """A reasoning model behind a server with no reasoning parser: its thinking stays in content.
+    "inline": <think>...</think> then the answer (vLLM without --reasoning-parser, llama-server
+    --reasoning-format none); "opened": the chat template wrote <think>, so content holds the
+    reasoning, </think>, then the answer (DeepSeek-R1 distills, Qwen3 thinking models);
+    "unclosed": the reasoning never closed, no answer; "part": content parts with a thinking part."""
+    content = {"inline": f"<think>{reasoning}</think>\n\n{answer}", "opened": f"{reasoning}\n</think>\n\n{answer}",
+               "unclosed": f"<think>{reasoning}",
+               "part": [{"type": "thinking", "text": reasoning}, {"type": "text", "text": answer}]}[form]
+
+    def answer_body(body):
+        reply = chat_response()
+        reply["choices"][0]["message"]["content"] = content
+        return reply
+    return chat(answer_body)
+
+
 def redirect(location, status=302):
     """Every request is redirected to `location` (another host, in the tests)."""
     def reply(request):

@@ -3124,11 +3124,33 @@ def chat_tool_messages(rounds):
     return messages
 
 
+_TEXT_PARTS = (None, "text", "output_text")  # other parts (refusal, thinking, image) are not its text
+
+
 def _chat_text(content):
     if isinstance(content, list):  # content parts
-        return "".join(part.get("text", "") for part in content if isinstance(part, dict)
-                       and isinstance(part.get("text"), str))
+        return "".join(part["text"] for part in content if isinstance(part, dict)
+                       and part.get("type") in _TEXT_PARTS and isinstance(part.get("text"), str))
     return content if isinstance(content, str) else ""
+
+
+_THINK_OPEN, _THINK_CLOSE = re.compile(r"<think>", re.I), re.compile(r"</think>", re.I)
+_THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|\Z)", re.I | re.S)
+
+
+def chat_answer(content):
+    """The answer a chat message gives: its text without the reasoning that servers lacking a
+    reasoning parser leave in content (vLLM, llama.cpp's --reasoning-format none, Ollama):
+    <think>...</think> blocks, a block whose <think> the chat template opened (text up to the
+    first </think>), and an unclosed block (reasoning cut short: no answer). What a model only
+    thought is never graded as what it said, as with a separate reasoning_content."""
+    text = _chat_text(content)
+    close, opened = _THINK_CLOSE.search(text), _THINK_OPEN.search(text)
+    if close is None and opened is None:
+        return text
+    if close is not None and (opened is None or close.start() < opened.start()):
+        text = text[close.end():]  # the template opened the block: the model wrote only its close
+    return _THINK_BLOCK.sub("", text).strip()
 
 
 MAX_ENDPOINT_MESSAGE = 300  # characters of an endpoint's own error message kept per row
@@ -3233,7 +3255,7 @@ def chat_trace(raw):
     usage = raw.get("usage") if isinstance(raw.get("usage"), dict) else {}
     cost = usage.get("cost")  # OpenRouter reports the USD cost here
     return {
-        "final_text": _chat_text(message.get("content")),
+        "final_text": chat_answer(message.get("content")),
         "tool_calls": calls,
         "tool_rounds": 1 if calls else 0,
         "search_urls": urls,

@@ -1004,3 +1004,44 @@ def test_a_redirect_to_a_malformed_location_keeps_the_http_error(tmp_path, locat
     (row,) = read_record(out)["runs"]
     assert row["error"] == "HTTPError" and row["error_status"] == 302
     assert "not followed" in row["error_message"]
+
+
+# ====================================================================== real servers: what a model only thought
+
+REFUND_SUITE = {"name": "refund", "instructions": "Answer the customer.", "cases": [
+    {"id": "refund-time", "input": "When will my refund arrive?", "contains": ["5 business days"],
+     "excludes": ["4111 1111"]}]}
+
+
+@pytest.mark.parametrize("form", ["inline", "opened", "unclosed", "part"])
+def test_reasoning_left_in_content_is_never_graded_as_the_answer(tmp_path, form):
+    """A server without a reasoning parser leaves the model's thinking in content: a phrase the
+    model only thought must not pass `contains` (a false pass), nor trip `excludes`."""
+    suite = write_suite(tmp_path / "suite.json", REFUND_SUITE)
+    thought_only = fakes.reasoning_in_content("Refunds take 5 business days, I will not say so.", "I cannot say.", form)
+    answered = fakes.reasoning_in_content("Do not repeat card 4111 1111 1111 1111.", "Within 5 business days.", form)
+    with FakeServer(thought_only) as lying, FakeServer(answered) as honest:
+        (code, _, err), (code_ok, _, err_ok) = cli_table(
+            [openai_args(lying, suite=suite, out=tmp_path / "thought.json"),
+             openai_args(honest, suite=suite, out=tmp_path / "answered.json")], tmp_path)
+    (row,) = read_record(tmp_path / "thought.json")["runs"]
+    assert code == 1 and row["reasons"] == ["missing_required_text"], err
+    assert "5 business days" not in row["answer_text"]
+    assert json.dumps(row["response"]).count("5 business days") == 1  # the reasoning stays as evidence
+    (row,) = read_record(tmp_path / "answered.json")["runs"]
+    if form == "unclosed":  # the block never closed: no answer at all
+        assert code_ok == 1 and row["answer_text"] == "" and row["reasons"] == ["missing_required_text"]
+    else:
+        assert code_ok == 0 and row["answer_text"] == "Within 5 business days.", err_ok
+
+
+@pytest.mark.parametrize("content, answer", [
+    ("plain answer", "plain answer"),
+    ("<think>a</think>b<think>c</think>d", "bd"),
+    ("<THINK>a</THINK> b", "b"),
+    ("a</think>b", "b"),
+    ([{"type": "text", "text": "x"}, {"type": "refusal", "refusal": "no"}, {"text": "y"}], "xy"),
+    (None, ""),
+])
+def test_chat_answer_drops_only_reasoning(content, answer):
+    assert regression.chat_answer(content) == answer
