@@ -536,6 +536,17 @@ def reasoning_in_content(reasoning, answer, form="inline"):
     return chat(answer_body)
 
 
+def tool_call_in_content(name, arguments, form="hermes"):
+    """A tool call the server's parser did not read, left as text in content with no tool_calls:
+    "hermes" <tool_call>{json}</tool_call> (vLLM without --enable-auto-tool-choice, or a call the
+    hermes parser failed on), "bare" the call object alone (Ollama, LM Studio when the template
+    lacks tools), "fenced" in a ```json fence, "mistral" after [TOOL_CALLS]."""
+    call = json.dumps({"name": name, "arguments": arguments})
+    content = {"hermes": f"<tool_call>\n{call}\n</tool_call>", "bare": call, "fenced": f"```json\n{call}\n```",
+               "mistral": f"[TOOL_CALLS][{call}]"}[form]
+    return chat(lambda body: chat_response(content))
+
+
 def redirect(location, status=302):
     """Every request is redirected to `location` (another host, in the tests)."""
     def reply(request):

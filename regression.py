@@ -3264,6 +3264,34 @@ def chat_trace(raw):
     }
 
 
+# What a tool call looks like when a server's tool-call parser did not read it (hermes and Qwen
+# <tool_call>, Qwen3-Coder <function=, Mistral [TOOL_CALLS], Llama 3 <|python_tag|>).
+_TEXT_CALL_MARKERS = ("<tool_call>", "<function=", "[TOOL_CALLS]", "<|python_tag|>")
+_JSON_FENCE = re.compile(r"\A\s*```(?:json)?\s*(.*?)\s*```\s*\Z", re.S)
+
+
+def text_tool_call(trace, functions):
+    """The declared function a tool call written as text names, or None: an answer with no
+    tool_calls whose content holds a call marker followed by a function's name, or is nothing
+    but a call object ({"name": ..., "arguments"|"parameters": ...}, alone, in a list or a
+    fence). The server returned the call unparsed: the model neither answered nor called."""
+    text = trace["final_text"]
+    if trace["tool_calls"] or not functions or not isinstance(text, str):
+        return None
+    for marker in _TEXT_CALL_MARKERS:
+        at = text.find(marker)
+        named = [name for name in functions if at >= 0 and
+                 re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text[at:])]
+        if named:
+            return named[0]
+    fenced = _JSON_FENCE.match(text)
+    value = read_json(fenced.group(1) if fenced else text.strip())[0]
+    for item in value if isinstance(value, list) else [value]:
+        if isinstance(item, dict) and item.get("name") in functions and ("arguments" in item or "parameters" in item):
+            return item["name"]
+    return None
+
+
 @register_provider
 class OpenAIProvider(Provider):
     """openai: any OpenAI-compatible /chat/completions endpoint, through urllib (standard library)."""
@@ -3366,7 +3394,7 @@ class OpenAIProvider(Provider):
         if not isinstance(raw, dict):
             raise ResponseError("the body is not a JSON object", status)
         try:
-            chat_trace(raw)  # a body without choices[0].message, or a 200 that says error, is no answer
+            trace = chat_trace(raw)  # a body without choices[0].message, or a 200 that says error, is no answer
         except ResponseError as exc:
             exc.status_code = status
             if chat_error(raw):
@@ -3376,6 +3404,14 @@ class OpenAIProvider(Provider):
                 said.raw = raw  # a 200 that reports an error is kept as the row's evidence
                 raise said from None
             raise
+        functions = _function_names(self.sent_tools(suite)) if self.sent_tool_choice(suite) != "none" else []
+        named = text_tool_call(trace, functions)
+        if named:  # neither an answer nor a call: grading it would pass forbid_tool and contains on markup
+            said = ResponseError(f"the server returned a call of {named} as text in content, not as tool_calls: "
+                                 "its tool-call parser is off or failed (vLLM: --enable-auto-tool-choice "
+                                 "--tool-call-parser NAME; llama-server: --jinja)", status)
+            said.raw = raw
+            raise said
         return raw
 
     parse = staticmethod(chat_trace)

@@ -1045,3 +1045,42 @@ def test_reasoning_left_in_content_is_never_graded_as_the_answer(tmp_path, form)
 ])
 def test_chat_answer_drops_only_reasoning(content, answer):
     assert regression.chat_answer(content) == answer
+
+
+# ====================================================================== real servers: a tool call left as text
+
+@pytest.mark.parametrize("form", ["hermes", "bare", "fenced", "mistral"])
+def test_a_tool_call_left_as_text_in_content_is_an_execution_error(tmp_path, form):
+    """A server whose tool-call parser is off or failed returns the call as text: graded, its
+    markup passed forbid_tool (the call was not seen) and any `contains` it happened to hold."""
+    out = tmp_path / "run.json"
+    suite = tools_suite(tmp_path)  # forbid_tool:cancel_order
+    with FakeServer(fakes.tool_call_in_content("cancel_order", {"order_id": "ord_1"}, form)) as server:
+        result = run_cli(openai_args(server, suite=suite, out=out), tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    (row,) = read_record(out)["runs"]
+    assert row["reasons"] == ["execution_error"] and row["error"] == "ResponseError" and row["error_status"] == 200
+    assert "call of cancel_order as text" in row["error_message"] and "--tool-call-parser" in result.stdout
+    assert "cancel_order" in json.dumps(row["response"])  # the unparsed call is kept as evidence
+
+
+@pytest.mark.parametrize("text, functions, named", [
+    ('<tool_call>\n{"name": "lookup_order", "arguments": {}}\n</tool_call>', ["lookup_order"], "lookup_order"),
+    ('[{"name": "lookup_order", "parameters": {"order_id": "1"}}]', ["lookup_order"], "lookup_order"),
+    ('<function=cancel_order>\n<parameter=order_id>1</parameter>\n</function>', ["cancel_order"], "cancel_order"),
+    ("I will use lookup_order once you send your order id.", ["lookup_order"], None),
+    ('{"name": "Ada", "arguments": "none"}', ["lookup_order"], None),
+    ('<tool_call>{"name": "lookup_orders"}</tool_call>', ["lookup_order"], None),
+    ('<tool_call>{"name": "lookup_order"}</tool_call>', [], None),
+])
+def test_text_tool_call_needs_a_marker_or_a_bare_call_of_a_declared_function(text, functions, named):
+    assert regression.text_tool_call({"final_text": text, "tool_calls": []}, functions) == named
+    assert regression.text_tool_call({"final_text": text, "tool_calls": [{"name": "x"}]}, functions) is None
+
+
+def test_a_tool_call_as_text_with_tool_choice_none_is_graded_as_the_answer(tmp_path):
+    out = tmp_path / "run.json"
+    suite = tools_suite(tmp_path, tool_choice="none")
+    with FakeServer(fakes.tool_call_in_content("cancel_order", {"order_id": "ord_1"})) as server:
+        assert run_main(openai_args(server, suite=suite, out=out)) == 0  # the server was told not to call
+    assert read_record(out)["runs"][0]["error"] is None
