@@ -547,6 +547,21 @@ def tool_call_in_content(name, arguments, form="hermes"):
     return chat(lambda body: chat_response(content))
 
 
+def refusal(words):
+    """A refusal, as each live API gives it: chat completions (OpenAI) put it in message.refusal
+    beside a null content; the Agent API gives a message item with a refusal content part."""
+    def reply(request):
+        if request.path.split("?")[0].endswith("/responses"):
+            body = agent_response(None)
+            body["output"].append({"type": "message", "id": "msg1", "role": "assistant", "status": "completed",
+                                   "content": [{"type": "refusal", "refusal": words}]})
+            return Reply(body=body)
+        body = chat_response()
+        body["choices"][0]["message"]["refusal"] = words
+        return Reply(body=body)
+    return reply
+
+
 def redirect(location, status=302):
     """Every request is redirected to `location` (another host, in the tests)."""
     def reply(request):

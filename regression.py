@@ -1800,12 +1800,18 @@ def _agent_search_urls(raw):
             for result in _items(item, "results") if isinstance(result.get("url"), str)]
 
 
+def part_text(part, types=("output_text",)):
+    """What one content part says to the user: the text of a text part, the words of a refusal
+    part (a refusal is the model's answer: graded, it cannot hide an echoed secret), else ""."""
+    said = part.get("refusal") if part.get("type") == "refusal" else part.get("text") if part.get("type") in types else None
+    return said if isinstance(said, str) else ""
+
+
 def _agent_text(raw):
-    """What the SDK's output_text gives: the output_text parts of message items, joined."""
-    return "".join(part["text"]
-                   for item in _items(raw) if item.get("type") == "message"
-                   for part in _items(item, "content")
-                   if part.get("type") == "output_text" and isinstance(part.get("text"), str))
+    """What the SDK's output_text gives (the output_text parts of message items, joined), and
+    the words of any refusal part."""
+    return "".join(part_text(part) for item in _items(raw) if item.get("type") == "message"
+                   for part in _items(item, "content"))
 
 
 _AGENT_TOOL_ITEMS = {"search_results", "fetch_url_results", "mcp_call", "sandbox_results"}
@@ -3124,13 +3130,12 @@ def chat_tool_messages(rounds):
     return messages
 
 
-_TEXT_PARTS = (None, "text", "output_text")  # other parts (refusal, thinking, image) are not its text
+_TEXT_PARTS = (None, "text", "output_text")  # other parts (thinking, image) are not its text; refusals are
 
 
 def _chat_text(content):
     if isinstance(content, list):  # content parts
-        return "".join(part["text"] for part in content if isinstance(part, dict)
-                       and part.get("type") in _TEXT_PARTS and isinstance(part.get("text"), str))
+        return "".join(part_text(part, _TEXT_PARTS) for part in content if isinstance(part, dict))
     return content if isinstance(content, str) else ""
 
 
@@ -3255,7 +3260,9 @@ def chat_trace(raw):
     usage = raw.get("usage") if isinstance(raw.get("usage"), dict) else {}
     cost = usage.get("cost")  # OpenRouter reports the USD cost here
     return {
-        "final_text": chat_answer(message.get("content")),
+        # OpenAI puts a refusal beside a null content: it is what the model said, and is graded
+        "final_text": "\n".join(said for said in (chat_answer(message.get("content")), message.get("refusal"))
+                                 if isinstance(said, str) and said),
         "tool_calls": calls,
         "tool_rounds": 1 if calls else 0,
         "search_urls": urls,
