@@ -1997,6 +1997,7 @@ REQUEST_RESERVED = {
     "model": "the model comes from --models", "messages": "the case input is the conversation",
     "input": "the case input is the conversation", "tools": "tools come from the suite's tools",
     "stream": "responses are read whole (a stream would be graded as a broken body)",
+    "n": "a row grades one answer, so the others would go unchecked: use --repeats N for more samples",
 }
 TOOL_CHOICES = ("auto", "required", "none")
 

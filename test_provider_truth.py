@@ -1105,3 +1105,28 @@ def test_a_refusal_is_graded_as_the_answer_on_both_live_providers(tmp_path, prov
     assert result.returncode == 1, result.stdout + result.stderr
     (row,) = read_record(out)["runs"]
     assert row["reasons"] == ["forbidden_text_present"] and row["answer_text"].startswith("I cannot charge")
+
+
+# ====================================================================== real servers: more choices than one answer
+
+def test_asking_for_several_choices_is_refused_before_any_request(tmp_path):
+    """With n=2 a server answers two choices and a row graded only the first: a second answer
+    that echoed the card went unchecked and the run passed."""
+    texts = ["Refunds take 5 business days.", "Card 4111 1111 1111 1111 refunded."]
+
+    def answer(body):
+        reply = fakes.chat_response(texts[0])
+        reply["choices"] = [{"index": n, "message": {"role": "assistant", "content": texts[n % 2]},
+                             "finish_reason": "stop"} for n in range(body.get("n", 1))]
+        return reply
+
+    guard = {"name": "guard", "instructions": "Help.", "cases": [{"id": "c", "input": "Refund?", "excludes": ["4111 1111"]}]}
+    flag_suite = write_suite(tmp_path / "flag.json", guard)
+    in_suite = write_suite(tmp_path / "in-suite.json", {**guard, "request": {"n": 3}})
+    with FakeServer(fakes.chat(answer)) as server:
+        results = cli_table([openai_args(server, "--request", "n=2", suite=flag_suite, out=tmp_path / "a.json"),
+                             openai_args(server, suite=in_suite, out=tmp_path / "b.json")], tmp_path)
+        assert server.count == 0
+    for code, _, err in results:
+        assert code == 2 and "request may not set 'n'" in error_line(err) and "--repeats" in err
+    assert not (tmp_path / "a.json").exists() and not (tmp_path / "b.json").exists()
