@@ -3197,15 +3197,24 @@ def endpoint_message(body):
     return None
 
 
+# finish_reason values: a natural stop under any server's name is a completed answer (TGI and
+# watsonx say "eos_token", Together "eos", TGI "stop_sequence"); "error" (OpenRouter, after
+# generation began) and "abort" (vLLM: engine shutdown, scale-down, sleep) mean the server ended
+# it, an execution error; any other (length, content_filter, ...) is an incomplete answer.
+CHAT_STOPS = (None, "stop", "tool_calls", "function_call", "eos", "eos_token", "stop_sequence")
+SERVER_ENDED = ("error", "abort")
+
+
 def chat_error(raw):
     """The error a chat-completions body reports instead of an answer, or None: a top-level
-    `error` with no choices, or OpenRouter's finish_reason "error" after generation began."""
+    `error` with no choices, or a finish_reason that says the server ended the answer."""
     if not isinstance(raw, dict):
         return None
     choices = raw.get("choices")
     first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
-    if first is not None and first.get("finish_reason") == "error":
-        return endpoint_message({"error": first.get("error") or raw.get("error")}) or 'finish_reason "error"'
+    if first is not None and first.get("finish_reason") in SERVER_ENDED:
+        return endpoint_message({"error": first.get("error") or raw.get("error")}) or \
+            f'finish_reason "{first["finish_reason"]}": the server ended the answer'
     if first is None and raw.get("error") not in (None, "", [], {}):
         return endpoint_message(raw) or "an error object"
     return None
@@ -3267,7 +3276,7 @@ def chat_trace(raw):
         "tool_calls": calls,
         "tool_rounds": 1 if calls else 0,
         "search_urls": urls,
-        "status": "completed" if finish in (None, "stop", "tool_calls", "function_call") else str(finish),
+        "status": "completed" if finish in CHAT_STOPS else str(finish),
         "cost_usd": reported_cost({"usage": {"cost": {"currency": "USD", "total_cost": cost}}}),
     }
 

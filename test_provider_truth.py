@@ -1130,3 +1130,25 @@ def test_asking_for_several_choices_is_refused_before_any_request(tmp_path):
     for code, _, err in results:
         assert code == 2 and "request may not set 'n'" in error_line(err) and "--repeats" in err
     assert not (tmp_path / "a.json").exists() and not (tmp_path / "b.json").exists()
+
+
+# ====================================================================== real servers: who ended the answer
+
+FINISHES = [("stop", 0, []), ("eos_token", 0, []), ("eos", 0, []), ("stop_sequence", 0, []),
+            ("length", 1, ["response_not_completed"]), ("content_filter", 1, ["response_not_completed"]),
+            ("abort", 2, ["execution_error"]), ("error", 2, ["execution_error"])]
+
+
+def test_finish_reason_says_who_ended_the_answer(tmp_path):
+    """A natural stop under another server's name (TGI "eos_token", Together "eos") is an answer,
+    not response_not_completed; vLLM's "abort" (the engine stopped it) is an outage, not the model."""
+    suite = write_suite(tmp_path / "suite.json", REFUND_SUITE)
+    answer = fakes.chat(lambda body: fakes.chat_response("Within 5 business days.", finish_reason=body["model"]))
+    with FakeServer(answer) as server:
+        results = cli_table([openai_args(server, models=(finish,), suite=suite, out=tmp_path / f"{finish}.json")
+                             for finish, _, _ in FINISHES], tmp_path)
+    for (finish, code, reasons), (got, out, err) in zip(FINISHES, results):
+        (row,) = read_record(tmp_path / f"{finish}.json")["runs"]
+        assert (got, row["reasons"]) == (code, reasons), (finish, out, err)
+    assert 'finish_reason "abort": the server ended the answer' in read_record(tmp_path / "abort.json")["runs"][0][
+        "error_message"]
