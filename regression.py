@@ -2979,6 +2979,12 @@ class Provider:
         """The request key that carries the output cap (MAX_OUTPUT_TOKENS), or None."""
         return None
 
+    @classmethod
+    def unanswered(cls, suite, raw):
+        """Why a whole, readable response is still no answer to grade (an execution error), or
+        None. Asked of every live response and of every replayed one."""
+        return None
+
 
 def _without_none(value):
     if isinstance(value, dict):
@@ -3281,6 +3287,17 @@ def chat_trace(raw):
     }
 
 
+def unanswered_error(provider, suite, raw, status=None):
+    """raw, unless provider.unanswered says it is no answer: then a ResponseError keeping raw as
+    the row's evidence (the live request and its replay refuse it alike)."""
+    problem = provider.unanswered(suite, raw)
+    if problem:
+        said = ResponseError(problem, status)
+        said.raw = raw
+        raise said
+    return raw
+
+
 # What a tool call looks like when a server's tool-call parser did not read it (hermes and Qwen
 # <tool_call>, Qwen3-Coder <function=, Mistral [TOOL_CALLS], Llama 3 <|python_tag|>).
 _TEXT_CALL_MARKERS = ("<tool_call>", "<function=", "[TOOL_CALLS]", "<|python_tag|>")
@@ -3411,7 +3428,7 @@ class OpenAIProvider(Provider):
         if not isinstance(raw, dict):
             raise ResponseError("the body is not a JSON object", status)
         try:
-            trace = chat_trace(raw)  # a body without choices[0].message, or a 200 that says error, is no answer
+            chat_trace(raw)  # a body without choices[0].message, or a 200 that says error, is no answer
         except ResponseError as exc:
             exc.status_code = status
             if chat_error(raw):
@@ -3421,15 +3438,16 @@ class OpenAIProvider(Provider):
                 said.raw = raw  # a 200 that reports an error is kept as the row's evidence
                 raise said from None
             raise
-        functions = _function_names(self.sent_tools(suite)) if self.sent_tool_choice(suite) != "none" else []
-        named = text_tool_call(trace, functions)
-        if named:  # neither an answer nor a call: grading it would pass forbid_tool and contains on markup
-            said = ResponseError(f"the server returned a call of {named} as text in content, not as tool_calls: "
-                                 "its tool-call parser is off or failed (vLLM: --enable-auto-tool-choice "
-                                 "--tool-call-parser NAME; llama-server: --jinja)", status)
-            said.raw = raw
-            raise said
-        return raw
+        return unanswered_error(self, suite, raw, status)
+
+    @classmethod
+    def unanswered(cls, suite, raw):
+        functions = _function_names(cls.sent_tools(suite)) if cls.sent_tool_choice(suite) != "none" else []
+        named = text_tool_call(chat_trace(raw), functions)
+        # neither an answer nor a call: graded, its markup would pass forbid_tool and contains
+        return (f"the server returned a call of {named} as text in content, not as tool_calls: its tool-call "
+                "parser is off or failed (vLLM: --enable-auto-tool-choice --tool-call-parser NAME; "
+                "llama-server: --jinja)") if named else None
 
     parse = staticmethod(chat_trace)
 
@@ -3548,6 +3566,7 @@ class ReplayProvider(Provider):
         kind = (record.get("provider") or {}).get("name", "perplexity")
         self.parse = PROVIDERS[kind].parse if kind in PROVIDERS and kind != "replay" else agent_trace
         self.call_ids = getattr(PROVIDERS.get(kind), "call_ids", PerplexityProvider.call_ids)
+        self.unanswered = getattr(PROVIDERS.get(kind), "unanswered", Provider.unanswered)
 
     def missing(self, plan):
         """The first planned row key the record cannot answer, or None."""
@@ -3562,7 +3581,7 @@ class ReplayProvider(Provider):
         if len(rounds) >= len(stored) or not isinstance(stored[len(rounds)], dict):
             raise ResponseError(f"{self.source} has no stored round {len(rounds) + 1} for "
                                 f"{key_text((model, case['id'], repeat))} (it kept {len(stored)})")
-        return stored[len(rounds)].get("response")
+        return unanswered_error(self, suite, stored[len(rounds)].get("response"))
 
 
 # PROVIDERS (name -> class) is filled by @register_provider, in definition order.

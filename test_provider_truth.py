@@ -1152,3 +1152,19 @@ def test_finish_reason_says_who_ended_the_answer(tmp_path):
         assert (got, row["reasons"]) == (code, reasons), (finish, out, err)
     assert 'finish_reason "abort": the server ended the answer' in read_record(tmp_path / "abort.json")["runs"][0][
         "error_message"]
+
+
+def test_a_replay_refuses_a_tool_call_left_as_text_like_the_live_run(tmp_path):
+    """A record made before the live check (or by another tool) holds the unparsed call as its
+    answer: a replay re-grades with today's rules, so it must not pass it either."""
+    live, old, regraded = tmp_path / "live.json", tmp_path / "old.json", tmp_path / "regraded.json"
+    with FakeServer(fakes.chat(asks)) as server:
+        assert run_main(openai_args(server, suite=tools_suite(tmp_path), out=live)) == 0
+    record = read_record(live)
+    message = record["runs"][0]["response"]["choices"][0]["message"]
+    message["content"] = record["runs"][0]["answer_text"] = '{"name": "cancel_order", "arguments": {"order_id": "1"}}'
+    old.write_text(json.dumps(record), encoding="utf-8")
+    result = run_cli(["--provider", "replay", "--replay", old, "--out", regraded], tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    (row,) = read_record(regraded)["runs"]
+    assert row["reasons"] == ["execution_error"] and "call of cancel_order as text" in row["error_message"]
