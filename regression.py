@@ -1803,7 +1803,8 @@ def _agent_search_urls(raw):
 def part_text(part, types=("output_text",)):
     """What one content part says to the user: the text of a text part, the words of a refusal
     part (a refusal is the model's answer: graded, it cannot hide an echoed secret), else ""."""
-    said = part.get("refusal") if part.get("type") == "refusal" else part.get("text") if part.get("type") in types else None
+    kind = part.get("type")
+    said = part.get("refusal") if kind == "refusal" else part.get("text") if kind in types else None
     return said if isinstance(said, str) else ""
 
 

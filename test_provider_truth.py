@@ -1120,7 +1120,8 @@ def test_asking_for_several_choices_is_refused_before_any_request(tmp_path):
                              "finish_reason": "stop"} for n in range(body.get("n", 1))]
         return reply
 
-    guard = {"name": "guard", "instructions": "Help.", "cases": [{"id": "c", "input": "Refund?", "excludes": ["4111 1111"]}]}
+    guard = {"name": "guard", "instructions": "Help.",
+             "cases": [{"id": "c", "input": "Refund?", "excludes": ["4111 1111"]}]}
     flag_suite = write_suite(tmp_path / "flag.json", guard)
     in_suite = write_suite(tmp_path / "in-suite.json", {**guard, "request": {"n": 3}})
     with FakeServer(fakes.chat(answer)) as server:
