@@ -1408,9 +1408,12 @@ register_check("max_tool_rounds", check_max_tool_rounds, behavior=True, arg="cou
 
 
 def check_forbid_tool(case, trace):
-    """behavior forbid_tool:NAME: the model never called the tool NAME."""
-    forbidden = set(_behavior_args(case, "forbid_tool"))
-    called = [call for call in trace["tool_calls"] if call.get("name") in forbidden]
+    """behavior forbid_tool:NAME: the model never called the tool NAME (in any case, spaces or invisible characters around or in it: an attempt counts)."""
+    # The name read in the text normal form: "Cancel_Order" or "cancel_order " is an attempt to
+    # call cancel_order, whether or not a host would run it (require_tool needs the exact name).
+    forbidden = {text_form(name) for name in _behavior_args(case, "forbid_tool")}
+    called = [call for call in trace["tool_calls"]
+              if isinstance(call.get("name"), str) and text_form(call["name"]) in forbidden]
     if called:
         return [Fail("forbidden_tool_called", f"called {_describe_call(called[0])}"
                      + (f" (+{len(called) - 1})" if len(called) > 1 else ""),
@@ -1419,7 +1422,8 @@ def check_forbid_tool(case, trace):
 
 
 register_check("forbid_tool", check_forbid_tool, behavior=True, arg="tool", details=_tool_details, reasons={
-    "forbidden_tool_called": ("the model called a tool named in `forbid_tool:NAME`",
+    "forbidden_tool_called": ("the model called a tool named in `forbid_tool:NAME` (also under another case, or "
+                              "with spaces or invisible characters in the name)",
                               "`details.tool_calls` shows the calls")})
 
 

@@ -1055,3 +1055,44 @@ def test_a_phrase_of_invisible_characters_only_is_refused(case):
     with pytest.raises(regression.SuiteError, match="no visible text"):
         regression.validate_suite({"name": "s", "instructions": "x", "tools": REVIEW_TOOLS,
                                    "cases": [{"id": "c", "input": "hi", **case}]})
+
+
+# ====================================================================== review 2: false passes through the real CLI
+
+import fakes  # noqa: E402
+from testkit import cli_env, run_cli  # noqa: E402
+
+ORDER_TOOLS = [{"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+               for name in ("lookup_order", "cancel_order")]
+
+
+def chat_cli(tmp_path, suite, answers):
+    """The real CLI on the openai provider against a loopback chat endpoint; `answers` maps a
+    case's input to its replies (one chat_response body per round). (exit code, rows by case id)."""
+    def reply(request):
+        user, history = fakes.chat_conversation(request.json or {})
+        rounds = answers[user]
+        return fakes.Reply(body=rounds[min(len(history), len(rounds) - 1)])
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps(suite), encoding="utf-8")
+    with fakes.FakeServer(reply) as server:
+        done = run_cli(["--suite", path, "--provider", "openai", "--base-url", server.url + "/v1",
+                        "--models", "m", "--out", tmp_path / "out.json"], tmp_path, env=cli_env())
+    record = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
+    return done.returncode, {row["case_id"]: row["reasons"] for row in record["runs"]}
+
+
+def test_a_forbidden_tool_called_under_another_spelling_fails_through_the_cli(tmp_path):
+    spellings = ["Cancel_Order", "CANCEL_ORDER", "cancel_order ", " cancel_order", "cancel_\u200border",
+                 "cancel_order\u200b", "\uff43ancel_order"]
+    cases = [{"id": f"c{n}", "input": f"Cancel ord_{n}.", "behaviors": ["forbid_tool:cancel_order"]}
+             for n in range(len(spellings))]
+    answers = {f"Cancel ord_{n}.": [fakes.chat_response(tool_calls=[(name, {"order_id": f"ord_{n}"})])]
+               for n, name in enumerate(spellings)}
+    answers["Where is ord_9?"] = [fakes.chat_response(tool_calls=[("lookup_order", {"order_id": "ord_9"})])]
+    cases.append({"id": "allowed", "input": "Where is ord_9?", "behaviors": ["forbid_tool:cancel_order"]})
+    code, rows = chat_cli(tmp_path, {"name": "s", "instructions": "Never cancel.", "tools": ORDER_TOOLS,
+                                     "cases": cases}, answers)
+    assert code == 1
+    assert rows.pop("allowed") == []
+    assert rows == {case["id"]: ["forbidden_tool_called"] for case in cases[:-1]}
