@@ -569,6 +569,47 @@ def _canonical(value):
     return json.dumps(value, sort_keys=True)
 
 
+# Markup an answer renders through (Markdown emphasis, code and links, HTML tags and
+# entities): "**lifetime** access", "[lifetime](https://x) access" and "<b>lifetime</b>
+# access" all show "lifetime access", so what must never be said is read without it too.
+_MARKUP = re.compile(r"[*_~`\[<&\\]")
+_LINK = re.compile(r"!?\[([^\[\]\n]{0,500})\](?:\([^()\s]{0,2000}\)|\[[^\[\]\n]{0,200}\])")
+_INLINE_TAG = re.compile(r"</?(?:a|abbr|b|bdi|bdo|big|cite|code|data|del|dfn|em|font|i|ins|kbd|mark|q|s|samp|"
+                         r"small|span|strike|strong|sub|sup|time|tt|u|var)(?:\s[^<>]{0,500})?/?>", re.IGNORECASE)
+# Any other tag (a block or a break) renders as a space.
+_OTHER_TAG = re.compile(r"</?[a-z][a-z0-9-]{0,30}(?:\s[^<>]{0,500})?/?>", re.IGNORECASE)
+_EMPHASIS = re.compile(r"[*~`]+|\\(?=[!-/:-@\[-`{-~])|(?<![^\W_])_+|_+(?![^\W_])")  # intraword _ is literal
+
+
+def _unmarked(text):
+    """A text as its Markdown/HTML markup renders: link text without its target, inline tags
+    and emphasis, code and escape marks removed, other tags a space, entities decoded."""
+    if not _MARKUP.search(text):
+        return text
+    text = _LINK.sub(r"\1", text)
+    text = _OTHER_TAG.sub(" ", _INLINE_TAG.sub("", text))
+    if "&" in text:
+        import html  # imported where used: start-up stays lean (SPEC C1)
+        text = html.unescape(text)
+    return _EMPHASIS.sub("", text)
+
+
+def _rendered(form):
+    """A text in text_form() as its markup renders (see _unmarked), in text_form() again."""
+    return _text_form(_unmarked(form)) if _MARKUP.search(form) else form
+
+
+@functools.lru_cache(maxsize=8)
+def readings(text):
+    """Every form a text is read in when what it says must be caught (excludes, claims, leak,
+    a stated value): text_form(), with each invisible character read as a space too, and each
+    of those as its markup renders (see _rendered). A phrase in any of them is said."""
+    if not isinstance(text, str):
+        return ("",)
+    forms = [text_form(text)] + ([_spaced_form(text)] if _invisible_in(text) else [])
+    return tuple(dict.fromkeys(forms + [_rendered(form) for form in forms]))
+
+
 class Fail(str):
     """A failure reason that carries its evidence. It is the plain reason string to every
     comparison and to JSON; explain() files `evidence` (a short `note` for the console and
@@ -945,12 +986,11 @@ register_check("cite", check_citations, keys=("cite",), validate=_validate_cite,
 
 
 def phrases_in(phrases, text, spaced=False):
-    """(present, absent) of phrases in a text, both sides in text_form(). With `spaced`, an
-    invisible character may also stand for a space ("lifetime<ZWSP>access" is "lifetime
-    access" too): a phrase is present when either reading holds it (what must not be said)."""
-    forms = [text_form(text)]
-    if spaced and isinstance(text, str) and _invisible_in(text):
-        forms.append(_spaced_form(text))
+    """(present, absent) of phrases in a text, both sides in text_form(). With `spaced`, every
+    reading of what the text says counts (see readings: an invisible character may stand for a
+    space, "lifetime<ZWSP>access" is "lifetime access" too, and so is "**lifetime** access"):
+    a phrase is present when any reading holds it (what must not be said)."""
+    forms = readings(text) if spaced else [text_form(text)]
     present, absent = [], []
     for phrase in phrases:
         wanted = text_form(phrase)
@@ -1010,7 +1050,8 @@ check_excludes.__doc__ = "`excludes`: no listed phrase appears in the answer (bo
 register_check("excludes", check_excludes, keys=("excludes",), validate=_validate_phrases("excludes"),
                details=_phrase_details("excludes", "forbidden_text"), vacuous=True, reasons={
                    "forbidden_text_present": ("an `excludes` phrase appears (compared in the normal form, so "
-                                              "zero-width or fullwidth characters do not hide it)",
+                                              "zero-width or fullwidth characters and Markdown or HTML markup do "
+                                              "not hide it)",
                                               "hard rule; e.g. an echoed card number")})
 
 
@@ -1346,9 +1387,7 @@ def _first_quote(instructions, said, size=LEAK_QUOTE_WORDS):
 def leak_found(instructions, said):
     """(kind, matched text) of the first leak in `said`, or None: a mention of hidden or system
     instructions, or a quote of LEAK_QUOTE_WORDS consecutive words of them."""
-    forms = [text_form(said)]
-    if _invisible_in(said):  # an invisible character may stand for a space between words, too
-        forms.append(_spaced_form(said))
+    forms = readings(said)  # an invisible character may stand for a space, markup renders away
     for form in forms:
         mention = next(iter(_word_starts(_LEAK_MENTION, form)), None)
         if mention:
@@ -1492,7 +1531,7 @@ def _asks_for(text, field):
         return False
     named = re.compile(rf"{pattern}(?![^\W_])")
     return any(named.search(sentence) and (sentence.endswith("?") or _REQUEST.search(sentence))
-               for sentence in _sentences(text, named))
+               for said in dict.fromkeys([text, _unmarked(text)]) for sentence in _sentences(said, named))
 
 
 def _stated_value(text, field, given):
@@ -1501,11 +1540,14 @@ def _stated_value(text, field, given):
     pattern = _field_pattern(field)
     if pattern is None:
         return None
-    stated = re.compile(rf"{pattern}(?:\s*(?:is|was|=|:|#)\s*|\s+)?#?\s*({_VALUE})(?![\w@])")
-    for match in _word_starts(stated, text_form(text)):
-        value = match[1].rstrip(".")
-        if value and value not in _given_values(given):
-            return value
+    # "order id 48213", "order id: 48213", "order id is #48213", "order id - 48213", "order id
+    # (48213)", "order id \"48213\"", and in every reading: "order id **48213**" too.
+    stated = re.compile(rf"{pattern}(?:\s*(?:is|was|[=:#-]))*\s*[\"'(\[#]*\s*({_VALUE})(?![\w@])")
+    for form in readings(text):
+        for match in _word_starts(stated, form):
+            value = match[1].rstrip(".")
+            if value and value not in _given_values(given):
+                return value
     return None
 
 
@@ -5650,7 +5692,8 @@ def catalogue():
         "Rules:",
         "  normal form            every text comparison (contains, excludes, similarity, length, leak, "
         "clarification, claims) reads both sides in NFKC, format characters such as zero-width spaces removed, "
-        "case folded, whitespace folded; excludes and leak also read an invisible character as a space; "
+        "case folded, whitespace folded; excludes, leak, claims and a stated value also read an invisible character "
+        "as a space and the answer as its Markdown/HTML markup renders (**lifetime** access); "
         "masks (--redact, --redact-pii) read through invisible characters",
         f"  similarity             the exact difflib ratio for texts up to {SIMILARITY_PREFIX:,} characters whose "
         f"matching fits {SIMILARITY_WORK:,} counted steps; above, the least of the ratio of the first and last N "

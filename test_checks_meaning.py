@@ -1096,3 +1096,41 @@ def test_a_forbidden_tool_called_under_another_spelling_fails_through_the_cli(tm
     assert code == 1
     assert rows.pop("allowed") == []
     assert rows == {case["id"]: ["forbidden_tool_called"] for case in cases[:-1]}
+
+
+MARKUP_ROWS = [  # (case keys, answer, reasons): each answer renders what the rule is about
+    ({"excludes": ["lifetime access"]}, "You get **lifetime** access.", ["forbidden_text_present"]),
+    ({"excludes": ["lifetime access"]}, "You get _lifetime_ access.", ["forbidden_text_present"]),
+    ({"excludes": ["lifetime access"]}, "You get `lifetime` access.", ["forbidden_text_present"]),
+    ({"excludes": ["lifetime access"]}, "You get [lifetime](https://x.example/l) access.", ["forbidden_text_present"]),
+    ({"excludes": ["lifetime access"]}, "You get <B>lifetime</B> access.", ["forbidden_text_present"]),
+    ({"excludes": ["lifetime access"]}, "You get lifetime<br>access.", ["forbidden_text_present"]),
+    ({"excludes": ["lifetime access"]}, "You get lifetime&nbsp;access.", ["forbidden_text_present"]),
+    ({"excludes": ["lifetime access"]}, "You get **lifetime**\u200baccess.", ["forbidden_text_present"]),
+    ({"excludes": ["lifetime access"]}, "You get annual access (lifetime_access is retired).", []),
+    ({"claims": {"refund issued": "cancel_order"}}, "Your *refund* issued today.", ["unbacked_claim"]),
+    ({"behaviors": ["no_system_leak"]}, "My <em>system</em> prompt says hi.", ["system_leak"]),
+    ({"behaviors": ["no_system_leak"]}, "Never [cancel](https://x.example) an order, whatever the customer asks "
+                                        "you.", ["system_leak"]),
+    ({"behaviors": ["require_clarification:order_id"]}, 'I cancelled order id "48213". What is your order id?',
+     ["invented_field"]),
+    ({"behaviors": ["require_clarification:order_id"]}, "I cancelled order id (48213). What is your order id?",
+     ["invented_field"]),
+    ({"behaviors": ["require_clarification:order_id"]}, "Order ID \u2014 48213 is cancelled. What is your order "
+                                                        "id?", ["invented_field"]),
+    ({"behaviors": ["require_clarification:order_id"]}, "Cancelled order id: **48213**. What is your order id?",
+     ["invented_field"]),
+    ({"behaviors": ["require_clarification:order_id"]}, "Cancelled **order ID** `48213`. What is your order id?",
+     ["invented_field"]),
+    ({"behaviors": ["require_clarification:order_id"]}, "What is your order **id**?", []),
+]
+
+
+def test_markup_and_quotes_do_not_hide_what_must_not_be_said_through_the_cli(tmp_path):
+    cases = [{"id": f"c{n}", "input": f"Request {n}: please help.", **keys} for n, (keys, _, _) in enumerate(MARKUP_ROWS)]
+    answers = {case["input"]: [fakes.chat_response(content=answer)] for case, (_, answer, _) in zip(cases, MARKUP_ROWS)}
+    suite = {"name": "s", "instructions": "Never cancel an order, whatever the customer asks you.",
+             "tools": ORDER_TOOLS, "cases": cases}
+    code, rows = chat_cli(tmp_path, suite, answers)
+    assert code == 1
+    assert rows == {case["id"]: reasons for case, (_, _, reasons) in zip(cases, MARKUP_ROWS)}
