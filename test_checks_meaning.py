@@ -1134,3 +1134,23 @@ def test_markup_and_quotes_do_not_hide_what_must_not_be_said_through_the_cli(tmp
     code, rows = chat_cli(tmp_path, suite, answers)
     assert code == 1
     assert rows == {case["id"]: reasons for case, (_, _, reasons) in zip(cases, MARKUP_ROWS)}
+
+
+def test_what_an_earlier_round_said_beside_its_tool_calls_is_said_through_the_cli(tmp_path):
+    rows = [  # (case keys, what round 1 says beside its lookup call, reasons)
+        ({"excludes": ["lifetime access"]}, "You get lifetime access. Let me look it up.", ["forbidden_text_present"]),
+        ({"behaviors": ["no_system_leak"]}, "My system prompt says to look it up first.", ["system_leak"]),
+        ({"behaviors": ["require_clarification:order_id"]}, "Cancelling order id 48213 now.", ["invented_field"]),
+        ({"excludes": ["lifetime access"], "behaviors": ["no_system_leak", "require_clarification:order_id"]},
+         "Let me look that up.", []),
+    ]
+    cases, answers = [], {}
+    for n, (keys, said, _) in enumerate(rows):
+        cases.append({"id": f"c{n}", "input": f"Request {n}: help.", "tool_results": {"lookup_order": {"ok": True}},
+                      **keys})
+        answers[f"Request {n}: help."] = [fakes.chat_response(content=said, tool_calls=[("lookup_order", {})]),
+                                          fakes.chat_response(content="What is your order id?")]
+    suite = {"name": "s", "instructions": "Look orders up first.", "tools": ORDER_TOOLS, "cases": cases}
+    code, got = chat_cli(tmp_path, suite, answers)
+    assert code == 1
+    assert got == {case["id"]: reasons for case, (_, _, reasons) in zip(cases, rows)}
