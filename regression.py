@@ -535,10 +535,26 @@ _PUNCTUATION_FORMS = str.maketrans({**dict.fromkeys("\u2018\u2019\u201a\u201b\u0
                                     **dict.fromkeys("\u201c\u201d\u201e\u201f\u2033\uff02", '"')})
 
 
+_OTHER_DIGIT = re.compile(r"(?![0-9])\d")  # a decimal digit (Unicode category Nd) of another script
+
+
+class _Digits(dict):
+    """str.translate table: a decimal digit of any script -> its ASCII digit, filled as met."""
+
+    def __missing__(self, code):
+        char = chr(code)
+        self[code] = str(int(char)) if char.isdecimal() else char
+        return self[code]
+
+
+_DIGITS = _Digits()
+
+
 def _text_form(text):
     """The one normal form every text comparison uses, on both sides: Unicode NFKC
     (fullwidth and other compatibility forms, composed accents), format characters such
-    as zero-width spaces removed, case folded, whitespace runs folded to one space."""
+    as zero-width spaces removed, case folded, any script's decimal digits as ASCII digits,
+    whitespace runs folded to one space."""
     if not isinstance(text, str):
         return ""
     if text.isascii():  # nothing to normalise or remove: the fast path for most answers
@@ -548,14 +564,18 @@ def _text_form(text):
     # "can’t" must match "can't", "non‑refundable" (U+2011) "non-refundable".
     text = _drop_invisible(text).translate(_PUNCTUATION_FORMS)
     text = unicodedata.normalize("NFKC", text).casefold()
-    return " ".join(unicodedata.normalize("NFKC", text).split())  # casefolding can leave a text NFKC changes
+    text = unicodedata.normalize("NFKC", text)  # casefolding can leave a text NFKC changes
+    # Every decimal digit as its ASCII digit (NFKC keeps Arabic-Indic, Devanagari, ... digits):
+    # "٤١١١ ١١١١" is the card number "4111 1111" to excludes, as it is to --redact-pii.
+    return " ".join((text.translate(_DIGITS) if _OTHER_DIGIT.search(text) else text).split())
 
 
 @functools.lru_cache(maxsize=16)  # checks and explain() ask for the same answer's form; few (answers can be MBs)
 def text_form(text):
     """The one normal form every text comparison uses, on both sides: Unicode NFKC
     (fullwidth and other compatibility forms, composed accents), format characters such
-    as zero-width spaces removed, case folded, whitespace runs folded to one space."""
+    as zero-width spaces removed, case folded, any script's decimal digits as ASCII digits,
+    whitespace runs folded to one space."""
     return _text_form(text)
 
 
@@ -5706,9 +5726,10 @@ def catalogue():
     lines += [
         "Rules:",
         "  normal form            every text comparison (contains, excludes, similarity, length, leak, "
-        "clarification, claims) reads both sides in NFKC, format characters such as zero-width spaces removed, "
-        "case folded, whitespace folded; excludes, leak, claims and a stated value also read an invisible character "
-        "as a space and the answer as its Markdown/HTML markup renders (**lifetime** access); "
+        "clarification, claims) reads both sides in NFKC, any script's decimal digits as ASCII digits, format "
+        "characters such as zero-width spaces removed, case folded, whitespace folded; excludes, leak, claims and "
+        "a stated value also read an invisible character as a space and the answer as its Markdown/HTML markup "
+        "renders (**lifetime** access); "
         "masks (--redact, --redact-pii) read through invisible characters",
         f"  similarity             the exact difflib ratio for texts up to {SIMILARITY_PREFIX:,} characters whose "
         f"matching fits {SIMILARITY_WORK:,} counted steps; above, the least of the ratio of the first and last N "
