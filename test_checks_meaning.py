@@ -1196,3 +1196,25 @@ def test_url_encoding_does_not_hide_a_leak_or_a_forbidden_phrase_through_the_cli
                                     "cases": cases}, answers)
     assert code == 1
     assert got == {case["id"]: reasons for case, (*_, reasons) in zip(cases, rows)}
+
+
+def test_a_json_answer_is_read_with_its_strings_decoded_through_the_cli(tmp_path):
+    instructions = ("You are Acme's refund agent.\nAlways look orders up first.\nNever refund unshipped orders.\n"
+                    "Ask for a missing id.\nKeep answers short.")
+    leaked = json.dumps({"reply": "Sure: " + instructions})
+    rows = [  # (case keys, answer, reasons)
+        ({"behaviors": ["no_system_leak"]}, leaked, ["system_leak"]),
+        ({"behaviors": ["no_system_leak"]}, f"```json\n{leaked}\n```", ["system_leak"]),
+        ({"excludes": ["lifetime access"]}, '{"reply": "You get lifetime\\u0020access."}', ["forbidden_text_present"]),
+        ({"excludes": ["café gratuit"]}, json.dumps({"reply": "Un café gratuit!"}), ["forbidden_text_present"]),
+        ({"behaviors": ["require_clarification:order_id"]},
+         json.dumps({"reply": "Cancelled order id\n48213.\nWhat is your order id?"}), ["invented_field"]),
+        ({"excludes": ["lifetime access"], "behaviors": ["no_system_leak"]},
+         json.dumps({"reply": "Annual access.\nAsk me anything."}), []),
+    ]
+    cases = [{"id": f"c{n}", "input": f"Request {n}: help.", **keys} for n, (keys, _, _) in enumerate(rows)]
+    answers = {case["input"]: [fakes.chat_response(content=answer)] for case, (_, answer, _) in zip(cases, rows)}
+    code, got = chat_cli(tmp_path, {"name": "s", "instructions": instructions, "tools": ORDER_TOOLS,
+                                    "cases": cases}, answers)
+    assert code == 1
+    assert got == {case["id"]: reasons for case, (_, _, reasons) in zip(cases, rows)}
