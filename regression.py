@@ -598,7 +598,8 @@ _INLINE_TAG = re.compile(r"</?(?:a|abbr|b|bdi|bdo|big|cite|code|data|del|dfn|em|
                          r"small|span|strike|strong|sub|sup|time|tt|u|var)(?:\s[^<>]{0,500})?/?>", re.IGNORECASE)
 # Any other tag (a block or a break) renders as a space.
 _OTHER_TAG = re.compile(r"</?[a-z][a-z0-9-]{0,30}(?:\s[^<>]{0,500})?/?>", re.IGNORECASE)
-_EMPHASIS = re.compile(r"[*~`]+|\\(?=[!-/:-@\[-`{-~])|(?<![^\W_])_+|_+(?![^\W_])")  # intraword _ is literal
+_EMPHASIS = str.maketrans("", "", "*~`")
+_ESCAPE_OR_UNDERSCORE = re.compile(r"\\(?=[!-/:-@\[-`{-~])|(?<![^\W_])_+|_+(?![^\W_])")  # intraword _ is literal
 
 
 def _unmarked(text):
@@ -611,7 +612,8 @@ def _unmarked(text):
     if "&" in text:
         import html  # imported where used: start-up stays lean (SPEC C1)
         text = html.unescape(text)
-    return _EMPHASIS.sub("", text)
+    text = text.translate(_EMPHASIS)
+    return _ESCAPE_OR_UNDERSCORE.sub("", text) if "_" in text or "\\" in text else text
 
 
 def _rendered(form):
