@@ -805,7 +805,8 @@ ARG_KINDS = {
     "count": (r"[0-9]+", "a whole number, as in '{name}:2'"),
     "tool": (r"[A-Za-z0-9_.-]+", "a tool name, as in '{name}:NAME'"),
     "tools": (r"[A-Za-z0-9_.-]+(?:,[A-Za-z0-9_.-]+)*", "tool names, as in '{name}:A,B'"),
-    "field": (r"[A-Za-z0-9_.-]+", "a field name, as in '{name}:FIELD'"),
+    # A field is read by its words: one with no letter or digit ("_", "---") could never be named.
+    "field": (r"[A-Za-z0-9_.-]*[A-Za-z0-9][A-Za-z0-9_.-]*", "a field name, as in '{name}:FIELD'"),
 }
 TOOL_ARG_KINDS = {"tool", "tools"}  # their names must be function tools the suite declares
 

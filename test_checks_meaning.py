@@ -1218,3 +1218,13 @@ def test_a_json_answer_is_read_with_its_strings_decoded_through_the_cli(tmp_path
                                     "cases": cases}, answers)
     assert code == 1
     assert got == {case["id"]: reasons for case, (_, _, reasons) in zip(cases, rows)}
+
+
+@pytest.mark.parametrize("field", ["_", "---", "._-"])
+def test_a_clarification_field_with_no_word_is_a_suite_error_not_a_model_failure(tmp_path, field):
+    suite = {"name": "s", "instructions": "x", "cases": [
+        {"id": "c", "input": "Cancel my order.", "behaviors": [f"require_clarification:{field}"]}]}
+    path = write_suite(tmp_path, suite)
+    done = run_cli(["--suite", path, "--provider", "echo", "--out", tmp_path / "out.json"], tmp_path, env=cli_env())
+    assert done.returncode == 2 and "needs a field name" in done.stderr, done.stderr
+    assert not (tmp_path / "out.json").exists()
