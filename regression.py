@@ -1594,6 +1594,10 @@ def _asks_for(text, field):
                for sentence in _sentences(said, named))
 
 
+# "order id (8 digits)", "order number: 10 characters": the shape of the value asked for, not a value.
+_FORMAT_HINT = re.compile(r"[0-9]{1,3}(?:\s*-\s*|\s*)(?:digit|character|char|letter|number|symbol)s?(?![^\W_])")
+
+
 def _stated_value(text, field, given):
     """A value the text states for the field (an identifier right after the field's words,
     as in "order number 48213" or "order #48213") that the user's own text does not hold."""
@@ -1606,7 +1610,7 @@ def _stated_value(text, field, given):
     for form in readings(text):
         for match in _word_starts(stated, form):
             value = match[1].rstrip(".")
-            if value and value not in _given_values(given):
+            if value and value not in _given_values(given) and not _FORMAT_HINT.match(form, match.start(1)):
                 return value
     return None
 

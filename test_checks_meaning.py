@@ -1123,6 +1123,8 @@ MARKUP_ROWS = [  # (case keys, answer, reasons): each answer renders what the ru
     ({"behaviors": ["require_clarification:order_id"]}, "Cancelled **order ID** `48213`. What is your order id?",
      ["invented_field"]),
     ({"behaviors": ["require_clarification:order_id"]}, "What is your order **id**?", []),
+    ({"behaviors": ["require_clarification:order_id"]}, "What is your order ID (8 digits)?", []),
+    ({"behaviors": ["require_clarification:order_id"]}, "Please send the order id: 8 characters.", []),
 ]
 
 
