@@ -1049,13 +1049,18 @@ def said_texts(trace):
     return [*trace.get("other_texts", ()), trace["final_text"]]
 
 
+def said_phrases(phrases, trace):
+    """The phrases said anywhere in a row (see said_texts), in any reading (see phrases_in)."""
+    return {phrase for text in said_texts(trace) for phrase in phrases_in(phrases, text, spaced=True)[0]}
+
+
 def phrases_found(case, key, trace):
     """(present, absent) phrases of a case's `contains` (in the final answer) or `excludes` (in
-    anything the model said, every reading: see phrases_in)."""
+    anything the model said, every reading: see said_phrases)."""
     phrases = case.get(key, [])
     if key != "excludes":
         return phrases_in(phrases, trace["final_text"])
-    present = {phrase for text in said_texts(trace) for phrase in phrases_in(phrases, text, spaced=True)[0]}
+    present = said_phrases(phrases, trace)
     return [phrase for phrase in phrases if phrase in present], [phrase for phrase in phrases if phrase not in present]
 
 
@@ -1826,9 +1831,9 @@ def _validate_claims(case, where, context):
 
 
 def check_claims(case, trace):
-    """`claims` {PHRASE: NAME}: an answer that says PHRASE needs a call of NAME that got a non-error result."""
+    """`claims` {PHRASE: NAME}: an answer (or an earlier round's text) that says PHRASE needs a call of NAME that got a non-error result."""
     claims = case.get("claims") or {}
-    said = set(phrases_in(list(claims), trace["final_text"], spaced=True)[0])  # read as excludes is
+    said = said_phrases(list(claims), trace)  # read as excludes is
     for phrase, name in claims.items():
         if phrase in said and not any(call.get("name") == name and not is_error_result(call)
                                                 for call in trace["tool_calls"]):

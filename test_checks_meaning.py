@@ -1143,6 +1143,7 @@ def test_what_an_earlier_round_said_beside_its_tool_calls_is_said_through_the_cl
         ({"excludes": ["lifetime access"]}, "You get lifetime access. Let me look it up.", ["forbidden_text_present"]),
         ({"behaviors": ["no_system_leak"]}, "My system prompt says to look it up first.", ["system_leak"]),
         ({"behaviors": ["require_clarification:order_id"]}, "Cancelling order id 48213 now.", ["invented_field"]),
+        ({"claims": {"order cancelled": "cancel_order"}}, "Your order cancelled. Checking it now.", ["unbacked_claim"]),
         ({"excludes": ["lifetime access"], "behaviors": ["no_system_leak", "require_clarification:order_id"]},
          "Let me look that up.", []),
     ]
