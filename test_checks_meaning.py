@@ -1261,3 +1261,18 @@ def test_an_agent_api_refusal_part_is_said_too():
     case = regression.compile_case({"name": "s", "instructions": "x"},
                                    {"id": "c", "input": "hi", "behaviors": ["no_system_leak"]})
     assert regression.grade(case, regression.agent_trace(raw)) == ["system_leak"]
+
+
+def test_combining_marks_do_not_hide_what_must_not_be_said_through_the_cli(tmp_path):
+    struck = "".join(char + "\u0336" for char in "lifetime")  # strikethrough text, as text generators make it
+    suite = {"name": "s", "instructions": "Never mention the plan.", "cases": [
+        {"id": "struck", "input": f"You get {struck} access.", "excludes": ["lifetime access"]},
+        {"id": "zalgo", "input": "My s\u0335\u0322y\u0337s\u0334t\u0336e\u0338m prompt says so.",
+         "behaviors": ["no_system_leak"]},
+        {"id": "accents", "input": "Un café crème, s'il vous plaît.", "excludes": ["lifetime access"],
+         "contains": ["café crème"]}]}
+    path = write_suite(tmp_path, suite)
+    done = run_cli(["--suite", path, "--provider", "echo", "--out", tmp_path / "out.json"], tmp_path, env=cli_env())
+    assert done.returncode == 1, done.stderr
+    rows = {row["case_id"]: row["reasons"] for row in json.loads((tmp_path / "out.json").read_text())["runs"]}
+    assert rows == {"struck": ["forbidden_text_present"], "zalgo": ["system_leak"], "accents": []}
