@@ -638,20 +638,10 @@ def _json_said(text):
 _COMBINING = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]")
 
 
-def _unaccented(form):
-    """A text in text_form() without its generic combining marks ("l\u0336ifetime" is
-    "lifetime"), in text_form() again; None when it has none."""
-    if form.isascii():
-        return None
-    import unicodedata  # imported where used: start-up stays lean (SPEC C1)
-    decomposed = unicodedata.normalize("NFD", form)
-    return _text_form(_COMBINING.sub("", decomposed)) if _COMBINING.search(decomposed) else None
-
-
 # Cyrillic and Greek letters drawn like Latin ones ("lifetime \u0430ccess" with a Cyrillic a):
 # NFKC keeps them apart, so a disguised phrase is read with them as the Latin letters too.
-_LOOKALIKES = str.maketrans("АВЕКМНОРСТХУЅІЈҮҺӀаеорсухѕіјһԁԛԝӏүɡıΑΒΕΖΗΙΚΜΝΟΡΤΥΧαοριχκνυϲϳε",
-                            "ABEKMHOPCTXYSIJYhIaeopcyxsijhdqwlygiABEZHIKMNOPTYXaopixkvucje")
+# Read in text_form() (case folded), so a capital's lower case stands for it: к, м, т, в, н.
+_LOOKALIKES = str.maketrans("аеорсухѕіјһԁԛԝӏүкмтвнɡıαοριχκνυϲϳεβζτ", "aeopcyxsijhdqwlykmtbhgiaopixkvucjebzt")
 _LOOKALIKE = re.compile("[" + "".join(map(chr, _LOOKALIKES)) + "]")
 
 
@@ -660,23 +650,38 @@ _LOOKALIKE = re.compile("[" + "".join(map(chr, _LOOKALIKES)) + "]")
 _URL_ENCODED = re.compile(r"%[0-9a-f]{2}|[^\W_]\+[^\W_]")
 
 
+def _undisguised(form):
+    """A text in text_form() without the disguises a phrase can hide behind: generic combining
+    marks ("l\u0336ifetime"), Cyrillic and Greek look-alikes ("\u0430ccess") and URL encoding
+    (%20, + as a space); in text_form() again (the form itself when none applies)."""
+    text = form
+    if not text.isascii():
+        import unicodedata  # imported where used: start-up stays lean (SPEC C1)
+        decomposed = unicodedata.normalize("NFD", text)
+        text = _COMBINING.sub("", decomposed) if _COMBINING.search(decomposed) else text
+        text = text.translate(_LOOKALIKES) if _LOOKALIKE.search(text) else text
+    if _URL_ENCODED.search(text):
+        text = urllib.parse.unquote_plus(text)
+    return form if text is form else _text_form(text)
+
+
 @functools.lru_cache(maxsize=8)
 def readings(text):
     """Every form a text is read in when what it says must be caught (excludes, claims, leak,
-    a stated value): text_form(), with each invisible character read as a space too, a JSON
-    answer's strings decoded (see _json_said), each of those without combining marks (see
-    _unaccented), the text with Cyrillic and Greek look-alikes as Latin letters, then each
-    URL-decoded (%20 and + as a space) and as its markup renders (see _rendered). A phrase in
-    any of them is said."""
+    a stated value): text_form(), with each invisible character read as a space too, and a
+    JSON answer's strings decoded (see _json_said); each of those also undisguised (see
+    _undisguised), and that as its markup renders (see _rendered). A phrase in any is said.
+    At most nine forms, each linear in the text."""
     if not isinstance(text, str):
         return ("",)
-    forms = [text_form(text)] + ([_spaced_form(text)] if _invisible_in(text) else [])
+    bases = [text_form(text)] + ([_spaced_form(text)] if _invisible_in(text) else [])
     decoded = _json_said(text)
-    forms += [_text_form(decoded)] if decoded is not None else []
-    forms += [bare for bare in map(_unaccented, forms) if bare is not None]
-    forms += [_text_form(text.translate(_LOOKALIKES))] if _LOOKALIKE.search(text) else []
-    forms += [_text_form(urllib.parse.unquote_plus(form)) for form in forms if _URL_ENCODED.search(form)]
-    return tuple(dict.fromkeys(forms + [_rendered(form) for form in forms]))
+    bases += [_text_form(decoded)] if decoded is not None else []
+    forms = []
+    for base in bases:
+        plain = _undisguised(base)
+        forms += [base, plain, _rendered(plain)]
+    return tuple(dict.fromkeys(forms))
 
 
 class Fail(str):
