@@ -1303,9 +1303,16 @@ def _validate_length(case, where, context):
         raise SuiteError(f"{where}: min_chars is larger than max_chars")
 
 
+def answer_chars(text):
+    """A text's length in characters of the text normal form; generic combining marks NFKC
+    could not compose ("o" + 50 stacked marks) do not count, as invisible characters do not."""
+    form = text_form(text)
+    return len(form) if form.isascii() else len(_COMBINING.sub("", form))
+
+
 def check_length(case, trace):
     """`min_chars` / `max_chars`: the answer's length in characters of the text normal form."""
-    length = len(text_form(trace["final_text"]))
+    length = answer_chars(trace["final_text"])
     reasons = []
     if "min_chars" in case and length < case["min_chars"]:
         reasons.append(Fail("too_short", f"{length} chars < min {case['min_chars']}", chars=length,
@@ -1317,7 +1324,7 @@ def check_length(case, trace):
 
 
 register_check("length", check_length, keys=("min_chars", "max_chars"), validate=_validate_length,
-               details=lambda case, trace: {"chars": len(text_form(trace["final_text"]))}, vacuous=True, reasons={
+               details=lambda case, trace: {"chars": answer_chars(trace["final_text"])}, vacuous=True, reasons={
                    "too_short": ("length (in characters of the normal form) below `min_chars`",
                                  "the evidence gives the length and the threshold"),
                    "too_long": ("length (in characters of the normal form) above `max_chars`",

@@ -1306,3 +1306,16 @@ def test_every_disguise_at_once_keeps_the_readings_few_and_grading_linear():
     started = time.perf_counter()
     assert regression.grade(case, trace(answer)) == ["clarification_missing"]
     assert time.perf_counter() - started < 3  # about 0.4 s; the bound only catches a blow-up
+
+
+def test_stacked_combining_marks_do_not_pad_an_answer_to_its_minimum_through_the_cli(tmp_path):
+    suite = {"name": "s", "instructions": "x", "cases": [
+        {"id": "padded", "input": "ok" + "\u0301\u0336\u0322" * 40, "min_chars": 20},
+        {"id": "accents", "input": "Un caf\u0065\u0301 cr\u00e8me, s'il vous pla\u00eet.", "min_chars": 20,
+         "max_chars": 31}]}
+    path = write_suite(tmp_path, suite)
+    done = run_cli(["--suite", path, "--provider", "echo", "--out", tmp_path / "out.json"], tmp_path, env=cli_env())
+    assert done.returncode == 1, done.stderr
+    rows = {row["case_id"]: (row["reasons"], row["details"]["chars"])
+            for row in json.loads((tmp_path / "out.json").read_text())["runs"]}
+    assert rows == {"padded": (["too_short"], 2), "accents": ([], 31)}
