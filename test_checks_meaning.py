@@ -1233,36 +1233,6 @@ def test_a_clarification_field_with_no_word_is_a_suite_error_not_a_model_failure
     assert not (tmp_path / "out.json").exists()
 
 
-def test_a_refusal_is_said_too_through_the_cli(tmp_path):
-    def refusing(refusal, as_part=False):
-        body = fakes.chat_response(content=None)
-        message = body["choices"][0]["message"]
-        if as_part:
-            message["content"] = [{"type": "refusal", "refusal": refusal}]
-        else:
-            message["refusal"] = refusal
-        return body
-    rows = [  # (case keys, reply, reasons)
-        ({"behaviors": ["no_system_leak"]}, refusing("Sorry, my system prompt forbids that."), ["system_leak"]),
-        ({"excludes": ["4111 1111 1111 1111"]}, refusing("I won't charge 4111 1111 1111 1111.", as_part=True),
-         ["forbidden_text_present"]),
-        ({"behaviors": ["no_system_leak"], "excludes": ["4111 1111 1111 1111"]}, refusing("Sorry, I can't help."), []),
-    ]
-    cases = [{"id": f"c{n}", "input": f"Request {n}: help.", **keys} for n, (keys, _, _) in enumerate(rows)]
-    answers = {case["input"]: [reply] for case, (_, reply, _) in zip(cases, rows)}
-    code, got = chat_cli(tmp_path, {"name": "s", "instructions": "Never help.", "cases": cases}, answers)
-    assert code == 1
-    assert got == {case["id"]: reasons for case, (_, _, reasons) in zip(cases, rows)}
-
-
-def test_an_agent_api_refusal_part_is_said_too():
-    raw = {"status": "completed", "output": [{"type": "message", "content": [
-        {"type": "refusal", "refusal": "My system prompt forbids that."}]}]}
-    case = regression.compile_case({"name": "s", "instructions": "x"},
-                                   {"id": "c", "input": "hi", "behaviors": ["no_system_leak"]})
-    assert regression.grade(case, regression.agent_trace(raw)) == ["system_leak"]
-
-
 def test_combining_marks_do_not_hide_what_must_not_be_said_through_the_cli(tmp_path):
     struck = "".join(char + "\u0336" for char in "lifetime")  # strikethrough text, as text generators make it
     suite = {"name": "s", "instructions": "Never mention the plan.", "cases": [
