@@ -1501,7 +1501,9 @@ def _stated_value(text, field, given):
     for match in _word_starts(stated, text_form(text)):
         value = match[1].rstrip(".")
         if value and value not in _given_values(given):
-            return value
+            # Evidence quotes the answer as written: the normal form is case-folded, and a
+            # case-sensitive mask (a key, a --redact pattern) would not recognise it there.
+            return _as_written(text, value) or value
     return None
 
 
@@ -4027,12 +4029,6 @@ PII_PATTERNS = [
 MIN_SECRET_CHARS = 8  # a shorter key ("x" for a local server) is not masked: it would rewrite unrelated text
 
 
-def _percent_pattern(form):
-    """A regex for a form that matches its percent-escapes in either case (%2f and %2F)."""
-    return re.sub(r"%([0-9A-Fa-f])([0-9A-Fa-f])",
-                  lambda match: "%" + "".join(f"[{c.upper()}{c.lower()}]" for c in match.groups()), re.escape(form))
-
-
 def secret_forms(secret):
     """Every form a key can take in text we store or print: raw, JSON-escaped, repr-escaped and
     percent-encoded, one and two levels deep ("Bearer KEY" holds the raw form). Longest first."""
@@ -4049,13 +4045,14 @@ def secret_forms(secret):
 
 
 def secret_rule(secrets):
-    """One (regex, replacement) masking every form of every key of at least MIN_SECRET_CHARS, or None."""
+    """One (regex, replacement) masking every form of every key of at least MIN_SECRET_CHARS, in
+    any letter case (evidence may quote an answer case-folded), or None."""
     forms = {form for secret in secrets if isinstance(secret, str) and len(secret) >= MIN_SECRET_CHARS
              for form in secret_forms(secret)}
     if not forms:
         return None
     ordered = sorted(forms, key=lambda form: (-len(form), form))  # the longest form wins at a position
-    return re.compile("|".join(_percent_pattern(form) for form in ordered)), "[REDACTED:secret]"
+    return re.compile("|".join(map(re.escape, ordered)), re.IGNORECASE), "[REDACTED:secret]"
 
 
 _VISIBLE_RUN = re.compile(_INVISIBLE.pattern.replace("[", "[^", 1) + "+")

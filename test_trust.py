@@ -888,3 +888,52 @@ def test_shards_partition_the_plan_in_order(models, cases, repeats, total):
 def test_a_row_key_is_spelled_one_way_in_messages():
     assert regression.key_text(("m", "c", 2)) == "m / c / repeat 2"
     assert compare_runs._name is regression.key_text
+
+
+# ====================================================================== 6. evidence quoting an answer: no copy a mask cannot read
+
+MIXED_KEY = "sk-trustHq4WnP7sLx2VbT9mKc3DzzQ"  # mixed case: its case-folded form is another string
+
+
+def run_echoing_key(tmp_path, suite, answer, extra=()):
+    """A run against an endpoint whose answer, built by answer(key, user text), repeats the key it
+    was sent; every report is written. Returns (result, {file name: text})."""
+    def reply(request):
+        key, user = request.headers["Authorization"].split(" ", 1)[1], request.json["messages"][-1]["content"]
+        return Reply(body=fakes.chat_response(answer(key, user)))
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with FakeServer(reply) as server:
+        result = run_cli(["--provider", "openai", "--base-url", server.url + "/v1", "--api-key-env", "MY_KEY",
+                          "--models", "m", "--suite", write_suite(tmp_path / "suite.json", **suite),
+                          "--out", out / "run.json", "--markdown", out / "run.md", "--junit", out / "run.xml",
+                          "--html", out / "run.html", *extra], child_env(MY_KEY=MIXED_KEY), tmp_path)
+    return result, {path.name: path.read_text(encoding="utf-8") for path in files_under(out)}
+
+
+def test_a_stated_value_is_quoted_as_written_so_every_mask_reads_it(tmp_path):
+    """require_clarification reads the answer case-folded; its evidence (the value the answer
+    states) once quoted that folded form, which neither the key's mask nor a --redact pattern
+    recognised: the key, lower-cased, reached the console, the record and every report."""
+    suite = {"cases": [{"id": "account", "input": "Set up my account.", "behaviors": ["require_clarification:account_id"]},
+                       {"id": "ticket", "input": "Open a ticket.", "behaviors": ["require_clarification:ticket_id"]}]}
+    result, files = run_echoing_key(tmp_path, suite, lambda key, user: (
+        f"Done. Account id {key} is set. What is your order id?" if "account" in user else
+        "Done. Ticket id ACCT-55521 is open. What is your order id?"), ["--redact", "ACCT-[0-9]+"])
+    assert result.returncode == 1, result.stderr
+    assert len(files) == 4
+    notes = {row["case_id"]: row["details"]["evidence"]["invented_field"]
+             for row in json.loads(files["run.json"])["runs"]}
+    assert notes["account"]["value"] == "[REDACTED:secret]" and notes["ticket"]["value"] == "[REDACTED]"
+    for text in [result.stdout, result.stderr, *files.values()]:
+        for hidden in (MIXED_KEY, "ACCT-55521"):
+            assert hidden.lower() not in text.lower()
+
+
+@pytest.mark.parametrize("spelled", [str.lower, str.upper, str.swapcase])
+def test_a_key_in_any_letter_case_is_masked(spelled):
+    mask = regression.redactor(secrets=[MIXED_KEY])
+    quoted = urllib.parse.quote(ODD_KEY, safe="")
+    assert mask(f"a {spelled(MIXED_KEY)} b") == "a [REDACTED:secret] b"
+    assert regression.redactor(secrets=[ODD_KEY])(spelled(quoted)) == "[REDACTED:secret]"
