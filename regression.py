@@ -580,16 +580,38 @@ class Fail(str):
         return self
 
 
+_DIGITS_ON = re.compile(rf"(?:[\s-]|{_INVISIBLE.pattern})*\d")  # digits go on (a card split by spaces)
+
+
+def cut_whole(text, limit):
+    """The text cut to at most `limit` characters, never through a value. Evidence is cut
+    before it is masked (masks apply to the stored row), and a mask cannot recognise part of a
+    key, e-mail address, token or card number: the cut backs off over the whitespace-free run
+    it falls in (a key holds no whitespace, see key_problem) and, when digits go on past it,
+    over the digit groups before it (a card written "4111 1111 ...")."""
+    if len(text) <= limit:
+        return text
+    end = limit
+    if not text[end].isspace():
+        while end and not text[end - 1].isspace():
+            end -= 1
+    if _DIGITS_ON.match(text, limit):
+        while end and (text[end - 1].isdigit() or text[end - 1] == "-" or text[end - 1].isspace()
+                       or _INVISIBLE.match(text[end - 1])):
+            end -= 1
+    return text[:end]
+
+
 def _quote(value, limit=60):
     """A short double-quoted form of a value for a note."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    text = text if len(text) <= limit else text[:limit] + "..."
+    text = text if len(text) <= limit else cut_whole(text, limit) + "..."
     return json.dumps(text, ensure_ascii=False)
 
 
 def _clip(value, limit=1_000):
     """A value for evidence: a long string is cut (the whole answer is stored beside it)."""
-    return value[:limit] + "..." if isinstance(value, str) and len(value) > limit else value
+    return cut_whole(value, limit) + "..." if isinstance(value, str) and len(value) > limit else value
 
 
 class _DuplicateKey(ValueError):
@@ -1148,7 +1170,7 @@ def _similarity_details(case, trace):
     if score < case.get("min_similarity", 1.0):
         import difflib
         details["diff"] = "\n".join(difflib.unified_diff(
-            case["expected_text"][:DIFF_CHARS].splitlines(), text[:DIFF_CHARS].splitlines(),
+            cut_whole(case["expected_text"], DIFF_CHARS).splitlines(), cut_whole(text, DIFF_CHARS).splitlines(),
             "expected", "actual", lineterm=""))
     return details
 
@@ -1384,7 +1406,7 @@ def _as_written(text, matched, limit=300):
     if not words:
         return None
     found = re.search(r"[\W_]*".join(map(re.escape, words)), text, re.IGNORECASE)
-    return found.group(0)[:limit] if found else None
+    return cut_whole(found.group(0), limit) if found else None
 
 
 register_check("no_system_leak", check_no_system_leak, behavior=True, details=_tool_details, reasons={
@@ -3142,14 +3164,11 @@ def endpoint_text(value, secrets=()):
     """An endpoint-supplied message made safe to store and print: key-like strings masked,
     control characters escaped, then cut (after masking, so no partial key survives the cut)."""
     text = value if isinstance(value, str) else dumps(value)
-    for secret in secrets:
-        if secret and len(secret) >= MIN_SECRET_CHARS:  # the run's own masking rule, every form of the key
-            for form in secret_forms(secret):
-                text = text.replace(form, "[REDACTED:secret]")
-    for pattern, replacement in PII_PATTERNS[1:3]:  # bearer tokens and API-key-like strings
-        text = pattern.sub(replacement, text)
+    key_rule = secret_rule([secret for secret in secrets if secret])  # the run's own rule, every form of the key
+    for pattern, replacement in [*filter(None, [key_rule]), *PII_PATTERNS[1:3]]:  # and bearer tokens, key-like strings
+        text = _sub_seeing_through(pattern, replacement, text)
     text = _CONTROL.sub(lambda match: match.group(0).encode("unicode_escape").decode("ascii"), text.strip())
-    return text if len(text) <= MAX_ENDPOINT_MESSAGE else text[:MAX_ENDPOINT_MESSAGE - 3] + "..."
+    return text if len(text) <= MAX_ENDPOINT_MESSAGE else cut_whole(text, MAX_ENDPOINT_MESSAGE - 3) + "..."
 
 
 def endpoint_message(body):
