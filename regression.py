@@ -2757,6 +2757,8 @@ def base_url_problem(url, source="--base-url"):
         return f"{source}: {what}"
     if parts.scheme not in ("http", "https") or not host:
         return f"{source}: not an http(s) URL with a host"
+    if "@" in parts.netloc:  # the SDK would send them as a Basic Authorization header, in place of the key
+        return f"{source}: holds credentials (user:password@host); give the key through its environment variable"
     # urllib tolerates text around an IPv6 literal ("[::1]x:80"); a host is a name or one literal
     if not re.fullmatch(r"(\[[0-9A-Za-z:.%]+\]|[^\[\]:]+)(:[0-9]*)?", parts.netloc.rpartition("@")[2]):
         return f"{source}: the host is not a valid name, IPv4 or IPv6 address"

@@ -147,7 +147,10 @@ def test_a_new_provider_is_one_class(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "--base-url goes with --provider openai" in err and "TOY_BASE_URL" in err
     monkeypatch.setenv("TOY_API_KEY", "toy-key")
-    monkeypatch.setenv("TOY_BASE_URL", "https://user:pw@toy.example/v2?sig=1")
+    monkeypatch.setenv("TOY_BASE_URL", "https://user:pw@toy.example/v2?sig=1")  # credentials in a URL: refused
+    assert run_main(["--provider", "toy", "--suite", suite, "--out", out]) == 2
+    assert "TOY_BASE_URL: holds credentials" in capsys.readouterr().err
+    monkeypatch.setenv("TOY_BASE_URL", "https://toy.example/v2?sig=1")
     assert run_main(["--provider", "toy", "--suite", suite, "--out", out]) == 0
     record = read_record(out)
     assert record["provider"] == {"name": "toy", "base_url": "https://toy.example/v2"}

@@ -991,3 +991,36 @@ def test_an_error_body_is_masked_by_the_runs_one_key_rule_before_its_cut(tmp_pat
     assert "[REDACTED:secret] x" in json.loads(stored)["runs"][0]["error_message"]
     for text in (stored, result.stdout, result.stderr):
         assert "sk-trust%2f" not in text.lower()
+
+
+@pytest.mark.parametrize("userinfo", ["alice:S3cretPassw0rd@", "alice@", ":S3cretPassw0rd@", "@"])
+def test_a_base_url_holding_credentials_is_a_problem_that_never_quotes_them(userinfo):
+    problem = regression.base_url_problem(f"http://{userinfo}127.0.0.1:8000/v1", "MY_URL")
+    assert problem.startswith("MY_URL: holds credentials") and "S3cret" not in problem
+
+
+def test_a_base_url_with_credentials_is_refused_before_the_sdk_sends_them_as_a_basic_header(tmp_path):
+    """httpx turns user:password@ in PERPLEXITY_BASE_URL into "Authorization: Basic base64(...)"
+    in place of the key: an endpoint that echoed it put the header into the record and on the
+    console. A URL with credentials is refused (urllib could not use one either)."""
+    seen = []
+
+    def reply(request):
+        seen.append(request.headers.get("Authorization"))
+        return Reply(401, {"error": {"message": f"bad credentials {request.headers.get('Authorization')}"}})
+
+    with FakeServer(reply) as server:
+        with_credentials = server.url.replace("http://", "http://alice:S3cretPassw0rd@")
+        runs = [([], child_env(PERPLEXITY_API_KEY=PLAIN_KEY, PERPLEXITY_BASE_URL=with_credentials)),
+                (["--dry-run"], child_env(PERPLEXITY_API_KEY=PLAIN_KEY, PERPLEXITY_BASE_URL=with_credentials)),
+                (["--provider", "openai", "--base-url", with_credentials + "/v1", "--suite", GUARDRAILS],
+                 child_env(OPENAI_API_KEY=PLAIN_KEY))]
+        results = run_many([([*argv, "--models", "m", "--timeout", "5", "--out", tmp_path / f"run{n}.json"], env, tmp_path)
+                            for n, (argv, env) in enumerate(runs)])
+    assert seen == []
+    for result, source in zip(results, ["PERPLEXITY_BASE_URL", "PERPLEXITY_BASE_URL", "--base-url"]):
+        assert result.returncode == 2, result.stderr
+        assert one_error_line(result.stderr).endswith(f"{source}: holds credentials (user:password@host); give the key "
+                                                      "through its environment variable")
+        assert "S3cret" not in result.stdout + result.stderr
+    assert files_under(tmp_path) == []
