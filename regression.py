@@ -4068,12 +4068,24 @@ def secret_forms(secret):
 def secret_rule(secrets):
     """One (regex, replacement) masking every form of every key of at least MIN_SECRET_CHARS, in
     any letter case (evidence may quote an answer case-folded), or None."""
-    forms = {form for secret in secrets if isinstance(secret, str) and len(secret) >= MIN_SECRET_CHARS
-             for form in secret_forms(secret)}
-    if not forms:
+    keys = [secret for secret in secrets if isinstance(secret, str) and len(secret) >= MIN_SECRET_CHARS]
+    if not keys:
         return None
-    ordered = sorted(forms, key=lambda form: (-len(form), form))  # the longest form wins at a position
-    return re.compile("|".join(map(re.escape, ordered)), re.IGNORECASE), "[REDACTED:secret]"
+    forms = sorted({form for secret in keys for form in secret_forms(secret)},
+                   key=lambda form: (-len(form), form))  # the longest form wins at a position
+    patterns = [*map(re.escape, forms), *map(_json_escaped_pattern, keys)]
+    return re.compile("|".join(patterns), re.IGNORECASE), "[REDACTED:secret]"
+
+
+def _json_escaped_pattern(secret):
+    """A regex for the key in raw JSON text (an error body that did not parse) however its
+    encoder escaped it: any character as \\uXXXX (Go escapes & < >), / as \\/ (PHP)."""
+    def spelled(char):
+        ways = [re.escape(char), re.escape(f"\\u{ord(char):04x}")]
+        if char in '"\\/':
+            ways.append(re.escape("\\" + char))
+        return f"(?:{'|'.join(ways)})"
+    return "".join(map(spelled, secret))
 
 
 _VISIBLE_RUN = re.compile(_INVISIBLE.pattern.replace("[", "[^", 1) + "+")

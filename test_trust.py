@@ -1024,3 +1024,41 @@ def test_a_base_url_with_credentials_is_refused_before_the_sdk_sends_them_as_a_b
                                                       "through its environment variable")
         assert "S3cret" not in result.stdout + result.stderr
     assert files_under(tmp_path) == []
+
+
+JSON_ENCODERS = {
+    "php": lambda key: json.dumps(key)[1:-1].replace("/", "\\/"),  # json_encode escapes slashes
+    "every-char": lambda key: "".join(f"\\u{ord(c):04x}" for c in key),
+    "every-char-upper-hex": lambda key: "".join(f"\\u{ord(c):04X}" for c in key),
+    "some-chars": lambda key: "".join(f"\\u{ord(c):04x}" if n % 3 == 0 else json.dumps(c)[1:-1]
+                                      for n, c in enumerate(key)),
+}
+
+
+@pytest.mark.parametrize("encoder", JSON_ENCODERS, ids=list(JSON_ENCODERS))
+@pytest.mark.parametrize("secret", [ODD_KEY, MIXED_KEY])
+def test_a_key_escaped_in_raw_json_text_any_way_is_masked(secret, encoder):
+    spelled = JSON_ENCODERS[encoder](secret)
+    assert json.loads(f'"{spelled}"') == secret
+    text = regression.redactor(secrets=[secret])(f'{{"error": "bad key {spelled}"')
+    assert text == '{"error": "bad key [REDACTED:secret]"'
+    assert regression.endpoint_text(f"bad key {spelled}", [secret]) == "bad key [REDACTED:secret]"
+
+
+def test_a_key_in_an_error_body_that_is_not_json_is_masked_however_it_was_escaped(tmp_path):
+    """An error body that does not parse is kept as text, escapes and all: PHP's json_encode
+    writes a key's "/" as "\\/", a form the key's mask did not know, so the record and the
+    console kept the key."""
+    def reply(request):
+        key = request.headers["Authorization"].split(" ", 1)[1]
+        return Reply(401, raw=('{"error": {"message": "invalid key ' + JSON_ENCODERS["php"](key) + '"}').encode())
+
+    with FakeServer(reply) as server:
+        result = run_cli(["--provider", "openai", "--base-url", server.url + "/v1", "--api-key-env", "MY_KEY",
+                          "--models", "m", "--suite", GUARDRAILS, "--out", tmp_path / "run.json"],
+                         child_env(MY_KEY=ODD_KEY), tmp_path)
+    assert result.returncode == 2, result.stderr
+    stored = (tmp_path / "run.json").read_text(encoding="utf-8")
+    assert json.loads(stored)["runs"][0]["error_message"].endswith('"invalid key [REDACTED:secret]"}')
+    for text in (stored, result.stdout, result.stderr):
+        assert "Zq8+TfW3" not in text
