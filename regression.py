@@ -4091,12 +4091,9 @@ def _json_escaped_pattern(secret):
 _VISIBLE_RUN = re.compile(_INVISIBLE.pattern.replace("[", "[^", 1) + "+")
 
 
-def _sub_seeing_through(pattern, replacement, text):
-    """pattern.sub as if the text had no invisible characters (zero-width spaces and other
-    format characters): a value split by them is still masked, whole; every character
-    outside a masked span, invisible ones included, stays as it was."""
-    if not _invisible_in(text):
-        return pattern.sub(replacement, text)
+def _spans_seeing_through(pattern, replacement, text):
+    """(begin, end, replacement text) of each match of the pattern in the text read as if it had
+    no invisible characters (zero-width spaces and other format characters), in order."""
     import bisect
     runs = [(run.start(), run.group()) for run in _VISIBLE_RUN.finditer(text)]
     starts, offset = [], 0  # where each visible run starts in the text read without them
@@ -4109,35 +4106,96 @@ def _sub_seeing_through(pattern, replacement, text):
         index = bisect.bisect_right(starts, position) - 1
         return runs[index][0] + position - starts[index]
 
+    return [(original(match.start()), original(match.end() - 1) + 1,
+             replacement(match) if callable(replacement) else match.expand(replacement))
+            for match in pattern.finditer(seen) if match.end() > match.start()]
+
+
+def _sub_seeing_through(pattern, replacement, text):
+    """pattern.sub as if the text had no invisible characters (zero-width spaces and other
+    format characters): a value split by them is still masked, whole; every character
+    outside a masked span, invisible ones included, stays as it was."""
+    if not _invisible_in(text):
+        return pattern.sub(replacement, text)
     out, done = [], 0
-    for match in pattern.finditer(seen):
-        if match.end() == match.start():
-            continue
-        begin, end = original(match.start()), original(match.end() - 1) + 1
-        out += [text[done:begin], replacement(match) if callable(replacement) else match.expand(replacement)]
+    for begin, end, said in _spans_seeing_through(pattern, replacement, text):
+        out += [text[done:begin], said]
         done = end
     return "".join(out) + text[done:]
+
+
+def _sub_across(pattern, replacement, parts):
+    """The parts with each match that runs across a boundary of their joined text masked: a
+    value split over an answer's text parts is masked whole (its mask where it starts, the rest
+    gone from the later parts). Matches inside one part are left to the part's own masking."""
+    import bisect
+    import itertools
+    text, bounds = "".join(parts), list(itertools.accumulate(map(len, parts)))
+    spans = [span for span in _spans_seeing_through(pattern, replacement, text)
+             if bisect.bisect_right(bounds, span[0]) != bisect.bisect_left(bounds, span[1])]
+    out, index, start = [], 0, 0
+    for end in bounds:
+        pieces, at = [], start
+        while index < len(spans) and spans[index][0] < end:
+            begin, stop, said = spans[index]
+            if begin >= start:
+                pieces += [text[at:begin], said]
+            at = max(at, min(stop, end))
+            if stop > end:
+                break  # the match goes on into the next part
+            index += 1
+        out.append("".join(pieces) + text[at:end])
+        start = end
+    return out
+
+
+def _text_holders(value):
+    """The objects of a JSON value that hold a "text" string (content parts), in document order."""
+    holders, stack = [], [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if isinstance(item.get("text"), str):
+                holders.append(item)
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+    return holders
 
 
 def redactor(patterns=(), pii=False, secrets=()):
     """A function that masks secrets, PII (optional) and user patterns in any JSON value.
 
+    The "text" strings of a value (an answer's content parts, which the answer joins) are also
+    read as one text, so a value split across them is masked like the answer's copy of it.
     A secret shorter than MIN_SECRET_CHARS is left alone (masking "x" would rewrite every x
     of the evidence); main() says so once on stderr."""
     rules = [rule for rule in [secret_rule(secrets)] if rule is not None]
     rules += PII_PATTERNS if pii else []
     rules += [(re.compile(pattern), "[REDACTED]") for pattern in patterns]
 
-    def mask(value):
+    def mask_text(text):
+        for pattern, replacement in rules:
+            text = _sub_seeing_through(pattern, replacement, text)
+        return text
+
+    def mask_value(value, joined):
         if isinstance(value, str):
-            for pattern, replacement in rules:
-                value = _sub_seeing_through(pattern, replacement, value)
-            return value
+            return mask_text(value)
         if isinstance(value, dict):
-            return {mask(key): mask(item) for key, item in value.items()}
+            text = joined.get(id(value))
+            return {mask_text(key): mask_text(text) if key == "text" and text is not None else mask_value(item, joined)
+                    for key, item in value.items()}
         if isinstance(value, list):
-            return [mask(item) for item in value]
+            return [mask_value(item, joined) for item in value]
         return value
+
+    def mask(value):
+        holders = _text_holders(value) if isinstance(value, (dict, list)) else []
+        parts = [holder["text"] for holder in holders]
+        for pattern, replacement in rules if len(parts) > 1 else ():
+            parts = _sub_across(pattern, replacement, parts)
+        return mask_value(value, {id(holder): part for holder, part in zip(holders, parts)})
 
     return mask if rules else (lambda value: value)
 

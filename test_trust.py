@@ -1062,3 +1062,38 @@ def test_a_key_in_an_error_body_that_is_not_json_is_masked_however_it_was_escape
     assert json.loads(stored)["runs"][0]["error_message"].endswith('"invalid key [REDACTED:secret]"}')
     for text in (stored, result.stdout, result.stderr):
         assert "Zq8+TfW3" not in text
+
+
+SPLIT_PARTS = [["Your card 4111 1111 ", "1111 1111 is on file"], ["mail jane.doe@exa", "", "mple.com today"],
+               ["key sk-trustHq4W", "nP7sLx2VbT9mKc3DzzQ end"]]
+
+
+@pytest.mark.parametrize("parts", SPLIT_PARTS, ids=["card", "email", "key"])
+def test_a_value_split_across_text_parts_is_masked_whole(parts):
+    mask = regression.redactor(pii=True, secrets=[MIXED_KEY])
+    masked = mask({"content": [{"type": "text", "text": part} for part in parts]})
+    texts = [part["text"] for part in masked["content"]]
+    assert "".join(texts) == mask("".join(parts)) and len(texts) == len(parts)
+    assert "REDACTED" in texts[0] and not any(char.isdigit() or "@" in char for char in "".join(texts))
+
+
+def test_a_value_split_across_content_parts_is_masked_in_the_response_too(tmp_path):
+    """The answer joins its content parts, so a card, e-mail or key split across two parts was
+    masked in answer_text but stored whole, in pieces, in the response."""
+    def reply(request):
+        key = request.headers["Authorization"].split(" ", 1)[1]
+        body = fakes.chat_response("x")
+        body["choices"][0]["message"]["content"] = [
+            {"type": "text", "text": part} for part in ["Card 4111 1111 ", "1111 1111, mail jane.doe@exa",
+                                                        f"mple.com, key {key[:10]}", f"{key[10:]}."]]
+        return Reply(body=body)
+
+    with FakeServer(reply) as server:
+        result = run_cli(["--provider", "openai", "--base-url", server.url + "/v1", "--api-key-env", "MY_KEY",
+                          "--models", "m", "--suite", GUARDRAILS, "--redact-pii", "--out", tmp_path / "run.json"],
+                         child_env(MY_KEY=MIXED_KEY), tmp_path)
+    assert result.returncode == 1, result.stderr
+    row = json.loads((tmp_path / "run.json").read_text(encoding="utf-8"))["runs"][0]
+    parts = [part["text"] for part in row["response"]["choices"][0]["message"]["content"]]
+    assert "".join(parts) == row["answer_text"] == \
+        "Card [REDACTED:card], mail [REDACTED:email], key [REDACTED:secret]."
