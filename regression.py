@@ -5442,11 +5442,16 @@ def _check_flags(values):
     if values["provider"] in replayers and not values["replay"] and not values["resume"]:
         raise UsageError(f"--provider {values['provider']} needs --replay RECORD "
                          "(the saved record whose responses it answers with)")
-    for pattern in values["redact"] or ():
+    patterns = values["redact"] or ()
+    for number, pattern in enumerate(patterns, 1):
         try:
             re.compile(pattern)
         except (re.error, OverflowError, RecursionError) as exc:
-            raise UsageError(f"--redact {pattern!r} is not a valid regular expression: {exc}") from None
+            # Neither the pattern nor re's message (which quotes parts of it) is shown: a pattern can be the secret itself.
+            where = f" (at character {exc.pos + 1})" if isinstance(getattr(exc, "pos", None), int) else ""
+            which = f" number {number} of {len(patterns)}" if len(patterns) > 1 else ""
+            raise UsageError(f"--redact{which} is not a valid regular expression{where}; the pattern is not shown, "
+                             "since it can be the secret itself (escape a literal's ( [ \\ with a backslash)") from None
     request_options(Settings(**values))  # refused here, before anything is read or sent
     price_options(Settings(**values))
     problem = base_url_problem(values["base_url"]) if values["base_url"] is not None else None

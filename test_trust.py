@@ -1097,3 +1097,17 @@ def test_a_value_split_across_content_parts_is_masked_in_the_response_too(tmp_pa
     parts = [part["text"] for part in row["response"]["choices"][0]["message"]["content"]]
     assert "".join(parts) == row["answer_text"] == \
         "Card [REDACTED:card], mail [REDACTED:email], key [REDACTED:secret]."
+
+
+@pytest.mark.parametrize("patterns", [["p4ss(w0rdSECRET"], ["ok", "(?P<SECRETNAME>a)(?P=SECRETNAMEX)"],
+                                      ["[z-aSECRET]"], ["SECRET{99999999999}"]])
+def test_an_invalid_redact_pattern_is_one_line_that_never_quotes_it(tmp_path, patterns):
+    """A --redact pattern can be the secret itself (a literal with a "(" is not a valid regex):
+    the usage error quoted it, and re's message quotes parts of it too."""
+    result = run_cli(["--provider", "echo", "--suite", GUARDRAILS, "--out", tmp_path / "run.json",
+                      *[arg for pattern in patterns for arg in ("--redact", pattern)]], child_env(), tmp_path)
+    assert result.returncode == 2
+    line = one_error_line(result.stderr)
+    assert "--redact" in line and "not a valid regular expression" in line
+    assert "SECRET" not in result.stdout + result.stderr
+    assert files_under(tmp_path) == []
