@@ -5442,6 +5442,10 @@ def _check_flags(values):
     if values["provider"] in replayers and not values["replay"] and not values["resume"]:
         raise UsageError(f"--provider {values['provider']} needs --replay RECORD "
                          "(the saved record whose responses it answers with)")
+    if values["api_key_env"] is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", values["api_key_env"]):
+        # `--api-key-env $MY_KEY` passes the key itself: never echo it (every later message would)
+        raise UsageError("--api-key-env takes the NAME of the variable that holds the key (--api-key-env MY_KEY, "
+                         "not $MY_KEY); what was given is not a variable name and is not shown, since it may be the key")
     patterns = values["redact"] or ()
     for number, pattern in enumerate(patterns, 1):
         try:

@@ -1111,3 +1111,16 @@ def test_an_invalid_redact_pattern_is_one_line_that_never_quotes_it(tmp_path, pa
     assert "--redact" in line and "not a valid regular expression" in line
     assert "SECRET" not in result.stdout + result.stderr
     assert files_under(tmp_path) == []
+
+
+@pytest.mark.parametrize("extra", [[], ["--dry-run"]])
+def test_a_key_given_as_the_api_key_env_name_is_refused_without_echoing_it(tmp_path, extra):
+    """`--api-key-env $OPENROUTER_API_KEY` (the key, where its variable's name belongs) was
+    echoed: "sk-or-v1-... (named by --api-key-env) is not set"."""
+    key = "sk-or-v1-" + PLAIN_KEY
+    result = run_cli(["--provider", "openai", "--base-url", "http://127.0.0.1:9/v1", "--api-key-env", key,
+                      "--models", "m", "--suite", GUARDRAILS, "--out", tmp_path / "run.json", *extra],
+                     child_env(), tmp_path)
+    assert result.returncode == 2
+    assert "--api-key-env takes the NAME" in one_error_line(result.stderr)
+    assert PLAIN_KEY[5:] not in result.stdout + result.stderr and files_under(tmp_path) == []
