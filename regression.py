@@ -4043,7 +4043,9 @@ PII_PATTERNS = [
     (re.compile(r"(?i)\bbearer\s+[A-Za-z0-9\-._~+/]+=*"), "[REDACTED:bearer]"),
     (re.compile(r"\b(?:sk|pk|rk|pplx|xai|gsk|ghp|gho|ghs|github_pat|hf|AKIA)[-_A-Za-z0-9]{16,}"), "[REDACTED:key]"),
     (re.compile(r"(?i)\b(api[_-]?key|secret|token|password)(\s*[:=]\s*)[^\s\"',;]+"), r"\1\2[REDACTED:key]"),
-    (re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"), "[REDACTED:email]"),
+    # the @ also as written in a link (%40), an HTML entity (&#64;) or raw JSON text (\u0040)
+    (re.compile(r"[A-Za-z0-9._%+-]+(?:@|%40|&#0*64;|&#[xX]0*40;|\\u0040)[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"),
+     "[REDACTED:email]"),
 ]
 
 

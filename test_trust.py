@@ -1124,3 +1124,18 @@ def test_a_key_given_as_the_api_key_env_name_is_refused_without_echoing_it(tmp_p
     assert result.returncode == 2
     assert "--api-key-env takes the NAME" in one_error_line(result.stderr)
     assert PLAIN_KEY[5:] not in result.stdout + result.stderr and files_under(tmp_path) == []
+
+
+def test_redact_pii_masks_an_email_written_as_a_link_an_entity_or_a_json_escape(tmp_path):
+    """An answer's mailto link spells the @ as %40, HTML as &#64;: --redact-pii kept both."""
+    answer = ("Write to <a href='mailto:jane.doe%40example.com'>us</a>, to bob.roe&#64;example.org, "
+              "or ann.poe&#x40;example.net.")
+    suite = {"cases": [{"id": "c", "input": "Who do I write to?", "contains": ["write"]}]}
+    result, files = run_echoing_key(tmp_path, suite, lambda key, user: answer, ["--redact-pii"])
+    assert result.returncode == 0, result.stderr
+    assert json.loads(files["run.json"])["runs"][0]["answer_text"] == (
+        "Write to <a href='mailto:[REDACTED:email]'>us</a>, to [REDACTED:email], or [REDACTED:email].")
+    for text in [result.stdout, *files.values()]:
+        for name in ("jane.doe", "bob.roe", "ann.poe"):
+            assert name not in text
+    assert regression.redactor(pii=True)("jane\\u0040example.com") == "[REDACTED:email]"
