@@ -4079,15 +4079,20 @@ def secret_rule(secrets):
     return re.compile("|".join(patterns), re.IGNORECASE), "[REDACTED:secret]"
 
 
+# An escaped invisible character in JSON text (\u200b), which the mask reads through like the character itself.
+_ESCAPED_INVISIBLE = r"(?:\\u(?:00ad|034f|180e|200[b-f]|202[a-e]|206[0-9a-f]|feff))*"
+
+
 def _json_escaped_pattern(secret):
-    """A regex for the key in raw JSON text (an error body that did not parse) however its
-    encoder escaped it: any character as \\uXXXX (Go escapes & < >), / as \\/ (PHP)."""
+    """A regex for the key in raw JSON text (an error body that did not parse, a JSON answer)
+    however its encoder escaped it: any character as \\uXXXX (Go escapes & < >), / as \\/
+    (PHP), with escaped invisible characters between its characters."""
     def spelled(char):
         ways = [re.escape(char), re.escape(f"\\u{ord(char):04x}")]
         if char in '"\\/':
             ways.append(re.escape("\\" + char))
         return f"(?:{'|'.join(ways)})"
-    return "".join(map(spelled, secret))
+    return _ESCAPED_INVISIBLE.join(map(spelled, secret))
 
 
 _VISIBLE_RUN = re.compile(_INVISIBLE.pattern.replace("[", "[^", 1) + "+")

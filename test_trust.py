@@ -1163,3 +1163,17 @@ def test_a_key_in_a_redirect_host_is_masked_though_the_host_is_lower_cased(tmp_p
     assert "redirect to [REDACTED:secret].evil.example not followed" in json.loads(stored)["runs"][0]["error_message"]
     for text in (stored, result.stdout, result.stderr):
         assert key.lower() not in text.lower()
+
+
+def test_a_key_split_by_an_escaped_invisible_character_in_a_json_answer_is_masked(tmp_path):
+    """A JSON answer writes a zero-width space as the escape \\u200b: the mask read through the
+    character but not through its escape, so the answer_text of a JSON case kept the key."""
+    suite = {"response_format": {"type": "json_object"},
+             "cases": [{"id": "c", "input": "hi", "expect": {"reply": "fine"}}]}
+    result, files = run_echoing_key(tmp_path, suite, lambda key, user: json.dumps(
+        {"reply": f"{key[:9]}\u200b{key[9:]}", "note": f"{key[:3]}\u00ad\ufeff{key[3:]}"}))
+    assert result.returncode == 1, result.stderr
+    row = json.loads(files["run.json"])["runs"][0]
+    assert row["answer_text"] == '{"reply": "[REDACTED:secret]", "note": "[REDACTED:secret]"}'
+    for text in [result.stdout, result.stderr, *files.values()]:
+        assert MIXED_KEY[9:].lower() not in text.lower()
