@@ -3166,8 +3166,8 @@ def endpoint_text(value, secrets=()):
     """An endpoint-supplied message made safe to store and print: key-like strings masked,
     control characters escaped, then cut (after masking, so no partial key survives the cut)."""
     text = value if isinstance(value, str) else dumps(value)
-    key_rule = secret_rule([secret for secret in secrets if secret])  # the run's own rule, every form of the key
-    for pattern, replacement in [*filter(None, [key_rule]), *PII_PATTERNS[1:3]]:  # and bearer tokens, key-like strings
+    # the run's own rules, every form of the key, then bearer tokens and API-key-like strings
+    for pattern, replacement in [*secret_rules(secrets), *PII_PATTERNS[1:3]]:
         text = _sub_seeing_through(pattern, replacement, text)
     text = _CONTROL.sub(lambda match: match.group(0).encode("unicode_escape").decode("ascii"), text.strip())
     return text if len(text) <= MAX_ENDPOINT_MESSAGE else cut_whole(text, MAX_ENDPOINT_MESSAGE - 3) + "..."
@@ -4067,16 +4067,17 @@ def secret_forms(secret):
     return sorted(forms, key=lambda form: (-len(form), form))
 
 
-def secret_rule(secrets):
-    """One (regex, replacement) masking every form of every key of at least MIN_SECRET_CHARS, in
-    any letter case (evidence may quote an answer case-folded), or None."""
+def secret_rules(secrets):
+    """The (regex, replacement) rules masking every form of every key of at least MIN_SECRET_CHARS,
+    in any letter case (evidence may quote an answer case-folded); [] without such a key. Two
+    regexes, not one: joined, the escaped spellings would cost every text the fixed forms' fast scan."""
     keys = [secret for secret in secrets if isinstance(secret, str) and len(secret) >= MIN_SECRET_CHARS]
     if not keys:
-        return None
+        return []
     forms = sorted({form for secret in keys for form in secret_forms(secret)},
                    key=lambda form: (-len(form), form))  # the longest form wins at a position
-    patterns = [*map(re.escape, forms), *map(_json_escaped_pattern, keys)]
-    return re.compile("|".join(patterns), re.IGNORECASE), "[REDACTED:secret]"
+    return [(re.compile("|".join(map(re.escape, forms)), re.IGNORECASE), "[REDACTED:secret]"),
+            (re.compile("|".join(map(_json_escaped_pattern, keys)), re.IGNORECASE), "[REDACTED:secret]")]
 
 
 # An escaped invisible character in JSON text (\u200b), which the mask reads through like the character itself.
@@ -4177,7 +4178,7 @@ def redactor(patterns=(), pii=False, secrets=()):
     read as one text, so a value split across them is masked like the answer's copy of it.
     A secret shorter than MIN_SECRET_CHARS is left alone (masking "x" would rewrite every x
     of the evidence); main() says so once on stderr."""
-    rules = [rule for rule in [secret_rule(secrets)] if rule is not None]
+    rules = secret_rules(secrets)
     rules += PII_PATTERNS if pii else []
     rules += [(re.compile(pattern), "[REDACTED]") for pattern in patterns]
 
