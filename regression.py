@@ -3938,8 +3938,10 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
         row["error"] = type(exc).__name__
         row["error_status"] = status_of(exc)
         # Stored cut to 500 characters only after masking (redact_row); this generous bound just
-        # caps the masking work, far past where a cut fragment could survive into the stored 500.
-        row["error_message"] = error_message(exc, provider)[:MAX_ERROR_MESSAGE_CHARS]
+        # caps the masking work. It never cuts through a value: masking can shrink what comes
+        # before the cut (a --redact pattern over a long blob) until the cut is inside the 500.
+        row["error_message"] = cut_whole(error_message(exc, provider), MAX_ERROR_MESSAGE_CHARS) or \
+            f"(a message of one unbroken run of more than {MAX_ERROR_MESSAGE_CHARS} characters)"
         if row["response"] is None and isinstance(getattr(exc, "raw", None), dict):
             row["response"] = exc.raw  # a body that says error is evidence too
         row["reasons"] = ["execution_error"]

@@ -1177,3 +1177,24 @@ def test_a_key_split_by_an_escaped_invisible_character_in_a_json_answer_is_maske
     assert row["answer_text"] == '{"reply": "[REDACTED:secret]", "note": "[REDACTED:secret]"}'
     for text in [result.stdout, result.stderr, *files.values()]:
         assert MIXED_KEY[9:].lower() not in text.lower()
+
+
+def test_an_error_message_cut_before_masking_keeps_no_part_of_the_key(tmp_path):
+    """An exception's text is cut to MAX_ERROR_MESSAGE_CHARS before masking; a --redact pattern
+    that masks a long blob then brings the cut into the stored 500 characters, and the key's
+    first 25 characters, cut there, were stored."""
+    key = "Trust4WnP7sLx2VbT9mKc3DzzQ"
+
+    def reply(request):
+        sent = request.headers["Authorization"].split(" ", 1)[1]
+        return Reply(500, {"error": "x" * 10 + " " + "QUJD" * 16368 + " " + sent + " tail"})
+
+    with FakeServer(reply) as server:
+        result = run_cli(["--models", "m", "--timeout", "5", "--out", tmp_path / "run.json",
+                          "--redact", "[A-Za-z0-9+/=]{40,}"],
+                         child_env(PERPLEXITY_API_KEY=key, PERPLEXITY_BASE_URL=server.url), tmp_path)
+    assert result.returncode == 2, result.stderr
+    stored = (tmp_path / "run.json").read_text(encoding="utf-8")
+    assert json.loads(stored)["runs"][0]["error_message"].rstrip().endswith("'xxxxxxxxxx [REDACTED]")
+    for text in (stored, result.stdout, result.stderr):
+        assert key[:8] not in text
