@@ -695,16 +695,38 @@ class Fail(str):
         return self
 
 
+_DIGITS_ON = re.compile(rf"(?:[\s-]|{_INVISIBLE.pattern})*\d")  # digits go on (a card split by spaces)
+
+
+def cut_whole(text, limit):
+    """The text cut to at most `limit` characters, never through a value. Evidence is cut
+    before it is masked (masks apply to the stored row), and a mask cannot recognise part of a
+    key, e-mail address, token or card number: the cut backs off over the whitespace-free run
+    it falls in (a key holds no whitespace, see key_problem) and, when digits go on past it,
+    over the digit groups before it (a card written "4111 1111 ...")."""
+    if len(text) <= limit:
+        return text
+    end = limit
+    if not text[end].isspace():
+        while end and not text[end - 1].isspace():
+            end -= 1
+    if _DIGITS_ON.match(text, limit):
+        while end and (text[end - 1].isdigit() or text[end - 1] == "-" or text[end - 1].isspace()
+                       or _INVISIBLE.match(text[end - 1])):
+            end -= 1
+    return text[:end]
+
+
 def _quote(value, limit=60):
     """A short double-quoted form of a value for a note."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    text = text if len(text) <= limit else text[:limit] + "..."
+    text = text if len(text) <= limit else cut_whole(text, limit) + "..."
     return json.dumps(text, ensure_ascii=False)
 
 
 def _clip(value, limit=1_000):
     """A value for evidence: a long string is cut (the whole answer is stored beside it)."""
-    return value[:limit] + "..." if isinstance(value, str) and len(value) > limit else value
+    return cut_whole(value, limit) + "..." if isinstance(value, str) and len(value) > limit else value
 
 
 class _DuplicateKey(ValueError):
@@ -1282,7 +1304,7 @@ def _similarity_details(case, trace):
     if score < case.get("min_similarity", 1.0):
         import difflib
         details["diff"] = "\n".join(difflib.unified_diff(
-            case["expected_text"][:DIFF_CHARS].splitlines(), text[:DIFF_CHARS].splitlines(),
+            cut_whole(case["expected_text"], DIFF_CHARS).splitlines(), cut_whole(text, DIFF_CHARS).splitlines(),
             "expected", "actual", lineterm=""))
     return details
 
@@ -1525,7 +1547,7 @@ def _as_written(text, matched, limit=300):
     if not words:
         return None
     found = re.search(r"[\W_]*".join(map(re.escape, words)), text, re.IGNORECASE)
-    return found.group(0)[:limit] if found else None
+    return cut_whole(found.group(0), limit) if found else None
 
 
 register_check("no_system_leak", check_no_system_leak, behavior=True, details=_tool_details, reasons={
@@ -1655,7 +1677,9 @@ def _stated_value(text, field, given):
         for match in _word_starts(stated, form):
             value = match[1].rstrip(".")
             if value and value not in _given_values(given) and not _FORMAT_HINT.match(form, match.start(1)):
-                return value
+                # Evidence quotes the answer as written: the readings are case-folded, and a
+                # case-sensitive mask (a --redact pattern) would not recognise the value there.
+                return _as_written(text, value) or value
     return None
 
 
@@ -2896,6 +2920,8 @@ def base_url_problem(url, source="--base-url"):
         return f"{source}: {what}"
     if parts.scheme not in ("http", "https") or not host:
         return f"{source}: not an http(s) URL with a host"
+    if "@" in parts.netloc:  # the SDK would send them as a Basic Authorization header, in place of the key
+        return f"{source}: holds credentials (user:password@host); give the key through its environment variable"
     # urllib tolerates text around an IPv6 literal ("[::1]x:80"); a host is a name or one literal
     if not re.fullmatch(r"(\[[0-9A-Za-z:.%]+\]|[^\[\]:]+)(:[0-9]*)?", parts.netloc.rpartition("@")[2]):
         return f"{source}: the host is not a valid name, IPv4 or IPv6 address"
@@ -3330,14 +3356,11 @@ def endpoint_text(value, secrets=()):
     """An endpoint-supplied message made safe to store and print: key-like strings masked,
     control characters escaped, then cut (after masking, so no partial key survives the cut)."""
     text = value if isinstance(value, str) else dumps(value)
-    for secret in secrets:
-        if secret and len(secret) >= MIN_SECRET_CHARS:  # the run's own masking rule, every form of the key
-            for form in secret_forms(secret):
-                text = text.replace(form, "[REDACTED:secret]")
-    for pattern, replacement in PII_PATTERNS[1:3]:  # bearer tokens and API-key-like strings
-        text = pattern.sub(replacement, text)
+    # the run's own rules, every form of the key, then bearer tokens and API-key-like strings
+    for pattern, replacement in [*secret_rules(secrets), *PII_PATTERNS[1:3]]:
+        text = _sub_seeing_through(pattern, replacement, text)
     text = _CONTROL.sub(lambda match: match.group(0).encode("unicode_escape").decode("ascii"), text.strip())
-    return text if len(text) <= MAX_ENDPOINT_MESSAGE else text[:MAX_ENDPOINT_MESSAGE - 3] + "..."
+    return text if len(text) <= MAX_ENDPOINT_MESSAGE else cut_whole(text, MAX_ENDPOINT_MESSAGE - 3) + "..."
 
 
 def endpoint_message(body):
@@ -4167,8 +4190,10 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
         row["error"] = type(exc).__name__
         row["error_status"] = status_of(exc)
         # Stored cut to 500 characters only after masking (redact_row); this generous bound just
-        # caps the masking work, far past where a cut fragment could survive into the stored 500.
-        row["error_message"] = error_message(exc, provider)[:MAX_ERROR_MESSAGE_CHARS]
+        # caps the masking work. It never cuts through a value: masking can shrink what comes
+        # before the cut (a --redact pattern over a long blob) until the cut is inside the 500.
+        row["error_message"] = cut_whole(error_message(exc, provider), MAX_ERROR_MESSAGE_CHARS) or \
+            f"(a message of one unbroken run of more than {MAX_ERROR_MESSAGE_CHARS} characters)"
         if row["response"] is None and isinstance(getattr(exc, "raw", None), dict):
             row["response"] = exc.raw  # a body that says error is evidence too
         row["reasons"] = ["execution_error"]
@@ -4272,17 +4297,13 @@ PII_PATTERNS = [
     (re.compile(r"(?i)\bbearer\s+[A-Za-z0-9\-._~+/]+=*"), "[REDACTED:bearer]"),
     (re.compile(r"\b(?:sk|pk|rk|pplx|xai|gsk|ghp|gho|ghs|github_pat|hf|AKIA)[-_A-Za-z0-9]{16,}"), "[REDACTED:key]"),
     (re.compile(r"(?i)\b(api[_-]?key|secret|token|password)(\s*[:=]\s*)[^\s\"',;]+"), r"\1\2[REDACTED:key]"),
-    (re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"), "[REDACTED:email]"),
+    # the @ also as written in a link (%40), an HTML entity (&#64;) or raw JSON text (\u0040)
+    (re.compile(r"[A-Za-z0-9._%+-]+(?:@|%40|&#0*64;|&#[xX]0*40;|\\u0040)[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"),
+     "[REDACTED:email]"),
 ]
 
 
 MIN_SECRET_CHARS = 8  # a shorter key ("x" for a local server) is not masked: it would rewrite unrelated text
-
-
-def _percent_pattern(form):
-    """A regex for a form that matches its percent-escapes in either case (%2f and %2F)."""
-    return re.sub(r"%([0-9A-Fa-f])([0-9A-Fa-f])",
-                  lambda match: "%" + "".join(f"[{c.upper()}{c.lower()}]" for c in match.groups()), re.escape(form))
 
 
 def secret_forms(secret):
@@ -4300,25 +4321,41 @@ def secret_forms(secret):
     return sorted(forms, key=lambda form: (-len(form), form))
 
 
-def secret_rule(secrets):
-    """One (regex, replacement) masking every form of every key of at least MIN_SECRET_CHARS, or None."""
-    forms = {form for secret in secrets if isinstance(secret, str) and len(secret) >= MIN_SECRET_CHARS
-             for form in secret_forms(secret)}
-    if not forms:
-        return None
-    ordered = sorted(forms, key=lambda form: (-len(form), form))  # the longest form wins at a position
-    return re.compile("|".join(_percent_pattern(form) for form in ordered)), "[REDACTED:secret]"
+def secret_rules(secrets):
+    """The (regex, replacement) rules masking every form of every key of at least MIN_SECRET_CHARS,
+    in any letter case (evidence may quote an answer case-folded); [] without such a key. Two
+    regexes, not one: joined, the escaped spellings would cost every text the fixed forms' fast scan."""
+    keys = [secret for secret in secrets if isinstance(secret, str) and len(secret) >= MIN_SECRET_CHARS]
+    if not keys:
+        return []
+    forms = sorted({form for secret in keys for form in secret_forms(secret)},
+                   key=lambda form: (-len(form), form))  # the longest form wins at a position
+    return [(re.compile("|".join(map(re.escape, forms)), re.IGNORECASE), "[REDACTED:secret]"),
+            (re.compile("|".join(map(_json_escaped_pattern, keys)), re.IGNORECASE), "[REDACTED:secret]")]
+
+
+# An escaped invisible character in JSON text (\u200b), which the mask reads through like the character itself.
+_ESCAPED_INVISIBLE = r"(?:\\u(?:00ad|034f|180e|200[b-f]|202[a-e]|206[0-9a-f]|feff))*"
+
+
+def _json_escaped_pattern(secret):
+    """A regex for the key in raw JSON text (an error body that did not parse, a JSON answer)
+    however its encoder escaped it: any character as \\uXXXX (Go escapes & < >), / as \\/
+    (PHP), with escaped invisible characters between its characters."""
+    def spelled(char):
+        ways = [re.escape(char), re.escape(f"\\u{ord(char):04x}")]
+        if char in '"\\/':
+            ways.append(re.escape("\\" + char))
+        return f"(?:{'|'.join(ways)})"
+    return _ESCAPED_INVISIBLE.join(map(spelled, secret))
 
 
 _VISIBLE_RUN = re.compile(_INVISIBLE.pattern.replace("[", "[^", 1) + "+")
 
 
-def _sub_seeing_through(pattern, replacement, text):
-    """pattern.sub as if the text had no invisible characters (zero-width spaces and other
-    format characters): a value split by them is still masked, whole; every character
-    outside a masked span, invisible ones included, stays as it was."""
-    if not _invisible_in(text):
-        return pattern.sub(replacement, text)
+def _spans_seeing_through(pattern, replacement, text):
+    """(begin, end, replacement text) of each match of the pattern in the text read as if it had
+    no invisible characters (zero-width spaces and other format characters), in order."""
     import bisect
     runs = [(run.start(), run.group()) for run in _VISIBLE_RUN.finditer(text)]
     starts, offset = [], 0  # where each visible run starts in the text read without them
@@ -4331,35 +4368,96 @@ def _sub_seeing_through(pattern, replacement, text):
         index = bisect.bisect_right(starts, position) - 1
         return runs[index][0] + position - starts[index]
 
+    return [(original(match.start()), original(match.end() - 1) + 1,
+             replacement(match) if callable(replacement) else match.expand(replacement))
+            for match in pattern.finditer(seen) if match.end() > match.start()]
+
+
+def _sub_seeing_through(pattern, replacement, text):
+    """pattern.sub as if the text had no invisible characters (zero-width spaces and other
+    format characters): a value split by them is still masked, whole; every character
+    outside a masked span, invisible ones included, stays as it was."""
+    if not _invisible_in(text):
+        return pattern.sub(replacement, text)
     out, done = [], 0
-    for match in pattern.finditer(seen):
-        if match.end() == match.start():
-            continue
-        begin, end = original(match.start()), original(match.end() - 1) + 1
-        out += [text[done:begin], replacement(match) if callable(replacement) else match.expand(replacement)]
+    for begin, end, said in _spans_seeing_through(pattern, replacement, text):
+        out += [text[done:begin], said]
         done = end
     return "".join(out) + text[done:]
+
+
+def _sub_across(pattern, replacement, parts):
+    """The parts with each match that runs across a boundary of their joined text masked: a
+    value split over an answer's text parts is masked whole (its mask where it starts, the rest
+    gone from the later parts). Matches inside one part are left to the part's own masking."""
+    import bisect
+    import itertools
+    text, bounds = "".join(parts), list(itertools.accumulate(map(len, parts)))
+    spans = [span for span in _spans_seeing_through(pattern, replacement, text)
+             if bisect.bisect_right(bounds, span[0]) != bisect.bisect_left(bounds, span[1])]
+    out, index, start = [], 0, 0
+    for end in bounds:
+        pieces, at = [], start
+        while index < len(spans) and spans[index][0] < end:
+            begin, stop, said = spans[index]
+            if begin >= start:
+                pieces += [text[at:begin], said]
+            at = max(at, min(stop, end))
+            if stop > end:
+                break  # the match goes on into the next part
+            index += 1
+        out.append("".join(pieces) + text[at:end])
+        start = end
+    return out
+
+
+def _text_holders(value):
+    """The objects of a JSON value that hold a "text" string (content parts), in document order."""
+    holders, stack = [], [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if isinstance(item.get("text"), str):
+                holders.append(item)
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+    return holders
 
 
 def redactor(patterns=(), pii=False, secrets=()):
     """A function that masks secrets, PII (optional) and user patterns in any JSON value.
 
+    The "text" strings of a value (an answer's content parts, which the answer joins) are also
+    read as one text, so a value split across them is masked like the answer's copy of it.
     A secret shorter than MIN_SECRET_CHARS is left alone (masking "x" would rewrite every x
     of the evidence); main() says so once on stderr."""
-    rules = [rule for rule in [secret_rule(secrets)] if rule is not None]
+    rules = secret_rules(secrets)
     rules += PII_PATTERNS if pii else []
     rules += [(re.compile(pattern), "[REDACTED]") for pattern in patterns]
 
-    def mask(value):
+    def mask_text(text):
+        for pattern, replacement in rules:
+            text = _sub_seeing_through(pattern, replacement, text)
+        return text
+
+    def mask_value(value, joined):
         if isinstance(value, str):
-            for pattern, replacement in rules:
-                value = _sub_seeing_through(pattern, replacement, value)
-            return value
+            return mask_text(value)
         if isinstance(value, dict):
-            return {mask(key): mask(item) for key, item in value.items()}
+            text = joined.get(id(value))
+            return {mask_text(key): mask_text(text) if key == "text" and text is not None else mask_value(item, joined)
+                    for key, item in value.items()}
         if isinstance(value, list):
-            return [mask(item) for item in value]
+            return [mask_value(item, joined) for item in value]
         return value
+
+    def mask(value):
+        holders = _text_holders(value) if isinstance(value, (dict, list)) else []
+        parts = [holder["text"] for holder in holders]
+        for pattern, replacement in rules if len(parts) > 1 else ():
+            parts = _sub_across(pattern, replacement, parts)
+        return mask_value(value, {id(holder): part for holder, part in zip(holders, parts)})
 
     return mask if rules else (lambda value: value)
 
@@ -5606,11 +5704,20 @@ def _check_flags(values):
     if values["provider"] in replayers and not values["replay"] and not values["resume"]:
         raise UsageError(f"--provider {values['provider']} needs --replay RECORD "
                          "(the saved record whose responses it answers with)")
-    for pattern in values["redact"] or ():
+    if values["api_key_env"] is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", values["api_key_env"]):
+        # `--api-key-env $MY_KEY` passes the key itself: never echo it (every later message would)
+        raise UsageError("--api-key-env takes the NAME of the variable that holds the key (--api-key-env MY_KEY, "
+                         "not $MY_KEY); what was given is not a variable name and is not shown, since it may be the key")
+    patterns = values["redact"] or ()
+    for number, pattern in enumerate(patterns, 1):
         try:
             re.compile(pattern)
         except (re.error, OverflowError, RecursionError) as exc:
-            raise UsageError(f"--redact {pattern!r} is not a valid regular expression: {exc}") from None
+            # Neither the pattern nor re's message (which quotes parts of it) is shown: a pattern can be the secret itself.
+            where = f" (at character {exc.pos + 1})" if isinstance(getattr(exc, "pos", None), int) else ""
+            which = f" number {number} of {len(patterns)}" if len(patterns) > 1 else ""
+            raise UsageError(f"--redact{which} is not a valid regular expression{where}; the pattern is not shown, "
+                             "since it can be the secret itself (escape a literal's ( [ \\ with a backslash)") from None
     request_options(Settings(**values))  # refused here, before anything is read or sent
     price_options(Settings(**values))
     problem = base_url_problem(values["base_url"]) if values["base_url"] is not None else None

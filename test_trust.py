@@ -888,3 +888,313 @@ def test_shards_partition_the_plan_in_order(models, cases, repeats, total):
 def test_a_row_key_is_spelled_one_way_in_messages():
     assert regression.key_text(("m", "c", 2)) == "m / c / repeat 2"
     assert compare_runs._name is regression.key_text
+
+
+# ====================================================================== 6. evidence quoting an answer: no copy a mask cannot read
+
+MIXED_KEY = "sk-trustHq4WnP7sLx2VbT9mKc3DzzQ"  # mixed case: its case-folded form is another string
+
+
+def run_echoing_key(tmp_path, suite, answer, extra=()):
+    """A run against an endpoint whose answer, built by answer(key, user text), repeats the key it
+    was sent; every report is written. Returns (result, {file name: text})."""
+    def reply(request):
+        key, user = request.headers["Authorization"].split(" ", 1)[1], request.json["messages"][-1]["content"]
+        return Reply(body=fakes.chat_response(answer(key, user)))
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with FakeServer(reply) as server:
+        result = run_cli(["--provider", "openai", "--base-url", server.url + "/v1", "--api-key-env", "MY_KEY",
+                          "--models", "m", "--suite", write_suite(tmp_path / "suite.json", **suite),
+                          "--out", out / "run.json", "--markdown", out / "run.md", "--junit", out / "run.xml",
+                          "--html", out / "run.html", *extra], child_env(MY_KEY=MIXED_KEY), tmp_path)
+    return result, {path.name: path.read_text(encoding="utf-8") for path in files_under(out)}
+
+
+def test_a_stated_value_is_quoted_as_written_so_every_mask_reads_it(tmp_path):
+    """require_clarification reads the answer case-folded; its evidence (the value the answer
+    states) once quoted that folded form, which neither the key's mask nor a --redact pattern
+    recognised: the key, lower-cased, reached the console, the record and every report."""
+    suite = {"cases": [{"id": "account", "input": "Set up my account.", "behaviors": ["require_clarification:account_id"]},
+                       {"id": "ticket", "input": "Open a ticket.", "behaviors": ["require_clarification:ticket_id"]}]}
+    result, files = run_echoing_key(tmp_path, suite, lambda key, user: (
+        f"Done. Account id {key} is set. What is your order id?" if "account" in user else
+        "Done. Ticket id ACCT-55521 is open. What is your order id?"), ["--redact", "ACCT-[0-9]+"])
+    assert result.returncode == 1, result.stderr
+    assert len(files) == 4
+    notes = {row["case_id"]: row["details"]["evidence"]["invented_field"]
+             for row in json.loads(files["run.json"])["runs"]}
+    assert notes["account"]["value"] == "[REDACTED:secret]" and notes["ticket"]["value"] == "[REDACTED]"
+    for text in [result.stdout, result.stderr, *files.values()]:
+        for hidden in (MIXED_KEY, "ACCT-55521"):
+            assert hidden.lower() not in text.lower()
+
+
+@pytest.mark.parametrize("spelled", [str.lower, str.upper, str.swapcase])
+def test_a_key_in_any_letter_case_is_masked(spelled):
+    mask = regression.redactor(secrets=[MIXED_KEY])
+    quoted = urllib.parse.quote(ODD_KEY, safe="")
+    assert mask(f"a {spelled(MIXED_KEY)} b") == "a [REDACTED:secret] b"
+    assert regression.redactor(secrets=[ODD_KEY])(spelled(quoted)) == "[REDACTED:secret]"
+
+
+VALUE_TEXT = st.lists(st.sampled_from(list("ab \n-1")) | ANY_CHAR, max_size=30).map("".join)
+
+
+@given(VALUE_TEXT, st.sampled_from([MIXED_KEY, ODD_KEY, "jane.doe@example.com", "4111 1111 1111 1111",
+                                    "4111-1111-1111-1111", "4111\u200b1111\u200b1111\u200b1111"]),
+       VALUE_TEXT, st.integers(0, 80))
+@settings(max_examples=200, **HYPOTHESIS)
+def test_a_cut_never_ends_inside_a_value(before, value, after, limit):
+    """Evidence is cut before it is masked: the cut keeps a value whole or drops all of it."""
+    text = before + value + after
+    kept = regression.cut_whole(text, limit)
+    assert text.startswith(kept) and len(kept) <= limit
+    assert not len(before) < len(kept) < len(before) + len(value), (kept, text)
+
+
+def test_evidence_cut_through_a_key_or_a_masked_value_keeps_no_part_of_it(tmp_path):
+    """A wrong field's note quotes 60 characters of the answer, cut before the row is masked: a key
+    or an e-mail address across the cut left its first characters, which no mask recognises, on
+    the console, in the record and in every report."""
+    suite = {"response_format": {"type": "json_object"},
+             "cases": [{"id": "key", "input": "key", "expect": {"reply": "fine"}},
+                       {"id": "mail", "input": "mail", "expect": {"reply": "fine"}}]}
+    pad = "x" * 40
+    result, files = run_echoing_key(tmp_path, suite, lambda key, user: json.dumps(
+        {"reply": f"{pad} key {key} end" if user == "key" else f"{pad} mail jane.doe@example.com end"}),
+                                    ["--redact-pii"])
+    assert result.returncode == 1, result.stderr
+    assert len(files) == 4
+    notes = [row["details"]["evidence"]["wrong_reply"]["note"] for row in json.loads(files["run.json"])["runs"]]
+    assert notes == [f'reply "{pad} key ...", expected "fine"', f'reply "{pad} mail ...", expected "fine"']
+    for text in [result.stdout, result.stderr, *files.values()]:
+        for hidden in (MIXED_KEY[:8], "jane.do"):
+            assert hidden.lower() not in text.lower()
+
+
+def test_an_error_body_is_masked_by_the_runs_one_key_rule_before_its_cut(tmp_path):
+    """endpoint_text masked the key with its own replace loop, blind to the lower-case
+    percent-encoding the stored-row mask reads: that form across the 300-character cut left
+    26 characters of the encoded key in the record and on the console."""
+    def reply(request):
+        key = request.headers["Authorization"].split(" ", 1)[1]
+        return Reply(500, {"error": {"message": "e" * 270 + " " + urllib.parse.quote(key, safe="").lower() + " x"}})
+
+    with FakeServer(reply) as server:
+        result = run_cli(["--provider", "openai", "--base-url", server.url + "/v1", "--api-key-env", "MY_KEY",
+                          "--models", "m", "--suite", GUARDRAILS, "--out", tmp_path / "run.json"],
+                         child_env(MY_KEY=ODD_KEY), tmp_path)
+    assert result.returncode == 2, result.stderr
+    stored = (tmp_path / "run.json").read_text(encoding="utf-8")
+    assert "[REDACTED:secret] x" in json.loads(stored)["runs"][0]["error_message"]
+    for text in (stored, result.stdout, result.stderr):
+        assert "sk-trust%2f" not in text.lower()
+
+
+@pytest.mark.parametrize("userinfo", ["alice:S3cretPassw0rd@", "alice@", ":S3cretPassw0rd@", "@"])
+def test_a_base_url_holding_credentials_is_a_problem_that_never_quotes_them(userinfo):
+    problem = regression.base_url_problem(f"http://{userinfo}127.0.0.1:8000/v1", "MY_URL")
+    assert problem.startswith("MY_URL: holds credentials") and "S3cret" not in problem
+
+
+def test_a_base_url_with_credentials_is_refused_before_the_sdk_sends_them_as_a_basic_header(tmp_path):
+    """httpx turns user:password@ in PERPLEXITY_BASE_URL into "Authorization: Basic base64(...)"
+    in place of the key: an endpoint that echoed it put the header into the record and on the
+    console. A URL with credentials is refused (urllib could not use one either)."""
+    seen = []
+
+    def reply(request):
+        seen.append(request.headers.get("Authorization"))
+        return Reply(401, {"error": {"message": f"bad credentials {request.headers.get('Authorization')}"}})
+
+    with FakeServer(reply) as server:
+        with_credentials = server.url.replace("http://", "http://alice:S3cretPassw0rd@")
+        runs = [([], child_env(PERPLEXITY_API_KEY=PLAIN_KEY, PERPLEXITY_BASE_URL=with_credentials)),
+                (["--dry-run"], child_env(PERPLEXITY_API_KEY=PLAIN_KEY, PERPLEXITY_BASE_URL=with_credentials)),
+                (["--provider", "openai", "--base-url", with_credentials + "/v1", "--suite", GUARDRAILS],
+                 child_env(OPENAI_API_KEY=PLAIN_KEY))]
+        results = run_many([([*argv, "--models", "m", "--timeout", "5", "--out", tmp_path / f"run{n}.json"], env, tmp_path)
+                            for n, (argv, env) in enumerate(runs)])
+    assert seen == []
+    for result, source in zip(results, ["PERPLEXITY_BASE_URL", "PERPLEXITY_BASE_URL", "--base-url"]):
+        assert result.returncode == 2, result.stderr
+        assert one_error_line(result.stderr).endswith(f"{source}: holds credentials (user:password@host); give the key "
+                                                      "through its environment variable")
+        assert "S3cret" not in result.stdout + result.stderr
+    assert files_under(tmp_path) == []
+
+
+JSON_ENCODERS = {
+    "php": lambda key: json.dumps(key)[1:-1].replace("/", "\\/"),  # json_encode escapes slashes
+    "every-char": lambda key: "".join(f"\\u{ord(c):04x}" for c in key),
+    "every-char-upper-hex": lambda key: "".join(f"\\u{ord(c):04X}" for c in key),
+    "some-chars": lambda key: "".join(f"\\u{ord(c):04x}" if n % 3 == 0 else json.dumps(c)[1:-1]
+                                      for n, c in enumerate(key)),
+}
+
+
+@pytest.mark.parametrize("encoder", JSON_ENCODERS, ids=list(JSON_ENCODERS))
+@pytest.mark.parametrize("secret", [ODD_KEY, MIXED_KEY])
+def test_a_key_escaped_in_raw_json_text_any_way_is_masked(secret, encoder):
+    spelled = JSON_ENCODERS[encoder](secret)
+    assert json.loads(f'"{spelled}"') == secret
+    text = regression.redactor(secrets=[secret])(f'{{"error": "bad key {spelled}"')
+    assert text == '{"error": "bad key [REDACTED:secret]"'
+    assert regression.endpoint_text(f"bad key {spelled}", [secret]) == "bad key [REDACTED:secret]"
+
+
+def test_a_key_in_an_error_body_that_is_not_json_is_masked_however_it_was_escaped(tmp_path):
+    """An error body that does not parse is kept as text, escapes and all: PHP's json_encode
+    writes a key's "/" as "\\/", a form the key's mask did not know, so the record and the
+    console kept the key."""
+    def reply(request):
+        key = request.headers["Authorization"].split(" ", 1)[1]
+        return Reply(401, raw=('{"error": {"message": "invalid key ' + JSON_ENCODERS["php"](key) + '"}').encode())
+
+    with FakeServer(reply) as server:
+        result = run_cli(["--provider", "openai", "--base-url", server.url + "/v1", "--api-key-env", "MY_KEY",
+                          "--models", "m", "--suite", GUARDRAILS, "--out", tmp_path / "run.json"],
+                         child_env(MY_KEY=ODD_KEY), tmp_path)
+    assert result.returncode == 2, result.stderr
+    stored = (tmp_path / "run.json").read_text(encoding="utf-8")
+    assert json.loads(stored)["runs"][0]["error_message"].endswith('"invalid key [REDACTED:secret]"}')
+    for text in (stored, result.stdout, result.stderr):
+        assert "Zq8+TfW3" not in text
+
+
+SPLIT_PARTS = [["Your card 4111 1111 ", "1111 1111 is on file"], ["mail jane.doe@exa", "", "mple.com today"],
+               ["key sk-trustHq4W", "nP7sLx2VbT9mKc3DzzQ end"]]
+
+
+@pytest.mark.parametrize("parts", SPLIT_PARTS, ids=["card", "email", "key"])
+def test_a_value_split_across_text_parts_is_masked_whole(parts):
+    mask = regression.redactor(pii=True, secrets=[MIXED_KEY])
+    masked = mask({"content": [{"type": "text", "text": part} for part in parts]})
+    texts = [part["text"] for part in masked["content"]]
+    assert "".join(texts) == mask("".join(parts)) and len(texts) == len(parts)
+    assert "REDACTED" in texts[0] and not any(char.isdigit() or "@" in char for char in "".join(texts))
+
+
+def test_a_value_split_across_content_parts_is_masked_in_the_response_too(tmp_path):
+    """The answer joins its content parts, so a card, e-mail or key split across two parts was
+    masked in answer_text but stored whole, in pieces, in the response."""
+    def reply(request):
+        key = request.headers["Authorization"].split(" ", 1)[1]
+        body = fakes.chat_response("x")
+        body["choices"][0]["message"]["content"] = [
+            {"type": "text", "text": part} for part in ["Card 4111 1111 ", "1111 1111, mail jane.doe@exa",
+                                                        f"mple.com, key {key[:10]}", f"{key[10:]}."]]
+        return Reply(body=body)
+
+    with FakeServer(reply) as server:
+        result = run_cli(["--provider", "openai", "--base-url", server.url + "/v1", "--api-key-env", "MY_KEY",
+                          "--models", "m", "--suite", GUARDRAILS, "--redact-pii", "--out", tmp_path / "run.json"],
+                         child_env(MY_KEY=MIXED_KEY), tmp_path)
+    assert result.returncode == 1, result.stderr
+    row = json.loads((tmp_path / "run.json").read_text(encoding="utf-8"))["runs"][0]
+    parts = [part["text"] for part in row["response"]["choices"][0]["message"]["content"]]
+    assert "".join(parts) == row["answer_text"] == \
+        "Card [REDACTED:card], mail [REDACTED:email], key [REDACTED:secret]."
+
+
+@pytest.mark.parametrize("patterns", [["p4ss(w0rdSECRET"], ["ok", "(?P<SECRETNAME>a)(?P=SECRETNAMEX)"],
+                                      ["[z-aSECRET]"], ["SECRET{99999999999}"]])
+def test_an_invalid_redact_pattern_is_one_line_that_never_quotes_it(tmp_path, patterns):
+    """A --redact pattern can be the secret itself (a literal with a "(" is not a valid regex):
+    the usage error quoted it, and re's message quotes parts of it too."""
+    result = run_cli(["--provider", "echo", "--suite", GUARDRAILS, "--out", tmp_path / "run.json",
+                      *[arg for pattern in patterns for arg in ("--redact", pattern)]], child_env(), tmp_path)
+    assert result.returncode == 2
+    line = one_error_line(result.stderr)
+    assert "--redact" in line and "not a valid regular expression" in line
+    assert "SECRET" not in result.stdout + result.stderr
+    assert files_under(tmp_path) == []
+
+
+@pytest.mark.parametrize("extra", [[], ["--dry-run"]])
+def test_a_key_given_as_the_api_key_env_name_is_refused_without_echoing_it(tmp_path, extra):
+    """`--api-key-env $OPENROUTER_API_KEY` (the key, where its variable's name belongs) was
+    echoed: "sk-or-v1-... (named by --api-key-env) is not set"."""
+    key = "sk-or-v1-" + PLAIN_KEY
+    result = run_cli(["--provider", "openai", "--base-url", "http://127.0.0.1:9/v1", "--api-key-env", key,
+                      "--models", "m", "--suite", GUARDRAILS, "--out", tmp_path / "run.json", *extra],
+                     child_env(), tmp_path)
+    assert result.returncode == 2
+    assert "--api-key-env takes the NAME" in one_error_line(result.stderr)
+    assert PLAIN_KEY[5:] not in result.stdout + result.stderr and files_under(tmp_path) == []
+
+
+def test_redact_pii_masks_an_email_written_as_a_link_an_entity_or_a_json_escape(tmp_path):
+    """An answer's mailto link spells the @ as %40, HTML as &#64;: --redact-pii kept both."""
+    answer = ("Write to <a href='mailto:jane.doe%40example.com'>us</a>, to bob.roe&#64;example.org, "
+              "or ann.poe&#x40;example.net.")
+    suite = {"cases": [{"id": "c", "input": "Who do I write to?", "contains": ["write"]}]}
+    result, files = run_echoing_key(tmp_path, suite, lambda key, user: answer, ["--redact-pii"])
+    assert result.returncode == 0, result.stderr
+    assert json.loads(files["run.json"])["runs"][0]["answer_text"] == (
+        "Write to <a href='mailto:[REDACTED:email]'>us</a>, to [REDACTED:email], or [REDACTED:email].")
+    for text in [result.stdout, *files.values()]:
+        for name in ("jane.doe", "bob.roe", "ann.poe"):
+            assert name not in text
+    assert regression.redactor(pii=True)("jane\\u0040example.com") == "[REDACTED:email]"
+
+
+@pytest.mark.parametrize("provider", ["perplexity", "openai"])
+def test_a_key_in_a_redirect_host_is_masked_though_the_host_is_lower_cased(tmp_path, provider):
+    """The redirect note names Location's host, which urllib lower-cases: a mixed-case key
+    there was not the key's form the mask knew, so the perplexity row stored it."""
+    key = "Trust4WnP7sLx2VbT9mKc3DzzQ"  # no vendor prefix: only the key's own mask can catch it
+
+    def reply(request):
+        sent = request.headers["Authorization"].split(" ", 1)[1]
+        return Reply(302, {"x": 1}, headers={"Location": f"https://{sent}.evil.example/v1/chat/completions"})
+
+    with FakeServer(reply) as server:
+        if provider == "openai":
+            argv, env = ["--provider", "openai", "--base-url", server.url + "/v1", "--api-key-env", "MY_KEY",
+                         "--suite", GUARDRAILS], child_env(MY_KEY=key)
+        else:
+            argv, env = [], child_env(PERPLEXITY_API_KEY=key, PERPLEXITY_BASE_URL=server.url)
+        result = run_cli([*argv, "--models", "m", "--timeout", "5", "--out", tmp_path / "run.json"], env, tmp_path)
+    assert result.returncode == 2, result.stderr
+    stored = (tmp_path / "run.json").read_text(encoding="utf-8")
+    assert "redirect to [REDACTED:secret].evil.example not followed" in json.loads(stored)["runs"][0]["error_message"]
+    for text in (stored, result.stdout, result.stderr):
+        assert key.lower() not in text.lower()
+
+
+def test_a_key_split_by_an_escaped_invisible_character_in_a_json_answer_is_masked(tmp_path):
+    """A JSON answer writes a zero-width space as the escape \\u200b: the mask read through the
+    character but not through its escape, so the answer_text of a JSON case kept the key."""
+    suite = {"response_format": {"type": "json_object"},
+             "cases": [{"id": "c", "input": "hi", "expect": {"reply": "fine"}}]}
+    result, files = run_echoing_key(tmp_path, suite, lambda key, user: json.dumps(
+        {"reply": f"{key[:9]}\u200b{key[9:]}", "note": f"{key[:3]}\u00ad\ufeff{key[3:]}"}))
+    assert result.returncode == 1, result.stderr
+    row = json.loads(files["run.json"])["runs"][0]
+    assert row["answer_text"] == '{"reply": "[REDACTED:secret]", "note": "[REDACTED:secret]"}'
+    for text in [result.stdout, result.stderr, *files.values()]:
+        assert MIXED_KEY[9:].lower() not in text.lower()
+
+
+def test_an_error_message_cut_before_masking_keeps_no_part_of_the_key(tmp_path):
+    """An exception's text is cut to MAX_ERROR_MESSAGE_CHARS before masking; a --redact pattern
+    that masks a long blob then brings the cut into the stored 500 characters, and the key's
+    first 25 characters, cut there, were stored."""
+    key = "Trust4WnP7sLx2VbT9mKc3DzzQ"
+
+    def reply(request):
+        sent = request.headers["Authorization"].split(" ", 1)[1]
+        return Reply(500, {"error": "x" * 10 + " " + "QUJD" * 16368 + " " + sent + " tail"})
+
+    with FakeServer(reply) as server:
+        result = run_cli(["--models", "m", "--timeout", "5", "--out", tmp_path / "run.json",
+                          "--redact", "[A-Za-z0-9+/=]{40,}"],
+                         child_env(PERPLEXITY_API_KEY=key, PERPLEXITY_BASE_URL=server.url), tmp_path)
+    assert result.returncode == 2, result.stderr
+    stored = (tmp_path / "run.json").read_text(encoding="utf-8")
+    assert json.loads(stored)["runs"][0]["error_message"].rstrip().endswith("'xxxxxxxxxx [REDACTED]")
+    for text in (stored, result.stdout, result.stderr):
+        assert key[:8] not in text
