@@ -22,6 +22,7 @@ Exit codes (SPEC A7):
 import argparse
 import datetime
 import decimal
+import errno
 import functools
 import hashlib
 import json
@@ -29,6 +30,7 @@ import math
 import os
 import re
 import signal
+import stat
 import sys
 import time
 import urllib.parse
@@ -110,6 +112,37 @@ def _open_new(path):
         raise RecordError(f"cannot create {path}: {exc.strerror or exc}") from None
     os.fchmod(fd, 0o600)
     return fd
+
+
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)  # a FIFO opens at once
+
+
+def open_existing(path):
+    """A read-only descriptor of the regular file at `path` (to read or to lock); OSError
+    otherwise. A FIFO, a device (/dev/zero, /dev/full) or a directory is refused before a byte
+    is read: reading one would block forever or never end (and fill memory)."""
+    fd = os.open(path, _READ_FLAGS)
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise OSError(errno.EISDIR, "Is a directory") if stat.S_ISDIR(mode) else \
+            OSError(errno.EINVAL, "not a regular file (a FIFO, device or socket)")
+    return fd
+
+
+def read_bytes(path):
+    """The bytes of the regular file at `path` (open_existing's rules); OSError otherwise."""
+    with os.fdopen(open_existing(path), "rb") as handle:
+        return handle.read()
+
+
+def read_text(path):
+    """The UTF-8 text of the regular file at `path`, line ends as stored; OSError or UnicodeDecodeError."""
+    return read_bytes(path).decode("utf-8")
 
 
 def _pwrite_all(fd, data, offset):
@@ -2189,8 +2222,7 @@ def _no_duplicate_keys(pairs):
 def _read_json(path):
     """A JSON file's value; SuiteError("FILE: ...") when it cannot be read or parsed."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
+        text = read_text(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     try:
@@ -2328,8 +2360,7 @@ def _system_file(folder, system):
 def _read_system(path):
     """The system prompt exactly as stored (newlines untranslated), so its hash is the file's sha256."""
     try:
-        with open(path, encoding="utf-8", newline="") as handle:
-            return handle.read()
+        return read_text(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
 
@@ -2565,7 +2596,7 @@ class SuiteLock:
             return self
         for _ in range(5):
             try:
-                fd = os.open(real, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                fd = open_existing(real)
             except OSError:
                 return self  # fill_baselines names the problem in its own words
             try:
@@ -2612,8 +2643,7 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expe
     line otherwise. Returns the ids filled."""
     reasons = reasons or {}
     try:
-        with open(path, encoding="utf-8", newline="") as handle:  # keep \r\n line ends as they are
-            text = handle.read()
+        text = read_text(path)  # \r\n line ends kept as they are
         data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except (OSError, UnicodeDecodeError) as exc:
         raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
@@ -2642,8 +2672,7 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expe
         replace_text_file(path, edit_json_strings(text, edits))
     except KeyboardInterrupt as interrupt:  # say truly which suite is on disk: old or new, never a mix
         try:
-            with open(path, encoding="utf-8", newline="") as handle:
-                interrupt.suite_state = "unchanged" if handle.read() == text else "filled"
+            interrupt.suite_state = "unchanged" if read_text(path) == text else "filled"
         except (OSError, UnicodeDecodeError):
             interrupt.suite_state = "unchanged or filled (it could not be read back)"
         raise
@@ -2657,8 +2686,7 @@ def fill_golden_pin(path, sha256):
     """Replace the placeholder system_sha256 of one golden case file by `sha256`, keeping every
     other byte of the file; True when filled. A pin that holds a hash is never touched."""
     try:
-        with open(path, encoding="utf-8", newline="") as handle:
-            text = handle.read()
+        text = read_text(path)
         if json.loads(text).get("system_sha256") != GOLDEN_PLACEHOLDER:
             return False
         replace_text_file(path, edit_json_strings(text, {("system_sha256",): sha256}))
@@ -4211,9 +4239,9 @@ def hold_record(path):
         if key in _HELD:
             return
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            fd = open_existing(path)
         except OSError:
-            return  # missing or unreadable: load_record says so in its own words
+            return  # missing, unreadable or not a file: load_record says so in its own words
         try:
             _lock(fd, path)
             same = os.path.samestat(os.fstat(fd), os.stat(path))
@@ -4243,7 +4271,7 @@ def check_unlocked(path):
     if os.path.realpath(path) in _HELD:
         return
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = open_existing(path)
     except OSError:
         return
     try:
@@ -4396,8 +4424,7 @@ def load_record(path):
     rows. Raises RecordError with a one-line reason when nothing can be read.
     """
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
+        data = read_bytes(path)
     except OSError as exc:
         raise RecordError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:

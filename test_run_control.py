@@ -889,3 +889,47 @@ def test_resume_of_a_replay_record_replays_again_and_never_goes_live(tmp_path):
     assert final["replayed_from"] == complete["replayed_from"]
     refused = run(["--resume", regraded, "--provider", "perplexity"])
     assert refused.returncode == 2 and "replay" in refused.stderr
+
+
+# ====================================================================== hostile paths and lifecycle
+
+GUARDRAILS = HERE / "suites" / "support-guardrails.json"
+
+
+def bounded_cli(args, cwd, script="regression.py", timeout=10):
+    """`python -W error SCRIPT ARGS` with its memory capped at 1 GB, so a reader that never
+    stops (a device) fails fast instead of filling the machine's memory."""
+    import resource
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+    return subprocess.run([sys.executable, "-W", "error", str(HERE / script), *map(str, args)], cwd=cwd,
+                          env=clean_env(key=None), capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=cap, stdin=subprocess.DEVNULL)
+
+
+def test_a_fifo_or_device_named_as_a_file_is_one_line_and_exit_2(tmp_path):
+    """Every command that reads a named file (a record, a suite, an existing --out it inspects)
+    refuses a FIFO (reading one blocks forever) and a device (/dev/zero never ends: reading it
+    once filled 24 GB of memory) with one line and exit 2, before reading a byte."""
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    record = tmp_path / "run.json"
+    assert bounded_cli(["--provider", "echo", "--suite", GUARDRAILS, "--out", record], tmp_path).returncode == 1
+    for args, script in [
+            (["--resume", fifo], "regression.py"),
+            (["--merge", tmp_path / "merged.json", record, fifo], "regression.py"),
+            (["--provider", "echo", "--suite", fifo, "--out", tmp_path / "new.json"], "regression.py"),
+            (["--report", "/dev/zero", "--markdown", tmp_path / "report.md"], "regression.py"),
+            (["--provider", "replay", "--replay", "/dev/zero", "--out", tmp_path / "new.json"], "regression.py"),
+            ([record, fifo], "compare_runs.py"),
+            (["/dev/zero", record], "compare_runs.py")]:
+        result = bounded_cli(args, tmp_path, script)
+        output = (result.stdout + result.stderr).strip()
+        assert result.returncode == 2, (args, output[-500:])
+        assert "not a regular file" in output and "Traceback" not in output, (args, output[-500:])
+        assert len(output.splitlines()) <= (1 if script == "compare_runs.py" else 3), output  # usage + error
+    for hostile in (fifo, "/dev/full"):  # an existing --out is inspected for a continue hint: never read
+        result = bounded_cli(["--provider", "echo", "--suite", GUARDRAILS, "--out", hostile], tmp_path)
+        assert result.returncode == 2 and "already exists" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "merged.json").exists() and not (tmp_path / "new.json").exists()
