@@ -2221,10 +2221,17 @@ def _no_duplicate_keys(pairs):
 
 def _read_json(path):
     """A JSON file's value; SuiteError("FILE: ...") when it cannot be read or parsed."""
+    return _parse_json(path, _read_suite_text(path))
+
+
+def _read_suite_text(path):
     try:
-        text = read_text(path)
+        return read_text(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _parse_json(path, text):
     try:
         return json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as exc:
@@ -2244,13 +2251,19 @@ def load_suite(path, allow_empty_baseline=False, system=None):
         return load_golden_dir(path, allow_empty_baseline, system)
     if system is not None:
         raise SuiteError(f"--system {system}: goes with --suite DIR, a folder of golden case files")
-    data = _read_json(path)
+    text = _read_suite_text(path)
+    data = _parse_json(path, text)
     try:
         suite = validate_suite(data, allow_empty_baseline)
     except SuiteError as exc:
         raise SuiteError(f"{path}: {exc}") from None
     suite["file"] = path
+    suite["file_sha256"] = _text_sha256(text)  # --update-baseline fills only the suite the run read
     return suite
+
+
+def _text_sha256(text):
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 # ---------------------------------------------------------------------- other suite formats
@@ -2632,7 +2645,7 @@ def baseline_answers(rows, plan):
     return chosen
 
 
-def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expected_text"):
+def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expected_text", read_sha256=None):
     """Fill empty expected_text baselines (`key`: "expected" in a prompt-regression suite) of a
     suite file from {case_id: answer}.
 
@@ -2640,7 +2653,8 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expe
     already holds text is never replaced. An answer that failed its case's other checks
     (reasons: {case_id: [reason, ...]}) is not approved unless approve_failing. The suite
     is rewritten atomically (through a symbolic link), or not at all: SuiteError with one
-    line otherwise. Returns the ids filled."""
+    line otherwise. read_sha256, the hash of the text the run read, refuses a suite edited since:
+    its answers were made with, and graded by, the cases as they were. Returns the ids filled."""
     reasons = reasons or {}
     try:
         text = read_text(path)  # \r\n line ends kept as they are
@@ -2650,6 +2664,10 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expe
     except (ValueError, RecursionError, SuiteError) as exc:
         raise SuiteError(f"{path}: changed during the run and is no longer a valid suite ({exc}); "
                          "no baseline was filled") from None
+    if read_sha256 is not None and _text_sha256(text) != read_sha256:
+        raise SuiteError(f"--update-baseline: {path} changed during the run, so its answers were made and graded "
+                         f"with other cases than the file now holds; no baseline was filled ({path} is as you left "
+                         "it): run --update-baseline again")
     cases = data.get("cases") if isinstance(data, dict) else None
     edits, filled = {}, []
     for position, case in enumerate(cases if isinstance(cases, list) else []):
@@ -2703,7 +2721,7 @@ def update_baselines(suite, answers, reasons=None, approve_failing=False):
         pin = instructions_sha256(suite["instructions"])
         return [case_id for case_id, path in suite.get("placeholders", {}).items() if fill_golden_pin(path, pin)]
     key = "expected" if suite.get("format") == "prompt-regression" else "expected_text"
-    return fill_baselines(suite["file"], answers, reasons, approve_failing, key)
+    return fill_baselines(suite["file"], answers, reasons, approve_failing, key, suite.get("file_sha256"))
 
 
 # ====================================================================== providers

@@ -933,3 +933,26 @@ def test_a_fifo_or_device_named_as_a_file_is_one_line_and_exit_2(tmp_path):
         result = bounded_cli(["--provider", "echo", "--suite", GUARDRAILS, "--out", hostile], tmp_path)
         assert result.returncode == 2 and "already exists" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "merged.json").exists() and not (tmp_path / "new.json").exists()
+
+
+def test_update_baseline_refuses_a_suite_edited_during_the_run(tmp_path):
+    """The suite is edited while the run is in flight (the case now asks something else and
+    must contain "goodbye"): the answer to the old question fails the case as it is now, so it
+    is never approved as its baseline. The run says so (exit 2) and leaves the edit as it is."""
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps({"name": "s", "instructions": "Answer briefly.", "cases": [
+        {"id": "greet", "input": "Say hello", "expected_text": "", "min_similarity": 0.8,
+         "contains": ["hello"]}]}, indent=2), encoding="utf-8")
+    edited = suite.read_text(encoding="utf-8").replace("Say hello", "Say goodbye").replace('"hello"', '"goodbye"')
+
+    def answer(body):
+        suite.write_text(edited, encoding="utf-8")  # the user's editor saves while the request is out
+        return fakes.chat_response("hello there")
+    with fakes.FakeServer(fakes.chat(answer)) as server:
+        result = run(["--provider", "openai", "--base-url", server.url + "/v1", "--models", "m",
+                      "--suite", suite, "--out", tmp_path / "run.json", "--update-baseline"], key=None)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "changed during the run" in result.stderr and "no baseline was filled" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert suite.read_text(encoding="utf-8") == edited  # the user's edit kept, no baseline written into it
+    assert read(tmp_path / "run.json")["summary"]["complete"] is True  # the paid row is kept
