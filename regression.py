@@ -5971,6 +5971,9 @@ def prepare(settings, env):
     full_plan = plan_rows(settings.models, [case["id"] for case in suite["cases"]], settings.repeats)
     shard = settings.shard or (_shard(record["shard"]) if record is not None and record.get("shard") else None)
     plan = shard_plan(full_plan, shard)
+    if not plan:  # past the end of a short plan: checking nothing must not be a pass (0 of 0, "qualified")
+        raise UsageError(f"--shard {shard[0]}/{shard[1]}: this shard has no rows to run: the plan has "
+                         f"{_plural(len(full_plan), 'row')}, so use at most {len(full_plan)} shards")
     recorded = {model: parse_price(text, "the record's prices") for model, text in
                 ((record or {}).get("prices") or {}).items()} if record is not None else {}
     prices = {**recorded, **(suite.get("prices") or {}), **price_options(settings)}  # flags win

@@ -956,3 +956,19 @@ def test_update_baseline_refuses_a_suite_edited_during_the_run(tmp_path):
     assert "Traceback" not in result.stderr
     assert suite.read_text(encoding="utf-8") == edited  # the user's edit kept, no baseline written into it
     assert read(tmp_path / "run.json")["summary"]["complete"] is True  # the paid row is kept
+
+
+def test_a_shard_with_no_rows_is_refused_not_passed(tmp_path):
+    """4 rows in 5 shards: shard 5/5 has nothing to run. It used to write an empty record and
+    exit 0 with every model "qualified" on 0 of 0 rows: a pass that checked nothing."""
+    for extra in ([], ["--dry-run"]):
+        result = run(["--provider", "echo", "--suite", GUARDRAILS, "--models", "m", "--shard", "5/5",
+                      "--out", tmp_path / "shard.json", *extra], key=None)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert result.stderr.strip().splitlines()[-1] == (
+            "regression.py: error: --shard 5/5: this shard has no rows to run: the plan has 4 rows, "
+            "so use at most 4 shards")
+        assert not (tmp_path / "shard.json").exists()
+    last = run(["--provider", "echo", "--suite", GUARDRAILS, "--models", "m", "--shard", "4/4",
+                "--out", tmp_path / "shard.json"], key=None)
+    assert last.returncode in (0, 1) and len(read(tmp_path / "shard.json")["runs"]) == 1
