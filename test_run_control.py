@@ -972,3 +972,21 @@ def test_a_shard_with_no_rows_is_refused_not_passed(tmp_path):
     last = run(["--provider", "echo", "--suite", GUARDRAILS, "--models", "m", "--shard", "4/4",
                 "--out", tmp_path / "shard.json"], key=None)
     assert last.returncode in (0, 1) and len(read(tmp_path / "shard.json")["runs"]) == 1
+
+
+def test_compare_of_a_record_with_itself_is_not_comparable(tmp_path, capsys):
+    """`compare_runs.py run.json run.json` (a typo, or AFTER a link to BEFORE) compared a run with
+    itself and said "no new failure" (exit 0) for a run it never looked at twice: now exit 2."""
+    record = tmp_path / "run.json"
+    assert run(["--provider", "echo", "--suite", GUARDRAILS, "--out", record], key=None).returncode == 1
+    (tmp_path / "after.json").symlink_to(record)
+    line = ("NOT_COMPARABLE: {} and {} are the same file, so nothing would be compared; "
+            "give the record of the run before and of the run after the change")
+    result = fakes.run_script([record, record], tmp_path, clean_env(key=None), script="compare_runs.py")
+    assert (result.returncode, result.stdout.strip().splitlines()) == (2, [line.format(record, record)])
+    for args in ([record, tmp_path / "after.json"], ["--matrix", record, record]):
+        assert compare_runs.main([str(arg) for arg in args]) == 2
+        assert capsys.readouterr().out.strip().splitlines() == [line.format(*args[-2:])]
+    copy = tmp_path / "copy.json"
+    copy.write_bytes(record.read_bytes())
+    assert compare_runs.main([str(record), str(copy)]) == 0  # two files: the comparison itself decides
