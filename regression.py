@@ -5438,6 +5438,9 @@ def _check_outputs(values):
         if os.path.lexists(path) and not (flag == "--out" and values["dry_run"]):
             raise UsageError(f"{flag}: {path} already exists (records and reports never overwrite a file)"
                              + (_continue_hint(path) if flag in ("--out", "--merge") else ""))
+        folder = os.path.dirname(full)  # a report written after a paid run must have a place to go
+        if not os.path.isdir(folder) and not (flag == "--out" and values["dry_run"]):
+            raise UsageError(f"{flag} {path}: {folder} is not an existing folder; create it first (nothing was run)")
 
 
 def _continue_hint(path):
@@ -6491,7 +6494,11 @@ def write_reports_of(record, settings, stage, source):
         rest = [f"--{name} {shell_word(target)}" for name, target in targets.items() if target not in written]
         stage.now(lambda word, rest=rest: f"{word} while writing reports; {source} is complete; write the rest with: "
                                           f"python regression.py --report {shell_word(source)} {' '.join(rest)}")
-        write_reports(record, {kind: path})
+        try:
+            write_reports(record, {kind: path})
+        except RecordError as exc:  # a full disk after a paid run: the record is whole, say how to finish
+            raise RecordError(f"{exc}; {source} is complete; write the rest with: python regression.py --report "
+                              f"{shell_word(source)} {' '.join(rest)}") from None
         written.append(path)
     return written
 

@@ -990,3 +990,30 @@ def test_compare_of_a_record_with_itself_is_not_comparable(tmp_path, capsys):
     copy = tmp_path / "copy.json"
     copy.write_bytes(record.read_bytes())
     assert compare_runs.main([str(record), str(copy)]) == 0  # two files: the comparison itself decides
+
+
+def test_a_report_that_cannot_be_written_is_refused_before_the_run_or_says_how_to_finish(tmp_path):
+    """A report into a missing folder used to fail only after the run (paid for, exit 2, no
+    report and no word on the record): now it is refused before anything is sent. A folder
+    that vanishes during the run still fails at the end, naming the complete record and the
+    command that writes the report from it."""
+    out, folder = tmp_path / "run.json", tmp_path / "reports"
+    args = ["--provider", "openai", "--models", "m", "--suite", GUARDRAILS, "--out", out,
+            "--junit", folder / "run.xml"]
+    with fakes.FakeServer(fakes.chat(lambda body: fakes.chat_response("ok"))) as server:
+        before = run([*args, "--base-url", server.url + "/v1"], key=None)
+        assert before.returncode == 2 and server.count == 0 and not out.exists()
+        assert before.stderr.strip().splitlines()[-1] == (
+            f"regression.py: error: --junit {folder / 'run.xml'}: {folder} is not an existing folder; "
+            "create it first (nothing was run)")
+        folder.mkdir()
+
+        def vanishing(request):  # the folder goes while the run is in flight
+            if folder.exists():
+                folder.rmdir()
+            return fakes.chat(lambda body: fakes.chat_response("ok"))(request)
+        server.reply = vanishing
+        after = run([*args, "--base-url", server.url + "/v1"], key=None)
+    assert after.returncode == 2 and read(out)["summary"]["complete"] is True
+    last = after.stderr.strip().splitlines()[-1]
+    assert f"{out} is complete; write the rest with: python regression.py --report {out} --junit " in last, last
