@@ -4338,10 +4338,12 @@ def replace_record(path, header, rows, final):
     Used to continue a record (--resume) and to put rows back in run order; a crash
     at any point leaves either the old file or the new one, never a mix. The temp file has
     a unique name (never the PID: PIDs repeat), is removed on any failure or interruption,
-    and a stale one left by a SIGKILL blocks nothing.
+    and a stale one left by a SIGKILL blocks nothing. Through a symbolic link the real file
+    is replaced (the link stays a link), as replace_text_file does for a suite.
     """
     import tempfile
-    folder, name = os.path.split(os.path.abspath(path))
+    real = os.path.realpath(path)
+    folder, name = os.path.split(real)
     try:
         fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)  # O_EXCL, mode 0600
     except OSError as exc:
@@ -4355,7 +4357,7 @@ def replace_record(path, header, rows, final):
         raise
     try:
         with deferred_signals():  # the rename and the lock hand-over happen together or not at all
-            os.replace(temp, path)
+            os.replace(temp, real)
             writer.path = path
             release_record(path)  # the old file's lock: the new file is locked by the writer
     except OSError as exc:
@@ -4367,7 +4369,7 @@ def replace_record(path, header, rows, final):
             writer.close()
             _unlink_quietly(temp)
         raise
-    _fsync_dir(path)
+    _fsync_dir(real)
     return writer
 
 

@@ -1017,3 +1017,19 @@ def test_a_report_that_cannot_be_written_is_refused_before_the_run_or_says_how_t
     assert after.returncode == 2 and read(out)["summary"]["complete"] is True
     last = after.stderr.strip().splitlines()[-1]
     assert f"{out} is complete; write the rest with: python regression.py --report {out} --junit " in last, last
+
+
+def test_resume_through_a_symlink_completes_the_real_record_and_keeps_the_link(tmp_path):
+    """`--resume latest.json` where latest.json links to runs/real.json replaced the link by a
+    new file and left runs/real.json torn, its finished rows never completed there."""
+    (tmp_path / "runs").mkdir()
+    real, link = tmp_path / "runs" / "real.json", tmp_path / "latest.json"
+    assert run(["--provider", "echo", "--suite", GUARDRAILS, "--out", real], key=None).returncode == 1
+    complete = read(real)
+    truncate_record(real, 2)
+    link.symlink_to(os.path.join("runs", "real.json"))
+    resumed = run(["--resume", link], key=None)
+    assert resumed.returncode == 1, resumed.stderr
+    assert link.is_symlink() and os.readlink(link) == os.path.join("runs", "real.json")
+    assert [essence(row) for row in read(real)["runs"]] == [essence(row) for row in complete["runs"]]
+    assert sorted(os.listdir(tmp_path)) == ["latest.json", "runs"] and os.listdir(tmp_path / "runs") == ["real.json"]
