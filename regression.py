@@ -5305,10 +5305,19 @@ def _range_text(name):
     return f"{kind} from {low:g} to {high:g}{unit}"
 
 
+# A new run's output file and slice: --resume writes its own record (keeping its shard), and
+# --merge, --report and --list-checks make no run, so their twins do not apply there. A CI job
+# that sets REGRESSION_OUT for its run can then --report, --merge or --resume that record.
+NEW_RUN_TWINS = ("out", "shard")
+
+
 def _from_environment(values, env):
     """Unset options filled from their environment twins, and which variable set each."""
     found, origin = {}, {}
+    new_run = not any(values.get(name) for name in ("resume", "merge", "report", "list_checks"))
     for name, variable, convert in ENV_TWINS:
+        if name in NEW_RUN_TWINS and not new_run:
+            continue
         if values.get(name) is None and name not in found and env.get(variable):  # the first twin wins
             try:
                 found[name] = convert(env[variable])

@@ -1033,3 +1033,25 @@ def test_resume_through_a_symlink_completes_the_real_record_and_keeps_the_link(t
     assert link.is_symlink() and os.readlink(link) == os.path.join("runs", "real.json")
     assert [essence(row) for row in read(real)["runs"]] == [essence(row) for row in complete["runs"]]
     assert sorted(os.listdir(tmp_path)) == ["latest.json", "runs"] and os.listdir(tmp_path / "runs") == ["real.json"]
+
+
+def test_a_ci_job_with_regression_out_set_can_report_resume_and_merge_its_record(tmp_path):
+    """REGRESSION_OUT set for a whole CI job named the record of its run, and then refused every
+    later step on that record (--report, --resume, --merge; REGRESSION_SHARD too) with
+    "--out: ... already exists" or "drop --out", a flag nobody gave: exit 2, no report."""
+    env = {**clean_env(key=None), "REGRESSION_OUT": "run.json", "REGRESSION_SHARD": "1/2"}
+
+    def cli(*args):
+        return fakes.run_script([str(arg) for arg in args], tmp_path, env)
+    assert cli("--provider", "echo", "--suite", GUARDRAILS).returncode == 1
+    assert read(tmp_path / "run.json")["shard"] == "1/2"
+    truncate_record(tmp_path / "run.json", 1)
+    resumed = cli("--resume", "run.json")
+    assert resumed.returncode == 1, resumed.stderr
+    assert len(read(tmp_path / "run.json")["runs"]) == 2
+    report = cli("--report", "run.json", "--markdown", "run.md")
+    assert report.returncode == 0 and (tmp_path / "run.md").exists(), report.stderr
+    merged = cli("--merge", "merged.json", "run.json")
+    assert merged.returncode == 2 and "no record of shard(s) 2/2" in merged.stderr  # half a run: incomplete
+    again = cli("--provider", "echo", "--suite", GUARDRAILS)  # a new run still never replaces the record
+    assert again.returncode == 2 and "--out: run.json already exists" in again.stderr
