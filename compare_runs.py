@@ -777,6 +777,9 @@ def main(argv=None):
     wanted = 1 if args.models else 2
     if args.demo is None and len(args.records) != wanted:
         parser.error("give two record files, BEFORE and AFTER" if wanted == 2 else "--models A B takes one RUN record")
+    for kind in COMPARISON_REPORTS:  # `--html "$UNSET"` must not read as no --html: the report would be skipped
+        if getattr(args, kind) == "":
+            parser.error(f"--{kind}: the file name is empty (an unset variable?)")
     targets = {kind: getattr(args, kind) for kind in COMPARISON_REPORTS if getattr(args, kind)}
     for kind, path in targets.items():
         if os.path.lexists(path):

@@ -5400,8 +5400,15 @@ def _check_ranges(values, origin):
             raise UsageError(f"{where}: must be {_range_text(name)}")
 
 
+PATH_FLAGS = ("suite", "system", "out", "replay", "resume", "report", "merge", *REPORTS)
+
+
 def _check_flags(values):
     """Flags that must agree with each other, regexes, and output paths (checked once, up front)."""
+    for name in PATH_FLAGS:  # `--suite "$UNSET"` must not read as no --suite: the built-in suite would run
+        given = values[name]
+        if given == "" or (isinstance(given, list) and "" in given):
+            raise UsageError(f"--{name.replace('_', '-')}: the file name is empty (an unset variable?)")
     if values["provider"] is not None and values["provider"] not in PROVIDERS:
         raise UsageError(f"unknown provider {values['provider']!r}; choose one of {', '.join(PROVIDERS)}")
     replayers = [name for name, cls in PROVIDERS.items() if cls.replays_record]

@@ -1055,3 +1055,27 @@ def test_a_ci_job_with_regression_out_set_can_report_resume_and_merge_its_record
     assert merged.returncode == 2 and "no record of shard(s) 2/2" in merged.stderr  # half a run: incomplete
     again = cli("--provider", "echo", "--suite", GUARDRAILS)  # a new run still never replaces the record
     assert again.returncode == 2 and "--out: run.json already exists" in again.stderr
+
+
+def test_an_empty_file_name_is_one_line_and_exit_2_never_a_default(tmp_path, capsys):
+    """`--suite "$SUITE"` with SUITE unset ran the built-in suite and gated on it (exit 0 when it
+    passed); `--resume ""` or `--report ""` started a new full run; `--markdown ""` skipped
+    the report. An empty file name is now refused with one line naming the flag, exit 2."""
+    record = tmp_path / "run.json"
+    assert run(["--provider", "echo", "--suite", GUARDRAILS, "--out", record], key=None).returncode == 1
+    table = [["--provider", "echo", "--suite", "", "--out", "new.json"],
+             ["--provider", "echo", "--resume", ""],
+             ["--report", "", "--html", "report.html"],
+             ["--provider", "echo", "--suite", GUARDRAILS, "--out", "new.json", "--markdown", ""],
+             ["--merge", "merged.json", record, ""],
+             ["--provider", "replay", "--replay", "", "--out", "new.json"],
+             ["--provider", "echo", "--suite", GUARDRAILS, "--out", ""]]
+    for argv, (code, out, err) in zip(table, fakes.cli_table([(argv, tmp_path) for argv in table],
+                                                             env=clean_env(key=None))):
+        flag = "--merge" if "--merge" in argv else next(argv[n - 1] for n, arg in enumerate(argv) if arg == "")
+        assert (code, err.strip().splitlines()[-1]) == (
+            2, f"regression.py: error: {flag}: the file name is empty (an unset variable?)"), (argv, out, err)
+    assert sorted(os.listdir(tmp_path)) == ["run.json"]  # nothing ran, nothing was written
+    with pytest.raises(SystemExit) as exit_:
+        compare_runs.main([str(record), str(record), "--junit", ""])
+    assert exit_.value.code == 2 and "--junit: the file name is empty" in capsys.readouterr().err
