@@ -2556,6 +2556,19 @@ def edit_json_strings(text, edits):
     return "".join(pieces) + text[last:]
 
 
+READ_ONLY = "it is read-only (its owner may not write it); make it writable first"
+
+
+def read_only(path):
+    """A regular file whose owner may not write it: a suite made read-only on purpose is never
+    rewritten (a rename would replace it regardless of its mode)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISREG(mode) and not mode & stat.S_IWUSR
+
+
 def replace_text_file(path, text):
     """Replace a file's text atomically: readers see the old text or the new, never half.
 
@@ -2566,6 +2579,8 @@ def replace_text_file(path, text):
     real = os.path.realpath(path)
     data = text.encode("utf-8")  # before any file exists: nothing half-made is left
     mode = os.stat(real).st_mode & 0o7777
+    if read_only(real):
+        raise PermissionError(errno.EACCES, READ_ONLY)
     fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(real)}.", suffix=".tmp", dir=os.path.dirname(real))
     try:
         try:
@@ -6446,6 +6461,8 @@ def dry_run_mode(settings, env, stage):
 def run_mode(settings, env, stage):
     """Run the suite (or the rest of a resumed record); the verdict is the exit code."""
     if settings.update_baseline and settings.suite:
+        if read_only(settings.suite):  # said before a request is paid for, not after
+            raise SuiteError(f"--update-baseline: {settings.suite}: {READ_ONLY}; nothing was run")
         try:  # one baseline writer per suite, from the start of the run to its rewrite
             hold_record(settings.suite)
         except RecordError:  # said as SuiteLock says it (SuiteLock then sees this process holds it)

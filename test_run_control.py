@@ -1079,3 +1079,33 @@ def test_an_empty_file_name_is_one_line_and_exit_2_never_a_default(tmp_path, cap
     with pytest.raises(SystemExit) as exit_:
         compare_runs.main([str(record), str(record), "--junit", ""])
     assert exit_.value.code == 2 and "--junit: the file name is empty" in capsys.readouterr().err
+
+
+def test_update_baseline_never_rewrites_a_read_only_suite(tmp_path):
+    """A suite its owner made read-only (chmod 444) was rewritten anyway (a rename ignores the
+    mode), after the run. Now it is refused before any request, and a suite made read-only
+    during the run is left as it is (one line, exit 2, the record kept)."""
+    suite = tmp_path / "suite.json"
+    text = json.dumps({"name": "s", "instructions": "Answer briefly.", "cases": [
+        {"id": "greet", "input": "Say hello", "expected_text": "", "min_similarity": 0.8}]})
+    suite.write_text(text, encoding="utf-8")
+    suite.chmod(0o444)
+    args = ["--provider", "openai", "--models", "m", "--suite", suite, "--out", tmp_path / "run.json",
+            "--update-baseline"]
+    with fakes.FakeServer(fakes.chat(lambda body: fakes.chat_response("hello there"))) as server:
+        refused = run([*args, "--base-url", server.url + "/v1"], key=None)
+        assert refused.returncode == 2 and server.count == 0 and not (tmp_path / "run.json").exists()
+        assert refused.stderr.strip().splitlines()[-1] == (
+            f"regression.py: error: --update-baseline: {suite}: it is read-only (its owner may not write it); "
+            "make it writable first; nothing was run")
+        suite.chmod(0o644)
+
+        def locking(body):  # the owner makes it read-only while the run is in flight
+            suite.chmod(0o444)
+            return fakes.chat_response("hello there")
+        server.reply = fakes.chat(locking)
+        late = run([*args, "--base-url", server.url + "/v1"], key=None)
+    assert late.returncode == 2 and "read-only" in late.stderr and "Traceback" not in late.stderr
+    assert suite.read_text(encoding="utf-8") == text and stat.S_IMODE(suite.stat().st_mode) == 0o444
+    assert read(tmp_path / "run.json")["summary"]["complete"] is True
+    assert sorted(os.listdir(tmp_path)) == ["run.json", "suite.json"]  # no temporary file left
