@@ -2070,17 +2070,33 @@ def _validate_tool_choice(value, functions, where):
     return {"type": "function", "function": {"name": name}}
 
 
-PRICE_FORM = "IN/OUT (USD per million input/output tokens, e.g. 0.15/0.60)"
+PRICE_FORM = "IN/OUT (USD per million input/output tokens, each 0 or 0.000000001 to 1000000000, e.g. 0.15/0.60)"
+
+
+AMOUNT_RANGE = (decimal.Decimal("1e-9"), decimal.Decimal("1e9"))  # US dollars: a cap, or a price per million tokens
+
+
+def plain_amount(value):
+    """A finite decimal of at most 30 digits within AMOUNT_RANGE (a zero of any exponent
+    becomes 0), or None. Written out in full ("f") in records and messages, 1e999999999 would
+    be a billion digits (a 1 GB record), and 1e999999 times a token count overflows a row."""
+    if not value.is_finite() or value < 0:
+        return None
+    if value == 0:
+        return decimal.Decimal(0)
+    if not AMOUNT_RANGE[0] <= value <= AMOUNT_RANGE[1] or len(value.as_tuple().digits) > 30:
+        return None
+    return value
 
 
 def parse_price(text, where):
     """(input, output) USD per million tokens from "IN/OUT"; SuiteError otherwise."""
     parts = text.split("/") if isinstance(text, str) else []
     try:
-        prices = tuple(decimal.Decimal(part.strip()) for part in parts)
+        prices = tuple(plain_amount(decimal.Decimal(part.strip())) for part in parts)
     except decimal.InvalidOperation:
         prices = ()
-    if len(prices) != 2 or not all(price.is_finite() and price >= 0 for price in prices):
+    if len(prices) != 2 or None in prices:
         raise SuiteError(f"{where}: {text!r} is not a price; use {PRICE_FORM}"[:300])
     return prices
 
@@ -5357,6 +5373,9 @@ def _cost(text):
         raise UsageError(f"--max-cost-usd {text!r} is not a number") from None
     if not value.is_finite() or value <= 0:
         raise UsageError("--max-cost-usd must be a positive amount of US dollars")
+    if plain_amount(value) is None:
+        raise UsageError(f"--max-cost-usd must be from {AMOUNT_RANGE[0]:f} to {AMOUNT_RANGE[1]:f} US dollars "
+                         "(at most 30 digits)")
     return value
 
 

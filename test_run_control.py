@@ -1109,3 +1109,23 @@ def test_update_baseline_never_rewrites_a_read_only_suite(tmp_path):
     assert suite.read_text(encoding="utf-8") == text and stat.S_IMODE(suite.stat().st_mode) == 0o444
     assert read(tmp_path / "run.json")["summary"]["complete"] is True
     assert sorted(os.listdir(tmp_path)) == ["run.json", "suite.json"]  # no temporary file left
+
+
+def test_a_cap_or_price_too_large_or_small_to_write_out_is_refused(tmp_path):
+    """--max-cost-usd 1e999999999 was accepted and written out in full: a billion digits in
+    the record's run_options (a 1 GB record, 3 GB of memory). --price m=1e999999/1 overflowed
+    on the first answer and made that paid row an execution error; --price m=0E-99999999/0
+    wrote a 5 MB cost. Amounts are now 0 or 0.000000001 to 1000000000 dollars, else one line."""
+    for value in ("1e999999999", "1e-999999999", "1e10"):
+        result = bounded_cli(["--provider", "echo", "--suite", GUARDRAILS, "--max-cost-usd", value, "--dry-run"],
+                             tmp_path)
+        assert result.returncode == 2, result.stderr[-300:]
+        assert result.stderr.strip().splitlines()[-1] == ("regression.py: error: --max-cost-usd must be from "
+                                                          "0.000000001 to 1000000000 US dollars (at most 30 digits)")
+    with fakes.FakeServer(fakes.chat(lambda body: fakes.chat_response("hello"))) as server:
+        args = ["--provider", "openai", "--base-url", server.url + "/v1", "--models", "m", "--suite", GUARDRAILS]
+        refused = run([*args, "--price", "m=1e999999/1", "--out", tmp_path / "a.json"], key=None)
+        assert refused.returncode == 2 and server.count == 0 and "is not a price" in refused.stderr
+        zero = run([*args, "--price", "m=0E-99999999/0", "--out", tmp_path / "b.json"], key=None)
+    assert zero.returncode == 1, zero.stderr
+    assert {row["cost_usd"] for row in read(tmp_path / "b.json")["runs"]} == {"0"}
