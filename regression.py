@@ -6279,7 +6279,7 @@ def continue_flags(settings, row=None, tally=None):
         flags += ["--retries", str(min(RANGES["retries"][1], max(3, settings.retries + 2)))]
     elif settings.max_cost_usd is not None and tally is not None and tally.spent() is not None \
             and tally.spent() >= settings.max_cost_usd:
-        flags += ["--max-cost-usd", format(settings.max_cost_usd * 2, "f")]
+        flags += ["--max-cost-usd", format(min(settings.max_cost_usd * 2, AMOUNT_RANGE[1]), "f")]  # one it accepts
     return flags
 
 
