@@ -117,17 +117,18 @@ def _open_new(path):
 _READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)  # a FIFO opens at once
 
 
-def open_existing(path):
-    """A read-only descriptor of the regular file at `path` (to read or to lock); OSError
-    otherwise. A FIFO, a device (/dev/zero, /dev/full) or a directory is refused before a byte
-    is read: reading one would block forever or never end (and fill memory)."""
+def open_existing(path, folder=False):
+    """A read-only descriptor of the regular file at `path` (to read or to lock; with folder,
+    also a folder, to lock: a golden suite is one); OSError otherwise. A FIFO, a device
+    (/dev/zero, /dev/full) or a directory is refused before a byte is read: reading one would
+    block forever or never end (and fill memory)."""
     fd = os.open(path, _READ_FLAGS)
     try:
         mode = os.fstat(fd).st_mode
     except OSError:
         os.close(fd)
         raise
-    if not stat.S_ISREG(mode):
+    if not (stat.S_ISREG(mode) or (folder and stat.S_ISDIR(mode))):
         os.close(fd)
         raise OSError(errno.EISDIR, "Is a directory") if stat.S_ISDIR(mode) else \
             OSError(errno.EINVAL, "not a regular file (a FIFO, device or socket)")
@@ -2640,7 +2641,7 @@ class SuiteLock:
             return self
         for _ in range(5):
             try:
-                fd = open_existing(real)
+                fd = open_existing(real, folder=True)
             except OSError:
                 return self  # fill_baselines names the problem in its own words
             try:
@@ -4288,7 +4289,7 @@ def hold_record(path):
         if key in _HELD:
             return
         try:
-            fd = open_existing(path)
+            fd = open_existing(path, folder=True)
         except OSError:
             return  # missing, unreadable or not a file: load_record says so in its own words
         try:
@@ -4320,7 +4321,7 @@ def check_unlocked(path):
     if os.path.realpath(path) in _HELD:
         return
     try:
-        fd = open_existing(path)
+        fd = open_existing(path, folder=True)
     except OSError:
         return
     try:

@@ -1142,3 +1142,21 @@ def test_the_budget_stop_at_the_highest_cap_suggests_a_cap_the_cli_accepts(tmp_p
         assert hint.endswith(f"continue with: python regression.py --resume {out} --max-cost-usd 1000000000"), hint
         resumed = run(hint.split("continue with: python regression.py ", 1)[1].split(), server)
     assert resumed.returncode == 2 and "--max-cost-usd reached" in resumed.stderr  # refused by the cap, not the CLI
+
+
+def test_update_baseline_of_a_golden_folder_another_process_holds_is_refused(tmp_path):
+    """A golden suite is a folder; its lock is the folder's. Reading only regular files must
+    not drop that lock: a second --update-baseline of the folder still refuses (exit 2)."""
+    import fcntl
+    import shutil
+    folder = tmp_path / "golden"
+    shutil.copytree(HERE / "suites" / "golden-support", folder)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a concurrent --update-baseline holds it
+        result = run(["--provider", "echo", "--suite", folder, "--update-baseline", "--out", tmp_path / "r.json"],
+                     key=None)
+    finally:
+        os.close(fd)
+    assert result.returncode == 2 and "being written by another process" in result.stderr, result.stderr
+    assert not (tmp_path / "r.json").exists()
