@@ -4775,7 +4775,8 @@ class Tally:
                 "passed": stats["passed"],
                 "total": stats["total"],
                 "errors": stats["errors"],
-                "qualified": complete and stats["passed"] == stats["expected"],
+                # a model with no row here (another shard's) is not shown fit by 0 of 0 passing
+                "qualified": complete and stats["expected"] > 0 and stats["passed"] == stats["expected"],
                 "reported_cost_usd": format(stats["cost"], "f") if stats["cost_known"] else None,
             }
         exit_code = 2 if not complete or self.errors else 1 if self.failures else 0

@@ -1160,3 +1160,25 @@ def test_update_baseline_of_a_golden_folder_another_process_holds_is_refused(tmp
         os.close(fd)
     assert result.returncode == 2 and "being written by another process" in result.stderr, result.stderr
     assert not (tmp_path / "r.json").exists()
+
+
+def test_a_model_with_no_row_in_a_shard_is_not_qualified_by_it(tmp_path):
+    """One case, models A and B, two shards: shard 1/2 holds only A's row, and its record
+    called B "qualified" (0 of 0 rows passed): a shard record read alone said ship B."""
+    suite = tmp_path / "one.json"
+    suite.write_text(json.dumps({"name": "one", "instructions": "x",
+                                 "cases": [{"id": "c", "input": "hello", "contains": ["hello"]}]}))
+    records = []
+    for shard in ("1/2", "2/2"):
+        out = tmp_path / f"shard-{shard[0]}.json"
+        result = run(["--provider", "echo", "--suite", suite, "--models", "A", "B", "--shard", shard, "--out", out],
+                     key=None)
+        assert result.returncode == 0, result.stderr
+        records.append(out)
+    assert {model: stats["qualified"] for model, stats in read(records[0])["summary"]["models"].items()} == \
+        {"A": True, "B": False}
+    assert {model: stats["qualified"] for model, stats in read(records[1])["summary"]["models"].items()} == \
+        {"A": False, "B": True}
+    merged = run(["--merge", tmp_path / "all.json", *records], key=None)
+    assert merged.returncode == 0 and all(stats["qualified"] for stats in
+                                          read(tmp_path / "all.json")["summary"]["models"].values())
