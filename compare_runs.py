@@ -732,6 +732,17 @@ def demo(folder, all_rows=True):
 
 # ====================================================================== CLI
 
+def _not_one_file(paths):
+    """BEFORE and AFTER naming one file (twice, or through a link) would compare a run with
+    itself and always say "no new failure": ValueError instead."""
+    try:
+        same = len(paths) == 2 and os.path.samefile(*paths)
+    except OSError:  # gone since it was read: not the same file as far as this can tell
+        same = False
+    _require(not same, f"{paths[0]} and {paths[-1]} are the same file, so nothing would be compared; "
+                       "give the record of the run before and of the run after the change")
+
+
 def _alpha(text):
     value = float(text)
     if not 0 < value < 1:
@@ -766,6 +777,9 @@ def main(argv=None):
     wanted = 1 if args.models else 2
     if args.demo is None and len(args.records) != wanted:
         parser.error("give two record files, BEFORE and AFTER" if wanted == 2 else "--models A B takes one RUN record")
+    for kind in COMPARISON_REPORTS:  # `--html "$UNSET"` must not read as no --html: the report would be skipped
+        if getattr(args, kind) == "":
+            parser.error(f"--{kind}: the file name is empty (an unset variable?)")
     targets = {kind: getattr(args, kind) for kind in COMPARISON_REPORTS if getattr(args, kind)}
     for kind, path in targets.items():
         if os.path.lexists(path):
@@ -776,6 +790,7 @@ def main(argv=None):
         if args.demo is not None:
             return demo(args.demo, all_rows=args.all_rows)
         records = [load_record(path) for path in args.records]
+        _not_one_file(args.records)
         if args.matrix:
             return matrix(args, records)
         if args.models:

@@ -22,6 +22,7 @@ Exit codes (SPEC A7):
 import argparse
 import datetime
 import decimal
+import errno
 import functools
 import hashlib
 import json
@@ -29,6 +30,7 @@ import math
 import os
 import re
 import signal
+import stat
 import sys
 import time
 import urllib.parse
@@ -110,6 +112,38 @@ def _open_new(path):
         raise RecordError(f"cannot create {path}: {exc.strerror or exc}") from None
     os.fchmod(fd, 0o600)
     return fd
+
+
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)  # a FIFO opens at once
+
+
+def open_existing(path, folder=False):
+    """A read-only descriptor of the regular file at `path` (to read or to lock; with folder,
+    also a folder, to lock: a golden suite is one); OSError otherwise. A FIFO, a device
+    (/dev/zero, /dev/full) or a directory is refused before a byte is read: reading one would
+    block forever or never end (and fill memory)."""
+    fd = os.open(path, _READ_FLAGS)
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not (stat.S_ISREG(mode) or (folder and stat.S_ISDIR(mode))):
+        os.close(fd)
+        raise OSError(errno.EISDIR, "Is a directory") if stat.S_ISDIR(mode) else \
+            OSError(errno.EINVAL, "not a regular file (a FIFO, device or socket)")
+    return fd
+
+
+def read_bytes(path):
+    """The bytes of the regular file at `path` (open_existing's rules); OSError otherwise."""
+    with os.fdopen(open_existing(path), "rb") as handle:
+        return handle.read()
+
+
+def read_text(path):
+    """The UTF-8 text of the regular file at `path`, line ends as stored; OSError or UnicodeDecodeError."""
+    return read_bytes(path).decode("utf-8")
 
 
 def _pwrite_all(fd, data, offset):
@@ -2224,17 +2258,33 @@ def _validate_tool_choice(value, functions, where):
     return {"type": "function", "function": {"name": name}}
 
 
-PRICE_FORM = "IN/OUT (USD per million input/output tokens, e.g. 0.15/0.60)"
+PRICE_FORM = "IN/OUT (USD per million input/output tokens, each 0 or 0.000000001 to 1000000000, e.g. 0.15/0.60)"
+
+
+AMOUNT_RANGE = (decimal.Decimal("1e-9"), decimal.Decimal("1e9"))  # US dollars: a cap, or a price per million tokens
+
+
+def plain_amount(value):
+    """A finite decimal of at most 30 digits within AMOUNT_RANGE (a zero of any exponent
+    becomes 0), or None. Written out in full ("f") in records and messages, 1e999999999 would
+    be a billion digits (a 1 GB record), and 1e999999 times a token count overflows a row."""
+    if not value.is_finite() or value < 0:
+        return None
+    if value == 0:
+        return decimal.Decimal(0)
+    if not AMOUNT_RANGE[0] <= value <= AMOUNT_RANGE[1] or len(value.as_tuple().digits) > 30:
+        return None
+    return value
 
 
 def parse_price(text, where):
     """(input, output) USD per million tokens from "IN/OUT"; SuiteError otherwise."""
     parts = text.split("/") if isinstance(text, str) else []
     try:
-        prices = tuple(decimal.Decimal(part.strip()) for part in parts)
+        prices = tuple(plain_amount(decimal.Decimal(part.strip())) for part in parts)
     except decimal.InvalidOperation:
         prices = ()
-    if len(prices) != 2 or not all(price.is_finite() and price >= 0 for price in prices):
+    if len(prices) != 2 or None in prices:
         raise SuiteError(f"{where}: {text!r} is not a price; use {PRICE_FORM}"[:300])
     return prices
 
@@ -2375,11 +2425,17 @@ def _no_duplicate_keys(pairs):
 
 def _read_json(path):
     """A JSON file's value; SuiteError("FILE: ...") when it cannot be read or parsed."""
+    return _parse_json(path, _read_suite_text(path))
+
+
+def _read_suite_text(path):
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
+        return read_text(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _parse_json(path, text):
     try:
         return json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as exc:
@@ -2399,13 +2455,19 @@ def load_suite(path, allow_empty_baseline=False, system=None):
         return load_golden_dir(path, allow_empty_baseline, system)
     if system is not None:
         raise SuiteError(f"--system {system}: goes with --suite DIR, a folder of golden case files")
-    data = _read_json(path)
+    text = _read_suite_text(path)
+    data = _parse_json(path, text)
     try:
         suite = validate_suite(data, allow_empty_baseline)
     except SuiteError as exc:
         raise SuiteError(f"{path}: {exc}") from None
     suite["file"] = path
+    suite["file_sha256"] = _text_sha256(text)  # --update-baseline fills only the suite the run read
     return suite
+
+
+def _text_sha256(text):
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 # ---------------------------------------------------------------------- other suite formats
@@ -2515,8 +2577,7 @@ def _system_file(folder, system):
 def _read_system(path):
     """The system prompt exactly as stored (newlines untranslated), so its hash is the file's sha256."""
     try:
-        with open(path, encoding="utf-8", newline="") as handle:
-            return handle.read()
+        return read_text(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
 
@@ -2699,6 +2760,19 @@ def edit_json_strings(text, edits):
     return "".join(pieces) + text[last:]
 
 
+READ_ONLY = "it is read-only (its owner may not write it); make it writable first"
+
+
+def read_only(path):
+    """A regular file whose owner may not write it: a suite made read-only on purpose is never
+    rewritten (a rename would replace it regardless of its mode)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISREG(mode) and not mode & stat.S_IWUSR
+
+
 def replace_text_file(path, text):
     """Replace a file's text atomically: readers see the old text or the new, never half.
 
@@ -2709,6 +2783,8 @@ def replace_text_file(path, text):
     real = os.path.realpath(path)
     data = text.encode("utf-8")  # before any file exists: nothing half-made is left
     mode = os.stat(real).st_mode & 0o7777
+    if read_only(real):
+        raise PermissionError(errno.EACCES, READ_ONLY)
     fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(real)}.", suffix=".tmp", dir=os.path.dirname(real))
     try:
         try:
@@ -2752,7 +2828,7 @@ class SuiteLock:
             return self
         for _ in range(5):
             try:
-                fd = os.open(real, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                fd = open_existing(real, folder=True)
             except OSError:
                 return self  # fill_baselines names the problem in its own words
             try:
@@ -2788,7 +2864,7 @@ def baseline_answers(rows, plan):
     return chosen
 
 
-def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expected_text"):
+def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expected_text", read_sha256=None):
     """Fill empty expected_text baselines (`key`: "expected" in a prompt-regression suite) of a
     suite file from {case_id: answer}.
 
@@ -2796,17 +2872,21 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expe
     already holds text is never replaced. An answer that failed its case's other checks
     (reasons: {case_id: [reason, ...]}) is not approved unless approve_failing. The suite
     is rewritten atomically (through a symbolic link), or not at all: SuiteError with one
-    line otherwise. Returns the ids filled."""
+    line otherwise. read_sha256, the hash of the text the run read, refuses a suite edited since:
+    its answers were made with, and graded by, the cases as they were. Returns the ids filled."""
     reasons = reasons or {}
     try:
-        with open(path, encoding="utf-8", newline="") as handle:  # keep \r\n line ends as they are
-            text = handle.read()
+        text = read_text(path)  # \r\n line ends kept as they are
         data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except (OSError, UnicodeDecodeError) as exc:
         raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     except (ValueError, RecursionError, SuiteError) as exc:
         raise SuiteError(f"{path}: changed during the run and is no longer a valid suite ({exc}); "
                          "no baseline was filled") from None
+    if read_sha256 is not None and _text_sha256(text) != read_sha256:
+        raise SuiteError(f"--update-baseline: {path} changed during the run, so its answers were made and graded "
+                         f"with other cases than the file now holds; no baseline was filled ({path} is as you left "
+                         "it): run --update-baseline again")
     cases = data.get("cases") if isinstance(data, dict) else None
     edits, filled = {}, []
     for position, case in enumerate(cases if isinstance(cases, list) else []):
@@ -2829,8 +2909,7 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expe
         replace_text_file(path, edit_json_strings(text, edits))
     except KeyboardInterrupt as interrupt:  # say truly which suite is on disk: old or new, never a mix
         try:
-            with open(path, encoding="utf-8", newline="") as handle:
-                interrupt.suite_state = "unchanged" if handle.read() == text else "filled"
+            interrupt.suite_state = "unchanged" if read_text(path) == text else "filled"
         except (OSError, UnicodeDecodeError):
             interrupt.suite_state = "unchanged or filled (it could not be read back)"
         raise
@@ -2844,8 +2923,7 @@ def fill_golden_pin(path, sha256):
     """Replace the placeholder system_sha256 of one golden case file by `sha256`, keeping every
     other byte of the file; True when filled. A pin that holds a hash is never touched."""
     try:
-        with open(path, encoding="utf-8", newline="") as handle:
-            text = handle.read()
+        text = read_text(path)
         if json.loads(text).get("system_sha256") != GOLDEN_PLACEHOLDER:
             return False
         replace_text_file(path, edit_json_strings(text, {("system_sha256",): sha256}))
@@ -2862,7 +2940,7 @@ def update_baselines(suite, answers, reasons=None, approve_failing=False):
         pin = instructions_sha256(suite["instructions"])
         return [case_id for case_id, path in suite.get("placeholders", {}).items() if fill_golden_pin(path, pin)]
     key = "expected" if suite.get("format") == "prompt-regression" else "expected_text"
-    return fill_baselines(suite["file"], answers, reasons, approve_failing, key)
+    return fill_baselines(suite["file"], answers, reasons, approve_failing, key, suite.get("file_sha256"))
 
 
 # ====================================================================== providers
@@ -4561,9 +4639,9 @@ def hold_record(path):
         if key in _HELD:
             return
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            fd = open_existing(path, folder=True)
         except OSError:
-            return  # missing or unreadable: load_record says so in its own words
+            return  # missing, unreadable or not a file: load_record says so in its own words
         try:
             _lock(fd, path)
             same = os.path.samestat(os.fstat(fd), os.stat(path))
@@ -4593,7 +4671,7 @@ def check_unlocked(path):
     if os.path.realpath(path) in _HELD:
         return
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = open_existing(path, folder=True)
     except OSError:
         return
     try:
@@ -4642,10 +4720,12 @@ def replace_record(path, header, rows, final):
     Used to continue a record (--resume) and to put rows back in run order; a crash
     at any point leaves either the old file or the new one, never a mix. The temp file has
     a unique name (never the PID: PIDs repeat), is removed on any failure or interruption,
-    and a stale one left by a SIGKILL blocks nothing.
+    and a stale one left by a SIGKILL blocks nothing. Through a symbolic link the real file
+    is replaced (the link stays a link), as replace_text_file does for a suite.
     """
     import tempfile
-    folder, name = os.path.split(os.path.abspath(path))
+    real = os.path.realpath(path)
+    folder, name = os.path.split(real)
     try:
         fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)  # O_EXCL, mode 0600
     except OSError as exc:
@@ -4659,7 +4739,7 @@ def replace_record(path, header, rows, final):
         raise
     try:
         with deferred_signals():  # the rename and the lock hand-over happen together or not at all
-            os.replace(temp, path)
+            os.replace(temp, real)
             writer.path = path
             release_record(path)  # the old file's lock: the new file is locked by the writer
     except OSError as exc:
@@ -4671,7 +4751,7 @@ def replace_record(path, header, rows, final):
             writer.close()
             _unlink_quietly(temp)
         raise
-    _fsync_dir(path)
+    _fsync_dir(real)
     return writer
 
 
@@ -4746,8 +4826,7 @@ def load_record(path):
     rows. Raises RecordError with a one-line reason when nothing can be read.
     """
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
+        data = read_bytes(path)
     except OSError as exc:
         raise RecordError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
@@ -5046,7 +5125,8 @@ class Tally:
                 "passed": stats["passed"],
                 "total": stats["total"],
                 "errors": stats["errors"],
-                "qualified": complete and stats["passed"] == stats["expected"],
+                # a model with no row here (another shard's) is not shown fit by 0 of 0 passing
+                "qualified": complete and stats["expected"] > 0 and stats["passed"] == stats["expected"],
                 "reported_cost_usd": format(stats["cost"], "f") if stats["cost_known"] else None,
             }
         exit_code = 2 if not complete or self.errors else 1 if self.failures else 0
@@ -5608,10 +5688,19 @@ def _range_text(name):
     return f"{kind} from {low:g} to {high:g}{unit}"
 
 
+# A new run's output file and slice: --resume writes its own record (keeping its shard), and
+# --merge, --report and --list-checks make no run, so their twins do not apply there. A CI job
+# that sets REGRESSION_OUT for its run can then --report, --merge or --resume that record.
+NEW_RUN_TWINS = ("out", "shard")
+
+
 def _from_environment(values, env):
     """Unset options filled from their environment twins, and which variable set each."""
     found, origin = {}, {}
+    new_run = not any(values.get(name) for name in ("resume", "merge", "report", "list_checks"))
     for name, variable, convert in ENV_TWINS:
+        if name in NEW_RUN_TWINS and not new_run:
+            continue
         if values.get(name) is None and name not in found and env.get(variable):  # the first twin wins
             try:
                 found[name] = convert(env[variable])
@@ -5636,6 +5725,9 @@ def _cost(text):
         raise UsageError(f"--max-cost-usd {text!r} is not a number") from None
     if not value.is_finite() or value <= 0:
         raise UsageError("--max-cost-usd must be a positive amount of US dollars")
+    if plain_amount(value) is None:
+        raise UsageError(f"--max-cost-usd must be from {AMOUNT_RANGE[0]:f} to {AMOUNT_RANGE[1]:f} US dollars "
+                         "(at most 30 digits)")
     return value
 
 
@@ -5694,8 +5786,15 @@ def _check_ranges(values, origin):
             raise UsageError(f"{where}: must be {_range_text(name)}")
 
 
+PATH_FLAGS = ("suite", "system", "out", "replay", "resume", "report", "merge", *REPORTS)
+
+
 def _check_flags(values):
     """Flags that must agree with each other, regexes, and output paths (checked once, up front)."""
+    for name in PATH_FLAGS:  # `--suite "$UNSET"` must not read as no --suite: the built-in suite would run
+        given = values[name]
+        if given == "" or (isinstance(given, list) and "" in given):
+            raise UsageError(f"--{name.replace('_', '-')}: the file name is empty (an unset variable?)")
     if values["provider"] is not None and values["provider"] not in PROVIDERS:
         raise UsageError(f"unknown provider {values['provider']!r}; choose one of {', '.join(PROVIDERS)}")
     replayers = [name for name, cls in PROVIDERS.items() if cls.replays_record]
@@ -5752,6 +5851,9 @@ def _check_outputs(values):
         if os.path.lexists(path) and not (flag == "--out" and values["dry_run"]):
             raise UsageError(f"{flag}: {path} already exists (records and reports never overwrite a file)"
                              + (_continue_hint(path) if flag in ("--out", "--merge") else ""))
+        folder = os.path.dirname(full)  # a report written after a paid run must have a place to go
+        if not os.path.isdir(folder) and not (flag == "--out" and values["dry_run"]):
+            raise UsageError(f"{flag} {path}: {folder} is not an existing folder; create it first (nothing was run)")
 
 
 def _continue_hint(path):
@@ -6289,6 +6391,9 @@ def prepare(settings, env):
     full_plan = plan_rows(settings.models, [case["id"] for case in suite["cases"]], settings.repeats)
     shard = settings.shard or (_shard(record["shard"]) if record is not None and record.get("shard") else None)
     plan = shard_plan(full_plan, shard)
+    if not plan:  # past the end of a short plan: checking nothing must not be a pass (0 of 0, "qualified")
+        raise UsageError(f"--shard {shard[0]}/{shard[1]}: this shard has no rows to run: the plan has "
+                         f"{_plural(len(full_plan), 'row')}, so use at most {len(full_plan)} shards")
     recorded = {model: parse_price(text, "the record's prices") for model, text in
                 ((record or {}).get("prices") or {}).items()} if record is not None else {}
     prices = {**recorded, **(suite.get("prices") or {}), **price_options(settings)}  # flags win
@@ -6539,7 +6644,7 @@ def continue_flags(settings, row=None, tally=None):
         flags += ["--retries", str(min(RANGES["retries"][1], max(3, settings.retries + 2)))]
     elif settings.max_cost_usd is not None and tally is not None and tally.spent() is not None \
             and tally.spent() >= settings.max_cost_usd:
-        flags += ["--max-cost-usd", format(settings.max_cost_usd * 2, "f")]
+        flags += ["--max-cost-usd", format(min(settings.max_cost_usd * 2, AMOUNT_RANGE[1]), "f")]  # one it accepts
     return flags
 
 
@@ -6740,6 +6845,8 @@ def dry_run_mode(settings, env, stage):
 def run_mode(settings, env, stage):
     """Run the suite (or the rest of a resumed record); the verdict is the exit code."""
     if settings.update_baseline and settings.suite:
+        if read_only(settings.suite):  # said before a request is paid for, not after
+            raise SuiteError(f"--update-baseline: {settings.suite}: {READ_ONLY}; nothing was run")
         try:  # one baseline writer per suite, from the start of the run to its rewrite
             hold_record(settings.suite)
         except RecordError:  # said as SuiteLock says it (SuiteLock then sees this process holds it)
@@ -6806,7 +6913,11 @@ def write_reports_of(record, settings, stage, source):
         rest = [f"--{name} {shell_word(target)}" for name, target in targets.items() if target not in written]
         stage.now(lambda word, rest=rest: f"{word} while writing reports; {source} is complete; write the rest with: "
                                           f"python regression.py --report {shell_word(source)} {' '.join(rest)}")
-        write_reports(record, {kind: path})
+        try:
+            write_reports(record, {kind: path})
+        except RecordError as exc:  # a full disk after a paid run: the record is whole, say how to finish
+            raise RecordError(f"{exc}; {source} is complete; write the rest with: python regression.py --report "
+                              f"{shell_word(source)} {' '.join(rest)}") from None
         written.append(path)
     return written
 

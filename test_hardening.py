@@ -667,7 +667,7 @@ def test_report_under_a_regular_file_is_one_clear_line(tmp_path):
     assert result.returncode == 2
     line = one_error_line(result.stderr)
     assert "report.html" in line
-    assert read_json(tmp_path / "run.json")["summary"]["rows"] == 40  # the record itself is whole
+    assert not (tmp_path / "run.json").exists()  # refused before the run: no paid run without its report
 
 
 def test_disk_full_mid_run_keeps_a_valid_record(tmp_path, echo_reference):

@@ -889,3 +889,296 @@ def test_resume_of_a_replay_record_replays_again_and_never_goes_live(tmp_path):
     assert final["replayed_from"] == complete["replayed_from"]
     refused = run(["--resume", regraded, "--provider", "perplexity"])
     assert refused.returncode == 2 and "replay" in refused.stderr
+
+
+# ====================================================================== hostile paths and lifecycle
+
+GUARDRAILS = HERE / "suites" / "support-guardrails.json"
+
+
+def bounded_cli(args, cwd, script="regression.py", timeout=10):
+    """`python -W error SCRIPT ARGS` with its memory capped at 1 GB, so a reader that never
+    stops (a device) fails fast instead of filling the machine's memory."""
+    import resource
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+    return subprocess.run([sys.executable, "-W", "error", str(HERE / script), *map(str, args)], cwd=cwd,
+                          env=clean_env(key=None), capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=cap, stdin=subprocess.DEVNULL)
+
+
+def test_a_fifo_or_device_named_as_a_file_is_one_line_and_exit_2(tmp_path):
+    """Every command that reads a named file (a record, a suite, an existing --out it inspects)
+    refuses a FIFO (reading one blocks forever) and a device (/dev/zero never ends: reading it
+    once filled 24 GB of memory) with one line and exit 2, before reading a byte."""
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    record = tmp_path / "run.json"
+    assert bounded_cli(["--provider", "echo", "--suite", GUARDRAILS, "--out", record], tmp_path).returncode == 1
+    for args, script in [
+            (["--resume", fifo], "regression.py"),
+            (["--merge", tmp_path / "merged.json", record, fifo], "regression.py"),
+            (["--provider", "echo", "--suite", fifo, "--out", tmp_path / "new.json"], "regression.py"),
+            (["--report", "/dev/zero", "--markdown", tmp_path / "report.md"], "regression.py"),
+            (["--provider", "replay", "--replay", "/dev/zero", "--out", tmp_path / "new.json"], "regression.py"),
+            ([record, fifo], "compare_runs.py"),
+            (["/dev/zero", record], "compare_runs.py")]:
+        result = bounded_cli(args, tmp_path, script)
+        output = (result.stdout + result.stderr).strip()
+        assert result.returncode == 2, (args, output[-500:])
+        assert "not a regular file" in output and "Traceback" not in output, (args, output[-500:])
+        assert len(output.splitlines()) <= (1 if script == "compare_runs.py" else 3), output  # usage + error
+    for hostile in (fifo, "/dev/full"):  # an existing --out is inspected for a continue hint: never read
+        result = bounded_cli(["--provider", "echo", "--suite", GUARDRAILS, "--out", hostile], tmp_path)
+        assert result.returncode == 2 and "already exists" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "merged.json").exists() and not (tmp_path / "new.json").exists()
+
+
+def test_update_baseline_refuses_a_suite_edited_during_the_run(tmp_path):
+    """The suite is edited while the run is in flight (the case now asks something else and
+    must contain "goodbye"): the answer to the old question fails the case as it is now, so it
+    is never approved as its baseline. The run says so (exit 2) and leaves the edit as it is."""
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps({"name": "s", "instructions": "Answer briefly.", "cases": [
+        {"id": "greet", "input": "Say hello", "expected_text": "", "min_similarity": 0.8,
+         "contains": ["hello"]}]}, indent=2), encoding="utf-8")
+    edited = suite.read_text(encoding="utf-8").replace("Say hello", "Say goodbye").replace('"hello"', '"goodbye"')
+
+    def answer(body):
+        suite.write_text(edited, encoding="utf-8")  # the user's editor saves while the request is out
+        return fakes.chat_response("hello there")
+    with fakes.FakeServer(fakes.chat(answer)) as server:
+        result = run(["--provider", "openai", "--base-url", server.url + "/v1", "--models", "m",
+                      "--suite", suite, "--out", tmp_path / "run.json", "--update-baseline"], key=None)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "changed during the run" in result.stderr and "no baseline was filled" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert suite.read_text(encoding="utf-8") == edited  # the user's edit kept, no baseline written into it
+    assert read(tmp_path / "run.json")["summary"]["complete"] is True  # the paid row is kept
+
+
+def test_a_shard_with_no_rows_is_refused_not_passed(tmp_path):
+    """4 rows in 5 shards: shard 5/5 has nothing to run. It used to write an empty record and
+    exit 0 with every model "qualified" on 0 of 0 rows: a pass that checked nothing."""
+    for extra in ([], ["--dry-run"]):
+        result = run(["--provider", "echo", "--suite", GUARDRAILS, "--models", "m", "--shard", "5/5",
+                      "--out", tmp_path / "shard.json", *extra], key=None)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert result.stderr.strip().splitlines()[-1] == (
+            "regression.py: error: --shard 5/5: this shard has no rows to run: the plan has 4 rows, "
+            "so use at most 4 shards")
+        assert not (tmp_path / "shard.json").exists()
+    last = run(["--provider", "echo", "--suite", GUARDRAILS, "--models", "m", "--shard", "4/4",
+                "--out", tmp_path / "shard.json"], key=None)
+    assert last.returncode in (0, 1) and len(read(tmp_path / "shard.json")["runs"]) == 1
+
+
+def test_compare_of_a_record_with_itself_is_not_comparable(tmp_path, capsys):
+    """`compare_runs.py run.json run.json` (a typo, or AFTER a link to BEFORE) compared a run with
+    itself and said "no new failure" (exit 0) for a run it never looked at twice: now exit 2."""
+    record = tmp_path / "run.json"
+    assert run(["--provider", "echo", "--suite", GUARDRAILS, "--out", record], key=None).returncode == 1
+    (tmp_path / "after.json").symlink_to(record)
+    line = ("NOT_COMPARABLE: {} and {} are the same file, so nothing would be compared; "
+            "give the record of the run before and of the run after the change")
+    result = fakes.run_script([record, record], tmp_path, clean_env(key=None), script="compare_runs.py")
+    assert (result.returncode, result.stdout.strip().splitlines()) == (2, [line.format(record, record)])
+    for args in ([record, tmp_path / "after.json"], ["--matrix", record, record]):
+        assert compare_runs.main([str(arg) for arg in args]) == 2
+        assert capsys.readouterr().out.strip().splitlines() == [line.format(*args[-2:])]
+    copy = tmp_path / "copy.json"
+    copy.write_bytes(record.read_bytes())
+    assert compare_runs.main([str(record), str(copy)]) == 0  # two files: the comparison itself decides
+
+
+def test_a_report_that_cannot_be_written_is_refused_before_the_run_or_says_how_to_finish(tmp_path):
+    """A report into a missing folder used to fail only after the run (paid for, exit 2, no
+    report and no word on the record): now it is refused before anything is sent. A folder
+    that vanishes during the run still fails at the end, naming the complete record and the
+    command that writes the report from it."""
+    out, folder = tmp_path / "run.json", tmp_path / "reports"
+    args = ["--provider", "openai", "--models", "m", "--suite", GUARDRAILS, "--out", out,
+            "--junit", folder / "run.xml"]
+    with fakes.FakeServer(fakes.chat(lambda body: fakes.chat_response("ok"))) as server:
+        before = run([*args, "--base-url", server.url + "/v1"], key=None)
+        assert before.returncode == 2 and server.count == 0 and not out.exists()
+        assert before.stderr.strip().splitlines()[-1] == (
+            f"regression.py: error: --junit {folder / 'run.xml'}: {folder} is not an existing folder; "
+            "create it first (nothing was run)")
+        folder.mkdir()
+
+        def vanishing(request):  # the folder goes while the run is in flight
+            if folder.exists():
+                folder.rmdir()
+            return fakes.chat(lambda body: fakes.chat_response("ok"))(request)
+        server.reply = vanishing
+        after = run([*args, "--base-url", server.url + "/v1"], key=None)
+    assert after.returncode == 2 and read(out)["summary"]["complete"] is True
+    last = after.stderr.strip().splitlines()[-1]
+    assert f"{out} is complete; write the rest with: python regression.py --report {out} --junit " in last, last
+
+
+def test_resume_through_a_symlink_completes_the_real_record_and_keeps_the_link(tmp_path):
+    """`--resume latest.json` where latest.json links to runs/real.json replaced the link by a
+    new file and left runs/real.json torn, its finished rows never completed there."""
+    (tmp_path / "runs").mkdir()
+    real, link = tmp_path / "runs" / "real.json", tmp_path / "latest.json"
+    assert run(["--provider", "echo", "--suite", GUARDRAILS, "--out", real], key=None).returncode == 1
+    complete = read(real)
+    truncate_record(real, 2)
+    link.symlink_to(os.path.join("runs", "real.json"))
+    resumed = run(["--resume", link], key=None)
+    assert resumed.returncode == 1, resumed.stderr
+    assert link.is_symlink() and os.readlink(link) == os.path.join("runs", "real.json")
+    assert [essence(row) for row in read(real)["runs"]] == [essence(row) for row in complete["runs"]]
+    assert sorted(os.listdir(tmp_path)) == ["latest.json", "runs"] and os.listdir(tmp_path / "runs") == ["real.json"]
+
+
+def test_a_ci_job_with_regression_out_set_can_report_resume_and_merge_its_record(tmp_path):
+    """REGRESSION_OUT set for a whole CI job named the record of its run, and then refused every
+    later step on that record (--report, --resume, --merge; REGRESSION_SHARD too) with
+    "--out: ... already exists" or "drop --out", a flag nobody gave: exit 2, no report."""
+    env = {**clean_env(key=None), "REGRESSION_OUT": "run.json", "REGRESSION_SHARD": "1/2"}
+
+    def cli(*args):
+        return fakes.run_script([str(arg) for arg in args], tmp_path, env)
+    assert cli("--provider", "echo", "--suite", GUARDRAILS).returncode == 1
+    assert read(tmp_path / "run.json")["shard"] == "1/2"
+    truncate_record(tmp_path / "run.json", 1)
+    resumed = cli("--resume", "run.json")
+    assert resumed.returncode == 1, resumed.stderr
+    assert len(read(tmp_path / "run.json")["runs"]) == 2
+    report = cli("--report", "run.json", "--markdown", "run.md")
+    assert report.returncode == 0 and (tmp_path / "run.md").exists(), report.stderr
+    merged = cli("--merge", "merged.json", "run.json")
+    assert merged.returncode == 2 and "no record of shard(s) 2/2" in merged.stderr  # half a run: incomplete
+    again = cli("--provider", "echo", "--suite", GUARDRAILS)  # a new run still never replaces the record
+    assert again.returncode == 2 and "--out: run.json already exists" in again.stderr
+
+
+def test_an_empty_file_name_is_one_line_and_exit_2_never_a_default(tmp_path, capsys):
+    """`--suite "$SUITE"` with SUITE unset ran the built-in suite and gated on it (exit 0 when it
+    passed); `--resume ""` or `--report ""` started a new full run; `--markdown ""` skipped
+    the report. An empty file name is now refused with one line naming the flag, exit 2."""
+    record = tmp_path / "run.json"
+    assert run(["--provider", "echo", "--suite", GUARDRAILS, "--out", record], key=None).returncode == 1
+    table = [["--provider", "echo", "--suite", "", "--out", "new.json"],
+             ["--provider", "echo", "--resume", ""],
+             ["--report", "", "--html", "report.html"],
+             ["--provider", "echo", "--suite", GUARDRAILS, "--out", "new.json", "--markdown", ""],
+             ["--merge", "merged.json", record, ""],
+             ["--provider", "replay", "--replay", "", "--out", "new.json"],
+             ["--provider", "echo", "--suite", GUARDRAILS, "--out", ""]]
+    for argv, (code, out, err) in zip(table, fakes.cli_table([(argv, tmp_path) for argv in table],
+                                                             env=clean_env(key=None))):
+        flag = "--merge" if "--merge" in argv else next(argv[n - 1] for n, arg in enumerate(argv) if arg == "")
+        assert (code, err.strip().splitlines()[-1]) == (
+            2, f"regression.py: error: {flag}: the file name is empty (an unset variable?)"), (argv, out, err)
+    assert sorted(os.listdir(tmp_path)) == ["run.json"]  # nothing ran, nothing was written
+    with pytest.raises(SystemExit) as exit_:
+        compare_runs.main([str(record), str(record), "--junit", ""])
+    assert exit_.value.code == 2 and "--junit: the file name is empty" in capsys.readouterr().err
+
+
+def test_update_baseline_never_rewrites_a_read_only_suite(tmp_path):
+    """A suite its owner made read-only (chmod 444) was rewritten anyway (a rename ignores the
+    mode), after the run. Now it is refused before any request, and a suite made read-only
+    during the run is left as it is (one line, exit 2, the record kept)."""
+    suite = tmp_path / "suite.json"
+    text = json.dumps({"name": "s", "instructions": "Answer briefly.", "cases": [
+        {"id": "greet", "input": "Say hello", "expected_text": "", "min_similarity": 0.8}]})
+    suite.write_text(text, encoding="utf-8")
+    suite.chmod(0o444)
+    args = ["--provider", "openai", "--models", "m", "--suite", suite, "--out", tmp_path / "run.json",
+            "--update-baseline"]
+    with fakes.FakeServer(fakes.chat(lambda body: fakes.chat_response("hello there"))) as server:
+        refused = run([*args, "--base-url", server.url + "/v1"], key=None)
+        assert refused.returncode == 2 and server.count == 0 and not (tmp_path / "run.json").exists()
+        assert refused.stderr.strip().splitlines()[-1] == (
+            f"regression.py: error: --update-baseline: {suite}: it is read-only (its owner may not write it); "
+            "make it writable first; nothing was run")
+        suite.chmod(0o644)
+
+        def locking(body):  # the owner makes it read-only while the run is in flight
+            suite.chmod(0o444)
+            return fakes.chat_response("hello there")
+        server.reply = fakes.chat(locking)
+        late = run([*args, "--base-url", server.url + "/v1"], key=None)
+    assert late.returncode == 2 and "read-only" in late.stderr and "Traceback" not in late.stderr
+    assert suite.read_text(encoding="utf-8") == text and stat.S_IMODE(suite.stat().st_mode) == 0o444
+    assert read(tmp_path / "run.json")["summary"]["complete"] is True
+    assert sorted(os.listdir(tmp_path)) == ["run.json", "suite.json"]  # no temporary file left
+
+
+def test_a_cap_or_price_too_large_or_small_to_write_out_is_refused(tmp_path):
+    """--max-cost-usd 1e999999999 was accepted and written out in full: a billion digits in
+    the record's run_options (a 1 GB record, 3 GB of memory). --price m=1e999999/1 overflowed
+    on the first answer and made that paid row an execution error; --price m=0E-99999999/0
+    wrote a 5 MB cost. Amounts are now 0 or 0.000000001 to 1000000000 dollars, else one line."""
+    for value in ("1e999999999", "1e-999999999", "1e10"):
+        result = bounded_cli(["--provider", "echo", "--suite", GUARDRAILS, "--max-cost-usd", value, "--dry-run"],
+                             tmp_path)
+        assert result.returncode == 2, result.stderr[-300:]
+        assert result.stderr.strip().splitlines()[-1] == ("regression.py: error: --max-cost-usd must be from "
+                                                          "0.000000001 to 1000000000 US dollars (at most 30 digits)")
+    with fakes.FakeServer(fakes.chat(lambda body: fakes.chat_response("hello"))) as server:
+        args = ["--provider", "openai", "--base-url", server.url + "/v1", "--models", "m", "--suite", GUARDRAILS]
+        refused = run([*args, "--price", "m=1e999999/1", "--out", tmp_path / "a.json"], key=None)
+        assert refused.returncode == 2 and server.count == 0 and "is not a price" in refused.stderr
+        zero = run([*args, "--price", "m=0E-99999999/0", "--out", tmp_path / "b.json"], key=None)
+    assert zero.returncode == 1, zero.stderr
+    assert {row["cost_usd"] for row in read(tmp_path / "b.json")["runs"]} == {"0"}
+
+
+def test_the_budget_stop_at_the_highest_cap_suggests_a_cap_the_cli_accepts(tmp_path):
+    """The budget stop suggests twice the cap; at the highest cap (1000000000) that was a
+    command the CLI itself refuses. It now suggests the highest cap, which resumes."""
+    out = tmp_path / "run.json"
+    with fakes.FakeServer(lambda request: correct(request, cost=600_000_000)) as server:
+        result = run(["--max-cost-usd", "1000000000", "--out", out], server)
+        assert result.returncode == 2 and server.count == 2
+        hint = result.stderr.strip().splitlines()[-1]
+        assert hint.endswith(f"continue with: python regression.py --resume {out} --max-cost-usd 1000000000"), hint
+        resumed = run(hint.split("continue with: python regression.py ", 1)[1].split(), server)
+    assert resumed.returncode == 2 and "--max-cost-usd reached" in resumed.stderr  # refused by the cap, not the CLI
+
+
+def test_update_baseline_of_a_golden_folder_another_process_holds_is_refused(tmp_path):
+    """A golden suite is a folder; its lock is the folder's. Reading only regular files must
+    not drop that lock: a second --update-baseline of the folder still refuses (exit 2)."""
+    import fcntl
+    import shutil
+    folder = tmp_path / "golden"
+    shutil.copytree(HERE / "suites" / "golden-support", folder)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a concurrent --update-baseline holds it
+        result = run(["--provider", "echo", "--suite", folder, "--update-baseline", "--out", tmp_path / "r.json"],
+                     key=None)
+    finally:
+        os.close(fd)
+    assert result.returncode == 2 and "being written by another process" in result.stderr, result.stderr
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_model_with_no_row_in_a_shard_is_not_qualified_by_it(tmp_path):
+    """One case, models A and B, two shards: shard 1/2 holds only A's row, and its record
+    called B "qualified" (0 of 0 rows passed): a shard record read alone said ship B."""
+    suite = tmp_path / "one.json"
+    suite.write_text(json.dumps({"name": "one", "instructions": "x",
+                                 "cases": [{"id": "c", "input": "hello", "contains": ["hello"]}]}))
+    records = []
+    for shard in ("1/2", "2/2"):
+        out = tmp_path / f"shard-{shard[0]}.json"
+        result = run(["--provider", "echo", "--suite", suite, "--models", "A", "B", "--shard", shard, "--out", out],
+                     key=None)
+        assert result.returncode == 0, result.stderr
+        records.append(out)
+    assert {model: stats["qualified"] for model, stats in read(records[0])["summary"]["models"].items()} == \
+        {"A": True, "B": False}
+    assert {model: stats["qualified"] for model, stats in read(records[1])["summary"]["models"].items()} == \
+        {"A": False, "B": True}
+    merged = run(["--merge", tmp_path / "all.json", *records], key=None)
+    assert merged.returncode == 0 and all(stats["qualified"] for stats in
+                                          read(tmp_path / "all.json")["summary"]["models"].values())
