@@ -4871,8 +4871,9 @@ def redact_note(record):
     return f" plus the same {count} --redact flag(s) it was made with" if count else ""
 
 
-def merge(out, paths):
-    """--merge OUT SHARD...: one record from shard records of the same config; returns the exit code."""
+def merge(out, paths, created=lambda: None):
+    """--merge OUT SHARD...: one record from shard records of the same config; returns the exit
+    code. `created()` is called once OUT exists (an interruption after it leaves OUT whole)."""
     for path in paths:
         check_unlocked(path)  # a shard still being written would merge half a run
     records = [_load_for("--merge", path) for path in paths]
@@ -4900,6 +4901,7 @@ def merge(out, paths):
                                        if k not in ("created_at", "runs", "summary", "shard", "recovered")}}
     header["merged_from"] = [{"path": path, "shard": record.get("shard")} for record, path in zip(records, paths)]
     create_record(out, header, ordered, final).close()
+    created()
     print(json.dumps(final, indent=2))
     if final["exit_code"] == 2:  # incomplete, or a shard kept an execution error: say what continues it
         print(merge_gaps(records, paths, plan, final), file=sys.stderr)
@@ -6827,7 +6829,8 @@ def report_mode(settings, env, stage):
 def merge_mode(settings, env, stage):
     out, shards = settings.merge[0], list(settings.merge[1:])
     stage.now(lambda word: f"{word} while merging; {out} was not created")
-    code = merge(out, shards)
+    code = merge(out, shards, created=lambda: stage.now(
+        lambda word: f"{word} after merging; {out} is complete"))
     write_reports_of(load_record(out), settings, stage, out)
     return code
 

@@ -447,6 +447,26 @@ def test_interrupt_while_writing_reports_names_the_reports_still_to_write(tmp_pa
     assert main_code(["--report", out, "--html", html]) == 0 and html.exists()
 
 
+def test_interrupt_after_a_merge_created_its_record_never_says_it_was_not_created(tmp_path, monkeypatch):
+    suite = write_suite(tmp_path)
+    shards = [tmp_path / f"shard{n}.json" for n in (1, 2)]
+    for n, shard in enumerate(shards, 1):
+        assert main_code(["--provider", "echo", "--suite", suite, "--shard", f"{n}/2", "--out", shard]) == 0
+    out = tmp_path / "merged.json"
+    real = regression.load_record
+
+    def load(path, *args, **kwargs):
+        if str(path) == str(out):  # the merged record exists: read back for its reports
+            raise KeyboardInterrupt
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(regression, "load_record", load)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        regression.main(["--merge", str(out), *map(str, shards), "--markdown", str(tmp_path / "r.md")])
+    assert caught.value.message == f"interrupted after merging; {out} is complete"
+    assert read(out)["summary"]["complete"] is True
+
+
 def test_interrupt_during_a_resume_rewrite_leaves_the_record_unchanged(tmp_path, monkeypatch):
     suite = write_suite(tmp_path)
     out = tmp_path / "run.json"
