@@ -4371,7 +4371,8 @@ def _mask_cards(match):
 PII_PATTERNS = [
     # Digits may be split by spaces, dashes and invisible characters (zero-width spaces), and
     # \d also matches fullwidth digits: what text_form() would read as a card is masked.
-    (re.compile(rf"(?<![\w-])\d(?:(?:[\s-]|{_INVISIBLE.pattern}){{0,3}}\d){{12,18}}(?![\w-])"), _mask_cards),
+    # A letter may touch it ("card4111...", "...1111cvv"): only a longer digit run is not a card.
+    (re.compile(rf"(?<![\d-])\d(?:(?:[\s-]|{_INVISIBLE.pattern}){{0,3}}\d){{12,18}}(?![\d-])"), _mask_cards),
     (re.compile(r"(?i)\bbearer\s+[A-Za-z0-9\-._~+/]+=*"), "[REDACTED:bearer]"),
     (re.compile(r"\b(?:sk|pk|rk|pplx|xai|gsk|ghp|gho|ghs|github_pat|hf|AKIA)[-_A-Za-z0-9]{16,}"), "[REDACTED:key]"),
     (re.compile(r"(?i)\b(api[_-]?key|secret|token|password)(\s*[:=]\s*)[^\s\"',;]+"), r"\1\2[REDACTED:key]"),

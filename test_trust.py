@@ -1141,6 +1141,19 @@ def test_redact_pii_masks_an_email_written_as_a_link_an_entity_or_a_json_escape(
     assert regression.redactor(pii=True)("jane\\u0040example.com") == "[REDACTED:email]"
 
 
+def test_redact_pii_masks_a_card_that_a_letter_touches(tmp_path):
+    """Only a longer run of digits is not a card: a letter before or after one ("card4111...",
+    "...1111cvv") kept it whole in the record and every report."""
+    answer = "Charged card4111111111111111 and 5500 0055 5555 5559cvv, ticket 12345678901234567890."
+    suite = {"cases": [{"id": "c", "input": "Which cards?", "contains": ["charged"]}]}
+    result, files = run_echoing_key(tmp_path, suite, lambda key, user: answer, ["--redact-pii"])
+    assert result.returncode == 0, result.stderr
+    assert json.loads(files["run.json"])["runs"][0]["answer_text"] == (
+        "Charged card[REDACTED:card] and [REDACTED:card]cvv, ticket 12345678901234567890.")
+    for text in [result.stdout, *files.values()]:
+        assert "4111111111111111" not in text and "5559" not in text
+
+
 @pytest.mark.parametrize("provider", ["perplexity", "openai"])
 def test_a_key_in_a_redirect_host_is_masked_though_the_host_is_lower_cased(tmp_path, provider):
     """The redirect note names Location's host, which urllib lower-cases: a mixed-case key
