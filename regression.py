@@ -751,6 +751,9 @@ def cut_whole(text, limit):
     return text[:end]
 
 
+URL_QUOTE = 200  # a citation note quotes a URL whole (a 60-character cut, never through a value, would leave "...")
+
+
 def _quote(value, limit=60):
     """A short double-quoted form of a value for a note."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
@@ -1094,11 +1097,12 @@ def check_citations(case, trace):
                             f"cited twice: {', '.join(twice) or 'unrecognised URLs'}", cited=urls))
     unseen = [url for url, doc in zip(urls, cited) if doc is None or doc not in found]
     if unseen:
-        reasons.append(Fail("citation_not_in_search_results", f"not in this run's search: {_quote(unseen[0])}"
+        reasons.append(Fail("citation_not_in_search_results",
+                            f"not in this run's search: {_quote(unseen[0], URL_QUOTE)}"
                             + (f" (+{len(unseen) - 1})" if len(unseen) > 1 else ""), urls=unseen))
     outside = [url for url, doc in zip(urls, cited) if doc not in allowed]
     if outside:
-        reasons.append(Fail("citation_not_approved", f"not approved: {_quote(outside[0])}"
+        reasons.append(Fail("citation_not_approved", f"not approved: {_quote(outside[0], URL_QUOTE)}"
                             + (f" (+{len(outside) - 1})" if len(outside) > 1 else ""), urls=outside))
     if case["cite"] not in cited:
         reasons.append(Fail("primary_reference_missing", f"{case['cite']} not cited", expected=case["cite"],

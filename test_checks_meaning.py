@@ -617,6 +617,17 @@ def test_every_failing_reason_carries_its_evidence(reason, suite, case, trace_, 
     assert fragment in evidence[reason]["note"]
 
 
+def test_a_citation_note_quotes_a_long_url_whole():
+    """Notes are cut never through a value, so a URL past 60 characters would show as "...":
+    a citation note quotes up to URL_QUOTE characters of it."""
+    long_url = "https://docs.example.com/kb/troubleshooting/payments/" + "retry-after-" * 6 + "guide"
+    compiled = regression.compile_case(KB_FULL, CITE)
+    answer = trace(kb_answer(kb(1)).replace(kb(1), long_url), urls=[kb(1)])
+    notes = {reason: entry["note"] for reason, entry in regression.explain(compiled, answer)["evidence"].items()}
+    assert 60 < len(long_url) <= regression.URL_QUOTE
+    assert f'"{long_url}"' in notes["citation_not_in_search_results"], notes
+
+
 def test_evidence_rows_cover_every_reason_of_the_built_in_checks():
     covered = {row[0] for row in EVIDENCE_ROWS} | {"wrong_<field>"}
     built_in = {reason for check in regression.CHECK_TABLE[:13] for reason in check.reasons}
