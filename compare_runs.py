@@ -121,12 +121,25 @@ def _child(path, key):
     return f"{path}[{_visible(json.dumps(key, ensure_ascii=False))}]"
 
 
+def same_json(old, new):
+    """Whether two JSON values are the same JSON: Python's == calls true, 1 and 1.0 equal, but
+    a request or tool schema that says `"strict": 1` instead of `true` is not the same config.
+    Object key order is not a difference."""
+    if old is _ABSENT or new is _ABSENT:
+        return old is new
+    try:
+        return json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True)
+    except (TypeError, ValueError):  # not JSON (an in-process caller): Python's equality
+        return old == new
+
+
 def first_difference(old, new, path=""):
     """(path, old, new) of the first place two JSON values differ, or None when equal.
 
     A list of objects with ids (the cases) is matched by id, so the path names the case:
-    cases["refund-policy"].contains. A value missing on one side is _ABSENT."""
-    if old == new:
+    cases["refund-policy"].contains. A value missing on one side is _ABSENT. Values are
+    compared as JSON (same_json): true and 1 differ."""
+    if same_json(old, new):
         return None
     if isinstance(old, dict) and isinstance(new, dict):
         for key in [*old, *(key for key in new if key not in old)]:
@@ -224,8 +237,9 @@ def _comparable(before, after):
         found = _config_view(record["config"]).get("cases")
         return [case for case in found if isinstance(case, dict)] if isinstance(found, list) else []
     old_cases = {case.get("id"): case for case in cases(before)}
-    return [str(case.get("id")) for case in cases(after) if old_cases.get(case.get("id")) != case] + \
-        (["(sources)"] if before["config"].get("sources") != after["config"].get("sources") else [])
+    return [str(case.get("id")) for case in cases(after)
+            if not same_json(old_cases.get(case.get("id"), _ABSENT), case)] + \
+        (["(sources)"] if not same_json(before["config"].get("sources"), after["config"].get("sources")) else [])
 
 
 def _same_evidence(before, after):
@@ -238,7 +252,8 @@ def _same_evidence(before, after):
     rows_before, rows_after = index(before), index(after)
     for key, row in rows_before.items():
         other = rows_after.get(key) or {}
-        _require(row.get("response") == other.get("response") and row.get("rounds") == other.get("rounds"),
+        _require(same_json(row.get("response"), other.get("response"))
+                 and same_json(row.get("rounds"), other.get("rounds")),
                  f"a replay must keep the stored responses, but {_name(key)} differs")
 
 

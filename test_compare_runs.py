@@ -563,3 +563,45 @@ def test_script_compare_subprocess_does_not_import_sdk(tmp_path):
     imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line]
     assert "regression" in imported
     assert not [name for name in imported if name.split(".")[0] == "perplexity"]
+
+
+def _compare_cli(tmp_path, before, after, *flags):
+    """python -W error compare_runs.py BEFORE AFTER FLAGS as a subprocess."""
+    files = [write(tmp_path / "before.json", before), write(tmp_path / "after.json", after)]
+    return subprocess.run([sys.executable, "-W", "error", str(SCRIPT), *files, *flags], cwd=tmp_path,
+                          env=clean_env(), capture_output=True, text=True, timeout=60)
+
+
+def _typed_tool_record():
+    record = make_record()
+    record["config"]["tool"] = {"type": "function", "name": "lookup", "strict": True,
+                                "parameters": {"type": "object", "additionalProperties": False}}
+    record["config"]["request"] = {"store": False}
+    return record
+
+
+@pytest.mark.parametrize("mutate, path", [
+    (lambda config: config["tool"].update(strict=1), "tool.strict differs: true -> 1"),
+    (lambda config: config["tool"]["parameters"].update(additionalProperties=0),
+     "tool.parameters.additionalProperties differs: false -> 0"),
+    (lambda config: config["request"].update(store=0), "request.store differs: false -> 0"),
+    (lambda config: config.update(max_output_tokens=4096.0), "max_output_tokens differs: 4096 -> 4096.0"),
+])
+@pytest.mark.parametrize("flags", [[], ["--matrix"]])
+def test_config_differing_only_in_a_json_type_is_not_comparable(tmp_path, mutate, path, flags):
+    """Python's == calls true, 1 and 1.0 equal; a tool schema or request that sends `1` for `true`
+    is another config. It said "no new failure" (exit 0)."""
+    before = _typed_tool_record()
+    after = copy.deepcopy(before)
+    mutate(after["config"])
+    proc = _compare_cli(tmp_path, before, after, *flags)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"NOT_COMPARABLE: {path} (only the instructions may differ)" in proc.stdout
+
+
+def test_config_differing_only_in_key_order_stays_comparable(tmp_path):
+    before = _typed_tool_record()
+    after = copy.deepcopy(before)
+    after["config"]["tool"] = dict(reversed(list(after["config"]["tool"].items())))
+    proc = _compare_cli(tmp_path, before, after)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
