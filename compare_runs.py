@@ -194,6 +194,16 @@ def shorten(value, other=_ABSENT):
     return text if len(text) <= SHORT else text[:SHORT - 3] + "..."
 
 
+def shown_pair(old, new):
+    """Both sides shortened; where they first differ in a non-ASCII character (NFC against NFD,
+    a Cyrillic letter for a Latin one) both are shown as code points, or they would read alike."""
+    texts = shorten(old, new), shorten(new, old)
+    first = next((n for n, (a, b) in enumerate(zip(*texts)) if a != b), min(map(len, texts)))
+    if any(not text[first:first + 1].isascii() for text in texts):
+        texts = tuple(text.encode("ascii", "backslashreplace").decode("ascii") for text in texts)
+    return texts
+
+
 def _replayed(record, other):
     """Does `record` name `other` as the record it replayed (replayed_from)?"""
     source = record.get("replayed_from")
@@ -226,7 +236,7 @@ def _comparable(before, after):
     if difference is not None and not regrade:
         # For a record and its replay, name what keeps them apart (an input, not a check).
         path, old, new = blocking if replay_pair and blocking else difference
-        raise ValueError(f"{path} differs: {shorten(old, new)} -> {shorten(new, old)}"
+        raise ValueError(f"{path} differs: {' -> '.join(shown_pair(old, new))}"
                          + (f"; {REGRADE_HINT}" if blocking is None else " (only the instructions may differ)"))
     _require(labels[0] == labels[1], f"evidence differs: {labels[0]} vs {labels[1]}")
     if not regrade:

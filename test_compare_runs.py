@@ -605,3 +605,17 @@ def test_config_differing_only_in_key_order_stays_comparable(tmp_path):
     after["config"]["tool"] = dict(reversed(list(after["config"]["tool"].items())))
     proc = _compare_cli(tmp_path, before, after)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("old, new, shown", [
+    ("q caf\u00e9", "q cafe\u0301", '"q caf\\xe9" -> "q cafe\\u0301"'),  # NFC against NFD
+    ("q c\u0061t", "q c\u0430t", '"q cat" -> "q c\\u0430t"'),  # a Cyrillic a for a Latin one
+])
+def test_not_comparable_shows_code_points_where_two_values_read_alike(tmp_path, old, new, shown):
+    """Two questions that differ only in Unicode normalisation were named as "q café" -> "q café"."""
+    before = make_record()
+    after = copy.deepcopy(before)
+    before["config"]["cases"][0]["question"], after["config"]["cases"][0]["question"] = old, new
+    proc = _compare_cli(tmp_path, before, after)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == f'NOT_COMPARABLE: cases["c1"].question differs: {shown} (only the instructions may differ)\n'
