@@ -2671,10 +2671,13 @@ def load_golden_dir(folder, allow_empty_baseline=False, system=None):
     system_path = _system_file(folder, system)
     system_text = _read_system(system_path)
     try:
-        names = sorted(name for name in os.listdir(folder)
-                       if name.endswith(".json") and os.path.isfile(os.path.join(folder, name)))
+        names = sorted(name for name in os.listdir(folder) if name.lower().endswith(".json"))
     except OSError as exc:
         raise SuiteError(f"{folder}: cannot read: {exc.strerror or exc}") from None
+    for name in names:  # a case file that cannot be read is one line, never a case silently left out
+        if not name.endswith(".json") or not os.path.isfile(os.path.join(folder, name)):
+            raise SuiteError(f"{os.path.join(folder, name)}: not a case file (a golden case is a regular "
+                             "file named *.json); rename or remove it")
     if not names:
         raise SuiteError(f"{folder}: no *.json case files in this folder")
     entries = [(os.path.join(folder, name), _read_json(os.path.join(folder, name))) for name in names]

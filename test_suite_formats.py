@@ -809,3 +809,20 @@ def test_promptreg_runs_compare_across_a_system_prompt_edit(tmp_path):
     assert compared.returncode == 1, compared.stdout
     new = [line for line in compared.stdout.splitlines() if line.startswith("NEW_FAILURE")]
     assert len(new) == 1 and "card-number-not-echoed" in new[0]
+
+
+@pytest.mark.parametrize("odd", ["dangling-link", "upper-case-name", "folder-named-json"])
+def test_a_golden_case_file_that_cannot_run_is_refused_never_left_out(tmp_path, odd):
+    # A dangling link, a "*.JSON" file or a folder named "*.json" was skipped without a word:
+    # the run passed (exit 0) with that case never sent.
+    folder = golden_folder(tmp_path / "goldens", _golden())
+    odd_path = folder / ("h.JSON" if odd == "upper-case-name" else "h.json")
+    if odd == "dangling-link":
+        odd_path.symlink_to(tmp_path / "moved-away.json")
+    elif odd == "upper-case-name":
+        odd_path.write_text(json.dumps(_golden(id="h")["g.json"]), encoding="utf-8")
+    else:
+        odd_path.mkdir()
+    line = one_error_line(cli(["--suite", folder, "--provider", "echo", "--out", tmp_path / "run.json"]))
+    assert f"{odd_path}: not a case file" in line
+    assert not (tmp_path / "run.json").exists()
