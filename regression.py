@@ -908,8 +908,9 @@ class Check:
     """One check, declared once (see register_check)."""
 
     def __init__(self, name, run, keys=(), behavior=False, arg=None, validate=None, details=None,
-                 reasons=None, always=False, vacuous=False, doc=None):
+                 reasons=None, always=False, vacuous=False, doc=None, reads=()):
         self.name, self.run, self.keys, self.behavior, self.arg = name, run, tuple(keys), behavior, arg
+        self.reads = tuple(reads)
         self.validate, self.details, self.always, self.vacuous = validate, details, always, vacuous
         self.reasons = dict(reasons or {})
         self.doc = doc or " ".join((run.__doc__ or "").split())
@@ -921,6 +922,11 @@ class Check:
         if self.behavior:
             return bool(self.entries(case))
         return any(key in case for key in self.keys)
+
+    def involved(self, case):
+        """Whether a case holds any key this check reads: its keys are validated and its details
+        reported even when the check has nothing to judge (expected_text without min_similarity)."""
+        return self.active(case) or any(key in case for key in self.reads)
 
     def label(self, case):
         """The check as --dry-run lists it: its name, with a behaviour's arguments."""
@@ -943,12 +949,14 @@ CASE_KEY_RULES = {}  # case keys that switch on no check of their own (e.g. requ
 
 
 def register_check(name, run=None, *, keys=(), behavior=False, arg=None, validate=None, details=None,
-                   reasons=None, always=False, vacuous=False, doc=None):
+                   reasons=None, always=False, vacuous=False, doc=None, reads=()):
     """Declare a check (usable as a decorator when `run` is omitted).
 
     name      the check's name; for a behaviour also the name a case writes in "behaviors"
     run       (case, trace) -> reasons; a reason may be a Fail carrying its evidence
     keys      the case keys it reads; any of them present switches it on, and they join CASE_KEYS
+    reads     case keys it also reads that do not switch it on alone (validated, details reported;
+              --dry-run, the lint and the matrix do not count it as a rule); they join CASE_KEYS
     behavior  True: switched on by "NAME" / "NAME:ARG" in a case's behaviors
     arg       a behaviour's argument kind, a key of ARG_KINDS (None: no argument)
     validate  (case, where, context) -> None, raising SuiteError with one line; runs when the
@@ -961,17 +969,17 @@ def register_check(name, run=None, *, keys=(), behavior=False, arg=None, validat
     if run is None:
         return lambda function: register_check(
             name, function, keys=keys, behavior=behavior, arg=arg, validate=validate, details=details,
-            reasons=reasons, always=always, vacuous=vacuous, doc=doc)
+            reasons=reasons, always=always, vacuous=vacuous, doc=doc, reads=reads)
     if name in CHECKS:
         raise ValueError(f"check {name!r} is already registered")
     if arg is not None and arg not in ARG_KINDS:
         raise ValueError(f"check {name!r}: unknown argument kind {arg!r}")
-    descriptor = Check(name, run, keys, behavior, arg, validate, details, reasons, always, vacuous, doc)
+    descriptor = Check(name, run, keys, behavior, arg, validate, details, reasons, always, vacuous, doc, reads)
     CHECK_TABLE.append(descriptor)
     CHECKS[name] = run
     if behavior:
         BEHAVIORS[name] = arg
-    CASE_KEYS.update(descriptor.keys)
+    CASE_KEYS.update(descriptor.keys, descriptor.reads)
     return run
 
 
@@ -1355,7 +1363,8 @@ def _similarity_details(case, trace):
     return details
 
 
-register_check("similarity", check_similarity, keys=("expected_text", "min_similarity"),
+# expected_text alone reports a score and judges nothing: only min_similarity makes it a rule.
+register_check("similarity", check_similarity, keys=("min_similarity",), reads=("expected_text",),
                validate=_validate_similarity, details=_similarity_details, reasons={
                    "below_min_similarity": (
                        "the answer is less similar to the approved baseline than `min_similarity` (difflib ratio "
@@ -1971,7 +1980,7 @@ def explain(case, trace):
     saw, with a short note for the console and the reports."""
     details, evidence = {}, {}
     for check_ in CHECK_TABLE:
-        if check_.details is not None and check_.active(case):
+        if check_.details is not None and check_.involved(case):
             details.update(check_.details(case, trace))
         for reason in CHECKS.get(check_.name, check_.run)(case, trace):
             evidence.setdefault(str(reason), getattr(reason, "evidence", None) or {"note": ""})
@@ -2323,7 +2332,7 @@ def _validate_case(case, suite, schema, functions, allow_empty_baseline):
     # Each check validates the case keys it reads (register_check), in check order.
     context = {"suite": suite, "schema": schema, "functions": functions, "allow_empty_baseline": allow_empty_baseline}
     for check_ in CHECK_TABLE:
-        if check_.validate is not None and not check_.behavior and check_.active(case):
+        if check_.validate is not None and not check_.behavior and check_.involved(case):
             check_.validate(case, where, context)
     if "behaviors" in case:
         if not isinstance(case["behaviors"], list):
@@ -6125,7 +6134,8 @@ def catalogue():
         lines.append(f"  {check_.name:<22} {check_.doc}")
         switch = ("every case" if check_.always else
                   f"behaviors: {check_.name}" + (f":{check_.arg.upper()}" if check_.arg else "") if check_.behavior
-                  else "case keys: " + ", ".join(check_.keys))
+                  else "case keys: " + ", ".join(check_.keys)
+                  + (f" (also reads {', '.join(check_.reads)})" if check_.reads else ""))
         lines.append(f"  {'':<22} on: {switch}; reasons: {', '.join(check_.reasons) or '-'}")
     lines += [
         "Rules:",
@@ -6166,11 +6176,14 @@ def _check_labels(case):
 def lint_case(case):
     """A warning for a case too weak to fail, or None: its only checks pass an empty answer."""
     active = [check_ for check_ in CHECK_TABLE if not check_.always and check_.active(case)]
+    idle = [key for check_ in CHECK_TABLE if not check_.active(case) for key in check_.reads if key in case]
+    hint = f" ({', '.join(idle)} alone judges nothing)" if idle else ""
     if not active:
-        return f"case {case['id']!r} has no rule beyond completion: any answer passes"
+        return f"case {case['id']!r} has no rule beyond completion: any answer passes{hint}"
     if all(check_.vacuous for check_ in active):
         return (f"case {case['id']!r} only checks {', '.join(check_.name for check_ in active)}: "
-                "an empty answer passes; add contains, expect, expected_text or a behaviour")
+                f"an empty answer passes{hint}; add contains, expect, expected_text with min_similarity "
+                "or a behaviour")
     return None
 
 

@@ -854,3 +854,32 @@ def test_list_checks_subprocess_exit_0(tmp_path):
     assert result.returncode == 0, result.stderr
     assert all(name in result.stdout for name in regression.CHECKS)
     assert os.listdir(tmp_path) == []
+
+
+def test_expected_text_without_min_similarity_is_no_rule_and_says_so(tmp_path):
+    # expected_text alone judges nothing (any answer passes), yet --dry-run listed a
+    # "similarity" check, the lint stayed silent and --matrix showed a similarity rule passing.
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps({"name": "t", "instructions": "Be brief.", "cases": [
+        {"id": "soft", "input": "hello there", "expected_text": "a wholly different reply"},
+        {"id": "hard", "input": "hello there", "expected_text": "a wholly different reply",
+         "min_similarity": 0.9}]}), encoding="utf-8")
+    plan = subprocess.run([sys.executable, str(SCRIPT), "--suite", suite, "--dry-run"], capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    assert "  soft: hello there  [checks: completed]" in plan.stdout
+    assert "  hard: hello there  [checks: completed, similarity]" in plan.stdout
+    assert ("warning: case 'soft' has no rule beyond completion: any answer passes "
+            "(expected_text alone judges nothing)") in plan.stdout
+    assert "case 'hard'" not in plan.stdout
+    out = tmp_path / "run.json"
+    run = subprocess.run([sys.executable, str(SCRIPT), "--suite", suite, "--provider", "echo", "--models", "a", "b",
+                          "--out", out], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert run.returncode == 1, run.stderr
+    rows = {row["case_id"]: row for row in json.loads(out.read_text(encoding="utf-8"))["runs"] if row["model"] == "a"}
+    assert rows["soft"]["passed"] and "similarity" in rows["soft"]["details"]  # the score is still reported
+    assert rows["hard"]["reasons"] == ["below_min_similarity"]
+    matrix = subprocess.run([sys.executable, str(HERE / "compare_runs.py"), "--matrix", "--models", "a", "b", out],
+                            capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    rules = [line.split()[:2] for line in matrix.stdout.splitlines() if line.startswith(("soft", "hard"))]
+    assert ["soft", "similarity"] not in rules and ["hard", "similarity"] in rules, matrix.stdout
