@@ -2111,6 +2111,27 @@ def instructions_sha256(instructions):
     return hashlib.sha256(instructions.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def id_form(case_id):
+    """A case id as it reads: NFKC, invisible characters dropped, whitespace folded. Two ids of one
+    form ("caf\u00e9" and "cafe\u0301", "a" and "a\u200b ") print alike, so they are one id twice."""
+    if case_id.isascii():
+        return " ".join(case_id.split())
+    import unicodedata
+    return " ".join(unicodedata.normalize("NFKC", _drop_invisible(case_id)).split())
+
+
+def _duplicate_id(seen, case_id):
+    """The one-line problem of an id already seen in its id_form (seen: form -> id), else None;
+    records it as seen."""
+    form = id_form(case_id)
+    if form not in seen:
+        seen[form] = case_id
+        return None
+    return f"case {case_id!r}: duplicate id" + (
+        f" (it reads as the earlier {seen[form]!r}: ids that differ only in invisible characters, spacing "
+        "or Unicode form are one id)" if seen[form] != case_id else "")
+
+
 def _unknown_key(keys, known, where):
     for key in keys:
         if key not in known:
@@ -2407,15 +2428,15 @@ def validate_suite(data, allow_empty_baseline=False):
     cases = data.get("cases")
     if not isinstance(cases, list) or not cases:
         raise SuiteError("suite: cases must be a non-empty list")
-    seen = set()
+    seen = {}
     for position, case in enumerate(cases):
         if not isinstance(case, dict):
             raise SuiteError(f"case #{position + 1}: must be an object")
         if not isinstance(case.get("id"), str) or not case["id"].strip():
             raise SuiteError(f"case #{position + 1}: id must be a non-empty string")
-        if case["id"] in seen:
-            raise SuiteError(f"case {case['id']!r}: duplicate id")
-        seen.add(case["id"])
+        duplicate = _duplicate_id(seen, case["id"])
+        if duplicate:
+            raise SuiteError(duplicate)
         _validate_case(case, data, schema, functions, allow_empty_baseline)
     return {
         "name": data["name"],
@@ -2528,16 +2549,16 @@ def promptreg_suite(data, allow_empty_baseline=False):
         raise SuiteError("suite: notes must be a string")
     if not isinstance(data.get("cases"), list) or not data["cases"]:
         raise SuiteError("suite: cases must be a non-empty list")
-    cases, config_cases, systems, seen = [], [], {}, set()
+    cases, config_cases, systems, seen = [], [], {}, {}
     for position, case in enumerate(data["cases"]):
         if not isinstance(case, dict):
             raise SuiteError(f"case #{position + 1}: must be an object")
         if not isinstance(case.get("id"), str) or not case["id"].strip():
             raise SuiteError(f"case #{position + 1}: id must be a non-empty string")
         where = f"case {case['id']!r}"
-        if case["id"] in seen:
-            raise SuiteError(f"{where}: duplicate id")
-        seen.add(case["id"])
+        duplicate = _duplicate_id(seen, case["id"])
+        if duplicate:
+            raise SuiteError(duplicate)
         _unknown_key(case, PROMPTREG_CASE_KEYS, where)
         if not isinstance(case.get("prompt"), str) or not case["prompt"].strip():
             raise SuiteError(f"{where}: prompt must be a non-empty string")
@@ -2645,15 +2666,16 @@ def _golden_case(data, system_text, system_path, allow_placeholder):
 def golden_suite(name, entries, system_text, system_path, allow_placeholder=False):
     """One suite from golden cases [(file, value)]: SYSTEM.txt is the instructions, every case is
     offered only the tools it names (without parameters, as the golden harness sends them)."""
-    cases, tools, placeholders, files = [], [], {}, {}
+    cases, tools, placeholders, files, ids = [], [], {}, {}, {}
     for path, data in entries:
         try:
             case, names, placeholder = _golden_case(data, system_text, system_path, allow_placeholder)
         except SuiteError as exc:
             raise SuiteError(f"{path}: {exc}") from None
-        if case["id"] in files:
-            raise SuiteError(f"{path}: case {case['id']!r}: duplicate id (also in {files[case['id']]})")
-        files[case["id"]] = path
+        duplicate = _duplicate_id(ids, case["id"])
+        if duplicate:
+            raise SuiteError(f"{path}: {duplicate} (also in {files[id_form(case['id'])]})")
+        files[id_form(case["id"])] = path
         if placeholder:
             placeholders[case["id"]] = path
         cases.append({**case, "tools": names})

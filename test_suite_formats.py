@@ -826,3 +826,18 @@ def test_a_golden_case_file_that_cannot_run_is_refused_never_left_out(tmp_path, 
     line = one_error_line(cli(["--suite", folder, "--provider", "echo", "--out", tmp_path / "run.json"]))
     assert f"{odd_path}: not a case file" in line
     assert not (tmp_path / "run.json").exists()
+
+
+def test_ids_that_read_alike_are_one_id_twice_in_either_format(tmp_path):
+    # "refund" and "refund<ZWSP>" ran as two rows under one printed name.
+    promptreg = write_json(tmp_path / "promptreg.json", {"name": "t", "cases": [
+        {"id": "refund", "prompt": "hi", "system": "Be brief.", "contains": ["hi"]},
+        {"id": "refund\u200b", "prompt": "hi", "system": "Be brief.", "contains": ["absent"]}]})
+    line = one_error_line(cli(["--suite", promptreg, "--provider", "echo", "--out", tmp_path / "a.json"]))
+    assert "case 'refund\\u200b': duplicate id (it reads as the earlier 'refund'" in line
+    folder = golden_folder(tmp_path / "goldens",
+                           {**_golden(id="caf\u00e9"), "h.json": _golden(id="cafe\u0301")["g.json"]})
+    line = one_error_line(cli(["--suite", folder, "--provider", "echo", "--out", tmp_path / "b.json"]))
+    assert f"{folder / 'h.json'}: case 'cafe\u0301': duplicate id (it reads as the earlier 'caf\u00e9'" in line
+    assert f"(also in {folder / 'g.json'})" in line
+    assert not (tmp_path / "a.json").exists() and not (tmp_path / "b.json").exists()

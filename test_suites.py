@@ -883,3 +883,21 @@ def test_expected_text_without_min_similarity_is_no_rule_and_says_so(tmp_path):
                             capture_output=True, text=True, timeout=60, cwd=tmp_path)
     rules = [line.split()[:2] for line in matrix.stdout.splitlines() if line.startswith(("soft", "hard"))]
     assert ["soft", "similarity"] not in rules and ["hard", "similarity"] in rules, matrix.stdout
+
+
+@pytest.mark.parametrize("first, second", [("caf\u00e9", "cafe\u0301"), ("refund", "refund "),
+                                           ("refund", "refund\u200b"), ("a  b", "a b"), ("\uff41", "a")])
+def test_case_ids_that_read_alike_are_one_id_twice(tmp_path, first, second):
+    # Two cases whose ids print alike ran as two rows that no reader could tell apart (one
+    # PASS, one FAIL under the same name): refused in one line before anything is sent.
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps({"name": "t", "instructions": "Be brief.", "cases": [
+        {"id": first, "input": "hello", "contains": ["hello"]},
+        {"id": second, "input": "hello", "contains": ["absent"]}]}), encoding="utf-8")
+    result = subprocess.run([sys.executable, str(SCRIPT), "--suite", suite, "--provider", "echo",
+                             "--out", tmp_path / "run.json"], capture_output=True, text=True, timeout=60,
+                            cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.rstrip("\n").split("\n")
+    assert len(lines) == 1 and f"case {second!r}: duplicate id (it reads as the earlier {first!r}" in lines[0]
+    assert not (tmp_path / "run.json").exists()
