@@ -6209,6 +6209,13 @@ def lint_case(case):
     return None
 
 
+def suite_warnings(suite):
+    """lint_case's warning for each weak case (--dry-run lists them), in the suite's own key names."""
+    warnings = [warning for warning in map(lint_case, suite["cases"]) if warning]
+    return [_their_words(warning) for warning in warnings] if suite.get("format") == "prompt-regression" \
+        else warnings
+
+
 def _plural(count, word):
     return f"{count} {word}" + ("" if count == 1 else "s")
 
@@ -6294,8 +6301,7 @@ def plan_text(suite, args, plan, provider_note, run=None, env=None):
         lines.append(f"  {case['id']}: {text[:70]}{'...' if len(text) > 70 else ''}"
                      f"  [checks: {', '.join(['completed'] + _check_labels(case))}]"
                      + (f"  [up to {round_limit(suite, case)} rounds]" if plays_tools(suite, case) else ""))
-    warnings = [warning for warning in map(lint_case, suite["cases"]) if warning]
-    lines += [f"warning: {warning}" for warning in warnings]
+    lines += [f"warning: {warning}" for warning in suite_warnings(suite)]
     if run is not None and run.refusal:
         lines.append(f"refused: {run.refusal}")
     lines.append("nothing was sent (--dry-run)")

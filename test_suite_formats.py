@@ -841,3 +841,14 @@ def test_ids_that_read_alike_are_one_id_twice_in_either_format(tmp_path):
     assert f"{folder / 'h.json'}: case 'cafe\u0301': duplicate id (it reads as the earlier 'caf\u00e9'" in line
     assert f"(also in {folder / 'g.json'})" in line
     assert not (tmp_path / "a.json").exists() and not (tmp_path / "b.json").exists()
+
+
+def test_promptreg_dry_run_warns_in_their_key_names(tmp_path):
+    # expected without min_similarity judges nothing; the warning names their key, not ours.
+    suite = write_json(tmp_path / "promptreg.json", {"name": "t", "cases": [
+        {"id": "soft", "prompt": "hi", "system": "Be brief.", "expected": "A reviewed reply."}]})
+    result = cli(["--suite", suite, "--dry-run"])
+    assert result.returncode == 0, result.stderr
+    assert ("warning: case 'soft' has no rule beyond completion: any answer passes "
+            "(expected alone judges nothing)") in result.stdout
+    assert "expected_text" not in result.stdout
