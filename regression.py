@@ -923,6 +923,10 @@ class Check:
             return bool(self.entries(case))
         return any(key in case for key in self.keys)
 
+    def passes_empty(self, case):
+        """Whether this check, as a case sets it, passes an empty answer (see vacuous)."""
+        return self.vacuous(case) if callable(self.vacuous) else self.vacuous
+
     def involved(self, case):
         """Whether a case holds any key this check reads: its keys are validated and its details
         reported even when the check has nothing to judge (expected_text without min_similarity)."""
@@ -963,8 +967,8 @@ def register_check(name, run=None, *, keys=(), behavior=False, arg=None, validat
               check is active; context holds suite, schema, functions, allow_empty_baseline
     details   (case, trace) -> dict for explain(), beside the evidence of each failing reason
     reasons   {reason: (meaning, what to do)}: --list-checks and the README reason table
-    always    runs on every case; vacuous: passes an empty answer (--dry-run lints cases
-              whose only checks are vacuous)
+    always    runs on every case; vacuous: passes an empty answer, or a (case) -> bool saying when
+              it does (--dry-run lints cases whose only checks are vacuous)
     """
     if run is None:
         return lambda function: register_check(
@@ -1365,7 +1369,8 @@ def _similarity_details(case, trace):
 
 # expected_text alone reports a score and judges nothing: only min_similarity makes it a rule.
 register_check("similarity", check_similarity, keys=("min_similarity",), reads=("expected_text",),
-               validate=_validate_similarity, details=_similarity_details, reasons={
+               validate=_validate_similarity, details=_similarity_details,
+               vacuous=lambda case: case.get("min_similarity") == 0, reasons={
                    "below_min_similarity": (
                        "the answer is less similar to the approved baseline than `min_similarity` (difflib ratio "
                        "in the normal form; very long texts get a bounded score)",
@@ -6202,7 +6207,7 @@ def lint_case(case):
     hint = f" ({', '.join(idle)} alone judges nothing)" if idle else ""
     if not active:
         return f"case {case['id']!r} has no rule beyond completion: any answer passes{hint}"
-    if all(check_.vacuous for check_ in active):
+    if all(check_.passes_empty(case) for check_ in active):
         return (f"case {case['id']!r} only checks {', '.join(check_.name for check_ in active)}: "
                 f"an empty answer passes{hint}; add contains, expect, expected_text with min_similarity "
                 "or a behaviour")

@@ -901,3 +901,18 @@ def test_case_ids_that_read_alike_are_one_id_twice(tmp_path, first, second):
     lines = result.stderr.rstrip("\n").split("\n")
     assert len(lines) == 1 and f"case {second!r}: duplicate id (it reads as the earlier {first!r}" in lines[0]
     assert not (tmp_path / "run.json").exists()
+
+
+def test_min_similarity_zero_is_linted_as_a_rule_no_answer_fails(tmp_path):
+    # Every similarity score is at least 0: the case passed any answer without a warning.
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps({"name": "t", "instructions": "Be brief.", "cases": [
+        {"id": "zero", "input": "hello", "expected_text": "A reviewed reply.", "min_similarity": 0},
+        {"id": "low", "input": "hello", "expected_text": "A reviewed reply.", "min_similarity": 0.01}]}),
+        encoding="utf-8")
+    plan = subprocess.run([sys.executable, str(SCRIPT), "--suite", suite, "--dry-run"], capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    warnings = [line for line in plan.stdout.splitlines() if line.startswith("warning:")]
+    assert warnings == ["warning: case 'zero' only checks similarity: an empty answer passes; add contains, "
+                        "expect, expected_text with min_similarity or a behaviour"]
