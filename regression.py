@@ -908,8 +908,9 @@ class Check:
     """One check, declared once (see register_check)."""
 
     def __init__(self, name, run, keys=(), behavior=False, arg=None, validate=None, details=None,
-                 reasons=None, always=False, vacuous=False, doc=None):
+                 reasons=None, always=False, vacuous=False, doc=None, reads=()):
         self.name, self.run, self.keys, self.behavior, self.arg = name, run, tuple(keys), behavior, arg
+        self.reads = tuple(reads)
         self.validate, self.details, self.always, self.vacuous = validate, details, always, vacuous
         self.reasons = dict(reasons or {})
         self.doc = doc or " ".join((run.__doc__ or "").split())
@@ -921,6 +922,15 @@ class Check:
         if self.behavior:
             return bool(self.entries(case))
         return any(key in case for key in self.keys)
+
+    def passes_empty(self, case):
+        """Whether this check, as a case sets it, passes an empty answer (see vacuous)."""
+        return self.vacuous(case) if callable(self.vacuous) else self.vacuous
+
+    def involved(self, case):
+        """Whether a case holds any key this check reads: its keys are validated and its details
+        reported even when the check has nothing to judge (expected_text without min_similarity)."""
+        return self.active(case) or any(key in case for key in self.reads)
 
     def label(self, case):
         """The check as --dry-run lists it: its name, with a behaviour's arguments."""
@@ -943,35 +953,37 @@ CASE_KEY_RULES = {}  # case keys that switch on no check of their own (e.g. requ
 
 
 def register_check(name, run=None, *, keys=(), behavior=False, arg=None, validate=None, details=None,
-                   reasons=None, always=False, vacuous=False, doc=None):
+                   reasons=None, always=False, vacuous=False, doc=None, reads=()):
     """Declare a check (usable as a decorator when `run` is omitted).
 
     name      the check's name; for a behaviour also the name a case writes in "behaviors"
     run       (case, trace) -> reasons; a reason may be a Fail carrying its evidence
     keys      the case keys it reads; any of them present switches it on, and they join CASE_KEYS
+    reads     case keys it also reads that do not switch it on alone (validated, details reported;
+              --dry-run, the lint and the matrix do not count it as a rule); they join CASE_KEYS
     behavior  True: switched on by "NAME" / "NAME:ARG" in a case's behaviors
     arg       a behaviour's argument kind, a key of ARG_KINDS (None: no argument)
     validate  (case, where, context) -> None, raising SuiteError with one line; runs when the
               check is active; context holds suite, schema, functions, allow_empty_baseline
     details   (case, trace) -> dict for explain(), beside the evidence of each failing reason
     reasons   {reason: (meaning, what to do)}: --list-checks and the README reason table
-    always    runs on every case; vacuous: passes an empty answer (--dry-run lints cases
-              whose only checks are vacuous)
+    always    runs on every case; vacuous: passes an empty answer, or a (case) -> bool saying when
+              it does (--dry-run lints cases whose only checks are vacuous)
     """
     if run is None:
         return lambda function: register_check(
             name, function, keys=keys, behavior=behavior, arg=arg, validate=validate, details=details,
-            reasons=reasons, always=always, vacuous=vacuous, doc=doc)
+            reasons=reasons, always=always, vacuous=vacuous, doc=doc, reads=reads)
     if name in CHECKS:
         raise ValueError(f"check {name!r} is already registered")
     if arg is not None and arg not in ARG_KINDS:
         raise ValueError(f"check {name!r}: unknown argument kind {arg!r}")
-    descriptor = Check(name, run, keys, behavior, arg, validate, details, reasons, always, vacuous, doc)
+    descriptor = Check(name, run, keys, behavior, arg, validate, details, reasons, always, vacuous, doc, reads)
     CHECK_TABLE.append(descriptor)
     CHECKS[name] = run
     if behavior:
         BEHAVIORS[name] = arg
-    CASE_KEYS.update(descriptor.keys)
+    CASE_KEYS.update(descriptor.keys, descriptor.reads)
     return run
 
 
@@ -1355,8 +1367,10 @@ def _similarity_details(case, trace):
     return details
 
 
-register_check("similarity", check_similarity, keys=("expected_text", "min_similarity"),
-               validate=_validate_similarity, details=_similarity_details, reasons={
+# expected_text alone reports a score and judges nothing: only min_similarity makes it a rule.
+register_check("similarity", check_similarity, keys=("min_similarity",), reads=("expected_text",),
+               validate=_validate_similarity, details=_similarity_details,
+               vacuous=lambda case: case.get("min_similarity") == 0, reasons={
                    "below_min_similarity": (
                        "the answer is less similar to the approved baseline than `min_similarity` (difflib ratio "
                        "in the normal form; very long texts get a bounded score)",
@@ -1971,7 +1985,7 @@ def explain(case, trace):
     saw, with a short note for the console and the reports."""
     details, evidence = {}, {}
     for check_ in CHECK_TABLE:
-        if check_.details is not None and check_.active(case):
+        if check_.details is not None and check_.involved(case):
             details.update(check_.details(case, trace))
         for reason in CHECKS.get(check_.name, check_.run)(case, trace):
             evidence.setdefault(str(reason), getattr(reason, "evidence", None) or {"note": ""})
@@ -2100,6 +2114,27 @@ CHECK_KEYS = {"expect", "cite", "contains", "excludes", "expected_text", "min_si
 
 def instructions_sha256(instructions):
     return hashlib.sha256(instructions.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def id_form(case_id):
+    """A case id as it reads: NFKC, invisible characters dropped, whitespace folded. Two ids of one
+    form ("caf\u00e9" and "cafe\u0301", "a" and "a\u200b ") print alike, so they are one id twice."""
+    if case_id.isascii():
+        return " ".join(case_id.split())
+    import unicodedata
+    return " ".join(unicodedata.normalize("NFKC", _drop_invisible(case_id)).split())
+
+
+def _duplicate_id(seen, case_id):
+    """The one-line problem of an id already seen in its id_form (seen: form -> id), else None;
+    records it as seen."""
+    form = id_form(case_id)
+    if form not in seen:
+        seen[form] = case_id
+        return None
+    return f"case {case_id!r}: duplicate id" + (
+        f" (it reads as the earlier {seen[form]!r}: ids that differ only in invisible characters, spacing "
+        "or Unicode form are one id)" if seen[form] != case_id else "")
 
 
 def _unknown_key(keys, known, where):
@@ -2323,7 +2358,7 @@ def _validate_case(case, suite, schema, functions, allow_empty_baseline):
     # Each check validates the case keys it reads (register_check), in check order.
     context = {"suite": suite, "schema": schema, "functions": functions, "allow_empty_baseline": allow_empty_baseline}
     for check_ in CHECK_TABLE:
-        if check_.validate is not None and not check_.behavior and check_.active(case):
+        if check_.validate is not None and not check_.behavior and check_.involved(case):
             check_.validate(case, where, context)
     if "behaviors" in case:
         if not isinstance(case["behaviors"], list):
@@ -2398,15 +2433,15 @@ def validate_suite(data, allow_empty_baseline=False):
     cases = data.get("cases")
     if not isinstance(cases, list) or not cases:
         raise SuiteError("suite: cases must be a non-empty list")
-    seen = set()
+    seen = {}
     for position, case in enumerate(cases):
         if not isinstance(case, dict):
             raise SuiteError(f"case #{position + 1}: must be an object")
         if not isinstance(case.get("id"), str) or not case["id"].strip():
             raise SuiteError(f"case #{position + 1}: id must be a non-empty string")
-        if case["id"] in seen:
-            raise SuiteError(f"case {case['id']!r}: duplicate id")
-        seen.add(case["id"])
+        duplicate = _duplicate_id(seen, case["id"])
+        if duplicate:
+            raise SuiteError(duplicate)
         _validate_case(case, data, schema, functions, allow_empty_baseline)
     return {
         "name": data["name"],
@@ -2519,16 +2554,16 @@ def promptreg_suite(data, allow_empty_baseline=False):
         raise SuiteError("suite: notes must be a string")
     if not isinstance(data.get("cases"), list) or not data["cases"]:
         raise SuiteError("suite: cases must be a non-empty list")
-    cases, config_cases, systems, seen = [], [], {}, set()
+    cases, config_cases, systems, seen = [], [], {}, {}
     for position, case in enumerate(data["cases"]):
         if not isinstance(case, dict):
             raise SuiteError(f"case #{position + 1}: must be an object")
         if not isinstance(case.get("id"), str) or not case["id"].strip():
             raise SuiteError(f"case #{position + 1}: id must be a non-empty string")
         where = f"case {case['id']!r}"
-        if case["id"] in seen:
-            raise SuiteError(f"{where}: duplicate id")
-        seen.add(case["id"])
+        duplicate = _duplicate_id(seen, case["id"])
+        if duplicate:
+            raise SuiteError(duplicate)
         _unknown_key(case, PROMPTREG_CASE_KEYS, where)
         if not isinstance(case.get("prompt"), str) or not case["prompt"].strip():
             raise SuiteError(f"{where}: prompt must be a non-empty string")
@@ -2636,15 +2671,16 @@ def _golden_case(data, system_text, system_path, allow_placeholder):
 def golden_suite(name, entries, system_text, system_path, allow_placeholder=False):
     """One suite from golden cases [(file, value)]: SYSTEM.txt is the instructions, every case is
     offered only the tools it names (without parameters, as the golden harness sends them)."""
-    cases, tools, placeholders, files = [], [], {}, {}
+    cases, tools, placeholders, files, ids = [], [], {}, {}, {}
     for path, data in entries:
         try:
             case, names, placeholder = _golden_case(data, system_text, system_path, allow_placeholder)
         except SuiteError as exc:
             raise SuiteError(f"{path}: {exc}") from None
-        if case["id"] in files:
-            raise SuiteError(f"{path}: case {case['id']!r}: duplicate id (also in {files[case['id']]})")
-        files[case["id"]] = path
+        duplicate = _duplicate_id(ids, case["id"])
+        if duplicate:
+            raise SuiteError(f"{path}: {duplicate} (also in {files[id_form(case['id'])]})")
+        files[id_form(case["id"])] = path
         if placeholder:
             placeholders[case["id"]] = path
         cases.append({**case, "tools": names})
@@ -2671,10 +2707,13 @@ def load_golden_dir(folder, allow_empty_baseline=False, system=None):
     system_path = _system_file(folder, system)
     system_text = _read_system(system_path)
     try:
-        names = sorted(name for name in os.listdir(folder)
-                       if name.endswith(".json") and os.path.isfile(os.path.join(folder, name)))
+        names = sorted(name for name in os.listdir(folder) if name.lower().endswith(".json"))
     except OSError as exc:
         raise SuiteError(f"{folder}: cannot read: {exc.strerror or exc}") from None
+    for name in names:  # a case file that cannot be read is one line, never a case silently left out
+        if not name.endswith(".json") or not os.path.isfile(os.path.join(folder, name)):
+            raise SuiteError(f"{os.path.join(folder, name)}: not a case file (a golden case is a regular "
+                             "file named *.json); rename or remove it")
     if not names:
         raise SuiteError(f"{folder}: no *.json case files in this folder")
     entries = [(os.path.join(folder, name), _read_json(os.path.join(folder, name))) for name in names]
@@ -6122,7 +6161,8 @@ def catalogue():
         lines.append(f"  {check_.name:<22} {check_.doc}")
         switch = ("every case" if check_.always else
                   f"behaviors: {check_.name}" + (f":{check_.arg.upper()}" if check_.arg else "") if check_.behavior
-                  else "case keys: " + ", ".join(check_.keys))
+                  else "case keys: " + ", ".join(check_.keys)
+                  + (f" (also reads {', '.join(check_.reads)})" if check_.reads else ""))
         lines.append(f"  {'':<22} on: {switch}; reasons: {', '.join(check_.reasons) or '-'}")
     lines += [
         "Rules:",
@@ -6163,12 +6203,22 @@ def _check_labels(case):
 def lint_case(case):
     """A warning for a case too weak to fail, or None: its only checks pass an empty answer."""
     active = [check_ for check_ in CHECK_TABLE if not check_.always and check_.active(case)]
+    idle = [key for check_ in CHECK_TABLE if not check_.active(case) for key in check_.reads if key in case]
+    hint = f" ({', '.join(idle)} alone judges nothing)" if idle else ""
     if not active:
-        return f"case {case['id']!r} has no rule beyond completion: any answer passes"
-    if all(check_.vacuous for check_ in active):
+        return f"case {case['id']!r} has no rule beyond completion: any answer passes{hint}"
+    if all(check_.passes_empty(case) for check_ in active):
         return (f"case {case['id']!r} only checks {', '.join(check_.name for check_ in active)}: "
-                "an empty answer passes; add contains, expect, expected_text or a behaviour")
+                f"an empty answer passes{hint}; add contains, expect, expected_text with min_similarity "
+                "or a behaviour")
     return None
+
+
+def suite_warnings(suite):
+    """lint_case's warning for each weak case (--dry-run lists them), in the suite's own key names."""
+    warnings = [warning for warning in map(lint_case, suite["cases"]) if warning]
+    return [_their_words(warning) for warning in warnings] if suite.get("format") == "prompt-regression" \
+        else warnings
 
 
 def _plural(count, word):
@@ -6256,8 +6306,7 @@ def plan_text(suite, args, plan, provider_note, run=None, env=None):
         lines.append(f"  {case['id']}: {text[:70]}{'...' if len(text) > 70 else ''}"
                      f"  [checks: {', '.join(['completed'] + _check_labels(case))}]"
                      + (f"  [up to {round_limit(suite, case)} rounds]" if plays_tools(suite, case) else ""))
-    warnings = [warning for warning in map(lint_case, suite["cases"]) if warning]
-    lines += [f"warning: {warning}" for warning in warnings]
+    lines += [f"warning: {warning}" for warning in suite_warnings(suite)]
     if run is not None and run.refusal:
         lines.append(f"refused: {run.refusal}")
     lines.append("nothing was sent (--dry-run)")

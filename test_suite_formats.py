@@ -809,3 +809,46 @@ def test_promptreg_runs_compare_across_a_system_prompt_edit(tmp_path):
     assert compared.returncode == 1, compared.stdout
     new = [line for line in compared.stdout.splitlines() if line.startswith("NEW_FAILURE")]
     assert len(new) == 1 and "card-number-not-echoed" in new[0]
+
+
+@pytest.mark.parametrize("odd", ["dangling-link", "upper-case-name", "folder-named-json"])
+def test_a_golden_case_file_that_cannot_run_is_refused_never_left_out(tmp_path, odd):
+    # A dangling link, a "*.JSON" file or a folder named "*.json" was skipped without a word:
+    # the run passed (exit 0) with that case never sent.
+    folder = golden_folder(tmp_path / "goldens", _golden())
+    odd_path = folder / ("h.JSON" if odd == "upper-case-name" else "h.json")
+    if odd == "dangling-link":
+        odd_path.symlink_to(tmp_path / "moved-away.json")
+    elif odd == "upper-case-name":
+        odd_path.write_text(json.dumps(_golden(id="h")["g.json"]), encoding="utf-8")
+    else:
+        odd_path.mkdir()
+    line = one_error_line(cli(["--suite", folder, "--provider", "echo", "--out", tmp_path / "run.json"]))
+    assert f"{odd_path}: not a case file" in line
+    assert not (tmp_path / "run.json").exists()
+
+
+def test_ids_that_read_alike_are_one_id_twice_in_either_format(tmp_path):
+    # "refund" and "refund<ZWSP>" ran as two rows under one printed name.
+    promptreg = write_json(tmp_path / "promptreg.json", {"name": "t", "cases": [
+        {"id": "refund", "prompt": "hi", "system": "Be brief.", "contains": ["hi"]},
+        {"id": "refund\u200b", "prompt": "hi", "system": "Be brief.", "contains": ["absent"]}]})
+    line = one_error_line(cli(["--suite", promptreg, "--provider", "echo", "--out", tmp_path / "a.json"]))
+    assert "case 'refund\\u200b': duplicate id (it reads as the earlier 'refund'" in line
+    folder = golden_folder(tmp_path / "goldens",
+                           {**_golden(id="caf\u00e9"), "h.json": _golden(id="cafe\u0301")["g.json"]})
+    line = one_error_line(cli(["--suite", folder, "--provider", "echo", "--out", tmp_path / "b.json"]))
+    assert f"{folder / 'h.json'}: case 'cafe\u0301': duplicate id (it reads as the earlier 'caf\u00e9'" in line
+    assert f"(also in {folder / 'g.json'})" in line
+    assert not (tmp_path / "a.json").exists() and not (tmp_path / "b.json").exists()
+
+
+def test_promptreg_dry_run_warns_in_their_key_names(tmp_path):
+    # expected without min_similarity judges nothing; the warning names their key, not ours.
+    suite = write_json(tmp_path / "promptreg.json", {"name": "t", "cases": [
+        {"id": "soft", "prompt": "hi", "system": "Be brief.", "expected": "A reviewed reply."}]})
+    result = cli(["--suite", suite, "--dry-run"])
+    assert result.returncode == 0, result.stderr
+    assert ("warning: case 'soft' has no rule beyond completion: any answer passes "
+            "(expected alone judges nothing)") in result.stdout
+    assert "expected_text" not in result.stdout

@@ -854,3 +854,65 @@ def test_list_checks_subprocess_exit_0(tmp_path):
     assert result.returncode == 0, result.stderr
     assert all(name in result.stdout for name in regression.CHECKS)
     assert os.listdir(tmp_path) == []
+
+
+def test_expected_text_without_min_similarity_is_no_rule_and_says_so(tmp_path):
+    # expected_text alone judges nothing (any answer passes), yet --dry-run listed a
+    # "similarity" check, the lint stayed silent and --matrix showed a similarity rule passing.
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps({"name": "t", "instructions": "Be brief.", "cases": [
+        {"id": "soft", "input": "hello there", "expected_text": "a wholly different reply"},
+        {"id": "hard", "input": "hello there", "expected_text": "a wholly different reply",
+         "min_similarity": 0.9}]}), encoding="utf-8")
+    plan = subprocess.run([sys.executable, str(SCRIPT), "--suite", suite, "--dry-run"], capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    assert "  soft: hello there  [checks: completed]" in plan.stdout
+    assert "  hard: hello there  [checks: completed, similarity]" in plan.stdout
+    assert ("warning: case 'soft' has no rule beyond completion: any answer passes "
+            "(expected_text alone judges nothing)") in plan.stdout
+    assert "case 'hard'" not in plan.stdout
+    out = tmp_path / "run.json"
+    run = subprocess.run([sys.executable, str(SCRIPT), "--suite", suite, "--provider", "echo", "--models", "a", "b",
+                          "--out", out], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert run.returncode == 1, run.stderr
+    rows = {row["case_id"]: row for row in json.loads(out.read_text(encoding="utf-8"))["runs"] if row["model"] == "a"}
+    assert rows["soft"]["passed"] and "similarity" in rows["soft"]["details"]  # the score is still reported
+    assert rows["hard"]["reasons"] == ["below_min_similarity"]
+    matrix = subprocess.run([sys.executable, str(HERE / "compare_runs.py"), "--matrix", "--models", "a", "b", out],
+                            capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    rules = [line.split()[:2] for line in matrix.stdout.splitlines() if line.startswith(("soft", "hard"))]
+    assert ["soft", "similarity"] not in rules and ["hard", "similarity"] in rules, matrix.stdout
+
+
+@pytest.mark.parametrize("first, second", [("caf\u00e9", "cafe\u0301"), ("refund", "refund "),
+                                           ("refund", "refund\u200b"), ("a  b", "a b"), ("\uff41", "a")])
+def test_case_ids_that_read_alike_are_one_id_twice(tmp_path, first, second):
+    # Two cases whose ids print alike ran as two rows that no reader could tell apart (one
+    # PASS, one FAIL under the same name): refused in one line before anything is sent.
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps({"name": "t", "instructions": "Be brief.", "cases": [
+        {"id": first, "input": "hello", "contains": ["hello"]},
+        {"id": second, "input": "hello", "contains": ["absent"]}]}), encoding="utf-8")
+    result = subprocess.run([sys.executable, str(SCRIPT), "--suite", suite, "--provider", "echo",
+                             "--out", tmp_path / "run.json"], capture_output=True, text=True, timeout=60,
+                            cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.rstrip("\n").split("\n")
+    assert len(lines) == 1 and f"case {second!r}: duplicate id (it reads as the earlier {first!r}" in lines[0]
+    assert not (tmp_path / "run.json").exists()
+
+
+def test_min_similarity_zero_is_linted_as_a_rule_no_answer_fails(tmp_path):
+    # Every similarity score is at least 0: the case passed any answer without a warning.
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps({"name": "t", "instructions": "Be brief.", "cases": [
+        {"id": "zero", "input": "hello", "expected_text": "A reviewed reply.", "min_similarity": 0},
+        {"id": "low", "input": "hello", "expected_text": "A reviewed reply.", "min_similarity": 0.01}]}),
+        encoding="utf-8")
+    plan = subprocess.run([sys.executable, str(SCRIPT), "--suite", suite, "--dry-run"], capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    warnings = [line for line in plan.stdout.splitlines() if line.startswith("warning:")]
+    assert warnings == ["warning: case 'zero' only checks similarity: an empty answer passes; add contains, "
+                        "expect, expected_text with min_similarity or a behaviour"]
