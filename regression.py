@@ -5057,6 +5057,10 @@ def _row_problem(row, position):
     problem = _field_problem(row, ROW_FIELDS, f"runs[{position}].")
     if problem is None and isinstance(row.get("details"), dict):
         problem = _field_problem(row["details"], DETAILS_FIELDS, f"runs[{position}].details.")
+    # the verdict counts only `passed`: a row marked passed that holds reasons or an error is a
+    # crafted or broken row, and trusting it would carry a failure into a summary as a pass
+    if problem is None and row.get("passed") is True and (row.get("reasons") or row.get("error") is not None):
+        problem = f"runs[{position}].passed is true but the row holds reasons or an error"
     return problem
 
 
@@ -5169,6 +5173,21 @@ def summary(rows, models, repeats, cases=CASES):
     for row in rows:
         tally.add(row)
     return tally.summary()
+
+
+def recount(record):
+    """The record with its summary recomputed from its rows for its (shard's) plan: a stored
+    summary is never trusted, since a hand edit could say PASS over failed rows. Its
+    "stopped" note is kept: it says why rows are missing, which the rows cannot."""
+    config = record["config"]
+    tally = Tally(config["models"], config["repeats"], config["cases"], expected=_record_plan(record))
+    for row in record["runs"]:
+        tally.add(row)
+    final = tally.summary()
+    stopped = (record.get("summary") or {}).get("stopped")
+    if isinstance(stopped, str):
+        final["stopped"] = stopped
+    return {**record, "summary": final}
 
 
 # ====================================================================== reports
@@ -6839,7 +6858,7 @@ def list_checks_mode(settings, env, stage):
 
 
 def report_mode(settings, env, stage):
-    record = _load_for("--report", settings.report)
+    record = recount(_load_for("--report", settings.report))
     written = write_reports_of(record, settings, stage, settings.report)
     print(safe_text(f"wrote {', '.join(written)} from {settings.report}"))
     return 0
