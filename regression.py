@@ -6417,6 +6417,34 @@ def _resumed_run(record, suite, plan, config, settings):
     return Run(suite, plan, set(plan), header, settings.resume, rows, resuming=True)
 
 
+def regrade_problem(record, path, suite, rows):
+    """Why the stored verdicts of a resume's kept rows cannot stand, or None: each kept row's
+    stored response is graded again under the current checks (offline, as --provider replay
+    does), and a verdict that differs (a record edited, or graded by other code) is refused,
+    since the summary would mix two gradings. Masked responses cannot be re-graded
+    (masked_evidence), so their verdicts stand."""
+    if masked_evidence(record) is not None:
+        return None
+    rows = [row for row in rows if "response" in row]
+    replayer = ReplayProvider({"provider": record.get("provider"), "runs": rows}, path)
+    grader, cases = builtin_grader(suite, replayer), {case["id"]: case for case in suite["cases"]}
+    for row in rows:
+        model, case_id, repeat = row_key(row)
+        again = run_row(replayer, case_suite(suite, cases[case_id]), cases[case_id], model, repeat, grader)
+        if again["passed"] is not row.get("passed") or again["reasons"] != row.get("reasons"):
+            other = "; it was made by other code (code_sha256 differs)" \
+                if record.get("code_sha256") != code_sha256() else ""
+            return (f"{key_text(row_key(row))} is stored as {_verdict_text(row)} but its stored response now "
+                    f"grades {_verdict_text(again)}{other}; a resume would mix two gradings: "
+                    "run the suite again with --out NEW.json")
+    return None
+
+
+def _verdict_text(row):
+    reasons = row.get("reasons") if isinstance(row.get("reasons"), list) else []
+    return "PASS" if row.get("passed") is True else f"FAIL ({safe_text(', '.join(map(str, reasons))) or 'no reason'})"
+
+
 def prepare(settings, env):
     """Suite, plan and header for a new run, or for --resume; raises UsageError / SuiteError."""
     record, replayed = settings.resumed_record, settings.replayed_record
@@ -6439,6 +6467,9 @@ def prepare(settings, env):
     prices = {**recorded, **(suite.get("prices") or {}), **price_options(settings)}  # flags win
     if record is not None:
         run = _resumed_run(record, suite, plan, config, settings)
+        problem = regrade_problem(record, settings.resume, suite, run.kept)
+        if problem:
+            raise UsageError(f"--resume: {problem}")
     else:
         run = Run(suite, plan, set(plan), _new_header(settings, env, cls, suite, config, shard, replayed),
                   settings.out or "results.json")
