@@ -4905,6 +4905,11 @@ def merge(out, paths, created=lambda: None):
             if (record.get("run_options") or {}).get(option) != (base.get("run_options") or {}).get(option):
                 raise UsageError(f"--merge: {path} differs from {paths[0]} in run_options.{option}; "
                                  "its rows were masked differently, and one record keeps one redaction")
+    suite = _suite_from_record(base, argparse.Namespace(suite=None, update_baseline=False, system=None))
+    for record, path in zip(records, paths):  # a shard's stored verdicts are graded again, as a resume's
+        problem = regrade_problem(record, path, suite, record["runs"])
+        if problem:
+            raise UsageError(f"--merge: {path}: {problem}")
     rows, source = {}, {}
     for record, path in zip(records, paths):
         for row in record["runs"]:
@@ -6420,12 +6425,13 @@ def _resumed_run(record, suite, plan, config, settings):
 def regrade_problem(record, path, suite, rows):
     """Why the stored verdicts of a resume's kept rows cannot stand, or None: each kept row's
     stored response is graded again under the current checks (offline, as --provider replay
-    does), and a verdict that differs (a record edited, or graded by other code) is refused,
+    does), and a verdict that differs (a record edited, or graded by other code) is refused
+    by --resume and --merge,
     since the summary would mix two gradings. Masked responses cannot be re-graded
     (masked_evidence), so their verdicts stand."""
     if masked_evidence(record) is not None:
         return None
-    rows = [row for row in rows if "response" in row]
+    rows = [row for row in rows if row.get("error") is None and "response" in row]
     replayer = ReplayProvider({"provider": record.get("provider"), "runs": rows}, path)
     grader, cases = builtin_grader(suite, replayer), {case["id"]: case for case in suite["cases"]}
     for row in rows:
@@ -6435,7 +6441,7 @@ def regrade_problem(record, path, suite, rows):
             other = "; it was made by other code (code_sha256 differs)" \
                 if record.get("code_sha256") != code_sha256() else ""
             return (f"{key_text(row_key(row))} is stored as {_verdict_text(row)} but its stored response now "
-                    f"grades {_verdict_text(again)}{other}; a resume would mix two gradings: "
+                    f"grades {_verdict_text(again)}{other}; the summary would mix two gradings: "
                     "run the suite again with --out NEW.json")
     return None
 

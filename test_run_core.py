@@ -811,19 +811,22 @@ def test_report_recounts_the_verdict_from_the_rows_not_a_stored_summary(tmp_path
     assert "<failure" in junit.read_text()
 
 
-def test_resume_regrades_kept_rows_and_refuses_a_stored_pass_the_checks_now_fail(tmp_path):
-    """--resume kept a finished row's stored verdict without grading it: a row edited to
-    passed: true with no reasons (or graded by older, weaker code) over an answer that fails
-    its checks was counted a pass, and the resume printed exit_code 0 and exited 0."""
+@pytest.mark.parametrize("command", ["resume", "merge"])
+def test_resume_regrades_kept_rows_and_refuses_a_stored_pass_the_checks_now_fail(tmp_path, command):
+    """--resume and --merge kept a finished row's stored verdict without grading it: a row
+    edited to passed: true with no reasons (or graded by older, weaker code) over an answer
+    that fails its checks was counted a pass, and they printed exit_code 0 and exited 0."""
     out = failing_record(tmp_path)
     record = json.loads(out.read_text())
     row = next(row for row in record["runs"] if row["case_id"] == "bad")
     row.update(passed=True, reasons=[], details={})
     record["summary"]["complete"] = False
     out.write_text(json.dumps(record))
-    proc = cli(["--resume", out], tmp_path)
+    merged = tmp_path / "all.json"
+    proc = cli(["--resume", out] if command == "resume" else ["--merge", merged, out], tmp_path)
     assert proc.returncode == 2
-    assert ("--resume: echo / bad / repeat 0 is stored as PASS but its stored response now grades FAIL "
+    where = "--resume: " if command == "resume" else f"--merge: {out}: "
+    assert (f"{where}echo / bad / repeat 0 is stored as PASS but its stored response now grades FAIL "
             "(missing_required_text)") in one_line(proc.stderr)
     assert '"exit_code": 0' not in proc.stdout
-    assert json.loads(out.read_text()) == record  # refused before the record is touched
+    assert json.loads(out.read_text()) == record and not merged.exists()  # refused before a file is touched
