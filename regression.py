@@ -6431,9 +6431,11 @@ def regrade_problem(record, path, suite, rows):
     (masked_evidence), so their verdicts stand."""
     if masked_evidence(record) is not None:
         return None
-    rows = [row for row in rows if row.get("error") is None and "response" in row]
+    cases = {case["id"]: case for case in suite["cases"]}
+    # a row of no case of the suite is not graded here: the verdict counts it as a clash (exit 2)
+    rows = [row for row in rows if row.get("error") is None and "response" in row and row_key(row)[1] in cases]
     replayer = ReplayProvider({"provider": record.get("provider"), "runs": rows}, path)
-    grader, cases = builtin_grader(suite, replayer), {case["id"]: case for case in suite["cases"]}
+    grader = builtin_grader(suite, replayer)
     for row in rows:
         model, case_id, repeat = row_key(row)
         again = run_row(replayer, case_suite(suite, cases[case_id]), cases[case_id], model, repeat, grader)
