@@ -4944,6 +4944,11 @@ def merge(out, paths, created=lambda: None):
             if (record.get("run_options") or {}).get(option) != (base.get("run_options") or {}).get(option):
                 raise UsageError(f"--merge: {path} differs from {paths[0]} in run_options.{option}; "
                                  "its rows were masked differently, and one record keeps one redaction")
+    suite = _suite_from_record(base, argparse.Namespace(suite=None, update_baseline=False, system=None))
+    for record, path in zip(records, paths):  # a shard's stored verdicts are graded again, as a resume's
+        problem = regrade_problem(record, path, suite, record["runs"])
+        if problem:
+            raise UsageError(f"--merge: {path}: {problem}")
     rows, source = {}, {}
     for record, path in zip(records, paths):
         for row in record["runs"]:
@@ -5096,6 +5101,10 @@ def _row_problem(row, position):
     problem = _field_problem(row, ROW_FIELDS, f"runs[{position}].")
     if problem is None and isinstance(row.get("details"), dict):
         problem = _field_problem(row["details"], DETAILS_FIELDS, f"runs[{position}].details.")
+    # the verdict counts only `passed`: a row marked passed that holds reasons or an error is a
+    # crafted or broken row, and trusting it would carry a failure into a summary as a pass
+    if problem is None and row.get("passed") is True and (row.get("reasons") or row.get("error") is not None):
+        problem = f"runs[{position}].passed is true but the row holds reasons or an error"
     return problem
 
 
@@ -5208,6 +5217,21 @@ def summary(rows, models, repeats, cases=CASES):
     for row in rows:
         tally.add(row)
     return tally.summary()
+
+
+def recount(record):
+    """The record with its summary recomputed from its rows for its (shard's) plan: a stored
+    summary is never trusted, since a hand edit could say PASS over failed rows. Its
+    "stopped" note is kept: it says why rows are missing, which the rows cannot."""
+    config = record["config"]
+    tally = Tally(config["models"], config["repeats"], config["cases"], expected=_record_plan(record))
+    for row in record["runs"]:
+        tally.add(row)
+    final = tally.summary()
+    stopped = (record.get("summary") or {}).get("stopped")
+    if isinstance(stopped, str):
+        final["stopped"] = stopped
+    return {**record, "summary": final}
 
 
 # ====================================================================== reports
@@ -6447,6 +6471,37 @@ def _resumed_run(record, suite, plan, config, settings):
     return Run(suite, plan, set(plan), header, settings.resume, rows, resuming=True)
 
 
+def regrade_problem(record, path, suite, rows):
+    """Why the stored verdicts of a resume's kept rows cannot stand, or None: each kept row's
+    stored response is graded again under the current checks (offline, as --provider replay
+    does), and a verdict that differs (a record edited, or graded by other code) is refused
+    by --resume and --merge,
+    since the summary would mix two gradings. Masked responses cannot be re-graded
+    (masked_evidence), so their verdicts stand."""
+    if masked_evidence(record) is not None:
+        return None
+    cases = {case["id"]: case for case in suite["cases"]}
+    # a row of no case of the suite is not graded here: the verdict counts it as a clash (exit 2)
+    rows = [row for row in rows if row.get("error") is None and "response" in row and row_key(row)[1] in cases]
+    replayer = ReplayProvider({"provider": record.get("provider"), "runs": rows}, path)
+    grader = builtin_grader(suite, replayer)
+    for row in rows:
+        model, case_id, repeat = row_key(row)
+        again = run_row(replayer, case_suite(suite, cases[case_id]), cases[case_id], model, repeat, grader)
+        if again["passed"] is not row.get("passed") or again["reasons"] != row.get("reasons"):
+            other = "; it was made by other code (code_sha256 differs)" \
+                if record.get("code_sha256") != code_sha256() else ""
+            return (f"{key_text(row_key(row))} is stored as {_verdict_text(row)} but its stored response now "
+                    f"grades {_verdict_text(again)}{other}; the summary would mix two gradings: "
+                    "run the suite again with --out NEW.json")
+    return None
+
+
+def _verdict_text(row):
+    reasons = row.get("reasons") if isinstance(row.get("reasons"), list) else []
+    return "PASS" if row.get("passed") is True else f"FAIL ({safe_text(', '.join(map(str, reasons))) or 'no reason'})"
+
+
 def prepare(settings, env):
     """Suite, plan and header for a new run, or for --resume; raises UsageError / SuiteError."""
     record, replayed = settings.resumed_record, settings.replayed_record
@@ -6469,6 +6524,9 @@ def prepare(settings, env):
     prices = {**recorded, **(suite.get("prices") or {}), **price_options(settings)}  # flags win
     if record is not None:
         run = _resumed_run(record, suite, plan, config, settings)
+        problem = regrade_problem(record, settings.resume, suite, run.kept)
+        if problem:
+            raise UsageError(f"--resume: {problem}")
     else:
         run = Run(suite, plan, set(plan), _new_header(settings, env, cls, suite, config, shard, replayed),
                   settings.out or "results.json")
@@ -6888,7 +6946,7 @@ def list_checks_mode(settings, env, stage):
 
 
 def report_mode(settings, env, stage):
-    record = _load_for("--report", settings.report)
+    record = recount(_load_for("--report", settings.report))
     written = write_reports_of(record, settings, stage, settings.report)
     print(safe_text(f"wrote {', '.join(written)} from {settings.report}"))
     return 0

@@ -761,3 +761,72 @@ def test_merge_refuses_shards_masked_differently(tmp_path):
     assert proc.returncode == 2
     assert "differs from" in one_line(proc.stderr) and "redaction" in proc.stderr
     assert not (tmp_path / "all.json").exists()
+
+
+# ---------------------------------------------------------------------- what a saved record is trusted with
+FAILING_SUITE = {"name": "trust", "instructions": "Answer briefly.",
+                 "cases": [{"id": "ok", "input": "say hello", "contains": ["hello"]},
+                           {"id": "bad", "input": "say bye", "contains": ["never said"]}]}
+
+
+def failing_record(folder, name="run.json"):
+    """A finished echo record whose "bad" row failed (exit 1 when made)."""
+    out = Path(folder) / name
+    assert main_code(["--provider", "echo", "--suite", write_suite(folder, FAILING_SUITE), "--out", out]) == 1
+    return out
+
+
+@pytest.mark.parametrize("command", ["resume", "merge", "replay"])
+def test_a_row_marked_passed_that_holds_reasons_is_refused_not_counted_as_a_pass(tmp_path, command):
+    """The verdict counts only `passed`: a hand-edited row that failed (reasons kept) but says
+    passed: true made --resume and --merge print exit_code 0. Every reader refuses it, naming it."""
+    out = failing_record(tmp_path)
+    record = json.loads(out.read_text())
+    row = next(row for row in record["runs"] if row["case_id"] == "bad")
+    assert row["reasons"] and row["passed"] is False
+    row["passed"] = True
+    out.write_text(json.dumps(record))
+    args = {"resume": ["--resume", out], "merge": ["--merge", tmp_path / "all.json", out],
+            "replay": ["--provider", "replay", "--replay", out, "--out", tmp_path / "again.json"]}[command]
+    proc = cli(args, tmp_path)
+    assert proc.returncode == 2
+    assert "runs[1].passed is true but the row holds reasons or an error" in one_line(proc.stderr)
+    assert '"exit_code": 0' not in proc.stdout
+
+
+def test_report_recounts_the_verdict_from_the_rows_not_a_stored_summary(tmp_path):
+    """A summary edited to say exit 0 and qualified over failed rows made --report write
+    "PASS: every row passed" above its own failure table: the report recounts the rows."""
+    out = failing_record(tmp_path)
+    record = json.loads(out.read_text())
+    record["summary"].update(exit_code=0)
+    record["summary"]["models"]["echo"].update(passed=2, qualified=True)
+    out.write_text(json.dumps(record))
+    markdown, junit = tmp_path / "run.md", tmp_path / "run.xml"
+    proc = cli(["--report", out, "--markdown", markdown, "--junit", junit], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    text = markdown.read_text()
+    assert "**FAIL: at least one check failed** (exit 1)" in text and "PASS" not in text
+    assert "| echo | 1/2 | 0 | no |" in text
+    assert "<failure" in junit.read_text()
+
+
+@pytest.mark.parametrize("command", ["resume", "merge"])
+def test_resume_regrades_kept_rows_and_refuses_a_stored_pass_the_checks_now_fail(tmp_path, command):
+    """--resume and --merge kept a finished row's stored verdict without grading it: a row
+    edited to passed: true with no reasons (or graded by older, weaker code) over an answer
+    that fails its checks was counted a pass, and they printed exit_code 0 and exited 0."""
+    out = failing_record(tmp_path)
+    record = json.loads(out.read_text())
+    row = next(row for row in record["runs"] if row["case_id"] == "bad")
+    row.update(passed=True, reasons=[], details={})
+    record["summary"]["complete"] = False
+    out.write_text(json.dumps(record))
+    merged = tmp_path / "all.json"
+    proc = cli(["--resume", out] if command == "resume" else ["--merge", merged, out], tmp_path)
+    assert proc.returncode == 2
+    where = "--resume: " if command == "resume" else f"--merge: {out}: "
+    assert (f"{where}echo / bad / repeat 0 is stored as PASS but its stored response now grades FAIL "
+            "(missing_required_text)") in one_line(proc.stderr)
+    assert '"exit_code": 0' not in proc.stdout
+    assert json.loads(out.read_text()) == record and not merged.exists()  # refused before a file is touched
