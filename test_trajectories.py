@@ -154,6 +154,14 @@ def test_agent_api_input_keeps_a_thought_signature_and_the_models_own_text():
         {"type": "function_call_output", "call_id": "c9", "name": "lookup_order", "output": "plain text"}]
 
 
+def play_one_lookup(answer):
+    """One played case (a scripted lookup_order) on the openai provider against `answer`: (row, server)."""
+    suite = regression.validate_suite({**example(), "cases": [
+        {"id": "c", "input": "ord_1", "tool_results": {"lookup_order": {"status": "shipped"}}}]})
+    with live("openai", fakes.chat(answer)) as (provider, server):
+        return regression.execute(provider, suite, suite["cases"][0], "m", 0), server
+
+
 def test_a_call_without_an_id_gets_one_that_its_tool_message_answers():
     def answer(body):
         if not any(message["role"] == "tool" for message in body["messages"]):
@@ -162,10 +170,7 @@ def test_a_call_without_an_id_gets_one_that_its_tool_message_answers():
             return reply
         return fakes.chat_response("done")
 
-    suite = regression.validate_suite({**example(), "cases": [
-        {"id": "c", "input": "ord_1", "tool_results": {"lookup_order": {"status": "shipped"}}}]})
-    with live("openai", fakes.chat(answer)) as (provider, server):
-        row = regression.execute(provider, suite, suite["cases"][0], "m", 0)
+    row, server = play_one_lookup(answer)
     assert row["error"] is None and row["passed"] is True
     second = server.requests[1].json["messages"]
     assert second[2]["tool_calls"][0]["id"] == second[3]["tool_call_id"] == "call_1_1"
@@ -184,10 +189,7 @@ def test_each_call_keeps_its_own_server_id_whatever_shape_the_calls_came_in():
             return reply
         return fakes.chat_response("done")
 
-    suite = regression.validate_suite({**example(), "cases": [
-        {"id": "c", "input": "ord_1", "tool_results": {"lookup_order": {"status": "shipped"}}}]})
-    with live("openai", fakes.chat(answer)) as (provider, server):
-        row = regression.execute(provider, suite, suite["cases"][0], "m", 0)
+    row, server = play_one_lookup(answer)
     assert row["error"] is None, row.get("error_message")
     sent = row["rounds"][0]["tool_results"]
     assert [(entry["call_id"], entry["arguments"]) for entry in sent[1:]] == [

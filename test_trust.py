@@ -974,6 +974,17 @@ def test_evidence_cut_through_a_key_or_a_masked_value_keeps_no_part_of_it(tmp_pa
             assert hidden.lower() not in text.lower()
 
 
+def run_openai_with_odd_key(tmp_path, reply):
+    """One openai row sent ODD_KEY (as MY_KEY) to a fake answering with `reply`, which fails it:
+    (the CLI result, the record's text)."""
+    with FakeServer(reply) as server:
+        result = run_cli(["--provider", "openai", "--base-url", server.url + "/v1", "--api-key-env", "MY_KEY",
+                          "--models", "m", "--suite", GUARDRAILS, "--out", tmp_path / "run.json"],
+                         child_env(MY_KEY=ODD_KEY), tmp_path)
+    assert result.returncode == 2, result.stderr
+    return result, (tmp_path / "run.json").read_text(encoding="utf-8")
+
+
 def test_an_error_body_is_masked_by_the_runs_one_key_rule_before_its_cut(tmp_path):
     """endpoint_text masked the key with its own replace loop, blind to the lower-case
     percent-encoding the stored-row mask reads: that form across the 300-character cut left
@@ -982,12 +993,7 @@ def test_an_error_body_is_masked_by_the_runs_one_key_rule_before_its_cut(tmp_pat
         key = request.headers["Authorization"].split(" ", 1)[1]
         return Reply(500, {"error": {"message": "e" * 270 + " " + urllib.parse.quote(key, safe="").lower() + " x"}})
 
-    with FakeServer(reply) as server:
-        result = run_cli(["--provider", "openai", "--base-url", server.url + "/v1", "--api-key-env", "MY_KEY",
-                          "--models", "m", "--suite", GUARDRAILS, "--out", tmp_path / "run.json"],
-                         child_env(MY_KEY=ODD_KEY), tmp_path)
-    assert result.returncode == 2, result.stderr
-    stored = (tmp_path / "run.json").read_text(encoding="utf-8")
+    result, stored = run_openai_with_odd_key(tmp_path, reply)
     assert "[REDACTED:secret] x" in json.loads(stored)["runs"][0]["error_message"]
     for text in (stored, result.stdout, result.stderr):
         assert "sk-trust%2f" not in text.lower()
@@ -1053,12 +1059,7 @@ def test_a_key_in_an_error_body_that_is_not_json_is_masked_however_it_was_escape
         key = request.headers["Authorization"].split(" ", 1)[1]
         return Reply(401, raw=('{"error": {"message": "invalid key ' + JSON_ENCODERS["php"](key) + '"}').encode())
 
-    with FakeServer(reply) as server:
-        result = run_cli(["--provider", "openai", "--base-url", server.url + "/v1", "--api-key-env", "MY_KEY",
-                          "--models", "m", "--suite", GUARDRAILS, "--out", tmp_path / "run.json"],
-                         child_env(MY_KEY=ODD_KEY), tmp_path)
-    assert result.returncode == 2, result.stderr
-    stored = (tmp_path / "run.json").read_text(encoding="utf-8")
+    result, stored = run_openai_with_odd_key(tmp_path, reply)
     assert json.loads(stored)["runs"][0]["error_message"].endswith('"invalid key [REDACTED:secret]"}')
     for text in (stored, result.stdout, result.stderr):
         assert "Zq8+TfW3" not in text
