@@ -321,8 +321,8 @@ def test_an_unscripted_call_is_answered_with_an_error_and_marked_in_the_trace():
 def calls_trace(names, text="ok", results=None, final=True):
     calls = [{"round": n, "name": name, "arguments": "{}", **({"result": results[n - 1]} if results else {})}
              for n, name in enumerate(names, 1)]
-    return {"final_text": text, "tool_calls": calls, "tool_rounds": len(names), "search_urls": [],
-            "status": "completed", "cost_usd": None, "rounds": len(names) + 1, "final": final}
+    return regression.Trace(final_text=text, tool_calls=calls, tool_rounds=len(names), search_urls=[],
+                            status="completed", cost_usd=None, rounds=len(names) + 1, final=final)
 
 
 @pytest.mark.parametrize("order, names, fails", [
@@ -370,7 +370,7 @@ def test_claims_table(text, results, fails):
 
 def test_claim_backed_only_by_an_unscripted_call_is_unbacked():
     trace = calls_trace(["refund_order"], text="Refund issued", results=[{"ok": True}])
-    trace["tool_calls"][0]["unscripted"] = True
+    trace.tool_calls[0]["unscripted"] = True
     assert regression.check_claims({"claims": {"refund issued": "refund_order"}}, trace) == ["unbacked_claim"]
 
 
@@ -386,7 +386,7 @@ def test_claim_backed_only_by_an_unscripted_call_is_unbacked():
 ])
 def test_tool_args_table(wanted, arguments, fails):
     trace = calls_trace(["refund_order"])
-    trace["tool_calls"][0]["arguments"] = json.dumps(arguments)
+    trace.tool_calls[0]["arguments"] = json.dumps(arguments)
     assert regression.check_tool_args({"tool_args": {"refund_order": wanted}}, trace) == (
         ["wrong_tool_args"] if fails else [])
 
@@ -531,9 +531,9 @@ def test_cost_sums_every_round_and_is_unknown_when_one_round_reports_none():
     def costed(n):
         return {"output": [], "usage": {"cost": {"currency": "USD", "total_cost": n}}} if n is not None else {"output": []}
     rounds = [{"response": costed(0.1)}, {"response": costed(0.2)}, {"response": costed(0.0004)}]
-    assert regression.rounds_trace(regression.agent_trace, rounds)["cost_usd"] == "0.3004"
+    assert regression.rounds_trace(regression.agent_trace, rounds).cost_usd == "0.3004"
     rounds[1]["response"] = costed(None)
-    assert regression.rounds_trace(regression.agent_trace, rounds)["cost_usd"] is None
+    assert regression.rounds_trace(regression.agent_trace, rounds).cost_usd is None
 
 
 class SlowLoop:
@@ -1044,7 +1044,8 @@ def test_trajectory_of_any_stored_details_never_raises_and_stays_short(details):
     ([7, "b"], ["call_3_1", "b"]),
 ])
 def test_each_call_of_a_round_is_answered_under_its_own_id(ids, expected):
-    trace = {"tool_calls": [{"name": "lookup_order", "arguments": "{}"}, {"name": "lookup_order", "arguments": "{}"}]}
+    calls = [{"name": "lookup_order", "arguments": "{}"}, {"name": "lookup_order", "arguments": "{}"}]
+    trace = regression.Trace("", calls, 1, [], "completed", None)
     assert [sent["call_id"] for sent in regression.tool_results({}, trace, ids, 3)] == expected
 
 
