@@ -38,7 +38,8 @@ import sys
 
 from regression import (CASES, CHECK_KEYS, CHECK_TABLE, INSTRUCTIONS, RecordError, check, dumps, html_page,
                         html_table, junit_name, junit_xml, key_text, load_record, md_table, md_text, plan_rows,
-                        record_problem, row_key, safe_text, summary, tool_sequence, write_new_file, xml_text)
+                        record_problem, record_provider, row_key, safe_text, summary, tool_sequence,
+                        write_new_file, xml_text)
 
 
 # ====================================================================== records
@@ -453,7 +454,7 @@ def cautions(before, after):
     """Differences that do not block a comparison but may explain it."""
     notes = [safe_text(f"CAUTION {field} differs: {before.get(field)} -> {after.get(field)}")
              for field in ("sdk_version", "code_sha256") if before.get(field) != after.get(field)]
-    if (before.get("provider") or {"name": "perplexity"}) != (after.get("provider") or {"name": "perplexity"}):
+    if record_provider(before) != record_provider(after):
         notes.append(safe_text(f"CAUTION provider differs: {before.get('provider')} -> {after.get('provider')}"))
     return notes
 
