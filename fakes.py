@@ -847,9 +847,9 @@ def case_requests(suite):
     rows = []
     for case in suite["cases"]:
         seen = regression.case_suite(suite, case)
-        agent = regression.agent_request(seen, case, "fake")
-        rows.append((case["id"], regression.chat_request(seen, case, "fake")["messages"],
-                     agent["instructions"], agent["input"]))
+        agent = regression.PerplexityProvider().body("fake", seen, case)
+        chat = regression.OpenAIProvider("http://127.0.0.1/v1").body("fake", seen, case)
+        rows.append((case["id"], chat["messages"], agent["instructions"], agent["input"]))
     return rows
 
 
@@ -878,7 +878,7 @@ def _agent_turn(body, rows):
             continue
         if value == sent:
             return case_id, 0
-        items = regression._input_items(sent)
+        items = regression.PerplexityProvider.conversation({"input": sent}, ())
         if isinstance(value, list) and value[:len(items)] == items:
             return case_id, _rounds_in(value[len(items):])
     return None
