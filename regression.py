@@ -53,7 +53,8 @@ __all__ = [
     # providers and one request (A6, B3, B4)
     "Perplexity", "PROVIDERS", "Provider", "register_provider", "DEFAULT_PROVIDER",
     "record_provider",
-    "PerplexityProvider", "HTTPProvider", "OpenAIProvider", "EchoProvider", "ReplayProvider",
+    "PerplexityProvider", "HTTPProvider", "OpenAIProvider", "AnthropicProvider", "EchoProvider",
+    "ReplayProvider",
     "run_one", "run_row", "run_row_steps", "send_request", "execute", "transient", "retry_after", "redactor",
     # record and summary (A7, A8, B4)
     "RecordError", "create_record", "replace_record", "load_record", "write_new_file", "dumps",
@@ -3998,6 +3999,138 @@ class OpenAIProvider(HTTPProvider):
 
 
 @register_provider
+class AnthropicProvider(HTTPProvider):
+    """anthropic: the Anthropic Messages API ({base_url}/v1/messages), through urllib (stdlib)."""
+
+    name = "anthropic"
+    vendor = "Anthropic"
+    path = "/v1/messages"
+    VERSION = "2023-06-01"  # the anthropic-version header: the current documented version
+    key_variable, key_hosts = "ANTHROPIC_API_KEY", ("api.anthropic.com",)
+    base_url_variable, default_base_url = "ANTHROPIC_BASE_URL", "https://api.anthropic.com"
+    cap_keys = ("max_tokens",)  # required by the API: always sent
+    COMPLETE = ("end_turn", "tool_use", "stop_sequence", "refusal")  # a refusal is graded as said
+    _FORMAT = "the suite's response_format is sent as output_config.format"
+    reserved = {
+        "mcp_servers": "MCP servers are tools the suite does not declare",
+        "container": "a container brings files and skills of other requests",
+        "context_management": "it edits the conversation the model is told",
+        "output_format": _FORMAT, "output_config": {"format": _FORMAT},
+    }
+
+    @classmethod
+    def suite_problem(cls, suite):
+        if (suite.get("response_format") or {}).get("type", "json_schema") != "json_schema":
+            return (f"--provider {cls.name} sends a response_format as output_config.format, which "
+                    "takes a JSON schema; give a json_schema response_format (or check the answer "
+                    "with the json_object behaviour)")
+        return super().suite_problem(suite)
+
+    def headers(self):
+        key = {"x-api-key": self.key} if self.key else {}
+        return {**super().headers(), "anthropic-version": self.VERSION, **key}
+
+    def not_found_hint(self):
+        if urllib.parse.urlsplit(self.url).path[:-len(self.path)].rstrip("/").endswith("/v1"):
+            return f"{self.path} is added to the base URL: give it without /v1"
+        return None
+
+    @staticmethod
+    def tool(tool):
+        """A suite function tool in the Messages API form: name, description, input_schema (an
+        empty object schema when the function declares no parameters)."""
+        spec = tool["function"] if isinstance(tool.get("function"), dict) else tool
+        form = {"name": spec["name"], "description": spec.get("description"),
+                "input_schema": spec.get("parameters") or {"type": "object", "properties": {}},
+                "strict": spec.get("strict")}
+        return {key: value for key, value in form.items() if value is not None}
+
+    @staticmethod
+    def tool_choice(choice):
+        """The suite's tool_choice in the Messages API form (required is "any")."""
+        if isinstance(choice, dict):
+            return {"type": "tool", "name": choice["function"]["name"]}
+        return {"type": "any" if choice == "required" else choice}
+
+    def body(self, model, suite, case, rounds=()):
+        """The JSON body of a Messages API request for one case and the rounds played so far:
+        the instructions as system, max_tokens always, then the suite's `request` options."""
+        instructions = case.get("instructions", suite["instructions"])
+        body = {"model": model, "max_tokens": MAX_OUTPUT_TOKENS, "temperature": 0,
+                **({"system": instructions} if instructions else {}),
+                "messages": self.conversation(case, rounds)}
+        functions = [self.tool(one) for one in suite.get("tools", [])
+                     if one.get("type") == "function"]
+        if functions:
+            body["tools"] = functions
+            if suite.get("tool_choice"):
+                body["tool_choice"] = self.tool_choice(suite["tool_choice"])
+        options = sendable_options(suite)
+        if suite.get("response_format"):  # the documented structured-output form: its schema
+            given = options.pop("output_config", None)
+            body["output_config"] = {**(given if isinstance(given, dict) else {}), "format": {
+                "type": "json_schema", "schema": suite["response_format"]["json_schema"]["schema"]}}
+        return {**body, **options}
+
+    @staticmethod
+    def conversation(case, rounds):
+        """The case's messages, then per round the model's turn (its text and thinking blocks, a
+        tool_use block per call) and one user message holding a tool_result per call (is_error
+        on an error result): all results of a turn in one message, as the API requires."""
+        value = case["input"]
+        messages = [{"role": "user", "content": value}] if isinstance(value, str) else list(value)
+        for turn in rounds:
+            said = [block for block in _items(turn["response"], "content")
+                    if block.get("type") in ("thinking", "redacted_thinking")
+                    or (block.get("type") == "text" and block.get("text"))]
+            sent = turn["tool_results"]
+            said += [{"type": "tool_use", "id": one["call_id"], "name": one["name"],
+                      "input": _call_arguments(one)} for one in sent]
+            results = [{"type": "tool_result", "tool_use_id": one["call_id"],
+                        "content": result_text(one["result"])} for one in sent]
+            for one, result in zip(sent, results):
+                if is_error_result(one):
+                    result["is_error"] = True
+            messages += [{"role": "assistant", "content": said},
+                         {"role": "user", "content": results}]
+        return messages
+
+    @staticmethod
+    def said(body):
+        """An error body's words after its error type ("overloaded_error: Overloaded")."""
+        message = endpoint_message(body)
+        data = read_json(body.decode("utf-8", "replace"))[0] if isinstance(body, bytes) else body
+        error = data.get("error") if isinstance(data, dict) else None
+        kind = error.get("type") if isinstance(error, dict) else None
+        named = isinstance(kind, str) and message and kind not in message
+        return f"{kind}: {message}" if named else message
+
+    @classmethod
+    def reply_error(cls, raw):
+        return cls.said(raw) or "an error object" if raw.get("type") == "error" else None
+
+    @classmethod
+    def parse(cls, raw):
+        """The Trace of a Messages API response: its text blocks are what it said, its tool_use
+        blocks what it called (thinking blocks neither); max_tokens is an incomplete answer."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("content"), list):
+            raise ResponseError('the response has no "content" list')
+        blocks = _items(raw, "content")
+        calls = [{"name": _call_name(block.get("name")), "arguments": block.get("input")}
+                 for block in blocks if block.get("type") == "tool_use"]
+        stop = raw.get("stop_reason")
+        status = "completed" if stop in cls.COMPLETE else str(stop)
+        return Trace(final_text=content_text(blocks), tool_calls=calls, search_urls=[],
+                     tool_rounds=1 if calls else 0, status=status, cost_usd=None)
+
+    @staticmethod
+    def call_ids(raw):
+        """The id of each tool_use block, in trace order (its tool_result names it)."""
+        return [block.get("id") for block in _items(raw, "content")
+                if block.get("type") == "tool_use"]
+
+
+@register_provider
 class EchoProvider(Provider):
     """echo: offline; answers every case with its own input text (proves the plumbing, costs nothing)."""
 
@@ -4524,6 +4657,9 @@ def _token_count(usage, *names):
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+CACHE_TOKEN_FIELDS = ("cache_creation_input_tokens", "cache_read_input_tokens")  # priced as input
+
+
 def usage_tokens(row):
     """(input, output) tokens the endpoint reported for a row, summed over its rounds, or None
     when any response lacks them (a guess is never priced)."""
@@ -4539,6 +4675,8 @@ def usage_tokens(row):
         tokens_out = _token_count(usage, "completion_tokens", "output_tokens")
         if tokens_in is None or tokens_out is None:
             return None
+        if "prompt_tokens" not in usage:  # Messages API input_tokens leave out prompt-cache tokens
+            tokens_in += sum(_token_count(usage, name) or 0 for name in CACHE_TOKEN_FIELDS)
         total_in, total_out = total_in + tokens_in, total_out + tokens_out
     return total_in, total_out
 
