@@ -2237,13 +2237,13 @@ def _function_names(tools):
 # make the record (and the instructions pin) describe a request that was never sent. These are
 # the keys every API has a name for; each provider class adds its API's own (Provider.reserved),
 # and a suite may set none of them, whichever provider runs it.
-_PINNED = "the suite's instructions are the system text (pinned by instructions_sha256)"
+_PINNED = "the suite's instructions are the system text, pinned by instructions_sha256"
 REQUEST_RESERVED = {
     "model": "the model comes from --models", "messages": "the case input is the conversation",
     "input": "the case input is the conversation", "tools": "tools come from the suite's tools",
     "instructions": _PINNED, "system": _PINNED,
-    "tool_choice": "the suite's tool_choice key sets it (it is part of the config)",
-    "response_format": "the suite's response_format key sets it (the answer check reads it)",
+    "tool_choice": "the suite's tool_choice key sets it, in the config",
+    "response_format": "the suite's response_format key sets it, and the answer check reads it",
     "stream": "responses are read whole (a stream would be graded as a broken body)",
     "n": "a row grades one answer, so the others would go unchecked: use --repeats N for more samples",
 }
