@@ -2237,16 +2237,18 @@ def _function_names(tools):
 # make the record (and the instructions pin) describe a request that was never sent. These are
 # the keys every API has a name for; each provider class adds its API's own (Provider.reserved),
 # and a suite may set none of them, whichever provider runs it.
-_PINNED = "the suite's instructions are the system text, pinned by instructions_sha256"
-REQUEST_RESERVED = {
-    "model": "the model comes from --models", "messages": "the case input is the conversation",
-    "input": "the case input is the conversation", "tools": "tools come from the suite's tools",
-    "instructions": _PINNED, "system": _PINNED,
-    "tool_choice": "the suite's tool_choice key sets it, in the config",
-    "response_format": "the suite's response_format key sets it, and the answer check reads it",
+def reasons_of(table):
+    """{key: why} from {"key key ...": why}: a table of reserved request keys."""
+    return {key: why for keys, why in table.items() for key in keys.split()}
+
+
+REQUEST_RESERVED = reasons_of({
+    "model": "the model comes from --models",
+    "messages input": "the case input is the conversation",
+    "instructions system": "the suite's instructions are the system text (instructions_sha256)",
+    "tools tool_choice response_format": "the suite's own keys set them",
     "stream": "responses are read whole (a stream would be graded as a broken body)",
-    "n": "a row grades one answer, so the others would go unchecked: use --repeats N for more samples",
-}
+    "n": "a row grades one answer, so the others would go unchecked: use --repeats N"})
 TOOL_CHOICES = ("auto", "required", "none")
 
 
@@ -3365,14 +3367,12 @@ class PerplexityProvider(Provider):
     cap_keys = ("max_output_tokens",)
     # The Agent API's body keys (responses.create) that would answer in another model's name or
     # tell the model what the pinned instructions do not say.
-    reserved = {
+    reserved = reasons_of({
         "models": "a fallback chain lets another model answer under this model's name",
-        "preset": "a preset brings its own model, system prompt and tools",
-        "profile": "a saved profile brings its own model, instructions and tools",
+        "preset profile": "a preset or saved profile brings its own model, instructions and tools",
         "previous_response_id": "it continues a conversation the record does not hold",
         "skills": "skills are tools and instructions the suite does not declare",
-        "background": "a queued response is no answer to grade",
-    }
+        "background": "a queued response is no answer to grade"})
     # output items of the server's own tool steps
     TOOL_ITEMS = {"search_results", "fetch_url_results", "mcp_call", "sandbox_results"}
 
@@ -3620,13 +3620,10 @@ def _no_redirect_opener():
 
 
 class HTTPProvider(Provider):
-    """The one JSON-over-HTTP transport of the urllib providers (standard library only): POST
-    to {base_url}{path}, no redirect followed (the key would go along), the body bounded, an
-    error status raised with what the endpoint said (masked) in its message.
-
-    A subclass names its path and key, and owns its wire format: headers, body, parse,
-    reply_error (a whole body that reports an error), said (an error body's words). The
-    vendor's key goes only to key_hosts; any other endpoint gets the key --api-key-env names."""
+    """The one JSON-over-HTTP transport of the urllib providers: POST to {base_url}{path}, no
+    redirect followed (the key would go along), the body bounded, an error status raised with
+    what the endpoint said, masked. A subclass owns its wire format (headers, body, parse,
+    reply_error, said); the vendor's key goes only to key_hosts, else --api-key-env's."""
 
     path = ""                  # appended to the base URL
     base_url_flag = True
@@ -3760,7 +3757,6 @@ CHAT_STOPS = (None, "stop", "tool_calls", "function_call", "eos", "eos_token", "
 SERVER_ENDED = ("error", "abort")
 _THINK_OPEN, _THINK_CLOSE = re.compile(r"<think>", re.I), re.compile(r"</think>", re.I)
 _THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|\Z)", re.I | re.S)
-_OUTPUT_FORMAT = "an output format beside the suite's response_format decides what answers may be"
 
 
 @register_provider
@@ -3779,29 +3775,17 @@ class OpenAIProvider(HTTPProvider):
     cap_keys = ("max_tokens", "max_completion_tokens")
     # Chat-completions keys (OpenAI's and those vLLM, llama.cpp, Ollama and OpenRouter accept) that
     # change who answers, what the model is told or may call, or how the answer is read.
-    reserved = {
-        "functions": "the legacy form of tools: tools come from the suite's tools",
-        "function_call": "the legacy form of tool_choice: the suite's tool_choice sets it",
-        **dict.fromkeys(("modalities", "audio"), "an audio answer leaves no text to grade"),
-        "web_search_options": "server-side search comes from the suite's tools",
-        "prompt": "a stored or raw prompt replaces the conversation",
-        **dict.fromkeys(("guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                         "structured_outputs", "grammar", "json_schema", "format"), _OUTPUT_FORMAT),
-        "chat_template": "another chat template decides what the model is told",
-        "documents": "documents are told to the model beside the case input",
-        "continue_final_message": "the answer would continue a message the case does not hold",
-        "add_generation_prompt": "the conversation would not end in the model's turn",
-        "echo": "the answer would start with the conversation's last message",
-        "lora": "an adapter changes which weights answer",
-        "route": "a fallback route lets another model answer under this model's name",
-        "plugins": "plugins add tools and context the suite does not declare",
-        "transforms": "a prompt transform changes what the model is told",
-        "context": "an earlier conversation's context would be told to the model",
-        "template": "another prompt template decides what the model is told",
-        "raw": "the prompt would go without its chat template",
-        "previous_response_id": "it continues a conversation the record does not hold",
-        "conversation": "it continues a conversation the record does not hold",
-    }
+    reserved = reasons_of({
+        "functions function_call": "the legacy forms of tools and tool_choice (the suite's keys)",
+        "modalities audio": "an audio answer leaves no text to grade",
+        "web_search_options plugins": "search and plugins are tools the suite does not declare",
+        "guided_json guided_regex guided_choice guided_grammar structured_outputs grammar "
+        "json_schema format": "an output format beside the suite's response_format decides answers",
+        "prompt chat_template documents transforms template raw add_generation_prompt":
+            "it changes what the model is told beside the pinned instructions and the case input",
+        "continue_final_message echo": "the answer would continue or repeat a message not sent",
+        "route lora": "another model (a fallback route, an adapter) would answer in its name",
+        "previous_response_id conversation context": "it continues a conversation not recorded"})
 
     @classmethod
     def cost_reported(cls, settings, env):
@@ -4011,12 +3995,10 @@ class AnthropicProvider(HTTPProvider):
     cap_keys = ("max_tokens",)  # required by the API: always sent
     COMPLETE = ("end_turn", "tool_use", "stop_sequence", "refusal")  # a refusal is graded as said
     _FORMAT = "the suite's response_format is sent as output_config.format"
-    reserved = {
-        "mcp_servers": "MCP servers are tools the suite does not declare",
-        "container": "a container brings files and skills of other requests",
-        "context_management": "it edits the conversation the model is told",
-        "output_format": _FORMAT, "output_config": {"format": _FORMAT},
-    }
+    reserved = {"mcp_servers": "MCP servers are tools the suite does not declare",
+                "container": "a container brings files and skills of other requests",
+                "context_management": "it edits the conversation the model is told",
+                "output_format": _FORMAT, "output_config": {"format": _FORMAT}}
 
     @classmethod
     def suite_problem(cls, suite):
@@ -4048,9 +4030,9 @@ class AnthropicProvider(HTTPProvider):
     @staticmethod
     def tool_choice(choice):
         """The suite's tool_choice in the Messages API form (required is "any")."""
-        if isinstance(choice, dict):
-            return {"type": "tool", "name": choice["function"]["name"]}
-        return {"type": "any" if choice == "required" else choice}
+        named = isinstance(choice, dict)
+        return {"type": "tool", "name": choice["function"]["name"]} if named else \
+            {"type": "any" if choice == "required" else choice}
 
     def body(self, model, suite, case, rounds=()):
         """The JSON body of a Messages API request for one case and the rounds played so far:
