@@ -36,9 +36,10 @@ import math
 import os
 import sys
 
-from regression import (CASES, CHECK_KEYS, CHECK_TABLE, INSTRUCTIONS, RecordError, check, dumps, html_page,
-                        html_table, junit_name, junit_xml, key_text, load_record, md_table, md_text, plan_rows,
-                        record_problem, row_key, safe_text, summary, tool_sequence, write_new_file, xml_text)
+from regression import (ABSENT, BEHAVIORS, CASES, CHECK_KEYS, CHECK_TABLE, INSTRUCTIONS, RecordError, check,
+                        compile_case, dumps, first_difference, grade, html_page, html_table, instructions_sha256,
+                        junit_name, junit_xml, key_text, load_record, md_table, md_text, plan_rows, record_problem,
+                        row_key, safe_text, same_json, summary, tool_sequence, write_new_file, xml_text)
 
 
 # ====================================================================== records
@@ -90,7 +91,6 @@ LABELS = {(True, False): "NEW_FAILURE", (False, True): "RECOVERED",
 
 
 IGNORED_CASE_KEYS = ("instructions_sha256", "notes")  # a pin follows the instructions; notes are for people
-_ABSENT = object()
 
 
 def _config_view(config, without_checks=False):
@@ -105,67 +105,6 @@ def _config_view(config, without_checks=False):
     return view
 
 
-def _ids(items):
-    """The ids of a list of objects with distinct string ids, else None."""
-    ids = [item.get("id") for item in items if isinstance(item, dict)]
-    if len(ids) == len(items) and all(isinstance(i, str) for i in ids) and len(set(ids)) == len(ids):
-        return ids
-    return None
-
-
-def _child(path, key):
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    if key.isidentifier() and key.isprintable():
-        return f"{path}.{key}" if path else key
-    return f"{path}[{_visible(json.dumps(key, ensure_ascii=False))}]"
-
-
-def same_json(old, new):
-    """Whether two JSON values are the same JSON: Python's == calls true, 1 and 1.0 equal, but
-    a request or tool schema that says `"strict": 1` instead of `true` is not the same config.
-    Object key order is not a difference."""
-    if old is _ABSENT or new is _ABSENT:
-        return old is new
-    try:
-        return json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True)
-    except (TypeError, ValueError):  # not JSON (an in-process caller): Python's equality
-        return old == new
-
-
-def first_difference(old, new, path=""):
-    """(path, old, new) of the first place two JSON values differ, or None when equal.
-
-    A list of objects with ids (the cases) is matched by id, so the path names the case:
-    cases["refund-policy"].contains. A value missing on one side is _ABSENT. Values are
-    compared as JSON (same_json): true and 1 differ."""
-    if same_json(old, new):
-        return None
-    if isinstance(old, dict) and isinstance(new, dict):
-        for key in [*old, *(key for key in new if key not in old)]:
-            found = first_difference(old.get(key, _ABSENT), new.get(key, _ABSENT), _child(path, key))
-            if found:
-                return found
-    elif isinstance(old, list) and isinstance(new, list):
-        old_ids, new_ids = _ids(old), _ids(new)
-        if old_ids is not None and new_ids is not None:
-            by_old, by_new = dict(zip(old_ids, old)), dict(zip(new_ids, new))
-            for key in [*old_ids, *(key for key in new_ids if key not in by_old)]:
-                found = first_difference(by_old.get(key, _ABSENT), by_new.get(key, _ABSENT),
-                                         f"{path}[{_visible(json.dumps(key, ensure_ascii=False))}]")
-                if found:
-                    return found
-            if old_ids != new_ids:
-                return (f"{path} order", old_ids, new_ids)
-        elif any(isinstance(item, (dict, list)) for item in [*old, *new]):  # a list of strings is shown whole
-            for position in range(max(len(old), len(new))):
-                found = first_difference(old[position] if position < len(old) else _ABSENT,
-                                         new[position] if position < len(new) else _ABSENT, _child(path, position))
-                if found:
-                    return found
-    return (path or "(the whole value)", old, new)
-
-
 SHORT = 60
 
 
@@ -174,10 +113,10 @@ def _visible(text):
     return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
-def shorten(value, other=_ABSENT):
+def shorten(value, other=ABSENT):
     """A value as short JSON for a one-line message; a long string is shown around the first
     character where it differs from `other`."""
-    if value is _ABSENT:
+    if value is ABSENT:
         return "(absent)"
     if isinstance(value, str) and isinstance(other, str) and len(value) > SHORT:
         start = next((n for n, (a, b) in enumerate(zip(value, other)) if a != b), min(len(value), len(other)))
@@ -248,7 +187,7 @@ def _comparable(before, after):
         return [case for case in found if isinstance(case, dict)] if isinstance(found, list) else []
     old_cases = {case.get("id"): case for case in cases(before)}
     return [str(case.get("id")) for case in cases(after)
-            if not same_json(old_cases.get(case.get("id"), _ABSENT), case)] + \
+            if not same_json(old_cases.get(case.get("id"), ABSENT), case)] + \
         (["(sources)"] if not same_json(before["config"].get("sources"), after["config"].get("sources")) else [])
 
 
