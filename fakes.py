@@ -147,7 +147,7 @@ with open(table_path, encoding="utf-8") as handle:
 with open(script, "rb") as handle:
     code_object = compile(handle.read(), script, "exec")  # once, not once per input
 sys.path[0] = os.path.dirname(script)
-for name in filter(None, preload.split(",")):  # modules the script imports, paid once (compare: regression)
+for name in filter(None, preload.split(",")):  # modules the script imports, paid once
     __import__(name)
 results = []
 for n, entry in enumerate(table):
@@ -358,8 +358,9 @@ def cli_table(runs, env=None, timeout=120, script="regression.py", preload=()):
         table, results = f"{folder}/table.json", f"{folder}/results.json"
         with open(table, "w", encoding="utf-8") as handle:
             json.dump([{"argv": [str(arg) for arg in argv], "cwd": str(cwd)} for argv, cwd in runs], handle)
-        driver = subprocess.run([sys.executable, "-c", _CLI_DRIVER, script, table, results, ",".join(preload)],
-                                env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        driver = subprocess.run([sys.executable, "-c", _CLI_DRIVER, script, table, results,
+                                 ",".join(preload)], env=env, stdin=subprocess.DEVNULL,
+                                capture_output=True, text=True, timeout=timeout)
         if driver.returncode != 0:
             raise RuntimeError(f"the CLI driver failed ({driver.returncode}): {driver.stderr[-2000:]}")
         with open(results, encoding="utf-8") as handle:

@@ -48,6 +48,7 @@ __all__ = [
     "rfc_document", "approved_source", "document_id", "CHECKS", "BEHAVIORS", "check", "grade", "explain",
     "compile_case", "agent_trace", "chat_trace", "reported_cost", "similarity",
     "register_check", "register_case_key", "CHECK_TABLE", "Fail", "text_form", "reason_table",
+    "Trace",
     # suites (B1)
     "SuiteError", "load_suite", "validate_suite", "instructions_sha256",
     # providers and one request (A6, B3, B4)
@@ -4960,9 +4961,8 @@ ABSENT = object()  # a value missing on one side of first_difference
 def _ids(items):
     """The ids of a list of objects with distinct string ids, else None."""
     ids = [item.get("id") for item in items if isinstance(item, dict)]
-    if len(ids) == len(items) and all(isinstance(i, str) for i in ids) and len(set(ids)) == len(ids):
-        return ids
-    return None
+    strings = len(ids) == len(items) and all(isinstance(i, str) for i in ids)
+    return ids if strings and len(set(ids)) == len(ids) else None  # set() only of strings
 
 
 def _child(path, key):
@@ -4970,7 +4970,11 @@ def _child(path, key):
         return f"{path}[{key}]"
     if key.isidentifier() and key.isprintable():
         return f"{path}.{key}" if path else key
-    return f"{path}[{printable(json.dumps(key, ensure_ascii=False))}]"
+    return f"{path}[{_key_part(key)}]"
+
+
+def _key_part(key):
+    return printable(json.dumps(key, ensure_ascii=False))
 
 
 def same_json(old, new):
@@ -5004,15 +5008,16 @@ def first_difference(old, new, path=""):
             by_old, by_new = dict(zip(old_ids, old)), dict(zip(new_ids, new))
             for key in [*old_ids, *(key for key in new_ids if key not in by_old)]:
                 found = first_difference(by_old.get(key, ABSENT), by_new.get(key, ABSENT),
-                                         f"{path}[{printable(json.dumps(key, ensure_ascii=False))}]")
+                                         f"{path}[{_key_part(key)}]")
                 if found:
                     return found
             if old_ids != new_ids:
                 return (f"{path} order", old_ids, new_ids)
-        elif any(isinstance(item, (dict, list)) for item in [*old, *new]):  # a list of strings is shown whole
+        elif any(isinstance(item, (dict, list)) for item in [*old, *new]):  # strings: shown whole
             for position in range(max(len(old), len(new))):
                 found = first_difference(old[position] if position < len(old) else ABSENT,
-                                         new[position] if position < len(new) else ABSENT, _child(path, position))
+                                         new[position] if position < len(new) else ABSENT,
+                                         _child(path, position))
                 if found:
                     return found
     return (path or "(the whole value)", old, new)
