@@ -277,12 +277,6 @@ def analyse(pairs, alpha=None):
             "repeats": max((g["runs_before"] for g in groups), default=0)}
 
 
-def _key_text(key):
-    """A row key for the console: names from a record are made visible, never interpreted."""
-    model, case_id, repeat = key
-    return safe_text(f"{model}  {case_id}  repeat {repeat}")
-
-
 def changed(row):
     """A row worth its own line: the verdict flipped, or a failing row's reasons changed."""
     return row["label"] in ("NEW_FAILURE", "RECOVERED") or row["before"] != row["after"]
@@ -867,7 +861,7 @@ def _fence(lines):
 def markdown_notes(result):
     """The cautions and the set-up changes of a comparison as Markdown (for a job summary)."""
     lines = [part for note in result.get("cautions", ())
-             for part in ("", f"**CAUTION** {md_text(note[8:], 2000)}")]
+             for part in ("", f"**CAUTION** {md_text(note.removeprefix('CAUTION '), 2000)}")]
     if result.get("setup"):
         lines += ["", "### Set-up that changed (before -> after)"]
         for item in result["setup"]:
@@ -878,7 +872,7 @@ def markdown_notes(result):
 
 def html_notes(result):
     """The cautions and the set-up changes of a comparison as HTML."""
-    body = [f"<p class=\"error\"><b>CAUTION</b> {xml_text(note[8:])}</p>"
+    body = [f"<p class=\"error\"><b>CAUTION</b> {xml_text(note.removeprefix('CAUTION '))}</p>"
             for note in result.get("cautions", ())]
     if result.get("setup"):
         body.append("<h2>Set-up that changed (before -&gt; after)</h2>")
