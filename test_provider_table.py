@@ -384,6 +384,10 @@ def test_a_reserved_key_is_one_line_and_exit_2_before_anything_is_sent_on_every_
         ][n]
         for m, extra in enumerate([["--suite", suite], ["--suite", plain, "--request", flag]]):
             runs.append(([*base, *extra, "--out", tmp_path / f"{n}-{m}.json"], tmp_path))
+    # a schema the suite does not have: refused once the suite is read, before the record exists
+    schema = json.dumps({"type": "json_object", "schema": {"type": "object"}})
+    runs.append((["--provider", "echo", "--suite", plain, "--request", f"response_format={schema}",
+                  "--out", tmp_path / "format.json"], tmp_path))
     results = fakes.cli_table(runs, env=cli_env(PERPLEXITY_API_KEY="pplx-test-0123456789"))
     for (argv, _), (code, out, err) in zip(runs, results):
         lines = [line for line in err.splitlines() if line.startswith("regression.py: error: ")]

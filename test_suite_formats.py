@@ -416,8 +416,8 @@ def test_our_base_url_wins_over_theirs(tmp_path):
 
 
 def test_an_unknown_promptreg_provider_is_one_line_exit_2():
-    line = one_error_line(cli(["--suite", PROMPTREG, "--dry-run"], env=clean_env(PROMPTREG_PROVIDER="anthropic")))
-    assert "unknown provider 'anthropic'" in line
+    line = one_error_line(cli(["--suite", PROMPTREG, "--dry-run"], env=clean_env(PROMPTREG_PROVIDER="cohere")))
+    assert "unknown provider 'cohere'" in line
 
 
 # ====================================================================== golden case folders
