@@ -57,8 +57,10 @@ def _literals(path):
     """(line, text, the class it is in) of every string literal of a file that is no key."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     skip, owner = _keys(tree), {}
-    for cls in (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)):
-        owner.update({id(node): cls.name for node in ast.walk(cls)})
+    providers = {cls.__name__ for cls in regression.PROVIDERS.values()}
+    for cls in tree.body:  # the provider classes are top-level
+        if isinstance(cls, ast.ClassDef) and cls.name in providers:
+            owner.update({id(node): cls.name for node in ast.walk(cls)})
     return [
         (node.lineno, node.value, owner.get(id(node)))
         for node in ast.walk(tree)
