@@ -192,9 +192,11 @@ def test_system_leak_check_reads_the_case_own_system_prompt():
                              tool_calls=[], tool_rounds=0, search_urls=[], status="completed",
                              cost_usd=None)
     assert regression.grade(compiled, trace) == ["system_leak"]
-    assert regression.chat_request({"instructions": "", "tools": []}, case, "m")["messages"][0] == {
+    assert regression.OpenAIProvider("http://127.0.0.1:1/v1").body("m", {"instructions": "", "tools": []},
+                                                                   case)["messages"][0] == {
         "role": "system", "content": case["instructions"]}
-    assert regression.agent_request({"instructions": "x"}, case, "m")["instructions"] == case["instructions"]
+    assert regression.PerplexityProvider().body("m", {"instructions": "x"}, case)["instructions"] == \
+        case["instructions"]
 
 
 def _promptreg(*cases, **top):
@@ -414,8 +416,8 @@ def test_our_base_url_wins_over_theirs(tmp_path):
 
 
 def test_an_unknown_promptreg_provider_is_one_line_exit_2():
-    line = one_error_line(cli(["--suite", PROMPTREG, "--dry-run"], env=clean_env(PROMPTREG_PROVIDER="anthropic")))
-    assert "unknown provider 'anthropic'" in line
+    line = one_error_line(cli(["--suite", PROMPTREG, "--dry-run"], env=clean_env(PROMPTREG_PROVIDER="cohere")))
+    assert "unknown provider 'cohere'" in line
 
 
 # ====================================================================== golden case folders
@@ -643,7 +645,7 @@ def test_golden_resume_rebuilds_the_suite_from_the_record(tmp_path):
 def matrix_lines(stdout):
     """The table rows of --matrix output, split into their five columns."""
     return [line.split() for line in stdout.splitlines() if len(line.split()) == 5 and line.split()[4] in
-            ("same", "REGRESS", "GAIN")]
+            ("same", "REGRESS", "GAIN", "GAIN*")]
 
 
 def test_matrix_of_two_golden_runs_shows_every_case_and_behaviour(tmp_path):
@@ -653,8 +655,8 @@ def test_matrix_of_two_golden_runs_shows_every_case_and_behaviour(tmp_path):
         assert golden_run(GOLDENS, server, tmp_path / "after.json").returncode == 1
     result = cli(["--matrix", tmp_path / "before.json", tmp_path / "after.json"], script="compare_runs.py")
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "case_id  " in result.stdout and result.stdout.splitlines()[1].split() == [
-        "case_id", "behavior", "A", "B", "delta"]
+    assert "case_id  " in result.stdout and ["case_id", "behavior", "A", "B", "delta"] in [
+        line.split() for line in result.stdout.splitlines()]  # after the cautions (two servers)
     assert matrix_lines(result.stdout) == [
         ["cancel_without_order_id", "no_system_leak", "PASS", "PASS", "same"],
         ["cancel_without_order_id", "max_tool_rounds:1", "PASS", "PASS", "same"],
@@ -667,7 +669,8 @@ def test_matrix_of_two_golden_runs_shows_every_case_and_behaviour(tmp_path):
     assert "verdict: 2 REGRESS, 0 GAIN, 5 same -> exit 1" in result.stdout
     back = cli(["--matrix", tmp_path / "after.json", tmp_path / "before.json"], script="compare_runs.py")
     assert back.returncode == 0
-    assert [row[4] for row in matrix_lines(back.stdout)].count("GAIN") == 2
+    # B made no tool call at all: its GAINs may come only from calling nothing, and are marked
+    assert [row[4] for row in matrix_lines(back.stdout)].count("GAIN*") == 2
 
 
 def test_matrix_with_models_compares_two_models_of_one_run(tmp_path):
