@@ -251,6 +251,9 @@ def serve():
 
 
 run, fds = serve()
+import resource
+for name, limit in run.get("limits", {}).items():  # as a preexec_fn would set them
+    resource.setrlimit(getattr(resource, name), (limit, limit))
 for target, fd in enumerate(fds):
     os.dup2(fd, target)
     os.close(fd)
@@ -270,20 +273,28 @@ exec(code, main.__dict__)
 """
 
 _zygote = {}
+_zygote_lock = threading.Lock()  # two threads' first runs start one zygote, not two
 
 
-def _zygote_path():
-    """The socket of this process's zygote, started on first use (and stopped at exit)."""
+def _zygote_path(flags=()):
+    """The socket of this process's zygote started as `python FLAGS`, started on first use (and
+    stopped at exit): one zygote per set of interpreter flags."""
+    with _zygote_lock:
+        return _start_zygote(_zygote.setdefault(tuple(flags), {}), flags)
+
+
+def _start_zygote(zygote, flags):
+    """The socket of `zygote`, started as `python FLAGS` unless this process started it."""
     import atexit
     import subprocess
     import tempfile
-    if _zygote.get("pid") != os.getpid():
+    if zygote.get("pid") != os.getpid():
         folder = tempfile.mkdtemp(prefix="zygote-")
         path = os.path.join(folder, "socket")
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "regression.py")
-        proc = subprocess.Popen([sys.executable, "-c", _ZYGOTE, path, script], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                cwd=os.path.dirname(os.path.abspath(__file__)))
+        proc = subprocess.Popen([sys.executable, *flags, "-c", _ZYGOTE, path, script],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, cwd=os.path.dirname(script))
         if proc.stdout.readline() != b"ready\n":
             raise RuntimeError("the test zygote did not start")
 
@@ -295,24 +306,26 @@ def _zygote_path():
             shutil.rmtree(folder, ignore_errors=True)
 
         atexit.register(stop)
-        _zygote.update(pid=os.getpid(), path=path)
-    return _zygote["path"]
+        zygote.update(pid=os.getpid(), path=path)
+    return zygote["path"]
 
 
-def run_script(argv, cwd, env, timeout=60, script="regression.py"):
+def run_script(argv, cwd, env, timeout=60, script="regression.py", flags=(), limits=None):
     """`python SCRIPT ARGV` like subprocess.run(..., capture_output=True, text=True), forked from
-    the zygote (see _ZYGOTE): a CompletedProcess; subprocess.TimeoutExpired after `timeout`."""
+    the zygote (see _ZYGOTE): a CompletedProcess; subprocess.TimeoutExpired after `timeout`.
+    `flags`: the interpreter's own, e.g. ("-W", "error"); a zygote started with them forks it.
+    `limits`: {"RLIMIT_FSIZE": bytes, ...} set in the run before the script starts."""
     import signal
     import struct
     import subprocess
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
     body = json.dumps({"script": script, "argv": [str(arg) for arg in argv], "cwd": str(cwd),
-                       "env": dict(env)}).encode()
+                       "env": dict(env), "limits": dict(limits or {})}).encode()
     stdin = os.open(os.devnull, os.O_RDONLY)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.connect(_zygote_path())
+        conn.connect(_zygote_path(flags))
         try:
             socket.send_fds(conn, [struct.pack("!Q", len(body))], [stdin, out_w, err_w])
         finally:
@@ -343,14 +356,16 @@ def run_script(argv, cwd, env, timeout=60, script="regression.py"):
     def decode(fd):  # as text=True does: universal newlines
         return b"".join(chunks[fd]).decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
 
-    return subprocess.CompletedProcess([sys.executable, script, *argv], int(status), decode(out_r), decode(err_r))
+    return subprocess.CompletedProcess([sys.executable, *flags, script, *argv], int(status),
+                                       decode(out_r), decode(err_r))
 
 
-def cli_table(runs, env=None, timeout=120, script="regression.py", preload=()):
+def cli_table(runs, env=None, timeout=120, script="regression.py", preload=(), flags=()):
     """[(exit code, stdout, stderr)] of `python SCRIPT ARGV` for each (argv, cwd) in `runs`,
     all through ONE child process (see _CLI_DRIVER): the real CLI for a whole table of inputs.
     `preload`: modules the script imports, imported once before the runs fork (compare_runs.py
-    imports regression: each run then starts as fast as a run of regression.py)."""
+    imports regression: each run then starts as fast as a run of regression.py). `flags`: the
+    interpreter's own, e.g. ("-W", "error"), for the driver and so for every run."""
     import subprocess
     import tempfile
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
@@ -358,7 +373,7 @@ def cli_table(runs, env=None, timeout=120, script="regression.py", preload=()):
         table, results = f"{folder}/table.json", f"{folder}/results.json"
         with open(table, "w", encoding="utf-8") as handle:
             json.dump([{"argv": [str(arg) for arg in argv], "cwd": str(cwd)} for argv, cwd in runs], handle)
-        driver = subprocess.run([sys.executable, "-c", _CLI_DRIVER, script, table, results,
+        driver = subprocess.run([sys.executable, *flags, "-c", _CLI_DRIVER, script, table, results,
                                  ",".join(preload)], env=env, stdin=subprocess.DEVNULL,
                                 capture_output=True, text=True, timeout=timeout)
         if driver.returncode != 0:
