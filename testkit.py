@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import fakes
 import regression
 
 ROOT = Path(regression.__file__).resolve().parent
@@ -40,6 +41,13 @@ def run_cli(args, cwd, env=None, timeout=60):
     return subprocess.run([sys.executable, "-W", "error", str(ROOT / "regression.py"), *map(str, args)],
                           cwd=cwd, env=env if env is not None else cli_env(), capture_output=True,
                           text=True, timeout=timeout)
+
+
+def run_forked(args, cwd, env=None, timeout=60):
+    """run_cli's `python -W error regression.py ARGS`, forked from a zygote started with -W error
+    that paid the SDK import once (fakes.run_script): for a test not about imports or start-up."""
+    return fakes.run_script(args, cwd, env if env is not None else cli_env(), timeout=timeout,
+                            flags=("-W", "error"))
 
 
 def run_main(argv):
