@@ -15,7 +15,9 @@ import pytest
 
 import fakes
 import regression
-from testkit import ROOT, SCRUBBED_PREFIXES, clean_env, cli_env, read_record, run_cli, run_main, write_suite  # noqa: F401
+from testkit import ROOT, SCRUBBED_PREFIXES, clean_env, cli_env, read_record, run_main, write_suite  # noqa: F401
+# `python -W error regression.py`, forked from a zygote: no test here is about imports or start-up
+from testkit import run_forked as run_cli
 from fakes import FakeServer, Reply
 
 SUITES = ROOT / "suites"
@@ -523,8 +525,7 @@ def test_request_options_make_records_not_comparable_and_resume_strict(tmp_path)
     with FakeServer(fakes.chat(asks)) as server:
         assert run_main(openai_args(server, "--request", "seed=1", out=a)) == 0
         assert run_main(openai_args(server, "--request", "seed=2", out=b)) == 0
-        compared = subprocess.run([sys.executable, str(ROOT / "compare_runs.py"), a, b], cwd=tmp_path,
-                                  capture_output=True, text=True, timeout=60)
+        compared = fakes.run_script([a, b], tmp_path, os.environ, script="compare_runs.py")
         assert compared.returncode == 2 and "NOT_COMPARABLE" in compared.stdout + compared.stderr
         assert "request" in compared.stdout + compared.stderr
         partial = tmp_path / "partial.json"
@@ -705,8 +706,7 @@ def test_perplexity_endpoint_is_recorded_resume_elsewhere_refused_compare_cautio
         assert first.url in line and second.url in line
         resumed = run_cli(["--resume", partial], tmp_path, env=env_a)
         assert resumed.returncode == 0, resumed.stderr
-    compared = subprocess.run([sys.executable, str(ROOT / "compare_runs.py"), a, b], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=60)
+    compared = fakes.run_script([a, b], tmp_path, os.environ, script="compare_runs.py")
     assert "CAUTION provider differs" in compared.stdout and second.url in compared.stdout
 
 
