@@ -133,6 +133,21 @@ class FakeServer:
         self._server.shutdown()
         self._server.server_close()
 
+    def drain(self, timeout=10.0):
+        """Once every client is gone: wait until each connection they made has been read to its
+        end, so every request they sent is counted (no quiet period to guess)."""
+        # Connections are accepted in order: once this probe has its reply (a 501), every
+        # connection made before it has been accepted and has its handler thread.
+        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as probe:
+            probe.sendall(b"GET /drain HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            while probe.recv(65536):
+                pass
+        deadline = time.monotonic() + timeout
+        for thread in list(getattr(self._server, "_threads", None) or ()):
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                raise TimeoutError(f"a connection to the fake server is still open after {timeout} s")
+
 
 # ---------------------------------------------------------------------- the real CLI, many times
 
