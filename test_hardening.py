@@ -118,21 +118,21 @@ PEAK_WRAPPER = (
     "runpy.run_path(sys.argv[0], run_name='__main__')\n")
 
 
-def run_cli(args, env, cwd, timeout=60, preexec_fn=None, script=SCRIPT, peak=False):
+def run_cli(args, env, cwd, timeout=60, limits=None, script=SCRIPT, peak=False):
     """`python regression.py ARGS`; returns the CompletedProcess with .seconds (and .peak_kb).
 
     A plain run of regression.py is forked from a zygote that has paid the SDK import once
-    (fakes.run_script); a run that measures its peak memory or needs a limit set before it
-    starts is a cold `python` process."""
+    (fakes.run_script), `limits` ({"RLIMIT_FSIZE": bytes}) set before the script starts; a run
+    that measures its peak memory is a cold `python` process."""
     command = [sys.executable, str(script), *map(str, args)]
     if peak:
         command = [sys.executable, "-c", PEAK_WRAPPER, str(script), *map(str, args)]
     started = time.monotonic()
-    if not peak and preexec_fn is None and pathlib.Path(script) == SCRIPT:
-        result = fakes.run_script(args, cwd, env, timeout=timeout)
+    if not peak and pathlib.Path(script) == SCRIPT:
+        result = fakes.run_script(args, cwd, env, timeout=timeout, limits=limits)
     else:
-        result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-                                preexec_fn=preexec_fn)
+        assert limits is None, "limits are set in forked runs only"
+        result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     result.seconds = time.monotonic() - started
     result.peak_kb = None
     if peak:
@@ -470,18 +470,6 @@ class LineReader(threading.Thread):
             return list(self.keys)
 
 
-def settle(server, quiet_for=0.3, limit=3.0):
-    """Wait until the fake server has seen no new request for quiet_for seconds."""
-    end = time.monotonic() + limit
-    last, since = server.count, time.monotonic()
-    while time.monotonic() < end:
-        time.sleep(0.05)
-        if server.count != last:
-            last, since = server.count, time.monotonic()
-        elif time.monotonic() - since >= quiet_for:
-            return
-
-
 def crash_command(out, server):
     return [sys.executable, str(SCRIPT), "--provider", "openai", "--base-url", server.url + "/v1",
             "--suite", str(GUARDRAILS), "--models", *CRASH_MODELS, "--repeats", "2", "--out", str(out)]
@@ -521,7 +509,7 @@ def crash_trial(folder, number, trigger, plan, reference):
                 reader.join(30)
         notes["returncode"] = proc.returncode
         notes["printed"] = len(printed)
-        settle(server)
+        server.drain()  # every request the killed run sent is counted by now
         sent_before = server.count
 
         assert printed == plan[:len(printed)], "console lines come in plan order"
@@ -562,24 +550,25 @@ def crash_trial(folder, number, trigger, plan, reference):
     return notes, final
 
 
-def test_sigkill_at_random_instants_loses_no_finished_row(tmp_path):
+@pytest.fixture(scope="module")
+def crash_reference(tmp_path_factory):
+    """One uninterrupted, timed run of the crash plan, shared read-only by the trial parts:
+    (plan, exit code, requests, record, row by key, kill triggers)."""
     plan = regression.plan_rows(CRASH_MODELS, CRASH_CASES, 2)
-    assert len(plan) == 80
-    reference_path = tmp_path / "uninterrupted.json"
+    reference_path = tmp_path_factory.mktemp("crash-reference") / "uninterrupted.json"
     with FakeServer(openai_good) as server:
         started = time.monotonic()
-        with subprocess.Popen(crash_command(reference_path, server), cwd=tmp_path, env=child_env(key=None),
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
+        with subprocess.Popen(crash_command(reference_path, server), cwd=reference_path.parent,
+                              env=child_env(key=None), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True) as proc:
             first_line = None
             for line in proc.stdout:
                 if first_line is None and ROW_LINE.fullmatch(line.rstrip("\n")):
                     first_line = time.monotonic() - started
             proc.wait(timeout=60)
         total = time.monotonic() - started
-        assert proc.returncode == 0 and server.count == len(plan)
     uninterrupted = read_json(reference_path)
     reference = {regression.row_key(row): normal(row) for row in uninterrupted["runs"]}
-    assert list(reference) == plan
 
     rng = random.Random(CRASH_SEED)
     first_line = first_line or total / 2
@@ -587,11 +576,27 @@ def test_sigkill_at_random_instants_loses_no_finished_row(tmp_path):
                 ("file", 0.0), ("file", 0.003), ("line", 1), ("line", len(plan) - 1), ("line", len(plan)),
                 ("time", total * 0.99), ("time", total * 1.05)]
     triggers += [("time", rng.uniform(first_line, total)) for _ in range(CRASH_TRIALS - len(triggers))]
+    return plan, proc.returncode, server.count, uninterrupted, reference, triggers
+
+
+# The trials in two parts that run side by side (on both xdist workers): together every trigger
+# once, and each part kills before any record (time 0.0 is in both), mid-run and at the end, so
+# each asserts that spread by itself.
+CRASH_PARTS = ([0, 1, 3, 5, 6, 8, *range(10, 16)], [0, 2, 4, 7, 9, *range(16, CRASH_TRIALS)])
+
+
+@pytest.mark.parametrize("part", range(len(CRASH_PARTS)))
+def test_sigkill_at_random_instants_loses_no_finished_row(tmp_path, crash_reference, part):
+    plan, returncode, requests, uninterrupted, reference, triggers = crash_reference
+    assert len(plan) == 80
+    assert returncode == 0 and requests == len(plan)
+    assert list(reference) == plan
     assert len(triggers) >= 20
+    assert sorted({n for indices in CRASH_PARTS for n in indices}) == list(range(len(triggers)))
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = [pool.submit(crash_trial, tmp_path, number, trigger, plan, reference)
-                   for number, trigger in enumerate(triggers)]
+        futures = [pool.submit(crash_trial, tmp_path, number, triggers[number], plan, reference)
+                   for number in CRASH_PARTS[part]]
         outcomes = [future.result() for future in futures]
 
     # the kills really were spread: some before any record, some mid-run, some at the end
@@ -601,7 +606,7 @@ def test_sigkill_at_random_instants_loses_no_finished_row(tmp_path):
     assert any(note.get("recovered", 0) >= len(plan) - 1 for note in notes)
     for note, final in outcomes:
         with quiet():
-            assert compare_runs.compare(uninterrupted, final) == 0, note
+            assert compare_runs.compare(copy.deepcopy(uninterrupted), final) == 0, note
 
 
 # ====================================================================== 3. disk trouble
@@ -611,11 +616,9 @@ ECHO_MODELS = ["m1", "m2", "m3", "m4", "m5"]
 
 def echo_run(folder, out, limit=None, extra=(), timeout=60):
     """An echo-provider run of the built-in suite (40 rows), optionally under RLIMIT_FSIZE."""
-    def preexec():
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
     return run_cli(["--provider", "echo", "--models", *ECHO_MODELS, "--repeats", "2", "--out", out, *extra],
-                   child_env(key=None), folder, timeout=timeout, preexec_fn=preexec if limit is not None else None)
+                   child_env(key=None), folder, timeout=timeout,
+                   limits=None if limit is None else {"RLIMIT_FSIZE": limit})
 
 
 def record_layout(data):
@@ -725,7 +728,7 @@ def test_disk_full_during_resume_leaves_the_previous_record_intact(tmp_path, ech
     assert len(regression.load_record(out)["runs"]) == 5
 
     result = run_cli(["--provider", "echo", "--resume", out], child_env(key=None), tmp_path,
-                     preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (len(torn) // 2,) * 2))
+                     limits={"RLIMIT_FSIZE": len(torn) // 2})
     assert result.returncode == 2
     assert str(out) in one_error_line(result.stderr)
     assert out.read_bytes() == torn
@@ -748,7 +751,7 @@ def test_disk_full_at_any_point_of_a_resume_leaves_a_valid_record_and_no_temp_fi
         out.write_bytes(torn)
         os.chmod(out, 0o600)
         result = run_cli(["--provider", "echo", "--resume", out], child_env(key=None), folder,
-                         preexec_fn=lambda limit=limit: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+                         limits={"RLIMIT_FSIZE": limit})
         left = sorted(os.listdir(folder))
         errors = [line for line in result.stderr.splitlines() if not line.startswith("resuming ")]  # progress note
         if result.returncode != 2 or "Traceback" in result.stderr or len(errors) != 1:
