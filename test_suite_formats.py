@@ -39,8 +39,9 @@ def clean_env(**extra):
 
 
 def cli(args, env=None, cwd=None, script="regression.py"):
-    return subprocess.run([sys.executable, str(HERE / script), *map(str, args)], capture_output=True,
-                          text=True, timeout=60, cwd=cwd or HERE, env=env or clean_env())
+    """`python SCRIPT ARGS`, forked from a zygote that paid the SDK import once (fakes.run_script):
+    the real CLI, and no test here is about what a run imports or how it starts."""
+    return fakes.run_script(args, cwd or HERE, env or clean_env(), timeout=60, script=script)
 
 
 def one_error_line(result, code=2, prog="regression.py"):
