@@ -26,6 +26,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 import compare_runs
+import fakes
 import regression
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -110,8 +111,9 @@ def script_env():
 
 
 def run_script(script, *args, cwd):
-    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env=script_env(), timeout=60)
+    """`python SCRIPT ARGS`, forked from a zygote that paid the SDK import once (fakes.run_script):
+    the real CLI; the tests that need a cold start or the caller's umask run their own child."""
+    return fakes.run_script(args, cwd, script_env(), timeout=60, script=str(script))
 
 
 @contextlib.contextmanager
