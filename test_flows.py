@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import compare_runs
+import fakes
 import regression
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -37,8 +38,10 @@ def offline_env():
 
 
 def run_script(script, args, cwd, timeout=60):
-    return subprocess.run([sys.executable, "-W", "error", str(script), *args], cwd=cwd, env=offline_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    """`python -W error SCRIPT ARGS`, forked from a -W error zygote (fakes.run_script): the real
+    CLI; the README's commands as written (readme_run) start their own interpreter."""
+    return fakes.run_script(args, cwd, offline_env(), timeout=timeout, script=str(script),
+                            flags=("-W", "error"))
 
 
 def run_main(main, argv, capsys):
