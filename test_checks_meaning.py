@@ -10,8 +10,6 @@ import json
 import os
 import pathlib
 import re
-import subprocess
-import sys
 import time
 
 import pytest
@@ -54,8 +52,9 @@ def offline_env():
 
 
 def run_script(args, cwd, timeout=60):
-    return subprocess.run([sys.executable, "-W", "error", str(SCRIPT), *args], cwd=cwd, env=offline_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    """`python -W error regression.py ARGS`, forked from a -W error zygote (fakes.run_script):
+    the real CLI, and no test here is about what a run imports or how it starts."""
+    return fakes.run_script(args, cwd, offline_env(), timeout=timeout, flags=("-W", "error"))
 
 
 def write_suite(directory, data, name="suite.json"):
@@ -939,32 +938,17 @@ HOSTILE_CHECK_KEYS = [
     ({"expect": {"a b": 1}}, "must be letters, digits and underscores"),
     ({"cite": 5}, "cite must be a document id string"),
 ]
-DRIVER = """
-import contextlib, io, json, runpy, sys
-results = []
-for path in sys.argv[1:]:
-    err = io.StringIO()
-    sys.argv = ["regression.py", "--suite", path, "--provider", "echo", "--dry-run"]
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            runpy.run_path(%r, run_name="__main__")
-            code = None
-        except SystemExit as exc:
-            code = exc.code
-    results.append([code, err.getvalue()])
-print(json.dumps(results))
-"""
-
-
 def test_hostile_check_keys_exit_2_with_one_line_through_the_cli(tmp_path):
-    paths = []
+    """Every hostile key through `python -W error regression.py` itself, all in one driver
+    process (fakes.cli_table: compiled once, a fork per suite, its real stdout and stderr)."""
+    runs = []
     for n, (keys, _) in enumerate(HOSTILE_CHECK_KEYS):
         data = {"name": "h", "instructions": "i", "cases": [{"id": "a", "input": "q", **keys}]}
-        paths.append(str(write_suite(tmp_path, data, name=f"h{n}.json")))
-    result = subprocess.run([sys.executable, "-W", "error", "-c", DRIVER % str(SCRIPT), *paths], cwd=tmp_path,
-                            env=offline_env(), capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    for (keys, fragment), (code, err) in zip(HOSTILE_CHECK_KEYS, json.loads(result.stdout)):
+        path = write_suite(tmp_path, data, name=f"h{n}.json")
+        runs.append((["--suite", path, "--provider", "echo", "--dry-run"], tmp_path))
+    results = fakes.cli_table(runs, env=offline_env(), flags=("-W", "error"))
+    assert len(results) == len(HOSTILE_CHECK_KEYS)
+    for (keys, fragment), (code, _, err) in zip(HOSTILE_CHECK_KEYS, results):
         lines = err.strip().splitlines()
         assert code == 2 and len(lines) == 1 and "Traceback" not in err, (keys, err)
         assert lines[0].startswith("regression.py: error: ") and "case 'a'" in lines[0] and fragment in lines[0], keys
@@ -1072,7 +1056,8 @@ def test_a_phrase_of_invisible_characters_only_is_refused(case):
 # ====================================================================== review 2: false passes through the real CLI
 
 import fakes  # noqa: E402
-from testkit import cli_env, run_cli  # noqa: E402
+from testkit import cli_env  # noqa: E402
+from testkit import run_forked as run_cli  # noqa: E402  (-W error, forked: not about start-up)
 
 ORDER_TOOLS = [{"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
                for name in ("lookup_order", "cancel_order")]
