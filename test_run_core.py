@@ -46,9 +46,10 @@ def no_twins(monkeypatch):
             monkeypatch.delenv(name)
 
 
-def cli(args, cwd, env=None, timeout=60, **kwargs):
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], cwd=cwd, env=env or clean_env(),
-                          capture_output=True, text=True, timeout=timeout, **kwargs)
+def cli(args, cwd, env=None, timeout=60):
+    """`python regression.py ARGS`, forked from a zygote that paid the SDK import once
+    (fakes.run_script): the real CLI; the tests of signals, pipes and imports start their own."""
+    return fakes.run_script(args, cwd, env or clean_env(), timeout=timeout)
 
 
 def one_line(text):
