@@ -898,14 +898,10 @@ GUARDRAILS = HERE / "suites" / "support-guardrails.json"
 
 def bounded_cli(args, cwd, script="regression.py", timeout=10):
     """`python -W error SCRIPT ARGS` with its memory capped at 1 GB, so a reader that never
-    stops (a device) fails fast instead of filling the machine's memory."""
-    import resource
-
-    def cap():
-        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
-    return subprocess.run([sys.executable, "-W", "error", str(HERE / script), *map(str, args)], cwd=cwd,
-                          env=clean_env(key=None), capture_output=True, text=True, timeout=timeout,
-                          preexec_fn=cap, stdin=subprocess.DEVNULL)
+    stops (a device) fails fast instead of filling the machine's memory; forked from a -W error
+    zygote (fakes.run_script), the cap set before the script starts, stdin /dev/null."""
+    return fakes.run_script(args, cwd, clean_env(key=None), timeout=timeout, script=script,
+                            flags=("-W", "error"), limits={"RLIMIT_AS": 1 << 30})
 
 
 def test_a_fifo_or_device_named_as_a_file_is_one_line_and_exit_2(tmp_path):
