@@ -14,8 +14,6 @@ import json
 import os
 import pathlib
 import stat
-import subprocess
-import sys
 from unittest import mock
 
 import pytest
@@ -55,8 +53,14 @@ def run_main(argv, capsys):
 
 
 def run_script(args, cwd, timeout=60):
-    return subprocess.run([sys.executable, "-W", "error", str(SCRIPT), *args], cwd=cwd, env=offline_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    """`python -W error regression.py ARGS`, forked from a -W error zygote (fakes.run_script):
+    the real CLI, and no test here is about what a run imports or how it starts."""
+    return fakes.run_script(args, cwd, offline_env(), timeout=timeout, flags=("-W", "error"))
+
+
+def cli(args, cwd, script=SCRIPT):
+    """`python SCRIPT ARGS` in this environment, forked from the zygote (fakes.run_script)."""
+    return fakes.run_script(args, cwd, os.environ, timeout=60, script=str(script))
 
 
 def trace(text="", calls=(), rounds=None, urls=(), status="completed"):
@@ -864,8 +868,7 @@ def test_expected_text_without_min_similarity_is_no_rule_and_says_so(tmp_path):
         {"id": "soft", "input": "hello there", "expected_text": "a wholly different reply"},
         {"id": "hard", "input": "hello there", "expected_text": "a wholly different reply",
          "min_similarity": 0.9}]}), encoding="utf-8")
-    plan = subprocess.run([sys.executable, str(SCRIPT), "--suite", suite, "--dry-run"], capture_output=True,
-                          text=True, timeout=60, cwd=tmp_path)
+    plan = cli(["--suite", suite, "--dry-run"], tmp_path)
     assert plan.returncode == 0, plan.stderr
     assert "  soft: hello there  [checks: completed]" in plan.stdout
     assert "  hard: hello there  [checks: completed, similarity]" in plan.stdout
@@ -873,14 +876,12 @@ def test_expected_text_without_min_similarity_is_no_rule_and_says_so(tmp_path):
             "(expected_text alone judges nothing)") in plan.stdout
     assert "case 'hard'" not in plan.stdout
     out = tmp_path / "run.json"
-    run = subprocess.run([sys.executable, str(SCRIPT), "--suite", suite, "--provider", "echo", "--models", "a", "b",
-                          "--out", out], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    run = cli(["--suite", suite, "--provider", "echo", "--models", "a", "b", "--out", out], tmp_path)
     assert run.returncode == 1, run.stderr
     rows = {row["case_id"]: row for row in json.loads(out.read_text(encoding="utf-8"))["runs"] if row["model"] == "a"}
     assert rows["soft"]["passed"] and "similarity" in rows["soft"]["details"]  # the score is still reported
     assert rows["hard"]["reasons"] == ["below_min_similarity"]
-    matrix = subprocess.run([sys.executable, str(HERE / "compare_runs.py"), "--matrix", "--models", "a", "b", out],
-                            capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    matrix = cli(["--matrix", "--models", "a", "b", out], tmp_path, script=HERE / "compare_runs.py")
     rules = [line.split()[:2] for line in matrix.stdout.splitlines() if line.startswith(("soft", "hard"))]
     assert ["soft", "similarity"] not in rules and ["hard", "similarity"] in rules, matrix.stdout
 
@@ -894,9 +895,7 @@ def test_case_ids_that_read_alike_are_one_id_twice(tmp_path, first, second):
     suite.write_text(json.dumps({"name": "t", "instructions": "Be brief.", "cases": [
         {"id": first, "input": "hello", "contains": ["hello"]},
         {"id": second, "input": "hello", "contains": ["absent"]}]}), encoding="utf-8")
-    result = subprocess.run([sys.executable, str(SCRIPT), "--suite", suite, "--provider", "echo",
-                             "--out", tmp_path / "run.json"], capture_output=True, text=True, timeout=60,
-                            cwd=tmp_path)
+    result = cli(["--suite", suite, "--provider", "echo", "--out", tmp_path / "run.json"], tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.rstrip("\n").split("\n")
     assert len(lines) == 1 and f"case {second!r}: duplicate id (it reads as the earlier {first!r}" in lines[0]
@@ -910,8 +909,7 @@ def test_min_similarity_zero_is_linted_as_a_rule_no_answer_fails(tmp_path):
         {"id": "zero", "input": "hello", "expected_text": "A reviewed reply.", "min_similarity": 0},
         {"id": "low", "input": "hello", "expected_text": "A reviewed reply.", "min_similarity": 0.01}]}),
         encoding="utf-8")
-    plan = subprocess.run([sys.executable, str(SCRIPT), "--suite", suite, "--dry-run"], capture_output=True,
-                          text=True, timeout=60, cwd=tmp_path)
+    plan = cli(["--suite", suite, "--dry-run"], tmp_path)
     assert plan.returncode == 0, plan.stderr
     warnings = [line for line in plan.stdout.splitlines() if line.startswith("warning:")]
     assert warnings == ["warning: case 'zero' only checks similarity: an empty answer passes; add contains, "
