@@ -26,7 +26,9 @@ from hypothesis import given, settings, strategies as st
 import compare_runs
 import fakes
 import regression
-from testkit import ROOT, SCRUBBED_PREFIXES, clean_env, cli_env, read_record, run_cli, run_main, write_suite  # noqa: F401
+from testkit import ROOT, SCRUBBED_PREFIXES, clean_env, cli_env, read_record, run_main, write_suite  # noqa: F401
+# `python -W error regression.py`, forked from a zygote: no test here is about imports or start-up
+from testkit import run_forked as run_cli
 from fakes import FakeServer, Reply
 
 EXAMPLE = ROOT / "suites" / "agent-trajectories.json"
