@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import compare_runs
+import fakes
 import regression
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -567,10 +568,11 @@ def test_script_compare_subprocess_does_not_import_sdk(tmp_path):
 
 
 def _compare_cli(tmp_path, before, after, *flags):
-    """python -W error compare_runs.py BEFORE AFTER FLAGS as a subprocess."""
+    """python -W error compare_runs.py BEFORE AFTER FLAGS, forked from a -W error zygote
+    (fakes.run_script): the real CLI; the import and demo tests above start their own."""
     files = [write(tmp_path / "before.json", before), write(tmp_path / "after.json", after)]
-    return subprocess.run([sys.executable, "-W", "error", str(SCRIPT), *files, *flags], cwd=tmp_path,
-                          env=clean_env(), capture_output=True, text=True, timeout=60)
+    return fakes.run_script([*files, *flags], tmp_path, clean_env(), timeout=60, script=str(SCRIPT),
+                            flags=("-W", "error"))
 
 
 def _typed_tool_record():
