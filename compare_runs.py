@@ -38,8 +38,8 @@ import sys
 
 from regression import (CASES, CHECK_KEYS, CHECK_TABLE, INSTRUCTIONS, RecordError, check, dumps, html_page,
                         html_table, junit_name, junit_xml, key_text, load_record, md_table, md_text, plan_rows,
-                        program_name, record_problem, row_key, safe_text, summary, tool_sequence, write_new_file,
-                        xml_text)
+                        record_problem, row_key, safe_text, summary, tool_sequence, write_new_file, xml_text)
+from regression import program_name  # a printed command names the program as the user started it
 
 
 # ====================================================================== records
@@ -214,8 +214,9 @@ def _replayed(record, other):
 
 def regrade_hint():
     """How to make two records of different checks comparable (BEFORE.json, SUITE: the user's)."""
-    return (f"the checks differ: regrade the earlier record with the new suite ({program_name()} --provider "
-            "replay --replay BEFORE.json --suite SUITE --out REGRADED.json) and compare BEFORE.json with REGRADED.json")
+    return (f"the checks differ: regrade the earlier record with the new suite ({program_name()} "
+            "--provider replay --replay BEFORE.json --suite SUITE --out REGRADED.json) and compare "
+            "BEFORE.json with REGRADED.json")
 
 
 def _comparable(before, after):
@@ -238,8 +239,8 @@ def _comparable(before, after):
     if difference is not None and not regrade:
         # For a record and its replay, name what keeps them apart (an input, not a check).
         path, old, new = blocking if replay_pair and blocking else difference
-        raise ValueError(f"{path} differs: {' -> '.join(shown_pair(old, new))}"
-                         + (f"; {regrade_hint()}" if blocking is None else " (only the instructions may differ)"))
+        why = f"; {regrade_hint()}" if blocking is None else " (only the instructions may differ)"
+        raise ValueError(f"{path} differs: {' -> '.join(shown_pair(old, new))}{why}")
     _require(labels[0] == labels[1], f"evidence differs: {labels[0]} vs {labels[1]}")
     if not regrade:
         return None
@@ -382,7 +383,7 @@ def diff_groups(rows):
 
 
 def tool_groups(rows):
-    """The same tool sequences of one model and case once: [(model, case, before, after, [repeats])]."""
+    """Identical tool sequences of a model and case once: [(model, case, before, after, repeats)]"""
     groups = {}
     for row in rows:
         model, case_id, repeat = row["key"]

@@ -229,7 +229,7 @@ ENTRY_POINTS = ("agent-regression", "compare-runs")  # pyproject's console scrip
 
 
 def _shown_path(path):
-    """A path as a shell in the current folder takes it: relative below the folder, else absolute."""
+    """A path as a shell in this folder takes it: relative below the folder, else absolute."""
     try:
         relative = os.path.relpath(path)
     except (OSError, ValueError):  # no current folder, or another drive
@@ -238,14 +238,16 @@ def _shown_path(path):
 
 
 def _python_word():
-    """`python` (or `python3`) as the shell finds it, unless this interpreter is a virtual
-    environment's that the shell would not find first: then its own path."""
+    """`python` (or `python3`) when the shell finds this very interpreter under that name (the
+    same file in the same folder, so the same virtual environment), else its own path."""
     import shutil
-    word = next((name for name in ("python", "python3") if shutil.which(name)), None)
-    found = word and os.path.dirname(os.path.abspath(shutil.which(word)))
-    if word and (sys.prefix == sys.base_prefix or found == os.path.dirname(os.path.abspath(sys.executable))):
-        return word
-    return shell_word(os.path.abspath(sys.executable))
+    here = os.path.abspath(sys.executable)
+    for word in ("python", "python3"):
+        found = shutil.which(word)
+        if found and os.path.dirname(os.path.abspath(found)) == os.path.dirname(here) \
+                and os.path.realpath(found) == os.path.realpath(here):
+            return word
+    return shell_word(here)
 
 
 def program_name():
@@ -264,7 +266,8 @@ def program_name():
             return ENTRY_POINTS[0]
         shown = _shown_path(path)
         return shell_word(shown if os.sep in shown else os.path.join(os.curdir, shown))
-    script = os.path.join(folder, "regression.py") if name in ("regression.py", "compare_runs.py") else __file__
+    ours = name in ("regression.py", "compare_runs.py")  # else embedded (a test runner): this file
+    script = os.path.join(folder, "regression.py") if ours else __file__
     return f"{_python_word()} {shell_word(_shown_path(script))}"
 
 
@@ -904,7 +907,8 @@ def _shape_problem(answer, case):
         required = allowed = set(case.get("expect", {})) | ({case["_sources"]["field"]} if "cite" in case else set())
         types = {case["_sources"]["field"]: {"type": "array", "items": {"type": "string"}}} if "cite" in case else {}
     missing, extra = sorted(required - set(answer)), sorted(set(answer) - allowed)
-    extra = [] if case.get("allow_extra_fields") is True else extra  # checks a few fields of a larger answer
+    if case.get("allow_extra_fields") is True:  # expect checks a few fields of a larger answer
+        extra = []
     mistyped = sorted(key for key in answer if key in types and not _has_type(answer[key], types[key]))
     if not (missing or extra or mistyped):
         return None
@@ -1019,7 +1023,8 @@ def register_check(name, run=None, *, keys=(), behavior=False, arg=None, validat
         raise ValueError(f"check {name!r} is already registered")
     if arg is not None and arg not in ARG_KINDS:
         raise ValueError(f"check {name!r}: unknown argument kind {arg!r}")
-    descriptor = Check(name, run, keys, behavior, arg, validate, details, reasons, always, doc, reads)
+    descriptor = Check(name, run, keys, behavior, arg, validate, details, reasons, always, doc,
+                       reads)
     CHECK_TABLE.append(descriptor)
     CHECKS[name] = run
     if behavior:
@@ -1091,7 +1096,9 @@ def _validate_expect(case, where, context):
 
 
 def check_answer(case, trace):
-    """With `expect` or `cite`: the answer is strict JSON (no NaN, no repeated key), an object with exactly the schema's fields (`allow_extra_fields`: at least them); `expect` values match exactly (wrong_<field>)."""
+    """With `expect` or `cite`: the answer is strict JSON (no NaN, no repeated key), an object
+    with exactly the schema's fields (`allow_extra_fields`: at least them); `expect` values match
+    exactly (wrong_<field>)."""
     if "expect" not in case and "cite" not in case:
         return []
     answer, problem = read_json(trace["final_text"])
@@ -2059,7 +2066,8 @@ def evidence_notes(row, limit=100):
     reasons = row.get("reasons") if isinstance(row.get("reasons"), list) else []
     notes = [str(evidence[reason].get("note")) for reason in dict.fromkeys(r for r in reasons if isinstance(r, str))
              if isinstance(evidence.get(reason), dict) and evidence[reason].get("note")]
-    text = " ".join(printable("; ".join(dict.fromkeys(notes))).split())  # a note two reasons share, once
+    notes = list(dict.fromkeys(notes))  # a note two reasons share (not JSON: ...), said once
+    text = " ".join(printable("; ".join(notes)).split())
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
@@ -2153,7 +2161,8 @@ SOURCES_KEYS = {"field", "hosts", "path", "also_allowed"}
 # replay may differ in these (compare_runs.py calls that a REGRADE). "expected", "rfc" and
 # "action" are the built-in cases' own form (SPEC A2); a key not listed counts as input.
 CHECK_KEYS = {"expect", "cite", "contains", "excludes", "expected_text", "min_similarity", "min_chars",
-              "max_chars", "behaviors", "tool_args", "claims", "expected", "rfc", "action", "allow_extra_fields"}
+              "max_chars", "behaviors", "tool_args", "claims", "expected", "rfc", "action",
+              "allow_extra_fields"}
 
 
 def instructions_sha256(instructions):
@@ -2424,7 +2433,8 @@ def _validate_case(case, suite, schema, functions, allow_empty_baseline):
         actual = instructions_sha256(suite["instructions"])
         if pinned != actual:
             raise SuiteError(f"prompt drift: {where} pins instructions sha256 {pinned}, but the suite's "
-                             f"instructions hash to {actual}; review the instruction change, then update the pin (--update-pins rewrites them all)")
+                             f"instructions hash to {actual}; review the instruction change, then "
+                             "update the pin (--update-pins rewrites them all)")
 
 
 def _not_unicode(value):
@@ -2513,8 +2523,9 @@ def _inherit_extra_fields(data, cases):
         return cases
     if not isinstance(data["allow_extra_fields"], bool):
         raise SuiteError("suite: allow_extra_fields must be true or false")
-    return [{"allow_extra_fields": data["allow_extra_fields"], **case}
-            if isinstance(case, dict) and ("expect" in case or "cite" in case) else case for case in cases]
+    inherit = {"allow_extra_fields": data["allow_extra_fields"]}
+    return [{**inherit, **case} if isinstance(case, dict) and ("expect" in case or "cite" in case)
+            else case for case in cases]
 
 
 def _no_duplicate_keys(pairs):
@@ -2714,7 +2725,8 @@ def _golden_case(data, system_text, system_path, allow_placeholder):
         raise SuiteError(f"{where}: system_sha256 must be 64 hex digits or {GOLDEN_PLACEHOLDER!r}")
     elif pin.lower() != actual:
         raise SuiteError(f"prompt drift: {where} pins system_sha256 {pin.lower()}, but {system_path} hashes "
-                         f"to {actual}; review the system prompt change, then update the pin (--update-pins rewrites them all)")
+                         f"to {actual}; review the system prompt change, then update the pin "
+                         "(--update-pins rewrites them all)")
     case = {"id": data["id"], "input": data["user"]}
     for key in ("behaviors", "notes"):
         if key in data:
@@ -2918,8 +2930,8 @@ def replace_text_file(path, text):
 
 def suite_busy(path, flag="--update-baseline"):
     """The one line for a suite another --update-baseline holds (the run's hold or SuiteLock)."""
-    return (f"{flag}: {path} is being written by another process (its baselines are being rewritten "
-            "by another process); it is unchanged here: try again when that process ends")
+    return (f"{flag}: {path} is being written by another process (its baselines are being "
+            "rewritten by another process); it is unchanged here: try again when that process ends")
 
 
 class SuiteLock:
@@ -2956,7 +2968,8 @@ class SuiteLock:
                 self.fd = fd
                 return self
             os.close(fd)
-        raise SuiteError(f"{self.flag}: {self.path} keeps being replaced by another process; it is unchanged")
+        raise SuiteError(f"{self.flag}: {self.path} keeps being replaced by another process; "
+                         "it is unchanged")
 
     def __exit__(self, *exc_info):
         if self.fd is not None:
@@ -3005,7 +3018,8 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expe
     edits, filled, refused = {}, [], {}
     for position, case in enumerate(cases if isinstance(cases, list) else []):
         if isinstance(case, dict) and case.get(key) == "":
-            why = _not_a_baseline(answers.get(case.get("id")), reasons.get(case.get("id")), approve_failing)
+            case_id = case.get("id")
+            why = _not_a_baseline(answers.get(case_id), reasons.get(case_id), approve_failing)
             if why:
                 refused[case.get("id")] = why
                 continue
@@ -3057,7 +3071,7 @@ def fill_golden_pin(path, sha256):
 
 
 def update_baselines(suite, answers, reasons=None, approve_failing=False):
-    """--update-baseline: fill what the suite leaves open; returns (ids filled, {id: why not}). Golden
+    """--update-baseline: fill what the suite leaves open; (ids filled, {id: why not}). Golden
     folders: placeholder pins; prompt-regression suites: empty `expected`; ours: empty expected_text."""
     if suite.get("format") == "golden":
         pin = instructions_sha256(suite["instructions"])
@@ -3072,12 +3086,13 @@ def update_baselines(suite, answers, reasons=None, approve_failing=False):
 # the files (a golden folder is many) or none, each atomically, every other byte kept.
 
 def _pin_changes(path, text, actual, key, where):
-    """{path: (text, new text)} and the old -> new lines of one JSON text's pins at `where` paths."""
+    """{path: (text, new text)} and the old -> new lines of one JSON text's pins (`where`)."""
     edits, lines = {}, []
     for place, (case_id, pin) in where.items():
         if not (isinstance(pin, str) and pin.lower() == actual):
             edits[place] = actual
-            lines.append(f"case {case_id!r}: {key} {pin if isinstance(pin, str) else json.dumps(pin)} -> {actual}")
+            old = pin if isinstance(pin, str) else json.dumps(pin)
+            lines.append(f"case {case_id!r}: {key} {old} -> {actual}")
     try:
         return ({path: (text, edit_json_strings(text, edits))} if edits else {}), lines
     except ValueError as exc:
@@ -3088,17 +3103,20 @@ def suite_pin_changes(path):
     """The pin changes of a suite file (ours; a prompt-regression suite holds none), validated."""
     text = _read_suite_text(path)
     data = _parse_json(path, text)
-    if not isinstance(data, dict) or is_promptreg(data) or not isinstance(data.get("instructions"), str):
+    if not isinstance(data, dict) or is_promptreg(data) or not isinstance(data.get("instructions"),
+                                                                          str):
         _try_suite(path, data)  # its own one-line problem, if any
-        return {}, [], "a prompt-regression suite holds no pins (a record pins each case's system prompt)"
+        return {}, [], "a prompt-regression suite holds no pins (a record pins each system prompt)"
     actual = instructions_sha256(data["instructions"])
     cases = data["cases"] if isinstance(data.get("cases"), list) else []
     where = {("cases", n, "instructions_sha256"): (case.get("id"), case["instructions_sha256"])
-             for n, case in enumerate(cases) if isinstance(case, dict) and "instructions_sha256" in case}
+             for n, case in enumerate(cases)
+             if isinstance(case, dict) and "instructions_sha256" in case}
     changes, lines = _pin_changes(path, text, actual, "instructions_sha256", where)
     _try_suite(path, json.loads(changes[path][1]) if changes else data)
-    return changes, lines, f"every pin already matches the instructions (sha256 {actual})" if where \
+    unchanged = f"every pin already matches the instructions (sha256 {actual})" if where \
         else "no case pins the instructions (instructions_sha256)"
+    return changes, lines, unchanged
 
 
 def _try_suite(path, data):
@@ -3119,12 +3137,14 @@ def golden_pin_changes(folder, system=None):
         if not isinstance(data, dict):
             entries.append((path, data))  # golden_suite names the problem
             continue
-        where = {("system_sha256",): (data.get("id"), data["system_sha256"])} if "system_sha256" in data else {}
+        pinned = "system_sha256" in data
+        where = {("system_sha256",): (data.get("id"), data["system_sha256"])} if pinned else {}
         change, said = _pin_changes(path, text, actual, "system_sha256", where)
         changes.update(change)
         lines += [f"{line} ({path})" for line in said]
         entries.append((path, json.loads(change[path][1]) if change else data))
-    golden_suite(os.path.basename(os.path.normpath(os.path.abspath(folder))), entries, system_text, system_path)
+    name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
+    golden_suite(name, entries, system_text, system_path)  # valid with the new pins, or one line
     return changes, lines, f"every system_sha256 already matches {system_path} (sha256 {actual})"
 
 
@@ -3143,9 +3163,9 @@ def rewrite_all(changes, flag="--update-pins"):
                 replace_text_file(path, new)
             except (OSError, UnicodeEncodeError) as exc:
                 kept = [other for other in done if not _put_back(other, changes[other][0])]
-                raise SuiteError(f"{flag}: cannot rewrite {path}: {getattr(exc, 'strerror', None) or exc}; "
-                                 + (f"could not restore {', '.join(kept)}" if kept else "no file was changed")) \
-                    from None
+                state = f"could not restore {', '.join(kept)}" if kept else "no file was changed"
+                why = getattr(exc, "strerror", None) or exc
+                raise SuiteError(f"{flag}: cannot rewrite {path}: {why}; {state}") from None
             done.append(path)
 
 
@@ -3377,7 +3397,7 @@ def register_provider(cls):
     return cls
 
 
-MODEL_EVIDENCE = "live"  # a provider's (or a replayed record's) evidence label when a model answered
+MODEL_EVIDENCE = "live"  # the evidence label of a provider (or a record) whose model answered
 
 
 class Provider:
@@ -4480,7 +4500,7 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
         row["cost_usd"] = trace["cost_usd"]
         compiled = compile_case(suite, case)
         if getattr(provider, "evidence", MODEL_EVIDENCE) == MODEL_EVIDENCE and tool_case(compiled):
-            row["tool_calls"] = len(trace["tool_calls"])  # counted: a run whose model never called one says so
+            row["tool_calls"] = len(trace["tool_calls"])  # when no model calls one, the run says so
         row["reasons"] = grader(case, raw, trace) if grader else grade(compiled, trace)
         details = explain(compiled, trace)
         if "rounds" in trace:  # a played row always shows what the agent did: calls with round and result
@@ -5374,8 +5394,8 @@ class Tally:
 
 # Checks that pass when no tool is called: rows of a case with one (and function tools) are
 # counted, and when no model called a tool in any of them the summary warns.
-TOOL_CASE_CHECKS = ("max_tool_rounds", "forbid_tool", "require_clarification", "require_tool", "tool_args",
-                    "tool_order", "claims", "no_final_answer")
+TOOL_CASE_CHECKS = ("max_tool_rounds", "forbid_tool", "require_clarification", "require_tool",
+                    "tool_args", "tool_order", "claims", "no_final_answer")
 
 
 def tool_case(case):
@@ -5384,8 +5404,8 @@ def tool_case(case):
         check_.active(case) for check_ in CHECK_TABLE if check_.name in TOOL_CASE_CHECKS)
 
 
-NO_TOOL_CALLS = ("the suite declares function tools, but no model called a tool in {rows} answered row(s) of "
-                 "cases with tool checks: "
+NO_TOOL_CALLS = ("the suite declares function tools, but no model called a tool in {rows} answered "
+                 "row(s) of cases with tool checks: "
                  "tool checks may have passed vacuously (did the server receive the tools?); "
                  "add behavior require_tool:NAME to a case that must call one")
 
@@ -5672,8 +5692,9 @@ def _verdict(final):
 def verdict_line(final):
     """The summary in one line (--quiet): verdict, exit code, rows, each model's passes."""
     models = ", ".join(f"{model} {passed}" for model, passed, *_ in _model_rows(final))
-    return safe_text(f"{_verdict(final)} (exit {final.get('exit_code')}); {final.get('rows', 0)} of "
-                     f"{final.get('expected_rows', '?')} rows" + (f"; passed: {models}" if models else ""))
+    rows = f"{final.get('rows', 0)} of {final.get('expected_rows', '?')} rows"
+    return safe_text(f"{_verdict(final)} (exit {final.get('exit_code')}); {rows}"
+                     + (f"; passed: {models}" if models else ""))
 
 
 def markdown_run(record):
@@ -5842,8 +5863,8 @@ def build_parser():
     what.add_argument("--approve-failing", action="store_true",
                       help="with --update-baseline: approve an answer even if it failed the case's other checks")
     what.add_argument("--update-pins", action="store_true",
-                      help="rewrite every instructions_sha256 / system_sha256 pin of --suite to its current "
-                           "instructions, then exit (sends nothing)")
+                      help="rewrite every instructions_sha256 / system_sha256 pin of --suite to "
+                           "its current instructions, then exit (sends nothing)")
     where = parser.add_argument_group("where to send it")
     where.add_argument("--provider", help=f"one of {', '.join(PROVIDERS)} (default perplexity)")
     where.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
@@ -5868,7 +5889,7 @@ def build_parser():
                               "token usage where the endpoint reports none (repeatable)")
     control.add_argument("--shard", metavar="I/N", help="run the I-th of N deterministic slices of the rows")
     control.add_argument("--quiet", action="store_true",
-                         help="print only failing rows, warnings and a one-line verdict (for CI logs)")
+                         help="print only failing rows, warnings and a one-line verdict (CI logs)")
     control.add_argument("--merge", nargs="+", metavar="FILE",
                          help="OUT SHARD...: combine shard records into one new record OUT, then exit")
     control.add_argument("--redact", action="append", metavar="REGEX",
@@ -5973,7 +5994,7 @@ NEW_RUN_TWINS = ("out", "shard")
 def _from_environment(values, env):
     """Unset options filled from their environment twins, and which variable set each."""
     found, origin = {}, {}
-    new_run = not any(values.get(name) for name in ("resume", "merge", "report", "list_checks", "update_pins"))
+    new_run = not any(values.get(name) for name in NOT_A_NEW_RUN)
     for name, variable, convert in ENV_TWINS:
         if name in NEW_RUN_TWINS and not new_run:
             continue
@@ -6063,7 +6084,9 @@ def _check_ranges(values, origin):
 
 
 PATH_FLAGS = ("suite", "system", "out", "replay", "resume", "report", "merge", *REPORTS)
-PINS_EXCLUDE = ("dry_run", "list_checks", "update_baseline", "resume", "merge", "report", "replay", "out", *REPORTS)
+NOT_A_NEW_RUN = ("resume", "merge", "report", "list_checks", "update_pins")  # no new record
+PINS_EXCLUDE = ("dry_run", "list_checks", "update_baseline", "resume", "merge", "report", "replay",
+                "out", *REPORTS)  # --update-pins is a mode of its own: these would make a run
 
 
 def _check_flags(values):
@@ -6109,10 +6132,10 @@ def _check_flags(values):
         raise UsageError("--resume keeps the record's own shard; drop --shard")
     if values["approve_failing"] and not values["update_baseline"]:
         raise UsageError("--approve-failing goes with --update-baseline")
-    if values["update_pins"]:  # a mode of its own: it rewrites pins, runs nothing and writes no record
-        other = next((name for name in PINS_EXCLUDE if values[name]), None)
-        if other:
-            raise UsageError(f"--update-pins rewrites the suite's pins and runs nothing; drop --{other.replace('_', '-')}")
+    other = values["update_pins"] and next((name for name in PINS_EXCLUDE if values[name]), None)
+    if other:
+        raise UsageError("--update-pins rewrites the suite's pins and runs nothing; "
+                         f"drop --{other.replace('_', '-')}")
     if values["report"] and not any(values[kind] for kind in REPORTS):
         raise UsageError("--report RECORD needs at least one of --markdown, --junit, --html")
     _check_outputs(values)
@@ -6120,7 +6143,7 @@ def _check_flags(values):
 
 def _check_outputs(values):
     """Every output names its own new file; an existing one is refused before anything is imported."""
-    runs = not any(values[name] for name in ("resume", "merge", "report", "list_checks", "update_pins"))
+    runs = not any(values[name] for name in NOT_A_NEW_RUN)
     outputs = [(f"--{kind}", values[kind]) for kind in REPORTS if values[kind]]
     outputs += [("--out", values["out"] or ("results.json" if runs else None)),
                 ("--merge", values["merge"][0] if values["merge"] else None)]
@@ -6131,7 +6154,8 @@ def _check_outputs(values):
             raise UsageError(f"{flag} {path}: the same file is named twice; every output needs its own file")
         if os.path.lexists(path) and not (flag == "--out" and values["dry_run"]):
             raise UsageError(f"{flag}: {path} already exists (records and reports never overwrite a file)"
-                             + (_continue_hint(path, values) if flag in ("--out", "--merge") else ""))
+                             + (_continue_hint(path, values) if flag in ("--out", "--merge")
+                                else ""))
         folder = os.path.dirname(full)  # a report written after a paid run must have a place to go
         if not os.path.isdir(folder) and not (flag == "--out" and values["dry_run"]):
             raise UsageError(f"{flag} {path}: {folder} is not an existing folder; create it first (nothing was run)")
@@ -6149,7 +6173,8 @@ def _continue_hint(path, values):
         return ""
     rows = len(record["runs"])
     return (f"; it holds an unfinished record ({rows} row(s) saved); "
-            f"continue it with: {continue_command(path, continue_flags(Settings(**values)))}{redact_note(record)}")
+            f"continue it with: {continue_command(path, continue_flags(Settings(**values)))}"
+            f"{redact_note(record)}")
 
 
 def _stored_options(record, path):
@@ -6308,7 +6333,7 @@ def resolve(args, env):
     _check_flags(values)
     values["shard"] = _shard(values["shard"]) if values["shard"] else None
     values["max_cost_usd"] = _cost(values["max_cost_usd"]) if values["max_cost_usd"] is not None else None
-    if not any(values[name] for name in ("list_checks", "report", "merge", "update_pins")):  # only a run reads records
+    if not any(values[name] for name in NOT_A_NEW_RUN if name != "resume"):  # a run reads records
         values.update(_run_sources(values, env))
     values["models"] = tuple(values["models"]) if values["models"] is not None else None
     values["provider"] = values["provider"] or "perplexity"
@@ -6422,14 +6447,14 @@ def _check_labels(case):
     return [check_.label(case) for check_ in CHECK_TABLE if not check_.always and check_.active(case)]
 
 
-EMPTY_REPLY = {"final_text": "", "tool_calls": [], "tool_rounds": 0, "search_urls": [], "status": "completed",
-               "cost_usd": None}  # what a model that said nothing and called no tool answers
+EMPTY_REPLY = {"final_text": "", "tool_calls": [], "tool_rounds": 0, "search_urls": [],
+               "status": "completed", "cost_usd": None}  # a model that said nothing, called no tool
 
 
 def lint_case(suite, case):
     """A warning for a case too weak to fail, or None: the real grader passes an empty reply
     with no tool calls (then any model that says nothing passes it)."""
-    if case.get("expected_text") == "" and "min_similarity" in case:  # judged once --update-baseline fills it
+    if case.get("expected_text") == "" and "min_similarity" in case:  # judged once it is filled
         case = {**case, "expected_text": "a baseline"}
     compiled = compile_case(case_suite(suite, case), case)
     if grade(compiled, dict(EMPTY_REPLY)):
@@ -6439,14 +6464,14 @@ def lint_case(suite, case):
     hint = f" ({', '.join(idle)} alone judges nothing)" if idle else ""
     if not active:
         return f"case {case['id']!r} has no rule beyond completion: any answer passes{hint}"
-    return (f"case {case['id']!r} only checks {', '.join(active)}: an empty answer with no tool call "
-            f"passes{hint}; add a rule an empty answer fails, such as contains or expected_text with "
-            "min_similarity")
+    return (f"case {case['id']!r} only checks {', '.join(active)}: an empty answer with no tool "
+            f"call passes{hint}; add a rule an empty answer fails, such as contains or "
+            "expected_text with min_similarity")
 
 
 def suite_warnings(suite):
     """lint_case's warning for each weak case (--dry-run lists them), in the suite's own key names."""
-    warnings = [warning for warning in (lint_case(suite, case) for case in suite["cases"]) if warning]
+    warnings = [found for found in (lint_case(suite, case) for case in suite["cases"]) if found]
     return [_their_words(warning) for warning in warnings] if suite.get("format") == "prompt-regression" \
         else warnings
 
@@ -6565,8 +6590,9 @@ def row_line(row, widths=(0, 0)):
 
 
 def failure_lines(case, row):
-    """Under a failing row's line of a prompt-regression suite, their reading of its text rules: the
-    similarity score and each failed rule in words, then the diff (expected -> actual) of a similarity failure.
+    """Under a failing row's line of a prompt-regression suite, their reading of its text rules:
+    the similarity score and each failed rule in words, then the diff (expected -> actual) of a
+    similarity failure.
     Reads the stored row, so whatever was masked stays masked."""
     details = row.get("details") or {}
     if row["passed"] or row["error"] is not None or not isinstance(details, dict):
@@ -6749,11 +6775,15 @@ def baseline_problem(settings, suite, header):
     model's answers, never the evidence of a provider that is no model (echo, synthetic, or a
     replay of such a record). Read from the evidence label, never from the provider's name."""
     evidence = header.get("evidence", MODEL_EVIDENCE)
-    if not settings.update_baseline or evidence == MODEL_EVIDENCE or suite.get("format") == "golden":
+    if not settings.update_baseline or evidence == MODEL_EVIDENCE:
+        return None
+    if suite.get("format") == "golden":
         return None  # a golden folder's update fills its pins from SYSTEM.txt, not from answers
-    source = f"--replay {settings.replay} holds" if settings.replay else f"--provider {settings.provider} gives"
-    return (f"--update-baseline: {source} {evidence} evidence, not a model's answers, so it cannot fill a "
-            f"baseline; run a model (or drop --update-baseline); {suite['file']} is unchanged")
+    source = f"--replay {settings.replay} holds" if settings.replay \
+        else f"--provider {settings.provider} gives"
+    return (f"--update-baseline: {source} {evidence} evidence, not a model's answers, so it cannot "
+            f"fill a baseline; run a model (or drop --update-baseline); {suite['file']} is "
+            "unchanged")
 
 
 def _new_header(settings, env, cls, suite, config, shard, replayed):
@@ -6982,7 +7012,7 @@ def continue_flags(settings, row=None, tally=None):
         flags += ["--api-key-env", settings.api_key_env]
     if settings.allow_insecure_http:
         flags += ["--allow-insecure-http"]
-    if settings.suite and settings.update_baseline:  # the suite file is read again, so its options are too
+    if settings.suite and settings.update_baseline:  # the suite is read again, its options too
         flags += ["--suite", settings.suite, "--update-baseline"] + (["--approve-failing"] if settings.approve_failing else [])
         flags += (["--system", settings.system] if settings.system else []) + [
             word for option in settings.request or () for word in ("--request", option)]
@@ -7148,8 +7178,8 @@ def open_record(run, tally, quiet=False):
     if run.resuming:
         writer = replace_record(run.path, run.header, run.kept, tally.summary())
         if not quiet:
-            print(f"resuming {safe_text(run.path)}: {len(run.kept)} finished row(s) kept, {len(run.todo)} to run",
-                  file=sys.stderr)
+            print(f"resuming {safe_text(run.path)}: {len(run.kept)} finished row(s) kept, "
+                  f"{len(run.todo)} to run", file=sys.stderr)
         return writer
     return create_record(run.path, run.header, [], tally.summary())
 
@@ -7183,19 +7213,21 @@ def update_pins_mode(settings, env, stage):
     """--update-pins: every pin of --suite rewritten to its current instructions (all files or
     none), old -> new per case; sends nothing, needs no key. 0 also when nothing needed it."""
     if not settings.suite:
-        raise UsageError("--update-pins needs --suite FILE or DIR (the suite whose pins it rewrites)")
+        raise UsageError("--update-pins needs --suite FILE or DIR (the suite it re-pins)")
     with SuiteLock(settings.suite, "--update-pins"):
         if os.path.isdir(settings.suite):
             changes, lines, unchanged = golden_pin_changes(settings.suite, settings.system)
         elif settings.system is not None:
-            raise UsageError(f"--system {settings.system}: goes with --suite DIR, a folder of golden case files")
+            raise UsageError(f"--system {settings.system}: goes with --suite DIR, a folder of "
+                             "golden case files")
         else:
             changes, lines, unchanged = suite_pin_changes(settings.suite)
         rewrite_all(changes)
     for line in lines:
         print(safe_text(line))
-    print(safe_text(f"pins updated: {len(lines)} in {len(changes)} file(s) ({settings.suite}); nothing was sent"
-                    if changes else f"nothing to update: {unchanged} ({settings.suite})"))
+    done = f"pins updated: {len(lines)} in {len(changes)} file(s) ({settings.suite}); " \
+        "nothing was sent"
+    print(safe_text(done if changes else f"nothing to update: {unchanged} ({settings.suite})"))
     return 0
 
 
@@ -7222,7 +7254,8 @@ def dry_run_mode(settings, env, stage):
     text = plan_text(run.suite, settings, run.plan, provider_problem(settings, env), run, env)
     if settings.quiet:  # the warnings and the last line, for a CI log
         lines = text.splitlines()
-        text = "\n".join([line for line in lines[:-1] if line.startswith(("warning: ", "refused: "))] + lines[-1:])
+        said = [line for line in lines[:-1] if line.startswith(("warning: ", "refused: "))]
+        text = "\n".join(said + lines[-1:])
     print(text)
     if run.refusal:
         print(f"regression.py: error: {safe_text(run.refusal)}", file=sys.stderr)
@@ -7300,13 +7333,14 @@ def write_reports_of(record, settings, stage, source):
     written = []
     for kind, path in targets.items():
         rest = [f"--{name} {shell_word(target)}" for name, target in targets.items() if target not in written]
-        stage.now(lambda word, rest=rest: f"{word} while writing reports; {source} is complete; write the rest with: "
-                                          f"{program_name()} --report {shell_word(source)} {' '.join(rest)}")
+        finish = f"{program_name()} --report {shell_word(source)} {' '.join(rest)}"
+        stage.now(lambda word, finish=finish: f"{word} while writing reports; {source} is "
+                                              f"complete; write the rest with: {finish}")
         try:
             write_reports(record, {kind: path})
         except RecordError as exc:  # a full disk after a paid run: the record is whole, say how to finish
-            raise RecordError(f"{exc}; {source} is complete; write the rest with: {program_name()} --report "
-                              f"{shell_word(source)} {' '.join(rest)}") from None
+            raise RecordError(f"{exc}; {source} is complete; write the rest with: {finish}") \
+                from None
         written.append(path)
     return written
 
@@ -7335,8 +7369,10 @@ def update_baseline(run, args, exit_code):
     for case_id, why in refused.items():
         print(safe_text(f"baseline not filled: case {case_id!r}: {why}"), file=sys.stderr)
     if filled and run.suite.get("format") != "golden":  # a pin changes no verdict; a baseline does
-        print(safe_text(f"note: {run.path} was graded before these baselines existed, so compare_runs.py refuses "
-                        f"it against runs of the new suite; regrade it first: {regrade_command(run, args)}"))
+        print(safe_text(f"note: {run.path} was graded before these baselines existed, so "
+                        "compare_runs.py refuses it against runs of the new suite; regrade it "
+                        "first: "
+                        f"{regrade_command(run, args)}"))
     return max(exit_code, 1) if refused else exit_code
 
 
@@ -7345,14 +7381,15 @@ def regrade_command(run, settings):
     stem = run.path[:-5] if run.path.endswith(".json") else run.path
     out = next(name for name in (f"{stem}-regraded{n or ''}.json" for n in range(10_000))
                if not os.path.lexists(name))
-    flags = ["--provider", "replay", "--replay", run.path, "--suite", run.suite["file"], "--out", out]
-    flags += [word for option in settings.request for word in ("--request", option)]  # the same config
+    flags = ["--provider", "replay", "--replay", run.path, "--suite", run.suite["file"],
+             "--out", out]
+    flags += [word for option in settings.request for word in ("--request", option)]  # same config
     flags += ["--shard", run.header["shard"]] if run.header.get("shard") else []
     return " ".join([program_name(), *map(shell_word, flags)])
 
 
-MODES = [("list_checks", list_checks_mode), ("update_pins", update_pins_mode), ("report", report_mode),
-         ("merge", merge_mode),
+MODES = [("list_checks", list_checks_mode), ("update_pins", update_pins_mode),
+         ("report", report_mode), ("merge", merge_mode),
          ("dry_run", dry_run_mode)]  # the first flag set picks the mode; none: a run
 
 

@@ -152,8 +152,8 @@ BASELINE_SUITE = """{
     "cases": [
         {"id": "fresh", "input": "Annual plans can be refunded within 30 days.",
          "expected_text": "", "min_similarity": 0.9},
-        {"id": "pinned",   "input": "Hello there", "expected_text": "A reviewed answer.", "min_similarity": 0.0,
-         "min_chars": 1},
+        {"id": "pinned",   "input": "Hello there", "expected_text": "A reviewed answer.",
+         "min_similarity": 0.0, "min_chars": 1},
         {"id": "strict", "input": "We offer lifetime refunds.", "expected_text": "",
          "min_similarity": 0.5, "excludes": ["lifetime"]}
     ]
@@ -181,7 +181,7 @@ def test_update_baseline_refuses_a_failing_answer_through_the_cli(tmp_path, mode
         "baseline not filled: case 'strict': its answer failed forbidden_text_present "
         "(--approve-failing approves it anyway)"]
     assert "baselines filled: fresh (" in result.stdout
-    assert path.read_text(encoding="utf-8") == FRESH_FILLED  # the passing case is filled all the same
+    assert path.read_text(encoding="utf-8") == FRESH_FILLED  # the passing case is filled anyway
     assert no_temp_files(tmp_path)
     assert json.loads((tmp_path / "r1.json").read_text())["summary"]["complete"] is True
 
@@ -241,8 +241,8 @@ def test_update_baseline_never_writes_a_lone_surrogate_answer(tmp_path, model_ec
     # that case is listed as not filled (exit 1); the others are filled (a suite holding one is
     # refused before a run: test_trust.py)
     err = one_line_error(result.returncode, result.stderr, code=1)
-    assert err == "baseline not filled: case 'strict': the answer holds a lone surrogate (not text a suite file " \
-        "can hold)\n"
+    assert err == ("baseline not filled: case 'strict': the answer holds a lone surrogate "
+                   "(not text a suite file can hold)\n")
     assert json.loads(path.read_text(encoding="utf-8"))["cases"][2]["expected_text"] == ""
     assert no_temp_files(tmp_path)
 
@@ -269,7 +269,8 @@ FAULTS = {
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/fd"), reason="needs /proc to name a file descriptor")
 @pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_update_baseline_fault_leaves_the_suite_fully_old_and_no_temp(tmp_path, model_echo, capsys, monkeypatch, fault):
+def test_update_baseline_fault_leaves_the_suite_fully_old_and_no_temp(tmp_path, model_echo, capsys,
+                                                                      monkeypatch, fault):
     text = BASELINE_SUITE.replace('"excludes": ["lifetime"]', '"excludes": ["never"]')
     path = baseline_suite(tmp_path, text)
     FAULTS[fault](monkeypatch)
@@ -293,7 +294,8 @@ def test_update_baseline_keeps_windows_line_endings_and_tabs(tmp_path, model_ech
     text = BASELINE_SUITE.replace('"excludes": ["lifetime"]', '"excludes": ["never"]').replace("    ", "\t")
     path = tmp_path / "suite.json"
     path.write_bytes(text.replace("\n", "\r\n").encode("utf-8"))
-    code, out, err = run_main(regression.main, ["--suite", str(path), *model_echo, "--update-baseline",
+    code, out, err = run_main(regression.main, ["--suite", str(path), *model_echo,
+                                                "--update-baseline",
                                                 "--out", "r.json"], capsys)
     assert code == 0, err
     after = path.read_bytes().decode("utf-8")
@@ -326,7 +328,8 @@ def test_a_stale_pid_named_temp_file_does_not_block_the_rewrite(tmp_path, model_
     path = baseline_suite(tmp_path, BASELINE_SUITE.replace('"excludes": ["lifetime"]', '"excludes": ["never"]'))
     stale = tmp_path / f"suite.json.{os.getpid()}.tmp"
     stale.write_text("stale", encoding="utf-8")
-    code, out, err = run_main(regression.main, ["--suite", str(path), *model_echo, "--update-baseline",
+    code, out, err = run_main(regression.main, ["--suite", str(path), *model_echo,
+                                                "--update-baseline",
                                                 "--out", "r.json"], capsys)
     assert code == 0, err
     assert "baselines filled: fresh, strict" in out
@@ -584,7 +587,8 @@ def test_update_baseline_prints_the_regrade_command_and_it_works(tmp_path, model
     command = hint[0].split("regrade it first: ")[1]
     assert command == (f"{regression._python_word()} {SCRIPT} --provider replay --replay run1.json "
                        "--suite suite.json --out run1-regraded.json")
-    second = run_script(SCRIPT, ["--suite", "suite.json", *model_echo, "--out", "run2.json"], tmp_path)
+    second = run_script(SCRIPT, ["--suite", "suite.json", *model_echo, "--out", "run2.json"],
+                        tmp_path)
     assert second.returncode == 0, second.stderr
     refused = run_script(COMPARE, ["run1.json", "run2.json"], tmp_path)
     assert refused.returncode == 2 and "expected_text differs" in refused.stdout

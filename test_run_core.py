@@ -639,7 +639,8 @@ def test_budget_stop_prints_the_resume_command_with_a_higher_cap(tmp_path, monke
         assert main_code(["--models", "m", "--max-cost-usd", "0.002", "--out", out]) == 2
     line = one_line(capsys.readouterr().err)
     assert "--max-cost-usd reached" in line
-    assert line.endswith(f"continue with: {regression.program_name()} --resume {out} --max-cost-usd 0.004"), line
+    program = regression.program_name()  # in-process: the script file itself
+    assert line.endswith(f"continue with: {program} --resume {out} --max-cost-usd 0.004"), line
     assert len(read(out)["runs"]) == 2
 
 
@@ -660,7 +661,8 @@ def test_existing_unfinished_out_names_the_resume_command(tmp_path):
     cut_to(masked, 1)
     proc = cli(["--provider", "echo", "--suite", suite, "--out", masked], tmp_path)
     assert one_line(proc.stderr).endswith(
-        f"continue it with: {PROGRAM} --resume {masked} plus the same 1 --redact flag(s) it was made with")
+        f"continue it with: {PROGRAM} --resume {masked} plus the same 1 --redact flag(s) it was "
+        "made with")
 
 
 def test_incomplete_merge_names_missing_shards_rows_and_unfinished_shards(tmp_path):
@@ -674,7 +676,8 @@ def test_incomplete_merge_names_missing_shards_rows_and_unfinished_shards(tmp_pa
     lines = proc.stderr.rstrip("\n").split("\n")
     assert lines[0].startswith("merged record is incomplete: 2 of 4 rows; missing or errored: echo / card / 0")
     assert "no record of shard(s) 3/3" in lines[1]
-    assert lines[2] == f"{two} is unfinished: continue it with: {PROGRAM} --resume {two}, then merge again"
+    assert lines[2] == (f"{two} is unfinished: continue it with: {PROGRAM} --resume {two}, then "
+                        "merge again")
     assert "Traceback" not in proc.stderr
 
 
@@ -690,7 +693,8 @@ def test_complete_merge_with_an_errored_row_says_why_it_exits_2(tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.rstrip("\n").split("\n")
     assert lines[0].startswith("merged record holds execution errors: 4 of 4 rows"), proc.stderr
-    assert lines[-1] == f"{two} is unfinished: continue it with: {PROGRAM} --resume {two}, then merge again"
+    assert lines[-1] == (f"{two} is unfinished: continue it with: {PROGRAM} --resume {two}, then "
+                         "merge again")
 
 
 # ====================================================================== a closed stdout

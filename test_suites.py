@@ -915,5 +915,6 @@ def test_min_similarity_zero_is_linted_as_a_rule_no_answer_fails(tmp_path):
                           text=True, timeout=60, cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr
     warnings = [line for line in plan.stdout.splitlines() if line.startswith("warning:")]
-    assert warnings == ["warning: case 'zero' only checks similarity: an empty answer with no tool call passes; "
-                        "add a rule an empty answer fails, such as contains or expected_text with min_similarity"]
+    assert warnings == ["warning: case 'zero' only checks similarity: an empty answer with no "
+                        "tool call passes; add a rule an empty answer fails, such as contains or "
+                        "expected_text with min_similarity"]

@@ -65,5 +65,6 @@ def model_echo():
     answers are a model's evidence ("live"), so --update-baseline may approve them; --provider
     echo's are refused. (Import this fixture into a test module to use it.)"""
     import fakes
-    with fakes.FakeServer(fakes.chat(lambda body: fakes.chat_response(body["messages"][-1]["content"]))) as server:
+    echo = fakes.chat(lambda body: fakes.chat_response(body["messages"][-1]["content"]))
+    with fakes.FakeServer(echo) as server:
         yield ["--provider", "openai", "--base-url", server.url + "/v1", "--models", "model"]
