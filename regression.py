@@ -7214,6 +7214,7 @@ def update_pins_mode(settings, env, stage):
     none), old -> new per case; sends nothing, needs no key. 0 also when nothing needed it."""
     if not settings.suite:
         raise UsageError("--update-pins needs --suite FILE or DIR (the suite it re-pins)")
+    stage.now(lambda word: f"{word} before a pin was rewritten; {settings.suite} is unchanged")
     with SuiteLock(settings.suite, "--update-pins"):
         if os.path.isdir(settings.suite):
             changes, lines, unchanged = golden_pin_changes(settings.suite, settings.system)
@@ -7222,7 +7223,9 @@ def update_pins_mode(settings, env, stage):
                              "golden case files")
         else:
             changes, lines, unchanged = suite_pin_changes(settings.suite)
-        rewrite_all(changes)
+        stage.now(lambda word: f"{word} while rewriting pins: every file of {settings.suite} holds "
+                               "its new pin, or none does (--update-pins again says which)")
+        rewrite_all(changes)  # an interruption waits until all are written (or put back)
     for line in lines:
         print(safe_text(line))
     done = f"pins updated: {len(lines)} in {len(changes)} file(s) ({settings.suite}); " \
