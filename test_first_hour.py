@@ -737,7 +737,7 @@ def graded(answer, response_format=None, suite_flag=None, **case):
         data["allow_extra_fields"] = suite_flag
     suite = regression.validate_suite(data)
     compiled = regression.compile_case(suite, suite["cases"][0])
-    return regression.grade(compiled, {**regression.EMPTY_REPLY, "final_text": json.dumps(answer)})
+    return regression.grade(compiled, regression.EMPTY_REPLY._replace(final_text=json.dumps(answer)))
 
 
 @pytest.mark.parametrize(
@@ -1085,5 +1085,5 @@ def test_tool_sequences_that_changed_alike_in_every_repeat_print_once():
     ]
     assert lines == [
         "TOOLS          m  c  repeats 0, 1, 2  lookup -> refund  vs  refund",
-        "TOOLS          m  c  repeat 3  lookup -> refund  vs  lookup",
+        "TOOLS          m  c  repeat 3         lookup -> refund  vs  lookup",
     ]
