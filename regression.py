@@ -7777,7 +7777,8 @@ def regrade_command(run, settings):
     out = next(name for name in (f"{stem}-regraded{n or ''}.json" for n in range(10_000))
                if not os.path.lexists(name))
     replayer = providers_with("replays_record")[0]  # the provider that re-grades stored responses
-    flags = ["--provider", replayer, "--replay", run.path, "--suite", run.suite["file"], "--out", out]
+    flags = ["--provider", replayer, "--replay", run.path, "--suite", run.suite["file"],
+             "--out", out]
     flags += [word for option in settings.request for word in ("--request", option)]  # same config
     flags += ["--shard", run.header["shard"]] if run.header.get("shard") else []
     return " ".join([program_name(), *map(shell_word, flags)])
