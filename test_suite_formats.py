@@ -107,7 +107,7 @@ def _row_for(case, answer):
     trace = regression.Trace(final_text=answer, tool_calls=[], tool_rounds=0, search_urls=[],
                              status="completed", cost_usd=None)
     reasons = [str(reason) for reason in regression.grade(compiled, trace)]
-    return {"error": None, "passed": not reasons, "reasons": reasons, "details": regression.explain(compiled, trace)}
+    return {"error": None, "passed": not reasons, "reasons": reasons, "details": regression.grading(compiled, trace).details}
 
 
 FAILURE_LINES = [  # (case, answer, the detail lines under the row line)
