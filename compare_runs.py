@@ -36,9 +36,11 @@ import math
 import os
 import sys
 
-from regression import (CASES, CHECK_KEYS, CHECK_TABLE, INSTRUCTIONS, RecordError, check, dumps, html_page,
-                        html_table, junit_name, junit_xml, key_text, load_record, md_table, md_text, plan_rows,
-                        record_problem, row_key, safe_text, summary, tool_sequence, write_new_file, xml_text)
+from regression import (CASES, CHECK_KEYS, CHECK_TABLE, INSTRUCTIONS, RecordError, UsageError,
+                        check, dumps, html_page, html_table, junit_name, junit_xml, key_text,
+                        load_record, masked_evidence, md_table, md_text, plan_rows, record_problem,
+                        regraded_rows, row_key, safe_text, summary, tool_sequence, write_new_file,
+                        xml_text)
 
 
 # ====================================================================== records
@@ -81,6 +83,47 @@ def index(record):
 
 
 _name = key_text  # the one spelling of a row key in messages
+
+
+# Each failing row holds the verdict of each rule it failed ({"forbid_tool:cancel_order":
+# ["forbidden_tool_called"], ...}): two entries of one behaviour give the same reason, so the
+# reasons alone cannot say which entry failed. A row graded before verdicts were kept gets them
+# from its reasons when only one rule of its case can give each; otherwise they are graded again
+# from its stored response (offline), and kept only when that gives the very reasons stored.
+
+def _attributed(case, row):
+    """An older row's verdicts read from its reasons (a reason no rule of the case gives stands
+    as its own rule), or None when several entries of one behaviour could have given a reason."""
+    rules = dict(case_rules(case))
+    verdicts = {}
+    for reason in row["reasons"]:
+        givers = [rule for rule, check in rules.items() if _explains(check, reason)]
+        if len({rules[rule].name for rule in givers}) < len(givers):
+            return None
+        for rule in givers or [reason]:
+            verdicts[rule] = list(dict.fromkeys(verdicts.get(rule, []) + [reason]))
+    return verdicts
+
+
+def with_verdicts(record, rows):
+    """{key: row} of a record's rows (see index), each failing row with its verdicts: stored, read
+    from its reasons (_attributed) or graded again; a row none of these can tell is left without."""
+    cases = {case["id"]: case for case in record["config"]["cases"]}
+    filled, unknown = dict(rows), []
+    for key, row in rows.items():
+        if not row["passed"] and "verdicts" not in row:
+            verdicts = _attributed(cases[key[1]], row)
+            filled[key] = {**row, "verdicts": verdicts} if verdicts is not None else row
+            unknown += [row] if verdicts is None else []
+    if unknown and masked_evidence(record) is None:  # masked text may grade otherwise: no regrade
+        try:
+            regraded = regraded_rows(record, unknown)
+        except UsageError:
+            regraded = []  # the record's suite no longer loads: its rows stay without verdicts
+        for row, again in regraded:
+            if again["reasons"] == row["reasons"] and again.get("verdicts"):
+                filled[row_key(row)] = {**row, "verdicts": again["verdicts"]}
+    return filled
 
 
 # ====================================================================== comparison
@@ -286,8 +329,19 @@ def _answer_diff(old, new):
     return "\n".join(difflib.unified_diff(a.splitlines(), b.splitlines(), "before", "after", lineterm=""))
 
 
+def _failures(row, by_entry):
+    """What a row failed, as counted per side: each reason, and with by_entry each reason of a
+    behaviour entry with an argument named with it (two entries of one behaviour share reasons)."""
+    if not by_entry:
+        return row["reasons"]
+    return [f"{reason}[{rule}]" if ":" in rule else reason
+            for rule, reasons in (row.get("verdicts") or {}).items() for reason in reasons]
+
+
 def analyse(pairs, alpha=None):
-    """The comparison of paired rows [(key, old, new)]: labels, per-check changes, pass rates, diffs."""
+    """The comparison of paired rows [(key, old, new)]: labels, per-check changes, pass rates and
+    diffs. A reason is counted per behaviour entry where each failing row holds its verdicts (see
+    with_verdicts); a model/case pair with a row that does not is counted by reason (by_reason)."""
     rows, groups = [], {}
     for key, old, new in pairs:
         label = LABELS[(old["passed"], new["passed"])]
@@ -300,9 +354,10 @@ def analyse(pairs, alpha=None):
     for group in groups.values():
         old, new = group.pop("old"), group.pop("new")
         # How often each reason occurred on each side: 2/3 -> 0/3 with the same reason is a drop.
-        before = collections.Counter(reason for row in old for reason in row["reasons"])
-        after = collections.Counter(reason for row in new for reason in row["reasons"])
-        group.update(
+        by_entry = all(row["passed"] or "verdicts" in row for row in old + new)
+        before = collections.Counter(reason for row in old for reason in _failures(row, by_entry))
+        after = collections.Counter(reason for row in new for reason in _failures(row, by_entry))
+        group.update(by_reason=not by_entry,
             regress=sorted(reason for reason in after if after[reason] > before[reason]),
             gain=sorted(reason for reason in before if before[reason] > after[reason]),
             counts={reason: (before[reason], after[reason]) for reason in set(before) | set(after)},
@@ -418,6 +473,7 @@ def render(result, all_diffs=False, all_rows=True):
             if g["gain"]:
                 lines.append(safe_text(f"GAIN           {g['model']}  {g['case']}  " + "  ".join(
                     f"-{r} {g['counts'][r][0]}->{g['counts'][r][1]}" for r in g["gain"])))
+    lines += [line for line in [by_reason_note(result)] if line]
     if result["repeats"] > 1:
         rated = [g for g in result["groups"] if all_rows or group_changed(g)]
         lines += ["", "pass rates over repeats (p: one-sided Fisher exact test that the rate dropped):"]
@@ -449,6 +505,19 @@ def render(result, all_diffs=False, all_rows=True):
     return "\n".join(lines)
 
 
+def by_reason_note(result):
+    """One line when some model/case pairs could only be counted by reason (see analyse)."""
+    pairs = [f"{g['model']} {g['case']}" for g in result["groups"] if g["by_reason"]]
+    if not pairs:
+        return None
+    named = ", ".join(pairs[:3]) + (", ..." if len(pairs) > 3 else "")
+    count = _plural(len(pairs), "model/case pair")
+    return safe_text(f"note: per-entry verdicts unknown for {count}"
+                     f" ({named}): rows graded before they were kept, whose responses cannot be "
+                     "graded again; changes there are counted by reason, so a failure that moved "
+                     "between entries of one behaviour is not shown")
+
+
 def cautions(before, after):
     """Differences that do not block a comparison but may explain it."""
     notes = [safe_text(f"CAUTION {field} differs: {before.get(field)} -> {after.get(field)}")
@@ -461,7 +530,7 @@ def cautions(before, after):
 def compare_records(before, after, alpha=None):
     """Check two records are comparable and analyse them; (cautions, result). ValueError otherwise."""
     regrade = _comparable(before, after)
-    rows_before, rows_after = index(before), index(after)
+    rows_before, rows_after = (with_verdicts(record, index(record)) for record in (before, after))
     config = before["config"]
     plan = plan_rows(config["models"], [case["id"] for case in config["cases"]], config["repeats"])
     result = analyse([(key, rows_before[key], rows_after[key]) for key in plan], alpha)
@@ -483,7 +552,7 @@ def compare(before, after, alpha=None, all_diffs=False, all_rows=True):
 
 def model_swap(record, model_a, model_b, alpha=None):
     """Pair model A's rows (before) with model B's (after) in one run: is B a drop-in for A?"""
-    rows = index(record)
+    rows = with_verdicts(record, index(record))
     config = record["config"]
     for model in (model_a, model_b):
         _require(model in config["models"], f"model {model!r} is not in this run ({', '.join(config['models'])})")
@@ -496,9 +565,9 @@ def model_swap(record, model_a, model_b, alpha=None):
 
 # ====================================================================== behaviour matrix
 # The golden-behaviours harness's model-swap view: every (case, behaviour) of the suite with
-# both sides' verdicts, not only the changed ones. A behaviour's verdict is read from the
-# reasons its check can give; a reason no declared rule explains gets a row of its own, so a
-# failure is never hidden.
+# both sides' verdicts, not only the changed ones. Each rule's verdict is the row's own for that
+# rule (its verdicts, see with_verdicts); a failed check the case does not declare as a rule gets
+# a row per reason, so a failure is never hidden.
 
 MATRIX_COLUMNS = ["case_id", "behavior", "A", "B", "delta"]
 
@@ -520,9 +589,20 @@ def case_rules(case):
                     if not check.behavior and not check.always and check.active(case)]
 
 
-def _verdict(rows, explains):
-    """(passes, runs) of one rule over a side's rows (one per repeat)."""
-    return sum(not any(explains(reason) for reason in row["reasons"]) for row in rows), len(rows)
+def _failing(case, row):
+    """{label: None} of what a row fails in the matrix: each rule of the case that failed, and each
+    reason of a check the case declares no rule for; ValueError when the row cannot tell."""
+    verdicts = row["verdicts"] if "verdicts" in row else _attributed(case, row)  # passed: {}
+    if verdicts is None:
+        raise ValueError(f"row {_name(row_key(row))} was graded before per-entry verdicts were kept"
+                         ", "
+                         f"and its reasons ({', '.join(row['reasons'])}) could come from several "
+                         "entries of one behaviour, nor can its stored response be graded again to "
+                         "tell which (masked, or no longer reproducible): run the suite again with "
+                         "this version and compare that record")
+    rules = {rule for rule, _ in case_rules(case)}
+    return dict.fromkeys(label for rule, reasons in verdicts.items()
+                         for label in ([rule] if rule in rules else reasons))
 
 
 def _verdict_text(passes, runs):
@@ -533,13 +613,14 @@ def behaviour_matrix(cases, side_a, side_b):
     """Rows [case_id, behavior, A, B, delta] for every (case, rule); side_x: {case_id: [rows]}."""
     table = []
     for case in cases:
-        rows_a, rows_b = side_a[case["id"]], side_b[case["id"]]
-        rules = [(rule, lambda reason, check=check: _explains(check, reason)) for rule, check in case_rules(case)]
-        seen = [reason for row in rows_a + rows_b for reason in row["reasons"]]
-        rules += [(reason, lambda other, reason=reason: other == reason) for reason in dict.fromkeys(seen)
-                  if not any(explains(reason) for _, explains in rules)]
-        for rule, explains in rules:
-            (pass_a, runs_a), (pass_b, runs_b) = _verdict(rows_a, explains), _verdict(rows_b, explains)
+        failing_a, failing_b = ([_failing(case, row) for row in side[case["id"]]]
+                                for side in (side_a, side_b))
+        rules = [rule for rule, _ in case_rules(case)]
+        seen = dict.fromkeys(label for failing in failing_a + failing_b for label in failing)
+        rules += [label for label in seen if label not in rules]
+        for rule in rules:
+            (pass_a, runs_a), (pass_b, runs_b) = ((sum(rule not in failing for failing in side),
+                                                   len(side)) for side in (failing_a, failing_b))
             # compare pass rates (a side may have a different number of repeats only in theory)
             delta = "same" if pass_a * runs_b == pass_b * runs_a else \
                 "REGRESS" if pass_b * runs_a < pass_a * runs_b else "GAIN"
@@ -554,7 +635,7 @@ def _sides(rows, model, repeats, cases):
 def matrix_records(before, after):
     """Two comparable records: per model, the matrix of before (A) against after (B)."""
     _comparable(before, after)
-    rows_a, rows_b = index(before), index(after)
+    rows_a, rows_b = with_verdicts(before, index(before)), with_verdicts(after, index(after))
     config = before["config"]
     return [(model, behaviour_matrix(config["cases"], _sides(rows_a, model, config["repeats"], config["cases"]),
                                      _sides(rows_b, model, config["repeats"], config["cases"])))
@@ -563,7 +644,7 @@ def matrix_records(before, after):
 
 def matrix_models(record, model_a, model_b):
     """One record: the matrix of model A against model B on the same cases."""
-    rows = index(record)
+    rows = with_verdicts(record, index(record))
     config = record["config"]
     for model in (model_a, model_b):
         _require(model in config["models"], f"model {model!r} is not in this run ({', '.join(config['models'])})")
@@ -620,6 +701,7 @@ def markdown_comparison(result, title):
          for g in moved]) if moved else "No model/case pair changed.")
     if len(moved) < len(result["groups"]):
         lines += ["", f"{len(result['groups']) - len(moved):,} model/case pair(s) unchanged (not listed)."]
+    lines += ["", md_text(by_reason_note(result))] if by_reason_note(result) else []
     sequences = [row for row in result["rows"] if _tools_changed(row)]
     if sequences:
         lines += ["", "### Tool sequences of changed rows", "", md_table(
@@ -670,6 +752,7 @@ def html_comparison(result, title):
                          for g in moved]) if moved else "<p>No model/case pair changed.</p>"]
     if len(moved) < len(result["groups"]):
         body.append(f"<p>{len(result['groups']) - len(moved):,} model/case pair(s) unchanged (not listed).</p>")
+    body += [f"<p>{xml_text(by_reason_note(result))}</p>"] if by_reason_note(result) else []
     body += ["<h2>Rows that changed</h2>",
              html_table(["label", "model", "case", "repeat", "before", "after"],
                         [[(xml_text(row["label"]), css[row["label"]]), xml_text(row["key"][0]),

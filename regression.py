@@ -59,6 +59,7 @@ __all__ = [
     # record and summary (A7, A8, B4)
     "RecordError", "create_record", "replace_record", "load_record", "write_new_file", "dumps",
     "Tally", "summary", "row_key", "plan_rows", "shard_plan", "key_text", "record_problem",
+    "masked_evidence", "regraded_rows",
     # reports (B5)
     "safe_text", "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
     "markdown_run", "junit_run", "html_run", "tool_sequence", "trajectory",
@@ -5159,7 +5160,7 @@ SUMMARY_MODEL_FIELDS = dict(passed=_INT, total=_INT, errors=_INT, qualified=_BOO
 ROW_FIELDS = dict(
     error=_TEXT, error_status=_INT, error_message=_TEXT, cost_usd=_TEXT, answer_text=_TEXT,
     reasons=(_is_text_list, "a list of strings"), passed=_BOOL, seconds=_NUMBER, details=_OBJECT,
-    attempts=_INT, rounds=_LIST)
+    attempts=_INT, rounds=_LIST, verdicts=_OBJECT)
 DETAILS_FIELDS = dict(diff=_TEXT, similarity=_NUMBER)
 
 
@@ -5219,7 +5220,22 @@ def _row_problem(row, position):
     # crafted or broken row, and trusting it would carry a failure into a summary as a pass
     if problem is None and row.get("passed") is True and (row.get("reasons") or row.get("error") is not None):
         problem = f"runs[{position}].passed is true but the row holds reasons or an error"
-    return problem
+    return problem or _verdicts_problem(row, f"runs[{position}].verdicts")
+
+
+def _verdicts_problem(row, where):
+    """Why a row's verdicts ({rule: [reason, ...]} of each rule that failed) cannot stand beside
+    its reasons, or None: every listed reason is one of the row's, every reason of the row is
+    some rule's, and a row with an error was never graded."""
+    verdicts = row.get("verdicts")
+    if verdicts is None:
+        return None  # a passing row, or one graded before verdicts were kept
+    if not all(_is_text_list(reasons) and reasons for reasons in verdicts.values()):
+        return f"{where} is not an object of rule: [reason, ...]"
+    listed = {reason for reasons in verdicts.values() for reason in reasons}
+    if row.get("error") is not None or listed != set(row.get("reasons") or []):
+        return f"{where} disagrees with the row's reasons (or error)"
+    return None
 
 
 def record_problem(record):
@@ -6572,13 +6588,7 @@ def regrade_problem(record, path, suite, rows):
     (masked_evidence), so their verdicts stand."""
     if masked_evidence(record) is not None:
         return None
-    cases = {case["id"]: case for case in suite["cases"]}
-    # a row of no case of the suite is not graded here: the verdict counts it as a clash (exit 2)
-    rows = [row for row in rows if row.get("error") is None and "response" in row and row_key(row)[1] in cases]
-    replayer = ReplayProvider({"provider": record.get("provider"), "runs": rows}, path)
-    for row in rows:
-        model, case_id, repeat = row_key(row)
-        again = run_row(replayer, case_suite(suite, cases[case_id]), cases[case_id], model, repeat)
+    for row, again in regraded_rows(record, rows, suite, path):
         if again["passed"] is not row.get("passed") or again["reasons"] != row.get("reasons") or (
                 "verdicts" in row and again.get("verdicts") != row["verdicts"]):
             other = "; it was made by other code (code_sha256 differs)" \
@@ -6589,9 +6599,30 @@ def regrade_problem(record, path, suite, rows):
     return None
 
 
+def regraded_rows(record, rows, suite=None, path="the record"):
+    """[(row, the row graded again)] of a record's finished rows that hold a response, each graded
+    from its stored responses (offline, as --provider replay does) under `suite`, by default the
+    record's own. A row of no case of the suite is left out (its verdict counts it as a clash)."""
+    if suite is None:
+        suite = _suite_from_record(record, argparse.Namespace(suite=None, update_baseline=False,
+                                                              system=None))
+    cases = {case["id"]: case for case in suite["cases"]}
+    rows = [row for row in rows if row.get("error") is None and "response" in row
+            and row_key(row)[1] in cases]
+    replayer, graded = ReplayProvider({"provider": record.get("provider"), "runs": rows}, path), []
+    for row in rows:
+        model, case_id, repeat = row_key(row)
+        case = cases[case_id]
+        graded.append((row, run_row(replayer, case_suite(suite, case), case, model, repeat)))
+    return graded
+
+
 def _verdict_text(row):
+    """PASS, or FAIL with its reasons (by rule, when the row holds the verdict of each)."""
     reasons = row.get("reasons") if isinstance(row.get("reasons"), list) else []
-    return "PASS" if row.get("passed") is True else f"FAIL ({safe_text(', '.join(map(str, reasons))) or 'no reason'})"
+    failed = [f"{rule}: {', '.join(given)}" for rule, given in (row.get("verdicts") or {}).items()]
+    said = "; ".join(failed) if "verdicts" in row else ", ".join(map(str, reasons))
+    return "PASS" if row.get("passed") is True else f"FAIL ({safe_text(said) or 'no reason'})"
 
 
 def prepare(settings, env):

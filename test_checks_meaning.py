@@ -68,14 +68,14 @@ def write_suite(directory, data, name="suite.json"):
 def registered(name, run, **spec):
     """A check registered for the duration of a test; every derived table restored after."""
     saved = (list(regression.CHECK_TABLE), dict(regression.CHECKS), dict(regression.BEHAVIORS),
-             set(regression.CASE_KEYS), dict(regression.CASE_KEY_RULES))
+             set(regression.CASE_KEYS), dict(regression.CASE_KEY_RULES), set(regression.CHECK_KEYS))
     try:
         regression.register_check(name, run, **spec)
         yield
     finally:
         regression.CHECK_TABLE[:] = saved[0]
         for table, old in zip((regression.CHECKS, regression.BEHAVIORS, regression.CASE_KEYS,
-                               regression.CASE_KEY_RULES), saved[1:]):
+                               regression.CASE_KEY_RULES, regression.CHECK_KEYS), saved[1:]):
             table.clear()
             table.update(old)
 
