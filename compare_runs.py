@@ -138,13 +138,13 @@ _ABSENT = object()
 
 def _config_view(config, without_checks=False):
     """The part of a config two comparable records share: all but the instructions and
-    the cases' pins and notes (and, for a regrade, the cases' check keys and sources)."""
+    the cases' pins and notes (and, for a regrade, the cases' check keys and sources). The
+    config is record_problem's: its cases a list of objects."""
     view = {key: value for key, value in config.items()
             if key != "instructions" and not (without_checks and key == "sources")}
-    if isinstance(view.get("cases"), list):
-        dropped = IGNORED_CASE_KEYS + (tuple(CHECK_KEYS) if without_checks else ())
-        view["cases"] = [{key: value for key, value in case.items() if key not in dropped}
-                         if isinstance(case, dict) else case for case in view["cases"]]
+    dropped = IGNORED_CASE_KEYS + (tuple(CHECK_KEYS) if without_checks else ())
+    view["cases"] = [{key: value for key, value in case.items() if key not in dropped}
+                     for case in view["cases"]]
     return view
 
 
@@ -286,12 +286,9 @@ def _comparable(before, after):
         return None
     _same_evidence(before, after)
 
-    def cases(record):
-        found = _config_view(record["config"]).get("cases")
-        return [case for case in found if isinstance(case, dict)] if isinstance(found, list) else []
-    old_cases = {case.get("id"): case for case in cases(before)}
-    return [str(case.get("id")) for case in cases(after)
-            if not same_json(old_cases.get(case.get("id"), _ABSENT), case)] + \
+    old_cases = {case["id"]: case for case in _config_view(before["config"])["cases"]}
+    return [case["id"] for case in _config_view(after["config"])["cases"]
+            if not same_json(old_cases.get(case["id"], _ABSENT), case)] + \
         (["(sources)"] if not same_json(before["config"].get("sources"), after["config"].get("sources")) else [])
 
 

@@ -2121,12 +2121,12 @@ def compile_case(suite, case):
 
 def evidence_notes(row, limit=100):
     """The short form of a row's failing reasons (details.evidence notes), escaped, one line,
-    cut to about `limit` characters: what the console and the reports show after the reasons."""
-    evidence = (row.get("details") or {}).get("evidence") if isinstance(row.get("details"), dict) else None
-    if not isinstance(evidence, dict):
+    cut to about `limit` characters: what the console and the reports show after the reasons.
+    The row is one record_problem accepts (details an object, reasons a list of strings)."""
+    evidence = (row.get("details") or {}).get("evidence")
+    if not isinstance(evidence, dict):  # details.evidence is not validated: a hand-edited record
         return ""
-    reasons = row.get("reasons") if isinstance(row.get("reasons"), list) else []
-    notes = [str(evidence[reason].get("note")) for reason in dict.fromkeys(r for r in reasons if isinstance(r, str))
+    notes = [str(evidence[reason].get("note")) for reason in dict.fromkeys(row.get("reasons") or [])
              if isinstance(evidence.get(reason), dict) and evidence[reason].get("note")]
     text = " ".join(printable("; ".join(notes)).split())
     return text if len(text) <= limit else text[:limit - 3] + "..."
@@ -5185,8 +5185,8 @@ def masked_evidence(record):
     if record.get("redaction"):
         return "it was stored with --redact/--redact-pii, so its responses are masked"
     for row in record.get("runs") or []:
-        stored = {field: row.get(field) for field in ("response", "rounds")} if isinstance(row, dict) else None
-        if stored and _MASK_MARK.search(dumps(stored)):
+        stored = {field: row.get(field) for field in ("response", "rounds")}
+        if _MASK_MARK.search(dumps(stored)):
             return (f"the stored response of {key_text(row_key(row))} holds a [REDACTED] mask "
                     "(a key or pattern was masked)")
     return None
@@ -5503,8 +5503,7 @@ def _cut(text, limit):
 
 
 def _row_calls(row):
-    details = row.get("details") if isinstance(row, dict) else None
-    calls = details.get("tool_calls") if isinstance(details, dict) else None
+    calls = (row.get("details") or {}).get("tool_calls")  # details: an object (record_problem)
     return [call for call in calls if isinstance(call, dict)] if isinstance(calls, list) else []
 
 
@@ -5542,7 +5541,10 @@ def trajectory_lines(row):
 
 def _row_failure_text(row):
     parts = [f"reasons: {json.dumps(row.get('reasons') or [])}"]
-    details = row.get("details") if isinstance(row.get("details"), dict) else {}
+    if row.get("verdicts"):  # which rule gave each reason: two entries of a behaviour share them
+        failed = [f"{rule} ({', '.join(reasons)})" for rule, reasons in row["verdicts"].items()]
+        parts.append("failed: " + printable("; ".join(failed)))
+    details = row.get("details") or {}
     evidence = details.get("evidence") if isinstance(details.get("evidence"), dict) else {}
     parts += [f"{reason}: {printable(str(evidence[reason].get('note')))}" for reason in row.get("reasons") or []
               if isinstance(evidence.get(reason), dict) and evidence[reason].get("note")]
@@ -5552,7 +5554,7 @@ def _row_failure_text(row):
         parts.append(details["diff"])
     if _row_calls(row):
         parts += ["trajectory:", *("  " + line for line in trajectory_lines(row))]
-    parts.append(f"answer: {row.get('answer_text')}" if isinstance(row.get("answer_text"), str)
+    parts.append(f"answer: {row['answer_text']}" if row.get("answer_text") is not None
                  else f"no answer: {_what_failed(row)}")
     return "\n".join(parts)
 
@@ -5568,7 +5570,7 @@ def _what_failed(row):
 
 def junit_run(record):
     """JUnit XML for one run: a testcase per planned model x case x repeat."""
-    rows = {row_key(row): row for row in record["runs"] if isinstance(row, dict)}
+    rows = {row_key(row): row for row in record["runs"]}
     stopped = (record.get("summary") or {}).get("stopped") or "the run stopped before this row"
     suites = {}
     for key in _record_plan(record):
@@ -5593,22 +5595,20 @@ MODEL_COLUMNS = ["model", "passed", "errors", "qualified", "reported cost (USD)"
 
 
 def _model_rows(final):
-    """The per-model table of a summary as plain text cells, tolerating a hand-edited summary."""
-    models = final.get("models") if isinstance(final, dict) else None
+    """The per-model table of a summary (record_problem's: each model's stats an object)."""
     return [[str(model), f"{stats.get('passed')}/{stats.get('total')}" if stats.get("total") else "not run",
              str(stats.get("errors", 0)),
              "yes" if stats.get("qualified") else "no", str(stats.get("reported_cost_usd") or "unknown")]
-            for model, stats in (models.items() if isinstance(models, dict) else []) if isinstance(stats, dict)]
+            for model, stats in (final.get("models") or {}).items()]
 
 
 def _warnings(final):
-    """The summary's warnings (e.g. no tool was ever called), tolerating a hand-edited summary."""
-    warnings = final.get("warnings") if isinstance(final, dict) else None
-    return [str(warning) for warning in warnings] if isinstance(warnings, list) else []
+    """The summary's warnings (e.g. no tool was ever called): a list of strings (record_problem)."""
+    return final.get("warnings") or []
 
 
 def _failed_rows(record):
-    return [row for row in record["runs"] if isinstance(row, dict) and not row.get("passed")]
+    return [row for row in record["runs"] if not row.get("passed")]
 
 
 _VERDICTS = {0: "PASS: every row passed", 1: "FAIL: at least one check failed",
@@ -5616,13 +5616,12 @@ _VERDICTS = {0: "PASS: every row passed", 1: "FAIL: at least one check failed",
 
 
 def _verdict(final):
-    code = final.get("exit_code")
-    return _VERDICTS.get(code, "unknown") if isinstance(code, int) else "unknown"  # a list is unhashable
+    return _VERDICTS.get(final.get("exit_code"), "unknown")  # a whole number or none (validated)
 
 
 def markdown_run(record):
     """A Markdown summary of one run (for $GITHUB_STEP_SUMMARY)."""
-    final = record.get("summary") if isinstance(record.get("summary"), dict) else {}
+    final = record.get("summary") or {}
     lines = [f"## agent-regression: {md_text((record.get('suite') or {}).get('name', 'run'))}", "",
              # every value comes from the record, numbers included: a crafted one may hold "<!--"
              f"**{md_text(_verdict(final))}** (exit {md_text(final.get('exit_code'))}); "
@@ -5654,7 +5653,7 @@ def markdown_run(record):
 
 def _not_run(record):
     """The planned row keys a record holds no row for (a stopped or interrupted run)."""
-    done = {row_key(row) for row in record["runs"] if isinstance(row, dict)}
+    done = {row_key(row) for row in record["runs"]}
     return [key for key in _record_plan(record) if key not in done]
 
 
@@ -5675,7 +5674,7 @@ def _html_row_details(row):
     if _row_calls(row):
         parts.append("<ol class=\"trajectory\">" + "".join(f"<li>{xml_text(line)}</li>" for line in trajectory_lines(row))
                      + "</ol>")
-    if isinstance(row.get("answer_text"), str):
+    if row.get("answer_text") is not None:
         parts.append(f"<details><summary>answer</summary><pre>{xml_text(row['answer_text'])}</pre></details>")
     else:
         parts.append(f"<p>no answer: {xml_text(_what_failed(row))}</p>")
@@ -5686,7 +5685,7 @@ def html_run(record):
     """One self-contained HTML page for a run: verdict, models, case matrix, failures, answers."""
     final = record.get("summary") or {}
     config = record["config"]
-    rows = {row_key(row): row for row in record["runs"] if isinstance(row, dict)}
+    rows = {row_key(row): row for row in record["runs"]}
     title = f"agent-regression: {(record.get('suite') or {}).get('name', 'run')}"
     body = [f"<h1>{xml_text(title)}</h1>",
             f"<p><b>{xml_text(_verdict(final))}</b> (exit "
@@ -6076,8 +6075,7 @@ def _continue_hint(path):
         record = load_record(path)
     except RecordError:
         return ""
-    final = record.get("summary") if isinstance(record.get("summary"), dict) else {}
-    if record_problem(record) is not None or final.get("complete") is True:
+    if record_problem(record) is not None or (record.get("summary") or {}).get("complete") is True:
         return ""
     rows = len(record["runs"])
     return (f"; it holds an unfinished record ({rows} row(s) saved); "
@@ -6094,20 +6092,15 @@ def _stored_options(record, path):
         if name not in stored:
             continue
         value, bad = stored[name], UsageError(f"--resume: {path} has an invalid run_options.{name}")
-        if name == "redact":  # pattern hashes (pattern_digest); _same_redaction compares them
-            if not isinstance(value, list) or not all(isinstance(digest, str) for digest in value):
-                raise bad
-        elif name == "redact_pii" and not isinstance(value, bool):
+        # Each value has its type already (record_problem); what is left: null, and its flag's rule.
+        if value is None and name != "max_cost_usd":  # only the cap may be none
             raise bad
-        elif name == "max_cost_usd" and value is not None:
+        if name == "max_cost_usd" and value is not None:
             try:
-                value = _cost(value) if isinstance(value, str) else None
+                value = _cost(value)
             except UsageError:
-                value = None
-            if value is None:
-                raise bad
-        elif name in RANGES and (not isinstance(value, int) or isinstance(value, bool)
-                                 or not RANGES[name][0] <= value <= RANGES[name][1]):
+                raise bad from None
+        elif name in RANGES and not RANGES[name][0] <= value <= RANGES[name][1]:
             raise bad
         found[name] = value
     return found
@@ -6118,9 +6111,9 @@ def _resume_options(values, record, path):
     if "run_options" in record:
         stored = _stored_options(record, path)
     else:  # a record from before "run_options": only its redaction marker is known
-        redaction = record.get("redaction") if isinstance(record.get("redaction"), dict) else {}
+        redaction = record.get("redaction") or {}  # an object, patterns a count (record_problem)
         stored = {"redact_pii": redaction.get("pii") is True}
-        count = redaction.get("patterns") if isinstance(redaction.get("patterns"), int) else 0
+        count = redaction.get("patterns") or 0
         given = len(values["redact"] or ())
         if count and given != count:
             raise UsageError(f"--resume: {path} was made with {count} --redact pattern(s), which older records "
@@ -6151,10 +6144,9 @@ def pattern_digest(pattern):
 
 def _same_redaction(stored, given, path):
     """A resume masks its new rows exactly as the record's earlier ones, or is refused."""
-    stored = sorted(stored) if isinstance(stored, list) and all(isinstance(d, str) for d in stored) else None
     if stored is None:
         raise UsageError(f"--resume: {path}'s run_options.redact is not a list of pattern hashes")
-    if sorted(pattern_digest(pattern) for pattern in given or ()) != stored:
+    if sorted(pattern_digest(pattern) for pattern in given or ()) != sorted(stored):
         raise UsageError(f"--resume: run option 'redact' differs from the record's (--redact): {path} was masked "
                          f"with {len(stored)} --redact pattern(s); pass exactly the same --redact flags again (a "
                          "record keeps one redaction for all its rows and stores patterns only as hashes, since a "
@@ -6462,8 +6454,8 @@ def row_line(row, widths=(0, 0)):
     else:
         notes = evidence_notes(row)
         verdict = "FAIL " + ",".join(row["reasons"]) + (f" ({notes})" if notes else "")
-    requests = len(row["rounds"]) if isinstance(row.get("rounds"), list) and row["rounds"] else 1
-    if isinstance(row.get("attempts"), int) and row["attempts"] > requests:  # retries happened
+    requests = len(row.get("rounds") or [None])  # a row this run made: its types are its own
+    if row.get("attempts", 0) > requests:  # retries happened
         verdict += f" (after {row['attempts']} attempts" + (f" for {requests} rounds)" if requests > 1 else ")")
     cost = f"${row['cost_usd']}" if row["cost_usd"] is not None else "cost ?"
     cost += " estimated" if row.get("cost_estimated") else ""
@@ -6476,16 +6468,16 @@ def failure_lines(case, row):
     score and each failed rule in words (each check's short form), then the diff (expected ->
     actual) of a similarity failure. Reads the stored row, so whatever was masked stays masked."""
     details = row.get("details") or {}
-    if row["passed"] or row["error"] is not None or not isinstance(details, dict):
+    if row["passed"] or row["error"] is not None:
         return []
     rules = [words for check_ in CHECK_TABLE if check_.short is not None
              for words in check_.short(case, row["reasons"], details)]
     if not rules:
         return []  # no text rule failed: the row line's reasons say it all
     score = details.get("similarity")
-    head = f"    score {score:.2f}" if isinstance(score, (int, float)) else "    score n/a"
+    head = f"    score {score:.2f}" if score is not None else "    score n/a"
     lines = [f"{head}: {'; '.join(rules)}"]
-    if "below_min_similarity" in row["reasons"] and isinstance(details.get("diff"), str):
+    if "below_min_similarity" in row["reasons"] and details.get("diff"):
         lines += ["    " + line for line in details["diff"].splitlines()]
     return [safe_text(line) for line in lines]  # model text: never a terminal control sequence
 
@@ -6504,7 +6496,7 @@ def _differing_key(old, new):
 
 def _suite_from_record(record, settings):
     """The suite a record was made with: the built-in one, --suite, or the cases in its config."""
-    info = record.get("suite") if isinstance(record.get("suite"), dict) else {"builtin": True}
+    info = record.get("suite") or {"builtin": True}  # an object (record_problem)
     if settings.suite:
         return load_suite(settings.suite, allow_empty_baseline=settings.update_baseline,
                           system=settings.system)
@@ -6618,10 +6610,11 @@ def regraded_rows(record, rows, suite=None, path="the record"):
 
 
 def _verdict_text(row):
-    """PASS, or FAIL with its reasons (by rule, when the row holds the verdict of each)."""
-    reasons = row.get("reasons") if isinstance(row.get("reasons"), list) else []
-    failed = [f"{rule}: {', '.join(given)}" for rule, given in (row.get("verdicts") or {}).items()]
-    said = "; ".join(failed) if "verdicts" in row else ", ".join(map(str, reasons))
+    """PASS, or FAIL with its reasons, a behaviour entry's named with it: reason[entry]."""
+    reasons = row.get("reasons") or []  # a list of strings (record_problem)
+    failed = [f"{reason}[{rule}]" if ":" in rule else reason
+              for rule, given in (row.get("verdicts") or {}).items() for reason in given]
+    said = ", ".join(failed if "verdicts" in row else reasons)
     return "PASS" if row.get("passed") is True else f"FAIL ({safe_text(said) or 'no reason'})"
 
 
@@ -6999,7 +6992,7 @@ def run_rows(run, settings, writer, tally):
                                      *failure_lines(cases[key[1]], stored)]), tally)
             state["in_order"] &= position[key] > state["last"]
             state["last"] = max(state["last"], position[key])
-            if stored["error"] is None and isinstance(stored["answer_text"], str):
+            if stored["error"] is None and stored["answer_text"] is not None:
                 best = answers.get(key[1])
                 if best is None or position[key] < best[0]:
                     answers[key[1]] = (position[key], stored["answer_text"])

@@ -276,8 +276,9 @@ def test_a_violation_of_another_entry_is_a_regress_through_the_cli(two_models, t
         result = cli(["--matrix", "--models", "A", "B", record], tmp_path, "compare_runs.py")
         assert result.returncode == 1, result.stdout + result.stderr  # was FAIL FAIL same, exit 0
         assert [line for line in result.stdout.splitlines() if line in expected] == expected, result.stdout
-    rows = {row["model"]: row for row in read_record(folder / "two.json")["runs"]}
-    assert rows["B"]["verdicts"] == {"forbid_tool:refund_order": ["forbidden_tool_called"]}
+    record = read_record(folder / "two.json")
+    assert record["runs"][1]["verdicts"] == {"forbid_tool:refund_order": ["forbidden_tool_called"]}
+    assert "failed: forbid_tool:refund_order (forbidden_tool_called)" in regression.junit_run(record)
     plain = cli(["--models", "A", "B", folder / "two.json", "--markdown", "diff.md"], tmp_path, "compare_runs.py")
     assert plain.returncode == 0  # no row flipped to failing (SPEC A9); the entries say what moved
     assert "REGRESS        A -> B  cancel-or-refund  +forbidden_tool_called[forbid_tool:refund_order] 0->1" \
@@ -304,6 +305,6 @@ def test_resume_refuses_a_verdict_moved_to_another_entry(two_models, tmp_path):
     (tmp_path / "forged.json").write_text(json.dumps(record), encoding="utf-8")
     result = cli([*run[:-3], "--resume", "forged.json"], tmp_path)  # refused before any request
     assert result.returncode == 2, result.stdout + result.stderr
-    assert ("B / cancel-or-refund / repeat 0 is stored as FAIL (forbid_tool:cancel_order: forbidden_tool_called) "
-            "but its stored response now grades FAIL (forbid_tool:refund_order: forbidden_tool_called)") in result.stderr
+    assert ("B / cancel-or-refund / repeat 0 is stored as FAIL (forbidden_tool_called[forbid_tool:cancel_order]) "
+            "but its stored response now grades FAIL (forbidden_tool_called[forbid_tool:refund_order])") in result.stderr
     assert len(read_record(tmp_path / "forged.json")["runs"]) == 1
