@@ -1502,27 +1502,6 @@ register_check("length", check_length, keys=("min_chars", "max_chars"), validate
                                 "the evidence gives the length and the threshold")})
 
 
-def _validate_max_words(case, where, context):
-    if not _is_count(case["max_words"]):
-        raise SuiteError(f"{where}: max_words must be a whole number of at least 0")
-
-
-def check_max_words(case, trace):
-    """`max_words`: the answer has at most this many words (in the text normal form)."""
-    words = len(text_form(trace.final_text).split())
-    if words > case["max_words"]:
-        return [Fail("too_many_words", f"{words} words > max {case['max_words']}", words=words,
-                     max_words=case["max_words"])]
-    return []
-
-
-register_check("max_words", check_max_words, keys=("max_words",), validate=_validate_max_words,
-               text_only=True, vacuous=True, short=lambda case, reasons, details: [
-                   f"more words than max_words {case['max_words']}"] if "too_many_words" in reasons else [],
-               reasons={"too_many_words": ("more words (in the normal form) than `max_words`",
-                                           "the evidence gives the count and the limit")})
-
-
 def _call_arguments(call):
     """A tool call's arguments as a dict (they arrive as a JSON string or an object)."""
     arguments = call.get("arguments")

@@ -308,16 +308,3 @@ def test_resume_refuses_a_verdict_moved_to_another_entry(two_models, tmp_path):
     assert ("B / cancel-or-refund / repeat 0 is stored as FAIL (forbidden_tool_called[forbid_tool:cancel_order]) "
             "but its stored response now grades FAIL (forbidden_tool_called[forbid_tool:refund_order])") in result.stderr
     assert len(read_record(tmp_path / "forged.json")["runs"]) == 1
-
-
-def test_max_words_is_one_block():  # the exercise of issue 20.6: a check added as one declaration
-    case = {"id": "w", "input": "one two three", "max_words": 2}
-    suite = regression.validate_suite({"name": "s", "instructions": "", "cases": [case]})
-    row = regression.run_row(regression.EchoProvider(), suite, case, "m")
-    assert row["reasons"] == ["too_many_words"] and row["verdicts"] == {"max_words": ["too_many_words"]}
-    assert row["details"]["evidence"]["too_many_words"] == {"note": "3 words > max 2", "words": 3, "max_words": 2}
-    assert "max_words" in regression.CHECK_KEYS and "max_words" in regression.promptreg_case_keys()
-    assert regression.failure_lines(case, row) == ["    score n/a: more words than max_words 2"]
-    assert regression.lint_case(case).startswith("case 'w' only checks max_words: an empty answer passes")
-    with pytest.raises(regression.SuiteError, match="max_words must be a whole number"):
-        regression.validate_suite({"name": "s", "instructions": "", "cases": [{**case, "max_words": -1}]})

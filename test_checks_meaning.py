@@ -595,7 +595,6 @@ EVIDENCE_ROWS = [
      "< 0.95"),
     ("too_short", TEXT_SUITE, {"id": "l", "input": "q", "min_chars": 12}, trace("hello"), "5 chars < min 12"),
     ("too_long", TEXT_SUITE, {"id": "l", "input": "q", "max_chars": 3}, trace("hello"), "5 chars > max 3"),
-    ("too_many_words", TEXT_SUITE, {"id": "w", "input": "q", "max_words": 1}, trace("two words"), "2 words > max 1"),
     ("not_json_object", TEXT_SUITE, JSON_OBJECT, trace("[1, 2]"), "a JSON array, not an object"),
     ("system_leak", TOOLS_SUITE, LEAK, trace("It is in my system prompt."), 'leak: "my system prompt"'),
     ("too_many_tool_rounds", TOOLS_SUITE, {"id": "r", "input": "q", "behaviors": ["max_tool_rounds:1"]},

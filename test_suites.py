@@ -171,8 +171,6 @@ CHECK_ROWS = [
     pytest.param("length", TEXT_SUITE, LENGTH, trace("hello  big\n\n\n world"), [], id="length-min-exact"),
     pytest.param("length", TEXT_SUITE, LENGTH, trace("  " + "x" * 20 + "   \n"), [], id="length-max-exact"),
     pytest.param("length", TEXT_SUITE, LENGTH, trace("x" * 21), ["too_long"], id="length-too-long"),
-    pytest.param("max_words", TEXT_SUITE, {"id": "w", "input": "q", "max_words": 1}, trace("two words"),
-                 ["too_many_words"], id="max-words-over"),
     pytest.param("length", TEXT_SUITE, LENGTH, trace("hi"), ["too_short"], id="length-short"),
     # json_object
     pytest.param("json_object", TEXT_SUITE, JSON_OBJECT, trace(' {"a": 1} '), [], id="json-object-pass"),
