@@ -268,9 +268,10 @@ def older(path, target, **header):
 
 def test_a_violation_of_another_entry_is_a_regress_through_the_cli(two_models, tmp_path):
     folder, _ = two_models
-    expected = ["cancel-or-refund  forbid_tool:cancel_order  FAIL  PASS  GAIN",
+    # B stopped calling the tool A called: a GAIN there is marked * (it may be no call at all).
+    expected = ["cancel-or-refund  forbid_tool:cancel_order  FAIL  PASS  GAIN*",
                 "cancel-or-refund  forbid_tool:refund_order  PASS  FAIL  REGRESS",
-                "verdict: 1 REGRESS, 1 GAIN, 0 same -> exit 1"]
+                "verdict: 1 REGRESS, 1 GAIN (1 marked *: may come only from calling nothing), 0 same -> exit 1"]
     older(folder / "two.json", tmp_path / "older.json")  # no verdicts: graded again from its responses
     for record in (folder / "two.json", tmp_path / "older.json"):
         result = cli(["--matrix", "--models", "A", "B", record], tmp_path, "compare_runs.py")
