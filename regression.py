@@ -1007,10 +1007,8 @@ CHECKS = {}       # name -> its run (see register_check): a view of CHECK_TABLE
 BEHAVIORS = {}    # behaviour name -> its ":ARG" kind (None: takes no argument): a view of CHECK_TABLE
 CASE_KEYS = set(CORE_CASE_KEYS)  # every key a case may hold: a view of CHECK_TABLE and CASE_KEY_RULES
 CASE_KEY_RULES = {}  # case keys that switch on no check of their own (e.g. request keys) -> validate
-# Case keys that only grade an answer and never change what is sent: a record and its replay may
-# differ in these (compare_runs.py calls that a REGRADE). A view of CHECK_TABLE (its regrade
-# checks' keys, "behaviors" for a behaviour), with the built-in cases' own keys (SPEC A2) for
-# the check keys they become; a key not listed counts as input.
+# Case keys that only grade an answer, never change what is sent: a record and its replay may
+# differ in these (a REGRADE). A view of CHECK_TABLE, with the built-in cases' keys (SPEC A2).
 CHECK_KEYS = set()
 
 
@@ -1031,7 +1029,8 @@ def register_check(name, run=None, **spec):
     arg       a behaviour's argument kind, a key of ARG_KINDS (None: no argument)
     validate  (case, where, context) -> None, raising SuiteError with one line; runs when the
               check is involved; context holds suite, schema, functions, allow_empty_baseline
-    details   (case, trace) -> dict of evidence for the row's details, beside each failing reason's
+    details   (case, trace, failed) -> dict for the row's details (failed: the reasons this check
+              gave, Fails with their evidence, [] when it passed or is only involved)
     short     (case, reasons, details) -> [failed rule in words]: the console's short form of a
               stored row (failure_lines); details as stored, so masked text stays masked
     reasons   {reason: (meaning, what to do)}: --list-checks and the README reason table
@@ -2052,16 +2051,10 @@ register_check("claims", check_claims, keys=("claims",), validate=_validate_clai
 
 
 class Grading(collections.namedtuple("Grading", "reasons details verdicts")):
-    """What grading a case on a trace found, from one run of each active check.
-
-    reasons   every failing reason, in check order (a reason once per check, however many of
-              its entries gave it); empty means pass
-    details   each involved check's details (similarity and diff, phrases, length, tool calls
-              made) and, under "evidence", what each failing reason saw, with a short note for
-              the console and the reports
-    verdicts  {rule: [reason, ...]} of each rule that failed: a behaviour entry as the case
-              writes it ("forbid_tool:cancel_order"), any other check by its name
-    """
+    """What one run of each active check found: the failing reasons in check order (once per
+    check; empty means pass), the details (each involved check's, and under "evidence" what each
+    failing reason saw, with a short note), and the verdicts {rule: [reason, ...]} of each rule
+    that failed (a behaviour entry as the case writes it, any other check by its name)."""
 
     __slots__ = ()
 
@@ -4444,9 +4437,8 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
 
 
 def grade_row(row, compiled, trace, grader=None):
-    """Grade a row whose evidence is stored: its reasons, the verdicts of the rules that failed
-    and its details. `grader` () -> reasons: run_one's (SPEC A6), through the module-level
-    check() that tests replace; its row then holds no verdicts."""
+    """Grade a row whose evidence is stored: reasons, verdicts, details. `grader` () -> reasons is
+    run_one's (SPEC A6: the module-level check(), which tests replace); its row has no verdicts."""
     if compiled["_function_tools"]:  # counted, so a run whose model never called a tool says so
         row["tool_calls"] = len(trace.tool_calls)
     graded = grading(compiled, trace)
@@ -5296,12 +5288,11 @@ def _row_problem(row, position):
 
 
 def _verdicts_problem(row, where):
-    """Why a row's verdicts ({rule: [reason, ...]} of each rule that failed) cannot stand beside
-    its reasons, or None: every listed reason is one of the row's, every reason of the row is
-    some rule's, and a row with an error was never graded."""
+    """Why a row's verdicts ({rule: [reason, ...]} of each rule it failed) cannot stand, or None:
+    they list exactly the row's reasons, and a row with an error has none."""
     verdicts = row.get("verdicts")
-    if verdicts is None:
-        return None  # a passing row, or one graded before verdicts were kept
+    if verdicts is None:  # a passing row, or one graded before verdicts were kept
+        return None
     if not all(_is_text_list(reasons) and reasons for reasons in verdicts.values()):
         return f"{where} is not an object of rule: [reason, ...]"
     listed = {reason for reasons in verdicts.values() for reason in reasons}
@@ -5578,7 +5569,8 @@ def _cut(text, limit):
 
 
 def _row_calls(row):
-    calls = (row.get("details") or {}).get("tool_calls")  # details: an object (record_problem)
+    details = row.get("details")  # any row: tool_sequence and trajectory are public
+    calls = details.get("tool_calls") if isinstance(details, dict) else None
     return [call for call in calls if isinstance(call, dict)] if isinstance(calls, list) else []
 
 
