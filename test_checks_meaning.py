@@ -153,7 +153,8 @@ def test_registering_a_check_is_one_call_and_reaches_every_view(tmp_path, capsys
         case = regression.compile_case({"name": "s", "instructions": ""}, {"id": "a", "input": "q",
                                                                           "shout_word": "hey"})
         assert regression.grade(case, trace("hey")) == ["not_shouted"]
-        assert regression.grading(case, trace("hey")).details["evidence"]["not_shouted"] == {"note": "no HEY", "word": "hey"}
+        evidence = regression.grading(case, trace("hey")).details["evidence"]
+        assert evidence["not_shouted"] == {"note": "no HEY", "word": "hey"}
         assert regression._checks_of(case) == ["shout"]
         assert "shout" in regression.catalogue() and "not_shouted" in regression.catalogue()
         assert ("not_shouted", "the word was not shouted", "shout") in regression.reason_table()
@@ -303,9 +304,11 @@ def test_tool_arguments_that_carry_the_field_are_invented(arguments, carries):
 
 def test_invented_field_evidence_names_the_call_or_the_stated_value():
     case = regression.compile_case(TOOLS_SUITE, CLARIFY)
-    details = regression.grading(case, trace("Done.", calls=[("cancel_order", {"order_id": "ord_123"})])).details
+    called = trace("Done.", calls=[("cancel_order", {"order_id": "ord_123"})])
+    details = regression.grading(case, called).details
     assert details["evidence"]["invented_field"]["note"] == "called cancel_order(order_id=ord_123)"
-    details = regression.grading(case, trace("I have cancelled order number 48213 for you.")).details
+    stated = trace("I have cancelled order number 48213 for you.")
+    details = regression.grading(case, stated).details
     assert details["evidence"]["invented_field"]["value"] == "48213"
     assert "48213" in details["evidence"]["invented_field"]["note"]
     assert details["evidence"]["clarification_missing"]["field"] == "order_id"
@@ -624,7 +627,8 @@ def test_a_citation_note_quotes_a_long_url_whole():
     long_url = "https://docs.example.com/kb/troubleshooting/payments/" + "retry-after-" * 6 + "guide"
     compiled = regression.compile_case(KB_FULL, CITE)
     answer = trace(kb_answer(kb(1)).replace(kb(1), long_url), urls=[kb(1)])
-    notes = {reason: entry["note"] for reason, entry in regression.grading(compiled, answer).details["evidence"].items()}
+    evidence = regression.grading(compiled, answer).details["evidence"]
+    notes = {reason: entry["note"] for reason, entry in evidence.items()}
     assert 60 < len(long_url) <= regression.URL_QUOTE
     assert f'"{long_url}"' in notes["citation_not_in_search_results"], notes
 
@@ -637,12 +641,14 @@ def test_evidence_rows_cover_every_reason_of_the_built_in_checks():
 
 def test_thresholds_and_values_are_in_the_evidence():
     compiled = regression.compile_case(TEXT_SUITE, SIMILAR)
-    evidence = regression.grading(compiled, trace("Monthly plans cannot be refunded.")).details["evidence"]
+    graded = regression.grading(compiled, trace("Monthly plans cannot be refunded."))
+    evidence = graded.details["evidence"]
     below = evidence["below_min_similarity"]
     assert below["min_similarity"] == 0.95 and below["similarity"] < 0.95
     assert re.fullmatch(r"similarity 0\.\d{1,4} < 0\.95", below["note"])
-    wrong = regression.grading(regression.compile_case(FREE_SUITE, {"id": "x", "input": "q", "expect": {"code": 429}}),
-                               trace('{"code": "429"}')).details["evidence"]["wrong_code"]
+    compiled = regression.compile_case(FREE_SUITE, {"id": "x", "input": "q",
+                                                    "expect": {"code": 429}})
+    wrong = regression.grading(compiled, trace('{"code": "429"}')).details["evidence"]["wrong_code"]
     assert (wrong["got"], wrong["expected"]) == ("429", 429)
 
 
@@ -652,7 +658,8 @@ def test_a_shown_score_never_rounds_up_to_the_threshold():
     threshold = round(score, 4)  # rounding the score to 4 places reaches the threshold it missed
     assert score < threshold
     case = regression.compile_case(TEXT_SUITE, dict(SIMILAR, min_similarity=threshold))
-    note = regression.grading(case, trace(answer)).details["evidence"]["below_min_similarity"]["note"]
+    evidence = regression.grading(case, trace(answer)).details["evidence"]
+    note = evidence["below_min_similarity"]["note"]
     shown, limit = float(note.split()[1]), float(note.split()[3])
     assert shown < limit == threshold, note
 

@@ -53,7 +53,8 @@ class Fake(regression.EchoProvider):
 def rows_of(provider, jobs, concurrency, retries=None, stopping=lambda: False, refill_early=lambda row: False):
     """(job, row) pairs from run_jobs over execute_steps, in completion order."""
     def work(job):
-        return regression.run_row_steps(provider, SUITE, CASE, "m", job, retries=retries, sleep=lambda s: None)
+        return regression.run_row_steps(provider, SUITE, CASE, "m", job, retries=retries,
+                                        sleep=lambda s: None)
     return list(regression.run_jobs(jobs, work, concurrency, stopping, refill_early))
 
 
@@ -142,7 +143,8 @@ def test_rows_equal_those_of_a_direct_execute():
 def test_send_through_steps_keeps_its_retry_contract():
     provider = Fake(plan=lambda n: -1 if n < 3 else 0.0)
     sleeps = []
-    raw, attempts = regression.send_request(provider, "m", SUITE, CASE, 0, retries=3, sleep=sleeps.append, jitter=lambda: 1.0)
+    raw, attempts = regression.send_request(provider, "m", SUITE, CASE, 0, retries=3,
+                                            sleep=sleeps.append, jitter=lambda: 1.0)
     assert attempts == 3 and sleeps == [1.0, 2.0] and raw["output_text"] == "hello"
 
 
@@ -215,7 +217,8 @@ def test_a_short_run_starts_no_idle_workers(monkeypatch):
 
     monkeypatch.setattr(regression, "WorkerPool", Recording)
     provider = Fake()
-    rows = list(regression.run_jobs([0, 1, 2], lambda job: regression.run_row_steps(provider, SUITE, CASE, "m", job),
-                                    64, lambda: False))
+    def steps(job):
+        return regression.run_row_steps(provider, SUITE, CASE, "m", job)
+    rows = list(regression.run_jobs([0, 1, 2], steps, 64, lambda: False))
     assert len(rows) == 3
     assert sizes == [3], "three jobs need three workers, not 64"

@@ -518,7 +518,8 @@ def test_perplexity_sdk_http_error_is_execution_error_with_status():
     client = sdk_client(lambda request: httpx.Response(429, json={"error": {"message": "slow down"}}))
     try:
         suite = regression.load_suite(str(AGENT_TOOLS))
-        row = regression.run_row(regression.PerplexityProvider(client), suite, suite["cases"][0], "m", 0)
+        provider = regression.PerplexityProvider(client)
+        row = regression.run_row(provider, suite, suite["cases"][0], "m", 0)
     finally:
         client.close()
     assert row["error"] == "RateLimitError"
@@ -803,7 +804,8 @@ def test_raw_response_is_stored_for_every_provider(kind):
     if kind == "openai":
         expected = fakes.chat_response("Order ord_21 ships today.")
         with FakeServer(fakes.chat(lambda request: expected)) as server:
-            row = regression.run_row(regression.OpenAIProvider(server.url + "/v1", timeout=5), suite, case, "m", 0)
+            provider = regression.OpenAIProvider(server.url + "/v1", timeout=5)
+            row = regression.run_row(provider, suite, case, "m", 0)
     else:
         try:
             row = regression.run_row(provider, suite, case, "m", 0)

@@ -344,7 +344,7 @@ def test_send_never_retries_permanent_errors():
 # ====================================================================== --retries: end to end
 
 def sdk_send(server, retries):
-    """regression.send_request through the real SDK against the fake server, with the sleep injected:
+    """send_request through the real SDK against the fake server, with the sleep injected:
     (raw, attempts, the waits send asked for). The wait is asserted, never slept."""
     import perplexity
     client = perplexity.Perplexity(api_key=KEY, base_url=server.url, max_retries=0, timeout=10)

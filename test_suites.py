@@ -352,7 +352,7 @@ def test_check_table(name, suite, case, trace_, expected):
     compiled = regression.compile_case(suite, case)
     assert regression.grade(compiled, trace_) == expected
     check = next(check for check in regression.CHECK_TABLE if check.name == name)
-    own = [reason for _, given in check.verdicts(compiled, trace_) for reason in given]  # that check alone
+    own = [reason for _, given in check.verdicts(compiled, trace_) for reason in given]  # alone
     assert own == [reason for reason in expected if reason in own]
     assert set(own) <= set(expected)
 
@@ -915,5 +915,6 @@ def test_min_similarity_zero_is_linted_as_a_rule_no_answer_fails(tmp_path):
                           text=True, timeout=60, cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr
     warnings = [line for line in plan.stdout.splitlines() if line.startswith("warning:")]
-    assert warnings == ["warning: case 'zero' only checks similarity: an empty answer passes; add cite, expect, "
-                        "contains, expected_text with min_similarity, tool_args or a behaviour"]
+    assert warnings == ["warning: case 'zero' only checks similarity: an empty answer passes; add "
+                        "cite, expect, contains, expected_text with min_similarity, tool_args or a "
+                        "behaviour"]

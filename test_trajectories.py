@@ -73,7 +73,8 @@ def sent_bodies(server):
 def test_openai_loop_sends_assistant_tool_calls_with_empty_content_then_tool_messages():
     suite = regression.load_suite(str(EXAMPLE))
     with live("openai", fakes.refund_agent()) as (provider, server):
-        row = regression.run_row(provider, suite, case_of(suite, "refund-shipped-order"), "refund-correct", 0)
+        case = case_of(suite, "refund-shipped-order")
+        row = regression.run_row(provider, suite, case, "refund-correct", 0)
     assert row["error"] is None, row.get("error_message")
     assert row["passed"] is True and row["answer_text"] == "Refund issued for ord_1001."
     bodies = sent_bodies(server)
@@ -118,7 +119,8 @@ def test_fake_chat_server_refuses_null_assistant_content_like_llama_cpp():
 def test_perplexity_loop_answers_function_calls_with_function_call_output_items_through_the_sdk():
     suite = regression.load_suite(str(EXAMPLE))
     with live("perplexity", fakes.refund_agent()) as (provider, server):
-        row = regression.run_row(provider, suite, case_of(suite, "refund-shipped-order"), "refund-correct", 0)
+        case = case_of(suite, "refund-shipped-order")
+        row = regression.run_row(provider, suite, case, "refund-correct", 0)
     assert row["error"] is None, row.get("error_message")
     assert row["passed"] is True
     assert [request.path for request in server.requests] == ["/v1/responses"] * 3
@@ -231,7 +233,8 @@ EXPECTED = {  # (model, case) -> reasons, over the example suite
 def test_scripted_agents_fail_exactly_their_checks_on_both_providers(kind, model):
     suite = regression.load_suite(str(EXAMPLE))
     with live(kind, fakes.refund_agent()) as (provider, server):
-        rows = {case["id"]: regression.run_row(provider, suite, case, model, 0) for case in suite["cases"]}
+        rows = {case["id"]: regression.run_row(provider, suite, case, model, 0)
+                for case in suite["cases"]}
     for case_id, row in rows.items():
         assert row["error"] is None, (case_id, row.get("error_message"))
         assert sorted(row["reasons"]) == sorted(EXPECTED[(model, case_id)]), case_id
@@ -246,7 +249,8 @@ def test_scripted_agents_fail_exactly_their_checks_on_both_providers(kind, model
 def test_a_looping_agent_is_stopped_at_the_round_limit_with_no_final_answer():
     suite = regression.load_suite(str(EXAMPLE))
     with live("openai", fakes.refund_agent()) as (provider, server):
-        row = regression.run_row(provider, suite, case_of(suite, "refund-unshipped-order"), "refund-loops", 0)
+        case = case_of(suite, "refund-unshipped-order")
+        row = regression.run_row(provider, suite, case, "refund-loops", 0)
     assert server.count == suite["max_rounds"] == 4
     assert "no_final_answer" in row["reasons"] and row["error"] is None
     calls = row["details"]["tool_calls"]
@@ -338,7 +342,8 @@ def calls_trace(names, text="ok", results=None, final=True):
 ])
 def test_tool_order_table(order, names, fails):
     case = {"behaviors": [f"tool_order:{order}"]}
-    assert regression.check_tool_order(case, calls_trace(names), order) == (["wrong_tool_order"] if fails else [])
+    got = regression.check_tool_order(case, calls_trace(names), order)
+    assert got == (["wrong_tool_order"] if fails else [])
 
 
 @settings(max_examples=80, deadline=None)
@@ -347,8 +352,8 @@ def test_tool_order_table(order, names, fails):
 def test_tool_order_matches_a_reference(names, order):
     firsts = [names.index(name) if name in names else None for name in order]
     ok = None not in firsts and firsts == sorted(firsts)
-    got = regression.check_tool_order({"behaviors": ["tool_order:" + ",".join(order)]}, calls_trace(names),
-                                      ",".join(order))
+    arg = ",".join(order)
+    got = regression.check_tool_order({"behaviors": ["tool_order:" + arg]}, calls_trace(names), arg)
     assert got == ([] if ok else ["wrong_tool_order"])
 
 
@@ -479,7 +484,8 @@ def test_suite_max_rounds_alone_plays_every_case():
 def test_empty_final_content_with_stop_is_an_answer_judged_by_the_checks(kind):
     suite = regression.load_suite(str(EXAMPLE))
     with live(kind, fakes.refund_agent()) as (provider, server):
-        row = regression.run_row(provider, suite, case_of(suite, "refund-unshipped-order"), "refund-silent", 0)
+        case = case_of(suite, "refund-unshipped-order")
+        row = regression.run_row(provider, suite, case, "refund-silent", 0)
     assert row["error"] is None and row["answer_text"] == ""
     assert row["reasons"] == ["missing_required_text"]
     assert row["rounds"][-1]["response"] == row["response"]
@@ -498,7 +504,8 @@ def failing_on(number, status, then, headers=None):
 def test_request_format_error_mid_loop_is_an_execution_error_keeping_the_rounds_made(kind):
     suite = regression.load_suite(str(EXAMPLE))
     with live(kind, failing_on(2, 400, fakes.refund_agent())) as (provider, server):
-        row = regression.run_row(provider, suite, case_of(suite, "refund-shipped-order"), "refund-correct", 0)
+        case = case_of(suite, "refund-shipped-order")
+        row = regression.run_row(provider, suite, case, "refund-correct", 0)
     assert row["reasons"] == ["execution_error"] and row["error_status"] == 400
     assert len(row["rounds"]) == 1 and row["rounds"][0]["tool_results"][0]["name"] == "lookup_order"
     assert row["response"] == row["rounds"][0]["response"]
@@ -521,8 +528,8 @@ def test_transient_error_mid_loop_is_retried_per_request(tmp_path):
     suite = regression.load_suite(str(EXAMPLE))
     reply = failing_on(2, 503, fakes.refund_agent(), headers={"Retry-After": "0"})
     with live("openai", reply) as (provider, server):
-        row = regression.run_row(provider, suite, case_of(suite, "refund-shipped-order"), "refund-correct", 0,
-                                 retries=1)
+        case = case_of(suite, "refund-shipped-order")
+        row = regression.run_row(provider, suite, case, "refund-correct", 0, retries=1)
     assert row["error"] is None and row["passed"] is True
     assert server.count == 4 and row["attempts"] == 4  # three turns, one of them tried twice
     assert len(row["rounds"]) == 3
@@ -575,8 +582,8 @@ def test_a_retry_wait_past_the_row_deadline_gives_up_at_once():
             raise error
 
     with pytest.raises(RuntimeError) as raised:
-        regression.send_request(Busy(), "m", {}, {"id": "c"}, 0, retries=5, sleep=waited.append, jitter=lambda: 1.0,
-                        until=0.5, clock=lambda: clock[0])
+        regression.send_request(Busy(), "m", {}, {"id": "c"}, 0, retries=5, sleep=waited.append,
+                                jitter=lambda: 1.0, until=0.5, clock=lambda: clock[0])
     assert waited == [] and raised.value.attempts == 1
 
 
