@@ -1029,12 +1029,6 @@ class Check:
             return self.name
         return ", ".join(self.entries(case))
 
-    def asked(self):
-        """How a case asks for this check, as the lint's advice says it."""
-        if self.behavior:
-            return "a behaviour"
-        return (f"{', '.join(self.reads)} with " if self.reads else "") + self.keys[0]
-
     def entries(self, case):
         """A behaviour's entries in a case ("forbid_tool:cancel_order", ...)."""
         behaviors = case.get("behaviors")
