@@ -464,7 +464,7 @@ def test_a_long_value_is_shortened_around_the_difference():
 @given(a=JSON_VALUES, b=JSON_VALUES)
 def test_first_difference_is_none_exactly_when_equal(a, b):
     found = compare_runs.first_difference(a, b)
-    assert (found is None) == (a == b)
+    assert (found is None) == regression.same_json(a, b)  # JSON equality: true is not 1
     if found is not None:
         line = (f"{found[0]} differs: {compare_runs.shorten(found[1], found[2])} -> "
                 f"{compare_runs.shorten(found[2], found[1])}")
