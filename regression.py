@@ -537,14 +537,33 @@ def _normalise(text):
 # Format characters (Unicode category Cf: zero-width space and joiners, bidi controls,
 # soft hyphen, BOM, tags) and the other default-ignorable code points (variation
 # selectors, Hangul fillers, the combining grapheme joiner). They render as nothing,
-# so a text comparison that kept them could be dodged by an invisible character.
+# so a text comparison that kept them could be dodged by an invisible character (the
+# masks and cuts read through these; the normal form removes more, see NORMAL_FORM).
 _INVISIBLE = re.compile(
     "[\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u115f\u1160\u17b4\u17b5"
     "\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
     "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
     "\U000e0000-\U000e0fff]")
-# The same characters split by plane: a class with astral ranges scans a long text several
-# times slower, and most texts hold no astral character at all (a one-range check says so).
+# What the normal form does with each Unicode general category: "kept" as NFKC leaves it,
+# "folded" to one form (case folded; any script's decimal digits as ASCII digits; typographic
+# dashes and quotes as ASCII), "space" (whitespace, folded to one space), "removed" (it renders
+# as nothing or has no agreed glyph, so it is read as nothing and, where what must never be said
+# is looked for, as a space too: "refund_order\0" is refund_order). By code point, whatever its
+# category: the whitespace controls (tab, line breaks, \x1c-\x1f, NEL) are a space, and every
+# default-ignorable code point in _INVISIBLE (a variation selector, a Hangul filler) is removed.
+# Python's str.isprintable() and str.isspace() draw exactly these lines, at C speed.
+NORMAL_FORM = {
+    **dict.fromkeys(["Lu", "Ll", "Lt", "Nd", "Pd", "Pi", "Pf"], "folded"),
+    **dict.fromkeys(["Lm", "Lo", "Mn", "Mc", "Me", "Nl", "No", "Pc", "Ps", "Pe", "Po", "Sm", "Sc",
+                     "Sk", "So"], "kept"),
+    **dict.fromkeys(["Zs", "Zl", "Zp"], "space"),
+    **dict.fromkeys(["Cc", "Cf", "Cs", "Co", "Cn"], "removed"),
+}
+_ASCII_CONTROL = re.compile("[\x00-\x08\x0e-\x1b\x7f]")  # C0 controls but whitespace, and DEL
+
+
+# The default-ignorable code points split by plane: a class with astral ranges scans a long text
+# several times slower, and most texts hold no astral character at all (a one-range check says so).
 _BMP_PART, _ASTRAL_PART = _INVISIBLE.pattern[1:-1].split("\U000110bd", 1)
 _INVISIBLE_BMP = re.compile(f"[{_BMP_PART}]")
 _INVISIBLE_ASTRAL = re.compile(f"[\U000110bd{_ASTRAL_PART}]")
@@ -553,16 +572,20 @@ _ASTRAL = re.compile("[\U00010000-\U0010ffff]")
 
 def _invisible_in(text):
     """Whether a text holds a character text_form() removes (fast on long texts)."""
-    return not text.isascii() and bool(_INVISIBLE_BMP.search(text) or (
+    if text.isascii():
+        return bool(_ASCII_CONTROL.search(text))
+    # Whitespace is not printable either: without it, isprintable() is the category test, in C.
+    return not "".join(text.split()).isprintable() or bool(_INVISIBLE_BMP.search(text) or (
         _ASTRAL.search(text) and _INVISIBLE_ASTRAL.search(text)))
 
 
 def _drop_invisible(text, replacement=""):
     """The text with every character text_form() removes replaced (by nothing, by default)."""
-    if text.isascii():
+    if not _invisible_in(text):
         return text
-    text = _INVISIBLE_BMP.sub(replacement, text)
-    return _INVISIBLE_ASTRAL.sub(replacement, text) if _ASTRAL.search(text) else text
+    removed = {char for char in set(text)
+               if not (char.isprintable() or char.isspace()) or _INVISIBLE.match(char)}
+    return re.sub("[" + "".join(map(re.escape, sorted(removed))) + "]", replacement, text)
 
 
 _PUNCTUATION_FORMS = str.maketrans({**dict.fromkeys("\u2018\u2019\u201a\u201b\u02bc\u2032\uff07", "'"),
@@ -587,13 +610,13 @@ _DIGITS = _Digits()
 
 def _text_form(text):
     """The one normal form every text comparison uses, on both sides: Unicode NFKC
-    (fullwidth and other compatibility forms, composed accents), format characters such
-    as zero-width spaces removed, case folded, any script's decimal digits as ASCII digits,
-    whitespace runs folded to one space."""
+    (fullwidth and other compatibility forms, composed accents), invisible characters (format
+    and control characters, surrogates, private-use and unassigned code points: NORMAL_FORM)
+    removed, case folded, any script's decimal digits as ASCII digits, whitespace folded."""
     if not isinstance(text, str):
         return ""
-    if text.isascii():  # nothing to normalise or remove: the fast path for most answers
-        return " ".join(text.lower().split())
+    if text.isascii():  # the fast path for most answers: only a control character to drop
+        return " ".join(_drop_invisible(text).lower().split())
     import unicodedata  # imported where used: start-up stays lean (SPEC C1)
     # Typographic apostrophes, dashes and quotes read as their ASCII forms (NFKC keeps them):
     # "can’t" must match "can't", "non‑refundable" (U+2011) "non-refundable".
@@ -608,9 +631,9 @@ def _text_form(text):
 @functools.lru_cache(maxsize=16)  # checks and explain() ask for the same answer's form; few (answers can be MBs)
 def text_form(text):
     """The one normal form every text comparison uses, on both sides: Unicode NFKC
-    (fullwidth and other compatibility forms, composed accents), format characters such
-    as zero-width spaces removed, case folded, any script's decimal digits as ASCII digits,
-    whitespace runs folded to one space."""
+    (fullwidth and other compatibility forms, composed accents), invisible characters (format
+    and control characters, surrogates, private-use and unassigned code points: NORMAL_FORM)
+    removed, case folded, any script's decimal digits as ASCII digits, whitespace folded."""
     return _text_form(text)
 
 
@@ -1716,8 +1739,8 @@ def _sentences(text, naming):
     start). A sentence ends after . ! ? and a space, or at a blank line (a wrapped line does
     not end it), and reaches at most SENTENCE_REACH characters either side of the match (a
     long answer stays linear)."""
-    # Blank lines become NUL first, which text_form keeps (it folds whitespace to one space).
-    full = text_form(_PARAGRAPH.sub("\0", (text or "").replace("\0", " ")))
+    # Paragraphs are put in the normal form one by one and joined by NUL, which none then holds.
+    full = "\0".join(map(_text_form, _PARAGRAPH.split(text or "")))
     sentences = []
     for match in _word_starts(naming, full):
         low, high = max(0, match.start() - SENTENCE_REACH), min(len(full), match.end() + SENTENCE_REACH)
@@ -6212,9 +6235,13 @@ def catalogue():
         lines.append(f"  {'':<22} on: {switch}; reasons: {', '.join(check_.reasons) or '-'}")
     lines += [
         "Rules:",
-        "  normal form            every text comparison (contains, excludes, similarity, length, leak, "
-        "clarification, claims) reads both sides in NFKC, any script's decimal digits as ASCII digits, format "
-        "characters such as zero-width spaces removed, case folded, whitespace folded; excludes, leak, claims and "
+        "  normal form            every text comparison (contains, excludes, similarity, length, "
+        "leak, clarification, claims, forbid_tool's names) reads both sides in NFKC, any "
+        "script's decimal digits as ASCII digits, case folded, whitespace and separators (Zs, "
+        "Zl, Zp) folded, and every character of the categories Cc, Cf, Cs, Co and Cn (controls "
+        "such as NUL and DEL, format characters such as zero-width spaces, surrogates, "
+        "private-use and unassigned code points) and other default-ignorable ones removed; "
+        "excludes, leak, claims and "
         "a stated value also read an invisible character as a space, the answer without combining marks, with "
         "Cyrillic/Greek look-alikes as Latin letters, as its "
         "Markdown/HTML markup "
