@@ -3128,6 +3128,14 @@ def plain_http_problem(url, variable, allowed=False):
             "use https, or pass --allow-insecure-http if that network is trusted")
 
 
+def _with_parameters(function):
+    """A function as sent: one that declares no parameters gets an empty object schema on the wire
+    (llama-cpp-python's server answers HTTP 500 "Field required" without one); not the config."""
+    if function.get("parameters") is not None:
+        return function
+    return {**function, "parameters": {"type": "object", "properties": {}}}
+
+
 def _flat_tool(tool):
     """A chat-style function tool ({"function": {...}}) in the Agent API's flat form."""
     if tool.get("type") == "function" and isinstance(tool.get("function"), dict):
@@ -3136,17 +3144,19 @@ def _flat_tool(tool):
 
 
 def _nested_tool(tool):
-    """A flat function tool in the chat-completions form ({"type", "function": {...}})."""
+    """A function tool in the chat-completions form ({"type", "function": {...}})."""
     if isinstance(tool.get("function"), dict):
-        return tool
-    return {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
+        return {**tool, "function": _with_parameters(tool["function"])}
+    function = {key: value for key, value in tool.items() if key != "type"}
+    return {"type": "function", "function": _with_parameters(function)}
 
 
 def agent_request(suite, case, model):
     """The keyword arguments of client.responses.create for one case (SPEC A6)."""
     request = {"model": model, "instructions": case.get("instructions", suite["instructions"]), "input": case["input"]}
     if suite.get("tools"):
-        request["tools"] = [_flat_tool(tool) for tool in suite["tools"]]
+        request["tools"] = [_with_parameters(tool) if tool.get("type") == "function" else tool
+                            for tool in map(_flat_tool, suite["tools"])]
     if suite.get("response_format"):
         request["response_format"] = suite["response_format"]
     request["max_steps"] = MAX_STEPS
