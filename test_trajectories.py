@@ -338,7 +338,8 @@ def calls_trace(names, text="ok", results=None, final=True):
 ])
 def test_tool_order_table(order, names, fails):
     case = {"behaviors": [f"tool_order:{order}"]}
-    assert regression.check_tool_order(case, calls_trace(names)) == (["wrong_tool_order"] if fails else [])
+    trace = calls_trace(names, results=[{"ok": True}] * len(names))  # a call follows only a result
+    assert regression.check_tool_order(case, trace) == (["wrong_tool_order"] if fails else [])
 
 
 @settings(max_examples=80, deadline=None)
@@ -347,7 +348,8 @@ def test_tool_order_table(order, names, fails):
 def test_tool_order_matches_a_reference(names, order):
     firsts = [names.index(name) if name in names else None for name in order]
     ok = None not in firsts and firsts == sorted(firsts)
-    got = regression.check_tool_order({"behaviors": ["tool_order:" + ",".join(order)]}, calls_trace(names))
+    got = regression.check_tool_order({"behaviors": ["tool_order:" + ",".join(order)]},
+                                      calls_trace(names, results=[{"ok": True}] * len(names)))
     assert got == ([] if ok else ["wrong_tool_order"])
 
 
@@ -593,7 +595,8 @@ def test_replay_regrades_every_round_without_any_request(tmp_path):
         sent = server.count
         assert run_main(["--provider", "replay", "--replay", out, "--out", again]) == 1
         stricter = example()
-        stricter["cases"][0]["tool_args"] = {"refund_order": {"order_id": "ord_1001", "reason": "broken"}}
+        # a declared argument (a name the schema does not declare is refused before any request)
+        stricter["cases"][0]["tool_args"] = {"refund_order": {"order_id": "ord_1002"}}
         suite = write_suite(tmp_path / "stricter.json", stricter)
         assert run_main(["--provider", "replay", "--replay", out, "--suite", suite, "--out", changed]) == 1
         assert server.count == sent  # nothing was sent by either replay
