@@ -20,7 +20,7 @@ import regression
 
 HERE = pathlib.Path(__file__).resolve().parent
 SCRIPT = HERE / "regression.py"
-README = (HERE / "README.md").read_text(encoding="utf-8")
+README = (HERE / "docs" / "suites.md").read_text(encoding="utf-8")  # holds the reason table
 AGENT_TOOLS = json.loads((HERE / "suites" / "agent-tools.json").read_text(encoding="utf-8"))
 SECRET_ENV = ("PERPLEXITY_", "OPENAI_", "REGRESSION_")
 
@@ -83,7 +83,7 @@ def registered(name, run, **spec):
 # ====================================================================== one descriptor per check (issue 10.2)
 
 def readme_reason_rows():
-    """(reason, meaning, what to do) of each row of the README's reason table."""
+    """(reason, meaning, what to do) of each row of the reason table (docs/suites.md)."""
     section = README.split("## Failure reasons and what to do", 1)[1].split("\n## ", 1)[0]
     rows = []
     for line in section.splitlines():
