@@ -232,7 +232,7 @@ ABC = {
 }
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     calls=st.lists(
         st.tuples(
@@ -279,7 +279,6 @@ ORDER_RUNS = [
     ("shipped", "refund-same-round", 1, ["wrong_tool_order"]),
     ("shipped", "refund-other-order", 1, ["wrong_tool_order"]),
     ("outage", "refund-despite-error", 1, ["wrong_tool_order"]),
-    ("outage", "refund-same-round", 1, ["wrong_tool_order"]),
 ]
 
 
@@ -319,7 +318,6 @@ def test_tool_order_means_cause_through_the_cli(tmp_path):
                     ),
                     "--dry-run",
                 ],
-                ["--list-checks"],
             ],
             tmp_path,
         )
@@ -342,10 +340,11 @@ def test_tool_order_means_cause_through_the_cli(tmp_path):
         "refund_order(order_id=ord_1001) in round 1 follows no non-error result of lookup_order"
         in note
     )
-    (code, _, err), (dry, _, _), (listed, checks, _) = results[len(ORDER_RUNS) :]
-    assert (code, dry, listed) == (2, 0, 0)
+    (code, _, err), (dry, _, _) = results[len(ORDER_RUNS) :]
+    assert (code, dry) == (2, 0)
     assert "needs a played case (tool_results or max_rounds)" in error_line(err)
     assert not (tmp_path / "one-out.json").exists()
+    checks = regression.catalogue()  # what --list-checks prints
     assert (
         "calls of one round are unordered" in checks
         and "in one request every call comes before any result" in checks
@@ -425,7 +424,7 @@ def test_every_c0_c1_control_and_del_is_read_as_decided():
         assert_read_as_decided(char)
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=5, deadline=None)
 @given(data=st.data())
 def test_every_general_category_is_read_as_decided(data):
     for category in CATEGORIES:  # a few code points of each of the 30, every example
@@ -435,13 +434,7 @@ def test_every_general_category_is_read_as_decided(data):
 
 def test_a_call_named_with_a_control_character_fails_forbid_tool_through_the_cli(tmp_path):
     """refund_order followed by NUL, DEL or a C1 control passed forbid_tool (exit 0)."""
-    names = [
-        "refund_order\x00",
-        "refund\x7f_order",
-        "refund_order\x9b",
-        "\x1brefund_order",
-        "refund_order\ue000",
-    ]
+    names = ["refund_order\x00", "refund\x7f_order", "\x9brefund_order\ue000"]
     data = {
         **TRAJECTORIES,
         "cases": [
@@ -553,10 +546,8 @@ def test_a_misspelt_argument_name_is_refused_before_any_request(tmp_path):
             suite = write_suite(
                 tmp_path / f"s{n}.json", {**TRAJECTORIES, "cases": [refund_case(**keys)]}
             )
-            runs += [
-                openai(server, suite, tmp_path / f"{n}.json", "refund-skips-lookup"),
-                [*openai(server, suite, tmp_path / f"{n}-dry.json", "m"), "--dry-run"],
-            ]
+            runs.append(openai(server, suite, tmp_path / f"{n}.json", "refund-skips-lookup"))
+        runs.append([*runs[0][:-2], "--dry-run"])  # --dry-run refuses it too
         results = cli(
             [
                 *runs,
@@ -572,9 +563,11 @@ def test_a_misspelt_argument_name_is_refused_before_any_request(tmp_path):
         )
         assert server.count == 0
     for n, (_, words) in enumerate(MISSPELT):
-        for code, out, err in results[2 * n : 2 * n + 2]:
-            assert code == 2 and words in error_line(err), (n, out, err)
+        code, out, err = results[n]
+        assert code == 2 and words in error_line(err), (n, out, err)
         assert not (tmp_path / f"{n}.json").exists()
+    code, out, err = results[len(MISSPELT)]
+    assert code == 2 and MISSPELT[0][1] in error_line(err), (out, err)
     code, out, err = results[-1]
     assert code == 0, err
     assert (
@@ -587,7 +580,7 @@ def test_a_misspelt_argument_name_is_refused_before_any_request(tmp_path):
     )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(
     names=st.lists(
         st.sampled_from(["order_id", "orderid", "order", "id", "reason", "Order_ID"]),
@@ -642,15 +635,10 @@ def sized(reply):
     return counted
 
 
+# the CLI's line for one bad value of each bound (the property test below walks the rest)
 BAD_BOUNDS = [
-    (
-        {"max_calls_per_round": 0},
-        "max_calls_per_round must be a whole number from 1 to 10,000 (got 0)",
-    ),
-    ({"max_calls_per_round": "64"}, "max_calls_per_round must be a whole number"),
-    ({"max_calls_per_round": True}, "max_calls_per_round must be a whole number"),
+    ({"max_calls_per_round": "64"}, "max_calls_per_round must be a whole number from 1 to 10,000"),
     ({"max_row_bytes": 9_999}, "max_row_bytes must be a whole number from 10,000 to 1,073,741,824"),
-    ({"max_row_bytes": 1e6}, "max_row_bytes must be a whole number"),
 ]
 
 
@@ -712,7 +700,7 @@ def test_played_rows_are_bounded_through_the_cli(tmp_path):
     assert (config["max_calls_per_round"], config["max_row_bytes"]) == (5, 50_000)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(
     value=st.one_of(
         st.integers(-5, 2**31), st.booleans(), st.floats(allow_nan=False), st.text(max_size=3)
@@ -788,7 +776,7 @@ MENTIONS = st.lists(
 ).map(" ".join)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     calls=st.lists(
         st.tuples(st.sampled_from(NAMES), st.dictionaries(KEY, WORD, max_size=3)),
@@ -832,6 +820,8 @@ def qwen_answer(body):
         return fakes.QWEN_TEXT_CALLS["cancel-invented-id"]
     if "ord_21" in user:
         return fakes.QWEN_TEXT_CALLS["lookup"]
+    if "ord_1001" in user:  # agent-trajectories' refund-shipped-order: a refund before any lookup
+        return fakes.QWEN_TEXT_CALLS["refund-before-lookup"]
     return "I am an order-support agent for Acme Shop."
 
 
@@ -955,20 +945,31 @@ def test_calls_written_as_text_fail_their_rows_and_the_run_goes_on(tmp_path):
         **TRAJECTORIES,
         "cases": [{**TRAJECTORIES["cases"][1], "id": "unshipped"}],
     }  # forbid refund_order
+    shipped, refund = {**TRAJECTORIES, "cases": TRAJECTORIES["cases"][:1]}, tmp_path / "refund.json"
     with (
         FakeServer(fakes.llama_server_text(qwen_answer)) as server,
         FakeServer(fakes.chat(refund_then_text)) as other,
     ):
-        (code, stdout, err), (played_code, _, _) = cli(
+        (code, stdout, err), (played_code, _, _), (shipped_code, _, _) = cli(
             [
                 openai(server, suite, out, "qwen2.5-coder-1.5b", extra=("--markdown", report)),
                 openai(other, write_suite(tmp_path / "unshipped.json", unshipped), played, "m"),
+                openai(server, write_suite(tmp_path / "shipped.json", shipped), refund, "qwen"),
             ],
             tmp_path,
         )
-        assert server.count == 3
-    assert (code, played_code) == (1, 1), stdout + err
+        assert server.count == 4
+    assert (code, played_code, shipped_code) == (1, 1, 1), stdout + err
     assert reasons_of(out) == QWEN_REASONS
+    # it failed for the wrong reasons only ("refund_order never called"): it wrote a refund
+    assert reasons_of(refund) == {
+        "refund-shipped-order": [
+            "missing_required_text",
+            "wrong_tool_args",
+            "wrong_tool_order",
+            "tool_call_as_text",
+        ]
+    }
     record = read_record(out)
     assert all(row["error"] is None for row in record["runs"])
     (warning,) = record["summary"]["warnings"]
