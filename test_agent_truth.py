@@ -1090,8 +1090,8 @@ def test_every_wire_form_gets_the_empty_schema_and_keeps_a_declared_one():
         }
     )
     before = copy.deepcopy(suite["tools"])
-    chat = regression.chat_request(suite, suite["cases"][0], "m")
-    agent = regression.agent_request(suite, suite["cases"][0], "m")
+    chat = regression.OpenAIProvider("http://127.0.0.1:9/v1").body("m", suite, suite["cases"][0])
+    agent = regression.PerplexityProvider().body("m", suite, suite["cases"][0])
     empty = {"type": "object", "properties": {}}
     assert [tool["function"]["parameters"] for tool in chat["tools"]] == [empty, empty, declared]
     assert [tool["parameters"] for tool in agent["tools"]] == [empty, empty, declared]
