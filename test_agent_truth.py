@@ -145,7 +145,7 @@ TOOL_ORDER_TRACES = {
 def test_tool_order_means_cause():
     case = compiled(ORDER)
     got = {
-        name: regression.check_tool_order(case, played_trace(calls))
+        name: regression.grade(case, played_trace(calls))
         for name, (calls, _) in TOOL_ORDER_TRACES
     }
     assert got == {
@@ -167,8 +167,8 @@ def test_tool_order_without_schemas_compares_the_arguments_both_calls_carry():
         (1, "lookup_order", {"order_id": "ord_1001", "verbose": True}, OK),
         (2, "refund_order", REFUND, OK),
     ]
-    assert regression.check_tool_order(case, played_trace(other)) == ["wrong_tool_order"]
-    assert regression.check_tool_order(case, played_trace(same)) == []
+    assert regression.grade(case, played_trace(other)) == ["wrong_tool_order"]
+    assert regression.grade(case, played_trace(same)) == []
 
 
 def test_a_chain_needs_each_link_caused_by_the_one_before():
@@ -199,8 +199,8 @@ def test_a_chain_needs_each_link_caused_by_the_one_before():
         (2, "refund_order", REFUND, ERROR),
         (3, "notify", LOOKUP, OK),
     ]
-    assert regression.check_tool_order(case, played_trace(good)) == []
-    assert regression.check_tool_order(case, played_trace(early)) == [
+    assert regression.grade(case, played_trace(good)) == []
+    assert regression.grade(case, played_trace(early)) == [
         "wrong_tool_order"
     ]  # the refund failed
 
@@ -260,7 +260,7 @@ def test_tool_order_matches_the_rule_on_random_trajectories(calls, order):
     trace = played_trace(
         [(n, name, {"order_id": order_id}, results[result]) for n, name, order_id, result in calls]
     )
-    assert (regression.check_tool_order(case, trace) == []) is reference_order(order, calls)
+    assert (regression.grade(case, trace) == []) is reference_order(order, calls)
 
 
 def order_suite(tmp_path, name, lookup):
@@ -370,18 +370,18 @@ def decision(char):
 
 def forbidden(name):
     trace = regression.Trace("", [{"name": name, "arguments": "{}"}], 1, [], "completed", None)
-    return regression.check_forbid_tool({"behaviors": ["forbid_tool:refund_order"]}, trace) != []
+    return regression.grade({"behaviors": ["forbid_tool:refund_order"]}, trace) != []
 
 
 def graded(key, phrases, text):
     trace = regression.Trace(text, [], 0, [], "completed", None)
-    return regression.CHECKS[key]({key: phrases}, trace) != []
+    return regression.grade({key: phrases}, trace) != []
 
 
 def leaked(text):
     case = {"behaviors": ["no_system_leak"], "_instructions": "Be kind."}
     return (
-        regression.check_no_system_leak(case, regression.Trace(text, [], 0, [], "completed", None))
+        regression.grade(case, regression.Trace(text, [], 0, [], "completed", None))
         != []
     )
 
@@ -916,6 +916,7 @@ def as_older_release(record):
     execution error, its response kept."""
     record = copy.deepcopy(record)
     for row in record["runs"]:
+        row.pop("verdicts", None)  # per-entry verdicts came later
         if "tool_call_as_text" in row["reasons"]:
             name = row["details"]["evidence"]["tool_call_as_text"]["calls"][0]["name"]
             row.update(
