@@ -906,6 +906,7 @@ def test_the_console_says_each_thing_once(tmp_path):
                     "id": "order",
                     "input": "hello",
                     "behaviors": ["tool_order:lookup,refund", "forbid_tool:refund"],
+                    "max_rounds": 2,  # played: tool_order judges the order of rounds
                 },
             ],
         },

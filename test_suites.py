@@ -345,6 +345,13 @@ CHECK_ROWS = [
                  played("Cancelled it.", [("lookup_order", {}, {})]), ["unbacked_claim"], id="claims-unbacked"),
     pytest.param("claims", TOOLS_SUITE, {**PLAYED, "claims": {"Cancelled": "cancel_order"}},
                  played("Cancelled it.", [("cancel_order", {}, {"ok": True})]), [], id="claims-backed"),
+    # a call written as text (the trace's attempts, see test_agent_truth.py): no call was made
+    pytest.param("tool_call_as_text", TOOLS_SUITE, {"id": "t", "input": "q"},
+                 trace('{"name": "lookup_order", "arguments": {}}')._replace(
+                     attempts=({"name": "lookup_order", "arguments": {}},)),
+                 ["tool_call_as_text"], id="text-call"),
+    pytest.param("tool_call_as_text", TOOLS_SUITE, {"id": "t", "input": "q"}, trace("Which order?"),
+                 [], id="text-call-none"),
 ]
 
 
