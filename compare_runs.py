@@ -31,14 +31,16 @@ import argparse
 import collections
 import difflib
 import fractions
+import functools
 import json
 import math
 import os
 import sys
 
-from regression import (CASES, CHECK_KEYS, CHECK_TABLE, INSTRUCTIONS, RecordError, check, dumps, html_page,
+from regression import (CASES, CHECK_KEYS, CHECK_TABLE, INSTRUCTIONS, RANGES, RecordError, check, dumps, html_page,
                         html_table, junit_name, junit_xml, key_text, load_record, md_table, md_text, plan_rows,
-                        record_problem, row_key, safe_text, summary, tool_sequence, write_new_file, xml_text)
+                        rate_text, record_problem, row_key, safe_text, summary, tool_sequence, wilson_interval,
+                        write_new_file, xml_text)
 
 
 # ====================================================================== records
@@ -273,10 +275,113 @@ def fisher_drop(passed_before, runs_before, passed_after, runs_after):
     It is the chance, with the total passes fixed, that the 'before' side holds at least
     as many passes as it did if both sides had the same underlying pass rate.
     """
+    return float(fisher_drop_exact(passed_before, runs_before, passed_after, runs_after))
+
+
+def fisher_drop_exact(passed_before, runs_before, passed_after, runs_after):
+    """fisher_drop as an exact fraction, so a decision at p == alpha is never a rounding accident."""
     total, passes = runs_before + runs_after, passed_before + passed_after
     tail = sum(math.comb(passes, x) * math.comb(total - passes, runs_before - x)
                for x in range(passed_before, min(runs_before, passes) + 1))
-    return float(fractions.Fraction(tail, math.comb(total, runs_before)))
+    return fractions.Fraction(tail, math.comb(total, runs_before))
+
+
+# ====================================================================== statistics
+# Every (model, case) pair is its own test, so at alpha 0.05 a suite of 50 unchanged cases
+# would show a "significant drop" by chance in most runs. Holm-Bonferroni keeps the chance of
+# any false alarm in the whole family at alpha and is uniformly more powerful than Bonferroni.
+
+CORRECTIONS = {"holm": "Holm-Bonferroni", "none": "no correction"}
+
+
+def holm(p_values):
+    """Holm-Bonferroni adjusted p-values, in input order: the k-th smallest of m times (m - k + 1),
+    never below the one before it, at most 1."""
+    order = sorted(range(len(p_values)), key=lambda n: p_values[n])
+    adjusted, running = list(p_values), 0
+    for rank, n in enumerate(order):
+        running = max(running, min(1, (len(p_values) - rank) * p_values[n]))
+        adjusted[n] = running
+    return adjusted
+
+
+def exact_alpha(alpha):
+    """alpha as the decimal the user wrote (0.05 is 1/20, not the float just above it)."""
+    return fractions.Fraction(repr(float(alpha)))
+
+
+def decide(groups, alpha, correction):
+    """Set each group's adjusted p ("p_adjusted") and return the groups that dropped significantly.
+    The decision uses exact fractions: p = 0.05 at alpha 0.05 is a drop, as the test's level says."""
+    exact = [fisher_drop_exact(g["passed_before"], g["runs_before"], g["passed_after"], g["runs_after"])
+             for g in groups]
+    adjusted = holm(exact) if correction == "holm" else exact
+    for group, value in zip(groups, adjusted):
+        group["p_adjusted"] = float(value)
+    return [g for g, value in zip(groups, adjusted) if g["dropped"] and value <= exact_alpha(alpha)]
+
+
+def model_rates(groups):
+    """Per model: passes over every case and repeat on each side, and pass^k (cases whose every
+    repeat passed) on each side, in first-seen order."""
+    models = {}
+    for g in groups:
+        stats = models.setdefault(g["model"], {"model": g["model"], "passed_before": 0, "runs_before": 0,
+                                               "passed_after": 0, "runs_after": 0, "cases": 0,
+                                               "all_before": 0, "all_after": 0, "k": 0})
+        for field in ("passed_before", "runs_before", "passed_after", "runs_after"):
+            stats[field] += g[field]
+        stats["cases"] += 1
+        stats["all_before"] += g["passed_before"] == g["runs_before"]
+        stats["all_after"] += g["passed_after"] == g["runs_after"]
+        stats["k"] = max(stats["k"], g["runs_before"])
+    return list(models.values())
+
+
+def correction_words(result):
+    """Which correction a comparison's verdict used, in words, or "" without --alpha."""
+    if result.get("correction") is None:
+        return ""
+    pairs = _plural(len(result["groups"]), "model/case pair")
+    return (f"Holm-Bonferroni correction over {pairs}" if result["correction"] == "holm"
+            else f"uncorrected over {pairs}: --correction none")
+
+
+def _rates_text(before, runs_before, after, runs_after):
+    return f"{rate_text(before, runs_before)} -> {rate_text(after, runs_after)}"
+
+
+def _p_text(group, result):
+    """The raw p of a pair, and its adjusted p when a correction decided the verdict."""
+    text = f"p={group['p']:.4f}"
+    return text + (f"  adjusted p={group['p_adjusted']:.4f}" if result.get("correction") == "holm" else "")
+
+
+def model_lines(result):
+    """The console's per-model block: rates with intervals and pass^k on both sides."""
+    lines = ["", "by model (passes over every case and repeat with Wilson 95% intervals; pass^k: the cases whose "
+                 "every repeat passed):"]
+    for m in result["models"]:
+        rates = _rates_text(m["passed_before"], m["runs_before"], m["passed_after"], m["runs_after"])
+        lines.append(safe_text(f"MODEL          {m['model']}  {rates}  pass^{m['k']} {m['all_before']}/{m['cases']}"
+                               f" -> {m['all_after']}/{m['cases']}"))
+    return lines
+
+
+def low_repeats_note(result):
+    """With --alpha, when no drop can be significant at these repeats: say so and how to plan."""
+    repeats, alpha = result["repeats"], result["alpha"]
+    smallest = fractions.Fraction(1, math.comb(2 * repeats, repeats)) if repeats else fractions.Fraction(1)
+    family = len(result["groups"]) if result.get("correction") == "holm" else 1
+    if smallest * family <= exact_alpha(alpha):
+        return []
+    plan = f"python compare_runs.py --repeats-needed BEFORE AFTER --alpha {float(alpha) / family:.3g}"
+    if family == 1:
+        return [f"note: with {repeats} repeat(s) per side no drop can reach p <= {alpha} (the smallest possible "
+                f"p is {float(smallest):.4f}); to plan repeats: {plan}"]
+    return [f"note: with {repeats} repeat(s) per side no drop can reach adjusted p <= {alpha} over {family:,} "
+            f"pairs (the smallest possible p is {float(smallest):.4f}; Holm needs p <= {float(alpha) / family:.3g} "
+            f"for the first); to plan repeats: {plan}"]
 
 
 def _answer_diff(old, new):
@@ -286,8 +391,11 @@ def _answer_diff(old, new):
     return "\n".join(difflib.unified_diff(a.splitlines(), b.splitlines(), "before", "after", lineterm=""))
 
 
-def analyse(pairs, alpha=None):
-    """The comparison of paired rows [(key, old, new)]: labels, per-check changes, pass rates, diffs."""
+def analyse(pairs, alpha=None, correction="holm"):
+    """The comparison of paired rows [(key, old, new)]: labels, per-check changes, pass rates, diffs.
+
+    With alpha, a (model, case) pair is a significant drop when its rate dropped and its p,
+    adjusted for the whole family of pairs (correction "holm", or "none"), is at most alpha."""
     rows, groups = [], {}
     for key, old, new in pairs:
         label = LABELS[(old["passed"], new["passed"])]
@@ -315,11 +423,13 @@ def analyse(pairs, alpha=None):
         group["dropped"] = group["passed_after"] * len(old) < group["passed_before"] * len(new)
     groups = list(groups.values())
     new_failures = sum(row["label"] == "NEW_FAILURE" for row in rows)
-    significant = [g for g in groups if g["dropped"] and alpha is not None and g["p"] <= alpha]
+    correction = correction if alpha is not None else None
+    significant = decide(groups, alpha, correction) if alpha is not None else []
     exit_code = (1 if significant else 0) if alpha is not None else (1 if new_failures else 0)
     return {"rows": rows, "groups": groups, "new_failures": new_failures, "alpha": alpha,
             "significant": significant, "exit_code": exit_code, "regrade": None,
-            "repeats": max((g["runs_before"] for g in groups), default=0)}
+            "repeats": max((g["runs_before"] for g in groups), default=0),
+            "correction": correction, "models": model_rates(groups)}
 
 
 def _key_text(key):
@@ -359,11 +469,13 @@ def headline(result):
     rows = f"{_plural(result['new_failures'], 'row')} flipped to failing"
     if result["alpha"] is None:
         return f"NEW FAILURES (exit 1): {rows}" if result["exit_code"] else f"no new failure (exit 0): {rows}"
-    alpha = result["alpha"]
+    alpha, how = result["alpha"], correction_words(result)
+    level = f"{'adjusted ' if result.get('correction') == 'holm' else ''}p <= {alpha} ({how})" if how \
+        else f"p <= {alpha}"
     if result["exit_code"]:
         return (f"SIGNIFICANT DROP (exit 1): {_plural(len(result['significant']), 'model/case pair')} dropped at "
-                f"p <= {alpha}; {rows}")
-    return f"no significant drop (exit 0): {rows}, none at p <= {alpha}"
+                f"{level}; {rows}")
+    return f"no significant drop (exit 0): {rows}, none at {level}"
 
 
 def _counts_text(counts):
@@ -418,13 +530,17 @@ def render(result, all_diffs=False, all_rows=True):
             if g["gain"]:
                 lines.append(safe_text(f"GAIN           {g['model']}  {g['case']}  " + "  ".join(
                     f"-{r} {g['counts'][r][0]}->{g['counts'][r][1]}" for r in g["gain"])))
+    lines += model_lines(result)
     if result["repeats"] > 1:
         rated = [g for g in result["groups"] if all_rows or group_changed(g)]
-        lines += ["", "pass rates over repeats (p: one-sided Fisher exact test that the rate dropped):"]
+        lines += ["", "pass rates over repeats with Wilson 95% intervals (p: one-sided Fisher exact test that the "
+                      "rate dropped" + (f"; adjusted p: {correction_words(result)}" if result["correction"] == "holm"
+                                        else "") + "):"]
         for g in rated:
             flaky = f"  FLAKY({','.join(g['flaky'])})" if g["flaky"] else ""
-            lines.append(f"RATE           {safe_text(g['model'])}  {safe_text(g['case'])}  {g['passed_before']}/{g['runs_before']} -> "
-                         f"{g['passed_after']}/{g['runs_after']}  p={g['p']:.4f}{flaky}")
+            lines.append(f"RATE           {safe_text(g['model'])}  {safe_text(g['case'])}  "
+                         f"{_rates_text(g['passed_before'], g['runs_before'], g['passed_after'], g['runs_after'])}"
+                         f"  {_p_text(g, result)}{flaky}")
         if len(rated) < len(result["groups"]):
             lines.append(f"RATE unchanged: {len(result['groups']) - len(rated):,} model/case pair(s) with the same "
                          "pass count and no flakiness (--all lists them)")
@@ -442,10 +558,7 @@ def render(result, all_diffs=False, all_rows=True):
     lines.append("")
     lines.append(f"verdict: {headline(result)}")
     if result["alpha"] is not None:
-        smallest = 1 / math.comb(2 * result["repeats"], result["repeats"]) if result["repeats"] else 1
-        if smallest > result["alpha"]:
-            lines.append(f"note: with {result['repeats']} repeat(s) per side no drop can reach p <= {result['alpha']} "
-                         f"(the smallest possible p is {smallest:.4f}); add --repeats")
+        lines += low_repeats_note(result)
     return "\n".join(lines)
 
 
@@ -458,30 +571,30 @@ def cautions(before, after):
     return notes
 
 
-def compare_records(before, after, alpha=None):
+def compare_records(before, after, alpha=None, correction="holm"):
     """Check two records are comparable and analyse them; (cautions, result). ValueError otherwise."""
     regrade = _comparable(before, after)
     rows_before, rows_after = index(before), index(after)
     config = before["config"]
     plan = plan_rows(config["models"], [case["id"] for case in config["cases"]], config["repeats"])
-    result = analyse([(key, rows_before[key], rows_after[key]) for key in plan], alpha)
+    result = analyse([(key, rows_before[key], rows_after[key]) for key in plan], alpha, correction)
     result["regrade"] = regrade
     return cautions(before, after), result
 
 
-def compare(before, after, alpha=None, all_diffs=False, all_rows=True):
+def compare(before, after, alpha=None, all_diffs=False, all_rows=True, correction="holm"):
     """SPEC A9: print one line per row key (and what changed); 1 if any NEW_FAILURE, else 0.
 
     With alpha, the exit code follows pass-rate drops with p <= alpha instead. With
     all_rows=False only the changed rows get a line and the others are counted.
     Raises ValueError when the records are not comparable.
     """
-    notes, result = compare_records(before, after, alpha)
+    notes, result = compare_records(before, after, alpha, correction)
     print("\n".join(notes + [render(result, all_diffs, all_rows)]))
     return result["exit_code"]
 
 
-def model_swap(record, model_a, model_b, alpha=None):
+def model_swap(record, model_a, model_b, alpha=None, correction="holm"):
     """Pair model A's rows (before) with model B's (after) in one run: is B a drop-in for A?"""
     rows = index(record)
     config = record["config"]
@@ -491,7 +604,7 @@ def model_swap(record, model_a, model_b, alpha=None):
     label = f"{model_a} -> {model_b}"
     pairs = [((label, case["id"], repeat), rows[(model_a, case["id"], repeat)], rows[(model_b, case["id"], repeat)])
              for repeat in range(config["repeats"]) for case in config["cases"]]
-    return analyse(pairs, alpha)
+    return analyse(pairs, alpha, correction)
 
 
 # ====================================================================== behaviour matrix
@@ -609,12 +722,12 @@ def markdown_comparison(result, title):
     if counts:
         lines += ["", f"Unchanged rows (not listed): {md_text(_counts_text(counts))}."]
     moved = [g for g in result["groups"] if group_changed(g)]
+    lines += ["", "### By model", "", md_table(MODEL_RATE_COLUMNS, [list(map(md_text, cells))
+                                                                    for cells in model_cells(result)])]
     lines += ["", "### By model and case", ""]
     lines.append(md_table(
-        ["model", "case", "passes before -> after", "p (drop)", "occurred more often", "occurred less often"],
-        [[md_text(g["model"]), md_text(g["case"]),
-          f"{g['passed_before']}/{g['runs_before']} -> {g['passed_after']}/{g['runs_after']}"
-          + (" FLAKY" if g["flaky"] else ""), f"{g['p']:.4f}",
+        ["model", "case", PAIR_RATES_HEADER, p_header(result), "occurred more often", "occurred less often"],
+        [[md_text(g["model"]), md_text(g["case"]), md_text(pair_rates_cell(g)), p_cell(g, result),
           md_text(", ".join(f"{r} {g['counts'][r][0]}->{g['counts'][r][1]}" for r in g["regress"])),
           md_text(", ".join(f"{r} {g['counts'][r][0]}->{g['counts'][r][1]}" for r in g["gain"]))]
          for g in moved]) if moved else "No model/case pair changed.")
@@ -630,10 +743,37 @@ def markdown_comparison(result, title):
     return "\n".join(lines) + "\n"
 
 
+MODEL_RATE_COLUMNS = ["model", "passes before -> after (Wilson 95% intervals)",
+                      "pass^k before -> after (cases whose every repeat passed)"]
+PAIR_RATES_HEADER = "passes before -> after (Wilson 95% intervals)"
+
+
+def model_cells(result):
+    """The reports' per-model rows as plain text cells."""
+    return [[m["model"], _rates_text(m["passed_before"], m["runs_before"], m["passed_after"], m["runs_after"]),
+             f"pass^{m['k']} {m['all_before']}/{m['cases']} -> {m['all_after']}/{m['cases']}"]
+            for m in result["models"]]
+
+
+def pair_rates_cell(group):
+    return _rates_text(group["passed_before"], group["runs_before"], group["passed_after"], group["runs_after"]) \
+        + (" FLAKY" if group["flaky"] else "")
+
+
+def p_header(result):
+    """The p column's name: which correction the adjusted value used, when one decided."""
+    return "p (drop); adjusted p (Holm-Bonferroni)" if result.get("correction") == "holm" else "p (drop)"
+
+
+def p_cell(group, result):
+    return f"{group['p']:.4f}" + (f"; adjusted {group['p_adjusted']:.4f}" if result.get("correction") == "holm"
+                                  else "")
+
+
 def junit_comparison(result, title):
     """JUnit XML: one testcase per row key with a stable name (the label is in the outcome,
     never in the name); a model's dots are escaped so viewers do not split it into packages."""
-    suites = {}
+    suites, groups = {}, {(g["model"], g["case"]): g for g in result["groups"]}
     significant = {(g["model"], g["case"]) for g in result["significant"]}
     for row in result["rows"]:
         model, case_id, repeat = row["key"]
@@ -644,8 +784,19 @@ def junit_comparison(result, title):
             case["failure"] = (f"{row['label']}: {json.dumps(row['after'])}",
                                f"{LABEL_WORDS[row['label']]}\nbefore: {json.dumps(row['before'])}\n"
                                f"after: {json.dumps(row['after'])}\n{row['diff'] or ''}")
+            if result["alpha"] is not None:
+                case["failure"] = (case["failure"][0], f"{pair_verdict(groups[(model, case_id)], result)}\n"
+                                                       + case["failure"][1])
         suites.setdefault(model, []).append(case)
-    return junit_xml(title, list(suites.items()))
+    how = f" ({correction_words(result)}, alpha {result['alpha']})" if result["alpha"] is not None else ""
+    return junit_xml(title + how, list(suites.items()))
+
+
+def pair_verdict(group, result):
+    """Why a pair failed the --alpha gate, in one line for a JUnit failure."""
+    return (f"pass rate {pair_rates_cell(group)}: p={group['p']:.4f}"
+            + (f", adjusted p={group['p_adjusted']:.4f}" if result["correction"] == "holm" else "")
+            + f" <= alpha {result['alpha']} ({correction_words(result)})")
 
 
 def html_comparison(result, title):
@@ -658,13 +809,14 @@ def html_comparison(result, title):
     if result.get("regrade") is not None:
         body.append("<p>REGRADE: the same stored responses graded with changed checks; cases whose checks "
                     f"changed: {xml_text(', '.join(result['regrade']) or 'none')}</p>")
+    body += ["<h2>By model</h2>", html_table(MODEL_RATE_COLUMNS, [list(map(xml_text, cells))
+                                                                  for cells in model_cells(result)])]
     body += ["<h2>By model and case</h2>",
-             html_table(["model", "case", "passes before -> after", "p (drop)", "occurred more often (REGRESS)",
+             html_table(["model", "case", PAIR_RATES_HEADER, p_header(result), "occurred more often (REGRESS)",
                          "occurred less often (GAIN)"],
                         [[xml_text(g["model"]), xml_text(g["case"]),
-                          (f"{g['passed_before']}/{g['runs_before']} -> {g['passed_after']}/{g['runs_after']}"
-                           + (" FLAKY" if g["flaky"] else ""), "flaky" if g["flaky"] else
-                           "fail" if g["dropped"] else ""), f"{g['p']:.4f}",
+                          (xml_text(pair_rates_cell(g)), "flaky" if g["flaky"] else
+                           "fail" if g["dropped"] else ""), p_cell(g, result),
                           xml_text(", ".join(f"{r} {g['counts'][r][0]}->{g['counts'][r][1]}" for r in g["regress"])),
                           xml_text(", ".join(f"{r} {g['counts'][r][0]}->{g['counts'][r][1]}" for r in g["gain"]))]
                          for g in moved]) if moved else "<p>No model/case pair changed.</p>"]
@@ -696,6 +848,331 @@ def html_comparison(result, title):
 
 
 COMPARISON_REPORTS = {"markdown": markdown_comparison, "junit": junit_comparison, "html": html_comparison}
+
+
+# ====================================================================== repeats planner
+# How many repeats per side the one-sided Fisher exact test needs to see a drop from rate
+# BEFORE to rate AFTER with a given power: both binomials are enumerated (terms below TINY
+# skipped), and each outcome is decided exactly as compare decides it.
+
+PLAN_LIMIT = 1000  # repeats per side searched (a record holds at most RUNNER_REPEATS)
+RUNNER_REPEATS = RANGES["repeats"][1]
+TINY = 1e-15  # binomial terms below this cannot move a power shown to 4 decimals
+
+
+def binomial_terms(n, rate):
+    """{k: P(K = k)} of K ~ Binomial(n, rate) without the terms below TINY: from the mode outward."""
+    if rate <= 0 or rate >= 1:
+        return {0 if rate <= 0 else n: 1.0}
+    mode, ratio = min(n, int((n + 1) * rate)), rate / (1 - rate)
+    first = math.exp(math.lgamma(n + 1) - math.lgamma(mode + 1) - math.lgamma(n - mode + 1)
+                     + mode * math.log(rate) + (n - mode) * math.log1p(-rate))
+    terms, term, k = {mode: first}, first, mode
+    while k < n and term >= TINY:
+        term, k = term * (n - k) / (k + 1) * ratio, k + 1
+        terms[k] = term
+    term, k = first, mode
+    while k > 0 and term >= TINY:
+        term, k = term * k / ((n - k + 1) * ratio), k - 1
+        terms[k] = term
+    return {k: value for k, value in sorted(terms.items()) if value >= TINY}
+
+
+def _log_comb(n, k):
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
+@functools.lru_cache(maxsize=200_000)
+def rejects(x, y, n, alpha):
+    """Whether compare calls x/n passes before and y/n after a significant drop at alpha: the
+    hypergeometric tail in floats, and exactly (fisher_drop_exact) when it lies near alpha."""
+    if y >= x:
+        return False  # not a drop: compare never flags it, whatever p says
+    s, tail, low, high = x + y, 0.0, alpha * (1 - 1e-9), alpha * (1 + 1e-9)
+    term = math.exp(_log_comb(s, x) + _log_comb(2 * n - s, n - x) - _log_comb(2 * n, n))
+    for k in range(x, min(n, s) + 1):
+        tail += term
+        ratio = (s - k) * (n - k) / ((k + 1) * (n - s + k + 1))
+        if tail > high:
+            return False
+        # the ratios only fall past the mode (log-concave), so the rest is at most a geometric series
+        if ratio < 1 and tail + term * ratio / (1 - ratio) < low:
+            return True
+        term *= ratio
+    if abs(tail - alpha) > alpha * 1e-9:
+        return tail < alpha
+    return fisher_drop_exact(x, n, y, n) <= exact_alpha(alpha)
+
+
+def power(n, before, after, alpha):
+    """The chance that n repeats per side at true rates BEFORE and AFTER show a significant drop."""
+    side_a, side_b = binomial_terms(n, before), binomial_terms(n, after)
+    low, high = min(side_b), max(side_b)
+    below, running = {low - 1: 0.0}, 0.0  # P(Y <= y) over the kept terms
+    for y in range(low, high + 1):
+        running += side_b.get(y, 0.0)
+        below[y] = running
+    total, last = 0.0, low - 1  # the largest y still rejected only grows with x
+    for x, chance in side_a.items():
+        while last < high and rejects(x, last + 1, n, alpha):
+            last += 1
+        total += chance * below[last]
+    return min(total, 1.0)
+
+
+def repeats_needed(before, after, alpha, goal, limit=PLAN_LIMIT):
+    """(n, power at n): the smallest repeats per side reaching the goal power, or (None, None)."""
+    for n in range(1, limit + 1):
+        if fractions.Fraction(1, math.comb(2 * n, n)) > exact_alpha(alpha):
+            continue  # even n passes before and none after cannot reach alpha
+        found = power(n, before, after, alpha)
+        if found >= goal:
+            return n, found
+    return None, None
+
+
+def smallest_drop(n, before, alpha, goal):
+    """The highest AFTER rate (2 decimals, rounded down) whose drop from BEFORE n repeats per
+    side detect with the goal power, or None when even a drop to 0 is missed."""
+    if power(n, before, 0.0, alpha) < goal:
+        return None
+    low, high = 0.0, before  # power(low) >= goal; power only falls as AFTER rises
+    for _ in range(24):
+        middle = (low + high) / 2
+        low, high = (middle, high) if power(n, before, middle, alpha) >= goal else (low, middle)
+    return math.floor(low * 100 + 1e-9) / 100
+
+
+def planner_text(before, after, alpha, goal, repeats):
+    """The --repeats-needed answer: repeats for this drop, and what REPEATS per side can see."""
+    test = f"one-sided Fisher exact test at alpha {alpha}, per model/case pair"
+    n, found = repeats_needed(before, after, alpha, goal)
+    if n is None:
+        lines = [f"repeats needed: more than {PLAN_LIMIT:,} per side to detect a drop from {before:g} to {after:g} "
+                 f"with power {goal:g} ({test})"]
+    else:
+        lines = [f"repeats needed: {n} per side to detect a drop from {before:g} to {after:g} with power {goal:g} "
+                 f"({test}); power at {n}: {found:.4f}"]
+    if n is None or n > RUNNER_REPEATS:
+        lines.append(f"note: a record holds at most {RUNNER_REPEATS} repeats; plan for a larger drop or a lower power")
+    at = smallest_drop(repeats, before, alpha, goal)
+    lines.append(f"with {repeats} repeats per side (--repeats N to change): power {power(repeats, before, after, alpha):.4f}"
+                 f" for this drop; " + (f"a drop from {before:g} to {at:.2f} or lower is detected with power {goal:g}"
+                                        if at is not None else f"no drop from {before:g} is detected with power "
+                                        f"{goal:g}, not even to 0"))
+    lines.append("note: compare tests every model/case pair and corrects for the family (Holm-Bonferroni); "
+                 "to plan for M pairs, give --alpha ALPHA/M")
+    return "\n".join(lines)
+
+
+# ====================================================================== trend
+# A pass rate across any number of comparable records, in the order given. Every later run is
+# tested against the first (the reference: a slow drift is never lost between neighbours), and
+# the family of all those tests (runs x models, and x cases with --per-case) is corrected at once.
+
+def _record_counts(record):
+    """{"models": {model: counts}, "pairs": {(model, case): counts}} of a complete record."""
+    rows, config = index(record), record["config"]
+    models, pairs = {}, {}
+    for model in config["models"]:
+        stats = models[model] = {"passed": 0, "runs": 0, "all": 0, "cases": 0, "k": config["repeats"]}
+        for case in config["cases"]:
+            passed = sum(rows[(model, case["id"], repeat)]["passed"] for repeat in range(config["repeats"]))
+            pairs[(model, case["id"])] = {"passed": passed, "runs": config["repeats"]}
+            stats["passed"], stats["runs"] = stats["passed"] + passed, stats["runs"] + config["repeats"]
+            stats["cases"], stats["all"] = stats["cases"] + 1, stats["all"] + (passed == config["repeats"])
+    return {"models": models, "pairs": pairs}
+
+
+def trend_points(paths):
+    """(notes, [(path, counts)]) of records comparable with the first; ValueError names the file."""
+    notes, points, first, seen = [], [], None, {}
+    for path in paths:
+        try:
+            record = load_record(path)
+            status = os.stat(path)
+            _require((status.st_dev, status.st_ino) not in seen,
+                     f"it is the same file as {seen.get((status.st_dev, status.st_ino))}, so a run would count twice")
+            seen[(status.st_dev, status.st_ino)] = path
+            counts = _record_counts(record)
+        except (ValueError, RecordError, OSError) as exc:
+            raise ValueError(f"{path}: {getattr(exc, 'strerror', None) or exc}") from None
+        try:
+            regrade = None if first is None else _comparable(first, record)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc} (against {paths[0]}, the reference)") from None
+        if first is not None:
+            notes += [line.replace("CAUTION ", f"CAUTION {path}: ", 1) for line in cautions(first, record)]
+            notes += [f"REGRADE {path}: cases whose checks changed: {', '.join(regrade) or 'none'}"] if regrade else []
+        first = record if first is None else first
+        points.append((path, counts))
+    return [safe_text(note) for note in notes], points
+
+
+def analyse_trend(points, alpha, correction="holm", per_case=False):
+    """Per series (a model, or a model and case): each run's rate, and its test against run 1."""
+    keys = [(model, None) for model in points[0][1]["models"]]
+    keys += [pair for pair in points[0][1]["pairs"]] if per_case else []
+    series, tests = [], []
+    for model, case_id in keys:
+        runs = [counts["models"][model] if case_id is None else counts["pairs"][(model, case_id)]
+                for _, counts in points]
+        line = {"model": model, "case": case_id, "points": []}
+        for position, now in enumerate(runs):
+            point = {**now, "interval": wilson_interval(now["passed"], now["runs"]), "significant": False}
+            if position:
+                ref = runs[0]
+                point["dropped"] = now["passed"] * ref["runs"] < ref["passed"] * now["runs"]
+                tests.append((point, fisher_drop_exact(ref["passed"], ref["runs"], now["passed"], now["runs"])))
+            line["points"].append(point)
+        series.append(line)
+    adjusted = holm([p for _, p in tests]) if correction == "holm" else [p for _, p in tests]
+    for (point, p), value in zip(tests, adjusted):
+        point.update(p=float(p), p_adjusted=float(value),
+                     significant=point["dropped"] and value <= exact_alpha(alpha))
+    for line in series:
+        line["first"] = next((n for n, point in enumerate(line["points"]) if point["significant"]), None)
+    flagged = [line for line in series if line["first"] is not None]
+    return {"paths": [path for path, _ in points], "series": series, "alpha": alpha, "correction": correction,
+            "tests": len(tests), "flagged": flagged, "exit_code": 1 if flagged else 0}
+
+
+def _series_name(line):
+    return line["model"] if line["case"] is None else f"{line['model']}  {line['case']}"
+
+
+def trend_headline(result):
+    """The trend's verdict in words: the first significant run of each series, and the test used."""
+    how = (f"adjusted p <= {result['alpha']} (Holm-Bonferroni correction over {_plural(result['tests'], 'test')})"
+           if result["correction"] == "holm" else
+           f"p <= {result['alpha']} (uncorrected over {_plural(result['tests'], 'test')}: --correction none)")
+    if not result["flagged"]:
+        return f"no significant drop (exit 0): no run dropped against run 1 at {how}"
+    firsts = "; ".join(f"{_series_name(line)} first at run {line['first'] + 1} ({result['paths'][line['first']]})"
+                       for line in result["flagged"])
+    return f"SIGNIFICANT DROP (exit 1) against run 1 at {how}: {firsts}"
+
+
+def _point_parts(line, position, result):
+    """One run of a series as (its rate; pass^k for a model, else ""; its test against run 1 and flag)."""
+    point = line["points"][position]
+    rate = rate_text(point["passed"], point["runs"])
+    pass_k = f"pass^{point['k']} {point['all']}/{point['cases']}" if line["case"] is None else ""
+    if not position:
+        return rate, pass_k, "(reference)"
+    test = f"p={point['p']:.4f}" + (f"  adjusted p={point['p_adjusted']:.4f}" if result["correction"] == "holm"
+                                    else "")
+    return rate, pass_k, test + ("  SIGNIFICANT DROP" + (" (first)" if position == line["first"] else "")
+                                 if point["significant"] else "")
+
+
+def render_trend(result):
+    """The console text of a trend: the runs, each series run by run, the verdict."""
+    words = correction_words({"correction": result["correction"], "groups": range(result["tests"])})
+    lines = [f"TREND: {len(result['paths'])} records; every run is tested against run 1 (one-sided Fisher exact "
+             f"test that the rate dropped; {words.replace('model/case pair', 'test')}); alpha {result['alpha']}"]
+    lines += [safe_text(f"run {n}  {path}") for n, path in enumerate(result["paths"], 1)]
+    for line in result["series"]:
+        lines += [safe_text(f"TREND          {_series_name(line)}  run {n + 1}  "
+                            + "  ".join(part for part in _point_parts(line, n, result) if part))
+                  for n in range(len(line["points"]))]
+    return "\n".join(lines + ["", f"verdict: {safe_text(trend_headline(result))}"])
+
+
+TREND_COLUMNS = ["model", "case", "run", "record", "pass rate (Wilson 95% interval)", "pass^k",
+                 "test against run 1"]
+
+
+def _trend_cells(result):
+    """The trend's table as plain text cells, one row per series and run."""
+    cells = []
+    for line in result["series"]:
+        cells += [[line["model"], line["case"] or "(all cases)", str(n + 1), result["paths"][n],
+                   *_point_parts(line, n, result)] for n in range(len(line["points"]))]
+    return cells
+
+
+def markdown_trend(result, title):
+    """Markdown of a trend: the verdict and one table row per series and run."""
+    return "\n".join([f"## {md_text(title)}", "", f"**{md_text(trend_headline(result))}**", "",
+                      md_table(TREND_COLUMNS, [[md_text(cell) for cell in row] for row in _trend_cells(result)])]) \
+        + "\n"
+
+
+CHART_COLOURS = ("#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f")  # no red:
+# red rings mark the significant drops
+
+
+def trend_svg(lines, paths, heading):
+    """An inline SVG line chart of pass rates (0..1) by run, with interval whiskers and a ring
+    on each significant drop; every label is escaped text, nothing is fetched or run."""
+    width, height, left, top, plot_w, plot_h = 720, 260, 48, 16, 650, 200
+    step = plot_w / max(1, len(paths) - 1)
+    x_of = lambda n: f"{left + n * step:.1f}"  # noqa: E731
+    y_of = lambda rate: f"{top + (1 - rate) * plot_h:.1f}"  # noqa: E731
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 18 * len(lines)}" '
+             f'role="img" aria-label="{xml_text(heading)}"><title>{xml_text(heading)}</title>']
+    for rate in (0, 0.25, 0.5, 0.75, 1):
+        parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y_of(rate)}" y2="{y_of(rate)}" stroke="#ddd"/>'
+                     f'<text x="{left - 6}" y="{y_of(rate)}" font-size="11" text-anchor="end">{rate:.2f}</text>')
+    every = max(1, math.ceil(len(paths) / 15))
+    parts += [f'<text x="{x_of(n)}" y="{top + plot_h + 16}" font-size="11" text-anchor="middle">{n + 1}</text>'
+              for n in range(0, len(paths), every)]
+    for number, line in enumerate(lines):
+        colour, label = CHART_COLOURS[number % len(CHART_COLOURS)], _series_name(line)
+        points = " ".join(f"{x_of(n)},{y_of(p['passed'] / p['runs'])}" for n, p in enumerate(line["points"]))
+        parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        for n, point in enumerate(line["points"]):
+            low, high = point["interval"]
+            tip = xml_text(f"{label}, run {n + 1} ({paths[n]}): {rate_text(point['passed'], point['runs'])}")
+            parts.append(f'<line x1="{x_of(n)}" x2="{x_of(n)}" y1="{y_of(low)}" y2="{y_of(high)}" '
+                         f'stroke="{colour}" stroke-opacity="0.5"/><circle cx="{x_of(n)}" '
+                         f'cy="{y_of(point["passed"] / point["runs"])}" r="3" fill="{colour}"><title>{tip}</title>'
+                         '</circle>')
+            if point["significant"]:
+                parts.append(f'<circle cx="{x_of(n)}" cy="{y_of(point["passed"] / point["runs"])}" r="8" '
+                             f'fill="none" stroke="#d62728" stroke-width="2"><title>significant drop: {tip}'
+                             '</title></circle>')
+        y = height + 18 * number + 4
+        parts.append(f'<rect x="{left}" y="{y}" width="12" height="12" fill="{colour}"/>'
+                     f'<text x="{left + 18}" y="{y + 11}" font-size="12">{xml_text(label)}</text>')
+    return "".join(parts + ["</svg>"])
+
+
+def html_trend(result, title):
+    """One page: the verdict, a chart of the models (and of each model's cases), the table."""
+    body = [f"<h1>{xml_text(title)}</h1>", f"<p><b>{xml_text(trend_headline(result))}</b></p>",
+            "<p>Pass rate by run (x: run number, y: pass rate) with Wilson 95% intervals; a red ring marks "
+            "a run whose drop against run 1 is significant.</p>"]
+    models = [line for line in result["series"] if line["case"] is None]
+    body += ["<h2>By model</h2>", trend_svg(models, result["paths"], "pass rate by run, per model")]
+    for model in [line["model"] for line in models]:
+        cases = [line for line in result["series"] if line["case"] is not None and line["model"] == model]
+        if cases:
+            body += [f"<h2>Cases of {xml_text(model)}</h2>",
+                     trend_svg(cases, result["paths"], f"pass rate by run, cases of {model}")]
+    body += ["<h2>Runs</h2>", html_table(TREND_COLUMNS, [
+        [xml_text(cell) if n < 6 else (xml_text(cell), "fail" if "SIGNIFICANT" in cell else "")
+         for n, cell in enumerate(row)] for row in _trend_cells(result)])]
+    return html_page(title, "\n".join(body))
+
+
+TREND_REPORTS = {"markdown": markdown_trend, "html": html_trend}
+
+
+def trend(args, targets):
+    """--trend: print the trend of the records, write its reports; 1 when a drop is significant."""
+    notes, points = trend_points(args.trend)
+    result = analyse_trend(points, args.alpha if args.alpha is not None else 0.05, args.correction, args.per_case)
+    print("\n".join(notes + [render_trend(result)]))
+    title = f"trend of {len(points)} records: {args.trend[0]} ... {args.trend[-1]}"
+    try:
+        for kind, path in targets.items():
+            write_new_file(path, TREND_REPORTS[kind](result, title))
+    except RecordError as exc:
+        print(f"compare_runs.py: error: {safe_text(exc)}", file=sys.stderr)
+        return 2
+    return result["exit_code"]
 
 
 # ====================================================================== offline demo
@@ -781,7 +1258,7 @@ def main(argv=None):
     Returns 0 (no new failure), 1 (a new failure, or with --alpha a significant drop) or
     2 (not comparable: it prints NOT_COMPARABLE: reason). Usage errors exit 2 via argparse.
     """
-    parser = argparse.ArgumentParser(prog="compare_runs.py", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="compare_runs.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("records", nargs="*", metavar="RECORD", help="BEFORE and AFTER (or one RUN with --models)")
     parser.add_argument("--demo", metavar="NEW_DIR", help="write two synthetic records into NEW_DIR and compare them")
     parser.add_argument("--models", nargs=2, metavar=("A", "B"), help="within one RUN: is model B a drop-in for A?")
@@ -794,13 +1271,18 @@ def main(argv=None):
     parser.add_argument("--markdown", metavar="FILE", help="write a Markdown report (new file)")
     parser.add_argument("--junit", metavar="FILE", help="write a JUnit XML report (new file)")
     parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (new file)")
+    add_statistics_flags(parser)
     args = parser.parse_args(argv)
+    statistics_usage(parser, args)
+    if args.repeats_needed:
+        print(planner_text(*args.repeats_needed, args.alpha or 0.05, args.power, args.repeats))
+        return 0
     if args.demo is not None and (args.records or args.models or args.matrix):
         parser.error("give BEFORE AFTER, --models A B RUN, or --demo NEW_DIR: one of them")
     if args.matrix and (args.alpha is not None or args.all_diffs or args.markdown or args.junit or args.html):
         parser.error("--matrix prints its table only; drop --alpha, --all-diffs and the report flags")
     wanted = 1 if args.models else 2
-    if args.demo is None and len(args.records) != wanted:
+    if args.demo is None and not args.trend and len(args.records) != wanted:
         parser.error("give two record files, BEFORE and AFTER" if wanted == 2 else "--models A B takes one RUN record")
     for kind in COMPARISON_REPORTS:  # `--html "$UNSET"` must not read as no --html: the report would be skipped
         if getattr(args, kind) == "":
@@ -814,16 +1296,18 @@ def main(argv=None):
     try:
         if args.demo is not None:
             return demo(args.demo, all_rows=args.all_rows)
+        if args.trend:
+            return trend(args, targets)
         records = [load_record(path) for path in args.records]
         _not_one_file(args.records)
         if args.matrix:
             return matrix(args, records)
         if args.models:
-            notes, result = [], model_swap(records[0], *args.models, alpha=args.alpha)
+            notes, result = [], model_swap(records[0], *args.models, alpha=args.alpha, correction=args.correction)
             title = f"model swap in {args.records[0]}: is {args.models[1]} a drop-in for {args.models[0]}?"
             print(safe_text(f"MODEL SWAP: {args.models[0]} (before) -> {args.models[1]} (after), same run, same cases"))
         else:
-            notes, result = compare_records(*records, alpha=args.alpha)
+            notes, result = compare_records(*records, alpha=args.alpha, correction=args.correction)
             title = f"comparison: {args.records[0]} -> {args.records[1]}"
         print("\n".join(notes + [render(result, args.all_diffs, args.all_rows)]))
     except (ValueError, RecordError) as exc:
@@ -836,6 +1320,79 @@ def main(argv=None):
         print(f"compare_runs.py: error: {safe_text(exc)}", file=sys.stderr)
         return 2
     return result["exit_code"]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage error is one line and exit 2 (the usage is in --help)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {safe_text(message)}; see --help\n")
+
+
+def _rate(text):
+    """A pass rate for --repeats-needed: 0..1, or a percentage such as 95%."""
+    value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    if not 0 <= value <= 1:  # also refuses nan
+        raise ValueError(text)
+    return value
+
+
+def _share(text):
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError("power must be between 0 and 1")
+    return value
+
+
+def _planner_repeats(text):
+    value = int(text)
+    if not 1 <= value <= PLAN_LIMIT:
+        raise argparse.ArgumentTypeError(f"repeats must be a whole number from 1 to {PLAN_LIMIT}")
+    return value
+
+
+def add_statistics_flags(parser):
+    """The flags of the correction, the repeats planner and the trend."""
+    parser.add_argument("--correction", choices=tuple(CORRECTIONS),
+                        help="with --alpha (and --trend): correct the p of many pairs for the family; "
+                             "holm (Holm-Bonferroni, the default) or none")
+    parser.add_argument("--repeats-needed", nargs=2, metavar=("BEFORE", "AFTER"),
+                        help="print the repeats per side that detect a drop from rate BEFORE to AFTER (0..1 or N%%)")
+    parser.add_argument("--power", type=_share, help="with --repeats-needed: the power wanted (default 0.8)")
+    parser.add_argument("--repeats", type=_planner_repeats, metavar="N",
+                        help="with --repeats-needed: the repeats per side you have (default 10)")
+    parser.add_argument("--trend", nargs="+", metavar="RUN",
+                        help="pass rates across comparable records in this order, each run tested against the first")
+    parser.add_argument("--per-case", action="store_true", help="with --trend: every (model, case) too")
+
+
+def statistics_usage(parser, args):
+    """Usage errors of the statistics flags (exit 2 through argparse); resolves their defaults."""
+    given = [f"--{kind}" for kind in ("demo", "models", "matrix", "markdown", "junit", "html")
+             if getattr(args, kind)] + (["RECORD"] if args.records else []) + (["--trend"] if args.trend else [])
+    if args.repeats_needed:
+        if given or args.all_rows or args.all_diffs or args.correction:
+            parser.error("--repeats-needed BEFORE AFTER takes --alpha, --power and --repeats only")
+        for text in args.repeats_needed:
+            try:
+                _rate(text)
+            except ValueError:
+                parser.error(f"--repeats-needed: {text!r} is not a pass rate from 0 to 1 (or 0% to 100%)")
+        args.repeats_needed = [_rate(text) for text in args.repeats_needed]
+        if args.repeats_needed[0] <= args.repeats_needed[1]:
+            parser.error("--repeats-needed BEFORE AFTER: BEFORE must be higher than AFTER (it plans for a drop)")
+        args.repeats, args.power = args.repeats or 10, args.power or 0.8
+    elif args.repeats is not None or args.power is not None:
+        parser.error("--power and --repeats go with --repeats-needed BEFORE AFTER")
+    if args.trend and (args.records or args.demo or args.models or args.matrix or args.junit or args.all_diffs):
+        parser.error("--trend RUN RUN ... takes --alpha, --correction, --per-case, --markdown and --html only")
+    if args.trend and len(args.trend) < 2:
+        parser.error("--trend needs at least two records (the first is the reference)")
+    if args.per_case and not args.trend:
+        parser.error("--per-case goes with --trend")
+    if args.correction and args.alpha is None and not args.trend:
+        parser.error("--correction applies to --alpha (or --trend): without --alpha every new failure counts")
+    args.correction = args.correction or "holm"
 
 
 def matrix(args, records):
