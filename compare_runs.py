@@ -1103,15 +1103,16 @@ CHART_COLOURS = ("#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b
 # red rings mark the significant drops
 
 
-def trend_svg(lines, paths, heading):
+def trend_svg(lines, paths, heading, label=_series_name):
     """An inline SVG line chart of pass rates (0..1) by run, with interval whiskers and a ring
-    on each significant drop; every label is escaped text, nothing is fetched or run."""
+    on each significant drop. Record text (names, paths) appears only as escaped text nodes,
+    never in an attribute; nothing is fetched or run."""
     width, height, left, top, plot_w, plot_h = 720, 260, 48, 16, 650, 200
     step = plot_w / max(1, len(paths) - 1)
     x_of = lambda n: f"{left + n * step:.1f}"  # noqa: E731
     y_of = lambda rate: f"{top + (1 - rate) * plot_h:.1f}"  # noqa: E731
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 18 * len(lines)}" '
-             f'role="img" aria-label="{xml_text(heading)}"><title>{xml_text(heading)}</title>']
+    parts = [f'<svg width="{width}" height="{height + 18 * len(lines)}" role="img" aria-label="pass rate by run">'
+             f'<title>{xml_text(heading)}</title>']
     for rate in (0, 0.25, 0.5, 0.75, 1):
         parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y_of(rate)}" y2="{y_of(rate)}" stroke="#ddd"/>'
                      f'<text x="{left - 6}" y="{y_of(rate)}" font-size="11" text-anchor="end">{rate:.2f}</text>')
@@ -1119,12 +1120,12 @@ def trend_svg(lines, paths, heading):
     parts += [f'<text x="{x_of(n)}" y="{top + plot_h + 16}" font-size="11" text-anchor="middle">{n + 1}</text>'
               for n in range(0, len(paths), every)]
     for number, line in enumerate(lines):
-        colour, label = CHART_COLOURS[number % len(CHART_COLOURS)], _series_name(line)
+        colour, name = CHART_COLOURS[number % len(CHART_COLOURS)], label(line)
         points = " ".join(f"{x_of(n)},{y_of(p['passed'] / p['runs'])}" for n, p in enumerate(line["points"]))
         parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2"/>')
         for n, point in enumerate(line["points"]):
             low, high = point["interval"]
-            tip = xml_text(f"{label}, run {n + 1} ({paths[n]}): {rate_text(point['passed'], point['runs'])}")
+            tip = xml_text(f"{name}, run {n + 1} ({paths[n]}): {rate_text(point['passed'], point['runs'])}")
             parts.append(f'<line x1="{x_of(n)}" x2="{x_of(n)}" y1="{y_of(low)}" y2="{y_of(high)}" '
                          f'stroke="{colour}" stroke-opacity="0.5"/><circle cx="{x_of(n)}" '
                          f'cy="{y_of(point["passed"] / point["runs"])}" r="3" fill="{colour}"><title>{tip}</title>'
@@ -1135,7 +1136,7 @@ def trend_svg(lines, paths, heading):
                              '</title></circle>')
         y = height + 18 * number + 4
         parts.append(f'<rect x="{left}" y="{y}" width="12" height="12" fill="{colour}"/>'
-                     f'<text x="{left + 18}" y="{y + 11}" font-size="12">{xml_text(label)}</text>')
+                     f'<text x="{left + 18}" y="{y + 11}" font-size="12">{xml_text(name)}</text>')
     return "".join(parts + ["</svg>"])
 
 
@@ -1150,7 +1151,7 @@ def html_trend(result, title):
         cases = [line for line in result["series"] if line["case"] is not None and line["model"] == model]
         if cases:
             body += [f"<h2>Cases of {xml_text(model)}</h2>",
-                     trend_svg(cases, result["paths"], f"pass rate by run, cases of {model}")]
+                     trend_svg(cases, result["paths"], f"pass rate by run, cases of {model}", lambda line: line["case"])]
     body += ["<h2>Runs</h2>", html_table(TREND_COLUMNS, [
         [xml_text(cell) if n < 6 else (xml_text(cell), "fail" if "SIGNIFICANT" in cell else "")
          for n, cell in enumerate(row)] for row in _trend_cells(result)])]

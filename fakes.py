@@ -147,6 +147,8 @@ with open(table_path, encoding="utf-8") as handle:
 with open(script, "rb") as handle:
     code_object = compile(handle.read(), script, "exec")  # once, not once per input
 sys.path[0] = os.path.dirname(script)
+if os.path.basename(script) != "regression.py":
+    import regression  # noqa: F401  (compare_runs.py's first import, paid once, not once per input)
 results = []
 for n, entry in enumerate(table):
     paths = [f"{results_path}.{n}.out", f"{results_path}.{n}.err"]
@@ -344,12 +346,12 @@ def run_script(argv, cwd, env, timeout=60, script="regression.py"):
     return subprocess.CompletedProcess([sys.executable, script, *argv], int(status), decode(out_r), decode(err_r))
 
 
-def cli_table(runs, env=None, timeout=120):
-    """[(exit code, stdout, stderr)] of `python regression.py ARGV` for each (argv, cwd) in `runs`,
+def cli_table(runs, env=None, timeout=120, script="regression.py"):
+    """[(exit code, stdout, stderr)] of `python SCRIPT ARGV` for each (argv, cwd) in `runs`,
     all through ONE child process (see _CLI_DRIVER): the real CLI for a whole table of inputs."""
     import subprocess
     import tempfile
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "regression.py")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
     with tempfile.TemporaryDirectory(prefix="cli-table-") as folder:
         table, results = f"{folder}/table.json", f"{folder}/results.json"
         with open(table, "w", encoding="utf-8") as handle:

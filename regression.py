@@ -5626,7 +5626,7 @@ def _markdown_case_rates(record):
     lines = ["", "**Pass rates by case** (Wilson 95% intervals)", ""]
     lines += [md_table(["model", "case", "passed"], [[md_text(cell) for cell in row] for row in listed])] \
         if listed else [] if perfect else ["No row finished."]
-    return lines + [f"{count:,} model/case pair(s) passed every repeat: {text} each (not listed)."
+    return lines + [f"{count:,} model/case pair(s) passed every repeat: {md_text(text)} each (not listed)."
                     for text, count in perfect.items()]
 
 
