@@ -20,6 +20,7 @@ Exit codes (SPEC A7):
 """
 
 import argparse
+import collections
 import datetime
 import decimal
 import errno
@@ -47,6 +48,7 @@ __all__ = [
     "rfc_document", "approved_source", "document_id", "CHECKS", "BEHAVIORS", "check", "grade", "explain",
     "compile_case", "agent_trace", "chat_trace", "reported_cost", "similarity",
     "register_check", "register_case_key", "CHECK_TABLE", "Fail", "text_form", "reason_table",
+    "Trace",
     # suites (B1)
     "SuiteError", "load_suite", "validate_suite", "instructions_sha256",
     # providers and one request (A6, B3, B4)
@@ -55,7 +57,8 @@ __all__ = [
     "run_one", "run_row", "run_row_steps", "send_request", "execute", "transient", "retry_after", "redactor",
     # record and summary (A7, A8, B4)
     "RecordError", "create_record", "replace_record", "load_record", "write_new_file", "dumps",
-    "Tally", "summary", "wilson_interval", "rate_text", "pass_k_text", "row_key", "plan_rows", "shard_plan", "key_text", "record_problem",
+    "Tally", "summary", "row_key", "plan_rows", "shard_plan", "key_text", "record_problem",
+    "ABSENT", "same_json", "first_difference", "wilson_interval", "rate_text", "pass_k_text",
     # reports (B5)
     "safe_text", "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
     "markdown_run", "junit_run", "html_run", "tool_sequence", "trajectory",
@@ -874,7 +877,7 @@ def _answer_shape_ok(answer, case):
 
 def _structured_answer(case, trace):
     """The answer object when it parses and has the right shape, else None."""
-    answer, problem = read_json(trace["final_text"])
+    answer, problem = read_json(trace.final_text)
     return None if problem or not _answer_shape_ok(answer, case) else answer
 
 
@@ -886,6 +889,27 @@ def _user_text(case):
             message.get("content"), str) else message["content"] for message in given
             if isinstance(message, dict) and message.get("role", "user") == "user")
     return given if isinstance(given, str) else ""
+
+
+class Trace(collections.namedtuple("Trace", "final_text tool_calls tool_rounds search_urls status "
+                                     "cost_usd earlier_texts thought_texts rounds final",
+                                     defaults=((), (), None, None))):
+    """What a provider saw of one row, in provider-neutral form: the only thing checks read.
+
+    final_text     the answer graded (str): reasoning a server left in content removed
+    tool_calls     [{"name", "arguments"}] in call order; a played row adds "round", "result"
+                   and "unscripted" (the call had no scripted result)
+    tool_rounds    model turns that used tools (server-side tool steps count on the Agent API)
+    search_urls    URLs the run's own web search returned (citations must come from these)
+    status         "completed" or what the endpoint said instead ("incomplete", "length", ...)
+    cost_usd       the reported USD cost as a decimal string, or None when not reported
+    earlier_texts  a played row: what earlier rounds said beside their tool calls
+    thought_texts  content a server sent with the model's reasoning left in it
+    rounds         a played row: model turns made (None: one request)
+    final          a played row: the last turn answered without calling a tool
+    """
+
+    __slots__ = ()
 
 
 # ---------------------------------------------------------------------- the check table
@@ -1007,11 +1031,11 @@ def reason_table():
 
 def check_completed(case, trace):
     """The response finished: status "completed" (or, with function tools, a turn that ended in tool calls)."""
-    if trace["status"] == "completed":
+    if trace.status == "completed":
         return []
-    if trace["status"] == "requires_action" and trace["tool_calls"] and case.get("_function_tools"):
+    if trace.status == "requires_action" and trace.tool_calls and case.get("_function_tools"):
         return []  # a turn that ends by asking the host to run a declared function tool
-    return [Fail("response_not_completed", f"status {trace['status']}", status=trace["status"])]
+    return [Fail("response_not_completed", f"status {trace.status}", status=trace.status)]
 
 
 register_check("completed", check_completed, always=True, reasons={
@@ -1023,7 +1047,7 @@ register_check("completed", check_completed, always=True, reasons={
 
 def check_search_observed(case, trace):
     """With `cite`: the run's own web search returned at least one URL."""
-    if "cite" in case and not trace["search_urls"]:
+    if "cite" in case and not trace.search_urls:
         return [Fail("search_not_observed", "no search results in this response", search_urls=0)]
     return []
 
@@ -1051,7 +1075,7 @@ def check_answer(case, trace):
     """With `expect` or `cite`: the answer is strict JSON (no NaN, no repeated key), an object with exactly the schema's fields; `expect` values match exactly (wrong_<field>)."""
     if "expect" not in case and "cite" not in case:
         return []
-    answer, problem = read_json(trace["final_text"])
+    answer, problem = read_json(trace.final_text)
     if problem:
         return [problem]
     shape = _shape_problem(answer, case)
@@ -1100,7 +1124,7 @@ def check_citations(case, trace):
     if not isinstance(urls, list) or not all(isinstance(url, str) for url in urls):
         return [Fail("invalid_answer_shape", f"{sources['field']} is not a list of strings")]
     cited = [document_id(url, sources) for url in urls]
-    found = {document_id(url, sources) for url in trace["search_urls"]} - {None}
+    found = {document_id(url, sources) for url in trace.search_urls} - {None}
     allowed = {case["cite"], *sources.get("also_allowed", [])}
     reasons = []
     if not urls or len(set(cited)) != len(urls):
@@ -1149,7 +1173,7 @@ def said_texts(trace):
     """Every text the model said in a row: what each earlier round of a played case said beside
     its tool calls (the trace's earlier_texts), then the final answer. What must never be said
     is looked for in all of them."""
-    return [*trace.get("earlier_texts", ()), trace["final_text"]]
+    return [*trace.earlier_texts, trace.final_text]
 
 
 def never_said_texts(trace):
@@ -1157,7 +1181,7 @@ def never_said_texts(trace):
     a server sent with the model's reasoning left in it (the trace's thought_texts). A secret
     in a <think> block reached the client all the same; a phrase the model only thought does
     not count as said for contains, claims or a stated value."""
-    return [*said_texts(trace), *trace.get("thought_texts", ())]
+    return [*said_texts(trace), *trace.thought_texts]
 
 
 def said_phrases(phrases, trace, texts=said_texts):
@@ -1170,7 +1194,7 @@ def phrases_found(case, key, trace):
     anything the model said or the server sent as content, every reading: see never_said_texts)."""
     phrases = case.get(key, [])
     if key != "excludes":
-        return phrases_in(phrases, trace["final_text"])
+        return phrases_in(phrases, trace.final_text)
     present = said_phrases(phrases, trace, never_said_texts)
     return [phrase for phrase in phrases if phrase in present], [phrase for phrase in phrases if phrase not in present]
 
@@ -1338,7 +1362,7 @@ def check_similarity(case, trace):
     """`expected_text` + `min_similarity`: the answer is at least this similar to the approved baseline (difflib ratio in the text normal form, time-bounded)."""
     if "min_similarity" not in case or not case.get("expected_text"):
         return []  # an empty baseline is only allowed while --update-baseline fills it
-    score, how = similarity_of(case["expected_text"], trace["final_text"] if isinstance(trace["final_text"], str)
+    score, how = similarity_of(case["expected_text"], trace.final_text if isinstance(trace.final_text, str)
                                else "")
     if score < case["min_similarity"]:
         bound = {"measure": how} if how else {}
@@ -1354,7 +1378,7 @@ DIFF_CHARS = 20_000  # each side of details.diff is cut to this many characters
 def _similarity_details(case, trace):
     if not case.get("expected_text"):
         return {}
-    text = trace["final_text"] if isinstance(trace["final_text"], str) else ""
+    text = trace.final_text if isinstance(trace.final_text, str) else ""
     score, how = similarity_of(case["expected_text"], text)
     details = {"similarity": round(score, 4)}
     if how:
@@ -1394,7 +1418,7 @@ def answer_chars(text):
 
 def check_length(case, trace):
     """`min_chars` / `max_chars`: the answer's length in characters of the text normal form."""
-    length = answer_chars(trace["final_text"])
+    length = answer_chars(trace.final_text)
     reasons = []
     if "min_chars" in case and length < case["min_chars"]:
         reasons.append(Fail("too_short", f"{length} chars < min {case['min_chars']}", chars=length,
@@ -1406,7 +1430,7 @@ def check_length(case, trace):
 
 
 register_check("length", check_length, keys=("min_chars", "max_chars"), validate=_validate_length,
-               details=lambda case, trace: {"chars": answer_chars(trace["final_text"])}, vacuous=True, reasons={
+               details=lambda case, trace: {"chars": answer_chars(trace.final_text)}, vacuous=True, reasons={
                    "too_short": ("length (in characters of the normal form) below `min_chars`",
                                  "the evidence gives the length and the threshold"),
                    "too_long": ("length (in characters of the normal form) above `max_chars`",
@@ -1500,8 +1524,8 @@ def _describe_call(call):
 
 def _tool_details(case, trace):
     """Every behaviour's details: the tool calls made, when there were any."""
-    if trace["tool_calls"] or trace["tool_rounds"]:
-        return {"tool_calls": trace["tool_calls"], "tool_rounds": trace["tool_rounds"]}
+    if trace.tool_calls or trace.tool_rounds:
+        return {"tool_calls": trace.tool_calls, "tool_rounds": trace.tool_rounds}
     return {}
 
 
@@ -1509,7 +1533,7 @@ def check_json_object(case, trace):
     """behavior json_object: the answer is a JSON object; NaN or Infinity fail invalid_json, a repeated key duplicate_key."""
     if not _behavior_args(case, "json_object"):
         return []
-    value, problem = read_json(trace["final_text"])
+    value, problem = read_json(trace.final_text)
     if problem is not None:
         # JSON-looking text that breaks the format (NaN, Infinity, a repeated key) says so;
         # anything else is simply not a JSON object.
@@ -1588,7 +1612,7 @@ def check_no_system_leak(case, trace):
     # A JSON answer is read as tool arguments are too: its strings decoded ("\\n", "\\u00e9").
     said = "\n".join([piece for text in never_said_texts(trace) if isinstance(text, str)
                       for piece in (text, _json_said(text)) if piece is not None]
-                     + [argument_text(call.get("arguments")) for call in trace["tool_calls"]])
+                     + [argument_text(call.get("arguments")) for call in trace.tool_calls])
     found = leak_found(case.get("_instructions", "") or "", said)
     if not found:
         return []
@@ -1620,9 +1644,9 @@ register_check("no_system_leak", check_no_system_leak, behavior=True, details=_t
 def check_max_tool_rounds(case, trace):
     """behavior max_tool_rounds:N: the model used tools in at most N rounds."""
     limits = [int(arg) for arg in _behavior_args(case, "max_tool_rounds")]
-    if limits and trace["tool_rounds"] > min(limits):
-        return [Fail("too_many_tool_rounds", f"{trace['tool_rounds']} tool rounds > max {min(limits)}",
-                     tool_rounds=trace["tool_rounds"], max_tool_rounds=min(limits))]
+    if limits and trace.tool_rounds > min(limits):
+        return [Fail("too_many_tool_rounds", f"{trace.tool_rounds} tool rounds > max {min(limits)}",
+                     tool_rounds=trace.tool_rounds, max_tool_rounds=min(limits))]
     return []
 
 
@@ -1636,7 +1660,7 @@ def check_forbid_tool(case, trace):
     # The name read in the text normal form: "Cancel_Order" or "cancel_order " is an attempt to
     # call cancel_order, whether or not a host would run it (require_tool needs the exact name).
     forbidden = {text_form(name) for name in _behavior_args(case, "forbid_tool")}
-    called = [call for call in trace["tool_calls"]
+    called = [call for call in trace.tool_calls
               if isinstance(call.get("name"), str) and text_form(call["name"]) in forbidden]
     if called:
         return [Fail("forbidden_tool_called", f"called {_describe_call(called[0])}"
@@ -1761,10 +1785,10 @@ def _given_values(given):
 def check_require_clarification(case, trace):
     """behavior require_clarification:FIELD: a question or request sentence names FIELD; no tool argument carries it and the answer states no value for it that the user never gave."""
     reasons = []
-    text = trace["final_text"] if isinstance(trace["final_text"], str) else ""
+    text = trace.final_text if isinstance(trace.final_text, str) else ""
     given = text_form(_user_text(case))
     for field in _behavior_args(case, "require_clarification"):
-        invented = [(call, value) for call in trace["tool_calls"]
+        invented = [(call, value) for call in trace.tool_calls
                     for key, value in argument_pairs(call.get("arguments"))
                     if _same_field(key, field) and value not in (None, "", [], {})
                     and text_form(str(value)) not in _given_values(given)]
@@ -1800,12 +1824,12 @@ register_check("require_clarification", check_require_clarification, behavior=Tr
 
 def check_require_tool(case, trace):
     """behavior require_tool:NAME: the model called the tool NAME at least once (a tool check cannot pass vacuously)."""
-    called = {call.get("name") for call in trace["tool_calls"]}
+    called = {call.get("name") for call in trace.tool_calls}
     missing = [name for name in _behavior_args(case, "require_tool") if name not in called]
     if missing:
-        made = ", ".join(_describe_call(call) for call in trace["tool_calls"][:3]) or "no tool call"
+        made = ", ".join(_describe_call(call) for call in trace.tool_calls[:3]) or "no tool call"
         return [Fail("tool_not_called", f"never called {', '.join(missing)}; made {made}",
-                     missing=missing, calls=trace["tool_calls"])]
+                     missing=missing, calls=trace.tool_calls)]
     return []
 
 
@@ -1832,7 +1856,7 @@ def is_error_result(call):
 
 
 def _sequence(trace):
-    return " -> ".join(str(call.get("name")) for call in trace["tool_calls"]) or "no tool call"
+    return " -> ".join(str(call.get("name")) for call in trace.tool_calls) or "no tool call"
 
 
 MAX_ROUNDS_LIMIT = 20
@@ -1876,9 +1900,9 @@ def _validate_played(case, where, context):
 
 def check_no_final_answer(case, trace):
     """A played case (`tool_results` / `max_rounds`): the model stopped calling tools and answered within max_rounds turns."""
-    if trace.get("final") is False:
-        return [Fail("no_final_answer", f"still calling tools after {trace.get('rounds')} rounds: {_sequence(trace)}",
-                     rounds=trace.get("rounds"))]
+    if trace.final is False:
+        return [Fail("no_final_answer", f"still calling tools after {trace.rounds} rounds: {_sequence(trace)}",
+                     rounds=trace.rounds)]
     return []
 
 
@@ -1900,7 +1924,7 @@ def _validate_tool_args(case, where, context):
 def check_tool_args(case, trace):
     """`tool_args` {NAME: {ARG: VALUE}}: some call of NAME had these argument values (subset match)."""
     for name, wanted in (case.get("tool_args") or {}).items():
-        calls = [call for call in trace["tool_calls"] if call.get("name") == name]
+        calls = [call for call in trace.tool_calls if call.get("name") == name]
         if not any(_arguments_match(wanted, _call_arguments(call)) for call in calls):
             made = ("made " + ", ".join(_describe_call(call) for call in calls[:3])
                     + (f" (+{len(calls) - 3})" if len(calls) > 3 else "")) if calls else f"{name} never called"
@@ -1926,7 +1950,7 @@ def _validate_tool_order(case, where, context):
 
 def check_tool_order(case, trace):
     """behavior tool_order:A,B,...: each tool was called, the first call of each after the first call of the one before."""
-    names = [call.get("name") for call in trace["tool_calls"]]
+    names = [call.get("name") for call in trace.tool_calls]
     for arg in _behavior_args(case, "tool_order"):
         wanted = arg.split(",")
         firsts = [names.index(name) if name in names else None for name in wanted]
@@ -1959,7 +1983,7 @@ def check_claims(case, trace):
     said = said_phrases(list(claims), trace)  # read as excludes is
     for phrase, name in claims.items():
         if phrase in said and not any(call.get("name") == name and not is_error_result(call)
-                                                for call in trace["tool_calls"]):
+                                                for call in trace.tool_calls):
             return [Fail("unbacked_claim", f"says {_quote(phrase)}, but {name} never returned a non-error result",
                          phrase=phrase, tool=name)]
     return []
@@ -2064,14 +2088,14 @@ def agent_trace(raw, text=None):
     calls = [{"name": item.get("name"), "arguments": item.get("arguments")}
              for item in items if item.get("type") == "function_call"]
     server_rounds = sum(1 for item in items if item.get("type") in _AGENT_TOOL_ITEMS)
-    return {
-        "final_text": _agent_text(raw) if text is None else text,
-        "tool_calls": calls,
-        "tool_rounds": server_rounds + (1 if calls else 0),
-        "search_urls": _agent_search_urls(raw),
-        "status": raw.get("status") if isinstance(raw, dict) else None,
-        "cost_usd": reported_cost(raw),
-    }
+    return Trace(
+        final_text=_agent_text(raw) if text is None else text,
+        tool_calls=calls,
+        tool_rounds=server_rounds + (1 if calls else 0),
+        search_urls=_agent_search_urls(raw),
+        status=raw.get("status") if isinstance(raw, dict) else None,
+        cost_usd=reported_cost(raw),
+    )
 
 
 def check(case, raw, text):
@@ -3585,18 +3609,19 @@ def chat_trace(raw):
     usage = raw.get("usage") if isinstance(raw.get("usage"), dict) else {}
     cost = usage.get("cost")  # OpenRouter reports the USD cost here
     content, answer = _chat_text(message.get("content")), chat_answer(message.get("content"))
-    return {
+    said = (answer, message.get("refusal"))
+    return Trace(
         # OpenAI puts a refusal beside a null content: it is what the model said, and is graded
-        "final_text": "\n".join(said for said in (answer, message.get("refusal")) if isinstance(said, str) and said),
+        final_text="\n".join(text for text in said if isinstance(text, str) and text),
         # Reasoning left in content reached the client as content: what must never be said is
         # looked for there too (see never_said_texts); what must be said is not taken from it.
-        **({"thought_texts": [content]} if content.strip() != answer else {}),
-        "tool_calls": calls,
-        "tool_rounds": 1 if calls else 0,
-        "search_urls": urls,
-        "status": "completed" if finish in CHAT_STOPS else str(finish),
-        "cost_usd": reported_cost({"usage": {"cost": {"currency": "USD", "total_cost": cost}}}),
-    }
+        thought_texts=(content,) if content.strip() != answer else (),
+        tool_calls=calls,
+        tool_rounds=1 if calls else 0,
+        search_urls=urls,
+        status="completed" if finish in CHAT_STOPS else str(finish),
+        cost_usd=reported_cost({"usage": {"cost": {"currency": "USD", "total_cost": cost}}}),
+    )
 
 
 def unanswered_error(provider, suite, raw, status=None):
@@ -3621,8 +3646,8 @@ def text_tool_call(trace, functions):
     tool_calls whose content holds a call marker followed by a function's name, or is nothing
     but a call object ({"name": ..., "arguments"|"parameters": ...}, alone, in a list or a
     fence). The server returned the call unparsed: the model neither answered nor called."""
-    text = trace["final_text"]
-    if trace["tool_calls"] or not functions or not isinstance(text, str):
+    text = trace.final_text
+    if trace.tool_calls or not functions or not isinstance(text, str):
         return None
     for marker in _TEXT_CALL_MARKERS:
         at = text.find(marker)
@@ -3826,9 +3851,9 @@ def _case_text(case):
 
 def echo_trace(raw):
     text = raw.get("output_text") if isinstance(raw, dict) else None
-    return {"final_text": text if isinstance(text, str) else "", "tool_calls": [], "tool_rounds": 0,
-            "search_urls": [], "status": raw.get("status") if isinstance(raw, dict) else None,
-            "cost_usd": reported_cost(raw)}
+    return Trace(final_text=text if isinstance(text, str) else "", tool_calls=[], tool_rounds=0,
+                 search_urls=[], status=raw.get("status") if isinstance(raw, dict) else None,
+                 cost_usd=reported_cost(raw))
 
 
 @register_provider
@@ -3995,7 +4020,7 @@ def builtin_grader(suite, provider):
     if not suite.get("builtin") or provider.parse is not PerplexityProvider.parse:
         return None
     originals = {case["id"]: case for case in suite["config_cases"]}
-    return lambda case, raw, trace: check(originals[case["id"]], raw, trace["final_text"])
+    return lambda case, raw, trace: check(originals[case["id"]], raw, trace.final_text)
 
 
 _TRANSIENT_ERRORS = {"TimeoutError", "ConnectionError", "APIConnectionError", "APITimeoutError",
@@ -4196,7 +4221,7 @@ def scripted_result(case, name, arguments):
 def tool_results(case, trace, ids, number):
     """What is sent back for one round's calls: call id, name, arguments, result (and unscripted)."""
     sent, seen = [], set()
-    for position, call in enumerate(trace["tool_calls"]):
+    for position, call in enumerate(trace.tool_calls):
         call_id = ids[position] if position < len(ids) and isinstance(ids[position], str) else ""
         if not call_id or call_id in seen:  # no id, or one a server repeated: each reply needs its own
             call_id = f"call_{number}_{position + 1}"
@@ -4222,7 +4247,7 @@ def rounds_trace(parse, rounds, traces=None):
     calls = []
     for number, (turn, trace) in enumerate(zip(rounds, traces), 1):
         sent = turn.get("tool_results") or []
-        for position, call in enumerate(trace["tool_calls"]):
+        for position, call in enumerate(trace.tool_calls):
             entry = {"round": number, "name": call.get("name"), "arguments": call.get("arguments")}
             if position < len(sent):
                 entry["result"] = sent[position]["result"]
@@ -4230,20 +4255,19 @@ def rounds_trace(parse, rounds, traces=None):
                     entry["unscripted"] = True
             calls.append(entry)
     last = traces[-1]
-    thoughts = [text for trace in traces for text in trace.get("thought_texts", ())]
-    return {
-        "final_text": last["final_text"],
+    return Trace(
+        final_text=last.final_text,
         # Text a round said beside its tool calls is said to the user too (see said_texts).
-        "earlier_texts": [trace["final_text"] for trace in traces[:-1] if trace["final_text"]],
-        **({"thought_texts": thoughts} if thoughts else {}),
-        "tool_calls": calls,
-        "tool_rounds": sum(trace["tool_rounds"] for trace in traces),
-        "search_urls": [url for trace in traces for url in trace["search_urls"]],
-        "status": last["status"],
-        "cost_usd": _sum_costs([trace["cost_usd"] for trace in traces]),
-        "rounds": len(rounds),
-        "final": not last["tool_calls"],
-    }
+        earlier_texts=tuple(trace.final_text for trace in traces[:-1] if trace.final_text),
+        thought_texts=tuple(text for trace in traces for text in trace.thought_texts),
+        tool_calls=calls,
+        tool_rounds=sum(trace.tool_rounds for trace in traces),
+        search_urls=[url for trace in traces for url in trace.search_urls],
+        status=last.status,
+        cost_usd=_sum_costs([trace.cost_usd for trace in traces]),
+        rounds=len(rounds),
+        final=not last.tool_calls,
+    )
 
 
 class BudgetReached(Exception):
@@ -4273,8 +4297,8 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
         trace = provider.parse(raw)
         traces.append(trace)
         # Spent for real after every round, so a row that fails later still says what it cost.
-        row["cost_usd"] = _sum_costs([turn["cost_usd"] for turn in traces])
-        if not trace["tool_calls"] or len(rounds) >= limit:
+        row["cost_usd"] = _sum_costs([turn.cost_usd for turn in traces])
+        if not trace.tool_calls or len(rounds) >= limit:
             return rounds_trace(provider.parse, rounds, traces)
         rounds[-1]["tool_results"] = tool_results(case, trace, call_ids(raw), len(rounds))
         stop = budget(row, row["cost_usd"]) if budget is not None else None
@@ -4310,15 +4334,15 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
                 row["attempts"] = attempts
             row["response"] = raw
             trace = provider.parse(raw)
-        row["answer_text"] = trace["final_text"]
-        row["cost_usd"] = trace["cost_usd"]
+        row["answer_text"] = trace.final_text
+        row["cost_usd"] = trace.cost_usd
         compiled = compile_case(suite, case)
         if compiled["_function_tools"]:  # counted, so a run whose model never called a tool says so
-            row["tool_calls"] = len(trace["tool_calls"])
+            row["tool_calls"] = len(trace.tool_calls)
         row["reasons"] = grader(case, raw, trace) if grader else grade(compiled, trace)
         details = explain(compiled, trace)
-        if "rounds" in trace:  # a played row always shows what the agent did: calls with round and result
-            details.update(tool_calls=trace["tool_calls"], tool_rounds=trace["tool_rounds"], rounds=trace["rounds"])
+        if trace.rounds is not None:  # a played row always shows what the agent did: calls with round and result
+            details.update(tool_calls=trace.tool_calls, tool_rounds=trace.tool_rounds, rounds=trace.rounds)
         if details:
             row["details"] = details
     except Exception as exc:  # an endpoint or checker failure is evidence, not a crash
@@ -4613,7 +4637,7 @@ def redact_row(row, mask):
 def run_one(client, case, model):
     """SPEC A6: one Agent API request for a built-in case, graded through check()."""
     # Grading goes through the module-level name so tests can replace regression.check.
-    grader = lambda _, raw, trace: check(case, raw, trace["final_text"])  # noqa: E731
+    grader = lambda _, raw, trace: check(case, raw, trace.final_text)  # noqa: E731
     return run_row(PerplexityProvider(client), builtin_suite(), builtin_case(case), model, grader=grader)
 
 
@@ -4929,6 +4953,76 @@ def redact_note(record):
     return f" plus the same {count} --redact flag(s) it was made with" if count else ""
 
 
+# JSON values compared as JSON, the first difference named by its path (compare, --merge)
+
+ABSENT = object()  # a value missing on one side of first_difference
+
+
+def _ids(items):
+    """The ids of a list of objects with distinct string ids, else None."""
+    ids = [item.get("id") for item in items if isinstance(item, dict)]
+    strings = len(ids) == len(items) and all(isinstance(i, str) for i in ids)
+    return ids if strings and len(set(ids)) == len(ids) else None  # set() only of strings
+
+
+def _child(path, key):
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    if key.isidentifier() and key.isprintable():
+        return f"{path}.{key}" if path else key
+    return f"{path}[{_key_part(key)}]"
+
+
+def _key_part(key):
+    return printable(json.dumps(key, ensure_ascii=False))
+
+
+def same_json(old, new):
+    """Whether two JSON values are the same JSON: Python's == calls true, 1 and 1.0 equal, but
+    a request or tool schema that says `"strict": 1` instead of `true` is not the same config.
+    Object key order is not a difference."""
+    if old is ABSENT or new is ABSENT:
+        return old is new
+    try:
+        return json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True)
+    except (TypeError, ValueError):  # not JSON (an in-process caller): Python's equality
+        return old == new
+
+
+def first_difference(old, new, path=""):
+    """(path, old, new) of the first place two JSON values differ, or None when equal.
+
+    A list of objects with ids (the cases) is matched by id, so the path names the case:
+    cases["refund-policy"].contains. A value missing on one side is ABSENT. Values are
+    compared as JSON (same_json): true and 1 differ."""
+    if same_json(old, new):
+        return None
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in [*old, *(key for key in new if key not in old)]:
+            found = first_difference(old.get(key, ABSENT), new.get(key, ABSENT), _child(path, key))
+            if found:
+                return found
+    elif isinstance(old, list) and isinstance(new, list):
+        old_ids, new_ids = _ids(old), _ids(new)
+        if old_ids is not None and new_ids is not None:
+            by_old, by_new = dict(zip(old_ids, old)), dict(zip(new_ids, new))
+            for key in [*old_ids, *(key for key in new_ids if key not in by_old)]:
+                found = first_difference(by_old.get(key, ABSENT), by_new.get(key, ABSENT),
+                                         f"{path}[{_key_part(key)}]")
+                if found:
+                    return found
+            if old_ids != new_ids:
+                return (f"{path} order", old_ids, new_ids)
+        elif any(isinstance(item, (dict, list)) for item in [*old, *new]):  # strings: shown whole
+            for position in range(max(len(old), len(new))):
+                found = first_difference(old[position] if position < len(old) else ABSENT,
+                                         new[position] if position < len(new) else ABSENT,
+                                         _child(path, position))
+                if found:
+                    return found
+    return (path or "(the whole value)", old, new)
+
+
 def merge(out, paths, created=lambda: None):
     """--merge OUT SHARD...: one record from shard records of the same config; returns the exit
     code. `created()` is called once OUT exists (an interruption after it leaves OUT whole)."""
@@ -4938,8 +5032,10 @@ def merge(out, paths, created=lambda: None):
     base = records[0]
     for record, path in zip(records[1:], paths[1:]):
         for field in ("config", "evidence", "code_sha256", "sdk_version", "provider", "redaction"):
-            if record.get(field) != base.get(field):
-                raise UsageError(f"--merge: {path} differs from {paths[0]} in {field}; only shards of one run merge")
+            found = first_difference(base.get(field), record.get(field), field)
+            if found:  # named down to the key, as compare names it: config.cases["a"].contains
+                raise UsageError(f"--merge: {path} differs from {paths[0]} in {found[0]}; "
+                                 "only shards of one run merge")
         for option in ("redact", "redact_pii"):  # one record keeps one redaction (its header says which)
             if (record.get("run_options") or {}).get(option) != (base.get("run_options") or {}).get(option):
                 raise UsageError(f"--merge: {path} differs from {paths[0]} in run_options.{option}; "
@@ -5397,9 +5493,10 @@ def junit_name(text):
     return str(text).replace(".", "_")
 
 
-def junit_xml(name, suites):
+def junit_xml(name, suites, system_out=""):
     """JUnit XML: suites is [(suite_name, [testcase])], testcase a dict with name, classname,
-    seconds and optionally failure / error / skipped (each a (message, text) pair)."""
+    seconds and optionally failure / error / skipped (each a (message, text) pair); system_out,
+    when given, is every suite's <system-out> (what a viewer shows beside the suite)."""
     total = sum(len(cases) for _, cases in suites)
     count = lambda kind, cases: sum(1 for case in cases if kind in case)  # noqa: E731
     all_cases = [case for _, cases in suites for case in cases]
@@ -5420,6 +5517,8 @@ def junit_xml(name, suites):
                     lines.append(f'      <{kind} message="{xml_text(message)}" type="{kind}">'
                                  f'{xml_text(text)}</{kind}>')
             lines.append("    </testcase>")
+        if system_out:
+            lines.append(f"    <system-out>{xml_text(system_out)}</system-out>")
         lines.append("  </testsuite>")
     lines.append("</testsuites>")
     return "\n".join(lines) + "\n"

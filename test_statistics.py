@@ -132,6 +132,8 @@ def _compare_table(folder):
     over["config"]["repeats"] = 101
     over = write(folder / "over.json", over)
     runs = trend_files(folder)
+    for week, run in enumerate(runs[:3], 1):  # the docs' example reads three weekly records
+        (folder / f"week{week}.json").write_text((folder / run).read_text(encoding="utf-8"), encoding="utf-8")
     other = write(folder / "other.json", make_record(["m"], ["c0", "c1"], 10))
     partial = make_record(["m", "n"], ["c0", "c1"], 10)
     partial["runs"] = partial["runs"][:-1]
@@ -150,6 +152,7 @@ def _compare_table(folder):
         "planner": ["--repeats-needed", "0.95", "0.8"],
         "planner options": ["--repeats-needed", "95%", "80%", "--alpha", "0.01", "--power", "0.9", "--repeats", "40"],
         "trend": ["--trend", *runs],
+        "trend docs": DOCS_TREND.split()[2:],
         "trend per case": ["--trend", *runs, "--per-case", "--markdown", "t.md", "--html", "t.html"],
         "trend steady": ["--trend", runs[0], runs[1]],
         "trend none": ["--trend", runs[0], runs[3], "--correction", "none", "--alpha", "0.3"],
@@ -166,6 +169,9 @@ def _compare_table(folder):
         table[name] = [*runs[:2], *argv[1:]] if argv[0] == "RECORDS" else argv
     return table, {"runs": runs, "other": other, "partial": partial, "folder": folder}
 
+
+COMPARING = (HERE / "docs" / "comparing.md").read_text(encoding="utf-8")
+DOCS_TREND = "python compare_runs.py --trend week1.json week2.json week3.json --per-case --html trend.html"
 
 # (name: argv, with "RECORDS" for two trend records first) -> a piece of the one stderr line, all exit 2
 USAGE_ERRORS = {
@@ -214,7 +220,8 @@ def compared(tmp_path_factory):
     """{name: (exit code, stdout, stderr)} of the module's compare_runs.py cases, and their files."""
     folder = tmp_path_factory.mktemp("compared")
     table, files = _compare_table(folder)
-    results = fakes.cli_table([(argv, folder) for argv in table.values()], env=cli_env(), script="compare_runs.py")
+    results = fakes.cli_table([(argv, folder) for argv in table.values()], env=cli_env(), script="compare_runs.py",
+                              preload=("regression",))
     return dict(zip(table, results)), files
 
 
@@ -349,8 +356,9 @@ def test_one_chance_drop_among_eight_pairs_no_longer_fails_the_gate(compared):
     assert code == 0, out + err
     (rate,) = [line for line in out.splitlines() if line.startswith("RATE           m  c0  ")]
     assert f"10/10 = 1.00 [0.72, 1.00] -> 6/10 = 0.60 [0.31, 0.83]  p={raw:.4f}  adjusted p={8 * raw:.4f}" in rate
-    assert "verdict: no significant drop (exit 0): 4 rows flipped to failing, none at adjusted p <= 0.05 " \
-           "(Holm-Bonferroni correction over 8 model/case pairs)" in out.splitlines()
+    verdict = "verdict: no significant drop (exit 0): 4 rows flipped to failing, none at adjusted p <= 0.05 " \
+              "(Holm-Bonferroni correction over 8 model/case pairs)"
+    assert verdict in out.splitlines() and f"```text\n{verdict}\n```" in COMPARING  # as the docs show it
     code, out, _ = results["chance none"]
     assert code == 1 and "(uncorrected over 8 model/case pairs: --correction none)" in out
     assert "adjusted p=" not in out
@@ -445,6 +453,7 @@ def test_repeats_needed_cli(compared):
     after = compare_runs.smallest_drop(10, 0.95, 0.05, 0.8)
     assert f"with 10 repeats per side (--repeats N to change): power {brute_power(10, 0.95, 0.8, 0.05):.4f} for " \
            f"this drop; a drop from 0.95 to {after:.2f} or lower is detected with power 0.8" in lines
+    assert f"```text\n{out}```" in COMPARING  # the docs show this very output
     code, out, _ = compared[0]["planner options"]
     n, _ = compare_runs.repeats_needed(0.95, 0.8, 0.01, 0.9)
     assert code == 0 and f"repeats needed: {n} per side" in out and "with 40 repeats per side" in out
@@ -519,6 +528,14 @@ def test_trend_rates_p_and_first_significant_run(compared, name, per_case):
     assert "SIGNIFICANT DROP (exit 1)" in verdict and "m first at run 3 (" in verdict and "n first" not in verdict
     assert [line.endswith("SIGNIFICANT DROP (first)") for line in lines if line.startswith("TREND          m  run")] \
         == [False, False, True, False]
+
+
+def test_the_docs_trend_command_as_written(compared):
+    assert f"```sh\n{DOCS_TREND}\n```" in COMPARING
+    code, out, _ = compared[0]["trend docs"]
+    assert code == 1 and "first at run 3 (week3.json)" in out  # run 3 is where the drop shows
+    page = (compared[1]["folder"] / "trend.html").read_text(encoding="utf-8")
+    assert page.count("<svg ") == 3 and "week3.json" in page
 
 
 def test_trend_without_a_significant_drop_exits_0_and_correction_none_is_said(compared):

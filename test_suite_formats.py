@@ -104,8 +104,8 @@ def test_promptreg_example_runs_unmodified_with_echo_and_reads_out_failing_rules
 def _row_for(case, answer):
     """A graded row of `case` on `answer`, as execute() stores it."""
     compiled = regression.compile_case({"instructions": "", "tools": []}, case)
-    trace = {"final_text": answer, "tool_calls": [], "tool_rounds": 0, "search_urls": [], "status": "completed",
-             "cost_usd": None}
+    trace = regression.Trace(final_text=answer, tool_calls=[], tool_rounds=0, search_urls=[],
+                             status="completed", cost_usd=None)
     reasons = [str(reason) for reason in regression.grade(compiled, trace)]
     return {"error": None, "passed": not reasons, "reasons": reasons, "details": regression.explain(compiled, trace)}
 
@@ -188,8 +188,9 @@ def test_system_leak_check_reads_the_case_own_system_prompt():
     case = {"id": "a", "input": "hi", "instructions": "alpha beta gamma delta epsilon zeta eta theta iota",
             "behaviors": ["no_system_leak"]}
     compiled = regression.compile_case({"instructions": "", "tools": []}, case)
-    trace = {"final_text": "Sure: alpha beta gamma delta epsilon zeta eta theta.", "tool_calls": [],
-             "tool_rounds": 0, "search_urls": [], "status": "completed", "cost_usd": None}
+    trace = regression.Trace(final_text="Sure: alpha beta gamma delta epsilon zeta eta theta.",
+                             tool_calls=[], tool_rounds=0, search_urls=[], status="completed",
+                             cost_usd=None)
     assert regression.grade(compiled, trace) == ["system_leak"]
     assert regression.chat_request({"instructions": "", "tools": []}, case, "m")["messages"][0] == {
         "role": "system", "content": case["instructions"]}
@@ -642,7 +643,7 @@ def test_golden_resume_rebuilds_the_suite_from_the_record(tmp_path):
 def matrix_lines(stdout):
     """The table rows of --matrix output, split into their five columns."""
     return [line.split() for line in stdout.splitlines() if len(line.split()) == 5 and line.split()[4] in
-            ("same", "REGRESS", "GAIN")]
+            ("same", "REGRESS", "GAIN", "GAIN*")]
 
 
 def test_matrix_of_two_golden_runs_shows_every_case_and_behaviour(tmp_path):
@@ -652,8 +653,8 @@ def test_matrix_of_two_golden_runs_shows_every_case_and_behaviour(tmp_path):
         assert golden_run(GOLDENS, server, tmp_path / "after.json").returncode == 1
     result = cli(["--matrix", tmp_path / "before.json", tmp_path / "after.json"], script="compare_runs.py")
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "case_id  " in result.stdout and result.stdout.splitlines()[1].split() == [
-        "case_id", "behavior", "A", "B", "delta"]
+    assert "case_id  " in result.stdout and ["case_id", "behavior", "A", "B", "delta"] in [
+        line.split() for line in result.stdout.splitlines()]  # after the cautions (two servers)
     assert matrix_lines(result.stdout) == [
         ["cancel_without_order_id", "no_system_leak", "PASS", "PASS", "same"],
         ["cancel_without_order_id", "max_tool_rounds:1", "PASS", "PASS", "same"],
@@ -666,7 +667,8 @@ def test_matrix_of_two_golden_runs_shows_every_case_and_behaviour(tmp_path):
     assert "verdict: 2 REGRESS, 0 GAIN, 5 same -> exit 1" in result.stdout
     back = cli(["--matrix", tmp_path / "after.json", tmp_path / "before.json"], script="compare_runs.py")
     assert back.returncode == 0
-    assert [row[4] for row in matrix_lines(back.stdout)].count("GAIN") == 2
+    # B made no tool call at all: its GAINs may come only from calling nothing, and are marked
+    assert [row[4] for row in matrix_lines(back.stdout)].count("GAIN*") == 2
 
 
 def test_matrix_with_models_compares_two_models_of_one_run(tmp_path):
