@@ -41,9 +41,9 @@ import sys
 from regression import (ABSENT, BEHAVIORS, CASES, CHECK_KEYS, CHECK_TABLE, INSTRUCTIONS, RANGES,
                         RecordError, Trace, check, compile_case, dumps, first_difference, grade,
                         html_page, html_table, instructions_sha256, junit_name, junit_xml, key_text,
-                        load_record, md_table, md_text, plan_rows, rate_text, record_problem, row_key,
-                        safe_text, same_json, summary, tool_sequence, wilson_interval, write_new_file,
-                        xml_text)
+                        load_record, md_table, md_text, plan_rows, rate_text, record_problem,
+                        row_key, safe_text, same_json, summary, tool_sequence, wilson_interval,
+                        write_new_file, xml_text)
 
 
 # ====================================================================== records
@@ -229,7 +229,7 @@ def fisher_drop(passed_before, runs_before, passed_after, runs_after):
 
 
 def fisher_drop_exact(passed_before, runs_before, passed_after, runs_after):
-    """fisher_drop as an exact fraction, so a decision at p == alpha is never a rounding accident."""
+    """fisher_drop as an exact fraction: a decision at p == alpha is never a rounding accident."""
     total, passes = runs_before + runs_after, passed_before + passed_after
     tail = sum(math.comb(passes, x) * math.comb(total - passes, runs_before - x)
                for x in range(passed_before, min(runs_before, passes) + 1))
@@ -239,14 +239,14 @@ def fisher_drop_exact(passed_before, runs_before, passed_after, runs_after):
 # ====================================================================== statistics
 # Every (model, case) pair is its own test, so at alpha 0.05 a suite of 50 unchanged cases
 # would show a "significant drop" by chance in most runs. Holm-Bonferroni keeps the chance of
-# any false alarm in the whole family at alpha and is uniformly more powerful than Bonferroni.
+# any false alarm in the whole family at alpha and rejects whatever Bonferroni rejects.
 
 CORRECTIONS = {"holm": "Holm-Bonferroni", "none": "no correction"}
 
 
 def holm(p_values):
-    """Holm-Bonferroni adjusted p-values, in input order: the k-th smallest of m times (m - k + 1),
-    never below the one before it, at most 1."""
+    """Holm-Bonferroni adjusted p-values, in input order: the k-th smallest of m times
+    (m - k + 1), never below the one before it, at most 1."""
     order = sorted(range(len(p_values)), key=lambda n: p_values[n])
     adjusted, running = list(p_values), 0
     for rank, n in enumerate(order):
@@ -260,25 +260,30 @@ def exact_alpha(alpha):
     return fractions.Fraction(repr(float(alpha)))
 
 
+def _counts(group):
+    return group["passed_before"], group["runs_before"], group["passed_after"], group["runs_after"]
+
+
 def decide(groups, alpha, correction):
-    """Set each group's adjusted p ("p_adjusted") and return the groups that dropped significantly.
-    The decision uses exact fractions: p = 0.05 at alpha 0.05 is a drop, as the test's level says."""
-    exact = [fisher_drop_exact(g["passed_before"], g["runs_before"], g["passed_after"], g["runs_after"])
-             for g in groups]
+    """Set each group's adjusted p ("p_adjusted"); return the groups that dropped significantly.
+    Exact fractions decide: p = 0.05 at alpha 0.05 is a drop, as the test's level says."""
+    exact = [fisher_drop_exact(*_counts(g)) for g in groups]
     adjusted = holm(exact) if correction == "holm" else exact
     for group, value in zip(groups, adjusted):
         group["p_adjusted"] = float(value)
-    return [g for g, value in zip(groups, adjusted) if g["dropped"] and value <= exact_alpha(alpha)]
+    limit = exact_alpha(alpha)
+    return [g for g, value in zip(groups, adjusted) if g["dropped"] and value <= limit]
 
 
 def model_rates(groups):
-    """Per model: passes over every case and repeat on each side, and pass^k (cases whose every
-    repeat passed) on each side, in first-seen order."""
+    """Per model, in first-seen order: passes over every case and repeat on each side, and
+    pass^k (the cases whose every repeat passed) on each side."""
     models = {}
     for g in groups:
-        stats = models.setdefault(g["model"], {"model": g["model"], "passed_before": 0, "runs_before": 0,
-                                               "passed_after": 0, "runs_after": 0, "cases": 0,
-                                               "all_before": 0, "all_after": 0, "k": 0})
+        stats = models.setdefault(g["model"], dict.fromkeys(
+            ("passed_before", "runs_before", "passed_after", "runs_after", "cases", "all_before",
+             "all_after", "k"), 0))
+        stats["model"] = g["model"]
         for field in ("passed_before", "runs_before", "passed_after", "runs_after"):
             stats[field] += g[field]
         stats["cases"] += 1
@@ -301,16 +306,20 @@ def _rates_text(before, runs_before, after, runs_after):
     return f"{rate_text(before, runs_before)} -> {rate_text(after, runs_after)}"
 
 
+def _holm(result):
+    return result.get("correction") == "holm"
+
+
 def _p_text(group, result):
     """The raw p of a pair, and its adjusted p when a correction decided the verdict."""
-    text = f"p={group['p']:.4f}"
-    return text + (f"  adjusted p={group['p_adjusted']:.4f}" if result.get("correction") == "holm" else "")
+    adjusted = f"  adjusted p={group['p_adjusted']:.4f}" if _holm(result) else ""
+    return f"p={group['p']:.4f}{adjusted}"
 
 
 def model_lines(result):
     """The console's per-model block: rates with intervals and pass^k on both sides, aligned."""
-    return ["", "by model (passes over every case and repeat with Wilson 95% intervals; pass^k: the "
-                "cases whose every repeat passed):",
+    return ["", "by model (passes over every case and repeat with Wilson 95% intervals; pass^k: "
+                "the cases whose every repeat passed):",
             *aligned([["MODEL".ljust(13), safe_text(cells[0]), *filter(None, cells[1:])]
                       for cells in model_cells(result)])]
 
@@ -318,17 +327,17 @@ def model_lines(result):
 def low_repeats_note(result):
     """With --alpha, when no drop can be significant at these repeats: say so and how to plan."""
     repeats, alpha = result["repeats"], result["alpha"]
-    smallest = fractions.Fraction(1, math.comb(2 * repeats, repeats)) if repeats else fractions.Fraction(1)
-    family = len(result["groups"]) if result.get("correction") == "holm" else 1
+    smallest = fractions.Fraction(1, math.comb(2 * repeats, repeats) if repeats else 1)
+    family = len(result["groups"]) if _holm(result) else 1
     if smallest * family <= exact_alpha(alpha):
         return []
-    plan = f"python compare_runs.py --repeats-needed BEFORE AFTER --alpha {float(alpha) / family:.3g}"
+    first = f"{float(alpha) / family:.3g}"
+    plan = f"to plan repeats: python compare_runs.py --repeats-needed BEFORE AFTER --alpha {first}"
+    start = f"note: with {repeats} repeat(s) per side no drop can reach"
     if family == 1:
-        return [f"note: with {repeats} repeat(s) per side no drop can reach p <= {alpha} (the smallest possible "
-                f"p is {float(smallest):.4f}); to plan repeats: {plan}"]
-    return [f"note: with {repeats} repeat(s) per side no drop can reach adjusted p <= {alpha} over {family:,} "
-            f"pairs (the smallest possible p is {float(smallest):.4f}; Holm needs p <= {float(alpha) / family:.3g} "
-            f"for the first); to plan repeats: {plan}"]
+        return [f"{start} p <= {alpha} (the smallest possible p is {float(smallest):.4f}); {plan}"]
+    return [f"{start} adjusted p <= {alpha} over {family:,} pairs (the smallest possible p is "
+            f"{float(smallest):.4f}; Holm needs p <= {first} for the first); {plan}"]
 
 
 def _answer_diff(old, new):
@@ -339,9 +348,8 @@ def _answer_diff(old, new):
 
 
 def analyse(pairs, alpha=None, correction="holm"):
-    """The comparison of paired rows [(key, old, new)]: labels, per-check changes, pass rates, diffs.
-
-    With alpha, a (model, case) pair is a significant drop when its rate dropped and its p,
+    """The comparison of paired rows [(key, old, new)]: labels, per-check changes, pass rates,
+    diffs. With alpha, a (model, case) pair is a significant drop when its rate dropped and its p,
     adjusted for the whole family of pairs (correction "holm", or "none"), is at most alpha."""
     rows, groups = [], {}
     for key, old, new in pairs:
@@ -415,8 +423,7 @@ def headline(result):
     if result["alpha"] is None:
         return f"NEW FAILURES (exit 1): {rows}" if result["exit_code"] else f"no new failure (exit 0): {rows}"
     alpha, how = result["alpha"], correction_words(result)
-    level = f"{'adjusted ' if result.get('correction') == 'holm' else ''}p <= {alpha} ({how})" if how \
-        else f"p <= {alpha}"
+    level = f"{'adjusted ' if _holm(result) else ''}p <= {alpha}" + (f" ({how})" if how else "")
     if result["exit_code"]:
         return (f"SIGNIFICANT DROP (exit 1): {_plural(len(result['significant']), 'model/case pair')} dropped at "
                 f"{level}; {rows}")
@@ -503,10 +510,9 @@ def _rate_lines(result, all_rows):
     """The RATE lines (pass rates over repeats, Fisher's p, FLAKY), aligned; the rest counted."""
     rated = [g for g in result["groups"] if all_rows or group_changed(g)]
     adjusted = f"; adjusted p: {correction_words(result)}" if result["correction"] == "holm" else ""
-    lines = ["", "pass rates over repeats with Wilson 95% intervals (p: one-sided Fisher exact test that "
-                 f"the rate dropped{adjusted}):"]
-    lines += aligned([[*_key_cells("RATE", (g["model"], g["case"])),
-                       _rates_text(g["passed_before"], g["runs_before"], g["passed_after"], g["runs_after"]),
+    lines = ["", "pass rates over repeats with Wilson 95% intervals (p: one-sided Fisher exact "
+                 f"test that the rate dropped{adjusted}):"]
+    lines += aligned([[*_key_cells("RATE", (g["model"], g["case"])), _rates_text(*_counts(g)),
                        f"{_p_text(g, result)}{_flaky_text(g)}"] for g in rated])
     if len(rated) < len(result["groups"]):
         lines.append(f"RATE unchanged: {len(result['groups']) - len(rated):,} model/case pair(s) "
@@ -1010,11 +1016,11 @@ def markdown_comparison(result, title):
     if counts:
         lines += ["", f"Unchanged rows (not listed): {md_text(_counts_text(counts))}."]
     moved = [g for g in result["groups"] if group_changed(g)]
-    lines += ["", "### By model", "", md_table(MODEL_RATE_COLUMNS, [list(map(md_text, cells))
-                                                                    for cells in model_cells(result)])]
-    lines += ["", "### By model and case", ""]
+    by_model = md_table(MODEL_RATE_COLUMNS, [[*map(md_text, row)] for row in model_cells(result)])
+    lines += ["", "### By model", "", by_model, "", "### By model and case", ""]
     lines.append(md_table(
-        ["model", "case", PAIR_RATES_HEADER, p_header(result), "occurred more often", "occurred less often"],
+        ["model", "case", PAIR_RATES_HEADER, p_header(result), "occurred more often",
+         "occurred less often"],
         [[md_text(g["model"]), md_text(g["case"]), md_text(pair_rates_cell(g)), p_cell(g, result),
           md_text(_gain_cell(g, "regress")), md_text(_gain_cell(g, "gain"))]
          for g in moved]) if moved else "No model/case pair changed.")
@@ -1045,18 +1051,16 @@ def model_cells(result):
 
 
 def pair_rates_cell(group):
-    return _rates_text(group["passed_before"], group["runs_before"], group["passed_after"], group["runs_after"]) \
-        + (" FLAKY" if group["flaky"] else "")
+    return _rates_text(*_counts(group)) + (" FLAKY" if group["flaky"] else "")
 
 
 def p_header(result):
     """The p column's name: which correction the adjusted value used, when one decided."""
-    return "p (drop); adjusted p (Holm-Bonferroni)" if result.get("correction") == "holm" else "p (drop)"
+    return "p (drop); adjusted p (Holm-Bonferroni)" if _holm(result) else "p (drop)"
 
 
 def p_cell(group, result):
-    return f"{group['p']:.4f}" + (f"; adjusted {group['p_adjusted']:.4f}" if result.get("correction") == "holm"
-                                  else "")
+    return f"{group['p']:.4f}" + (f"; adjusted {group['p_adjusted']:.4f}" if _holm(result) else "")
 
 
 def junit_comparison(result, title):
@@ -1073,11 +1077,12 @@ def junit_comparison(result, title):
             case["failure"] = (f"{row['label']}: {json.dumps(row['after'])}",
                                f"{LABEL_WORDS[row['label']]}\nbefore: {json.dumps(row['before'])}\n"
                                f"after: {json.dumps(row['after'])}\n{row['diff'] or ''}")
-            if result["alpha"] is not None:
-                case["failure"] = (case["failure"][0], f"{pair_verdict(groups[(model, case_id)], result)}\n"
-                                                       + case["failure"][1])
+            if result["alpha"] is not None:  # the pair's test decided: say which, and its numbers
+                why = pair_verdict(groups[(model, case_id)], result)
+                case["failure"] = (case["failure"][0], f"{why}\n{case['failure'][1]}")
         suites.setdefault(model, []).append(case)
-    how = f" ({correction_words(result)}, alpha {result['alpha']})" if result["alpha"] is not None else ""
+    alpha = result["alpha"]
+    how = "" if alpha is None else f" ({correction_words(result)}, alpha {alpha})"
     return junit_xml(title + how, list(suites.items()), system_out=notes_text(result))
 
 
@@ -1099,11 +1104,10 @@ def html_comparison(result, title):
     if result.get("regrade") is not None:
         body.append("<p>REGRADE: the same stored responses graded with changed checks; cases whose checks "
                     f"changed: {xml_text(', '.join(result['regrade']) or 'none')}</p>")
-    body += ["<h2>By model</h2>", html_table(MODEL_RATE_COLUMNS, [list(map(xml_text, cells))
-                                                                  for cells in model_cells(result)])]
-    body += ["<h2>By model and case</h2>",
-             html_table(["model", "case", PAIR_RATES_HEADER, p_header(result), "occurred more often (REGRESS)",
-                         "occurred less often (GAIN)"],
+    by_model = html_table(MODEL_RATE_COLUMNS, [[*map(xml_text, r)] for r in model_cells(result)])
+    body += ["<h2>By model</h2>", by_model, "<h2>By model and case</h2>",
+             html_table(["model", "case", PAIR_RATES_HEADER, p_header(result),
+                         "occurred more often (REGRESS)", "occurred less often (GAIN)"],
                         [[xml_text(g["model"]), xml_text(g["case"]),
                           (xml_text(pair_rates_cell(g)), "flaky" if g["flaky"] else
                            "fail" if g["dropped"] else ""), p_cell(g, result),
@@ -1150,12 +1154,11 @@ TINY = 1e-15  # binomial terms below this cannot move a power shown to 4 decimal
 
 
 def binomial_terms(n, rate):
-    """{k: P(K = k)} of K ~ Binomial(n, rate) without the terms below TINY: from the mode outward."""
+    """{k: P(K = k)} of K ~ Binomial(n, rate) without the terms below TINY, from the mode out."""
     if rate <= 0 or rate >= 1:
         return {0 if rate <= 0 else n: 1.0}
     mode, ratio = min(n, int((n + 1) * rate)), rate / (1 - rate)
-    first = math.exp(math.lgamma(n + 1) - math.lgamma(mode + 1) - math.lgamma(n - mode + 1)
-                     + mode * math.log(rate) + (n - mode) * math.log1p(-rate))
+    first = math.exp(_log_comb(n, mode) + mode * math.log(rate) + (n - mode) * math.log1p(-rate))
     terms, term, k = {mode: first}, first, mode
     while k < n and term >= TINY:
         term, k = term * (n - k) / (k + 1) * ratio, k + 1
@@ -1184,7 +1187,7 @@ def rejects(x, y, n, alpha):
         ratio = (s - k) * (n - k) / ((k + 1) * (n - s + k + 1))
         if tail > high:
             return False
-        # the ratios only fall past the mode (log-concave), so the rest is at most a geometric series
+        # past the mode the ratios only fall (log-concave): the rest is below a geometric series
         if ratio < 1 and tail + term * ratio / (1 - ratio) < low:
             return True
         term *= ratio
@@ -1234,96 +1237,110 @@ def smallest_drop(n, before, alpha, goal):
 
 def planner_text(before, after, alpha, goal, repeats):
     """The --repeats-needed answer: repeats for this drop, and what REPEATS per side can see."""
+    drop = f"to detect a drop from {before:g} to {after:g} with power {goal:g}"
     test = f"one-sided Fisher exact test at alpha {alpha}, per model/case pair"
     n, found = repeats_needed(before, after, alpha, goal)
-    if n is None:
-        lines = [f"repeats needed: more than {PLAN_LIMIT:,} per side to detect a drop from {before:g} to {after:g} "
-                 f"with power {goal:g} ({test})"]
-    else:
-        lines = [f"repeats needed: {n} per side to detect a drop from {before:g} to {after:g} with power {goal:g} "
-                 f"({test}); power at {n}: {found:.4f}"]
+    lines = [f"repeats needed: more than {PLAN_LIMIT:,} per side {drop} ({test})" if n is None else
+             f"repeats needed: {n} per side {drop} ({test}); power at {n}: {found:.4f}"]
     if n is None or n > RUNNER_REPEATS:
-        lines.append(f"note: a record holds at most {RUNNER_REPEATS} repeats; plan for a larger drop or a lower power")
+        lines.append(f"note: a record holds at most {RUNNER_REPEATS} repeats; plan for a larger "
+                     "drop or a lower power")
     at = smallest_drop(repeats, before, alpha, goal)
-    lines.append(f"with {repeats} repeats per side (--repeats N to change): power {power(repeats, before, after, alpha):.4f}"
-                 f" for this drop; " + (f"a drop from {before:g} to {at:.2f} or lower is detected with power {goal:g}"
-                                        if at is not None else f"no drop from {before:g} is detected with power "
-                                        f"{goal:g}, not even to 0"))
-    lines.append("note: compare tests every model/case pair and corrects for the family (Holm-Bonferroni); "
-                 "to plan for M pairs, give --alpha ALPHA/M")
+    seen = (f"a drop from {before:g} to {at:.2f} or lower is detected with power {goal:g}"
+            if at is not None else f"no drop from {before:g} is detected with power {goal:g}, "
+                                   "not even to 0")
+    lines.append(f"with {repeats} repeats per side (--repeats N to change): power "
+                 f"{power(repeats, before, after, alpha):.4f} for this drop; {seen}")
+    lines.append("note: compare tests every model/case pair and corrects for the family "
+                 "(Holm-Bonferroni); to plan for M pairs, give --alpha ALPHA/M")
     return "\n".join(lines)
 
 
 # ====================================================================== trend
 # A pass rate across any number of comparable records, in the order given. Every later run is
 # tested against the first (the reference: a slow drift is never lost between neighbours), and
-# the family of all those tests (runs x models, and x cases with --per-case) is corrected at once.
+# all those tests (runs x models, and x cases with --per-case) are corrected as one family.
 
 def _record_counts(record):
     """{"models": {model: counts}, "pairs": {(model, case): counts}} of a complete record."""
     rows, config = index(record), record["config"]
-    models, pairs = {}, {}
+    models, pairs, repeats = {}, {}, config["repeats"]
     for model in config["models"]:
-        stats = models[model] = {"passed": 0, "runs": 0, "all": 0, "cases": 0, "k": config["repeats"]}
+        stats = models[model] = {"passed": 0, "runs": 0, "all": 0, "cases": 0, "k": repeats}
         for case in config["cases"]:
-            passed = sum(rows[(model, case["id"], repeat)]["passed"] for repeat in range(config["repeats"]))
-            pairs[(model, case["id"])] = {"passed": passed, "runs": config["repeats"]}
-            stats["passed"], stats["runs"] = stats["passed"] + passed, stats["runs"] + config["repeats"]
-            stats["cases"], stats["all"] = stats["cases"] + 1, stats["all"] + (passed == config["repeats"])
+            passed = sum(rows[(model, case["id"], repeat)]["passed"] for repeat in range(repeats))
+            pairs[(model, case["id"])] = {"passed": passed, "runs": repeats}
+            stats["passed"], stats["runs"] = stats["passed"] + passed, stats["runs"] + repeats
+            stats["cases"], stats["all"] = stats["cases"] + 1, stats["all"] + (passed == repeats)
     return {"models": models, "pairs": pairs}
+
+
+def _trend_record(path, seen):
+    """(record, counts) of one file of a trend; ValueError names the file."""
+    try:
+        record = load_record(path)
+        status = os.stat(path)
+        twin = seen.get((status.st_dev, status.st_ino))
+        _require(twin is None, f"it is the same file as {twin}, so a run would count twice")
+        seen[(status.st_dev, status.st_ino)] = path
+        return record, _record_counts(record)
+    except (ValueError, RecordError, OSError) as exc:
+        raise ValueError(f"{path}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
 def trend_points(paths):
     """(notes, [(path, counts)]) of records comparable with the first; ValueError names the file."""
     notes, points, first, seen = [], [], None, {}
     for path in paths:
-        try:
-            record = load_record(path)
-            status = os.stat(path)
-            _require((status.st_dev, status.st_ino) not in seen,
-                     f"it is the same file as {seen.get((status.st_dev, status.st_ino))}, so a run would count twice")
-            seen[(status.st_dev, status.st_ino)] = path
-            counts = _record_counts(record)
-        except (ValueError, RecordError, OSError) as exc:
-            raise ValueError(f"{path}: {getattr(exc, 'strerror', None) or exc}") from None
-        try:
-            regrade = None if first is None else _comparable(first, record)
-        except ValueError as exc:
-            raise ValueError(f"{path}: {exc} (against {paths[0]}, the reference)") from None
+        record, counts = _trend_record(path, seen)
         if first is not None:
-            notes += [line.replace("CAUTION ", f"CAUTION {path}: ", 1) for line in cautions(first, record)]
-            notes += [f"REGRADE {path}: cases whose checks changed: {', '.join(regrade) or 'none'}"] if regrade else []
+            try:
+                regrade = _comparable(first, record, (paths[0], path))
+            except ValueError as exc:
+                raise ValueError(f"{path}: {exc} (against {paths[0]}, the reference)") from None
+            notes += [line.replace("CAUTION ", f"CAUTION {path}: ", 1)
+                      for line in cautions(first, record)]
+            notes += [f"REGRADE {path}: cases whose checks changed: {', '.join(regrade) or 'none'}"
+                      ] if regrade else []
         first = record if first is None else first
         points.append((path, counts))
     return [safe_text(note) for note in notes], points
 
 
+def _series(points, model, case_id):
+    """One series of a trend: each run's counts and interval; later runs hold their exact p."""
+    runs = [counts["models"][model] if case_id is None else counts["pairs"][(model, case_id)]
+            for _, counts in points]
+    line = {"model": model, "case": case_id, "points": []}
+    for position, now in enumerate(runs):
+        point = {**now, "interval": wilson_interval(now["passed"], now["runs"])}
+        point["significant"], ref = False, runs[0]
+        if position:
+            point["dropped"] = now["passed"] * ref["runs"] < ref["passed"] * now["runs"]
+            point["exact"] = fisher_drop_exact(ref["passed"], ref["runs"], now["passed"],
+                                               now["runs"])
+        line["points"].append(point)
+    return line
+
+
 def analyse_trend(points, alpha, correction="holm", per_case=False):
     """Per series (a model, or a model and case): each run's rate, and its test against run 1."""
     keys = [(model, None) for model in points[0][1]["models"]]
-    keys += [pair for pair in points[0][1]["pairs"]] if per_case else []
-    series, tests = [], []
-    for model, case_id in keys:
-        runs = [counts["models"][model] if case_id is None else counts["pairs"][(model, case_id)]
-                for _, counts in points]
-        line = {"model": model, "case": case_id, "points": []}
-        for position, now in enumerate(runs):
-            point = {**now, "interval": wilson_interval(now["passed"], now["runs"]), "significant": False}
-            if position:
-                ref = runs[0]
-                point["dropped"] = now["passed"] * ref["runs"] < ref["passed"] * now["runs"]
-                tests.append((point, fisher_drop_exact(ref["passed"], ref["runs"], now["passed"], now["runs"])))
-            line["points"].append(point)
-        series.append(line)
-    adjusted = holm([p for _, p in tests]) if correction == "holm" else [p for _, p in tests]
-    for (point, p), value in zip(tests, adjusted):
+    keys += list(points[0][1]["pairs"]) if per_case else []
+    series = [_series(points, *key) for key in keys]
+    tested = [point for line in series for point in line["points"][1:]]
+    exact = [point.pop("exact") for point in tested]
+    adjusted = holm(exact) if correction == "holm" else exact
+    for point, p, value in zip(tested, exact, adjusted):
         point.update(p=float(p), p_adjusted=float(value),
                      significant=point["dropped"] and value <= exact_alpha(alpha))
     for line in series:
-        line["first"] = next((n for n, point in enumerate(line["points"]) if point["significant"]), None)
+        line["first"] = next((n for n, point in enumerate(line["points"])
+                              if point["significant"]), None)
     flagged = [line for line in series if line["first"] is not None]
-    return {"paths": [path for path, _ in points], "series": series, "alpha": alpha, "correction": correction,
-            "tests": len(tests), "flagged": flagged, "exit_code": 1 if flagged else 0}
+    return {"paths": [path for path, _ in points], "series": series, "alpha": alpha,
+            "correction": correction, "tests": len(tested), "flagged": flagged,
+            "exit_code": 1 if flagged else 0}
 
 
 def _series_name(line):
@@ -1332,34 +1349,35 @@ def _series_name(line):
 
 def trend_headline(result):
     """The trend's verdict in words: the first significant run of each series, and the test used."""
-    how = (f"adjusted p <= {result['alpha']} (Holm-Bonferroni correction over {_plural(result['tests'], 'test')})"
+    tests = _plural(result["tests"], "test")
+    how = (f"adjusted p <= {result['alpha']} (Holm-Bonferroni correction over {tests})"
            if result["correction"] == "holm" else
-           f"p <= {result['alpha']} (uncorrected over {_plural(result['tests'], 'test')}: --correction none)")
+           f"p <= {result['alpha']} (uncorrected over {tests}: --correction none)")
     if not result["flagged"]:
         return f"no significant drop (exit 0): no run dropped against run 1 at {how}"
-    firsts = "; ".join(f"{_series_name(line)} first at run {line['first'] + 1} ({result['paths'][line['first']]})"
-                       for line in result["flagged"])
+    firsts = "; ".join(f"{_series_name(line)} first at run {line['first'] + 1} "
+                       f"({result['paths'][line['first']]})" for line in result["flagged"])
     return f"SIGNIFICANT DROP (exit 1) against run 1 at {how}: {firsts}"
 
 
 def _point_parts(line, position, result):
-    """One run of a series as (its rate; pass^k for a model, else ""; its test against run 1 and flag)."""
+    """One run of a series: (its rate; pass^k for a model, else ""; its test against run 1)."""
     point = line["points"][position]
     rate = rate_text(point["passed"], point["runs"])
     pass_k = f"pass^{point['k']} {point['all']}/{point['cases']}" if line["case"] is None else ""
     if not position:
         return rate, pass_k, "(reference)"
-    test = f"p={point['p']:.4f}" + (f"  adjusted p={point['p_adjusted']:.4f}" if result["correction"] == "holm"
-                                    else "")
-    return rate, pass_k, test + ("  SIGNIFICANT DROP" + (" (first)" if position == line["first"] else "")
-                                 if point["significant"] else "")
+    test = _p_text(point, result)
+    flag = "  SIGNIFICANT DROP" + (" (first)" if position == line["first"] else "")
+    return rate, pass_k, test + (flag if point["significant"] else "")
 
 
 def render_trend(result):
     """The console text of a trend: the runs, each series run by run, the verdict."""
     words = correction_words({"correction": result["correction"], "groups": range(result["tests"])})
-    lines = [f"TREND: {len(result['paths'])} records; every run is tested against run 1 (one-sided Fisher exact "
-             f"test that the rate dropped; {words.replace('model/case pair', 'test')}); alpha {result['alpha']}"]
+    words = words.replace("model/case pair", "test")
+    lines = [f"TREND: {len(result['paths'])} records; every run is tested against run 1 (one-sided "
+             f"Fisher exact test that the rate dropped; {words}); alpha {result['alpha']}"]
     lines += [safe_text(f"run {n}  {path}") for n, path in enumerate(result["paths"], 1)]
     for line in result["series"]:
         lines += [safe_text(f"TREND          {_series_name(line)}  run {n + 1}  "
@@ -1374,73 +1392,93 @@ TREND_COLUMNS = ["model", "case", "run", "record", "pass rate (Wilson 95% interv
 
 def _trend_cells(result):
     """The trend's table as plain text cells, one row per series and run."""
-    cells = []
-    for line in result["series"]:
-        cells += [[line["model"], line["case"] or "(all cases)", str(n + 1), result["paths"][n],
-                   *_point_parts(line, n, result)] for n in range(len(line["points"]))]
-    return cells
+    return [[line["model"], line["case"] or "(all cases)", str(n + 1), result["paths"][n],
+             *_point_parts(line, n, result)]
+            for line in result["series"] for n in range(len(line["points"]))]
 
 
 def markdown_trend(result, title):
     """Markdown of a trend: the verdict and one table row per series and run."""
+    table = md_table(TREND_COLUMNS, [list(map(md_text, row)) for row in _trend_cells(result)])
     return "\n".join([f"## {md_text(title)}", "", f"**{md_text(trend_headline(result))}**", "",
-                      md_table(TREND_COLUMNS, [[md_text(cell) for cell in row] for row in _trend_cells(result)])]) \
-        + "\n"
+                      table]) + "\n"
 
 
-CHART_COLOURS = ("#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f")  # no red:
-# red rings mark the significant drops
+# no red among the lines: a red ring marks a significant drop
+CHART_COLOURS = ("#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2",
+                 "#7f7f7f")
+CHART = dict(width=720, height=260, left=48, top=16, plot_w=650, plot_h=200)
+
+
+def _chart_frame(count):
+    """The chart's grid, its rate labels (0 to 1) and its run numbers (at most about 15)."""
+    left, top, plot_w, plot_h = CHART["left"], CHART["top"], CHART["plot_w"], CHART["plot_h"]
+    step, every = plot_w / max(1, count - 1), max(1, math.ceil(count / 15))
+    parts = [f'<line x1="{left}" x2="{left + plot_w}" y1="{_y(rate)}" y2="{_y(rate)}" '
+             f'stroke="#ddd"/><text x="{left - 6}" y="{_y(rate)}" font-size="11" '
+             f'text-anchor="end">{rate:.2f}</text>' for rate in (0, 0.25, 0.5, 0.75, 1)]
+    return parts + [f'<text x="{left + n * step:.1f}" y="{top + plot_h + 16}" font-size="11" '
+                    f'text-anchor="middle">{n + 1}</text>' for n in range(0, count, every)]
+
+
+def _x(n, count):
+    return f"{CHART['left'] + n * CHART['plot_w'] / max(1, count - 1):.1f}"
+
+
+def _y(rate):
+    return f"{CHART['top'] + (1 - rate) * CHART['plot_h']:.1f}"
+
+
+def _chart_line(line, name, colour, paths):
+    """One series: its polyline, and per run an interval whisker, a dot, a ring if significant."""
+    count, parts = len(paths), []
+    spots = [(_x(n, count), _y(p["passed"] / p["runs"])) for n, p in enumerate(line["points"])]
+    parts.append(f'<polyline points="{" ".join(f"{x},{y}" for x, y in spots)}" fill="none" '
+                 f'stroke="{colour}" stroke-width="2"/>')
+    for n, (point, (x, y)) in enumerate(zip(line["points"], spots)):
+        low, high = point["interval"]
+        rate = rate_text(point["passed"], point["runs"])
+        tip = xml_text(f"{name}, run {n + 1} ({paths[n]}): {rate}")
+        parts.append(f'<line x1="{x}" x2="{x}" y1="{_y(low)}" y2="{_y(high)}" stroke="{colour}" '
+                     f'stroke-opacity="0.5"/><circle cx="{x}" cy="{y}" r="3" fill="{colour}">'
+                     f'<title>{tip}</title></circle>')
+        if point["significant"]:
+            parts.append(f'<circle cx="{x}" cy="{y}" r="8" fill="none" stroke="#d62728" '
+                         f'stroke-width="2"><title>significant drop: {tip}</title></circle>')
+    return parts
 
 
 def trend_svg(lines, paths, heading, label=_series_name):
     """An inline SVG line chart of pass rates (0..1) by run, with interval whiskers and a ring
     on each significant drop. Record text (names, paths) appears only as escaped text nodes,
     never in an attribute; nothing is fetched or run."""
-    width, height, left, top, plot_w, plot_h = 720, 260, 48, 16, 650, 200
-    step = plot_w / max(1, len(paths) - 1)
-    x_of = lambda n: f"{left + n * step:.1f}"  # noqa: E731
-    y_of = lambda rate: f"{top + (1 - rate) * plot_h:.1f}"  # noqa: E731
-    parts = [f'<svg width="{width}" height="{height + 18 * len(lines)}" role="img" aria-label="pass rate by run">'
-             f'<title>{xml_text(heading)}</title>']
-    for rate in (0, 0.25, 0.5, 0.75, 1):
-        parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y_of(rate)}" y2="{y_of(rate)}" stroke="#ddd"/>'
-                     f'<text x="{left - 6}" y="{y_of(rate)}" font-size="11" text-anchor="end">{rate:.2f}</text>')
-    every = max(1, math.ceil(len(paths) / 15))
-    parts += [f'<text x="{x_of(n)}" y="{top + plot_h + 16}" font-size="11" text-anchor="middle">{n + 1}</text>'
-              for n in range(0, len(paths), every)]
+    height, left = CHART["height"], CHART["left"]
+    parts = [f'<svg width="{CHART["width"]}" height="{height + 18 * len(lines)}" role="img" '
+             f'aria-label="pass rate by run"><title>{xml_text(heading)}</title>',
+             *_chart_frame(len(paths))]
     for number, line in enumerate(lines):
         colour, name = CHART_COLOURS[number % len(CHART_COLOURS)], label(line)
-        points = " ".join(f"{x_of(n)},{y_of(p['passed'] / p['runs'])}" for n, p in enumerate(line["points"]))
-        parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2"/>')
-        for n, point in enumerate(line["points"]):
-            low, high = point["interval"]
-            tip = xml_text(f"{name}, run {n + 1} ({paths[n]}): {rate_text(point['passed'], point['runs'])}")
-            parts.append(f'<line x1="{x_of(n)}" x2="{x_of(n)}" y1="{y_of(low)}" y2="{y_of(high)}" '
-                         f'stroke="{colour}" stroke-opacity="0.5"/><circle cx="{x_of(n)}" '
-                         f'cy="{y_of(point["passed"] / point["runs"])}" r="3" fill="{colour}"><title>{tip}</title>'
-                         '</circle>')
-            if point["significant"]:
-                parts.append(f'<circle cx="{x_of(n)}" cy="{y_of(point["passed"] / point["runs"])}" r="8" '
-                             f'fill="none" stroke="#d62728" stroke-width="2"><title>significant drop: {tip}'
-                             '</title></circle>')
-        y = height + 18 * number + 4
-        parts.append(f'<rect x="{left}" y="{y}" width="12" height="12" fill="{colour}"/>'
-                     f'<text x="{left + 18}" y="{y + 11}" font-size="12">{xml_text(name)}</text>')
+        y = height + 18 * number
+        parts += _chart_line(line, name, colour, paths)
+        parts.append(f'<rect x="{left}" y="{y + 4}" width="12" height="12" fill="{colour}"/>'
+                     f'<text x="{left + 18}" y="{y + 15}" font-size="12">{xml_text(name)}</text>')
     return "".join(parts + ["</svg>"])
 
 
 def html_trend(result, title):
     """One page: the verdict, a chart of the models (and of each model's cases), the table."""
     body = [f"<h1>{xml_text(title)}</h1>", f"<p><b>{xml_text(trend_headline(result))}</b></p>",
-            "<p>Pass rate by run (x: run number, y: pass rate) with Wilson 95% intervals; a red ring marks "
-            "a run whose drop against run 1 is significant.</p>"]
+            "<p>Pass rate by run (x: run number, y: pass rate) with Wilson 95% intervals; a red "
+            "ring marks a run whose drop against run 1 is significant.</p>"]
     models = [line for line in result["series"] if line["case"] is None]
     body += ["<h2>By model</h2>", trend_svg(models, result["paths"], "pass rate by run, per model")]
     for model in [line["model"] for line in models]:
-        cases = [line for line in result["series"] if line["case"] is not None and line["model"] == model]
+        cases = [line for line in result["series"]
+                 if line["case"] is not None and line["model"] == model]
         if cases:
             body += [f"<h2>Cases of {xml_text(model)}</h2>",
-                     trend_svg(cases, result["paths"], f"pass rate by run, cases of {model}", lambda line: line["case"])]
+                     trend_svg(cases, result["paths"], f"pass rate by run, cases of {model}",
+                               lambda line: line["case"])]
     body += ["<h2>Runs</h2>", html_table(TREND_COLUMNS, [
         [xml_text(cell) if n < 6 else (xml_text(cell), "fail" if "SIGNIFICANT" in cell else "")
          for n, cell in enumerate(row)] for row in _trend_cells(result)])]
@@ -1453,7 +1491,8 @@ TREND_REPORTS = {"markdown": markdown_trend, "html": html_trend}
 def trend(args, targets):
     """--trend: print the trend of the records, write its reports; 1 when a drop is significant."""
     notes, points = trend_points(args.trend)
-    result = analyse_trend(points, args.alpha if args.alpha is not None else 0.05, args.correction, args.per_case)
+    alpha = args.alpha if args.alpha is not None else 0.05
+    result = analyse_trend(points, alpha, args.correction, args.per_case)
     print("\n".join(notes + [render_trend(result)]))
     title = f"trend of {len(points)} records: {args.trend[0]} ... {args.trend[-1]}"
     try:
@@ -1579,7 +1618,8 @@ def parse_args(argv):
     if args.matrix and (args.alpha is not None or args.all_diffs or args.markdown or args.junit or args.html):
         parser.error("--matrix prints its table only; drop --alpha, --all-diffs and the report flags")
     wanted = 1 if args.models else 2
-    if args.demo is None and not args.trend and not args.repeats_needed and len(args.records) != wanted:
+    other_mode = args.demo is not None or args.trend or args.repeats_needed
+    if not other_mode and len(args.records) != wanted:
         parser.error("give two record files, BEFORE and AFTER" if wanted == 2 else "--models A B takes one RUN record")
     for kind in COMPARISON_REPORTS:  # `--html "$UNSET"` must not read as no --html: the report would be skipped
         if getattr(args, kind) == "":
@@ -1667,44 +1707,53 @@ def _planner_repeats(text):
 def add_statistics_flags(parser):
     """The flags of the correction, the repeats planner and the trend."""
     parser.add_argument("--correction", choices=tuple(CORRECTIONS),
-                        help="with --alpha (and --trend): correct the p of many pairs for the family; "
-                             "holm (Holm-Bonferroni, the default) or none")
+                        help="with --alpha (and --trend): correct the p of many pairs for the "
+                             "family; holm (Holm-Bonferroni, the default) or none")
     parser.add_argument("--repeats-needed", nargs=2, metavar=("BEFORE", "AFTER"),
-                        help="print the repeats per side that detect a drop from rate BEFORE to AFTER (0..1 or N%%)")
-    parser.add_argument("--power", type=_share, help="with --repeats-needed: the power wanted (default 0.8)")
+                        help="print the repeats per side that detect a drop from rate BEFORE to "
+                             "AFTER (0..1 or N%%)")
+    parser.add_argument("--power", type=_share,
+                        help="with --repeats-needed: the power wanted (default 0.8)")
     parser.add_argument("--repeats", type=_planner_repeats, metavar="N",
                         help="with --repeats-needed: the repeats per side you have (default 10)")
     parser.add_argument("--trend", nargs="+", metavar="RUN",
-                        help="pass rates across comparable records in this order, each run tested against the first")
-    parser.add_argument("--per-case", action="store_true", help="with --trend: every (model, case) too")
+                        help="pass rates across comparable records in this order, each run "
+                             "tested against the first")
+    parser.add_argument("--per-case", action="store_true",
+                        help="with --trend: every (model, case) too")
 
 
 def statistics_usage(parser, args):
     """Usage errors of the statistics flags (exit 2 through argparse); resolves their defaults."""
-    given = [f"--{kind}" for kind in ("demo", "models", "matrix", "markdown", "junit", "html")
-             if getattr(args, kind)] + (["RECORD"] if args.records else []) + (["--trend"] if args.trend else [])
+    kinds = ("records", "demo", "models", "matrix", "markdown", "junit", "html", "trend",
+             "all_rows", "all_diffs", "correction")
+    given = [kind for kind in kinds if getattr(args, kind)]
     if args.repeats_needed:
-        if given or args.all_rows or args.all_diffs or args.correction:
+        if given:
             parser.error("--repeats-needed BEFORE AFTER takes --alpha, --power and --repeats only")
         for text in args.repeats_needed:
             try:
                 _rate(text)
             except ValueError:
-                parser.error(f"--repeats-needed: {text!r} is not a pass rate from 0 to 1 (or 0% to 100%)")
+                parser.error(f"--repeats-needed: {text!r} is not a pass rate from 0 to 1 "
+                             "(or 0% to 100%)")
         args.repeats_needed = [_rate(text) for text in args.repeats_needed]
         if args.repeats_needed[0] <= args.repeats_needed[1]:
-            parser.error("--repeats-needed BEFORE AFTER: BEFORE must be higher than AFTER (it plans for a drop)")
+            parser.error("--repeats-needed BEFORE AFTER: BEFORE must be higher than AFTER "
+                         "(it plans for a drop)")
         args.repeats, args.power = args.repeats or 10, args.power or 0.8
     elif args.repeats is not None or args.power is not None:
         parser.error("--power and --repeats go with --repeats-needed BEFORE AFTER")
-    if args.trend and (args.records or args.demo or args.models or args.matrix or args.junit or args.all_diffs):
-        parser.error("--trend RUN RUN ... takes --alpha, --correction, --per-case, --markdown and --html only")
+    if args.trend and {"records", "demo", "models", "matrix", "junit", "all_diffs"} & set(given):
+        parser.error("--trend RUN RUN ... takes --alpha, --correction, --per-case, --markdown "
+                     "and --html only")
     if args.trend and len(args.trend) < 2:
         parser.error("--trend needs at least two records (the first is the reference)")
     if args.per_case and not args.trend:
         parser.error("--per-case goes with --trend")
     if args.correction and args.alpha is None and not args.trend:
-        parser.error("--correction applies to --alpha (or --trend): without --alpha every new failure counts")
+        parser.error("--correction applies to --alpha (or --trend): without --alpha every new "
+                     "failure counts")
     args.correction = args.correction or "holm"
 
 

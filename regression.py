@@ -5183,8 +5183,9 @@ def _config_problem(config):
         return "config.cases is not a list of cases with string ids"
     if len({case["id"] for case in cases}) != len(cases):
         return "config.cases has duplicate ids"
-    if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= RANGES["repeats"][1]:
-        return f"config.repeats is not a whole number from 1 to {RANGES['repeats'][1]}"
+    most = RANGES["repeats"][1]
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= most:
+        return f"config.repeats is not a whole number from 1 to {most}"
     timeout = config.get("timeout_seconds", TIMEOUT_SECONDS)
     if not _is_number(timeout) or not 0 < timeout <= 1e9:  # a float can hold it: no OverflowError later
         return "config.timeout_seconds is not a positive number of seconds"
@@ -5230,7 +5231,7 @@ def record_problem(record):
 
 # A pass rate is a count of independent tries, so it is shown with its Wilson score interval:
 # unlike the normal approximation it stays inside 0..1 and keeps its coverage at 0/n and n/n.
-WILSON_Z = 1.959963984540054  # the 97.5th percentile of the standard normal: a two-sided 95 % interval
+WILSON_Z = 1.959963984540054  # the standard normal's 97.5th percentile: a two-sided 95 % interval
 
 
 def wilson_interval(passed, total, z=WILSON_Z):
@@ -5238,7 +5239,8 @@ def wilson_interval(passed, total, z=WILSON_Z):
     if total <= 0:
         return 0.0, 1.0  # no row: the rate can be anything
     rate, spread = passed / total, z * z / total
-    centre, half = rate + spread / 2, z * math.sqrt(rate * (1 - rate) / total + spread / (4 * total))
+    centre = rate + spread / 2
+    half = z * math.sqrt(rate * (1 - rate) / total + spread / (4 * total))
     low, high = (centre - half) / (1 + spread), (centre + half) / (1 + spread)
     return (0.0 if passed <= 0 else max(0.0, low)), (1.0 if passed >= total else min(1.0, high))
 
@@ -5262,8 +5264,9 @@ def _bound(value):
 
 
 def pass_k_text(pass_k):
-    """pass^k of a summary's model, as `pass^3 1/2 = 0.50` (the share of cases whose every repeat passed)."""
-    if not isinstance(pass_k, dict) or not all(_is_int(pass_k.get(key)) for key in ("k", "passed", "cases")):
+    """A summary's pass^k as `pass^3 1/2 = 0.50` (the share of cases whose every repeat passed)."""
+    if not isinstance(pass_k, dict) or not all(_is_int(pass_k.get(key)) for key in ("k", "passed",
+                                                                                      "cases")):
         return "pass^k unknown"
     k, passed, cases = pass_k["k"], pass_k["passed"], pass_k["cases"]
     return f"pass^{k} {passed}/{cases}" + (f" = {passed / cases:.2f}" if cases > 0 else "")
@@ -5287,8 +5290,9 @@ class Tally:
         self.errors = self.failures = 0
         self.tool_rows = self.tool_calls = 0  # rows of a suite with function tools, and their calls
         self.per_model = {model: {"passed": 0, "total": 0, "errors": 0, "cost": decimal.Decimal(0),
-                                  "cost_known": True, "expected": 0, "all_passed": 0} for model in self.models}
-        # (model, case_id) in plan order: [passed, finished, expected] rows, for pass^k and case rates
+                                  "cost_known": True, "expected": 0, "all_passed": 0}
+                          for model in self.models}
+        # (model, case_id) in plan order: [passed, finished, expected] rows, for pass^k and rates
         self.pairs = {(model, case_id): [0, 0, 0] for model in self.models for case_id in case_ids}
         for model, case_id, _ in self.expected:
             if model in self.per_model:
@@ -5343,8 +5347,8 @@ class Tally:
 
     def failed_cases(self, model):
         """{case_id: rate text} of a model's cases with a failed row (a run's final summary)."""
-        return {case_id: rate_text(passed, done) for (name, case_id), (passed, done, _) in self.pairs.items()
-                if name == model and passed < done}
+        return {case_id: rate_text(passed, done) for (name, case_id), (passed, done, _)
+                in self.pairs.items() if name == model and passed < done}
 
     def summary(self, detail=False):
         """The verdict; with detail (a run's end, a recount), also each model's failed cases."""
@@ -5358,8 +5362,8 @@ class Tally:
                 # a model with no row here (another shard's) is not shown fit by 0 of 0 passing
                 "qualified": complete and stats["expected"] > 0 and stats["passed"] == stats["expected"],
                 "reported_cost_usd": format(stats["cost"], "f") if stats["cost_known"] else None,
-                **rate_fields(stats["passed"], stats["total"], stats["all_passed"], stats.get("cases", 0),
-                              stats.get("k", 0)),
+                **rate_fields(stats["passed"], stats["total"], stats["all_passed"],
+                              stats.get("cases", 0), stats.get("k", 0)),
                 **({"failed_cases": self.failed_cases(model)} if detail else {}),
             }
         exit_code = 2 if not complete or self.errors else 1 if self.failures else 0
@@ -5626,8 +5630,8 @@ def junit_run(record):
     return junit_xml("agent-regression", list(suites.items()))
 
 
-MODEL_COLUMNS = ["model", "passed (Wilson 95% interval)", "errors", "qualified", "reported cost (USD)",
-                 "pass^k (cases whose every repeat passed)"]
+MODEL_COLUMNS = ["model", "passed (Wilson 95% interval)", "errors", "qualified",
+                 "reported cost (USD)", "pass^k (cases whose every repeat passed)"]
 
 
 def _passed_cell(stats):
@@ -5641,20 +5645,21 @@ def _model_rows(final):
     """The per-model table of a summary as plain text cells, tolerating a hand-edited summary."""
     models = final.get("models") if isinstance(final, dict) else None
     return [[str(model), _passed_cell(stats), str(stats.get("errors", 0)),
-             "yes" if stats.get("qualified") else "no", str(stats.get("reported_cost_usd") or "unknown"),
-             pass_k_text(stats.get("pass_k"))]
+             "yes" if stats.get("qualified") else "no",
+             str(stats.get("reported_cost_usd") or "unknown"), pass_k_text(stats.get("pass_k"))]
             for model, stats in (models.items() if isinstance(models, dict) else []) if isinstance(stats, dict)]
 
 
 def case_rates(record):
-    """A run's (model, case) pass rates with repeats: [(model, case_id, rate text)] of the pairs that
-    did not pass every repeat, and {rate text: pairs} of those that did (counted, not listed)."""
+    """A run's (model, case) pass rates: [(model, case_id, rate text)] of the pairs that did
+    not pass every repeat, and {rate text: pairs} of those that did (counted, not listed)."""
     config, listed, perfect = record["config"], [], {}
     passed, done = {}, {}
     for row in record["runs"]:
         if isinstance(row, dict) and _well_keyed(row):
             pair = row_key(row)[:2]
-            passed[pair], done[pair] = passed.get(pair, 0) + (row.get("passed") is True), done.get(pair, 0) + 1
+            passed[pair] = passed.get(pair, 0) + (row.get("passed") is True)
+            done[pair] = done.get(pair, 0) + 1
     for model in config["models"]:
         for case in config["cases"]:
             count, runs = passed.get((model, case["id"]), 0), done.get((model, case["id"]), 0)
@@ -5718,15 +5723,15 @@ def markdown_run(record):
 
 
 def _markdown_case_rates(record):
-    """With repeats: the Markdown table of the (model, case) pairs that did not pass every repeat."""
+    """With repeats: the Markdown table of the model/case pairs that did not pass every repeat."""
     if record["config"]["repeats"] < 2:
         return []
     listed, perfect = case_rates(record)
     lines = ["", "**Pass rates by case** (Wilson 95% intervals)", ""]
-    lines += [md_table(["model", "case", "passed"], [[md_text(cell) for cell in row] for row in listed])] \
-        if listed else [] if perfect else ["No row finished."]
-    return lines + [f"{count:,} model/case pair(s) passed every repeat: {md_text(text)} each (not listed)."
-                    for text, count in perfect.items()]
+    table = md_table(["model", "case", "passed"], [list(map(md_text, row)) for row in listed])
+    lines += [table] if listed else [] if perfect else ["No row finished."]
+    return lines + [f"{count:,} model/case pair(s) passed every repeat: {md_text(text)} each "
+                    "(not listed)." for text, count in perfect.items()]
 
 
 def _not_run(record):
@@ -6424,22 +6429,25 @@ def catalogue():
 
 STATISTICS_TEXT = [
     "Statistics (the run's summary and reports, and compare_runs.py):",
-    "  pass rate              passes / rows, shown as 6/10 = 0.60 [0.31, 0.83]: the bracket is the Wilson 95% "
-    "interval, the range of true rates these rows are consistent with; few repeats give a wide range",
-    "  pass^k                 per model, the share of cases whose every one of k repeats passed (how consistent "
-    "the model is, not just how often it is right)",
-    "  drop test              compare_runs.py: per model and case, a one-sided Fisher exact test of 'the pass rate "
-    "fell'; p is the chance of a drop at least this large if nothing changed. With --alpha the exit code "
-    "follows the pairs whose (adjusted) p is at most alpha instead of any single flipped row",
-    "  correction             with many cases some drop looks significant by chance, so --alpha adjusts every "
-    "p for the whole family of model/case pairs (Holm-Bonferroni: the smallest p times the number of pairs, "
-    "the next times one less, ...); --correction none tests each pair on its own",
-    "  planner                compare_runs.py --repeats-needed BEFORE AFTER: the repeats per side at which the "
-    "test sees a drop from rate BEFORE to AFTER with power 0.8 (--power), computed exactly, and the smallest "
-    "drop --repeats N can see",
-    "  trend                  compare_runs.py --trend RUN...: the rate per model (--per-case: per case) across "
-    "records, each run tested against the first, all tests corrected together; the first significant run "
-    "is flagged",
+    "  pass rate              passes / rows, shown as 6/10 = 0.60 [0.31, 0.83]: the bracket is the "
+    "Wilson 95% interval, the range of true rates these rows are consistent with; few repeats give "
+    "a wide range",
+    "  pass^k                 per model, the share of cases whose every one of k repeats passed "
+    "(how consistent the model is, not just how often it is right)",
+    "  drop test              compare_runs.py: per model and case, a one-sided Fisher exact test "
+    "of 'the pass rate fell'; p is the chance of a drop at least this large if nothing changed. "
+    "With --alpha the exit code follows the pairs whose (adjusted) p is at most alpha instead of "
+    "any single flipped row",
+    "  correction             with many cases some drop looks significant by chance, so --alpha "
+    "adjusts every p for the whole family of model/case pairs (Holm-Bonferroni: the smallest p "
+    "times the number of pairs, the next times one less, ...); --correction none tests each pair "
+    "on its own",
+    "  planner                compare_runs.py --repeats-needed BEFORE AFTER: the repeats per side "
+    "at which the test sees a drop from rate BEFORE to AFTER with power 0.8 (--power), computed "
+    "exactly, and the smallest drop --repeats N can see",
+    "  trend                  compare_runs.py --trend RUN...: the rate per model (--per-case: per "
+    "case) across records, each run tested against the first, all tests corrected together; the "
+    "first significant run is flagged",
 ]
 
 
@@ -6533,7 +6541,9 @@ def _output_cap_value(suite, args, env):
     cap = PROVIDERS[args.provider].output_cap(args, env)
     options = suite.get("request") or {}
     value = next((options[key] for key in (cap, *OUTPUT_CAP_KEYS) if key and key in options), None)
-    return value if _is_int(value) and value > 0 else None if value is not None or not cap else MAX_OUTPUT_TOKENS
+    if value is None:
+        return MAX_OUTPUT_TOKENS if cap else None
+    return value if _is_int(value) and value > 0 else None
 
 
 def cost_estimate_lines(args, env, run):
@@ -6554,14 +6564,15 @@ def cost_estimate_lines(args, env, run):
         requests += count
         out_bound += count * (cap or 0) * price_out / 1_000_000
         in_about += count * decimal.Decimal(sent) / 4 * price_in / 1_000_000
-    output = (f"at most ${out_bound:.4f} for output (up to {requests:,} requests x {cap:,} output tokens each, "
-              "the output cap)") if cap else "output unbounded (no output cap is sent)"
+    output = (f"at most ${out_bound:.4f} for output (up to {requests:,} requests x {cap:,} output "
+              "tokens each, the output cap)") if cap else "output unbounded (no output cap is sent)"
     unpriced = sorted({model for model, _, _ in run.plan if model not in run.prices})
-    return [f"estimated cost: {output} + about ${in_about:.4f} for input (about 4 characters per token of the "
-            "instructions, inputs and tools sent; search results, tool results and earlier rounds are not "
-            "counted)" + (f"; {', '.join(unpriced)} not estimated (no price)" if unpriced else "")
-            + (f"; --max-cost-usd {format(args.max_cost_usd, 'f')} still stops the run when the spend reaches it"
-               if args.max_cost_usd is not None else "")]
+    cap_note = "" if args.max_cost_usd is None else \
+        f"; --max-cost-usd {format(args.max_cost_usd, 'f')} still stops the run at that spend"
+    return [f"estimated cost: {output} + about ${in_about:.4f} for input (about 4 characters per "
+            "token of the instructions, inputs and tools sent; search results, tool results and "
+            "earlier rounds are not counted)"
+            + (f"; {', '.join(unpriced)} not estimated (no price)" if unpriced else "") + cap_note]
 
 
 def _instructions_line(suite):

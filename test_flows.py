@@ -700,12 +700,13 @@ def test_regress_sees_a_drop_whose_reason_already_occurred_before(tmp_path, caps
 
 
 @pytest.mark.parametrize("flip, alpha, code, verdict", [
-    (3, "0.01", 0, "verdict: no significant drop (exit 0): 3 rows flipped to failing, none at adjusted p <= 0.01 "
-                   "(Holm-Bonferroni correction over 2 model/case pairs)"),
-    (3, "0.1", 1, "verdict: SIGNIFICANT DROP (exit 1): 1 model/case pair dropped at adjusted p <= 0.1 "
-                  "(Holm-Bonferroni correction over 2 model/case pairs); 3 rows flipped to failing"),
-    (0, "0.05", 0, "verdict: no significant drop (exit 0): 0 rows flipped to failing, none at adjusted p <= 0.05 "
-                   "(Holm-Bonferroni correction over 2 model/case pairs)"),
+    (3, "0.01", 0, "verdict: no significant drop (exit 0): 3 rows flipped to failing, none at "
+                   "adjusted p <= 0.01 (Holm-Bonferroni correction over 2 model/case pairs)"),
+    (3, "0.1", 1, "verdict: SIGNIFICANT DROP (exit 1): 1 model/case pair dropped at adjusted p <= "
+                  "0.1 (Holm-Bonferroni correction over 2 model/case pairs); 3 rows flipped to "
+                  "failing"),
+    (0, "0.05", 0, "verdict: no significant drop (exit 0): 0 rows flipped to failing, none at "
+                   "adjusted p <= 0.05 (Holm-Bonferroni correction over 2 model/case pairs)"),
     (1, None, 1, "verdict: NEW FAILURES (exit 1): 1 row flipped to failing"),
     (0, None, 0, "verdict: no new failure (exit 0): 0 rows flipped to failing"),
 ])
