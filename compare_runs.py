@@ -7,6 +7,8 @@ Usage:
     python compare_runs.py --matrix BEFORE.json AFTER.json   # every (case, behaviour): same / REGRESS / GAIN
     python compare_runs.py --matrix --models A B RUN.json
     python compare_runs.py --demo NEW_DIR          # offline: two synthetic runs, no key
+    python compare_runs.py --repeats-needed 0.95 0.8   # repeats per side to see that drop
+    python compare_runs.py --trend RUN1 RUN2 RUN3 --html trend.html   # rates across runs
 
 The two records must come from the same configuration (models, cases, tools,
 response format, repeats, limits); only the instructions (and the cases' pins of
@@ -18,12 +20,15 @@ them) may differ, and a record and its replay may also differ in the cases' chec
     STILL_FAILING  fails in both
 The rows that changed get one line each; unchanged rows are counted per label
 (--all lists every row). Then, per model and case, the reasons that occurred more
-often (REGRESS) or less often (GAIN), pass rates over repeats with FLAKY and a
-one-sided Fisher exact p for a drop, and a diff of each answer whose verdict changed.
+often (REGRESS) or less often (GAIN), each model's pass rate with its Wilson 95%
+interval and pass^k, pass rates over repeats with FLAKY and a one-sided Fisher exact p
+for a drop (with --alpha also adjusted for the family of pairs, Holm-Bonferroni unless
+--correction none), and a diff of each answer whose verdict changed.
 
 Exit codes:
     0  comparable, no new failure
-    1  comparable, at least one NEW_FAILURE (with --alpha: a drop with p <= alpha; with --matrix: a REGRESS)
+    1  comparable, at least one NEW_FAILURE (with --alpha: a drop with adjusted p <= alpha;
+       with --matrix: a REGRESS; with --trend: a run's significant drop against the first)
     2  not comparable (missing file, bad JSON, different config, incomplete run, ...)
 """
 

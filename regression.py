@@ -5345,13 +5345,18 @@ class Tally:
             return None
         return sum((stats["cost"] for stats in self.per_model.values()), decimal.Decimal(0))
 
-    def failed_cases(self, model):
-        """{case_id: rate text} of a model's cases with a failed row (a run's final summary)."""
-        return {case_id: rate_text(passed, done) for (name, case_id), (passed, done, _)
-                in self.pairs.items() if name == model and passed < done}
+    def statistics(self, model):
+        """A final summary's statistics of a model: its pass rate with the interval, pass^k,
+        and {case_id: rate} of its cases with a failed row."""
+        stats = self.per_model[model]
+        failed = {case_id: rate_text(passed, done) for (name, case_id), (passed, done, _)
+                  in self.pairs.items() if name == model and passed < done}
+        return {**rate_fields(stats["passed"], stats["total"], stats["all_passed"],
+                              stats.get("cases", 0), stats.get("k", 0)), "failed_cases": failed}
 
-    def summary(self, detail=False):
-        """The verdict; with detail (a run's end, a recount), also each model's failed cases."""
+    def summary(self, final=False):
+        """The verdict. A final one (a run's end, a recount) also holds each model's pass rate
+        with its interval, pass^k and failed cases: not every checkpoint's, which stays O(models)."""
         complete = self.complete()
         models = {}
         for model, stats in self.per_model.items():
@@ -5362,9 +5367,7 @@ class Tally:
                 # a model with no row here (another shard's) is not shown fit by 0 of 0 passing
                 "qualified": complete and stats["expected"] > 0 and stats["passed"] == stats["expected"],
                 "reported_cost_usd": format(stats["cost"], "f") if stats["cost_known"] else None,
-                **rate_fields(stats["passed"], stats["total"], stats["all_passed"],
-                              stats.get("cases", 0), stats.get("k", 0)),
-                **({"failed_cases": self.failed_cases(model)} if detail else {}),
+                **(self.statistics(model) if final else {}),
             }
         exit_code = 2 if not complete or self.errors else 1 if self.failures else 0
         verdict = {"complete": complete, "rows": len(self.seen), "expected_rows": len(self.expected),
@@ -5384,7 +5387,7 @@ def summary(rows, models, repeats, cases=CASES):
     tally = Tally(models, repeats, cases)
     for row in rows:
         tally.add(row)
-    return tally.summary(detail=True)
+    return tally.summary(final=True)
 
 
 def recount(record):
@@ -5395,7 +5398,7 @@ def recount(record):
     tally = Tally(config["models"], config["repeats"], config["cases"], expected=_record_plan(record))
     for row in record["runs"]:
         tally.add(row)
-    final = tally.summary(detail=True)
+    final = tally.summary(final=True)
     stopped = (record.get("summary") or {}).get("stopped")
     if isinstance(stopped, str):
         final["stopped"] = stopped
@@ -7277,7 +7280,7 @@ def run_mode(settings, env, stage):
         try:
             stopped, in_order, answers, last = run_rows(run, settings, writer, tally)
         except KeyboardInterrupt as interrupt:
-            final = tally.summary()
+            final = tally.summary(final=True)
             final["stopped"] = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
             try:
                 writer.set_summary(final)
@@ -7285,7 +7288,7 @@ def run_mode(settings, env, stage):
                 pass  # every finished row is still recoverable from the torn tail
             raise
         getattr(run.provider, "close", lambda: None)()
-        final = tally.summary(detail=True)
+        final = tally.summary(final=True)
         if stopped:
             final["stopped"] = stopped
         writer.set_summary(final)
