@@ -416,7 +416,7 @@ def ran(tmp_path_factory):
 
 
 @given(st.integers(1, 2000).flatmap(lambda total: st.tuples(st.integers(0, total), st.just(total))))
-@settings(max_examples=80, **HYPOTHESIS)
+@settings(max_examples=50, **HYPOTHESIS)
 def test_wilson_interval_matches_scipy_and_contains_the_rate(counts):
     passed, total = counts
     low, high = regression.wilson_interval(passed, total)
@@ -453,7 +453,7 @@ def test_rate_text_form(counts, text):
 
 
 @given(st.integers(1, 4), st.integers(1, 5), st.integers(1, 6), st.data())
-@settings(max_examples=40, **HYPOTHESIS)
+@settings(max_examples=30, **HYPOTHESIS)
 def test_summary_pass_k_and_interval_against_a_direct_count(models, cases, repeats, data):
     names, case_ids = [f"m{n}" for n in range(models)], [f"c{n}" for n in range(cases)]
     plan = regression.plan_rows(names, case_ids, repeats)
@@ -510,7 +510,7 @@ def test_run_summary_console_record_and_reports_carry_rates_and_pass_k(ran):
 
 
 @given(st.integers(1, 60), st.integers(1, 60), st.data())
-@settings(max_examples=80, **HYPOTHESIS)
+@settings(max_examples=50, **HYPOTHESIS)
 def test_fisher_drop_and_its_exact_form_match_scipy(runs_before, runs_after, data):
     passed_before, passed_after = data.draw(st.integers(0, runs_before)), data.draw(
         st.integers(0, runs_after)
@@ -527,7 +527,7 @@ def test_fisher_drop_and_its_exact_form_match_scipy(runs_before, runs_after, dat
     st.lists(st.fractions(0, 1, max_denominator=400), min_size=1, max_size=12),
     st.sampled_from(["0.01", "0.05", "0.1", "0.25"]),
 )
-@settings(max_examples=40, **HYPOTHESIS)
+@settings(max_examples=30, **HYPOTHESIS)
 def test_holm_matches_the_step_down_procedure(p_values, alpha):
     adjusted = compare_runs.holm(p_values)
     limit = fractions.Fraction(alpha)
@@ -645,7 +645,7 @@ def test_usage_errors_are_one_line_exit_2(compared, name):
     st.sampled_from([0.0, 0.2, 0.5, 0.7]),
     st.sampled_from([0.01, 0.05, 0.1, 0.3]),
 )
-@settings(max_examples=60, **HYPOTHESIS)
+@settings(max_examples=40, **HYPOTHESIS)
 def test_planner_power_matches_brute_force(n, before, after, alpha):
     assert compare_runs.power(n, before, after, alpha) == pytest.approx(
         brute_power(n, before, after, alpha), abs=1e-9
