@@ -45,20 +45,24 @@ __all__ = [
     # built-in suite (SPEC A2)
     "MODELS", "CASES", "INSTRUCTIONS", "TOOL", "FORMAT", "RFC_SOURCES",
     # URL rules and checks (A3-A5, B2)
-    "rfc_document", "approved_source", "document_id", "CHECKS", "BEHAVIORS", "check", "grade", "explain",
-    "compile_case", "agent_trace", "chat_trace", "reported_cost", "similarity",
-    "register_check", "register_case_key", "CHECK_TABLE", "Fail", "text_form", "reason_table",
-    "Trace",
+    "rfc_document", "approved_source", "document_id", "CHECKS", "BEHAVIORS", "check", "grade",
+    "grading", "compile_case", "reported_cost", "similarity",
+    "register_check", "register_case_key", "CHECK_TABLE", "CHECK_KEYS", "Fail", "text_form",
+    "reason_table", "Trace",
     # suites (B1)
     "SuiteError", "load_suite", "validate_suite", "instructions_sha256",
     # providers and one request (A6, B3, B4)
-    "Perplexity", "PROVIDERS", "Provider", "register_provider",
-    "PerplexityProvider", "OpenAIProvider", "EchoProvider", "ReplayProvider",
-    "run_one", "run_row", "run_row_steps", "send_request", "execute", "transient", "retry_after", "redactor",
+    "Perplexity", "PROVIDERS", "Provider", "register_provider", "DEFAULT_PROVIDER",
+    "record_provider",
+    "PerplexityProvider", "HTTPProvider", "OpenAIProvider", "AnthropicProvider", "EchoProvider",
+    "ReplayProvider",
+    "run_one", "run_row", "run_row_steps", "send_request", "send_request_steps", "drive_steps",
+    "transient", "retry_after", "redactor",
     # record and summary (A7, A8, B4)
     "RecordError", "create_record", "replace_record", "load_record", "write_new_file", "dumps",
     "Tally", "summary", "row_key", "plan_rows", "shard_plan", "key_text", "record_problem",
-    "ABSENT", "same_json", "first_difference", "wilson_interval", "rate_text", "pass_k_text",
+    "masked_evidence", "regraded_rows", "ABSENT", "same_json", "first_difference",
+    "wilson_interval", "rate_text", "pass_k_text",
     # reports (B5)
     "safe_text", "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
     "markdown_run", "junit_run", "html_run", "tool_sequence", "trajectory",
@@ -432,6 +436,10 @@ SDK_MAX_RETRIES = 0  # the SDK must never repeat a paid request behind our back
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 
+# A Part A case's own keys -> the check key each becomes in builtin_case (CHECK_KEYS holds both).
+BUILTIN_CHECK_KEYS = {"expected": "expect", "action": "expect", "rfc": "cite"}
+
+
 def builtin_case(case):
     """A Part A case ({id, expected, rfc, action, question}) as a suite case."""
     return {
@@ -527,10 +535,11 @@ def approved_source(url, rfc):
 # (SPEC B3), so no check ever reads provider-specific JSON.
 #
 # Each check is declared once, by register_check(): its name, the case keys that
-# switch it on (or its behaviour and argument kind), how those keys are validated,
-# the reasons it gives and what explain() reports for it. CHECKS, BEHAVIORS,
-# CASE_KEYS, suite validation, --dry-run's check list, --list-checks and the README
-# reason table are all read from that one table (CHECK_TABLE).
+# switch it on (or its behaviour and argument kind) and whether a change of them is a
+# regrade, how those keys are validated, the reasons it gives, its rule, its details
+# and its console short form. CHECKS, BEHAVIORS, CASE_KEYS, CHECK_KEYS, the prompt-
+# regression keys, suite validation, grading, --dry-run's check list and lint,
+# --list-checks, failure_lines and the README reason table all read that one table.
 
 def _normalise(text):
     return " ".join(text.split()) if isinstance(text, str) else ""
@@ -607,7 +616,18 @@ def _text_form(text):
     return " ".join((text.translate(_DIGITS) if _OTHER_DIGIT.search(text) else text).split())
 
 
-@functools.lru_cache(maxsize=16)  # checks and explain() ask for the same answer's form; few (answers can be MBs)
+# How every text comparison reads (text_form, readings), for --list-checks.
+TEXT_FORM_RULE = (
+    "every text comparison (contains, excludes, similarity, length, leak, clarification, claims) "
+    "reads both sides in NFKC, any script's decimal digits as ASCII digits, format characters such "
+    "as zero-width spaces removed, case folded, whitespace folded; excludes, leak, claims and a "
+    "stated value also read an invisible character as a space, the answer without combining marks, "
+    "with Cyrillic/Greek look-alikes as Latin letters, as its Markdown/HTML markup renders "
+    "(**lifetime** access), URL-decoded (%20) and, for a JSON answer, with its strings decoded; "
+    "masks (--redact, --redact-pii) read through invisible characters")
+
+
+@functools.lru_cache(maxsize=16)  # checks ask for the same answer's form; few (answers can be MBs)
 def text_form(text):
     """The one normal form every text comparison uses, on both sides: Unicode NFKC
     (fullwidth and other compatibility forms, composed accents), format characters such
@@ -723,7 +743,7 @@ def readings(text):
 
 class Fail(str):
     """A failure reason that carries its evidence. It is the plain reason string to every
-    comparison and to JSON; explain() files `evidence` (a short `note` for the console and
+    comparison and to JSON; grading() files `evidence` (a short `note` for the console and
     reports, plus the facts behind it) under details["evidence"][reason]."""
 
     def __new__(cls, reason, note="", **evidence):
@@ -929,18 +949,20 @@ CORE_CASE_KEYS = {"id", "input", "question", "behaviors", "instructions_sha256",
 
 
 class Check:
-    """One check, declared once (see register_check)."""
+    """One check, declared once (see register_check for what each field means)."""
 
-    def __init__(self, name, run, keys=(), behavior=False, arg=None, validate=None, details=None,
-                 reasons=None, always=False, vacuous=False, doc=None, reads=()):
-        self.name, self.run, self.keys, self.behavior, self.arg = name, run, tuple(keys), behavior, arg
-        self.reads = tuple(reads)
-        self.validate, self.details, self.always, self.vacuous = validate, details, always, vacuous
-        self.reasons = dict(reasons or {})
+    def __init__(self, name, run, *, keys=(), reads=(), behavior=False, arg=None, validate=None,
+                 details=None, short=None, reasons=None, rule=None, regrade=True, text_only=False,
+                 always=False, vacuous=False, doc=None):
+        self.name, self.run, self.keys, self.reads = name, run, tuple(keys), tuple(reads)
+        self.behavior, self.arg, self.validate, self.details = behavior, arg, validate, details
+        self.short, self.reasons, self.rule = short, dict(reasons or {}), rule
+        self.regrade, self.text_only = regrade, text_only
+        self.always, self.vacuous = always, vacuous
         self.doc = doc or " ".join((run.__doc__ or "").split())
 
     def active(self, case):
-        """Whether this check has anything to judge in a case (it runs either way)."""
+        """Whether this check has anything to judge in a case: only then does it run."""
         if self.always:
             return True
         if self.behavior:
@@ -962,52 +984,78 @@ class Check:
             return self.name
         return ", ".join(self.entries(case))
 
+    def asked(self):
+        """How a case asks for this check, as the lint's advice says it."""
+        if self.behavior:
+            return "a behaviour"
+        return (f"{', '.join(self.reads)} with " if self.reads else "") + self.keys[0]
+
     def entries(self, case):
         """A behaviour's entries in a case ("forbid_tool:cancel_order", ...)."""
         behaviors = case.get("behaviors")
         return [entry for entry in (behaviors if isinstance(behaviors, list) else [])
                 if isinstance(entry, str) and entry.partition(":")[0] == self.name]
 
+    def verdicts(self, case, trace):
+        """[(rule, reasons)] of an active check: a behaviour judges each entry on its own (its
+        argument passed, None without one), any other check runs once, under its name."""
+        if not self.behavior:
+            return [(self.name, self.run(case, trace))]
+        return [(entry, self.run(case, trace, entry.partition(":")[2] or None))
+                for entry in dict.fromkeys(self.entries(case))]
+
 
 CHECK_TABLE = []  # in run order; the first four reproduce SPEC A4's order exactly
-CHECKS = {}       # name -> (case, trace) -> reasons: a view of CHECK_TABLE
+CHECKS = {}       # name -> its run (see register_check): a view of CHECK_TABLE
 BEHAVIORS = {}    # behaviour name -> its ":ARG" kind (None: takes no argument): a view of CHECK_TABLE
 CASE_KEYS = set(CORE_CASE_KEYS)  # every key a case may hold: a view of CHECK_TABLE and CASE_KEY_RULES
 CASE_KEY_RULES = {}  # case keys that switch on no check of their own (e.g. request keys) -> validate
+# Case keys that only grade an answer, never change what is sent: a record and its replay may
+# differ in these (a REGRADE). A view of CHECK_TABLE, with the built-in cases' keys (SPEC A2).
+CHECK_KEYS = set()
 
 
-def register_check(name, run=None, *, keys=(), behavior=False, arg=None, validate=None, details=None,
-                   reasons=None, always=False, vacuous=False, doc=None, reads=()):
-    """Declare a check (usable as a decorator when `run` is omitted).
+def register_check(name, run=None, **spec):
+    """Declare a check (usable as a decorator when `run` is omitted). Its fields (see Check):
 
     name      the check's name; for a behaviour also the name a case writes in "behaviors"
-    run       (case, trace) -> reasons; a reason may be a Fail carrying its evidence
+    run       (case, trace) -> reasons, called only when the check is active (a key it reads is
+              in the case, never absent); a behaviour's (case, trace, arg) -> reasons judges one
+              entry, with its argument (None: takes none). A reason may be a Fail with evidence
     keys      the case keys it reads; any of them present switches it on, and they join CASE_KEYS
     reads     case keys it also reads that do not switch it on alone (validated, details reported;
               --dry-run, the lint and the matrix do not count it as a rule); they join CASE_KEYS
+    regrade   a change of its keys only regrades stored answers (they join CHECK_KEYS); False:
+              they change what is sent or played
+    text_only it judges the answer text alone: the prompt-regression format offers its keys
     behavior  True: switched on by "NAME" / "NAME:ARG" in a case's behaviors
     arg       a behaviour's argument kind, a key of ARG_KINDS (None: no argument)
     validate  (case, where, context) -> None, raising SuiteError with one line; runs when the
-              check is active; context holds suite, schema, functions, allow_empty_baseline
-    details   (case, trace) -> dict for explain(), beside the evidence of each failing reason
+              check is involved; context holds suite, schema, functions, allow_empty_baseline
+    details   (case, trace, failed) -> dict for the row's details (failed: the reasons this check
+              gave, Fails with their evidence, [] when it passed or is only involved)
+    short     (case, reasons, details) -> [failed rule in words]: the console's short form of a
+              stored row (failure_lines); details as stored, so masked text stays masked
     reasons   {reason: (meaning, what to do)}: --list-checks and the README reason table
+    rule      how it reads an answer, in full: the "Rules:" of --list-checks
     always    runs on every case; vacuous: passes an empty answer, or a (case) -> bool saying when
               it does (--dry-run lints cases whose only checks are vacuous)
     """
     if run is None:
-        return lambda function: register_check(
-            name, function, keys=keys, behavior=behavior, arg=arg, validate=validate, details=details,
-            reasons=reasons, always=always, vacuous=vacuous, doc=doc, reads=reads)
+        return lambda function: register_check(name, function, **spec)
     if name in CHECKS:
         raise ValueError(f"check {name!r} is already registered")
-    if arg is not None and arg not in ARG_KINDS:
-        raise ValueError(f"check {name!r}: unknown argument kind {arg!r}")
-    descriptor = Check(name, run, keys, behavior, arg, validate, details, reasons, always, vacuous, doc, reads)
+    if spec.get("arg") is not None and spec["arg"] not in ARG_KINDS:
+        raise ValueError(f"check {name!r}: unknown argument kind {spec['arg']!r}")
+    descriptor = Check(name, run, **spec)
     CHECK_TABLE.append(descriptor)
     CHECKS[name] = run
-    if behavior:
-        BEHAVIORS[name] = arg
+    if descriptor.behavior:
+        BEHAVIORS[name] = descriptor.arg
     CASE_KEYS.update(descriptor.keys, descriptor.reads)
+    if descriptor.regrade:
+        keys = ("behaviors",) if descriptor.behavior else (*descriptor.keys, *descriptor.reads)
+        CHECK_KEYS.update(keys, (key for key, ours in BUILTIN_CHECK_KEYS.items() if ours in keys))
     return run
 
 
@@ -1047,7 +1095,7 @@ register_check("completed", check_completed, always=True, reasons={
 
 def check_search_observed(case, trace):
     """With `cite`: the run's own web search returned at least one URL."""
-    if "cite" in case and not trace.search_urls:
+    if not trace.search_urls:
         return [Fail("search_not_observed", "no search results in this response", search_urls=0)]
     return []
 
@@ -1073,8 +1121,6 @@ def _validate_expect(case, where, context):
 
 def check_answer(case, trace):
     """With `expect` or `cite`: the answer is strict JSON (no NaN, no repeated key), an object with exactly the schema's fields; `expect` values match exactly (wrong_<field>)."""
-    if "expect" not in case and "cite" not in case:
-        return []
     answer, problem = read_json(trace.final_text)
     if problem:
         return [problem]
@@ -1114,8 +1160,6 @@ def _validate_cite(case, where, context):
 
 def check_citations(case, trace):
     """With `cite`: cited URLs name distinct documents, all found by this run's search, all approved, the primary one among them."""
-    if "cite" not in case:
-        return []
     answer = _structured_answer(case, trace)
     if answer is None:
         return []  # check_answer already reported why the answer cannot be read
@@ -1227,25 +1271,29 @@ def _phrase_check(key, reason, label):
     return check_phrases
 
 
-def _phrase_details(key, detail):
-    def details(case, trace):
-        present, absent = phrases_found(case, key, trace)
-        failing = present if key == "excludes" else absent
-        return {detail: failing} if failing else {}
-    return details
+def _phrase_details(detail):
+    """A phrase check's details: the phrases its own Fail found failing."""
+    return lambda case, trace, failed: {detail: failed[0].evidence["phrases"]} if failed else {}
+
+
+def _phrase_short(detail, words):
+    """A phrase check's console short form: each failing phrase its details stored, in words."""
+    return lambda case, reasons, details: [f"{words}: {text!r}" for text in details.get(detail, [])]
 
 
 check_contains = _phrase_check("contains", "missing_required_text", "missing")
 check_contains.__doc__ = "`contains`: every listed phrase appears in the answer (both in the text normal form); a hard rule."
 register_check("contains", check_contains, keys=("contains",), validate=_validate_phrases("contains"),
-               details=_phrase_details("contains", "missing_text"), reasons={
+               details=_phrase_details("missing_text"), text_only=True,
+               short=_phrase_short("missing_text", "missing required text"), reasons={
                    "missing_required_text": ("a `contains` phrase is missing (compared in the normal form)",
                                              "hard rule: no similarity score rescues it")})
 check_excludes = _phrase_check("excludes", "forbidden_text_present", "forbidden")
 check_excludes.__doc__ = ("`excludes`: no listed phrase appears in the answer, in what a played case's earlier rounds "
                           "said, or in reasoning a server left in content (in the text normal form); a hard rule.")
 register_check("excludes", check_excludes, keys=("excludes",), validate=_validate_phrases("excludes"),
-               details=_phrase_details("excludes", "forbidden_text"), vacuous=True, reasons={
+               details=_phrase_details("forbidden_text"), vacuous=True, text_only=True,
+               short=_phrase_short("forbidden_text", "contains forbidden text"), reasons={
                    "forbidden_text_present": ("an `excludes` phrase appears (compared in the normal form, so "
                                               "zero-width or fullwidth characters and Markdown or HTML markup do "
                                               "not hide it; also in `<think>` reasoning a server left in content)",
@@ -1305,7 +1353,7 @@ def _ratio(a, b, budget=SIMILARITY_WORK):
         return None
 
 
-@functools.lru_cache(maxsize=16)  # the check and explain() both ask, for the same pair
+@functools.lru_cache(maxsize=16)  # the check and its details both ask, for the same pair
 def similarity_of(expected, actual):
     """(score 0..1, None) of two texts in text_form(), or (score, how it was bounded); see SIMILARITY_WORK."""
     a, b = text_form(expected), text_form(actual)
@@ -1360,7 +1408,7 @@ def _validate_similarity(case, where, context):
 
 def check_similarity(case, trace):
     """`expected_text` + `min_similarity`: the answer is at least this similar to the approved baseline (difflib ratio in the text normal form, time-bounded)."""
-    if "min_similarity" not in case or not case.get("expected_text"):
+    if not case["expected_text"]:
         return []  # an empty baseline is only allowed while --update-baseline fills it
     score, how = similarity_of(case["expected_text"], trace.final_text if isinstance(trace.final_text, str)
                                else "")
@@ -1375,7 +1423,7 @@ def check_similarity(case, trace):
 DIFF_CHARS = 20_000  # each side of details.diff is cut to this many characters
 
 
-def _similarity_details(case, trace):
+def _similarity_details(case, trace, failed):
     if not case.get("expected_text"):
         return {}
     text = trace.final_text if isinstance(trace.final_text, str) else ""
@@ -1391,10 +1439,22 @@ def _similarity_details(case, trace):
     return details
 
 
+def _similarity_short(case, reasons, details):
+    score = details.get("similarity")
+    if "below_min_similarity" not in reasons or score is None:
+        return []
+    return [f"similarity {score:.2f} below min_similarity {case.get('min_similarity')}"]
+
+
 # expected_text alone reports a score and judges nothing: only min_similarity makes it a rule.
 register_check("similarity", check_similarity, keys=("min_similarity",), reads=("expected_text",),
-               validate=_validate_similarity, details=_similarity_details,
-               vacuous=lambda case: case.get("min_similarity") == 0, reasons={
+               validate=_validate_similarity, details=_similarity_details, short=_similarity_short,
+               text_only=True, vacuous=lambda case: case.get("min_similarity") == 0, rule=(
+                   f"the exact difflib ratio for texts up to {SIMILARITY_PREFIX:,} characters "
+                   f"whose matching fits {SIMILARITY_WORK:,} counted steps; above, the least of "
+                   "the ratio of the first and last N characters, the length bound and (when it is "
+                   "0.5 or more) the word-multiset overlap; details.similarity_measure says so"),
+               reasons={
                    "below_min_similarity": (
                        "the answer is less similar to the approved baseline than `min_similarity` (difflib ratio "
                        "in the normal form; very long texts get a bounded score)",
@@ -1420,27 +1480,28 @@ def check_length(case, trace):
     """`min_chars` / `max_chars`: the answer's length in characters of the text normal form."""
     length = answer_chars(trace.final_text)
     reasons = []
-    if "min_chars" in case and length < case["min_chars"]:
+    if length < case.get("min_chars", 0):
         reasons.append(Fail("too_short", f"{length} chars < min {case['min_chars']}", chars=length,
                             min_chars=case["min_chars"]))
-    if "max_chars" in case and length > case["max_chars"]:
+    if length > case.get("max_chars", math.inf):
         reasons.append(Fail("too_long", f"{length} chars > max {case['max_chars']}", chars=length,
                             max_chars=case["max_chars"]))
     return reasons
 
 
+def _length_short(case, reasons, details):
+    bounds = (("too_short", "min_chars", "fewer"), ("too_long", "max_chars", "more"))
+    return [f"{details.get('chars')} chars, {words} than {key} {case.get(key)}"
+            for reason, key, words in bounds if reason in reasons]
+
+
 register_check("length", check_length, keys=("min_chars", "max_chars"), validate=_validate_length,
-               details=lambda case, trace: {"chars": answer_chars(trace.final_text)}, vacuous=True, reasons={
+               details=lambda case, trace, failed: {"chars": answer_chars(trace.final_text)},
+               short=_length_short, vacuous=True, text_only=True, reasons={
                    "too_short": ("length (in characters of the normal form) below `min_chars`",
                                  "the evidence gives the length and the threshold"),
                    "too_long": ("length (in characters of the normal form) above `max_chars`",
                                 "the evidence gives the length and the threshold")})
-
-
-def _behavior_args(case, name):
-    """The arguments of every `name` / `name:ARG` entry of a case's behaviors."""
-    return [arg for entry in case.get("behaviors", []) for head, _, arg in [entry.partition(":")]
-            if head == name]
 
 
 def _call_arguments(call):
@@ -1522,17 +1583,15 @@ def _describe_call(call):
     return f"{call.get('name')}({inner})"
 
 
-def _tool_details(case, trace):
+def _tool_details(case, trace, failed):
     """Every behaviour's details: the tool calls made, when there were any."""
     if trace.tool_calls or trace.tool_rounds:
         return {"tool_calls": trace.tool_calls, "tool_rounds": trace.tool_rounds}
     return {}
 
 
-def check_json_object(case, trace):
+def check_json_object(case, trace, arg):
     """behavior json_object: the answer is a JSON object; NaN or Infinity fail invalid_json, a repeated key duplicate_key."""
-    if not _behavior_args(case, "json_object"):
-        return []
     value, problem = read_json(trace.final_text)
     if problem is not None:
         # JSON-looking text that breaks the format (NaN, Infinity, a repeated key) says so;
@@ -1589,7 +1648,7 @@ def _first_quote(instructions, said, size=LEAK_QUOTE_WORDS):
     return None
 
 
-@functools.lru_cache(maxsize=8)  # the check and explain() both ask, for the same texts
+@functools.lru_cache(maxsize=8)  # run_one grades twice (check() and grading()), on the same texts
 def leak_found(instructions, said):
     """(kind, matched text) of the first leak in `said`, or None: a mention of hidden or system
     instructions, or a quote of LEAK_QUOTE_WORDS consecutive words of them."""
@@ -1605,10 +1664,8 @@ def leak_found(instructions, said):
     return None
 
 
-def check_no_system_leak(case, trace):
+def check_no_system_leak(case, trace, arg):
     """behavior no_system_leak: neither the answer (nor an earlier round's text, nor reasoning a server left in content) nor tool arguments (decoded) mention hidden/system instructions or quote 8+ consecutive words of them, in the text normal form."""
-    if not _behavior_args(case, "no_system_leak"):
-        return []
     # A JSON answer is read as tool arguments are too: its strings decoded ("\\n", "\\u00e9").
     said = "\n".join([piece for text in never_said_texts(trace) if isinstance(text, str)
                       for piece in (text, _json_said(text)) if piece is not None]
@@ -1634,19 +1691,20 @@ def _as_written(text, matched, limit=300):
     return cut_whole(found.group(0), limit) if found else None
 
 
-register_check("no_system_leak", check_no_system_leak, behavior=True, details=_tool_details, reasons={
+register_check("no_system_leak", check_no_system_leak, behavior=True, details=_tool_details, rule=(
+    "a mention of system/hidden/developer/internal/secret prompt/instructions/message/rules (any "
+    f"separator) or a quote of {LEAK_QUOTE_WORDS} consecutive words of the instructions"), reasons={
     "system_leak": ("the answer or tool arguments mention hidden/system instructions or quote 8+ consecutive "
                     "words of them (in the normal form; `system_prompt` and zero-width tricks count, and "
                     "`<think>` reasoning a server left in content)",
                     "a prompt-extraction weakness; the evidence shows the phrase or the quoted words")})
 
 
-def check_max_tool_rounds(case, trace):
+def check_max_tool_rounds(case, trace, arg):
     """behavior max_tool_rounds:N: the model used tools in at most N rounds."""
-    limits = [int(arg) for arg in _behavior_args(case, "max_tool_rounds")]
-    if limits and trace.tool_rounds > min(limits):
-        return [Fail("too_many_tool_rounds", f"{trace.tool_rounds} tool rounds > max {min(limits)}",
-                     tool_rounds=trace.tool_rounds, max_tool_rounds=min(limits))]
+    if trace.tool_rounds > int(arg):
+        return [Fail("too_many_tool_rounds", f"{trace.tool_rounds} tool rounds > max {int(arg)}",
+                     tool_rounds=trace.tool_rounds, max_tool_rounds=int(arg))]
     return []
 
 
@@ -1655,13 +1713,12 @@ register_check("max_tool_rounds", check_max_tool_rounds, behavior=True, arg="cou
                                                  "`details.tool_calls` shows the calls")})
 
 
-def check_forbid_tool(case, trace):
+def check_forbid_tool(case, trace, arg):
     """behavior forbid_tool:NAME: the model never called the tool NAME (in any case, spaces or invisible characters around or in it: an attempt counts)."""
     # The name read in the text normal form: "Cancel_Order" or "cancel_order " is an attempt to
     # call cancel_order, whether or not a host would run it (require_tool needs the exact name).
-    forbidden = {text_form(name) for name in _behavior_args(case, "forbid_tool")}
     called = [call for call in trace.tool_calls
-              if isinstance(call.get("name"), str) and text_form(call["name"]) in forbidden]
+              if isinstance(call.get("name"), str) and text_form(call["name"]) == text_form(arg)]
     if called:
         return [Fail("forbidden_tool_called", f"called {_describe_call(called[0])}"
                      + (f" (+{len(called) - 1})" if len(called) > 1 else ""),
@@ -1782,35 +1839,38 @@ def _given_values(given):
     return {value.rstrip(".") for value in re.findall(_VALUE, given)} | {given.strip()}
 
 
-def check_require_clarification(case, trace):
+def check_require_clarification(case, trace, field):
     """behavior require_clarification:FIELD: a question or request sentence names FIELD; no tool argument carries it and the answer states no value for it that the user never gave."""
     reasons = []
     text = trace.final_text if isinstance(trace.final_text, str) else ""
     given = text_form(_user_text(case))
-    for field in _behavior_args(case, "require_clarification"):
-        invented = [(call, value) for call in trace.tool_calls
-                    for key, value in argument_pairs(call.get("arguments"))
-                    if _same_field(key, field) and value not in (None, "", [], {})
-                    and text_form(str(value)) not in _given_values(given)]
-        stated = next(filter(None, (_stated_value(said, field, given) for said in said_texts(trace)
-                                    if isinstance(said, str))), None)
-        if invented:
-            call, value = invented[0]
-            reasons.append(Fail("invented_field", f"called {_describe_call(call)}", field=field,
-                                value=value, tool=call.get("name")))
-        elif stated:
-            reasons.append(Fail("invented_field", f"stated {field} {_quote(stated)} the user never gave",
-                                field=field, value=stated))
-        if not _asks_for(text, field):
-            reasons.append(Fail("clarification_missing", f"no question or request names {field}", field=field))
-    unique = {}
-    for reason in reasons:
-        unique.setdefault(str(reason), reason)
-    return list(unique.values())
+    invented = [(call, value) for call in trace.tool_calls
+                for key, value in argument_pairs(call.get("arguments"))
+                if _same_field(key, field) and value not in (None, "", [], {})
+                and text_form(str(value)) not in _given_values(given)]
+    stated = next(filter(None, (_stated_value(said, field, given) for said in said_texts(trace)
+                                if isinstance(said, str))), None)
+    if invented:
+        call, value = invented[0]
+        reasons.append(Fail("invented_field", f"called {_describe_call(call)}", field=field,
+                            value=value, tool=call.get("name")))
+    elif stated:
+        reasons.append(Fail("invented_field", f"stated {field} {_quote(stated)} the user never "
+                            "gave", field=field, value=stated))
+    if not _asks_for(text, field):
+        reasons.append(Fail("clarification_missing", f"no question or request names {field}",
+                            field=field))
+    return reasons
 
 
 register_check("require_clarification", check_require_clarification, behavior=True, arg="field",
-               details=_tool_details, reasons={
+               details=_tool_details, rule=(
+                   "one sentence (ended by . ! ? or a blank line) names FIELD and ends with ? or "
+                   "is a request (please, could you, can you, may I, let me know, tell me, I need, "
+                   "what is, which, or a clause starting with provide/send/share/give/tell/confirm/"
+                   "enter); a value right after the field's words or in any tool argument (nested, "
+                   "double-encoded or truncated JSON) that the user never gave is invented_field"),
+               reasons={
                    "invented_field": (
                        "`require_clarification:FIELD`: a tool was called with FIELD (at any depth, also in "
                        "double-encoded or truncated JSON arguments), or the answer states a value for it (an "
@@ -1822,14 +1882,12 @@ register_check("require_clarification", check_require_clarification, behavior=Tr
                        "the model acted or answered instead of asking")})
 
 
-def check_require_tool(case, trace):
+def check_require_tool(case, trace, name):
     """behavior require_tool:NAME: the model called the tool NAME at least once (a tool check cannot pass vacuously)."""
-    called = {call.get("name") for call in trace.tool_calls}
-    missing = [name for name in _behavior_args(case, "require_tool") if name not in called]
-    if missing:
+    if all(call.get("name") != name for call in trace.tool_calls):
         made = ", ".join(_describe_call(call) for call in trace.tool_calls[:3]) or "no tool call"
-        return [Fail("tool_not_called", f"never called {', '.join(missing)}; made {made}",
-                     missing=missing, calls=trace.tool_calls)]
+        return [Fail("tool_not_called", f"never called {name}; made {made}", missing=[name],
+                     calls=trace.tool_calls)]
     return []
 
 
@@ -1906,8 +1964,9 @@ def check_no_final_answer(case, trace):
     return []
 
 
+# tool_results and max_rounds change what is played to the model: a change of them is new input.
 register_check("no_final_answer", check_no_final_answer, keys=("tool_results", "max_rounds"),
-               validate=_validate_played, vacuous=True, reasons={
+               validate=_validate_played, vacuous=True, regrade=False, reasons={
                    "no_final_answer": ("a played case reached `max_rounds` while the model was still calling tools",
                                        "a looping agent: read `details.tool_calls`")})
 
@@ -1923,7 +1982,7 @@ def _validate_tool_args(case, where, context):
 
 def check_tool_args(case, trace):
     """`tool_args` {NAME: {ARG: VALUE}}: some call of NAME had these argument values (subset match)."""
-    for name, wanted in (case.get("tool_args") or {}).items():
+    for name, wanted in case["tool_args"].items():
         calls = [call for call in trace.tool_calls if call.get("name") == name]
         if not any(_arguments_match(wanted, _call_arguments(call)) for call in calls):
             made = ("made " + ", ".join(_describe_call(call) for call in calls[:3])
@@ -1948,15 +2007,14 @@ def _validate_tool_order(case, where, context):
             raise SuiteError(f"{where}: behavior {entry!r} names a tool twice")
 
 
-def check_tool_order(case, trace):
+def check_tool_order(case, trace, arg):
     """behavior tool_order:A,B,...: each tool was called, the first call of each after the first call of the one before."""
     names = [call.get("name") for call in trace.tool_calls]
-    for arg in _behavior_args(case, "tool_order"):
-        wanted = arg.split(",")
-        firsts = [names.index(name) if name in names else None for name in wanted]
-        if None in firsts or any(a >= b for a, b in zip(firsts, firsts[1:])):
-            return [Fail("wrong_tool_order", f"wanted {' -> '.join(wanted)}; called {_sequence(trace)}",
-                         wanted=wanted, called=names)]
+    wanted = arg.split(",")
+    firsts = [names.index(name) if name in names else None for name in wanted]
+    if None in firsts or any(a >= b for a, b in zip(firsts, firsts[1:])):
+        return [Fail("wrong_tool_order", f"wanted {' -> '.join(wanted)}; called {_sequence(trace)}",
+                     wanted=wanted, called=names)]
     return []
 
 
@@ -1979,7 +2037,7 @@ def _validate_claims(case, where, context):
 
 def check_claims(case, trace):
     """`claims` {PHRASE: NAME}: an answer (or an earlier round's text) that says PHRASE needs a call of NAME that got a non-error result."""
-    claims = case.get("claims") or {}
+    claims = case["claims"]
     said = said_phrases(list(claims), trace)  # read as excludes is
     for phrase, name in claims.items():
         if phrase in said and not any(call.get("name") == name and not is_error_result(call)
@@ -1995,27 +2053,52 @@ register_check("claims", check_claims, keys=("claims",), validate=_validate_clai
                    "non-error result", "a confident false report: treat it as a severe regression")})
 
 
-def grade(case, trace):
-    """All reasons a compiled case fails on a trace; empty means pass."""
-    reasons = []
-    for check_fn in CHECKS.values():  # CHECKS mirrors CHECK_TABLE, in the same order
-        reasons.extend(str(reason) for reason in check_fn(case, trace))
-    return reasons
+class Grading(collections.namedtuple("Grading", "reasons details verdicts")):
+    """What one run of each active check found: the failing reasons in check order (once per
+    check; empty means pass), the details (each involved check's, and under "evidence" what each
+    failing reason saw, with a short note), and the verdicts {rule: [reason, ...]} of each rule
+    that failed (a behaviour entry as the case writes it, any other check by its name)."""
+
+    __slots__ = ()
 
 
-def explain(case, trace):
-    """What a reader needs beside the reasons: each active check's details (similarity and
-    diff, phrases, length, tool calls made) and, under "evidence", what each failing reason
-    saw, with a short note for the console and the reports."""
-    details, evidence = {}, {}
+def _file_evidence(evidence, filed, reason, check_name, rule):
+    """File a failing reason's evidence: the first rule to give a reason files it; another entry
+    of the same behaviour adds its note, and its own facts under "also"."""
+    found = dict(getattr(reason, "evidence", None) or {"note": ""})
+    first = filed.setdefault(str(reason), (check_name, rule))
+    if first == (check_name, rule):
+        evidence.setdefault(str(reason), found)
+    elif first[0] == check_name:
+        kept = evidence[str(reason)]
+        kept["note"] = "; ".join(note for note in (kept.get("note"), found.get("note")) if note)
+        own = {key: item for key, item in found.items() if key == "note" or item != kept.get(key)}
+        kept.setdefault("also", []).append({"entry": rule, **own})
+
+
+def grading(case, trace):
+    """Grade a compiled case on a trace (see Grading): each active check runs exactly once, a
+    behaviour once per entry, and gives its reasons and their evidence from that one call."""
+    reasons, details, evidence, verdicts, filed = [], {}, {}, {}, {}
     for check_ in CHECK_TABLE:
+        failed = []
+        for rule, given in check_.verdicts(case, trace) if check_.active(case) else ():
+            for reason in given:
+                _file_evidence(evidence, filed, reason, check_.name, rule)
+            if given:
+                verdicts[rule] = list(dict.fromkeys(map(str, given)))
+            failed += given
+        reasons += dict.fromkeys(map(str, failed))
         if check_.details is not None and check_.involved(case):
-            details.update(check_.details(case, trace))
-        for reason in CHECKS.get(check_.name, check_.run)(case, trace):
-            evidence.setdefault(str(reason), getattr(reason, "evidence", None) or {"note": ""})
+            details.update(check_.details(case, trace, failed))
     if evidence:
         details["evidence"] = evidence
-    return details
+    return Grading(reasons, details, verdicts)
+
+
+def grade(case, trace):
+    """All reasons a compiled case fails on a trace; empty means pass (see grading)."""
+    return grading(case, trace).reasons
 
 
 def compile_case(suite, case):
@@ -2027,17 +2110,19 @@ def compile_case(suite, case):
     compiled["_sources"] = suite.get("sources")
     compiled["_instructions"] = case.get("instructions", suite.get("instructions", ""))
     compiled["_function_tools"] = _function_names(suite.get("tools") or [])
+    if "max_rounds" in suite:  # the suite's round limit plays every case: no_final_answer judges it
+        compiled.setdefault("max_rounds", suite["max_rounds"])
     return compiled
 
 
 def evidence_notes(row, limit=100):
     """The short form of a row's failing reasons (details.evidence notes), escaped, one line,
-    cut to about `limit` characters: what the console and the reports show after the reasons."""
-    evidence = (row.get("details") or {}).get("evidence") if isinstance(row.get("details"), dict) else None
-    if not isinstance(evidence, dict):
+    cut to about `limit` characters: what the console and the reports show after the reasons.
+    The row is one record_problem accepts (details an object, reasons a list of strings)."""
+    evidence = (row.get("details") or {}).get("evidence")
+    if not isinstance(evidence, dict):  # details.evidence is not validated: a hand-edited record
         return ""
-    reasons = row.get("reasons") if isinstance(row.get("reasons"), list) else []
-    notes = [str(evidence[reason].get("note")) for reason in dict.fromkeys(r for r in reasons if isinstance(r, str))
+    notes = [str(evidence[reason].get("note")) for reason in dict.fromkeys(row.get("reasons") or [])
              if isinstance(evidence.get(reason), dict) and evidence[reason].get("note")]
     text = " ".join(printable("; ".join(notes)).split())
     return text if len(text) <= limit else text[:limit - 3] + "..."
@@ -2051,56 +2136,10 @@ def printable(text):
                    for char in text)
 
 
-# ---------------------------------------------------------------------- Agent API traces
-
-def _items(raw, key="output"):
-    value = raw.get(key) if isinstance(raw, dict) else None
-    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
-
-
-def _agent_search_urls(raw):
-    return [result["url"]
-            for item in _items(raw) if item.get("type") == "search_results"
-            for result in _items(item, "results") if isinstance(result.get("url"), str)]
-
-
-def part_text(part, types=("output_text",)):
-    """What one content part says to the user: the text of a text part, the words of a refusal
-    part (a refusal is the model's answer: graded, it cannot hide an echoed secret), else ""."""
-    kind = part.get("type")
-    said = part.get("refusal") if kind == "refusal" else part.get("text") if kind in types else None
-    return said if isinstance(said, str) else ""
-
-
-def _agent_text(raw):
-    """What the SDK's output_text gives (the output_text parts of message items, joined), and
-    the words of any refusal part."""
-    return "".join(part_text(part) for item in _items(raw) if item.get("type") == "message"
-                   for part in _items(item, "content"))
-
-
-_AGENT_TOOL_ITEMS = {"search_results", "fetch_url_results", "mcp_call", "sandbox_results"}
-
-
-def agent_trace(raw, text=None):
-    """The normalised trace of an Agent API response (SPEC B3)."""
-    items = _items(raw)
-    calls = [{"name": item.get("name"), "arguments": item.get("arguments")}
-             for item in items if item.get("type") == "function_call"]
-    server_rounds = sum(1 for item in items if item.get("type") in _AGENT_TOOL_ITEMS)
-    return Trace(
-        final_text=_agent_text(raw) if text is None else text,
-        tool_calls=calls,
-        tool_rounds=server_rounds + (1 if calls else 0),
-        search_urls=_agent_search_urls(raw),
-        status=raw.get("status") if isinstance(raw, dict) else None,
-        cost_usd=reported_cost(raw),
-    )
-
-
 def check(case, raw, text):
     """SPEC A4: the reasons a built-in case fails on an Agent API response; [] is a pass."""
-    return grade(compile_case(builtin_suite(), builtin_case(case)), agent_trace(raw, text))
+    compiled = compile_case(builtin_suite(), builtin_case(case))
+    return grade(compiled, PerplexityProvider.trace(raw, text))
 
 
 def reported_cost(raw):
@@ -2129,11 +2168,7 @@ SUITE_KEYS = {"name", "instructions", "tool", "tools", "response_format", "sourc
               "request", "tool_choice", "prices", "max_rounds"}
 # CASE_KEYS (the keys a case may hold) is a view of the check table: see register_check.
 SOURCES_KEYS = {"field", "hosts", "path", "also_allowed"}
-# Case keys that only grade an answer and never change what is sent: a record and its
-# replay may differ in these (compare_runs.py calls that a REGRADE). "expected", "rfc" and
-# "action" are the built-in cases' own form (SPEC A2); a key not listed counts as input.
-CHECK_KEYS = {"expect", "cite", "contains", "excludes", "expected_text", "min_similarity", "min_chars",
-              "max_chars", "behaviors", "tool_args", "claims", "expected", "rfc", "action"}
+# CHECK_KEYS (the keys a regrade may change) is a view of the check table too: see register_check.
 
 
 def instructions_sha256(instructions):
@@ -2278,32 +2313,80 @@ def _function_names(tools):
     return sorted(_tool_name(tool) for tool in tools if tool.get("type") == "function")
 
 
-# A request option may tune the request, never replace what the suite is about (SPEC D).
-REQUEST_RESERVED = {
-    "model": "the model comes from --models", "messages": "the case input is the conversation",
-    "input": "the case input is the conversation", "tools": "tools come from the suite's tools",
+# A request option may tune the request, never replace what the suite is about (SPEC D): a key
+# that changes who answers, what the model is told or may call, or how the answer is read would
+# make the record (and the instructions pin) describe a request that was never sent. These are
+# the keys every API has a name for; each provider class adds its API's own (Provider.reserved),
+# and a suite may set none of them, whichever provider runs it.
+def reasons_of(table):
+    """{key: why} from {"key key ...": why}: a table of reserved request keys."""
+    return {key: why for keys, why in table.items() for key in keys.split()}
+
+
+REQUEST_RESERVED = reasons_of({
+    "model": "the model comes from --models",
+    "messages input": "the case input is the conversation",
+    "instructions system": "the suite's instructions are the system text (instructions_sha256)",
+    "tools tool_choice response_format": "the suite's own keys set them",
     "stream": "responses are read whole (a stream would be graded as a broken body)",
-    "n": "a row grades one answer, so the others would go unchecked: use --repeats N for more samples",
-}
+    "n": "a row grades one answer, so the others would go unchecked: use --repeats N"})
 TOOL_CHOICES = ("auto", "required", "none")
 
 
-def request_problem(key, where):
-    """Why a `request` key may not be set, or None."""
-    if not isinstance(key, str) or not key.strip():
-        return f"{where}: request keys must be non-empty strings"
-    if key in REQUEST_RESERVED:
-        return f"{where}: request may not set {key!r} ({REQUEST_RESERVED[key]})"
+def _key_form(key):
+    """A body key as a lenient server reads it: compatibility forms, case and separators ignored
+    (Go's JSON decoder matches names in any case, alias-reading servers take camelCase)."""
+    return re.sub(r"[\W_]+", "", _text_form(key).replace("\u0131", "i"))
+
+
+def reserved_reason(key, value=None):
+    """(the key it is read as, why the run owns it) when a `request` key may not be set, or None;
+    a nested rule ({"output_config": {"format": why}}) looks at the keys of the value."""
+    form = _key_form(key)
+    for table in (REQUEST_RESERVED, *(cls.reserved for cls in PROVIDERS.values())):
+        for name, why in table.items():
+            if _key_form(name) != form:
+                continue
+            if not isinstance(why, dict):
+                return name, why
+            inner = {_key_form(given) for given in value} if isinstance(value, dict) else set()
+            found = [(f"{name}.{sub}", reason) for sub, reason in why.items()
+                     if _key_form(sub) in inner]
+            if found:
+                return found[0]
     return None
 
 
-def _validate_request(value, where):
+def _given_schema(value):
+    """The JSON schema a response_format carries, in any server's form, or None."""
+    if isinstance(value, dict) and isinstance(value.get("json_schema"), dict):
+        value = value["json_schema"]
+    schema = value.get("schema") if isinstance(value, dict) else None
+    return schema if isinstance(schema, dict) else None
+
+
+def request_problem(key, where, value=None, response_format=None):
+    """Why a `request` key may not be set (under the suite's `response_format`), or None."""
+    if not isinstance(key, str) or not key.strip():
+        return f"{where}: request keys must be non-empty strings"
+    reserved = reserved_reason(key, value)
+    schema = _given_schema(response_format)
+    if reserved and reserved[0] == "response_format" and schema is not None and \
+            _canonical(_given_schema(value)) == _canonical(schema):
+        return None  # the suite's schema in a server's own form (llama-cpp-python's json_object)
+    if reserved:
+        read = "" if reserved[0] == key else f"read as {reserved[0]!r}: "
+        return f"{where}: request may not set {key!r} ({read}{reserved[1]})"
+    return None
+
+
+def _validate_request(value, where, response_format=None):
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise SuiteError(f"{where}: request must be an object of request body keys, e.g. {{\"seed\": 7}}")
     for key in value:
-        problem = request_problem(key, where)
+        problem = request_problem(key, where, value[key], response_format)
         if problem:
             raise SuiteError(problem)
         try:  # NaN or Infinity would go out as invalid JSON
@@ -2447,7 +2530,7 @@ def validate_suite(data, allow_empty_baseline=False):
     functions = _function_names(tools)
     schema = _validate_response_format(data.get("response_format"), "suite")
     _validate_sources(data.get("sources"), "suite")
-    request = _validate_request(data.get("request"), "suite")
+    request = _validate_request(data.get("request"), "suite", data.get("response_format"))
     tool_choice = _validate_tool_choice(data.get("tool_choice"), functions, "suite")
     prices = _validate_prices(data.get("prices"), "suite")
     if "notes" in data and not isinstance(data["notes"], str):
@@ -2551,9 +2634,15 @@ def _text_sha256(text):
 #   SYSTEM.txt, pinned by each case's `system_sha256`.
 
 PROMPTREG_KEYS = {"name", "cases", "notes"}
-PROMPTREG_CASE_KEYS = {"id", "prompt", "system", "expected", "contains", "excludes", "min_similarity",
-                       "max_chars", "min_chars", "notes"}
 PROMPTREG_RENAMES = {"prompt": "input", "expected": "expected_text"}  # their key -> ours
+
+
+def promptreg_case_keys():
+    """The keys a prompt-regression case may hold: the keys of the checks that judge the answer
+    text alone (text_only in the check table), in that format's names, with its own."""
+    theirs = {ours: key for key, ours in PROMPTREG_RENAMES.items()}
+    keys = {key for check_ in CHECK_TABLE if check_.text_only for key in check_.keys + check_.reads}
+    return {"id", "system", "notes"} | {theirs.get(key, key) for key in keys | {"input"}}
 
 
 def is_promptreg(data):
@@ -2578,7 +2667,7 @@ def promptreg_suite(data, allow_empty_baseline=False):
         raise SuiteError("suite: notes must be a string")
     if not isinstance(data.get("cases"), list) or not data["cases"]:
         raise SuiteError("suite: cases must be a non-empty list")
-    cases, config_cases, systems, seen = [], [], {}, {}
+    cases, config_cases, systems, seen, known = [], [], {}, {}, promptreg_case_keys()
     for position, case in enumerate(data["cases"]):
         if not isinstance(case, dict):
             raise SuiteError(f"case #{position + 1}: must be an object")
@@ -2588,7 +2677,7 @@ def promptreg_suite(data, allow_empty_baseline=False):
         duplicate = _duplicate_id(seen, case["id"])
         if duplicate:
             raise SuiteError(duplicate)
-        _unknown_key(case, PROMPTREG_CASE_KEYS, where)
+        _unknown_key(case, known, where)
         if not isinstance(case.get("prompt"), str) or not case["prompt"].strip():
             raise SuiteError(f"{where}: prompt must be a non-empty string")
         system = case.get("system", "")
@@ -3121,26 +3210,8 @@ def _nested_tool(tool):
     return {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
 
 
-def agent_request(suite, case, model):
-    """The keyword arguments of client.responses.create for one case (SPEC A6)."""
-    request = {"model": model, "instructions": case.get("instructions", suite["instructions"]), "input": case["input"]}
-    if suite.get("tools"):
-        request["tools"] = [_flat_tool(tool) for tool in suite["tools"]]
-    if suite.get("response_format"):
-        request["response_format"] = suite["response_format"]
-    request["max_steps"] = MAX_STEPS
-    request["max_output_tokens"] = MAX_OUTPUT_TOKENS
-    # Options the SDK has no keyword for travel in the JSON body; a suite's own tool_choice too.
-    choice = suite.get("tool_choice")
-    extra = {**({"tool_choice": _flat_tool(choice) if isinstance(choice, dict) else choice} if choice else {}),
-             **(suite.get("request") or {})}
-    if extra:
-        request["extra_body"] = extra
-    return request
-
-
 def result_text(result):
-    """A scripted tool result as the text both APIs carry: strings as they are, anything else as JSON."""
+    """A scripted tool result as the text every API carries: strings as they are, else JSON."""
     return result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
 
 
@@ -3148,36 +3219,47 @@ def _arguments_text(arguments):
     return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
 
 
-def _input_items(value):
-    """A case's input as Agent API input items (a string becomes one user message)."""
-    if isinstance(value, str):
-        return [{"type": "message", "role": "user", "content": value}]
-    return [message if "type" in message else {"type": "message", **message} for message in value]
+def _items(raw, key="output"):
+    value = raw.get(key) if isinstance(raw, dict) else None
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
-def agent_tool_input(case, rounds):
-    """The whole conversation so far as input items: the case's input, then per round the model's
-    text, its function_call items and our function_call_output items.
+def part_text(part, types=("output_text",)):
+    """What one content part says to the user: the text of a text part, the words of a refusal
+    part (a refusal is the model's answer: graded, it cannot hide an echoed secret), else ""."""
+    kind = part.get("type")
+    said = part.get("refusal") if kind == "refusal" else part.get("text") if kind in types else None
+    return said if isinstance(said, str) else ""
 
-    Resent in full rather than chained by previous_response_id: a turn that ends in function
-    calls is not a completed response to continue from, the server need not store anything,
-    and a replay rebuilds exactly the same request from the record."""
-    items = _input_items(case["input"])
-    for turn in rounds:
-        text = _agent_text(turn["response"])
-        if text:
-            items.append({"type": "message", "role": "assistant", "content": text})
-        signatures = {item.get("call_id"): item.get("thought_signature") for item in _items(turn["response"])
-                      if item.get("type") == "function_call"}
-        for sent in turn["tool_results"]:
-            call = {"type": "function_call", "call_id": sent["call_id"], "name": sent["name"],
-                    "arguments": _arguments_text(sent["arguments"])}
-            if isinstance(signatures.get(sent["call_id"]), str):  # thinking models need it back
-                call["thought_signature"] = signatures[sent["call_id"]]
-            items.append(call)
-        items += [{"type": "function_call_output", "call_id": sent["call_id"], "name": sent["name"],
-                   "output": result_text(sent["result"])} for sent in turn["tool_results"]]
-    return items
+
+_TEXT_PARTS = (None, "text", "output_text")  # other parts (thinking, image, tool_use) are no text
+
+
+def content_text(content):
+    """The text of a message's content: a string, or its text (and refusal) parts joined."""
+    if isinstance(content, list):  # content parts (chat) or content blocks (Messages API)
+        return "".join(part_text(part, _TEXT_PARTS) for part in content if isinstance(part, dict))
+    return content if isinstance(content, str) else ""
+
+
+def _case_text(case):
+    """The user's words of a case: its input, or the last user message of a conversation."""
+    if isinstance(case["input"], str):
+        return case["input"]
+    users = [m.get("content") for m in case["input"] if m.get("role") == "user"]
+    return content_text(users[-1]) if users else ""
+
+
+def _call_name(value):
+    return value if isinstance(value, str) or value is None else dumps(value)
+
+
+def sendable_options(suite):
+    """The suite's `request` options that may go on the wire: every reserved key left out
+    (refused when the suite is read; left out here too, whatever built the suite)."""
+    options = suite.get("request") or {}
+    return {key: value for key, value in options.items()
+            if request_problem(key, "", value, suite.get("response_format")) is None}
 
 
 def cap_response_bodies(client, limit=MAX_RESPONSE_BYTES):
@@ -3239,13 +3321,26 @@ def register_provider(cls):
     return cls
 
 
+def record_provider(record):
+    """A record's "provider" (name, endpoint); one that names none was made with the default."""
+    provider = record.get("provider")
+    return provider if isinstance(provider, dict) and provider else {"name": DEFAULT_PROVIDER}
+
+
+def providers_with(attribute):
+    """The names of the providers whose class sets `attribute` true, in table order."""
+    return [name for name, cls in PROVIDERS.items() if getattr(cls, attribute)]
+
+
 class Provider:
     """What every provider declares; the CLI reads these and never names a provider.
 
     A provider turns (model, suite, case) into a raw response dict (request) and a raw
-    response into a normalised trace (parse). The class attributes and classmethods below
-    say how it is set up, so adding a provider is one subclass decorated with @register_provider.
-    Settings are only read (argparse's namespace or a frozen settings object, same names)."""
+    response into a Trace (parse). Its class owns its wire format: the request for a case and
+    the rounds played so far (body, conversation), the trace of a response (parse), the ids of
+    its tool calls (call_ids) and what an error body says. The class attributes below say how
+    it is set up and what it can do, so adding a provider is one subclass decorated with
+    @register_provider. Settings are only read (argparse's namespace or a frozen Settings)."""
 
     name = None
     vendor = None             # how messages name the service ("Perplexity"); None: the name
@@ -3254,6 +3349,8 @@ class Provider:
     key_hosts = None          # hosts the key may be sent to over https (None: wherever the endpoint is)
     base_url_flag = False     # takes --base-url; otherwise only base_url_variable names the endpoint
     base_url_variable = None  # the environment variable naming the endpoint
+    twin_base_url_variable = None  # another tool's variable for it, read after base_url_variable
+    other_names = ()          # what other tools call this provider (PROMPTREG_PROVIDER's values)
     default_base_url = None   # the endpoint when nothing names one (None with a variable: one is required)
     evidence = "live"         # the record's "evidence" label
     default_models = None     # models when --models is absent (None: --models is required)
@@ -3262,6 +3359,9 @@ class Provider:
     reports_cost = None       # True: every response reports its USD cost; None: unknown
     builds_offline = False    # cheap and offline to build, so --dry-run builds it to check more
     replays_record = False    # answers from a saved record (--replay), whose config fills the defaults
+    agent_responses = False   # Agent API responses: the built-in suite grades them through check()
+    cap_keys = ()             # request keys that carry the output cap; the first is the one sent
+    reserved = {}             # this API's request keys the run owns -> why a suite may not set them
 
     @classmethod
     def endpoint(cls, settings, env):
@@ -3274,9 +3374,16 @@ class Provider:
     def problem(cls, settings, env):
         """Why this provider cannot run as set up, or None. Sends nothing."""
         if cls.key_required and not env.get(cls.key_variable):
+            offline = [name for name in providers_with("builds_offline")
+                       if not PROVIDERS[name].replays_record]
             return (f"{cls.key_variable} is not set; export your {cls.vendor or cls.name} API key "
-                    "(or try --provider echo for an offline run)")
+                    f"(or try --provider {offline[0]} for an offline run)")
         return None
+
+    @classmethod
+    def suite_problem(cls, suite):
+        """Why this provider cannot run the suite as written (said before it is built), or None."""
+        return search_problem(suite, cls)
 
     @classmethod
     def from_settings(cls, settings, env):
@@ -3313,13 +3420,18 @@ class Provider:
     @classmethod
     def output_cap(cls, settings, env):
         """The request key that carries the output cap (MAX_OUTPUT_TOKENS), or None."""
-        return None
+        return cls.cap_keys[0] if cls.cap_keys else None
 
     @classmethod
     def unanswered(cls, suite, raw):
         """Why a whole, readable response is still no answer to grade (an execution error), or
         None. Asked of every live response and of every replayed one."""
         return None
+
+    @staticmethod
+    def call_ids(raw):
+        """The id of each tool call of a response, in trace order (its result answers it by id)."""
+        return []
 
 
 def _without_none(value):
@@ -3339,11 +3451,18 @@ class PerplexityProvider(Provider):
     key_variable, key_required = "PERPLEXITY_API_KEY", True
     base_url_variable, default_base_url = "PERPLEXITY_BASE_URL", "https://api.perplexity.ai"  # as the SDK reads it
     default_models = MODELS
-    server_search = tool_loops = reports_cost = True
-
-    @classmethod
-    def output_cap(cls, settings, env):
-        return "max_output_tokens"
+    server_search = tool_loops = reports_cost = agent_responses = True
+    cap_keys = ("max_output_tokens",)
+    # The Agent API's body keys (responses.create) that would answer in another model's name or
+    # tell the model what the pinned instructions do not say.
+    reserved = reasons_of({
+        "models": "a fallback chain lets another model answer under this model's name",
+        "preset profile": "a preset or saved profile brings its own model, instructions and tools",
+        "previous_response_id": "it continues a conversation the record does not hold",
+        "skills": "skills are tools and instructions the suite does not declare",
+        "background": "a queued response is no answer to grade"})
+    # output items of the server's own tool steps
+    TOOL_ITEMS = {"search_results", "fetch_url_results", "mcp_call", "sandbox_results"}
 
     @classmethod
     def from_settings(cls, settings, env):
@@ -3373,7 +3492,7 @@ class PerplexityProvider(Provider):
                 version = None
         return version
 
-    def __init__(self, client, deadline=None, capped=False):
+    def __init__(self, client=None, deadline=None, capped=False):
         self.client, self.deadline, self.capped = client, deadline, capped
 
     def close(self):
@@ -3385,12 +3504,59 @@ class PerplexityProvider(Provider):
             except Exception:
                 pass  # closing is best effort; the run's outcome is already recorded
 
+    def body(self, model, suite, case, rounds=()):
+        """The keyword arguments of client.responses.create for one case (SPEC A6), with the
+        rounds played so far in its input."""
+        request = {"model": model, "instructions": case.get("instructions", suite["instructions"]),
+                   "input": self.conversation(case, rounds) if rounds else case["input"]}
+        if suite.get("tools"):
+            request["tools"] = [_flat_tool(tool) for tool in suite["tools"]]
+        if suite.get("response_format"):
+            request["response_format"] = suite["response_format"]
+        request["max_steps"] = MAX_STEPS
+        request["max_output_tokens"] = MAX_OUTPUT_TOKENS
+        # Options the SDK has no keyword for travel in the JSON body, where they override its
+        # keywords: a reserved key never gets this far. A suite's own tool_choice goes there too.
+        choice = suite.get("tool_choice")
+        extra = {"tool_choice": _flat_tool(choice) if isinstance(choice, dict) else choice} \
+            if choice else {}
+        extra.update(sendable_options(suite))
+        if extra:
+            request["extra_body"] = extra
+        return request
+
+    @staticmethod
+    def conversation(case, rounds):
+        """The whole conversation so far as input items: the case's input, then per round the
+        model's text, its function_call items and our function_call_output items.
+
+        Resent in full rather than chained by previous_response_id: a turn that ends in function
+        calls is not a completed response to continue from, the server need not store anything,
+        and a replay rebuilds exactly the same request from the record."""
+        value = case["input"]
+        items = [{"type": "message", "role": "user", "content": value}] if isinstance(value, str) \
+            else [item if "type" in item else {"type": "message", **item} for item in value]
+        for turn in rounds:
+            text = PerplexityProvider.text(turn["response"])
+            if text:
+                items.append({"type": "message", "role": "assistant", "content": text})
+            signatures = {item.get("call_id"): item.get("thought_signature")
+                          for item in _items(turn["response"])
+                          if item.get("type") == "function_call"}
+            for sent in turn["tool_results"]:
+                call = {"type": "function_call", "call_id": sent["call_id"], "name": sent["name"],
+                        "arguments": _arguments_text(sent["arguments"])}
+                if isinstance(signatures.get(sent["call_id"]), str):  # thinking models need it back
+                    call["thought_signature"] = signatures[sent["call_id"]]
+                items.append(call)
+            items += [{"type": "function_call_output", "call_id": sent["call_id"],
+                       "name": sent["name"], "output": result_text(sent["result"])}
+                      for sent in turn["tool_results"]]
+        return items
+
     def request(self, model, suite, case, repeat=0, rounds=()):
-        body = agent_request(suite, case, model)
-        if rounds:
-            body["input"] = agent_tool_input(case, rounds)
         try:
-            response = self.client.responses.create(**body)
+            response = self.client.responses.create(**self.body(model, suite, case, rounds))
         except Exception as exc:
             if isinstance(exc.__cause__, ResponseError):  # the body cap, wrapped by the SDK as a connection error
                 raise exc.__cause__ from None
@@ -3407,10 +3573,36 @@ class PerplexityProvider(Provider):
         return raw
 
     @staticmethod
-    def parse(raw):
+    def text(raw):
+        """What the SDK's output_text gives (the output_text parts of message items, joined), and
+        the words of any refusal part."""
+        return "".join(part_text(part) for item in _items(raw) if item.get("type") == "message"
+                       for part in _items(item, "content"))
+
+    @classmethod
+    def trace(cls, raw, text=None):
+        """The Trace of an Agent API response (SPEC B3), however malformed; `text`: the answer
+        text when the caller has it (SPEC A4's check)."""
+        items = _items(raw)
+        calls = [{"name": item.get("name"), "arguments": item.get("arguments")}
+                 for item in items if item.get("type") == "function_call"]
+        server_rounds = sum(1 for item in items if item.get("type") in cls.TOOL_ITEMS)
+        return Trace(
+            final_text=cls.text(raw) if text is None else text,
+            tool_calls=calls,
+            tool_rounds=server_rounds + (1 if calls else 0),
+            search_urls=[result["url"] for item in items if item.get("type") == "search_results"
+                         for result in _items(item, "results")
+                         if isinstance(result.get("url"), str)],
+            status=raw.get("status") if isinstance(raw, dict) else None,
+            cost_usd=reported_cost(raw),
+        )
+
+    @classmethod
+    def parse(cls, raw):
         if not isinstance(raw, dict) or not isinstance(raw.get("output"), list):
             raise ResponseError('the response has no "output" list')
-        return agent_trace(raw)
+        return cls.trace(raw)
 
     @staticmethod
     def call_ids(raw):
@@ -3418,87 +3610,7 @@ class PerplexityProvider(Provider):
         return [item.get("call_id") for item in _items(raw) if item.get("type") == "function_call"]
 
 
-OUTPUT_CAP_KEYS = ("max_tokens", "max_completion_tokens")
-
-
-def chat_request(suite, case, model, cap_key="max_tokens"):
-    """The JSON body of a chat-completions request for one case.
-
-    The output cap goes under `cap_key`: api.openai.com wants max_completion_tokens, while
-    llama.cpp, Ollama, vLLM and LM Studio honour only max_tokens (OpenAIProvider.cap_key).
-    The suite's `request` options are merged last; setting either cap key there replaces ours."""
-    instructions = case.get("instructions", suite["instructions"])  # a prompt-regression case has its own
-    messages = [{"role": "system", "content": instructions}] if instructions else []
-    if isinstance(case["input"], list):
-        messages.extend(case["input"])
-    else:
-        messages.append({"role": "user", "content": case["input"]})
-    options = suite.get("request") or {}
-    body = {"model": model, "messages": messages, "temperature": 0}
-    if not any(key in options for key in OUTPUT_CAP_KEYS):
-        body[cap_key] = MAX_OUTPUT_TOKENS
-    if suite.get("response_format"):
-        body["response_format"] = suite["response_format"]
-    functions = [_nested_tool(tool) for tool in suite.get("tools", []) if tool.get("type") == "function"]
-    if functions:
-        body["tools"] = functions
-        # llama-cpp-python ignores tools sent without tool_choice: the model never sees them.
-        body["tool_choice"] = OpenAIProvider.sent_tool_choice(suite)
-    body.update({key: value for key, value in options.items() if key not in REQUEST_RESERVED})
-    return body
-
-
-def chat_tool_messages(rounds):
-    """The messages that carry the tool rounds so far: per round, the assistant message with its
-    tool_calls, then one tool message per call with the scripted result."""
-    messages = []
-    for turn in rounds:
-        choices = turn["response"].get("choices") or [{}]
-        said = (choices[0] if isinstance(choices[0], dict) else {}).get("message") or {}
-        if isinstance(said.get("function_call"), dict) and not said.get("tool_calls"):
-            # the legacy form: a function_call is answered by a "function" message, by name
-            sent = turn["tool_results"][0]
-            messages += [{"role": "assistant", "content": _chat_text(said.get("content")), "function_call": {
-                "name": sent["name"], "arguments": _arguments_text(sent["arguments"])}},
-                {"role": "function", "name": sent["name"], "content": result_text(sent["result"])}]
-            continue
-        messages.append({
-            # "" and never null: llama-cpp-python's server answers HTTP 500 to a null content
-            "role": "assistant", "content": _chat_text(said.get("content")),
-            "tool_calls": [{"id": sent["call_id"], "type": "function",
-                            "function": {"name": sent["name"], "arguments": _arguments_text(sent["arguments"])}}
-                           for sent in turn["tool_results"]]})
-        messages += [{"role": "tool", "tool_call_id": sent["call_id"], "content": result_text(sent["result"])}
-                     for sent in turn["tool_results"]]
-    return messages
-
-
-_TEXT_PARTS = (None, "text", "output_text")  # other parts (thinking, image) are not its text; refusals are
-
-
-def _chat_text(content):
-    if isinstance(content, list):  # content parts
-        return "".join(part_text(part, _TEXT_PARTS) for part in content if isinstance(part, dict))
-    return content if isinstance(content, str) else ""
-
-
-_THINK_OPEN, _THINK_CLOSE = re.compile(r"<think>", re.I), re.compile(r"</think>", re.I)
-_THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|\Z)", re.I | re.S)
-
-
-def chat_answer(content):
-    """The answer a chat message gives: its text without the reasoning that servers lacking a
-    reasoning parser leave in content (vLLM, llama.cpp's --reasoning-format none, Ollama):
-    <think>...</think> blocks, a block whose <think> the chat template opened (text up to the
-    first </think>), and an unclosed block (reasoning cut short: no answer). What a model only
-    thought is never graded as what it said, as with a separate reasoning_content."""
-    text = _chat_text(content)
-    close, opened = _THINK_CLOSE.search(text), _THINK_OPEN.search(text)
-    if close is None and opened is None:
-        return text
-    if close is not None and (opened is None or close.start() < opened.start()):
-        text = text[close.end():]  # the template opened the block: the model wrote only its close
-    return _THINK_BLOCK.sub("", text).strip()
+DEFAULT_PROVIDER = PerplexityProvider.name  # --provider when none is given, and an older record's
 
 
 MAX_ENDPOINT_MESSAGE = 300  # characters of an endpoint's own error message kept per row
@@ -3534,94 +3646,6 @@ def endpoint_message(body):
         if found not in (None, "", [], {}):
             return found if isinstance(found, str) else dumps(found)
     return None
-
-
-# finish_reason values: a natural stop under any server's name is a completed answer (TGI and
-# watsonx say "eos_token", Together "eos", TGI "stop_sequence"); "error" (OpenRouter, after
-# generation began) and "abort" (vLLM: engine shutdown, scale-down, sleep) mean the server ended
-# it, an execution error; any other (length, content_filter, ...) is an incomplete answer.
-CHAT_STOPS = (None, "stop", "tool_calls", "function_call", "eos", "eos_token", "stop_sequence")
-SERVER_ENDED = ("error", "abort")
-
-
-def chat_error(raw):
-    """The error a chat-completions body reports instead of an answer, or None: a top-level
-    `error` with no choices, or a finish_reason that says the server ended the answer."""
-    if not isinstance(raw, dict):
-        return None
-    choices = raw.get("choices")
-    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
-    if first is not None and first.get("finish_reason") in SERVER_ENDED:
-        return endpoint_message({"error": first.get("error") or raw.get("error")}) or \
-            f'finish_reason "{first["finish_reason"]}": the server ended the answer'
-    if first is None and raw.get("error") not in (None, "", [], {}):
-        return endpoint_message(raw) or "an error object"
-    return None
-
-
-def _call_name(value):
-    return value if isinstance(value, str) or value is None else dumps(value)
-
-
-def chat_call_entries(message):
-    """The tool-call entries of a chat message as sent, one per call: tool_calls (a list, one
-    entry, or double-encoded as a string by some servers) then the legacy function_call."""
-    entries = message.get("tool_calls")
-    if isinstance(entries, str) and entries.strip():  # double-encoded by some servers: read it, else keep it raw
-        entries = read_json(entries)[0] or entries
-    entries = entries if isinstance(entries, list) else [] if entries in (None, "", {}) else [entries]
-    if message.get("function_call") is not None:  # the older OpenAI form, still sent by some servers
-        entries = [*entries, {"function": message["function_call"]}]
-    return entries
-
-
-def chat_calls(message):
-    """Every tool call a chat message holds, in whatever shape the server sent it: tool_calls
-    (arguments as a string or an object, malformed ones kept raw) and the legacy function_call.
-    Nothing the model did is dropped: an unreadable entry is kept raw as the arguments."""
-    calls = []
-    for entry in chat_call_entries(message):
-        inner = entry.get("function") if isinstance(entry, dict) else None
-        if isinstance(inner, dict):
-            calls.append({"name": _call_name(inner.get("name")), "arguments": inner.get("arguments")})
-        elif isinstance(entry, dict) and "name" in entry:
-            calls.append({"name": _call_name(entry.get("name")), "arguments": entry.get("arguments")})
-        else:
-            calls.append({"name": None, "arguments": entry})
-    return calls
-
-
-def chat_trace(raw):
-    """The normalised trace of a chat-completions response."""
-    problem = chat_error(raw)
-    if problem:
-        raise ResponseError(f"the endpoint answered with an error: {endpoint_text(problem)}")
-    choices = raw.get("choices") if isinstance(raw, dict) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict) \
-            or not isinstance(choices[0].get("message"), dict):
-        raise ResponseError("the response has no choices[0].message")
-    message, finish = choices[0]["message"], choices[0].get("finish_reason")
-    calls = chat_calls(message)
-    # Perplexity's Sonar and OpenAI's search models report what their search returned.
-    urls = [item["url"] for item in _items(raw, "search_results") if isinstance(item.get("url"), str)]
-    urls += [note["url_citation"]["url"] for note in _items(message, "annotations")
-             if isinstance(note.get("url_citation"), dict) and isinstance(note["url_citation"].get("url"), str)]
-    usage = raw.get("usage") if isinstance(raw.get("usage"), dict) else {}
-    cost = usage.get("cost")  # OpenRouter reports the USD cost here
-    content, answer = _chat_text(message.get("content")), chat_answer(message.get("content"))
-    said = (answer, message.get("refusal"))
-    return Trace(
-        # OpenAI puts a refusal beside a null content: it is what the model said, and is graded
-        final_text="\n".join(text for text in said if isinstance(text, str) and text),
-        # Reasoning left in content reached the client as content: what must never be said is
-        # looked for there too (see never_said_texts); what must be said is not taken from it.
-        thought_texts=(content,) if content.strip() != answer else (),
-        tool_calls=calls,
-        tool_rounds=1 if calls else 0,
-        search_urls=urls,
-        status="completed" if finish in CHAT_STOPS else str(finish),
-        cost_usd=reported_cost({"usage": {"cost": {"currency": "USD", "total_cost": cost}}}),
-    )
 
 
 def unanswered_error(provider, suite, raw, status=None):
@@ -3663,34 +3687,48 @@ def text_tool_call(trace, functions):
     return None
 
 
-@register_provider
-class OpenAIProvider(Provider):
-    """openai: any OpenAI-compatible /chat/completions endpoint, through urllib (standard library)."""
+# ---------------------------------------------------------------------- JSON over HTTP
 
-    name = "openai"
-    vendor = "OpenAI"
-    DEFAULT_BASE_URL = "https://api.openai.com/v1"  # suggested, never assumed: a run names its endpoint
-    # A custom base URL never receives the vendor's key unless the user names it (--api-key-env).
-    key_variable, key_hosts = "OPENAI_API_KEY", ("api.openai.com",)
-    base_url_flag, base_url_variable = True, "OPENAI_BASE_URL"
-    COST_HOSTS = ("openrouter.ai",)  # report usage.cost on every response
+@functools.lru_cache(maxsize=1)
+def _no_redirect_opener():
+    """A urllib opener that follows no redirect (urllib is imported here: start-up stays lean)."""
+    import urllib.request
 
-    @classmethod
-    def _vendor_host(cls, base_url):
-        return key_host(base_url, cls.key_hosts)
+    import urllib.error
+
+    class RefuseRedirects(urllib.request.HTTPRedirectHandler):
+        def http_error_302(self, req, fp, code, msg, headers):
+            # Raised before urllib reads Location (a malformed one would raise ValueError there);
+            # HTTPProvider._explain words the 3xx.
+            raise urllib.error.HTTPError(req.full_url, code, msg, headers, fp)
+
+        http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
+    return urllib.request.build_opener(RefuseRedirects)
+
+
+class HTTPProvider(Provider):
+    """The one JSON-over-HTTP transport of the urllib providers: POST to {base_url}{path}, no
+    redirect followed (the key would go along), the body bounded, an error status raised with
+    what the endpoint said, masked. A subclass owns its wire format (headers, body, parse,
+    reply_error, said); the vendor's key goes only to key_hosts, else --api-key-env's."""
+
+    path = ""                  # appended to the base URL
+    base_url_flag = True
+    suggested_base_url = None  # named when a run gives no endpoint and there is no default
 
     @classmethod
     def problem(cls, settings, env):
         base_url, key_env = cls.endpoint(settings, env), getattr(settings, "api_key_env", None)
         if not base_url:
             return (f"--provider {cls.name} needs --base-url URL or {cls.base_url_variable} "
-                    f"(for OpenAI itself: {cls.DEFAULT_BASE_URL})")
+                    f"(for {cls.vendor or cls.name} itself: {cls.suggested_base_url})")
         parts = urllib.parse.urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             return f"--base-url {base_url!r} is not an http(s) URL"
         if key_env and not env.get(key_env):
             return f"{key_env} (named by --api-key-env) is not set"
-        if not key_env and cls._vendor_host(base_url) and not env.get(cls.key_variable):
+        if not key_env and key_host(base_url, cls.key_hosts) and not env.get(cls.key_variable):
             return f"{cls.key_variable} is not set; it is needed for {parts.hostname}"
         return None
 
@@ -3703,45 +3741,53 @@ class OpenAIProvider(Provider):
                   "name the endpoint's key variable with --api-key-env", file=sys.stderr)
         return cls(base_url, key, settings.timeout), key
 
-    @classmethod
-    def cost_reported(cls, settings, env):
-        host = urllib.parse.urlsplit(cls.endpoint(settings, env) or "").hostname or ""
-        return True if host in cls.COST_HOSTS else None
-
-    @classmethod
-    def sent_tool_choice(cls, suite):
-        return (suite.get("tool_choice") or "auto") if cls.sent_tools(suite) else None
-
-    @classmethod
-    def output_cap(cls, settings, env):
-        return cls.output_cap_key(cls.endpoint(settings, env) or "")
-
     def __init__(self, base_url, key=None, timeout=TIMEOUT_SECONDS):
         parts = urllib.parse.urlsplit(base_url)
-        self.url = urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/chat/completions"))
+        self.url = urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + self.path))
         self.endpoint_url = _public_url(self.url)
         self.key, self.timeout, self.deadline = key, timeout, deadline_seconds(timeout)
-        self.cap_key = self.output_cap_key(base_url)
 
-    @classmethod
-    def output_cap_key(cls, base_url):
-        """api.openai.com wants max_completion_tokens (its newer models refuse max_tokens); every
-        other server gets max_tokens, the key llama.cpp, Ollama, vLLM, LM Studio and OpenRouter honour."""
-        host = urllib.parse.urlsplit(base_url).hostname or ""
-        return "max_completion_tokens" if host in cls.key_hosts else "max_tokens"
+    def headers(self):
+        """The request's headers: JSON both ways, and the key as this API takes it."""
+        return {"Content-Type": "application/json", "Accept": "application/json"}
+
+    @staticmethod
+    def reply_error(raw):
+        """The error a whole JSON body reports instead of an answer, or None."""
+        return None
+
+    @staticmethod
+    def said(body):
+        """The words of an error body (bytes), or None."""
+        return endpoint_message(body)
+
+    def not_found_hint(self):
+        """What to try when the endpoint answers 404, or None."""
+        return None
 
     def request(self, model, suite, case, repeat=0, rounds=()):
+        status, raw = self.post(self.body(model, suite, case, rounds))
+        problem = self.reply_error(raw)
+        if problem:  # cut to a few hundred characters: the key is masked before the cut
+            said = ResponseError("the endpoint answered with an error: "
+                                 + endpoint_text(problem, [self.key]), status)
+            said.raw = raw  # a 200 that reports an error is kept as the row's evidence
+            raise said
+        try:
+            self.parse(raw)  # a body without the parts of an answer is no answer
+        except ResponseError as exc:
+            exc.status_code = status
+            raise
+        return unanswered_error(self, suite, raw, status)
+
+    def post(self, payload):
+        """(status, the JSON object answered) of one POST of `payload`; the transport's errors
+        raised as they are (HTTPError with the endpoint's words, a timeout, a reset)."""
         import http.client
         import urllib.error
         import urllib.request
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self.key:
-            headers["Authorization"] = f"Bearer {self.key}"
-        payload = chat_request(suite, case, model, self.cap_key)
-        if rounds:
-            payload["messages"] = payload["messages"] + chat_tool_messages(rounds)
-        body = json.dumps(payload).encode("utf-8")
-        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+        request = urllib.request.Request(self.url, data=json.dumps(payload).encode("utf-8"),
+                                         headers=self.headers(), method="POST")
         try:
             with _no_redirect_opener().open(request, timeout=self.timeout) as response:
                 status, data = response.status, response.read(MAX_RESPONSE_BYTES + 1)
@@ -3764,29 +3810,7 @@ class OpenAIProvider(Provider):
             raise ResponseError(f"the body is not JSON ({len(data)} bytes)", status) from None
         if not isinstance(raw, dict):
             raise ResponseError("the body is not a JSON object", status)
-        try:
-            chat_trace(raw)  # a body without choices[0].message, or a 200 that says error, is no answer
-        except ResponseError as exc:
-            exc.status_code = status
-            if chat_error(raw):
-                # The message is cut to a few hundred characters: mask the key before the cut.
-                said = ResponseError(f"the endpoint answered with an error: "
-                                     f"{endpoint_text(chat_error(raw), [self.key])}", status)
-                said.raw = raw  # a 200 that reports an error is kept as the row's evidence
-                raise said from None
-            raise
-        return unanswered_error(self, suite, raw, status)
-
-    @classmethod
-    def unanswered(cls, suite, raw):
-        functions = _function_names(cls.sent_tools(suite)) if cls.sent_tool_choice(suite) != "none" else []
-        named = text_tool_call(chat_trace(raw), functions)
-        # neither an answer nor a call: graded, its markup would pass forbid_tool and contains
-        return (f"the server returned a call of {named} as text in content, not as tool_calls: its tool-call "
-                "parser is off or failed (vLLM: --enable-auto-tool-choice --tool-call-parser NAME; "
-                "llama-server: --jinja)") if named else None
-
-    parse = staticmethod(chat_trace)
+        return status, raw
 
     def _explain(self, exc):
         """Put what the endpoint said, and what to do, into an HTTPError's message; close it."""
@@ -3796,64 +3820,384 @@ class OpenAIProvider(Provider):
             body = b""
         finally:
             exc.close()
-        notes = [endpoint_text(said, [self.key]) for said in [endpoint_message(body)] if said]
+        notes = [endpoint_text(said, [self.key]) for said in [self.said(body)] if said]
         if 300 <= exc.code < 400:
             # Following it would resend the key to wherever Location points and grade that reply.
             try:  # a hostile Location (a port out of range, a broken IPv6 literal) must not lose the 3xx
                 target = urllib.parse.urljoin(self.url, exc.headers.get("Location", "") if exc.headers else "")
                 host = endpoint_text(urllib.parse.urlsplit(target).hostname or "an unnamed host")
-                base = target[:-len("/chat/completions")] if target.endswith("/chat/completions") else target
+                base = target[:-len(self.path)] if target.endswith(self.path) else target
                 suggestion = f"; if that is the endpoint, use --base-url {endpoint_text(_public_url(base))}"
             except ValueError:
                 host, suggestion = "a malformed Location", ""
             notes = [f"redirect to {host} not followed (the key would go along){suggestion}"]
         elif exc.code == 404:
-            notes.append(f"POST {self.endpoint_url}")
-            base_path = urllib.parse.urlsplit(self.url).path[:-len("/chat/completions")]
-            if not base_path.rstrip("/").endswith("/v1"):
-                notes.append("most OpenAI-compatible servers serve /v1: try the base URL with the /v1 suffix")
+            notes += [f"POST {self.endpoint_url}", *filter(None, [self.not_found_hint()])]
         if notes:
             exc.msg = f"{exc.msg}: {'; '.join(notes)}"
 
+
+# finish_reason values: a natural stop under any server's name is a completed answer (TGI and
+# watsonx say "eos_token", Together "eos", TGI "stop_sequence"); "error" (OpenRouter, after
+# generation began) and "abort" (vLLM: engine shutdown, scale-down, sleep) mean the server ended
+# it, an execution error; any other (length, content_filter, ...) is an incomplete answer.
+CHAT_STOPS = (None, "stop", "tool_calls", "function_call", "eos", "eos_token", "stop_sequence")
+SERVER_ENDED = ("error", "abort")
+_THINK_OPEN, _THINK_CLOSE = re.compile(r"<think>", re.I), re.compile(r"</think>", re.I)
+_THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|\Z)", re.I | re.S)
+
+
+@register_provider
+class OpenAIProvider(HTTPProvider):
+    """openai: any OpenAI-compatible /chat/completions endpoint, through urllib (stdlib)."""
+
+    name = "openai"
+    vendor = "OpenAI"
+    path = "/chat/completions"
+    suggested_base_url = "https://api.openai.com/v1"  # never assumed: a run names its endpoint
+    # A custom base URL never receives the vendor's key unless the user names it (--api-key-env).
+    key_variable, key_hosts = "OPENAI_API_KEY", ("api.openai.com",)
+    base_url_variable, twin_base_url_variable = "OPENAI_BASE_URL", "PROMPTREG_BASE_URL"
+    other_names = ("compatible",)  # the prompt-regression CLI's name for such a server
+    COST_HOSTS = ("openrouter.ai",)  # report usage.cost on every response
+    cap_keys = ("max_tokens", "max_completion_tokens")
+    # Chat-completions keys (OpenAI's and those vLLM, llama.cpp, Ollama and OpenRouter accept) that
+    # change who answers, what the model is told or may call, or how the answer is read.
+    reserved = reasons_of({
+        "functions function_call": "the legacy forms of tools and tool_choice (the suite's keys)",
+        "modalities audio": "an audio answer leaves no text to grade",
+        "web_search_options plugins": "search and plugins are tools the suite does not declare",
+        "guided_json guided_regex guided_choice guided_grammar structured_outputs grammar "
+        "json_schema format": "an output format beside the suite's response_format decides answers",
+        "prompt chat_template documents transforms template raw add_generation_prompt":
+            "it changes what the model is told beside the pinned instructions and the case input",
+        "continue_final_message echo": "the answer would continue or repeat a message not sent",
+        "route lora": "another model (a fallback route, an adapter) would answer in its name",
+        "previous_response_id conversation context": "it continues a conversation not recorded"})
+
+    @classmethod
+    def cost_reported(cls, settings, env):
+        host = urllib.parse.urlsplit(cls.endpoint(settings, env) or "").hostname or ""
+        return True if host in cls.COST_HOSTS else None
+
+    @classmethod
+    def sent_tool_choice(cls, suite):
+        return (suite.get("tool_choice") or "auto") if cls.sent_tools(suite) else None
+
+    @classmethod
+    def output_cap(cls, settings, env):
+        return cls.output_cap_key(cls.endpoint(settings, env) or "")
+
+    def __init__(self, base_url, key=None, timeout=TIMEOUT_SECONDS):
+        super().__init__(base_url, key, timeout)
+        self.cap_key = self.output_cap_key(base_url)
+
+    @classmethod
+    def output_cap_key(cls, base_url):
+        """api.openai.com wants max_completion_tokens (its newer models refuse max_tokens); every
+        other server max_tokens, which llama.cpp, Ollama, vLLM, LM Studio and OpenRouter honour."""
+        host = urllib.parse.urlsplit(base_url).hostname or ""
+        return "max_completion_tokens" if host in cls.key_hosts else "max_tokens"
+
+    def headers(self):
+        key = {"Authorization": f"Bearer {self.key}"} if self.key else {}
+        return {**super().headers(), **key}
+
+    def not_found_hint(self):
+        if not urllib.parse.urlsplit(self.url).path[:-len(self.path)].rstrip("/").endswith("/v1"):
+            return "most OpenAI-compatible servers serve /v1: try the base URL with the /v1 suffix"
+        return None
+
+    def body(self, model, suite, case, rounds=()):
+        """The JSON body of a chat-completions request for one case and the rounds played so far.
+
+        The output cap goes under cap_key: api.openai.com wants max_completion_tokens, while
+        llama.cpp, Ollama, vLLM and LM Studio honour only max_tokens (output_cap_key).
+        The suite's `request` options are merged last; either cap key set there replaces ours."""
+        instructions = case.get("instructions", suite["instructions"])  # a prompt-regression case's
+        messages = [{"role": "system", "content": instructions}] if instructions else []
+        options = sendable_options(suite)
+        messages += self.conversation(case, rounds)
+        body = {"model": model, "messages": messages, "temperature": 0}
+        if not any(key in options for key in self.cap_keys):
+            body[self.cap_key] = MAX_OUTPUT_TOKENS
+        if suite.get("response_format"):
+            body["response_format"] = suite["response_format"]
+        functions = [_nested_tool(tool) for tool in suite.get("tools", [])
+                     if tool.get("type") == "function"]
+        if functions:
+            body["tools"] = functions
+            # llama-cpp-python ignores tools sent without tool_choice: the model never sees them.
+            body["tool_choice"] = self.sent_tool_choice(suite)
+        body.update(options)
+        return body
+
+    @staticmethod
+    def conversation(case, rounds):
+        """The case's messages, then per round the assistant message with its tool_calls and one
+        tool message per call with the scripted result."""
+        value = case["input"]
+        messages = list(value) if isinstance(value, list) else [{"role": "user", "content": value}]
+        for turn in rounds:
+            choices = turn["response"].get("choices") or [{}]
+            said = (choices[0] if isinstance(choices[0], dict) else {}).get("message") or {}
+            # "" and never null: llama-cpp-python's server answers HTTP 500 to a null content
+            content, sent = content_text(said.get("content")), turn["tool_results"]
+            if isinstance(said.get("function_call"), dict) and not said.get("tool_calls"):
+                # the legacy form: a function_call is answered by a "function" message, by name
+                call = {"name": sent[0]["name"], "arguments": _arguments_text(sent[0]["arguments"])}
+                messages += [{"role": "assistant", "content": content, "function_call": call},
+                             {"role": "function", "name": call["name"],
+                              "content": result_text(sent[0]["result"])}]
+                continue
+            messages.append({"role": "assistant", "content": content, "tool_calls": [
+                {"id": one["call_id"], "type": "function",
+                 "function": {"name": one["name"], "arguments": _arguments_text(one["arguments"])}}
+                for one in sent]})
+            messages += [{"role": "tool", "tool_call_id": one["call_id"],
+                          "content": result_text(one["result"])} for one in sent]
+        return messages
+
+    @staticmethod
+    def answer(content):
+        """The answer a chat message gives: its text without the reasoning that servers lacking a
+        reasoning parser leave in content (vLLM, llama.cpp's --reasoning-format none, Ollama):
+        <think>...</think> blocks, a block whose <think> the chat template opened (text up to the
+        first </think>), and an unclosed block (reasoning cut short: no answer). What a model only
+        thought is never graded as what it said, as with a separate reasoning_content."""
+        text = content_text(content)
+        close, opened = _THINK_CLOSE.search(text), _THINK_OPEN.search(text)
+        if close is None and opened is None:
+            return text
+        if close is not None and (opened is None or close.start() < opened.start()):
+            text = text[close.end():]  # the template opened the block: the model wrote its close
+        return _THINK_BLOCK.sub("", text).strip()
+
+    @staticmethod
+    def reply_error(raw):
+        """The error a chat-completions body reports instead of an answer, or None: a top-level
+        `error` with no choices, or a finish_reason that says the server ended the answer."""
+        if not isinstance(raw, dict):
+            return None
+        choices = raw.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices else None
+        first = first if isinstance(first, dict) else None
+        if first is not None and first.get("finish_reason") in SERVER_ENDED:
+            return endpoint_message({"error": first.get("error") or raw.get("error")}) or \
+                f'finish_reason "{first["finish_reason"]}": the server ended the answer'
+        if first is None and raw.get("error") not in (None, "", [], {}):
+            return endpoint_message(raw) or "an error object"
+        return None
+
+    @staticmethod
+    def call_entries(message):
+        """The tool-call entries of a chat message as sent, one per call: tool_calls (a list, one
+        entry, or double-encoded as a string by some servers) then the legacy function_call."""
+        entries = message.get("tool_calls")
+        if isinstance(entries, str) and entries.strip():  # double-encoded: read it, else keep it
+            entries = read_json(entries)[0] or entries
+        if not isinstance(entries, list):
+            entries = [] if entries in (None, "", {}) else [entries]
+        if message.get("function_call") is not None:  # the older OpenAI form, still sent by some
+            entries = [*entries, {"function": message["function_call"]}]
+        return entries
+
+    @classmethod
+    def calls(cls, message):
+        """Every tool call a chat message holds, in whatever shape the server sent it: tool_calls
+        (arguments as a string or an object, malformed ones kept raw) and the legacy function_call.
+        Nothing the model did is dropped: an unreadable entry is kept raw as the arguments."""
+        calls = []
+        for entry in cls.call_entries(message):
+            inner = entry.get("function") if isinstance(entry, dict) else None
+            named = inner if isinstance(inner, dict) else \
+                entry if isinstance(entry, dict) and "name" in entry else None
+            if named is not None:
+                calls.append({"name": _call_name(named.get("name")),
+                              "arguments": named.get("arguments")})
+            else:
+                calls.append({"name": None, "arguments": entry})
+        return calls
+
+    @classmethod
+    def parse(cls, raw):
+        """The Trace of a chat-completions response."""
+        problem = cls.reply_error(raw)
+        if problem:
+            raise ResponseError(f"the endpoint answered with an error: {endpoint_text(problem)}")
+        choices = raw.get("choices") if isinstance(raw, dict) else None
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict) \
+                or not isinstance(choices[0].get("message"), dict):
+            raise ResponseError("the response has no choices[0].message")
+        message, finish = choices[0]["message"], choices[0].get("finish_reason")
+        calls = cls.calls(message)
+        # Perplexity's Sonar and OpenAI's search models report what their search returned.
+        found = [*_items(raw, "search_results"),
+                 *(note.get("url_citation") for note in _items(message, "annotations"))]
+        urls = [item["url"] for item in found
+                if isinstance(item, dict) and isinstance(item.get("url"), str)]
+        usage = raw.get("usage") if isinstance(raw.get("usage"), dict) else {}
+        cost = usage.get("cost")  # OpenRouter reports the USD cost here
+        content, answer = content_text(message.get("content")), cls.answer(message.get("content"))
+        said = (answer, message.get("refusal"))
+        return Trace(
+            # OpenAI puts a refusal beside a null content: it is what the model said, and is graded
+            final_text="\n".join(text for text in said if isinstance(text, str) and text),
+            # Reasoning left in content reached the client as content: what must never be said is
+            # looked for there too (see never_said_texts); what must be said is not taken from it.
+            thought_texts=(content,) if content.strip() != answer else (),
+            tool_calls=calls,
+            tool_rounds=1 if calls else 0,
+            search_urls=urls,
+            status="completed" if finish in CHAT_STOPS else str(finish),
+            cost_usd=reported_cost({"usage": {"cost": {"currency": "USD", "total_cost": cost}}}),
+        )
+
+    @classmethod
+    def unanswered(cls, suite, raw):
+        tools = [] if cls.sent_tool_choice(suite) == "none" else cls.sent_tools(suite)
+        named = text_tool_call(cls.parse(raw), _function_names(tools))
+        # neither an answer nor a call: graded, its markup would pass forbid_tool and contains
+        return (f"the server returned a call of {named} as text in content, not as tool_calls: its "
+                "tool-call parser is off or failed (vLLM: --enable-auto-tool-choice "
+                "--tool-call-parser NAME; llama-server: --jinja)") if named else None
+
+    @classmethod
+    def call_ids(cls, raw):
+        """The id of each tool call, in trace order (a tool message answers it by tool_call_id):
+        the same entries calls() reads, so the nth id belongs to the nth call."""
+        return [entry.get("id") if isinstance(entry, dict) else None
+                for entry in cls.call_entries(raw["choices"][0]["message"])]
+
+
+@register_provider
+class AnthropicProvider(HTTPProvider):
+    """anthropic: the Anthropic Messages API ({base_url}/v1/messages), through urllib (stdlib)."""
+
+    name = "anthropic"
+    vendor = "Anthropic"
+    path = "/v1/messages"
+    VERSION = "2023-06-01"  # the anthropic-version header: the current documented version
+    key_variable, key_hosts = "ANTHROPIC_API_KEY", ("api.anthropic.com",)
+    base_url_variable, default_base_url = "ANTHROPIC_BASE_URL", "https://api.anthropic.com"
+    cap_keys = ("max_tokens",)  # required by the API: always sent
+    COMPLETE = ("end_turn", "tool_use", "stop_sequence", "refusal")  # a refusal is graded as said
+    _FORMAT = "the suite's response_format is sent as output_config.format"
+    reserved = {"mcp_servers": "MCP servers are tools the suite does not declare",
+                "container": "a container brings files and skills of other requests",
+                "context_management": "it edits the conversation the model is told",
+                "output_format": _FORMAT, "output_config": {"format": _FORMAT}}
+
+    @classmethod
+    def suite_problem(cls, suite):
+        if (suite.get("response_format") or {}).get("type", "json_schema") != "json_schema":
+            return (f"--provider {cls.name} sends a response_format as output_config.format, which "
+                    "takes a JSON schema; give a json_schema response_format (or check the answer "
+                    "with the json_object behaviour)")
+        return super().suite_problem(suite)
+
+    def headers(self):
+        key = {"x-api-key": self.key} if self.key else {}
+        return {**super().headers(), "anthropic-version": self.VERSION, **key}
+
+    def not_found_hint(self):
+        if urllib.parse.urlsplit(self.url).path[:-len(self.path)].rstrip("/").endswith("/v1"):
+            return f"{self.path} is added to the base URL: give it without /v1"
+        return None
+
+    @staticmethod
+    def tool(tool):
+        """A suite function tool in the Messages API form: name, description, input_schema (an
+        empty object schema when the function declares no parameters)."""
+        spec = tool["function"] if isinstance(tool.get("function"), dict) else tool
+        form = {"name": spec["name"], "description": spec.get("description"),
+                "input_schema": spec.get("parameters") or {"type": "object", "properties": {}},
+                "strict": spec.get("strict")}
+        return {key: value for key, value in form.items() if value is not None}
+
+    @staticmethod
+    def tool_choice(choice):
+        """The suite's tool_choice in the Messages API form (required is "any")."""
+        named = isinstance(choice, dict)
+        return {"type": "tool", "name": choice["function"]["name"]} if named else \
+            {"type": "any" if choice == "required" else choice}
+
+    def body(self, model, suite, case, rounds=()):
+        """The JSON body of a Messages API request for one case and the rounds played so far:
+        the instructions as system, max_tokens always, then the suite's `request` options."""
+        instructions = case.get("instructions", suite["instructions"])
+        body = {"model": model, "max_tokens": MAX_OUTPUT_TOKENS, "temperature": 0,
+                **({"system": instructions} if instructions else {}),
+                "messages": self.conversation(case, rounds)}
+        functions = [self.tool(one) for one in suite.get("tools", [])
+                     if one.get("type") == "function"]
+        if functions:
+            body["tools"] = functions
+            if suite.get("tool_choice"):
+                body["tool_choice"] = self.tool_choice(suite["tool_choice"])
+        options = sendable_options(suite)
+        if suite.get("response_format"):  # the documented structured-output form: its schema
+            given = options.pop("output_config", None)
+            body["output_config"] = {**(given if isinstance(given, dict) else {}), "format": {
+                "type": "json_schema", "schema": suite["response_format"]["json_schema"]["schema"]}}
+        return {**body, **options}
+
+    @staticmethod
+    def conversation(case, rounds):
+        """The case's messages, then per round the model's turn (its text and thinking blocks, a
+        tool_use block per call) and one user message holding a tool_result per call (is_error
+        on an error result): all results of a turn in one message, as the API requires."""
+        value = case["input"]
+        messages = [{"role": "user", "content": value}] if isinstance(value, str) else list(value)
+        for turn in rounds:
+            said = [block for block in _items(turn["response"], "content")
+                    if block.get("type") in ("thinking", "redacted_thinking")
+                    or (block.get("type") == "text" and block.get("text"))]
+            sent = turn["tool_results"]
+            said += [{"type": "tool_use", "id": one["call_id"], "name": one["name"],
+                      "input": _call_arguments(one)} for one in sent]
+            results = [{"type": "tool_result", "tool_use_id": one["call_id"],
+                        "content": result_text(one["result"])} for one in sent]
+            for one, result in zip(sent, results):
+                if is_error_result(one):
+                    result["is_error"] = True
+            messages += [{"role": "assistant", "content": said},
+                         {"role": "user", "content": results}]
+        return messages
+
+    @staticmethod
+    def said(body):
+        """An error body's words after its error type ("overloaded_error: Overloaded")."""
+        message = endpoint_message(body)
+        data = read_json(body.decode("utf-8", "replace"))[0] if isinstance(body, bytes) else body
+        error = data.get("error") if isinstance(data, dict) else None
+        kind = error.get("type") if isinstance(error, dict) else None
+        named = isinstance(kind, str) and message and kind not in message
+        return f"{kind}: {message}" if named else message
+
+    @classmethod
+    def reply_error(cls, raw):
+        return cls.said(raw) or "an error object" if raw.get("type") == "error" else None
+
+    @classmethod
+    def parse(cls, raw):
+        """The Trace of a Messages API response: its text blocks are what it said, its tool_use
+        blocks what it called (thinking blocks neither); max_tokens is an incomplete answer."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("content"), list):
+            raise ResponseError('the response has no "content" list')
+        blocks = _items(raw, "content")
+        calls = [{"name": _call_name(block.get("name")), "arguments": block.get("input")}
+                 for block in blocks if block.get("type") == "tool_use"]
+        stop = raw.get("stop_reason")
+        status = "completed" if stop in cls.COMPLETE else str(stop)
+        return Trace(final_text=content_text(blocks), tool_calls=calls, search_urls=[],
+                     tool_rounds=1 if calls else 0, status=status, cost_usd=None)
+
     @staticmethod
     def call_ids(raw):
-        """The id of each tool call, in trace order (a tool message answers it by tool_call_id):
-        the same entries chat_calls reads, so the nth id belongs to the nth call."""
-        return [entry.get("id") if isinstance(entry, dict) else None
-                for entry in chat_call_entries(raw["choices"][0]["message"])]
-
-
-@functools.lru_cache(maxsize=1)
-def _no_redirect_opener():
-    """A urllib opener that follows no redirect (urllib is imported here: start-up stays lean)."""
-    import urllib.request
-
-    import urllib.error
-
-    class RefuseRedirects(urllib.request.HTTPRedirectHandler):
-        def http_error_302(self, req, fp, code, msg, headers):
-            # Raised before urllib reads Location (a malformed one would raise ValueError there);
-            # OpenAIProvider._explain words the 3xx.
-            raise urllib.error.HTTPError(req.full_url, code, msg, headers, fp)
-
-        http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
-
-    return urllib.request.build_opener(RefuseRedirects)
-
-
-def _case_text(case):
-    """The user's words of a case: its input, or the last user message of a conversation."""
-    if isinstance(case["input"], str):
-        return case["input"]
-    users = [m.get("content") for m in case["input"] if m.get("role") == "user"]
-    return _chat_text(users[-1]) if users else ""
-
-
-def echo_trace(raw):
-    text = raw.get("output_text") if isinstance(raw, dict) else None
-    return Trace(final_text=text if isinstance(text, str) else "", tool_calls=[], tool_rounds=0,
-                 search_urls=[], status=raw.get("status") if isinstance(raw, dict) else None,
-                 cost_usd=reported_cost(raw))
+        """The id of each tool_use block, in trace order (its tool_result names it)."""
+        return [block.get("id") for block in _items(raw, "content")
+                if block.get("type") == "tool_use"]
 
 
 @register_provider
@@ -3866,16 +4210,27 @@ class EchoProvider(Provider):
     server_search = None  # offline plumbing: a `cite` case runs and fails, nothing is spent
     reports_cost = builds_offline = True
 
+    def body(self, model, suite, case, rounds=()):
+        """What it echoes: the case's words."""
+        return _case_text(case)
+
     def request(self, model, suite, case, repeat=0, rounds=()):
-        return {"object": "echo", "model": model, "status": "completed", "output_text": _case_text(case),
+        return {"object": "echo", "model": model, "status": "completed",
+                "output_text": self.body(model, suite, case, rounds),
                 "usage": {"cost": {"currency": "USD", "total_cost": 0}}}
 
-    parse = staticmethod(echo_trace)
+    @staticmethod
+    def parse(raw):
+        text = raw.get("output_text") if isinstance(raw, dict) else None
+        return Trace(final_text=text if isinstance(text, str) else "", tool_calls=[], tool_rounds=0,
+                     search_urls=[], status=raw.get("status") if isinstance(raw, dict) else None,
+                     cost_usd=reported_cost(raw))
 
 
 @register_provider
 class ReplayProvider(Provider):
-    """replay: offline; answers each (model, case, repeat) from a saved record's stored responses."""
+    """replay: offline; answers each (model, case, repeat) from a saved record's stored responses,
+    read with the wire format of the provider that made the record."""
 
     name = "replay"
     server_search = None  # as the replayed record's provider; regrading stored evidence spends nothing
@@ -3883,7 +4238,7 @@ class ReplayProvider(Provider):
 
     @classmethod
     def problem(cls, settings, env):
-        return None if settings.replay else "--provider replay needs --replay RECORD"
+        return None if settings.replay else f"--provider {cls.name} needs --replay RECORD"
 
     @classmethod
     def from_settings(cls, settings, env):
@@ -3894,16 +4249,19 @@ class ReplayProvider(Provider):
 
     @classmethod
     def identity(cls, settings, env, replayed=None):
-        return (replayed or {}).get("provider") or {"name": "perplexity"}
+        return record_provider(replayed or {})
 
     def __init__(self, record, source):
         self.source = source
         self.rows = {row_key(row): row for row in record.get("runs", [])
                      if isinstance(row, dict) and row.get("error") is None and "response" in row}
-        kind = (record.get("provider") or {}).get("name", "perplexity")
-        self.parse = PROVIDERS[kind].parse if kind in PROVIDERS and kind != "replay" else agent_trace
-        self.call_ids = getattr(PROVIDERS.get(kind), "call_ids", PerplexityProvider.call_ids)
-        self.unanswered = getattr(PROVIDERS.get(kind), "unanswered", Provider.unanswered)
+        made = PROVIDERS.get(record_provider(record).get("name"))
+        self.made_by = PROVIDERS[DEFAULT_PROVIDER] if made is None or made.replays_record else made
+        self.parse, self.call_ids = self.made_by.parse, self.made_by.call_ids
+        self.agent_responses = self.made_by.agent_responses
+
+    def unanswered(self, suite, raw):
+        return self.made_by.unanswered(suite, raw)
 
     def missing(self, plan):
         """The first planned row key the record cannot answer, or None."""
@@ -3919,9 +4277,6 @@ class ReplayProvider(Provider):
             raise ResponseError(f"{self.source} has no stored round {len(rounds) + 1} for "
                                 f"{key_text((model, case['id'], repeat))} (it kept {len(stored)})")
         return unanswered_error(self, suite, stored[len(rounds)].get("response"))
-
-
-# PROVIDERS (name -> class) is filled by @register_provider, in definition order.
 
 
 def status_of(exc):
@@ -4013,15 +4368,6 @@ def provider_identity(args, env, replayed=None):
 
 
 # ====================================================================== one request
-
-def builtin_grader(suite, provider):
-    """The built-in suite on Agent API responses is graded through the module-level check()
-    (SPEC A6: tests replace regression.check); everything else through grade()."""
-    if not suite.get("builtin") or provider.parse is not PerplexityProvider.parse:
-        return None
-    originals = {case["id"]: case for case in suite["config_cases"]}
-    return lambda case, raw, trace: check(originals[case["id"]], raw, trace.final_text)
-
 
 _TRANSIENT_ERRORS = {"TimeoutError", "ConnectionError", "APIConnectionError", "APITimeoutError",
                      "IncompleteRead", "RemoteDisconnected", "URLError"}
@@ -4336,15 +4682,8 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
             trace = provider.parse(raw)
         row["answer_text"] = trace.final_text
         row["cost_usd"] = trace.cost_usd
-        compiled = compile_case(suite, case)
-        if compiled["_function_tools"]:  # counted, so a run whose model never called a tool says so
-            row["tool_calls"] = len(trace.tool_calls)
-        row["reasons"] = grader(case, raw, trace) if grader else grade(compiled, trace)
-        details = explain(compiled, trace)
-        if trace.rounds is not None:  # a played row always shows what the agent did: calls with round and result
-            details.update(tool_calls=trace.tool_calls, tool_rounds=trace.tool_rounds, rounds=trace.rounds)
-        if details:
-            row["details"] = details
+        ask = grader and (lambda: grader(case, raw, trace))
+        grade_row(row, compile_case(suite, case), trace, ask)
     except Exception as exc:  # an endpoint or checker failure is evidence, not a crash
         row["error"] = type(exc).__name__
         row["error_status"] = status_of(exc)
@@ -4356,6 +4695,7 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
         if row["response"] is None and isinstance(getattr(exc, "raw", None), dict):
             row["response"] = exc.raw  # a body that says error is evidence too
         row["reasons"] = ["execution_error"]
+        row.pop("verdicts", None)
         if retries is None:
             row.pop("attempts", None)  # counted only when --retries is in force, as for one request
         elif hasattr(exc, "attempts"):  # a request that failed: its attempts add to the rounds' before it
@@ -4367,9 +4707,29 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
     return row
 
 
+def grade_row(row, compiled, trace, grader=None):
+    """Grade a row whose evidence is stored: reasons, verdicts, details. `grader` () -> reasons is
+    run_one's (SPEC A6: the module-level check(), which tests replace); its row has no verdicts."""
+    if compiled["_function_tools"]:  # counted, so a run whose model never called a tool says so
+        row["tool_calls"] = len(trace.tool_calls)
+    graded = grading(compiled, trace)
+    row["reasons"] = grader() if grader else graded.reasons
+    if graded.verdicts and not grader:  # each failing rule on its own: entries may share a reason
+        row["verdicts"] = graded.verdicts
+    details = graded.details
+    if trace.rounds is not None:  # a played row always shows what the agent did: calls and results
+        details.update(tool_calls=trace.tool_calls, tool_rounds=trace.tool_rounds,
+                       rounds=trace.rounds)
+    if details:
+        row["details"] = details
+
+
 def _token_count(usage, *names):
     value = next((usage[name] for name in names if name in usage), None)
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+CACHE_TOKEN_FIELDS = ("cache_creation_input_tokens", "cache_read_input_tokens")  # priced as input
 
 
 def usage_tokens(row):
@@ -4387,6 +4747,8 @@ def usage_tokens(row):
         tokens_out = _token_count(usage, "completion_tokens", "output_tokens")
         if tokens_in is None or tokens_out is None:
             return None
+        if "prompt_tokens" not in usage:  # Messages API input_tokens leave out prompt-cache tokens
+            tokens_in += sum(_token_count(usage, name) or 0 for name in CACHE_TOKEN_FIELDS)
         total_in, total_out = total_in + tokens_in, total_out + tokens_out
     return total_in, total_out
 
@@ -4415,9 +4777,6 @@ def run_row(provider, suite, case, model, repeat=None, grader=None, retries=None
     """
     return drive_steps(run_row_steps(provider, suite, case, model, repeat, grader, retries))
 
-
-# The names earlier releases used (tests and user scripts call them): thin aliases.
-execute, execute_steps, send, send_steps, run_steps = run_row, run_row_steps, send_request, send_request_steps, drive_steps
 
 
 # ---------------------------------------------------------------------- redaction
@@ -5128,7 +5487,8 @@ RECORD_FIELDS = dict(
     shard=(_is_shard, "I/N with 1 <= I <= N"))
 NESTED_FIELDS = {
     "suite": dict(name=_TEXT, builtin=_BOOL, file=_TEXT),
-    "provider": dict(name=((lambda v: v in PROVIDERS and v != "replay"), "the name of a provider"),
+    "provider": dict(name=((lambda v: v in PROVIDERS and not PROVIDERS[v].replays_record),
+                           "the name of a provider"),
                         base_url=((lambda v: base_url_problem(v) is None), "an http(s) URL")),
     "replayed_from": dict(path=_TEXT),
     "redaction": dict(pii=_BOOL, patterns=_INT),
@@ -5141,7 +5501,7 @@ SUMMARY_MODEL_FIELDS = dict(passed=_INT, total=_INT, errors=_INT, qualified=_BOO
 ROW_FIELDS = dict(
     error=_TEXT, error_status=_INT, error_message=_TEXT, cost_usd=_TEXT, answer_text=_TEXT,
     reasons=(_is_text_list, "a list of strings"), passed=_BOOL, seconds=_NUMBER, details=_OBJECT,
-    attempts=_INT, rounds=_LIST)
+    attempts=_INT, rounds=_LIST, verdicts=_OBJECT)
 DETAILS_FIELDS = dict(diff=_TEXT, similarity=_NUMBER)
 
 
@@ -5166,8 +5526,8 @@ def masked_evidence(record):
     if record.get("redaction"):
         return "it was stored with --redact/--redact-pii, so its responses are masked"
     for row in record.get("runs") or []:
-        stored = {field: row.get(field) for field in ("response", "rounds")} if isinstance(row, dict) else None
-        if stored and _MASK_MARK.search(dumps(stored)):
+        stored = {field: row.get(field) for field in ("response", "rounds")}
+        if _MASK_MARK.search(dumps(stored)):
             return (f"the stored response of {key_text(row_key(row))} holds a [REDACTED] mask "
                     "(a key or pattern was masked)")
     return None
@@ -5202,7 +5562,21 @@ def _row_problem(row, position):
     # crafted or broken row, and trusting it would carry a failure into a summary as a pass
     if problem is None and row.get("passed") is True and (row.get("reasons") or row.get("error") is not None):
         problem = f"runs[{position}].passed is true but the row holds reasons or an error"
-    return problem
+    return problem or _verdicts_problem(row, f"runs[{position}].verdicts")
+
+
+def _verdicts_problem(row, where):
+    """Why a row's verdicts ({rule: [reason, ...]} of each rule it failed) cannot stand, or None:
+    they list exactly the row's reasons, and a row with an error has none."""
+    verdicts = row.get("verdicts")
+    if verdicts is None:  # a passing row, or one graded before verdicts were kept
+        return None
+    if not all(_is_text_list(reasons) and reasons for reasons in verdicts.values()):
+        return f"{where} is not an object of rule: [reason, ...]"
+    listed = {reason for reasons in verdicts.values() for reason in reasons}
+    if row.get("error") is not None or listed != set(row.get("reasons") or []):
+        return f"{where} disagrees with the row's reasons (or error)"
+    return None
 
 
 def record_problem(record):
@@ -5547,7 +5921,7 @@ def _cut(text, limit):
 
 
 def _row_calls(row):
-    details = row.get("details") if isinstance(row, dict) else None
+    details = row.get("details")  # any row: tool_sequence and trajectory are public
     calls = details.get("tool_calls") if isinstance(details, dict) else None
     return [call for call in calls if isinstance(call, dict)] if isinstance(calls, list) else []
 
@@ -5586,7 +5960,10 @@ def trajectory_lines(row):
 
 def _row_failure_text(row):
     parts = [f"reasons: {json.dumps(row.get('reasons') or [])}"]
-    details = row.get("details") if isinstance(row.get("details"), dict) else {}
+    if row.get("verdicts"):  # which rule gave each reason: two entries of a behaviour share them
+        failed = [f"{rule} ({', '.join(reasons)})" for rule, reasons in row["verdicts"].items()]
+        parts.append("failed: " + printable("; ".join(failed)))
+    details = row.get("details") or {}
     evidence = details.get("evidence") if isinstance(details.get("evidence"), dict) else {}
     parts += [f"{reason}: {printable(str(evidence[reason].get('note')))}" for reason in row.get("reasons") or []
               if isinstance(evidence.get(reason), dict) and evidence[reason].get("note")]
@@ -5596,7 +5973,7 @@ def _row_failure_text(row):
         parts.append(details["diff"])
     if _row_calls(row):
         parts += ["trajectory:", *("  " + line for line in trajectory_lines(row))]
-    parts.append(f"answer: {row.get('answer_text')}" if isinstance(row.get("answer_text"), str)
+    parts.append(f"answer: {row['answer_text']}" if row.get("answer_text") is not None
                  else f"no answer: {_what_failed(row)}")
     return "\n".join(parts)
 
@@ -5612,7 +5989,7 @@ def _what_failed(row):
 
 def junit_run(record):
     """JUnit XML for one run: a testcase per planned model x case x repeat."""
-    rows = {row_key(row): row for row in record["runs"] if isinstance(row, dict)}
+    rows = {row_key(row): row for row in record["runs"]}
     stopped = (record.get("summary") or {}).get("stopped") or "the run stopped before this row"
     suites = {}
     for key in _record_plan(record):
@@ -5645,12 +6022,11 @@ def _passed_cell(stats):
 
 
 def _model_rows(final):
-    """The per-model table of a summary as plain text cells, tolerating a hand-edited summary."""
-    models = final.get("models") if isinstance(final, dict) else None
+    """The per-model table of a summary (record_problem's: each model's stats an object)."""
     return [[str(model), _passed_cell(stats), str(stats.get("errors", 0)),
              "yes" if stats.get("qualified") else "no",
              str(stats.get("reported_cost_usd") or "unknown"), pass_k_text(stats.get("pass_k"))]
-            for model, stats in (models.items() if isinstance(models, dict) else []) if isinstance(stats, dict)]
+            for model, stats in (final.get("models") or {}).items()]
 
 
 def case_rates(record):
@@ -5674,13 +6050,12 @@ def case_rates(record):
 
 
 def _warnings(final):
-    """The summary's warnings (e.g. no tool was ever called), tolerating a hand-edited summary."""
-    warnings = final.get("warnings") if isinstance(final, dict) else None
-    return [str(warning) for warning in warnings] if isinstance(warnings, list) else []
+    """The summary's warnings (e.g. no tool was ever called): a list of strings (record_problem)."""
+    return final.get("warnings") or []
 
 
 def _failed_rows(record):
-    return [row for row in record["runs"] if isinstance(row, dict) and not row.get("passed")]
+    return [row for row in record["runs"] if not row.get("passed")]
 
 
 _VERDICTS = {0: "PASS: every row passed", 1: "FAIL: at least one check failed",
@@ -5688,13 +6063,12 @@ _VERDICTS = {0: "PASS: every row passed", 1: "FAIL: at least one check failed",
 
 
 def _verdict(final):
-    code = final.get("exit_code")
-    return _VERDICTS.get(code, "unknown") if isinstance(code, int) else "unknown"  # a list is unhashable
+    return _VERDICTS.get(final.get("exit_code"), "unknown")  # a whole number or none (validated)
 
 
 def markdown_run(record):
     """A Markdown summary of one run (for $GITHUB_STEP_SUMMARY)."""
-    final = record.get("summary") if isinstance(record.get("summary"), dict) else {}
+    final = record.get("summary") or {}
     lines = [f"## agent-regression: {md_text((record.get('suite') or {}).get('name', 'run'))}", "",
              # every value comes from the record, numbers included: a crafted one may hold "<!--"
              f"**{md_text(_verdict(final))}** (exit {md_text(final.get('exit_code'))}); "
@@ -5739,7 +6113,7 @@ def _markdown_case_rates(record):
 
 def _not_run(record):
     """The planned row keys a record holds no row for (a stopped or interrupted run)."""
-    done = {row_key(row) for row in record["runs"] if isinstance(row, dict)}
+    done = {row_key(row) for row in record["runs"]}
     return [key for key in _record_plan(record) if key not in done]
 
 
@@ -5760,7 +6134,7 @@ def _html_row_details(row):
     if _row_calls(row):
         parts.append("<ol class=\"trajectory\">" + "".join(f"<li>{xml_text(line)}</li>" for line in trajectory_lines(row))
                      + "</ol>")
-    if isinstance(row.get("answer_text"), str):
+    if row.get("answer_text") is not None:
         parts.append(f"<details><summary>answer</summary><pre>{xml_text(row['answer_text'])}</pre></details>")
     else:
         parts.append(f"<p>no answer: {xml_text(_what_failed(row))}</p>")
@@ -5771,7 +6145,7 @@ def html_run(record):
     """One self-contained HTML page for a run: verdict, models, case matrix, failures, answers."""
     final = record.get("summary") or {}
     config = record["config"]
-    rows = {row_key(row): row for row in record["runs"] if isinstance(row, dict)}
+    rows = {row_key(row): row for row in record["runs"]}
     title = f"agent-regression: {(record.get('suite') or {}).get('name', 'run')}"
     body = [f"<h1>{xml_text(title)}</h1>",
             f"<p><b>{xml_text(_verdict(final))}</b> (exit "
@@ -5846,15 +6220,30 @@ ENV_TWINS = [
     ("max_cost_usd", "REGRESSION_MAX_COST_USD", str),
     ("shard", "REGRESSION_SHARD", str),
     # the prompt-regression CLI's variables, consulted only after ours
-    ("provider", "PROMPTREG_PROVIDER", lambda value: {"compatible": "openai"}.get(value.strip(), value.strip())),
+    ("provider", "PROMPTREG_PROVIDER", lambda value: provider_named(value.strip())),
     ("models", "PROMPTREG_MODEL", lambda value: value.replace(",", " ").split()),
 ]
+
+
+def provider_named(name):
+    """Our name for a provider another tool names (PROMPTREG_PROVIDER=compatible), else the name."""
+    return next((ours for ours, cls in PROVIDERS.items() if name in cls.other_names), name)
+
+
+def _base_url_variables():
+    """The variables that name a --base-url endpoint, in the order they are read."""
+    return [variable for cls in PROVIDERS.values() if cls.base_url_flag
+            for variable in (cls.base_url_variable, cls.twin_base_url_variable) if variable]
+
+
+def _with(attribute):
+    return " or ".join(f"--provider {name}" for name in providers_with(attribute))
 
 
 def build_parser():
     parser = _Parser(prog="regression.py", description=__doc__.split("\n\n")[0],
                      epilog=f"Environment twins: {', '.join(variable for _, variable, _ in ENV_TWINS)}, "
-                            "OPENAI_BASE_URL, then PROMPTREG_BASE_URL (for --base-url).",
+                            f"then {', '.join(_base_url_variables())} (for --base-url).",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_argument_group("what to run")
     what.add_argument("--suite", metavar="FILE", help="a suite file, or a folder of golden case files "
@@ -5871,15 +6260,15 @@ def build_parser():
     what.add_argument("--approve-failing", action="store_true",
                       help="with --update-baseline: approve an answer even if it failed the case's other checks")
     where = parser.add_argument_group("where to send it")
-    where.add_argument("--provider", help=f"one of {', '.join(PROVIDERS)} (default perplexity)")
-    where.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
+    where.add_argument("--provider", help=f"{', '.join(PROVIDERS)} (default {DEFAULT_PROVIDER})")
+    where.add_argument("--base-url", metavar="URL", help=f"the endpoint ({_with('base_url_flag')})")
     where.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the key for --base-url")
     where.add_argument("--allow-insecure-http", action="store_true",
                        help="allow sending a key over plain http:// to a host that is not loopback")
-    where.add_argument("--replay", metavar="RECORD", help="the saved record that --provider replay answers from")
+    where.add_argument("--replay", metavar="RECORD", help=f"what {_with('replays_record')} reads")
     where.add_argument("--request", action="append", default=[], metavar="KEY=JSON",
                        help="set KEY of every request body to a JSON value, e.g. --request seed=7 (repeatable; "
-                            "part of the config; never model, messages, input, tools or stream)")
+                            "in the config; never model, instructions, input, tools or the like)")
     where.add_argument("--timeout", type=float, metavar="SECONDS",
                        help=f"per-request timeout, {_span('timeout')} seconds (default {TIMEOUT_SECONDS})")
     control = parser.add_argument_group("run control")
@@ -6034,8 +6423,9 @@ def _reject_constant(name):
     raise ValueError(f"{name} is not JSON")
 
 
-def request_options(settings):
-    """The --request KEY=JSON flags as {key: value}; UsageError on the first bad one."""
+def request_options(settings, suite=None):
+    """The --request KEY=JSON flags as {key: value}; UsageError on the first bad one. Without the
+    suite (checked early), a response_format with a schema waits for the suite's own to compare."""
     options = {}
     for item in getattr(settings, "request", None) or []:
         key, sep, text = item.partition("=")
@@ -6043,9 +6433,8 @@ def request_options(settings):
         shown = item if len(item) <= 60 else item[:57] + "..."
         if not sep:
             raise UsageError(f"--request {shown!r}: use KEY=JSON, e.g. --request seed=7")
-        problem = request_problem(key, f"--request {shown!r}")
-        if problem:
-            raise UsageError(problem)
+        if not key:
+            raise UsageError(request_problem(key, f"--request {shown!r}"))
         if key in options:
             raise UsageError(f"--request {key}: given twice; give each key once")
         try:
@@ -6053,6 +6442,11 @@ def request_options(settings):
         except (ValueError, RecursionError):
             raise UsageError(f"--request {shown!r}: the value is not JSON "
                              f"(a string needs JSON quotes: --request '{key}=\"text\"')") from None
+        # early, a response_format is compared with itself: only one without a schema is refused
+        given = options[key] if suite is None else (suite.get("response_format") or {})
+        problem = request_problem(key, f"--request {shown!r}", options[key], given)
+        if problem:
+            raise UsageError(problem)
     return options
 
 
@@ -6161,8 +6555,7 @@ def _continue_hint(path):
         record = load_record(path)
     except RecordError:
         return ""
-    final = record.get("summary") if isinstance(record.get("summary"), dict) else {}
-    if record_problem(record) is not None or final.get("complete") is True:
+    if record_problem(record) is not None or (record.get("summary") or {}).get("complete") is True:
         return ""
     rows = len(record["runs"])
     return (f"; it holds an unfinished record ({rows} row(s) saved); "
@@ -6179,20 +6572,15 @@ def _stored_options(record, path):
         if name not in stored:
             continue
         value, bad = stored[name], UsageError(f"--resume: {path} has an invalid run_options.{name}")
-        if name == "redact":  # pattern hashes (pattern_digest); _same_redaction compares them
-            if not isinstance(value, list) or not all(isinstance(digest, str) for digest in value):
-                raise bad
-        elif name == "redact_pii" and not isinstance(value, bool):
+        # Each value has its type already (record_problem); what is left: null, and its flag's rule.
+        if value is None and name != "max_cost_usd":  # only the cap may be none
             raise bad
-        elif name == "max_cost_usd" and value is not None:
+        if name == "max_cost_usd" and value is not None:
             try:
-                value = _cost(value) if isinstance(value, str) else None
+                value = _cost(value)
             except UsageError:
-                value = None
-            if value is None:
-                raise bad
-        elif name in RANGES and (not isinstance(value, int) or isinstance(value, bool)
-                                 or not RANGES[name][0] <= value <= RANGES[name][1]):
+                raise bad from None
+        elif name in RANGES and not RANGES[name][0] <= value <= RANGES[name][1]:
             raise bad
         found[name] = value
     return found
@@ -6203,9 +6591,9 @@ def _resume_options(values, record, path):
     if "run_options" in record:
         stored = _stored_options(record, path)
     else:  # a record from before "run_options": only its redaction marker is known
-        redaction = record.get("redaction") if isinstance(record.get("redaction"), dict) else {}
+        redaction = record.get("redaction") or {}  # an object, patterns a count (record_problem)
         stored = {"redact_pii": redaction.get("pii") is True}
-        count = redaction.get("patterns") if isinstance(redaction.get("patterns"), int) else 0
+        count = redaction.get("patterns") or 0
         given = len(values["redact"] or ())
         if count and given != count:
             raise UsageError(f"--resume: {path} was made with {count} --redact pattern(s), which older records "
@@ -6236,10 +6624,9 @@ def pattern_digest(pattern):
 
 def _same_redaction(stored, given, path):
     """A resume masks its new rows exactly as the record's earlier ones, or is refused."""
-    stored = sorted(stored) if isinstance(stored, list) and all(isinstance(d, str) for d in stored) else None
     if stored is None:
         raise UsageError(f"--resume: {path}'s run_options.redact is not a list of pattern hashes")
-    if sorted(pattern_digest(pattern) for pattern in given or ()) != stored:
+    if sorted(pattern_digest(pattern) for pattern in given or ()) != sorted(stored):
         raise UsageError(f"--resume: run option 'redact' differs from the record's (--redact): {path} was masked "
                          f"with {len(stored)} --redact pattern(s); pass exactly the same --redact flags again (a "
                          "record keeps one redaction for all its rows and stores patterns only as hashes, since a "
@@ -6252,8 +6639,8 @@ def _resume_defaults(values, record, path, env):
     found = {"models": values["models"] or config["models"], "repeats": values["repeats"] or config["repeats"],
              "timeout": values["timeout"] or config.get("timeout_seconds")}
     replayed_from = (record.get("replayed_from") or {}).get("path")
-    identity = record.get("provider") or {"name": "perplexity"}
-    made_with = "replay" if replayed_from else identity.get("name")
+    identity = record_provider(record)
+    made_with = providers_with("replays_record")[0] if replayed_from else identity.get("name")
     found["provider"] = values["provider"] or made_with
     if found["provider"] != made_with:
         raise UsageError(f"--resume: {path} was made with --provider {made_with}; resume it with that provider")
@@ -6288,10 +6675,12 @@ def _run_sources(values, env):
         found.update(_resume_options({**values, **found}, record, values["resume"]))
         found["resumed_record"] = record
     values = {**values, **found}
-    found["provider"] = values["provider"] or ("replay" if values["replay"] else "perplexity")
+    replayer = providers_with("replays_record")[0]
+    found["provider"] = values["provider"] or (replayer if values["replay"] else DEFAULT_PROVIDER)
     cls = PROVIDERS[found["provider"]]
-    if cls.base_url_flag and not values["base_url"] and not env.get(cls.base_url_variable or ""):
-        found["base_url"] = env.get("PROMPTREG_BASE_URL") or None  # their twin, consulted after ours
+    twin = cls.twin_base_url_variable
+    if twin and not values["base_url"] and not env.get(cls.base_url_variable or ""):
+        found["base_url"] = env.get(twin) or None  # their twin, consulted after ours
     view = Settings(**{**values, **found})
     problem = endpoint_problem(cls, view, env)  # before the identity stores it, also for --dry-run
     if problem:
@@ -6328,7 +6717,7 @@ def resolve(args, env):
     if not (values["list_checks"] or values["report"] or values["merge"]):  # only a run reads records here
         values.update(_run_sources(values, env))
     values["models"] = tuple(values["models"]) if values["models"] is not None else None
-    values["provider"] = values["provider"] or "perplexity"
+    values["provider"] = values["provider"] or DEFAULT_PROVIDER
     values.update({name: default for name, default in (("repeats", 1), ("timeout", TIMEOUT_SECONDS),
                                                        ("concurrency", 1), ("retries", 0))
                    if values[name] is None})
@@ -6357,11 +6746,6 @@ def parse_args(argv, env=None):
 def code_sha256():
     with open(os.path.abspath(__file__), "rb") as handle:
         return hashlib.sha256(handle.read()).hexdigest()
-
-
-def sdk_version():
-    """The perplexityai SDK's version (kept for callers; the provider class owns it)."""
-    return PerplexityProvider.sdk_version()
 
 
 def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS):
@@ -6403,27 +6787,8 @@ def catalogue():
                   else "case keys: " + ", ".join(check_.keys)
                   + (f" (also reads {', '.join(check_.reads)})" if check_.reads else ""))
         lines.append(f"  {'':<22} on: {switch}; reasons: {', '.join(check_.reasons) or '-'}")
-    lines += [
-        "Rules:",
-        "  normal form            every text comparison (contains, excludes, similarity, length, leak, "
-        "clarification, claims) reads both sides in NFKC, any script's decimal digits as ASCII digits, format "
-        "characters such as zero-width spaces removed, case folded, whitespace folded; excludes, leak, claims and "
-        "a stated value also read an invisible character as a space, the answer without combining marks, with "
-        "Cyrillic/Greek look-alikes as Latin letters, as its "
-        "Markdown/HTML markup "
-        "renders (**lifetime** access), URL-decoded (%20) and, for a JSON answer, with its strings decoded; "
-        "masks (--redact, --redact-pii) read through invisible characters",
-        f"  similarity             the exact difflib ratio for texts up to {SIMILARITY_PREFIX:,} characters whose "
-        f"matching fits {SIMILARITY_WORK:,} counted steps; above, the least of the ratio of the first and last N "
-        "characters, the length bound and (when it is 0.5 or more) the word-multiset overlap; "
-        "details.similarity_measure says so",
-        "  require_clarification  one sentence (ended by . ! ? or a blank line) names FIELD and ends with ? or is a "
-        "request (please, could you, can you, may I, let me know, tell me, I need, what is, which, or a clause "
-        "starting with provide/send/share/give/tell/confirm/enter); a value right after the field's words or in "
-        "any tool argument (nested, double-encoded or truncated JSON) that the user never gave is invented_field",
-        f"  no_system_leak         a mention of system/hidden/developer/internal/secret prompt/instructions/"
-        f"message/rules (any separator) or a quote of {LEAK_QUOTE_WORDS} consecutive words of the instructions",
-    ]
+    lines += ["Rules:", f"  {'normal form':<22} {TEXT_FORM_RULE}"]
+    lines += [f"  {check_.name:<22} {check_.rule}" for check_ in CHECK_TABLE if check_.rule]
     lines += STATISTICS_TEXT
     lines.append("Behaviors (a case's \"behaviors\" list): " + ", ".join(
         name + (f":{kind.upper()}" if kind else "") for name, kind in BEHAVIORS.items()))
@@ -6472,9 +6837,11 @@ def lint_case(case):
     if not active:
         return f"case {case['id']!r} has no rule beyond completion: any answer passes{hint}"
     if all(check_.passes_empty(case) for check_ in active):
+        strong = [check for check in CHECK_TABLE if not check.always and not check.passes_empty({})]
+        strong.sort(key=lambda check: check.behavior)  # "a behaviour" last
+        advice = list(dict.fromkeys(check.asked() for check in strong))
         return (f"case {case['id']!r} only checks {', '.join(check_.name for check_ in active)}: "
-                f"an empty answer passes{hint}; add contains, expect, expected_text with min_similarity "
-                "or a behaviour")
+                f"an empty answer passes{hint}; add {', '.join(advice[:-1])} or {advice[-1]}")
     return None
 
 
@@ -6513,7 +6880,7 @@ def _wire_lines(suite, args, env):
     options = suite.get("request") or {}
     cap = cls.output_cap(args, env)
     if cap:
-        overridden = [key for key in OUTPUT_CAP_KEYS if key in options]
+        overridden = [key for key in cls.cap_keys if key in options]
         lines.append("output cap: " + (f"set by request ({', '.join(overridden)})" if overridden
                                        else f"{cap} {MAX_OUTPUT_TOKENS}"))
     if options:
@@ -6629,8 +6996,8 @@ def row_line(row, widths=(0, 0)):
     else:
         notes = evidence_notes(row)
         verdict = "FAIL " + ",".join(row["reasons"]) + (f" ({notes})" if notes else "")
-    requests = len(row["rounds"]) if isinstance(row.get("rounds"), list) and row["rounds"] else 1
-    if isinstance(row.get("attempts"), int) and row["attempts"] > requests:  # retries happened
+    requests = len(row.get("rounds") or [None])  # a row this run made: its types are its own
+    if row.get("attempts", 0) > requests:  # retries happened
         verdict += f" (after {row['attempts']} attempts" + (f" for {requests} rounds)" if requests > 1 else ")")
     cost = f"${row['cost_usd']}" if row["cost_usd"] is not None else "cost ?"
     cost += " estimated" if row.get("cost_estimated") else ""
@@ -6640,24 +7007,19 @@ def row_line(row, widths=(0, 0)):
 
 def failure_lines(case, row):
     """Under a failing row's line, the prompt-regression reading of its text rules: the similarity
-    score and each failed rule in words, then the diff (expected -> actual) of a similarity failure.
-    Reads the stored row, so whatever was masked stays masked."""
+    score and each failed rule in words (each check's short form), then the diff (expected ->
+    actual) of a similarity failure. Reads the stored row, so whatever was masked stays masked."""
     details = row.get("details") or {}
-    if row["passed"] or row["error"] is not None or not isinstance(details, dict):
+    if row["passed"] or row["error"] is not None:
         return []
-    rules = [f"contains forbidden text: {phrase!r}" for phrase in details.get("forbidden_text", [])]
-    rules += [f"missing required text: {phrase!r}" for phrase in details.get("missing_text", [])]
-    score = details.get("similarity")
-    if "below_min_similarity" in row["reasons"] and score is not None:
-        rules.append(f"similarity {score:.2f} below min_similarity {case.get('min_similarity')}")
-    for reason, key, words in (("too_short", "min_chars", "fewer"), ("too_long", "max_chars", "more")):
-        if reason in row["reasons"]:
-            rules.append(f"{details.get('chars')} chars, {words} than {key} {case.get(key)}")
+    rules = [words for check_ in CHECK_TABLE if check_.short is not None
+             for words in check_.short(case, row["reasons"], details)]
     if not rules:
         return []  # no text rule failed: the row line's reasons say it all
-    head = f"    score {score:.2f}" if isinstance(score, (int, float)) else "    score n/a"
+    score = details.get("similarity")
+    head = f"    score {score:.2f}" if score is not None else "    score n/a"
     lines = [f"{head}: {'; '.join(rules)}"]
-    if "below_min_similarity" in row["reasons"] and isinstance(details.get("diff"), str):
+    if "below_min_similarity" in row["reasons"] and details.get("diff"):
         lines += ["    " + line for line in details["diff"].splitlines()]
     return [safe_text(line) for line in lines]  # model text: never a terminal control sequence
 
@@ -6676,7 +7038,7 @@ def _differing_key(old, new):
 
 def _suite_from_record(record, settings):
     """The suite a record was made with: the built-in one, --suite, or the cases in its config."""
-    info = record.get("suite") if isinstance(record.get("suite"), dict) else {"builtin": True}
+    info = record.get("suite") or {"builtin": True}  # an object (record_problem)
     if settings.suite:
         return load_suite(settings.suite, allow_empty_baseline=settings.update_baseline,
                           system=settings.system)
@@ -6760,15 +7122,9 @@ def regrade_problem(record, path, suite, rows):
     (masked_evidence), so their verdicts stand."""
     if masked_evidence(record) is not None:
         return None
-    cases = {case["id"]: case for case in suite["cases"]}
-    # a row of no case of the suite is not graded here: the verdict counts it as a clash (exit 2)
-    rows = [row for row in rows if row.get("error") is None and "response" in row and row_key(row)[1] in cases]
-    replayer = ReplayProvider({"provider": record.get("provider"), "runs": rows}, path)
-    grader = builtin_grader(suite, replayer)
-    for row in rows:
-        model, case_id, repeat = row_key(row)
-        again = run_row(replayer, case_suite(suite, cases[case_id]), cases[case_id], model, repeat, grader)
-        if again["passed"] is not row.get("passed") or again["reasons"] != row.get("reasons"):
+    for row, again in regraded_rows(record, rows, suite, path):
+        if again["passed"] is not row.get("passed") or again["reasons"] != row.get("reasons") or (
+                "verdicts" in row and again.get("verdicts") != row["verdicts"]):
             other = "; it was made by other code (code_sha256 differs)" \
                 if record.get("code_sha256") != code_sha256() else ""
             return (f"{key_text(row_key(row))} is stored as {_verdict_text(row)} but its stored response now "
@@ -6777,9 +7133,31 @@ def regrade_problem(record, path, suite, rows):
     return None
 
 
+def regraded_rows(record, rows, suite=None, path="the record"):
+    """[(row, the row graded again)] of a record's finished rows that hold a response, each graded
+    from its stored responses (offline, as --provider replay does) under `suite`, by default the
+    record's own. A row of no case of the suite is left out (its verdict counts it as a clash)."""
+    if suite is None:
+        suite = _suite_from_record(record, argparse.Namespace(suite=None, update_baseline=False,
+                                                              system=None))
+    cases = {case["id"]: case for case in suite["cases"]}
+    rows = [row for row in rows if row.get("error") is None and "response" in row
+            and row_key(row)[1] in cases]
+    replayer, graded = ReplayProvider({"provider": record.get("provider"), "runs": rows}, path), []
+    for row in rows:
+        model, case_id, repeat = row_key(row)
+        case = cases[case_id]
+        graded.append((row, run_row(replayer, case_suite(suite, case), case, model, repeat)))
+    return graded
+
+
 def _verdict_text(row):
-    reasons = row.get("reasons") if isinstance(row.get("reasons"), list) else []
-    return "PASS" if row.get("passed") is True else f"FAIL ({safe_text(', '.join(map(str, reasons))) or 'no reason'})"
+    """PASS, or FAIL with its reasons, a behaviour entry's named with it: reason[entry]."""
+    reasons = row.get("reasons") or []  # a list of strings (record_problem)
+    failed = [f"{reason}[{rule}]" if ":" in rule else reason
+              for rule, given in (row.get("verdicts") or {}).items() for reason in given]
+    said = ", ".join(failed if "verdicts" in row else reasons)
+    return "PASS" if row.get("passed") is True else f"FAIL ({safe_text(said) or 'no reason'})"
 
 
 def prepare(settings, env):
@@ -6787,7 +7165,7 @@ def prepare(settings, env):
     record, replayed = settings.resumed_record, settings.replayed_record
     cls = PROVIDERS[settings.provider]
     suite = _choose_suite(settings, record, replayed)
-    options = request_options(settings)
+    options = request_options(settings, suite)
     if options:  # the flags win over the suite's own request options
         suite = {**suite, "request": {**(suite.get("request") or {}), **options}}
     if settings.update_baseline and not suite.get("file"):
@@ -6814,7 +7192,7 @@ def prepare(settings, env):
         run.header["prices"] = {model: f"{price[0]}/{price[1]}" for model, price in prices.items()}
         run.kept = [estimate_cost(dict(row), prices) for row in run.kept]  # a resume may add the price
     run.prices = prices
-    run.refusal = search_problem(suite, cls)
+    run.refusal = cls.suite_problem(suite)
     return run
 
 
@@ -7101,7 +7479,6 @@ def run_rows(run, settings, writer, tally):
     Returns (stopped, in_order, answers, last): why it stopped early (or None), whether rows
     finished in plan order, each case's first answer, and the row that stopped it."""
     cases = {case["id"]: case for case in run.suite["cases"]}
-    grader = builtin_grader(run.suite, run.provider)
     mask = redactor(settings.redact, settings.redact_pii, [run.secret] if run.secret else [])
     if run.secret and len(run.secret) < MIN_SECRET_CHARS:
         print(f"note: the API key is shorter than {MIN_SECRET_CHARS} characters, so it is not masked in "
@@ -7133,7 +7510,7 @@ def run_rows(run, settings, writer, tally):
     def work(key):
         model, case_id, repeat = key
         return run_row_steps(run.provider, case_suite(run.suite, cases[case_id]), cases[case_id], model, repeat,
-                             grader=grader, retries=settings.retries, budget=budget)
+                             retries=settings.retries, budget=budget)
 
     storable = {}  # id(row) -> (stored row, its JSON): made once, before the slot is refilled
 
@@ -7157,7 +7534,7 @@ def run_rows(run, settings, writer, tally):
                                      *failure_lines(cases[key[1]], stored)]), tally)
             state["in_order"] &= position[key] > state["last"]
             state["last"] = max(state["last"], position[key])
-            if stored["error"] is None and isinstance(stored["answer_text"], str):
+            if stored["error"] is None and stored["answer_text"] is not None:
                 best = answers.get(key[1])
                 if best is None or position[key] < best[0]:
                     answers[key[1]] = (position[key], stored["answer_text"])
@@ -7185,7 +7562,7 @@ def reorder(run, final, writer=None):
 
 def _check_replay_covers(provider, run, settings):
     """A replay must answer every row it is asked for; UsageError before anything runs."""
-    missing = provider.missing(run.todo) if isinstance(provider, ReplayProvider) else None
+    missing = provider.missing(run.todo) if getattr(provider, "replays_record", False) else None
     if missing:
         raise UsageError(f"--replay: {settings.replay} has no stored response for {key_text(missing)}")
 
@@ -7353,9 +7730,11 @@ def update_baseline(run, args, exit_code):
     print(safe_text(f"baselines filled: {', '.join(filled) if filled else 'none'} ({run.suite['file']})"))
     if filled and run.suite.get("format") != "golden":  # a pin changes no verdict; a baseline does
         stem = run.path[:-5] if run.path.endswith(".json") else run.path
+        replayer = providers_with("replays_record")[0]
         print(safe_text(f"note: {run.path} was graded before these baselines existed, so compare_runs.py refuses "
-                        f"it against runs of the new suite; regrade it first: python regression.py --provider replay "
-                        f"--replay {shlex.quote(run.path)} --suite {shlex.quote(run.suite['file'])} "
+                        "it against runs of the new suite; regrade it first: python regression.py "
+                        f"--provider {replayer} --replay {shlex.quote(run.path)} "
+                        f"--suite {shlex.quote(run.suite['file'])} "
                         f"--out {shlex.quote(stem + '-regraded.json')}"))
     return exit_code
 

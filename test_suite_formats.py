@@ -102,12 +102,13 @@ def test_promptreg_example_runs_unmodified_with_echo_and_reads_out_failing_rules
 
 
 def _row_for(case, answer):
-    """A graded row of `case` on `answer`, as execute() stores it."""
+    """A graded row of `case` on `answer`, as run_row() stores it."""
     compiled = regression.compile_case({"instructions": "", "tools": []}, case)
     trace = regression.Trace(final_text=answer, tool_calls=[], tool_rounds=0, search_urls=[],
                              status="completed", cost_usd=None)
-    reasons = [str(reason) for reason in regression.grade(compiled, trace)]
-    return {"error": None, "passed": not reasons, "reasons": reasons, "details": regression.explain(compiled, trace)}
+    graded = regression.grading(compiled, trace)
+    return {"error": None, "passed": not graded.reasons, "reasons": graded.reasons,
+            "details": graded.details}
 
 
 FAILURE_LINES = [  # (case, answer, the detail lines under the row line)
@@ -192,9 +193,11 @@ def test_system_leak_check_reads_the_case_own_system_prompt():
                              tool_calls=[], tool_rounds=0, search_urls=[], status="completed",
                              cost_usd=None)
     assert regression.grade(compiled, trace) == ["system_leak"]
-    assert regression.chat_request({"instructions": "", "tools": []}, case, "m")["messages"][0] == {
+    assert regression.OpenAIProvider("http://127.0.0.1:1/v1").body("m", {"instructions": "", "tools": []},
+                                                                   case)["messages"][0] == {
         "role": "system", "content": case["instructions"]}
-    assert regression.agent_request({"instructions": "x"}, case, "m")["instructions"] == case["instructions"]
+    assert regression.PerplexityProvider().body("m", {"instructions": "x"}, case)["instructions"] == \
+        case["instructions"]
 
 
 def _promptreg(*cases, **top):
@@ -414,8 +417,8 @@ def test_our_base_url_wins_over_theirs(tmp_path):
 
 
 def test_an_unknown_promptreg_provider_is_one_line_exit_2():
-    line = one_error_line(cli(["--suite", PROMPTREG, "--dry-run"], env=clean_env(PROMPTREG_PROVIDER="anthropic")))
-    assert "unknown provider 'anthropic'" in line
+    line = one_error_line(cli(["--suite", PROMPTREG, "--dry-run"], env=clean_env(PROMPTREG_PROVIDER="cohere")))
+    assert "unknown provider 'cohere'" in line
 
 
 # ====================================================================== golden case folders
