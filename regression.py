@@ -5730,7 +5730,7 @@ class Tally:
 
     def summary(self, final=False):
         """The verdict. A final one (a run's end, a recount) also holds each model's pass rate
-        with its interval, pass^k and failed cases: not every checkpoint's, which stays O(models)."""
+        with its interval, pass^k and failed cases; a checkpoint's does not (it stays O(models))."""
         complete = self.complete()
         models = {}
         for model, stats in self.per_model.items():
@@ -6908,9 +6908,9 @@ def _cost_lines(args, env, run):
 def _output_cap_value(suite, args, env):
     """The output tokens one request may use at most (the cap we send or the suite's request
     sets), or None when no cap is sent and output has no upper bound."""
-    cap = PROVIDERS[args.provider].output_cap(args, env)
-    options = suite.get("request") or {}
-    value = next((options[key] for key in (cap, *OUTPUT_CAP_KEYS) if key and key in options), None)
+    cls = PROVIDERS[args.provider]
+    cap, options = cls.output_cap(args, env), suite.get("request") or {}
+    value = next((options[key] for key in (cap, *cls.cap_keys) if key and key in options), None)
     if value is None:
         return MAX_OUTPUT_TOKENS if cap else None
     return value if _is_int(value) and value > 0 else None
@@ -6935,7 +6935,7 @@ def cost_estimate_lines(args, env, run):
         out_bound += count * (cap or 0) * price_out / 1_000_000
         in_about += count * decimal.Decimal(sent) / 4 * price_in / 1_000_000
     output = (f"at most ${out_bound:.4f} for output (up to {requests:,} requests x {cap:,} output "
-              "tokens each, the output cap)") if cap else "output unbounded (no output cap is sent)"
+              "tokens each, the output cap)") if cap else "output unbounded (no whole-number output cap is sent)"
     unpriced = sorted({model for model, _, _ in run.plan if model not in run.prices})
     cap_note = "" if args.max_cost_usd is None else \
         f"; --max-cost-usd {format(args.max_cost_usd, 'f')} still stops the run at that spend"

@@ -386,6 +386,8 @@ def ran(tmp_path_factory):
             "--max-cost-usd",
             "1",
         ],
+        "dry request cap": [*dry, "--repeats", "2", "--price", "m=0/1", "--request",
+                            "max_tokens=9000"],
         "list checks": ["--list-checks"],
     }
     with fakes.FakeServer(fakes.chat(lambda body: fakes.chat_response("ok"))) as server:
@@ -726,6 +728,9 @@ def test_repeats_up_to_100_and_the_dry_run_estimate(ran):
         and f"at most ${80 * 4096 * (8 + 4) / 1_000_000:.4f} for output (up to 160 requests" in out
     )
     assert "--max-cost-usd 1 still stops the run at that spend" in out
+    code, out, _ = results["dry request cap"]  # a cap the request sets bounds the output instead
+    assert code == 0
+    assert f"at most ${8 * 9000 / 1_000_000:.4f} for output (up to 8 requests x 9,000" in out
 
 
 def test_the_spending_cap_holds_beyond_ten_repeats(ran):
