@@ -6935,7 +6935,8 @@ def cost_estimate_lines(args, env, run):
         out_bound += count * (cap or 0) * price_out / 1_000_000
         in_about += count * decimal.Decimal(sent) / 4 * price_in / 1_000_000
     output = (f"at most ${out_bound:.4f} for output (up to {requests:,} requests x {cap:,} output "
-              "tokens each, the output cap)") if cap else "output unbounded (no whole-number output cap is sent)"
+              "tokens each, the output cap)") if cap else \
+        "output unbounded (no whole-number output cap is sent)"
     unpriced = sorted({model for model, _, _ in run.plan if model not in run.prices})
     cap_note = "" if args.max_cost_usd is None else \
         f"; --max-cost-usd {format(args.max_cost_usd, 'f')} still stops the run at that spend"
