@@ -62,11 +62,13 @@ __all__ = [
     "RecordError", "create_record", "replace_record", "load_record", "write_new_file", "dumps",
     "Tally", "summary", "row_key", "plan_rows", "shard_plan", "key_text", "record_problem",
     "masked_evidence", "regraded_rows", "ABSENT", "same_json", "first_difference",
+    "wilson_interval", "rate_text", "pass_k_text",
     # reports (B5)
     "safe_text", "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
     "markdown_run", "junit_run", "html_run", "tool_sequence", "trajectory",
         # run control and the command line
     "Settings", "UsageError", "Terminated", "guard_output", "main", "cli", "program_name",
+    "RANGES",
 ]
 
 
@@ -6035,8 +6037,9 @@ def _config_problem(config):
         return "config.cases is not a list of cases with string ids"
     if len({case["id"] for case in cases}) != len(cases):
         return "config.cases has duplicate ids"
-    if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= 10:
-        return "config.repeats is not a whole number from 1 to 10"
+    most = RANGES["repeats"][1]
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= most:
+        return f"config.repeats is not a whole number from 1 to {most}"
     timeout = config.get("timeout_seconds", TIMEOUT_SECONDS)
     if not _is_number(timeout) or not 0 < timeout <= 1e9:  # a float can hold it: no OverflowError later
         return "config.timeout_seconds is not a positive number of seconds"
@@ -6094,6 +6097,56 @@ def record_problem(record):
     return problem
 
 
+# A pass rate is a count of independent tries, so it is shown with its Wilson score interval:
+# unlike the normal approximation it stays inside 0..1 and keeps its coverage at 0/n and n/n.
+WILSON_Z = 1.959963984540054  # the standard normal's 97.5th percentile: a two-sided 95 % interval
+
+
+def wilson_interval(passed, total, z=WILSON_Z):
+    """The Wilson score interval (95 %) of the pass rate passed/total as (low, high)."""
+    if total <= 0:
+        return 0.0, 1.0  # no row: the rate can be anything
+    rate, spread = passed / total, z * z / total
+    centre = rate + spread / 2
+    half = z * math.sqrt(rate * (1 - rate) / total + spread / (4 * total))
+    low, high = (centre - half) / (1 + spread), (centre + half) / (1 + spread)
+    return (0.0 if passed <= 0 else max(0.0, low)), (1.0 if passed >= total else min(1.0, high))
+
+
+def rate_text(passed, total):
+    """A pass rate with its Wilson 95 % interval, as `6/10 = 0.60 [0.31, 0.83]`."""
+    if total <= 0:
+        return "0/0 (no row)"
+    low, high = wilson_interval(passed, total)
+    return f"{passed}/{total} = {passed / total:.2f} [{_bound(low)}, {_bound(high)}]"
+
+
+def _bound(value):
+    """An interval bound to 2 decimals, or more when 2 would round a bound inside 0..1 onto 0 or 1
+    (1500/1500 is [0.997, 1.00], not a certain [1.00, 1.00])."""
+    for places in (2, 3, 4, 5, 6):
+        text = f"{value:.{places}f}"
+        if value in (0.0, 1.0) or float(text) not in (0.0, 1.0):
+            break
+    return text
+
+
+def pass_k_text(pass_k):
+    """A summary's pass^k as `pass^3 1/2 = 0.50` (the share of cases whose every repeat passed)."""
+    if not isinstance(pass_k, dict) or not all(_is_int(pass_k.get(key)) for key in ("k", "passed",
+                                                                                      "cases")):
+        return "pass^k unknown"
+    k, passed, cases = pass_k["k"], pass_k["passed"], pass_k["cases"]
+    return f"pass^{k} {passed}/{cases}" + (f" = {passed / cases:.2f}" if cases > 0 else "")
+
+
+def rate_fields(passed, total, all_passed, cases, k):
+    """A summary's statistics of one model: its pass rate with the interval, and its pass^k."""
+    interval = [round(bound, 4) for bound in wilson_interval(passed, total)] if total else None
+    return {"pass_rate": rate_text(passed, total), "interval_95": interval,
+            "pass_k": {"k": k, "passed": all_passed, "cases": cases}}
+
+
 class Tally:
     """The verdict (SPEC A7), updated one row at a time so a checkpoint stays O(row)."""
 
@@ -6106,16 +6159,25 @@ class Tally:
         self.tool_rows = self.tool_calls = 0  # rows of a suite with function tools, and their calls
         self.text_call_rows, self.text_call_server = 0, None  # calls written as text; by whom
         self.per_model = {model: {"passed": 0, "total": 0, "errors": 0, "cost": decimal.Decimal(0),
-                                  "cost_known": True, "expected": 0} for model in self.models}
-        for model, _, _ in self.expected:
+                                  "cost_known": True, "expected": 0, "all_passed": 0}
+                          for model in self.models}
+        # (model, case_id) in plan order: [passed, finished, expected] rows, for pass^k and rates
+        self.pairs = {(model, case_id): [0, 0, 0] for model in self.models for case_id in case_ids}
+        for model, case_id, _ in self.expected:
             if model in self.per_model:
                 self.per_model[model]["expected"] += 1
+                self.pairs.setdefault((model, case_id), [0, 0, 0])[2] += 1
+        self.pairs = {pair: counts for pair, counts in self.pairs.items() if counts[2]}
+        for (model, _), (_, _, expected) in self.pairs.items():
+            stats = self.per_model[model]
+            stats["cases"], stats["k"] = stats.get("cases", 0) + 1, max(stats.get("k", 0), expected)
 
     def add(self, row):
         if not isinstance(row, dict) or not _well_keyed(row):
             self.clash = True
             return
         key = row_key(row)
+        pair = self.pairs.get(key[:2]) if key not in self.seen and key in self.expected else None
         if key in self.seen or key not in self.expected:
             self.clash = True
         self.seen.add(key)
@@ -6135,6 +6197,9 @@ class Tally:
         stats["total"] += 1
         stats["passed"] += not failed
         stats["errors"] += errored
+        if pair is not None:
+            pair[0], pair[1] = pair[0] + (not failed), pair[1] + 1
+            stats["all_passed"] += not failed and pair[0] == pair[2]  # every expected row passed
         try:
             amount = decimal.Decimal(row.get("cost_usd")) if isinstance(row.get("cost_usd"), str) else None
             stats["cost"] += amount if amount is not None and amount.is_finite() else decimal.Decimal("NaN")
@@ -6152,7 +6217,18 @@ class Tally:
             return None
         return sum((stats["cost"] for stats in self.per_model.values()), decimal.Decimal(0))
 
-    def summary(self):
+    def statistics(self, model):
+        """A final summary's statistics of a model: its pass rate with the interval, pass^k,
+        and {case_id: rate} of its cases with a failed row."""
+        stats = self.per_model[model]
+        failed = {case_id: rate_text(passed, done) for (name, case_id), (passed, done, _)
+                  in self.pairs.items() if name == model and passed < done}
+        return {**rate_fields(stats["passed"], stats["total"], stats["all_passed"],
+                              stats.get("cases", 0), stats.get("k", 0)), "failed_cases": failed}
+
+    def summary(self, final=False):
+        """The verdict. A final one (a run's end, a recount) also holds each model's pass rate
+        with its interval, pass^k and failed cases; a checkpoint's does not (it stays O(models))."""
         complete = self.complete()
         models = {}
         for model, stats in self.per_model.items():
@@ -6163,6 +6239,7 @@ class Tally:
                 # a model with no row here (another shard's) is not shown fit by 0 of 0 passing
                 "qualified": complete and stats["expected"] > 0 and stats["passed"] == stats["expected"],
                 "reported_cost_usd": format(stats["cost"], "f") if stats["cost_known"] else None,
+                **(self.statistics(model) if final else {}),
             }
         exit_code = 2 if not complete or self.errors else 1 if self.failures else 0
         verdict = {"complete": complete, "rows": len(self.seen), "expected_rows": len(self.expected),
@@ -6226,7 +6303,7 @@ def summary(rows, models, repeats, cases=CASES):
     tally = Tally(models, repeats, cases)
     for row in rows:
         tally.add(row)
-    return tally.summary()
+    return tally.summary(final=True)
 
 
 def recount(record):
@@ -6237,7 +6314,7 @@ def recount(record):
     tally = Tally(config["models"], config["repeats"], config["cases"], expected=_record_plan(record))
     for row in record["runs"]:
         tally.add(row)
-    final = tally.summary()
+    final = tally.summary(final=True)
     stopped = (record.get("summary") or {}).get("stopped")
     if isinstance(stopped, str):
         final["stopped"] = stopped
@@ -6475,15 +6552,43 @@ def junit_run(record):
     return junit_xml("agent-regression", list(suites.items()))
 
 
-MODEL_COLUMNS = ["model", "passed", "errors", "qualified", "reported cost (USD)"]
+MODEL_COLUMNS = ["model", "passed (Wilson 95% interval)", "errors", "qualified",
+                 "reported cost (USD)", "pass^k (cases whose every repeat passed)"]
+
+
+def _passed_cell(stats):
+    passed, total = stats.get("passed"), stats.get("total")
+    if not total:
+        return "not run"
+    return rate_text(passed, total) if _is_int(passed) and _is_int(total) else f"{passed}/{total}"
 
 
 def _model_rows(final):
     """The per-model table of a summary (record_problem's: each model's stats an object)."""
-    return [[str(model), f"{stats.get('passed')}/{stats.get('total')}" if stats.get("total") else "not run",
-             str(stats.get("errors", 0)),
-             "yes" if stats.get("qualified") else "no", str(stats.get("reported_cost_usd") or "unknown")]
+    return [[str(model), _passed_cell(stats), str(stats.get("errors", 0)),
+             "yes" if stats.get("qualified") else "no",
+             str(stats.get("reported_cost_usd") or "unknown"), pass_k_text(stats.get("pass_k"))]
             for model, stats in (final.get("models") or {}).items()]
+
+
+def case_rates(record):
+    """A run's (model, case) pass rates: [(model, case_id, rate text)] of the pairs that did
+    not pass every repeat, and {rate text: pairs} of those that did (counted, not listed)."""
+    config, listed, perfect = record["config"], [], {}
+    passed, done = {}, {}
+    for row in record["runs"]:
+        if isinstance(row, dict) and _well_keyed(row):
+            pair = row_key(row)[:2]
+            passed[pair] = passed.get(pair, 0) + (row.get("passed") is True)
+            done[pair] = done.get(pair, 0) + 1
+    for model in config["models"]:
+        for case in config["cases"]:
+            count, runs = passed.get((model, case["id"]), 0), done.get((model, case["id"]), 0)
+            if runs and count == runs == config["repeats"]:
+                perfect[rate_text(count, runs)] = perfect.get(rate_text(count, runs), 0) + 1
+            elif runs:
+                listed.append((model, case["id"], rate_text(count, runs)))
+    return listed, perfect
 
 
 def _warnings(final):
@@ -6523,6 +6628,7 @@ def markdown_run(record):
         lines += ["", f"Stopped early: {md_text(final['stopped'])}"]
     lines += ["", *(f"Warning: {md_text(warning)}" for warning in _warnings(final))] if _warnings(final) else []
     lines += ["", md_table(MODEL_COLUMNS, [[md_text(cell) for cell in cells] for cells in _model_rows(final)])]
+    lines += _markdown_case_rates(record)
     failed = _failed_rows(record)
     if failed:
         lines += ["", "### Failures", "", md_table(["model", "case", "repeat", "reasons", "evidence"], [
@@ -6541,6 +6647,18 @@ def markdown_run(record):
         shown = ", ".join(f"{model} / {case_id} / repeat {repeat}" for model, case_id, repeat in missing[:10])
         lines += ["", f"Not run: {len(missing):,} row(s): {md_text(shown + (' ...' if len(missing) > 10 else ''))}"]
     return "\n".join(lines) + "\n"
+
+
+def _markdown_case_rates(record):
+    """With repeats: the Markdown table of the model/case pairs that did not pass every repeat."""
+    if record["config"]["repeats"] < 2:
+        return []
+    listed, perfect = case_rates(record)
+    lines = ["", "**Pass rates by case** (Wilson 95% intervals)", ""]
+    table = md_table(["model", "case", "passed"], [list(map(md_text, row)) for row in listed])
+    lines += [table] if listed else [] if perfect else ["No row finished."]
+    return lines + [f"{count:,} model/case pair(s) passed every repeat: {md_text(text)} each "
+                    "(not listed)." for text, count in perfect.items()]
 
 
 def _not_run(record):
@@ -6600,7 +6718,7 @@ def html_run(record):
             css = ("error" if any(row.get("error") for row in done) else "pass" if done and passed == len(done)
                    else "fail" if done else "")
             reasons = sorted({reason for row in done for reason in row.get("reasons") or []})
-            cells.append(((f"{passed}/{len(done)}" if done else "not run")
+            cells.append(((rate_text(passed, len(done)) if done else "not run")
                           + (f"<br><small>{xml_text(', '.join(reasons))}</small>" if reasons else ""), css))
         matrix.append(cells)
     body += ["<h2>Cases</h2>", html_table(["case", *config["models"]], matrix)]
@@ -6792,7 +6910,7 @@ class Settings:
 
 
 # Documented ranges of the numeric options (the --help text and every range error name them).
-RANGES = {"repeats": (1, 10), "concurrency": (1, 64), "retries": (0, 10), "timeout": (0.1, 3600)}
+RANGES = {"repeats": (1, 100), "concurrency": (1, 64), "retries": (0, 10), "timeout": (0.1, 3600)}
 
 # Run options that change what is stored or what may be spent: kept in the record's header
 # ("run_options") and re-applied by --resume. "same": a record keeps one redaction, so a
@@ -7236,9 +7354,34 @@ def catalogue():
         lines.append(f"  {'':<22} on: {switch}; reasons: {', '.join(check_.reasons) or '-'}")
     lines += ["Rules:", f"  {'normal form':<22} {TEXT_FORM_RULE}"]
     lines += [f"  {check_.name:<22} {check_.rule}" for check_ in CHECK_TABLE if check_.rule]
+    lines += STATISTICS_TEXT
     lines.append("Behaviors (a case's \"behaviors\" list): " + ", ".join(
         name + (f":{kind.upper()}" if kind else "") for name, kind in BEHAVIORS.items()))
     return "\n".join(lines)
+
+
+STATISTICS_TEXT = [
+    "Statistics (the run's summary and reports, and compare_runs.py):",
+    "  pass rate              passes / rows, shown as 6/10 = 0.60 [0.31, 0.83]: the bracket is the "
+    "Wilson 95% interval, the range of true rates these rows are consistent with; few repeats give "
+    "a wide range",
+    "  pass^k                 per model, the share of cases whose every one of k repeats passed "
+    "(how consistent the model is, not just how often it is right)",
+    "  drop test              compare_runs.py: per model and case, a one-sided Fisher exact test "
+    "of 'the pass rate fell'; p is the chance of a drop at least this large if nothing changed. "
+    "With --alpha the exit code follows the pairs whose (adjusted) p is at most alpha instead of "
+    "any single flipped row",
+    "  correction             with many cases some drop looks significant by chance, so --alpha "
+    "adjusts every p for the whole family of model/case pairs (Holm-Bonferroni: the smallest p "
+    "times the number of pairs, the next times one less, ...); --correction none tests each pair "
+    "on its own",
+    "  planner                compare_runs.py --repeats-needed BEFORE AFTER: the repeats per side "
+    "at which the test sees a drop from rate BEFORE to AFTER with power 0.8 (--power), computed "
+    "exactly, and the smallest drop --repeats N can see",
+    "  trend                  compare_runs.py --trend RUN...: the rate per model (--per-case: per "
+    "case) across records, each run tested against the first, all tests corrected together; the "
+    "first significant run is flagged",
+]
 
 
 def _checks_of(case):
@@ -7359,7 +7502,48 @@ def _cost_lines(args, env, run):
                      f"{', '.join(unpriced)} {'has' if len(unpriced) == 1 else 'have'} no price; the run stops "
                      f"after the first row that reports no cost. Add --price MODEL=IN/OUT "
                      f"(USD per million input/output tokens)")
-    return lines
+    return lines + (cost_estimate_lines(args, env, run) if run is not None else [])
+
+
+def _output_cap_value(suite, args, env):
+    """The output tokens one request may use at most (the cap we send or the suite's request
+    sets), or None when no cap is sent and output has no upper bound."""
+    cls = PROVIDERS[args.provider]
+    cap, options = cls.output_cap(args, env), suite.get("request") or {}
+    value = next((options[key] for key in (cap, *cls.cap_keys) if key and key in options), None)
+    if value is None:
+        return MAX_OUTPUT_TOKENS if cap else None
+    return value if _is_int(value) and value > 0 else None
+
+
+def cost_estimate_lines(args, env, run):
+    """--dry-run's estimated cost, when a price is known: output bounded by the output cap,
+    input roughly from the characters sent; the basis is said, since neither is a reported cost."""
+    priced = [key for key in run.plan if key[0] in run.prices]
+    if not priced:
+        return []
+    suite, cap = run.suite, _output_cap_value(run.suite, args, env)
+    cases = {case["id"]: case for case in suite["cases"]}
+    tools = len(dumps(PROVIDERS[args.provider].sent_tools(suite)))
+    requests = out_bound = in_about = decimal.Decimal(0)
+    for model, case_id, _ in priced:
+        case = cases[case_id]
+        count = round_limit(suite, case) if plays_tools(suite, case) else 1
+        sent = len(case.get("instructions", suite["instructions"])) + len(_case_text(case)) + tools
+        price_in, price_out = run.prices[model]
+        requests += count
+        out_bound += count * (cap or 0) * price_out / 1_000_000
+        in_about += count * decimal.Decimal(sent) / 4 * price_in / 1_000_000
+    output = (f"at most ${out_bound:.4f} for output (up to {requests:,} requests x {cap:,} output "
+              "tokens each, the output cap)") if cap else \
+        "output unbounded (no whole-number output cap is sent)"
+    unpriced = sorted({model for model, _, _ in run.plan if model not in run.prices})
+    cap_note = "" if args.max_cost_usd is None else \
+        f"; --max-cost-usd {format(args.max_cost_usd, 'f')} still stops the run at that spend"
+    return [f"estimated cost: {output} + about ${in_about:.4f} for input (about 4 characters per "
+            "token of the instructions, inputs and tools sent; search results, tool results and "
+            "earlier rounds are not counted)"
+            + (f"; {', '.join(unpriced)} not estimated (no price)" if unpriced else "") + cap_note]
 
 
 def _instructions_line(suite):
@@ -8139,7 +8323,7 @@ def run_mode(settings, env, stage):
         try:
             stopped, in_order, answers, last = run_rows(run, settings, writer, tally)
         except KeyboardInterrupt as interrupt:
-            final = tally.summary()
+            final = tally.summary(final=True)
             final["stopped"] = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
             try:
                 writer.set_summary(final)
@@ -8147,7 +8331,7 @@ def run_mode(settings, env, stage):
                 pass  # every finished row is still recoverable from the torn tail
             raise
         getattr(run.provider, "close", lambda: None)()
-        final = tally.summary()
+        final = tally.summary(final=True)
         if stopped:
             final["stopped"] = stopped
         writer.set_summary(final)
