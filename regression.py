@@ -45,10 +45,10 @@ __all__ = [
     # built-in suite (SPEC A2)
     "MODELS", "CASES", "INSTRUCTIONS", "TOOL", "FORMAT", "RFC_SOURCES",
     # URL rules and checks (A3-A5, B2)
-    "rfc_document", "approved_source", "document_id", "CHECKS", "BEHAVIORS", "check", "grade", "explain",
-    "compile_case", "reported_cost", "similarity",
-    "register_check", "register_case_key", "CHECK_TABLE", "Fail", "text_form", "reason_table",
-    "Trace",
+    "rfc_document", "approved_source", "document_id", "CHECKS", "BEHAVIORS", "check", "grade",
+    "grading", "compile_case", "reported_cost", "similarity",
+    "register_check", "register_case_key", "CHECK_TABLE", "CHECK_KEYS", "Fail", "text_form",
+    "reason_table", "Trace",
     # suites (B1)
     "SuiteError", "load_suite", "validate_suite", "instructions_sha256",
     # providers and one request (A6, B3, B4)
@@ -56,16 +56,19 @@ __all__ = [
     "record_provider",
     "PerplexityProvider", "HTTPProvider", "OpenAIProvider", "AnthropicProvider", "EchoProvider",
     "ReplayProvider",
-    "run_one", "run_row", "run_row_steps", "send_request", "execute", "transient", "retry_after", "redactor",
+    "run_one", "run_row", "run_row_steps", "send_request", "send_request_steps", "drive_steps",
+    "transient", "retry_after", "redactor",
     # record and summary (A7, A8, B4)
     "RecordError", "create_record", "replace_record", "load_record", "write_new_file", "dumps",
     "Tally", "summary", "row_key", "plan_rows", "shard_plan", "key_text", "record_problem",
-    "ABSENT", "same_json", "first_difference",
+    "masked_evidence", "regraded_rows", "ABSENT", "same_json", "first_difference",
+    "wilson_interval", "rate_text", "pass_k_text",
     # reports (B5)
     "safe_text", "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
     "markdown_run", "junit_run", "html_run", "tool_sequence", "trajectory",
         # run control and the command line
-    "Settings", "UsageError", "Terminated", "guard_output", "main", "cli",
+    "Settings", "UsageError", "Terminated", "guard_output", "main", "cli", "program_name",
+    "RANGES",
 ]
 
 
@@ -226,6 +229,54 @@ def shell_word(text):
     """One shell word, for the commands we print (continue with: ...)."""
     import shlex
     return shlex.quote(str(text))
+
+
+# Every command we print (continue with, write the rest with, regrade it first) must run as
+# pasted in the folder the user ran us from, so it names this program as it was started.
+ENTRY_POINTS = ("agent-regression", "compare-runs")  # pyproject's console scripts
+
+
+def _shown_path(path):
+    """A path as a shell in this folder takes it: relative below the folder, else absolute."""
+    try:
+        relative = os.path.relpath(path)
+    except (OSError, ValueError):  # no current folder, or another drive
+        return path
+    return relative if not relative.startswith(os.pardir) else os.path.abspath(path)
+
+
+def _python_word():
+    """`python` (or `python3`) when the shell finds this very interpreter under that name (the
+    same file in the same folder, so the same virtual environment), else its own path."""
+    import shutil
+    here = os.path.abspath(sys.executable)
+    for word in ("python", "python3"):
+        found = shutil.which(word)
+        if found and os.path.dirname(os.path.abspath(found)) == os.path.dirname(here) \
+                and os.path.realpath(found) == os.path.realpath(here):
+            return word
+    return shell_word(here)
+
+
+def program_name():
+    """The shell words that run regression.py the way this process was started: the installed
+    `agent-regression` (by its path when the shell would find another), `python -m regression`,
+    or the script by its path from the current folder (also when started as compare_runs)."""
+    import shutil
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name in ("regression", "compare_runs"):
+        return f"{_python_word()} -m regression"
+    folder, name = os.path.split(sys.argv[0] if sys.argv and sys.argv[0] else "")
+    if name in ENTRY_POINTS:
+        path = os.path.join(folder, ENTRY_POINTS[0])
+        found = shutil.which(ENTRY_POINTS[0])
+        if found and os.path.abspath(found) == os.path.abspath(path):
+            return ENTRY_POINTS[0]
+        shown = _shown_path(path)
+        return shell_word(shown if os.sep in shown else os.path.join(os.curdir, shown))
+    ours = name in ("regression.py", "compare_runs.py")  # else embedded (a test runner): this file
+    script = os.path.join(folder, "regression.py") if ours else __file__
+    return f"{_python_word()} {shell_word(_shown_path(script))}"
 
 
 # ---------------------------------------------------------------------- signals
@@ -434,6 +485,10 @@ SDK_MAX_RETRIES = 0  # the SDK must never repeat a paid request behind our back
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 
+# A Part A case's own keys -> the check key each becomes in builtin_case (CHECK_KEYS holds both).
+BUILTIN_CHECK_KEYS = {"expected": "expect", "action": "expect", "rfc": "cite"}
+
+
 def builtin_case(case):
     """A Part A case ({id, expected, rfc, action, question}) as a suite case."""
     return {
@@ -529,10 +584,11 @@ def approved_source(url, rfc):
 # (SPEC B3), so no check ever reads provider-specific JSON.
 #
 # Each check is declared once, by register_check(): its name, the case keys that
-# switch it on (or its behaviour and argument kind), how those keys are validated,
-# the reasons it gives and what explain() reports for it. CHECKS, BEHAVIORS,
-# CASE_KEYS, suite validation, --dry-run's check list, --list-checks and the README
-# reason table are all read from that one table (CHECK_TABLE).
+# switch it on (or its behaviour and argument kind) and whether a change of them is a
+# regrade, how those keys are validated, the reasons it gives, its rule, its details
+# and its console short form. CHECKS, BEHAVIORS, CASE_KEYS, CHECK_KEYS, the prompt-
+# regression keys, suite validation, grading, --dry-run's check list and lint,
+# --list-checks, failure_lines and the README reason table all read that one table.
 
 def _normalise(text):
     return " ".join(text.split()) if isinstance(text, str) else ""
@@ -541,14 +597,33 @@ def _normalise(text):
 # Format characters (Unicode category Cf: zero-width space and joiners, bidi controls,
 # soft hyphen, BOM, tags) and the other default-ignorable code points (variation
 # selectors, Hangul fillers, the combining grapheme joiner). They render as nothing,
-# so a text comparison that kept them could be dodged by an invisible character.
+# so a text comparison that kept them could be dodged by an invisible character (the
+# masks and cuts read through these; the normal form removes more, see NORMAL_FORM).
 _INVISIBLE = re.compile(
     "[\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u115f\u1160\u17b4\u17b5"
     "\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
     "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
     "\U000e0000-\U000e0fff]")
-# The same characters split by plane: a class with astral ranges scans a long text several
-# times slower, and most texts hold no astral character at all (a one-range check says so).
+# What the normal form does with each Unicode general category: "kept" as NFKC leaves it,
+# "folded" to one form (case folded; any script's decimal digits as ASCII digits; typographic
+# dashes and quotes as ASCII), "space" (whitespace, folded to one space), "removed" (it renders
+# as nothing or has no agreed glyph, so it is read as nothing and, where what must never be said
+# is looked for, as a space too: "refund_order\0" is refund_order). By code point, whatever its
+# category: the whitespace controls (tab, line breaks, \x1c-\x1f, NEL) are a space, and every
+# default-ignorable code point in _INVISIBLE (a variation selector, a Hangul filler) is removed.
+# Python's str.isprintable() and str.isspace() draw exactly these lines, at C speed.
+NORMAL_FORM = {
+    **dict.fromkeys(["Lu", "Ll", "Lt", "Nd", "Pd", "Pi", "Pf"], "folded"),
+    **dict.fromkeys(["Lm", "Lo", "Mn", "Mc", "Me", "Nl", "No", "Pc", "Ps", "Pe", "Po", "Sm", "Sc",
+                     "Sk", "So"], "kept"),
+    **dict.fromkeys(["Zs", "Zl", "Zp"], "space"),
+    **dict.fromkeys(["Cc", "Cf", "Cs", "Co", "Cn"], "removed"),
+}
+_ASCII_CONTROL = re.compile("[\x00-\x08\x0e-\x1b\x7f]")  # C0 controls but whitespace, and DEL
+
+
+# The default-ignorable code points split by plane: a class with astral ranges scans a long text
+# several times slower, and most texts hold no astral character at all (a one-range check says so).
 _BMP_PART, _ASTRAL_PART = _INVISIBLE.pattern[1:-1].split("\U000110bd", 1)
 _INVISIBLE_BMP = re.compile(f"[{_BMP_PART}]")
 _INVISIBLE_ASTRAL = re.compile(f"[\U000110bd{_ASTRAL_PART}]")
@@ -557,16 +632,20 @@ _ASTRAL = re.compile("[\U00010000-\U0010ffff]")
 
 def _invisible_in(text):
     """Whether a text holds a character text_form() removes (fast on long texts)."""
-    return not text.isascii() and bool(_INVISIBLE_BMP.search(text) or (
+    if text.isascii():
+        return bool(_ASCII_CONTROL.search(text))
+    # Whitespace is not printable either: without it, isprintable() is the category test, in C.
+    return not "".join(text.split()).isprintable() or bool(_INVISIBLE_BMP.search(text) or (
         _ASTRAL.search(text) and _INVISIBLE_ASTRAL.search(text)))
 
 
 def _drop_invisible(text, replacement=""):
     """The text with every character text_form() removes replaced (by nothing, by default)."""
-    if text.isascii():
+    if not _invisible_in(text):
         return text
-    text = _INVISIBLE_BMP.sub(replacement, text)
-    return _INVISIBLE_ASTRAL.sub(replacement, text) if _ASTRAL.search(text) else text
+    removed = {char for char in set(text)
+               if not (char.isprintable() or char.isspace()) or _INVISIBLE.match(char)}
+    return re.sub("[" + "".join(map(re.escape, sorted(removed))) + "]", replacement, text)
 
 
 _PUNCTUATION_FORMS = str.maketrans({**dict.fromkeys("\u2018\u2019\u201a\u201b\u02bc\u2032\uff07", "'"),
@@ -591,13 +670,13 @@ _DIGITS = _Digits()
 
 def _text_form(text):
     """The one normal form every text comparison uses, on both sides: Unicode NFKC
-    (fullwidth and other compatibility forms, composed accents), format characters such
-    as zero-width spaces removed, case folded, any script's decimal digits as ASCII digits,
-    whitespace runs folded to one space."""
+    (fullwidth and other compatibility forms, composed accents), invisible characters (format
+    and control characters, surrogates, private-use and unassigned code points: NORMAL_FORM)
+    removed, case folded, any script's decimal digits as ASCII digits, whitespace folded."""
     if not isinstance(text, str):
         return ""
-    if text.isascii():  # nothing to normalise or remove: the fast path for most answers
-        return " ".join(text.lower().split())
+    if text.isascii():  # the fast path for most answers: only a control character to drop
+        return " ".join(_drop_invisible(text).lower().split())
     import unicodedata  # imported where used: start-up stays lean (SPEC C1)
     # Typographic apostrophes, dashes and quotes read as their ASCII forms (NFKC keeps them):
     # "can’t" must match "can't", "non‑refundable" (U+2011) "non-refundable".
@@ -609,12 +688,26 @@ def _text_form(text):
     return " ".join((text.translate(_DIGITS) if _OTHER_DIGIT.search(text) else text).split())
 
 
-@functools.lru_cache(maxsize=16)  # checks and explain() ask for the same answer's form; few (answers can be MBs)
+# How every text comparison reads (text_form, readings), for --list-checks.
+TEXT_FORM_RULE = (
+    "every text comparison (contains, excludes, similarity, length, leak, clarification, claims, "
+    "forbid_tool's names) reads both sides in NFKC, any script's decimal digits as ASCII digits, "
+    "case folded, whitespace and separators (Zs, Zl, Zp) folded, and every character of the "
+    "categories Cc, Cf, Cs, Co and Cn (controls such as NUL and DEL, format characters such as "
+    "zero-width spaces, surrogates, private-use and unassigned code points) and other "
+    "default-ignorable ones removed; excludes, leak, claims and a stated value also read an "
+    "invisible character as a space, the answer without combining marks, with Cyrillic/Greek "
+    "look-alikes as Latin letters, as its Markdown/HTML markup renders "
+    "(**lifetime** access), URL-decoded (%20) and, for a JSON answer, with its strings decoded; "
+    "masks (--redact, --redact-pii) read through invisible characters")
+
+
+@functools.lru_cache(maxsize=16)  # checks ask for the same answer's form; few (answers can be MBs)
 def text_form(text):
     """The one normal form every text comparison uses, on both sides: Unicode NFKC
-    (fullwidth and other compatibility forms, composed accents), format characters such
-    as zero-width spaces removed, case folded, any script's decimal digits as ASCII digits,
-    whitespace runs folded to one space."""
+    (fullwidth and other compatibility forms, composed accents), invisible characters (format
+    and control characters, surrogates, private-use and unassigned code points: NORMAL_FORM)
+    removed, case folded, any script's decimal digits as ASCII digits, whitespace folded."""
     return _text_form(text)
 
 
@@ -725,7 +818,7 @@ def readings(text):
 
 class Fail(str):
     """A failure reason that carries its evidence. It is the plain reason string to every
-    comparison and to JSON; explain() files `evidence` (a short `note` for the console and
+    comparison and to JSON; grading() files `evidence` (a short `note` for the console and
     reports, plus the facts behind it) under details["evidence"][reason]."""
 
     def __new__(cls, reason, note="", **evidence):
@@ -864,6 +957,8 @@ def _shape_problem(answer, case):
         required = allowed = set(case.get("expect", {})) | ({case["_sources"]["field"]} if "cite" in case else set())
         types = {case["_sources"]["field"]: {"type": "array", "items": {"type": "string"}}} if "cite" in case else {}
     missing, extra = sorted(required - set(answer)), sorted(set(answer) - allowed)
+    if case.get("allow_extra_fields") is True:  # expect checks a few fields of a larger answer
+        extra = []
     mistyped = sorted(key for key in answer if key in types and not _has_type(answer[key], types[key]))
     if not (missing or extra or mistyped):
         return None
@@ -894,8 +989,9 @@ def _user_text(case):
 
 
 class Trace(collections.namedtuple("Trace", "final_text tool_calls tool_rounds search_urls status "
-                                     "cost_usd earlier_texts thought_texts rounds final",
-                                     defaults=((), (), None, None))):
+                                     "cost_usd earlier_texts thought_texts rounds final "
+                                     "attempts bound",
+                                     defaults=((), (), None, None, (), None))):
     """What a provider saw of one row, in provider-neutral form: the only thing checks read.
 
     final_text     the answer graded (str): reasoning a server left in content removed
@@ -909,6 +1005,9 @@ class Trace(collections.namedtuple("Trace", "final_text tool_calls tool_rounds s
     thought_texts  content a server sent with the model's reasoning left in it
     rounds         a played row: model turns made (None: one request)
     final          a played row: the last turn answered without calling a tool
+    attempts       [{"name", "arguments"}] tool calls the model wrote as text (see text_tool_calls):
+                   never made, so they count against it (forbid_tool, ...) and never for it
+    bound          a played row: the Fail of the bound that stopped it (see PLAYED_BOUNDS), or None
     """
 
     __slots__ = ()
@@ -931,27 +1030,25 @@ CORE_CASE_KEYS = {"id", "input", "question", "behaviors", "instructions_sha256",
 
 
 class Check:
-    """One check, declared once (see register_check)."""
+    """One check, declared once (see register_check for what each field means)."""
 
-    def __init__(self, name, run, keys=(), behavior=False, arg=None, validate=None, details=None,
-                 reasons=None, always=False, vacuous=False, doc=None, reads=()):
-        self.name, self.run, self.keys, self.behavior, self.arg = name, run, tuple(keys), behavior, arg
-        self.reads = tuple(reads)
-        self.validate, self.details, self.always, self.vacuous = validate, details, always, vacuous
-        self.reasons = dict(reasons or {})
+    def __init__(self, name, run, *, keys=(), reads=(), behavior=False, arg=None, validate=None,
+                 details=None, short=None, reasons=None, rule=None, regrade=True, text_only=False,
+                 always=False, doc=None):
+        self.name, self.run, self.keys, self.reads = name, run, tuple(keys), tuple(reads)
+        self.behavior, self.arg, self.validate, self.details = behavior, arg, validate, details
+        self.short, self.reasons, self.rule = short, dict(reasons or {}), rule
+        self.regrade, self.text_only = regrade, text_only
+        self.always = always
         self.doc = doc or " ".join((run.__doc__ or "").split())
 
     def active(self, case):
-        """Whether this check has anything to judge in a case (it runs either way)."""
+        """Whether this check has anything to judge in a case: only then does it run."""
         if self.always:
             return True
         if self.behavior:
             return bool(self.entries(case))
         return any(key in case for key in self.keys)
-
-    def passes_empty(self, case):
-        """Whether this check, as a case sets it, passes an empty answer (see vacuous)."""
-        return self.vacuous(case) if callable(self.vacuous) else self.vacuous
 
     def involved(self, case):
         """Whether a case holds any key this check reads: its keys are validated and its details
@@ -970,46 +1067,65 @@ class Check:
         return [entry for entry in (behaviors if isinstance(behaviors, list) else [])
                 if isinstance(entry, str) and entry.partition(":")[0] == self.name]
 
+    def verdicts(self, case, trace):
+        """[(rule, reasons)] of an active check: a behaviour judges each entry on its own (its
+        argument passed, None without one), any other check runs once, under its name."""
+        if not self.behavior:
+            return [(self.name, self.run(case, trace))]
+        return [(entry, self.run(case, trace, entry.partition(":")[2] or None))
+                for entry in dict.fromkeys(self.entries(case))]
+
 
 CHECK_TABLE = []  # in run order; the first four reproduce SPEC A4's order exactly
-CHECKS = {}       # name -> (case, trace) -> reasons: a view of CHECK_TABLE
+CHECKS = {}       # name -> its run (see register_check): a view of CHECK_TABLE
 BEHAVIORS = {}    # behaviour name -> its ":ARG" kind (None: takes no argument): a view of CHECK_TABLE
 CASE_KEYS = set(CORE_CASE_KEYS)  # every key a case may hold: a view of CHECK_TABLE and CASE_KEY_RULES
 CASE_KEY_RULES = {}  # case keys that switch on no check of their own (e.g. request keys) -> validate
+# Case keys that only grade an answer, never change what is sent: a record and its replay may
+# differ in these (a REGRADE). A view of CHECK_TABLE, with the built-in cases' keys (SPEC A2).
+CHECK_KEYS = set()
 
 
-def register_check(name, run=None, *, keys=(), behavior=False, arg=None, validate=None, details=None,
-                   reasons=None, always=False, vacuous=False, doc=None, reads=()):
-    """Declare a check (usable as a decorator when `run` is omitted).
+def register_check(name, run=None, **spec):
+    """Declare a check (usable as a decorator when `run` is omitted). Its fields (see Check):
 
     name      the check's name; for a behaviour also the name a case writes in "behaviors"
-    run       (case, trace) -> reasons; a reason may be a Fail carrying its evidence
+    run       (case, trace) -> reasons, called only when the check is active (a key it reads is
+              in the case, never absent); a behaviour's (case, trace, arg) -> reasons judges one
+              entry, with its argument (None: takes none). A reason may be a Fail with evidence
     keys      the case keys it reads; any of them present switches it on, and they join CASE_KEYS
     reads     case keys it also reads that do not switch it on alone (validated, details reported;
               --dry-run, the lint and the matrix do not count it as a rule); they join CASE_KEYS
+    regrade   a change of its keys only regrades stored answers (they join CHECK_KEYS); False:
+              they change what is sent or played
+    text_only it judges the answer text alone: the prompt-regression format offers its keys
     behavior  True: switched on by "NAME" / "NAME:ARG" in a case's behaviors
     arg       a behaviour's argument kind, a key of ARG_KINDS (None: no argument)
     validate  (case, where, context) -> None, raising SuiteError with one line; runs when the
-              check is active; context holds suite, schema, functions, allow_empty_baseline
-    details   (case, trace) -> dict for explain(), beside the evidence of each failing reason
+              check is involved; context holds suite, schema, functions, allow_empty_baseline
+    details   (case, trace, failed) -> dict for the row's details (failed: the reasons this check
+              gave, Fails with their evidence, [] when it passed or is only involved)
+    short     (case, reasons, details) -> [failed rule in words]: the console's short form of a
+              stored row (failure_lines); details as stored, so masked text stays masked
     reasons   {reason: (meaning, what to do)}: --list-checks and the README reason table
-    always    runs on every case; vacuous: passes an empty answer, or a (case) -> bool saying when
-              it does (--dry-run lints cases whose only checks are vacuous)
+    rule      how it reads an answer, in full: the "Rules:" of --list-checks
+    always    runs on every case
     """
     if run is None:
-        return lambda function: register_check(
-            name, function, keys=keys, behavior=behavior, arg=arg, validate=validate, details=details,
-            reasons=reasons, always=always, vacuous=vacuous, doc=doc, reads=reads)
+        return lambda function: register_check(name, function, **spec)
     if name in CHECKS:
         raise ValueError(f"check {name!r} is already registered")
-    if arg is not None and arg not in ARG_KINDS:
-        raise ValueError(f"check {name!r}: unknown argument kind {arg!r}")
-    descriptor = Check(name, run, keys, behavior, arg, validate, details, reasons, always, vacuous, doc, reads)
+    if spec.get("arg") is not None and spec["arg"] not in ARG_KINDS:
+        raise ValueError(f"check {name!r}: unknown argument kind {spec['arg']!r}")
+    descriptor = Check(name, run, **spec)
     CHECK_TABLE.append(descriptor)
     CHECKS[name] = run
-    if behavior:
-        BEHAVIORS[name] = arg
+    if descriptor.behavior:
+        BEHAVIORS[name] = descriptor.arg
     CASE_KEYS.update(descriptor.keys, descriptor.reads)
+    if descriptor.regrade:
+        keys = ("behaviors",) if descriptor.behavior else (*descriptor.keys, *descriptor.reads)
+        CHECK_KEYS.update(keys, (key for key, ours in BUILTIN_CHECK_KEYS.items() if ours in keys))
     return run
 
 
@@ -1049,7 +1165,7 @@ register_check("completed", check_completed, always=True, reasons={
 
 def check_search_observed(case, trace):
     """With `cite`: the run's own web search returned at least one URL."""
-    if "cite" in case and not trace.search_urls:
+    if not trace.search_urls:
         return [Fail("search_not_observed", "no search results in this response", search_urls=0)]
     return []
 
@@ -1061,6 +1177,8 @@ register_check("search_observed", check_search_observed, keys=("cite",), reasons
 
 
 def _validate_expect(case, where, context):
+    if not isinstance(case.get("allow_extra_fields", False), bool):
+        raise SuiteError(f"{where}: allow_extra_fields must be true or false")
     if "expect" not in case:
         return  # switched on by cite alone: cite's own rules check it
     expect, schema = case["expect"], context["schema"]
@@ -1074,9 +1192,9 @@ def _validate_expect(case, where, context):
 
 
 def check_answer(case, trace):
-    """With `expect` or `cite`: the answer is strict JSON (no NaN, no repeated key), an object with exactly the schema's fields; `expect` values match exactly (wrong_<field>)."""
-    if "expect" not in case and "cite" not in case:
-        return []
+    """With `expect` or `cite`: the answer is strict JSON (no NaN, no repeated key), an object
+    with exactly the schema's fields (`allow_extra_fields`: at least them); `expect` values match
+    exactly (wrong_<field>)."""
     answer, problem = read_json(trace.final_text)
     if problem:
         return [problem]
@@ -1089,7 +1207,8 @@ def check_answer(case, trace):
             if _canonical(answer.get(field)) != _canonical(value)]
 
 
-register_check("expect", check_answer, keys=("expect", "cite"), validate=_validate_expect, reasons={
+register_check("expect", check_answer, keys=("expect", "cite"), reads=("allow_extra_fields",),
+               validate=_validate_expect, reasons={
     "invalid_json": ("the answer is not strict JSON (NaN and Infinity are not JSON)",
                      "the model ignored the response format"),
     "duplicate_key": ("the JSON answer repeats a key in one object, so which value counts is ambiguous",
@@ -1116,8 +1235,6 @@ def _validate_cite(case, where, context):
 
 def check_citations(case, trace):
     """With `cite`: cited URLs name distinct documents, all found by this run's search, all approved, the primary one among them."""
-    if "cite" not in case:
-        return []
     answer = _structured_answer(case, trace)
     if answer is None:
         return []  # check_answer already reported why the answer cannot be read
@@ -1229,25 +1346,29 @@ def _phrase_check(key, reason, label):
     return check_phrases
 
 
-def _phrase_details(key, detail):
-    def details(case, trace):
-        present, absent = phrases_found(case, key, trace)
-        failing = present if key == "excludes" else absent
-        return {detail: failing} if failing else {}
-    return details
+def _phrase_details(detail):
+    """A phrase check's details: the phrases its own Fail found failing."""
+    return lambda case, trace, failed: {detail: failed[0].evidence["phrases"]} if failed else {}
+
+
+def _phrase_short(detail, words):
+    """A phrase check's console short form: each failing phrase its details stored, in words."""
+    return lambda case, reasons, details: [f"{words}: {text!r}" for text in details.get(detail, [])]
 
 
 check_contains = _phrase_check("contains", "missing_required_text", "missing")
 check_contains.__doc__ = "`contains`: every listed phrase appears in the answer (both in the text normal form); a hard rule."
 register_check("contains", check_contains, keys=("contains",), validate=_validate_phrases("contains"),
-               details=_phrase_details("contains", "missing_text"), reasons={
+               details=_phrase_details("missing_text"), text_only=True,
+               short=_phrase_short("missing_text", "missing required text"), reasons={
                    "missing_required_text": ("a `contains` phrase is missing (compared in the normal form)",
                                              "hard rule: no similarity score rescues it")})
 check_excludes = _phrase_check("excludes", "forbidden_text_present", "forbidden")
 check_excludes.__doc__ = ("`excludes`: no listed phrase appears in the answer, in what a played case's earlier rounds "
                           "said, or in reasoning a server left in content (in the text normal form); a hard rule.")
 register_check("excludes", check_excludes, keys=("excludes",), validate=_validate_phrases("excludes"),
-               details=_phrase_details("excludes", "forbidden_text"), vacuous=True, reasons={
+               details=_phrase_details("forbidden_text"), text_only=True,
+               short=_phrase_short("forbidden_text", "contains forbidden text"), reasons={
                    "forbidden_text_present": ("an `excludes` phrase appears (compared in the normal form, so "
                                               "zero-width or fullwidth characters and Markdown or HTML markup do "
                                               "not hide it; also in `<think>` reasoning a server left in content)",
@@ -1307,7 +1428,7 @@ def _ratio(a, b, budget=SIMILARITY_WORK):
         return None
 
 
-@functools.lru_cache(maxsize=16)  # the check and explain() both ask, for the same pair
+@functools.lru_cache(maxsize=16)  # the check and its details both ask, for the same pair
 def similarity_of(expected, actual):
     """(score 0..1, None) of two texts in text_form(), or (score, how it was bounded); see SIMILARITY_WORK."""
     a, b = text_form(expected), text_form(actual)
@@ -1362,7 +1483,7 @@ def _validate_similarity(case, where, context):
 
 def check_similarity(case, trace):
     """`expected_text` + `min_similarity`: the answer is at least this similar to the approved baseline (difflib ratio in the text normal form, time-bounded)."""
-    if "min_similarity" not in case or not case.get("expected_text"):
+    if not case["expected_text"]:
         return []  # an empty baseline is only allowed while --update-baseline fills it
     score, how = similarity_of(case["expected_text"], trace.final_text if isinstance(trace.final_text, str)
                                else "")
@@ -1377,7 +1498,7 @@ def check_similarity(case, trace):
 DIFF_CHARS = 20_000  # each side of details.diff is cut to this many characters
 
 
-def _similarity_details(case, trace):
+def _similarity_details(case, trace, failed):
     if not case.get("expected_text"):
         return {}
     text = trace.final_text if isinstance(trace.final_text, str) else ""
@@ -1393,10 +1514,22 @@ def _similarity_details(case, trace):
     return details
 
 
+def _similarity_short(case, reasons, details):
+    score = details.get("similarity")
+    if "below_min_similarity" not in reasons or score is None:
+        return []
+    return [f"similarity {score:.2f} below min_similarity {case.get('min_similarity')}"]
+
+
 # expected_text alone reports a score and judges nothing: only min_similarity makes it a rule.
 register_check("similarity", check_similarity, keys=("min_similarity",), reads=("expected_text",),
-               validate=_validate_similarity, details=_similarity_details,
-               vacuous=lambda case: case.get("min_similarity") == 0, reasons={
+               validate=_validate_similarity, details=_similarity_details, short=_similarity_short,
+               text_only=True, rule=(
+                   f"the exact difflib ratio for texts up to {SIMILARITY_PREFIX:,} characters "
+                   f"whose matching fits {SIMILARITY_WORK:,} counted steps; above, the least of "
+                   "the ratio of the first and last N characters, the length bound and (when it is "
+                   "0.5 or more) the word-multiset overlap; details.similarity_measure says so"),
+               reasons={
                    "below_min_similarity": (
                        "the answer is less similar to the approved baseline than `min_similarity` (difflib ratio "
                        "in the normal form; very long texts get a bounded score)",
@@ -1422,27 +1555,28 @@ def check_length(case, trace):
     """`min_chars` / `max_chars`: the answer's length in characters of the text normal form."""
     length = answer_chars(trace.final_text)
     reasons = []
-    if "min_chars" in case and length < case["min_chars"]:
+    if length < case.get("min_chars", 0):
         reasons.append(Fail("too_short", f"{length} chars < min {case['min_chars']}", chars=length,
                             min_chars=case["min_chars"]))
-    if "max_chars" in case and length > case["max_chars"]:
+    if length > case.get("max_chars", math.inf):
         reasons.append(Fail("too_long", f"{length} chars > max {case['max_chars']}", chars=length,
                             max_chars=case["max_chars"]))
     return reasons
 
 
+def _length_short(case, reasons, details):
+    bounds = (("too_short", "min_chars", "fewer"), ("too_long", "max_chars", "more"))
+    return [f"{details.get('chars')} chars, {words} than {key} {case.get(key)}"
+            for reason, key, words in bounds if reason in reasons]
+
+
 register_check("length", check_length, keys=("min_chars", "max_chars"), validate=_validate_length,
-               details=lambda case, trace: {"chars": answer_chars(trace.final_text)}, vacuous=True, reasons={
+               details=lambda case, trace, failed: {"chars": answer_chars(trace.final_text)},
+               short=_length_short, text_only=True, reasons={
                    "too_short": ("length (in characters of the normal form) below `min_chars`",
                                  "the evidence gives the length and the threshold"),
                    "too_long": ("length (in characters of the normal form) above `max_chars`",
                                 "the evidence gives the length and the threshold")})
-
-
-def _behavior_args(case, name):
-    """The arguments of every `name` / `name:ARG` entry of a case's behaviors."""
-    return [arg for entry in case.get("behaviors", []) for head, _, arg in [entry.partition(":")]
-            if head == name]
 
 
 def _call_arguments(call):
@@ -1524,17 +1658,21 @@ def _describe_call(call):
     return f"{call.get('name')}({inner})"
 
 
-def _tool_details(case, trace):
+def _how_called(call, trace):
+    """"called NAME(...)" for a call made, "wrote NAME(...) as text" for an attempt (see Trace)."""
+    made = any(call is other for other in trace.tool_calls)
+    return f"called {_describe_call(call)}" if made else f"wrote {_describe_call(call)} as text"
+
+
+def _tool_details(case, trace, failed):
     """Every behaviour's details: the tool calls made, when there were any."""
     if trace.tool_calls or trace.tool_rounds:
         return {"tool_calls": trace.tool_calls, "tool_rounds": trace.tool_rounds}
     return {}
 
 
-def check_json_object(case, trace):
+def check_json_object(case, trace, arg):
     """behavior json_object: the answer is a JSON object; NaN or Infinity fail invalid_json, a repeated key duplicate_key."""
-    if not _behavior_args(case, "json_object"):
-        return []
     value, problem = read_json(trace.final_text)
     if problem is not None:
         # JSON-looking text that breaks the format (NaN, Infinity, a repeated key) says so;
@@ -1591,7 +1729,7 @@ def _first_quote(instructions, said, size=LEAK_QUOTE_WORDS):
     return None
 
 
-@functools.lru_cache(maxsize=8)  # the check and explain() both ask, for the same texts
+@functools.lru_cache(maxsize=8)  # run_one grades twice (check() and grading()), on the same texts
 def leak_found(instructions, said):
     """(kind, matched text) of the first leak in `said`, or None: a mention of hidden or system
     instructions, or a quote of LEAK_QUOTE_WORDS consecutive words of them."""
@@ -1607,14 +1745,13 @@ def leak_found(instructions, said):
     return None
 
 
-def check_no_system_leak(case, trace):
+def check_no_system_leak(case, trace, arg):
     """behavior no_system_leak: neither the answer (nor an earlier round's text, nor reasoning a server left in content) nor tool arguments (decoded) mention hidden/system instructions or quote 8+ consecutive words of them, in the text normal form."""
-    if not _behavior_args(case, "no_system_leak"):
-        return []
     # A JSON answer is read as tool arguments are too: its strings decoded ("\\n", "\\u00e9").
     said = "\n".join([piece for text in never_said_texts(trace) if isinstance(text, str)
                       for piece in (text, _json_said(text)) if piece is not None]
-                     + [argument_text(call.get("arguments")) for call in trace.tool_calls])
+                     + [argument_text(call.get("arguments"))
+                        for call in [*trace.tool_calls, *trace.attempts]])
     found = leak_found(case.get("_instructions", "") or "", said)
     if not found:
         return []
@@ -1636,19 +1773,20 @@ def _as_written(text, matched, limit=300):
     return cut_whole(found.group(0), limit) if found else None
 
 
-register_check("no_system_leak", check_no_system_leak, behavior=True, details=_tool_details, reasons={
+register_check("no_system_leak", check_no_system_leak, behavior=True, details=_tool_details, rule=(
+    "a mention of system/hidden/developer/internal/secret prompt/instructions/message/rules (any "
+    f"separator) or a quote of {LEAK_QUOTE_WORDS} consecutive words of the instructions"), reasons={
     "system_leak": ("the answer or tool arguments mention hidden/system instructions or quote 8+ consecutive "
                     "words of them (in the normal form; `system_prompt` and zero-width tricks count, and "
                     "`<think>` reasoning a server left in content)",
                     "a prompt-extraction weakness; the evidence shows the phrase or the quoted words")})
 
 
-def check_max_tool_rounds(case, trace):
+def check_max_tool_rounds(case, trace, arg):
     """behavior max_tool_rounds:N: the model used tools in at most N rounds."""
-    limits = [int(arg) for arg in _behavior_args(case, "max_tool_rounds")]
-    if limits and trace.tool_rounds > min(limits):
-        return [Fail("too_many_tool_rounds", f"{trace.tool_rounds} tool rounds > max {min(limits)}",
-                     tool_rounds=trace.tool_rounds, max_tool_rounds=min(limits))]
+    if trace.tool_rounds > int(arg):
+        return [Fail("too_many_tool_rounds", f"{trace.tool_rounds} tool rounds > max {int(arg)}",
+                     tool_rounds=trace.tool_rounds, max_tool_rounds=int(arg))]
     return []
 
 
@@ -1657,17 +1795,17 @@ register_check("max_tool_rounds", check_max_tool_rounds, behavior=True, arg="cou
                                                  "`details.tool_calls` shows the calls")})
 
 
-def check_forbid_tool(case, trace):
-    """behavior forbid_tool:NAME: the model never called the tool NAME (in any case, spaces or invisible characters around or in it: an attempt counts)."""
+def check_forbid_tool(case, trace, arg):
+    """behavior forbid_tool:NAME: the model never called the tool NAME (in any case, spaces or
+    invisible characters around or in it, or written as text: an attempt counts)."""
     # The name read in the text normal form: "Cancel_Order" or "cancel_order " is an attempt to
     # call cancel_order, whether or not a host would run it (require_tool needs the exact name).
-    forbidden = {text_form(name) for name in _behavior_args(case, "forbid_tool")}
-    called = [call for call in trace.tool_calls
-              if isinstance(call.get("name"), str) and text_form(call["name"]) in forbidden]
+    called = [call for call in [*trace.tool_calls, *trace.attempts]  # a call written as text too
+              if isinstance(call.get("name"), str) and text_form(call["name"]) == text_form(arg)]
     if called:
-        return [Fail("forbidden_tool_called", f"called {_describe_call(called[0])}"
+        return [Fail("forbidden_tool_called", _how_called(called[0], trace)
                      + (f" (+{len(called) - 1})" if len(called) > 1 else ""),
-                     tools=[call.get("name") for call in called])]
+                     tools=[call.get("name") for call in called[:CALLS_NOTED]])]
     return []
 
 
@@ -1720,8 +1858,8 @@ def _sentences(text, naming):
     start). A sentence ends after . ! ? and a space, or at a blank line (a wrapped line does
     not end it), and reaches at most SENTENCE_REACH characters either side of the match (a
     long answer stays linear)."""
-    # Blank lines become NUL first, which text_form keeps (it folds whitespace to one space).
-    full = text_form(_PARAGRAPH.sub("\0", (text or "").replace("\0", " ")))
+    # Paragraphs are put in the normal form one by one and joined by NUL, which none then holds.
+    full = "\0".join(map(_text_form, _PARAGRAPH.split(text or "")))
     sentences = []
     for match in _word_starts(naming, full):
         low, high = max(0, match.start() - SENTENCE_REACH), min(len(full), match.end() + SENTENCE_REACH)
@@ -1784,35 +1922,38 @@ def _given_values(given):
     return {value.rstrip(".") for value in re.findall(_VALUE, given)} | {given.strip()}
 
 
-def check_require_clarification(case, trace):
+def check_require_clarification(case, trace, field):
     """behavior require_clarification:FIELD: a question or request sentence names FIELD; no tool argument carries it and the answer states no value for it that the user never gave."""
     reasons = []
     text = trace.final_text if isinstance(trace.final_text, str) else ""
     given = text_form(_user_text(case))
-    for field in _behavior_args(case, "require_clarification"):
-        invented = [(call, value) for call in trace.tool_calls
-                    for key, value in argument_pairs(call.get("arguments"))
-                    if _same_field(key, field) and value not in (None, "", [], {})
-                    and text_form(str(value)) not in _given_values(given)]
-        stated = next(filter(None, (_stated_value(said, field, given) for said in said_texts(trace)
-                                    if isinstance(said, str))), None)
-        if invented:
-            call, value = invented[0]
-            reasons.append(Fail("invented_field", f"called {_describe_call(call)}", field=field,
-                                value=value, tool=call.get("name")))
-        elif stated:
-            reasons.append(Fail("invented_field", f"stated {field} {_quote(stated)} the user never gave",
-                                field=field, value=stated))
-        if not _asks_for(text, field):
-            reasons.append(Fail("clarification_missing", f"no question or request names {field}", field=field))
-    unique = {}
-    for reason in reasons:
-        unique.setdefault(str(reason), reason)
-    return list(unique.values())
+    invented = [(call, value) for call in [*trace.tool_calls, *trace.attempts]  # attempts too
+                for key, value in argument_pairs(call.get("arguments"))
+                if _same_field(key, field) and value not in (None, "", [], {})
+                and text_form(str(value)) not in _given_values(given)]
+    stated = next(filter(None, (_stated_value(said, field, given) for said in said_texts(trace)
+                                if isinstance(said, str))), None)
+    if invented:
+        call, value = invented[0]
+        reasons.append(Fail("invented_field", _how_called(call, trace), field=field,
+                            value=value, tool=call.get("name")))
+    elif stated:
+        reasons.append(Fail("invented_field", f"stated {field} {_quote(stated)} the user never "
+                            "gave", field=field, value=stated))
+    if not _asks_for(text, field):
+        reasons.append(Fail("clarification_missing", f"no question or request names {field}",
+                            field=field))
+    return reasons
 
 
 register_check("require_clarification", check_require_clarification, behavior=True, arg="field",
-               details=_tool_details, reasons={
+               details=_tool_details, rule=(
+                   "one sentence (ended by . ! ? or a blank line) names FIELD and ends with ? or "
+                   "is a request (please, could you, can you, may I, let me know, tell me, I need, "
+                   "what is, which, or a clause starting with provide/send/share/give/tell/confirm/"
+                   "enter); a value right after the field's words or in any tool argument (nested, "
+                   "double-encoded or truncated JSON) that the user never gave is invented_field"),
+               reasons={
                    "invented_field": (
                        "`require_clarification:FIELD`: a tool was called with FIELD (at any depth, also in "
                        "double-encoded or truncated JSON arguments), or the answer states a value for it (an "
@@ -1824,14 +1965,12 @@ register_check("require_clarification", check_require_clarification, behavior=Tr
                        "the model acted or answered instead of asking")})
 
 
-def check_require_tool(case, trace):
+def check_require_tool(case, trace, name):
     """behavior require_tool:NAME: the model called the tool NAME at least once (a tool check cannot pass vacuously)."""
-    called = {call.get("name") for call in trace.tool_calls}
-    missing = [name for name in _behavior_args(case, "require_tool") if name not in called]
-    if missing:
+    if all(call.get("name") != name for call in trace.tool_calls):
         made = ", ".join(_describe_call(call) for call in trace.tool_calls[:3]) or "no tool call"
-        return [Fail("tool_not_called", f"never called {', '.join(missing)}; made {made}",
-                     missing=missing, calls=trace.tool_calls)]
+        return [Fail("tool_not_called", f"never called {name}; made {made}", missing=[name],
+                     calls=trace.tool_calls[:CALLS_NOTED])]
     return []
 
 
@@ -1857,8 +1996,16 @@ def is_error_result(call):
     return isinstance(result, dict) and result.get("error") not in (None, False, "")
 
 
+CALLS_NOTED = 12  # calls a note or an evidence list names; a looping agent's rest is counted
+
+
 def _sequence(trace):
-    return " -> ".join(str(call.get("name")) for call in trace.tool_calls) or "no tool call"
+    """The names of a row's calls in order, for a note: the first CALLS_NOTED, the rest counted."""
+    names = [str(call.get("name")) for call in trace.tool_calls[:CALLS_NOTED]]
+    more = len(trace.tool_calls) - len(names)
+    if not names:
+        return "no tool call"
+    return " -> ".join(names) + (f" (+{more} more)" if more > 0 else "")
 
 
 MAX_ROUNDS_LIMIT = 20
@@ -1898,20 +2045,39 @@ def _validate_played(case, where, context):
                                  f'{{"when": {{"ARG": VALUE}}, "result": RESULT}} or {{"result": RESULT}}{hint}')
             if "when" in entry and not isinstance(entry["when"], dict):
                 raise SuiteError(f"{where}: tool_results.{name} entry {position}: when must be an object of ARG: VALUE")
+            _declared_arguments(entry.get("when") or {}, name, context, where,
+                                f"tool_results.{name} entry {position}: when")
 
 
 def check_no_final_answer(case, trace):
-    """A played case (`tool_results` / `max_rounds`): the model stopped calling tools and answered within max_rounds turns."""
+    """A played case (`tool_results` / `max_rounds`): the model stopped calling tools and answered
+    within max_rounds turns, asking for at most max_calls_per_round calls a round and keeping the
+    row within max_row_bytes."""
+    if trace.bound is not None:  # the harness stopped the row at a bound: why no answer came
+        return [trace.bound]
     if trace.final is False:
         return [Fail("no_final_answer", f"still calling tools after {trace.rounds} rounds: {_sequence(trace)}",
                      rounds=trace.rounds)]
     return []
 
 
+# tool_results and max_rounds change what is played to the model: a change of them is new input.
 register_check("no_final_answer", check_no_final_answer, keys=("tool_results", "max_rounds"),
-               validate=_validate_played, vacuous=True, reasons={
+               validate=_validate_played, regrade=False, rule=(
+                   "a played round asking for more than max_calls_per_round calls (default 64) is "
+                   "not answered (too_many_tool_calls); a row holding more than max_row_bytes "
+                   "(default 16 MiB) of responses and tool results sends no further round "
+                   "(row_too_large); both are suite keys (PLAYED_BOUNDS)"), reasons={
                    "no_final_answer": ("a played case reached `max_rounds` while the model was still calling tools",
-                                       "a looping agent: read `details.tool_calls`")})
+                                       "a looping agent: read `details.tool_calls`"), **{
+    "too_many_tool_calls": (
+        "a round of a played case asked for more tool calls than `max_calls_per_round` "
+        "(default 64); none was answered",
+        "a runaway agent; raise the suite's `max_calls_per_round` if it is real"),
+    "row_too_large": (
+        "a played row held more than `max_row_bytes` (default 16 MiB) of responses and tool "
+        "results; no further round was sent",
+        "a runaway agent; raise the suite's `max_row_bytes` if it is real")}})
 
 
 def _validate_tool_args(case, where, context):
@@ -1921,17 +2087,32 @@ def _validate_tool_args(case, where, context):
         _declared(name, context["functions"], where, "tool_args")
         if not isinstance(wanted, dict) or not wanted:
             raise SuiteError(f"{where}: tool_args.{name} must be a non-empty object of ARG: VALUE")
+        _declared_arguments(wanted, name, context, where, f"tool_args.{name}")
+
+
+def _declared_arguments(arguments, name, context, where, field):
+    """Every argument name a suite writes for a tool is one its schema declares (when it declares
+    any): a misspelt name would never match a call, so a right call would fail and a `when`
+    would fall through to the catch-all."""
+    declared = tool_parameters(suite_tools(context["suite"])).get(name)
+    unknown = sorted(key for key in arguments if key not in (declared or arguments))
+    if unknown:
+        import difflib
+        hint = difflib.get_close_matches(unknown[0], sorted(declared), n=1)
+        hint = f" (did you mean {hint[0]!r}?)" if hint else ""
+        raise SuiteError(f"{where}: {field} names argument {unknown[0]!r}, which {name} does not "
+                         f"declare{hint}; declared: {', '.join(sorted(declared))}")
 
 
 def check_tool_args(case, trace):
     """`tool_args` {NAME: {ARG: VALUE}}: some call of NAME had these argument values (subset match)."""
-    for name, wanted in (case.get("tool_args") or {}).items():
+    for name, wanted in case["tool_args"].items():
         calls = [call for call in trace.tool_calls if call.get("name") == name]
         if not any(_arguments_match(wanted, _call_arguments(call)) for call in calls):
             made = ("made " + ", ".join(_describe_call(call) for call in calls[:3])
                     + (f" (+{len(calls) - 3})" if len(calls) > 3 else "")) if calls else f"{name} never called"
             return [Fail("wrong_tool_args", f"wanted {_describe_call({'name': name, 'arguments': wanted})}; {made}",
-                         tool=name, wanted=wanted, calls=calls)]
+                         tool=name, wanted=wanted, calls=calls[:CALLS_NOTED])]
     return []
 
 
@@ -1948,24 +2129,77 @@ def _validate_tool_order(case, where, context):
             raise SuiteError(f"{where}: behavior 'tool_order' needs two or more tool names, as in 'tool_order:A,B'")
         if len(set(names)) != len(names):
             raise SuiteError(f"{where}: behavior {entry!r} names a tool twice")
+        # One request makes every call before any result exists: no call there follows another.
+        if not plays_tools(context["suite"], case):
+            raise SuiteError(f"{where}: behavior {entry!r} needs a played case (tool_results or "
+                             "max_rounds): in one request every call is made before any result "
+                             "exists, so none follows another")
 
 
-def check_tool_order(case, trace):
-    """behavior tool_order:A,B,...: each tool was called, the first call of each after the first call of the one before."""
-    names = [call.get("name") for call in trace.tool_calls]
-    for arg in _behavior_args(case, "tool_order"):
-        wanted = arg.split(",")
-        firsts = [names.index(name) if name in names else None for name in wanted]
-        if None in firsts or any(a >= b for a, b in zip(firsts, firsts[1:])):
-            return [Fail("wrong_tool_order", f"wanted {' -> '.join(wanted)}; called {_sequence(trace)}",
-                         wanted=wanted, called=names)]
+def _shared_arguments(before, after, parameters):
+    """The argument names two calls must agree on: those both tools declare, and both carry."""
+    declared = (parameters.get(before["name"]) or set()) & (parameters.get(after["name"]) or set())
+    return declared | (set(_call_arguments(before)) & set(_call_arguments(after)))
+
+
+def _follows(after, before, parameters):
+    """Whether the call `after` can be an effect of `before`: made in a later round than `before`,
+    which returned a non-error result, with equal values of every argument both tools take."""
+    if not isinstance(after.get("round"), int) or not isinstance(before.get("round"), int):
+        return False
+    if after["round"] <= before["round"] or is_error_result(before):
+        return False
+    mine, theirs = _call_arguments(after), _call_arguments(before)
+    return all(_canonical(mine.get(key)) == _canonical(theirs.get(key))
+               for key in _shared_arguments(before, after, parameters))
+
+
+def _order_problem(wanted, calls, parameters):
+    """Why the calls do not follow `wanted` as cause and effect (see check_tool_order), or None."""
+    causes = [call for call in calls if call.get("name") == wanted[0]]
+    if not causes:
+        return f"{wanted[0]} never called"
+    for before, name in zip(wanted, wanted[1:]):
+        mine = [call for call in calls if call.get("name") == name]
+        if not mine:
+            return f"{name} never called"
+        stray = next((call for call in mine
+                      if not any(_follows(call, cause, parameters) for cause in causes)), None)
+        if stray is not None:
+            return (f"{_describe_call(stray)} in round {stray.get('round')} follows no non-error "
+                    f"result of {before} from an earlier round about the same arguments")
+        causes = mine
+    return None
+
+
+def check_tool_order(case, trace, arg):
+    """behavior tool_order:A,B,...: each tool was called, and every call of each came in a later
+    round than a call of the one before that returned a non-error result, with the same values of
+    every argument both take (calls of one round are unordered)."""
+    wanted = arg.split(",")
+    problem = _order_problem(wanted, trace.tool_calls, case.get("_tool_parameters") or {})
+    if problem:
+        said = "" if problem.endswith(" never called") else f"{problem}; "  # "called" says it
+        made = f"called {_sequence(trace)}" if trace.tool_calls else "no tool was called"
+        return [Fail("wrong_tool_order", f"wanted {' -> '.join(wanted)}; {said}{made}",
+                     wanted=wanted, problem=problem,
+                     called=[call.get("name") for call in trace.tool_calls[:CALLS_NOTED]])]
     return []
 
 
 register_check("tool_order", check_tool_order, behavior=True, arg="tools", validate=_validate_tool_order,
-               details=_tool_details, reasons={
-                   "wrong_tool_order": ("`tool_order:A,B,...`: a tool was never called, or first called before "
-                                        "the one it must follow", "e.g. a refund before the lookup")})
+               details=_tool_details, rule=(
+                   "B follows A only when called in a later round than a call of A that returned a "
+                   "non-error result, with equal values of every argument both tools take (both "
+                   "schemas declare it, or both calls carry it); every call of B must; calls of "
+                   "one round are unordered; only a played case (tool_results or max_rounds) can "
+                   "hold it: in one request every call comes before any result"),
+               reasons={"wrong_tool_order": (
+                   "`tool_order:A,B,...`: a tool was never called, or a call of one came without a "
+                   "non-error result of the one before it in an earlier round (about the same "
+                   "values of the arguments both take)",
+                   "e.g. a refund before the lookup, in the same round, after a failed lookup or "
+                   "after the lookup of another order")})
 
 
 def _validate_claims(case, where, context):
@@ -1981,7 +2215,7 @@ def _validate_claims(case, where, context):
 
 def check_claims(case, trace):
     """`claims` {PHRASE: NAME}: an answer (or an earlier round's text) that says PHRASE needs a call of NAME that got a non-error result."""
-    claims = case.get("claims") or {}
+    claims = case["claims"]
     said = said_phrases(list(claims), trace)  # read as excludes is
     for phrase, name in claims.items():
         if phrase in said and not any(call.get("name") == name and not is_error_result(call)
@@ -1992,32 +2226,84 @@ def check_claims(case, trace):
 
 
 register_check("claims", check_claims, keys=("claims",), validate=_validate_claims, details=_tool_details,
-               vacuous=True, reasons={"unbacked_claim": (
+               reasons={"unbacked_claim": (
                    "`claims`: the answer says PHRASE, but the tool that makes it true was never called with a "
                    "non-error result", "a confident false report: treat it as a severe regression")})
 
 
-def grade(case, trace):
-    """All reasons a compiled case fails on a trace; empty means pass."""
-    reasons = []
-    for check_fn in CHECKS.values():  # CHECKS mirrors CHECK_TABLE, in the same order
-        reasons.extend(str(reason) for reason in check_fn(case, trace))
-    return reasons
+def check_tool_call_as_text(case, trace):
+    """A reply that writes a tool call as text (a call object in single or doubled braces, a fenced
+    block, a tag form, with or without prose) made no call: it fails, and what it wrote counts
+    against the model (forbid_tool, require_clarification, no_system_leak), never for it
+    (require_tool, tool_order, tool_args, claims)."""
+    if not trace.attempts:
+        return []
+    more = f" (+{len(trace.attempts) - 1})" if len(trace.attempts) > 1 else ""
+    return [Fail("tool_call_as_text", f"wrote {_describe_call(trace.attempts[0])} as text{more}",
+                 calls=list(trace.attempts[:CALLS_NOTED]), count=len(trace.attempts))]
 
 
-def explain(case, trace):
-    """What a reader needs beside the reasons: each active check's details (similarity and
-    diff, phrases, length, tool calls made) and, under "evidence", what each failing reason
-    saw, with a short note for the console and the reports."""
-    details, evidence = {}, {}
+register_check("tool_call_as_text", check_tool_call_as_text, always=True, rule=(
+    "a call object in an answer ({\"name\", \"arguments\"|\"parameters\"} or {\"function\": "
+    "{...}}, single or doubled braces, fenced, with prose around), <tool_call>, [TOOL_CALLS], "
+    "<|python_tag|>, <function=NAME> and [NAME(ARG=VALUE)] naming a declared function fail "
+    "tool_call_as_text; forbid_tool, require_clarification and no_system_leak count those "
+    "attempts, require_tool, tool_order, tool_args and claims never do"), reasons={
+    "tool_call_as_text": (
+        "the answer writes a tool call as text (`{\"name\": ..., \"arguments\": ...}` in single "
+        "or doubled braces, a fenced block, `<tool_call>` and other tag forms) instead of "
+        "calling: no call was made, and the customer would see it",
+        "the server did not parse the model's calls: its chat template or tool-call parser "
+        "(llama-server `--jinja`; vLLM `--enable-auto-tool-choice --tool-call-parser NAME`; "
+        "Ollama: a template with tools); the summary names the likely cause")})
+
+
+class Grading(collections.namedtuple("Grading", "reasons details verdicts")):
+    """What one run of each active check found: the failing reasons in check order (once per
+    check; empty means pass), the details (each involved check's, and under "evidence" what each
+    failing reason saw, with a short note), and the verdicts {rule: [reason, ...]} of each rule
+    that failed (a behaviour entry as the case writes it, any other check by its name)."""
+
+    __slots__ = ()
+
+
+def _file_evidence(evidence, filed, reason, check_name, rule):
+    """File a failing reason's evidence: the first rule to give a reason files it; another entry
+    of the same behaviour adds its note, and its own facts under "also"."""
+    found = dict(getattr(reason, "evidence", None) or {"note": ""})
+    first = filed.setdefault(str(reason), (check_name, rule))
+    if first == (check_name, rule):
+        evidence.setdefault(str(reason), found)
+    elif first[0] == check_name:
+        kept = evidence[str(reason)]
+        kept["note"] = "; ".join(note for note in (kept.get("note"), found.get("note")) if note)
+        own = {key: item for key, item in found.items() if key == "note" or item != kept.get(key)}
+        kept.setdefault("also", []).append({"entry": rule, **own})
+
+
+def grading(case, trace):
+    """Grade a compiled case on a trace (see Grading): each active check runs exactly once, a
+    behaviour once per entry, and gives its reasons and their evidence from that one call."""
+    reasons, details, evidence, verdicts, filed = [], {}, {}, {}, {}
     for check_ in CHECK_TABLE:
+        failed = []
+        for rule, given in check_.verdicts(case, trace) if check_.active(case) else ():
+            for reason in given:
+                _file_evidence(evidence, filed, reason, check_.name, rule)
+            if given:
+                verdicts[rule] = list(dict.fromkeys(map(str, given)))
+            failed += given
+        reasons += dict.fromkeys(map(str, failed))
         if check_.details is not None and check_.involved(case):
-            details.update(check_.details(case, trace))
-        for reason in CHECKS.get(check_.name, check_.run)(case, trace):
-            evidence.setdefault(str(reason), getattr(reason, "evidence", None) or {"note": ""})
+            details.update(check_.details(case, trace, failed))
     if evidence:
         details["evidence"] = evidence
-    return details
+    return Grading(reasons, details, verdicts)
+
+
+def grade(case, trace):
+    """All reasons a compiled case fails on a trace; empty means pass (see grading)."""
+    return grading(case, trace).reasons
 
 
 def compile_case(suite, case):
@@ -2029,18 +2315,22 @@ def compile_case(suite, case):
     compiled["_sources"] = suite.get("sources")
     compiled["_instructions"] = case.get("instructions", suite.get("instructions", ""))
     compiled["_function_tools"] = _function_names(suite.get("tools") or [])
+    compiled["_tool_parameters"] = tool_parameters(suite.get("tools") or [])
+    if "max_rounds" in suite:  # the suite's round limit plays every case: no_final_answer judges it
+        compiled.setdefault("max_rounds", suite["max_rounds"])
     return compiled
 
 
 def evidence_notes(row, limit=100):
     """The short form of a row's failing reasons (details.evidence notes), escaped, one line,
-    cut to about `limit` characters: what the console and the reports show after the reasons."""
-    evidence = (row.get("details") or {}).get("evidence") if isinstance(row.get("details"), dict) else None
-    if not isinstance(evidence, dict):
+    cut to about `limit` characters: what the console and the reports show after the reasons.
+    The row is one record_problem accepts (details an object, reasons a list of strings)."""
+    evidence = (row.get("details") or {}).get("evidence")
+    if not isinstance(evidence, dict):  # details.evidence is not validated: a hand-edited record
         return ""
-    reasons = row.get("reasons") if isinstance(row.get("reasons"), list) else []
-    notes = [str(evidence[reason].get("note")) for reason in dict.fromkeys(r for r in reasons if isinstance(r, str))
+    notes = [str(evidence[reason].get("note")) for reason in dict.fromkeys(row.get("reasons") or [])
              if isinstance(evidence.get(reason), dict) and evidence[reason].get("note")]
+    notes = list(dict.fromkeys(notes))  # a note two reasons share (not JSON: ...), said once
     text = " ".join(printable("; ".join(notes)).split())
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
@@ -2082,14 +2372,11 @@ class SuiteError(Exception):
 
 
 SUITE_KEYS = {"name", "instructions", "tool", "tools", "response_format", "sources", "cases", "notes",
-              "request", "tool_choice", "prices", "max_rounds"}
+              "request", "tool_choice", "prices", "max_rounds", "allow_extra_fields",
+              "max_calls_per_round", "max_row_bytes"}
 # CASE_KEYS (the keys a case may hold) is a view of the check table: see register_check.
 SOURCES_KEYS = {"field", "hosts", "path", "also_allowed"}
-# Case keys that only grade an answer and never change what is sent: a record and its
-# replay may differ in these (compare_runs.py calls that a REGRADE). "expected", "rfc" and
-# "action" are the built-in cases' own form (SPEC A2); a key not listed counts as input.
-CHECK_KEYS = {"expect", "cite", "contains", "excludes", "expected_text", "min_similarity", "min_chars",
-              "max_chars", "behaviors", "tool_args", "claims", "expected", "rfc", "action"}
+# CHECK_KEYS (the keys a regrade may change) is a view of the check table too: see register_check.
 
 
 def instructions_sha256(instructions):
@@ -2232,6 +2519,24 @@ def _validate_behavior(entry, where, functions):
 
 def _function_names(tools):
     return sorted(_tool_name(tool) for tool in tools if tool.get("type") == "function")
+
+
+def suite_tools(data):
+    """The tools a suite object declares: its `tool` and its `tools` (those that are objects)."""
+    tools = [data.get("tool"), *(data.get("tools") if isinstance(data.get("tools"), list) else [])]
+    return [tool for tool in tools if isinstance(tool, dict)]
+
+
+def tool_parameters(tools):
+    """{function name: the argument names its schema declares (parameters.properties), or None}."""
+    declared = {}
+    for tool in tools:
+        inner = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        schema = inner.get("parameters") if tool.get("type") == "function" else None
+        properties = schema.get("properties") if isinstance(schema, dict) else None
+        named = isinstance(properties, dict) and properties
+        declared[_tool_name(tool)] = set(properties) if named else None
+    return {name: names for name, names in declared.items() if isinstance(name, str)}
 
 
 # A request option may tune the request, never replace what the suite is about (SPEC D): a key
@@ -2408,7 +2713,8 @@ def _validate_case(case, suite, schema, functions, allow_empty_baseline):
         actual = instructions_sha256(suite["instructions"])
         if pinned != actual:
             raise SuiteError(f"prompt drift: {where} pins instructions sha256 {pinned}, but the suite's "
-                             f"instructions hash to {actual}; review the instruction change, then update the pin")
+                             f"instructions hash to {actual}; review the instruction change, then "
+                             "update the pin (--update-pins rewrites them all)")
 
 
 def _not_unicode(value):
@@ -2456,11 +2762,11 @@ def validate_suite(data, allow_empty_baseline=False):
     prices = _validate_prices(data.get("prices"), "suite")
     if "notes" in data and not isinstance(data["notes"], str):
         raise SuiteError("suite: notes must be a string")
-    if "max_rounds" in data:
-        _validate_max_rounds(data["max_rounds"], "suite")
+    _validate_played_bounds(data)
     cases = data.get("cases")
     if not isinstance(cases, list) or not cases:
         raise SuiteError("suite: cases must be a non-empty list")
+    cases = _inherit_extra_fields(data, cases)
     seen = {}
     for position, case in enumerate(cases):
         if not isinstance(case, dict):
@@ -2485,8 +2791,20 @@ def validate_suite(data, allow_empty_baseline=False):
                    "input": case.get("input", case.get("question"))} for case in cases],
         "config_cases": cases,
         "definition": data,
-        **({"max_rounds": data["max_rounds"]} if "max_rounds" in data else {}),
+        **{key: data[key] for key in PLAYED_SUITE_KEYS if key in data},
     }
+
+
+def _inherit_extra_fields(data, cases):
+    """The suite's allow_extra_fields, given to each case with expect or cite that sets none (so
+    the config's cases say how each one was graded)."""
+    if "allow_extra_fields" not in data:
+        return cases
+    if not isinstance(data["allow_extra_fields"], bool):
+        raise SuiteError("suite: allow_extra_fields must be true or false")
+    inherit = {"allow_extra_fields": data["allow_extra_fields"]}
+    return [{**inherit, **case} if isinstance(case, dict) and ("expect" in case or "cite" in case)
+            else case for case in cases]
 
 
 def _no_duplicate_keys(pairs):
@@ -2555,9 +2873,15 @@ def _text_sha256(text):
 #   SYSTEM.txt, pinned by each case's `system_sha256`.
 
 PROMPTREG_KEYS = {"name", "cases", "notes"}
-PROMPTREG_CASE_KEYS = {"id", "prompt", "system", "expected", "contains", "excludes", "min_similarity",
-                       "max_chars", "min_chars", "notes"}
 PROMPTREG_RENAMES = {"prompt": "input", "expected": "expected_text"}  # their key -> ours
+
+
+def promptreg_case_keys():
+    """The keys a prompt-regression case may hold: the keys of the checks that judge the answer
+    text alone (text_only in the check table), in that format's names, with its own."""
+    theirs = {ours: key for key, ours in PROMPTREG_RENAMES.items()}
+    keys = {key for check_ in CHECK_TABLE if check_.text_only for key in check_.keys + check_.reads}
+    return {"id", "system", "notes"} | {theirs.get(key, key) for key in keys | {"input"}}
 
 
 def is_promptreg(data):
@@ -2582,7 +2906,7 @@ def promptreg_suite(data, allow_empty_baseline=False):
         raise SuiteError("suite: notes must be a string")
     if not isinstance(data.get("cases"), list) or not data["cases"]:
         raise SuiteError("suite: cases must be a non-empty list")
-    cases, config_cases, systems, seen = [], [], {}, {}
+    cases, config_cases, systems, seen, known = [], [], {}, {}, promptreg_case_keys()
     for position, case in enumerate(data["cases"]):
         if not isinstance(case, dict):
             raise SuiteError(f"case #{position + 1}: must be an object")
@@ -2592,7 +2916,7 @@ def promptreg_suite(data, allow_empty_baseline=False):
         duplicate = _duplicate_id(seen, case["id"])
         if duplicate:
             raise SuiteError(duplicate)
-        _unknown_key(case, PROMPTREG_CASE_KEYS, where)
+        _unknown_key(case, known, where)
         if not isinstance(case.get("prompt"), str) or not case["prompt"].strip():
             raise SuiteError(f"{where}: prompt must be a non-empty string")
         system = case.get("system", "")
@@ -2686,7 +3010,8 @@ def _golden_case(data, system_text, system_path, allow_placeholder):
         raise SuiteError(f"{where}: system_sha256 must be 64 hex digits or {GOLDEN_PLACEHOLDER!r}")
     elif pin.lower() != actual:
         raise SuiteError(f"prompt drift: {where} pins system_sha256 {pin.lower()}, but {system_path} hashes "
-                         f"to {actual}; review the system prompt change, then update the pin")
+                         f"to {actual}; review the system prompt change, then update the pin "
+                         "(--update-pins rewrites them all)")
     case = {"id": data["id"], "input": data["user"]}
     for key in ("behaviors", "notes"):
         if key in data:
@@ -2734,6 +3059,15 @@ def load_golden_dir(folder, allow_empty_baseline=False, system=None):
     """Every *.json of a folder (sorted) as one suite of golden cases; SuiteError naming the file."""
     system_path = _system_file(folder, system)
     system_text = _read_system(system_path)
+    entries = [(path, _read_json(path)) for path in golden_files(folder)]
+    name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
+    suite = golden_suite(name, entries, system_text, system_path, allow_empty_baseline)
+    suite["file"] = folder
+    return suite
+
+
+def golden_files(folder):
+    """The case files of a golden folder, sorted; SuiteError for one it could not run."""
     try:
         names = sorted(name for name in os.listdir(folder) if name.lower().endswith(".json"))
     except OSError as exc:
@@ -2744,11 +3078,7 @@ def load_golden_dir(folder, allow_empty_baseline=False, system=None):
                              "file named *.json); rename or remove it")
     if not names:
         raise SuiteError(f"{folder}: no *.json case files in this folder")
-    entries = [(os.path.join(folder, name), _read_json(os.path.join(folder, name))) for name in names]
-    name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
-    suite = golden_suite(name, entries, system_text, system_path, allow_empty_baseline)
-    suite["file"] = folder
-    return suite
+    return [os.path.join(folder, name) for name in names]
 
 
 def golden_from_config(name, config):
@@ -2883,10 +3213,10 @@ def replace_text_file(path, text):
     _fsync_dir(real)
 
 
-def suite_busy(path):
+def suite_busy(path, flag="--update-baseline"):
     """The one line for a suite another --update-baseline holds (the run's hold or SuiteLock)."""
-    return (f"--update-baseline: {path} is being written by another process (its baselines are being rewritten "
-            "by another process); it is unchanged here: try again when that process ends")
+    return (f"{flag}: {path} is being written by another process (its baselines are being "
+            "rewritten by another process); it is unchanged here: try again when that process ends")
 
 
 class SuiteLock:
@@ -2895,8 +3225,8 @@ class SuiteLock:
     the first one's baselines. The lock is taken on the file the path names right now (a file
     replaced meanwhile is locked again), and released when the block ends."""
 
-    def __init__(self, path):
-        self.path, self.fd = path, None
+    def __init__(self, path, flag="--update-baseline"):
+        self.path, self.fd, self.flag = path, None, flag
 
     def __enter__(self):
         try:
@@ -2916,14 +3246,15 @@ class SuiteLock:
                 same = os.path.samestat(os.fstat(fd), os.stat(real))
             except BlockingIOError:
                 os.close(fd)
-                raise SuiteError(suite_busy(self.path)) from None
+                raise SuiteError(suite_busy(self.path, self.flag)) from None
             except OSError:
                 same = True  # a file system without locks: as before
             if same:
                 self.fd = fd
                 return self
             os.close(fd)
-        raise SuiteError(f"--update-baseline: {self.path} keeps being replaced by another process; it is unchanged")
+        raise SuiteError(f"{self.flag}: {self.path} keeps being replaced by another process; "
+                         "it is unchanged")
 
     def __exit__(self, *exc_info):
         if self.fd is not None:
@@ -2950,10 +3281,11 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expe
 
     Only the baseline strings change; every other byte of the file is kept. A baseline that
     already holds text is never replaced. An answer that failed its case's other checks
-    (reasons: {case_id: [reason, ...]}) is not approved unless approve_failing. The suite
-    is rewritten atomically (through a symbolic link), or not at all: SuiteError with one
-    line otherwise. read_sha256, the hash of the text the run read, refuses a suite edited since:
-    its answers were made with, and graded by, the cases as they were. Returns the ids filled."""
+    (reasons: {case_id: [reason, ...]}) is not approved unless approve_failing; nor is an
+    empty answer, a missing one or one no file can hold. The suite is rewritten atomically
+    (through a symbolic link), or not at all: SuiteError with one line otherwise. read_sha256,
+    the hash of the text the run read, refuses a suite edited since: its answers were made with,
+    and graded by, the cases as they were. Returns (ids filled, {id: why not} of the others)."""
     reasons = reasons or {}
     try:
         text = read_text(path)  # \r\n line ends kept as they are
@@ -2968,23 +3300,18 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expe
                          f"with other cases than the file now holds; no baseline was filled ({path} is as you left "
                          "it): run --update-baseline again")
     cases = data.get("cases") if isinstance(data, dict) else None
-    edits, filled = {}, []
+    edits, filled, refused = {}, [], {}
     for position, case in enumerate(cases if isinstance(cases, list) else []):
-        if isinstance(case, dict) and case.get(key) == "" and answers.get(case.get("id")):
+        if isinstance(case, dict) and case.get(key) == "":
+            case_id = case.get("id")
+            why = _not_a_baseline(answers.get(case_id), reasons.get(case_id), approve_failing)
+            if why:
+                refused[case.get("id")] = why
+                continue
             edits[("cases", position, key)] = answers[case["id"]]
             filled.append(case["id"])
-    failing = [f"{case_id!r} ({', '.join(reasons[case_id])})" for case_id in filled if reasons.get(case_id)]
-    if failing and not approve_failing:
-        raise SuiteError(f"--update-baseline: not approving failing answer(s) of case {', '.join(failing)}; "
-                         f"fix them or pass --approve-failing to approve them anyway; {path} is unchanged")
-    for case_id in filled:
-        try:
-            answers[case_id].encode("utf-8")
-        except UnicodeEncodeError:
-            raise SuiteError(f"--update-baseline: the answer of case {case_id!r} holds a lone surrogate "
-                             f"(not text a suite file can hold); {path} is unchanged") from None
     if not filled:
-        return filled
+        return filled, refused
     try:
         replace_text_file(path, edit_json_strings(text, edits))
     except KeyboardInterrupt as interrupt:  # say truly which suite is on disk: old or new, never a mix
@@ -2996,7 +3323,22 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expe
     except (OSError, ValueError) as exc:
         raise SuiteError(f"--update-baseline: cannot rewrite {path}: {getattr(exc, 'strerror', None) or exc}; "
                          f"{path} is unchanged") from None
-    return filled
+    return filled, refused
+
+
+def _not_a_baseline(answer, reasons, approve_failing):
+    """Why an answer may not become a case's baseline, or None."""
+    if answer is None:
+        return "no answer in this run (an execution error, or the run stopped before it)"
+    if not answer:
+        return "the answer is empty"
+    if reasons and not approve_failing:
+        return f"its answer failed {', '.join(reasons)} (--approve-failing approves it anyway)"
+    try:
+        answer.encode("utf-8")
+    except UnicodeEncodeError:
+        return "the answer holds a lone surrogate (not text a suite file can hold)"
+    return None
 
 
 def fill_golden_pin(path, sha256):
@@ -3014,13 +3356,110 @@ def fill_golden_pin(path, sha256):
 
 
 def update_baselines(suite, answers, reasons=None, approve_failing=False):
-    """--update-baseline: fill what the suite leaves open; returns the case ids filled. Golden
+    """--update-baseline: fill what the suite leaves open; (ids filled, {id: why not}). Golden
     folders: placeholder pins; prompt-regression suites: empty `expected`; ours: empty expected_text."""
     if suite.get("format") == "golden":
         pin = instructions_sha256(suite["instructions"])
-        return [case_id for case_id, path in suite.get("placeholders", {}).items() if fill_golden_pin(path, pin)]
+        return [case_id for case_id, path in suite.get("placeholders", {}).items()
+                if fill_golden_pin(path, pin)], {}
     key = "expected" if suite.get("format") == "prompt-regression" else "expected_text"
     return fill_baselines(suite["file"], answers, reasons, approve_failing, key, suite.get("file_sha256"))
+
+
+# ---------------------------------------------------------------------- --update-pins
+# After a deliberate instruction edit every pin is rewritten to the new hash in one step: all
+# the files (a golden folder is many) or none, each atomically, every other byte kept.
+
+def _pin_changes(path, text, actual, key, where):
+    """{path: (text, new text)} and the old -> new lines of one JSON text's pins (`where`)."""
+    edits, lines = {}, []
+    for place, (case_id, pin) in where.items():
+        if not (isinstance(pin, str) and pin.lower() == actual):
+            edits[place] = actual
+            old = pin if isinstance(pin, str) else json.dumps(pin)
+            lines.append(f"case {case_id!r}: {key} {old} -> {actual}")
+    try:
+        return ({path: (text, edit_json_strings(text, edits))} if edits else {}), lines
+    except ValueError as exc:
+        raise SuiteError(f"{path}: {exc}; no pin was rewritten") from None
+
+
+def suite_pin_changes(path):
+    """The pin changes of a suite file (ours; a prompt-regression suite holds none), validated."""
+    text = _read_suite_text(path)
+    data = _parse_json(path, text)
+    if not isinstance(data, dict) or is_promptreg(data) or not isinstance(data.get("instructions"),
+                                                                          str):
+        _try_suite(path, data)  # its own one-line problem, if any
+        return {}, [], "a prompt-regression suite holds no pins (a record pins each system prompt)"
+    actual = instructions_sha256(data["instructions"])
+    cases = data["cases"] if isinstance(data.get("cases"), list) else []
+    where = {("cases", n, "instructions_sha256"): (case.get("id"), case["instructions_sha256"])
+             for n, case in enumerate(cases)
+             if isinstance(case, dict) and "instructions_sha256" in case}
+    changes, lines = _pin_changes(path, text, actual, "instructions_sha256", where)
+    _try_suite(path, json.loads(changes[path][1]) if changes else data)
+    unchanged = f"every pin already matches the instructions (sha256 {actual})" if where \
+        else "no case pins the instructions (instructions_sha256)"
+    return changes, lines, unchanged
+
+
+def _try_suite(path, data):
+    try:
+        validate_suite(data, allow_empty_baseline=True)
+    except SuiteError as exc:
+        raise SuiteError(f"{path}: {exc}") from None
+
+
+def golden_pin_changes(folder, system=None):
+    """The system_sha256 changes of a golden folder's case files (placeholders too), validated."""
+    system_path = _system_file(folder, system)
+    system_text = _read_system(system_path)
+    actual, changes, lines, entries = instructions_sha256(system_text), {}, [], []
+    for path in golden_files(folder):
+        text = _read_suite_text(path)
+        data = _parse_json(path, text)
+        if not isinstance(data, dict):
+            entries.append((path, data))  # golden_suite names the problem
+            continue
+        pinned = "system_sha256" in data
+        where = {("system_sha256",): (data.get("id"), data["system_sha256"])} if pinned else {}
+        change, said = _pin_changes(path, text, actual, "system_sha256", where)
+        changes.update(change)
+        lines += [f"{line} ({path})" for line in said]
+        entries.append((path, json.loads(change[path][1]) if change else data))
+    name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
+    golden_suite(name, entries, system_text, system_path)  # valid with the new pins, or one line
+    return changes, lines, f"every system_sha256 already matches {system_path} (sha256 {actual})"
+
+
+def rewrite_all(changes, flag="--update-pins"):
+    """Write every {path: (old, new)} text or none: each file is checked writable before any is
+    touched, and one that fails to write puts back those already written."""
+    for path in changes:
+        real = os.path.realpath(path)
+        if read_only(real) or not os.access(os.path.dirname(real), os.W_OK):
+            why = READ_ONLY if read_only(real) else "its folder is not writable"
+            raise SuiteError(f"{flag}: {path}: {why}; no file was changed")
+    done = []
+    with deferred_signals():  # an interruption waits: all of them, or none
+        for path, (old, new) in changes.items():
+            try:
+                replace_text_file(path, new)
+            except (OSError, UnicodeEncodeError) as exc:
+                kept = [other for other in done if not _put_back(other, changes[other][0])]
+                state = f"could not restore {', '.join(kept)}" if kept else "no file was changed"
+                why = getattr(exc, "strerror", None) or exc
+                raise SuiteError(f"{flag}: cannot rewrite {path}: {why}; {state}") from None
+            done.append(path)
+
+
+def _put_back(path, text):
+    try:
+        replace_text_file(path, text)
+        return True
+    except (OSError, UnicodeEncodeError):
+        return False
 
 
 # ====================================================================== providers
@@ -3111,6 +3550,14 @@ def plain_http_problem(url, variable, allowed=False):
             "use https, or pass --allow-insecure-http if that network is trusted")
 
 
+def _with_parameters(function):
+    """A function as sent: one that declares no parameters gets an empty object schema on the wire
+    (llama-cpp-python's server answers HTTP 500 "Field required" without one); not the config."""
+    if function.get("parameters") is not None:
+        return function
+    return {**function, "parameters": {"type": "object", "properties": {}}}
+
+
 def _flat_tool(tool):
     """A chat-style function tool ({"function": {...}}) in the Agent API's flat form."""
     if tool.get("type") == "function" and isinstance(tool.get("function"), dict):
@@ -3119,10 +3566,11 @@ def _flat_tool(tool):
 
 
 def _nested_tool(tool):
-    """A flat function tool in the chat-completions form ({"type", "function": {...}})."""
+    """A function tool in the chat-completions form ({"type", "function": {...}})."""
     if isinstance(tool.get("function"), dict):
-        return tool
-    return {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
+        return {**tool, "function": _with_parameters(tool["function"])}
+    function = {key: value for key, value in tool.items() if key != "type"}
+    return {"type": "function", "function": _with_parameters(function)}
 
 
 def result_text(result):
@@ -3247,6 +3695,9 @@ def providers_with(attribute):
     return [name for name, cls in PROVIDERS.items() if getattr(cls, attribute)]
 
 
+MODEL_EVIDENCE = "live"  # the evidence label of a provider (or a record) whose model answered
+
+
 class Provider:
     """What every provider declares; the CLI reads these and never names a provider.
 
@@ -3267,7 +3718,7 @@ class Provider:
     twin_base_url_variable = None  # another tool's variable for it, read after base_url_variable
     other_names = ()          # what other tools call this provider (PROMPTREG_PROVIDER's values)
     default_base_url = None   # the endpoint when nothing names one (None with a variable: one is required)
-    evidence = "live"         # the record's "evidence" label
+    evidence = MODEL_EVIDENCE  # the record's "evidence" label: anything else is no model's answer
     default_models = None     # models when --models is absent (None: --models is required)
     server_search = False     # the server runs web search itself (a `cite` case can pass only then)
     tool_loops = False        # the server runs the tool loop itself (Agent API max_steps)
@@ -3425,7 +3876,8 @@ class PerplexityProvider(Provider):
         request = {"model": model, "instructions": case.get("instructions", suite["instructions"]),
                    "input": self.conversation(case, rounds) if rounds else case["input"]}
         if suite.get("tools"):
-            request["tools"] = [_flat_tool(tool) for tool in suite["tools"]]
+            request["tools"] = [_with_parameters(tool) if tool.get("type") == "function" else tool
+                                for tool in map(_flat_tool, suite["tools"])]
         if suite.get("response_format"):
             request["response_format"] = suite["response_format"]
         request["max_steps"] = MAX_STEPS
@@ -3574,32 +4026,94 @@ def unanswered_error(provider, suite, raw, status=None):
     return raw
 
 
-# What a tool call looks like when a server's tool-call parser did not read it (hermes and Qwen
-# <tool_call>, Qwen3-Coder <function=, Mistral [TOOL_CALLS], Llama 3 <|python_tag|>).
-_TEXT_CALL_MARKERS = ("<tool_call>", "<function=", "[TOOL_CALLS]", "<|python_tag|>")
-_JSON_FENCE = re.compile(r"\A\s*```(?:json)?\s*(.*?)\s*```\s*\Z", re.S)
+# What a tool call looks like when a server's tool-call parser did not read it: a call object
+# ({"name": ..., "arguments"|"parameters": ...}, or the wire form {"function": {"name", ...}}) in
+# single or doubled braces (a chat template's {{...}} printed as it is), alone, in a list, in a
+# fenced block or after a tag (hermes and Qwen <tool_call>, Mistral [TOOL_CALLS], Llama 3
+# <|python_tag|>), with or without prose around it; Qwen3-Coder's <function=NAME> tags; the
+# pythonic [NAME(ARG=VALUE)] form; and a tag followed by a function's name.
+_TEXT_CALL_MARKERS = ("<tool_call>", "<function=", "[TOOL_CALLS]", "<|python_tag|>",
+                      "<|tool_call|>", "<\uff5ctool\u2581call\u2581begin\uff5c>", "<function_call>")
+_CALL_OBJECT = re.compile(r'\{\s*"(?:name|function|type|id|tool_name|tool)"\s*:')
+_FUNCTION_TAG = re.compile(r"<function=([\w.-]+)>(.*?)(?:</function>|\Z)", re.S)
+_PARAMETER_TAG = re.compile(r"<parameter=([\w.-]+)>\s*(.*?)\s*</parameter>", re.S)
+_PYTHONIC_CALL = re.compile(r"([A-Za-z_][\w.-]*)\(((?:[^()\"']|\"[^\"]*\"|'[^']*')*)\)")
+_PYTHONIC_LIST = re.compile(
+    rf"\[\s*{_PYTHONIC_CALL.pattern}(?:\s*,\s*{_PYTHONIC_CALL.pattern})*\s*\]")
+_PYTHONIC_ARG = re.compile(r"([A-Za-z_]\w*)\s*=\s*(\"[^\"]*\"|'[^']*'|[^,]+)")
+TEXT_CALL_TRIES, TEXT_CALL_WINDOW = 200, 65_536  # a long hostile text stays linear
+
+
+def _as_call(value):
+    """(name, arguments) of a decoded call object, or None."""
+    if not isinstance(value, dict):
+        return None
+    inner = value.get("function")
+    if isinstance(inner, dict) and isinstance(inner.get("name"), str):
+        return inner["name"], inner.get("arguments", inner.get("parameters"))
+    name = inner if isinstance(inner, str) else next(
+        (value[key] for key in ("name", "tool_name", "tool") if key in value), None)
+    for key in ("arguments", "parameters", "args", "input"):
+        if isinstance(name, str) and key in value:
+            return name, value[key]
+    return None
+
+
+def _call_objects(text):
+    """[(name, arguments)] of the call objects in a text, in order (see _CALL_OBJECT)."""
+    decoder, found, end = json.JSONDecoder(), [], 0
+    for tries, match in enumerate(_CALL_OBJECT.finditer(text)):
+        if tries >= TEXT_CALL_TRIES:
+            break
+        if match.start() < end:  # inside an object already read
+            continue
+        try:
+            value, length = decoder.raw_decode(text[match.start():match.start() + TEXT_CALL_WINDOW])
+        except (ValueError, RecursionError):
+            continue
+        call = _as_call(value)
+        if call is not None:
+            found.append(call)
+            end = match.start() + length
+    return found
+
+
+def _tagged_calls(text):
+    """[(name, arguments)] of Qwen3-Coder <function=NAME> tags and pythonic [NAME(ARG=VALUE)]."""
+    calls = [(name, dict(_PARAMETER_TAG.findall(body)))
+             for name, body in _FUNCTION_TAG.findall(text)]
+    for listed in _PYTHONIC_LIST.finditer(text):
+        calls += [(name, {key: value.strip().strip("\"'")
+                          for key, value in _PYTHONIC_ARG.findall(body)})
+                  for name, body in _PYTHONIC_CALL.findall(listed.group(0))]
+    return calls
+
+
+def text_tool_calls(text, functions):
+    """[{"name", "arguments"}] of the declared functions a text calls in writing (any form above;
+    names read in the text normal form), in order; [] when it holds none. A server that returned
+    the calls unparsed: the model neither answered nor called, and its customer saw the call."""
+    if not functions or not isinstance(text, str) or not text.strip():
+        return []
+    declared = {text_form(name): name for name in functions}
+    calls = _call_objects(text) or _call_objects(text.replace("{{", "{").replace("}}", "}"))
+    calls += _tagged_calls(text)
+    found = [{"name": name, "arguments": arguments} for name, arguments in calls
+             if isinstance(name, str) and text_form(name) in declared]
+    if not found:  # a tag followed by a function's name, in no form read above
+        for marker in (marker for marker in _TEXT_CALL_MARKERS if marker in text):
+            after = text[text.index(marker):]
+            named = [name for name in functions
+                     if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", after)]
+            if named:
+                return [{"name": named[0], "arguments": cut_whole(after, 1_000)}]
+    return found
 
 
 def text_tool_call(trace, functions):
-    """The declared function a tool call written as text names, or None: an answer with no
-    tool_calls whose content holds a call marker followed by a function's name, or is nothing
-    but a call object ({"name": ..., "arguments"|"parameters": ...}, alone, in a list or a
-    fence). The server returned the call unparsed: the model neither answered nor called."""
-    text = trace.final_text
-    if trace.tool_calls or not functions or not isinstance(text, str):
-        return None
-    for marker in _TEXT_CALL_MARKERS:
-        at = text.find(marker)
-        named = [name for name in functions if at >= 0 and
-                 re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text[at:])]
-        if named:
-            return named[0]
-    fenced = _JSON_FENCE.match(text)
-    value = read_json(fenced.group(1) if fenced else text.strip())[0]
-    for item in value if isinstance(value, list) else [value]:
-        if isinstance(item, dict) and item.get("name") in functions and ("arguments" in item or "parameters" in item):
-            return item["name"]
-    return None
+    """The first declared function an answer calls in writing (see text_tool_calls), or None."""
+    calls = text_tool_calls(trace.final_text, functions)
+    return calls[0]["name"] if calls else None
 
 
 # ---------------------------------------------------------------------- JSON over HTTP
@@ -3969,15 +4483,6 @@ class OpenAIProvider(HTTPProvider):
         )
 
     @classmethod
-    def unanswered(cls, suite, raw):
-        tools = [] if cls.sent_tool_choice(suite) == "none" else cls.sent_tools(suite)
-        named = text_tool_call(cls.parse(raw), _function_names(tools))
-        # neither an answer nor a call: graded, its markup would pass forbid_tool and contains
-        return (f"the server returned a call of {named} as text in content, not as tool_calls: its "
-                "tool-call parser is off or failed (vLLM: --enable-auto-tool-choice "
-                "--tool-call-parser NAME; llama-server: --jinja)") if named else None
-
-    @classmethod
     def call_ids(cls, raw):
         """The id of each tool call, in trace order (a tool message answers it by tool_call_id):
         the same entries calls() reads, so the nth id belongs to the nth call."""
@@ -4169,10 +4674,12 @@ class ReplayProvider(Provider):
     def __init__(self, record, source):
         self.source = source
         self.rows = {row_key(row): row for row in record.get("runs", [])
-                     if isinstance(row, dict) and row.get("error") is None and "response" in row}
+                     if isinstance(row, dict) and "response" in row
+                     and (row.get("error") is None or _text_call_error(row))}
         made = PROVIDERS.get(record_provider(record).get("name"))
         self.made_by = PROVIDERS[DEFAULT_PROVIDER] if made is None or made.replays_record else made
         self.parse, self.call_ids = self.made_by.parse, self.made_by.call_ids
+        self.evidence = record.get("evidence", MODEL_EVIDENCE)  # a replay of echo is still echo
         self.agent_responses = self.made_by.agent_responses
 
     def unanswered(self, suite, raw):
@@ -4192,6 +4699,16 @@ class ReplayProvider(Provider):
             raise ResponseError(f"{self.source} has no stored round {len(rounds) + 1} for "
                                 f"{key_text((model, case['id'], repeat))} (it kept {len(stored)})")
         return unanswered_error(self, suite, stored[len(rounds)].get("response"))
+
+
+def _text_call_error(row):
+    """Whether a row is an execution error that earlier releases made of a tool call written as
+    text: its stored response is an answer today's checks grade (tool_call_as_text), so a
+    replay reads it."""
+    message = row.get("error_message")
+    return (row.get("error") == "ResponseError" and isinstance(row.get("response"), dict)
+            and isinstance(message, str) and message.startswith("the server returned a call of ")
+            and " as text in content" in message)
 
 
 def status_of(exc):
@@ -4283,15 +4800,6 @@ def provider_identity(args, env, replayed=None):
 
 
 # ====================================================================== one request
-
-def builtin_grader(suite, provider):
-    """The built-in suite on Agent API responses is graded through the module-level check()
-    (SPEC A6: tests replace regression.check); everything else through grade()."""
-    if not suite.get("builtin") or not getattr(provider, "agent_responses", False):
-        return None
-    originals = {case["id"]: case for case in suite["config_cases"]}
-    return lambda case, raw, trace: check(originals[case["id"]], raw, trace.final_text)
-
 
 _TRANSIENT_ERRORS = {"TimeoutError", "ConnectionError", "APIConnectionError", "APITimeoutError",
                      "IncompleteRead", "RemoteDisconnected", "URLError"}
@@ -4463,6 +4971,46 @@ def send_request(provider, model, suite, case, repeat, retries, sleep=time.sleep
 
 DEFAULT_MAX_ROUNDS = 8
 _NO_SCRIPT = object()
+# A played row is bounded in what it may make the harness answer and store: a model that asks for
+# thousands of calls a round would otherwise be answered, re-sent and stored round after round.
+# Each is a suite key; a row that meets one stops there and fails (too_many_tool_calls,
+# row_too_large): the model did it, so it is a failure of the model, and the run goes on.
+# key -> (default, least, most)
+PLAYED_BOUNDS = {"max_calls_per_round": (64, 1, 10_000),
+                 "max_row_bytes": (16 * 1024 * 1024, 10_000, 2**30)}
+PLAYED_SUITE_KEYS = ("max_rounds", *PLAYED_BOUNDS)
+
+
+def _validate_played_bounds(data):
+    """The suite's max_rounds, max_calls_per_round and max_row_bytes: whole numbers in range."""
+    if "max_rounds" in data:
+        _validate_max_rounds(data["max_rounds"], "suite")
+    for key, (_, low, high) in PLAYED_BOUNDS.items():
+        value = data.get(key, low)
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise SuiteError(f"suite: {key} must be a whole number from {low:,} to {high:,} "
+                             f"(got {value!r})")
+
+
+def played_bound(suite, key):
+    """A played row's bound: the suite's own, or the default (PLAYED_BOUNDS)."""
+    return suite.get(key, PLAYED_BOUNDS[key][0])
+
+
+def _over_bound(suite, trace, held):
+    """The Fail of the bound a played round meets (see PLAYED_BOUNDS), or None: more calls than
+    max_calls_per_round (none of them is answered), or a row holding more than max_row_bytes of
+    responses and tool results (no further round is sent)."""
+    calls, bytes_ = played_bound(suite, "max_calls_per_round"), played_bound(suite, "max_row_bytes")
+    if len(trace.tool_calls) > calls:
+        return Fail("too_many_tool_calls",
+                    f"{len(trace.tool_calls)} tool calls in one round > max {calls}",
+                    calls=len(trace.tool_calls), max_calls_per_round=calls)
+    if held > bytes_:
+        return Fail("row_too_large",
+                    f"the row holds {held:,} bytes of responses and tool results > max {bytes_:,}",
+                    bytes=held, max_row_bytes=bytes_)
+    return None
 
 
 def plays_tools(suite, case):
@@ -4509,10 +5057,11 @@ def _sum_costs(costs):
     return format(sum((decimal.Decimal(cost) for cost in costs), decimal.Decimal(0)), "f")
 
 
-def rounds_trace(parse, rounds, traces=None):
+def rounds_trace(parse, rounds, traces=None, bound=None):
     """One trace for a played row: the last turn's answer and status, the ordered calls of every
     round (round, name, arguments, and the result sent back), tool rounds and cost summed.
-    `traces`: each round's trace when the caller parsed them already (the loop does)."""
+    `traces`: each round's trace when the caller parsed them already (the loop does); `bound`:
+    the Fail of the bound that stopped the row (see PLAYED_BOUNDS)."""
     traces = traces if traces is not None else [parse(turn["response"]) for turn in rounds]
     calls = []
     for number, (turn, trace) in enumerate(zip(rounds, traces), 1):
@@ -4537,7 +5086,20 @@ def rounds_trace(parse, rounds, traces=None):
         cost_usd=_sum_costs([trace.cost_usd for trace in traces]),
         rounds=len(rounds),
         final=not last.tool_calls,
+        attempts=tuple(attempt for trace in traces for attempt in trace.attempts),
+        bound=bound,
     )
+
+
+def parsed(provider, suite, raw):
+    """provider.parse(raw), with the tool calls its answer wrote as text (see text_tool_calls) as
+    the trace's attempts; none are looked for when the server was told not to call (tool_choice
+    none)."""
+    trace = provider.parse(raw)
+    cls = provider if isinstance(provider, Provider) else Provider  # a bare stub: the base's
+    sent = cls.sent_tools(suite) if cls.sent_tool_choice(suite) != "none" else []
+    attempts = text_tool_calls(trace.final_text, _function_names(sent))
+    return trace._replace(attempts=tuple(attempts)) if attempts else trace
 
 
 class BudgetReached(Exception):
@@ -4557,20 +5119,26 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
     until = clock() + deadline * limit if deadline else None  # the whole row, retries included
     call_ids = getattr(provider, "call_ids", lambda raw: [])
     rounds = row["rounds"] = []
-    traces = []
+    traces, held = [], 0  # held: bytes of the responses and tool results stored, each once
     while True:
         raw, attempts = yield from send_request_steps(provider, model, suite, case, repeat, retries, sleep=sleep,
                                               rounds=rounds, until=until, clock=clock)
         rounds.append({"response": raw})
         row["response"] = raw
         row["attempts"] = row.get("attempts", 0) + attempts
-        trace = provider.parse(raw)
+        trace = parsed(provider, suite, raw)
         traces.append(trace)
         # Spent for real after every round, so a row that fails later still says what it cost.
         row["cost_usd"] = _sum_costs([turn.cost_usd for turn in traces])
         if not trace.tool_calls or len(rounds) >= limit:
             return rounds_trace(provider.parse, rounds, traces)
-        rounds[-1]["tool_results"] = tool_results(case, trace, call_ids(raw), len(rounds))
+        results = tool_results(case, trace, call_ids(raw), len(rounds)) \
+            if len(trace.tool_calls) <= played_bound(suite, "max_calls_per_round") else []
+        held += len(dumps(raw)) + len(dumps(results))
+        bound = _over_bound(suite, trace, held)
+        if bound is not None:  # what was never sent back is not stored as sent
+            return rounds_trace(provider.parse, rounds, traces, bound)
+        rounds[-1]["tool_results"] = results
         stop = budget(row, row["cost_usd"]) if budget is not None else None
         if stop:
             raise BudgetReached(f"{stop} after round {len(rounds)}")
@@ -4603,18 +5171,12 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
             if retries is not None:
                 row["attempts"] = attempts
             row["response"] = raw
-            trace = provider.parse(raw)
+            trace = parsed(provider, suite, raw)
         row["answer_text"] = trace.final_text
         row["cost_usd"] = trace.cost_usd
-        compiled = compile_case(suite, case)
-        if compiled["_function_tools"]:  # counted, so a run whose model never called a tool says so
-            row["tool_calls"] = len(trace.tool_calls)
-        row["reasons"] = grader(case, raw, trace) if grader else grade(compiled, trace)
-        details = explain(compiled, trace)
-        if trace.rounds is not None:  # a played row always shows what the agent did: calls with round and result
-            details.update(tool_calls=trace.tool_calls, tool_rounds=trace.tool_rounds, rounds=trace.rounds)
-        if details:
-            row["details"] = details
+        ask = grader and (lambda: grader(case, raw, trace))
+        model = getattr(provider, "evidence", MODEL_EVIDENCE) == MODEL_EVIDENCE  # not echo
+        grade_row(row, compile_case(suite, case), trace, ask, model)
     except Exception as exc:  # an endpoint or checker failure is evidence, not a crash
         row["error"] = type(exc).__name__
         row["error_status"] = status_of(exc)
@@ -4626,6 +5188,7 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
         if row["response"] is None and isinstance(getattr(exc, "raw", None), dict):
             row["response"] = exc.raw  # a body that says error is evidence too
         row["reasons"] = ["execution_error"]
+        row.pop("verdicts", None)
         if retries is None:
             row.pop("attempts", None)  # counted only when --retries is in force, as for one request
         elif hasattr(exc, "attempts"):  # a request that failed: its attempts add to the rounds' before it
@@ -4635,6 +5198,24 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
     row["seconds"] = round(time.monotonic() - started, 3)
     row["passed"] = not row["reasons"]
     return row
+
+
+def grade_row(row, compiled, trace, grader=None, model=True):
+    """Grade a row whose evidence is stored: reasons, verdicts, details. `grader` () -> reasons is
+    run_one's (SPEC A6: the module-level check(), which tests replace); its row has no verdicts.
+    `model`: a model answered (its tool calls are counted in a tool case, see NO_TOOL_CALLS)."""
+    if model and tool_case(compiled):  # counted, so a run whose model never called a tool says so
+        row["tool_calls"] = len(trace.tool_calls)
+    graded = grading(compiled, trace)
+    row["reasons"] = grader() if grader else graded.reasons
+    if graded.verdicts and not grader:  # each failing rule on its own: entries may share a reason
+        row["verdicts"] = graded.verdicts
+    details = graded.details
+    if trace.rounds is not None:  # a played row always shows what the agent did: calls and results
+        details.update(tool_calls=trace.tool_calls, tool_rounds=trace.tool_rounds,
+                       rounds=trace.rounds)
+    if details:
+        row["details"] = details
 
 
 def _token_count(usage, *names):
@@ -4690,9 +5271,6 @@ def run_row(provider, suite, case, model, repeat=None, grader=None, retries=None
     """
     return drive_steps(run_row_steps(provider, suite, case, model, repeat, grader, retries))
 
-
-# The names earlier releases used (tests and user scripts call them): thin aliases.
-execute, execute_steps, send, send_steps, run_steps = run_row, run_row_steps, send_request, send_request_steps, drive_steps
 
 
 # ---------------------------------------------------------------------- redaction
@@ -5362,7 +5940,7 @@ def merge_gaps(records, paths, plan, final):
     for record, path in zip(records, paths):
         if not (record.get("summary") or {}).get("complete", False) or any(
                 row.get("error") is not None for row in record["runs"]):
-            lines.append(f"{path} is unfinished: continue it with: python regression.py --resume {shell_word(path)}"
+            lines.append(f"{path} is unfinished: continue it with: {continue_command(path)}"
                          f"{redact_note(record)}, then merge again")
     return "\n".join(lines)
 
@@ -5417,7 +5995,7 @@ SUMMARY_MODEL_FIELDS = dict(passed=_INT, total=_INT, errors=_INT, qualified=_BOO
 ROW_FIELDS = dict(
     error=_TEXT, error_status=_INT, error_message=_TEXT, cost_usd=_TEXT, answer_text=_TEXT,
     reasons=(_is_text_list, "a list of strings"), passed=_BOOL, seconds=_NUMBER, details=_OBJECT,
-    attempts=_INT, rounds=_LIST)
+    attempts=_INT, rounds=_LIST, verdicts=_OBJECT)
 DETAILS_FIELDS = dict(diff=_TEXT, similarity=_NUMBER)
 
 
@@ -5442,8 +6020,8 @@ def masked_evidence(record):
     if record.get("redaction"):
         return "it was stored with --redact/--redact-pii, so its responses are masked"
     for row in record.get("runs") or []:
-        stored = {field: row.get(field) for field in ("response", "rounds")} if isinstance(row, dict) else None
-        if stored and _MASK_MARK.search(dumps(stored)):
+        stored = {field: row.get(field) for field in ("response", "rounds")}
+        if _MASK_MARK.search(dumps(stored)):
             return (f"the stored response of {key_text(row_key(row))} holds a [REDACTED] mask "
                     "(a key or pattern was masked)")
     return None
@@ -5459,8 +6037,9 @@ def _config_problem(config):
         return "config.cases is not a list of cases with string ids"
     if len({case["id"] for case in cases}) != len(cases):
         return "config.cases has duplicate ids"
-    if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= 10:
-        return "config.repeats is not a whole number from 1 to 10"
+    most = RANGES["repeats"][1]
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= most:
+        return f"config.repeats is not a whole number from 1 to {most}"
     timeout = config.get("timeout_seconds", TIMEOUT_SECONDS)
     if not _is_number(timeout) or not 0 < timeout <= 1e9:  # a float can hold it: no OverflowError later
         return "config.timeout_seconds is not a positive number of seconds"
@@ -5477,7 +6056,21 @@ def _row_problem(row, position):
     # crafted or broken row, and trusting it would carry a failure into a summary as a pass
     if problem is None and row.get("passed") is True and (row.get("reasons") or row.get("error") is not None):
         problem = f"runs[{position}].passed is true but the row holds reasons or an error"
-    return problem
+    return problem or _verdicts_problem(row, f"runs[{position}].verdicts")
+
+
+def _verdicts_problem(row, where):
+    """Why a row's verdicts ({rule: [reason, ...]} of each rule it failed) cannot stand, or None:
+    they list exactly the row's reasons, and a row with an error has none."""
+    verdicts = row.get("verdicts")
+    if verdicts is None:  # a passing row, or one graded before verdicts were kept
+        return None
+    if not all(_is_text_list(reasons) and reasons for reasons in verdicts.values()):
+        return f"{where} is not an object of rule: [reason, ...]"
+    listed = {reason for reasons in verdicts.values() for reason in reasons}
+    if row.get("error") is not None or listed != set(row.get("reasons") or []):
+        return f"{where} disagrees with the row's reasons (or error)"
+    return None
 
 
 def record_problem(record):
@@ -5504,6 +6097,56 @@ def record_problem(record):
     return problem
 
 
+# A pass rate is a count of independent tries, so it is shown with its Wilson score interval:
+# unlike the normal approximation it stays inside 0..1 and keeps its coverage at 0/n and n/n.
+WILSON_Z = 1.959963984540054  # the standard normal's 97.5th percentile: a two-sided 95 % interval
+
+
+def wilson_interval(passed, total, z=WILSON_Z):
+    """The Wilson score interval (95 %) of the pass rate passed/total as (low, high)."""
+    if total <= 0:
+        return 0.0, 1.0  # no row: the rate can be anything
+    rate, spread = passed / total, z * z / total
+    centre = rate + spread / 2
+    half = z * math.sqrt(rate * (1 - rate) / total + spread / (4 * total))
+    low, high = (centre - half) / (1 + spread), (centre + half) / (1 + spread)
+    return (0.0 if passed <= 0 else max(0.0, low)), (1.0 if passed >= total else min(1.0, high))
+
+
+def rate_text(passed, total):
+    """A pass rate with its Wilson 95 % interval, as `6/10 = 0.60 [0.31, 0.83]`."""
+    if total <= 0:
+        return "0/0 (no row)"
+    low, high = wilson_interval(passed, total)
+    return f"{passed}/{total} = {passed / total:.2f} [{_bound(low)}, {_bound(high)}]"
+
+
+def _bound(value):
+    """An interval bound to 2 decimals, or more when 2 would round a bound inside 0..1 onto 0 or 1
+    (1500/1500 is [0.997, 1.00], not a certain [1.00, 1.00])."""
+    for places in (2, 3, 4, 5, 6):
+        text = f"{value:.{places}f}"
+        if value in (0.0, 1.0) or float(text) not in (0.0, 1.0):
+            break
+    return text
+
+
+def pass_k_text(pass_k):
+    """A summary's pass^k as `pass^3 1/2 = 0.50` (the share of cases whose every repeat passed)."""
+    if not isinstance(pass_k, dict) or not all(_is_int(pass_k.get(key)) for key in ("k", "passed",
+                                                                                      "cases")):
+        return "pass^k unknown"
+    k, passed, cases = pass_k["k"], pass_k["passed"], pass_k["cases"]
+    return f"pass^{k} {passed}/{cases}" + (f" = {passed / cases:.2f}" if cases > 0 else "")
+
+
+def rate_fields(passed, total, all_passed, cases, k):
+    """A summary's statistics of one model: its pass rate with the interval, and its pass^k."""
+    interval = [round(bound, 4) for bound in wilson_interval(passed, total)] if total else None
+    return {"pass_rate": rate_text(passed, total), "interval_95": interval,
+            "pass_k": {"k": k, "passed": all_passed, "cases": cases}}
+
+
 class Tally:
     """The verdict (SPEC A7), updated one row at a time so a checkpoint stays O(row)."""
 
@@ -5514,17 +6157,27 @@ class Tally:
         self.seen, self.clash = set(), False
         self.errors = self.failures = 0
         self.tool_rows = self.tool_calls = 0  # rows of a suite with function tools, and their calls
+        self.text_call_rows, self.text_call_server = 0, None  # calls written as text; by whom
         self.per_model = {model: {"passed": 0, "total": 0, "errors": 0, "cost": decimal.Decimal(0),
-                                  "cost_known": True, "expected": 0} for model in self.models}
-        for model, _, _ in self.expected:
+                                  "cost_known": True, "expected": 0, "all_passed": 0}
+                          for model in self.models}
+        # (model, case_id) in plan order: [passed, finished, expected] rows, for pass^k and rates
+        self.pairs = {(model, case_id): [0, 0, 0] for model in self.models for case_id in case_ids}
+        for model, case_id, _ in self.expected:
             if model in self.per_model:
                 self.per_model[model]["expected"] += 1
+                self.pairs.setdefault((model, case_id), [0, 0, 0])[2] += 1
+        self.pairs = {pair: counts for pair, counts in self.pairs.items() if counts[2]}
+        for (model, _), (_, _, expected) in self.pairs.items():
+            stats = self.per_model[model]
+            stats["cases"], stats["k"] = stats.get("cases", 0) + 1, max(stats.get("k", 0), expected)
 
     def add(self, row):
         if not isinstance(row, dict) or not _well_keyed(row):
             self.clash = True
             return
         key = row_key(row)
+        pair = self.pairs.get(key[:2]) if key not in self.seen and key in self.expected else None
         if key in self.seen or key not in self.expected:
             self.clash = True
         self.seen.add(key)
@@ -5533,6 +6186,9 @@ class Tally:
         calls = row.get("tool_calls")
         if isinstance(calls, int) and not isinstance(calls, bool):
             self.tool_rows, self.tool_calls = self.tool_rows + 1, self.tool_calls + max(calls, 0)
+        if isinstance(row.get("reasons"), list) and "tool_call_as_text" in row["reasons"]:
+            self.text_call_rows += 1
+            self.text_call_server = self.text_call_server or server_kind(row.get("response"))
         self.errors += errored
         self.failures += failed
         stats = self.per_model.get(row.get("model"))
@@ -5541,6 +6197,9 @@ class Tally:
         stats["total"] += 1
         stats["passed"] += not failed
         stats["errors"] += errored
+        if pair is not None:
+            pair[0], pair[1] = pair[0] + (not failed), pair[1] + 1
+            stats["all_passed"] += not failed and pair[0] == pair[2]  # every expected row passed
         try:
             amount = decimal.Decimal(row.get("cost_usd")) if isinstance(row.get("cost_usd"), str) else None
             stats["cost"] += amount if amount is not None and amount.is_finite() else decimal.Decimal("NaN")
@@ -5558,7 +6217,18 @@ class Tally:
             return None
         return sum((stats["cost"] for stats in self.per_model.values()), decimal.Decimal(0))
 
-    def summary(self):
+    def statistics(self, model):
+        """A final summary's statistics of a model: its pass rate with the interval, pass^k,
+        and {case_id: rate} of its cases with a failed row."""
+        stats = self.per_model[model]
+        failed = {case_id: rate_text(passed, done) for (name, case_id), (passed, done, _)
+                  in self.pairs.items() if name == model and passed < done}
+        return {**rate_fields(stats["passed"], stats["total"], stats["all_passed"],
+                              stats.get("cases", 0), stats.get("k", 0)), "failed_cases": failed}
+
+    def summary(self, final=False):
+        """The verdict. A final one (a run's end, a recount) also holds each model's pass rate
+        with its interval, pass^k and failed cases; a checkpoint's does not (it stays O(models))."""
         complete = self.complete()
         models = {}
         for model, stats in self.per_model.items():
@@ -5569,18 +6239,63 @@ class Tally:
                 # a model with no row here (another shard's) is not shown fit by 0 of 0 passing
                 "qualified": complete and stats["expected"] > 0 and stats["passed"] == stats["expected"],
                 "reported_cost_usd": format(stats["cost"], "f") if stats["cost_known"] else None,
+                **(self.statistics(model) if final else {}),
             }
         exit_code = 2 if not complete or self.errors else 1 if self.failures else 0
         verdict = {"complete": complete, "rows": len(self.seen), "expected_rows": len(self.expected),
                    "models": models, "exit_code": exit_code}
-        if self.tool_rows and not self.tool_calls:
+        if self.text_call_rows:  # says why no tool was called, too
+            verdict["warnings"] = [TEXT_CALLS.format(rows=self.text_call_rows,
+                                                     cause=TEXT_CALL_CAUSES[self.text_call_server])]
+        elif self.tool_rows and not self.tool_calls:
             verdict["warnings"] = [NO_TOOL_CALLS.format(rows=self.tool_rows)]
         return verdict
 
 
-NO_TOOL_CALLS = ("the suite declares function tools, but no model called a tool in {rows} answered row(s): "
+# Checks that pass when no tool is called: rows of a case with one (and function tools) are
+# counted, and when no model called a tool in any of them the summary warns.
+TOOL_CASE_CHECKS = ("max_tool_rounds", "forbid_tool", "require_clarification", "require_tool",
+                    "tool_args", "tool_order", "claims", "no_final_answer")
+
+
+def tool_case(case):
+    """A compiled case offered function tools whose checks read the tool calls made."""
+    return bool(case["_function_tools"]) and any(
+        check_.active(case) for check_ in CHECK_TABLE if check_.name in TOOL_CASE_CHECKS)
+
+
+NO_TOOL_CALLS = ("the suite declares function tools, but no model called a tool in {rows} answered "
+                 "row(s) of cases with tool checks: "
                  "tool checks may have passed vacuously (did the server receive the tools?); "
                  "add behavior require_tool:NAME to a case that must call one")
+
+
+TEXT_CALLS = ("{rows} row(s) wrote tool calls as text instead of calling a tool "
+              "(tool_call_as_text): {cause}")
+# Why a server leaves a model's tool calls as text, by the server that answered (see server_kind).
+TEXT_CALL_CAUSES = {
+    "llama-server": "llama.cpp's llama-server parses tool calls only when started with --jinja "
+                    "(and a chat template that knows tools, e.g. --chat-template-file)",
+    "vllm": "vLLM parses tool calls only when started with --enable-auto-tool-choice "
+            "--tool-call-parser NAME (hermes for Qwen2.5)",
+    "ollama": "Ollama parses tool calls only when the model's template handles tools (ollama show "
+              "MODEL --template)",
+    None: "the server's chat template or tool-call parser did not turn them into tool calls "
+          "(llama-server: --jinja; vLLM: --enable-auto-tool-choice --tool-call-parser NAME; "
+          "Ollama: a template with tools)",
+}
+
+
+def server_kind(raw):
+    """Which OpenAI-compatible server sent a response, by what only it adds, or None."""
+    if not isinstance(raw, dict):
+        return None
+    fingerprint = raw.get("system_fingerprint")
+    if "timings" in raw or isinstance(fingerprint, str) and re.fullmatch(r"b\d+-\S+", fingerprint):
+        return "llama-server"
+    if fingerprint == "fp_ollama":
+        return "ollama"
+    return "vllm" if "prompt_logprobs" in raw or "kv_transfer_params" in raw else None
 
 
 def summary(rows, models, repeats, cases=CASES):
@@ -5588,7 +6303,7 @@ def summary(rows, models, repeats, cases=CASES):
     tally = Tally(models, repeats, cases)
     for row in rows:
         tally.add(row)
-    return tally.summary()
+    return tally.summary(final=True)
 
 
 def recount(record):
@@ -5599,7 +6314,7 @@ def recount(record):
     tally = Tally(config["models"], config["repeats"], config["cases"], expected=_record_plan(record))
     for row in record["runs"]:
         tally.add(row)
-    final = tally.summary()
+    final = tally.summary(final=True)
     stopped = (record.get("summary") or {}).get("stopped")
     if isinstance(stopped, str):
         final["stopped"] = stopped
@@ -5748,7 +6463,7 @@ def _cut(text, limit):
 
 
 def _row_calls(row):
-    details = row.get("details") if isinstance(row, dict) else None
+    details = row.get("details")  # any row: tool_sequence and trajectory are public
     calls = details.get("tool_calls") if isinstance(details, dict) else None
     return [call for call in calls if isinstance(call, dict)] if isinstance(calls, list) else []
 
@@ -5787,7 +6502,10 @@ def trajectory_lines(row):
 
 def _row_failure_text(row):
     parts = [f"reasons: {json.dumps(row.get('reasons') or [])}"]
-    details = row.get("details") if isinstance(row.get("details"), dict) else {}
+    if row.get("verdicts"):  # which rule gave each reason: two entries of a behaviour share them
+        failed = [f"{rule} ({', '.join(reasons)})" for rule, reasons in row["verdicts"].items()]
+        parts.append("failed: " + printable("; ".join(failed)))
+    details = row.get("details") or {}
     evidence = details.get("evidence") if isinstance(details.get("evidence"), dict) else {}
     parts += [f"{reason}: {printable(str(evidence[reason].get('note')))}" for reason in row.get("reasons") or []
               if isinstance(evidence.get(reason), dict) and evidence[reason].get("note")]
@@ -5797,7 +6515,7 @@ def _row_failure_text(row):
         parts.append(details["diff"])
     if _row_calls(row):
         parts += ["trajectory:", *("  " + line for line in trajectory_lines(row))]
-    parts.append(f"answer: {row.get('answer_text')}" if isinstance(row.get("answer_text"), str)
+    parts.append(f"answer: {row['answer_text']}" if row.get("answer_text") is not None
                  else f"no answer: {_what_failed(row)}")
     return "\n".join(parts)
 
@@ -5813,7 +6531,7 @@ def _what_failed(row):
 
 def junit_run(record):
     """JUnit XML for one run: a testcase per planned model x case x repeat."""
-    rows = {row_key(row): row for row in record["runs"] if isinstance(row, dict)}
+    rows = {row_key(row): row for row in record["runs"]}
     stopped = (record.get("summary") or {}).get("stopped") or "the run stopped before this row"
     suites = {}
     for key in _record_plan(record):
@@ -5834,26 +6552,52 @@ def junit_run(record):
     return junit_xml("agent-regression", list(suites.items()))
 
 
-MODEL_COLUMNS = ["model", "passed", "errors", "qualified", "reported cost (USD)"]
+MODEL_COLUMNS = ["model", "passed (Wilson 95% interval)", "errors", "qualified",
+                 "reported cost (USD)", "pass^k (cases whose every repeat passed)"]
+
+
+def _passed_cell(stats):
+    passed, total = stats.get("passed"), stats.get("total")
+    if not total:
+        return "not run"
+    return rate_text(passed, total) if _is_int(passed) and _is_int(total) else f"{passed}/{total}"
 
 
 def _model_rows(final):
-    """The per-model table of a summary as plain text cells, tolerating a hand-edited summary."""
-    models = final.get("models") if isinstance(final, dict) else None
-    return [[str(model), f"{stats.get('passed')}/{stats.get('total')}" if stats.get("total") else "not run",
-             str(stats.get("errors", 0)),
-             "yes" if stats.get("qualified") else "no", str(stats.get("reported_cost_usd") or "unknown")]
-            for model, stats in (models.items() if isinstance(models, dict) else []) if isinstance(stats, dict)]
+    """The per-model table of a summary (record_problem's: each model's stats an object)."""
+    return [[str(model), _passed_cell(stats), str(stats.get("errors", 0)),
+             "yes" if stats.get("qualified") else "no",
+             str(stats.get("reported_cost_usd") or "unknown"), pass_k_text(stats.get("pass_k"))]
+            for model, stats in (final.get("models") or {}).items()]
+
+
+def case_rates(record):
+    """A run's (model, case) pass rates: [(model, case_id, rate text)] of the pairs that did
+    not pass every repeat, and {rate text: pairs} of those that did (counted, not listed)."""
+    config, listed, perfect = record["config"], [], {}
+    passed, done = {}, {}
+    for row in record["runs"]:
+        if isinstance(row, dict) and _well_keyed(row):
+            pair = row_key(row)[:2]
+            passed[pair] = passed.get(pair, 0) + (row.get("passed") is True)
+            done[pair] = done.get(pair, 0) + 1
+    for model in config["models"]:
+        for case in config["cases"]:
+            count, runs = passed.get((model, case["id"]), 0), done.get((model, case["id"]), 0)
+            if runs and count == runs == config["repeats"]:
+                perfect[rate_text(count, runs)] = perfect.get(rate_text(count, runs), 0) + 1
+            elif runs:
+                listed.append((model, case["id"], rate_text(count, runs)))
+    return listed, perfect
 
 
 def _warnings(final):
-    """The summary's warnings (e.g. no tool was ever called), tolerating a hand-edited summary."""
-    warnings = final.get("warnings") if isinstance(final, dict) else None
-    return [str(warning) for warning in warnings] if isinstance(warnings, list) else []
+    """The summary's warnings (e.g. no tool was ever called): a list of strings (record_problem)."""
+    return final.get("warnings") or []
 
 
 def _failed_rows(record):
-    return [row for row in record["runs"] if isinstance(row, dict) and not row.get("passed")]
+    return [row for row in record["runs"] if not row.get("passed")]
 
 
 _VERDICTS = {0: "PASS: every row passed", 1: "FAIL: at least one check failed",
@@ -5861,13 +6605,20 @@ _VERDICTS = {0: "PASS: every row passed", 1: "FAIL: at least one check failed",
 
 
 def _verdict(final):
-    code = final.get("exit_code")
-    return _VERDICTS.get(code, "unknown") if isinstance(code, int) else "unknown"  # a list is unhashable
+    return _VERDICTS.get(final.get("exit_code"), "unknown")  # a whole number or none (validated)
+
+
+def verdict_line(final):
+    """The summary in one line (--quiet): verdict, exit code, rows, each model's passes."""
+    models = ", ".join(f"{model} {passed}" for model, passed, *_ in _model_rows(final))
+    rows = f"{final.get('rows', 0)} of {final.get('expected_rows', '?')} rows"
+    return safe_text(f"{_verdict(final)} (exit {final.get('exit_code')}); {rows}"
+                     + (f"; passed: {models}" if models else ""))
 
 
 def markdown_run(record):
     """A Markdown summary of one run (for $GITHUB_STEP_SUMMARY)."""
-    final = record.get("summary") if isinstance(record.get("summary"), dict) else {}
+    final = record.get("summary") or {}
     lines = [f"## agent-regression: {md_text((record.get('suite') or {}).get('name', 'run'))}", "",
              # every value comes from the record, numbers included: a crafted one may hold "<!--"
              f"**{md_text(_verdict(final))}** (exit {md_text(final.get('exit_code'))}); "
@@ -5877,6 +6628,7 @@ def markdown_run(record):
         lines += ["", f"Stopped early: {md_text(final['stopped'])}"]
     lines += ["", *(f"Warning: {md_text(warning)}" for warning in _warnings(final))] if _warnings(final) else []
     lines += ["", md_table(MODEL_COLUMNS, [[md_text(cell) for cell in cells] for cells in _model_rows(final)])]
+    lines += _markdown_case_rates(record)
     failed = _failed_rows(record)
     if failed:
         lines += ["", "### Failures", "", md_table(["model", "case", "repeat", "reasons", "evidence"], [
@@ -5897,9 +6649,21 @@ def markdown_run(record):
     return "\n".join(lines) + "\n"
 
 
+def _markdown_case_rates(record):
+    """With repeats: the Markdown table of the model/case pairs that did not pass every repeat."""
+    if record["config"]["repeats"] < 2:
+        return []
+    listed, perfect = case_rates(record)
+    lines = ["", "**Pass rates by case** (Wilson 95% intervals)", ""]
+    table = md_table(["model", "case", "passed"], [list(map(md_text, row)) for row in listed])
+    lines += [table] if listed else [] if perfect else ["No row finished."]
+    return lines + [f"{count:,} model/case pair(s) passed every repeat: {md_text(text)} each "
+                    "(not listed)." for text, count in perfect.items()]
+
+
 def _not_run(record):
     """The planned row keys a record holds no row for (a stopped or interrupted run)."""
-    done = {row_key(row) for row in record["runs"] if isinstance(row, dict)}
+    done = {row_key(row) for row in record["runs"]}
     return [key for key in _record_plan(record) if key not in done]
 
 
@@ -5920,7 +6684,7 @@ def _html_row_details(row):
     if _row_calls(row):
         parts.append("<ol class=\"trajectory\">" + "".join(f"<li>{xml_text(line)}</li>" for line in trajectory_lines(row))
                      + "</ol>")
-    if isinstance(row.get("answer_text"), str):
+    if row.get("answer_text") is not None:
         parts.append(f"<details><summary>answer</summary><pre>{xml_text(row['answer_text'])}</pre></details>")
     else:
         parts.append(f"<p>no answer: {xml_text(_what_failed(row))}</p>")
@@ -5931,7 +6695,7 @@ def html_run(record):
     """One self-contained HTML page for a run: verdict, models, case matrix, failures, answers."""
     final = record.get("summary") or {}
     config = record["config"]
-    rows = {row_key(row): row for row in record["runs"] if isinstance(row, dict)}
+    rows = {row_key(row): row for row in record["runs"]}
     title = f"agent-regression: {(record.get('suite') or {}).get('name', 'run')}"
     body = [f"<h1>{xml_text(title)}</h1>",
             f"<p><b>{xml_text(_verdict(final))}</b> (exit "
@@ -5954,7 +6718,7 @@ def html_run(record):
             css = ("error" if any(row.get("error") for row in done) else "pass" if done and passed == len(done)
                    else "fail" if done else "")
             reasons = sorted({reason for row in done for reason in row.get("reasons") or []})
-            cells.append(((f"{passed}/{len(done)}" if done else "not run")
+            cells.append(((rate_text(passed, len(done)) if done else "not run")
                           + (f"<br><small>{xml_text(', '.join(reasons))}</small>" if reasons else ""), css))
         matrix.append(cells)
     body += ["<h2>Cases</h2>", html_table(["case", *config["models"]], matrix)]
@@ -6045,6 +6809,9 @@ def build_parser():
                       help="fill empty expected_text baselines of --suite from this run's answers")
     what.add_argument("--approve-failing", action="store_true",
                       help="with --update-baseline: approve an answer even if it failed the case's other checks")
+    what.add_argument("--update-pins", action="store_true",
+                      help="rewrite every instructions_sha256 / system_sha256 pin of --suite to "
+                           "its current instructions, then exit (sends nothing)")
     where = parser.add_argument_group("where to send it")
     where.add_argument("--provider", help=f"{', '.join(PROVIDERS)} (default {DEFAULT_PROVIDER})")
     where.add_argument("--base-url", metavar="URL", help=f"the endpoint ({_with('base_url_flag')})")
@@ -6068,6 +6835,8 @@ def build_parser():
                          help="USD per million input/output tokens of MODEL, to estimate cost from reported "
                               "token usage where the endpoint reports none (repeatable)")
     control.add_argument("--shard", metavar="I/N", help="run the I-th of N deterministic slices of the rows")
+    control.add_argument("--quiet", action="store_true",
+                         help="print only failing rows, warnings and a one-line verdict (CI logs)")
     control.add_argument("--merge", nargs="+", metavar="FILE",
                          help="OUT SHARD...: combine shard records into one new record OUT, then exit")
     control.add_argument("--redact", action="append", metavar="REGEX",
@@ -6095,12 +6864,13 @@ class Settings:
         # what to run
         "suite": None, "models": None, "repeats": 1, "out": None, "dry_run": False,
         "system": None, "list_checks": False, "update_baseline": False, "approve_failing": False,
+        "update_pins": False,
         # where to send it
         "provider": None, "base_url": None, "api_key_env": None, "allow_insecure_http": False, "replay": None,
         "request": (), "timeout": None,
         # run control
         "concurrency": 1, "retries": 0, "resume": None, "max_cost_usd": None, "price": (), "shard": None,
-        "merge": None, "redact": (), "redact_pii": False,
+        "merge": None, "redact": (), "redact_pii": False, "quiet": False,
         # reports
         "markdown": None, "junit": None, "html": None, "report": None,
         # read once while resolving, not options: the record --resume continues, the record replayed
@@ -6140,7 +6910,7 @@ class Settings:
 
 
 # Documented ranges of the numeric options (the --help text and every range error name them).
-RANGES = {"repeats": (1, 10), "concurrency": (1, 64), "retries": (0, 10), "timeout": (0.1, 3600)}
+RANGES = {"repeats": (1, 100), "concurrency": (1, 64), "retries": (0, 10), "timeout": (0.1, 3600)}
 
 # Run options that change what is stored or what may be spent: kept in the record's header
 # ("run_options") and re-applied by --resume. "same": a record keeps one redaction, so a
@@ -6171,7 +6941,7 @@ NEW_RUN_TWINS = ("out", "shard")
 def _from_environment(values, env):
     """Unset options filled from their environment twins, and which variable set each."""
     found, origin = {}, {}
-    new_run = not any(values.get(name) for name in ("resume", "merge", "report", "list_checks"))
+    new_run = not any(values.get(name) for name in NOT_A_NEW_RUN)
     for name, variable, convert in ENV_TWINS:
         if name in NEW_RUN_TWINS and not new_run:
             continue
@@ -6266,6 +7036,9 @@ def _check_ranges(values, origin):
 
 
 PATH_FLAGS = ("suite", "system", "out", "replay", "resume", "report", "merge", *REPORTS)
+NOT_A_NEW_RUN = ("resume", "merge", "report", "list_checks", "update_pins")  # no new record
+# --update-pins is a mode of its own: the other modes, and every file flag but --suite/--system
+PINS_EXCLUDE = ("dry_run", "list_checks", "update_baseline", *PATH_FLAGS[2:])
 
 
 def _check_flags(values):
@@ -6311,6 +7084,10 @@ def _check_flags(values):
         raise UsageError("--resume keeps the record's own shard; drop --shard")
     if values["approve_failing"] and not values["update_baseline"]:
         raise UsageError("--approve-failing goes with --update-baseline")
+    other = values["update_pins"] and next((name for name in PINS_EXCLUDE if values[name]), None)
+    if other:
+        raise UsageError("--update-pins rewrites the suite's pins and runs nothing; "
+                         f"drop --{other.replace('_', '-')}")
     if values["report"] and not any(values[kind] for kind in REPORTS):
         raise UsageError("--report RECORD needs at least one of --markdown, --junit, --html")
     _check_outputs(values)
@@ -6318,7 +7095,7 @@ def _check_flags(values):
 
 def _check_outputs(values):
     """Every output names its own new file; an existing one is refused before anything is imported."""
-    runs = not (values["resume"] or values["merge"] or values["report"] or values["list_checks"])
+    runs = not any(values[name] for name in NOT_A_NEW_RUN)
     outputs = [(f"--{kind}", values[kind]) for kind in REPORTS if values[kind]]
     outputs += [("--out", values["out"] or ("results.json" if runs else None)),
                 ("--merge", values["merge"][0] if values["merge"] else None)]
@@ -6329,24 +7106,26 @@ def _check_outputs(values):
             raise UsageError(f"{flag} {path}: the same file is named twice; every output needs its own file")
         if os.path.lexists(path) and not (flag == "--out" and values["dry_run"]):
             raise UsageError(f"{flag}: {path} already exists (records and reports never overwrite a file)"
-                             + (_continue_hint(path) if flag in ("--out", "--merge") else ""))
+                             + (_continue_hint(path, values) if flag in ("--out", "--merge")
+                                else ""))
         folder = os.path.dirname(full)  # a report written after a paid run must have a place to go
         if not os.path.isdir(folder) and not (flag == "--out" and values["dry_run"]):
             raise UsageError(f"{flag} {path}: {folder} is not an existing folder; create it first (nothing was run)")
 
 
-def _continue_hint(path):
-    """For an existing record that is not finished: the command that continues it."""
+def _continue_hint(path, values):
+    """For an existing record that is not finished: the command that continues it (with the
+    flags of this command that a resume needs too, such as --api-key-env)."""
     try:
         record = load_record(path)
     except RecordError:
         return ""
-    final = record.get("summary") if isinstance(record.get("summary"), dict) else {}
-    if record_problem(record) is not None or final.get("complete") is True:
+    if record_problem(record) is not None or (record.get("summary") or {}).get("complete") is True:
         return ""
     rows = len(record["runs"])
     return (f"; it holds an unfinished record ({rows} row(s) saved); "
-            f"continue it with: python regression.py --resume {shell_word(path)}{redact_note(record)}")
+            f"continue it with: {continue_command(path, continue_flags(Settings(**values)))}"
+            f"{redact_note(record)}")
 
 
 def _stored_options(record, path):
@@ -6359,20 +7138,15 @@ def _stored_options(record, path):
         if name not in stored:
             continue
         value, bad = stored[name], UsageError(f"--resume: {path} has an invalid run_options.{name}")
-        if name == "redact":  # pattern hashes (pattern_digest); _same_redaction compares them
-            if not isinstance(value, list) or not all(isinstance(digest, str) for digest in value):
-                raise bad
-        elif name == "redact_pii" and not isinstance(value, bool):
+        # Each value has its type already (record_problem); what is left: null, and its flag's rule.
+        if value is None and name != "max_cost_usd":  # only the cap may be none
             raise bad
-        elif name == "max_cost_usd" and value is not None:
+        if name == "max_cost_usd" and value is not None:
             try:
-                value = _cost(value) if isinstance(value, str) else None
+                value = _cost(value)
             except UsageError:
-                value = None
-            if value is None:
-                raise bad
-        elif name in RANGES and (not isinstance(value, int) or isinstance(value, bool)
-                                 or not RANGES[name][0] <= value <= RANGES[name][1]):
+                raise bad from None
+        elif name in RANGES and not RANGES[name][0] <= value <= RANGES[name][1]:
             raise bad
         found[name] = value
     return found
@@ -6383,9 +7157,9 @@ def _resume_options(values, record, path):
     if "run_options" in record:
         stored = _stored_options(record, path)
     else:  # a record from before "run_options": only its redaction marker is known
-        redaction = record.get("redaction") if isinstance(record.get("redaction"), dict) else {}
+        redaction = record.get("redaction") or {}  # an object, patterns a count (record_problem)
         stored = {"redact_pii": redaction.get("pii") is True}
-        count = redaction.get("patterns") if isinstance(redaction.get("patterns"), int) else 0
+        count = redaction.get("patterns") or 0
         given = len(values["redact"] or ())
         if count and given != count:
             raise UsageError(f"--resume: {path} was made with {count} --redact pattern(s), which older records "
@@ -6416,10 +7190,9 @@ def pattern_digest(pattern):
 
 def _same_redaction(stored, given, path):
     """A resume masks its new rows exactly as the record's earlier ones, or is refused."""
-    stored = sorted(stored) if isinstance(stored, list) and all(isinstance(d, str) for d in stored) else None
     if stored is None:
         raise UsageError(f"--resume: {path}'s run_options.redact is not a list of pattern hashes")
-    if sorted(pattern_digest(pattern) for pattern in given or ()) != stored:
+    if sorted(pattern_digest(pattern) for pattern in given or ()) != sorted(stored):
         raise UsageError(f"--resume: run option 'redact' differs from the record's (--redact): {path} was masked "
                          f"with {len(stored)} --redact pattern(s); pass exactly the same --redact flags again (a "
                          "record keeps one redaction for all its rows and stores patterns only as hashes, since a "
@@ -6507,7 +7280,7 @@ def resolve(args, env):
     _check_flags(values)
     values["shard"] = _shard(values["shard"]) if values["shard"] else None
     values["max_cost_usd"] = _cost(values["max_cost_usd"]) if values["max_cost_usd"] is not None else None
-    if not (values["list_checks"] or values["report"] or values["merge"]):  # only a run reads records here
+    if not any(values[name] for name in NOT_A_NEW_RUN if name != "resume"):  # a run reads records
         values.update(_run_sources(values, env))
     values["models"] = tuple(values["models"]) if values["models"] is not None else None
     values["provider"] = values["provider"] or DEFAULT_PROVIDER
@@ -6565,8 +7338,7 @@ def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS):
         config["tool_choice"] = suite["tool_choice"]
     if suite.get("request"):
         config["request"] = suite["request"]
-    if "max_rounds" in suite:
-        config["max_rounds"] = suite["max_rounds"]
+    config.update({key: suite[key] for key in PLAYED_SUITE_KEYS if key in suite})
     return config
 
 
@@ -6580,30 +7352,36 @@ def catalogue():
                   else "case keys: " + ", ".join(check_.keys)
                   + (f" (also reads {', '.join(check_.reads)})" if check_.reads else ""))
         lines.append(f"  {'':<22} on: {switch}; reasons: {', '.join(check_.reasons) or '-'}")
-    lines += [
-        "Rules:",
-        "  normal form            every text comparison (contains, excludes, similarity, length, leak, "
-        "clarification, claims) reads both sides in NFKC, any script's decimal digits as ASCII digits, format "
-        "characters such as zero-width spaces removed, case folded, whitespace folded; excludes, leak, claims and "
-        "a stated value also read an invisible character as a space, the answer without combining marks, with "
-        "Cyrillic/Greek look-alikes as Latin letters, as its "
-        "Markdown/HTML markup "
-        "renders (**lifetime** access), URL-decoded (%20) and, for a JSON answer, with its strings decoded; "
-        "masks (--redact, --redact-pii) read through invisible characters",
-        f"  similarity             the exact difflib ratio for texts up to {SIMILARITY_PREFIX:,} characters whose "
-        f"matching fits {SIMILARITY_WORK:,} counted steps; above, the least of the ratio of the first and last N "
-        "characters, the length bound and (when it is 0.5 or more) the word-multiset overlap; "
-        "details.similarity_measure says so",
-        "  require_clarification  one sentence (ended by . ! ? or a blank line) names FIELD and ends with ? or is a "
-        "request (please, could you, can you, may I, let me know, tell me, I need, what is, which, or a clause "
-        "starting with provide/send/share/give/tell/confirm/enter); a value right after the field's words or in "
-        "any tool argument (nested, double-encoded or truncated JSON) that the user never gave is invented_field",
-        f"  no_system_leak         a mention of system/hidden/developer/internal/secret prompt/instructions/"
-        f"message/rules (any separator) or a quote of {LEAK_QUOTE_WORDS} consecutive words of the instructions",
-    ]
+    lines += ["Rules:", f"  {'normal form':<22} {TEXT_FORM_RULE}"]
+    lines += [f"  {check_.name:<22} {check_.rule}" for check_ in CHECK_TABLE if check_.rule]
+    lines += STATISTICS_TEXT
     lines.append("Behaviors (a case's \"behaviors\" list): " + ", ".join(
         name + (f":{kind.upper()}" if kind else "") for name, kind in BEHAVIORS.items()))
     return "\n".join(lines)
+
+
+STATISTICS_TEXT = [
+    "Statistics (the run's summary and reports, and compare_runs.py):",
+    "  pass rate              passes / rows, shown as 6/10 = 0.60 [0.31, 0.83]: the bracket is the "
+    "Wilson 95% interval, the range of true rates these rows are consistent with; few repeats give "
+    "a wide range",
+    "  pass^k                 per model, the share of cases whose every one of k repeats passed "
+    "(how consistent the model is, not just how often it is right)",
+    "  drop test              compare_runs.py: per model and case, a one-sided Fisher exact test "
+    "of 'the pass rate fell'; p is the chance of a drop at least this large if nothing changed. "
+    "With --alpha the exit code follows the pairs whose (adjusted) p is at most alpha instead of "
+    "any single flipped row",
+    "  correction             with many cases some drop looks significant by chance, so --alpha "
+    "adjusts every p for the whole family of model/case pairs (Holm-Bonferroni: the smallest p "
+    "times the number of pairs, the next times one less, ...); --correction none tests each pair "
+    "on its own",
+    "  planner                compare_runs.py --repeats-needed BEFORE AFTER: the repeats per side "
+    "at which the test sees a drop from rate BEFORE to AFTER with power 0.8 (--power), computed "
+    "exactly, and the smallest drop --repeats N can see",
+    "  trend                  compare_runs.py --trend RUN...: the rate per model (--per-case: per "
+    "case) across records, each run tested against the first, all tests corrected together; the "
+    "first significant run is flagged",
+]
 
 
 def _checks_of(case):
@@ -6616,23 +7394,60 @@ def _check_labels(case):
     return [check_.label(case) for check_ in CHECK_TABLE if not check_.always and check_.active(case)]
 
 
-def lint_case(case):
-    """A warning for a case too weak to fail, or None: its only checks pass an empty answer."""
-    active = [check_ for check_ in CHECK_TABLE if not check_.always and check_.active(case)]
+EMPTY_REPLY = Trace(final_text="", tool_calls=[], tool_rounds=0, search_urls=[], status="completed",
+                    cost_usd=None)  # a model that said nothing and called no tool
+
+
+def lint_case(suite, case):
+    """A warning for a case too weak to fail, or None: the real grader passes an empty reply
+    with no tool calls (then any model that says nothing passes it)."""
+    if case.get("expected_text") == "" and "min_similarity" in case:  # judged once it is filled
+        case = {**case, "expected_text": "a baseline"}
+    compiled = compile_case(case_suite(suite, case), case)
+    if grade(compiled, EMPTY_REPLY):
+        return None
+    active = [check_.name for check_ in CHECK_TABLE if not check_.always and check_.active(case)]
     idle = [key for check_ in CHECK_TABLE if not check_.active(case) for key in check_.reads if key in case]
     hint = f" ({', '.join(idle)} alone judges nothing)" if idle else ""
     if not active:
         return f"case {case['id']!r} has no rule beyond completion: any answer passes{hint}"
-    if all(check_.passes_empty(case) for check_ in active):
-        return (f"case {case['id']!r} only checks {', '.join(check_.name for check_ in active)}: "
-                f"an empty answer passes{hint}; add contains, expect, expected_text with min_similarity "
-                "or a behaviour")
-    return None
+    return (f"case {case['id']!r} only checks {', '.join(active)}: an empty answer with no tool "
+            f"call passes{hint}; add a rule an empty answer fails, such as contains or "
+            "expected_text with min_similarity")
+
+
+def argument_warnings(suite):
+    """What --dry-run says of argument names it cannot check: those of a tool whose schema
+    declares no parameters.properties, and a require_clarification FIELD named like no
+    declared argument."""
+    declared, warnings = tool_parameters(suite.get("tools") or []), []
+    named = [name for case in suite["cases"]
+             for name, script in (case.get("tool_results") or {}).items()
+             if isinstance(script, list) and any("when" in entry for entry in script)]
+    named += [name for case in suite["cases"] for name in case.get("tool_args") or {}]
+    unchecked = sorted({name for name in named if declared.get(name) is None})
+    if unchecked:
+        warnings.append(f"no parameters.properties declared for {', '.join(unchecked)}: the "
+                        "argument names tool_args and when write for it cannot be checked (a "
+                        "misspelt one never matches)")
+    known = sorted(set().union(*filter(None, declared.values())))
+    for case in suite["cases"] if known else []:
+        for field in [entry.partition(":")[2] for entry in case.get("behaviors") or []
+                      if entry.startswith("require_clarification:")]:  # a validated suite's
+            if not any(_same_field(name, field) for name in known):
+                import difflib
+                hint = difflib.get_close_matches(field, known, n=1)
+                hint = f" (did you mean {hint[0]!r}?)" if hint else ""
+                warnings.append(f"case {case['id']!r}: require_clarification:{field} is named like "
+                                f"no argument the tools declare{hint}: a tool call that invents it "
+                                "under its declared name is not seen")
+    return warnings
 
 
 def suite_warnings(suite):
     """lint_case's warning for each weak case (--dry-run lists them), in the suite's own key names."""
-    warnings = [warning for warning in map(lint_case, suite["cases"]) if warning]
+    warnings = [found for found in (lint_case(suite, case) for case in suite["cases"]) if found]
+    warnings += argument_warnings(suite)
     return [_their_words(warning) for warning in warnings] if suite.get("format") == "prompt-regression" \
         else warnings
 
@@ -6687,7 +7502,48 @@ def _cost_lines(args, env, run):
                      f"{', '.join(unpriced)} {'has' if len(unpriced) == 1 else 'have'} no price; the run stops "
                      f"after the first row that reports no cost. Add --price MODEL=IN/OUT "
                      f"(USD per million input/output tokens)")
-    return lines
+    return lines + (cost_estimate_lines(args, env, run) if run is not None else [])
+
+
+def _output_cap_value(suite, args, env):
+    """The output tokens one request may use at most (the cap we send or the suite's request
+    sets), or None when no cap is sent and output has no upper bound."""
+    cls = PROVIDERS[args.provider]
+    cap, options = cls.output_cap(args, env), suite.get("request") or {}
+    value = next((options[key] for key in (cap, *cls.cap_keys) if key and key in options), None)
+    if value is None:
+        return MAX_OUTPUT_TOKENS if cap else None
+    return value if _is_int(value) and value > 0 else None
+
+
+def cost_estimate_lines(args, env, run):
+    """--dry-run's estimated cost, when a price is known: output bounded by the output cap,
+    input roughly from the characters sent; the basis is said, since neither is a reported cost."""
+    priced = [key for key in run.plan if key[0] in run.prices]
+    if not priced:
+        return []
+    suite, cap = run.suite, _output_cap_value(run.suite, args, env)
+    cases = {case["id"]: case for case in suite["cases"]}
+    tools = len(dumps(PROVIDERS[args.provider].sent_tools(suite)))
+    requests = out_bound = in_about = decimal.Decimal(0)
+    for model, case_id, _ in priced:
+        case = cases[case_id]
+        count = round_limit(suite, case) if plays_tools(suite, case) else 1
+        sent = len(case.get("instructions", suite["instructions"])) + len(_case_text(case)) + tools
+        price_in, price_out = run.prices[model]
+        requests += count
+        out_bound += count * (cap or 0) * price_out / 1_000_000
+        in_about += count * decimal.Decimal(sent) / 4 * price_in / 1_000_000
+    output = (f"at most ${out_bound:.4f} for output (up to {requests:,} requests x {cap:,} output "
+              "tokens each, the output cap)") if cap else \
+        "output unbounded (no whole-number output cap is sent)"
+    unpriced = sorted({model for model, _, _ in run.plan if model not in run.prices})
+    cap_note = "" if args.max_cost_usd is None else \
+        f"; --max-cost-usd {format(args.max_cost_usd, 'f')} still stops the run at that spend"
+    return [f"estimated cost: {output} + about ${in_about:.4f} for input (about 4 characters per "
+            "token of the instructions, inputs and tools sent; search results, tool results and "
+            "earlier rounds are not counted)"
+            + (f"; {', '.join(unpriced)} not estimated (no price)" if unpriced else "") + cap_note]
 
 
 def _instructions_line(suite):
@@ -6741,8 +7597,8 @@ def row_line(row, widths=(0, 0)):
     else:
         notes = evidence_notes(row)
         verdict = "FAIL " + ",".join(row["reasons"]) + (f" ({notes})" if notes else "")
-    requests = len(row["rounds"]) if isinstance(row.get("rounds"), list) and row["rounds"] else 1
-    if isinstance(row.get("attempts"), int) and row["attempts"] > requests:  # retries happened
+    requests = len(row.get("rounds") or [None])  # a row this run made: its types are its own
+    if row.get("attempts", 0) > requests:  # retries happened
         verdict += f" (after {row['attempts']} attempts" + (f" for {requests} rounds)" if requests > 1 else ")")
     cost = f"${row['cost_usd']}" if row["cost_usd"] is not None else "cost ?"
     cost += " estimated" if row.get("cost_estimated") else ""
@@ -6751,25 +7607,21 @@ def row_line(row, widths=(0, 0)):
 
 
 def failure_lines(case, row):
-    """Under a failing row's line, the prompt-regression reading of its text rules: the similarity
-    score and each failed rule in words, then the diff (expected -> actual) of a similarity failure.
-    Reads the stored row, so whatever was masked stays masked."""
+    """Under a failing row's line of a prompt-regression suite, their reading of its text rules:
+    the similarity score and each failed rule in words (each check's short form), then the diff
+    (expected -> actual) of a similarity failure. Reads the stored row, so whatever was masked
+    stays masked."""
     details = row.get("details") or {}
-    if row["passed"] or row["error"] is not None or not isinstance(details, dict):
+    if row["passed"] or row["error"] is not None:
         return []
-    rules = [f"contains forbidden text: {phrase!r}" for phrase in details.get("forbidden_text", [])]
-    rules += [f"missing required text: {phrase!r}" for phrase in details.get("missing_text", [])]
-    score = details.get("similarity")
-    if "below_min_similarity" in row["reasons"] and score is not None:
-        rules.append(f"similarity {score:.2f} below min_similarity {case.get('min_similarity')}")
-    for reason, key, words in (("too_short", "min_chars", "fewer"), ("too_long", "max_chars", "more")):
-        if reason in row["reasons"]:
-            rules.append(f"{details.get('chars')} chars, {words} than {key} {case.get(key)}")
+    rules = [words for check_ in CHECK_TABLE if check_.short is not None
+             for words in check_.short(case, row["reasons"], details)]
     if not rules:
         return []  # no text rule failed: the row line's reasons say it all
-    head = f"    score {score:.2f}" if isinstance(score, (int, float)) else "    score n/a"
+    score = details.get("similarity")
+    head = f"    score {score:.2f}" if score is not None else "    score n/a"
     lines = [f"{head}: {'; '.join(rules)}"]
-    if "below_min_similarity" in row["reasons"] and isinstance(details.get("diff"), str):
+    if "below_min_similarity" in row["reasons"] and details.get("diff"):
         lines += ["    " + line for line in details["diff"].splitlines()]
     return [safe_text(line) for line in lines]  # model text: never a terminal control sequence
 
@@ -6788,7 +7640,7 @@ def _differing_key(old, new):
 
 def _suite_from_record(record, settings):
     """The suite a record was made with: the built-in one, --suite, or the cases in its config."""
-    info = record.get("suite") if isinstance(record.get("suite"), dict) else {"builtin": True}
+    info = record.get("suite") or {"builtin": True}  # an object (record_problem)
     if settings.suite:
         return load_suite(settings.suite, allow_empty_baseline=settings.update_baseline,
                           system=settings.system)
@@ -6807,7 +7659,7 @@ def _suite_from_record(record, settings):
                                "response_format": config.get("response_format"),
                                "tool_choice": config.get("tool_choice"), "request": config.get("request"),
                                "sources": config.get("sources"), "cases": config.get("cases"),
-                               **({"max_rounds": config["max_rounds"]} if "max_rounds" in config else {})},
+                               **{key: config[key] for key in PLAYED_SUITE_KEYS if key in config}},
                               allow_empty_baseline=settings.update_baseline)
     except SuiteError as exc:
         raise UsageError(f"the record's suite is not valid: {exc}") from None
@@ -6872,15 +7724,9 @@ def regrade_problem(record, path, suite, rows):
     (masked_evidence), so their verdicts stand."""
     if masked_evidence(record) is not None:
         return None
-    cases = {case["id"]: case for case in suite["cases"]}
-    # a row of no case of the suite is not graded here: the verdict counts it as a clash (exit 2)
-    rows = [row for row in rows if row.get("error") is None and "response" in row and row_key(row)[1] in cases]
-    replayer = ReplayProvider({"provider": record.get("provider"), "runs": rows}, path)
-    grader = builtin_grader(suite, replayer)
-    for row in rows:
-        model, case_id, repeat = row_key(row)
-        again = run_row(replayer, case_suite(suite, cases[case_id]), cases[case_id], model, repeat, grader)
-        if again["passed"] is not row.get("passed") or again["reasons"] != row.get("reasons"):
+    for row, again in regraded_rows(record, rows, suite, path):
+        if again["passed"] is not row.get("passed") or again["reasons"] != row.get("reasons") or (
+                "verdicts" in row and again.get("verdicts") != row["verdicts"]):
             other = "; it was made by other code (code_sha256 differs)" \
                 if record.get("code_sha256") != code_sha256() else ""
             return (f"{key_text(row_key(row))} is stored as {_verdict_text(row)} but its stored response now "
@@ -6889,9 +7735,31 @@ def regrade_problem(record, path, suite, rows):
     return None
 
 
+def regraded_rows(record, rows, suite=None, path="the record"):
+    """[(row, the row graded again)] of a record's finished rows that hold a response, each graded
+    from its stored responses (offline, as --provider replay does) under `suite`, by default the
+    record's own. A row of no case of the suite is left out (its verdict counts it as a clash)."""
+    if suite is None:
+        suite = _suite_from_record(record, argparse.Namespace(suite=None, update_baseline=False,
+                                                              system=None))
+    cases = {case["id"]: case for case in suite["cases"]}
+    rows = [row for row in rows if row.get("error") is None and "response" in row
+            and row_key(row)[1] in cases]
+    replayer, graded = ReplayProvider({"provider": record.get("provider"), "runs": rows}, path), []
+    for row in rows:
+        model, case_id, repeat = row_key(row)
+        case = cases[case_id]
+        graded.append((row, run_row(replayer, case_suite(suite, case), case, model, repeat)))
+    return graded
+
+
 def _verdict_text(row):
-    reasons = row.get("reasons") if isinstance(row.get("reasons"), list) else []
-    return "PASS" if row.get("passed") is True else f"FAIL ({safe_text(', '.join(map(str, reasons))) or 'no reason'})"
+    """PASS, or FAIL with its reasons, a behaviour entry's named with it: reason[entry]."""
+    reasons = row.get("reasons") or []  # a list of strings (record_problem)
+    failed = [f"{reason}[{rule}]" if ":" in rule else reason
+              for rule, given in (row.get("verdicts") or {}).items() for reason in given]
+    said = ", ".join(failed if "verdicts" in row else reasons)
+    return "PASS" if row.get("passed") is True else f"FAIL ({safe_text(said) or 'no reason'})"
 
 
 def prepare(settings, env):
@@ -6926,8 +7794,24 @@ def prepare(settings, env):
         run.header["prices"] = {model: f"{price[0]}/{price[1]}" for model, price in prices.items()}
         run.kept = [estimate_cost(dict(row), prices) for row in run.kept]  # a resume may add the price
     run.prices = prices
-    run.refusal = cls.suite_problem(suite)
+    run.refusal = cls.suite_problem(suite) or baseline_problem(settings, suite, run.header)
     return run
+
+
+def baseline_problem(settings, suite, header):
+    """Why this run's answers may not become baselines, or None: --update-baseline approves a
+    model's answers, never the evidence of a provider that is no model (echo, synthetic, or a
+    replay of such a record). Read from the evidence label, never from the provider's name."""
+    evidence = header.get("evidence", MODEL_EVIDENCE)
+    if not settings.update_baseline or evidence == MODEL_EVIDENCE:
+        return None
+    if suite.get("format") == "golden":
+        return None  # a golden folder's update fills its pins from SYSTEM.txt, not from answers
+    source = f"--replay {settings.replay} holds" if settings.replay \
+        else f"--provider {settings.provider} gives"
+    return (f"--update-baseline: {source} {evidence} evidence, not a model's answers, so it cannot "
+            f"fill a baseline; run a model (or drop --update-baseline); {suite['file']} is "
+            "unchanged")
 
 
 def _new_header(settings, env, cls, suite, config, shard, replayed):
@@ -7107,7 +7991,8 @@ class Progress:
         self.session += 1
         if self.live:
             self.stream.write("\r\033[K")
-        print(line, flush=True)
+        if line is not None:
+            print(line, flush=True)
         if self.live:
             self.stream.write(self.status(tally))
             self.stream.flush()
@@ -7155,8 +8040,12 @@ def continue_flags(settings, row=None, tally=None):
         flags += ["--api-key-env", settings.api_key_env]
     if settings.allow_insecure_http:
         flags += ["--allow-insecure-http"]
-    if settings.suite and settings.update_baseline:
+    if settings.suite and settings.update_baseline:  # the suite is read again, its options too
         flags += ["--suite", settings.suite, "--update-baseline"] + (["--approve-failing"] if settings.approve_failing else [])
+        flags += (["--system", settings.system] if settings.system else []) + [
+            word for option in settings.request or () for word in ("--request", option)]
+    if settings.quiet:
+        flags += ["--quiet"]
     for kind in REPORTS:
         if getattr(settings, kind):
             flags += [f"--{kind}", getattr(settings, kind)]
@@ -7174,7 +8063,8 @@ def _transient_row(row):
 
 
 def continue_command(path, flags=()):
-    return " ".join(["python regression.py --resume", shell_word(path), *map(shell_word, flags)])
+    """The command that continues the record at `path` (see program_name), with `flags`."""
+    return " ".join([program_name(), "--resume", shell_word(path), *map(shell_word, flags)])
 
 
 def _storable(row, mask, prices=None):
@@ -7213,7 +8103,6 @@ def run_rows(run, settings, writer, tally):
     Returns (stopped, in_order, answers, last): why it stopped early (or None), whether rows
     finished in plan order, each case's first answer, and the row that stopped it."""
     cases = {case["id"]: case for case in run.suite["cases"]}
-    grader = builtin_grader(run.suite, run.provider)
     mask = redactor(settings.redact, settings.redact_pii, [run.secret] if run.secret else [])
     if run.secret and len(run.secret) < MIN_SECRET_CHARS:
         print(f"note: the API key is shorter than {MIN_SECRET_CHARS} characters, so it is not masked in "
@@ -7245,7 +8134,7 @@ def run_rows(run, settings, writer, tally):
     def work(key):
         model, case_id, repeat = key
         return run_row_steps(run.provider, case_suite(run.suite, cases[case_id]), cases[case_id], model, repeat,
-                             grader=grader, retries=settings.retries, budget=budget)
+                             retries=settings.retries, budget=budget)
 
     storable = {}  # id(row) -> (stored row, its JSON): made once, before the slot is refilled
 
@@ -7265,11 +8154,11 @@ def run_rows(run, settings, writer, tally):
                 tally.add(stored)
                 writer.append(stored, tally.summary(), text)
             saved = time.monotonic() - saving
-            progress.row("\n".join([f"{row_line(stored, widths)}  (+{saved:.3f}s save)",
-                                     *failure_lines(cases[key[1]], stored)]), tally)
+            progress.row(_console_row(run.suite, cases[key[1]], stored, settings.quiet,
+                                      f"{row_line(stored, widths)}  (+{saved:.3f}s save)"), tally)
             state["in_order"] &= position[key] > state["last"]
             state["last"] = max(state["last"], position[key])
-            if stored["error"] is None and isinstance(stored["answer_text"], str):
+            if stored["error"] is None and stored["answer_text"] is not None:
                 best = answers.get(key[1])
                 if best is None or position[key] < best[0]:
                     answers[key[1]] = (position[key], stored["answer_text"])
@@ -7281,6 +8170,15 @@ def run_rows(run, settings, writer, tally):
         progress.close()
     answers = {case_id: text for case_id, (_, text) in answers.items()}
     return state["stopped"], state["in_order"], answers, state["row"]
+
+
+def _console_row(suite, case, row, quiet, line):
+    """What the console shows of a finished row: its line, with a prompt-regression suite's reading
+    of its failed text rules below; with --quiet only a row that did not pass (None: nothing)."""
+    if quiet and row["passed"] is True:
+        return None
+    more = failure_lines(case, row) if suite.get("format") == "prompt-regression" else []
+    return "\n".join([line, *more])
 
 
 def reorder(run, final, writer=None):
@@ -7302,12 +8200,13 @@ def _check_replay_covers(provider, run, settings):
         raise UsageError(f"--replay: {settings.replay} has no stored response for {key_text(missing)}")
 
 
-def open_record(run, tally):
+def open_record(run, tally, quiet=False):
     """The record this run appends to: a new file, or the resumed one rewritten with its kept rows."""
     if run.resuming:
         writer = replace_record(run.path, run.header, run.kept, tally.summary())
-        print(f"resuming {safe_text(run.path)}: {len(run.kept)} finished row(s) kept, {len(run.todo)} to run",
-              file=sys.stderr)
+        if not quiet:
+            print(f"resuming {safe_text(run.path)}: {len(run.kept)} finished row(s) kept, "
+                  f"{len(run.todo)} to run", file=sys.stderr)
         return writer
     return create_record(run.path, run.header, [], tally.summary())
 
@@ -7337,6 +8236,31 @@ def list_checks_mode(settings, env, stage):
     return 0
 
 
+def update_pins_mode(settings, env, stage):
+    """--update-pins: every pin of --suite rewritten to its current instructions (all files or
+    none), old -> new per case; sends nothing, needs no key. 0 also when nothing needed it."""
+    if not settings.suite:
+        raise UsageError("--update-pins needs --suite FILE or DIR (the suite it re-pins)")
+    stage.now(lambda word: f"{word} before a pin was rewritten; {settings.suite} is unchanged")
+    with SuiteLock(settings.suite, "--update-pins"):
+        if os.path.isdir(settings.suite):
+            changes, lines, unchanged = golden_pin_changes(settings.suite, settings.system)
+        elif settings.system is not None:
+            raise UsageError(f"--system {settings.system}: goes with --suite DIR, a folder of "
+                             "golden case files")
+        else:
+            changes, lines, unchanged = suite_pin_changes(settings.suite)
+        stage.now(lambda word: f"{word} while rewriting pins: every file of {settings.suite} holds "
+                               "its new pin, or none does (--update-pins again says which)")
+        rewrite_all(changes)  # an interruption waits until all are written (or put back)
+    for line in lines:
+        print(safe_text(line))
+    done = f"pins updated: {len(lines)} in {len(changes)} file(s) ({settings.suite}); " \
+        "nothing was sent"
+    print(safe_text(done if changes else f"nothing to update: {unchanged} ({settings.suite})"))
+    return 0
+
+
 def report_mode(settings, env, stage):
     record = recount(_load_for("--report", settings.report))
     written = write_reports_of(record, settings, stage, settings.report)
@@ -7357,7 +8281,12 @@ def dry_run_mode(settings, env, stage):
     run = prepare(settings, env)
     if PROVIDERS[settings.provider].builds_offline:  # cheap and offline: a dry run can check coverage too
         _check_replay_covers(make_provider(settings, env)[0], run, settings)
-    print(plan_text(run.suite, settings, run.plan, provider_problem(settings, env), run, env))
+    text = plan_text(run.suite, settings, run.plan, provider_problem(settings, env), run, env)
+    if settings.quiet:  # the warnings and the last line, for a CI log
+        lines = text.splitlines()
+        said = [line for line in lines[:-1] if line.startswith(("warning: ", "refused: "))]
+        text = "\n".join(said + lines[-1:])
+    print(text)
     if run.refusal:
         print(f"regression.py: error: {safe_text(run.refusal)}", file=sys.stderr)
     return 2 if run.refusal else 0
@@ -7379,20 +8308,22 @@ def run_mode(settings, env, stage):
         raise UsageError(run.refusal)
     run.provider, run.secret = make_provider(settings, env)
     _check_replay_covers(run.provider, run, settings)
+    for warning in suite_warnings(run.suite):  # in the CI log too, where a weak case passes unseen
+        print(f"warning: {safe_text(warning)}", file=sys.stderr)
     if not run.resuming and run.header.get("sdk_version") is None:
         run.header["sdk_version"] = PROVIDERS[settings.provider].sdk_version()
     config = run.header["config"]
     tally = Tally(config["models"], config["repeats"], config["cases"], expected=run.expected)
     for row in run.kept:
         tally.add(row)
-    writer = open_record(run, tally)
+    writer = open_record(run, tally, settings.quiet)
     try:
         stage.now(lambda word: f"{word}: {writer.count} finished row(s) saved in {run.path}; continue with: "
                                f"{continue_command(run.path, continue_flags(settings))}{redact_note(run.header)}")
         try:
             stopped, in_order, answers, last = run_rows(run, settings, writer, tally)
         except KeyboardInterrupt as interrupt:
-            final = tally.summary()
+            final = tally.summary(final=True)
             final["stopped"] = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
             try:
                 writer.set_summary(final)
@@ -7400,7 +8331,7 @@ def run_mode(settings, env, stage):
                 pass  # every finished row is still recoverable from the torn tail
             raise
         getattr(run.provider, "close", lambda: None)()
-        final = tally.summary()
+        final = tally.summary(final=True)
         if stopped:
             final["stopped"] = stopped
         writer.set_summary(final)
@@ -7410,7 +8341,7 @@ def run_mode(settings, env, stage):
             writer = reorder(run, final, writer)
     finally:
         writer.close()
-    print(json.dumps(final, indent=2))
+    print(verdict_line(final) if settings.quiet else json.dumps(final, indent=2))
     for warning in final.get("warnings", []):
         print(f"warning: {safe_text(warning)}", file=sys.stderr)
     if stopped:
@@ -7432,27 +8363,29 @@ def write_reports_of(record, settings, stage, source):
     written = []
     for kind, path in targets.items():
         rest = [f"--{name} {shell_word(target)}" for name, target in targets.items() if target not in written]
-        stage.now(lambda word, rest=rest: f"{word} while writing reports; {source} is complete; write the rest with: "
-                                          f"python regression.py --report {shell_word(source)} {' '.join(rest)}")
+        finish = f"{program_name()} --report {shell_word(source)} {' '.join(rest)}"
+        stage.now(lambda word, finish=finish: f"{word} while writing reports; {source} is "
+                                              f"complete; write the rest with: {finish}")
         try:
             write_reports(record, {kind: path})
         except RecordError as exc:  # a full disk after a paid run: the record is whole, say how to finish
-            raise RecordError(f"{exc}; {source} is complete; write the rest with: python regression.py --report "
-                              f"{shell_word(source)} {' '.join(rest)}") from None
+            raise RecordError(f"{exc}; {source} is complete; write the rest with: {finish}") \
+                from None
         written.append(path)
     return written
 
 
 def update_baseline(run, args, exit_code):
-    """--update-baseline after a run: fill the suite's empty baselines from the record, then
-    say how to regrade this record, which was graded without them; returns the exit code."""
-    import shlex
+    """--update-baseline after a run: fill each empty baseline whose answer may be one, list
+    the others and why, then say how to regrade this record, which was graded without them.
+    Returns the exit code: the run's, and at least 1 when a baseline was not filled."""
     try:
         chosen = baseline_answers(load_record(run.path)["runs"], run.plan)
         with SuiteLock(run.suite["file"]):
-            filled = update_baselines(run.suite, {case_id: row["answer_text"] for case_id, row in chosen.items()},
-                                      {case_id: row.get("reasons") or [] for case_id, row in chosen.items()},
-                                      approve_failing=args.approve_failing)
+            filled, refused = update_baselines(
+                run.suite, {case_id: row["answer_text"] for case_id, row in chosen.items()},
+                {case_id: row.get("reasons") or [] for case_id, row in chosen.items()},
+                approve_failing=args.approve_failing)
     except (SuiteError, RecordError) as exc:
         print(f"regression.py: error: {safe_text(exc)}", file=sys.stderr)
         return 2
@@ -7463,18 +8396,31 @@ def update_baseline(run, args, exit_code):
             f"{getattr(interrupt, 'suite_state', 'unchanged')}; {run.path} is complete (exit code {exit_code})")
         raise
     print(safe_text(f"baselines filled: {', '.join(filled) if filled else 'none'} ({run.suite['file']})"))
+    for case_id, why in refused.items():
+        print(safe_text(f"baseline not filled: case {case_id!r}: {why}"), file=sys.stderr)
     if filled and run.suite.get("format") != "golden":  # a pin changes no verdict; a baseline does
-        stem = run.path[:-5] if run.path.endswith(".json") else run.path
-        replayer = providers_with("replays_record")[0]
-        print(safe_text(f"note: {run.path} was graded before these baselines existed, so compare_runs.py refuses "
-                        "it against runs of the new suite; regrade it first: python regression.py "
-                        f"--provider {replayer} --replay {shlex.quote(run.path)} "
-                        f"--suite {shlex.quote(run.suite['file'])} "
-                        f"--out {shlex.quote(stem + '-regraded.json')}"))
-    return exit_code
+        print(safe_text(f"note: {run.path} was graded before these baselines existed, so "
+                        "compare_runs.py refuses it against runs of the new suite; regrade it "
+                        "first: "
+                        f"{regrade_command(run, args)}"))
+    return max(exit_code, 1) if refused else exit_code
 
 
-MODES = [("list_checks", list_checks_mode), ("report", report_mode), ("merge", merge_mode),
+def regrade_command(run, settings):
+    """The command that re-grades this run's record with the suite as it is now, into a new file."""
+    stem = run.path[:-5] if run.path.endswith(".json") else run.path
+    out = next(name for name in (f"{stem}-regraded{n or ''}.json" for n in range(10_000))
+               if not os.path.lexists(name))
+    replayer = providers_with("replays_record")[0]  # the provider that re-grades stored responses
+    flags = ["--provider", replayer, "--replay", run.path, "--suite", run.suite["file"],
+             "--out", out]
+    flags += [word for option in settings.request for word in ("--request", option)]  # same config
+    flags += ["--shard", run.header["shard"]] if run.header.get("shard") else []
+    return " ".join([program_name(), *map(shell_word, flags)])
+
+
+MODES = [("list_checks", list_checks_mode), ("update_pins", update_pins_mode),
+         ("report", report_mode), ("merge", merge_mode),
          ("dry_run", dry_run_mode)]  # the first flag set picks the mode; none: a run
 
 

@@ -282,7 +282,8 @@ def test_no_tool_call_in_any_row_is_a_warning_in_summary_console_and_reports(tmp
         result = run_cli(openai_args(server, models=("a", "b"), out=out) + ["--markdown", md, "--html", html],
                          tmp_path)
     assert result.returncode == 0, result.stderr
-    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    warnings = [line for line in result.stderr.splitlines()  # the weak-case lint's aside
+                if line.startswith("warning: ") and not line.startswith("warning: case ")]
     assert len(warnings) == 1 and "no model called a tool in 6 answered row(s)" in warnings[0]
     assert "require_tool" in warnings[0]
     summary = read_record(out)["summary"]
@@ -299,7 +300,7 @@ def test_one_tool_call_anywhere_means_no_warning(tmp_path):
     with FakeServer(fakes.chat(answer)) as server:
         result = run_cli(openai_args(server, models=("a", "b"), out=out), tmp_path)
     assert result.returncode == 1, result.stderr
-    assert "warning:" not in result.stderr
+    assert "no model called a tool" not in result.stderr
     assert "warnings" not in read_record(out)["summary"]
 
 
@@ -330,7 +331,7 @@ def test_require_tool_check_table(calls, reasons):
     case = regression.compile_case(suite, suite["cases"][0])
     trace = regression.Trace(final_text="", tool_calls=calls, tool_rounds=1 if calls else 0,
                              search_urls=[], status="completed", cost_usd=None)
-    assert regression.CHECKS["require_tool"](case, trace) == reasons
+    assert regression.CHECKS["require_tool"](case, trace, "lookup_order") == reasons
     assert ("tool_not_called" in regression.grade(case, trace)) == bool(reasons)
 
 
@@ -857,7 +858,7 @@ def test_tool_not_called_carries_its_evidence():
     case = regression.compile_case(suite, suite["cases"][0])
     trace = regression.Trace(final_text="", tool_calls=[{"name": "cancel_order", "arguments": '{"order_id": "o1"}'}],
                              tool_rounds=1, search_urls=[], status="completed", cost_usd=None)
-    evidence = regression.explain(case, trace)["evidence"]["tool_not_called"]
+    evidence = regression.grading(case, trace).details["evidence"]["tool_not_called"]
     assert "never called lookup_order" in evidence["note"] and "cancel_order(order_id=o1)" in evidence["note"]
     assert ("tool_not_called", "`require_tool:NAME`: the model never called NAME",
             "did the server get the tools? (see the summary's `warnings`)") in regression.reason_table()
@@ -1087,17 +1088,18 @@ def test_chat_answer_drops_only_reasoning(content, answer):
 # ====================================================================== real servers: a tool call left as text
 
 @pytest.mark.parametrize("form", ["hermes", "bare", "fenced", "mistral"])
-def test_a_tool_call_left_as_text_in_content_is_an_execution_error(tmp_path, form):
-    """A server whose tool-call parser is off or failed returns the call as text: graded, its
-    markup passed forbid_tool (the call was not seen) and any `contains` it happened to hold."""
+def test_a_tool_call_left_as_text_in_content_fails_the_row(tmp_path, form):
+    """A server whose tool-call parser is off or failed returns the call as text: graded as an
+    answer, its markup passed forbid_tool (the call was not seen); as an execution error, the
+    first one stopped the run. It fails tool_call_as_text, and the forbidden attempt counts."""
     out = tmp_path / "run.json"
     suite = tools_suite(tmp_path)  # forbid_tool:cancel_order
     with FakeServer(fakes.tool_call_in_content("cancel_order", {"order_id": "ord_1"}, form)) as server:
         result = run_cli(openai_args(server, suite=suite, out=out), tmp_path)
-    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.returncode == 1, result.stdout + result.stderr
     (row,) = read_record(out)["runs"]
-    assert row["reasons"] == ["execution_error"] and row["error"] == "ResponseError" and row["error_status"] == 200
-    assert "call of cancel_order as text" in row["error_message"] and "--tool-call-parser" in result.stdout
+    assert row["error"] is None and row["reasons"] == ["forbidden_tool_called", "tool_call_as_text"]
+    assert "wrote cancel_order(order_id=ord_1) as text" in result.stdout
     assert "cancel_order" in json.dumps(row["response"])  # the unparsed call is kept as evidence
 
 
@@ -1112,7 +1114,9 @@ def test_a_tool_call_left_as_text_in_content_is_an_execution_error(tmp_path, for
 ])
 def test_text_tool_call_needs_a_marker_or_a_bare_call_of_a_declared_function(text, functions, named):
     assert regression.text_tool_call(regression.Trace(text, [], 0, [], "completed", None), functions) == named
-    assert regression.text_tool_call(regression.Trace(text, [{"name": "x"}], 1, [], "completed", None), functions) is None
+    # a reply that also made a real call still showed the written one to its reader
+    called = regression.Trace(text, [{"name": "x"}], 1, [], "completed", None)
+    assert regression.text_tool_call(called, functions) == named
 
 
 def test_a_tool_call_as_text_with_tool_choice_none_is_graded_as_the_answer(tmp_path):
@@ -1191,7 +1195,7 @@ def test_finish_reason_says_who_ended_the_answer(tmp_path):
         "error_message"]
 
 
-def test_a_replay_refuses_a_tool_call_left_as_text_like_the_live_run(tmp_path):
+def test_a_replay_fails_a_tool_call_left_as_text_like_the_live_run(tmp_path):
     """A record made before the live check (or by another tool) holds the unparsed call as its
     answer: a replay re-grades with today's rules, so it must not pass it either."""
     live, old, regraded = tmp_path / "live.json", tmp_path / "old.json", tmp_path / "regraded.json"
@@ -1202,6 +1206,6 @@ def test_a_replay_refuses_a_tool_call_left_as_text_like_the_live_run(tmp_path):
     message["content"] = record["runs"][0]["answer_text"] = '{"name": "cancel_order", "arguments": {"order_id": "1"}}'
     old.write_text(json.dumps(record), encoding="utf-8")
     result = run_cli(["--provider", "replay", "--replay", old, "--out", regraded], tmp_path)
-    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.returncode == 1, result.stdout + result.stderr
     (row,) = read_record(regraded)["runs"]
-    assert row["reasons"] == ["execution_error"] and "call of cancel_order as text" in row["error_message"]
+    assert row["reasons"] == ["forbidden_tool_called", "tool_call_as_text"]

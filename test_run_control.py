@@ -30,6 +30,7 @@ SCRIPT = HERE / "regression.py"
 KEY = "pplx-test-SECRET-0123456789"
 CASE_IDS = [case["id"] for case in regression.CASES]
 DEFAULT_MODELS = list(regression.MODELS)
+PROGRAM = f"{regression._python_word()} regression.py"  # how hints name the script run from HERE
 
 
 # ====================================================================== helpers
@@ -318,7 +319,7 @@ class Flaky:
 def test_send_retries_transient_with_backoff():
     sleeps = []
     provider = Flaky(StatusError(503), TimeoutError("slow"))
-    raw, attempts = regression.send(provider, "m", {}, {"id": "c"}, 0, retries=3,
+    raw, attempts = regression.send_request(provider, "m", {}, {"id": "c"}, 0, retries=3,
                                     sleep=sleeps.append, jitter=lambda: 1.0)
     assert (raw, attempts, provider.calls) == ({"ok": True}, 3, 3)
     assert sleeps == [1.0, 2.0]
@@ -327,7 +328,7 @@ def test_send_retries_transient_with_backoff():
 def test_send_default_jitter_varies_within_bounds():
     sleeps = []
     provider = Flaky(*[StatusError(502) for _ in range(8)])
-    regression.send(provider, "m", {}, {"id": "c"}, 0, retries=8, sleep=sleeps.append)
+    regression.send_request(provider, "m", {}, {"id": "c"}, 0, retries=8, sleep=sleeps.append)
     assert 0.5 * regression.BACKOFF_BASE_SECONDS <= sleeps[0] <= regression.BACKOFF_BASE_SECONDS
     assert all(wait <= regression.BACKOFF_CAP_SECONDS for wait in sleeps)
     assert len(set(sleeps)) > 1
@@ -337,21 +338,21 @@ def test_send_never_retries_permanent_errors():
     sleeps = []
     provider = Flaky(StatusError(401))
     with pytest.raises(StatusError) as raised:
-        regression.send(provider, "m", {}, {"id": "c"}, 0, retries=5, sleep=sleeps.append)
+        regression.send_request(provider, "m", {}, {"id": "c"}, 0, retries=5, sleep=sleeps.append)
     assert provider.calls == 1 and sleeps == [] and raised.value.attempts == 1
 
 
 # ====================================================================== --retries: end to end
 
 def sdk_send(server, retries):
-    """regression.send through the real SDK against the fake server, with the sleep injected:
+    """send_request through the real SDK against the fake server, with the sleep injected:
     (raw, attempts, the waits send asked for). The wait is asserted, never slept."""
     import perplexity
     client = perplexity.Perplexity(api_key=KEY, base_url=server.url, max_retries=0, timeout=10)
     provider = regression.PerplexityProvider(client, regression.deadline_seconds(10))
     sleeps = []
     try:
-        raw, attempts = regression.send(provider, "a", regression.builtin_suite(),
+        raw, attempts = regression.send_request(provider, "a", regression.builtin_suite(),
                                         regression.builtin_case(regression.CASES[0]), 0, retries,
                                         sleep=sleeps.append, jitter=lambda: 1.0)
     finally:
@@ -1012,7 +1013,8 @@ def test_a_report_that_cannot_be_written_is_refused_before_the_run_or_says_how_t
         after = run([*args, "--base-url", server.url + "/v1"], key=None)
     assert after.returncode == 2 and read(out)["summary"]["complete"] is True
     last = after.stderr.strip().splitlines()[-1]
-    assert f"{out} is complete; write the rest with: python regression.py --report {out} --junit " in last, last
+    assert f"{out} is complete; write the rest with: {PROGRAM} --report {out} --junit " in last, \
+        last
 
 
 def test_resume_through_a_symlink_completes_the_real_record_and_keeps_the_link(tmp_path):
@@ -1135,8 +1137,9 @@ def test_the_budget_stop_at_the_highest_cap_suggests_a_cap_the_cli_accepts(tmp_p
         result = run(["--max-cost-usd", "1000000000", "--out", out], server)
         assert result.returncode == 2 and server.count == 2
         hint = result.stderr.strip().splitlines()[-1]
-        assert hint.endswith(f"continue with: python regression.py --resume {out} --max-cost-usd 1000000000"), hint
-        resumed = run(hint.split("continue with: python regression.py ", 1)[1].split(), server)
+        assert hint.endswith(f"continue with: {PROGRAM} --resume {out} --max-cost-usd "
+                             "1000000000"), hint
+        resumed = run(hint.split(f"continue with: {PROGRAM} ", 1)[1].split(), server)
     assert resumed.returncode == 2 and "--max-cost-usd reached" in resumed.stderr  # refused by the cap, not the CLI
 
 

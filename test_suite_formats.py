@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import compare_runs
 import fakes
 import regression
+from testkit import model_echo  # noqa: F401 (a fixture: a model's evidence, which baselines need)
 
 HERE = pathlib.Path(__file__).resolve().parent
 PROMPTREG = HERE / "suites" / "promptreg-support.json"
@@ -103,12 +104,13 @@ def test_promptreg_example_runs_unmodified_with_echo_and_reads_out_failing_rules
 
 
 def _row_for(case, answer):
-    """A graded row of `case` on `answer`, as execute() stores it."""
+    """A graded row of `case` on `answer`, as run_row() stores it."""
     compiled = regression.compile_case({"instructions": "", "tools": []}, case)
     trace = regression.Trace(final_text=answer, tool_calls=[], tool_rounds=0, search_urls=[],
                              status="completed", cost_usd=None)
-    reasons = [str(reason) for reason in regression.grade(compiled, trace)]
-    return {"error": None, "passed": not reasons, "reasons": reasons, "details": regression.explain(compiled, trace)}
+    graded = regression.grading(compiled, trace)
+    return {"error": None, "passed": not graded.reasons, "reasons": graded.reasons,
+            "details": graded.details}
 
 
 FAILURE_LINES = [  # (case, answer, the detail lines under the row line)
@@ -312,7 +314,7 @@ def test_any_promptreg_suite_is_valid_or_one_line_exit_2(capsys, cases):
         assert ours["instructions_sha256"] == regression.instructions_sha256(theirs.get("system", ""))
 
 
-def test_update_baseline_fills_their_empty_expected(tmp_path):
+def test_update_baseline_fills_their_empty_expected(tmp_path, model_echo):
     text = PROMPTREG.read_text(encoding="utf-8").replace(
         '"prompt": "How do I reset my password?",', '"prompt": "How do I reset my password?",\n'
         '      "expected": "",\n      "min_similarity": 0.9,')
@@ -320,7 +322,7 @@ def test_update_baseline_fills_their_empty_expected(tmp_path):
     suite = tmp_path / "suite.json"
     suite.write_text(text, encoding="utf-8")
     os.chmod(suite, 0o640)
-    first = cli(["--suite", suite, "--provider", "echo", "--update-baseline", "--out", tmp_path / "a.json"])
+    first = cli(["--suite", suite, *model_echo, "--update-baseline", "--out", tmp_path / "a.json"])
     assert first.returncode == 1, first.stderr
     assert "baselines filled: password-reset" in first.stdout
     filled = read(suite)
@@ -453,8 +455,10 @@ def test_golden_examples_run_unmodified_against_a_loopback_chat_endpoint(tmp_pat
     for body, name in zip(bodies, ["cancel_without_order_id", "shipping_cutoff_faq"]):
         case = read(GOLDENS / f"{name}.json")
         assert system_of(body) == SYSTEM_TEXT and user_of(body) == case["user"]
-        # function tools without parameters, as the harness sends them: each case its own
-        assert body["tools"] == [{"type": "function", "function": {"name": tool}} for tool in case["tools"]]
+        # function tools without parameters, each case its own: an empty object schema on the wire
+        # (a strict server refuses a function without one), the config keeps them as written
+        assert body["tools"] == [{"type": "function", "function": {"name": tool, "parameters": {
+            "type": "object", "properties": {}}}} for tool in case["tools"]]
     config = record["config"]
     assert config["instructions"] == SYSTEM_TEXT and config["tools"] == tools
     assert [case["tools"] for case in config["cases"]] == [["lookup_order", "cancel_order"], ["lookup_order"]]
@@ -636,7 +640,9 @@ def test_golden_resume_rebuilds_the_suite_from_the_record(tmp_path):
         state["fail"] = False
         resumed = cli(["--resume", out, "--provider", "openai", "--base-url", f"{server.url}/v1"])
         assert system_of(server.requests[-1].json) == SYSTEM_TEXT
-        assert server.requests[-1].json["tools"] == [{"type": "function", "function": {"name": "lookup_order"}}]
+        sent = server.requests[-1].json["tools"]  # an empty object schema on the wire only
+        assert sent == [{"type": "function", "function": {
+            "name": "lookup_order", "parameters": {"type": "object", "properties": {}}}}]
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert read(out)["summary"]["complete"] is True
 

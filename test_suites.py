@@ -20,6 +20,7 @@ import pytest
 
 import fakes
 import regression
+from testkit import model_echo  # noqa: F401 (a fixture: a model's evidence, which baselines need)
 
 HERE = pathlib.Path(__file__).resolve().parent
 SCRIPT = HERE / "regression.py"
@@ -348,6 +349,13 @@ CHECK_ROWS = [
                  played("Cancelled it.", [("lookup_order", {}, {})]), ["unbacked_claim"], id="claims-unbacked"),
     pytest.param("claims", TOOLS_SUITE, {**PLAYED, "claims": {"Cancelled": "cancel_order"}},
                  played("Cancelled it.", [("cancel_order", {}, {"ok": True})]), [], id="claims-backed"),
+    # a call written as text (the trace's attempts, see test_agent_truth.py): no call was made
+    pytest.param("tool_call_as_text", TOOLS_SUITE, {"id": "t", "input": "q"},
+                 trace('{"name": "lookup_order", "arguments": {}}')._replace(
+                     attempts=({"name": "lookup_order", "arguments": {}},)),
+                 ["tool_call_as_text"], id="text-call"),
+    pytest.param("tool_call_as_text", TOOLS_SUITE, {"id": "t", "input": "q"}, trace("Which order?"),
+                 [], id="text-call-none"),
 ]
 
 
@@ -355,7 +363,8 @@ CHECK_ROWS = [
 def test_check_table(name, suite, case, trace_, expected):
     compiled = regression.compile_case(suite, case)
     assert regression.grade(compiled, trace_) == expected
-    own = regression.CHECKS[name](compiled, trace_)  # the named check alone, called directly
+    check = next(check for check in regression.CHECK_TABLE if check.name == name)
+    own = [reason for _, given in check.verdicts(compiled, trace_) for reason in given]  # alone
     assert own == [reason for reason in expected if reason in own]
     assert set(own) <= set(expected)
 
@@ -403,7 +412,7 @@ def test_similarity_failure_carries_score_and_unified_diff_expected_to_actual():
     actual = "Monthly plans cannot be refunded."
     case = similarity_case(0.9)
     assert regression.grade(case, trace(actual)) == ["below_min_similarity"]
-    details = regression.explain(case, trace(actual))
+    details = regression.grading(case, trace(actual)).details
     assert details["similarity"] == round(independent_ratio(BASELINE, actual), 4) < 0.9
     diff = details["diff"].splitlines()
     assert diff[:2] == ["--- expected", "+++ actual"]
@@ -412,7 +421,7 @@ def test_similarity_failure_carries_score_and_unified_diff_expected_to_actual():
 
 def test_similarity_score_reported_when_another_rule_fails():
     case = similarity_case(0.5, max_chars=10)
-    details = regression.explain(case, trace(NEAR))
+    details = regression.grading(case, trace(NEAR)).details
     assert regression.grade(case, trace(NEAR)) == ["too_long"]
     assert details["similarity"] == round(independent_ratio(BASELINE, NEAR), 4)
     assert "diff" not in details  # the similarity rule itself passed
@@ -432,7 +441,7 @@ def test_required_text_is_a_hard_rule_similarity_cannot_rescue():
     assert independent_ratio(BASELINE, NEAR) >= 0.95
     assert regression.CHECKS["similarity"](case, trace(NEAR)) == []
     assert regression.grade(case, trace(NEAR)) == ["missing_required_text"]
-    details = regression.explain(case, trace(NEAR))
+    details = regression.grading(case, trace(NEAR)).details
     assert details["missing_text"] == ["30 days"] and details["similarity"] >= 0.95
 
 
@@ -441,13 +450,13 @@ def test_forbidden_text_is_a_hard_rule_similarity_cannot_rescue():
     case = similarity_case(0.8, excludes=["guaranteed"])
     assert independent_ratio(BASELINE, actual) >= 0.8
     assert regression.grade(case, trace(actual)) == ["forbidden_text_present"]
-    assert regression.explain(case, trace(actual))["forbidden_text"] == ["guaranteed"]
+    assert regression.grading(case, trace(actual)).details["forbidden_text"] == ["guaranteed"]
 
 
 def test_failed_tool_check_explains_the_calls_made():
     calls = [("cancel_order", {"order_id": "ord_1"})]
     case = regression.compile_case(TOOLS_SUITE, FORBID)
-    details = regression.explain(case, trace("Cancelled.", calls=calls))
+    details = regression.grading(case, trace("Cancelled.", calls=calls)).details
     assert details["tool_calls"] == [{"name": "cancel_order", "arguments": {"order_id": "ord_1"}}]
     assert details["tool_rounds"] == 1
 
@@ -721,7 +730,7 @@ def test_echo_agent_tools(tmp_path):
 
 # ====================================================================== --update-baseline
 
-def test_update_baseline_fills_only_empty_baselines(tmp_path, capsys):
+def test_update_baseline_fills_only_empty_baselines(tmp_path, capsys, model_echo):
     fresh_input = "Annual plans can be refunded within 30 days."
     data = {"name": "baselines", "instructions": "Echo.", "cases": [
         {"id": "fresh", "input": fresh_input, "expected_text": "", "min_similarity": 0.9},
@@ -734,7 +743,7 @@ def test_update_baseline_fills_only_empty_baselines(tmp_path, capsys):
     code, _, err = run_main(["--suite", str(path), "--provider", "echo", "--out", str(tmp_path / "r0.json")], capsys)
     assert_one_line_usage_error(code, err, ["'fresh'", "expected_text"])
 
-    code, out, err = run_main(["--suite", str(path), "--provider", "echo", "--update-baseline",
+    code, out, err = run_main(["--suite", str(path), *model_echo, "--update-baseline",
                                "--out", str(tmp_path / "r1.json")], capsys)
     assert code == 0, err
     assert "baselines filled: fresh" in out
@@ -752,12 +761,12 @@ def test_update_baseline_fills_only_empty_baselines(tmp_path, capsys):
     assert "similarity" in regression._checks_of(regression.load_suite(str(path))["cases"][0])
 
 
-def test_update_baseline_never_overwrites_a_pinned_baseline(tmp_path, capsys):
+def test_update_baseline_never_overwrites_a_pinned_baseline(tmp_path, capsys, model_echo):
     data = {"name": "pinned", "instructions": "Echo.", "cases": [
         {"id": "pinned", "input": "Hello there", "expected_text": "A reviewed answer.", "min_similarity": 0.0}]}
     path = write_suite(tmp_path, data)
     before = path.read_bytes()
-    code, out, err = run_main(["--suite", str(path), "--provider", "echo", "--update-baseline",
+    code, out, err = run_main(["--suite", str(path), *model_echo, "--update-baseline",
                                "--out", str(tmp_path / "r.json")], capsys)
     assert code == 0, err
     assert "baselines filled: none" in out
@@ -912,5 +921,6 @@ def test_min_similarity_zero_is_linted_as_a_rule_no_answer_fails(tmp_path):
     plan = cli(["--suite", suite, "--dry-run"], tmp_path)
     assert plan.returncode == 0, plan.stderr
     warnings = [line for line in plan.stdout.splitlines() if line.startswith("warning:")]
-    assert warnings == ["warning: case 'zero' only checks similarity: an empty answer passes; add contains, "
-                        "expect, expected_text with min_similarity or a behaviour"]
+    assert warnings == ["warning: case 'zero' only checks similarity: an empty answer with no "
+                        "tool call passes; add a rule an empty answer fails, such as contains or "
+                        "expected_text with min_similarity"]
