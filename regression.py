@@ -2988,7 +2988,8 @@ def fill_golden_pin(path, sha256):
 def baseline_files(suite):
     """The files --update-baseline would rewrite: a golden folder's case files with a placeholder
     pin, or the suite file."""
-    return list(suite.get("placeholders", {}).values()) if suite.get("format") == "golden" else [suite["file"]]
+    golden = suite.get("format") == "golden"
+    return list(suite.get("placeholders", {}).values()) if golden else [suite["file"]]
 
 
 def update_baselines(suite, answers, reasons=None, approve_failing=False):
@@ -3903,50 +3904,52 @@ class ReplayProvider(Provider):
 
     def recorded_results(self, model, case, repeat, number):
         """The tool results the record sent back after round `number` (None: none stored): a
-        replay answers the model's calls with what it was told then, never with today's script."""
-        row = self.rows.get((model, case["id"], repeat)) or {}
-        stored = row.get("rounds") if isinstance(row.get("rounds"), list) else []
-        turn = stored[number - 1] if number <= len(stored) and isinstance(stored[number - 1], dict) else {}
-        return turn["tool_results"] if isinstance(turn.get("tool_results"), list) else None
+        replay answers the model's calls with what it was told then, never today's script."""
+        stored = (self.rows.get((model, case["id"], repeat)) or {}).get("rounds")
+        turn = stored[number - 1] if isinstance(stored, list) and number <= len(stored) else None
+        return turn.get("tool_results") if isinstance(turn, dict) else None
 
     def changed(self, suite, case, row, results=True):
-        """How this suite would play a stored row otherwise than the record did, or None (replay_problem)."""
+        """How this suite would play a stored row otherwise than the record did (replay_problem)."""
         return replay_problem(suite, case, row, self.parse, self.call_ids, results)
 
 
 def _json_text(value):
-    return json.dumps(value, sort_keys=True, default=str)  # true and 1 differ, key order does not
+    return json.dumps(value, sort_keys=True, default=str)  # true and 1 differ; key order does not
 
 
 def replay_problem(suite, case, row, parse, call_ids, results=True):
-    """How replaying a stored row under this suite would grade a conversation the model never had,
-    or None: a call the suite now answers otherwise than the record did (with `results`), or
-    round limits that would end the stored conversation early or play on past its end."""
+    """How a replay under this suite would grade a conversation the model never had, or None: a
+    call the suite now answers otherwise than the record did (with `results`), or round
+    limits that would end the stored conversation early or play on past its end."""
     stored = row.get("rounds") if isinstance(row.get("rounds"), list) else None
     if not plays_tools(suite, case):
-        return f"it was played over {_plural(len(stored), 'round')}, but the case now plays no tools" \
-            if stored else None
+        return f"it was played over {_plural(len(stored), 'round')}, but the case now plays no " \
+            "tools" if stored else None
     turns, limit = stored or [{"response": row.get("response")}], round_limit(suite, case)
     for number, turn in enumerate(turns, 1):
-        raw = turn.get("response") if isinstance(turn, dict) else None
         try:
-            trace = parse(raw)
+            trace = parse(turn.get("response"))
         except Exception:  # the replay itself records what is wrong with this response
             return None
         if not trace["tool_calls"] or number >= limit:
             return None if number == len(turns) else \
                 f"max_rounds now ends it after round {number} of the {len(turns)} stored"
         if number == len(turns):
-            return f"it ended after round {number} (its max_rounds then), but the suite now plays on"
+            return f"it ended after round {number} (its max_rounds then), but the suite now " \
+                "plays on"
         sent = turn.get("tool_results") if isinstance(turn.get("tool_results"), list) else []
-        for position, now in enumerate(tool_results(case, trace, call_ids(raw), number) if results else []):
-            then = sent[position] if position < len(sent) and isinstance(sent[position], dict) else {}
+        now = tool_results(case, trace, call_ids(turn["response"]), number) if results else []
+        for then, call in zip(sent + [{}] * len(now), now):
+            then = then if isinstance(then, dict) else {}
             if _json_text([then.get("result"), bool(then.get("unscripted"))]) != \
-                    _json_text([now["result"], bool(now.get("unscripted"))]):
-                arguments = now["arguments"] if isinstance(now["arguments"], str) else _json_text(now["arguments"])
-                return (f"round {number} call {now['name']}({cut_whole(arguments, 80)}) was answered "
+                    _json_text([call["result"], bool(call.get("unscripted"))]):
+                arguments = call["arguments"]
+                arguments = arguments if isinstance(arguments, str) else _json_text(arguments)
+                return (f"round {number} call {call['name']}({cut_whole(arguments, 80)}) was "
+                        "answered "
                         f"{_quote(_json_text(then.get('result')), 80)}, but the suite now answers "
-                        f"{_quote(_json_text(now['result']), 80)}")
+                        f"{_quote(_json_text(call['result']), 80)}")
     return None
 
 
@@ -4225,8 +4228,9 @@ def error_message(exc, provider):
 def send_request(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None, rounds=(), until=None,
          clock=time.monotonic, budget=None):
     """provider.request with up to `retries` retries of transient failures; (raw, attempts)."""
-    return drive_steps(send_request_steps(provider, model, suite, case, repeat, retries, sleep, jitter, rounds, until,
-                                          clock, budget))
+    steps = send_request_steps(provider, model, suite, case, repeat, retries, sleep, jitter, rounds,
+                               until, clock, budget)
+    return drive_steps(steps)
 
 
 # ---------------------------------------------------------------------- played tools
@@ -4315,17 +4319,17 @@ def rounds_trace(parse, rounds, traces=None):
 
 
 class BudgetReached(Exception):
-    """The spending cap refused a request (a round of a played row, a retry): nothing more is sent."""
+    """The spending cap refused a request (a round of a played row, a retry): nothing is sent."""
 
 
 class Budget:
-    """The --max-cost-usd cap of one run, one object shared by every worker thread.
+    """The --max-cost-usd cap of one run: one object, shared by every worker thread.
 
-    Every request asks begin() first (each round of a played row, each retry) and end() when
-    it is over, so the spend counts each response the moment it arrives, also of rows still in
-    flight. A response whose cost is unknown (none reported, no --price) closes the cap: no
-    request starts after it. So the spend passes the cap by at most what the requests already
-    in flight when it was reached cost. `cost(model, raw)` is a response's cost (a Decimal) or None."""
+    Every request asks begin() first (each round of a played row, each retry) and calls end()
+    after, so the spend counts each response the moment it arrives, also of rows in flight. An
+    unknown cost (none reported, no --price) closes the cap: no request starts after it. So
+    the spend passes the cap by at most what the requests in flight when it was reached cost.
+    `cost(model, raw)`: what one response cost (a Decimal), or None."""
 
     def __init__(self, cap, spent=None, cost=lambda model, raw: None, unknown=None):
         import threading
@@ -4333,13 +4337,11 @@ class Budget:
         self.unknown, self.in_flight, self._lock = unknown, 0, threading.Lock()
 
     def _refusal(self):
-        if self.cap is None:
-            return None
-        if self.unknown is not None:
+        if self.cap is not None and self.unknown is not None:
             return (f"the endpoint reported no cost for {self.unknown} and it has no price, "
                     "so --max-cost-usd cannot be enforced")
-        if self._spent >= self.cap:
-            return f"--max-cost-usd reached: spend ${format(self._spent, 'f')} of ${format(self.cap, 'f')}"
+        if self.cap is not None and self._spent >= self.cap:
+            return f"--max-cost-usd reached: spend ${self._spent:f} of ${self.cap:f}"
         return None
 
     def refusal(self):
@@ -4348,25 +4350,21 @@ class Budget:
             return self._refusal()
 
     def begin(self):
-        """Why this request may not start, or None: then it counts as in flight until end()."""
-        if self.cap is None:
-            return None
+        """Why this request may not start, or None: then it is in flight until end()."""
         with self._lock:
             refused = self._refusal()
-            self.in_flight += refused is None
+            self.in_flight += refused is None and self.cap is not None
             return refused
 
     def end(self, model, raw):
-        """A request is over: add what its response cost (nothing when no response came back)."""
+        """A request is over: count what its response cost (no response: nothing)."""
         if self.cap is None:
             return
         cost = self._cost(model, raw) if isinstance(raw, dict) else decimal.Decimal(0)
         with self._lock:
             self.in_flight -= 1
-            if cost is None:
-                self.unknown = self.unknown or model
-            else:
-                self._spent += cost
+            self.unknown = self.unknown or (model if cost is None else None)
+            self._spent += cost or 0
 
     def spent(self):
         """The spend so far (a Decimal), or None once a cost is unknown."""
@@ -4375,17 +4373,13 @@ class Budget:
 
 
 def response_cost(provider, prices, model, raw):
-    """What one response cost: its reported cost, else its token usage at the model's --price, else None."""
+    """One response's cost: as reported, else its token usage at the model's --price, else None."""
     try:
-        reported = provider.parse(raw)["cost_usd"]
+        cost = provider.parse(raw)["cost_usd"]
     except Exception:  # a response the trace cannot read is still priced from its usage
-        reported = None
-    cost = reported if reported is not None else \
-        estimate_cost({"model": model, "cost_usd": None, "response": raw}, prices or {}).get("cost_usd")
-    try:
-        return decimal.Decimal(cost) if isinstance(cost, str) and decimal.Decimal(cost).is_finite() else None
-    except ArithmeticError:
-        return None
+        cost = None
+    cost = estimate_cost({"model": model, "cost_usd": cost, "response": raw}, prices)["cost_usd"]
+    return decimal.Decimal(cost) if cost is not None else None
 
 
 def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=time.monotonic, sleep=time.sleep,
@@ -4405,7 +4399,8 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
     traces = []
     while True:
         raw, attempts = yield from send_request_steps(provider, model, suite, case, repeat, retries, sleep=sleep,
-                                              rounds=rounds, until=until, clock=clock, budget=budget)
+                                                      rounds=rounds, until=until, clock=clock,
+                                                      budget=budget)
         rounds.append({"response": raw})
         row["response"] = raw
         row["attempts"] = row.get("attempts", 0) + attempts
@@ -4415,8 +4410,10 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
         row["cost_usd"] = _sum_costs([turn["cost_usd"] for turn in traces])
         if not trace["tool_calls"] or len(rounds) >= limit:
             return rounds_trace(provider.parse, rounds, traces)
-        sent = recorded(model, case, repeat, len(rounds)) if recorded else None  # what the model saw then
-        rounds[-1]["tool_results"] = sent if sent is not None else tool_results(case, trace, call_ids(raw), len(rounds))
+        sent = recorded(model, case, repeat, len(rounds)) if recorded else None  # what it saw then
+        if sent is None:
+            sent = tool_results(case, trace, call_ids(raw), len(rounds))
+        rounds[-1]["tool_results"] = sent
 
 
 def play_tools(provider, suite, case, model, repeat, retries, row, clock=time.monotonic, sleep=time.sleep,
@@ -4442,8 +4439,8 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
             if retries is None:
                 row.pop("attempts")
         else:
-            raw, attempts = yield from send_request_steps(provider, model, suite, case, repeat or 0, retries or 0, sleep,
-                                                          budget=budget)
+            raw, attempts = yield from send_request_steps(provider, model, suite, case, repeat or 0,
+                                                          retries or 0, sleep, budget=budget)
             if retries is not None:
                 row["attempts"] = attempts
             row["response"] = raw
@@ -5051,10 +5048,10 @@ def load_record(path):
         raise RecordError(f"{path} is not a JSON record: {error}")
     record["recovered"] = True
     record.pop("summary", None)
-    if record_problem(record, evidence=False) is None:  # recompute only what a well-formed config allows
+    if record_problem(record, evidence=False) is None:  # recompute what a well-formed config allows
         config = record["config"]
-        record["summary"] = summary(record["runs"], config["models"], config["repeats"], config["cases"],
-                                    record.get("superseded") or ())
+        record["summary"] = summary(record["runs"], config["models"], config["repeats"],
+                                    config["cases"], record.get("superseded") or ())
         record["summary"]["stopped"] = "recovered from a torn record"
     return record
 
@@ -5096,9 +5093,10 @@ def merge(out, paths, created=lambda: None):
         priced = price_difference(base.get("prices"), record.get("prices"))
         if priced:  # one header keeps one price per model, so shards priced apart cannot share one
             model, here, there = priced
-            raise UsageError(f"--merge: {path} prices {model} at {there or 'nothing'}, but {paths[0]} at "
-                             f"{here or 'nothing'}; one record keeps one price per model: resume the shards with "
-                             f"the same --price {model}=IN/OUT, then merge again")
+            raise UsageError(f"--merge: {path} prices {model} at {there or 'nothing'}, but "
+                             f"{paths[0]} at {here or 'nothing'}; one record keeps one price per "
+                             f"model: resume the shards with the same --price {model}=IN/OUT, then "
+                             "merge again")
     suite = _suite_from_record(base, argparse.Namespace(suite=None, update_baseline=False, system=None))
     for record, path in zip(records, paths):  # a shard's stored verdicts are graded again, as a resume's
         problem = regrade_problem(record, path, suite, record["runs"])
@@ -5114,11 +5112,10 @@ def merge(out, paths, created=lambda: None):
     config = base["config"]
     plan = plan_rows(config["models"], [case["id"] for case in config["cases"]], config["repeats"])
     ordered = [rows.pop(key) for key in plan if key in rows] + list(rows.values())
-    superseded = [row for record in records for row in record.get("superseded") or []]  # what each shard spent
+    superseded = [row for record in records for row in record.get("superseded") or []]
     final = summary(ordered, config["models"], config["repeats"], config["cases"], superseded)
-    header = {"created_at": _now(), **{k: v for k, v in base.items()
-                                       if k not in ("created_at", "runs", "summary", "shard", "recovered",
-                                                    "superseded")}}
+    dropped = ("created_at", "runs", "summary", "shard", "recovered", "superseded")
+    header = {"created_at": _now(), **{k: v for k, v in base.items() if k not in dropped}}
     if superseded:
         header["superseded"] = superseded
     header["merged_from"] = [{"path": path, "shard": record.get("shard")} for record, path in zip(records, paths)]
@@ -5131,7 +5128,7 @@ def merge(out, paths, created=lambda: None):
 
 
 def price_difference(one, other):
-    """(model, one's price, other's) for the first model two records' "prices" differ on, or None."""
+    """(model, one's price, other's) of the first model two records' "prices" differ on, or None."""
     one, other = (value if isinstance(value, dict) else {} for value in (one, other))
     model = next((model for model in [*one, *other] if one.get(model) != other.get(model)), None)
     return None if model is None else (model, one.get(model), other.get(model))
@@ -5204,8 +5201,9 @@ NESTED_FIELDS = {
     "redaction": dict(pii=_BOOL, patterns=_INT),
     "run_options": dict(redact=(_is_text_list, "a list of pattern hashes"), redact_pii=_BOOL, max_cost_usd=_TEXT,
                         retries=_INT, concurrency=_INT),
-    "summary": dict(complete=_BOOL, rows=_INT, expected_rows=_INT, exit_code=_INT, stopped=_TEXT, superseded_rows=_INT,
-                       models=_OBJECT, warnings=(_is_text_list, "a list of strings")),
+    "summary": dict(complete=_BOOL, rows=_INT, expected_rows=_INT, exit_code=_INT, stopped=_TEXT,
+                       models=_OBJECT, warnings=(_is_text_list, "a list of strings"),
+                       superseded_rows=_INT),
 }
 SUMMARY_MODEL_FIELDS = dict(passed=_INT, total=_INT, errors=_INT, qualified=_BOOL, reported_cost_usd=_TEXT)
 ROW_FIELDS = dict(
@@ -5235,35 +5233,33 @@ def masked_evidence(record):
     a caught leak into a RECOVERED row. Masked evidence is refused, never re-graded."""
     if record.get("redaction"):
         return "it was stored with --redact/--redact-pii, so its responses are masked"
-    for row in record.get("runs") or []:
-        stored = {field: row.get(field) for field in ("response", "rounds")} if isinstance(row, dict) else None
-        if stored and _MASK_MARK.search(dumps(stored)):
-            return (f"the stored response of {key_text(row_key(row))} holds a [REDACTED] mask "
-                    "(a key or pattern was masked)")
-    return None
+    rows = [row for row in record.get("runs") or [] if isinstance(row, dict)]
+    row = next((row for row in rows if row_masked(record, row)), None)
+    return None if row is None else (f"the stored response of {key_text(row_key(row))} holds a "
+                                     "[REDACTED] mask (a key or pattern was masked)")
 
 
-# The fields a verdict is graded from and consists of: a masked row's verdict_sha256 covers them.
-VERDICT_FIELDS = ("model", "case_id", "repeat", "error", "passed", "reasons", "answer_text", "response", "rounds")
+# What a verdict is and is graded from: the fields a masked row's verdict_sha256 covers.
+VERDICT_FIELDS = ("model", "case_id", "repeat", "error", "passed", "reasons", "answer_text",
+                  "response", "rounds")
 
 
 def row_masked(record, row):
-    """Whether a row's stored evidence is masked (the record's redaction, or a [REDACTED] mark in its
-    responses): then it cannot be graded again, and its verdict stands only on its verdict_sha256."""
+    """Whether a row's stored evidence is masked (by the record's redaction, or a [REDACTED] mark
+    in its responses): it cannot be graded again and stands on its verdict_sha256 alone."""
     return bool(record.get("redaction")) or bool(
         _MASK_MARK.search(dumps({field: row.get(field) for field in ("response", "rounds")})))
 
 
 def verdict_sha256(case, row):
     """The digest a masked row is stored with: its case, key, verdict and (masked) evidence. A
-    checksum, not a signature: it shows a verdict and its evidence were stored together by a run,
-    so an edit of either is caught; anyone who recomputes it on purpose can still forge it."""
+    checksum, not a signature: an edit of either side is caught, a forger recomputing it is not."""
     fields = {"case": case, **{field: row.get(field) for field in VERDICT_FIELDS}}
     return hashlib.sha256(dumps(fields).encode("utf-8")).hexdigest()
 
 
 def verdict_attester(header):
-    """(stored row) -> the row with its verdict_sha256 when its stored evidence is masked."""
+    """(stored row) -> the row, with its verdict_sha256 when its stored evidence is masked."""
     cases = {case.get("id"): case for case in header["config"]["cases"] if isinstance(case, dict)}
 
     def attest(row):
@@ -5273,35 +5269,31 @@ def verdict_attester(header):
     return attest
 
 
-def evidence_problem(record, row, case):
-    """Why a finished row's verdict lacks the evidence it is graded from, or None: the response and
-    the answer; for a played case every round (the last being the response) with the tool results
-    sent back; for a masked row, which cannot be graded again, its matching verdict_sha256."""
-    rounds = row.get("rounds")
+def evidence_problem(record, row, cases):
+    """Why a row that counts (no error, a case of the config) lacks the evidence its verdict is
+    graded from, or None: the response and the answer; a played case's every round (the last
+    being the response) with the tool results sent back; a masked row (it cannot be graded
+    again) the verdict_sha256 it was stored with. `cases`: the config's cases by id."""
+    rounds, case = row.get("rounds"), cases.get(row.get("case_id"))
+    if row.get("error") is not None or case is None:
+        return None
     if not isinstance(row.get("response"), dict):
         return "has no stored response"
     if "answer_text" not in row:
         return "has no stored answer_text"
-    if plays_tools(record["config"], case):
-        if not isinstance(rounds, list) or not rounds or not all(
-                isinstance(turn, dict) and isinstance(turn.get("response"), dict) for turn in rounds):
-            return "is a played row without its stored rounds"
-        if rounds[-1]["response"] != row["response"]:
-            return "has a response that is not its last round's"
-        if not all(isinstance(turn.get("tool_results"), list) for turn in rounds[:-1]):
-            return "has a round without the tool results sent back to the model"
-    elif rounds is not None:
-        return "holds rounds, but its case plays no tools"
+    if not plays_tools(record["config"], case):
+        if rounds is not None:
+            return "holds rounds, but its case plays no tools"
+    elif not isinstance(rounds, list) or not rounds or not all(
+            isinstance(turn, dict) and isinstance(turn.get("response"), dict) for turn in rounds):
+        return "is a played row without its stored rounds"
+    elif rounds[-1]["response"] != row["response"]:
+        return "has a response that is not its last round's"
+    elif not all(isinstance(turn.get("tool_results"), list) for turn in rounds[:-1]):
+        return "has a round without the tool results sent back to the model"
     if row_masked(record, row) and row.get("verdict_sha256") != verdict_sha256(case, row):
-        return ("is masked (so it cannot be graded again) and its verdict_sha256 does not match its verdict "
-                "and evidence")
+        return "is masked (so it cannot be graded again) and its verdict_sha256 does not match"
     return None
-
-
-def unfounded(record, row, cases):
-    """evidence_problem of a row that counts in a summary (no error, a case of the config), or None."""
-    case = cases.get(row.get("case_id"))
-    return evidence_problem(record, row, case) if row.get("error") is None and case is not None else None
 
 
 def _config_problem(config):
@@ -5339,10 +5331,10 @@ def _unfounded_problem(record):
     """The first row that counts in the summary without its evidence, as one line, or None."""
     cases = {case["id"]: case for case in record["config"]["cases"]}
     for position, row in enumerate(record["runs"]):
-        why = unfounded(record, row, cases)
+        why = evidence_problem(record, row, cases)
         if why:
-            return (f"runs[{position}] ({key_text(row_key(row))}, stored as {_verdict_text(row)}) {why}; "
-                    "a verdict counts only with the evidence it is graded from")
+            return (f"runs[{position}] ({key_text(row_key(row))}, stored as {_verdict_text(row)}) "
+                    f"{why}; a verdict counts only with the evidence it is graded from")
     return None
 
 
@@ -5395,19 +5387,21 @@ class Tally:
             self.add_spend(row)
 
     def add_spend(self, row):
-        """Count the spend of a row --resume replaced (superseded), never its verdict: a row that
-        got no response back spent nothing; one that did and says no cost spent an unknown amount."""
+        """Count the spend of a row --resume replaced (superseded), never its verdict: a row
+        that got no response spent nothing; one that did and says no cost spent unknown."""
         stats = self.per_model.get(row.get("model")) if isinstance(row, dict) else None
         self.superseded += 1
         if stats is not None:
-            nothing = row.get("response") is None and not row.get("rounds")
-            self._add_cost(stats, "0" if nothing and row.get("cost_usd") is None else row.get("cost_usd"))
+            cost = row.get("cost_usd")
+            nothing = cost is None and row.get("response") is None and not row.get("rounds")
+            self._add_cost(stats, "0" if nothing else cost)
 
     @staticmethod
     def _add_cost(stats, cost):
         try:
             amount = decimal.Decimal(cost) if isinstance(cost, str) else None
-            stats["cost"] += amount if amount is not None and amount.is_finite() else decimal.Decimal("NaN")
+            usable = amount is not None and amount.is_finite()
+            stats["cost"] += amount if usable else decimal.Decimal("NaN")
         except ArithmeticError:  # InvalidOperation, Overflow: not a usable amount
             stats["cost"] = decimal.Decimal("NaN")
         stats["cost_known"] = stats["cost"].is_finite()
@@ -5447,7 +5441,8 @@ class Tally:
 
     def unknown_cost(self):
         """The first model with a row of unknown cost, or None."""
-        return next((model for model, stats in self.per_model.items() if not stats["cost_known"]), None)
+        return next((model for model, stats in self.per_model.items()
+                     if not stats["cost_known"]), None)
 
     def summary(self):
         complete = self.complete()
@@ -5490,8 +5485,8 @@ def recount(record):
     summary is never trusted, since a hand edit could say PASS over failed rows. Its
     "stopped" note is kept: it says why rows are missing, which the rows cannot."""
     config = record["config"]
-    tally = Tally(config["models"], config["repeats"], config["cases"], expected=_record_plan(record),
-                  superseded=record.get("superseded") or ())
+    tally = Tally(config["models"], config["repeats"], config["cases"],
+                  expected=_record_plan(record), superseded=record.get("superseded") or ())
     for row in record["runs"]:
         tally.add(row)
     final = tally.summary()
@@ -5930,8 +5925,9 @@ def build_parser():
                        help="allow sending a key over plain http:// to a host that is not loopback")
     where.add_argument("--replay", metavar="RECORD", help="the saved record that --provider replay answers from")
     where.add_argument("--allow-changed-tool-results", action="store_true",
-                       help="with --replay: grade a played row's stored conversation as it happened even where "
-                            "the suite's tool_results now answer a call otherwise (else the row is refused)")
+                       help="with --replay: grade a played row's stored conversation as it "
+                            "happened even where the suite's tool_results now answer a call "
+                            "otherwise (else the row is refused)")
     where.add_argument("--request", action="append", default=[], metavar="KEY=JSON",
                        help="set KEY of every request body to a JSON value, e.g. --request seed=7 (repeatable; "
                             "part of the config; never model, messages, input, tools or stream)")
@@ -6364,7 +6360,8 @@ def _run_sources(values, env):
                              "replay a record made without masking")
         unfounded_row = _unfounded_problem(replayed)  # every verdict it holds carries its evidence
         if unfounded_row:
-            raise UsageError(f"--replay: {values['replay']} is not a usable agent-regression record: {unfounded_row}")
+            raise UsageError(f"--replay: {values['replay']} is not a usable agent-regression "
+                             f"record: {unfounded_row}")
         found["replayed_record"] = replayed
         found.update(_replay_defaults(values, replayed))
     models = found.get("models") or values["models"]
@@ -6706,7 +6703,8 @@ class Run:
         done = {row_key(row) for row in self.kept}
         self.todo = [key for key in plan if key not in done]
         self.provider = self.secret = self.refusal = self.budget = None
-        self.prices, self.redo = {}, decimal.Decimal(0)  # redo: what rows the cap stopped mid-loop spent
+        self.prices = {}
+        self.redo = decimal.Decimal(0)  # what rows the cap stopped mid-loop spent (paid again)
 
 
 def _choose_suite(settings, record, replayed):
@@ -6737,9 +6735,10 @@ def _resumed_run(record, suite, plan, config, settings):
                          "(a flag, the environment or the suite changed it); resume needs the same config")
     wanted, kept, superseded = set(plan), {}, []
     cases = {case["id"]: case for case in record["config"]["cases"]}
-    for row in record["runs"]:  # a row that is not kept stays as superseded evidence of what it spent
+    for row in record["runs"]:  # a row not kept stays as superseded evidence of what it spent
         key = row_key(row)
-        if key in wanted and key not in kept and row.get("error") is None and not unfounded(record, row, cases):
+        if key in wanted and key not in kept and row.get("error") is None \
+                and not evidence_problem(record, row, cases):
             kept[key] = row
         else:
             superseded.append(row)
@@ -6747,8 +6746,7 @@ def _resumed_run(record, suite, plan, config, settings):
     header = {k: v for k, v in record.items() if k not in ("runs", "summary", "recovered")}
     header["run_options"] = run_options(settings)
     header["resumed"] = list(header.get("resumed") or []) + [
-        {"at": _now(), "kept_rows": len(rows), "code_sha256": code_sha256(),
-         **({"superseded_rows": len(superseded)} if superseded else {})}]
+        {"at": _now(), "kept_rows": len(rows), "code_sha256": code_sha256()}]
     if superseded:
         header["superseded"] = list(header.get("superseded") or []) + superseded
     return Run(suite, plan, set(plan), header, settings.resume, rows, resuming=True)
@@ -6767,22 +6765,23 @@ def regrade_problem(record, path, suite, rows):
             and not row_masked(record, row)]
     replayer = ReplayProvider({"provider": record.get("provider"), "runs": rows}, path)
     grader = builtin_grader(suite, replayer)
-    other = "; it was made by other code (code_sha256 differs)" if record.get("code_sha256") != code_sha256() else ""
+    other = "; it was made by other code (code_sha256 differs)" \
+        if record.get("code_sha256") != code_sha256() else ""
     for row in rows:
         model, case_id, repeat = row_key(row)
         changed = replayer.changed(case_suite(suite, cases[case_id]), cases[case_id], row)
         if changed:
-            return (f"{key_text(row_key(row))}: its stored conversation is not one its suite plays ({changed}); "
-                    f"the summary would count a verdict on a conversation that never happened{other}: "
-                    "run the suite again with --out NEW.json")
+            return (f"{key_text(row_key(row))}: its stored conversation is not one its suite plays "
+                    f"({changed}); the summary would count a verdict on a conversation that never "
+                    f"happened{other}: run the suite again with --out NEW.json")
         again = run_row(replayer, case_suite(suite, cases[case_id]), cases[case_id], model, repeat, grader)
         if again["passed"] is not row.get("passed") or again["reasons"] != row.get("reasons") \
                 or again["answer_text"] != row.get("answer_text"):
             differs = "" if again["answer_text"] == row.get("answer_text") else \
                 " (and its stored answer_text is not its stored response's answer)"
-            return (f"{key_text(row_key(row))} is stored as {_verdict_text(row)} but its stored response now "
-                    f"grades {_verdict_text(again)}{differs}{other}; the summary would mix two gradings: "
-                    "run the suite again with --out NEW.json")
+            return (f"{key_text(row_key(row))} is stored as {_verdict_text(row)} but its stored "
+                    f"response now grades {_verdict_text(again)}{differs}{other}; the summary "
+                    "would mix two gradings: run the suite again with --out NEW.json")
     return None
 
 
@@ -6841,8 +6840,8 @@ def _new_header(settings, env, cls, suite, config, shard, replayed):
         suite={"name": suite["name"], "builtin": suite["builtin"], "file": suite.get("file")},
         provider=provider_identity(settings, env, replayed),
         shard=f"{shard[0]}/{shard[1]}" if shard else None,
-        replayed_from={"path": settings.replay, "created_at": replayed.get("created_at"),
-                       **({"tool_results": "as recorded"} if settings.allow_changed_tool_results else {})}
+        replayed_from={"path": settings.replay, "created_at": replayed.get("created_at"), **(
+            {"tool_results": "as recorded"} if settings.allow_changed_tool_results else {})}
         if replayed else None,
         redaction={"pii": settings.redact_pii, "patterns": len(settings.redact)}
         if settings.redact or settings.redact_pii else None,
@@ -7036,14 +7035,14 @@ class Progress:
 def _stop_reason(row, budget, resume=lambda flags: continue_command("RECORD", flags)):
     """Why no new request may start after this row, or None; `resume(flags)` is the command
     that continues the run with those flags added."""
-    refused = budget.refusal()
-    if refused and budget.unknown is not None:  # also when the cap stopped a played row mid-loop
-        refused += (f"; give its price and continue: {resume(['--price', budget.unknown + '=IN/OUT'])} "
+    refused, unknown = budget.refusal(), budget.unknown
+    if refused and unknown is not None:  # also when the cap stopped a played row mid-loop
+        refused += (f"; give its price and continue: {resume(['--price', unknown + '=IN/OUT'])} "
                     "(USD per million input/output tokens)")
     if row["error"] is not None:
         status = f" {row['error_status']}" if row["error_status"] else ""
         stop = f"execution error on {key_text(row_key(row))}: {row['error']}{status}"
-        return f"{stop}; {refused}" if row["error"] == "BudgetReached" and budget.unknown is not None else stop
+        return f"{stop}; {refused}" if row["error"] == "BudgetReached" and unknown else stop
     return refused
 
 
@@ -7072,16 +7071,17 @@ def continue_flags(settings, row=None, tally=None, redo=0):
     if row is not None and row["error"] is not None and _transient_row(row):
         flags += ["--retries", str(min(RANGES["retries"][1], max(3, settings.retries + 2)))]
     elif settings.max_cost_usd is not None and tally is not None and tally.spent() is not None \
-            and tally.spent() >= settings.max_cost_usd and raised_cap(settings.max_cost_usd, tally.spent(), redo):
-        flags += ["--max-cost-usd", format(raised_cap(settings.max_cost_usd, tally.spent(), redo), "f")]
+            and tally.spent() >= settings.max_cost_usd:
+        higher = raised_cap(settings.max_cost_usd, tally.spent(), redo)
+        flags += ["--max-cost-usd", format(higher, "f")] if higher is not None else []
     return flags
 
 
 def _cap_exhausted(settings, budget):
     """Whether the cap stopped the run and no higher cap the CLI accepts is above its spend."""
     spent = budget.spent() if budget is not None else None
-    return settings.max_cost_usd is not None and spent is not None and spent >= settings.max_cost_usd \
-        and raised_cap(settings.max_cost_usd, spent) is None
+    cap = settings.max_cost_usd
+    return cap is not None and spent is not None and spent >= cap and raised_cap(cap, spent) is None
 
 
 def _transient_row(row):
@@ -7139,10 +7139,12 @@ def run_rows(run, settings, writer, tally):
     widths = tuple(max((len(str(key[n])) for key in run.plan), default=0) for n in (0, 1))  # aligned columns
     # One budget for every worker: it starts from what the record spent (its superseded rows
     # too), so a resumed record that already spent the cap sends nothing at all.
-    budget = run.budget = Budget(settings.max_cost_usd, tally.spent(),
-                                 lambda model, raw: response_cost(run.provider, run.prices, model, raw),
-                                 tally.unknown_cost())
-    resume = lambda flags: continue_command(run.path, continue_flags(settings) + flags) + redact_note(run.header)  # noqa: E731
+    cost = functools.partial(response_cost, run.provider, run.prices)  # (model, raw) -> Decimal
+    budget = run.budget = Budget(settings.max_cost_usd, tally.spent(), cost, tally.unknown_cost())
+
+    def resume(flags):
+        flags = continue_flags(settings) + flags
+        return continue_command(run.path, flags) + redact_note(run.header)
     state = {"stopped": _stop_reason({"error": None}, budget, resume),
              "last": max((position[row_key(r)] for r in run.kept), default=-1), "in_order": True, "row": None}
     answers = {}
@@ -7158,15 +7160,14 @@ def run_rows(run, settings, writer, tally):
     def refill_early(row):
         # A finished row can only stop the run by an error (also one in storing it) or by the spending cap.
         # A sequential run checkpoints every row before the next request starts (SPEC A8).
-        storable[id(row)] = _storable(row, mask, run.prices, attest)  # priced: the cap sees estimated spend too
+        storable[id(row)] = _storable(row, mask, run.prices, attest)  # priced, masked, attested
         return storable[id(row)][0]["error"] is None and settings.max_cost_usd is None and settings.concurrency > 1
 
     try:
-        for key, row in run_in_pool(run.todo, work, settings.concurrency,
-                                    lambda: state["stopped"] is not None or budget.refusal() is not None,
-                                    refill_early):
-            if row["error"] == "BudgetReached" and row["response"] is None and not row.get("attempts"):
-                storable.pop(id(row), None)  # refused before its first request: not run, so not a row
+        stopping = lambda: state["stopped"] is not None or budget.refusal()  # noqa: E731
+        for key, row in run_in_pool(run.todo, work, settings.concurrency, stopping, refill_early):
+            if row["error"] == "BudgetReached" and row["response"] is None and not row["attempts"]:
+                storable.pop(id(row), None)  # refused before its first request: not run, no row
                 state["stopped"] = state["stopped"] or _stop_reason({"error": None}, budget, resume)
                 continue
             # checks ran on the original; only the masked row is stored
@@ -7176,7 +7177,7 @@ def run_rows(run, settings, writer, tally):
                 tally.add(stored)
                 writer.append(stored, tally.summary(), text)
             if stored["error"] == "BudgetReached" and isinstance(stored.get("cost_usd"), str):
-                run.redo += decimal.Decimal(stored["cost_usd"])  # a resume pays for its rounds again
+                run.redo += decimal.Decimal(stored["cost_usd"])  # a resume pays its rounds again
             saved = time.monotonic() - saving
             progress.row("\n".join([f"{row_line(stored, widths)}  (+{saved:.3f}s save)",
                                      *failure_lines(cases[key[1]], stored)]), tally)
@@ -7221,11 +7222,12 @@ def _check_replay_covers(provider, run, settings):
         changed = provider.changed(case_suite(run.suite, case), case, provider.rows[key],
                                    results=not settings.allow_changed_tool_results)
         if changed:
-            raise UsageError(
-                f"--replay: {key_text(key)} is not reproducible under this suite: {changed}; a replay grades "
-                "what the model was told, so restore the suite's tool_results and max_rounds" +
-                ("" if settings.allow_changed_tool_results else ", or pass --allow-changed-tool-results to grade "
-                 "the stored conversation as it happened"))
+            allow = "" if settings.allow_changed_tool_results else (
+                ", or pass --allow-changed-tool-results to grade the stored conversation as it "
+                "happened")
+            raise UsageError(f"--replay: {key_text(key)} is not reproducible under this suite: "
+                             f"{changed}; a replay grades what the model was told, so restore the "
+                             f"suite's tool_results and max_rounds{allow}")
 
 
 def open_record(run, tally):
@@ -7341,11 +7343,13 @@ def run_mode(settings, env, stage):
     for warning in final.get("warnings", []):
         print(f"warning: {safe_text(warning)}", file=sys.stderr)
     if stopped:
-        hint = f"; continue with: {continue_command(run.path, continue_flags(settings, last, run.budget, run.redo))}" \
+        flags = continue_flags(settings, last, run.budget, run.redo)
+        hint = f"; continue with: {continue_command(run.path, flags)}" \
                f"{redact_note(run.header)}" \
             if (not final["complete"] or tally.errors) and "reported no cost" not in stopped else ""
         if hint and _cap_exhausted(settings, run.budget):
-            hint = f"; its spend is past the highest --max-cost-usd ({AMOUNT_RANGE[1]:f}), so no cap lets it continue"
+            hint = (f"; its spend is past the highest --max-cost-usd ({AMOUNT_RANGE[1]:f}), so no "
+                    "cap lets it continue")
         print(f"stopped early: {safe_text(stopped)}{safe_text(hint)}", file=sys.stderr)
     write_reports_of(load_record(run.path), settings, stage, run.path)
     if settings.update_baseline:

@@ -460,7 +460,7 @@ def test_a_row_the_cap_stopped_keeps_its_spend_through_resume_and_the_hint_lets_
     assert record["superseded"][0]["rounds"] == row["rounds"]
     assert sent == 2 + 3 + 2 + 1
     assert record["summary"]["models"]["refund-correct"]["reported_cost_usd"] == "0.0008"  # = sent x $0.0001
-    assert record["resumed"][0]["superseded_rows"] == 1
+    assert record["summary"]["superseded_rows"] == 1
 
 
 def test_a_stopped_row_keeps_its_estimated_cost_and_the_hint_raises_the_cap(tmp_path):
