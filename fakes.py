@@ -770,6 +770,229 @@ def refund_agent(cost=0.0001):
     return reply
 
 
+# ---------------------------------------------------------------------- answers per case id
+# `python fakes.py --suite SUITE --answers FILE` serves a user's own suite: FILE maps a case id
+# to the answer the fake gives for that case, so a new suite can be seen to pass (and, with a
+# wrong answer, to fail) without a model. The case is recognised by what the runner sends for
+# it (its instructions and input, as regression.py builds them), so no header or id travels.
+
+ANSWER_FORMS = {"text", "json", "tool_calls", "search_results"}
+ANSWER_SHAPES = ('a text, {"text": ...}, {"json": VALUE} or '
+                 '{"tool_calls": [{"name": ..., "arguments": {...}}]}')
+
+
+class AnswersError(Exception):
+    """A problem with an answers file or its suite: one line for the user."""
+
+
+def _is_call(call):
+    return (isinstance(call, dict) and isinstance(call.get("name"), str) and call["name"] != ""
+            and set(call) <= {"name", "arguments"})
+
+
+def _turn(value, where):
+    """One turn of an answer: {"text": str or None, "calls": [(name, arguments)], "urls": [url]}."""
+    if isinstance(value, str):
+        return {"text": value, "calls": [], "urls": []}
+    unknown = sorted(set(value) - ANSWER_FORMS) if isinstance(value, dict) else []
+    if not isinstance(value, dict) or not value or unknown:
+        raise AnswersError(f"{where}: an answer is {ANSWER_SHAPES}"
+                           + (f" (unknown key {unknown[0]!r})" if unknown else ""))
+    if "text" in value and "json" in value:
+        raise AnswersError(f"{where}: give either text or json, not both")
+    text = json.dumps(value["json"]) if "json" in value else value.get("text")
+    if text is not None and not isinstance(text, str):
+        raise AnswersError(f'{where}.text: must be a string (a JSON answer goes under "json")')
+    calls, urls = value.get("tool_calls", []), value.get("search_results", [])
+    if not isinstance(calls, list) or not all(_is_call(call) for call in calls):
+        raise AnswersError(f'{where}.tool_calls: a list of {{"name": TOOL, "arguments": {{...}}}}')
+    if not isinstance(urls, list) or not all(isinstance(url, str) for url in urls):
+        raise AnswersError(f"{where}.search_results: a list of URLs")
+    calls = [(call["name"], call.get("arguments", {})) for call in calls]
+    return {"text": text, "calls": calls, "urls": urls}
+
+
+def answer_turns(value, where):
+    """A case's answer as its list of turns (a played case: tool calls, then a final text)."""
+    if isinstance(value, list):
+        if not value:
+            raise AnswersError(f"{where}: a list of turns must not be empty")
+        return [_turn(item, f"{where}[{n}]") for n, item in enumerate(value)]
+    return [_turn(value, where)]
+
+
+def load_answers(path, suite):
+    """{case id: [turn, ...]} from an answers file; AnswersError naming the file and key."""
+    import difflib
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except OSError as exc:
+        raise AnswersError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise AnswersError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise AnswersError(f"{path}: must be a JSON object mapping case ids to answers")
+    ids = [case["id"] for case in suite["cases"]]
+    for case_id in data:
+        if case_id not in ids:
+            close = difflib.get_close_matches(case_id, ids, 1)
+            hint = f"; did you mean {close[0]!r}?" if close else f" (its cases: {', '.join(ids)})"
+            raise AnswersError(f"{path}: {case_id!r} is no case of the suite{hint}")
+    return {case_id: answer_turns(value, f"{path}: {case_id}") for case_id, value in data.items()}
+
+
+def case_requests(suite):
+    """[(case id, chat messages, Agent API instructions, Agent API input)], as the runner sends."""
+    rows = []
+    for case in suite["cases"]:
+        seen = regression.case_suite(suite, case)
+        agent = regression.agent_request(seen, case, "fake")
+        rows.append((case["id"], regression.chat_request(seen, case, "fake")["messages"],
+                     agent["instructions"], agent["input"]))
+    return rows
+
+
+def _chat_turn(body, rows):
+    """(case id, turn number) of a chat request, or None: the longest case prefix wins."""
+    messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+    found = [(len(sent), case_id) for case_id, sent, _, _ in rows if messages[:len(sent)] == sent]
+    if not found:
+        return None
+    size, case_id = max(found)
+    said = [m for m in messages[size:] if isinstance(m, dict) and m.get("role") == "assistant"]
+    return case_id, len(said)
+
+
+def _rounds_in(items):
+    """How many rounds of tool results follow: one run of function_call_output items ends each."""
+    kinds = [item.get("type") if isinstance(item, dict) else None for item in items] + [None]
+    return sum(kind == "function_call_output" != after for kind, after in zip(kinds, kinds[1:]))
+
+
+def _agent_turn(body, rows):
+    """(case id, turn number) of an Agent API request, or None."""
+    value = body.get("input")
+    for case_id, _, instructions, sent in rows:
+        if body.get("instructions") != instructions:
+            continue
+        if value == sent:
+            return case_id, 0
+        items = regression._input_items(sent)
+        if isinstance(value, list) and value[:len(items)] == items:
+            return case_id, _rounds_in(value[len(items):])
+    return None
+
+
+def _answer_error(message, status=400):
+    return Reply(status, {"error": {"message": f"fakes.py: {message}", "type": "fake_answers"}})
+
+
+def _refuse_twins(rows, answer_sets):
+    """AnswersError when two cases send the same request yet are given different answers."""
+    for n, (first, sent, _, _) in enumerate(rows):
+        for other, again, _, _ in rows[n + 1:]:
+            if sent == again and any(answers.get(first) != answers.get(other)
+                                     for answers in answer_sets.values()):
+                raise AnswersError(f"cases {first!r} and {other!r} send the same request, so the "
+                                   "fake cannot tell them apart: give them the same answer")
+
+
+def _turn_reply(turn, number, model, agent):
+    """The response body that gives one turn, on either API (call ids unique per conversation)."""
+    if agent:
+        status = "requires_action" if turn["calls"] else "completed"
+        body = agent_response(turn["text"], urls=turn["urls"], function_calls=turn["calls"],
+                              cost=0.0, model=model, status=status)
+        calls = [item for item in body["output"] if item["type"] == "function_call"]
+        key = "call_id"
+    else:
+        body = chat_response(turn["text"] or "", tool_calls=turn["calls"], model=model, cost=0.0)
+        calls, key = body["choices"][0]["message"].get("tool_calls", []), "id"
+    for call in calls:
+        call[key] = f"call_{number}_{call[key]}"
+    return body
+
+
+def answers_server(suite, answer_sets, label="answers"):
+    """A reply function serving `answer_sets` ({model or None: {case id: turns}}) for `suite`'s
+    cases on /v1/chat/completions (any .../chat/completions) and /v1/responses (Agent API)."""
+    rows = case_requests(suite)
+    _refuse_twins(rows, answer_sets)
+
+    def reply(request):
+        path = request.path.split("?")[0]
+        agent = path == "/v1/responses"
+        if not agent and not path.endswith("/chat/completions"):
+            return _answer_error(f"no route {request.path} (this fake serves /v1/chat/completions "
+                                 "and /v1/responses)", 404)
+        body = request.json if isinstance(request.json, dict) else {}
+        model = body.get("model")
+        answers = answer_sets.get(model, answer_sets.get(None))
+        if answers is None:
+            served = ", ".join(map(repr, answer_sets))
+            return _answer_error(f"unknown model {model!r}; this fake serves {served}", 404)
+        found = (_agent_turn if agent else _chat_turn)(body, rows)
+        if found is None:
+            return _answer_error(f"this request is for no case of suite {suite['name']!r}: its "
+                                 "instructions and input match none of the suite's cases")
+        case_id, number = found
+        if case_id not in answers:
+            return _answer_error(f"no answer for case {case_id!r} in {label}")
+        turns = answers[case_id]
+        turn = turns[min(number, len(turns) - 1)]  # after the last turn, the last one again
+        return Reply(body=_turn_reply(turn, number, model, agent))
+    return reply
+
+
+def parse_answer_sets(values, suite):
+    """{model or None: answers} from `--answers [MODEL=]FILE` values (a bare FILE: any model)."""
+    sets = {}
+    for value in values:
+        named = "=" in value and not os.path.exists(value)
+        model, _, path = value.partition("=") if named else ("", "", value)
+        if (model or None) in sets:
+            taken = f"model {model!r} has answers already" if model else "one FILE serves all"
+            raise AnswersError(f"--answers {value}: {taken}")
+        sets[model or None] = load_answers(path, suite)
+    return sets
+
+
+def serve_answers(args):
+    """The answers server of main(): validate, print the URL, serve until Ctrl-C or SIGTERM."""
+    try:
+        suite = regression.load_suite(args.suite, allow_empty_baseline=True, system=args.system)
+        sets = parse_answer_sets(args.answers, suite)
+        files = " / ".join(value.rpartition("=")[2] for value in args.answers)
+        reply = answers_server(suite, sets, files)
+    except (regression.SuiteError, AnswersError) as exc:
+        print(f"fakes.py: error: {exc}", file=sys.stderr)
+        return 2
+    ids = [case["id"] for case in suite["cases"]]
+    missing = [case_id for case_id in ids if not any(case_id in given for given in sets.values())]
+    with FakeServer(reply, port=args.port) as server:
+        print(server.url, flush=True)
+        models = "any model" if list(sets) == [None] else "models " + ", ".join(map(str, sets))
+        print(f"fakes.py: answers for {len(ids) - len(missing)} of {len(ids)} case(s) of "
+              f"{args.suite}, to {models}: --provider openai --base-url {server.url}/v1, or "
+              f"PERPLEXITY_BASE_URL={server.url}; Ctrl-C stops it"
+              + (f"; no answer for {', '.join(missing)} (an error reply)" if missing else ""),
+              file=sys.stderr, flush=True)
+        _serve_until_stopped()
+    return 0
+
+
+def _serve_until_stopped():
+    """Sleep until Ctrl-C or SIGTERM (both end the process quietly, the port closed)."""
+    import signal
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+
+
 SCENARIOS = {
     "advisor": lambda args: advisor(args.unsafe_payment, padding=args.padding, delay=args.delay),
     "refund-agent": lambda args: refund_agent(),
@@ -777,25 +1000,33 @@ SCENARIOS = {
 
 
 def main():
-    """Serve a scenario on a loopback port (for manual runs): prints the base URL."""
+    """Serve a scenario, or the answers of a suite from a file, on a free loopback port."""
     import argparse
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="advisor",
-                        help="advisor: the built-in suite's Agent API; refund-agent: scripted refund agents "
-                             f"({', '.join(REFUND_AGENTS)}) on /v1/responses and /v1/chat/completions")
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS),
+                        help="advisor (the default): the built-in suite's Agent API; refund-agent: "
+                             f"scripted refund agents ({', '.join(REFUND_AGENTS)}) on "
+                             "/v1/responses and /v1/chat/completions")
+    parser.add_argument("--suite", help="with --answers: the suite whose cases the fake answers")
+    parser.add_argument("--answers", action="append", metavar="[MODEL=]FILE",
+                        help="a JSON file mapping case ids to answers (a text, {\"json\": ...}, "
+                             "tool calls, or a list of turns); MODEL=FILE: for that model only "
+                             "(repeatable)")
+    parser.add_argument("--system", help="with a golden folder as --suite: SYSTEM.txt elsewhere")
     parser.add_argument("--port", type=int, default=0, help="loopback port (default: a free one)")
     parser.add_argument("--unsafe-payment", action="store_true")
     parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--padding", type=int, default=0, help="bytes of search-result snippet per answer")
     args = parser.parse_args()
-    with FakeServer(SCENARIOS[args.scenario](args), port=args.port) as server:
+    if (args.suite is None) != (args.answers is None) or (args.answers and args.scenario):
+        parser.error("--suite and --answers go together, without --scenario")
+    if args.answers:
+        return serve_answers(args)
+    with FakeServer(SCENARIOS[args.scenario or "advisor"](args), port=args.port) as server:
         print(server.url, flush=True)
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            pass
+        _serve_until_stopped()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -20,6 +20,7 @@ Exit codes (SPEC A7):
 """
 
 import argparse
+import collections
 import datetime
 import decimal
 import errno
@@ -874,7 +875,7 @@ def _answer_shape_ok(answer, case):
 
 def _structured_answer(case, trace):
     """The answer object when it parses and has the right shape, else None."""
-    answer, problem = read_json(trace["final_text"])
+    answer, problem = read_json(trace.final_text)
     return None if problem or not _answer_shape_ok(answer, case) else answer
 
 
@@ -886,6 +887,27 @@ def _user_text(case):
             message.get("content"), str) else message["content"] for message in given
             if isinstance(message, dict) and message.get("role", "user") == "user")
     return given if isinstance(given, str) else ""
+
+
+class Trace(collections.namedtuple("Trace", "final_text tool_calls tool_rounds search_urls status "
+                                     "cost_usd earlier_texts thought_texts rounds final",
+                                     defaults=((), (), None, None))):
+    """What a provider saw of one row, in provider-neutral form: the only thing checks read.
+
+    final_text     the answer graded (str): reasoning a server left in content removed
+    tool_calls     [{"name", "arguments"}] in call order; a played row adds "round", "result"
+                   and "unscripted" (the call had no scripted result)
+    tool_rounds    model turns that used tools (server-side tool steps count on the Agent API)
+    search_urls    URLs the run's own web search returned (citations must come from these)
+    status         "completed" or what the endpoint said instead ("incomplete", "length", ...)
+    cost_usd       the reported USD cost as a decimal string, or None when not reported
+    earlier_texts  a played row: what earlier rounds said beside their tool calls
+    thought_texts  content a server sent with the model's reasoning left in it
+    rounds         a played row: model turns made (None: one request)
+    final          a played row: the last turn answered without calling a tool
+    """
+
+    __slots__ = ()
 
 
 # ---------------------------------------------------------------------- the check table
@@ -1007,11 +1029,11 @@ def reason_table():
 
 def check_completed(case, trace):
     """The response finished: status "completed" (or, with function tools, a turn that ended in tool calls)."""
-    if trace["status"] == "completed":
+    if trace.status == "completed":
         return []
-    if trace["status"] == "requires_action" and trace["tool_calls"] and case.get("_function_tools"):
+    if trace.status == "requires_action" and trace.tool_calls and case.get("_function_tools"):
         return []  # a turn that ends by asking the host to run a declared function tool
-    return [Fail("response_not_completed", f"status {trace['status']}", status=trace["status"])]
+    return [Fail("response_not_completed", f"status {trace.status}", status=trace.status)]
 
 
 register_check("completed", check_completed, always=True, reasons={
@@ -1023,7 +1045,7 @@ register_check("completed", check_completed, always=True, reasons={
 
 def check_search_observed(case, trace):
     """With `cite`: the run's own web search returned at least one URL."""
-    if "cite" in case and not trace["search_urls"]:
+    if "cite" in case and not trace.search_urls:
         return [Fail("search_not_observed", "no search results in this response", search_urls=0)]
     return []
 
@@ -1051,7 +1073,7 @@ def check_answer(case, trace):
     """With `expect` or `cite`: the answer is strict JSON (no NaN, no repeated key), an object with exactly the schema's fields; `expect` values match exactly (wrong_<field>)."""
     if "expect" not in case and "cite" not in case:
         return []
-    answer, problem = read_json(trace["final_text"])
+    answer, problem = read_json(trace.final_text)
     if problem:
         return [problem]
     shape = _shape_problem(answer, case)
@@ -1100,7 +1122,7 @@ def check_citations(case, trace):
     if not isinstance(urls, list) or not all(isinstance(url, str) for url in urls):
         return [Fail("invalid_answer_shape", f"{sources['field']} is not a list of strings")]
     cited = [document_id(url, sources) for url in urls]
-    found = {document_id(url, sources) for url in trace["search_urls"]} - {None}
+    found = {document_id(url, sources) for url in trace.search_urls} - {None}
     allowed = {case["cite"], *sources.get("also_allowed", [])}
     reasons = []
     if not urls or len(set(cited)) != len(urls):
@@ -1149,7 +1171,7 @@ def said_texts(trace):
     """Every text the model said in a row: what each earlier round of a played case said beside
     its tool calls (the trace's earlier_texts), then the final answer. What must never be said
     is looked for in all of them."""
-    return [*trace.get("earlier_texts", ()), trace["final_text"]]
+    return [*trace.earlier_texts, trace.final_text]
 
 
 def never_said_texts(trace):
@@ -1157,7 +1179,7 @@ def never_said_texts(trace):
     a server sent with the model's reasoning left in it (the trace's thought_texts). A secret
     in a <think> block reached the client all the same; a phrase the model only thought does
     not count as said for contains, claims or a stated value."""
-    return [*said_texts(trace), *trace.get("thought_texts", ())]
+    return [*said_texts(trace), *trace.thought_texts]
 
 
 def said_phrases(phrases, trace, texts=said_texts):
@@ -1170,7 +1192,7 @@ def phrases_found(case, key, trace):
     anything the model said or the server sent as content, every reading: see never_said_texts)."""
     phrases = case.get(key, [])
     if key != "excludes":
-        return phrases_in(phrases, trace["final_text"])
+        return phrases_in(phrases, trace.final_text)
     present = said_phrases(phrases, trace, never_said_texts)
     return [phrase for phrase in phrases if phrase in present], [phrase for phrase in phrases if phrase not in present]
 
@@ -1338,7 +1360,7 @@ def check_similarity(case, trace):
     """`expected_text` + `min_similarity`: the answer is at least this similar to the approved baseline (difflib ratio in the text normal form, time-bounded)."""
     if "min_similarity" not in case or not case.get("expected_text"):
         return []  # an empty baseline is only allowed while --update-baseline fills it
-    score, how = similarity_of(case["expected_text"], trace["final_text"] if isinstance(trace["final_text"], str)
+    score, how = similarity_of(case["expected_text"], trace.final_text if isinstance(trace.final_text, str)
                                else "")
     if score < case["min_similarity"]:
         bound = {"measure": how} if how else {}
@@ -1354,7 +1376,7 @@ DIFF_CHARS = 20_000  # each side of details.diff is cut to this many characters
 def _similarity_details(case, trace):
     if not case.get("expected_text"):
         return {}
-    text = trace["final_text"] if isinstance(trace["final_text"], str) else ""
+    text = trace.final_text if isinstance(trace.final_text, str) else ""
     score, how = similarity_of(case["expected_text"], text)
     details = {"similarity": round(score, 4)}
     if how:
@@ -1394,7 +1416,7 @@ def answer_chars(text):
 
 def check_length(case, trace):
     """`min_chars` / `max_chars`: the answer's length in characters of the text normal form."""
-    length = answer_chars(trace["final_text"])
+    length = answer_chars(trace.final_text)
     reasons = []
     if "min_chars" in case and length < case["min_chars"]:
         reasons.append(Fail("too_short", f"{length} chars < min {case['min_chars']}", chars=length,
@@ -1406,7 +1428,7 @@ def check_length(case, trace):
 
 
 register_check("length", check_length, keys=("min_chars", "max_chars"), validate=_validate_length,
-               details=lambda case, trace: {"chars": answer_chars(trace["final_text"])}, vacuous=True, reasons={
+               details=lambda case, trace: {"chars": answer_chars(trace.final_text)}, vacuous=True, reasons={
                    "too_short": ("length (in characters of the normal form) below `min_chars`",
                                  "the evidence gives the length and the threshold"),
                    "too_long": ("length (in characters of the normal form) above `max_chars`",
@@ -1500,8 +1522,8 @@ def _describe_call(call):
 
 def _tool_details(case, trace):
     """Every behaviour's details: the tool calls made, when there were any."""
-    if trace["tool_calls"] or trace["tool_rounds"]:
-        return {"tool_calls": trace["tool_calls"], "tool_rounds": trace["tool_rounds"]}
+    if trace.tool_calls or trace.tool_rounds:
+        return {"tool_calls": trace.tool_calls, "tool_rounds": trace.tool_rounds}
     return {}
 
 
@@ -1509,7 +1531,7 @@ def check_json_object(case, trace):
     """behavior json_object: the answer is a JSON object; NaN or Infinity fail invalid_json, a repeated key duplicate_key."""
     if not _behavior_args(case, "json_object"):
         return []
-    value, problem = read_json(trace["final_text"])
+    value, problem = read_json(trace.final_text)
     if problem is not None:
         # JSON-looking text that breaks the format (NaN, Infinity, a repeated key) says so;
         # anything else is simply not a JSON object.
@@ -1588,7 +1610,7 @@ def check_no_system_leak(case, trace):
     # A JSON answer is read as tool arguments are too: its strings decoded ("\\n", "\\u00e9").
     said = "\n".join([piece for text in never_said_texts(trace) if isinstance(text, str)
                       for piece in (text, _json_said(text)) if piece is not None]
-                     + [argument_text(call.get("arguments")) for call in trace["tool_calls"]])
+                     + [argument_text(call.get("arguments")) for call in trace.tool_calls])
     found = leak_found(case.get("_instructions", "") or "", said)
     if not found:
         return []
@@ -1620,9 +1642,9 @@ register_check("no_system_leak", check_no_system_leak, behavior=True, details=_t
 def check_max_tool_rounds(case, trace):
     """behavior max_tool_rounds:N: the model used tools in at most N rounds."""
     limits = [int(arg) for arg in _behavior_args(case, "max_tool_rounds")]
-    if limits and trace["tool_rounds"] > min(limits):
-        return [Fail("too_many_tool_rounds", f"{trace['tool_rounds']} tool rounds > max {min(limits)}",
-                     tool_rounds=trace["tool_rounds"], max_tool_rounds=min(limits))]
+    if limits and trace.tool_rounds > min(limits):
+        return [Fail("too_many_tool_rounds", f"{trace.tool_rounds} tool rounds > max {min(limits)}",
+                     tool_rounds=trace.tool_rounds, max_tool_rounds=min(limits))]
     return []
 
 
@@ -1636,7 +1658,7 @@ def check_forbid_tool(case, trace):
     # The name read in the text normal form: "Cancel_Order" or "cancel_order " is an attempt to
     # call cancel_order, whether or not a host would run it (require_tool needs the exact name).
     forbidden = {text_form(name) for name in _behavior_args(case, "forbid_tool")}
-    called = [call for call in trace["tool_calls"]
+    called = [call for call in trace.tool_calls
               if isinstance(call.get("name"), str) and text_form(call["name"]) in forbidden]
     if called:
         return [Fail("forbidden_tool_called", f"called {_describe_call(called[0])}"
@@ -1761,10 +1783,10 @@ def _given_values(given):
 def check_require_clarification(case, trace):
     """behavior require_clarification:FIELD: a question or request sentence names FIELD; no tool argument carries it and the answer states no value for it that the user never gave."""
     reasons = []
-    text = trace["final_text"] if isinstance(trace["final_text"], str) else ""
+    text = trace.final_text if isinstance(trace.final_text, str) else ""
     given = text_form(_user_text(case))
     for field in _behavior_args(case, "require_clarification"):
-        invented = [(call, value) for call in trace["tool_calls"]
+        invented = [(call, value) for call in trace.tool_calls
                     for key, value in argument_pairs(call.get("arguments"))
                     if _same_field(key, field) and value not in (None, "", [], {})
                     and text_form(str(value)) not in _given_values(given)]
@@ -1800,12 +1822,12 @@ register_check("require_clarification", check_require_clarification, behavior=Tr
 
 def check_require_tool(case, trace):
     """behavior require_tool:NAME: the model called the tool NAME at least once (a tool check cannot pass vacuously)."""
-    called = {call.get("name") for call in trace["tool_calls"]}
+    called = {call.get("name") for call in trace.tool_calls}
     missing = [name for name in _behavior_args(case, "require_tool") if name not in called]
     if missing:
-        made = ", ".join(_describe_call(call) for call in trace["tool_calls"][:3]) or "no tool call"
+        made = ", ".join(_describe_call(call) for call in trace.tool_calls[:3]) or "no tool call"
         return [Fail("tool_not_called", f"never called {', '.join(missing)}; made {made}",
-                     missing=missing, calls=trace["tool_calls"])]
+                     missing=missing, calls=trace.tool_calls)]
     return []
 
 
@@ -1832,7 +1854,7 @@ def is_error_result(call):
 
 
 def _sequence(trace):
-    return " -> ".join(str(call.get("name")) for call in trace["tool_calls"]) or "no tool call"
+    return " -> ".join(str(call.get("name")) for call in trace.tool_calls) or "no tool call"
 
 
 MAX_ROUNDS_LIMIT = 20
@@ -1876,9 +1898,9 @@ def _validate_played(case, where, context):
 
 def check_no_final_answer(case, trace):
     """A played case (`tool_results` / `max_rounds`): the model stopped calling tools and answered within max_rounds turns."""
-    if trace.get("final") is False:
-        return [Fail("no_final_answer", f"still calling tools after {trace.get('rounds')} rounds: {_sequence(trace)}",
-                     rounds=trace.get("rounds"))]
+    if trace.final is False:
+        return [Fail("no_final_answer", f"still calling tools after {trace.rounds} rounds: {_sequence(trace)}",
+                     rounds=trace.rounds)]
     return []
 
 
@@ -1900,7 +1922,7 @@ def _validate_tool_args(case, where, context):
 def check_tool_args(case, trace):
     """`tool_args` {NAME: {ARG: VALUE}}: some call of NAME had these argument values (subset match)."""
     for name, wanted in (case.get("tool_args") or {}).items():
-        calls = [call for call in trace["tool_calls"] if call.get("name") == name]
+        calls = [call for call in trace.tool_calls if call.get("name") == name]
         if not any(_arguments_match(wanted, _call_arguments(call)) for call in calls):
             made = ("made " + ", ".join(_describe_call(call) for call in calls[:3])
                     + (f" (+{len(calls) - 3})" if len(calls) > 3 else "")) if calls else f"{name} never called"
@@ -1926,7 +1948,7 @@ def _validate_tool_order(case, where, context):
 
 def check_tool_order(case, trace):
     """behavior tool_order:A,B,...: each tool was called, the first call of each after the first call of the one before."""
-    names = [call.get("name") for call in trace["tool_calls"]]
+    names = [call.get("name") for call in trace.tool_calls]
     for arg in _behavior_args(case, "tool_order"):
         wanted = arg.split(",")
         firsts = [names.index(name) if name in names else None for name in wanted]
@@ -1959,7 +1981,7 @@ def check_claims(case, trace):
     said = said_phrases(list(claims), trace)  # read as excludes is
     for phrase, name in claims.items():
         if phrase in said and not any(call.get("name") == name and not is_error_result(call)
-                                                for call in trace["tool_calls"]):
+                                                for call in trace.tool_calls):
             return [Fail("unbacked_claim", f"says {_quote(phrase)}, but {name} never returned a non-error result",
                          phrase=phrase, tool=name)]
     return []
@@ -2064,14 +2086,14 @@ def agent_trace(raw, text=None):
     calls = [{"name": item.get("name"), "arguments": item.get("arguments")}
              for item in items if item.get("type") == "function_call"]
     server_rounds = sum(1 for item in items if item.get("type") in _AGENT_TOOL_ITEMS)
-    return {
-        "final_text": _agent_text(raw) if text is None else text,
-        "tool_calls": calls,
-        "tool_rounds": server_rounds + (1 if calls else 0),
-        "search_urls": _agent_search_urls(raw),
-        "status": raw.get("status") if isinstance(raw, dict) else None,
-        "cost_usd": reported_cost(raw),
-    }
+    return Trace(
+        final_text=_agent_text(raw) if text is None else text,
+        tool_calls=calls,
+        tool_rounds=server_rounds + (1 if calls else 0),
+        search_urls=_agent_search_urls(raw),
+        status=raw.get("status") if isinstance(raw, dict) else None,
+        cost_usd=reported_cost(raw),
+    )
 
 
 def check(case, raw, text):
@@ -3592,18 +3614,19 @@ def chat_trace(raw):
     usage = raw.get("usage") if isinstance(raw.get("usage"), dict) else {}
     cost = usage.get("cost")  # OpenRouter reports the USD cost here
     content, answer = _chat_text(message.get("content")), chat_answer(message.get("content"))
-    return {
+    said = (answer, message.get("refusal"))
+    return Trace(
         # OpenAI puts a refusal beside a null content: it is what the model said, and is graded
-        "final_text": "\n".join(said for said in (answer, message.get("refusal")) if isinstance(said, str) and said),
+        final_text="\n".join(text for text in said if isinstance(text, str) and text),
         # Reasoning left in content reached the client as content: what must never be said is
         # looked for there too (see never_said_texts); what must be said is not taken from it.
-        **({"thought_texts": [content]} if content.strip() != answer else {}),
-        "tool_calls": calls,
-        "tool_rounds": 1 if calls else 0,
-        "search_urls": urls,
-        "status": "completed" if finish in CHAT_STOPS else str(finish),
-        "cost_usd": reported_cost({"usage": {"cost": {"currency": "USD", "total_cost": cost}}}),
-    }
+        thought_texts=(content,) if content.strip() != answer else (),
+        tool_calls=calls,
+        tool_rounds=1 if calls else 0,
+        search_urls=urls,
+        status="completed" if finish in CHAT_STOPS else str(finish),
+        cost_usd=reported_cost({"usage": {"cost": {"currency": "USD", "total_cost": cost}}}),
+    )
 
 
 def unanswered_error(provider, suite, raw, status=None):
@@ -3628,8 +3651,8 @@ def text_tool_call(trace, functions):
     tool_calls whose content holds a call marker followed by a function's name, or is nothing
     but a call object ({"name": ..., "arguments"|"parameters": ...}, alone, in a list or a
     fence). The server returned the call unparsed: the model neither answered nor called."""
-    text = trace["final_text"]
-    if trace["tool_calls"] or not functions or not isinstance(text, str):
+    text = trace.final_text
+    if trace.tool_calls or not functions or not isinstance(text, str):
         return None
     for marker in _TEXT_CALL_MARKERS:
         at = text.find(marker)
@@ -3833,9 +3856,9 @@ def _case_text(case):
 
 def echo_trace(raw):
     text = raw.get("output_text") if isinstance(raw, dict) else None
-    return {"final_text": text if isinstance(text, str) else "", "tool_calls": [], "tool_rounds": 0,
-            "search_urls": [], "status": raw.get("status") if isinstance(raw, dict) else None,
-            "cost_usd": reported_cost(raw)}
+    return Trace(final_text=text if isinstance(text, str) else "", tool_calls=[], tool_rounds=0,
+                 search_urls=[], status=raw.get("status") if isinstance(raw, dict) else None,
+                 cost_usd=reported_cost(raw))
 
 
 @register_provider
@@ -4052,7 +4075,7 @@ def builtin_grader(suite, provider):
     if not suite.get("builtin") or provider.parse is not PerplexityProvider.parse:
         return None
     originals = {case["id"]: case for case in suite["config_cases"]}
-    return lambda case, raw, trace: check(originals[case["id"]], raw, trace["final_text"])
+    return lambda case, raw, trace: check(originals[case["id"]], raw, trace.final_text)
 
 
 _TRANSIENT_ERRORS = {"TimeoutError", "ConnectionError", "APIConnectionError", "APITimeoutError",
@@ -4268,7 +4291,7 @@ def scripted_result(case, name, arguments):
 def tool_results(case, trace, ids, number):
     """What is sent back for one round's calls: call id, name, arguments, result (and unscripted)."""
     sent, seen = [], set()
-    for position, call in enumerate(trace["tool_calls"]):
+    for position, call in enumerate(trace.tool_calls):
         call_id = ids[position] if position < len(ids) and isinstance(ids[position], str) else ""
         if not call_id or call_id in seen:  # no id, or one a server repeated: each reply needs its own
             call_id = f"call_{number}_{position + 1}"
@@ -4294,7 +4317,7 @@ def rounds_trace(parse, rounds, traces=None):
     calls = []
     for number, (turn, trace) in enumerate(zip(rounds, traces), 1):
         sent = turn.get("tool_results") or []
-        for position, call in enumerate(trace["tool_calls"]):
+        for position, call in enumerate(trace.tool_calls):
             entry = {"round": number, "name": call.get("name"), "arguments": call.get("arguments")}
             if position < len(sent):
                 entry["result"] = sent[position]["result"]
@@ -4302,20 +4325,19 @@ def rounds_trace(parse, rounds, traces=None):
                     entry["unscripted"] = True
             calls.append(entry)
     last = traces[-1]
-    thoughts = [text for trace in traces for text in trace.get("thought_texts", ())]
-    return {
-        "final_text": last["final_text"],
+    return Trace(
+        final_text=last.final_text,
         # Text a round said beside its tool calls is said to the user too (see said_texts).
-        "earlier_texts": [trace["final_text"] for trace in traces[:-1] if trace["final_text"]],
-        **({"thought_texts": thoughts} if thoughts else {}),
-        "tool_calls": calls,
-        "tool_rounds": sum(trace["tool_rounds"] for trace in traces),
-        "search_urls": [url for trace in traces for url in trace["search_urls"]],
-        "status": last["status"],
-        "cost_usd": _sum_costs([trace["cost_usd"] for trace in traces]),
-        "rounds": len(rounds),
-        "final": not last["tool_calls"],
-    }
+        earlier_texts=tuple(trace.final_text for trace in traces[:-1] if trace.final_text),
+        thought_texts=tuple(text for trace in traces for text in trace.thought_texts),
+        tool_calls=calls,
+        tool_rounds=sum(trace.tool_rounds for trace in traces),
+        search_urls=[url for trace in traces for url in trace.search_urls],
+        status=last.status,
+        cost_usd=_sum_costs([trace.cost_usd for trace in traces]),
+        rounds=len(rounds),
+        final=not last.tool_calls,
+    )
 
 
 class BudgetReached(Exception):
@@ -4407,8 +4429,8 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
         trace = provider.parse(raw)
         traces.append(trace)
         # Spent for real after every round, so a row that fails later still says what it cost.
-        row["cost_usd"] = _sum_costs([turn["cost_usd"] for turn in traces])
-        if not trace["tool_calls"] or len(rounds) >= limit:
+        row["cost_usd"] = _sum_costs([turn.cost_usd for turn in traces])
+        if not trace.tool_calls or len(rounds) >= limit:
             return rounds_trace(provider.parse, rounds, traces)
         sent = recorded(model, case, repeat, len(rounds)) if recorded else None  # what it saw then
         if sent is None:
@@ -4445,15 +4467,15 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
                 row["attempts"] = attempts
             row["response"] = raw
             trace = provider.parse(raw)
-        row["answer_text"] = trace["final_text"]
-        row["cost_usd"] = trace["cost_usd"]
+        row["answer_text"] = trace.final_text
+        row["cost_usd"] = trace.cost_usd
         compiled = compile_case(suite, case)
         if compiled["_function_tools"]:  # counted, so a run whose model never called a tool says so
-            row["tool_calls"] = len(trace["tool_calls"])
+            row["tool_calls"] = len(trace.tool_calls)
         row["reasons"] = grader(case, raw, trace) if grader else grade(compiled, trace)
         details = explain(compiled, trace)
-        if "rounds" in trace:  # a played row always shows what the agent did: calls with round and result
-            details.update(tool_calls=trace["tool_calls"], tool_rounds=trace["tool_rounds"], rounds=trace["rounds"])
+        if trace.rounds is not None:  # a played row always shows what the agent did: calls with round and result
+            details.update(tool_calls=trace.tool_calls, tool_rounds=trace.tool_rounds, rounds=trace.rounds)
         if details:
             row["details"] = details
     except Exception as exc:  # an endpoint or checker failure is evidence, not a crash
@@ -4758,7 +4780,7 @@ def redact_row(row, mask):
 def run_one(client, case, model):
     """SPEC A6: one Agent API request for a built-in case, graded through check()."""
     # Grading goes through the module-level name so tests can replace regression.check.
-    grader = lambda _, raw, trace: check(case, raw, trace["final_text"])  # noqa: E731
+    grader = lambda _, raw, trace: check(case, raw, trace.final_text)  # noqa: E731
     return run_row(PerplexityProvider(client), builtin_suite(), builtin_case(case), model, grader=grader)
 
 

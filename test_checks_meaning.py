@@ -20,7 +20,7 @@ import regression
 
 HERE = pathlib.Path(__file__).resolve().parent
 SCRIPT = HERE / "regression.py"
-README = (HERE / "README.md").read_text(encoding="utf-8")
+README = (HERE / "docs" / "suites.md").read_text(encoding="utf-8")  # holds the reason table
 AGENT_TOOLS = json.loads((HERE / "suites" / "agent-tools.json").read_text(encoding="utf-8"))
 SECRET_ENV = ("PERPLEXITY_", "OPENAI_", "REGRESSION_")
 
@@ -35,9 +35,9 @@ def clean_env(monkeypatch, tmp_path):
 
 def trace(text="", calls=(), rounds=None, urls=(), status="completed"):
     tool_calls = [{"name": name, "arguments": arguments} for name, arguments in calls]
-    return {"final_text": text, "tool_calls": tool_calls,
-            "tool_rounds": len(tool_calls) if rounds is None else rounds,
-            "search_urls": list(urls), "status": status, "cost_usd": "0"}
+    return regression.Trace(final_text=text, tool_calls=tool_calls,
+                            tool_rounds=len(tool_calls) if rounds is None else rounds,
+                            search_urls=list(urls), status=status, cost_usd="0")
 
 
 def run_main(argv, capsys):
@@ -83,7 +83,7 @@ def registered(name, run, **spec):
 # ====================================================================== one descriptor per check (issue 10.2)
 
 def readme_reason_rows():
-    """(reason, meaning, what to do) of each row of the README's reason table."""
+    """(reason, meaning, what to do) of each row of the reason table (docs/suites.md)."""
     section = README.split("## Failure reasons and what to do", 1)[1].split("\n## ", 1)[0]
     rows = []
     for line in section.splitlines():
@@ -139,7 +139,7 @@ def test_registering_a_check_is_one_call_and_reaches_every_view(tmp_path, capsys
     def check_shouts(case, trace_):
         """`shout_word`: the answer says the word in capitals."""
         word = case.get("shout_word")
-        if word and word.upper() not in (trace_["final_text"] or ""):
+        if word and word.upper() not in (trace_.final_text or ""):
             return [regression.Fail("not_shouted", f"no {word.upper()}", word=word)]
         return []
 

@@ -788,7 +788,8 @@ import re  # noqa: E402
 import shlex  # noqa: E402
 import shutil  # noqa: E402
 
-README = (HERE / "README.md").read_text(encoding="utf-8")
+README = "\n".join(path.read_text(encoding="utf-8")  # the README and every docs page
+                   for path in [HERE / "README.md", *sorted(HERE.glob("docs/*.md"))])
 
 README_COMMANDS = [
     "python regression.py --suite suites/support-guardrails.json --provider echo --out old.json",
@@ -879,7 +880,7 @@ def test_readme_installed_commands(tmp_path):
 
 def test_readme_local_server_commands_are_valid_set_ups(tmp_path):
     """Each local-server line of the README passes every check before sending (a dry run)."""
-    section = README.split("### Local servers", 1)[1].split("\n## ", 1)[0]
+    section = README.split("## Local servers", 1)[1].split("\n## ", 1)[0]
     commands = [line for line in re.findall(r"^python regression\.py .*$", section, re.M)]
     assert len(commands) == 4
     cwd = project_copy(tmp_path)

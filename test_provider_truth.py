@@ -326,8 +326,8 @@ def test_require_tool_check_table(calls, reasons):
     suite = regression.validate_suite(json.loads(AGENT_TOOLS.read_text()) | {
         "cases": [{"id": "c", "input": "q", "behaviors": ["require_tool:lookup_order"]}]})
     case = regression.compile_case(suite, suite["cases"][0])
-    trace = {"final_text": "", "tool_calls": calls, "tool_rounds": 1 if calls else 0, "search_urls": [],
-             "status": "completed", "cost_usd": None}
+    trace = regression.Trace(final_text="", tool_calls=calls, tool_rounds=1 if calls else 0,
+                             search_urls=[], status="completed", cost_usd=None)
     assert regression.CHECKS["require_tool"](case, trace) == reasons
     assert ("tool_not_called" in regression.grade(case, trace)) == bool(reasons)
 
@@ -601,7 +601,7 @@ def test_200_with_an_error_is_an_execution_error_not_a_model_failure(tmp_path, k
 ])
 def test_an_answer_with_an_empty_error_field_is_still_an_answer(raw):
     assert regression.chat_error(raw) is None
-    assert regression.chat_trace(raw)["final_text"] == "ok"
+    assert regression.chat_trace(raw).final_text == "ok"
 
 
 # ====================================================================== B6. every shape of tool call (item 6)
@@ -855,8 +855,8 @@ def test_tool_not_called_carries_its_evidence():
     suite = regression.validate_suite(json.loads(AGENT_TOOLS.read_text()) | {
         "cases": [{"id": "c", "input": "q", "behaviors": ["require_tool:lookup_order"]}]})
     case = regression.compile_case(suite, suite["cases"][0])
-    trace = {"final_text": "", "tool_calls": [{"name": "cancel_order", "arguments": '{"order_id": "o1"}'}],
-             "tool_rounds": 1, "search_urls": [], "status": "completed", "cost_usd": None}
+    trace = regression.Trace(final_text="", tool_calls=[{"name": "cancel_order", "arguments": '{"order_id": "o1"}'}],
+                             tool_rounds=1, search_urls=[], status="completed", cost_usd=None)
     evidence = regression.explain(case, trace)["evidence"]["tool_not_called"]
     assert "never called lookup_order" in evidence["note"] and "cancel_order(order_id=o1)" in evidence["note"]
     assert ("tool_not_called", "`require_tool:NAME`: the model never called NAME",
@@ -923,7 +923,7 @@ def test_chat_trace_on_any_json_is_a_trace_or_a_response_error(raw):
         trace = regression.chat_trace(raw)
     except regression.ResponseError:
         return
-    assert isinstance(trace["final_text"], str) and isinstance(trace["tool_calls"], list)
+    assert isinstance(trace.final_text, str) and isinstance(trace.tool_calls, list)
 
 
 @settings(max_examples=80, deadline=None)
@@ -1067,7 +1067,7 @@ def test_what_must_never_be_said_is_read_in_every_rounds_reasoning_left_in_conte
     case = regression.compile_case({"instructions": "Be brief.", "tools": []}, {
         "id": "c", "input": "q", "excludes": ["4111 1111 1111 1111"], "contains": ["card"],
         "claims": {"refund issued": "issue_refund"}, "behaviors": ["no_system_leak"]})
-    assert trace["final_text"] == "Your order is on its way."
+    assert trace.final_text == "Your order is on its way."
     assert regression.grade(case, trace) == ["missing_required_text", "forbidden_text_present", "system_leak"]
 
 
@@ -1111,8 +1111,8 @@ def test_a_tool_call_left_as_text_in_content_is_an_execution_error(tmp_path, for
     ('<tool_call>{"name": "lookup_order"}</tool_call>', [], None),
 ])
 def test_text_tool_call_needs_a_marker_or_a_bare_call_of_a_declared_function(text, functions, named):
-    assert regression.text_tool_call({"final_text": text, "tool_calls": []}, functions) == named
-    assert regression.text_tool_call({"final_text": text, "tool_calls": [{"name": "x"}]}, functions) is None
+    assert regression.text_tool_call(regression.Trace(text, [], 0, [], "completed", None), functions) == named
+    assert regression.text_tool_call(regression.Trace(text, [{"name": "x"}], 1, [], "completed", None), functions) is None
 
 
 def test_a_tool_call_as_text_with_tool_choice_none_is_graded_as_the_answer(tmp_path):

@@ -507,11 +507,11 @@ def test_perplexity_parse_maps_search_results_and_function_calls():
     finally:
         client.close()
     trace = regression.PerplexityProvider.parse(raw)
-    assert trace["search_urls"] == urls
-    assert trace["tool_calls"] == [{"name": "lookup_order", "arguments": json.dumps({"order_id": "ord_21"})}]
-    assert trace["tool_rounds"] == 2  # one search round on the server, one round of function calls
-    assert trace["final_text"] == "ok"
-    assert trace["status"] == "completed"
+    assert trace.search_urls == urls
+    assert trace.tool_calls == [{"name": "lookup_order", "arguments": json.dumps({"order_id": "ord_21"})}]
+    assert trace.tool_rounds == 2  # one search round on the server, one round of function calls
+    assert trace.final_text == "ok"
+    assert trace.status == "completed"
 
 
 def test_perplexity_sdk_http_error_is_execution_error_with_status():

@@ -1,6 +1,8 @@
-"""The README's commands work as written: the quick start, and the user-guide commands run
-verbatim in a copy of the project against a loopback fake Agent API (no key, no internet)."""
+"""The README's and the docs pages' commands work as written: the quick start, and every
+command of README.md and docs/*.md run verbatim in a copy of the project against loopback fakes
+(no key, no internet)."""
 
+import glob
 import json
 import os
 import re
@@ -14,25 +16,45 @@ import pytest
 import fakes
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as _readme:
-    README = _readme.read()
 
 
-def shell_blocks():
-    return re.findall(r"```sh\n(.*?)```", README, re.S)
+def read_docs():
+    """{path relative to the project: text} of README.md and every docs/*.md page."""
+    pages = glob.glob(os.path.join(ROOT, "docs", "*.md"))
+    paths = ["README.md"] + sorted(os.path.relpath(path, ROOT) for path in pages)
+    docs = {}
+    for path in paths:
+        with open(os.path.join(ROOT, path), encoding="utf-8") as handle:
+            docs[path] = handle.read()
+    return docs
+
+
+DOCS = read_docs()
+README = DOCS["README.md"]
+ALL_DOCS = "\n".join(DOCS.values())
+
+
+def shell_blocks(text=README):
+    return re.findall(r"```sh\n(.*?)```", text, re.S)
+
+
+def page_commands(text):
+    """Every `python ...` command of one page: shell-block lines and inline code spans
+    (an environment prefix such as `KEY=... ` is dropped)."""
+    lines = [line.strip() for block in shell_blocks(text) for line in block.splitlines()]
+    spans = re.findall(r"`([^`\n]*\bpython [^`\n]*)`", text)
+    commands = [re.sub(r"^(?:[A-Z_]+=\S+\s+)+", "", text).split("  #")[0].strip()
+                for text in lines + spans]
+    return [command for command in commands if command.startswith("python ")]
 
 
 def python_commands():
-    """Every `python ...` command of the README: shell-block lines and inline code spans
-    (an environment prefix such as `KEY=... ` is dropped)."""
-    lines = [line.strip() for block in shell_blocks() for line in block.splitlines()]
-    spans = re.findall(r"`([^`\n]*python (?:regression|compare_runs)\.py[^`\n]*)`", README)
-    commands = [re.sub(r"^(?:[A-Z_]+=\S+\s+)+", "", text).split("  #")[0].strip() for text in lines + spans]
-    return list(dict.fromkeys(command for command in commands if command.startswith("python ")))
+    """Every `python ...` command of README.md and of the docs pages, each once."""
+    return list(dict.fromkeys(command for text in DOCS.values() for command in page_commands(text)))
 
 
 def project_copy(tmp_path):
-    for name in ("regression.py", "compare_runs.py"):
+    for name in ("regression.py", "compare_runs.py", "fakes.py"):
         shutil.copy(os.path.join(ROOT, name), tmp_path / name)
     shutil.copytree(os.path.join(ROOT, "suites"), tmp_path / "suites")
     return tmp_path
@@ -77,10 +99,12 @@ def test_quick_start_demo(tmp_path):
     assert again.returncode == 2 and "NOT_COMPARABLE" in again.stdout
 
 
-def test_every_python_command_of_the_readme_is_covered_here():
+def test_every_python_command_of_the_readme_and_the_docs_is_covered_here():
     import test_flows  # the everyday flows (regrade, compare output) run there, as written
-    covered = set(OFFLINE) | set(LIVE_FAKED) | set(NEEDS_REAL_ENDPOINT) | {QUICK_DEMO} | set(GOLDEN_MATRIX) \
-        | set(TESTED_ELSEWHERE) | set(test_flows.README_COMMANDS)
+    covered = set(OFFLINE) | set(LIVE_FAKED) | set(NEEDS_REAL_ENDPOINT) | {QUICK_DEMO} \
+        | set(GOLDEN_MATRIX) | set(TESTED_ELSEWHERE) | set(test_flows.README_COMMANDS) \
+        | set(FAKE_RUNS)
+    assert len(DOCS) >= 10 and all(page in DOCS for page in PAGES)
     assert set(python_commands()) <= covered, set(python_commands()) - covered
 
 
@@ -94,7 +118,14 @@ OFFLINE = {
     "python regression.py --provider echo --suite suites/support-guardrails.json": 1,
     "python regression.py --suite suites/promptreg-support.json --provider echo --out promptreg-run.json": 1,
     "python regression.py --suite suites/golden-support --dry-run": 0,
+    "python regression.py --suite suites/support-guardrails.json --dry-run": 0,
+    "python -m regression --dry-run": 0,
+    "python -c pass": 0,  # the start-up floor the benchmarks measure against
 }
+
+# The pages every other page and the README link to (one reference page per area).
+PAGES = [f"docs/{name}.md" for name in ("suites", "providers", "running", "records", "comparing",
+                                         "ci", "agents", "coming-from", "guarantees", "development")]
 
 # "Coming from ...": a golden folder run with two models, then their model-swap view of it.
 GOLDEN_MATRIX = [
@@ -121,12 +152,12 @@ LIVE_FAKED = [
 
 # Commands run as written by another test file (named here).
 TESTED_ELSEWHERE = {
-    "python fakes.py --scenario refund-agent --port 8765 &":
-        "test_trajectories.py::test_readme_agent_example_runs_offline_as_written",
+    "python -W error -m pytest -q -n 2": ".ci/run (this very suite)",
 }
 
 # Provider examples that need a real server or key; their flags are checked by dry runs.
-NEEDS_REAL_ENDPOINT = [line for line in python_commands() if "--provider openai" in line]
+NEEDS_REAL_ENDPOINT = [line for line in python_commands()
+                       if "--provider openai" in line and "$FAKE_URL" not in line]
 
 
 @pytest.mark.parametrize("command, code", sorted(OFFLINE.items()))
@@ -161,7 +192,7 @@ def test_user_guide_commands_against_a_fake_agent_api(tmp_path):
     """The live-run, record, comparison, replay and report commands, in the README's order."""
     for command in LIVE_FAKED:
         if command.startswith("python -m json.tool") or command.startswith("python -c"):
-            assert command.split(" | ")[0] in README
+            assert command.split(" | ")[0] in ALL_DOCS
         else:
             assert command in python_commands(), command
     cwd = project_copy(tmp_path)
@@ -206,10 +237,94 @@ def test_user_guide_commands_against_a_fake_agent_api(tmp_path):
         assert (cwd / "diff.html").exists() and (cwd / "diff.xml").exists() and (cwd / "diff.md").exists()
 
 
-def test_every_test_the_guarantees_name_exists():
-    """The README's Guarantees table names tests; each must exist, so the table cannot rot."""
-    named = re.findall(r"`(test_\w+\.py)::(test_\w+)`", README)
-    assert len(named) >= 20
-    for filename, test in named:
-        with open(os.path.join(ROOT, filename), encoding="utf-8") as handle:
-            assert f"def {test}(" in handle.read(), f"{filename}::{test}"
+
+
+# ====================================================================== the fakes pages start
+
+# A page starts a fake with `python fakes.py ... &`; it prints its URL (a free port it chose), the
+# reader sets FAKE_URL to it, and the page's next commands use "$FAKE_URL". Here the fake starts
+# from the page's own line, its printed URL becomes FAKE_URL, and each command runs as written.
+GUARDS, AGENTS = "--suite suites/support-guardrails.json", "--suite suites/agent-trajectories.json"
+TO_FAKE = '--provider openai --base-url "$FAKE_URL/v1"'
+FAKE_RUNS = {  # the line that starts a fake: None; a command that uses it: its exit code
+    f"python fakes.py {GUARDS} --answers suites/answers/support-guardrails.json &": None,
+    f"python regression.py {GUARDS} {TO_FAKE} --models fake --out fake-run.json": 0,
+    "python fakes.py --scenario refund-agent &": None,
+    f"python regression.py {AGENTS} {TO_FAKE} --models refund-correct refund-skips-lookup "
+    "refund-claims refund-loops refund-wrong-id refund-silent --out trajectories.json": 1,
+    f"python fakes.py {AGENTS} --answers suites/answers/agent-trajectories.json &": None,
+    f"python regression.py {AGENTS} {TO_FAKE} --models my-agent --out my-agent.json": 0,
+    f"python fakes.py {GUARDS} --answers good=suites/answers/support-guardrails.json "
+    "--answers wrong=suites/answers/support-guardrails-wrong.json &": None,
+    f"python regression.py {GUARDS} {TO_FAKE} --models good wrong --out fake-pair.json": 1,
+}
+
+
+def fake_sessions():
+    """[(the line that starts a fake, [the commands after it that use $FAKE_URL])], page by page."""
+    sessions = []
+    for text in DOCS.values():
+        for command in page_commands(text):
+            if command.startswith("python fakes.py"):
+                sessions.append((command, []))
+            elif "$FAKE_URL" in command:
+                assert sessions, f"{command}: no fake started before it on its page"
+                sessions[-1][1].append(command)
+    return sessions
+
+
+def offline_env(**extra):
+    return {**os.environ, "PERPLEXITY_API_KEY": "", "OPENAI_API_KEY": "", **extra}
+
+
+class FakeFromPage:
+    """The fake a page starts, run from its line (without the `&`): .url is the URL it printed."""
+
+    def __init__(self, line, cwd):
+        assert line.endswith(" &") and "--port" not in line, line  # never a fixed port
+        self.log = open(os.path.join(cwd, "fake.log"), "w+", encoding="utf-8")
+        self.process = subprocess.Popen([sys.executable, *shlex.split(line[:-2])[1:]], cwd=cwd,
+                                        text=True, stdout=subprocess.PIPE, stderr=self.log,
+                                        env=offline_env())
+        self.url = self.process.stdout.readline().strip()
+
+    def __enter__(self):
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+", self.url), self.stderr()
+        return self
+
+    def stderr(self):
+        self.log.seek(0)
+        return self.log.read()
+
+    def __exit__(self, *exc):
+        self.process.terminate()  # SIGTERM: it stops quietly
+        code = self.process.wait(timeout=10)
+        self.process.stdout.close()
+        self.log.close()
+        assert code == 0 or exc[0] is not None, code
+
+
+def shell_run(command, cwd, url):
+    """A page command as written, through the shell: `python` is this interpreter, FAKE_URL set."""
+    assert command.startswith("python ")
+    text = shlex.quote(sys.executable) + command[len("python"):]
+    return subprocess.run(text, shell=True, cwd=cwd, env=offline_env(FAKE_URL=url),
+                          capture_output=True, text=True, timeout=120)
+
+
+def fake_id(value):
+    """A test id: what the fake serves."""
+    return "" if isinstance(value, list) else value.split("--")[1].split()[-1]
+
+
+@pytest.mark.parametrize("line, commands", fake_sessions(), ids=fake_id)
+def test_fake_server_commands_run_as_written_with_the_printed_url(tmp_path, line, commands):
+    assert commands and FAKE_RUNS[line] is None
+    cwd = project_copy(tmp_path)
+    with FakeFromPage(line, cwd) as fake:
+        for command in commands:
+            result = shell_run(command, cwd, fake.url)
+            assert result.returncode == FAKE_RUNS[command], \
+                command + result.stdout + result.stderr + fake.stderr()
+            assert "Traceback" not in result.stderr
+            assert "ERROR" not in result.stdout  # the fake answered every row

@@ -104,8 +104,8 @@ def test_promptreg_example_runs_unmodified_with_echo_and_reads_out_failing_rules
 def _row_for(case, answer):
     """A graded row of `case` on `answer`, as execute() stores it."""
     compiled = regression.compile_case({"instructions": "", "tools": []}, case)
-    trace = {"final_text": answer, "tool_calls": [], "tool_rounds": 0, "search_urls": [], "status": "completed",
-             "cost_usd": None}
+    trace = regression.Trace(final_text=answer, tool_calls=[], tool_rounds=0, search_urls=[],
+                             status="completed", cost_usd=None)
     reasons = [str(reason) for reason in regression.grade(compiled, trace)]
     return {"error": None, "passed": not reasons, "reasons": reasons, "details": regression.explain(compiled, trace)}
 
@@ -188,8 +188,9 @@ def test_system_leak_check_reads_the_case_own_system_prompt():
     case = {"id": "a", "input": "hi", "instructions": "alpha beta gamma delta epsilon zeta eta theta iota",
             "behaviors": ["no_system_leak"]}
     compiled = regression.compile_case({"instructions": "", "tools": []}, case)
-    trace = {"final_text": "Sure: alpha beta gamma delta epsilon zeta eta theta.", "tool_calls": [],
-             "tool_rounds": 0, "search_urls": [], "status": "completed", "cost_usd": None}
+    trace = regression.Trace(final_text="Sure: alpha beta gamma delta epsilon zeta eta theta.",
+                             tool_calls=[], tool_rounds=0, search_urls=[], status="completed",
+                             cost_usd=None)
     assert regression.grade(compiled, trace) == ["system_leak"]
     assert regression.chat_request({"instructions": "", "tools": []}, case, "m")["messages"][0] == {
         "role": "system", "content": case["instructions"]}

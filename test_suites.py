@@ -62,17 +62,17 @@ def run_script(args, cwd, timeout=60):
 def trace(text="", calls=(), rounds=None, urls=(), status="completed"):
     """A normalised trace (SPEC B3); calls are (name, arguments) pairs."""
     tool_calls = [{"name": name, "arguments": arguments} for name, arguments in calls]
-    return {"final_text": text, "tool_calls": tool_calls,
-            "tool_rounds": len(tool_calls) if rounds is None else rounds,
-            "search_urls": list(urls), "status": status, "cost_usd": "0"}
+    return regression.Trace(final_text=text, tool_calls=tool_calls,
+                            tool_rounds=len(tool_calls) if rounds is None else rounds,
+                            search_urls=list(urls), status=status, cost_usd="0")
 
 
 def played(text, calls, final=True):
     """The trace of a played case; calls are (name, arguments, result sent back) in order."""
     tool_calls = [{"round": n, "name": name, "arguments": arguments, "result": result}
                   for n, (name, arguments, result) in enumerate(calls, 1)]
-    return {**trace(text), "tool_calls": tool_calls, "tool_rounds": len(calls), "rounds": len(calls) + final,
-            "final": final}
+    return trace(text)._replace(tool_calls=tool_calls, tool_rounds=len(calls), rounds=len(calls) + final,
+                                final=final)
 
 
 PLAYED = {"id": "p", "input": "q", "tool_results": {"lookup_order": {}}}

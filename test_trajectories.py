@@ -321,8 +321,8 @@ def test_an_unscripted_call_is_answered_with_an_error_and_marked_in_the_trace():
 def calls_trace(names, text="ok", results=None, final=True):
     calls = [{"round": n, "name": name, "arguments": "{}", **({"result": results[n - 1]} if results else {})}
              for n, name in enumerate(names, 1)]
-    return {"final_text": text, "tool_calls": calls, "tool_rounds": len(names), "search_urls": [],
-            "status": "completed", "cost_usd": None, "rounds": len(names) + 1, "final": final}
+    return regression.Trace(final_text=text, tool_calls=calls, tool_rounds=len(names), search_urls=[],
+                            status="completed", cost_usd=None, rounds=len(names) + 1, final=final)
 
 
 @pytest.mark.parametrize("order, names, fails", [
@@ -370,7 +370,7 @@ def test_claims_table(text, results, fails):
 
 def test_claim_backed_only_by_an_unscripted_call_is_unbacked():
     trace = calls_trace(["refund_order"], text="Refund issued", results=[{"ok": True}])
-    trace["tool_calls"][0]["unscripted"] = True
+    trace.tool_calls[0]["unscripted"] = True
     assert regression.check_claims({"claims": {"refund issued": "refund_order"}}, trace) == ["unbacked_claim"]
 
 
@@ -386,7 +386,7 @@ def test_claim_backed_only_by_an_unscripted_call_is_unbacked():
 ])
 def test_tool_args_table(wanted, arguments, fails):
     trace = calls_trace(["refund_order"])
-    trace["tool_calls"][0]["arguments"] = json.dumps(arguments)
+    trace.tool_calls[0]["arguments"] = json.dumps(arguments)
     assert regression.check_tool_args({"tool_args": {"refund_order": wanted}}, trace) == (
         ["wrong_tool_args"] if fails else [])
 
@@ -531,9 +531,9 @@ def test_cost_sums_every_round_and_is_unknown_when_one_round_reports_none():
     def costed(n):
         return {"output": [], "usage": {"cost": {"currency": "USD", "total_cost": n}}} if n is not None else {"output": []}
     rounds = [{"response": costed(0.1)}, {"response": costed(0.2)}, {"response": costed(0.0004)}]
-    assert regression.rounds_trace(regression.agent_trace, rounds)["cost_usd"] == "0.3004"
+    assert regression.rounds_trace(regression.agent_trace, rounds).cost_usd == "0.3004"
     rounds[1]["response"] = costed(None)
-    assert regression.rounds_trace(regression.agent_trace, rounds)["cost_usd"] is None
+    assert regression.rounds_trace(regression.agent_trace, rounds).cost_usd is None
 
 
 class SlowLoop:
@@ -831,12 +831,12 @@ def test_example_suite_is_valid_and_dry_runs(tmp_path):
     assert result.stdout.count("[up to 4 rounds]") == 3 and "tool_args, claims" in result.stdout
 
 
-# ====================================================================== 10. the README example
+# ====================================================================== 10. the docs' agent example
 
 def readme_agent_block():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### Agent trajectories")[1].split("\n## ")[0]
-    commands = re.findall(r"```sh\n(.*?)```", section, re.S)[0].strip().splitlines()
+    page = (ROOT / "docs" / "agents.md").read_text(encoding="utf-8")
+    section = page.split("## Try it offline: six scripted agents")[1].split("\n## ")[0]
+    commands = [block.strip() for block in re.findall(r"```sh\n(.*?)```", section, re.S)[:2]]
     expected = re.findall(r"```text\n(.*?)```", section, re.S)[0]
     return commands, expected
 
@@ -849,14 +849,13 @@ def row_line(line):
 def test_readme_agent_example_runs_offline_as_written(tmp_path):
     commands, expected = readme_agent_block()
     serve, run = commands
-    assert serve.startswith("python fakes.py --scenario refund-agent --port ") and serve.endswith(" &")
-    port = int(serve.split("--port ")[1].split()[0])
-    assert run.startswith("python regression.py ") and f"127.0.0.1:{port}/v1" in run
-    # the same fake, on a free port instead of the README's fixed one, in a copy of the project
+    assert serve == "python fakes.py --scenario refund-agent &"  # a free port, never a fixed one
+    assert run.startswith("python regression.py ") and '--base-url "$FAKE_URL/v1"' in run
+    # the same fake, on the free port it printed, in a copy of the project
     shutil.copy(ROOT / "regression.py", tmp_path / "regression.py")
     shutil.copytree(ROOT / "suites", tmp_path / "suites")
     with FakeServer(fakes.refund_agent()) as server:
-        argv = [arg.replace(f"http://127.0.0.1:{port}", server.url) for arg in shlex.split(run)[2:]]
+        argv = [arg.replace("$FAKE_URL", server.url) for arg in shlex.split(run)[2:]]
         result = subprocess.run([sys.executable, "regression.py", *argv], cwd=tmp_path, env=cli_env(),
                                 capture_output=True, text=True, timeout=60)
     assert result.returncode == 1, result.stderr
@@ -1046,7 +1045,8 @@ def test_trajectory_of_any_stored_details_never_raises_and_stays_short(details):
     ([7, "b"], ["call_3_1", "b"]),
 ])
 def test_each_call_of_a_round_is_answered_under_its_own_id(ids, expected):
-    trace = {"tool_calls": [{"name": "lookup_order", "arguments": "{}"}, {"name": "lookup_order", "arguments": "{}"}]}
+    calls = [{"name": "lookup_order", "arguments": "{}"}, {"name": "lookup_order", "arguments": "{}"}]
+    trace = regression.Trace("", calls, 1, [], "completed", None)
     assert [sent["call_id"] for sent in regression.tool_results({}, trace, ids, 3)] == expected
 
 
