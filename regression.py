@@ -3955,7 +3955,7 @@ def replay_problem(suite, case, row, parse, call_ids, results=True):
             trace = parse(turn.get("response"))
         except Exception:  # the replay itself records what is wrong with this response
             return None
-        if not trace["tool_calls"] or number >= limit:
+        if not trace.tool_calls or number >= limit:
             return None if number == len(turns) else \
                 f"max_rounds now ends it after round {number} of the {len(turns)} stored"
         if number == len(turns):
@@ -4397,7 +4397,7 @@ class Budget:
 def response_cost(provider, prices, model, raw):
     """One response's cost: as reported, else its token usage at the model's --price, else None."""
     try:
-        cost = provider.parse(raw)["cost_usd"]
+        cost = provider.parse(raw).cost_usd
     except Exception:  # a response the trace cannot read is still priced from its usage
         cost = None
     cost = estimate_cost({"model": model, "cost_usd": cost, "response": raw}, prices)["cost_usd"]
@@ -6238,8 +6238,8 @@ def _continue_hint(path):
     except RecordError:
         return ""
     final = record.get("summary") if isinstance(record.get("summary"), dict) else {}
-    if record_problem(record) is not None or final.get("complete") is True:
-        return ""
+    if record_problem(record, evidence=False) is not None or final.get("complete") is True:
+        return ""  # (a row without its evidence is one --resume runs again)
     rows = len(record["runs"])
     return (f"; it holds an unfinished record ({rows} row(s) saved); "
             f"continue it with: python regression.py --resume {shell_word(path)}{redact_note(record)}")
