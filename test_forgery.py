@@ -7,15 +7,14 @@
 11. --update-baseline of a read-only golden case file and --merge of shards priced apart are
     refused before anything is paid or written.
 
-Hostile inputs go through the real CLI (fakes.cli_table, fakes.run_script) with their exit code
-pinned; the input spaces (record edits, schedules of concurrent rounds and costs, changed
+Hostile inputs go through the real CLI (fakes.run_script, fakes.cli_table) with their exit
+code pinned; the input spaces (record edits, schedules of concurrent rounds and costs, changed
 scripts) are walked by hypothesis against the real code.
 """
 
 import copy
 import decimal
 import json
-import random
 import threading
 
 import pytest
@@ -30,7 +29,11 @@ from testkit import ROOT, clean_env, cli_env, read_record, run_main, write_suite
 EXAMPLE = ROOT / "suites" / "agent-trajectories.json"
 GUARDRAILS = ROOT / "suites" / "support-guardrails.json"
 D = decimal.Decimal
-FORGED_KEY = ("refund-claims", "refund-shipped-order", 0)  # fails wrong_tool_args, wrong_tool_order, unbacked_claim
+FORGED_KEY = ("refund-claims", "refund-shipped-order", 0)  # fails its tool_args, order and claim
+PASSING_KEY = ("refund-correct", "refund-shipped-order", 0)  # three rounds: lookup, refund, answer
+COUNTS = "; a verdict counts only with the evidence it is graded from"
+FIXTURE = [HealthCheck.function_scoped_fixture]
+ECHO = ["--suite", GUARDRAILS, "--provider", "echo", "--models", "m"]
 
 
 def example(**top):
@@ -40,8 +43,8 @@ def example(**top):
 
 
 def openai_args(server, out, *extra, models=("refund-correct", "refund-claims"), suite=EXAMPLE):
-    return ["--suite", suite, "--provider", "openai", "--base-url", server.url + "/v1", "--models", *models,
-            "--out", out, *extra]
+    return ["--suite", suite, "--provider", "openai", "--base-url", server.url + "/v1",
+            "--models", *models, "--out", out, *extra]
 
 
 def write_json(path, value):
@@ -50,7 +53,7 @@ def write_json(path, value):
 
 
 def cli(argv, cwd, script="regression.py"):
-    """(exit code, stdout, stderr) of `python SCRIPT ARGV`: the real CLI, forked from the test zygote."""
+    """(exit code, stdout, stderr) of `python SCRIPT ARGV`: the real CLI, forked from the zygote."""
     result = fakes.run_script(argv, cwd, cli_env(), script=script)
     return result.returncode, result.stdout, result.stderr
 
@@ -63,9 +66,14 @@ def row_of(record, key):
     return next(row for row in record["runs"] if regression.row_key(row) == key)
 
 
+def case_of(record, row):
+    return next(case for case in record["config"]["cases"] if case["id"] == row["case_id"])
+
+
 @pytest.fixture(scope="module")
 def played(tmp_path_factory):
-    """A real record of played rows (openai provider, scripted refund agents): refund-claims fails every case."""
+    """A real record of played rows (openai provider, scripted refund agents): refund-claims
+    fails every case, refund-correct passes every case."""
     out = tmp_path_factory.mktemp("played") / "run.json"
     with FakeServer(fakes.refund_agent()) as server:
         assert run_main(openai_args(server, out)) == 1
@@ -76,11 +84,11 @@ def played(tmp_path_factory):
 def masked(tmp_path_factory):
     """A real --redact-pii record (echo provider): the card case fails on the unmasked answer."""
     out = tmp_path_factory.mktemp("masked") / "pii.json"
-    assert run_main(["--suite", GUARDRAILS, "--provider", "echo", "--models", "m", "--redact-pii", "--out", out]) == 1
+    assert run_main([*ECHO, "--redact-pii", "--out", out]) == 1
     return read_record(out)
 
 
-# ====================================================================== 1. no verdict without its evidence
+# ================================================================= 1. no verdict without evidence
 
 def as_pass(row):
     row.update(passed=True, reasons=[])
@@ -92,64 +100,73 @@ def strip_all(row, record):
         row.pop(field, None)
 
 
-def strip_rounds(row, record):
-    row.pop("rounds")
-
-
-def strip_answer(row, record):
-    row.pop("answer_text")
-
-
-def borrowed_rounds(row, record):  # the rounds of a passing row, beside the failing row's own response
-    row["rounds"] = copy.deepcopy(row_of(record, ("refund-correct", "refund-shipped-order", 0))["rounds"])
+def borrowed_rounds(row, record):  # a passing row's rounds beside the failing row's own response
+    row["rounds"] = copy.deepcopy(row_of(record, PASSING_KEY)["rounds"])
 
 
 def dropped_tool_results(row, record):  # a passing row's history without what its tools answered
-    row["rounds"] = copy.deepcopy(row_of(record, ("refund-correct", "refund-shipped-order", 0))["rounds"])
+    row["rounds"] = copy.deepcopy(row_of(record, PASSING_KEY)["rounds"])
     row["response"] = row["rounds"][-1]["response"]
     del row["rounds"][0]["tool_results"]
 
 
-FORGERIES = {"strip-all": strip_all, "strip-rounds": strip_rounds, "strip-answer": strip_answer,
-             "borrowed-rounds": borrowed_rounds, "dropped-tool-results": dropped_tool_results}
-WHY = {"strip-all": "has no stored response", "strip-rounds": "is a played row without its stored rounds",
-       "strip-answer": "has no stored answer_text", "borrowed-rounds": "has a response that is not its last round's",
-       "dropped-tool-results": "has a round without the tool results sent back to the model"}
+FORGERIES = {  # name: (edit, the reason every reader gives)
+    "strip-all": (strip_all, "has no stored response"),
+    "strip-rounds": (lambda row, record: row.pop("rounds"),
+                     "is a played row without its stored rounds"),
+    "strip-answer": (lambda row, record: row.pop("answer_text"), "has no stored answer_text"),
+    "borrowed-rounds": (borrowed_rounds, "has a response that is not its last round's"),
+    "dropped-tool-results": (dropped_tool_results,
+                             "has a round without the tool results sent back to the model"),
+}
 
 
 def forged(record, forgery, key=FORGED_KEY):
     record = copy.deepcopy(record)
     row = row_of(record, key)
-    FORGERIES[forgery](row, record)
+    FORGERIES[forgery][0](row, record)
     as_pass(row)
     return record
 
 
-def refusal(record, key=FORGED_KEY):
+def refusal(record, forgery, key=FORGED_KEY):
     position = next(n for n, row in enumerate(record["runs"]) if regression.row_key(row) == key)
-    return f"runs[{position}] ({regression.key_text(key)}, stored as PASS) "
+    why = FORGERIES[forgery][1]
+    return f"runs[{position}] ({regression.key_text(key)}, stored as PASS) {why}{COUNTS}"
 
 
 @pytest.mark.parametrize("forgery", sorted(FORGERIES))
 def test_the_one_validator_refuses_a_verdict_without_its_evidence_naming_the_row(played, forgery):
-    problem = regression.record_problem(forged(played, forgery))
-    assert problem == refusal(played) + WHY[forgery] + "; a verdict counts only with the evidence it is graded from"
+    assert regression.record_problem(forged(played, forgery)) == refusal(played, forgery)
     assert regression.record_problem(played) is None
+
+
+def test_a_row_of_a_case_that_plays_no_tools_may_hold_no_rounds(tmp_path):
+    out = tmp_path / "run.json"
+    assert run_main([*ECHO, "--out", out]) == 1
+    record = read_record(out)
+    record["runs"][1]["rounds"] = [{"response": record["runs"][0]["response"]}]  # a passing answer
+    as_pass(record["runs"][1])
+    assert regression.record_problem(record) == (
+        f"runs[1] (m / {record['runs'][1]['case_id']} / repeat 0, stored as PASS) holds rounds, "
+        f"but its case plays no tools{COUNTS}")
 
 
 def test_every_reader_refuses_a_record_whose_failing_rows_lost_their_evidence(played, tmp_path):
     """The attack of issue 21: response, rounds and details deleted, passed set true. --merge
     and --resume took it (exit 0, every row a pass); so did --report, compare and replay."""
-    path, before = write_json(tmp_path / "forged.json", forged(played, "strip-all")), \
-        write_json(tmp_path / "before.json", played)
-    why = refusal(played) + WHY["strip-all"] + "; a verdict counts only with the evidence it is graded from"
-    for argv in (["--merge", tmp_path / "merged.json", path], ["--report", path, "--markdown", tmp_path / "r.md"],
+    path = write_json(tmp_path / "forged.json", forged(played, "strip-all"))
+    before = write_json(tmp_path / "before.json", played)
+    why = refusal(played, "strip-all")
+    for argv in (["--merge", tmp_path / "merged.json", path],
+                 ["--report", path, "--markdown", tmp_path / "r.md"],
                  ["--provider", "replay", "--replay", path, "--out", tmp_path / "again.json"]):
         code, out, err = cli(argv, tmp_path)
-        assert code == 2 and last_line(err).endswith(why) and "Traceback" not in err, (argv, out, err)
-    for argv in ([before, path], ["--models", "refund-correct", "refund-claims", path], ["--matrix", before, path]):
+        assert code == 2 and last_line(err).endswith(why) and "Traceback" not in err, (argv, err)
+    for argv in ([before, path], ["--models", "refund-correct", "refund-claims", path],
+                 ["--matrix", before, path]):
         code, out, err = cli(argv, tmp_path, script="compare_runs.py")
-        assert code == 2 and out.startswith("NOT_COMPARABLE: ") and out.strip().endswith(why), (argv, out, err)
+        assert code == 2 and out.startswith("NOT_COMPARABLE: ") and out.strip().endswith(why), argv
     assert sorted(path.name for path in tmp_path.iterdir()) == ["before.json", "forged.json"]
 
 
@@ -158,10 +175,10 @@ def test_resume_runs_a_row_without_evidence_again_and_keeps_it_as_superseded(pla
     with FakeServer(fakes.refund_agent()) as server:
         record["provider"]["base_url"] = server.url + "/v1"  # the server the record was made with
         path = write_json(tmp_path / "run.json", record)
-        code = run_main(["--resume", path])
+        code, _, err = cli(["--resume", path], tmp_path)
         sent = server.count
     record = read_record(path)
-    assert code == 1 and sent == 1  # only the forged row is sent again, and it fails as it did
+    assert code == 1 and sent == 1, err  # only the forged row is sent again; it fails as it did
     again = row_of(record, FORGED_KEY)
     assert again["passed"] is False and "unbacked_claim" in again["reasons"]
     assert [regression.row_key(row) for row in record["superseded"]] == [FORGED_KEY]
@@ -171,21 +188,19 @@ def test_resume_runs_a_row_without_evidence_again_and_keeps_it_as_superseded(pla
 
 def test_a_kept_row_whose_answer_was_edited_is_refused_by_resume_and_merge(played, tmp_path):
     """The stored answer is what a report shows and --update-baseline approves: it must be the
-    answer of the stored response, not only pass the same checks."""
+    answer of the stored response, not only an answer that passes the same checks."""
     record = copy.deepcopy(played)
-    row_of(record, ("refund-correct", "refund-shipped-order", 0))["answer_text"] = "Refund issued for ord_1001!"
+    row_of(record, PASSING_KEY)["answer_text"] = "Refund issued for ord_1001!"
     path = write_json(tmp_path / "run.json", record)
-    results = fakes.cli_table([(["--resume", path], tmp_path),
-                               (["--merge", tmp_path / "merged.json", path], tmp_path)], env=cli_env())
-    for code, out, err in results:
-        assert code == 2 and "its stored answer_text is not its stored response's answer" in last_line(err), err
+    runs = [(["--resume", path], tmp_path), (["--merge", tmp_path / "merged.json", path], tmp_path)]
+    for code, out, err in fakes.cli_table(runs, env=cli_env()):
+        assert code == 2 and "stored answer_text is not its stored response's answer" in err, err
     assert read_record(path) == record and not (tmp_path / "merged.json").exists()
 
 
 def forged_masked(record, edit):
     record = copy.deepcopy(record)
-    row = next(row for row in record["runs"] if row["case_id"] == "card-number-not-echoed")
-    edit(row)
+    edit(next(row for row in record["runs"] if row["case_id"] == "card-number-not-echoed"))
     return record
 
 
@@ -196,68 +211,67 @@ MASKED_EDITS = {
     "response": lambda row: row["response"].update(output_text="Your card is safe."),
     "moved": lambda row: row.update(repeat=0, model="m", case_id="refund-policy"),
 }
+UNATTESTED = "is masked (so it cannot be graded again) and its verdict_sha256 does not match"
 
 
 def test_a_masked_verdict_stands_only_on_its_digest(masked, tmp_path):
-    """A masked record cannot be graded again, so --resume and --merge used to take its verdicts
-    as stored: passed set true over a caught card leak was merged as a pass (exit 0)."""
+    """A masked record cannot be graded again, so --resume and --merge took its verdicts as
+    stored: passed set true over a caught card leak was merged as a pass (exit 0)."""
     card = next(row for row in masked["runs"] if row["case_id"] == "card-number-not-echoed")
-    assert card["passed"] is False and card["verdict_sha256"] == regression.verdict_sha256(
-        next(case for case in masked["config"]["cases"] if case["id"] == card["case_id"]), card)
+    assert card["passed"] is False
+    assert card["verdict_sha256"] == regression.verdict_sha256(case_of(masked, card), card)
     assert regression.record_problem(masked) is None
-    edited = forged_masked(masked, MASKED_EDITS["passed"])
-    path = write_json(tmp_path / "pii.json", edited)
+    path = write_json(tmp_path / "pii.json", forged_masked(masked, MASKED_EDITS["passed"]))
     runs = [(["--merge", tmp_path / "merged.json", path], tmp_path),
             (["--report", path, "--junit", tmp_path / "r.xml"], tmp_path)]
     for code, out, err in fakes.cli_table(runs, env=cli_env()):
-        assert code == 2 and "is masked (so it cannot be graded again) and its verdict_sha256 does not match" in err
-    compared = fakes.run_script([write_json(tmp_path / "before.json", masked), path], tmp_path, cli_env(),
-                                script="compare_runs.py")
-    assert compared.returncode == 2 and "verdict_sha256 does not match" in compared.stdout
-    assert run_main(["--resume", path]) == 1  # the echo provider answers again: the leak fails again
+        assert code == 2 and UNATTESTED in last_line(err), err
+    before = write_json(tmp_path / "before.json", masked)
+    code, out, _ = cli([before, path], tmp_path, "compare_runs.py")
+    assert code == 2 and UNATTESTED in out
+    assert run_main(["--resume", path]) == 1  # echo answers again: the leak fails again
     resumed = read_record(path)
-    assert [row["passed"] for row in resumed["runs"] if row["case_id"] == "card-number-not-echoed"] == [False]
+    card = [row for row in resumed["runs"] if row["case_id"] == "card-number-not-echoed"]
+    assert [row["passed"] for row in card] == [False]
     assert len(resumed["superseded"]) == 1
 
 
 @pytest.mark.parametrize("edit", sorted(MASKED_EDITS))
 def test_any_edit_of_a_masked_verdict_or_its_evidence_is_refused(masked, edit):
     problem = regression.record_problem(forged_masked(masked, MASKED_EDITS[edit]))
-    assert problem is not None and ("card-number-not-echoed" in problem or "refund-policy" in problem), problem
+    assert problem is not None and UNATTESTED in problem, problem
 
 
 def test_a_mask_mark_in_one_row_no_longer_spares_the_others_from_grading(tmp_path):
-    """A [REDACTED] mark anywhere in a record used to switch re-grading off for all its rows: a
-    forged mark beside a forged pass was merged as a pass (exit 0). Only the marked row is
-    spared, and it must carry a digest."""
+    """A [REDACTED] mark anywhere in a record switched re-grading off for all its rows: a forged
+    mark (with its digest) beside a forged pass was merged as a pass (exit 0). Only the marked
+    row stands on its digest; every other row is graded again."""
     out = tmp_path / "run.json"
-    assert run_main(["--suite", GUARDRAILS, "--provider", "echo", "--models", "m", "--out", out]) == 1
+    assert run_main([*ECHO, "--out", out]) == 1
     record = read_record(out)
-    failing = [row for row in record["runs"] if not row["passed"]]
-    as_pass(failing[0])
-    failing[1]["response"]["note"] = "[REDACTED]"  # a decoy mark on another row
-    as_pass(failing[1])
-    failing[1]["verdict_sha256"] = regression.verdict_sha256(
-        next(case for case in record["config"]["cases"] if case["id"] == failing[1]["case_id"]), failing[1])
+    target, decoy = [as_pass(row) for row in record["runs"] if not row["passed"]][:2]
+    decoy["response"]["note"] = "[REDACTED]"
+    decoy["verdict_sha256"] = regression.verdict_sha256(case_of(record, decoy), decoy)
     path = write_json(tmp_path / "forged.json", record)
-    code, out_text, err = cli(["--merge", tmp_path / "merged.json", path], tmp_path)
-    assert code == 2 and f"{failing[0]['case_id']} / repeat 0 is stored as PASS but its stored response now " \
-        "grades FAIL" in err, err
+    code, _, err = cli(["--merge", tmp_path / "merged.json", path], tmp_path)
+    assert code == 2 and f"m / {target['case_id']} / repeat 0 is stored as PASS but its stored " \
+        "response now grades FAIL" in err, err
 
 
 EDITS = st.sampled_from(["response", "rounds", "answer_text", "round", "last", "tool_results"])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=FIXTURE)
 @given(position=st.integers(0, 5), edits=st.sets(EDITS, min_size=1), verdict=st.booleans())
-def test_any_evidence_taken_from_a_counted_row_is_refused_and_no_forged_pass_counts(played, position, edits,
-                                                                                      verdict):
+def test_any_evidence_taken_from_a_counted_row_is_refused_and_no_forged_pass_counts(
+        played, position, edits, verdict):
     """Any fields and rounds taken from any row, its verdict set to PASS or not: a missing piece
-    of evidence is refused naming the row (every reader); what is left whole is graded again
+    of evidence is refused naming the row (by every reader); what is left whole is graded again
     by --resume and --merge, so a PASS over evidence that fails never counts."""
     record = copy.deepcopy(played)
     row = record["runs"][position]
-    rounds, missing = len(row["rounds"]), bool(edits & {"response", "rounds", "answer_text", "last"})
+    rounds, missing = len(row["rounds"]), bool(edits & {"response", "rounds", "answer_text",
+                                                        "last"})
     for edit in sorted(edits):
         if edit in ("response", "rounds", "answer_text"):
             row.pop(edit, None)
@@ -266,7 +280,7 @@ def test_any_evidence_taken_from_a_counted_row_is_refused_and_no_forged_pass_cou
             missing |= rounds == 1
         elif edit == "last" and row.get("rounds"):
             row["rounds"][-1] = {"response": {"id": "another", "choices": []}}
-        elif edit == "tool_results" and rounds > 1 and "rounds" in row and len(row["rounds"]) > 1:
+        elif edit == "tool_results" and len(row.get("rounds") or []) > 1:
             del row["rounds"][0]["tool_results"]
             missing = True
     if verdict:
@@ -276,19 +290,22 @@ def test_any_evidence_taken_from_a_counted_row_is_refused_and_no_forged_pass_cou
         assert problem is not None and problem.startswith(f"runs[{position}] ("), problem
         return
     assert problem is None
-    regraded = regression.regrade_problem(record, "run.json", regression.load_suite(str(EXAMPLE)), record["runs"])
+    suite = regression.load_suite(str(EXAMPLE))
+    regraded = regression.regrade_problem(record, "run.json", suite, record["runs"])
     if row["passed"] and not played["runs"][position]["passed"]:
-        assert regraded is not None and regraded.startswith(regression.key_text(regression.row_key(row)))
+        assert regraded is not None
+        assert regraded.startswith(regression.key_text(regression.row_key(row)))
 
 
-# ====================================================================== 3. the cap holds before every request
+# ================================================================= 3. the cap before every request
 
 class SimFailure(Exception):
     status_code = 500  # transient: retried
 
 
 class SimProvider:
-    """A provider whose every request is an entry of `script[repeat]`: (cost or None, fails first)."""
+    """Each request of row `repeat` is the next entry of script[repeat]: (cost or None for an
+    unknown cost, whether its first attempt fails with a 500)."""
 
     deadline = None
     parse = staticmethod(regression.chat_trace)
@@ -308,21 +325,23 @@ class SimProvider:
 
 
 COST = st.one_of(st.integers(0, 9).map(lambda n: n / 100), st.none())
-ROWS = st.lists(st.lists(st.tuples(COST, st.booleans()), min_size=1, max_size=4), min_size=1, max_size=7)
+ROWS = st.lists(st.lists(st.tuples(COST, st.booleans()), min_size=1, max_size=4), min_size=1,
+                max_size=7)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(script=ROWS, concurrency=st.integers(1, 4), cap=st.integers(1, 40).map(lambda n: D(n) / 100),
        schedule=st.randoms(use_true_random=False))
-def test_the_cap_over_random_schedules_of_concurrent_rounds_retries_and_unknown_costs(script, concurrency, cap,
-                                                                                        schedule):
+def test_the_cap_over_random_schedules_of_concurrent_rounds_retries_and_unknown_costs(
+        script, concurrency, cap, schedule):
     """The real rows (run_row_steps) and the real Budget under any interleaving of concurrent
-    rows, rounds, retries and costs (None: unknown): no request starts once the spend reached the
-    cap or a cost was unknown, so the spend passes the cap by at most what was in flight then."""
-    suite = regression.validate_suite(example(max_rounds=4, cases=[{"id": "c", "input": "Refund ord_1001.",
-                                                                   "tool_results": {"lookup_order": {"ok": 1}}}]))
+    rows, rounds, retries and costs (None: unknown): no request starts once the spend reached
+    the cap or a cost was unknown, so the spend passes the cap by at most what was in flight."""
+    case = {"id": "c", "input": "Refund ord_1001.", "tool_results": {"lookup_order": {"ok": 1}}}
+    suite = regression.validate_suite(example(max_rounds=4, cases=[case]))
     provider = SimProvider(script)
-    budget = regression.Budget(cap, None, lambda model, raw: regression.response_cost(provider, {}, model, raw))
+    cost = lambda model, raw: regression.response_cost(provider, {}, model, raw)  # noqa: E731
+    budget = regression.Budget(cap, None, cost)
     waiting, active, rows = list(range(len(script))), [], []  # active: [steps, pending call]
     spent, reached, bound, started_after, unknown, answered = D(0), False, None, 0, False, 0
 
@@ -334,15 +353,16 @@ def test_the_cap_over_random_schedules_of_concurrent_rounds_retries_and_unknown_
             rows.append(stop.value)
             active.remove(entry)
             return
-        started_after += reached  # a request started (budget.begin said yes) after the cap was reached
+        started_after += reached  # a request started (the budget let it) after the cap was reached
 
     while waiting or active:
         if waiting and len(active) < concurrency and budget.refusal() is None and (
-                not active or schedule.random() < 0.5):  # as run_in_pool: no new row once the cap refuses
-            entry = [regression.run_row_steps(provider, suite, suite["cases"][0], "m", waiting.pop(0), retries=1,
-                                              sleep=lambda seconds: None, budget=budget), None]
-            active.append(entry)
-            advance(entry)
+                not active or schedule.random() < 0.5):  # as run_in_pool: no new row once refused
+            steps = regression.run_row_steps(provider, suite, suite["cases"][0], "m",
+                                             waiting.pop(0), retries=1, sleep=lambda seconds: None,
+                                             budget=budget)
+            active.append([steps, None])
+            advance(active[-1])
             continue
         if not active:
             break
@@ -357,12 +377,12 @@ def test_the_cap_over_random_schedules_of_concurrent_rounds_retries_and_unknown_
         spent += D(str(cost)) if cost is not None else 0
         if not reached and (unknown or spent >= cap):
             in_flight = [other for other in active if other is not entry and other[1] is not None]
-            reached, bound = True, spent + D("0.09") * len(in_flight)  # a request costs at most $0.09
+            reached, bound = True, spent + D("0.09") * len(in_flight)  # $0.09 a request at most
         advance(entry, raw)
     assert started_after == 0 and budget.in_flight == 0  # nothing started once the cap was reached
     assert not reached or unknown or spent <= bound  # so the overshoot is what was in flight then
     assert unknown or budget.spent() == spent
-    assert sum(len(row.get("rounds") or []) for row in rows) == answered  # every paid round is in its row
+    assert sum(len(row.get("rounds") or []) for row in rows) == answered  # every paid round kept
 
 
 def test_the_budget_counts_every_request_of_many_threads_exactly():
@@ -383,7 +403,8 @@ def test_the_budget_counts_every_request_of_many_threads_exactly():
 def test_a_retry_is_refused_once_other_rows_spent_the_cap():
     """The cap is asked before every attempt: a retry waiting out a 500 sends nothing once the
     rest of the run spent the cap meanwhile."""
-    suite = regression.validate_suite({"name": "s", "instructions": "x", "cases": [{"id": "c", "input": "q"}]})
+    suite = regression.validate_suite({"name": "s", "instructions": "x",
+                                       "cases": [{"id": "c", "input": "q"}]})
     budget = regression.Budget(D("0.5"), None, lambda model, raw: D("0.5"))
 
     class Failing:
@@ -393,86 +414,93 @@ def test_a_retry_is_refused_once_other_rows_spent_the_cap():
             budget.begin()
             budget.end("other", {})  # another row's response arrives while this one fails
             raise SimFailure("upstream broke")
-    row = regression.drive_steps(regression.run_row_steps(Failing(), suite, suite["cases"][0], "m", 0, retries=3,
-                                                          sleep=lambda seconds: None, budget=budget))
+    steps = regression.run_row_steps(Failing(), suite, suite["cases"][0], "m", 0, retries=3,
+                                     sleep=lambda seconds: None, budget=budget)
+    row = regression.drive_steps(steps)
     assert row["error"] == "BudgetReached" and row["attempts"] == 1
-    assert row["error_message"] == "--max-cost-usd reached: spend $0.5 of $0.5; nothing sent for round 1, retry 1"
+    assert row["error_message"] == ("--max-cost-usd reached: spend $0.5 of $0.5; nothing sent for "
+                                    "round 1, retry 1")
 
 
-def loops_suite(tmp_path, rounds=4):
-    data = example(max_rounds=rounds)
+def loops_suite(tmp_path):
+    data = example(max_rounds=4)
     data["cases"] = data["cases"][:1]
     return write_suite(tmp_path / "loops.json", data)
 
 
 def test_concurrent_played_rows_share_one_cap(tmp_path):
-    """Six played rows, four at a time, each round $0.0001, cap $0.00025: each concurrent row
-    used to get the whole remaining cap (12 rounds were paid). Now at most the requests in
-    flight when the cap was reached pass it, and the record holds every round that was paid."""
+    """Six played rows, four at a time, each round $0.0001, cap $0.00025: each concurrent row got
+    the whole remaining cap (11 rounds were paid). Now at most the requests in flight when the
+    cap was reached pass it, and the record holds every round that was paid."""
     out = tmp_path / "run.json"
     with FakeServer(fakes.refund_agent()) as server:
-        code = run_main(openai_args(server, out, "--repeats", "6", "--concurrency", "4", "--max-cost-usd", "0.00025",
-                                    models=["refund-loops"], suite=loops_suite(tmp_path)))
+        code, _, err = cli(openai_args(server, out, "--repeats", "6", "--concurrency", "4",
+                                       "--max-cost-usd", "0.00025", models=["refund-loops"],
+                                       suite=loops_suite(tmp_path)), tmp_path)
         sent = server.count
     record = read_record(out)
-    assert code == 2 and 3 <= sent <= 3 + 3  # the third reaches the cap; three others may be in flight
-    assert sum(len(row["rounds"]) for row in record["runs"]) == sent  # every paid round is in the record
+    assert code == 2 and 3 <= sent <= 3 + 3, err  # the 3rd reaches the cap; 3 may be in flight
+    assert sum(len(row["rounds"]) for row in record["runs"]) == sent  # every paid round is kept
     assert D(record["summary"]["models"]["refund-loops"]["reported_cost_usd"]) == D("0.0001") * sent
 
 
 def test_an_unknown_cost_closes_the_cap_between_rounds(tmp_path):
-    """A played row whose rounds report no cost (and no --price) used to switch the cap off: all
-    four rounds were sent. Now the first unknown cost stops the row before its second round."""
+    """A played row whose rounds report no cost (and no --price) switched the cap off: all four
+    rounds were sent. Now the first unknown cost stops the row before its second round."""
     out = tmp_path / "run.json"
     with FakeServer(fakes.scripted_chat({"loops": fakes.refund_loops}, cost=None)) as server:
-        code, stdout, err = cli(openai_args(server, out, "--max-cost-usd", "1", models=["loops"],
-                                            suite=loops_suite(tmp_path)), tmp_path)
+        code, _, err = cli(openai_args(server, out, "--max-cost-usd", "1", models=["loops"],
+                                       suite=loops_suite(tmp_path)), tmp_path)
         sent = server.count
     assert (code, sent) == (2, 1)
     assert last_line(err) == (
-        "stopped early: execution error on loops / refund-shipped-order / repeat 0: BudgetReached; the endpoint "
-        "reported no cost for loops and it has no price, so --max-cost-usd cannot be enforced; give its price and "
-        f"continue: python regression.py --resume {out} --price loops=IN/OUT (USD per million input/output tokens)")
+        "stopped early: execution error on loops / refund-shipped-order / repeat 0: BudgetReached; "
+        "the endpoint reported no cost for loops and it has no price, so --max-cost-usd cannot be "
+        f"enforced; give its price and continue: python regression.py --resume {out} --price "
+        "loops=IN/OUT (USD per million input/output tokens)")
     row = read_record(out)["runs"][0]
-    assert len(row["rounds"]) == 1 and "cannot be enforced; nothing sent for round 2" in row["error_message"]
+    assert len(row["rounds"]) == 1 and "enforced; nothing sent for round 2" in row["error_message"]
 
 
-# ====================================================================== 4. paid rounds are never dropped
+# ================================================================= 4. paid rounds are never dropped
 
 def test_a_row_the_cap_stopped_keeps_its_spend_through_resume_and_the_hint_lets_it_finish(tmp_path):
-    """refund-correct needs three rounds; a cap of $0.00015 stops it after two ($0.0002). The resume
-    used to rewrite the record without those two rounds, and its hint reused a cap too low to
+    """refund-correct needs three rounds; a cap of $0.00015 stops it after two ($0.0002). The
+    resume rewrote the record without those two rounds, and the hint reused a cap too low to
     ever finish. Now the replaced row stays as superseded evidence, its spend counts in the cap
-    and the summary, and the hint's cap lets the run finish."""
+    and in the summary, and the hint's cap lets the run finish."""
     out = tmp_path / "run.json"
     with FakeServer(fakes.refund_agent()) as server:
-        code, _, err = cli(openai_args(server, out, "--max-cost-usd", "0.00015", models=["refund-correct"]), tmp_path)
+        code, _, err = cli(openai_args(server, out, "--max-cost-usd", "0.00015",
+                                       models=["refund-correct"]), tmp_path)
         stopped = read_record(out)
         hint = last_line(err).split("continue with: python regression.py ", 1)[1]
-        assert hint == f"--resume {out} --max-cost-usd 0.00075"  # spent 0.0002 + cap 0.00015 + 2 x 0.0002
-        resumed, _, err2 = cli(hint.split() + ["--base-url", server.url + "/v1"], tmp_path)
+        assert hint == f"--resume {out} --max-cost-usd 0.00075"  # 0.0002 + 0.00015 + 2 x 0.0002
+        resumed, _, err = cli([*hint.split(), "--base-url", server.url + "/v1"], tmp_path)
         sent = server.count
-    assert code == 2 and resumed == 0, err2
+    assert code == 2 and resumed == 0, err
     row = stopped["runs"][0]
-    assert row["error"] == "BudgetReached" and len(row["rounds"]) == 2 and row["cost_usd"] == "0.0002"
+    assert row["error"] == "BudgetReached" and len(row["rounds"]) == 2
+    assert row["cost_usd"] == "0.0002"
     record = read_record(out)
-    assert [len(row["rounds"]) for row in record["superseded"]] == [2]
-    assert record["superseded"][0]["rounds"] == row["rounds"]
+    assert [kept["rounds"] for kept in record["superseded"]] == [row["rounds"]]
     assert sent == 2 + 3 + 2 + 1
-    assert record["summary"]["models"]["refund-correct"]["reported_cost_usd"] == "0.0008"  # = sent x $0.0001
+    assert record["summary"]["models"]["refund-correct"]["reported_cost_usd"] == "0.0008"
     assert record["summary"]["superseded_rows"] == 1
 
 
 def test_a_stopped_row_keeps_its_estimated_cost_and_the_hint_raises_the_cap(tmp_path):
     """With --price, a row the cap stopped mid-loop was stored with cost null: the record then
-    understated the spend, the cap stopped working for the rest and the hint kept the same cap."""
+    understated the spend, the cap stopped working and the hint kept the same cap."""
     out = tmp_path / "run.json"
     with FakeServer(fakes.scripted_chat({"loops": fakes.refund_loops}, cost=None)) as server:
-        code, _, err = cli(openai_args(server, out, "--price", "loops=10000/0", "--max-cost-usd", "0.25",
-                                       models=["loops"], suite=loops_suite(tmp_path)), tmp_path)
+        argv = openai_args(server, out, "--price", "loops=10000/0", "--max-cost-usd", "0.25",
+                           models=["loops"], suite=loops_suite(tmp_path))
+        code, _, err = cli(argv, tmp_path)
     row = read_record(out)["runs"][0]
-    assert code == 2 and row["cost_usd"] == "0.3" and row["cost_estimated"] is True  # 3 rounds of $0.1
-    assert last_line(err).endswith(f"continue with: python regression.py --resume {out} --max-cost-usd 1.15")
+    assert code == 2 and row["cost_usd"] == "0.3" and row["cost_estimated"] is True  # 3 x $0.1
+    assert last_line(err).endswith(f"continue with: python regression.py --resume {out} "
+                                   "--max-cost-usd 1.15")
 
 
 def test_resume_after_a_5xx_mid_loop_keeps_the_paid_rounds_in_the_record(tmp_path):
@@ -487,11 +515,13 @@ def test_resume_after_a_5xx_mid_loop_keeps_the_paid_rounds_in_the_record(tmp_pat
     with FakeServer(reply) as server:
         assert run_main(openai_args(server, out, models=["refund-correct"])) == 2
         broken["on"] = False
-        assert run_main(["--resume", out, "--base-url", server.url + "/v1"]) == 0
+        assert run_main(["--resume", out]) == 0
         sent = server.count
     record = read_record(out)
-    assert [len(row["rounds"]) for row in record["superseded"]] == [2] and record["superseded"][0]["error"]
-    assert D(record["summary"]["models"]["refund-correct"]["reported_cost_usd"]) == D("0.0001") * (sent - 1)
+    assert [len(row["rounds"]) for row in record["superseded"]] == [2]
+    assert record["superseded"][0]["error"] == "HTTPError"
+    cost = record["summary"]["models"]["refund-correct"]["reported_cost_usd"]
+    assert D(cost) == D("0.0001") * (sent - 1)  # every answered request; the 500 cost nothing
 
 
 def test_merge_keeps_what_every_shard_superseded_and_counts_it(played, tmp_path):
@@ -501,8 +531,8 @@ def test_merge_keeps_what_every_shard_superseded_and_counts_it(played, tmp_path)
         shard["shard"] = f"{number}/2"
         plan = regression.shard_plan(regression._record_plan(played), (number, 2))
         shard["runs"] = [row for row in shard["runs"] if regression.row_key(row) in plan]
-        shard["superseded"] = [dict(shard["runs"][0], error="BudgetReached", cost_usd="0.5", passed=False,
-                                    reasons=["execution_error"])]
+        shard["superseded"] = [dict(shard["runs"][0], error="BudgetReached", cost_usd="0.5",
+                                    passed=False, reasons=["execution_error"])]
         paths.append(write_json(tmp_path / f"shard{number}.json", shard))
     code, _, err = cli(["--merge", tmp_path / "all.json", *paths], tmp_path)
     merged = read_record(tmp_path / "all.json")
@@ -516,16 +546,17 @@ def test_merge_keeps_what_every_shard_superseded_and_counts_it(played, tmp_path)
 @pytest.mark.parametrize("superseded, message", [
     ("rows", "superseded is not a list"),
     ([7], "superseded[0] lacks a string model and case_id"),
-    ([{"model": "m", "case_id": "c", "repeat": 0, "cost_usd": 5}], "superseded[0].cost_usd is not a string"),
+    ([{"model": "m", "case_id": "c", "repeat": 0, "cost_usd": 5}],
+     "superseded[0].cost_usd is not a string"),
 ])
 def test_record_problem_checks_superseded_rows(played, superseded, message):
     assert message in regression.record_problem({**played, "superseded": superseded})
 
 
-# ====================================================================== 5. replay cannot rewrite history
+# ================================================================= 5. replay cannot rewrite history
 
 def liar(user, history):
-    """Looks the order up, refunds it, and then says the refund was issued whatever it was told."""
+    """Looks the order up, refunds it, then says the refund was issued whatever it was told."""
     names = [name for name, _, _ in history]
     if "lookup_order" not in names:
         return "call", "lookup_order", {"order_id": "ord_1001"}
@@ -534,23 +565,22 @@ def liar(user, history):
     return "text", "Refund issued for ord_1001."
 
 
-def refusing_refunds(data):
-    """The example suite, its first case only, with refund_order answering an error."""
-    data = copy.deepcopy(data)
+def refund_answers(result):
+    """The example suite, its first case only, with refund_order answering `result`."""
+    data = example()
     data["cases"] = data["cases"][:1]
-    data["cases"][0]["tool_results"]["refund_order"] = {"error": "refund refused"}
+    data["cases"][0]["tool_results"]["refund_order"] = result
     return data
 
 
-def test_replay_under_changed_tool_results_is_refused_and_never_rewrites_what_the_model_saw(tmp_path):
-    """The model was told the refund was refused and claimed it was issued (FAIL). Replayed under a
-    suite that now answers the refund with success, the rounds were rebuilt from the new script
-    and the row graded PASS (exit 0). Now it is refused, naming the row and the call; with
-    --allow-changed-tool-results the stored conversation is graded as it happened (FAIL)."""
-    before = write_suite(tmp_path / "before.json", refusing_refunds(example()))
-    after_data = refusing_refunds(example())
-    after_data["cases"][0]["tool_results"]["refund_order"] = {"refund_id": "rf_1", "status": "refunded"}
-    after = write_suite(tmp_path / "after.json", after_data)
+def test_replay_under_changed_tool_results_is_refused_and_never_rewrites_what_it_saw(tmp_path):
+    """The model was told the refund was refused and claimed it was issued (FAIL). Replayed under
+    a suite that now answers the refund with success, the rounds were rebuilt from the new
+    script and the row graded PASS (exit 0). Now it is refused, naming the row and the call;
+    with --allow-changed-tool-results the stored conversation is graded as it happened."""
+    before = write_suite(tmp_path / "before.json", refund_answers({"error": "refund refused"}))
+    after = write_suite(tmp_path / "after.json", refund_answers({"refund_id": "rf_1",
+                                                                 "status": "ok"}))
     out = tmp_path / "run.json"
     with FakeServer(fakes.scripted_chat({"liar": liar}, cost=0.0001)) as server:
         assert run_main(openai_args(server, out, models=["liar"], suite=before)) == 1
@@ -558,94 +588,106 @@ def test_replay_under_changed_tool_results_is_refused_and_never_rewrites_what_th
     runs = [([*replay, "--out", tmp_path / "again.json"], tmp_path),
             ([*replay, "--dry-run"], tmp_path),
             ([*replay, "--allow-changed-tool-results", "--out", tmp_path / "as-is.json"], tmp_path),
-            (["--provider", "echo", "--suite", after, "--allow-changed-tool-results", "--dry-run"], tmp_path)]
+            (["--provider", "echo", "--suite", after, "--allow-changed-tool-results", "--dry-run"],
+             tmp_path)]
     (refused, _, err), (dry, _, dry_err), (as_is, _, _), (misplaced, _, misplaced_err) = \
         fakes.cli_table(runs, env=cli_env())
     assert (refused, dry, as_is, misplaced) == (2, 2, 1, 2)
     assert last_line(err) == last_line(dry_err) == (
-        "regression.py: error: --replay: liar / refund-shipped-order / repeat 0 is not reproducible under this "
-        'suite: round 2 call refund_order({"order_id": "ord_1001"}) was answered "{\\"error\\": \\"refund '
-        'refused\\"}", but the suite now answers "{\\"refund_id\\": \\"rf_1\\", \\"status\\": \\"refunded\\"}"; '
-        "a replay grades what the model was told, so restore the suite's tool_results and max_rounds, or pass "
+        "regression.py: error: --replay: liar / refund-shipped-order / repeat 0 is not "
+        'reproducible under this suite: round 2 call refund_order({"order_id": "ord_1001"}) was '
+        'answered "{\\"error\\": \\"refund refused\\"}", but the suite now answers '
+        '"{\\"refund_id\\": \\"rf_1\\", \\"status\\": \\"ok\\"}"; a replay grades what the '
+        "model was told, so restore the suite's tool_results and max_rounds, or pass "
         "--allow-changed-tool-results to grade the stored conversation as it happened")
     assert not (tmp_path / "again.json").exists()
-    assert last_line(misplaced_err).endswith("--allow-changed-tool-results goes with --provider replay --replay "
-                                             "RECORD")
+    assert last_line(misplaced_err).endswith(
+        "--allow-changed-tool-results goes with --provider replay --replay RECORD")
     stored, graded = read_record(out)["runs"][0], read_record(tmp_path / "as-is.json")
-    assert graded["runs"][0]["rounds"] == stored["rounds"] and "unbacked_claim" in graded["runs"][0]["reasons"]
+    assert graded["runs"][0]["rounds"] == stored["rounds"]  # the error the model was sent, kept
+    assert "unbacked_claim" in graded["runs"][0]["reasons"]
     assert graded["replayed_from"]["tool_results"] == "as recorded"
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda data: data.update(max_rounds=2), "max_rounds now ends it after round 2 of the 3 stored"),
+    (lambda data: data.update(max_rounds=2),
+     "max_rounds now ends it after round 2 of the 3 stored"),
     (lambda data: [data.pop("max_rounds"), data["cases"][0].pop("tool_results")],
      "it was played over 3 rounds, but the case now plays no tools"),
+    (lambda data: data.update(max_rounds=3) or data["cases"][0].update(max_rounds=2),
+     "max_rounds now ends it after round 2 of the 3 stored"),
 ])
-def test_replay_refuses_limits_that_would_cut_the_stored_conversation(played, tmp_path, change, message):
-    data = refusing_refunds(example())
+def test_replay_refuses_limits_that_would_cut_the_stored_conversation(played, change, message):
+    data = example()
+    data["cases"] = data["cases"][:1]
     change(data)
-    record = {**played, "runs": [row_of(played, ("refund-correct", "refund-shipped-order", 0))]}
+    record = {**played, "runs": [row_of(played, PASSING_KEY)]}
     suite = regression.validate_suite(data)
     replayer = regression.ReplayProvider(record, "run.json")
     assert replayer.changed(suite, suite["cases"][0], record["runs"][0], results=False) == message
 
 
-def test_a_record_whose_stored_tool_results_were_edited_is_refused_by_resume_and_merge(played, tmp_path):
+def test_a_record_whose_stored_tool_results_were_edited_is_refused_by_resume_and_merge(played,
+                                                                                      tmp_path):
     """An edited tool result (the refund "succeeded") beside an edited verdict: the stored
     conversation is not one the record's own suite plays."""
     record = copy.deepcopy(played)
-    row = as_pass(row_of(record, ("refund-correct", "refund-shipped-order", 0)))
+    row = as_pass(row_of(record, PASSING_KEY))
     row["rounds"][1]["tool_results"][0]["result"] = {"refund_id": "rf_999", "status": "refunded"}
     path = write_json(tmp_path / "run.json", record)
     results = fakes.cli_table([(["--merge", tmp_path / "merged.json", path], tmp_path),
                                (["--resume", path], tmp_path)], env=cli_env())
     for code, _, err in results:
-        assert code == 2 and "its stored conversation is not one its suite plays (round 2 call refund_order" in err
+        assert code == 2 and "its stored conversation is not one its suite plays (round 2 call " \
+            "refund_order" in err, err
 
 
-RESULTS = st.sampled_from([{"status": "shipped"}, {"status": "processing"}, {"error": "order not found"},
-                           {"refund_id": "rf_77", "status": "refunded"}, {"error": "refund refused"}])
+RESULTS = st.sampled_from([{"status": "shipped"}, {"status": "processing"}, {"error": "not found"},
+                           {"refund_id": "rf_77", "status": "refunded"}, {"error": "refused"}])
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(lookup=st.one_of(st.none(), RESULTS), refund=st.one_of(st.none(), RESULTS), allow=st.booleans())
+@settings(max_examples=40, deadline=None, suppress_health_check=FIXTURE)
+@given(lookup=st.one_of(st.none(), RESULTS), refund=st.one_of(st.none(), RESULTS),
+       allow=st.booleans())
 def test_a_replay_never_grades_tool_results_the_model_was_not_sent(played, lookup, refund, allow):
-    """Any change of the scripted results: the replay either refuses (a stored call is now answered
-    otherwise) or grades rounds identical to the stored ones; with the flag it never refuses."""
+    """Any change of the scripted results: the replay refuses exactly when a stored call would
+    now be answered otherwise (never with the flag), and grades the stored rounds as they are."""
     data = example()
-    case = data["cases"][0]
     for name, result in (("lookup_order", lookup), ("refund_order", refund)):
         if result is not None:
-            case["tool_results"][name] = result
+            data["cases"][0]["tool_results"][name] = result
     suite = regression.validate_suite(data)
     case = suite["cases"][0]
-    record = {**played, "runs": [row_of(played, ("refund-correct", "refund-shipped-order", 0))]}
+    record = {**played, "runs": [row_of(played, PASSING_KEY)]}
     stored = record["runs"][0]
     replayer = regression.ReplayProvider(record, "run.json")
-    changed = replayer.changed(suite, case, stored, results=not allow)
-    same = all(regression.scripted_result(case, sent["name"], sent["arguments"])[0] == sent["result"]
-               for turn in stored["rounds"][:-1] for sent in turn["tool_results"])
-    assert (changed is None) == (same or allow)
-    again = regression.execute(replayer, suite, case, "refund-correct", 0, regression.builtin_grader(suite, replayer))
+    same = all(regression.scripted_result(case, sent["name"], sent["arguments"])[0]
+               == sent["result"] for turn in stored["rounds"][:-1] for sent in turn["tool_results"])
+    assert (replayer.changed(suite, case, stored, results=not allow) is None) == (same or allow)
+    grader = regression.builtin_grader(suite, replayer)
+    again = regression.execute(replayer, suite, case, *PASSING_KEY[::2], grader)
     assert again["rounds"] == stored["rounds"]
 
 
-# ====================================================================== 11. refused before anything is paid
+# ============================================================ 11. refused before anything is paid
 
 def test_update_baseline_of_a_golden_folder_with_a_read_only_case_file_sends_nothing(tmp_path):
     folder = tmp_path / "golden"
-    (folder).mkdir()
+    folder.mkdir()
     (folder / "SYSTEM.txt").write_text("You are a support agent.", encoding="utf-8")
     for name in ("a", "b"):
-        write_json(folder / f"{name}.json", {"id": name, "user": "Hello?", "system_sha256": "compute-from-SYSTEM.txt"})
+        write_json(folder / f"{name}.json", {"id": name, "user": "Hello?",
+                                              "system_sha256": "compute-from-SYSTEM.txt"})
     (folder / "b.json").chmod(0o444)
     with FakeServer(fakes.chat(lambda body: fakes.chat_response("hello"))) as server:
-        code, _, err = cli(["--suite", folder, "--provider", "openai", "--base-url", server.url + "/v1", "--models",
-                            "m", "--update-baseline", "--out", tmp_path / "run.json"], tmp_path)
+        code, _, err = cli(["--suite", folder, "--provider", "openai", "--base-url",
+                            server.url + "/v1", "--models", "m", "--update-baseline", "--out",
+                            tmp_path / "run.json"], tmp_path)
         sent = server.count
     assert (code, sent) == (2, 0) and not (tmp_path / "run.json").exists()
-    assert last_line(err) == (f"regression.py: error: --update-baseline: {folder / 'b.json'}: it is read-only (its "
-                              "owner may not write it); make it writable first; nothing was run")
+    assert last_line(err) == (f"regression.py: error: --update-baseline: {folder / 'b.json'}: it "
+                              "is read-only (its owner may not write it); make it writable first; "
+                              "nothing was run")
 
 
 @pytest.mark.parametrize("prices, named", [
@@ -657,9 +699,10 @@ def test_merge_refuses_shards_priced_differently_naming_the_model(played, tmp_pa
     for number, price in enumerate(prices, 1):
         shard = copy.deepcopy(played)
         shard.update(shard=f"{number}/2", **({"prices": price} if price else {}))
-        shard["runs"] = [row for row in shard["runs"] if regression.row_key(row) in
-                         regression.shard_plan(regression._record_plan(played), (number, 2))]
+        plan = regression.shard_plan(regression._record_plan(played), (number, 2))
+        shard["runs"] = [row for row in shard["runs"] if regression.row_key(row) in plan]
         paths.append(write_json(tmp_path / f"shard{number}.json", shard))
     code, _, err = cli(["--merge", tmp_path / "all.json", *paths], tmp_path)
     assert code == 2 and not (tmp_path / "all.json").exists()
-    assert f"--merge: {paths[1]} {named} {paths[0]} at 1/2; one record keeps one price per model" in last_line(err)
+    assert last_line(err).startswith(f"regression.py: error: --merge: {paths[1]} {named} "
+                                     f"{paths[0]} at 1/2; one record keeps one price per model")

@@ -1140,8 +1140,8 @@ def test_the_budget_stop_at_the_highest_cap_suggests_a_cap_the_cli_accepts(tmp_p
         result = run(["--max-cost-usd", "1000000000", "--out", out], server)
         assert result.returncode == 2 and server.count == 2
         hint = result.stderr.strip().splitlines()[-1]
-        assert hint.endswith("its spend is past the highest --max-cost-usd (1000000000), so no cap lets it "
-                             "continue"), hint
+        assert hint.endswith("its spend is past the highest --max-cost-usd (1000000000), so no "
+                             "cap lets it continue"), hint
         resumed = run(["--resume", out, "--max-cost-usd", "1000000000"], server)
         assert server.count == 2  # the resume sends nothing: the record already spent the cap
     assert resumed.returncode == 2 and "--max-cost-usd reached" in resumed.stderr  # refused by the cap, not the CLI

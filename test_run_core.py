@@ -635,8 +635,9 @@ def test_budget_stop_prints_the_resume_command_with_a_higher_cap(tmp_path, monke
         assert main_code(["--models", "m", "--max-cost-usd", "0.002", "--out", out]) == 2
     line = one_line(capsys.readouterr().err)
     assert "--max-cost-usd reached" in line
-    # the spend so far ($0.0024) plus the cap again: twice the cap would leave less than the cap to spend
-    assert line.endswith(f"continue with: python regression.py --resume {out} --max-cost-usd 0.0044"), line
+    # the spend so far ($0.0024) plus the cap again (twice the cap left less than the cap to spend)
+    assert line.endswith(f"continue with: python regression.py --resume {out} "
+                         "--max-cost-usd 0.0044"), line
     assert len(read(out)["runs"]) == 2
 
 
