@@ -141,12 +141,14 @@ class FakeServer:
 # encoding, sys.exit, an escaping traceback) without paying an interpreter start-up each.
 _CLI_DRIVER = r"""
 import builtins, json, os, sys, traceback
-script, table_path, results_path = sys.argv[1:4]
+script, table_path, results_path, preload = sys.argv[1:5]
 with open(table_path, encoding="utf-8") as handle:
     table = json.load(handle)
 with open(script, "rb") as handle:
     code_object = compile(handle.read(), script, "exec")  # once, not once per input
 sys.path[0] = os.path.dirname(script)
+for name in filter(None, preload.split(",")):  # modules the script imports, paid once
+    __import__(name)
 results = []
 for n, entry in enumerate(table):
     paths = [f"{results_path}.{n}.out", f"{results_path}.{n}.err"]
@@ -344,18 +346,21 @@ def run_script(argv, cwd, env, timeout=60, script="regression.py"):
     return subprocess.CompletedProcess([sys.executable, script, *argv], int(status), decode(out_r), decode(err_r))
 
 
-def cli_table(runs, env=None, timeout=120):
-    """[(exit code, stdout, stderr)] of `python regression.py ARGV` for each (argv, cwd) in `runs`,
-    all through ONE child process (see _CLI_DRIVER): the real CLI for a whole table of inputs."""
+def cli_table(runs, env=None, timeout=120, script="regression.py", preload=()):
+    """[(exit code, stdout, stderr)] of `python SCRIPT ARGV` for each (argv, cwd) in `runs`,
+    all through ONE child process (see _CLI_DRIVER): the real CLI for a whole table of inputs.
+    `preload`: modules the script imports, imported once before the runs fork (compare_runs.py
+    imports regression: each run then starts as fast as a run of regression.py)."""
     import subprocess
     import tempfile
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "regression.py")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
     with tempfile.TemporaryDirectory(prefix="cli-table-") as folder:
         table, results = f"{folder}/table.json", f"{folder}/results.json"
         with open(table, "w", encoding="utf-8") as handle:
             json.dump([{"argv": [str(arg) for arg in argv], "cwd": str(cwd)} for argv, cwd in runs], handle)
-        driver = subprocess.run([sys.executable, "-c", _CLI_DRIVER, script, table, results], env=env,
-                                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        driver = subprocess.run([sys.executable, "-c", _CLI_DRIVER, script, table, results,
+                                 ",".join(preload)], env=env, stdin=subprocess.DEVNULL,
+                                capture_output=True, text=True, timeout=timeout)
         if driver.returncode != 0:
             raise RuntimeError(f"the CLI driver failed ({driver.returncode}): {driver.stderr[-2000:]}")
         with open(results, encoding="utf-8") as handle:

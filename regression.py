@@ -48,6 +48,7 @@ __all__ = [
     "rfc_document", "approved_source", "document_id", "CHECKS", "BEHAVIORS", "check", "grade", "explain",
     "compile_case", "agent_trace", "chat_trace", "reported_cost", "similarity",
     "register_check", "register_case_key", "CHECK_TABLE", "Fail", "text_form", "reason_table",
+    "Trace",
     # suites (B1)
     "SuiteError", "load_suite", "validate_suite", "instructions_sha256",
     # providers and one request (A6, B3, B4)
@@ -57,6 +58,7 @@ __all__ = [
     # record and summary (A7, A8, B4)
     "RecordError", "create_record", "replace_record", "load_record", "write_new_file", "dumps",
     "Tally", "summary", "row_key", "plan_rows", "shard_plan", "key_text", "record_problem",
+    "ABSENT", "same_json", "first_difference",
     # reports (B5)
     "safe_text", "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
     "markdown_run", "junit_run", "html_run", "tool_sequence", "trajectory",
@@ -5097,6 +5099,76 @@ def redact_note(record):
     return f" plus the same {count} --redact flag(s) it was made with" if count else ""
 
 
+# JSON values compared as JSON, the first difference named by its path (compare, --merge)
+
+ABSENT = object()  # a value missing on one side of first_difference
+
+
+def _ids(items):
+    """The ids of a list of objects with distinct string ids, else None."""
+    ids = [item.get("id") for item in items if isinstance(item, dict)]
+    strings = len(ids) == len(items) and all(isinstance(i, str) for i in ids)
+    return ids if strings and len(set(ids)) == len(ids) else None  # set() only of strings
+
+
+def _child(path, key):
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    if key.isidentifier() and key.isprintable():
+        return f"{path}.{key}" if path else key
+    return f"{path}[{_key_part(key)}]"
+
+
+def _key_part(key):
+    return printable(json.dumps(key, ensure_ascii=False))
+
+
+def same_json(old, new):
+    """Whether two JSON values are the same JSON: Python's == calls true, 1 and 1.0 equal, but
+    a request or tool schema that says `"strict": 1` instead of `true` is not the same config.
+    Object key order is not a difference."""
+    if old is ABSENT or new is ABSENT:
+        return old is new
+    try:
+        return json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True)
+    except (TypeError, ValueError):  # not JSON (an in-process caller): Python's equality
+        return old == new
+
+
+def first_difference(old, new, path=""):
+    """(path, old, new) of the first place two JSON values differ, or None when equal.
+
+    A list of objects with ids (the cases) is matched by id, so the path names the case:
+    cases["refund-policy"].contains. A value missing on one side is ABSENT. Values are
+    compared as JSON (same_json): true and 1 differ."""
+    if same_json(old, new):
+        return None
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in [*old, *(key for key in new if key not in old)]:
+            found = first_difference(old.get(key, ABSENT), new.get(key, ABSENT), _child(path, key))
+            if found:
+                return found
+    elif isinstance(old, list) and isinstance(new, list):
+        old_ids, new_ids = _ids(old), _ids(new)
+        if old_ids is not None and new_ids is not None:
+            by_old, by_new = dict(zip(old_ids, old)), dict(zip(new_ids, new))
+            for key in [*old_ids, *(key for key in new_ids if key not in by_old)]:
+                found = first_difference(by_old.get(key, ABSENT), by_new.get(key, ABSENT),
+                                         f"{path}[{_key_part(key)}]")
+                if found:
+                    return found
+            if old_ids != new_ids:
+                return (f"{path} order", old_ids, new_ids)
+        elif any(isinstance(item, (dict, list)) for item in [*old, *new]):  # strings: shown whole
+            for position in range(max(len(old), len(new))):
+                found = first_difference(old[position] if position < len(old) else ABSENT,
+                                         new[position] if position < len(new) else ABSENT,
+                                         _child(path, position))
+                if found:
+                    return found
+    return (path or "(the whole value)", old, new)
+
+
 def merge(out, paths, created=lambda: None):
     """--merge OUT SHARD...: one record from shard records of the same config; returns the exit
     code. `created()` is called once OUT exists (an interruption after it leaves OUT whole)."""
@@ -5106,8 +5178,10 @@ def merge(out, paths, created=lambda: None):
     base = records[0]
     for record, path in zip(records[1:], paths[1:]):
         for field in ("config", "evidence", "code_sha256", "sdk_version", "provider", "redaction"):
-            if record.get(field) != base.get(field):
-                raise UsageError(f"--merge: {path} differs from {paths[0]} in {field}; only shards of one run merge")
+            found = first_difference(base.get(field), record.get(field), field)
+            if found:  # named down to the key, as compare names it: config.cases["a"].contains
+                raise UsageError(f"--merge: {path} differs from {paths[0]} in {found[0]}; "
+                                 "only shards of one run merge")
         for option in ("redact", "redact_pii"):  # one record keeps one redaction (its header says which)
             if (record.get("run_options") or {}).get(option) != (base.get("run_options") or {}).get(option):
                 raise UsageError(f"--merge: {path} differs from {paths[0]} in run_options.{option}; "
@@ -5613,9 +5687,10 @@ def junit_name(text):
     return str(text).replace(".", "_")
 
 
-def junit_xml(name, suites):
+def junit_xml(name, suites, system_out=""):
     """JUnit XML: suites is [(suite_name, [testcase])], testcase a dict with name, classname,
-    seconds and optionally failure / error / skipped (each a (message, text) pair)."""
+    seconds and optionally failure / error / skipped (each a (message, text) pair); system_out,
+    when given, is every suite's <system-out> (what a viewer shows beside the suite)."""
     total = sum(len(cases) for _, cases in suites)
     count = lambda kind, cases: sum(1 for case in cases if kind in case)  # noqa: E731
     all_cases = [case for _, cases in suites for case in cases]
@@ -5636,6 +5711,8 @@ def junit_xml(name, suites):
                     lines.append(f'      <{kind} message="{xml_text(message)}" type="{kind}">'
                                  f'{xml_text(text)}</{kind}>')
             lines.append("    </testcase>")
+        if system_out:
+            lines.append(f"    <system-out>{xml_text(system_out)}</system-out>")
         lines.append("  </testsuite>")
     lines.append("</testsuites>")
     return "\n".join(lines) + "\n"

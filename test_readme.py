@@ -96,7 +96,8 @@ def test_quick_start_demo(tmp_path):
     after = json.loads((tmp_path / "offline-demo" / "after.json").read_text())
     assert after["evidence"] == "synthetic"
     again = run(demo, tmp_path)  # the folder now exists: refused, nothing overwritten
-    assert again.returncode == 2 and "NOT_COMPARABLE" in again.stdout
+    assert (again.returncode, again.stdout, again.stderr.count("\n")) == (2, "", 1) \
+        and "already exists" in again.stderr  # a usage error: one line, not NOT_COMPARABLE
 
 
 def test_every_python_command_of_the_readme_and_the_docs_is_covered_here():

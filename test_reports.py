@@ -84,8 +84,9 @@ def pairs_of(before_reasons, after_reasons, model="m", case_id="c"):
             for repeat, (old, new) in enumerate(zip(before_reasons, after_reasons))]
 
 
-A9_LINE = re.compile(r"^(NEW_FAILURE|RECOVERED|PASS|STILL_FAILING)\s+(.+?)  (\S+)  repeat (\d+)  "
-                     r"before=(\[.*?\])  after=(\[.*\])$")
+# the columns are aligned: cells two or more spaces apart
+A9_LINE = re.compile(r"^(NEW_FAILURE|RECOVERED|PASS|STILL_FAILING)\s+(.+?) {2,}(\S+) {2,}"
+                     r"repeat (\d+) {2,}before=(\[.*?\]) {2,}after=(\[.*\])$")
 
 
 def key_lines(output):
@@ -158,7 +159,8 @@ def test_matrix_labels_and_a9_line_format(capsys):
     assert lines[("m2", "c2", 1)] == ("STILL_FAILING", ["wrong_action"], ["wrong_action"])
     assert lines[("m1", "c2", 0)] == ("PASS", [], [])
     # the exact A9 shape: label, model, case, repeat, before=[..] after=[..]
-    assert re.search(r'^NEW_FAILURE +m2  c1  repeat 1  before=\[\]  after=\["too_long"\]$', out, re.M)
+    assert re.search(r'^NEW_FAILURE +m2  c1  repeat 1  before=\[\] +after=\["too_long"\]$', out,
+                     re.M)
 
 
 MATRIX_TABLE = [
@@ -338,7 +340,8 @@ def test_model_swap_subprocess(tmp_path):
     run = _swap_record(tmp_path, SWAP_REASONS)
     proc = run_script(COMPARE, "--models", "A", "B", run, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
-    assert re.search(r"^NEW_FAILURE +A -> B  c1  repeat 1  before=\[\]  after=\[\"wrong_action\"\]$",
+    assert re.search(r"^NEW_FAILURE +A -> B  c1  repeat 1  before=\[\] +"
+                     r"after=\[\"wrong_action\"\]$",
                      proc.stdout, re.M)
 
 

@@ -689,9 +689,11 @@ def test_compare_shows_the_tool_sequence_before_and_after(tmp_path, capsys):
     capsys.readouterr()
     assert compare_runs.main([str(before), str(after)]) == 1
     out = capsys.readouterr().out
-    assert "TOOLS          agent  refund-shipped-order  repeat 0  lookup_order -> refund_order  vs  refund_order" in out
-    assert "TOOLS          agent  refund-without-order-id  repeat 0  (no tool call)  vs  refund_order" in out
-    assert "REGRESS        agent  refund-shipped-order  +wrong_tool_order" in out
+    assert ("TOOLS          agent  refund-shipped-order     repeat 0  "
+            "lookup_order -> refund_order  vs  refund_order") in out  # columns aligned
+    assert ("TOOLS          agent  refund-without-order-id  repeat 0  "
+            "(no tool call)                vs  refund_order") in out
+    assert "REGRESS        agent  refund-shipped-order     +wrong_tool_order" in out
     result = compare_runs.compare_records(read_record(before), read_record(after))[1]
     markdown = compare_runs.markdown_comparison(result, "t")
     assert "Tool sequences of changed rows" in markdown and "lookup_order -&gt; refund_order" in markdown
