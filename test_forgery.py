@@ -7,14 +7,16 @@
 11. --update-baseline of a read-only golden case file and --merge of shards priced apart are
     refused before anything is paid or written.
 
-Hostile inputs go through the real CLI (fakes.run_script, fakes.cli_table) with their exit
-code pinned; the input spaces (record edits, schedules of concurrent rounds and costs, changed
+Hostile inputs go through the real CLI (fakes.cli_table, a compare_runs.py process) with their
+exit code pinned; the input spaces (record edits, schedules of concurrent rounds and costs, changed
 scripts) are walked by hypothesis against the real code.
 """
 
 import copy
 import decimal
 import json
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -52,10 +54,17 @@ def write_json(path, value):
     return path
 
 
-def cli(argv, cwd, script="regression.py"):
-    """(exit code, stdout, stderr) of `python SCRIPT ARGV`: the real CLI, forked from the zygote."""
-    result = fakes.run_script(argv, cwd, cli_env(), script=script)
-    return result.returncode, result.stdout, result.stderr
+def cli(argv, cwd):
+    """(exit code, stdout, stderr) of `python regression.py ARGV`: the real CLI."""
+    return fakes.cli_table([(argv, cwd)], env=cli_env())[0]
+
+
+def compare_cli(argv, cwd):
+    """(exit code, stdout) of `python compare_runs.py ARGV` (it starts fast: no SDK import)."""
+    command = [sys.executable, "-W", "error", str(ROOT / "compare_runs.py"), *map(str, argv)]
+    result = subprocess.run(command, cwd=cwd, env=cli_env(), capture_output=True, text=True,
+                            timeout=60)
+    return result.returncode, result.stdout
 
 
 def last_line(text):
@@ -152,52 +161,6 @@ def test_a_row_of_a_case_that_plays_no_tools_may_hold_no_rounds(tmp_path):
         f"but its case plays no tools{COUNTS}")
 
 
-def test_every_reader_refuses_a_record_whose_failing_rows_lost_their_evidence(played, tmp_path):
-    """The attack of issue 21: response, rounds and details deleted, passed set true. --merge
-    and --resume took it (exit 0, every row a pass); so did --report, compare and replay."""
-    path = write_json(tmp_path / "forged.json", forged(played, "strip-all"))
-    before = write_json(tmp_path / "before.json", played)
-    why = refusal(played, "strip-all")
-    for argv in (["--merge", tmp_path / "merged.json", path],
-                 ["--report", path, "--markdown", tmp_path / "r.md"],
-                 ["--provider", "replay", "--replay", path, "--out", tmp_path / "again.json"]):
-        code, out, err = cli(argv, tmp_path)
-        assert code == 2 and last_line(err).endswith(why) and "Traceback" not in err, (argv, err)
-    for argv in ([before, path], ["--models", "refund-correct", "refund-claims", path],
-                 ["--matrix", before, path]):
-        code, out, err = cli(argv, tmp_path, script="compare_runs.py")
-        assert code == 2 and out.startswith("NOT_COMPARABLE: ") and out.strip().endswith(why), argv
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["before.json", "forged.json"]
-
-
-def test_resume_runs_a_row_without_evidence_again_and_keeps_it_as_superseded(played, tmp_path):
-    record = forged(played, "strip-all")
-    with FakeServer(fakes.refund_agent()) as server:
-        record["provider"]["base_url"] = server.url + "/v1"  # the server the record was made with
-        path = write_json(tmp_path / "run.json", record)
-        code, _, err = cli(["--resume", path], tmp_path)
-        sent = server.count
-    record = read_record(path)
-    assert code == 1 and sent == 1, err  # only the forged row is sent again; it fails as it did
-    again = row_of(record, FORGED_KEY)
-    assert again["passed"] is False and "unbacked_claim" in again["reasons"]
-    assert [regression.row_key(row) for row in record["superseded"]] == [FORGED_KEY]
-    assert "response" not in record["superseded"][0] and record["summary"]["superseded_rows"] == 1
-    assert regression.record_problem(record) is None
-
-
-def test_a_kept_row_whose_answer_was_edited_is_refused_by_resume_and_merge(played, tmp_path):
-    """The stored answer is what a report shows and --update-baseline approves: it must be the
-    answer of the stored response, not only an answer that passes the same checks."""
-    record = copy.deepcopy(played)
-    row_of(record, PASSING_KEY)["answer_text"] = "Refund issued for ord_1001!"
-    path = write_json(tmp_path / "run.json", record)
-    runs = [(["--resume", path], tmp_path), (["--merge", tmp_path / "merged.json", path], tmp_path)]
-    for code, out, err in fakes.cli_table(runs, env=cli_env()):
-        assert code == 2 and "stored answer_text is not its stored response's answer" in err, err
-    assert read_record(path) == record and not (tmp_path / "merged.json").exists()
-
-
 def forged_masked(record, edit):
     record = copy.deepcopy(record)
     edit(next(row for row in record["runs"] if row["case_id"] == "card-number-not-echoed"))
@@ -214,6 +177,91 @@ MASKED_EDITS = {
 UNATTESTED = "is masked (so it cannot be graded again) and its verdict_sha256 does not match"
 
 
+def test_compare_refuses_a_record_whose_failing_rows_lost_their_evidence(played, masked, tmp_path,
+                                                                        capsys):
+    """The attack of issue 21 against compare_runs.py: response, rounds and details deleted,
+    passed set true (plain, --models, --matrix); and a masked verdict set to PASS."""
+    path = write_json(tmp_path / "forged.json", forged(played, "strip-all"))
+    before = write_json(tmp_path / "before.json", played)
+    why = refusal(played, "strip-all")
+    for argv in ([before, path], ["--matrix", before, path]):
+        code, out = compare_cli(argv, tmp_path)
+        assert code == 2 and out.startswith("NOT_COMPARABLE: ") and out.strip().endswith(why), argv
+    pii = write_json(tmp_path / "pii.json", forged_masked(masked, as_pass))
+    for argv, said in ([["--models", "refund-correct", "refund-claims", str(path)], why],
+                       [[str(write_json(tmp_path / "clean.json", masked)), str(pii)], UNATTESTED]):
+        code, out = compare_runs.main(argv), capsys.readouterr().out
+        assert code == 2 and out.startswith("NOT_COMPARABLE: ") and said in out, out
+
+
+def hostile_inputs(played, masked, folder, url):
+    """[(argv, exit code, what the last stderr line says)]: one hostile record (or suite) per
+    reader, all run through the real CLI in one table."""
+    path = lambda name, record: write_json(folder / name, record)  # noqa: E731
+    stripped = forged(played, "strip-all")
+    resumable = copy.deepcopy(stripped)
+    resumable["provider"]["base_url"] = url  # the server the record was made with
+    answer = copy.deepcopy(played)
+    row_of(answer, PASSING_KEY)["answer_text"] = "Refund issued for ord_1001!"
+    told = copy.deepcopy(played)
+    as_pass(row_of(told, PASSING_KEY))["rounds"][1]["tool_results"][0]["result"] = {"ok": True}
+    pii = forged_masked(masked, as_pass)
+    why, edited = refusal(played, "strip-all"), "stored answer_text is not its stored response's"
+    other = "its stored conversation is not one its suite plays (round 2 call refund_order"
+    out = folder / "out.json"
+    return [
+        (["--merge", out, path("stripped.json", stripped)], 2, why),
+        (["--report", folder / "stripped.json", "--markdown", folder / "r.md"], 2, why),
+        (["--provider", "replay", "--replay", folder / "stripped.json", "--out", out], 2, why),
+        (["--resume", path("resumable.json", resumable)], 1, "exit"),
+        (["--resume", path("answer.json", answer)], 2, edited),
+        (["--merge", out, folder / "answer.json"], 2, edited),
+        (["--merge", out, path("told.json", told)], 2, other),
+        (["--resume", folder / "told.json"], 2, other),
+        (["--merge", out, path("pii.json", pii)], 2, UNATTESTED),
+        (["--report", folder / "pii.json", "--junit", folder / "r.xml"], 2, UNATTESTED),
+        (["--merge", out, *shards(played, folder, {"prices": {"refund-claims": "1/2"}},
+                                  {"prices": {"refund-claims": "1/3"}})], 2,
+         f"{folder / 'shard2.json'} prices refund-claims at 1/3, but {folder / 'shard1.json'} "
+         "at 1/2"),
+        (["--suite", read_only_golden(folder), "--provider", "openai", "--base-url", url,
+          "--models", "m", "--update-baseline", "--out", out], 2,
+         f"--update-baseline: {folder / 'golden' / 'b.json'}: it is read-only (its owner may not "
+         "write it); make it writable first; nothing was run"),
+    ]
+
+
+def test_hostile_records_are_refused_through_the_real_cli(played, masked, tmp_path):
+    """Each hostile input of this file's classes through the real CLI, exit code pinned: a verdict
+    without its evidence (refused by --merge, --report, --replay; run again by --resume), an
+    edited answer or tool result (--resume, --merge), a forged masked verdict, shards priced
+    apart, a read-only golden case file. Nothing is written where a run is refused."""
+    with FakeServer(fakes.refund_agent()) as server:
+        inputs = hostile_inputs(played, masked, tmp_path, server.url + "/v1")
+        results = fakes.cli_table([(argv, tmp_path) for argv, _, _ in inputs], env=cli_env())
+        sent = server.count
+    for (argv, code, said), (got, out, err) in zip(inputs, results):
+        assert got == code and "Traceback" not in err, (argv, out, err)
+        assert code != 2 or said in last_line(err), (argv, err)
+    assert sent == 1 and not (tmp_path / "out.json").exists()  # only the row without evidence ran
+    resumed = read_record(tmp_path / "resumable.json")
+    assert row_of(resumed, FORGED_KEY)["passed"] is False  # it fails again, as it did
+    assert [regression.row_key(row) for row in resumed["superseded"]] == [FORGED_KEY]
+    assert resumed["summary"]["superseded_rows"] == 1 and regression.record_problem(resumed) is None
+
+
+def test_a_kept_row_whose_answer_was_edited_is_refused_by_resume_and_merge(played):
+    """The stored answer is what a report shows and --update-baseline approves: it must be the
+    answer of the stored response, not only an answer that passes the same checks."""
+    record = copy.deepcopy(played)
+    row_of(record, PASSING_KEY)["answer_text"] = "Refund issued for ord_1001!"
+    problem = regression.regrade_problem(record, "run.json", regression.load_suite(str(EXAMPLE)),
+                                         record["runs"])
+    assert problem.startswith("refund-correct / refund-shipped-order / repeat 0 is stored as PASS "
+                              "but its stored response now grades PASS (and its stored answer_text "
+                              "is not")
+
+
 def test_a_masked_verdict_stands_only_on_its_digest(masked, tmp_path):
     """A masked record cannot be graded again, so --resume and --merge took its verdicts as
     stored: passed set true over a caught card leak was merged as a pass (exit 0)."""
@@ -222,13 +270,7 @@ def test_a_masked_verdict_stands_only_on_its_digest(masked, tmp_path):
     assert card["verdict_sha256"] == regression.verdict_sha256(case_of(masked, card), card)
     assert regression.record_problem(masked) is None
     path = write_json(tmp_path / "pii.json", forged_masked(masked, MASKED_EDITS["passed"]))
-    runs = [(["--merge", tmp_path / "merged.json", path], tmp_path),
-            (["--report", path, "--junit", tmp_path / "r.xml"], tmp_path)]
-    for code, out, err in fakes.cli_table(runs, env=cli_env()):
-        assert code == 2 and UNATTESTED in last_line(err), err
-    before = write_json(tmp_path / "before.json", masked)
-    code, out, _ = cli([before, path], tmp_path, "compare_runs.py")
-    assert code == 2 and UNATTESTED in out
+    assert UNATTESTED in regression.record_problem(read_record(path))
     assert run_main(["--resume", path]) == 1  # echo answers again: the leak fails again
     resumed = read_record(path)
     card = [row for row in resumed["runs"] if row["case_id"] == "card-number-not-echoed"]
@@ -252,10 +294,11 @@ def test_a_mask_mark_in_one_row_no_longer_spares_the_others_from_grading(tmp_pat
     target, decoy = [as_pass(row) for row in record["runs"] if not row["passed"]][:2]
     decoy["response"]["note"] = "[REDACTED]"
     decoy["verdict_sha256"] = regression.verdict_sha256(case_of(record, decoy), decoy)
-    path = write_json(tmp_path / "forged.json", record)
-    code, _, err = cli(["--merge", tmp_path / "merged.json", path], tmp_path)
-    assert code == 2 and f"m / {target['case_id']} / repeat 0 is stored as PASS but its stored " \
-        "response now grades FAIL" in err, err
+    assert regression.record_problem(record) is None  # the decoy's digest matches
+    problem = regression.regrade_problem(record, "run.json", regression.load_suite(str(GUARDRAILS)),
+                                         record["runs"])
+    assert problem.startswith(f"m / {target['case_id']} / repeat 0 is stored as PASS but its "
+                              "stored response now grades FAIL"), problem
 
 
 EDITS = st.sampled_from(["response", "rounds", "answer_text", "round", "last", "tool_results"])
@@ -329,7 +372,7 @@ ROWS = st.lists(st.lists(st.tuples(COST, st.booleans()), min_size=1, max_size=4)
                 max_size=7)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(script=ROWS, concurrency=st.integers(1, 4), cap=st.integers(1, 40).map(lambda n: D(n) / 100),
        schedule=st.randoms(use_true_random=False))
 def test_the_cap_over_random_schedules_of_concurrent_rounds_retries_and_unknown_costs(
@@ -524,19 +567,24 @@ def test_resume_after_a_5xx_mid_loop_keeps_the_paid_rounds_in_the_record(tmp_pat
     assert D(cost) == D("0.0001") * (sent - 1)  # every answered request; the 500 cost nothing
 
 
-def test_merge_keeps_what_every_shard_superseded_and_counts_it(played, tmp_path):
+def shards(played, folder, *headers):
+    """The paths of two shard records of `played`, each with its header updated by `headers`."""
     paths = []
-    for number in (1, 2):
+    for number, header in enumerate(headers, 1):
         shard = copy.deepcopy(played)
-        shard["shard"] = f"{number}/2"
+        shard.update(shard=f"{number}/2", **header)
         plan = regression.shard_plan(regression._record_plan(played), (number, 2))
         shard["runs"] = [row for row in shard["runs"] if regression.row_key(row) in plan]
-        shard["superseded"] = [dict(shard["runs"][0], error="BudgetReached", cost_usd="0.5",
-                                    passed=False, reasons=["execution_error"])]
-        paths.append(write_json(tmp_path / f"shard{number}.json", shard))
-    code, _, err = cli(["--merge", tmp_path / "all.json", *paths], tmp_path)
+        paths.append(write_json(folder / f"shard{number}.json", shard))
+    return paths
+
+
+def test_merge_keeps_what_every_shard_superseded_and_counts_it(played, tmp_path):
+    stopped = [dict(played["runs"][0], error="BudgetReached", cost_usd="0.5", passed=False,
+                    reasons=["execution_error"])]
+    paths = shards(played, tmp_path, {"superseded": stopped}, {"superseded": stopped})
+    assert run_main(["--merge", tmp_path / "all.json", *paths]) == 1
     merged = read_record(tmp_path / "all.json")
-    assert code == 1, err
     assert len(merged["superseded"]) == 2 and merged["summary"]["superseded_rows"] == 2
     spent = sum(D(stats["reported_cost_usd"]) for stats in merged["summary"]["models"].values())
     assert spent == sum(D(row["cost_usd"]) for row in played["runs"]) + 1
@@ -627,19 +675,16 @@ def test_replay_refuses_limits_that_would_cut_the_stored_conversation(played, ch
     assert replayer.changed(suite, suite["cases"][0], record["runs"][0], results=False) == message
 
 
-def test_a_record_whose_stored_tool_results_were_edited_is_refused_by_resume_and_merge(played,
-                                                                                      tmp_path):
-    """An edited tool result (the refund "succeeded") beside an edited verdict: the stored
-    conversation is not one the record's own suite plays."""
+def test_a_record_whose_stored_tool_results_were_edited_is_refused_by_resume_and_merge(played):
+    """An edited tool result stored beside a verdict: the stored conversation is not one the
+    record's own suite plays, so --resume and --merge refuse it (the CLI table above)."""
     record = copy.deepcopy(played)
-    row = as_pass(row_of(record, PASSING_KEY))
-    row["rounds"][1]["tool_results"][0]["result"] = {"refund_id": "rf_999", "status": "refunded"}
-    path = write_json(tmp_path / "run.json", record)
-    results = fakes.cli_table([(["--merge", tmp_path / "merged.json", path], tmp_path),
-                               (["--resume", path], tmp_path)], env=cli_env())
-    for code, _, err in results:
-        assert code == 2 and "its stored conversation is not one its suite plays (round 2 call " \
-            "refund_order" in err, err
+    row_of(record, PASSING_KEY)["rounds"][1]["tool_results"][0]["result"] = {"refund_id": "rf_9"}
+    problem = regression.regrade_problem(record, "run.json", regression.load_suite(str(EXAMPLE)),
+                                         record["runs"])
+    assert problem.startswith("refund-correct / refund-shipped-order / repeat 0: its stored "
+                              "conversation is not one its suite plays (round 2 call "
+                              "refund_order("), problem
 
 
 RESULTS = st.sampled_from([{"status": "shipped"}, {"status": "processing"}, {"error": "not found"},
@@ -671,38 +716,41 @@ def test_a_replay_never_grades_tool_results_the_model_was_not_sent(played, looku
 
 # ============================================================ 11. refused before anything is paid
 
-def test_update_baseline_of_a_golden_folder_with_a_read_only_case_file_sends_nothing(tmp_path):
-    folder = tmp_path / "golden"
-    folder.mkdir()
-    (folder / "SYSTEM.txt").write_text("You are a support agent.", encoding="utf-8")
+def read_only_golden(folder):
+    """A golden folder of two case files with placeholder pins, one of them read-only."""
+    golden = folder / "golden"
+    golden.mkdir()
+    (golden / "SYSTEM.txt").write_text("You are a support agent.", encoding="utf-8")
     for name in ("a", "b"):
-        write_json(folder / f"{name}.json", {"id": name, "user": "Hello?",
+        write_json(golden / f"{name}.json", {"id": name, "user": "Hello?",
                                               "system_sha256": "compute-from-SYSTEM.txt"})
-    (folder / "b.json").chmod(0o444)
+    (golden / "b.json").chmod(0o444)
+    return golden
+
+
+def test_update_baseline_of_a_golden_folder_with_a_read_only_case_file_sends_nothing(tmp_path,
+                                                                                      capsys):
+    golden = read_only_golden(tmp_path)
     with FakeServer(fakes.chat(lambda body: fakes.chat_response("hello"))) as server:
-        code, _, err = cli(["--suite", folder, "--provider", "openai", "--base-url",
-                            server.url + "/v1", "--models", "m", "--update-baseline", "--out",
-                            tmp_path / "run.json"], tmp_path)
+        code = run_main(["--suite", golden, "--provider", "openai", "--base-url",
+                         server.url + "/v1", "--models", "m", "--update-baseline", "--out",
+                         tmp_path / "run.json"])
         sent = server.count
     assert (code, sent) == (2, 0) and not (tmp_path / "run.json").exists()
-    assert last_line(err) == (f"regression.py: error: --update-baseline: {folder / 'b.json'}: it "
-                              "is read-only (its owner may not write it); make it writable first; "
-                              "nothing was run")
+    assert last_line(capsys.readouterr().err) == (
+        f"regression.py: error: --update-baseline: {golden / 'b.json'}: it is read-only (its owner "
+        "may not write it); make it writable first; nothing was run")
 
 
 @pytest.mark.parametrize("prices, named", [
     (({"refund-claims": "1/2"}, {"refund-claims": "1/3"}), "prices refund-claims at 1/3, but"),
     (({"refund-claims": "1/2"}, None), "prices refund-claims at nothing, but"),
 ])
-def test_merge_refuses_shards_priced_differently_naming_the_model(played, tmp_path, prices, named):
-    paths = []
-    for number, price in enumerate(prices, 1):
-        shard = copy.deepcopy(played)
-        shard.update(shard=f"{number}/2", **({"prices": price} if price else {}))
-        plan = regression.shard_plan(regression._record_plan(played), (number, 2))
-        shard["runs"] = [row for row in shard["runs"] if regression.row_key(row) in plan]
-        paths.append(write_json(tmp_path / f"shard{number}.json", shard))
-    code, _, err = cli(["--merge", tmp_path / "all.json", *paths], tmp_path)
-    assert code == 2 and not (tmp_path / "all.json").exists()
-    assert last_line(err).startswith(f"regression.py: error: --merge: {paths[1]} {named} "
-                                     f"{paths[0]} at 1/2; one record keeps one price per model")
+def test_merge_refuses_shards_priced_differently_naming_the_model(played, tmp_path, capsys, prices,
+                                                                  named):
+    paths = shards(played, tmp_path, *({"prices": price} if price else {} for price in prices))
+    assert run_main(["--merge", tmp_path / "all.json", *paths]) == 2
+    assert not (tmp_path / "all.json").exists()
+    assert last_line(capsys.readouterr().err).startswith(
+        f"regression.py: error: --merge: {paths[1]} {named} {paths[0]} at 1/2; one record keeps "
+        "one price per model")
