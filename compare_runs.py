@@ -41,8 +41,9 @@ import sys
 from regression import (ABSENT, BEHAVIORS, CASES, CHECK_KEYS, CHECK_TABLE, INSTRUCTIONS,
                         RecordError, Trace, check, compile_case, dumps, first_difference, grade,
                         html_page, html_table, instructions_sha256, junit_name, junit_xml, key_text,
-                        load_record, md_table, md_text, plan_rows, record_problem, row_key,
-                        safe_text, same_json, summary, tool_sequence, write_new_file, xml_text)
+                        load_record, md_table, md_text, plan_rows, record_problem, record_provider,
+                        row_key, safe_text, same_json, summary, tool_sequence, write_new_file,
+                        xml_text)
 
 
 # ====================================================================== records
@@ -448,7 +449,7 @@ def cautions(before, after):
     """Differences that do not block a comparison but may explain it."""
     notes = [safe_text(f"CAUTION {field} differs: {before.get(field)} -> {after.get(field)}")
              for field in ("sdk_version", "code_sha256") if before.get(field) != after.get(field)]
-    if (before.get("provider") or {"name": "perplexity"}) != (after.get("provider") or {"name": "perplexity"}):
+    if record_provider(before) != record_provider(after):
         notes.append(safe_text(f"CAUTION provider differs: {before.get('provider')} -> {after.get('provider')}"))
     return notes
 
@@ -604,8 +605,7 @@ def _pin_changes(old, new):
 
 
 def _endpoint(record):
-    provider = record.get("provider")
-    provider = provider if isinstance(provider, dict) else {"name": "perplexity"}
+    provider = record_provider(record)
     return f"{provider.get('name')} {provider.get('base_url') or '(its default endpoint)'}"
 
 

@@ -1,4 +1,4 @@
-"""Loopback fakes for tests and benchmarks: a fake Agent API / OpenAI-compatible server.
+"""Loopback fakes for tests and benchmarks: a fake Agent API, chat and Messages API server.
 
 Standard library only. The server listens on 127.0.0.1 only, sets TCP_NODELAY on
 every connection and writes each reply in one send, so Nagle and delayed ACK never
@@ -767,12 +767,156 @@ REFUND_AGENTS = {
 
 
 def refund_agent(cost=0.0001):
-    """Both APIs on one server: /v1/responses (Agent API) and .../chat/completions, per model."""
+    """Every API on one server, per model: /v1/responses (Agent API), /v1/messages (Messages
+    API) and .../chat/completions."""
     chat_reply, agent_reply = scripted_chat(REFUND_AGENTS, cost), scripted_agent(REFUND_AGENTS, cost)
+    by_path = {"/v1/responses": agent_reply, "/v1/messages": scripted_messages(REFUND_AGENTS)}
 
     def reply(request):
-        return agent_reply(request) if request.path.split("?")[0] == "/v1/responses" else chat_reply(request)
+        return by_path.get(request.path.split("?")[0], chat_reply)(request)
     return reply
+
+
+# ---------------------------------------------------------------------- Messages API (Anthropic)
+# /v1/messages as the Messages API answers it: its error body ({"type": "error", "error":
+# {"type", "message"}}), the header it requires (anthropic-version), the fields it requires
+# (model, max_tokens, messages) and the conversation rules it enforces (alternating roles, a
+# tool_use answered by a tool_result in the very next user message, no empty text block).
+
+def message_response(text=None, tool_uses=(), stop_reason=None, model="fake-claude",
+                     tokens=(10, 5)):
+    """A Messages API response: a text block (none for None or "") and tool_use blocks
+    [(name, input)], with its stop_reason and usage tokens (input, output)."""
+    content = [{"type": "text", "text": text}] if text else []
+    content += [{"type": "tool_use", "id": f"toolu_{n}", "name": name, "input": arguments}
+                for n, (name, arguments) in enumerate(tool_uses, 1)]
+    stop_reason = stop_reason or ("tool_use" if tool_uses else "end_turn")
+    return {"id": "msg_fake", "type": "message", "role": "assistant", "model": model,
+            "content": content, "stop_reason": stop_reason, "stop_sequence": None,
+            "usage": {"input_tokens": tokens[0], "output_tokens": tokens[1]}}
+
+
+def messages_error(status, kind, message):
+    """The Messages API's error reply."""
+    return Reply(status, {"type": "error", "error": {"type": kind, "message": message}})
+
+
+def _blocks(content, where):
+    """A message's content as content blocks (a string is one text block)."""
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+    if not isinstance(blocks, list) or not blocks or not all(isinstance(b, dict) for b in blocks):
+        raise ConversationError(f"{where}.content: a non-empty string or list of content blocks")
+    if any(block.get("type") == "text" and not block.get("text") for block in blocks):
+        raise ConversationError(f"{where}: text content blocks must be non-empty")
+    return blocks
+
+
+def _tool_results(blocks, pending, where):
+    """[(tool_use_id, result)] of a user turn that must answer every pending tool_use first."""
+    results = [block for block in blocks if block.get("type") == "tool_result"]
+    if pending and ({block.get("tool_use_id") for block in results} != set(pending)
+                    or blocks[:len(results)] != results):
+        raise ConversationError(f"{where}: tool_use ids were found without tool_result blocks "
+                                f"immediately after: {', '.join(pending)}")
+    if results and not pending:
+        raise ConversationError(f"{where}: unexpected tool_result block: no tool_use before it")
+    answered = []
+    for block in results:
+        content = block.get("content")
+        text = content if isinstance(content, str) else "".join(
+            part.get("text", "") for part in content or [] if isinstance(part, dict))
+        result = _parsed(text)
+        if block.get("is_error") and not (isinstance(result, dict) and result.get("error")):
+            result = {"error": result}
+        answered.append((block["tool_use_id"], result))
+    return answered
+
+
+def messages_conversation(body):
+    """(user text, history) of a Messages API request; ConversationError for what it refuses."""
+    user, history, pending, previous = "", [], {}, None
+    for position, message in enumerate(body.get("messages") or []):
+        where = f"messages.{position}"
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in ("user", "assistant"):
+            raise ConversationError(f"{where}.role: Input should be 'user' or 'assistant'")
+        if role == previous or (previous is None and role != "user"):
+            raise ConversationError(f"{where}: roles must alternate, starting with user")
+        blocks = _blocks(message.get("content"), where)
+        if role == "user":
+            for call_id, result in _tool_results(blocks, pending, where):
+                name, arguments = pending.pop(call_id)
+                history.append((name, arguments, result))
+            said = "".join(block.get("text", "") for block in blocks if block.get("type") == "text")
+            user = said or user
+        for block in blocks if role == "assistant" else []:
+            if block.get("type") == "tool_use":
+                if not block.get("id") or not isinstance(block.get("input"), dict):
+                    raise ConversationError(f"{where}: a tool_use needs an id and an input object")
+                pending[block["id"]] = (block.get("name"), block["input"])
+        previous = role
+    if pending:
+        raise ConversationError(f"tool_use ids without tool_result blocks: {', '.join(pending)}")
+    return user, history
+
+
+def messages_problem(body):
+    """What the Messages API says of a request body it refuses, or None."""
+    if not isinstance(body, dict):
+        return "the request body must be a JSON object"
+    missing = [field for field in ("model", "max_tokens", "messages") if field not in body]
+    if missing:
+        return f"{missing[0]}: Field required"
+    cap = body["max_tokens"]
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+        return "max_tokens: Input should be a positive integer"
+    for tool in body.get("tools") or []:
+        schema = tool.get("input_schema") if isinstance(tool, dict) else None
+        if not isinstance(schema, dict) or schema.get("type") != "object" \
+                or not isinstance(tool.get("name"), str):
+            return "tools: every tool needs a name and an input_schema of type object"
+    try:
+        messages_conversation(body)
+    except ConversationError as exc:
+        return str(exc)
+    return None
+
+
+def messages_api(answer, key=None):
+    """A reply function for /v1/messages that refuses what the Messages API refuses, with its
+    status and error body (a wrong route 404, no anthropic-version 400, a wrong x-api-key 401,
+    a body it rejects 400); else `answer(body)` gives a message_response body or a Reply."""
+    def reply(request):
+        if request.path.split("?")[0] != "/v1/messages":
+            return messages_error(404, "not_found_error", f"Not Found: {request.path}")
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        if not headers.get("anthropic-version"):
+            return messages_error(400, "invalid_request_error",
+                                  "anthropic-version: header is required")
+        if key is not None and headers.get("x-api-key") != key:
+            return messages_error(401, "authentication_error", "invalid x-api-key")
+        problem = messages_problem(request.json)
+        if problem:
+            return messages_error(400, "invalid_request_error", problem)
+        said = answer(request.json)
+        return said if isinstance(said, Reply) else Reply(body=said)
+    return reply
+
+
+def scripted_messages(policies, tokens=(10, 5)):
+    """A /v1/messages reply function: the request's model picks a policy from `policies`."""
+    def answer(body):
+        policy = policies.get(body["model"])
+        if policy is None:
+            return messages_error(404, "not_found_error", f"model: {body['model']}")
+        user, history = messages_conversation(body)
+        kind, *what = policy(user, history)
+        if kind == "text":
+            return message_response(what[0], model=body["model"], tokens=tokens)
+        reply = message_response(tool_uses=[tuple(what)], model=body["model"], tokens=tokens)
+        reply["content"][0]["id"] = f"toolu_{len(history) + 1}"  # unique over the conversation
+        return reply
+    return messages_api(answer)
 
 
 # ---------------------------------------------------------------------- answers per case id
@@ -852,9 +996,9 @@ def case_requests(suite):
     rows = []
     for case in suite["cases"]:
         seen = regression.case_suite(suite, case)
-        agent = regression.agent_request(seen, case, "fake")
-        rows.append((case["id"], regression.chat_request(seen, case, "fake")["messages"],
-                     agent["instructions"], agent["input"]))
+        agent = regression.PerplexityProvider().body("fake", seen, case)
+        chat = regression.OpenAIProvider("http://127.0.0.1/v1").body("fake", seen, case)
+        rows.append((case["id"], chat["messages"], agent["instructions"], agent["input"]))
     return rows
 
 
@@ -883,7 +1027,7 @@ def _agent_turn(body, rows):
             continue
         if value == sent:
             return case_id, 0
-        items = regression._input_items(sent)
+        items = regression.PerplexityProvider.conversation({"input": sent}, ())
         if isinstance(value, list) and value[:len(items)] == items:
             return case_id, _rounds_in(value[len(items):])
     return None
@@ -1011,7 +1155,7 @@ def main():
     parser.add_argument("--scenario", choices=sorted(SCENARIOS),
                         help="advisor (the default): the built-in suite's Agent API; refund-agent: "
                              f"scripted refund agents ({', '.join(REFUND_AGENTS)}) on "
-                             "/v1/responses and /v1/chat/completions")
+                             "/v1/responses, /v1/messages and /v1/chat/completions")
     parser.add_argument("--suite", help="with --answers: the suite whose cases the fake answers")
     parser.add_argument("--answers", action="append", metavar="[MODEL=]FILE",
                         help="a JSON file mapping case ids to answers (a text, {\"json\": ...}, "

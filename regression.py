@@ -46,14 +46,16 @@ __all__ = [
     "MODELS", "CASES", "INSTRUCTIONS", "TOOL", "FORMAT", "RFC_SOURCES",
     # URL rules and checks (A3-A5, B2)
     "rfc_document", "approved_source", "document_id", "CHECKS", "BEHAVIORS", "check", "grade", "explain",
-    "compile_case", "agent_trace", "chat_trace", "reported_cost", "similarity",
+    "compile_case", "reported_cost", "similarity",
     "register_check", "register_case_key", "CHECK_TABLE", "Fail", "text_form", "reason_table",
     "Trace",
     # suites (B1)
     "SuiteError", "load_suite", "validate_suite", "instructions_sha256",
     # providers and one request (A6, B3, B4)
-    "Perplexity", "PROVIDERS", "Provider", "register_provider",
-    "PerplexityProvider", "OpenAIProvider", "EchoProvider", "ReplayProvider",
+    "Perplexity", "PROVIDERS", "Provider", "register_provider", "DEFAULT_PROVIDER",
+    "record_provider",
+    "PerplexityProvider", "HTTPProvider", "OpenAIProvider", "AnthropicProvider", "EchoProvider",
+    "ReplayProvider",
     "run_one", "run_row", "run_row_steps", "send_request", "execute", "transient", "retry_after", "redactor",
     # record and summary (A7, A8, B4)
     "RecordError", "create_record", "replace_record", "load_record", "write_new_file", "dumps",
@@ -2051,56 +2053,10 @@ def printable(text):
                    for char in text)
 
 
-# ---------------------------------------------------------------------- Agent API traces
-
-def _items(raw, key="output"):
-    value = raw.get(key) if isinstance(raw, dict) else None
-    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
-
-
-def _agent_search_urls(raw):
-    return [result["url"]
-            for item in _items(raw) if item.get("type") == "search_results"
-            for result in _items(item, "results") if isinstance(result.get("url"), str)]
-
-
-def part_text(part, types=("output_text",)):
-    """What one content part says to the user: the text of a text part, the words of a refusal
-    part (a refusal is the model's answer: graded, it cannot hide an echoed secret), else ""."""
-    kind = part.get("type")
-    said = part.get("refusal") if kind == "refusal" else part.get("text") if kind in types else None
-    return said if isinstance(said, str) else ""
-
-
-def _agent_text(raw):
-    """What the SDK's output_text gives (the output_text parts of message items, joined), and
-    the words of any refusal part."""
-    return "".join(part_text(part) for item in _items(raw) if item.get("type") == "message"
-                   for part in _items(item, "content"))
-
-
-_AGENT_TOOL_ITEMS = {"search_results", "fetch_url_results", "mcp_call", "sandbox_results"}
-
-
-def agent_trace(raw, text=None):
-    """The normalised trace of an Agent API response (SPEC B3)."""
-    items = _items(raw)
-    calls = [{"name": item.get("name"), "arguments": item.get("arguments")}
-             for item in items if item.get("type") == "function_call"]
-    server_rounds = sum(1 for item in items if item.get("type") in _AGENT_TOOL_ITEMS)
-    return Trace(
-        final_text=_agent_text(raw) if text is None else text,
-        tool_calls=calls,
-        tool_rounds=server_rounds + (1 if calls else 0),
-        search_urls=_agent_search_urls(raw),
-        status=raw.get("status") if isinstance(raw, dict) else None,
-        cost_usd=reported_cost(raw),
-    )
-
-
 def check(case, raw, text):
     """SPEC A4: the reasons a built-in case fails on an Agent API response; [] is a pass."""
-    return grade(compile_case(builtin_suite(), builtin_case(case)), agent_trace(raw, text))
+    compiled = compile_case(builtin_suite(), builtin_case(case))
+    return grade(compiled, PerplexityProvider.trace(raw, text))
 
 
 def reported_cost(raw):
@@ -2278,32 +2234,80 @@ def _function_names(tools):
     return sorted(_tool_name(tool) for tool in tools if tool.get("type") == "function")
 
 
-# A request option may tune the request, never replace what the suite is about (SPEC D).
-REQUEST_RESERVED = {
-    "model": "the model comes from --models", "messages": "the case input is the conversation",
-    "input": "the case input is the conversation", "tools": "tools come from the suite's tools",
+# A request option may tune the request, never replace what the suite is about (SPEC D): a key
+# that changes who answers, what the model is told or may call, or how the answer is read would
+# make the record (and the instructions pin) describe a request that was never sent. These are
+# the keys every API has a name for; each provider class adds its API's own (Provider.reserved),
+# and a suite may set none of them, whichever provider runs it.
+def reasons_of(table):
+    """{key: why} from {"key key ...": why}: a table of reserved request keys."""
+    return {key: why for keys, why in table.items() for key in keys.split()}
+
+
+REQUEST_RESERVED = reasons_of({
+    "model": "the model comes from --models",
+    "messages input": "the case input is the conversation",
+    "instructions system": "the suite's instructions are the system text (instructions_sha256)",
+    "tools tool_choice response_format": "the suite's own keys set them",
     "stream": "responses are read whole (a stream would be graded as a broken body)",
-    "n": "a row grades one answer, so the others would go unchecked: use --repeats N for more samples",
-}
+    "n": "a row grades one answer, so the others would go unchecked: use --repeats N"})
 TOOL_CHOICES = ("auto", "required", "none")
 
 
-def request_problem(key, where):
-    """Why a `request` key may not be set, or None."""
-    if not isinstance(key, str) or not key.strip():
-        return f"{where}: request keys must be non-empty strings"
-    if key in REQUEST_RESERVED:
-        return f"{where}: request may not set {key!r} ({REQUEST_RESERVED[key]})"
+def _key_form(key):
+    """A body key as a lenient server reads it: compatibility forms, case and separators ignored
+    (Go's JSON decoder matches names in any case, alias-reading servers take camelCase)."""
+    return re.sub(r"[\W_]+", "", _text_form(key).replace("\u0131", "i"))
+
+
+def reserved_reason(key, value=None):
+    """(the key it is read as, why the run owns it) when a `request` key may not be set, or None;
+    a nested rule ({"output_config": {"format": why}}) looks at the keys of the value."""
+    form = _key_form(key)
+    for table in (REQUEST_RESERVED, *(cls.reserved for cls in PROVIDERS.values())):
+        for name, why in table.items():
+            if _key_form(name) != form:
+                continue
+            if not isinstance(why, dict):
+                return name, why
+            inner = {_key_form(given) for given in value} if isinstance(value, dict) else set()
+            found = [(f"{name}.{sub}", reason) for sub, reason in why.items()
+                     if _key_form(sub) in inner]
+            if found:
+                return found[0]
     return None
 
 
-def _validate_request(value, where):
+def _given_schema(value):
+    """The JSON schema a response_format carries, in any server's form, or None."""
+    if isinstance(value, dict) and isinstance(value.get("json_schema"), dict):
+        value = value["json_schema"]
+    schema = value.get("schema") if isinstance(value, dict) else None
+    return schema if isinstance(schema, dict) else None
+
+
+def request_problem(key, where, value=None, response_format=None):
+    """Why a `request` key may not be set (under the suite's `response_format`), or None."""
+    if not isinstance(key, str) or not key.strip():
+        return f"{where}: request keys must be non-empty strings"
+    reserved = reserved_reason(key, value)
+    schema = _given_schema(response_format)
+    if reserved and reserved[0] == "response_format" and schema is not None and \
+            _canonical(_given_schema(value)) == _canonical(schema):
+        return None  # the suite's schema in a server's own form (llama-cpp-python's json_object)
+    if reserved:
+        read = "" if reserved[0] == key else f"read as {reserved[0]!r}: "
+        return f"{where}: request may not set {key!r} ({read}{reserved[1]})"
+    return None
+
+
+def _validate_request(value, where, response_format=None):
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise SuiteError(f"{where}: request must be an object of request body keys, e.g. {{\"seed\": 7}}")
     for key in value:
-        problem = request_problem(key, where)
+        problem = request_problem(key, where, value[key], response_format)
         if problem:
             raise SuiteError(problem)
         try:  # NaN or Infinity would go out as invalid JSON
@@ -2447,7 +2451,7 @@ def validate_suite(data, allow_empty_baseline=False):
     functions = _function_names(tools)
     schema = _validate_response_format(data.get("response_format"), "suite")
     _validate_sources(data.get("sources"), "suite")
-    request = _validate_request(data.get("request"), "suite")
+    request = _validate_request(data.get("request"), "suite", data.get("response_format"))
     tool_choice = _validate_tool_choice(data.get("tool_choice"), functions, "suite")
     prices = _validate_prices(data.get("prices"), "suite")
     if "notes" in data and not isinstance(data["notes"], str):
@@ -3128,26 +3132,8 @@ def _nested_tool(tool):
     return {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
 
 
-def agent_request(suite, case, model):
-    """The keyword arguments of client.responses.create for one case (SPEC A6)."""
-    request = {"model": model, "instructions": case.get("instructions", suite["instructions"]), "input": case["input"]}
-    if suite.get("tools"):
-        request["tools"] = [_flat_tool(tool) for tool in suite["tools"]]
-    if suite.get("response_format"):
-        request["response_format"] = suite["response_format"]
-    request["max_steps"] = MAX_STEPS
-    request["max_output_tokens"] = MAX_OUTPUT_TOKENS
-    # Options the SDK has no keyword for travel in the JSON body; a suite's own tool_choice too.
-    choice = suite.get("tool_choice")
-    extra = {**({"tool_choice": _flat_tool(choice) if isinstance(choice, dict) else choice} if choice else {}),
-             **(suite.get("request") or {})}
-    if extra:
-        request["extra_body"] = extra
-    return request
-
-
 def result_text(result):
-    """A scripted tool result as the text both APIs carry: strings as they are, anything else as JSON."""
+    """A scripted tool result as the text every API carries: strings as they are, else JSON."""
     return result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
 
 
@@ -3155,36 +3141,47 @@ def _arguments_text(arguments):
     return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
 
 
-def _input_items(value):
-    """A case's input as Agent API input items (a string becomes one user message)."""
-    if isinstance(value, str):
-        return [{"type": "message", "role": "user", "content": value}]
-    return [message if "type" in message else {"type": "message", **message} for message in value]
+def _items(raw, key="output"):
+    value = raw.get(key) if isinstance(raw, dict) else None
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
-def agent_tool_input(case, rounds):
-    """The whole conversation so far as input items: the case's input, then per round the model's
-    text, its function_call items and our function_call_output items.
+def part_text(part, types=("output_text",)):
+    """What one content part says to the user: the text of a text part, the words of a refusal
+    part (a refusal is the model's answer: graded, it cannot hide an echoed secret), else ""."""
+    kind = part.get("type")
+    said = part.get("refusal") if kind == "refusal" else part.get("text") if kind in types else None
+    return said if isinstance(said, str) else ""
 
-    Resent in full rather than chained by previous_response_id: a turn that ends in function
-    calls is not a completed response to continue from, the server need not store anything,
-    and a replay rebuilds exactly the same request from the record."""
-    items = _input_items(case["input"])
-    for turn in rounds:
-        text = _agent_text(turn["response"])
-        if text:
-            items.append({"type": "message", "role": "assistant", "content": text})
-        signatures = {item.get("call_id"): item.get("thought_signature") for item in _items(turn["response"])
-                      if item.get("type") == "function_call"}
-        for sent in turn["tool_results"]:
-            call = {"type": "function_call", "call_id": sent["call_id"], "name": sent["name"],
-                    "arguments": _arguments_text(sent["arguments"])}
-            if isinstance(signatures.get(sent["call_id"]), str):  # thinking models need it back
-                call["thought_signature"] = signatures[sent["call_id"]]
-            items.append(call)
-        items += [{"type": "function_call_output", "call_id": sent["call_id"], "name": sent["name"],
-                   "output": result_text(sent["result"])} for sent in turn["tool_results"]]
-    return items
+
+_TEXT_PARTS = (None, "text", "output_text")  # other parts (thinking, image, tool_use) are no text
+
+
+def content_text(content):
+    """The text of a message's content: a string, or its text (and refusal) parts joined."""
+    if isinstance(content, list):  # content parts (chat) or content blocks (Messages API)
+        return "".join(part_text(part, _TEXT_PARTS) for part in content if isinstance(part, dict))
+    return content if isinstance(content, str) else ""
+
+
+def _case_text(case):
+    """The user's words of a case: its input, or the last user message of a conversation."""
+    if isinstance(case["input"], str):
+        return case["input"]
+    users = [m.get("content") for m in case["input"] if m.get("role") == "user"]
+    return content_text(users[-1]) if users else ""
+
+
+def _call_name(value):
+    return value if isinstance(value, str) or value is None else dumps(value)
+
+
+def sendable_options(suite):
+    """The suite's `request` options that may go on the wire: every reserved key left out
+    (refused when the suite is read; left out here too, whatever built the suite)."""
+    options = suite.get("request") or {}
+    return {key: value for key, value in options.items()
+            if request_problem(key, "", value, suite.get("response_format")) is None}
 
 
 def cap_response_bodies(client, limit=MAX_RESPONSE_BYTES):
@@ -3246,13 +3243,26 @@ def register_provider(cls):
     return cls
 
 
+def record_provider(record):
+    """A record's "provider" (name, endpoint); one that names none was made with the default."""
+    provider = record.get("provider")
+    return provider if isinstance(provider, dict) and provider else {"name": DEFAULT_PROVIDER}
+
+
+def providers_with(attribute):
+    """The names of the providers whose class sets `attribute` true, in table order."""
+    return [name for name, cls in PROVIDERS.items() if getattr(cls, attribute)]
+
+
 class Provider:
     """What every provider declares; the CLI reads these and never names a provider.
 
     A provider turns (model, suite, case) into a raw response dict (request) and a raw
-    response into a normalised trace (parse). The class attributes and classmethods below
-    say how it is set up, so adding a provider is one subclass decorated with @register_provider.
-    Settings are only read (argparse's namespace or a frozen settings object, same names)."""
+    response into a Trace (parse). Its class owns its wire format: the request for a case and
+    the rounds played so far (body, conversation), the trace of a response (parse), the ids of
+    its tool calls (call_ids) and what an error body says. The class attributes below say how
+    it is set up and what it can do, so adding a provider is one subclass decorated with
+    @register_provider. Settings are only read (argparse's namespace or a frozen Settings)."""
 
     name = None
     vendor = None             # how messages name the service ("Perplexity"); None: the name
@@ -3261,6 +3271,8 @@ class Provider:
     key_hosts = None          # hosts the key may be sent to over https (None: wherever the endpoint is)
     base_url_flag = False     # takes --base-url; otherwise only base_url_variable names the endpoint
     base_url_variable = None  # the environment variable naming the endpoint
+    twin_base_url_variable = None  # another tool's variable for it, read after base_url_variable
+    other_names = ()          # what other tools call this provider (PROMPTREG_PROVIDER's values)
     default_base_url = None   # the endpoint when nothing names one (None with a variable: one is required)
     evidence = "live"         # the record's "evidence" label
     default_models = None     # models when --models is absent (None: --models is required)
@@ -3269,6 +3281,9 @@ class Provider:
     reports_cost = None       # True: every response reports its USD cost; None: unknown
     builds_offline = False    # cheap and offline to build, so --dry-run builds it to check more
     replays_record = False    # answers from a saved record (--replay), whose config fills the defaults
+    agent_responses = False   # Agent API responses: the built-in suite grades them through check()
+    cap_keys = ()             # request keys that carry the output cap; the first is the one sent
+    reserved = {}             # this API's request keys the run owns -> why a suite may not set them
 
     @classmethod
     def endpoint(cls, settings, env):
@@ -3281,9 +3296,16 @@ class Provider:
     def problem(cls, settings, env):
         """Why this provider cannot run as set up, or None. Sends nothing."""
         if cls.key_required and not env.get(cls.key_variable):
+            offline = [name for name in providers_with("builds_offline")
+                       if not PROVIDERS[name].replays_record]
             return (f"{cls.key_variable} is not set; export your {cls.vendor or cls.name} API key "
-                    "(or try --provider echo for an offline run)")
+                    f"(or try --provider {offline[0]} for an offline run)")
         return None
+
+    @classmethod
+    def suite_problem(cls, suite):
+        """Why this provider cannot run the suite as written (said before it is built), or None."""
+        return search_problem(suite, cls)
 
     @classmethod
     def from_settings(cls, settings, env):
@@ -3320,13 +3342,18 @@ class Provider:
     @classmethod
     def output_cap(cls, settings, env):
         """The request key that carries the output cap (MAX_OUTPUT_TOKENS), or None."""
-        return None
+        return cls.cap_keys[0] if cls.cap_keys else None
 
     @classmethod
     def unanswered(cls, suite, raw):
         """Why a whole, readable response is still no answer to grade (an execution error), or
         None. Asked of every live response and of every replayed one."""
         return None
+
+    @staticmethod
+    def call_ids(raw):
+        """The id of each tool call of a response, in trace order (its result answers it by id)."""
+        return []
 
 
 def _without_none(value):
@@ -3346,11 +3373,18 @@ class PerplexityProvider(Provider):
     key_variable, key_required = "PERPLEXITY_API_KEY", True
     base_url_variable, default_base_url = "PERPLEXITY_BASE_URL", "https://api.perplexity.ai"  # as the SDK reads it
     default_models = MODELS
-    server_search = tool_loops = reports_cost = True
-
-    @classmethod
-    def output_cap(cls, settings, env):
-        return "max_output_tokens"
+    server_search = tool_loops = reports_cost = agent_responses = True
+    cap_keys = ("max_output_tokens",)
+    # The Agent API's body keys (responses.create) that would answer in another model's name or
+    # tell the model what the pinned instructions do not say.
+    reserved = reasons_of({
+        "models": "a fallback chain lets another model answer under this model's name",
+        "preset profile": "a preset or saved profile brings its own model, instructions and tools",
+        "previous_response_id": "it continues a conversation the record does not hold",
+        "skills": "skills are tools and instructions the suite does not declare",
+        "background": "a queued response is no answer to grade"})
+    # output items of the server's own tool steps
+    TOOL_ITEMS = {"search_results", "fetch_url_results", "mcp_call", "sandbox_results"}
 
     @classmethod
     def from_settings(cls, settings, env):
@@ -3380,7 +3414,7 @@ class PerplexityProvider(Provider):
                 version = None
         return version
 
-    def __init__(self, client, deadline=None, capped=False):
+    def __init__(self, client=None, deadline=None, capped=False):
         self.client, self.deadline, self.capped = client, deadline, capped
 
     def close(self):
@@ -3392,12 +3426,59 @@ class PerplexityProvider(Provider):
             except Exception:
                 pass  # closing is best effort; the run's outcome is already recorded
 
+    def body(self, model, suite, case, rounds=()):
+        """The keyword arguments of client.responses.create for one case (SPEC A6), with the
+        rounds played so far in its input."""
+        request = {"model": model, "instructions": case.get("instructions", suite["instructions"]),
+                   "input": self.conversation(case, rounds) if rounds else case["input"]}
+        if suite.get("tools"):
+            request["tools"] = [_flat_tool(tool) for tool in suite["tools"]]
+        if suite.get("response_format"):
+            request["response_format"] = suite["response_format"]
+        request["max_steps"] = MAX_STEPS
+        request["max_output_tokens"] = MAX_OUTPUT_TOKENS
+        # Options the SDK has no keyword for travel in the JSON body, where they override its
+        # keywords: a reserved key never gets this far. A suite's own tool_choice goes there too.
+        choice = suite.get("tool_choice")
+        extra = {"tool_choice": _flat_tool(choice) if isinstance(choice, dict) else choice} \
+            if choice else {}
+        extra.update(sendable_options(suite))
+        if extra:
+            request["extra_body"] = extra
+        return request
+
+    @staticmethod
+    def conversation(case, rounds):
+        """The whole conversation so far as input items: the case's input, then per round the
+        model's text, its function_call items and our function_call_output items.
+
+        Resent in full rather than chained by previous_response_id: a turn that ends in function
+        calls is not a completed response to continue from, the server need not store anything,
+        and a replay rebuilds exactly the same request from the record."""
+        value = case["input"]
+        items = [{"type": "message", "role": "user", "content": value}] if isinstance(value, str) \
+            else [item if "type" in item else {"type": "message", **item} for item in value]
+        for turn in rounds:
+            text = PerplexityProvider.text(turn["response"])
+            if text:
+                items.append({"type": "message", "role": "assistant", "content": text})
+            signatures = {item.get("call_id"): item.get("thought_signature")
+                          for item in _items(turn["response"])
+                          if item.get("type") == "function_call"}
+            for sent in turn["tool_results"]:
+                call = {"type": "function_call", "call_id": sent["call_id"], "name": sent["name"],
+                        "arguments": _arguments_text(sent["arguments"])}
+                if isinstance(signatures.get(sent["call_id"]), str):  # thinking models need it back
+                    call["thought_signature"] = signatures[sent["call_id"]]
+                items.append(call)
+            items += [{"type": "function_call_output", "call_id": sent["call_id"],
+                       "name": sent["name"], "output": result_text(sent["result"])}
+                      for sent in turn["tool_results"]]
+        return items
+
     def request(self, model, suite, case, repeat=0, rounds=()):
-        body = agent_request(suite, case, model)
-        if rounds:
-            body["input"] = agent_tool_input(case, rounds)
         try:
-            response = self.client.responses.create(**body)
+            response = self.client.responses.create(**self.body(model, suite, case, rounds))
         except Exception as exc:
             if isinstance(exc.__cause__, ResponseError):  # the body cap, wrapped by the SDK as a connection error
                 raise exc.__cause__ from None
@@ -3414,10 +3495,36 @@ class PerplexityProvider(Provider):
         return raw
 
     @staticmethod
-    def parse(raw):
+    def text(raw):
+        """What the SDK's output_text gives (the output_text parts of message items, joined), and
+        the words of any refusal part."""
+        return "".join(part_text(part) for item in _items(raw) if item.get("type") == "message"
+                       for part in _items(item, "content"))
+
+    @classmethod
+    def trace(cls, raw, text=None):
+        """The Trace of an Agent API response (SPEC B3), however malformed; `text`: the answer
+        text when the caller has it (SPEC A4's check)."""
+        items = _items(raw)
+        calls = [{"name": item.get("name"), "arguments": item.get("arguments")}
+                 for item in items if item.get("type") == "function_call"]
+        server_rounds = sum(1 for item in items if item.get("type") in cls.TOOL_ITEMS)
+        return Trace(
+            final_text=cls.text(raw) if text is None else text,
+            tool_calls=calls,
+            tool_rounds=server_rounds + (1 if calls else 0),
+            search_urls=[result["url"] for item in items if item.get("type") == "search_results"
+                         for result in _items(item, "results")
+                         if isinstance(result.get("url"), str)],
+            status=raw.get("status") if isinstance(raw, dict) else None,
+            cost_usd=reported_cost(raw),
+        )
+
+    @classmethod
+    def parse(cls, raw):
         if not isinstance(raw, dict) or not isinstance(raw.get("output"), list):
             raise ResponseError('the response has no "output" list')
-        return agent_trace(raw)
+        return cls.trace(raw)
 
     @staticmethod
     def call_ids(raw):
@@ -3425,87 +3532,7 @@ class PerplexityProvider(Provider):
         return [item.get("call_id") for item in _items(raw) if item.get("type") == "function_call"]
 
 
-OUTPUT_CAP_KEYS = ("max_tokens", "max_completion_tokens")
-
-
-def chat_request(suite, case, model, cap_key="max_tokens"):
-    """The JSON body of a chat-completions request for one case.
-
-    The output cap goes under `cap_key`: api.openai.com wants max_completion_tokens, while
-    llama.cpp, Ollama, vLLM and LM Studio honour only max_tokens (OpenAIProvider.cap_key).
-    The suite's `request` options are merged last; setting either cap key there replaces ours."""
-    instructions = case.get("instructions", suite["instructions"])  # a prompt-regression case has its own
-    messages = [{"role": "system", "content": instructions}] if instructions else []
-    if isinstance(case["input"], list):
-        messages.extend(case["input"])
-    else:
-        messages.append({"role": "user", "content": case["input"]})
-    options = suite.get("request") or {}
-    body = {"model": model, "messages": messages, "temperature": 0}
-    if not any(key in options for key in OUTPUT_CAP_KEYS):
-        body[cap_key] = MAX_OUTPUT_TOKENS
-    if suite.get("response_format"):
-        body["response_format"] = suite["response_format"]
-    functions = [_nested_tool(tool) for tool in suite.get("tools", []) if tool.get("type") == "function"]
-    if functions:
-        body["tools"] = functions
-        # llama-cpp-python ignores tools sent without tool_choice: the model never sees them.
-        body["tool_choice"] = OpenAIProvider.sent_tool_choice(suite)
-    body.update({key: value for key, value in options.items() if key not in REQUEST_RESERVED})
-    return body
-
-
-def chat_tool_messages(rounds):
-    """The messages that carry the tool rounds so far: per round, the assistant message with its
-    tool_calls, then one tool message per call with the scripted result."""
-    messages = []
-    for turn in rounds:
-        choices = turn["response"].get("choices") or [{}]
-        said = (choices[0] if isinstance(choices[0], dict) else {}).get("message") or {}
-        if isinstance(said.get("function_call"), dict) and not said.get("tool_calls"):
-            # the legacy form: a function_call is answered by a "function" message, by name
-            sent = turn["tool_results"][0]
-            messages += [{"role": "assistant", "content": _chat_text(said.get("content")), "function_call": {
-                "name": sent["name"], "arguments": _arguments_text(sent["arguments"])}},
-                {"role": "function", "name": sent["name"], "content": result_text(sent["result"])}]
-            continue
-        messages.append({
-            # "" and never null: llama-cpp-python's server answers HTTP 500 to a null content
-            "role": "assistant", "content": _chat_text(said.get("content")),
-            "tool_calls": [{"id": sent["call_id"], "type": "function",
-                            "function": {"name": sent["name"], "arguments": _arguments_text(sent["arguments"])}}
-                           for sent in turn["tool_results"]]})
-        messages += [{"role": "tool", "tool_call_id": sent["call_id"], "content": result_text(sent["result"])}
-                     for sent in turn["tool_results"]]
-    return messages
-
-
-_TEXT_PARTS = (None, "text", "output_text")  # other parts (thinking, image) are not its text; refusals are
-
-
-def _chat_text(content):
-    if isinstance(content, list):  # content parts
-        return "".join(part_text(part, _TEXT_PARTS) for part in content if isinstance(part, dict))
-    return content if isinstance(content, str) else ""
-
-
-_THINK_OPEN, _THINK_CLOSE = re.compile(r"<think>", re.I), re.compile(r"</think>", re.I)
-_THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|\Z)", re.I | re.S)
-
-
-def chat_answer(content):
-    """The answer a chat message gives: its text without the reasoning that servers lacking a
-    reasoning parser leave in content (vLLM, llama.cpp's --reasoning-format none, Ollama):
-    <think>...</think> blocks, a block whose <think> the chat template opened (text up to the
-    first </think>), and an unclosed block (reasoning cut short: no answer). What a model only
-    thought is never graded as what it said, as with a separate reasoning_content."""
-    text = _chat_text(content)
-    close, opened = _THINK_CLOSE.search(text), _THINK_OPEN.search(text)
-    if close is None and opened is None:
-        return text
-    if close is not None and (opened is None or close.start() < opened.start()):
-        text = text[close.end():]  # the template opened the block: the model wrote only its close
-    return _THINK_BLOCK.sub("", text).strip()
+DEFAULT_PROVIDER = PerplexityProvider.name  # --provider when none is given, and an older record's
 
 
 MAX_ENDPOINT_MESSAGE = 300  # characters of an endpoint's own error message kept per row
@@ -3541,94 +3568,6 @@ def endpoint_message(body):
         if found not in (None, "", [], {}):
             return found if isinstance(found, str) else dumps(found)
     return None
-
-
-# finish_reason values: a natural stop under any server's name is a completed answer (TGI and
-# watsonx say "eos_token", Together "eos", TGI "stop_sequence"); "error" (OpenRouter, after
-# generation began) and "abort" (vLLM: engine shutdown, scale-down, sleep) mean the server ended
-# it, an execution error; any other (length, content_filter, ...) is an incomplete answer.
-CHAT_STOPS = (None, "stop", "tool_calls", "function_call", "eos", "eos_token", "stop_sequence")
-SERVER_ENDED = ("error", "abort")
-
-
-def chat_error(raw):
-    """The error a chat-completions body reports instead of an answer, or None: a top-level
-    `error` with no choices, or a finish_reason that says the server ended the answer."""
-    if not isinstance(raw, dict):
-        return None
-    choices = raw.get("choices")
-    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
-    if first is not None and first.get("finish_reason") in SERVER_ENDED:
-        return endpoint_message({"error": first.get("error") or raw.get("error")}) or \
-            f'finish_reason "{first["finish_reason"]}": the server ended the answer'
-    if first is None and raw.get("error") not in (None, "", [], {}):
-        return endpoint_message(raw) or "an error object"
-    return None
-
-
-def _call_name(value):
-    return value if isinstance(value, str) or value is None else dumps(value)
-
-
-def chat_call_entries(message):
-    """The tool-call entries of a chat message as sent, one per call: tool_calls (a list, one
-    entry, or double-encoded as a string by some servers) then the legacy function_call."""
-    entries = message.get("tool_calls")
-    if isinstance(entries, str) and entries.strip():  # double-encoded by some servers: read it, else keep it raw
-        entries = read_json(entries)[0] or entries
-    entries = entries if isinstance(entries, list) else [] if entries in (None, "", {}) else [entries]
-    if message.get("function_call") is not None:  # the older OpenAI form, still sent by some servers
-        entries = [*entries, {"function": message["function_call"]}]
-    return entries
-
-
-def chat_calls(message):
-    """Every tool call a chat message holds, in whatever shape the server sent it: tool_calls
-    (arguments as a string or an object, malformed ones kept raw) and the legacy function_call.
-    Nothing the model did is dropped: an unreadable entry is kept raw as the arguments."""
-    calls = []
-    for entry in chat_call_entries(message):
-        inner = entry.get("function") if isinstance(entry, dict) else None
-        if isinstance(inner, dict):
-            calls.append({"name": _call_name(inner.get("name")), "arguments": inner.get("arguments")})
-        elif isinstance(entry, dict) and "name" in entry:
-            calls.append({"name": _call_name(entry.get("name")), "arguments": entry.get("arguments")})
-        else:
-            calls.append({"name": None, "arguments": entry})
-    return calls
-
-
-def chat_trace(raw):
-    """The normalised trace of a chat-completions response."""
-    problem = chat_error(raw)
-    if problem:
-        raise ResponseError(f"the endpoint answered with an error: {endpoint_text(problem)}")
-    choices = raw.get("choices") if isinstance(raw, dict) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict) \
-            or not isinstance(choices[0].get("message"), dict):
-        raise ResponseError("the response has no choices[0].message")
-    message, finish = choices[0]["message"], choices[0].get("finish_reason")
-    calls = chat_calls(message)
-    # Perplexity's Sonar and OpenAI's search models report what their search returned.
-    urls = [item["url"] for item in _items(raw, "search_results") if isinstance(item.get("url"), str)]
-    urls += [note["url_citation"]["url"] for note in _items(message, "annotations")
-             if isinstance(note.get("url_citation"), dict) and isinstance(note["url_citation"].get("url"), str)]
-    usage = raw.get("usage") if isinstance(raw.get("usage"), dict) else {}
-    cost = usage.get("cost")  # OpenRouter reports the USD cost here
-    content, answer = _chat_text(message.get("content")), chat_answer(message.get("content"))
-    said = (answer, message.get("refusal"))
-    return Trace(
-        # OpenAI puts a refusal beside a null content: it is what the model said, and is graded
-        final_text="\n".join(text for text in said if isinstance(text, str) and text),
-        # Reasoning left in content reached the client as content: what must never be said is
-        # looked for there too (see never_said_texts); what must be said is not taken from it.
-        thought_texts=(content,) if content.strip() != answer else (),
-        tool_calls=calls,
-        tool_rounds=1 if calls else 0,
-        search_urls=urls,
-        status="completed" if finish in CHAT_STOPS else str(finish),
-        cost_usd=reported_cost({"usage": {"cost": {"currency": "USD", "total_cost": cost}}}),
-    )
 
 
 def unanswered_error(provider, suite, raw, status=None):
@@ -3670,34 +3609,48 @@ def text_tool_call(trace, functions):
     return None
 
 
-@register_provider
-class OpenAIProvider(Provider):
-    """openai: any OpenAI-compatible /chat/completions endpoint, through urllib (standard library)."""
+# ---------------------------------------------------------------------- JSON over HTTP
 
-    name = "openai"
-    vendor = "OpenAI"
-    DEFAULT_BASE_URL = "https://api.openai.com/v1"  # suggested, never assumed: a run names its endpoint
-    # A custom base URL never receives the vendor's key unless the user names it (--api-key-env).
-    key_variable, key_hosts = "OPENAI_API_KEY", ("api.openai.com",)
-    base_url_flag, base_url_variable = True, "OPENAI_BASE_URL"
-    COST_HOSTS = ("openrouter.ai",)  # report usage.cost on every response
+@functools.lru_cache(maxsize=1)
+def _no_redirect_opener():
+    """A urllib opener that follows no redirect (urllib is imported here: start-up stays lean)."""
+    import urllib.request
 
-    @classmethod
-    def _vendor_host(cls, base_url):
-        return key_host(base_url, cls.key_hosts)
+    import urllib.error
+
+    class RefuseRedirects(urllib.request.HTTPRedirectHandler):
+        def http_error_302(self, req, fp, code, msg, headers):
+            # Raised before urllib reads Location (a malformed one would raise ValueError there);
+            # HTTPProvider._explain words the 3xx.
+            raise urllib.error.HTTPError(req.full_url, code, msg, headers, fp)
+
+        http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
+    return urllib.request.build_opener(RefuseRedirects)
+
+
+class HTTPProvider(Provider):
+    """The one JSON-over-HTTP transport of the urllib providers: POST to {base_url}{path}, no
+    redirect followed (the key would go along), the body bounded, an error status raised with
+    what the endpoint said, masked. A subclass owns its wire format (headers, body, parse,
+    reply_error, said); the vendor's key goes only to key_hosts, else --api-key-env's."""
+
+    path = ""                  # appended to the base URL
+    base_url_flag = True
+    suggested_base_url = None  # named when a run gives no endpoint and there is no default
 
     @classmethod
     def problem(cls, settings, env):
         base_url, key_env = cls.endpoint(settings, env), getattr(settings, "api_key_env", None)
         if not base_url:
             return (f"--provider {cls.name} needs --base-url URL or {cls.base_url_variable} "
-                    f"(for OpenAI itself: {cls.DEFAULT_BASE_URL})")
+                    f"(for {cls.vendor or cls.name} itself: {cls.suggested_base_url})")
         parts = urllib.parse.urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             return f"--base-url {base_url!r} is not an http(s) URL"
         if key_env and not env.get(key_env):
             return f"{key_env} (named by --api-key-env) is not set"
-        if not key_env and cls._vendor_host(base_url) and not env.get(cls.key_variable):
+        if not key_env and key_host(base_url, cls.key_hosts) and not env.get(cls.key_variable):
             return f"{cls.key_variable} is not set; it is needed for {parts.hostname}"
         return None
 
@@ -3710,45 +3663,53 @@ class OpenAIProvider(Provider):
                   "name the endpoint's key variable with --api-key-env", file=sys.stderr)
         return cls(base_url, key, settings.timeout), key
 
-    @classmethod
-    def cost_reported(cls, settings, env):
-        host = urllib.parse.urlsplit(cls.endpoint(settings, env) or "").hostname or ""
-        return True if host in cls.COST_HOSTS else None
-
-    @classmethod
-    def sent_tool_choice(cls, suite):
-        return (suite.get("tool_choice") or "auto") if cls.sent_tools(suite) else None
-
-    @classmethod
-    def output_cap(cls, settings, env):
-        return cls.output_cap_key(cls.endpoint(settings, env) or "")
-
     def __init__(self, base_url, key=None, timeout=TIMEOUT_SECONDS):
         parts = urllib.parse.urlsplit(base_url)
-        self.url = urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/chat/completions"))
+        self.url = urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + self.path))
         self.endpoint_url = _public_url(self.url)
         self.key, self.timeout, self.deadline = key, timeout, deadline_seconds(timeout)
-        self.cap_key = self.output_cap_key(base_url)
 
-    @classmethod
-    def output_cap_key(cls, base_url):
-        """api.openai.com wants max_completion_tokens (its newer models refuse max_tokens); every
-        other server gets max_tokens, the key llama.cpp, Ollama, vLLM, LM Studio and OpenRouter honour."""
-        host = urllib.parse.urlsplit(base_url).hostname or ""
-        return "max_completion_tokens" if host in cls.key_hosts else "max_tokens"
+    def headers(self):
+        """The request's headers: JSON both ways, and the key as this API takes it."""
+        return {"Content-Type": "application/json", "Accept": "application/json"}
+
+    @staticmethod
+    def reply_error(raw):
+        """The error a whole JSON body reports instead of an answer, or None."""
+        return None
+
+    @staticmethod
+    def said(body):
+        """The words of an error body (bytes), or None."""
+        return endpoint_message(body)
+
+    def not_found_hint(self):
+        """What to try when the endpoint answers 404, or None."""
+        return None
 
     def request(self, model, suite, case, repeat=0, rounds=()):
+        status, raw = self.post(self.body(model, suite, case, rounds))
+        problem = self.reply_error(raw)
+        if problem:  # cut to a few hundred characters: the key is masked before the cut
+            said = ResponseError("the endpoint answered with an error: "
+                                 + endpoint_text(problem, [self.key]), status)
+            said.raw = raw  # a 200 that reports an error is kept as the row's evidence
+            raise said
+        try:
+            self.parse(raw)  # a body without the parts of an answer is no answer
+        except ResponseError as exc:
+            exc.status_code = status
+            raise
+        return unanswered_error(self, suite, raw, status)
+
+    def post(self, payload):
+        """(status, the JSON object answered) of one POST of `payload`; the transport's errors
+        raised as they are (HTTPError with the endpoint's words, a timeout, a reset)."""
         import http.client
         import urllib.error
         import urllib.request
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self.key:
-            headers["Authorization"] = f"Bearer {self.key}"
-        payload = chat_request(suite, case, model, self.cap_key)
-        if rounds:
-            payload["messages"] = payload["messages"] + chat_tool_messages(rounds)
-        body = json.dumps(payload).encode("utf-8")
-        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+        request = urllib.request.Request(self.url, data=json.dumps(payload).encode("utf-8"),
+                                         headers=self.headers(), method="POST")
         try:
             with _no_redirect_opener().open(request, timeout=self.timeout) as response:
                 status, data = response.status, response.read(MAX_RESPONSE_BYTES + 1)
@@ -3771,29 +3732,7 @@ class OpenAIProvider(Provider):
             raise ResponseError(f"the body is not JSON ({len(data)} bytes)", status) from None
         if not isinstance(raw, dict):
             raise ResponseError("the body is not a JSON object", status)
-        try:
-            chat_trace(raw)  # a body without choices[0].message, or a 200 that says error, is no answer
-        except ResponseError as exc:
-            exc.status_code = status
-            if chat_error(raw):
-                # The message is cut to a few hundred characters: mask the key before the cut.
-                said = ResponseError(f"the endpoint answered with an error: "
-                                     f"{endpoint_text(chat_error(raw), [self.key])}", status)
-                said.raw = raw  # a 200 that reports an error is kept as the row's evidence
-                raise said from None
-            raise
-        return unanswered_error(self, suite, raw, status)
-
-    @classmethod
-    def unanswered(cls, suite, raw):
-        functions = _function_names(cls.sent_tools(suite)) if cls.sent_tool_choice(suite) != "none" else []
-        named = text_tool_call(chat_trace(raw), functions)
-        # neither an answer nor a call: graded, its markup would pass forbid_tool and contains
-        return (f"the server returned a call of {named} as text in content, not as tool_calls: its tool-call "
-                "parser is off or failed (vLLM: --enable-auto-tool-choice --tool-call-parser NAME; "
-                "llama-server: --jinja)") if named else None
-
-    parse = staticmethod(chat_trace)
+        return status, raw
 
     def _explain(self, exc):
         """Put what the endpoint said, and what to do, into an HTTPError's message; close it."""
@@ -3803,64 +3742,384 @@ class OpenAIProvider(Provider):
             body = b""
         finally:
             exc.close()
-        notes = [endpoint_text(said, [self.key]) for said in [endpoint_message(body)] if said]
+        notes = [endpoint_text(said, [self.key]) for said in [self.said(body)] if said]
         if 300 <= exc.code < 400:
             # Following it would resend the key to wherever Location points and grade that reply.
             try:  # a hostile Location (a port out of range, a broken IPv6 literal) must not lose the 3xx
                 target = urllib.parse.urljoin(self.url, exc.headers.get("Location", "") if exc.headers else "")
                 host = endpoint_text(urllib.parse.urlsplit(target).hostname or "an unnamed host")
-                base = target[:-len("/chat/completions")] if target.endswith("/chat/completions") else target
+                base = target[:-len(self.path)] if target.endswith(self.path) else target
                 suggestion = f"; if that is the endpoint, use --base-url {endpoint_text(_public_url(base))}"
             except ValueError:
                 host, suggestion = "a malformed Location", ""
             notes = [f"redirect to {host} not followed (the key would go along){suggestion}"]
         elif exc.code == 404:
-            notes.append(f"POST {self.endpoint_url}")
-            base_path = urllib.parse.urlsplit(self.url).path[:-len("/chat/completions")]
-            if not base_path.rstrip("/").endswith("/v1"):
-                notes.append("most OpenAI-compatible servers serve /v1: try the base URL with the /v1 suffix")
+            notes += [f"POST {self.endpoint_url}", *filter(None, [self.not_found_hint()])]
         if notes:
             exc.msg = f"{exc.msg}: {'; '.join(notes)}"
 
+
+# finish_reason values: a natural stop under any server's name is a completed answer (TGI and
+# watsonx say "eos_token", Together "eos", TGI "stop_sequence"); "error" (OpenRouter, after
+# generation began) and "abort" (vLLM: engine shutdown, scale-down, sleep) mean the server ended
+# it, an execution error; any other (length, content_filter, ...) is an incomplete answer.
+CHAT_STOPS = (None, "stop", "tool_calls", "function_call", "eos", "eos_token", "stop_sequence")
+SERVER_ENDED = ("error", "abort")
+_THINK_OPEN, _THINK_CLOSE = re.compile(r"<think>", re.I), re.compile(r"</think>", re.I)
+_THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|\Z)", re.I | re.S)
+
+
+@register_provider
+class OpenAIProvider(HTTPProvider):
+    """openai: any OpenAI-compatible /chat/completions endpoint, through urllib (stdlib)."""
+
+    name = "openai"
+    vendor = "OpenAI"
+    path = "/chat/completions"
+    suggested_base_url = "https://api.openai.com/v1"  # never assumed: a run names its endpoint
+    # A custom base URL never receives the vendor's key unless the user names it (--api-key-env).
+    key_variable, key_hosts = "OPENAI_API_KEY", ("api.openai.com",)
+    base_url_variable, twin_base_url_variable = "OPENAI_BASE_URL", "PROMPTREG_BASE_URL"
+    other_names = ("compatible",)  # the prompt-regression CLI's name for such a server
+    COST_HOSTS = ("openrouter.ai",)  # report usage.cost on every response
+    cap_keys = ("max_tokens", "max_completion_tokens")
+    # Chat-completions keys (OpenAI's and those vLLM, llama.cpp, Ollama and OpenRouter accept) that
+    # change who answers, what the model is told or may call, or how the answer is read.
+    reserved = reasons_of({
+        "functions function_call": "the legacy forms of tools and tool_choice (the suite's keys)",
+        "modalities audio": "an audio answer leaves no text to grade",
+        "web_search_options plugins": "search and plugins are tools the suite does not declare",
+        "guided_json guided_regex guided_choice guided_grammar structured_outputs grammar "
+        "json_schema format": "an output format beside the suite's response_format decides answers",
+        "prompt chat_template documents transforms template raw add_generation_prompt":
+            "it changes what the model is told beside the pinned instructions and the case input",
+        "continue_final_message echo": "the answer would continue or repeat a message not sent",
+        "route lora": "another model (a fallback route, an adapter) would answer in its name",
+        "previous_response_id conversation context": "it continues a conversation not recorded"})
+
+    @classmethod
+    def cost_reported(cls, settings, env):
+        host = urllib.parse.urlsplit(cls.endpoint(settings, env) or "").hostname or ""
+        return True if host in cls.COST_HOSTS else None
+
+    @classmethod
+    def sent_tool_choice(cls, suite):
+        return (suite.get("tool_choice") or "auto") if cls.sent_tools(suite) else None
+
+    @classmethod
+    def output_cap(cls, settings, env):
+        return cls.output_cap_key(cls.endpoint(settings, env) or "")
+
+    def __init__(self, base_url, key=None, timeout=TIMEOUT_SECONDS):
+        super().__init__(base_url, key, timeout)
+        self.cap_key = self.output_cap_key(base_url)
+
+    @classmethod
+    def output_cap_key(cls, base_url):
+        """api.openai.com wants max_completion_tokens (its newer models refuse max_tokens); every
+        other server max_tokens, which llama.cpp, Ollama, vLLM, LM Studio and OpenRouter honour."""
+        host = urllib.parse.urlsplit(base_url).hostname or ""
+        return "max_completion_tokens" if host in cls.key_hosts else "max_tokens"
+
+    def headers(self):
+        key = {"Authorization": f"Bearer {self.key}"} if self.key else {}
+        return {**super().headers(), **key}
+
+    def not_found_hint(self):
+        if not urllib.parse.urlsplit(self.url).path[:-len(self.path)].rstrip("/").endswith("/v1"):
+            return "most OpenAI-compatible servers serve /v1: try the base URL with the /v1 suffix"
+        return None
+
+    def body(self, model, suite, case, rounds=()):
+        """The JSON body of a chat-completions request for one case and the rounds played so far.
+
+        The output cap goes under cap_key: api.openai.com wants max_completion_tokens, while
+        llama.cpp, Ollama, vLLM and LM Studio honour only max_tokens (output_cap_key).
+        The suite's `request` options are merged last; either cap key set there replaces ours."""
+        instructions = case.get("instructions", suite["instructions"])  # a prompt-regression case's
+        messages = [{"role": "system", "content": instructions}] if instructions else []
+        options = sendable_options(suite)
+        messages += self.conversation(case, rounds)
+        body = {"model": model, "messages": messages, "temperature": 0}
+        if not any(key in options for key in self.cap_keys):
+            body[self.cap_key] = MAX_OUTPUT_TOKENS
+        if suite.get("response_format"):
+            body["response_format"] = suite["response_format"]
+        functions = [_nested_tool(tool) for tool in suite.get("tools", [])
+                     if tool.get("type") == "function"]
+        if functions:
+            body["tools"] = functions
+            # llama-cpp-python ignores tools sent without tool_choice: the model never sees them.
+            body["tool_choice"] = self.sent_tool_choice(suite)
+        body.update(options)
+        return body
+
+    @staticmethod
+    def conversation(case, rounds):
+        """The case's messages, then per round the assistant message with its tool_calls and one
+        tool message per call with the scripted result."""
+        value = case["input"]
+        messages = list(value) if isinstance(value, list) else [{"role": "user", "content": value}]
+        for turn in rounds:
+            choices = turn["response"].get("choices") or [{}]
+            said = (choices[0] if isinstance(choices[0], dict) else {}).get("message") or {}
+            # "" and never null: llama-cpp-python's server answers HTTP 500 to a null content
+            content, sent = content_text(said.get("content")), turn["tool_results"]
+            if isinstance(said.get("function_call"), dict) and not said.get("tool_calls"):
+                # the legacy form: a function_call is answered by a "function" message, by name
+                call = {"name": sent[0]["name"], "arguments": _arguments_text(sent[0]["arguments"])}
+                messages += [{"role": "assistant", "content": content, "function_call": call},
+                             {"role": "function", "name": call["name"],
+                              "content": result_text(sent[0]["result"])}]
+                continue
+            messages.append({"role": "assistant", "content": content, "tool_calls": [
+                {"id": one["call_id"], "type": "function",
+                 "function": {"name": one["name"], "arguments": _arguments_text(one["arguments"])}}
+                for one in sent]})
+            messages += [{"role": "tool", "tool_call_id": one["call_id"],
+                          "content": result_text(one["result"])} for one in sent]
+        return messages
+
+    @staticmethod
+    def answer(content):
+        """The answer a chat message gives: its text without the reasoning that servers lacking a
+        reasoning parser leave in content (vLLM, llama.cpp's --reasoning-format none, Ollama):
+        <think>...</think> blocks, a block whose <think> the chat template opened (text up to the
+        first </think>), and an unclosed block (reasoning cut short: no answer). What a model only
+        thought is never graded as what it said, as with a separate reasoning_content."""
+        text = content_text(content)
+        close, opened = _THINK_CLOSE.search(text), _THINK_OPEN.search(text)
+        if close is None and opened is None:
+            return text
+        if close is not None and (opened is None or close.start() < opened.start()):
+            text = text[close.end():]  # the template opened the block: the model wrote its close
+        return _THINK_BLOCK.sub("", text).strip()
+
+    @staticmethod
+    def reply_error(raw):
+        """The error a chat-completions body reports instead of an answer, or None: a top-level
+        `error` with no choices, or a finish_reason that says the server ended the answer."""
+        if not isinstance(raw, dict):
+            return None
+        choices = raw.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices else None
+        first = first if isinstance(first, dict) else None
+        if first is not None and first.get("finish_reason") in SERVER_ENDED:
+            return endpoint_message({"error": first.get("error") or raw.get("error")}) or \
+                f'finish_reason "{first["finish_reason"]}": the server ended the answer'
+        if first is None and raw.get("error") not in (None, "", [], {}):
+            return endpoint_message(raw) or "an error object"
+        return None
+
+    @staticmethod
+    def call_entries(message):
+        """The tool-call entries of a chat message as sent, one per call: tool_calls (a list, one
+        entry, or double-encoded as a string by some servers) then the legacy function_call."""
+        entries = message.get("tool_calls")
+        if isinstance(entries, str) and entries.strip():  # double-encoded: read it, else keep it
+            entries = read_json(entries)[0] or entries
+        if not isinstance(entries, list):
+            entries = [] if entries in (None, "", {}) else [entries]
+        if message.get("function_call") is not None:  # the older OpenAI form, still sent by some
+            entries = [*entries, {"function": message["function_call"]}]
+        return entries
+
+    @classmethod
+    def calls(cls, message):
+        """Every tool call a chat message holds, in whatever shape the server sent it: tool_calls
+        (arguments as a string or an object, malformed ones kept raw) and the legacy function_call.
+        Nothing the model did is dropped: an unreadable entry is kept raw as the arguments."""
+        calls = []
+        for entry in cls.call_entries(message):
+            inner = entry.get("function") if isinstance(entry, dict) else None
+            named = inner if isinstance(inner, dict) else \
+                entry if isinstance(entry, dict) and "name" in entry else None
+            if named is not None:
+                calls.append({"name": _call_name(named.get("name")),
+                              "arguments": named.get("arguments")})
+            else:
+                calls.append({"name": None, "arguments": entry})
+        return calls
+
+    @classmethod
+    def parse(cls, raw):
+        """The Trace of a chat-completions response."""
+        problem = cls.reply_error(raw)
+        if problem:
+            raise ResponseError(f"the endpoint answered with an error: {endpoint_text(problem)}")
+        choices = raw.get("choices") if isinstance(raw, dict) else None
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict) \
+                or not isinstance(choices[0].get("message"), dict):
+            raise ResponseError("the response has no choices[0].message")
+        message, finish = choices[0]["message"], choices[0].get("finish_reason")
+        calls = cls.calls(message)
+        # Perplexity's Sonar and OpenAI's search models report what their search returned.
+        found = [*_items(raw, "search_results"),
+                 *(note.get("url_citation") for note in _items(message, "annotations"))]
+        urls = [item["url"] for item in found
+                if isinstance(item, dict) and isinstance(item.get("url"), str)]
+        usage = raw.get("usage") if isinstance(raw.get("usage"), dict) else {}
+        cost = usage.get("cost")  # OpenRouter reports the USD cost here
+        content, answer = content_text(message.get("content")), cls.answer(message.get("content"))
+        said = (answer, message.get("refusal"))
+        return Trace(
+            # OpenAI puts a refusal beside a null content: it is what the model said, and is graded
+            final_text="\n".join(text for text in said if isinstance(text, str) and text),
+            # Reasoning left in content reached the client as content: what must never be said is
+            # looked for there too (see never_said_texts); what must be said is not taken from it.
+            thought_texts=(content,) if content.strip() != answer else (),
+            tool_calls=calls,
+            tool_rounds=1 if calls else 0,
+            search_urls=urls,
+            status="completed" if finish in CHAT_STOPS else str(finish),
+            cost_usd=reported_cost({"usage": {"cost": {"currency": "USD", "total_cost": cost}}}),
+        )
+
+    @classmethod
+    def unanswered(cls, suite, raw):
+        tools = [] if cls.sent_tool_choice(suite) == "none" else cls.sent_tools(suite)
+        named = text_tool_call(cls.parse(raw), _function_names(tools))
+        # neither an answer nor a call: graded, its markup would pass forbid_tool and contains
+        return (f"the server returned a call of {named} as text in content, not as tool_calls: its "
+                "tool-call parser is off or failed (vLLM: --enable-auto-tool-choice "
+                "--tool-call-parser NAME; llama-server: --jinja)") if named else None
+
+    @classmethod
+    def call_ids(cls, raw):
+        """The id of each tool call, in trace order (a tool message answers it by tool_call_id):
+        the same entries calls() reads, so the nth id belongs to the nth call."""
+        return [entry.get("id") if isinstance(entry, dict) else None
+                for entry in cls.call_entries(raw["choices"][0]["message"])]
+
+
+@register_provider
+class AnthropicProvider(HTTPProvider):
+    """anthropic: the Anthropic Messages API ({base_url}/v1/messages), through urllib (stdlib)."""
+
+    name = "anthropic"
+    vendor = "Anthropic"
+    path = "/v1/messages"
+    VERSION = "2023-06-01"  # the anthropic-version header: the current documented version
+    key_variable, key_hosts = "ANTHROPIC_API_KEY", ("api.anthropic.com",)
+    base_url_variable, default_base_url = "ANTHROPIC_BASE_URL", "https://api.anthropic.com"
+    cap_keys = ("max_tokens",)  # required by the API: always sent
+    COMPLETE = ("end_turn", "tool_use", "stop_sequence", "refusal")  # a refusal is graded as said
+    _FORMAT = "the suite's response_format is sent as output_config.format"
+    reserved = {"mcp_servers": "MCP servers are tools the suite does not declare",
+                "container": "a container brings files and skills of other requests",
+                "context_management": "it edits the conversation the model is told",
+                "output_format": _FORMAT, "output_config": {"format": _FORMAT}}
+
+    @classmethod
+    def suite_problem(cls, suite):
+        if (suite.get("response_format") or {}).get("type", "json_schema") != "json_schema":
+            return (f"--provider {cls.name} sends a response_format as output_config.format, which "
+                    "takes a JSON schema; give a json_schema response_format (or check the answer "
+                    "with the json_object behaviour)")
+        return super().suite_problem(suite)
+
+    def headers(self):
+        key = {"x-api-key": self.key} if self.key else {}
+        return {**super().headers(), "anthropic-version": self.VERSION, **key}
+
+    def not_found_hint(self):
+        if urllib.parse.urlsplit(self.url).path[:-len(self.path)].rstrip("/").endswith("/v1"):
+            return f"{self.path} is added to the base URL: give it without /v1"
+        return None
+
+    @staticmethod
+    def tool(tool):
+        """A suite function tool in the Messages API form: name, description, input_schema (an
+        empty object schema when the function declares no parameters)."""
+        spec = tool["function"] if isinstance(tool.get("function"), dict) else tool
+        form = {"name": spec["name"], "description": spec.get("description"),
+                "input_schema": spec.get("parameters") or {"type": "object", "properties": {}},
+                "strict": spec.get("strict")}
+        return {key: value for key, value in form.items() if value is not None}
+
+    @staticmethod
+    def tool_choice(choice):
+        """The suite's tool_choice in the Messages API form (required is "any")."""
+        named = isinstance(choice, dict)
+        return {"type": "tool", "name": choice["function"]["name"]} if named else \
+            {"type": "any" if choice == "required" else choice}
+
+    def body(self, model, suite, case, rounds=()):
+        """The JSON body of a Messages API request for one case and the rounds played so far:
+        the instructions as system, max_tokens always, then the suite's `request` options."""
+        instructions = case.get("instructions", suite["instructions"])
+        body = {"model": model, "max_tokens": MAX_OUTPUT_TOKENS, "temperature": 0,
+                **({"system": instructions} if instructions else {}),
+                "messages": self.conversation(case, rounds)}
+        functions = [self.tool(one) for one in suite.get("tools", [])
+                     if one.get("type") == "function"]
+        if functions:
+            body["tools"] = functions
+            if suite.get("tool_choice"):
+                body["tool_choice"] = self.tool_choice(suite["tool_choice"])
+        options = sendable_options(suite)
+        if suite.get("response_format"):  # the documented structured-output form: its schema
+            given = options.pop("output_config", None)
+            body["output_config"] = {**(given if isinstance(given, dict) else {}), "format": {
+                "type": "json_schema", "schema": suite["response_format"]["json_schema"]["schema"]}}
+        return {**body, **options}
+
+    @staticmethod
+    def conversation(case, rounds):
+        """The case's messages, then per round the model's turn (its text and thinking blocks, a
+        tool_use block per call) and one user message holding a tool_result per call (is_error
+        on an error result): all results of a turn in one message, as the API requires."""
+        value = case["input"]
+        messages = [{"role": "user", "content": value}] if isinstance(value, str) else list(value)
+        for turn in rounds:
+            said = [block for block in _items(turn["response"], "content")
+                    if block.get("type") in ("thinking", "redacted_thinking")
+                    or (block.get("type") == "text" and block.get("text"))]
+            sent = turn["tool_results"]
+            said += [{"type": "tool_use", "id": one["call_id"], "name": one["name"],
+                      "input": _call_arguments(one)} for one in sent]
+            results = [{"type": "tool_result", "tool_use_id": one["call_id"],
+                        "content": result_text(one["result"])} for one in sent]
+            for one, result in zip(sent, results):
+                if is_error_result(one):
+                    result["is_error"] = True
+            messages += [{"role": "assistant", "content": said},
+                         {"role": "user", "content": results}]
+        return messages
+
+    @staticmethod
+    def said(body):
+        """An error body's words after its error type ("overloaded_error: Overloaded")."""
+        message = endpoint_message(body)
+        data = read_json(body.decode("utf-8", "replace"))[0] if isinstance(body, bytes) else body
+        error = data.get("error") if isinstance(data, dict) else None
+        kind = error.get("type") if isinstance(error, dict) else None
+        named = isinstance(kind, str) and message and kind not in message
+        return f"{kind}: {message}" if named else message
+
+    @classmethod
+    def reply_error(cls, raw):
+        return cls.said(raw) or "an error object" if raw.get("type") == "error" else None
+
+    @classmethod
+    def parse(cls, raw):
+        """The Trace of a Messages API response: its text blocks are what it said, its tool_use
+        blocks what it called (thinking blocks neither); max_tokens is an incomplete answer."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("content"), list):
+            raise ResponseError('the response has no "content" list')
+        blocks = _items(raw, "content")
+        calls = [{"name": _call_name(block.get("name")), "arguments": block.get("input")}
+                 for block in blocks if block.get("type") == "tool_use"]
+        stop = raw.get("stop_reason")
+        status = "completed" if stop in cls.COMPLETE else str(stop)
+        return Trace(final_text=content_text(blocks), tool_calls=calls, search_urls=[],
+                     tool_rounds=1 if calls else 0, status=status, cost_usd=None)
+
     @staticmethod
     def call_ids(raw):
-        """The id of each tool call, in trace order (a tool message answers it by tool_call_id):
-        the same entries chat_calls reads, so the nth id belongs to the nth call."""
-        return [entry.get("id") if isinstance(entry, dict) else None
-                for entry in chat_call_entries(raw["choices"][0]["message"])]
-
-
-@functools.lru_cache(maxsize=1)
-def _no_redirect_opener():
-    """A urllib opener that follows no redirect (urllib is imported here: start-up stays lean)."""
-    import urllib.request
-
-    import urllib.error
-
-    class RefuseRedirects(urllib.request.HTTPRedirectHandler):
-        def http_error_302(self, req, fp, code, msg, headers):
-            # Raised before urllib reads Location (a malformed one would raise ValueError there);
-            # OpenAIProvider._explain words the 3xx.
-            raise urllib.error.HTTPError(req.full_url, code, msg, headers, fp)
-
-        http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
-
-    return urllib.request.build_opener(RefuseRedirects)
-
-
-def _case_text(case):
-    """The user's words of a case: its input, or the last user message of a conversation."""
-    if isinstance(case["input"], str):
-        return case["input"]
-    users = [m.get("content") for m in case["input"] if m.get("role") == "user"]
-    return _chat_text(users[-1]) if users else ""
-
-
-def echo_trace(raw):
-    text = raw.get("output_text") if isinstance(raw, dict) else None
-    return Trace(final_text=text if isinstance(text, str) else "", tool_calls=[], tool_rounds=0,
-                 search_urls=[], status=raw.get("status") if isinstance(raw, dict) else None,
-                 cost_usd=reported_cost(raw))
+        """The id of each tool_use block, in trace order (its tool_result names it)."""
+        return [block.get("id") for block in _items(raw, "content")
+                if block.get("type") == "tool_use"]
 
 
 @register_provider
@@ -3873,16 +4132,27 @@ class EchoProvider(Provider):
     server_search = None  # offline plumbing: a `cite` case runs and fails, nothing is spent
     reports_cost = builds_offline = True
 
+    def body(self, model, suite, case, rounds=()):
+        """What it echoes: the case's words."""
+        return _case_text(case)
+
     def request(self, model, suite, case, repeat=0, rounds=()):
-        return {"object": "echo", "model": model, "status": "completed", "output_text": _case_text(case),
+        return {"object": "echo", "model": model, "status": "completed",
+                "output_text": self.body(model, suite, case, rounds),
                 "usage": {"cost": {"currency": "USD", "total_cost": 0}}}
 
-    parse = staticmethod(echo_trace)
+    @staticmethod
+    def parse(raw):
+        text = raw.get("output_text") if isinstance(raw, dict) else None
+        return Trace(final_text=text if isinstance(text, str) else "", tool_calls=[], tool_rounds=0,
+                     search_urls=[], status=raw.get("status") if isinstance(raw, dict) else None,
+                     cost_usd=reported_cost(raw))
 
 
 @register_provider
 class ReplayProvider(Provider):
-    """replay: offline; answers each (model, case, repeat) from a saved record's stored responses."""
+    """replay: offline; answers each (model, case, repeat) from a saved record's stored responses,
+    read with the wire format of the provider that made the record."""
 
     name = "replay"
     server_search = None  # as the replayed record's provider; regrading stored evidence spends nothing
@@ -3890,7 +4160,7 @@ class ReplayProvider(Provider):
 
     @classmethod
     def problem(cls, settings, env):
-        return None if settings.replay else "--provider replay needs --replay RECORD"
+        return None if settings.replay else f"--provider {cls.name} needs --replay RECORD"
 
     @classmethod
     def from_settings(cls, settings, env):
@@ -3901,16 +4171,19 @@ class ReplayProvider(Provider):
 
     @classmethod
     def identity(cls, settings, env, replayed=None):
-        return (replayed or {}).get("provider") or {"name": "perplexity"}
+        return record_provider(replayed or {})
 
     def __init__(self, record, source):
         self.source = source
         self.rows = {row_key(row): row for row in record.get("runs", [])
                      if isinstance(row, dict) and row.get("error") is None and "response" in row}
-        kind = (record.get("provider") or {}).get("name", "perplexity")
-        self.parse = PROVIDERS[kind].parse if kind in PROVIDERS and kind != "replay" else agent_trace
-        self.call_ids = getattr(PROVIDERS.get(kind), "call_ids", PerplexityProvider.call_ids)
-        self.unanswered = getattr(PROVIDERS.get(kind), "unanswered", Provider.unanswered)
+        made = PROVIDERS.get(record_provider(record).get("name"))
+        self.made_by = PROVIDERS[DEFAULT_PROVIDER] if made is None or made.replays_record else made
+        self.parse, self.call_ids = self.made_by.parse, self.made_by.call_ids
+        self.agent_responses = self.made_by.agent_responses
+
+    def unanswered(self, suite, raw):
+        return self.made_by.unanswered(suite, raw)
 
     def missing(self, plan):
         """The first planned row key the record cannot answer, or None."""
@@ -3976,9 +4249,6 @@ def replay_problem(suite, case, row, parse, call_ids, results=True):
                         f"{_quote(_json_text(then.get('result')), 80)}, but the suite now answers "
                         f"{_quote(_json_text(call['result']), 80)}")
     return None
-
-
-# PROVIDERS (name -> class) is filled by @register_provider, in definition order.
 
 
 def status_of(exc):
@@ -4074,7 +4344,7 @@ def provider_identity(args, env, replayed=None):
 def builtin_grader(suite, provider):
     """The built-in suite on Agent API responses is graded through the module-level check()
     (SPEC A6: tests replace regression.check); everything else through grade()."""
-    if not suite.get("builtin") or provider.parse is not PerplexityProvider.parse:
+    if not suite.get("builtin") or not getattr(provider, "agent_responses", False):
         return None
     originals = {case["id"]: case for case in suite["config_cases"]}
     return lambda case, raw, trace: check(originals[case["id"]], raw, trace.final_text)
@@ -4507,6 +4777,9 @@ def _token_count(usage, *names):
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+CACHE_TOKEN_FIELDS = ("cache_creation_input_tokens", "cache_read_input_tokens")  # priced as input
+
+
 def usage_tokens(row):
     """(input, output) tokens the endpoint reported for a row, summed over its rounds, or None
     when any response lacks them (a guess is never priced)."""
@@ -4522,6 +4795,8 @@ def usage_tokens(row):
         tokens_out = _token_count(usage, "completion_tokens", "output_tokens")
         if tokens_in is None or tokens_out is None:
             return None
+        if "prompt_tokens" not in usage:  # Messages API input_tokens leave out prompt-cache tokens
+            tokens_in += sum(_token_count(usage, name) or 0 for name in CACHE_TOKEN_FIELDS)
         total_in, total_out = total_in + tokens_in, total_out + tokens_out
     return total_in, total_out
 
@@ -5291,7 +5566,8 @@ RECORD_FIELDS = dict(
     shard=(_is_shard, "I/N with 1 <= I <= N"))
 NESTED_FIELDS = {
     "suite": dict(name=_TEXT, builtin=_BOOL, file=_TEXT),
-    "provider": dict(name=((lambda v: v in PROVIDERS and v != "replay"), "the name of a provider"),
+    "provider": dict(name=((lambda v: v in PROVIDERS and not PROVIDERS[v].replays_record),
+                           "the name of a provider"),
                         base_url=((lambda v: base_url_problem(v) is None), "an http(s) URL")),
     "replayed_from": dict(path=_TEXT),
     "redaction": dict(pii=_BOOL, patterns=_INT),
@@ -5992,15 +6268,30 @@ ENV_TWINS = [
     ("max_cost_usd", "REGRESSION_MAX_COST_USD", str),
     ("shard", "REGRESSION_SHARD", str),
     # the prompt-regression CLI's variables, consulted only after ours
-    ("provider", "PROMPTREG_PROVIDER", lambda value: {"compatible": "openai"}.get(value.strip(), value.strip())),
+    ("provider", "PROMPTREG_PROVIDER", lambda value: provider_named(value.strip())),
     ("models", "PROMPTREG_MODEL", lambda value: value.replace(",", " ").split()),
 ]
+
+
+def provider_named(name):
+    """Our name for a provider another tool names (PROMPTREG_PROVIDER=compatible), else the name."""
+    return next((ours for ours, cls in PROVIDERS.items() if name in cls.other_names), name)
+
+
+def _base_url_variables():
+    """The variables that name a --base-url endpoint, in the order they are read."""
+    return [variable for cls in PROVIDERS.values() if cls.base_url_flag
+            for variable in (cls.base_url_variable, cls.twin_base_url_variable) if variable]
+
+
+def _with(attribute):
+    return " or ".join(f"--provider {name}" for name in providers_with(attribute))
 
 
 def build_parser():
     parser = _Parser(prog="regression.py", description=__doc__.split("\n\n")[0],
                      epilog=f"Environment twins: {', '.join(variable for _, variable, _ in ENV_TWINS)}, "
-                            "OPENAI_BASE_URL, then PROMPTREG_BASE_URL (for --base-url).",
+                            f"then {', '.join(_base_url_variables())} (for --base-url).",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_argument_group("what to run")
     what.add_argument("--suite", metavar="FILE", help="a suite file, or a folder of golden case files "
@@ -6017,19 +6308,19 @@ def build_parser():
     what.add_argument("--approve-failing", action="store_true",
                       help="with --update-baseline: approve an answer even if it failed the case's other checks")
     where = parser.add_argument_group("where to send it")
-    where.add_argument("--provider", help=f"one of {', '.join(PROVIDERS)} (default perplexity)")
-    where.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
+    where.add_argument("--provider", help=f"{', '.join(PROVIDERS)} (default {DEFAULT_PROVIDER})")
+    where.add_argument("--base-url", metavar="URL", help=f"the endpoint ({_with('base_url_flag')})")
     where.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the key for --base-url")
     where.add_argument("--allow-insecure-http", action="store_true",
                        help="allow sending a key over plain http:// to a host that is not loopback")
-    where.add_argument("--replay", metavar="RECORD", help="the saved record that --provider replay answers from")
+    where.add_argument("--replay", metavar="RECORD", help=f"what {_with('replays_record')} reads")
     where.add_argument("--allow-changed-tool-results", action="store_true",
                        help="with --replay: grade a played row's stored conversation as it "
                             "happened even where the suite's tool_results now answer a call "
                             "otherwise (else the row is refused)")
     where.add_argument("--request", action="append", default=[], metavar="KEY=JSON",
                        help="set KEY of every request body to a JSON value, e.g. --request seed=7 (repeatable; "
-                            "part of the config; never model, messages, input, tools or stream)")
+                            "in the config; never model, instructions, input, tools or the like)")
     where.add_argument("--timeout", type=float, metavar="SECONDS",
                        help=f"per-request timeout, {_span('timeout')} seconds (default {TIMEOUT_SECONDS})")
     control = parser.add_argument_group("run control")
@@ -6185,8 +6476,9 @@ def _reject_constant(name):
     raise ValueError(f"{name} is not JSON")
 
 
-def request_options(settings):
-    """The --request KEY=JSON flags as {key: value}; UsageError on the first bad one."""
+def request_options(settings, suite=None):
+    """The --request KEY=JSON flags as {key: value}; UsageError on the first bad one. Without the
+    suite (checked early), a response_format with a schema waits for the suite's own to compare."""
     options = {}
     for item in getattr(settings, "request", None) or []:
         key, sep, text = item.partition("=")
@@ -6194,9 +6486,8 @@ def request_options(settings):
         shown = item if len(item) <= 60 else item[:57] + "..."
         if not sep:
             raise UsageError(f"--request {shown!r}: use KEY=JSON, e.g. --request seed=7")
-        problem = request_problem(key, f"--request {shown!r}")
-        if problem:
-            raise UsageError(problem)
+        if not key:
+            raise UsageError(request_problem(key, f"--request {shown!r}"))
         if key in options:
             raise UsageError(f"--request {key}: given twice; give each key once")
         try:
@@ -6204,6 +6495,11 @@ def request_options(settings):
         except (ValueError, RecursionError):
             raise UsageError(f"--request {shown!r}: the value is not JSON "
                              f"(a string needs JSON quotes: --request '{key}=\"text\"')") from None
+        # early, a response_format is compared with itself: only one without a schema is refused
+        given = options[key] if suite is None else (suite.get("response_format") or {})
+        problem = request_problem(key, f"--request {shown!r}", options[key], given)
+        if problem:
+            raise UsageError(problem)
     return options
 
 
@@ -6405,8 +6701,8 @@ def _resume_defaults(values, record, path, env):
     found = {"models": values["models"] or config["models"], "repeats": values["repeats"] or config["repeats"],
              "timeout": values["timeout"] or config.get("timeout_seconds")}
     replayed_from = (record.get("replayed_from") or {}).get("path")
-    identity = record.get("provider") or {"name": "perplexity"}
-    made_with = "replay" if replayed_from else identity.get("name")
+    identity = record_provider(record)
+    made_with = providers_with("replays_record")[0] if replayed_from else identity.get("name")
     found["provider"] = values["provider"] or made_with
     if found["provider"] != made_with:
         raise UsageError(f"--resume: {path} was made with --provider {made_with}; resume it with that provider")
@@ -6441,10 +6737,12 @@ def _run_sources(values, env):
         found.update(_resume_options({**values, **found}, record, values["resume"]))
         found["resumed_record"] = record
     values = {**values, **found}
-    found["provider"] = values["provider"] or ("replay" if values["replay"] else "perplexity")
+    replayer = providers_with("replays_record")[0]
+    found["provider"] = values["provider"] or (replayer if values["replay"] else DEFAULT_PROVIDER)
     cls = PROVIDERS[found["provider"]]
-    if cls.base_url_flag and not values["base_url"] and not env.get(cls.base_url_variable or ""):
-        found["base_url"] = env.get("PROMPTREG_BASE_URL") or None  # their twin, consulted after ours
+    twin = cls.twin_base_url_variable
+    if twin and not values["base_url"] and not env.get(cls.base_url_variable or ""):
+        found["base_url"] = env.get(twin) or None  # their twin, consulted after ours
     view = Settings(**{**values, **found})
     problem = endpoint_problem(cls, view, env)  # before the identity stores it, also for --dry-run
     if problem:
@@ -6485,7 +6783,7 @@ def resolve(args, env):
     if not (values["list_checks"] or values["report"] or values["merge"]):  # only a run reads records here
         values.update(_run_sources(values, env))
     values["models"] = tuple(values["models"]) if values["models"] is not None else None
-    values["provider"] = values["provider"] or "perplexity"
+    values["provider"] = values["provider"] or DEFAULT_PROVIDER
     values.update({name: default for name, default in (("repeats", 1), ("timeout", TIMEOUT_SECONDS),
                                                        ("concurrency", 1), ("retries", 0))
                    if values[name] is None})
@@ -6514,11 +6812,6 @@ def parse_args(argv, env=None):
 def code_sha256():
     with open(os.path.abspath(__file__), "rb") as handle:
         return hashlib.sha256(handle.read()).hexdigest()
-
-
-def sdk_version():
-    """The perplexityai SDK's version (kept for callers; the provider class owns it)."""
-    return PerplexityProvider.sdk_version()
 
 
 def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS):
@@ -6645,7 +6938,7 @@ def _wire_lines(suite, args, env):
     options = suite.get("request") or {}
     cap = cls.output_cap(args, env)
     if cap:
-        overridden = [key for key in OUTPUT_CAP_KEYS if key in options]
+        overridden = [key for key in cls.cap_keys if key in options]
         lines.append("output cap: " + (f"set by request ({', '.join(overridden)})" if overridden
                                        else f"{cap} {MAX_OUTPUT_TOKENS}"))
     if options:
@@ -6894,7 +7187,7 @@ def prepare(settings, env):
     record, replayed = settings.resumed_record, settings.replayed_record
     cls = PROVIDERS[settings.provider]
     suite = _choose_suite(settings, record, replayed)
-    options = request_options(settings)
+    options = request_options(settings, suite)
     if options:  # the flags win over the suite's own request options
         suite = {**suite, "request": {**(suite.get("request") or {}), **options}}
     if settings.update_baseline and not suite.get("file"):
@@ -6927,7 +7220,7 @@ def prepare(settings, env):
         if run.header.get("superseded"):
             run.header["superseded"] = [repriced(row, prices) for row in run.header["superseded"]]
     run.prices = prices
-    run.refusal = search_problem(suite, cls)
+    run.refusal = cls.suite_problem(suite)
     return run
 
 
@@ -7310,7 +7603,7 @@ def reorder(run, final, writer=None):
 def _check_replay_covers(provider, run, settings):
     """A replay must answer every row it is asked for, with the conversation the record holds;
     UsageError before anything runs."""
-    if not isinstance(provider, ReplayProvider):
+    if not getattr(provider, "replays_record", False):
         return
     missing = provider.missing(run.todo)
     if missing:
@@ -7497,9 +7790,11 @@ def update_baseline(run, args, exit_code):
     print(safe_text(f"baselines filled: {', '.join(filled) if filled else 'none'} ({run.suite['file']})"))
     if filled and run.suite.get("format") != "golden":  # a pin changes no verdict; a baseline does
         stem = run.path[:-5] if run.path.endswith(".json") else run.path
+        replayer = providers_with("replays_record")[0]
         print(safe_text(f"note: {run.path} was graded before these baselines existed, so compare_runs.py refuses "
-                        f"it against runs of the new suite; regrade it first: python regression.py --provider replay "
-                        f"--replay {shlex.quote(run.path)} --suite {shlex.quote(run.suite['file'])} "
+                        "it against runs of the new suite; regrade it first: python regression.py "
+                        f"--provider {replayer} --replay {shlex.quote(run.path)} "
+                        f"--suite {shlex.quote(run.suite['file'])} "
                         f"--out {shlex.quote(stem + '-regraded.json')}"))
     return exit_code
 

@@ -127,7 +127,7 @@ class ToyProvider(regression.Provider):
         return {"output_text": f"{model} says hello", "status": "completed",
                 "usage": {"cost": {"currency": "USD", "total_cost": 0.001}}}
 
-    parse = staticmethod(regression.echo_trace)
+    parse = staticmethod(regression.EchoProvider.parse)
 
 
 def test_a_new_provider_is_one_class(tmp_path, monkeypatch, capsys):
@@ -458,7 +458,7 @@ def test_output_cap_key_rule(base_url, key):
     assert regression.OpenAIProvider.output_cap_key(base_url) == key
     other = ({"max_tokens", "max_completion_tokens"} - {key}).pop()
     suite = regression.load_suite(str(GUARDRAILS))
-    body = regression.chat_request(suite, suite["cases"][0], "m", key)
+    body = regression.OpenAIProvider(base_url).body("m", suite, suite["cases"][0])
     assert body[key] == regression.MAX_OUTPUT_TOKENS and other not in body
 
 
@@ -572,10 +572,10 @@ def test_bad_request_and_price_flags_are_one_line_errors_through_the_cli(tmp_pat
 def test_request_options_go_to_the_agent_api_in_the_body(tmp_path):
     suite = regression.load_suite(str(AGENT_TOOLS))
     suite = {**suite, "request": {"seed": 7}, "tool_choice": {"type": "function", "function": {"name": "lookup_order"}}}
-    kwargs = regression.agent_request(suite, suite["cases"][0], "m")
+    kwargs = regression.PerplexityProvider().body("m", suite, suite["cases"][0])
     assert kwargs["extra_body"] == {"seed": 7, "tool_choice": {"type": "function", "name": "lookup_order"}}
-    assert "tool_choice" not in regression.agent_request(regression.load_suite(str(AGENT_TOOLS)),
-                                                         suite["cases"][0], "m")
+    assert "tool_choice" not in regression.PerplexityProvider().body("m", regression.load_suite(str(AGENT_TOOLS)),
+                                                                     suite["cases"][0])
 
 
 # ====================================================================== B5. a 200 that is an error (item 5)
@@ -600,8 +600,8 @@ def test_200_with_an_error_is_an_execution_error_not_a_model_failure(tmp_path, k
     {"choices": [{"message": {"content": "ok"}, "finish_reason": "length"}]},
 ])
 def test_an_answer_with_an_empty_error_field_is_still_an_answer(raw):
-    assert regression.chat_error(raw) is None
-    assert regression.chat_trace(raw).final_text == "ok"
+    assert regression.OpenAIProvider.reply_error(raw) is None
+    assert regression.OpenAIProvider.parse(raw).final_text == "ok"
 
 
 # ====================================================================== B6. every shape of tool call (item 6)
@@ -645,7 +645,7 @@ def test_legacy_call_with_invented_argument_fails_clarification(tmp_path):
     ({"tool_calls": None, "function_call": None}, []),
 ])
 def test_chat_calls_never_drop_what_the_model_did(message, calls):
-    assert regression.chat_calls(message) == calls
+    assert regression.OpenAIProvider.calls(message) == calls
 
 
 # ====================================================================== B7. no redirects (item 7)
@@ -910,7 +910,7 @@ CALL_ENTRIES = st.one_of(JSON_VALUES, st.fixed_dictionaries(
 @given(entries=st.lists(CALL_ENTRIES, max_size=5), legacy=st.none() | JSON_VALUES)
 def test_every_tool_call_entry_becomes_exactly_one_call(entries, legacy):
     message = {"tool_calls": entries, "function_call": legacy}
-    calls = regression.chat_calls(message)
+    calls = regression.OpenAIProvider.calls(message)
     assert len(calls) == len(entries) + (legacy is not None)
     assert all(call["name"] is None or isinstance(call["name"], str) for call in calls)
     json.dumps(calls)  # storable as evidence
@@ -920,7 +920,7 @@ def test_every_tool_call_entry_becomes_exactly_one_call(entries, legacy):
 @given(raw=JSON_VALUES | st.fixed_dictionaries({"choices": JSON_VALUES, "error": JSON_VALUES}))
 def test_chat_trace_on_any_json_is_a_trace_or_a_response_error(raw):
     try:
-        trace = regression.chat_trace(raw)
+        trace = regression.OpenAIProvider.parse(raw)
     except regression.ResponseError:
         return
     assert isinstance(trace.final_text, str) and isinstance(trace.tool_calls, list)
@@ -1063,7 +1063,7 @@ def test_what_must_never_be_said_is_read_in_every_rounds_reasoning_left_in_conte
                                 [("lookup_order", {"order_id": "ord_1"})]),
                "tool_results": [{"call_id": "call_1", "name": "lookup_order", "arguments": "{}", "result": {}}]},
               {"response": said("<think>refund issued?</think>Your order is on its way.")}]
-    trace = regression.rounds_trace(regression.chat_trace, rounds)
+    trace = regression.rounds_trace(regression.OpenAIProvider.parse, rounds)
     case = regression.compile_case({"instructions": "Be brief.", "tools": []}, {
         "id": "c", "input": "q", "excludes": ["4111 1111 1111 1111"], "contains": ["card"],
         "claims": {"refund issued": "issue_refund"}, "behaviors": ["no_system_leak"]})
@@ -1081,7 +1081,7 @@ def test_what_must_never_be_said_is_read_in_every_rounds_reasoning_left_in_conte
     (None, ""),
 ])
 def test_chat_answer_drops_only_reasoning(content, answer):
-    assert regression.chat_answer(content) == answer
+    assert regression.OpenAIProvider.answer(content) == answer
 
 
 # ====================================================================== real servers: a tool call left as text

@@ -158,7 +158,7 @@ TESTED_ELSEWHERE = {
 
 # Provider examples that need a real server or key; their flags are checked by dry runs.
 NEEDS_REAL_ENDPOINT = [line for line in python_commands()
-                       if "--provider openai" in line and "$FAKE_URL" not in line]
+                       if ("--provider openai" in line or "--provider anthropic" in line) and "$FAKE_URL" not in line]
 
 
 @pytest.mark.parametrize("command, code", sorted(OFFLINE.items()))
@@ -183,7 +183,7 @@ def test_golden_matrix_commands_in_order(tmp_path):
 @pytest.mark.parametrize("command", NEEDS_REAL_ENDPOINT)
 def test_provider_examples_are_valid_set_ups(tmp_path, command):
     """Each provider line of the README passes argument and suite checks (as a dry run)."""
-    env = {"OPENAI_API_KEY": "sk-test", "OPENROUTER_API_KEY": "or-test"}
+    env = {"OPENAI_API_KEY": "sk-test", "OPENROUTER_API_KEY": "or-test", "ANTHROPIC_API_KEY": "sk-ant-test"}
     result = run(command + " --dry-run", project_copy(tmp_path), env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "requests" in result.stdout and "nothing was sent" in result.stdout

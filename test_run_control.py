@@ -371,7 +371,7 @@ def test_retry_429_honours_retry_after_seconds():
         count = server.count
     assert sleeps == [7.0]
     assert attempts == 2 and count == 2
-    assert regression.agent_trace(raw).final_text
+    assert regression.PerplexityProvider.parse(raw).final_text
 
 
 def test_retry_honours_http_date_retry_after():

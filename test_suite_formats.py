@@ -192,9 +192,11 @@ def test_system_leak_check_reads_the_case_own_system_prompt():
                              tool_calls=[], tool_rounds=0, search_urls=[], status="completed",
                              cost_usd=None)
     assert regression.grade(compiled, trace) == ["system_leak"]
-    assert regression.chat_request({"instructions": "", "tools": []}, case, "m")["messages"][0] == {
+    assert regression.OpenAIProvider("http://127.0.0.1:1/v1").body("m", {"instructions": "", "tools": []},
+                                                                   case)["messages"][0] == {
         "role": "system", "content": case["instructions"]}
-    assert regression.agent_request({"instructions": "x"}, case, "m")["instructions"] == case["instructions"]
+    assert regression.PerplexityProvider().body("m", {"instructions": "x"}, case)["instructions"] == \
+        case["instructions"]
 
 
 def _promptreg(*cases, **top):
@@ -414,8 +416,8 @@ def test_our_base_url_wins_over_theirs(tmp_path):
 
 
 def test_an_unknown_promptreg_provider_is_one_line_exit_2():
-    line = one_error_line(cli(["--suite", PROMPTREG, "--dry-run"], env=clean_env(PROMPTREG_PROVIDER="anthropic")))
-    assert "unknown provider 'anthropic'" in line
+    line = one_error_line(cli(["--suite", PROMPTREG, "--dry-run"], env=clean_env(PROMPTREG_PROVIDER="cohere")))
+    assert "unknown provider 'cohere'" in line
 
 
 # ====================================================================== golden case folders

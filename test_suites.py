@@ -774,7 +774,7 @@ def test_update_baseline_on_builtin_suite_is_a_usage_error(tmp_path, capsys, mon
 # ====================================================================== http-advisor.json is the built-in suite
 
 def _text_of(raw):
-    return regression._agent_text(raw)
+    return regression.PerplexityProvider.text(raw)
 
 
 def advisor_scenarios(case):
@@ -816,7 +816,7 @@ def advisor_suite():
 def test_http_advisor_file_grades_like_the_builtin_checker(advisor_suite, case, raw, expected):
     suite_case = {c["id"]: c for c in advisor_suite["cases"]}[case["id"]]
     builtin = regression.check(case, raw, _text_of(raw))
-    from_file = regression.grade(regression.compile_case(advisor_suite, suite_case), regression.agent_trace(raw))
+    from_file = regression.grade(regression.compile_case(advisor_suite, suite_case), regression.PerplexityProvider.trace(raw))
     assert builtin == from_file == expected
 
 

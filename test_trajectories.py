@@ -145,7 +145,7 @@ def test_agent_api_input_keeps_a_thought_signature_and_the_models_own_text():
         {"type": "function_call", "call_id": "c9", "name": "lookup_order", "arguments": "{}",
          "thought_signature": "c2ln"}]},
         "tool_results": [{"call_id": "c9", "name": "lookup_order", "arguments": "{}", "result": "plain text"}]}]
-    items = regression.agent_tool_input({"input": [{"role": "user", "content": "hi"}]}, rounds)
+    items = regression.PerplexityProvider.conversation({"input": [{"role": "user", "content": "hi"}]}, rounds)
     assert items == [
         {"type": "message", "role": "user", "content": "hi"},
         {"type": "message", "role": "assistant", "content": "Checking."},
@@ -531,16 +531,16 @@ def test_cost_sums_every_round_and_is_unknown_when_one_round_reports_none():
     def costed(n):
         return {"output": [], "usage": {"cost": {"currency": "USD", "total_cost": n}}} if n is not None else {"output": []}
     rounds = [{"response": costed(0.1)}, {"response": costed(0.2)}, {"response": costed(0.0004)}]
-    assert regression.rounds_trace(regression.agent_trace, rounds).cost_usd == "0.3004"
+    assert regression.rounds_trace(regression.PerplexityProvider.parse, rounds).cost_usd == "0.3004"
     rounds[1]["response"] = costed(None)
-    assert regression.rounds_trace(regression.agent_trace, rounds).cost_usd is None
+    assert regression.rounds_trace(regression.PerplexityProvider.parse, rounds).cost_usd is None
 
 
 class SlowLoop:
     """A provider stub whose every request takes `step` seconds of a fake clock and calls a tool."""
 
     name = "stub"
-    parse = staticmethod(regression.chat_trace)
+    parse = staticmethod(regression.OpenAIProvider.parse)
 
     def __init__(self, clock, step, deadline):
         self.clock, self.step, self.deadline, self.sent = clock, step, deadline, 0
@@ -922,7 +922,7 @@ def test_a_legacy_function_call_is_answered_by_a_function_message():
         {"call_id": "call_1_1", "name": "lookup_order", "arguments": '{"order_id": "ord_1"}', "result": {"ok": 1}}]}]
     rounds[0]["response"]["choices"][0]["message"]["function_call"] = {"name": "lookup_order",
                                                                        "arguments": '{"order_id": "ord_1"}'}
-    assert regression.chat_tool_messages(rounds) == [
+    assert regression.OpenAIProvider.conversation({"input": []}, rounds) == [
         {"role": "assistant", "content": "", "function_call": {"name": "lookup_order",
                                                                "arguments": '{"order_id": "ord_1"}'}},
         {"role": "function", "name": "lookup_order", "content": '{"ok": 1}'}]
@@ -970,18 +970,15 @@ class ScriptedStub:
 
     def __init__(self, kind, turns):
         self.kind, self.turns, self.sent = kind, turns, []
-        self.parse = regression.chat_trace if kind == "openai" else regression.PerplexityProvider.parse
-        self.call_ids = (regression.OpenAIProvider if kind == "openai" else regression.PerplexityProvider).call_ids
+        self.wire = regression.OpenAIProvider("http://127.0.0.1:1/v1") if kind == "openai" else \
+            regression.PerplexityProvider()
+        self.parse, self.call_ids = self.wire.parse, self.wire.call_ids
 
     def request(self, model, suite, case, repeat=0, rounds=()):
         if self.kind == "openai":
-            body = regression.chat_request(suite, case, model)
-            body["messages"] += regression.chat_tool_messages(rounds)
-            _, history = fakes.chat_conversation(body)
+            _, history = fakes.chat_conversation(self.wire.body(model, suite, case, rounds))
         else:
-            body = regression.agent_request(suite, case, model)
-            body["input"] = regression.agent_tool_input(case, rounds) if rounds else body["input"]
-            _, history = fakes.agent_conversation(body)
+            _, history = fakes.agent_conversation(self.wire.body(model, suite, case, rounds))
         self.sent.append(history)
         calls = self.turns[len(rounds)] if len(rounds) < len(self.turns) else []
         calls = [(name, {"order_id": f"ord_{len(rounds)}_{n}"}) for n, name in enumerate(calls)]

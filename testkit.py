@@ -13,7 +13,7 @@ import regression
 
 ROOT = Path(regression.__file__).resolve().parent
 # No real key, base URL, twin variable or proxy may reach a test run.
-SCRUBBED_PREFIXES = ("PERPLEXITY_", "OPENAI_", "REGRESSION_", "MY_ENDPOINT_KEY", "UNSET_KEY_VAR")
+SCRUBBED_PREFIXES = ("PERPLEXITY_", "OPENAI_", "ANTHROPIC_", "REGRESSION_", "MY_ENDPOINT_KEY", "UNSET_KEY_VAR")
 PROXY_VARIABLES = {"http_proxy", "https_proxy", "all_proxy", "no_proxy"}
 
 

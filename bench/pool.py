@@ -58,7 +58,7 @@ import perplexity
 import regression
 suite = regression.builtin_suite()
 client = perplexity.Perplexity(max_retries=0, timeout=180)
-answers = [client.responses.create(**regression.agent_request(suite, case, "m1")).model_dump(mode="json")
+answers = [client.responses.create(**regression.PerplexityProvider().body("m1", suite, case)).model_dump(mode="json")
            for case in suite["cases"]]
 with open(sys.argv[1], "x") as handle:
     json.dump(answers, handle)
