@@ -351,8 +351,7 @@ class SimProvider:
     unknown cost, whether its first attempt fails with a 500)."""
 
     deadline = None
-    parse = staticmethod(regression.chat_trace)
-    call_ids = staticmethod(regression.OpenAIProvider.call_ids)
+    parse, call_ids = regression.OpenAIProvider.parse, regression.OpenAIProvider.call_ids
 
     def __init__(self, script):
         self.script, self.failed = script, set()
