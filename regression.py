@@ -6547,7 +6547,7 @@ def _check_flags(values):
     if values["replay"] and values["provider"] is not None and values["provider"] not in replayers:
         raise UsageError("--replay goes with " + " or ".join(f"--provider {name}" for name in replayers))
     if values["allow_changed_tool_results"] and not values["replay"] and not values["resume"]:
-        raise UsageError("--allow-changed-tool-results goes with --provider replay --replay RECORD")
+        raise UsageError("--allow-changed-tool-results goes with --replay RECORD")
     if values["provider"] in replayers and not values["replay"] and not values["resume"]:
         raise UsageError(f"--provider {values['provider']} needs --replay RECORD "
                          "(the saved record whose responses it answers with)")

@@ -648,8 +648,7 @@ def test_replay_under_changed_tool_results_is_refused_and_never_rewrites_what_it
         "model was told, so restore the suite's tool_results and max_rounds, or pass "
         "--allow-changed-tool-results to grade the stored conversation as it happened")
     assert not (tmp_path / "again.json").exists()
-    assert last_line(misplaced_err).endswith(
-        "--allow-changed-tool-results goes with --provider replay --replay RECORD")
+    assert last_line(misplaced_err).endswith("--allow-changed-tool-results goes with --replay RECORD")
     stored, graded = read_record(out)["runs"][0], read_record(tmp_path / "as-is.json")
     assert graded["runs"][0]["rounds"] == stored["rounds"]  # the error the model was sent, kept
     assert "unbacked_claim" in graded["runs"][0]["reasons"]
