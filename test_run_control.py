@@ -30,6 +30,7 @@ SCRIPT = HERE / "regression.py"
 KEY = "pplx-test-SECRET-0123456789"
 CASE_IDS = [case["id"] for case in regression.CASES]
 DEFAULT_MODELS = list(regression.MODELS)
+PROGRAM = f"{regression._python_word()} regression.py"  # how hints name the script run from HERE
 
 
 # ====================================================================== helpers
@@ -1016,7 +1017,8 @@ def test_a_report_that_cannot_be_written_is_refused_before_the_run_or_says_how_t
         after = run([*args, "--base-url", server.url + "/v1"], key=None)
     assert after.returncode == 2 and read(out)["summary"]["complete"] is True
     last = after.stderr.strip().splitlines()[-1]
-    assert f"{out} is complete; write the rest with: python regression.py --report {out} --junit " in last, last
+    assert f"{out} is complete; write the rest with: {PROGRAM} --report {out} --junit " in last, \
+        last
 
 
 def test_resume_through_a_symlink_completes_the_real_record_and_keeps_the_link(tmp_path):
