@@ -36,6 +36,7 @@ PASSING_KEY = ("refund-correct", "refund-shipped-order", 0)  # three rounds: loo
 COUNTS = "; a verdict counts only with the evidence it is graded from"
 FIXTURE = [HealthCheck.function_scoped_fixture]
 ECHO = ["--suite", GUARDRAILS, "--provider", "echo", "--models", "m"]
+PROGRAM = f"{regression._python_word()} {ROOT / 'regression.py'}"  # as hints name it from tmp_path
 
 
 def example(**top):
@@ -500,7 +501,7 @@ def test_an_unknown_cost_closes_the_cap_between_rounds(tmp_path):
     assert last_line(err) == (
         "stopped early: execution error on loops / refund-shipped-order / repeat 0: BudgetReached; "
         "the endpoint reported no cost for loops and it has no price, so --max-cost-usd cannot be "
-        f"enforced; give its price and continue: python regression.py --resume {out} --price "
+        f"enforced; give its price and continue: {PROGRAM} --resume {out} --price "
         "loops=IN/OUT (USD per million input/output tokens)")
     row = read_record(out)["runs"][0]
     assert len(row["rounds"]) == 1 and "enforced; nothing sent for round 2" in row["error_message"]
@@ -518,7 +519,7 @@ def test_a_row_the_cap_stopped_keeps_its_spend_through_resume_and_the_hint_lets_
         code, _, err = cli(openai_args(server, out, "--max-cost-usd", "0.00015",
                                        models=["refund-correct"]), tmp_path)
         stopped = read_record(out)
-        hint = last_line(err).split("continue with: python regression.py ", 1)[1]
+        hint = last_line(err).split(f"continue with: {PROGRAM} ", 1)[1]
         assert hint == f"--resume {out} --max-cost-usd 0.00075"  # 0.0002 + 0.00015 + 2 x 0.0002
         resumed, _, err = cli([*hint.split(), "--base-url", server.url + "/v1"], tmp_path)
         sent = server.count
@@ -543,8 +544,7 @@ def test_a_stopped_row_keeps_its_estimated_cost_and_the_hint_raises_the_cap(tmp_
         code, _, err = cli(argv, tmp_path)
     row = read_record(out)["runs"][0]
     assert code == 2 and row["cost_usd"] == "0.3" and row["cost_estimated"] is True  # 3 x $0.1
-    assert last_line(err).endswith(f"continue with: python regression.py --resume {out} "
-                                   "--max-cost-usd 1.15")
+    assert last_line(err).endswith(f"continue with: {PROGRAM} --resume {out} --max-cost-usd 1.15")
 
 
 def test_resume_after_a_5xx_mid_loop_keeps_the_paid_rounds_in_the_record(tmp_path):
@@ -650,7 +650,8 @@ def test_replay_under_changed_tool_results_is_refused_and_never_rewrites_what_it
         "model was told, so restore the suite's tool_results and max_rounds, or pass "
         "--allow-changed-tool-results to grade the stored conversation as it happened")
     assert not (tmp_path / "again.json").exists()
-    assert last_line(misplaced_err).endswith("--allow-changed-tool-results goes with --replay RECORD")
+    assert last_line(misplaced_err).endswith(
+        "--allow-changed-tool-results goes with --replay RECORD")
     stored, graded = read_record(out)["runs"][0], read_record(tmp_path / "as-is.json")
     assert graded["runs"][0]["rounds"] == stored["rounds"]  # the error the model was sent, kept
     assert "unbacked_claim" in graded["runs"][0]["reasons"]
