@@ -151,67 +151,6 @@ class FakeServer:
 
 # ---------------------------------------------------------------------- the real CLI, many times
 
-# One child process runs the table: for each entry it forks, points fds 1 and 2 at files and
-# runs the script as __main__, so every entry meets the real CLI (the interpreter's own stdout
-# encoding, sys.exit, an escaping traceback) without paying an interpreter start-up each.
-_CLI_DRIVER = r"""
-import builtins, json, os, sys, traceback
-script, table_path, results_path, preload = sys.argv[1:5]
-with open(table_path, encoding="utf-8") as handle:
-    table = json.load(handle)
-with open(script, "rb") as handle:
-    code_object = compile(handle.read(), script, "exec")  # once, not once per input
-sys.path[0] = os.path.dirname(script)
-for name in filter(None, preload.split(",")):  # modules the script imports, paid once
-    __import__(name)
-results = []
-for n, entry in enumerate(table):
-    paths = [f"{results_path}.{n}.out", f"{results_path}.{n}.err"]
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            for fd, path in zip((1, 2), paths):
-                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
-            os.chdir(entry["cwd"])
-            sys.argv = [script, *entry["argv"]]
-            main = type(sys)("__main__")  # a fresh __main__, as for `python SCRIPT`
-            main.__file__, main.__builtins__ = script, builtins
-            sys.modules["__main__"] = main
-            try:
-                exec(code_object, main.__dict__)
-                code = 0
-            except SystemExit as exc:  # as the interpreter does at exit
-                if exc.code is None or isinstance(exc.code, int):
-                    code = exc.code or 0
-                else:
-                    print(exc.code, file=sys.stderr)
-                    code = 1
-            except BaseException:
-                traceback.print_exc()
-                code = 1
-            try:
-                sys.stdout.flush()
-            except Exception:
-                traceback.print_exc()
-                code = 120
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    outputs = []
-    for path in paths:
-        with open(path, "rb") as handle:
-            outputs.append(handle.read().decode("utf-8", "replace"))
-        os.unlink(path)
-    results.append([os.waitstatus_to_exitcode(status), *outputs])
-with open(results_path, "w", encoding="utf-8") as handle:
-    json.dump(results, handle)
-"""
-
-
 # A zygote: one interpreter that has paid the perplexity SDK import (about 1 s of CPU) and
 # forks a fresh process for every run. The forked process becomes `python regression.py ARGV`
 # in the run's folder, with its environment and pipes, and leaves the zygote's code before it
@@ -270,7 +209,8 @@ def serve():
 
 
 run, fds = serve()
-import resource
+import resource, warnings
+os.umask(run["umask"])  # the caller's, as a child it started would inherit
 for name, limit in run.get("limits", {}).items():  # as a preexec_fn would set them
     resource.setrlimit(getattr(resource, name), (limit, limit))
 for target, fd in enumerate(fds):
@@ -279,6 +219,9 @@ for target, fd in enumerate(fds):
 os.chdir(run["cwd"])
 os.environ.clear()
 os.environ.update(run["env"])
+time.tzset()  # the run's TZ, as a cold start reads it
+warnings.onceregistry.clear()  # no warning shown "once" by the zygote's imports stays hidden
+getattr(warnings, "_filters_mutated", lambda: None)()  # ... nor one in a module's registry
 sys.argv = [run["script"], *run["argv"]]
 sys.path[0] = os.path.dirname(run["script"])
 stamp, code = cache.get(run["script"], (None, None))
@@ -287,6 +230,17 @@ if stamp is None or stamp != os.stat(run["script"]).st_mtime_ns:
 main = type(sys)("__main__")  # a fresh __main__, as the interpreter makes for a script
 main.__file__, main.__builtins__ = run["script"], builtins
 sys.modules["__main__"] = main
+
+
+def excepthook(kind, value, tb, shown=sys.excepthook):
+    # an uncaught exception's traceback as a cold start prints it: without this file's frame
+    if tb is not None and tb.tb_frame.f_globals is globals():
+        tb = tb.tb_next
+        value = value.with_traceback(tb) if isinstance(value, BaseException) else value
+    shown(kind, value, tb)
+
+
+sys.excepthook = excepthook
 del serve, compiled, cache, run, fds, stamp
 exec(code, main.__dict__)
 """
@@ -295,15 +249,24 @@ _zygote = {}
 _zygote_lock = threading.Lock()  # two threads' first runs start one zygote, not two
 
 
-def _zygote_path(flags=()):
-    """The socket of this process's zygote started as `python FLAGS`, started on first use (and
-    stopped at exit): one zygote per set of interpreter flags."""
+def _zygote_path(flags=(), env=None):
+    """The socket of this process's zygote started as `python FLAGS` with the start-up variables
+    of `env` (see _startup), started on first use (and stopped at exit): one zygote per set."""
+    startup = _startup(os.environ if env is None else env)
     with _zygote_lock:
-        return _start_zygote(_zygote.setdefault(tuple(flags), {}), flags)
+        return _start_zygote(_zygote.setdefault((tuple(flags), startup), {}), flags, startup)
 
 
-def _start_zygote(zygote, flags):
-    """The socket of `zygote`, started as `python FLAGS` unless this process started it."""
+def _startup(env):
+    """The variables of `env` that Python reads only as it starts (PYTHONWARNINGS, PYTHONPATH,
+    PYTHONIOENCODING, the locale...): a forked run cannot take them, its zygote must."""
+    return tuple(sorted((name, value) for name, value in env.items()
+                        if name.startswith(("PYTHON", "LC_")) or name == "LANG"))
+
+
+def _start_zygote(zygote, flags, startup=()):
+    """The socket of `zygote`, started as `python FLAGS` unless this process started it; a
+    zygote whose imports wrote to stderr (a warning a cold run would show) is an error."""
     import atexit
     import subprocess
     import tempfile
@@ -311,11 +274,20 @@ def _start_zygote(zygote, flags):
         folder = tempfile.mkdtemp(prefix="zygote-")
         path = os.path.join(folder, "socket")
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "regression.py")
-        proc = subprocess.Popen([sys.executable, *flags, "-c", _ZYGOTE, path, script],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, cwd=os.path.dirname(script))
-        if proc.stdout.readline() != b"ready\n":
-            raise RuntimeError("the test zygote did not start")
+        env = {name: value for name, value in os.environ.items() if not _startup({name: value})}
+        with open(os.path.join(folder, "stderr"), "w+b") as errors:
+            proc = subprocess.Popen([sys.executable, *flags, "-c", _ZYGOTE, path, script],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=errors, cwd=os.path.dirname(script),
+                                    env={**env, **dict(startup)})
+            ready = proc.stdout.readline() == b"ready\n"
+            errors.seek(0)
+            written = errors.read().decode("utf-8", "replace")
+        if not ready or written:
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
+            raise RuntimeError(f"the test zygote did not start cleanly: {written[-2000:]}")
 
         def stop():
             proc.kill()
@@ -329,22 +301,43 @@ def _start_zygote(zygote, flags):
     return zygote["path"]
 
 
+def _umask():
+    """This process's umask, read without setting it (a thread between two os.umask calls
+    would create its files with the wrong one)."""
+    with open("/proc/self/status", encoding="ascii") as status:
+        return next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+
+
 def run_script(argv, cwd, env, timeout=60, script="regression.py", flags=(), limits=None):
     """`python SCRIPT ARGV` like subprocess.run(..., capture_output=True, text=True), forked from
     the zygote (see _ZYGOTE): a CompletedProcess; subprocess.TimeoutExpired after `timeout`.
     `flags`: the interpreter's own, e.g. ("-W", "error"); a zygote started with them forks it.
     `limits`: {"RLIMIT_FSIZE": bytes, ...} set in the run before the script starts."""
+    import subprocess
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
+    code, out, err = _forked(script, argv, cwd, env, timeout, flags, limits)
+
+    def text(data):  # as text=True decodes: universal newlines
+        return data.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+
+    return subprocess.CompletedProcess([sys.executable, *flags, script, *argv], code,
+                                       text(out), text(err))
+
+
+def _forked(script, argv, cwd, env, timeout, flags=(), limits=None):
+    """(exit code, stdout bytes, stderr bytes) of `python FLAGS SCRIPT ARGV` forked from the
+    zygote, stdin /dev/null; subprocess.TimeoutExpired (the run killed) after `timeout`."""
     import signal
     import struct
     import subprocess
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
     body = json.dumps({"script": script, "argv": [str(arg) for arg in argv], "cwd": str(cwd),
-                       "env": dict(env), "limits": dict(limits or {})}).encode()
+                       "env": dict(env), "limits": dict(limits or {}),
+                       "umask": _umask()}).encode()
     stdin = os.open(os.devnull, os.O_RDONLY)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.connect(_zygote_path(flags))
+        conn.connect(_zygote_path(flags, env))
         try:
             socket.send_fds(conn, [struct.pack("!Q", len(body))], [stdin, out_w, err_w])
         finally:
@@ -372,33 +365,21 @@ def run_script(argv, cwd, env, timeout=60, script="regression.py", flags=(), lim
             for reader in readers:
                 reader.join(timeout)
             replies.close()
-    def decode(fd):  # as text=True does: universal newlines
-        return b"".join(chunks[fd]).decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
-
-    return subprocess.CompletedProcess([sys.executable, *flags, script, *argv], int(status),
-                                       decode(out_r), decode(err_r))
+    return int(status), b"".join(chunks[out_r]), b"".join(chunks[err_r])
 
 
-def cli_table(runs, env=None, timeout=120, script="regression.py", preload=(), flags=()):
-    """[(exit code, stdout, stderr)] of `python SCRIPT ARGV` for each (argv, cwd) in `runs`,
-    all through ONE child process (see _CLI_DRIVER): the real CLI for a whole table of inputs.
-    `preload`: modules the script imports, imported once before the runs fork (compare_runs.py
-    imports regression: each run then starts as fast as a run of regression.py). `flags`: the
-    interpreter's own, e.g. ("-W", "error"), for the driver and so for every run."""
-    import subprocess
-    import tempfile
+def cli_table(runs, env=None, timeout=60, script="regression.py", flags=()):
+    """[(exit code, stdout, stderr)] of `python FLAGS SCRIPT ARGV` for each (argv, cwd) in
+    `runs`, one after another, each forked from the zygote (see run_script): the real CLI for a
+    whole table of inputs at no interpreter start-up each. stdout and stderr are UTF-8 text as
+    written (no newline translation); `env` None is this process's; `timeout` is per run."""
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
-    with tempfile.TemporaryDirectory(prefix="cli-table-") as folder:
-        table, results = f"{folder}/table.json", f"{folder}/results.json"
-        with open(table, "w", encoding="utf-8") as handle:
-            json.dump([{"argv": [str(arg) for arg in argv], "cwd": str(cwd)} for argv, cwd in runs], handle)
-        driver = subprocess.run([sys.executable, *flags, "-c", _CLI_DRIVER, script, table, results,
-                                 ",".join(preload)], env=env, stdin=subprocess.DEVNULL,
-                                capture_output=True, text=True, timeout=timeout)
-        if driver.returncode != 0:
-            raise RuntimeError(f"the CLI driver failed ({driver.returncode}): {driver.stderr[-2000:]}")
-        with open(results, encoding="utf-8") as handle:
-            return [tuple(result) for result in json.load(handle)]
+    env = dict(os.environ) if env is None else env
+    results = []
+    for argv, cwd in runs:
+        code, out, err = _forked(script, argv, cwd, env, timeout, flags)
+        results.append((code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")))
+    return results
 
 
 # ---------------------------------------------------------------------- Agent API replies

@@ -119,8 +119,8 @@ def echo_runs(folder):
 
 
 def records(folder):
-    """Every record the comparisons read, made by the real runner in one child process, then the
-    hand-edited ones (by the record format's rules); returns the --merge result."""
+    """Every record the comparisons read, made by the real runner (each run forked from the test
+    zygote), then the hand-edited ones (by the record format's rules); returns the --merge result."""
     servers, table = openai_runs(folder)
     for server in servers.values():
         server.__enter__()
@@ -181,11 +181,11 @@ COMPARES = {  # name -> compare_runs.py argv, run in the records' folder
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """(folder, the --merge result, {name: (exit code, stdout, stderr)} of every COMPARES entry):
-    two child processes in all, the runner's table and compare's."""
+    every run forked from the test zygote (fakes.cli_table), the runner's table and compare's."""
     folder = tmp_path_factory.mktemp("runs")
     merged = records(folder)
     results = fakes.cli_table([(argv, folder) for argv in COMPARES.values()], env=cli_env(),
-                              script="compare_runs.py", preload=["regression"])
+                              script="compare_runs.py")
     return folder, merged, dict(zip(COMPARES, results))
 
 

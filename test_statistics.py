@@ -333,7 +333,6 @@ def compared(tmp_path_factory):
         [(argv, folder) for argv in table.values()],
         env=cli_env(),
         script="compare_runs.py",
-        preload=("regression",),
     )
     return dict(zip(table, results)), files
 
