@@ -64,14 +64,8 @@ def run(argv, cwd, env=None):
 
 
 def compare(argv, cwd, env):
-    return subprocess.run(
-        [sys.executable, str(ROOT / "compare_runs.py"), *argv],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    """One run of `python compare_runs.py ARGV`, forked from the zygote (see cli)."""
+    return fakes.run_script(argv, cwd, env, script="compare_runs.py")
 
 
 def hint_after(marker, text):
@@ -139,6 +133,7 @@ def test_the_continue_command_runs_as_pasted_from_another_folder(tmp_path, form)
     out.parent.mkdir()
     unfinished(out)
     env = cli_env(**extra)
+    # a cold start as each form starts (entry point, -m, script): the test is about that start
     refused = subprocess.run(
         [*start, "--provider", "echo", "--suite", "suite.json", "--out", "runs/it's run.json"],
         cwd=work,

@@ -15,8 +15,6 @@ scripts) are walked by hypothesis against the real code.
 import copy
 import decimal
 import json
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -61,10 +59,8 @@ def cli(argv, cwd):
 
 
 def compare_cli(argv, cwd):
-    """(exit code, stdout) of `python compare_runs.py ARGV` (it starts fast: no SDK import)."""
-    command = [sys.executable, "-W", "error", str(ROOT / "compare_runs.py"), *map(str, argv)]
-    result = subprocess.run(command, cwd=cwd, env=cli_env(), capture_output=True, text=True,
-                            timeout=60)
+    """(exit code, stdout) of `python -W error compare_runs.py ARGV`, forked from the zygote."""
+    result = fakes.run_script(argv, cwd, cli_env(), script="compare_runs.py", flags=("-W", "error"))
     return result.returncode, result.stdout
 
 

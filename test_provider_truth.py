@@ -7,8 +7,6 @@ Fixed hostile inputs run through the real CLI (a subprocess) and pin their exit 
 import ast
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -34,30 +32,11 @@ def error_line(stderr):
     return lines[0]
 
 
-CLI_TABLE = """
-import contextlib, io, json, sys
-import regression
-results = []
-for argv in json.loads(sys.stdin.read()):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = regression.main(argv)
-        except SystemExit as exc:
-            code = exc.code
-    results.append([code, out.getvalue(), err.getvalue()])
-sys.stdout.write(json.dumps(results))
-"""
-
-
 def cli_table(argvs, cwd, env=None):
-    """[(exit code, stdout, stderr)] of regression.main for each argv, all in ONE child process
-    (python -W error, a fresh interpreter): a table of fixed inputs costs one start-up, not one each."""
-    result = subprocess.run([sys.executable, "-W", "error", "-c", CLI_TABLE], input=json.dumps(
-        [[str(arg) for arg in argv] for argv in argvs]), cwd=cwd, capture_output=True, text=True, timeout=120,
-        env={**(env if env is not None else cli_env()), "PYTHONPATH": str(ROOT)})
-    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
-    return json.loads(result.stdout)
+    """[(exit code, stdout, stderr)] of `python -W error regression.py ARGV` for each argv, each
+    forked from the zygote (fakes.cli_table): a table of fixed inputs costs no start-up each."""
+    return fakes.cli_table([(argv, cwd) for argv in argvs], env if env is not None else cli_env(),
+                           flags=("-W", "error"))
 
 
 def openai_args(server, *extra, models=("m",), suite=AGENT_TOOLS, out=None):

@@ -599,8 +599,8 @@ def test_ctrl_c_prints_the_full_command_and_that_command_finishes_the_run(tmp_pa
         assert "ans[a-z]+" not in err
         command = command.split(" plus the same ")[0] + " --redact 'ans[a-z]+'"
         server.reply = lambda request: Reply(body=fakes.chat_response("answer"))
-        finished = subprocess.run([sys.executable, str(SCRIPT), *shlex.split(command)[2:]], cwd=tmp_path,
-                                  env=env, capture_output=True, text=True, timeout=60)
+        # the resume is forked (not about signals): the printed command's arguments, as run
+        finished = fakes.run_script(shlex.split(command)[2:], tmp_path, env)
     assert finished.returncode == 0, finished.stderr
     assert read(out)["summary"]["complete"] is True and md.exists()
     # every row, before and after the interruption, is masked alike

@@ -1,8 +1,8 @@
-"""The test zygote (fakes.run_script, testkit.run_forked) reports a run exactly as a cold start
-of `python -W error SCRIPT` would: its exit code, stdout and stderr, byte for byte, for a run
-that raises, exits 1 or 2, writes to stderr or leaves a warning; and nothing one forked run
-changes reaches the next. Each probe is a tiny script run both ways (a cold start of one costs
-some 30 ms: it imports no SDK)."""
+"""The test zygote (fakes.run_script, fakes.cli_table, testkit.run_forked) reports a run exactly
+as a cold start of `python -W error SCRIPT` would: its exit code, stdout and stderr, byte for
+byte, for a run that raises, exits 1 or 2, writes to stderr or leaves a warning; and nothing one
+forked run changes reaches the next. Each probe is a tiny script run both ways (a cold start of
+one costs some 30 ms: it imports no SDK)."""
 
 import os
 import re
@@ -68,6 +68,8 @@ def test_a_forked_run_ends_exactly_as_a_cold_one(tmp_path, name):
     script = probe(tmp_path, name, ENDINGS[name])
     expected = cold(script, tmp_path, cli_env())
     assert same(forked(script, tmp_path, cli_env())) == same(expected)
+    table = fakes.cli_table([([], tmp_path)], cli_env(), script=str(script), flags=FLAGS)
+    assert same(table[0]) == same(expected)  # a table's run too
 
 
 STATE = """
