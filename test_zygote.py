@@ -133,3 +133,49 @@ def test_a_zygote_whose_start_writes_to_stderr_is_an_error(tmp_path):
     assert cold(script, tmp_path, env)[2] == "a start-up warning\n"
     with pytest.raises(RuntimeError, match="a start-up warning"):
         forked(script, tmp_path, env)
+
+
+GUARDRAILS = os.path.join(os.path.dirname(os.path.abspath(fakes.__file__)), "suites",
+                          "support-guardrails.json")
+# (script, argv) in order, in one folder: a failing run, the refused overwrite of its record, a
+# dry run, two kinds of bad input, and a record compared with itself (refused)
+REAL_RUNS = [
+    ("regression.py", ["--provider", "echo", "--suite", GUARDRAILS, "--out", "r.json"]),
+    ("regression.py", ["--provider", "echo", "--suite", GUARDRAILS, "--out", "r.json"]),
+    ("regression.py", ["--provider", "echo", "--dry-run"]),
+    ("regression.py", ["--provider", "nope"]),
+    ("regression.py", ["--provider", "echo", "--suite", "missing.json"]),
+    ("compare_runs.py", ["r.json", "r.json"]),
+]
+
+
+def test_the_real_cli_forked_ends_as_it_does_cold(tmp_path):
+    """regression.py and compare_runs.py through the zygote: the same exit codes (1, 2, 0),
+    stdout and stderr as cold starts, in the same folder state (durations aside)."""
+    root = os.path.dirname(os.path.abspath(fakes.__file__))
+
+    def runs(start):
+        folder = tmp_path / start.__name__
+        folder.mkdir()
+        results = []
+        for script, argv in REAL_RUNS:
+            code, out, err = start(os.path.join(root, script), argv, folder)
+            results.append((code, *(re.sub(r"\d+\.\d+s", "?s", text).replace(str(folder), "F")
+                                    for text in (out, err))))
+        return results
+
+    def forked_run(script, argv, folder):
+        done = fakes.run_script(argv, folder, cli_env(), script=script, flags=FLAGS)
+        return done.returncode, done.stdout, done.stderr
+
+    expected = runs(cold_argv)
+    assert [code for code, _, _ in expected] == [1, 2, 0, 2, 2, 2]
+    assert all(out + err for code, out, err in expected if code == 2)  # each refusal says why
+    assert runs(forked_run) == expected
+
+
+def cold_argv(script, argv, folder):
+    """`python -W error SCRIPT ARGV` started from nothing in `folder`."""
+    done = subprocess.run([sys.executable, *FLAGS, script, *argv], cwd=folder, env=cli_env(),
+                          capture_output=True, text=True, timeout=60)
+    return done.returncode, done.stdout, done.stderr
