@@ -223,6 +223,7 @@ time.tzset()  # the run's TZ, as a cold start reads it
 warnings.onceregistry.clear()  # no warning shown "once" by the zygote's imports stays hidden
 getattr(warnings, "_filters_mutated", lambda: None)()  # ... nor one in a module's registry
 sys.argv = [run["script"], *run["argv"]]
+sys.orig_argv[-4:] = sys.argv  # `python FLAGS SCRIPT ARGV`, not `-c` and this file
 sys.path[0] = os.path.dirname(run["script"])
 stamp, code = cache.get(run["script"], (None, None))
 if stamp is None or stamp != os.stat(run["script"]).st_mtime_ns:

@@ -77,6 +77,7 @@ import json, os, sys, time, warnings
 seen = {"leak": getattr(json, "LEAK", None), "env": os.environ.get("LEAKED"), "cwd": os.getcwd(),
         "umask": oct(os.umask(0o022)), "tz": time.tzname, "path": sys.path[0],
         "filters": len(warnings.filters), "modules": "xml.dom.minidom" in sys.modules,
+        "argv": sys.argv, "orig_argv": sys.orig_argv,
         "main": sorted(name for name in dir(sys.modules["__main__"]) if not name.startswith("__"))}
 print(json.dumps(seen, sort_keys=True))
 import xml.dom.minidom
