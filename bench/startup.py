@@ -81,10 +81,12 @@ def build_commands(python, include_dry_run):
     """[(label, argv builder, accepted exit statuses, extra environment)], the floor first."""
     commands = [
         ("floor: python -c pass", lambda scratch: [python, "-c", "pass"], {0}, {}),
-        ('python -c "import regression"', lambda scratch: [python, "-c", "import regression"], {0}, {}),
+        ('python -c "import regression"',
+         lambda scratch: [python, "-c", "import regression"], {0}, {}),
         # The demo exits 1 by design (its 'after' run has a NEW_FAILURE); 2 means it broke.
         ("compare_runs.py --demo NEW_DIR",
-         lambda scratch: [python, os.path.join(ROOT, "compare_runs.py"), "--demo", scratch], {0, 1}, {}),
+         lambda scratch: [python, os.path.join(ROOT, "compare_runs.py"), "--demo", scratch],
+         {0, 1}, {}),
     ]
     if not include_dry_run:
         return commands
@@ -95,7 +97,8 @@ def build_commands(python, include_dry_run):
     # The script form compiles the whole file on every start; the module form and the
     # console script (which imports `regression`) load cached bytecode.
     commands += [
-        (SCRIPT, lambda scratch: [python, os.path.join(ROOT, "regression.py"), "--dry-run"], {0}, {}),
+        (SCRIPT, lambda scratch: [python, os.path.join(ROOT, "regression.py"), "--dry-run"],
+         {0}, {}),
         (CACHED[0], lambda scratch: [python, "-m", "regression", "--dry-run"], {0}, {}),
         (CACHED[1], lambda scratch: [script, "--dry-run"], {0}, {}),
         # The yardstick of the script form: it builds its client before it sends, so it gets
@@ -225,23 +228,26 @@ def measure(args):
 
 def report_table(commands, times, peaks, modules, floor):
     """One line per command: median and min wall time, x floor, peak RSS, heavy imports."""
-    print(f"{'command':34} {'median s':>9} {'min s':>7} {'x floor':>8} {'peak MB':>8}  SDK imported")
+    print(f"{'command':34} {'median s':>9} {'min s':>7} {'x floor':>8} {'peak MB':>8}  "
+          "SDK imported")
     for label, _, _, _ in commands:
         median = statistics.median(times[label])
         heavy = sorted(name for name in HEAVY_MODULES if name in modules[label])
         print(f"{label:34} {median:9.4f} {min(times[label]):7.4f} {median / floor:8.2f} "
-              f"{statistics.median(peaks[label]):8.1f}  {'yes: ' + ', '.join(heavy) if heavy else 'no'}"
+              f"{statistics.median(peaks[label]):8.1f}  "
+              f"{'yes: ' + ', '.join(heavy) if heavy else 'no'}"
               f"  ({len(modules[label])} top-level modules)")
 
 
 def report_goals(commands, times, peaks, modules, floor):
-    """PASS/FAIL per goal: absolute goals for the cached forms, the tutorial runner for the script."""
+    """PASS/FAIL per goal: absolute for the cached forms, the tutorial runner for the script."""
     medians = {label: statistics.median(times[label]) for label, _, _, _ in commands}
     peak = {label: statistics.median(peaks[label]) for label, _, _, _ in commands}
     print(f"absolute goals: under {GOAL_SECONDS} s, under {GOAL_MB:.0f} MB peak, SDK not imported; "
           f"x floor = against `python -c pass` ({floor:.4f} s) in this run")
     for label in [label for label, _, _, _ in commands[1:] if label not in (SCRIPT, TUTORIAL)]:
-        print(f"  {label:34} time {verdict(medians[label] < GOAL_SECONDS)} ({medians[label]:.3f} s, "
+        print(f"  {label:34} time {verdict(medians[label] < GOAL_SECONDS)} "
+              f"({medians[label]:.3f} s, "
               f"{medians[label] / floor:.2f}x floor)  peak {verdict(peak[label] < GOAL_MB)} "
               f"({peak[label]:.1f} MB, {peak[label] / peak[commands[0][0]]:.2f}x floor)"
               f"  no-SDK {verdict('perplexity' not in modules[label])}")

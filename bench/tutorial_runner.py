@@ -56,7 +56,8 @@ def main():
     with open(args.out, "w") as handle:
         json.dump(results, handle, indent=2)
     failed = [result["id"] for result in results if not result["passed"]]
-    print(f"{len(results) - len(failed)}/{len(results)} passed" + (f"; failed: {failed}" if failed else ""))
+    print(f"{len(results) - len(failed)}/{len(results)} passed"
+          + (f"; failed: {failed}" if failed else ""))
     return 1 if failed else 0
 
 
