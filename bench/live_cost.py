@@ -124,7 +124,7 @@ def report(commands, figures, runs):
     med = medians(figures)
     yardstick = med["tutorial"]
     print(f"live fixed cost, 4 requests at latency 0 through the SDK: medians of {runs} run(s) "
-          "each"
+          "each "
           f"(round-robin, after a warm-up), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"{'command':36} {'wall s':>7} {'CPU s':>7} {'peak MB':>8} {'wall x tut':>10} "
           f"{'CPU x tut':>9} "
