@@ -5160,6 +5160,7 @@ def estimate_cost(row, prices):
         return row
     tokens = usage_tokens(row)
     judged = _amount(row.get("judge_cost_usd", "0"))  # the judge's cost adds (None: unknown)
+    judged = plain_amount(judged) if judged is not None else None
     if tokens is not None and judged is not None:
         cost = (price[0] * tokens[0] + price[1] * tokens[1]) / decimal.Decimal(1_000_000)
         row["cost_usd"] = format(cost + judged, "f")
@@ -6150,13 +6151,22 @@ def record_problem(record):
     return problem
 
 
-def _amount(value, unusable=None):
-    """A decimal-string amount as a finite Decimal, else `unusable`."""
+def _amount(value):
+    """A decimal-string amount as a finite Decimal, else None."""
     try:
         amount = decimal.Decimal(value) if isinstance(value, str) else None
     except ArithmeticError:  # InvalidOperation, Overflow
-        return unusable
-    return amount if amount is not None and amount.is_finite() else unusable
+        return None
+    return amount if amount is not None and amount.is_finite() else None
+
+
+def _added(total, value):
+    """total plus a decimal-string amount; NaN once either is no usable amount."""
+    amount = _amount(value)
+    try:
+        return total + amount if amount is not None else decimal.Decimal("NaN")
+    except ArithmeticError:  # Overflow: "1e999999999" is finite, but no sum holds it
+        return decimal.Decimal("NaN")
 
 
 class Tally:
@@ -6198,11 +6208,10 @@ class Tally:
         stats["total"] += 1
         stats["passed"] += not failed
         stats["errors"] += errored
-        stats["cost"] += _amount(row.get("cost_usd"), decimal.Decimal("NaN"))
+        stats["cost"] = _added(stats["cost"], row.get("cost_usd"))
         stats["cost_known"] = stats["cost"].is_finite()
         if "judge_cost_usd" in row:  # the judge's part of the cost, shown apart
-            amount = _amount(row["judge_cost_usd"], decimal.Decimal("NaN"))
-            stats["judge"] = amount if stats["judge"] is None else stats["judge"] + amount
+            stats["judge"] = _added(stats["judge"] or decimal.Decimal(0), row["judge_cost_usd"])
 
     def complete(self):
         # Every seen key is expected and unique unless `clash`, so counting is enough: O(1) per row.
