@@ -2134,7 +2134,7 @@ JUDGE_FORMAT = {"type": "json_schema",
 JUDGE_KEYS = {"provider", "model", "base_url", "api_key_env", "repeats", "prompt"}
 EXAMPLE_KEYS = {"rubric", "answer", "verdict", "input"}
 VERDICTS = ("pass", "fail")
-UNJUDGED = {"verdict": "fail", "votes": "not judged",  # an empty answer: what a judge would be asked
+UNJUDGED = {"verdict": "fail", "votes": "not judged",  # an empty answer: no judge is asked
             "reason": "the answer is empty: it was not sent to the judge"}
 
 
@@ -2220,7 +2220,8 @@ def read_verdict(text):
 def check_rubric(case, trace, rubric):
     """`rubric` (a text, or a list of them, each its own rule): a judge model found that the
     answer does what it says (the majority of its repeats); an empty answer fails unjudged."""
-    judged = UNJUDGED if not text_form(trace.final_text) else (case.get("_judged") or {}).get(rubric)
+    empty = not text_form(trace.final_text)
+    judged = UNJUDGED if empty else (case.get("_judged") or {}).get(rubric)
     if judged is None:  # a verdict never stands without the judgement it is read from
         raise JudgeError(f"the rubric {_quote(rubric)} was not judged")
     if judged["verdict"] == "pass":
@@ -5180,7 +5181,6 @@ def run_row(provider, suite, case, model, repeat=None, grader=None, retries=None
     return drive_steps(steps)
 
 
-
 # ---------------------------------------------------------------------- the judge
 # A judge is any provider of the table, asked through its own class: the judge prompt goes as
 # the instructions, one JSON object {input, rubric, answer} as the input (JSON string escaping
@@ -5262,16 +5262,18 @@ class Judge:
             raw, entry["attempts"] = yield from send_request_steps(
                 self.provider, self.model, self.suite, {"id": "judge", "input": data}, 0, retries,
                 sleep)
+            entry["response"] = raw  # kept before it is read
+            trace = self.provider.parse(raw)
         except Exception as exc:
             said = f"{type(exc).__name__}: {cut_whole(error_message(exc, self.provider), 1000)}"
-            entry.update(attempts=getattr(exc, "attempts", 1), error=said)
-            if isinstance(getattr(exc, "raw", None), dict):
+            entry.setdefault("attempts", getattr(exc, "attempts", 1))
+            entry["error"] = said
+            if "response" not in entry and isinstance(getattr(exc, "raw", None), dict):
                 entry["response"] = exc.raw
             raise JudgeError(f"the judge {self} failed: {said}", status_of(exc)) from None
-        trace = self.provider.parse(raw)
         priced = estimate_cost({"model": self.model, "response": raw, "cost_usd": trace.cost_usd,
                                 "error": None}, self.prices)
-        entry.update(response=raw, cost_usd=priced["cost_usd"],
+        entry.update(cost_usd=priced["cost_usd"],
                      **({"cost_estimated": True} if priced.get("cost_estimated") else {}))
         read = read_verdict(trace.final_text)
         if read is None:
@@ -7705,30 +7707,27 @@ def set_up_judge(run, settings, env):
     if run.judge_needed and run.judge_spec is not None:
         run.judge.provider, run.judge_secret = make_judge(run.judge_spec, settings, env)
         if run.suite.get("judge_examples") and not run.resuming:
+            if not settings.quiet:  # a slow judge is silent for a while: say what it is doing
+                print(f"judge_examples: {len(run.suite['judge_examples'])} graded by the judge "
+                      f"{safe_text(run.judge)} before any model request", file=sys.stderr)
             run.header["judge_agreement"] = check_examples(run, settings, run_mask(run, settings))
 
 
 def check_examples(run, settings, mask):
     """Grade the suite's judge_examples before any model request: the agreement for the record's
     header (masked by `mask`); UsageError naming the first example the judge misgrades or fails."""
-    calls, results = [], []
-    cap = settings.max_cost_usd
+    paid, results, cap = {"cost_usd": "0"}, [], settings.max_cost_usd  # what the examples cost
 
-    def spent():
-        return _sum_costs([call.get("cost_usd") for call in calls if "response" in call] or ["0"])
-
-    def before():  # the spending cap holds before every judge request
-        paid = spent()
-        reached = cap is not None and paid is not None and decimal.Decimal(paid) >= cap
-        return f"--max-cost-usd reached: spend ${paid}" if reached else None
+    def budget(_, spent):  # the spending cap holds before every judge request
+        reached = cap is not None and spent is not None and decimal.Decimal(spent) >= cap
+        return f"--max-cost-usd reached: spend ${spent}" if reached else None
 
     for number, example in enumerate(run.suite["judge_examples"], 1):
         where = f"judge_examples #{number} ({_quote(example['rubric'], 40)})"
-        steps = run.judge.verdict_steps(example["rubric"], example.get("input", ""),
-                                        example["answer"], calls, (), settings.retries,
-                                        before=before)
+        steps = judge_row_steps(run.judge, example, example.get("input", ""), example["answer"],
+                                paid, retries=settings.retries, budget=budget)
         try:
-            judged = drive_steps(steps)
+            judged = drive_steps(steps)[example["rubric"]]
         except (JudgeError, BudgetReached) as exc:
             raise UsageError(f"{where}: {exc}; nothing was sent to the models under test") from None
         results.append({"rubric": example["rubric"], "expected": example["verdict"], **judged})
@@ -7737,8 +7736,8 @@ def check_examples(run, settings, mask):
                              f"{example['verdict']}, but {judged['votes']} "
                              f"({cut_whole(judged['reason'], 200)}); nothing was sent to the "
                              "models under test")
-    return mask({"agreed": len(results), "examples": len(results), "cost_usd": spent(),
-                 "results": results, "judgements": calls})
+    return mask({"agreed": len(results), "examples": len(results), "cost_usd": paid["cost_usd"],
+                 "results": results, "judgements": paid["judgements"]})
 
 
 def prepare(settings, env):
