@@ -4754,6 +4754,8 @@ def judge_identity(spec, settings, env):
     """config["judge"]: the provider, model, base URL without credentials, prompt and repeats."""
     cls, view = PROVIDERS[spec["provider"]], judge_view(spec, settings)
     problem = endpoint_problem(cls, view, env)
+    if spec.get("base_url") and not cls.base_url_flag:  # it would be ignored, and say otherwise
+        problem = provider_problem(view.replace(provider=cls.name), env).replace("--", "--judge-")
     if problem:
         raise UsageError(f"the judge: {problem.replace('--base-url', '--judge-base-url')}")
     endpoint = cls.endpoint(view, env)

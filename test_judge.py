@@ -750,6 +750,7 @@ def test_a_bad_rubric_or_judge_is_one_line_and_exit_2_before_anything_is_sent(tm
         ["--judge-provider", "nope"],
         ["--judge-model", " "],
         ["--judge-base-url", "http://[::1"],
+        ["--judge-provider", "perplexity", "--judge-model", "p", "--judge-base-url", "http://x.example"],
     ]
     good = write(
         tmp_path / "good.json", suite([{"id": "a", "input": "hi", "rubric": "R"}], "judge-pass")
@@ -767,8 +768,10 @@ def test_a_bad_rubric_or_judge_is_one_line_and_exit_2_before_anything_is_sent(tm
         "--judge-provider 'replay' cannot judge",
         "--judge-provider 'nope' cannot judge",
         "--judge-model must be a non-empty string",
-        "--judge-base-url",
+        "--judge-base-url: the host is not",
+        "the judge: --judge-base-url goes with --judge-provider openai",  # it would be ignored
     ]
+    assert len(results) == len(needles)
     for (code, out, err), needle in zip(results, needles):
         assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, (needle, err)
         assert "Traceback" not in err
