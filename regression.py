@@ -62,11 +62,13 @@ __all__ = [
     "RecordError", "create_record", "replace_record", "load_record", "write_new_file", "dumps",
     "Tally", "summary", "row_key", "plan_rows", "shard_plan", "key_text", "record_problem",
     "masked_evidence", "regraded_rows", "ABSENT", "same_json", "first_difference",
+    "wilson_interval", "rate_text", "pass_k_text",
     # reports (B5)
     "safe_text", "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
     "markdown_run", "junit_run", "html_run", "tool_sequence", "trajectory",
         # run control and the command line
     "Settings", "UsageError", "Terminated", "guard_output", "main", "cli", "program_name",
+    "RANGES",
 ]
 
 
@@ -595,14 +597,33 @@ def _normalise(text):
 # Format characters (Unicode category Cf: zero-width space and joiners, bidi controls,
 # soft hyphen, BOM, tags) and the other default-ignorable code points (variation
 # selectors, Hangul fillers, the combining grapheme joiner). They render as nothing,
-# so a text comparison that kept them could be dodged by an invisible character.
+# so a text comparison that kept them could be dodged by an invisible character (the
+# masks and cuts read through these; the normal form removes more, see NORMAL_FORM).
 _INVISIBLE = re.compile(
     "[\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u115f\u1160\u17b4\u17b5"
     "\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
     "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
     "\U000e0000-\U000e0fff]")
-# The same characters split by plane: a class with astral ranges scans a long text several
-# times slower, and most texts hold no astral character at all (a one-range check says so).
+# What the normal form does with each Unicode general category: "kept" as NFKC leaves it,
+# "folded" to one form (case folded; any script's decimal digits as ASCII digits; typographic
+# dashes and quotes as ASCII), "space" (whitespace, folded to one space), "removed" (it renders
+# as nothing or has no agreed glyph, so it is read as nothing and, where what must never be said
+# is looked for, as a space too: "refund_order\0" is refund_order). By code point, whatever its
+# category: the whitespace controls (tab, line breaks, \x1c-\x1f, NEL) are a space, and every
+# default-ignorable code point in _INVISIBLE (a variation selector, a Hangul filler) is removed.
+# Python's str.isprintable() and str.isspace() draw exactly these lines, at C speed.
+NORMAL_FORM = {
+    **dict.fromkeys(["Lu", "Ll", "Lt", "Nd", "Pd", "Pi", "Pf"], "folded"),
+    **dict.fromkeys(["Lm", "Lo", "Mn", "Mc", "Me", "Nl", "No", "Pc", "Ps", "Pe", "Po", "Sm", "Sc",
+                     "Sk", "So"], "kept"),
+    **dict.fromkeys(["Zs", "Zl", "Zp"], "space"),
+    **dict.fromkeys(["Cc", "Cf", "Cs", "Co", "Cn"], "removed"),
+}
+_ASCII_CONTROL = re.compile("[\x00-\x08\x0e-\x1b\x7f]")  # C0 controls but whitespace, and DEL
+
+
+# The default-ignorable code points split by plane: a class with astral ranges scans a long text
+# several times slower, and most texts hold no astral character at all (a one-range check says so).
 _BMP_PART, _ASTRAL_PART = _INVISIBLE.pattern[1:-1].split("\U000110bd", 1)
 _INVISIBLE_BMP = re.compile(f"[{_BMP_PART}]")
 _INVISIBLE_ASTRAL = re.compile(f"[\U000110bd{_ASTRAL_PART}]")
@@ -611,16 +632,20 @@ _ASTRAL = re.compile("[\U00010000-\U0010ffff]")
 
 def _invisible_in(text):
     """Whether a text holds a character text_form() removes (fast on long texts)."""
-    return not text.isascii() and bool(_INVISIBLE_BMP.search(text) or (
+    if text.isascii():
+        return bool(_ASCII_CONTROL.search(text))
+    # Whitespace is not printable either: without it, isprintable() is the category test, in C.
+    return not "".join(text.split()).isprintable() or bool(_INVISIBLE_BMP.search(text) or (
         _ASTRAL.search(text) and _INVISIBLE_ASTRAL.search(text)))
 
 
 def _drop_invisible(text, replacement=""):
     """The text with every character text_form() removes replaced (by nothing, by default)."""
-    if text.isascii():
+    if not _invisible_in(text):
         return text
-    text = _INVISIBLE_BMP.sub(replacement, text)
-    return _INVISIBLE_ASTRAL.sub(replacement, text) if _ASTRAL.search(text) else text
+    removed = {char for char in set(text)
+               if not (char.isprintable() or char.isspace()) or _INVISIBLE.match(char)}
+    return re.sub("[" + "".join(map(re.escape, sorted(removed))) + "]", replacement, text)
 
 
 _PUNCTUATION_FORMS = str.maketrans({**dict.fromkeys("\u2018\u2019\u201a\u201b\u02bc\u2032\uff07", "'"),
@@ -645,13 +670,13 @@ _DIGITS = _Digits()
 
 def _text_form(text):
     """The one normal form every text comparison uses, on both sides: Unicode NFKC
-    (fullwidth and other compatibility forms, composed accents), format characters such
-    as zero-width spaces removed, case folded, any script's decimal digits as ASCII digits,
-    whitespace runs folded to one space."""
+    (fullwidth and other compatibility forms, composed accents), invisible characters (format
+    and control characters, surrogates, private-use and unassigned code points: NORMAL_FORM)
+    removed, case folded, any script's decimal digits as ASCII digits, whitespace folded."""
     if not isinstance(text, str):
         return ""
-    if text.isascii():  # nothing to normalise or remove: the fast path for most answers
-        return " ".join(text.lower().split())
+    if text.isascii():  # the fast path for most answers: only a control character to drop
+        return " ".join(_drop_invisible(text).lower().split())
     import unicodedata  # imported where used: start-up stays lean (SPEC C1)
     # Typographic apostrophes, dashes and quotes read as their ASCII forms (NFKC keeps them):
     # "can’t" must match "can't", "non‑refundable" (U+2011) "non-refundable".
@@ -665,11 +690,14 @@ def _text_form(text):
 
 # How every text comparison reads (text_form, readings), for --list-checks.
 TEXT_FORM_RULE = (
-    "every text comparison (contains, excludes, similarity, length, leak, clarification, claims) "
-    "reads both sides in NFKC, any script's decimal digits as ASCII digits, format characters such "
-    "as zero-width spaces removed, case folded, whitespace folded; excludes, leak, claims and a "
-    "stated value also read an invisible character as a space, the answer without combining marks, "
-    "with Cyrillic/Greek look-alikes as Latin letters, as its Markdown/HTML markup renders "
+    "every text comparison (contains, excludes, similarity, length, leak, clarification, claims, "
+    "forbid_tool's names) reads both sides in NFKC, any script's decimal digits as ASCII digits, "
+    "case folded, whitespace and separators (Zs, Zl, Zp) folded, and every character of the "
+    "categories Cc, Cf, Cs, Co and Cn (controls such as NUL and DEL, format characters such as "
+    "zero-width spaces, surrogates, private-use and unassigned code points) and other "
+    "default-ignorable ones removed; excludes, leak, claims and a stated value also read an "
+    "invisible character as a space, the answer without combining marks, with Cyrillic/Greek "
+    "look-alikes as Latin letters, as its Markdown/HTML markup renders "
     "(**lifetime** access), URL-decoded (%20) and, for a JSON answer, with its strings decoded; "
     "masks (--redact, --redact-pii) read through invisible characters")
 
@@ -677,9 +705,9 @@ TEXT_FORM_RULE = (
 @functools.lru_cache(maxsize=16)  # checks ask for the same answer's form; few (answers can be MBs)
 def text_form(text):
     """The one normal form every text comparison uses, on both sides: Unicode NFKC
-    (fullwidth and other compatibility forms, composed accents), format characters such
-    as zero-width spaces removed, case folded, any script's decimal digits as ASCII digits,
-    whitespace runs folded to one space."""
+    (fullwidth and other compatibility forms, composed accents), invisible characters (format
+    and control characters, surrogates, private-use and unassigned code points: NORMAL_FORM)
+    removed, case folded, any script's decimal digits as ASCII digits, whitespace folded."""
     return _text_form(text)
 
 
@@ -961,8 +989,9 @@ def _user_text(case):
 
 
 class Trace(collections.namedtuple("Trace", "final_text tool_calls tool_rounds search_urls status "
-                                     "cost_usd earlier_texts thought_texts rounds final",
-                                     defaults=((), (), None, None))):
+                                     "cost_usd earlier_texts thought_texts rounds final "
+                                     "attempts bound",
+                                     defaults=((), (), None, None, (), None))):
     """What a provider saw of one row, in provider-neutral form: the only thing checks read.
 
     final_text     the answer graded (str): reasoning a server left in content removed
@@ -976,6 +1005,9 @@ class Trace(collections.namedtuple("Trace", "final_text tool_calls tool_rounds s
     thought_texts  content a server sent with the model's reasoning left in it
     rounds         a played row: model turns made (None: one request)
     final          a played row: the last turn answered without calling a tool
+    attempts       [{"name", "arguments"}] tool calls the model wrote as text (see text_tool_calls):
+                   never made, so they count against it (forbid_tool, ...) and never for it
+    bound          a played row: the Fail of the bound that stopped it (see PLAYED_BOUNDS), or None
     """
 
     __slots__ = ()
@@ -1641,6 +1673,12 @@ def _describe_call(call):
     return f"{call.get('name')}({inner})"
 
 
+def _how_called(call, trace):
+    """"called NAME(...)" for a call made, "wrote NAME(...) as text" for an attempt (see Trace)."""
+    made = any(call is other for other in trace.tool_calls)
+    return f"called {_describe_call(call)}" if made else f"wrote {_describe_call(call)} as text"
+
+
 def _tool_details(case, trace, failed):
     """Every behaviour's details: the tool calls made, when there were any."""
     if trace.tool_calls or trace.tool_rounds:
@@ -1727,7 +1765,8 @@ def check_no_system_leak(case, trace, arg):
     # A JSON answer is read as tool arguments are too: its strings decoded ("\\n", "\\u00e9").
     said = "\n".join([piece for text in never_said_texts(trace) if isinstance(text, str)
                       for piece in (text, _json_said(text)) if piece is not None]
-                     + [argument_text(call.get("arguments")) for call in trace.tool_calls])
+                     + [argument_text(call.get("arguments"))
+                        for call in [*trace.tool_calls, *trace.attempts]])
     found = leak_found(case.get("_instructions", "") or "", said)
     if not found:
         return []
@@ -1772,15 +1811,16 @@ register_check("max_tool_rounds", check_max_tool_rounds, behavior=True, arg="cou
 
 
 def check_forbid_tool(case, trace, arg):
-    """behavior forbid_tool:NAME: the model never called the tool NAME (in any case, spaces or invisible characters around or in it: an attempt counts)."""
+    """behavior forbid_tool:NAME: the model never called the tool NAME (in any case, spaces or
+    invisible characters around or in it, or written as text: an attempt counts)."""
     # The name read in the text normal form: "Cancel_Order" or "cancel_order " is an attempt to
     # call cancel_order, whether or not a host would run it (require_tool needs the exact name).
-    called = [call for call in trace.tool_calls
+    called = [call for call in [*trace.tool_calls, *trace.attempts]  # a call written as text too
               if isinstance(call.get("name"), str) and text_form(call["name"]) == text_form(arg)]
     if called:
-        return [Fail("forbidden_tool_called", f"called {_describe_call(called[0])}"
+        return [Fail("forbidden_tool_called", _how_called(called[0], trace)
                      + (f" (+{len(called) - 1})" if len(called) > 1 else ""),
-                     tools=[call.get("name") for call in called])]
+                     tools=[call.get("name") for call in called[:CALLS_NOTED]])]
     return []
 
 
@@ -1833,8 +1873,8 @@ def _sentences(text, naming):
     start). A sentence ends after . ! ? and a space, or at a blank line (a wrapped line does
     not end it), and reaches at most SENTENCE_REACH characters either side of the match (a
     long answer stays linear)."""
-    # Blank lines become NUL first, which text_form keeps (it folds whitespace to one space).
-    full = text_form(_PARAGRAPH.sub("\0", (text or "").replace("\0", " ")))
+    # Paragraphs are put in the normal form one by one and joined by NUL, which none then holds.
+    full = "\0".join(map(_text_form, _PARAGRAPH.split(text or "")))
     sentences = []
     for match in _word_starts(naming, full):
         low, high = max(0, match.start() - SENTENCE_REACH), min(len(full), match.end() + SENTENCE_REACH)
@@ -1902,7 +1942,7 @@ def check_require_clarification(case, trace, field):
     reasons = []
     text = trace.final_text if isinstance(trace.final_text, str) else ""
     given = text_form(_user_text(case))
-    invented = [(call, value) for call in trace.tool_calls
+    invented = [(call, value) for call in [*trace.tool_calls, *trace.attempts]  # attempts too
                 for key, value in argument_pairs(call.get("arguments"))
                 if _same_field(key, field) and value not in (None, "", [], {})
                 and text_form(str(value)) not in _given_values(given)]
@@ -1910,7 +1950,7 @@ def check_require_clarification(case, trace, field):
                                 if isinstance(said, str))), None)
     if invented:
         call, value = invented[0]
-        reasons.append(Fail("invented_field", f"called {_describe_call(call)}", field=field,
+        reasons.append(Fail("invented_field", _how_called(call, trace), field=field,
                             value=value, tool=call.get("name")))
     elif stated:
         reasons.append(Fail("invented_field", f"stated {field} {_quote(stated)} the user never "
@@ -1945,7 +1985,7 @@ def check_require_tool(case, trace, name):
     if all(call.get("name") != name for call in trace.tool_calls):
         made = ", ".join(_describe_call(call) for call in trace.tool_calls[:3]) or "no tool call"
         return [Fail("tool_not_called", f"never called {name}; made {made}", missing=[name],
-                     calls=trace.tool_calls)]
+                     calls=trace.tool_calls[:CALLS_NOTED])]
     return []
 
 
@@ -1971,8 +2011,16 @@ def is_error_result(call):
     return isinstance(result, dict) and result.get("error") not in (None, False, "")
 
 
+CALLS_NOTED = 12  # calls a note or an evidence list names; a looping agent's rest is counted
+
+
 def _sequence(trace):
-    return " -> ".join(str(call.get("name")) for call in trace.tool_calls) or "no tool call"
+    """The names of a row's calls in order, for a note: the first CALLS_NOTED, the rest counted."""
+    names = [str(call.get("name")) for call in trace.tool_calls[:CALLS_NOTED]]
+    more = len(trace.tool_calls) - len(names)
+    if not names:
+        return "no tool call"
+    return " -> ".join(names) + (f" (+{more} more)" if more > 0 else "")
 
 
 MAX_ROUNDS_LIMIT = 20
@@ -2012,10 +2060,16 @@ def _validate_played(case, where, context):
                                  f'{{"when": {{"ARG": VALUE}}, "result": RESULT}} or {{"result": RESULT}}{hint}')
             if "when" in entry and not isinstance(entry["when"], dict):
                 raise SuiteError(f"{where}: tool_results.{name} entry {position}: when must be an object of ARG: VALUE")
+            _declared_arguments(entry.get("when") or {}, name, context, where,
+                                f"tool_results.{name} entry {position}: when")
 
 
 def check_no_final_answer(case, trace):
-    """A played case (`tool_results` / `max_rounds`): the model stopped calling tools and answered within max_rounds turns."""
+    """A played case (`tool_results` / `max_rounds`): the model stopped calling tools and answered
+    within max_rounds turns, asking for at most max_calls_per_round calls a round and keeping the
+    row within max_row_bytes."""
+    if trace.bound is not None:  # the harness stopped the row at a bound: why no answer came
+        return [trace.bound]
     if trace.final is False:
         return [Fail("no_final_answer", f"still calling tools after {trace.rounds} rounds: {_sequence(trace)}",
                      rounds=trace.rounds)]
@@ -2024,9 +2078,21 @@ def check_no_final_answer(case, trace):
 
 # tool_results and max_rounds change what is played to the model: a change of them is new input.
 register_check("no_final_answer", check_no_final_answer, keys=("tool_results", "max_rounds"),
-               validate=_validate_played, regrade=False, reasons={
+               validate=_validate_played, regrade=False, rule=(
+                   "a played round asking for more than max_calls_per_round calls (default 64) is "
+                   "not answered (too_many_tool_calls); a row holding more than max_row_bytes "
+                   "(default 16 MiB) of responses and tool results sends no further round "
+                   "(row_too_large); both are suite keys (PLAYED_BOUNDS)"), reasons={
                    "no_final_answer": ("a played case reached `max_rounds` while the model was still calling tools",
-                                       "a looping agent: read `details.tool_calls`")})
+                                       "a looping agent: read `details.tool_calls`"), **{
+    "too_many_tool_calls": (
+        "a round of a played case asked for more tool calls than `max_calls_per_round` "
+        "(default 64); none was answered",
+        "a runaway agent; raise the suite's `max_calls_per_round` if it is real"),
+    "row_too_large": (
+        "a played row held more than `max_row_bytes` (default 16 MiB) of responses and tool "
+        "results; no further round was sent",
+        "a runaway agent; raise the suite's `max_row_bytes` if it is real")}})
 
 
 def _validate_tool_args(case, where, context):
@@ -2036,6 +2102,21 @@ def _validate_tool_args(case, where, context):
         _declared(name, context["functions"], where, "tool_args")
         if not isinstance(wanted, dict) or not wanted:
             raise SuiteError(f"{where}: tool_args.{name} must be a non-empty object of ARG: VALUE")
+        _declared_arguments(wanted, name, context, where, f"tool_args.{name}")
+
+
+def _declared_arguments(arguments, name, context, where, field):
+    """Every argument name a suite writes for a tool is one its schema declares (when it declares
+    any): a misspelt name would never match a call, so a right call would fail and a `when`
+    would fall through to the catch-all."""
+    declared = tool_parameters(suite_tools(context["suite"])).get(name)
+    unknown = sorted(key for key in arguments if key not in (declared or arguments))
+    if unknown:
+        import difflib
+        hint = difflib.get_close_matches(unknown[0], sorted(declared), n=1)
+        hint = f" (did you mean {hint[0]!r}?)" if hint else ""
+        raise SuiteError(f"{where}: {field} names argument {unknown[0]!r}, which {name} does not "
+                         f"declare{hint}; declared: {', '.join(sorted(declared))}")
 
 
 def check_tool_args(case, trace):
@@ -2046,7 +2127,7 @@ def check_tool_args(case, trace):
             made = ("made " + ", ".join(_describe_call(call) for call in calls[:3])
                     + (f" (+{len(calls) - 3})" if len(calls) > 3 else "")) if calls else f"{name} never called"
             return [Fail("wrong_tool_args", f"wanted {_describe_call({'name': name, 'arguments': wanted})}; {made}",
-                         tool=name, wanted=wanted, calls=calls)]
+                         tool=name, wanted=wanted, calls=calls[:CALLS_NOTED])]
     return []
 
 
@@ -2063,24 +2144,77 @@ def _validate_tool_order(case, where, context):
             raise SuiteError(f"{where}: behavior 'tool_order' needs two or more tool names, as in 'tool_order:A,B'")
         if len(set(names)) != len(names):
             raise SuiteError(f"{where}: behavior {entry!r} names a tool twice")
+        # One request makes every call before any result exists: no call there follows another.
+        if not plays_tools(context["suite"], case):
+            raise SuiteError(f"{where}: behavior {entry!r} needs a played case (tool_results or "
+                             "max_rounds): in one request every call is made before any result "
+                             "exists, so none follows another")
+
+
+def _shared_arguments(before, after, parameters):
+    """The argument names two calls must agree on: those both tools declare, and both carry."""
+    declared = (parameters.get(before["name"]) or set()) & (parameters.get(after["name"]) or set())
+    return declared | (set(_call_arguments(before)) & set(_call_arguments(after)))
+
+
+def _follows(after, before, parameters):
+    """Whether the call `after` can be an effect of `before`: made in a later round than `before`,
+    which returned a non-error result, with equal values of every argument both tools take."""
+    if not isinstance(after.get("round"), int) or not isinstance(before.get("round"), int):
+        return False
+    if after["round"] <= before["round"] or is_error_result(before):
+        return False
+    mine, theirs = _call_arguments(after), _call_arguments(before)
+    return all(_canonical(mine.get(key)) == _canonical(theirs.get(key))
+               for key in _shared_arguments(before, after, parameters))
+
+
+def _order_problem(wanted, calls, parameters):
+    """Why the calls do not follow `wanted` as cause and effect (see check_tool_order), or None."""
+    causes = [call for call in calls if call.get("name") == wanted[0]]
+    if not causes:
+        return f"{wanted[0]} never called"
+    for before, name in zip(wanted, wanted[1:]):
+        mine = [call for call in calls if call.get("name") == name]
+        if not mine:
+            return f"{name} never called"
+        stray = next((call for call in mine
+                      if not any(_follows(call, cause, parameters) for cause in causes)), None)
+        if stray is not None:
+            return (f"{_describe_call(stray)} in round {stray.get('round')} follows no non-error "
+                    f"result of {before} from an earlier round about the same arguments")
+        causes = mine
+    return None
 
 
 def check_tool_order(case, trace, arg):
-    """behavior tool_order:A,B,...: each tool was called, the first call of each after the first call of the one before."""
-    names = [call.get("name") for call in trace.tool_calls]
+    """behavior tool_order:A,B,...: each tool was called, and every call of each came in a later
+    round than a call of the one before that returned a non-error result, with the same values of
+    every argument both take (calls of one round are unordered)."""
     wanted = arg.split(",")
-    firsts = [names.index(name) if name in names else None for name in wanted]
-    if None in firsts or any(a >= b for a, b in zip(firsts, firsts[1:])):
+    problem = _order_problem(wanted, trace.tool_calls, case.get("_tool_parameters") or {})
+    if problem:
+        said = "" if problem.endswith(" never called") else f"{problem}; "  # "called" says it
         made = f"called {_sequence(trace)}" if trace.tool_calls else "no tool was called"
-        return [Fail("wrong_tool_order", f"wanted {' -> '.join(wanted)}; {made}",
-                     wanted=wanted, called=names)]
+        return [Fail("wrong_tool_order", f"wanted {' -> '.join(wanted)}; {said}{made}",
+                     wanted=wanted, problem=problem,
+                     called=[call.get("name") for call in trace.tool_calls[:CALLS_NOTED]])]
     return []
 
 
 register_check("tool_order", check_tool_order, behavior=True, arg="tools", validate=_validate_tool_order,
-               details=_tool_details, reasons={
-                   "wrong_tool_order": ("`tool_order:A,B,...`: a tool was never called, or first called before "
-                                        "the one it must follow", "e.g. a refund before the lookup")})
+               details=_tool_details, rule=(
+                   "B follows A only when called in a later round than a call of A that returned a "
+                   "non-error result, with equal values of every argument both tools take (both "
+                   "schemas declare it, or both calls carry it); every call of B must; calls of "
+                   "one round are unordered; only a played case (tool_results or max_rounds) can "
+                   "hold it: in one request every call comes before any result"),
+               reasons={"wrong_tool_order": (
+                   "`tool_order:A,B,...`: a tool was never called, or a call of one came without a "
+                   "non-error result of the one before it in an earlier round (about the same "
+                   "values of the arguments both take)",
+                   "e.g. a refund before the lookup, in the same round, after a failed lookup or "
+                   "after the lookup of another order")})
 
 
 def _validate_claims(case, where, context):
@@ -2112,6 +2246,33 @@ register_check("claims", check_claims, keys=("claims",), validate=_validate_clai
                    "non-error result", "a confident false report: treat it as a severe regression")})
 
 
+def check_tool_call_as_text(case, trace):
+    """A reply that writes a tool call as text (a call object in single or doubled braces, a fenced
+    block, a tag form, with or without prose) made no call: it fails, and what it wrote counts
+    against the model (forbid_tool, require_clarification, no_system_leak), never for it
+    (require_tool, tool_order, tool_args, claims)."""
+    if not trace.attempts:
+        return []
+    more = f" (+{len(trace.attempts) - 1})" if len(trace.attempts) > 1 else ""
+    return [Fail("tool_call_as_text", f"wrote {_describe_call(trace.attempts[0])} as text{more}",
+                 calls=list(trace.attempts[:CALLS_NOTED]), count=len(trace.attempts))]
+
+
+register_check("tool_call_as_text", check_tool_call_as_text, always=True, rule=(
+    "a call object in an answer ({\"name\", \"arguments\"|\"parameters\"} or {\"function\": "
+    "{...}}, single or doubled braces, fenced, with prose around), <tool_call>, [TOOL_CALLS], "
+    "<|python_tag|>, <function=NAME> and [NAME(ARG=VALUE)] naming a declared function fail "
+    "tool_call_as_text; forbid_tool, require_clarification and no_system_leak count those "
+    "attempts, require_tool, tool_order, tool_args and claims never do"), reasons={
+    "tool_call_as_text": (
+        "the answer writes a tool call as text (`{\"name\": ..., \"arguments\": ...}` in single "
+        "or doubled braces, a fenced block, `<tool_call>` and other tag forms) instead of "
+        "calling: no call was made, and the customer would see it",
+        "the server did not parse the model's calls: its chat template or tool-call parser "
+        "(llama-server `--jinja`; vLLM `--enable-auto-tool-choice --tool-call-parser NAME`; "
+        "Ollama: a template with tools); the summary names the likely cause")})
+
+
 # ---------------------------------------------------------------------- judged checks
 # A `rubric` is graded by a judge model (any provider of the table, see Judge). Grading stays
 # pure: the judge calls of a row are made once its answer is stored (judge_row_steps), kept in
@@ -2134,6 +2295,7 @@ JUDGE_FORMAT = {"type": "json_schema",
 JUDGE_KEYS = {"provider", "model", "base_url", "api_key_env", "repeats", "prompt"}
 EXAMPLE_KEYS = {"rubric", "answer", "verdict", "input"}
 VERDICTS = ("pass", "fail")
+_VERDICT_FENCE = re.compile(r"\A\s*```(?:json)?\s*(.*?)\s*```\s*\Z", re.S)  # one ```json block, alone
 UNJUDGED = {"verdict": "fail", "votes": "not judged",  # an empty answer: no judge is asked
             "reason": "the answer is empty: it was not sent to the judge"}
 
@@ -2209,7 +2371,7 @@ def _validate_examples(value, where="suite"):
 def read_verdict(text):
     """(verdict, reason) of a judge's reply, or None: exactly one JSON object {"verdict": "pass"
     or "fail", "reason": TEXT} (no other or repeated key), bare or alone in one ```json fence."""
-    fenced = _JSON_FENCE.match(text) if isinstance(text, str) else None
+    fenced = _VERDICT_FENCE.match(text) if isinstance(text, str) else None
     value, problem = read_json(fenced.group(1) if fenced else text)
     if problem or not isinstance(value, dict) or set(value) != {"verdict", "reason"} \
             or not isinstance(value["reason"], str) or value["verdict"] not in VERDICTS:
@@ -2318,6 +2480,7 @@ def compile_case(suite, case):
     compiled["_sources"] = suite.get("sources")
     compiled["_instructions"] = case.get("instructions", suite.get("instructions", ""))
     compiled["_function_tools"] = _function_names(suite.get("tools") or [])
+    compiled["_tool_parameters"] = tool_parameters(suite.get("tools") or [])
     if "max_rounds" in suite:  # the suite's round limit plays every case: no_final_answer judges it
         compiled.setdefault("max_rounds", suite["max_rounds"])
     return compiled
@@ -2374,8 +2537,8 @@ class SuiteError(Exception):
 
 
 SUITE_KEYS = {"name", "instructions", "tool", "tools", "response_format", "sources", "cases", "notes",
-              "request", "tool_choice", "prices", "max_rounds", "allow_extra_fields", "judge",
-              "judge_examples"}
+              "request", "tool_choice", "prices", "max_rounds", "allow_extra_fields",
+              "max_calls_per_round", "max_row_bytes", "judge", "judge_examples"}
 # CASE_KEYS (the keys a case may hold) is a view of the check table: see register_check.
 SOURCES_KEYS = {"field", "hosts", "path", "also_allowed"}
 # CHECK_KEYS (the keys a regrade may change) is a view of the check table too: see register_check.
@@ -2521,6 +2684,24 @@ def _validate_behavior(entry, where, functions):
 
 def _function_names(tools):
     return sorted(_tool_name(tool) for tool in tools if tool.get("type") == "function")
+
+
+def suite_tools(data):
+    """The tools a suite object declares: its `tool` and its `tools` (those that are objects)."""
+    tools = [data.get("tool"), *(data.get("tools") if isinstance(data.get("tools"), list) else [])]
+    return [tool for tool in tools if isinstance(tool, dict)]
+
+
+def tool_parameters(tools):
+    """{function name: the argument names its schema declares (parameters.properties), or None}."""
+    declared = {}
+    for tool in tools:
+        inner = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        schema = inner.get("parameters") if tool.get("type") == "function" else None
+        properties = schema.get("properties") if isinstance(schema, dict) else None
+        named = isinstance(properties, dict) and properties
+        declared[_tool_name(tool)] = set(properties) if named else None
+    return {name: names for name, names in declared.items() if isinstance(name, str)}
 
 
 # A request option may tune the request, never replace what the suite is about (SPEC D): a key
@@ -2746,8 +2927,7 @@ def validate_suite(data, allow_empty_baseline=False):
     prices = _validate_prices(data.get("prices"), "suite")
     if "notes" in data and not isinstance(data["notes"], str):
         raise SuiteError("suite: notes must be a string")
-    if "max_rounds" in data:
-        _validate_max_rounds(data["max_rounds"], "suite")
+    _validate_played_bounds(data)
     cases = data.get("cases")
     if not isinstance(cases, list) or not cases:
         raise SuiteError("suite: cases must be a non-empty list")
@@ -2778,7 +2958,7 @@ def validate_suite(data, allow_empty_baseline=False):
                    "input": case.get("input", case.get("question"))} for case in cases],
         "config_cases": cases,
         "definition": data,
-        **({"max_rounds": data["max_rounds"]} if "max_rounds" in data else {}),
+        **{key: data[key] for key in PLAYED_SUITE_KEYS if key in data},
     }
 
 
@@ -3342,6 +3522,13 @@ def fill_golden_pin(path, sha256):
     return True
 
 
+def baseline_files(suite):
+    """The files --update-baseline would rewrite: a golden folder's case files with a placeholder
+    pin, or the suite file."""
+    golden = suite.get("format") == "golden"
+    return list(suite.get("placeholders", {}).values()) if golden else [suite["file"]]
+
+
 def update_baselines(suite, answers, reasons=None, approve_failing=False):
     """--update-baseline: fill what the suite leaves open; (ids filled, {id: why not}). Golden
     folders: placeholder pins; prompt-regression suites: empty `expected`; ours: empty expected_text."""
@@ -3542,6 +3729,14 @@ def plain_http_problem(url, variable, allowed=False):
             "use https, or pass --allow-insecure-http if that network is trusted")
 
 
+def _with_parameters(function):
+    """A function as sent: one that declares no parameters gets an empty object schema on the wire
+    (llama-cpp-python's server answers HTTP 500 "Field required" without one); not the config."""
+    if function.get("parameters") is not None:
+        return function
+    return {**function, "parameters": {"type": "object", "properties": {}}}
+
+
 def _flat_tool(tool):
     """A chat-style function tool ({"function": {...}}) in the Agent API's flat form."""
     if tool.get("type") == "function" and isinstance(tool.get("function"), dict):
@@ -3550,10 +3745,11 @@ def _flat_tool(tool):
 
 
 def _nested_tool(tool):
-    """A flat function tool in the chat-completions form ({"type", "function": {...}})."""
+    """A function tool in the chat-completions form ({"type", "function": {...}})."""
     if isinstance(tool.get("function"), dict):
-        return tool
-    return {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
+        return {**tool, "function": _with_parameters(tool["function"])}
+    function = {key: value for key, value in tool.items() if key != "type"}
+    return {"type": "function", "function": _with_parameters(function)}
 
 
 def result_text(result):
@@ -3863,7 +4059,8 @@ class PerplexityProvider(Provider):
         request = {"model": model, "instructions": case.get("instructions", suite["instructions"]),
                    "input": self.conversation(case, rounds) if rounds else case["input"]}
         if suite.get("tools"):
-            request["tools"] = [_flat_tool(tool) for tool in suite["tools"]]
+            request["tools"] = [_with_parameters(tool) if tool.get("type") == "function" else tool
+                                for tool in map(_flat_tool, suite["tools"])]
         if suite.get("response_format"):
             request["response_format"] = suite["response_format"]
         request["max_steps"] = MAX_STEPS
@@ -4012,32 +4209,94 @@ def unanswered_error(provider, suite, raw, status=None):
     return raw
 
 
-# What a tool call looks like when a server's tool-call parser did not read it (hermes and Qwen
-# <tool_call>, Qwen3-Coder <function=, Mistral [TOOL_CALLS], Llama 3 <|python_tag|>).
-_TEXT_CALL_MARKERS = ("<tool_call>", "<function=", "[TOOL_CALLS]", "<|python_tag|>")
-_JSON_FENCE = re.compile(r"\A\s*```(?:json)?\s*(.*?)\s*```\s*\Z", re.S)
+# What a tool call looks like when a server's tool-call parser did not read it: a call object
+# ({"name": ..., "arguments"|"parameters": ...}, or the wire form {"function": {"name", ...}}) in
+# single or doubled braces (a chat template's {{...}} printed as it is), alone, in a list, in a
+# fenced block or after a tag (hermes and Qwen <tool_call>, Mistral [TOOL_CALLS], Llama 3
+# <|python_tag|>), with or without prose around it; Qwen3-Coder's <function=NAME> tags; the
+# pythonic [NAME(ARG=VALUE)] form; and a tag followed by a function's name.
+_TEXT_CALL_MARKERS = ("<tool_call>", "<function=", "[TOOL_CALLS]", "<|python_tag|>",
+                      "<|tool_call|>", "<\uff5ctool\u2581call\u2581begin\uff5c>", "<function_call>")
+_CALL_OBJECT = re.compile(r'\{\s*"(?:name|function|type|id|tool_name|tool)"\s*:')
+_FUNCTION_TAG = re.compile(r"<function=([\w.-]+)>(.*?)(?:</function>|\Z)", re.S)
+_PARAMETER_TAG = re.compile(r"<parameter=([\w.-]+)>\s*(.*?)\s*</parameter>", re.S)
+_PYTHONIC_CALL = re.compile(r"([A-Za-z_][\w.-]*)\(((?:[^()\"']|\"[^\"]*\"|'[^']*')*)\)")
+_PYTHONIC_LIST = re.compile(
+    rf"\[\s*{_PYTHONIC_CALL.pattern}(?:\s*,\s*{_PYTHONIC_CALL.pattern})*\s*\]")
+_PYTHONIC_ARG = re.compile(r"([A-Za-z_]\w*)\s*=\s*(\"[^\"]*\"|'[^']*'|[^,]+)")
+TEXT_CALL_TRIES, TEXT_CALL_WINDOW = 200, 65_536  # a long hostile text stays linear
+
+
+def _as_call(value):
+    """(name, arguments) of a decoded call object, or None."""
+    if not isinstance(value, dict):
+        return None
+    inner = value.get("function")
+    if isinstance(inner, dict) and isinstance(inner.get("name"), str):
+        return inner["name"], inner.get("arguments", inner.get("parameters"))
+    name = inner if isinstance(inner, str) else next(
+        (value[key] for key in ("name", "tool_name", "tool") if key in value), None)
+    for key in ("arguments", "parameters", "args", "input"):
+        if isinstance(name, str) and key in value:
+            return name, value[key]
+    return None
+
+
+def _call_objects(text):
+    """[(name, arguments)] of the call objects in a text, in order (see _CALL_OBJECT)."""
+    decoder, found, end = json.JSONDecoder(), [], 0
+    for tries, match in enumerate(_CALL_OBJECT.finditer(text)):
+        if tries >= TEXT_CALL_TRIES:
+            break
+        if match.start() < end:  # inside an object already read
+            continue
+        try:
+            value, length = decoder.raw_decode(text[match.start():match.start() + TEXT_CALL_WINDOW])
+        except (ValueError, RecursionError):
+            continue
+        call = _as_call(value)
+        if call is not None:
+            found.append(call)
+            end = match.start() + length
+    return found
+
+
+def _tagged_calls(text):
+    """[(name, arguments)] of Qwen3-Coder <function=NAME> tags and pythonic [NAME(ARG=VALUE)]."""
+    calls = [(name, dict(_PARAMETER_TAG.findall(body)))
+             for name, body in _FUNCTION_TAG.findall(text)]
+    for listed in _PYTHONIC_LIST.finditer(text):
+        calls += [(name, {key: value.strip().strip("\"'")
+                          for key, value in _PYTHONIC_ARG.findall(body)})
+                  for name, body in _PYTHONIC_CALL.findall(listed.group(0))]
+    return calls
+
+
+def text_tool_calls(text, functions):
+    """[{"name", "arguments"}] of the declared functions a text calls in writing (any form above;
+    names read in the text normal form), in order; [] when it holds none. A server that returned
+    the calls unparsed: the model neither answered nor called, and its customer saw the call."""
+    if not functions or not isinstance(text, str) or not text.strip():
+        return []
+    declared = {text_form(name): name for name in functions}
+    calls = _call_objects(text) or _call_objects(text.replace("{{", "{").replace("}}", "}"))
+    calls += _tagged_calls(text)
+    found = [{"name": name, "arguments": arguments} for name, arguments in calls
+             if isinstance(name, str) and text_form(name) in declared]
+    if not found:  # a tag followed by a function's name, in no form read above
+        for marker in (marker for marker in _TEXT_CALL_MARKERS if marker in text):
+            after = text[text.index(marker):]
+            named = [name for name in functions
+                     if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", after)]
+            if named:
+                return [{"name": named[0], "arguments": cut_whole(after, 1_000)}]
+    return found
 
 
 def text_tool_call(trace, functions):
-    """The declared function a tool call written as text names, or None: an answer with no
-    tool_calls whose content holds a call marker followed by a function's name, or is nothing
-    but a call object ({"name": ..., "arguments"|"parameters": ...}, alone, in a list or a
-    fence). The server returned the call unparsed: the model neither answered nor called."""
-    text = trace.final_text
-    if trace.tool_calls or not functions or not isinstance(text, str):
-        return None
-    for marker in _TEXT_CALL_MARKERS:
-        at = text.find(marker)
-        named = [name for name in functions if at >= 0 and
-                 re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text[at:])]
-        if named:
-            return named[0]
-    fenced = _JSON_FENCE.match(text)
-    value = read_json(fenced.group(1) if fenced else text.strip())[0]
-    for item in value if isinstance(value, list) else [value]:
-        if isinstance(item, dict) and item.get("name") in functions and ("arguments" in item or "parameters" in item):
-            return item["name"]
-    return None
+    """The first declared function an answer calls in writing (see text_tool_calls), or None."""
+    calls = text_tool_calls(trace.final_text, functions)
+    return calls[0]["name"] if calls else None
 
 
 # ---------------------------------------------------------------------- JSON over HTTP
@@ -4407,15 +4666,6 @@ class OpenAIProvider(HTTPProvider):
         )
 
     @classmethod
-    def unanswered(cls, suite, raw):
-        tools = [] if cls.sent_tool_choice(suite) == "none" else cls.sent_tools(suite)
-        named = text_tool_call(cls.parse(raw), _function_names(tools))
-        # neither an answer nor a call: graded, its markup would pass forbid_tool and contains
-        return (f"the server returned a call of {named} as text in content, not as tool_calls: its "
-                "tool-call parser is off or failed (vLLM: --enable-auto-tool-choice "
-                "--tool-call-parser NAME; llama-server: --jinja)") if named else None
-
-    @classmethod
     def call_ids(cls, raw):
         """The id of each tool call, in trace order (a tool message answers it by tool_call_id):
         the same entries calls() reads, so the nth id belongs to the nth call."""
@@ -4607,7 +4857,8 @@ class ReplayProvider(Provider):
     def __init__(self, record, source):
         self.source = source
         self.rows = {row_key(row): row for row in record.get("runs", [])
-                     if isinstance(row, dict) and row.get("error") is None and "response" in row}
+                     if isinstance(row, dict) and "response" in row
+                     and (row.get("error") is None or _text_call_error(row))}
         made = PROVIDERS.get(record_provider(record).get("name"))
         self.made_by = PROVIDERS[DEFAULT_PROVIDER] if made is None or made.replays_record else made
         self.parse, self.call_ids = self.made_by.parse, self.made_by.call_ids
@@ -4635,6 +4886,66 @@ class ReplayProvider(Provider):
             raise ResponseError(f"{self.source} has no stored round {len(rounds) + 1} for "
                                 f"{key_text((model, case['id'], repeat))} (it kept {len(stored)})")
         return unanswered_error(self, suite, stored[len(rounds)].get("response"))
+
+    def recorded_results(self, model, case, repeat, number):
+        """The tool results the record sent back after round `number` (None: none stored): a
+        replay answers the model's calls with what it was told then, never today's script."""
+        stored = (self.rows.get((model, case["id"], repeat)) or {}).get("rounds")
+        turn = stored[number - 1] if isinstance(stored, list) and number <= len(stored) else None
+        return turn.get("tool_results") if isinstance(turn, dict) else None
+
+    def changed(self, suite, case, row, results=True):
+        """How this suite would play a stored row otherwise than the record did (replay_problem)."""
+        return replay_problem(suite, case, row, self.parse, self.call_ids, results)
+
+
+def _json_text(value):
+    return json.dumps(value, sort_keys=True, default=str)  # true and 1 differ; key order does not
+
+
+def replay_problem(suite, case, row, parse, call_ids, results=True):
+    """How a replay under this suite would grade a conversation the model never had, or None: a
+    call the suite now answers otherwise than the record did (with `results`), or round
+    limits that would end the stored conversation early or play on past its end."""
+    stored = row.get("rounds") if isinstance(row.get("rounds"), list) else None
+    if not plays_tools(suite, case):
+        return f"it was played over {_plural(len(stored), 'round')}, but the case now plays no " \
+            "tools" if stored else None
+    turns, limit = stored or [{"response": row.get("response")}], round_limit(suite, case)
+    for number, turn in enumerate(turns, 1):
+        try:
+            trace = parse(turn.get("response"))
+        except Exception:  # the replay itself records what is wrong with this response
+            return None
+        if not trace.tool_calls or number >= limit:
+            return None if number == len(turns) else \
+                f"max_rounds now ends it after round {number} of the {len(turns)} stored"
+        if number == len(turns):
+            return f"it ended after round {number} (its max_rounds then), but the suite now " \
+                "plays on"
+        sent = turn.get("tool_results") if isinstance(turn.get("tool_results"), list) else []
+        now = tool_results(case, trace, call_ids(turn["response"]), number) if results else []
+        for then, call in zip(sent + [{}] * len(now), now):
+            then = then if isinstance(then, dict) else {}
+            if _json_text([then.get("result"), bool(then.get("unscripted"))]) != \
+                    _json_text([call["result"], bool(call.get("unscripted"))]):
+                arguments = call["arguments"]
+                arguments = arguments if isinstance(arguments, str) else _json_text(arguments)
+                return (f"round {number} call {call['name']}({cut_whole(arguments, 80)}) was "
+                        "answered "
+                        f"{_quote(_json_text(then.get('result')), 80)}, but the suite now answers "
+                        f"{_quote(_json_text(call['result']), 80)}")
+    return None
+
+
+def _text_call_error(row):
+    """Whether a row is an execution error that earlier releases made of a tool call written as
+    text: its stored response is an answer today's checks grade (tool_call_as_text), so a
+    replay reads it."""
+    message = row.get("error_message")
+    return (row.get("error") == "ResponseError" and isinstance(row.get("response"), dict)
+            and isinstance(message, str) and message.startswith("the server returned a call of ")
+            and " as text in content" in message)
 
 
 def status_of(exc):
@@ -4874,13 +5185,14 @@ def drive_steps(steps):
 
 
 def send_request_steps(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None, rounds=(), until=None,
-               clock=time.monotonic):
+               clock=time.monotonic, budget=None):
     """send_request() as steps: yields (deadline seconds or None, call) for each attempt and is sent
     the call's result or thrown its exception, so whoever drives it picks the thread the call
     runs on and can give up on it at the deadline; returns (raw, attempts).
 
     With `rounds`, the request continues a played conversation; with `until` (a clock
-    reading), no attempt starts, waits or runs past it."""
+    reading), no attempt starts, waits or runs past it; with `budget` (a Budget), no attempt
+    starts once the spending cap refuses it (BudgetReached), and each one's cost is counted."""
     import random
     jitter = jitter or (lambda: random.uniform(0.5, 1.0))
     attempt, deadline = 1, getattr(provider, "deadline", None)
@@ -4894,9 +5206,17 @@ def send_request_steps(provider, model, suite, case, repeat, retries, sleep=time
             if left <= 0:
                 raise RowDeadline(f"the row's deadline passed before round {len(rounds) + 1}")
             limit = left if deadline is None else min(deadline, left)
+        refused = budget.begin() if budget is not None else None
+        if refused:
+            retry = f", retry {attempt - 1}" if attempt > 1 else ""
+            stop = BudgetReached(f"{refused}; nothing sent for round {len(rounds) + 1}{retry}")
+            stop.attempts = attempt - 1  # the attempts this request made before the cap refused one
+            raise stop
         try:
-            return (yield limit, call), attempt
+            raw = yield limit, call
         except Exception as exc:
+            if budget is not None:  # an error body may report what it cost; no body cost nothing
+                budget.end(model, getattr(exc, "raw", None))
             wait = backoff(attempt, exc, jitter) if attempt <= retries and transient(exc) else None
             if wait is not None and until is not None and clock() + wait >= until:
                 wait = None  # the wait alone would overrun the row's deadline
@@ -4905,6 +5225,10 @@ def send_request_steps(provider, model, suite, case, repeat, retries, sleep=time
                 raise
             sleep(wait)
             attempt += 1
+            continue
+        if budget is not None:
+            budget.end(model, raw)
+        return raw, attempt
 
 
 def error_message(exc, provider):
@@ -4924,9 +5248,11 @@ def error_message(exc, provider):
 
 
 def send_request(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None, rounds=(), until=None,
-         clock=time.monotonic):
+         clock=time.monotonic, budget=None):
     """provider.request with up to `retries` retries of transient failures; (raw, attempts)."""
-    return drive_steps(send_request_steps(provider, model, suite, case, repeat, retries, sleep, jitter, rounds, until, clock))
+    steps = send_request_steps(provider, model, suite, case, repeat, retries, sleep, jitter, rounds,
+                               until, clock, budget)
+    return drive_steps(steps)
 
 
 # ---------------------------------------------------------------------- played tools
@@ -4936,6 +5262,46 @@ def send_request(provider, model, suite, case, repeat, retries, sleep=time.sleep
 
 DEFAULT_MAX_ROUNDS = 8
 _NO_SCRIPT = object()
+# A played row is bounded in what it may make the harness answer and store: a model that asks for
+# thousands of calls a round would otherwise be answered, re-sent and stored round after round.
+# Each is a suite key; a row that meets one stops there and fails (too_many_tool_calls,
+# row_too_large): the model did it, so it is a failure of the model, and the run goes on.
+# key -> (default, least, most)
+PLAYED_BOUNDS = {"max_calls_per_round": (64, 1, 10_000),
+                 "max_row_bytes": (16 * 1024 * 1024, 10_000, 2**30)}
+PLAYED_SUITE_KEYS = ("max_rounds", *PLAYED_BOUNDS)
+
+
+def _validate_played_bounds(data):
+    """The suite's max_rounds, max_calls_per_round and max_row_bytes: whole numbers in range."""
+    if "max_rounds" in data:
+        _validate_max_rounds(data["max_rounds"], "suite")
+    for key, (_, low, high) in PLAYED_BOUNDS.items():
+        value = data.get(key, low)
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise SuiteError(f"suite: {key} must be a whole number from {low:,} to {high:,} "
+                             f"(got {value!r})")
+
+
+def played_bound(suite, key):
+    """A played row's bound: the suite's own, or the default (PLAYED_BOUNDS)."""
+    return suite.get(key, PLAYED_BOUNDS[key][0])
+
+
+def _over_bound(suite, trace, held):
+    """The Fail of the bound a played round meets (see PLAYED_BOUNDS), or None: more calls than
+    max_calls_per_round (none of them is answered), or a row holding more than max_row_bytes of
+    responses and tool results (no further round is sent)."""
+    calls, bytes_ = played_bound(suite, "max_calls_per_round"), played_bound(suite, "max_row_bytes")
+    if len(trace.tool_calls) > calls:
+        return Fail("too_many_tool_calls",
+                    f"{len(trace.tool_calls)} tool calls in one round > max {calls}",
+                    calls=len(trace.tool_calls), max_calls_per_round=calls)
+    if held > bytes_:
+        return Fail("row_too_large",
+                    f"the row holds {held:,} bytes of responses and tool results > max {bytes_:,}",
+                    bytes=held, max_row_bytes=bytes_)
+    return None
 
 
 def plays_tools(suite, case):
@@ -4982,10 +5348,11 @@ def _sum_costs(costs):
     return format(sum((decimal.Decimal(cost) for cost in costs), decimal.Decimal(0)), "f")
 
 
-def rounds_trace(parse, rounds, traces=None):
+def rounds_trace(parse, rounds, traces=None, bound=None):
     """One trace for a played row: the last turn's answer and status, the ordered calls of every
     round (round, name, arguments, and the result sent back), tool rounds and cost summed.
-    `traces`: each round's trace when the caller parsed them already (the loop does)."""
+    `traces`: each round's trace when the caller parsed them already (the loop does); `bound`:
+    the Fail of the bound that stopped the row (see PLAYED_BOUNDS)."""
     traces = traces if traces is not None else [parse(turn["response"]) for turn in rounds]
     calls = []
     for number, (turn, trace) in enumerate(zip(rounds, traces), 1):
@@ -5010,11 +5377,91 @@ def rounds_trace(parse, rounds, traces=None):
         cost_usd=_sum_costs([trace.cost_usd for trace in traces]),
         rounds=len(rounds),
         final=not last.tool_calls,
+        attempts=tuple(attempt for trace in traces for attempt in trace.attempts),
+        bound=bound,
     )
 
 
+def parsed(provider, suite, raw):
+    """provider.parse(raw), with the tool calls its answer wrote as text (see text_tool_calls) as
+    the trace's attempts; none are looked for when the server was told not to call (tool_choice
+    none)."""
+    trace = provider.parse(raw)
+    cls = provider if isinstance(provider, Provider) else Provider  # a bare stub: the base's
+    sent = cls.sent_tools(suite) if cls.sent_tool_choice(suite) != "none" else []
+    attempts = text_tool_calls(trace.final_text, _function_names(sent))
+    return trace._replace(attempts=tuple(attempts)) if attempts else trace
+
+
 class BudgetReached(Exception):
-    """The spending cap was reached in the middle of a played row: no further round is sent."""
+    """The spending cap refused a request (a round of a played row, a retry): nothing is sent."""
+
+
+class Budget:
+    """The --max-cost-usd cap of one run: one object, shared by every worker thread.
+
+    Every request asks begin() first (each round of a played row, each retry) and calls end()
+    after, so the spend counts each response the moment it arrives, also of rows in flight. An
+    unknown cost (none reported, no --price) closes the cap: no request starts after it. So
+    the spend passes the cap by at most what the requests in flight when it was reached cost.
+    `cost(model, raw)`: what one response cost (a Decimal), or None."""
+
+    def __init__(self, cap, spent=None, cost=lambda model, raw: None, unknown=None):
+        import threading
+        self.cap, self._spent, self._cost = cap, spent or decimal.Decimal(0), cost
+        self.unknown, self.in_flight, self._lock = unknown, 0, threading.Lock()
+
+    def _refusal(self):
+        if self.cap is not None and self.unknown is not None:
+            return (f"the endpoint reported no cost for {self.unknown} and it has no price, "
+                    "so --max-cost-usd cannot be enforced")
+        if self.cap is not None and self._spent >= self.cap:
+            return f"--max-cost-usd reached: spend ${self._spent:f} of ${self.cap:f}"
+        return None
+
+    def refusal(self):
+        """Why no new request may start, or None."""
+        with self._lock:
+            return self._refusal()
+
+    def begin(self):
+        """Why this request may not start, or None: then it is in flight until end()."""
+        with self._lock:
+            refused = self._refusal()
+            self.in_flight += refused is None and self.cap is not None
+            return refused
+
+    def end(self, model, raw, price=None):
+        """A request is over: count what its response cost (no response: nothing), priced by
+        `price(model, raw)` when given, else by the run's own."""
+        if self.cap is None:
+            return
+        cost = (price or self._cost)(model, raw) if isinstance(raw, dict) else decimal.Decimal(0)
+        with self._lock:
+            self.in_flight -= 1
+            self.unknown = self.unknown or (model if cost is None else None)
+            self._spent += cost or 0
+
+    def spent(self):
+        """The spend so far (a Decimal), or None once a cost is unknown."""
+        with self._lock:
+            return None if self.unknown is not None else self._spent
+
+    def priced(self, price):
+        """This cap as another endpoint's requests ask it (a judge's): each response counted at
+        price(model, raw), read by that endpoint's class at its prices."""
+        import types
+        return types.SimpleNamespace(begin=self.begin, end=functools.partial(self.end, price=price))
+
+
+def response_cost(provider, prices, model, raw):
+    """One response's cost: as reported, else its token usage at the model's --price, else None."""
+    try:
+        cost = provider.parse(raw).cost_usd
+    except Exception:  # a response the trace cannot read is still priced from its usage
+        cost = None
+    cost = estimate_cost({"model": model, "cost_usd": cost, "response": raw}, prices)["cost_usd"]
+    return decimal.Decimal(cost) if cost is not None else None
 
 
 def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=time.monotonic, sleep=time.sleep,
@@ -5022,31 +5469,38 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
     """Run a played case into `row` round by round (as steps, see send_request_steps); returns its trace.
 
     Each response is stored in row["rounds"] (and row["response"]) before it is read, so a
-    failure mid-loop keeps every round already made as evidence. `budget(row, row_cost)` (the
-    row so far, and its reported cost so far, a decimal string or None) says why no further
-    round may be sent, or None: the spending cap applies to every request, not only between rows."""
+    failure mid-loop keeps every round already made as evidence. `budget` (a Budget) is asked
+    before every request: the spending cap applies to every round, not only between rows. A
+    provider with recorded_results (replay) answers the calls as the record did."""
     limit = round_limit(suite, case)
     deadline = getattr(provider, "deadline", None)
     until = clock() + deadline * limit if deadline else None  # the whole row, retries included
     call_ids = getattr(provider, "call_ids", lambda raw: [])
+    recorded = getattr(provider, "recorded_results", None)
     rounds = row["rounds"] = []
-    traces = []
+    traces, held = [], 0  # held: bytes of the responses and tool results stored, each once
     while True:
         raw, attempts = yield from send_request_steps(provider, model, suite, case, repeat, retries, sleep=sleep,
-                                              rounds=rounds, until=until, clock=clock)
+                                                      rounds=rounds, until=until, clock=clock,
+                                                      budget=budget)
         rounds.append({"response": raw})
         row["response"] = raw
         row["attempts"] = row.get("attempts", 0) + attempts
-        trace = provider.parse(raw)
+        trace = parsed(provider, suite, raw)
         traces.append(trace)
         # Spent for real after every round, so a row that fails later still says what it cost.
         row["cost_usd"] = _sum_costs([turn.cost_usd for turn in traces])
         if not trace.tool_calls or len(rounds) >= limit:
             return rounds_trace(provider.parse, rounds, traces)
-        rounds[-1]["tool_results"] = tool_results(case, trace, call_ids(raw), len(rounds))
-        stop = budget(row, row["cost_usd"]) if budget is not None else None
-        if stop:
-            raise BudgetReached(f"{stop} after round {len(rounds)}")
+        results = recorded(model, case, repeat, len(rounds)) if recorded else None  # what it saw then
+        if results is None:
+            results = tool_results(case, trace, call_ids(raw), len(rounds)) \
+                if len(trace.tool_calls) <= played_bound(suite, "max_calls_per_round") else []
+        held += len(dumps(raw)) + len(dumps(results))
+        bound = _over_bound(suite, trace, held)
+        if bound is not None:  # what was never sent back is not stored as sent
+            return rounds_trace(provider.parse, rounds, traces, bound)
+        rounds[-1]["tool_results"] = results
 
 
 def play_tools(provider, suite, case, model, repeat, retries, row, clock=time.monotonic, sleep=time.sleep,
@@ -5058,8 +5512,8 @@ def play_tools(provider, suite, case, model, repeat, retries, row, clock=time.mo
 def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retries=None, sleep=time.sleep,
                   budget=None, judge=None):
     """run_row() as steps (see send_request_steps): a run's worker pool drives these; returns the row.
-    `budget` is checked between the rounds of a played case (see play_tools_steps) and before each
-    request of the `judge` of a rubric case (see judge_row_steps)."""
+    `budget` (a Budget) is asked before every request, also between the rounds of a played case
+    and before each request of the `judge` of a rubric case (see judge_row_steps)."""
     row = {"case_id": case["id"], "model": model}
     if repeat is not None:
         row["repeat"] = repeat
@@ -5073,11 +5527,12 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
             if retries is None:
                 row.pop("attempts")
         else:
-            raw, attempts = yield from send_request_steps(provider, model, suite, case, repeat or 0, retries or 0, sleep)
+            raw, attempts = yield from send_request_steps(provider, model, suite, case, repeat or 0,
+                                                          retries or 0, sleep, budget=budget)
             if retries is not None:
                 row["attempts"] = attempts
             row["response"] = raw
-            trace = provider.parse(raw)
+            trace = parsed(provider, suite, raw)
         row["answer_text"] = trace.final_text
         row["cost_usd"] = trace.cost_usd
         compiled = yield from judged_case_steps(provider, suite, case, (model, repeat or 0), row,
@@ -5157,9 +5612,10 @@ def usage_tokens(row):
 
 def estimate_cost(row, prices):
     """Where the endpoint reported no cost, the row's cost from its token usage and the model's
-    price (USD per million input/output tokens), marked `cost_estimated`. Returns the row."""
+    price (USD per million input/output tokens), marked `cost_estimated`. Returns the row.
+    A row that failed is priced too: the rounds it was paid for were spent all the same."""
     price = prices.get(row.get("model"))
-    if row.get("cost_usd") is not None or price is None or row.get("error") is not None:
+    if row.get("cost_usd") is not None or price is None:
         return row
     tokens = usage_tokens(row)
     judged = _amount(row.get("judge_cost_usd", "0"))  # the judge's cost adds (None: unknown)
@@ -5169,6 +5625,15 @@ def estimate_cost(row, prices):
         row["cost_usd"] = format(cost + judged, "f")
         row["cost_estimated"] = True
     return row
+
+
+def repriced(row, prices):
+    """A copy of the row priced at `prices` (an estimate made at another price is made again)."""
+    row = dict(row)
+    if row.get("cost_estimated") is True and row.get("model") in prices:
+        del row["cost_estimated"]
+        row["cost_usd"] = None
+    return estimate_cost(row, prices)
 
 
 def run_row(provider, suite, case, model, repeat=None, grader=None, retries=None, judge=None):
@@ -5231,10 +5696,10 @@ class Judge:
         return same[:self.repeats] if len(same) >= self.repeats else None
 
     def verdict_steps(self, rubric, input_text, answer, calls, stored=(), retries=0,
-                      sleep=time.sleep, before=None):
+                      sleep=time.sleep, budget=None):
         """Judge one answer on one rubric as steps (see send_request_steps): {"verdict", "reason",
         "votes"} by the majority of `repeats` calls, each put in `calls` before it is sent (or the
-        stored ones that stand for it); before() says why no call may start, or None."""
+        stored ones that stand for it); `budget` (a Budget) is asked before each call."""
         if not text_form(answer):
             return dict(UNJUDGED)
         data, digest = judge_data(input_text, rubric, answer)
@@ -5244,28 +5709,35 @@ class Judge:
                              f"stored judgement by {self} stands for this answer)")
         calls += mine or []
         for _ in range(self.repeats if mine is None else 0):
-            stop = before() if before is not None else None
-            if stop:
-                raise BudgetReached(f"{stop} before a judge request")
             entry = {"rubric": rubric, "judge": self.mark, "data_sha256": digest}
             calls.append(entry)  # kept before it is sent: a failed call is evidence too
             mine = (mine or []) + [entry]
-            yield from self.ask_steps(entry, data, retries, sleep)
+            try:
+                yield from self.ask_steps(entry, data, retries, sleep, budget)
+            except BudgetReached as stop:
+                if not getattr(stop, "attempts", 0):
+                    calls.pop()  # the cap refused it before it was sent: no call was made
+                said = BudgetReached(f"{stop} of the judge {self}")
+                said.attempts = getattr(stop, "attempts", 0)
+                raise said from None
         passes = sum(entry["verdict"] == "pass" for entry in mine)
         verdict = "pass" if 2 * passes > self.repeats else "fail"
         reason = next(entry["reason"] for entry in mine if entry["verdict"] == verdict)
         votes = f"judge {passes} of {self.repeats} pass"
         return {"verdict": verdict, "reason": reason, "votes": votes}
 
-    def ask_steps(self, entry, data, retries, sleep):
+    def ask_steps(self, entry, data, retries, sleep, budget=None):
         """One judge call, filled into `entry` (response, cost, verdict, reason); JudgeError naming
         the judge when it fails or replies anything but the verdict object."""
+        cost = functools.partial(response_cost, self.provider, self.prices)  # its class, its prices
         try:
             raw, entry["attempts"] = yield from send_request_steps(
                 self.provider, self.model, self.suite, {"id": "judge", "input": data}, 0, retries,
-                sleep)
+                sleep, budget=budget.priced(cost) if budget is not None else None)
             entry["response"] = raw  # kept before it is read
             trace = self.provider.parse(raw)
+        except BudgetReached:
+            raise  # the cap, not the judge, stopped it
         except Exception as exc:
             said = f"{type(exc).__name__}: {cut_whole(error_message(exc, self.provider), 1000)}"
             entry.setdefault("attempts", getattr(exc, "attempts", 1))
@@ -5300,29 +5772,22 @@ def judge_row_steps(judge, case, input_text, answer, row, stored=(), retries=0, 
                     budget=None):
     """Judge an answer on each rubric of `case` (a case, or one turn of it) into `row`, as steps:
     each call goes into row["judgements"] as it is made, and its cost into the row's cost_usd and
-    judge_cost_usd; `budget` as in play_tools_steps. Returns {rubric: judged} for check_rubric."""
+    judge_cost_usd; `budget` (a Budget) holds before each call. Returns {rubric: judged}."""
     if judge is None:
         raise JudgeError("the case has a rubric, but no judge is named")
     calls = row.setdefault("judgements", [])
     start, base, earlier = len(calls), row.get("cost_usd"), row.get("judge_cost_usd", "0")
 
-    def count():
-        paid = [entry.get("cost_usd") for entry in calls[start:] if "response" in entry]
-        spent = _sum_costs(paid) if paid else "0"
-        row["judge_cost_usd"] = _sum_costs([earlier, spent])
-        row["cost_usd"] = _sum_costs([base, spent])
-
-    def before():  # the spending cap holds before every judge request too
-        count()
-        return budget(row, row["cost_usd"]) if budget is not None else None
-
     judged = {}
     try:
         for rubric in rubrics_of(case):
             judged[rubric] = yield from judge.verdict_steps(
-                rubric, input_text, answer, calls, stored, retries, sleep, before)
+                rubric, input_text, answer, calls, stored, retries, sleep, budget)
     finally:  # what was spent counts, also when a call failed
-        count()
+        paid = [entry.get("cost_usd") for entry in calls[start:] if "response" in entry]
+        spent = _sum_costs(paid) if paid else "0"
+        row["judge_cost_usd"] = _sum_costs([earlier, spent])
+        row["cost_usd"] = _sum_costs([base, spent])
     return judged
 
 
@@ -5833,20 +6298,21 @@ def load_record(path):
         raise RecordError(f"{path} is not a JSON record: {error}")
     record["recovered"] = True
     record.pop("summary", None)
-    if record_problem(record) is None:  # recompute only what a well-formed config allows
+    if record_problem(record, evidence=False) is None:  # recompute what a well-formed config allows
         config = record["config"]
-        record["summary"] = summary(record["runs"], config["models"], config["repeats"], config["cases"])
+        record["summary"] = summary(record["runs"], config["models"], config["repeats"],
+                                    config["cases"], record.get("superseded") or ())
         record["summary"]["stopped"] = "recovered from a torn record"
     return record
 
 
-def _load_for(flag, path):
+def _load_for(flag, path, evidence=True):
     """A record named on the command line, checked to be a record; UsageError otherwise."""
     try:
         record = load_record(path)
     except RecordError as exc:
         raise UsageError(f"{flag}: {exc}") from None
-    problem = record_problem(record)
+    problem = record_problem(record, evidence)
     if problem:
         raise UsageError(f"{flag}: {path} is not a usable agent-regression record: {problem}")
     return record
@@ -5946,6 +6412,13 @@ def merge(out, paths, created=lambda: None):
             if (record.get("run_options") or {}).get(option) != (base.get("run_options") or {}).get(option):
                 raise UsageError(f"--merge: {path} differs from {paths[0]} in run_options.{option}; "
                                  "its rows were masked differently, and one record keeps one redaction")
+        priced = price_difference(base.get("prices"), record.get("prices"))
+        if priced:  # one header keeps one price per model, so shards priced apart cannot share one
+            model, here, there = priced
+            raise UsageError(f"--merge: {path} prices {model} at {there or 'nothing'}, but "
+                             f"{paths[0]} at {here or 'nothing'}; one record keeps one price per "
+                             f"model: resume the shards with the same --price {model}=IN/OUT, then "
+                             "merge again")
     suite = _suite_from_record(base, argparse.Namespace(suite=None, update_baseline=False, system=None))
     for record, path in zip(records, paths):  # a shard's stored verdicts are graded again, as a resume's
         problem = regrade_problem(record, path, suite, record["runs"])
@@ -5961,9 +6434,12 @@ def merge(out, paths, created=lambda: None):
     config = base["config"]
     plan = plan_rows(config["models"], [case["id"] for case in config["cases"]], config["repeats"])
     ordered = [rows.pop(key) for key in plan if key in rows] + list(rows.values())
-    final = summary(ordered, config["models"], config["repeats"], config["cases"])
-    header = {"created_at": _now(), **{k: v for k, v in base.items()
-                                       if k not in ("created_at", "runs", "summary", "shard", "recovered")}}
+    superseded = [row for record in records for row in record.get("superseded") or []]
+    final = summary(ordered, config["models"], config["repeats"], config["cases"], superseded)
+    dropped = ("created_at", "runs", "summary", "shard", "recovered", "superseded")
+    header = {"created_at": _now(), **{k: v for k, v in base.items() if k not in dropped}}
+    if superseded:
+        header["superseded"] = superseded
     header["merged_from"] = [{"path": path, "shard": record.get("shard")} for record, path in zip(records, paths)]
     create_record(out, header, ordered, final).close()
     created()
@@ -5971,6 +6447,13 @@ def merge(out, paths, created=lambda: None):
     if final["exit_code"] == 2:  # incomplete, or a shard kept an execution error: say what continues it
         print(merge_gaps(records, paths, plan, final), file=sys.stderr)
     return final["exit_code"]
+
+
+def price_difference(one, other):
+    """(model, one's price, other's) of the first model two records' "prices" differ on, or None."""
+    one, other = (value if isinstance(value, dict) else {} for value in (one, other))
+    model = next((model for model in [*one, *other] if one.get(model) != other.get(model)), None)
+    return None if model is None else (model, one.get(model), other.get(model))
 
 
 def merge_gaps(records, paths, plan, final):
@@ -6030,8 +6513,8 @@ _OBJECT, _LIST = ((lambda v: isinstance(v, dict)), "an object"), ((lambda v: isi
 RECORD_FIELDS = dict(
     created_at=_TEXT, sdk_version=_TEXT, code_sha256=_TEXT, evidence=_TEXT,
     suite=_OBJECT, provider=_OBJECT, replayed_from=_OBJECT, redaction=_OBJECT, summary=_OBJECT,
-    resumed=_LIST, merged_from=_LIST, recovered=_BOOL, run_options=_OBJECT, judge_agreement=_OBJECT,
-    judge_api_key_env=_TEXT,
+    resumed=_LIST, merged_from=_LIST, recovered=_BOOL, run_options=_OBJECT, superseded=_LIST,
+    judge_agreement=_OBJECT, judge_api_key_env=_TEXT,
     shard=(_is_shard, "I/N with 1 <= I <= N"))
 NESTED_FIELDS = {
     "suite": dict(name=_TEXT, builtin=_BOOL, file=_TEXT),
@@ -6043,14 +6526,16 @@ NESTED_FIELDS = {
     "run_options": dict(redact=(_is_text_list, "a list of pattern hashes"), redact_pii=_BOOL, max_cost_usd=_TEXT,
                         retries=_INT, concurrency=_INT),
     "summary": dict(complete=_BOOL, rows=_INT, expected_rows=_INT, exit_code=_INT, stopped=_TEXT,
-                       models=_OBJECT, warnings=(_is_text_list, "a list of strings")),
+                       models=_OBJECT, warnings=(_is_text_list, "a list of strings"),
+                       superseded_rows=_INT),
 }
 SUMMARY_MODEL_FIELDS = dict(passed=_INT, total=_INT, errors=_INT, qualified=_BOOL,
                             reported_cost_usd=_TEXT, judge_cost_usd=_TEXT)
 ROW_FIELDS = dict(
     error=_TEXT, error_status=_INT, error_message=_TEXT, cost_usd=_TEXT, answer_text=_TEXT,
     reasons=(_is_text_list, "a list of strings"), passed=_BOOL, seconds=_NUMBER, details=_OBJECT,
-    attempts=_INT, rounds=_LIST, verdicts=_OBJECT, judgements=_LIST, judge_cost_usd=_TEXT)
+    attempts=_INT, rounds=_LIST, verdicts=_OBJECT, verdict_sha256=_TEXT, judgements=_LIST,
+    judge_cost_usd=_TEXT)
 DETAILS_FIELDS = dict(diff=_TEXT, similarity=_NUMBER)
 
 
@@ -6074,11 +6559,69 @@ def masked_evidence(record):
     a caught leak into a RECOVERED row. Masked evidence is refused, never re-graded."""
     if record.get("redaction"):
         return "it was stored with --redact/--redact-pii, so its responses are masked"
-    for row in record.get("runs") or []:
-        stored = {field: row.get(field) for field in ("response", "rounds")}
-        if _MASK_MARK.search(dumps(stored)):
-            return (f"the stored response of {key_text(row_key(row))} holds a [REDACTED] mask "
-                    "(a key or pattern was masked)")
+    rows = [row for row in record.get("runs") or [] if isinstance(row, dict)]
+    row = next((row for row in rows if row_masked(record, row)), None)
+    return None if row is None else (f"the stored response of {key_text(row_key(row))} holds a "
+                                     "[REDACTED] mask (a key or pattern was masked)")
+
+
+# What a verdict is and is graded from: the fields a masked row's verdict_sha256 covers.
+VERDICT_FIELDS = ("model", "case_id", "repeat", "error", "passed", "reasons", "verdicts",
+                  "answer_text", "response", "rounds", "judgements")
+
+
+def row_masked(record, row):
+    """Whether a row's stored evidence is masked (by the record's redaction, or a [REDACTED] mark
+    in its responses): it cannot be graded again and stands on its verdict_sha256 alone."""
+    return bool(record.get("redaction")) or bool(
+        _MASK_MARK.search(dumps({field: row.get(field) for field in ("response", "rounds",
+                                                                     "judgements")})))
+
+
+def verdict_sha256(case, row):
+    """The digest a masked row is stored with: its case, key, verdict and (masked) evidence. A
+    checksum, not a signature: an edit of either side is caught, a forger recomputing it is not."""
+    fields = {"case": case, **{field: row.get(field) for field in VERDICT_FIELDS}}
+    return hashlib.sha256(dumps(fields).encode("utf-8")).hexdigest()
+
+
+def verdict_attester(header):
+    """(stored row) -> the row, with its verdict_sha256 when its stored evidence is masked."""
+    cases = {case.get("id"): case for case in header["config"]["cases"] if isinstance(case, dict)}
+
+    def attest(row):
+        if row.get("error") is None and row_masked(header, row):
+            row["verdict_sha256"] = verdict_sha256(cases.get(row.get("case_id")), row)
+        return row
+    return attest
+
+
+def evidence_problem(record, row, cases):
+    """Why a row that counts (no error, a case of the config) lacks the evidence its verdict is
+    graded from, or None: the response and the answer; a played case's every round (the last
+    being the response) with the tool results sent back; a masked row (it cannot be graded
+    again) the verdict_sha256 it was stored with. `cases`: the config's cases by id."""
+    rounds, case = row.get("rounds"), cases.get(row.get("case_id"))
+    if row.get("error") is not None or case is None:
+        return None
+    if not isinstance(row.get("response"), dict):
+        return "has no stored response"
+    if "answer_text" not in row:
+        return "has no stored answer_text"
+    if not plays_tools(record["config"], case):
+        if rounds is not None:
+            return "holds rounds, but its case plays no tools"
+    elif not isinstance(rounds, list) or not rounds or not all(
+            isinstance(turn, dict) and isinstance(turn.get("response"), dict) for turn in rounds):
+        return "is a played row without its stored rounds"
+    elif rounds[-1]["response"] != row["response"]:
+        return "has a response that is not its last round's"
+    elif not all(isinstance(turn.get("tool_results"), list) for turn in rounds[:-1]):
+        return "has a round without the tool results sent back to the model"
+    if "rubric" in case and text_form(row["answer_text"]) and not row.get("judgements"):
+        return "answers a rubric case without the stored judgements its verdict is read from"
+    if row_masked(record, row) and row.get("verdict_sha256") != verdict_sha256(case, row):
+        return "is masked (so it cannot be graded again) and its verdict_sha256 does not match"
     return None
 
 
@@ -6092,8 +6635,9 @@ def _config_problem(config):
         return "config.cases is not a list of cases with string ids"
     if len({case["id"] for case in cases}) != len(cases):
         return "config.cases has duplicate ids"
-    if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= 10:
-        return "config.repeats is not a whole number from 1 to 10"
+    most = RANGES["repeats"][1]
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= most:
+        return f"config.repeats is not a whole number from 1 to {most}"
     timeout = config.get("timeout_seconds", TIMEOUT_SECONDS)
     if not _is_number(timeout) or not 0 < timeout <= 1e9:  # a float can hold it: no OverflowError later
         return "config.timeout_seconds is not a positive number of seconds"
@@ -6104,17 +6648,17 @@ def _config_problem(config):
     return None
 
 
-def _row_problem(row, position):
+def _row_problem(row, position, field="runs"):
     if not isinstance(row, dict) or not _well_keyed(row):
-        return f"runs[{position}] lacks a string model and case_id and a whole-number repeat"
-    problem = _field_problem(row, ROW_FIELDS, f"runs[{position}].")
+        return f"{field}[{position}] lacks a string model and case_id and a whole-number repeat"
+    problem = _field_problem(row, ROW_FIELDS, f"{field}[{position}].")
     if problem is None and isinstance(row.get("details"), dict):
-        problem = _field_problem(row["details"], DETAILS_FIELDS, f"runs[{position}].details.")
+        problem = _field_problem(row["details"], DETAILS_FIELDS, f"{field}[{position}].details.")
     # the verdict counts only `passed`: a row marked passed that holds reasons or an error is a
     # crafted or broken row, and trusting it would carry a failure into a summary as a pass
     if problem is None and row.get("passed") is True and (row.get("reasons") or row.get("error") is not None):
-        problem = f"runs[{position}].passed is true but the row holds reasons or an error"
-    return problem or _verdicts_problem(row, f"runs[{position}].verdicts")
+        problem = f"{field}[{position}].passed is true but the row holds reasons or an error"
+    return problem or _verdicts_problem(row, f"{field}[{position}].verdicts")
 
 
 def _verdicts_problem(row, where):
@@ -6131,9 +6675,23 @@ def _verdicts_problem(row, where):
     return None
 
 
-def record_problem(record):
+def _unfounded_problem(record):
+    """The first row that counts in the summary without its evidence, as one line, or None."""
+    cases = {case["id"]: case for case in record["config"]["cases"]}
+    for position, row in enumerate(record["runs"]):
+        why = evidence_problem(record, row, cases)
+        if why:
+            return (f"runs[{position}] ({key_text(row_key(row))}, stored as {_verdict_text(row)}) "
+                    f"{why}; a verdict counts only with the evidence it is graded from")
+    return None
+
+
+def record_problem(record, evidence=True):
     """Why a JSON value is not a usable record, or None: the one validator of every command
-    that reads a record (compare_runs.py, --report, --resume, --merge, --replay)."""
+    that reads a record (compare_runs.py, --report, --resume, --merge, --replay).
+
+    With `evidence`, every row that counts in a summary must carry the evidence its verdict is
+    graded from (evidence_problem); --resume asks without it and runs such rows again."""
     if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
         return "it has no config object"
     if not isinstance(record.get("runs"), list):
@@ -6152,7 +6710,59 @@ def record_problem(record):
         problem = problem or _row_problem(row, position)
         if problem:
             break
-    return problem
+    for position, row in enumerate(record.get("superseded") or []):
+        problem = problem or _row_problem(row, position, "superseded")
+    return problem or (_unfounded_problem(record) if evidence else None)
+
+
+# A pass rate is a count of independent tries, so it is shown with its Wilson score interval:
+# unlike the normal approximation it stays inside 0..1 and keeps its coverage at 0/n and n/n.
+WILSON_Z = 1.959963984540054  # the standard normal's 97.5th percentile: a two-sided 95 % interval
+
+
+def wilson_interval(passed, total, z=WILSON_Z):
+    """The Wilson score interval (95 %) of the pass rate passed/total as (low, high)."""
+    if total <= 0:
+        return 0.0, 1.0  # no row: the rate can be anything
+    rate, spread = passed / total, z * z / total
+    centre = rate + spread / 2
+    half = z * math.sqrt(rate * (1 - rate) / total + spread / (4 * total))
+    low, high = (centre - half) / (1 + spread), (centre + half) / (1 + spread)
+    return (0.0 if passed <= 0 else max(0.0, low)), (1.0 if passed >= total else min(1.0, high))
+
+
+def rate_text(passed, total):
+    """A pass rate with its Wilson 95 % interval, as `6/10 = 0.60 [0.31, 0.83]`."""
+    if total <= 0:
+        return "0/0 (no row)"
+    low, high = wilson_interval(passed, total)
+    return f"{passed}/{total} = {passed / total:.2f} [{_bound(low)}, {_bound(high)}]"
+
+
+def _bound(value):
+    """An interval bound to 2 decimals, or more when 2 would round a bound inside 0..1 onto 0 or 1
+    (1500/1500 is [0.997, 1.00], not a certain [1.00, 1.00])."""
+    for places in (2, 3, 4, 5, 6):
+        text = f"{value:.{places}f}"
+        if value in (0.0, 1.0) or float(text) not in (0.0, 1.0):
+            break
+    return text
+
+
+def pass_k_text(pass_k):
+    """A summary's pass^k as `pass^3 1/2 = 0.50` (the share of cases whose every repeat passed)."""
+    if not isinstance(pass_k, dict) or not all(_is_int(pass_k.get(key)) for key in ("k", "passed",
+                                                                                      "cases")):
+        return "pass^k unknown"
+    k, passed, cases = pass_k["k"], pass_k["passed"], pass_k["cases"]
+    return f"pass^{k} {passed}/{cases}" + (f" = {passed / cases:.2f}" if cases > 0 else "")
+
+
+def rate_fields(passed, total, all_passed, cases, k):
+    """A summary's statistics of one model: its pass rate with the interval, and its pass^k."""
+    interval = [round(bound, 4) for bound in wilson_interval(passed, total)] if total else None
+    return {"pass_rate": rate_text(passed, total), "interval_95": interval,
+            "pass_k": {"k": k, "passed": all_passed, "cases": cases}}
 
 
 def _amount(value):
@@ -6164,38 +6774,62 @@ def _amount(value):
     return amount if amount is not None and amount.is_finite() else None
 
 
-def _added(total, value):
-    """total plus a decimal-string amount; NaN once either is no usable amount."""
-    amount = _amount(value)
-    try:
-        return total + amount if amount is not None else decimal.Decimal("NaN")
-    except ArithmeticError:  # Overflow: "1e999999999" is finite, but no sum holds it
-        return decimal.Decimal("NaN")
-
-
 class Tally:
     """The verdict (SPEC A7), updated one row at a time so a checkpoint stays O(row)."""
 
-    def __init__(self, models, repeats, cases, expected=None):
+    def __init__(self, models, repeats, cases, expected=None, superseded=()):
         self.models = list(models)
         case_ids = [case["id"] if isinstance(case, dict) else case for case in cases]
         self.expected = set(expected if expected is not None else plan_rows(self.models, case_ids, repeats))
         self.seen, self.clash = set(), False
         self.errors = self.failures = 0
         self.tool_rows = self.tool_calls = 0  # rows of a suite with function tools, and their calls
+        self.text_call_rows, self.text_call_server = 0, None  # calls written as text; by whom
         self.per_model = {model: {"passed": 0, "total": 0, "errors": 0, "cost": decimal.Decimal(0),
-                                  "cost_known": True, "expected": 0, "judge": None}
+                                  "cost_known": True, "expected": 0, "all_passed": 0,
+                                  "judge": decimal.Decimal(0), "judged": False}
                           for model in self.models}
         self.overhead = 0  # spent outside the rows (the judge_examples), counted against the cap
-        for model, _, _ in self.expected:
+        # (model, case_id) in plan order: [passed, finished, expected] rows, for pass^k and rates
+        self.pairs = {(model, case_id): [0, 0, 0] for model in self.models for case_id in case_ids}
+        for model, case_id, _ in self.expected:
             if model in self.per_model:
                 self.per_model[model]["expected"] += 1
+                self.pairs.setdefault((model, case_id), [0, 0, 0])[2] += 1
+        self.pairs = {pair: counts for pair, counts in self.pairs.items() if counts[2]}
+        for (model, _), (_, _, expected) in self.pairs.items():
+            stats = self.per_model[model]
+            stats["cases"], stats["k"] = stats.get("cases", 0) + 1, max(stats.get("k", 0), expected)
+        self.superseded = 0
+        for row in superseded:
+            self.add_spend(row)
+
+    def add_spend(self, row):
+        """Count the spend of a row --resume replaced (superseded), never its verdict: a row
+        that got no response spent nothing; one that did and says no cost spent unknown."""
+        stats = self.per_model.get(row.get("model")) if isinstance(row, dict) else None
+        self.superseded += 1
+        if stats is not None:
+            cost = row.get("cost_usd")
+            nothing = cost is None and row.get("response") is None and not row.get("rounds")
+            self._add_cost(stats, "0" if nothing else cost)
+
+    @staticmethod
+    def _add_cost(stats, cost, key="cost"):
+        try:
+            amount = decimal.Decimal(cost) if isinstance(cost, str) else None
+            usable = amount is not None and amount.is_finite()
+            stats[key] += amount if usable else decimal.Decimal("NaN")
+        except ArithmeticError:  # InvalidOperation, Overflow: not a usable amount
+            stats[key] = decimal.Decimal("NaN")
+        stats["cost_known"] = stats["cost"].is_finite()
 
     def add(self, row):
         if not isinstance(row, dict) or not _well_keyed(row):
             self.clash = True
             return
         key = row_key(row)
+        pair = self.pairs.get(key[:2]) if key not in self.seen and key in self.expected else None
         if key in self.seen or key not in self.expected:
             self.clash = True
         self.seen.add(key)
@@ -6204,6 +6838,9 @@ class Tally:
         calls = row.get("tool_calls")
         if isinstance(calls, int) and not isinstance(calls, bool):
             self.tool_rows, self.tool_calls = self.tool_rows + 1, self.tool_calls + max(calls, 0)
+        if isinstance(row.get("reasons"), list) and "tool_call_as_text" in row["reasons"]:
+            self.text_call_rows += 1
+            self.text_call_server = self.text_call_server or server_kind(row.get("response"))
         self.errors += errored
         self.failures += failed
         stats = self.per_model.get(row.get("model"))
@@ -6212,10 +6849,13 @@ class Tally:
         stats["total"] += 1
         stats["passed"] += not failed
         stats["errors"] += errored
-        stats["cost"] = _added(stats["cost"], row.get("cost_usd"))
-        stats["cost_known"] = stats["cost"].is_finite()
+        if pair is not None:
+            pair[0], pair[1] = pair[0] + (not failed), pair[1] + 1
+            stats["all_passed"] += not failed and pair[0] == pair[2]  # every expected row passed
+        self._add_cost(stats, row.get("cost_usd"))
         if "judge_cost_usd" in row:  # the judge's part of the cost, shown apart
-            stats["judge"] = _added(stats["judge"] or decimal.Decimal(0), row["judge_cost_usd"])
+            stats["judged"] = True
+            self._add_cost(stats, row["judge_cost_usd"], "judge")
 
     def complete(self):
         # Every seen key is expected and unique unless `clash`, so counting is enough: O(1) per row.
@@ -6228,7 +6868,23 @@ class Tally:
         costs = (stats["cost"] for stats in self.per_model.values())
         return sum(costs, decimal.Decimal(self.overhead))
 
-    def summary(self):
+    def statistics(self, model):
+        """A final summary's statistics of a model: its pass rate with the interval, pass^k,
+        and {case_id: rate} of its cases with a failed row."""
+        stats = self.per_model[model]
+        failed = {case_id: rate_text(passed, done) for (name, case_id), (passed, done, _)
+                  in self.pairs.items() if name == model and passed < done}
+        return {**rate_fields(stats["passed"], stats["total"], stats["all_passed"],
+                              stats.get("cases", 0), stats.get("k", 0)), "failed_cases": failed}
+
+    def unknown_cost(self):
+        """The first model with a row of unknown cost, or None."""
+        return next((model for model, stats in self.per_model.items()
+                     if not stats["cost_known"]), None)
+
+    def summary(self, final=False):
+        """The verdict. A final one (a run's end, a recount) also holds each model's pass rate
+        with its interval, pass^k and failed cases; a checkpoint's does not (it stays O(models))."""
         complete = self.complete()
         models = {}
         for model, stats in self.per_model.items():
@@ -6239,16 +6895,20 @@ class Tally:
                 # a model with no row here (another shard's) is not shown fit by 0 of 0 passing
                 "qualified": complete and stats["expected"] > 0 and stats["passed"] == stats["expected"],
                 "reported_cost_usd": format(stats["cost"], "f") if stats["cost_known"] else None,
+                **({"judge_cost_usd": format(stats["judge"], "f") if stats["judge"].is_finite()
+                    else None} if stats["judged"] else {}),  # the judge's part, shown apart
+                **(self.statistics(model) if final else {}),
             }
-            if stats["judge"] is not None:  # the judge's part, shown apart
-                judged = stats["judge"]
-                models[model]["judge_cost_usd"] = format(judged, "f") if judged.is_finite() \
-                    else None
         exit_code = 2 if not complete or self.errors else 1 if self.failures else 0
         verdict = {"complete": complete, "rows": len(self.seen), "expected_rows": len(self.expected),
                    "models": models, "exit_code": exit_code}
-        if self.tool_rows and not self.tool_calls:
+        if self.text_call_rows:  # says why no tool was called, too
+            verdict["warnings"] = [TEXT_CALLS.format(rows=self.text_call_rows,
+                                                     cause=TEXT_CALL_CAUSES[self.text_call_server])]
+        elif self.tool_rows and not self.tool_calls:
             verdict["warnings"] = [NO_TOOL_CALLS.format(rows=self.tool_rows)]
+        if self.superseded:  # their spend is in the models' costs; their verdicts count nowhere
+            verdict["superseded_rows"] = self.superseded
         return verdict
 
 
@@ -6270,12 +6930,41 @@ NO_TOOL_CALLS = ("the suite declares function tools, but no model called a tool 
                  "add behavior require_tool:NAME to a case that must call one")
 
 
-def summary(rows, models, repeats, cases=CASES):
-    """SPEC A7: completeness, per-model verdicts and the exit code of a set of rows."""
-    tally = Tally(models, repeats, cases)
+TEXT_CALLS = ("{rows} row(s) wrote tool calls as text instead of calling a tool "
+              "(tool_call_as_text): {cause}")
+# Why a server leaves a model's tool calls as text, by the server that answered (see server_kind).
+TEXT_CALL_CAUSES = {
+    "llama-server": "llama.cpp's llama-server parses tool calls only when started with --jinja "
+                    "(and a chat template that knows tools, e.g. --chat-template-file)",
+    "vllm": "vLLM parses tool calls only when started with --enable-auto-tool-choice "
+            "--tool-call-parser NAME (hermes for Qwen2.5)",
+    "ollama": "Ollama parses tool calls only when the model's template handles tools (ollama show "
+              "MODEL --template)",
+    None: "the server's chat template or tool-call parser did not turn them into tool calls "
+          "(llama-server: --jinja; vLLM: --enable-auto-tool-choice --tool-call-parser NAME; "
+          "Ollama: a template with tools)",
+}
+
+
+def server_kind(raw):
+    """Which OpenAI-compatible server sent a response, by what only it adds, or None."""
+    if not isinstance(raw, dict):
+        return None
+    fingerprint = raw.get("system_fingerprint")
+    if "timings" in raw or isinstance(fingerprint, str) and re.fullmatch(r"b\d+-\S+", fingerprint):
+        return "llama-server"
+    if fingerprint == "fp_ollama":
+        return "ollama"
+    return "vllm" if "prompt_logprobs" in raw or "kv_transfer_params" in raw else None
+
+
+def summary(rows, models, repeats, cases=CASES, superseded=()):
+    """SPEC A7: completeness, per-model verdicts and the exit code of a set of rows (and the
+    spend of the superseded rows a --resume replaced)."""
+    tally = Tally(models, repeats, cases, superseded=superseded)
     for row in rows:
         tally.add(row)
-    return tally.summary()
+    return tally.summary(final=True)
 
 
 def recount(record):
@@ -6283,10 +6972,11 @@ def recount(record):
     summary is never trusted, since a hand edit could say PASS over failed rows. Its
     "stopped" note is kept: it says why rows are missing, which the rows cannot."""
     config = record["config"]
-    tally = Tally(config["models"], config["repeats"], config["cases"], expected=_record_plan(record))
+    tally = Tally(config["models"], config["repeats"], config["cases"],
+                  expected=_record_plan(record), superseded=record.get("superseded") or ())
     for row in record["runs"]:
         tally.add(row)
-    final = tally.summary()
+    final = tally.summary(final=True)
     stopped = (record.get("summary") or {}).get("stopped")
     if isinstance(stopped, str):
         final["stopped"] = stopped
@@ -6524,7 +7214,15 @@ def junit_run(record):
     return junit_xml("agent-regression", list(suites.items()))
 
 
-MODEL_COLUMNS = ["model", "passed", "errors", "qualified", "reported cost (USD)"]
+MODEL_COLUMNS = ["model", "passed (Wilson 95% interval)", "errors", "qualified",
+                 "reported cost (USD)", "pass^k (cases whose every repeat passed)"]
+
+
+def _passed_cell(stats):
+    passed, total = stats.get("passed"), stats.get("total")
+    if not total:
+        return "not run"
+    return rate_text(passed, total) if _is_int(passed) and _is_int(total) else f"{passed}/{total}"
 
 
 def _cost_cell(stats):
@@ -6535,10 +7233,30 @@ def _cost_cell(stats):
 
 def _model_rows(final):
     """The per-model table of a summary (record_problem's: each model's stats an object)."""
-    return [[str(model), f"{stats.get('passed')}/{stats.get('total')}" if stats.get("total") else "not run",
-             str(stats.get("errors", 0)),
-             "yes" if stats.get("qualified") else "no", _cost_cell(stats)]
+    return [[str(model), _passed_cell(stats), str(stats.get("errors", 0)),
+             "yes" if stats.get("qualified") else "no",
+             _cost_cell(stats), pass_k_text(stats.get("pass_k"))]
             for model, stats in (final.get("models") or {}).items()]
+
+
+def case_rates(record):
+    """A run's (model, case) pass rates: [(model, case_id, rate text)] of the pairs that did
+    not pass every repeat, and {rate text: pairs} of those that did (counted, not listed)."""
+    config, listed, perfect = record["config"], [], {}
+    passed, done = {}, {}
+    for row in record["runs"]:
+        if isinstance(row, dict) and _well_keyed(row):
+            pair = row_key(row)[:2]
+            passed[pair] = passed.get(pair, 0) + (row.get("passed") is True)
+            done[pair] = done.get(pair, 0) + 1
+    for model in config["models"]:
+        for case in config["cases"]:
+            count, runs = passed.get((model, case["id"]), 0), done.get((model, case["id"]), 0)
+            if runs and count == runs == config["repeats"]:
+                perfect[rate_text(count, runs)] = perfect.get(rate_text(count, runs), 0) + 1
+            elif runs:
+                listed.append((model, case["id"], rate_text(count, runs)))
+    return listed, perfect
 
 
 def _warnings(final):
@@ -6578,6 +7296,7 @@ def markdown_run(record):
         lines += ["", f"Stopped early: {md_text(final['stopped'])}"]
     lines += ["", *(f"Warning: {md_text(warning)}" for warning in _warnings(final))] if _warnings(final) else []
     lines += ["", md_table(MODEL_COLUMNS, [[md_text(cell) for cell in cells] for cells in _model_rows(final)])]
+    lines += _markdown_case_rates(record)
     failed = _failed_rows(record)
     if failed:
         lines += ["", "### Failures", "", md_table(["model", "case", "repeat", "reasons", "evidence"], [
@@ -6596,6 +7315,18 @@ def markdown_run(record):
         shown = ", ".join(f"{model} / {case_id} / repeat {repeat}" for model, case_id, repeat in missing[:10])
         lines += ["", f"Not run: {len(missing):,} row(s): {md_text(shown + (' ...' if len(missing) > 10 else ''))}"]
     return "\n".join(lines) + "\n"
+
+
+def _markdown_case_rates(record):
+    """With repeats: the Markdown table of the model/case pairs that did not pass every repeat."""
+    if record["config"]["repeats"] < 2:
+        return []
+    listed, perfect = case_rates(record)
+    lines = ["", "**Pass rates by case** (Wilson 95% intervals)", ""]
+    table = md_table(["model", "case", "passed"], [list(map(md_text, row)) for row in listed])
+    lines += [table] if listed else [] if perfect else ["No row finished."]
+    return lines + [f"{count:,} model/case pair(s) passed every repeat: {md_text(text)} each "
+                    "(not listed)." for text, count in perfect.items()]
 
 
 def _not_run(record):
@@ -6655,7 +7386,7 @@ def html_run(record):
             css = ("error" if any(row.get("error") for row in done) else "pass" if done and passed == len(done)
                    else "fail" if done else "")
             reasons = sorted({reason for row in done for reason in row.get("reasons") or []})
-            cells.append(((f"{passed}/{len(done)}" if done else "not run")
+            cells.append(((rate_text(passed, len(done)) if done else "not run")
                           + (f"<br><small>{xml_text(', '.join(reasons))}</small>" if reasons else ""), css))
         matrix.append(cells)
     body += ["<h2>Cases</h2>", html_table(["case", *config["models"]], matrix)]
@@ -6756,6 +7487,10 @@ def build_parser():
     where.add_argument("--allow-insecure-http", action="store_true",
                        help="allow sending a key over plain http:// to a host that is not loopback")
     where.add_argument("--replay", metavar="RECORD", help=f"what {_with('replays_record')} reads")
+    where.add_argument("--allow-changed-tool-results", action="store_true",
+                       help="with --replay: grade a played row's stored conversation as it "
+                            "happened even where the suite's tool_results now answer a call "
+                            "otherwise (else the row is refused)")
     where.add_argument("--request", action="append", default=[], metavar="KEY=JSON",
                        help="set KEY of every request body to a JSON value, e.g. --request seed=7 (repeatable; "
                             "in the config; never model, instructions, input, tools or the like)")
@@ -6808,6 +7543,7 @@ class Settings:
         "update_pins": False,
         # where to send it
         "provider": None, "base_url": None, "api_key_env": None, "allow_insecure_http": False, "replay": None,
+        "allow_changed_tool_results": False,
         "request": (), "timeout": None,
         "judge_provider": None, "judge_model": None, "judge_base_url": None,
         # run control
@@ -6852,7 +7588,7 @@ class Settings:
 
 
 # Documented ranges of the numeric options (the --help text and every range error name them).
-RANGES = {"repeats": (1, 10), "concurrency": (1, 64), "retries": (0, 10), "timeout": (0.1, 3600)}
+RANGES = {"repeats": (1, 100), "concurrency": (1, 64), "retries": (0, 10), "timeout": (0.1, 3600)}
 
 # Run options that change what is stored or what may be spent: kept in the record's header
 # ("run_options") and re-applied by --resume. "same": a record keeps one redaction, so a
@@ -7005,6 +7741,8 @@ def _check_flags(values):
     replayers = [name for name, cls in PROVIDERS.items() if cls.replays_record]
     if values["replay"] and values["provider"] is not None and values["provider"] not in replayers:
         raise UsageError("--replay goes with " + " or ".join(f"--provider {name}" for name in replayers))
+    if values["allow_changed_tool_results"] and not values["replay"] and not values["resume"]:
+        raise UsageError("--allow-changed-tool-results goes with --replay RECORD")
     if values["provider"] in replayers and not values["replay"] and not values["resume"]:
         raise UsageError(f"--provider {values['provider']} needs --replay RECORD "
                          "(the saved record whose responses it answers with)")
@@ -7074,7 +7812,8 @@ def _continue_hint(path, values):
         record = load_record(path)
     except RecordError:
         return ""
-    if record_problem(record) is not None or (record.get("summary") or {}).get("complete") is True:
+    complete = (record.get("summary") or {}).get("complete") is True
+    if record_problem(record, evidence=False) is not None or complete:  # as --resume reads it
         return ""
     rows = len(record["runs"])
     return (f"; it holds an unfinished record ({rows} row(s) saved); "
@@ -7190,7 +7929,7 @@ def _run_sources(values, env):
     found = {}
     if values["resume"]:
         hold_record(values["resume"])  # before reading it: no other process may write it from now on
-        record = _load_for("--resume", values["resume"])
+        record = _load_for("--resume", values["resume"], evidence=False)  # such rows run again
         found.update(_resume_defaults(values, record, values["resume"], env))
         found.update(_resume_options({**values, **found}, record, values["resume"]))
         found["resumed_record"] = record
@@ -7208,11 +7947,15 @@ def _run_sources(values, env):
     if cls.base_url_flag:
         found["base_url"] = cls.endpoint(view, env)
     if cls.replays_record and values["replay"]:
-        replayed = _load_for("--replay", values["replay"])
+        replayed = _load_for("--replay", values["replay"], evidence=False)
         masked = masked_evidence(replayed)
         if masked:
             raise UsageError(f"--replay: {values['replay']} cannot be re-graded: {masked}; "
                              "replay a record made without masking")
+        unfounded_row = _unfounded_problem(replayed)  # every verdict it holds carries its evidence
+        if unfounded_row:
+            raise UsageError(f"--replay: {values['replay']} is not a usable agent-regression "
+                             f"record: {unfounded_row}")
         found["replayed_record"] = replayed
         found.update(_replay_defaults(values, replayed))
     models = found.get("models") or values["models"]
@@ -7293,8 +8036,7 @@ def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS, judge=None):
         config["tool_choice"] = suite["tool_choice"]
     if suite.get("request"):
         config["request"] = suite["request"]
-    if "max_rounds" in suite:
-        config["max_rounds"] = suite["max_rounds"]
+    config.update({key: suite[key] for key in PLAYED_SUITE_KEYS if key in suite})
     if judge is not None:
         config["judge"] = judge
     return config
@@ -7312,9 +8054,34 @@ def catalogue():
         lines.append(f"  {'':<22} on: {switch}; reasons: {', '.join(check_.reasons) or '-'}")
     lines += ["Rules:", f"  {'normal form':<22} {TEXT_FORM_RULE}"]
     lines += [f"  {check_.name:<22} {check_.rule}" for check_ in CHECK_TABLE if check_.rule]
+    lines += STATISTICS_TEXT
     lines.append("Behaviors (a case's \"behaviors\" list): " + ", ".join(
         name + (f":{kind.upper()}" if kind else "") for name, kind in BEHAVIORS.items()))
     return "\n".join(lines)
+
+
+STATISTICS_TEXT = [
+    "Statistics (the run's summary and reports, and compare_runs.py):",
+    "  pass rate              passes / rows, shown as 6/10 = 0.60 [0.31, 0.83]: the bracket is the "
+    "Wilson 95% interval, the range of true rates these rows are consistent with; few repeats give "
+    "a wide range",
+    "  pass^k                 per model, the share of cases whose every one of k repeats passed "
+    "(how consistent the model is, not just how often it is right)",
+    "  drop test              compare_runs.py: per model and case, a one-sided Fisher exact test "
+    "of 'the pass rate fell'; p is the chance of a drop at least this large if nothing changed. "
+    "With --alpha the exit code follows the pairs whose (adjusted) p is at most alpha instead of "
+    "any single flipped row",
+    "  correction             with many cases some drop looks significant by chance, so --alpha "
+    "adjusts every p for the whole family of model/case pairs (Holm-Bonferroni: the smallest p "
+    "times the number of pairs, the next times one less, ...); --correction none tests each pair "
+    "on its own",
+    "  planner                compare_runs.py --repeats-needed BEFORE AFTER: the repeats per side "
+    "at which the test sees a drop from rate BEFORE to AFTER with power 0.8 (--power), computed "
+    "exactly, and the smallest drop --repeats N can see",
+    "  trend                  compare_runs.py --trend RUN...: the rate per model (--per-case: per "
+    "case) across records, each run tested against the first, all tests corrected together; the "
+    "first significant run is flagged",
+]
 
 
 def _checks_of(case):
@@ -7349,9 +8116,38 @@ def lint_case(suite, case):
             "expected_text with min_similarity")
 
 
+def argument_warnings(suite):
+    """What --dry-run says of argument names it cannot check: those of a tool whose schema
+    declares no parameters.properties, and a require_clarification FIELD named like no
+    declared argument."""
+    declared, warnings = tool_parameters(suite.get("tools") or []), []
+    named = [name for case in suite["cases"]
+             for name, script in (case.get("tool_results") or {}).items()
+             if isinstance(script, list) and any("when" in entry for entry in script)]
+    named += [name for case in suite["cases"] for name in case.get("tool_args") or {}]
+    unchecked = sorted({name for name in named if declared.get(name) is None})
+    if unchecked:
+        warnings.append(f"no parameters.properties declared for {', '.join(unchecked)}: the "
+                        "argument names tool_args and when write for it cannot be checked (a "
+                        "misspelt one never matches)")
+    known = sorted(set().union(*filter(None, declared.values())))
+    for case in suite["cases"] if known else []:
+        for field in [entry.partition(":")[2] for entry in case.get("behaviors") or []
+                      if entry.startswith("require_clarification:")]:  # a validated suite's
+            if not any(_same_field(name, field) for name in known):
+                import difflib
+                hint = difflib.get_close_matches(field, known, n=1)
+                hint = f" (did you mean {hint[0]!r}?)" if hint else ""
+                warnings.append(f"case {case['id']!r}: require_clarification:{field} is named like "
+                                f"no argument the tools declare{hint}: a tool call that invents it "
+                                "under its declared name is not seen")
+    return warnings
+
+
 def suite_warnings(suite):
     """lint_case's warning for each weak case (--dry-run lists them), in the suite's own key names."""
     warnings = [found for found in (lint_case(suite, case) for case in suite["cases"]) if found]
+    warnings += argument_warnings(suite)
     return [_their_words(warning) for warning in warnings] if suite.get("format") == "prompt-regression" \
         else warnings
 
@@ -7406,7 +8202,48 @@ def _cost_lines(args, env, run):
                      f"{', '.join(unpriced)} {'has' if len(unpriced) == 1 else 'have'} no price; the run stops "
                      f"after the first row that reports no cost. Add --price MODEL=IN/OUT "
                      f"(USD per million input/output tokens)")
-    return lines
+    return lines + (cost_estimate_lines(args, env, run) if run is not None else [])
+
+
+def _output_cap_value(suite, args, env):
+    """The output tokens one request may use at most (the cap we send or the suite's request
+    sets), or None when no cap is sent and output has no upper bound."""
+    cls = PROVIDERS[args.provider]
+    cap, options = cls.output_cap(args, env), suite.get("request") or {}
+    value = next((options[key] for key in (cap, *cls.cap_keys) if key and key in options), None)
+    if value is None:
+        return MAX_OUTPUT_TOKENS if cap else None
+    return value if _is_int(value) and value > 0 else None
+
+
+def cost_estimate_lines(args, env, run):
+    """--dry-run's estimated cost, when a price is known: output bounded by the output cap,
+    input roughly from the characters sent; the basis is said, since neither is a reported cost."""
+    priced = [key for key in run.plan if key[0] in run.prices]
+    if not priced:
+        return []
+    suite, cap = run.suite, _output_cap_value(run.suite, args, env)
+    cases = {case["id"]: case for case in suite["cases"]}
+    tools = len(dumps(PROVIDERS[args.provider].sent_tools(suite)))
+    requests = out_bound = in_about = decimal.Decimal(0)
+    for model, case_id, _ in priced:
+        case = cases[case_id]
+        count = round_limit(suite, case) if plays_tools(suite, case) else 1
+        sent = len(case.get("instructions", suite["instructions"])) + len(_case_text(case)) + tools
+        price_in, price_out = run.prices[model]
+        requests += count
+        out_bound += count * (cap or 0) * price_out / 1_000_000
+        in_about += count * decimal.Decimal(sent) / 4 * price_in / 1_000_000
+    output = (f"at most ${out_bound:.4f} for output (up to {requests:,} requests x {cap:,} output "
+              "tokens each, the output cap)") if cap else \
+        "output unbounded (no whole-number output cap is sent)"
+    unpriced = sorted({model for model, _, _ in run.plan if model not in run.prices})
+    cap_note = "" if args.max_cost_usd is None else \
+        f"; --max-cost-usd {format(args.max_cost_usd, 'f')} still stops the run at that spend"
+    return [f"estimated cost: {output} + about ${in_about:.4f} for input (about 4 characters per "
+            "token of the instructions, inputs and tools sent; search results, tool results and "
+            "earlier rounds are not counted)"
+            + (f"; {', '.join(unpriced)} not estimated (no price)" if unpriced else "") + cap_note]
 
 
 def _instructions_line(suite):
@@ -7549,8 +8386,8 @@ def _suite_from_record(record, settings):
                                "response_format": config.get("response_format"),
                                "tool_choice": config.get("tool_choice"), "request": config.get("request"),
                                "sources": config.get("sources"), "cases": config.get("cases"),
-                               **({"max_rounds": config["max_rounds"]}
-                                  if "max_rounds" in config else {}), **_judge_of_record(record)},
+                               **{key: config[key] for key in PLAYED_SUITE_KEYS if key in config},
+                               **_judge_of_record(record)},
                               allow_empty_baseline=settings.update_baseline)
     except SuiteError as exc:
         raise UsageError(f"the record's suite is not valid: {exc}") from None
@@ -7564,10 +8401,11 @@ class Run:
         self.path, self.kept, self.resuming = path, list(kept), resuming
         done = {row_key(row) for row in self.kept}
         self.todo = [key for key in plan if key not in done]
-        self.provider = self.secret = self.refusal = None
+        self.provider = self.secret = self.refusal = self.budget = None
         self.judge = self.judge_spec = self.judge_secret = None  # see _run_judge
         self.judge_needed = False
         self.prices = {}
+        self.redo = decimal.Decimal(0)  # what rows the cap stopped mid-loop spent (paid again)
 
 
 def _choose_suite(settings, record, replayed):
@@ -7596,35 +8434,52 @@ def _resumed_run(record, suite, plan, config, settings):
     if key is not None:
         raise UsageError(f"--resume: config key {key!r} would differ from the record's "
                          "(a flag, the environment or the suite changed it); resume needs the same config")
-    wanted, kept = set(plan), {}
-    for row in record["runs"]:
-        if row_key(row) in wanted and row.get("error") is None:
-            kept.setdefault(row_key(row), row)
+    wanted, kept, superseded = set(plan), {}, []
+    cases = {case["id"]: case for case in record["config"]["cases"]}
+    for row in record["runs"]:  # a row not kept stays as superseded evidence of what it spent
+        key = row_key(row)
+        if key in wanted and key not in kept and row.get("error") is None \
+                and not evidence_problem(record, row, cases):
+            kept[key] = row
+        else:
+            superseded.append(row)
     rows = [kept[key] for key in plan if key in kept]
     header = {k: v for k, v in record.items() if k not in ("runs", "summary", "recovered")}
     header["run_options"] = run_options(settings)
     header["resumed"] = list(header.get("resumed") or []) + [
         {"at": _now(), "kept_rows": len(rows), "code_sha256": code_sha256()}]
+    if superseded:
+        header["superseded"] = list(header.get("superseded") or []) + superseded
     return Run(suite, plan, set(plan), header, settings.resume, rows, resuming=True)
 
 
 def regrade_problem(record, path, suite, rows):
-    """Why the stored verdicts of a resume's kept rows cannot stand, or None: each kept row's
-    stored response is graded again under the current checks (offline, as --provider replay
-    does), and a verdict that differs (a record edited, or graded by other code) is refused
-    by --resume and --merge,
-    since the summary would mix two gradings. Masked responses cannot be re-graded
-    (masked_evidence), so their verdicts stand."""
-    if masked_evidence(record) is not None:
-        return None
+    """Why the stored verdicts of a resume's kept rows (or a shard's rows) cannot stand, or None:
+    each row's stored conversation is graded again under the current checks (offline, as
+    --provider replay does), and a verdict or answer that differs (a record edited, or graded
+    by other code), or tool results its suite would not have sent, is refused by --resume and
+    --merge, since the summary would mix two gradings. A masked row cannot be graded again:
+    it stands on its verdict_sha256 (evidence_problem), checked when the record was read."""
+    rows = [row for row in rows if not row_masked(record, row)]
+    replayer, cases = ReplayProvider({"provider": record.get("provider")}, path), \
+        {case["id"]: case for case in suite["cases"]}
+    other = "; it was made by other code (code_sha256 differs)" \
+        if record.get("code_sha256") != code_sha256() else ""
     for row, again in regraded_rows(record, rows, suite, path):
+        case = cases[row["case_id"]]
+        changed = replayer.changed(case_suite(suite, case), case, row)
+        if changed:
+            return (f"{key_text(row_key(row))}: its stored conversation is not one its suite plays "
+                    f"({changed}); the summary would count a verdict on a conversation that never "
+                    f"happened{other}: run the suite again with --out NEW.json")
         if again["passed"] is not row.get("passed") or again["reasons"] != row.get("reasons") or (
-                "verdicts" in row and again.get("verdicts") != row["verdicts"]):
-            other = "; it was made by other code (code_sha256 differs)" \
-                if record.get("code_sha256") != code_sha256() else ""
-            return (f"{key_text(row_key(row))} is stored as {_verdict_text(row)} but its stored response now "
-                    f"grades {_verdict_text(again)}{other}; the summary would mix two gradings: "
-                    "run the suite again with --out NEW.json")
+                "verdicts" in row and again.get("verdicts") != row["verdicts"]) \
+                or again["answer_text"] != row.get("answer_text"):
+            differs = "" if again["answer_text"] == row.get("answer_text") else \
+                " (and its stored answer_text is not its stored response's answer)"
+            return (f"{key_text(row_key(row))} is stored as {_verdict_text(row)} but its stored "
+                    f"response now grades {_verdict_text(again)}{differs}{other}; the summary "
+                    "would mix two gradings: run the suite again with --out NEW.json")
     return None
 
 
@@ -7718,12 +8573,8 @@ def set_up_judge(run, settings, env):
 def check_examples(run, settings, mask):
     """Grade the suite's judge_examples before any model request: the agreement for the record's
     header (masked by `mask`); UsageError naming the first example the judge misgrades or fails."""
-    paid, results, cap = {"cost_usd": "0"}, [], settings.max_cost_usd  # what the examples cost
-
-    def budget(_, spent):  # the spending cap holds before every judge request
-        reached = cap is not None and spent is not None and decimal.Decimal(spent) >= cap
-        return f"--max-cost-usd reached: spend ${spent}" if reached else None
-
+    paid, results = {"cost_usd": "0"}, []  # what the examples cost
+    budget = Budget(settings.max_cost_usd)  # the cap holds before every judge request
     for number, example in enumerate(run.suite["judge_examples"], 1):
         where = f"judge_examples #{number} ({_quote(example['rubric'], 40)})"
         steps = judge_row_steps(run.judge, example, example.get("input", ""), example["answer"],
@@ -7738,6 +8589,9 @@ def check_examples(run, settings, mask):
                              f"{example['verdict']}, but {judged['votes']} "
                              f"({cut_whole(judged['reason'], 200)}); nothing was sent to the "
                              "models under test")
+    if budget.cap is not None and budget.spent() is None:  # the cap could not hold any row
+        raise UsageError(f"judge_examples: {budget.refusal()}; give its price: --price "
+                         f"{budget.unknown}=IN/OUT; nothing was sent to the models under test")
     return mask({"agreed": len(results), "examples": len(results), "cost_usd": paid["cost_usd"],
                  "results": results, "judgements": paid["judgements"]})
 
@@ -7752,6 +8606,10 @@ def prepare(settings, env):
         suite = {**suite, "request": {**(suite.get("request") or {}), **options}}
     if settings.update_baseline and not suite.get("file"):
         raise UsageError("--update-baseline needs --suite FILE (the file it fills)")
+    locked = next((path for path in baseline_files(suite) if read_only(path)), None) \
+        if settings.update_baseline else None
+    if locked:  # said before a request is paid for, not after
+        raise SuiteError(f"--update-baseline: {locked}: {READ_ONLY}; nothing was run")
     spec, identity = _run_judge(suite, settings, env, replayed)
     config = run_config(suite, settings.models, settings.repeats, settings.timeout, identity)
     full_plan = plan_rows(settings.models, [case["id"] for case in suite["cases"]], settings.repeats)
@@ -7773,7 +8631,9 @@ def prepare(settings, env):
                   settings.out or "results.json")
     if prices:  # not config: a price changes what a row is said to cost, never its verdict
         run.header["prices"] = {model: f"{price[0]}/{price[1]}" for model, price in prices.items()}
-        run.kept = [estimate_cost(dict(row), prices) for row in run.kept]  # a resume may add the price
+        run.kept = [repriced(row, prices) for row in run.kept]  # a resume may add the price
+        if run.header.get("superseded"):
+            run.header["superseded"] = [repriced(row, prices) for row in run.header["superseded"]]
     run.prices = prices
     run.refusal = cls.suite_problem(suite) or baseline_problem(settings, suite, run.header)
     if identity is not None:
@@ -7808,7 +8668,9 @@ def _new_header(settings, env, cls, suite, config, shard, replayed):
         suite={"name": suite["name"], "builtin": suite["builtin"], "file": suite.get("file")},
         provider=provider_identity(settings, env, replayed),
         shard=f"{shard[0]}/{shard[1]}" if shard else None,
-        replayed_from={"path": settings.replay, "created_at": replayed.get("created_at")} if replayed else None,
+        replayed_from={"path": settings.replay, "created_at": replayed.get("created_at"), **(
+            {"tool_results": "as recorded"} if settings.allow_changed_tool_results else {})}
+        if replayed else None,
         redaction={"pii": settings.redact_pii, "patterns": len(settings.redact)}
         if settings.redact or settings.redact_pii else None,
         run_options=run_options(settings))
@@ -7999,32 +8861,30 @@ class Progress:
             self.stream.flush()
 
 
-def _stop_reason(row, tally, cap, resume=lambda flags: continue_command("RECORD", flags)):
+def _stop_reason(row, budget, resume=lambda flags: continue_command("RECORD", flags)):
     """Why no new request may start after this row, or None; `resume(flags)` is the command
     that continues the run with those flags added."""
+    refused, unknown = budget.refusal(), budget.unknown
+    if refused and unknown is not None:  # also when the cap stopped a played row mid-loop
+        refused += (f"; give its price and continue: {resume(['--price', unknown + '=IN/OUT'])} "
+                    "(USD per million input/output tokens)")
     if row["error"] is not None:
         status = f" {row['error_status']}" if row["error_status"] else ""
-        return (f"execution error on {key_text(row_key(row))}: "
-                f"{row['error']}{status}")
-    if cap is not None:
-        spent = tally.spent()
-        if spent is None and "judge_cost_usd" in row and row["judge_cost_usd"] is None:
-            model = next(entry["judge"]["model"] for entry in row["judgements"])  # this run's row
-            return (f"the judge reported no cost for {model} and it has no price, so "
-                    "--max-cost-usd cannot be enforced; give its price and continue: "
-                    f"{resume(['--price', model + '=IN/OUT'])} (USD per million input/output "
-                    "tokens)")
-        if spent is None:
-            return (f"the endpoint reported no cost for {row['model']} and it has no price, so --max-cost-usd "
-                    f"cannot be enforced; give its price and continue: "
-                    f"{resume(['--price', row['model'] + '=IN/OUT'])} "
-                    "(USD per million input/output tokens)")
-        if spent >= cap:
-            return f"--max-cost-usd reached: reported spend ${format(spent, 'f')} of ${format(cap, 'f')}"
-    return None
+        stop = f"execution error on {key_text(row_key(row))}: {row['error']}{status}"
+        return f"{stop}; {refused}" if row["error"] == "BudgetReached" and unknown else stop
+    return refused
 
 
-def continue_flags(settings, row=None, tally=None):
+def raised_cap(cap, spent, redo=0):
+    """The --max-cost-usd a budget stop's continue command names: the spend so far plus the cap
+    again, plus twice what the rows the cap stopped mid-loop spent (such a row runs again from
+    its first round), so pasting it never pays for the same rounds to stop in the same state;
+    None when even the highest cap the CLI accepts is not above the spend."""
+    higher = min(spent + cap + 2 * redo, AMOUNT_RANGE[1])
+    return higher if higher > spent else None
+
+
+def continue_flags(settings, row=None, tally=None, redo=0):
     """The flags a --resume needs beyond the record, plus what lifts this stop: more --retries
     after a transient failure, a higher --max-cost-usd after the budget stop."""
     flags = []
@@ -8045,8 +8905,16 @@ def continue_flags(settings, row=None, tally=None):
         flags += ["--retries", str(min(RANGES["retries"][1], max(3, settings.retries + 2)))]
     elif settings.max_cost_usd is not None and tally is not None and tally.spent() is not None \
             and tally.spent() >= settings.max_cost_usd:
-        flags += ["--max-cost-usd", format(min(settings.max_cost_usd * 2, AMOUNT_RANGE[1]), "f")]  # one it accepts
+        higher = raised_cap(settings.max_cost_usd, tally.spent(), redo)
+        flags += ["--max-cost-usd", format(higher, "f")] if higher is not None else []
     return flags
+
+
+def _cap_exhausted(settings, budget):
+    """Whether the cap stopped the run and no higher cap the CLI accepts is above its spend."""
+    spent = budget.spent() if budget is not None else None
+    cap = settings.max_cost_usd
+    return cap is not None and spent is not None and spent >= cap and raised_cap(cap, spent) is None
 
 
 def _transient_row(row):
@@ -8059,12 +8927,12 @@ def continue_command(path, flags=()):
     return " ".join([program_name(), "--resume", shell_word(path), *map(shell_word, flags)])
 
 
-def _storable(row, mask, prices=None):
-    """The row as stored (priced, then masked) and its JSON text. Anything failing after the
-    response arrived (masking a reply nested 900 levels deep, say) makes the row an
-    execution_error row that keeps what can be stored, never a lost row or a traceback."""
+def _storable(row, mask, prices=None, attest=lambda stored: stored):
+    """The row as stored (priced, masked, then attested when masked) and its JSON text. Anything
+    failing after the response arrived (masking a reply nested 900 levels deep, say) makes the
+    row an execution_error row that keeps what can be stored, never a lost row or a traceback."""
     try:
-        stored = redact_row(estimate_cost(row, prices) if prices else row, mask)
+        stored = attest(redact_row(estimate_cost(row, prices) if prices else row, mask))
         return stored, dumps(stored)
     except Exception as exc:
         problem = f"{type(exc).__name__}: {exc}"
@@ -8108,26 +8976,18 @@ def run_rows(run, settings, writer, tally):
     position = {key: n for n, key in enumerate(run.plan)}
     progress = Progress(len(run.plan), len(run.kept))
     widths = tuple(max((len(str(key[n])) for key in run.plan), default=0) for n in (0, 1))  # aligned columns
-    # A resumed record may already have spent the cap: then no new request starts at all.
-    spent_out = settings.max_cost_usd is not None and tally.spent() is not None and tally.spent() >= settings.max_cost_usd
-    state = {"stopped": _stop_reason({"error": None}, tally, settings.max_cost_usd) if spent_out else None,
+    # One budget for every worker: it starts from what the record spent (its superseded rows
+    # too), so a resumed record that already spent the cap sends nothing at all.
+    cost = functools.partial(response_cost, run.provider, run.prices)  # (model, raw) -> Decimal
+    budget = run.budget = Budget(settings.max_cost_usd, tally.spent(), cost, tally.unknown_cost())
+
+    def resume(flags):
+        flags = continue_flags(settings) + flags
+        return continue_command(run.path, flags) + redact_note(run.header)
+    state = {"stopped": _stop_reason({"error": None}, budget, resume),
              "last": max((position[row_key(r)] for r in run.kept), default=-1), "in_order": True, "row": None}
     answers = {}
-
-    def budget(row, row_cost):
-        """Why a played row may send no further round: the cap counts its rounds so far
-        (reported, or estimated from their token usage with --price)."""
-        if settings.max_cost_usd is None:
-            return None
-        if row_cost is None:  # no reported cost: the estimate the finished row would get
-            row_cost = estimate_cost({**row, "cost_usd": None, "error": None}, run.prices or {}).get("cost_usd")
-        spent = tally.spent()
-        if spent is None or row_cost is None:
-            return None  # no cost to hold the cap against (the row's end says so)
-        total = spent + decimal.Decimal(row_cost)
-        if total >= settings.max_cost_usd:
-            return f"--max-cost-usd reached: spend ${format(total, 'f')} of ${format(settings.max_cost_usd, 'f')}"
-        return None
+    attest = verdict_attester(run.header)
 
     def work(key):
         model, case_id, repeat = key
@@ -8139,18 +8999,24 @@ def run_rows(run, settings, writer, tally):
     def refill_early(row):
         # A finished row can only stop the run by an error (also one in storing it) or by the spending cap.
         # A sequential run checkpoints every row before the next request starts (SPEC A8).
-        storable[id(row)] = _storable(row, mask, run.prices)  # priced: the cap sees estimated spend too
+        storable[id(row)] = _storable(row, mask, run.prices, attest)  # priced, masked, attested
         return storable[id(row)][0]["error"] is None and settings.max_cost_usd is None and settings.concurrency > 1
 
     try:
-        for key, row in run_in_pool(run.todo, work, settings.concurrency, lambda: state["stopped"] is not None,
-                                 refill_early):
+        stopping = lambda: state["stopped"] is not None or budget.refusal()  # noqa: E731
+        for key, row in run_in_pool(run.todo, work, settings.concurrency, stopping, refill_early):
+            if row["error"] == "BudgetReached" and row["response"] is None and not row["attempts"]:
+                storable.pop(id(row), None)  # refused before its first request: not run, no row
+                state["stopped"] = state["stopped"] or _stop_reason({"error": None}, budget, resume)
+                continue
             # checks ran on the original; only the masked row is stored
-            stored, text = storable.pop(id(row), None) or _storable(row, mask, run.prices)
+            stored, text = storable.pop(id(row), None) or _storable(row, mask, run.prices, attest)
             saving = time.monotonic()
             with deferred_signals():  # the tally never counts a row that is not durably in the file
                 tally.add(stored)
                 writer.append(stored, tally.summary(), text)
+            if stored["error"] == "BudgetReached" and isinstance(stored.get("cost_usd"), str):
+                run.redo += decimal.Decimal(stored["cost_usd"])  # a resume pays its rounds again
             saved = time.monotonic() - saving
             progress.row(_console_row(run.suite, cases[key[1]], stored, settings.quiet,
                                       f"{row_line(stored, widths)}  (+{saved:.3f}s save)"), tally)
@@ -8161,8 +9027,7 @@ def run_rows(run, settings, writer, tally):
                 if best is None or position[key] < best[0]:
                     answers[key[1]] = (position[key], stored["answer_text"])
             if state["stopped"] is None:
-                state["stopped"] = _stop_reason(stored, tally, settings.max_cost_usd, lambda flags: continue_command(
-                    run.path, continue_flags(settings) + flags) + redact_note(run.header))
+                state["stopped"] = _stop_reason(stored, budget, resume)
                 state["row"] = stored if state["stopped"] else None
     finally:
         progress.close()
@@ -8192,10 +9057,25 @@ def reorder(run, final, writer=None):
 
 
 def _check_replay_covers(provider, run, settings):
-    """A replay must answer every row it is asked for; UsageError before anything runs."""
-    missing = provider.missing(run.todo) if getattr(provider, "replays_record", False) else None
+    """A replay must answer every row it is asked for, with the conversation the record holds;
+    UsageError before anything runs."""
+    if not getattr(provider, "replays_record", False):
+        return
+    missing = provider.missing(run.todo)
     if missing:
         raise UsageError(f"--replay: {settings.replay} has no stored response for {key_text(missing)}")
+    cases = {case["id"]: case for case in run.suite["cases"]}
+    for key in run.todo:
+        case = cases[key[1]]
+        changed = provider.changed(case_suite(run.suite, case), case, provider.rows[key],
+                                   results=not settings.allow_changed_tool_results)
+        if changed:
+            allow = "" if settings.allow_changed_tool_results else (
+                ", or pass --allow-changed-tool-results to grade the stored conversation as it "
+                "happened")
+            raise UsageError(f"--replay: {key_text(key)} is not reproducible under this suite: "
+                             f"{changed}; a replay grades what the model was told, so restore the "
+                             f"suite's tool_results and max_rounds{allow}")
 
 
 def open_record(run, tally, quiet=False):
@@ -8312,7 +9192,8 @@ def run_mode(settings, env, stage):
         run.header["sdk_version"] = PROVIDERS[settings.provider].sdk_version()
     set_up_judge(run, settings, env)
     config = run.header["config"]
-    tally = Tally(config["models"], config["repeats"], config["cases"], expected=run.expected)
+    tally = Tally(config["models"], config["repeats"], config["cases"], expected=run.expected,
+                  superseded=run.header.get("superseded") or ())
     tally.overhead = _amount((run.header.get("judge_agreement") or {}).get("cost_usd")) or 0
     for row in run.kept:
         tally.add(row)
@@ -8323,7 +9204,7 @@ def run_mode(settings, env, stage):
         try:
             stopped, in_order, answers, last = run_rows(run, settings, writer, tally)
         except KeyboardInterrupt as interrupt:
-            final = tally.summary()
+            final = tally.summary(final=True)
             final["stopped"] = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
             try:
                 writer.set_summary(final)
@@ -8331,7 +9212,7 @@ def run_mode(settings, env, stage):
                 pass  # every finished row is still recoverable from the torn tail
             raise
         getattr(run.provider, "close", lambda: None)()
-        final = tally.summary()
+        final = tally.summary(final=True)
         if stopped:
             final["stopped"] = stopped
         writer.set_summary(final)
@@ -8345,9 +9226,13 @@ def run_mode(settings, env, stage):
     for warning in final.get("warnings", []):
         print(f"warning: {safe_text(warning)}", file=sys.stderr)
     if stopped:
-        hint = f"; continue with: {continue_command(run.path, continue_flags(settings, last, tally))}" \
+        flags = continue_flags(settings, last, run.budget, run.redo)
+        hint = f"; continue with: {continue_command(run.path, flags)}" \
                f"{redact_note(run.header)}" \
             if (not final["complete"] or tally.errors) and "reported no cost" not in stopped else ""
+        if hint and _cap_exhausted(settings, run.budget):
+            hint = (f"; its spend is past the highest --max-cost-usd ({AMOUNT_RANGE[1]:f}), so no "
+                    "cap lets it continue")
         print(f"stopped early: {safe_text(stopped)}{safe_text(hint)}", file=sys.stderr)
     write_reports_of(load_record(run.path), settings, stage, run.path)
     if settings.update_baseline:

@@ -128,7 +128,7 @@ def test_a_verdict_is_exactly_one_object_of_verdict_and_reason(text, expected):
 def test_any_text_a_judge_replies_gives_a_verdict_only_as_that_object(text):
     found = regression.read_verdict(text)
     if found is not None:
-        fenced = regression._JSON_FENCE.match(text)
+        fenced = regression._VERDICT_FENCE.match(text)
         value = json.loads(fenced.group(1) if fenced else text)
         assert set(value) == {"verdict", "reason"} and (value["verdict"], value["reason"]) == found
 
@@ -421,7 +421,7 @@ def test_retries_apply_to_a_judge_failure_and_the_spending_cap_holds_before_each
     )
     assert (
         "--max-cost-usd reached" in row["error_message"]
-        and "before a judge request" in row["error_message"]
+        and "nothing sent for round 1 of the judge openai" in row["error_message"]
     )
     assert row["cost_usd"] == row["judge_cost_usd"] == "0.002"
 

@@ -345,13 +345,21 @@ CHECK_ROWS = [
                  played("Cancelled it.", [("lookup_order", {}, {})]), ["unbacked_claim"], id="claims-unbacked"),
     pytest.param("claims", TOOLS_SUITE, {**PLAYED, "claims": {"Cancelled": "cancel_order"}},
                  played("Cancelled it.", [("cancel_order", {}, {"ok": True})]), [], id="claims-backed"),
+    # a call written as text (the trace's attempts, see test_agent_truth.py): no call was made
+    pytest.param("tool_call_as_text", TOOLS_SUITE, {"id": "t", "input": "q"},
+                 trace('{"name": "lookup_order", "arguments": {}}')._replace(
+                     attempts=({"name": "lookup_order", "arguments": {}},)),
+                 ["tool_call_as_text"], id="text-call"),
+    pytest.param("tool_call_as_text", TOOLS_SUITE, {"id": "t", "input": "q"}, trace("Which order?"),
+                 [], id="text-call-none"),
     # a rubric's verdicts come from its judge's calls (made before grading, see test_judge.py)
-    pytest.param("rubric", TEXT_SUITE, {"id": "r", "input": "q", "rubric": ["Polite.", "Short."], "_judged": {
+    pytest.param("rubric", TEXT_SUITE, {"id": "r", "input": "q", "rubric": ["Polite.", "Short."],
+                                        "_judged": {
         "Polite.": {"verdict": "pass", "reason": "yes", "votes": "judge 1 of 1 pass"},
         "Short.": {"verdict": "fail", "reason": "no", "votes": "judge 0 of 1 pass"}}},
                  trace("Thanks!"), ["rubric_failed"], id="rubric-judged"),
-    pytest.param("rubric", TEXT_SUITE, {"id": "r", "input": "q", "rubric": "Polite."}, trace(" \u200b "),
-                 ["rubric_failed"], id="rubric-empty-answer-unjudged"),
+    pytest.param("rubric", TEXT_SUITE, {"id": "r", "input": "q", "rubric": "Polite."},
+                 trace(" \u200b "), ["rubric_failed"], id="rubric-empty-answer-unjudged"),
 ]
 
 

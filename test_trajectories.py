@@ -342,7 +342,8 @@ def calls_trace(names, text="ok", results=None, final=True):
 ])
 def test_tool_order_table(order, names, fails):
     case = {"behaviors": [f"tool_order:{order}"]}
-    got = regression.check_tool_order(case, calls_trace(names), order)
+    trace = calls_trace(names, results=[{"ok": True}] * len(names))  # a call follows only a result
+    got = regression.check_tool_order(case, trace, order)
     assert got == (["wrong_tool_order"] if fails else [])
 
 
@@ -353,7 +354,8 @@ def test_tool_order_matches_a_reference(names, order):
     firsts = [names.index(name) if name in names else None for name in order]
     ok = None not in firsts and firsts == sorted(firsts)
     arg = ",".join(order)
-    got = regression.check_tool_order({"behaviors": ["tool_order:" + arg]}, calls_trace(names), arg)
+    got = regression.check_tool_order({"behaviors": ["tool_order:" + arg]},
+                                      calls_trace(names, results=[{"ok": True}] * len(names)), arg)
     assert got == ([] if ok else ["wrong_tool_order"])
 
 
@@ -601,7 +603,8 @@ def test_replay_regrades_every_round_without_any_request(tmp_path):
         sent = server.count
         assert run_main(["--provider", "replay", "--replay", out, "--out", again]) == 1
         stricter = example()
-        stricter["cases"][0]["tool_args"] = {"refund_order": {"order_id": "ord_1001", "reason": "broken"}}
+        # a declared argument (a name the schema does not declare is refused before any request)
+        stricter["cases"][0]["tool_args"] = {"refund_order": {"order_id": "ord_1002"}}
         suite = write_suite(tmp_path / "stricter.json", stricter)
         assert run_main(["--provider", "replay", "--replay", out, "--suite", suite, "--out", changed]) == 1
         assert server.count == sent  # nothing was sent by either replay
@@ -614,18 +617,20 @@ def test_replay_regrades_every_round_without_any_request(tmp_path):
     assert len(regraded[key]["rounds"]) == 3
 
 
-def test_replay_asking_for_more_rounds_than_stored_is_an_execution_error(tmp_path):
+def test_replay_asking_for_more_rounds_than_stored_is_refused(tmp_path, capsys):
+    """A replay under a longer max_rounds would play past the stored conversation: it is refused
+    before any row is made (it used to become an execution_error row in a new record)."""
     out, more = tmp_path / "run.json", tmp_path / "more.json"
     with FakeServer(fakes.refund_agent()) as server:
         assert cli_run(server, out, models=["refund-loops"]) == 1
     longer = example()
     longer["max_rounds"] = 6
     suite = write_suite(tmp_path / "longer.json", longer)
+    capsys.readouterr()
     code = run_main(["--provider", "replay", "--replay", out, "--suite", suite, "--out", more])
-    row = read_record(more)["runs"][0]
-    assert code == 2 and row["reasons"] == ["execution_error"]
-    assert "no stored round 5" in row["error_message"]
-    assert len(row["rounds"]) == 4
+    assert code == 2 and not more.exists()
+    said = capsys.readouterr().err
+    assert "ended after round 4 (its max_rounds then), but the suite now plays on" in said
 
 
 def test_resume_reruns_a_played_row_from_its_first_round(tmp_path):
