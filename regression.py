@@ -8582,13 +8582,15 @@ def check_examples(run, settings, mask):
         try:
             judged = drive_steps(steps)[example["rubric"]]
         except (JudgeError, BudgetReached) as exc:
-            raise UsageError(f"{where}: {exc}; nothing was sent to the models under test") from None
+            # the line quotes the judge's reply or error: masked like any evidence, keys included
+            raise UsageError(mask(f"{where}: {exc}; nothing was sent to the models under test")) \
+                from None
         results.append({"rubric": example["rubric"], "expected": example["verdict"], **judged})
         if judged["verdict"] != example["verdict"]:
-            raise UsageError(f"the judge is not fit for this rubric: {where} is labelled "
-                             f"{example['verdict']}, but {judged['votes']} "
-                             f"({cut_whole(judged['reason'], 200)}); nothing was sent to the "
-                             "models under test")
+            raise UsageError(mask(f"the judge is not fit for this rubric: {where} is labelled "
+                                  f"{example['verdict']}, but {judged['votes']} "
+                                  f"({cut_whole(judged['reason'], 200)}); nothing was sent to "
+                                  "the models under test"))
     if budget.cap is not None and budget.spent() is None:  # the cap could not hold any row
         raise UsageError(f"judge_examples: {budget.refusal()}; give its price: --price "
                          f"{budget.unknown}=IN/OUT; nothing was sent to the models under test")

@@ -863,3 +863,30 @@ def test_any_judge_examples_or_rubric_is_accepted_or_one_suite_error(judge_value
     if suite["judge"] is not None:
         assert regression.judge_problem(suite["judge"]) is None
     assert all(example["verdict"] in ("pass", "fail") for example in suite["judge_examples"])
+
+
+def test_the_line_that_stops_a_run_at_judge_examples_is_masked_like_the_evidence(tmp_path):
+    # a judge that quotes the key it was sent, or a --redact pattern, in what the stop line shows
+    def quoting(request):
+        said = f"{request.headers.get('Authorization')} SECRET-42"
+        if request.json["model"] == "judge-quotes-prose":
+            return fakes.Reply(body=fakes.chat_response(f"no verdict, {said}"))
+        return fakes.Reply(body=fakes.chat_response(json.dumps({"verdict": "fail", "reason": said})))
+
+    examples = [{"rubric": "R", "answer": "x", "verdict": "pass"}]
+    runs = []
+    with fakes.FakeServer(quoting) as server:
+        for model in ("judge-quotes-prose", "judge-quotes-reason"):
+            spec = {"provider": "openai", "model": model, "base_url": server.url + "/v1",
+                    "api_key_env": "MY_JUDGE_KEY"}
+            path = write(tmp_path / f"{model}.json",
+                         suite([{"id": "a", "input": "hi", "rubric": "R"}], spec,
+                               judge_examples=examples))
+            runs.append((["--suite", path, "--provider", "echo", "--redact", r"SECRET-\d+",
+                          "--out", tmp_path / f"{model}-run.json"], tmp_path))
+        results = cli(runs, env={"MY_JUDGE_KEY": JUDGE_KEY})
+    for (code, stdout, stderr), needle in zip(results, ("did not reply", "not fit")):
+        assert code == 2 and needle in stderr.strip().splitlines()[-1], stderr
+        assert "[REDACTED" in stderr and JUDGE_KEY not in stdout + stderr
+        assert "SECRET-42" not in stdout + stderr
+    assert not list(tmp_path.glob("*-run.json"))
