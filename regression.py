@@ -6813,6 +6813,7 @@ class Tally:
             cost = row.get("cost_usd")
             nothing = cost is None and row.get("response") is None and not row.get("rounds")
             self._add_cost(stats, "0" if nothing else cost)
+            self._add_judge_cost(stats, row)  # its judge's part, as for a row that counts
 
     @staticmethod
     def _add_cost(stats, cost, key="cost"):
@@ -6853,7 +6854,11 @@ class Tally:
             pair[0], pair[1] = pair[0] + (not failed), pair[1] + 1
             stats["all_passed"] += not failed and pair[0] == pair[2]  # every expected row passed
         self._add_cost(stats, row.get("cost_usd"))
-        if "judge_cost_usd" in row:  # the judge's part of the cost, shown apart
+        self._add_judge_cost(stats, row)
+
+    def _add_judge_cost(self, stats, row):
+        """Count the judge's part of a row's cost, shown apart."""
+        if "judge_cost_usd" in row:
             stats["judged"] = True
             self._add_cost(stats, row["judge_cost_usd"], "judge")
 

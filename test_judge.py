@@ -750,7 +750,8 @@ def test_a_bad_rubric_or_judge_is_one_line_and_exit_2_before_anything_is_sent(tm
         ["--judge-provider", "nope"],
         ["--judge-model", " "],
         ["--judge-base-url", "http://[::1"],
-        ["--judge-provider", "perplexity", "--judge-model", "p", "--judge-base-url", "http://x.example"],
+        ["--judge-provider", "perplexity", "--judge-model", "p"]
+        + ["--judge-base-url", "http://x.example"],
     ]
     good = write(
         tmp_path / "good.json", suite([{"id": "a", "input": "hi", "rubric": "R"}], "judge-pass")
@@ -871,7 +872,8 @@ def test_the_line_that_stops_a_run_at_judge_examples_is_masked_like_the_evidence
         said = f"{request.headers.get('Authorization')} SECRET-42"
         if request.json["model"] == "judge-quotes-prose":
             return fakes.Reply(body=fakes.chat_response(f"no verdict, {said}"))
-        return fakes.Reply(body=fakes.chat_response(json.dumps({"verdict": "fail", "reason": said})))
+        verdict = json.dumps({"verdict": "fail", "reason": said})
+        return fakes.Reply(body=fakes.chat_response(verdict))
 
     examples = [{"rubric": "R", "answer": "x", "verdict": "pass"}]
     runs = []
@@ -890,3 +892,25 @@ def test_the_line_that_stops_a_run_at_judge_examples_is_masked_like_the_evidence
         assert "[REDACTED" in stderr and JUDGE_KEY not in stdout + stderr
         assert "SECRET-42" not in stdout + stderr
     assert not list(tmp_path.glob("*-run.json"))
+
+
+def test_a_resumed_judge_error_keeps_what_its_judge_spent_in_the_judge_cost(tmp_path):
+    scripted = fakes.scripted_judge(cost=0.001)
+
+    def second_fails(request):  # the first run's second judge call fails; the resume's all pass
+        if request.number == 2:
+            return fakes.Reply(500, {"error": {"message": "fake judge 500"}})
+        return scripted(request)
+
+    with fakes.FakeServer(second_fails) as server:
+        spec = {"provider": "openai", "model": "judge-pass", "repeats": 3}
+        argv, out = judged_run(tmp_path, server, [{"id": "a", "input": "hi", "rubric": "R"}], spec)
+        (first, _, err), (resumed, _, said) = cli(
+            [(argv, tmp_path), (["--resume", out], tmp_path)]
+        )
+    assert (first, resumed) == (2, 0), err + said
+    record = read(out)
+    (superseded,) = record["superseded"]
+    assert superseded["judge_cost_usd"] == "0.001" and superseded["error"] == "JudgeError"
+    costs = record["summary"]["models"]["echo"]
+    assert costs["reported_cost_usd"] == costs["judge_cost_usd"] == "0.004"
