@@ -947,8 +947,9 @@ def case_rules(case):
     by_name = {check.name: check for check in CHECK_TABLE}
     behaviors = case.get("behaviors") if isinstance(case.get("behaviors"), list) else []
     rules = [(entry, by_name.get(entry.partition(":")[0])) for entry in behaviors if isinstance(entry, str)]
-    return rules + [(check.name, check) for check in CHECK_TABLE
-                    if not check.behavior and not check.always and check.active(case)]
+    return rules + [(rule, check) for check in CHECK_TABLE
+                    if not check.behavior and not check.always and check.active(case)
+                    for rule, _ in check.rules(case)]  # each rubric is its own rule
 
 
 def _failing(case, row):
