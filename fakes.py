@@ -369,11 +369,12 @@ def _forked(script, argv, cwd, env, timeout, flags=(), limits=None):
     return int(status), b"".join(chunks[out_r]), b"".join(chunks[err_r])
 
 
-def cli_table(runs, env=None, timeout=60, script="regression.py", flags=()):
+def cli_table(runs, env=None, timeout=60, script="regression.py", preload=(), flags=()):
     """[(exit code, stdout, stderr)] of `python FLAGS SCRIPT ARGV` for each (argv, cwd) in
     `runs`, one after another, each forked from the zygote (see run_script): the real CLI for a
     whole table of inputs at no interpreter start-up each. stdout and stderr are UTF-8 text as
-    written (no newline translation); `env` None is this process's; `timeout` is per run."""
+    written (no newline translation); `env` None is this process's; `timeout` is per run.
+    `preload` is accepted and unused: each run imports what its script imports, as a cold one."""
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
     env = dict(os.environ) if env is None else env
     results = []
