@@ -4845,10 +4845,7 @@ class ReplayProvider(Provider):
 
     @classmethod
     def from_settings(cls, settings, env):
-        try:
-            return cls(load_record(settings.replay), settings.replay), None
-        except RecordError as exc:
-            raise UsageError(f"--replay: {exc}") from None
+        return cls(settings.replayed_record, settings.replay), None  # read once, by resolve()
 
     @classmethod
     def identity(cls, settings, env, replayed=None):
