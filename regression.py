@@ -9093,8 +9093,6 @@ def open_record(run, tally, quiet=False):
     return create_record(run.path, run.header, [], tally.summary())
 
 
-execute_run, run_jobs = run_rows, run_in_pool  # the names earlier releases used
-
 
 # ====================================================================== CLI
 

@@ -51,11 +51,11 @@ class Fake(regression.EchoProvider):
 
 
 def rows_of(provider, jobs, concurrency, retries=None, stopping=lambda: False, refill_early=lambda row: False):
-    """(job, row) pairs from run_jobs over execute_steps, in completion order."""
+    """(job, row) pairs from run_in_pool over execute_steps, in completion order."""
     def work(job):
         return regression.run_row_steps(provider, SUITE, CASE, "m", job, retries=retries,
                                         sleep=lambda s: None)
-    return list(regression.run_jobs(jobs, work, concurrency, stopping, refill_early))
+    return list(regression.run_in_pool(jobs, work, concurrency, stopping, refill_early))
 
 
 # ====================================================================== deadline
@@ -162,7 +162,7 @@ def test_stopping_lets_in_flight_rows_finish_and_starts_nothing_new():
     provider = Fake(plan=plan)
     state = {"stopped": False}
     seen = []
-    for job, row in regression.run_jobs(list(range(20)), lambda job: regression.run_row_steps(
+    for job, row in regression.run_in_pool(list(range(20)), lambda job: regression.run_row_steps(
             provider, SUITE, CASE, "m", job), 4, lambda: state["stopped"]):
         seen.append(row)
         state["stopped"] = state["stopped"] or row["error"] is not None
@@ -180,7 +180,7 @@ def test_a_sequential_run_refills_early_only_when_the_row_cannot_stop_it():
         order.append(("start", job))
         return regression.run_row_steps(provider, SUITE, CASE, "m", job)
 
-    for job, _ in regression.run_jobs([0, 1, 2], work, 1, lambda: False, refill_early=lambda row: False):
+    for job, _ in regression.run_in_pool([0, 1, 2], work, 1, lambda: False, refill_early=lambda row: False):
         order.append(("row", job))
     assert order == [("start", 0), ("row", 0), ("start", 1), ("row", 1), ("start", 2), ("row", 2)]
 
@@ -190,7 +190,7 @@ def test_a_failure_outside_the_row_propagates_to_the_caller():
         raise ValueError(f"broken job {job}")
 
     with pytest.raises(ValueError, match="broken job"):
-        list(regression.run_jobs([1, 2], work, 2, lambda: False))
+        list(regression.run_in_pool([1, 2], work, 2, lambda: False))
 
 
 def test_keyboard_interrupt_inside_a_request_reaches_the_caller():
@@ -203,7 +203,7 @@ def test_keyboard_interrupt_inside_a_request_reaches_the_caller():
 
 
 def test_work_may_still_return_a_finished_row():
-    rows = list(regression.run_jobs([1, 2, 3], lambda job: {"job": job}, 2, lambda: False))
+    rows = list(regression.run_in_pool([1, 2, 3], lambda job: {"job": job}, 2, lambda: False))
     assert sorted(row["job"] for _, row in rows) == [1, 2, 3]
 
 
@@ -219,6 +219,6 @@ def test_a_short_run_starts_no_idle_workers(monkeypatch):
     provider = Fake()
     def steps(job):
         return regression.run_row_steps(provider, SUITE, CASE, "m", job)
-    rows = list(regression.run_jobs([0, 1, 2], steps, 64, lambda: False))
+    rows = list(regression.run_in_pool([0, 1, 2], steps, 64, lambda: False))
     assert len(rows) == 3
     assert sizes == [3], "three jobs need three workers, not 64"
