@@ -3348,6 +3348,40 @@ class Provider:
         """The id of each tool call of a response, in trace order (its result answers it by id)."""
         return []
 
+    # The conversation so far, in this API's own items: each class says how it writes prior
+    # history in the chat form (history), one played round (played) and a finished turn's reply.
+    @classmethod
+    def conversation(cls, case, rounds):
+        """The whole conversation so far: the case's prior history (messages), each finished turn
+        of a conversation (its user text, played rounds and reply), the case's input (a text, or
+        chat-form messages), then the rounds of this turn played so far."""
+        items = cls.history(case.get("messages") or [])
+        for done in case.get("_done") or ():
+            *played, last = done["rounds"]
+            items += cls.said_to(done["user"]) + [item for turn in played for item in cls.played(turn)]
+            items += cls.reply(last["response"])
+        return items + cls.said_to(case["input"]) + [item for turn in rounds for item in cls.played(turn)]
+
+    @classmethod
+    def said_to(cls, value):
+        """What the user says in this API's items: a text, or chat-form messages."""
+        return cls.history(value if isinstance(value, list) else [{"role": "user", "content": value}])
+
+    @staticmethod
+    def history(messages):
+        """Chat-form messages (user, assistant with tool_calls, tool) in this API's items."""
+        return list(messages)
+
+    @staticmethod
+    def played(turn):
+        """One played round ({"response", "tool_results"}) in this API's items."""
+        return []
+
+    @staticmethod
+    def reply(raw):
+        """A finished turn's last response (its reply) in this API's items."""
+        return []
+
 
 def _without_none(value):
     if isinstance(value, dict):
@@ -3423,7 +3457,8 @@ class PerplexityProvider(Provider):
         """The keyword arguments of client.responses.create for one case (SPEC A6), with the
         rounds played so far in its input."""
         request = {"model": model, "instructions": case.get("instructions", suite["instructions"]),
-                   "input": self.conversation(case, rounds) if rounds else case["input"]}
+                   "input": case["input"] if isinstance(case["input"], str) and not (
+                       rounds or case.get("messages") or case.get("_done")) else self.conversation(case, rounds)}
         if suite.get("tools"):
             request["tools"] = [_flat_tool(tool) for tool in suite["tools"]]
         if suite.get("response_format"):
@@ -3441,33 +3476,47 @@ class PerplexityProvider(Provider):
         return request
 
     @staticmethod
-    def conversation(case, rounds):
-        """The whole conversation so far as input items: the case's input, then per round the
-        model's text, its function_call items and our function_call_output items.
-
-        Resent in full rather than chained by previous_response_id: a turn that ends in function
-        calls is not a completed response to continue from, the server need not store anything,
-        and a replay rebuilds exactly the same request from the record."""
-        value = case["input"]
-        items = [{"type": "message", "role": "user", "content": value}] if isinstance(value, str) \
-            else [item if "type" in item else {"type": "message", **item} for item in value]
-        for turn in rounds:
-            text = PerplexityProvider.text(turn["response"])
-            if text:
-                items.append({"type": "message", "role": "assistant", "content": text})
-            signatures = {item.get("call_id"): item.get("thought_signature")
-                          for item in _items(turn["response"])
-                          if item.get("type") == "function_call"}
-            for sent in turn["tool_results"]:
-                call = {"type": "function_call", "call_id": sent["call_id"], "name": sent["name"],
-                        "arguments": _arguments_text(sent["arguments"])}
-                if isinstance(signatures.get(sent["call_id"]), str):  # thinking models need it back
-                    call["thought_signature"] = signatures[sent["call_id"]]
-                items.append(call)
-            items += [{"type": "function_call_output", "call_id": sent["call_id"],
-                       "name": sent["name"], "output": result_text(sent["result"])}
-                      for sent in turn["tool_results"]]
+    def history(messages):
+        """Chat-form messages as input items: messages, function_call items (each call's name
+        kept for its function_call_output) and function_call_output items."""
+        items, names = [], {}
+        for message in messages:
+            if message.get("role") == "tool":
+                items.append({"type": "function_call_output", "call_id": message["tool_call_id"],
+                              "name": names.get(message["tool_call_id"]), "output": message["content"]})
+                continue
+            if message.get("content") or message.get("role") != "assistant":
+                items.append({"type": "message", "role": message["role"], "content": message["content"]})
+            for call in message.get("tool_calls") or ():
+                names[call["id"]] = call["function"]["name"]
+                items.append({"type": "function_call", "call_id": call["id"], "name": call["function"]["name"],
+                              "arguments": _arguments_text(call["function"].get("arguments", {}))})
         return items
+
+    @staticmethod
+    def played(turn):
+        """A played round as input items: the model's text, its function_call items and our
+        function_call_output items.
+
+        The conversation is resent in full rather than chained by previous_response_id: a turn
+        that ends in function calls is not a completed response to continue from, the server need
+        not store anything, and a replay rebuilds exactly the same request from the record."""
+        items = PerplexityProvider.reply(turn["response"])
+        signatures = {item.get("call_id"): item.get("thought_signature")
+                      for item in _items(turn["response"]) if item.get("type") == "function_call"}
+        for sent in turn["tool_results"]:
+            call = {"type": "function_call", "call_id": sent["call_id"], "name": sent["name"],
+                    "arguments": _arguments_text(sent["arguments"])}
+            if isinstance(signatures.get(sent["call_id"]), str):  # thinking models need it back
+                call["thought_signature"] = signatures[sent["call_id"]]
+            items.append(call)
+        return items + [{"type": "function_call_output", "call_id": sent["call_id"], "name": sent["name"],
+                         "output": result_text(sent["result"])} for sent in turn["tool_results"]]
+
+    @staticmethod
+    def reply(raw):
+        text = PerplexityProvider.text(raw)
+        return [{"type": "message", "role": "assistant", "content": text}] if text else []
 
     def request(self, model, suite, case, repeat=0, rounds=()):
         try:
@@ -3848,30 +3897,48 @@ class OpenAIProvider(HTTPProvider):
         return body
 
     @staticmethod
-    def conversation(case, rounds):
-        """The case's messages, then per round the assistant message with its tool_calls and one
-        tool message per call with the scripted result."""
-        value = case["input"]
-        messages = list(value) if isinstance(value, list) else [{"role": "user", "content": value}]
-        for turn in rounds:
-            choices = turn["response"].get("choices") or [{}]
-            said = (choices[0] if isinstance(choices[0], dict) else {}).get("message") or {}
-            # "" and never null: llama-cpp-python's server answers HTTP 500 to a null content
-            content, sent = content_text(said.get("content")), turn["tool_results"]
-            if isinstance(said.get("function_call"), dict) and not said.get("tool_calls"):
-                # the legacy form: a function_call is answered by a "function" message, by name
-                call = {"name": sent[0]["name"], "arguments": _arguments_text(sent[0]["arguments"])}
-                messages += [{"role": "assistant", "content": content, "function_call": call},
-                             {"role": "function", "name": call["name"],
-                              "content": result_text(sent[0]["result"])}]
-                continue
-            messages.append({"role": "assistant", "content": content, "tool_calls": [
-                {"id": one["call_id"], "type": "function",
-                 "function": {"name": one["name"], "arguments": _arguments_text(one["arguments"])}}
-                for one in sent]})
-            messages += [{"role": "tool", "tool_call_id": one["call_id"],
-                          "content": result_text(one["result"])} for one in sent]
-        return messages
+    def history(messages):
+        """Chat-form messages as sent: an assistant's content "" and never null (llama-cpp-python's
+        server answers HTTP 500 to null), tool call arguments as JSON text."""
+        sent = []
+        for message in messages:
+            message = dict(message)
+            if message.get("role") == "assistant":
+                message["content"] = message.get("content") or ""
+            if message.get("tool_calls"):
+                message["tool_calls"] = [{**call, "function": {
+                    **call["function"], "arguments": _arguments_text(call["function"].get("arguments", {}))}}
+                    for call in message["tool_calls"]]
+            sent.append(message)
+        return sent
+
+    @staticmethod
+    def _message(raw):
+        choices = raw.get("choices") if isinstance(raw, dict) else None
+        first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        return first.get("message") if isinstance(first.get("message"), dict) else {}
+
+    @staticmethod
+    def played(turn):
+        """A played round: the assistant message with its tool_calls, then one tool message per
+        call with the scripted result."""
+        said = OpenAIProvider._message(turn["response"])
+        # "" and never null: llama-cpp-python's server answers HTTP 500 to a null content
+        content, sent = content_text(said.get("content")), turn["tool_results"]
+        if isinstance(said.get("function_call"), dict) and not said.get("tool_calls"):
+            # the legacy form: a function_call is answered by a "function" message, by name
+            call = {"name": sent[0]["name"], "arguments": _arguments_text(sent[0]["arguments"])}
+            return [{"role": "assistant", "content": content, "function_call": call},
+                    {"role": "function", "name": call["name"], "content": result_text(sent[0]["result"])}]
+        return [{"role": "assistant", "content": content, "tool_calls": [
+            {"id": one["call_id"], "type": "function",
+             "function": {"name": one["name"], "arguments": _arguments_text(one["arguments"])}}
+            for one in sent]}] + [{"role": "tool", "tool_call_id": one["call_id"],
+                                  "content": result_text(one["result"])} for one in sent]
+
+    @staticmethod
+    def reply(raw):
+        return [{"role": "assistant", "content": content_text(OpenAIProvider._message(raw).get("content"))}]
 
     @staticmethod
     def answer(content):
@@ -4057,28 +4124,65 @@ class AnthropicProvider(HTTPProvider):
                 "type": "json_schema", "schema": suite["response_format"]["json_schema"]["schema"]}}
         return {**body, **options}
 
+    @classmethod
+    def conversation(cls, case, rounds):
+        """The conversation as the API takes it: neighbours of one role are one message (history
+        that ends with the user, tool results followed by the user's next words)."""
+        merged = []
+        for message in super().conversation(case, rounds):
+            if merged and merged[-1]["role"] == message["role"]:
+                merged[-1] = {"role": message["role"],
+                              "content": cls.blocks(merged[-1]["content"]) + cls.blocks(message["content"])}
+            else:
+                merged.append(message)
+        return merged
+
     @staticmethod
-    def conversation(case, rounds):
-        """The case's messages, then per round the model's turn (its text and thinking blocks, a
-        tool_use block per call) and one user message holding a tool_result per call (is_error
-        on an error result): all results of a turn in one message, as the API requires."""
-        value = case["input"]
-        messages = [{"role": "user", "content": value}] if isinstance(value, str) else list(value)
-        for turn in rounds:
-            said = [block for block in _items(turn["response"], "content")
-                    if block.get("type") in ("thinking", "redacted_thinking")
-                    or (block.get("type") == "text" and block.get("text"))]
-            sent = turn["tool_results"]
-            said += [{"type": "tool_use", "id": one["call_id"], "name": one["name"],
-                      "input": _call_arguments(one)} for one in sent]
-            results = [{"type": "tool_result", "tool_use_id": one["call_id"],
-                        "content": result_text(one["result"])} for one in sent]
-            for one, result in zip(sent, results):
-                if is_error_result(one):
-                    result["is_error"] = True
-            messages += [{"role": "assistant", "content": said},
-                         {"role": "user", "content": results}]
-        return messages
+    def blocks(content):
+        """A message's content as content blocks (a text is one text block)."""
+        return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+    @staticmethod
+    def history(messages):
+        """Chat-form messages as Messages API messages: an assistant's tool_calls as tool_use
+        blocks, each tool message a tool_result block of a user message."""
+        sent = []
+        for message in messages:
+            role, content = message.get("role"), message.get("content")
+            if role == "tool":
+                sent.append({"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": message["tool_call_id"], "content": content}]})
+            elif message.get("tool_calls"):
+                sent.append({"role": "assistant", "content": ([{"type": "text", "text": content}] if content
+                                                              else []) + [
+                    {"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
+                     "input": _call_arguments(call["function"])} for call in message["tool_calls"]]})
+            else:
+                sent.append({"role": role, "content": content})
+        return sent
+
+    @staticmethod
+    def _said(raw):
+        """What a response said that goes back to the model: its thinking and non-empty text blocks."""
+        return [block for block in _items(raw, "content") if block.get("type") in ("thinking", "redacted_thinking")
+                or (block.get("type") == "text" and block.get("text"))]
+
+    @staticmethod
+    def played(turn):
+        """A played round: the model's turn (its text and thinking blocks, a tool_use block per
+        call), then one user message holding a tool_result per call (is_error on an error
+        result): all results of a turn in one message, as the API requires."""
+        sent = turn["tool_results"]
+        said = AnthropicProvider._said(turn["response"]) + [
+            {"type": "tool_use", "id": one["call_id"], "name": one["name"], "input": _call_arguments(one)}
+            for one in sent]
+        results = [{"type": "tool_result", "tool_use_id": one["call_id"], "content": result_text(one["result"]),
+                    **({"is_error": True} if is_error_result(one) else {})} for one in sent]
+        return [{"role": "assistant", "content": said}, {"role": "user", "content": results}]
+
+    @staticmethod
+    def reply(raw):
+        return [{"role": "assistant", "content": AnthropicProvider._said(raw)}]
 
     @staticmethod
     def said(body):
