@@ -884,18 +884,21 @@ def _structured_answer(case, trace):
 
 
 def _user_text(case):
-    """Everything the user said in a case (its input or question, or the user messages)."""
+    """Everything the user said in a case: the user messages of its prior history, its input (or
+    question, or user messages) and its turns."""
     given = case.get("input", case.get("question"))
-    if isinstance(given, list):
-        return "\n".join(json.dumps(message.get("content"), ensure_ascii=False) if not isinstance(
-            message.get("content"), str) else message["content"] for message in given
-            if isinstance(message, dict) and message.get("role", "user") == "user")
-    return given if isinstance(given, str) else ""
+    messages = [*(case.get("messages") or []), *(given if isinstance(given, list) else [])]
+    said = [json.dumps(message.get("content"), ensure_ascii=False) if not isinstance(
+        message.get("content"), str) else message["content"] for message in messages
+        if isinstance(message, dict) and message.get("role", "user") == "user"]
+    said += [given] if isinstance(given, str) else []
+    said += [turn if isinstance(turn, str) else turn.get("user") for turn in case.get("turns") or ()]
+    return "\n".join(text for text in said if isinstance(text, str))
 
 
 class Trace(collections.namedtuple("Trace", "final_text tool_calls tool_rounds search_urls status "
-                                     "cost_usd earlier_texts thought_texts rounds final",
-                                     defaults=((), (), None, None))):
+                                     "cost_usd earlier_texts thought_texts rounds final transcript",
+                                     defaults=((), (), None, None, ()))):
     """What a provider saw of one row, in provider-neutral form: the only thing checks read.
 
     final_text     the answer graded (str): reasoning a server left in content removed
@@ -909,6 +912,8 @@ class Trace(collections.namedtuple("Trace", "final_text tool_calls tool_rounds s
     thought_texts  content a server sent with the model's reasoning left in it
     rounds         a played row: model turns made (None: one request)
     final          a played row: the last turn answered without calling a tool
+    transcript     a played row or conversation: ("user" | "tool" | "said", text) in the order the
+                   model was told and said them (user turns, tool results, search URLs, replies)
     """
 
     __slots__ = ()
@@ -2377,25 +2382,15 @@ def _validate_prices(value, where):
 def _validate_case(case, suite, schema, functions, allow_empty_baseline):
     where = f"case {case.get('id')!r}"
     _unknown_key(case, CASE_KEYS, where)
-    if ("input" in case) == ("question" in case):
+    if "turns" not in case and ("input" in case) == ("question" in case):  # turns: their own rule
         raise SuiteError(f"{where}: give exactly one of input or question")
     text = case.get("input", case.get("question"))
-    if not (isinstance(text, str) and text.strip()) and not (isinstance(text, list) and text
-                                                             and all(isinstance(m, dict) for m in text)):
+    if isinstance(text, list):  # chat-form messages, with the rules of prior history
+        validate_history(text, where, "input", functions)
+    elif "turns" not in case and not (isinstance(text, str) and text.strip()):
         raise SuiteError(f"{where}: input must be a non-empty string or a list of message objects")
-    # Each check validates the case keys it reads (register_check), in check order.
     context = {"suite": suite, "schema": schema, "functions": functions, "allow_empty_baseline": allow_empty_baseline}
-    for check_ in CHECK_TABLE:
-        if check_.validate is not None and not check_.behavior and check_.involved(case):
-            check_.validate(case, where, context)
-    if "behaviors" in case:
-        if not isinstance(case["behaviors"], list):
-            raise SuiteError(f"{where}: behaviors must be a list of strings")
-        for entry in case["behaviors"]:
-            _validate_behavior(entry, where, functions)
-        for check_ in CHECK_TABLE:
-            if check_.validate is not None and check_.behavior and check_.active(case):
-                check_.validate(case, where, context)
+    _validate_checks(case, where, context)
     for key, validate in CASE_KEY_RULES.items():
         if validate is not None and key in case:
             validate(case, where, context)
@@ -2409,6 +2404,124 @@ def _validate_case(case, suite, schema, functions, allow_empty_baseline):
         if pinned != actual:
             raise SuiteError(f"prompt drift: {where} pins instructions sha256 {pinned}, but the suite's "
                              f"instructions hash to {actual}; review the instruction change, then update the pin")
+
+
+def _validate_checks(case, where, context):
+    """The check keys of a case (or of one turn) and its behaviours, each by its own check."""
+    functions = context["functions"]
+    # Each check validates the case keys it reads (register_check), in check order.
+    for check_ in CHECK_TABLE:
+        if check_.validate is not None and not check_.behavior and check_.involved(case):
+            check_.validate(case, where, context)
+    if "behaviors" in case:
+        if not isinstance(case["behaviors"], list):
+            raise SuiteError(f"{where}: behaviors must be a list of strings")
+        for entry in case["behaviors"]:
+            _validate_behavior(entry, where, functions)
+        for check_ in CHECK_TABLE:
+            if check_.validate is not None and check_.behavior and check_.active(case):
+                check_.validate(case, where, context)
+
+
+# A case may hold prior history (`messages`, in the chat form) and a conversation (`turns`: the
+# user's turns, sent one after another, each reply added before the next). A system or developer
+# message is refused wherever it would be sent: what the model is told is the suite's
+# instructions, which the record and instructions_sha256 pin.
+HISTORY_KEYS = {"user": {"role", "content"}, "assistant": {"role", "content", "tool_calls"},
+                "tool": {"role", "tool_call_id", "content"}}
+_CALL_FORM = '{"id": ID, "type": "function", "function": {"name": NAME, "arguments": ...}}'
+
+
+def _has_text(value):
+    return isinstance(value, str) and bool(text_form(value))
+
+
+def _validate_call(call, where, functions, seen):
+    """One tool call of an assistant message in history; returns its id."""
+    inner = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(inner, dict) or call.get("type") != "function":
+        raise SuiteError(f"{where}: a tool call is {_CALL_FORM}")
+    _unknown_key(call, {"id", "type", "function"}, f"{where} tool call")
+    _unknown_key(inner, {"name", "arguments"}, f"{where} tool call function")
+    if not isinstance(call.get("id"), str) or not call["id"].strip() or call["id"] in seen:
+        raise SuiteError(f"{where}: every tool call needs an id of its own (a non-empty string)")
+    if not isinstance(inner.get("name"), str):
+        raise SuiteError(f"{where}: a tool call needs a function name")
+    _declared(inner["name"], functions, where, "a tool call")
+    if not isinstance(inner.get("arguments", {}), (str, dict)):
+        raise SuiteError(f"{where}: tool call arguments are JSON text or an object")
+    return call["id"]
+
+
+def _history_message(message, at, functions, calls, seen):
+    """One message of chat-form history; `calls` (id -> name) holds the calls still unanswered."""
+    role = message.get("role") if isinstance(message, dict) else None
+    if role in ("system", "developer"):
+        raise SuiteError(f"{at} has role {role!r}, which is refused: the model is told the suite's "
+                         "instructions (pinned by instructions_sha256), and history holds only "
+                         "user, assistant and tool messages")
+    if role not in HISTORY_KEYS:
+        raise SuiteError(f'{at} needs "role": "user", "assistant" or "tool"')
+    _unknown_key(message, HISTORY_KEYS[role], at)
+    if role != "tool" and calls:
+        raise SuiteError(f"{at}: tool call {', '.join(calls)} has no tool message answering it before")
+    content = message.get("content")
+    if role == "tool":
+        answered = message.get("tool_call_id")
+        if not isinstance(answered, str) or answered not in calls:
+            raise SuiteError(f"{at}: tool_call_id {answered!r} answers no open tool call of the "
+                             "assistant message before it")
+        del calls[answered]
+        if not isinstance(content, str):
+            raise SuiteError(f"{at}: content must be a string (the tool's result)")
+    elif role == "assistant" and "tool_calls" in message:
+        if not isinstance(message["tool_calls"], list) or not message["tool_calls"]:
+            raise SuiteError(f"{at}: tool_calls must be a non-empty list of {_CALL_FORM}")
+        for call in message["tool_calls"]:
+            calls[_validate_call(call, at, functions, seen)] = True
+            seen.add(call["id"])
+        if content is not None and not isinstance(content, str):
+            raise SuiteError(f"{at}: content must be a string or null")
+    elif not _has_text(content):
+        raise SuiteError(f"{at}: content must be a non-empty string")
+
+
+def validate_history(messages, where, field, functions):
+    """Chat-form history ({"role": "user" | "assistant" | "tool", ...}) checked message by
+    message: tool calls of declared tools, each answered by a tool message before the next."""
+    if not isinstance(messages, list) or not messages:
+        raise SuiteError(f"{where}: {field} must be a non-empty list of message objects")
+    calls, seen = {}, set()
+    for number, message in enumerate(messages, 1):
+        _history_message(message, f"{where}: {field} message {number}", functions, calls, seen)
+    if calls:
+        raise SuiteError(f"{where}: {field}: tool call {', '.join(calls)} has no tool message answering it")
+
+
+def turn_keys():
+    """The keys a turn object may hold: its user text, and any check key a case may hold."""
+    return {"user"} | (CHECK_KEYS & CASE_KEYS)
+
+
+def _validate_turns(case, where, context):
+    if "input" in case or "question" in case:
+        raise SuiteError(f"{where}: give input or turns, not both (the turns are what the user says)")
+    if not isinstance(case["turns"], list) or not case["turns"]:
+        raise SuiteError(f"{where}: turns must be a non-empty list of turns "
+                         '(a text, or {"user": TEXT, ...checks})')
+    for number, turn in enumerate(case["turns"], 1):
+        at = f"{where} turn {number}"
+        if isinstance(turn, dict):
+            _unknown_key(turn, turn_keys(), at)
+        if not _has_text(turn.get("user") if isinstance(turn, dict) else turn):
+            raise SuiteError(f'{at}: is empty; a turn is a non-empty text or {{"user": TEXT, ...checks}}')
+        if isinstance(turn, dict):
+            _validate_checks({**turn, "id": case["id"]}, at, context)
+
+
+register_case_key("turns", _validate_turns)
+register_case_key("messages", lambda case, where, context: validate_history(
+    case["messages"], where, "messages", context["functions"]))
 
 
 def _not_unicode(value):
@@ -4287,13 +4400,20 @@ class ReplayProvider(Provider):
         return next((key for key in plan if key not in self.rows), None)
 
     def request(self, model, suite, case, repeat=0, rounds=()):
-        """The stored response of round len(rounds)+1: a played row keeps every round, others one."""
+        """The stored response of round len(rounds)+1 (of the turn after the finished ones of a
+        conversation): a played row keeps every round, a conversation every turn's, others one."""
         row = self.rows.get((model, case["id"], repeat))
         if row is None:
             raise ResponseError(f"{self.source} has no stored response for {key_text((model, case['id'], repeat))}")
         stored = row.get("rounds") if isinstance(row.get("rounds"), list) else [{"response": row["response"]}]
+        turn = len(case.get("_done") or ()) if "_done" in case else None
+        if turn is not None:  # a conversation row keeps its rounds turn by turn
+            entry = (row.get("turns") or [])[turn:turn + 1]
+            stored = entry[0].get("rounds") if entry and isinstance(entry[0], dict) else None
+            stored = stored if isinstance(stored, list) else []
+        where = f" of turn {turn + 1}" if turn is not None else ""
         if len(rounds) >= len(stored) or not isinstance(stored[len(rounds)], dict):
-            raise ResponseError(f"{self.source} has no stored round {len(rounds) + 1} for "
+            raise ResponseError(f"{self.source} has no stored round {len(rounds) + 1}{where} for "
                                 f"{key_text((model, case['id'], repeat))} (it kept {len(stored)})")
         return unanswered_error(self, suite, stored[len(rounds)].get("response"))
 
@@ -4629,7 +4749,12 @@ def rounds_trace(parse, rounds, traces=None):
                     entry["unscripted"] = True
             calls.append(entry)
     last = traces[-1]
+    heard = []  # in order: what a round's search returned, what it said, the results sent back
+    for turn, trace in zip(rounds, traces):
+        heard += [("tool", url) for url in trace.search_urls] + [("said", trace.final_text)]
+        heard += [("tool", result_text(sent["result"])) for sent in turn.get("tool_results") or ()]
     return Trace(
+        transcript=tuple(heard),
         final_text=last.final_text,
         # Text a round said beside its tool calls is said to the user too (see said_texts).
         earlier_texts=tuple(trace.final_text for trace in traces[:-1] if trace.final_text),
@@ -4649,16 +4774,18 @@ class BudgetReached(Exception):
 
 
 def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=time.monotonic, sleep=time.sleep,
-                     budget=None):
+                     budget=None, until=None):
     """Run a played case into `row` round by round (as steps, see send_request_steps); returns its trace.
 
     Each response is stored in row["rounds"] (and row["response"]) before it is read, so a
     failure mid-loop keeps every round already made as evidence. `budget(row, row_cost)` (the
     row so far, and its reported cost so far, a decimal string or None) says why no further
-    round may be sent, or None: the spending cap applies to every request, not only between rows."""
+    round may be sent, or None: the spending cap applies to every request, not only between rows.
+    `until`: a conversation's whole-row deadline (a clock reading), else this row's own."""
     limit = round_limit(suite, case)
     deadline = getattr(provider, "deadline", None)
-    until = clock() + deadline * limit if deadline else None  # the whole row, retries included
+    if until is None and deadline:
+        until = clock() + deadline * limit  # the whole row, retries included
     call_ids = getattr(provider, "call_ids", lambda raw: [])
     rounds = row["rounds"] = []
     traces = []
@@ -4686,6 +4813,123 @@ def play_tools(provider, suite, case, model, repeat, retries, row, clock=time.mo
     return drive_steps(play_tools_steps(provider, suite, case, model, repeat, retries, row, clock, sleep, budget))
 
 
+# ---------------------------------------------------------------------- conversations
+# A case with `turns` is a conversation: each turn is played as a played case is (up to its round
+# limit, the case's scripted tool results answering every turn's calls), then its reply and rounds
+# join the conversation the next turn is sent with. Every turn's evidence goes into row["turns"]
+# as it arrives, so a failure in turn 3 keeps turns 1-2 and the partial turn 3.
+
+def user_turns(case):
+    """[(user text, {the checks of that turn})] of a conversation case."""
+    return [(turn, {}) if isinstance(turn, str) else
+            (turn["user"], {key: value for key, value in turn.items() if key != "user"})
+            for turn in case["turns"]]
+
+
+def turn_case(case, user, done):
+    """The case as one turn is sent: that turn's words as input, after the finished turns
+    (`done`: {"user", "rounds"} each) and the case's prior history (messages)."""
+    return {**{key: value for key, value in case.items() if key != "turns"}, "input": user, "_done": done}
+
+
+def converse_steps(provider, suite, case, model, repeat, retries, row, clock=time.monotonic,
+                   sleep=time.sleep, budget=None):
+    """Run a conversation into `row` turn by turn (as steps, see send_request_steps); returns
+    each turn's trace. A turn still calling tools at its round limit ends the conversation (the
+    next turn could not follow a call left unanswered). One deadline covers every turn, and
+    `budget` (see play_tools_steps) sees the whole row's spend, also before each later turn."""
+    turns, deadline = user_turns(case), getattr(provider, "deadline", None)
+    until = clock() + deadline * round_limit(suite, case) * len(turns) if deadline else None
+    row["turns"], done, traces, costs = [], [], [], []
+
+    def spend(entry, cost):  # the cap holds against the whole conversation's spend
+        return budget(row, _sum_costs([*costs, cost])) if budget is not None else None
+
+    for number, (user, _) in enumerate(turns, 1):
+        stop = spend(None, "0") if number > 1 else None
+        if stop:
+            raise BudgetReached(f"{stop} after turn {number - 1}")
+        entry = {"user": user}
+        row["turns"].append(entry)
+        try:
+            trace = yield from play_tools_steps(provider, suite, turn_case(case, user, done), model, repeat,
+                                                retries, entry, clock, sleep, spend, until)
+        finally:  # what this turn sent and spent is the row's, also when it failed
+            row["response"] = entry.pop("response", row["response"])
+            row["attempts"] = row.get("attempts", 0) + entry.pop("attempts", 0)
+            costs += [entry.pop("cost_usd")] if "cost_usd" in entry else []
+            row["cost_usd"] = _sum_costs(costs)
+        entry["reply"] = trace.final_text
+        traces.append(trace)
+        if not trace.final:
+            break
+        done = [*done, entry]
+    return traces
+
+
+def conversation_trace(users, traces):
+    """One trace of a whole conversation: the last reply is its answer; what every turn said,
+    called and was given counts in order (a call marked with its turn, rounds numbered across
+    the conversation). Each turn's ending is judged on that turn, so the whole reads completed."""
+    calls, before = [], 0
+    for number, trace in enumerate(traces, 1):
+        calls += [{**call, "turn": number, "round": call["round"] + before} for call in trace.tool_calls]
+        before += trace.rounds
+    last = traces[-1]
+    return Trace(
+        final_text=last.final_text,
+        earlier_texts=tuple(text for trace in traces[:-1] for text in said_texts(trace) if text)
+        + last.earlier_texts,
+        thought_texts=tuple(text for trace in traces for text in trace.thought_texts),
+        tool_calls=calls, tool_rounds=sum(trace.tool_rounds for trace in traces),
+        search_urls=[url for trace in traces for url in trace.search_urls], status="completed",
+        cost_usd=_sum_costs([trace.cost_usd for trace in traces]), rounds=before, final=True,
+        transcript=tuple(event for user, trace in zip(users, traces)
+                         for event in (("user", user), *trace.transcript)))
+
+
+def turn_gradings(suite, case, traces):
+    """[(turn number, compiled turn, its trace)] of each turn reached: the turn's own checks, the
+    user's words up to it, and in its transcript what it was given before (never what earlier
+    turns said: a value the model made up is no ground for a later reply)."""
+    turns, given, graded = user_turns(case), [], []
+    for number, ((user, checks), trace) in enumerate(zip(turns, traces), 1):
+        seen = {"id": case["id"], **checks, "turns": [said for said, _ in turns[:number]],
+                "max_rounds": round_limit(suite, case)}  # a turn left calling tools fails there
+        seen.update({"messages": case["messages"]} if "messages" in case else {})
+        heard = (*given, ("user", user), *trace.transcript)
+        graded.append((number, compile_case(suite, seen), trace._replace(transcript=heard)))
+        given = [event for event in heard if event[0] != "said"]
+    return graded
+
+
+def _file_turn_evidence(evidence, reason, number, facts):
+    """File what a turn's failing reason saw, its note naming the turn ("turn 2: missing ...");
+    a reason given already (by the case or an earlier turn) adds its note and its facts."""
+    named = {**facts, "note": f"turn {number}: {facts.get('note') or reason}", "turn": number}
+    kept = evidence.setdefault(reason, named)
+    if kept is not named:
+        kept["note"] = "; ".join(note for note in (kept.get("note"), named["note"]) if note)
+        kept.setdefault("also", []).append(named)
+
+
+def grade_turns(row, suite, case, traces):
+    """Add each turn's own verdicts to a graded conversation row: its reasons, their evidence
+    (each note naming its turn) and its details, under details["turns"] (one object a turn)."""
+    details = row.setdefault("details", {})
+    evidence, per_turn = details.pop("evidence", {}), []
+    for number, compiled, trace in turn_gradings(suite, case, traces):
+        row["reasons"] += [reason for reason in grade(compiled, trace) if reason not in row["reasons"]]
+        found = explain(compiled, trace)
+        for reason, facts in found.pop("evidence", {}).items():
+            _file_turn_evidence(evidence, reason, number, facts)
+        per_turn.append(found)
+    details.update({"evidence": evidence} if evidence else {})
+    details.update({"turns": per_turn} if any(per_turn) else {})
+    if not details:
+        row.pop("details")
+
+
 def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retries=None, sleep=time.sleep,
                   budget=None):
     """run_row() as steps (see send_request_steps): a run's worker pool drives these; returns the row.
@@ -4696,7 +4940,14 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
     row.update(error=None, error_status=None, cost_usd=None, response=None, answer_text=None, reasons=[])
     started = time.monotonic()
     try:
-        if plays_tools(suite, case):
+        if "turns" in case:
+            traces = yield from converse_steps(provider, suite, case, model, repeat or 0, retries or 0, row,
+                                               sleep=sleep, budget=budget)
+            trace = conversation_trace([user for user, _ in user_turns(case)], traces)
+            raw = row["response"]
+            if retries is None:
+                row.pop("attempts")
+        elif plays_tools(suite, case):
             trace = yield from play_tools_steps(provider, suite, case, model, repeat or 0, retries or 0, row,
                                                 sleep=sleep, budget=budget)
             raw = row["response"]
@@ -4719,6 +4970,8 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
             details.update(tool_calls=trace.tool_calls, tool_rounds=trace.tool_rounds, rounds=trace.rounds)
         if details:
             row["details"] = details
+        if "turns" in case:
+            grade_turns(row, suite, case, traces)
     except Exception as exc:  # an endpoint or checker failure is evidence, not a crash
         row["error"] = type(exc).__name__
         row["error_status"] = status_of(exc)
@@ -4749,14 +5002,21 @@ def _token_count(usage, *names):
 CACHE_TOKEN_FIELDS = ("cache_creation_input_tokens", "cache_read_input_tokens")  # priced as input
 
 
+def row_responses(row):
+    """Every raw response a row holds, in order: its turns' rounds, its rounds, or its response."""
+    turns = row.get("turns") if isinstance(row.get("turns"), list) else ()
+    rounds = [turn for entry in turns if isinstance(entry, dict) and isinstance(entry.get("rounds"), list)
+              for turn in entry["rounds"]] or row.get("rounds")
+    if isinstance(rounds, list) and rounds:
+        return [turn.get("response") if isinstance(turn, dict) else None for turn in rounds]
+    return [row.get("response")]
+
+
 def usage_tokens(row):
-    """(input, output) tokens the endpoint reported for a row, summed over its rounds, or None
-    when any response lacks them (a guess is never priced)."""
-    rounds = row.get("rounds")
-    responses = rounds if isinstance(rounds, list) and rounds else [row.get("response")]
+    """(input, output) tokens the endpoint reported for a row, summed over its rounds (of every
+    turn), or None when any response lacks them (a guess is never priced)."""
     total_in = total_out = 0
-    for entry in responses:
-        raw = entry.get("response") if isinstance(entry, dict) and isinstance(entry.get("response"), dict) else entry
+    for raw in row_responses(row):
         usage = raw.get("usage") if isinstance(raw, dict) else None
         if not isinstance(usage, dict):
             return None
@@ -5005,7 +5265,7 @@ def redact_row(row, mask):
     """The row as stored: responses, answers, details and error messages masked; an error
     message is cut only after masking, so no partial secret survives at the cut."""
     stored = dict(row)
-    for field in ("response", "rounds", "answer_text", "details", "error_message"):
+    for field in ("response", "rounds", "turns", "answer_text", "details", "error_message"):
         if stored.get(field) is not None:
             stored[field] = mask(stored[field])
     if isinstance(stored.get("error_message"), str):
@@ -5521,7 +5781,7 @@ SUMMARY_MODEL_FIELDS = dict(passed=_INT, total=_INT, errors=_INT, qualified=_BOO
 ROW_FIELDS = dict(
     error=_TEXT, error_status=_INT, error_message=_TEXT, cost_usd=_TEXT, answer_text=_TEXT,
     reasons=(_is_text_list, "a list of strings"), passed=_BOOL, seconds=_NUMBER, details=_OBJECT,
-    attempts=_INT, rounds=_LIST)
+    attempts=_INT, rounds=_LIST, turns=_LIST)
 DETAILS_FIELDS = dict(diff=_TEXT, similarity=_NUMBER)
 
 
@@ -5546,7 +5806,7 @@ def masked_evidence(record):
     if record.get("redaction"):
         return "it was stored with --redact/--redact-pii, so its responses are masked"
     for row in record.get("runs") or []:
-        stored = {field: row.get(field) for field in ("response", "rounds")} if isinstance(row, dict) else None
+        stored = {field: row.get(field) for field in ("response", "rounds", "turns")} if isinstance(row, dict) else None
         if stored and _MASK_MARK.search(dumps(stored)):
             return (f"the stored response of {key_text(row_key(row))} holds a [REDACTED] mask "
                     "(a key or pattern was masked)")
@@ -5577,11 +5837,31 @@ def _row_problem(row, position):
     problem = _field_problem(row, ROW_FIELDS, f"runs[{position}].")
     if problem is None and isinstance(row.get("details"), dict):
         problem = _field_problem(row["details"], DETAILS_FIELDS, f"runs[{position}].details.")
+    if problem is None and isinstance(row.get("turns"), list):
+        problem = _turns_problem(row["turns"], f"runs[{position}].turns")
     # the verdict counts only `passed`: a row marked passed that holds reasons or an error is a
     # crafted or broken row, and trusting it would carry a failure into a summary as a pass
     if problem is None and row.get("passed") is True and (row.get("reasons") or row.get("error") is not None):
         problem = f"runs[{position}].passed is true but the row holds reasons or an error"
     return problem
+
+
+TURN_FIELDS = dict(user=_TEXT, rounds=_LIST, reply=_TEXT)
+
+
+def _turns_problem(turns, where):
+    """Why a conversation row's turns are not its evidence, or None: each turn an object with
+    the user's text and its rounds, each round an object holding a response."""
+    for number, turn in enumerate(turns):
+        at = f"{where}[{number}]"
+        problem = f"{at} is not an object" if not isinstance(turn, dict) else \
+            f"{at}.user is not a string" if not isinstance(turn.get("user"), str) else \
+            _field_problem(turn, TURN_FIELDS, f"{at}.")
+        if problem is None and not all(isinstance(one, dict) for one in turn.get("rounds") or ()):
+            problem = f"{at}.rounds holds a round that is not an object"
+        if problem:
+            return problem
+    return None
 
 
 def record_problem(record):
@@ -6845,7 +7125,7 @@ def row_line(row, widths=(0, 0)):
     else:
         notes = evidence_notes(row)
         verdict = "FAIL " + ",".join(row["reasons"]) + (f" ({notes})" if notes else "")
-    requests = len(row["rounds"]) if isinstance(row.get("rounds"), list) and row["rounds"] else 1
+    requests = len(row_responses(row))
     if isinstance(row.get("attempts"), int) and row["attempts"] > requests:  # retries happened
         verdict += f" (after {row['attempts']} attempts" + (f" for {requests} rounds)" if requests > 1 else ")")
     cost = f"${row['cost_usd']}" if row["cost_usd"] is not None else "cost ?"
