@@ -39,9 +39,10 @@ import re
 import sys
 
 from regression import (ABSENT, BEHAVIORS, CASES, CHECK_KEYS, CHECK_TABLE, INSTRUCTIONS,
-                        RecordError, Trace, check, compile_case, dumps, first_difference, grade,
-                        html_page, html_table, instructions_sha256, junit_name, junit_xml, key_text,
-                        load_record, md_table, md_text, plan_rows, record_problem, record_provider,
+                        RecordError, Trace, UsageError, check, compile_case, dumps,
+                        first_difference, grade, html_page, html_table, instructions_sha256,
+                        junit_name, junit_xml, key_text, load_record, masked_evidence, md_table,
+                        md_text, plan_rows, record_problem, record_provider, regraded_rows,
                         row_key, safe_text, same_json, summary, tool_sequence, write_new_file,
                         xml_text)
 
@@ -90,11 +91,53 @@ SIDES = ("before", "after")  # what a message calls the two records when no file
 
 
 def rows_of(record, name):
-    """index(record), its ValueError naming the record (the file, or a side) it is about."""
+    """index(record) with each failing row's verdicts (see with_verdicts), its ValueError naming
+    the record (the file, or a side) it is about."""
     try:
-        return index(record)
+        return with_verdicts(record, index(record))
     except ValueError as exc:
         raise ValueError(f"{name}: {exc}") from None
+
+
+# Each failing row holds the verdict of each rule it failed ({"forbid_tool:cancel_order":
+# ["forbidden_tool_called"], ...}): two entries of one behaviour give the same reason, so the
+# reasons alone cannot say which entry failed. A row graded before verdicts were kept gets them
+# from its reasons when only one rule of its case can give each; otherwise they are graded again
+# from its stored response (offline), and kept only when that gives the very reasons stored.
+
+def _attributed(case, row):
+    """An older row's verdicts read from its reasons (a reason no rule of the case gives stands
+    as its own rule), or None when several entries of one behaviour could have given a reason."""
+    rules = dict(case_rules(case))
+    verdicts = {}
+    for reason in row["reasons"]:
+        givers = [rule for rule, check in rules.items() if _explains(check, reason)]
+        if len({rules[rule].name for rule in givers}) < len(givers):
+            return None
+        for rule in givers or [reason]:
+            verdicts[rule] = list(dict.fromkeys(verdicts.get(rule, []) + [reason]))
+    return verdicts
+
+
+def with_verdicts(record, rows):
+    """{key: row} of a record's rows (see index), each failing row with its verdicts: stored, read
+    from its reasons (_attributed) or graded again; a row none of these can tell is left without."""
+    cases = {case["id"]: case for case in record["config"]["cases"]}
+    filled, unknown = dict(rows), []
+    for key, row in rows.items():
+        if not row["passed"] and "verdicts" not in row:
+            verdicts = _attributed(cases[key[1]], row)
+            filled[key] = {**row, "verdicts": verdicts} if verdicts is not None else row
+            unknown += [row] if verdicts is None else []
+    if unknown and masked_evidence(record) is None:  # masked text may grade otherwise: no regrade
+        try:
+            regraded = regraded_rows(record, unknown)
+        except UsageError:
+            regraded = []  # the record's suite no longer loads: its rows stay without verdicts
+        for row, again in regraded:
+            if again["reasons"] == row["reasons"] and again.get("verdicts"):
+                filled[row_key(row)] = {**row, "verdicts": again["verdicts"]}
+    return filled
 
 
 # ====================================================================== comparison
@@ -108,13 +151,13 @@ IGNORED_CASE_KEYS = ("instructions_sha256", "notes")  # a pin follows the instru
 
 def _config_view(config, without_checks=False):
     """The part of a config two comparable records share: all but the instructions and
-    the cases' pins and notes (and, for a regrade, the cases' check keys and sources)."""
+    the cases' pins and notes (and, for a regrade, the cases' check keys and sources). The
+    config is record_problem's: its cases a list of objects."""
     view = {key: value for key, value in config.items()
             if key != "instructions" and not (without_checks and key == "sources")}
-    if isinstance(view.get("cases"), list):
-        dropped = IGNORED_CASE_KEYS + (tuple(CHECK_KEYS) if without_checks else ())
-        view["cases"] = [{key: value for key, value in case.items() if key not in dropped}
-                         if isinstance(case, dict) else case for case in view["cases"]]
+    dropped = IGNORED_CASE_KEYS + (tuple(CHECK_KEYS) if without_checks else ())
+    view["cases"] = [{key: value for key, value in case.items() if key not in dropped}
+                     for case in view["cases"]]
     return view
 
 
@@ -195,12 +238,9 @@ def _comparable(before, after, names=SIDES):
         return None
     _same_evidence(before, after, names)
 
-    def cases(record):
-        found = _config_view(record["config"]).get("cases")
-        return [case for case in found if isinstance(case, dict)] if isinstance(found, list) else []
-    old_cases = {case.get("id"): case for case in cases(before)}
-    return [str(case.get("id")) for case in cases(after)
-            if not same_json(old_cases.get(case.get("id"), ABSENT), case)] + \
+    old_cases = {case["id"]: case for case in _config_view(before["config"])["cases"]}
+    return [case["id"] for case in _config_view(after["config"])["cases"]
+            if not same_json(old_cases.get(case["id"], ABSENT), case)] + \
         (["(sources)"] if not same_json(before["config"].get("sources"), after["config"].get("sources")) else [])
 
 
@@ -238,8 +278,30 @@ def _answer_diff(old, new):
     return "\n".join(difflib.unified_diff(a.splitlines(), b.splitlines(), "before", "after", lineterm=""))
 
 
+def _shared(rows):
+    """The reasons two or more rules give in these rows (from their verdicts): forbidden_tool_called
+    of forbid_tool:cancel_order and of forbid_tool:refund_order."""
+    rules = collections.defaultdict(set)
+    for row in rows:
+        for rule, reasons in (row.get("verdicts") or {}).items():
+            for reason in reasons:
+                rules[reason].add(rule)
+    return {reason for reason, given in rules.items() if len(given) > 1}
+
+
+def _failures(row, shared):
+    """What a row failed, as counted per side: each reason, named with its rule where several
+    rules give it (reason[rule]); a row without verdicts (see analyse): its reasons."""
+    if "verdicts" not in row:
+        return row["reasons"]
+    return [f"{reason}[{rule}]" if reason in shared else reason
+            for rule, reasons in row["verdicts"].items() for reason in reasons]
+
+
 def analyse(pairs, alpha=None):
-    """The comparison of paired rows [(key, old, new)]: labels, per-check changes, pass rates, diffs."""
+    """The comparison of paired rows [(key, old, new)]: labels, per-check changes, pass rates and
+    diffs. A reason two rules give is counted per rule where each failing row holds its verdicts
+    (see with_verdicts); a model/case pair with a row that does not is counted by reason."""
     rows, groups = [], {}
     for key, old, new in pairs:
         label = LABELS[(old["passed"], new["passed"])]
@@ -252,9 +314,11 @@ def analyse(pairs, alpha=None):
     for group in groups.values():
         old, new = group.pop("old"), group.pop("new")
         # How often each reason occurred on each side: 2/3 -> 0/3 with the same reason is a drop.
-        before = collections.Counter(reason for row in old for reason in row["reasons"])
-        after = collections.Counter(reason for row in new for reason in row["reasons"])
-        group.update(
+        by_entry = all(row["passed"] or "verdicts" in row for row in old + new)
+        shared = _shared(old + new) if by_entry else set()
+        before = collections.Counter(reason for row in old for reason in _failures(row, shared))
+        after = collections.Counter(reason for row in new for reason in _failures(row, shared))
+        group.update(by_reason=not by_entry,
             regress=sorted(reason for reason in after if after[reason] > before[reason]),
             gain=sorted(reason for reason in before if before[reason] > after[reason]),
             counts={reason: (before[reason], after[reason]) for reason in set(before) | set(after)},
@@ -267,8 +331,8 @@ def analyse(pairs, alpha=None):
         group["dropped"] = group["passed_after"] * len(old) < group["passed_before"] * len(new)
         # A GAIN of a reason a call causes may only be calls that vanished: marked (no_call).
         group["calls"] = call_change(old, new)
-        group["no_call"] = sorted(set(group["gain"]) & call_reasons()) \
-            if vanished(group["calls"]) else []
+        caused = [item for item in group["gain"] if item.partition("[")[0] in call_reasons()]
+        group["no_call"] = caused if vanished(group["calls"]) else []  # reason[rule]: _failures
     groups = list(groups.values())
     new_failures = sum(row["label"] == "NEW_FAILURE" for row in rows)
     significant = [g for g in groups if g["dropped"] and alpha is not None and g["p"] <= alpha]
@@ -422,6 +486,7 @@ def render(result, all_diffs=False, all_rows=True):
         lines += [f"{label} {count:,} (unchanged rows, not listed; --all lists every row)"
                   for label, count in unchanged_counts(result["rows"]).items()]
     lines += _check_lines(result)
+    lines += [line for line in [by_reason_note(result)] if line]
     if result["repeats"] > 1:
         lines += _rate_lines(result, all_rows)
     sequences = [row for row in result["rows"] if _tools_changed(row)]
@@ -443,6 +508,19 @@ def render(result, all_diffs=False, all_rows=True):
             lines.append(f"note: with {result['repeats']} repeat(s) per side no drop can reach p <= {result['alpha']} "
                          f"(the smallest possible p is {smallest:.4f}); add --repeats")
     return "\n".join(lines)
+
+
+def by_reason_note(result):
+    """One line when some model/case pairs could only be counted by reason (see analyse)."""
+    pairs = [f"{g['model']} {g['case']}" for g in result["groups"] if g["by_reason"]]
+    if not pairs:
+        return None
+    named = ", ".join(pairs[:3]) + (", ..." if len(pairs) > 3 else "")
+    count = _plural(len(pairs), "model/case pair")
+    return safe_text(f"note: per-entry verdicts unknown for {count}"
+                     f" ({named}): rows graded before they were kept, whose responses cannot be "
+                     "graded again; changes there are counted by reason, so a failure that moved "
+                     "between entries of one behaviour is not shown")
 
 
 def cautions(before, after):
@@ -645,7 +723,7 @@ def call_reasons():
                if kind is None or kind in PROBE_ARGS]
     case = compile_case({"instructions": _PROBE_TEXT, "tools": tools},
                         {"id": "probe", "input": "Please help with my order.",
-                         "behaviors": entries})
+                         "behaviors": entries, "max_rounds": 3})  # played: no_final_answer judges
     arguments = json.dumps({"probe_id": "X-7731", "note": _PROBE_TEXT})
     calls = [{"round": number, "name": name, "arguments": arguments, "result": {"ok": True}}
              for number, name in ((1, "probe_a"), (2, "probe_b"))]
@@ -718,9 +796,9 @@ def _mute_line(model, total, sides, marked):
 
 # ====================================================================== behaviour matrix
 # The golden-behaviours harness's model-swap view: every (case, behaviour) of the suite with
-# both sides' verdicts, not only the changed ones. A behaviour's verdict is read from the
-# reasons its check can give; a reason no declared rule explains gets a row of its own, so a
-# failure is never hidden.
+# both sides' verdicts, not only the changed ones. Each rule's verdict is the row's own for that
+# rule (its verdicts, see with_verdicts); a failed check the case does not declare as a rule gets
+# a row per reason, so a failure is never hidden.
 
 MATRIX_COLUMNS = ["case_id", "behavior", "A", "B", "delta"]
 
@@ -742,9 +820,20 @@ def case_rules(case):
                     if not check.behavior and not check.always and check.active(case)]
 
 
-def _verdict(rows, explains):
-    """(passes, runs) of one rule over a side's rows (one per repeat)."""
-    return sum(not any(explains(reason) for reason in row["reasons"]) for row in rows), len(rows)
+def _failing(case, row):
+    """{label: its reasons} of what a row fails in the matrix: each rule of the case that failed,
+    and each reason of a check the case declares no rule for; ValueError when it cannot tell."""
+    verdicts = row["verdicts"] if "verdicts" in row else _attributed(case, row)  # passed: {}
+    if verdicts is None:
+        raise ValueError(f"row {_name(row_key(row))} was graded before per-entry verdicts were "
+                         "kept, "
+                         f"and its reasons ({', '.join(row['reasons'])}) could come from several "
+                         "entries of one behaviour, nor can its stored response be graded again to "
+                         "tell which (masked, or no longer reproducible): run the suite again with "
+                         "this version and compare that record")
+    rules = {rule for rule, _ in case_rules(case)}
+    return {label: given for rule, reasons in verdicts.items() for label, given in
+            ([(rule, reasons)] if rule in rules else [(reason, [reason]) for reason in reasons])}
 
 
 def _verdict_text(passes, runs):
@@ -757,17 +846,18 @@ def behaviour_matrix(cases, side_a, side_b):
     for case in cases:
         rows_a, rows_b = side_a[case["id"]], side_b[case["id"]]
         mute = vanished(call_change(rows_a, rows_b))  # B stopped calling A's tools: GAIN* below
-        rules = [(rule, lambda reason, check=check: _explains(check, reason)) for rule, check in case_rules(case)]
-        seen = [reason for row in rows_a + rows_b for reason in row["reasons"]]
-        rules += [(reason, lambda other, reason=reason: other == reason) for reason in dict.fromkeys(seen)
-                  if not any(explains(reason) for _, explains in rules)]
-        for rule, explains in rules:
-            (pass_a, runs_a), (pass_b, runs_b) = _verdict(rows_a, explains), _verdict(rows_b, explains)
+        failing_a, failing_b = ([_failing(case, row) for row in rows] for rows in (rows_a, rows_b))
+        rules = [rule for rule, _ in case_rules(case)]
+        seen = dict.fromkeys(label for failing in failing_a + failing_b for label in failing)
+        rules += [label for label in seen if label not in rules]
+        for rule in rules:
+            (pass_a, runs_a), (pass_b, runs_b) = ((sum(rule not in failing for failing in side),
+                                                   len(side)) for side in (failing_a, failing_b))
             # compare pass rates (a side may have a different number of repeats only in theory)
             delta = "same" if pass_a * runs_b == pass_b * runs_a else \
                 "REGRESS" if pass_b * runs_a < pass_a * runs_b else "GAIN"
-            if delta == "GAIN" and mute and any(explains(reason) and reason in call_reasons()
-                                                for row in rows_a for reason in row["reasons"]):
+            if delta == "GAIN" and mute and any(reason in call_reasons() for failing in failing_a
+                                                for reason in failing.get(rule, ())):
                 delta = "GAIN*"
             table.append([case["id"], rule, _verdict_text(pass_a, runs_a), _verdict_text(pass_b, runs_b), delta])
     return table
@@ -913,6 +1003,7 @@ def markdown_comparison(result, title):
          for g in moved]) if moved else "No model/case pair changed.")
     if len(moved) < len(result["groups"]):
         lines += ["", f"{len(result['groups']) - len(moved):,} model/case pair(s) unchanged (not listed)."]
+    lines += ["", md_text(by_reason_note(result))] if by_reason_note(result) else []
     sequences = [row for row in result["rows"] if _tools_changed(row)]
     if sequences:
         lines += ["", "### Tool sequences of changed rows", "", md_table(
@@ -963,6 +1054,7 @@ def html_comparison(result, title):
                          for g in moved]) if moved else "<p>No model/case pair changed.</p>"]
     if len(moved) < len(result["groups"]):
         body.append(f"<p>{len(result['groups']) - len(moved):,} model/case pair(s) unchanged (not listed).</p>")
+    body += [f"<p>{xml_text(by_reason_note(result))}</p>"] if by_reason_note(result) else []
     body += ["<h2>Rows that changed</h2>",
              html_table(["label", "model", "case", "repeat", "before", "after"],
                         [[(xml_text(row["label"]), css[row["label"]]), xml_text(row["key"][0]),

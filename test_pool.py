@@ -53,7 +53,8 @@ class Fake(regression.EchoProvider):
 def rows_of(provider, jobs, concurrency, retries=None, stopping=lambda: False, refill_early=lambda row: False):
     """(job, row) pairs from run_jobs over execute_steps, in completion order."""
     def work(job):
-        return regression.execute_steps(provider, SUITE, CASE, "m", job, retries=retries, sleep=lambda s: None)
+        return regression.run_row_steps(provider, SUITE, CASE, "m", job, retries=retries,
+                                        sleep=lambda s: None)
     return list(regression.run_jobs(jobs, work, concurrency, stopping, refill_early))
 
 
@@ -135,14 +136,15 @@ def test_requests_run_on_at_most_concurrency_long_lived_workers(concurrency):
 def test_rows_equal_those_of_a_direct_execute():
     provider = Fake(deadline=1.0)
     (_, pooled), = rows_of(provider, [3], 4, retries=1)
-    direct = regression.execute(provider, SUITE, CASE, "m", 3, retries=1)
+    direct = regression.run_row(provider, SUITE, CASE, "m", 3, retries=1)
     assert {k: v for k, v in pooled.items() if k != "seconds"} == {k: v for k, v in direct.items() if k != "seconds"}
 
 
 def test_send_through_steps_keeps_its_retry_contract():
     provider = Fake(plan=lambda n: -1 if n < 3 else 0.0)
     sleeps = []
-    raw, attempts = regression.send(provider, "m", SUITE, CASE, 0, retries=3, sleep=sleeps.append, jitter=lambda: 1.0)
+    raw, attempts = regression.send_request(provider, "m", SUITE, CASE, 0, retries=3,
+                                            sleep=sleeps.append, jitter=lambda: 1.0)
     assert attempts == 3 and sleeps == [1.0, 2.0] and raw["output_text"] == "hello"
 
 
@@ -160,7 +162,7 @@ def test_stopping_lets_in_flight_rows_finish_and_starts_nothing_new():
     provider = Fake(plan=plan)
     state = {"stopped": False}
     seen = []
-    for job, row in regression.run_jobs(list(range(20)), lambda job: regression.execute_steps(
+    for job, row in regression.run_jobs(list(range(20)), lambda job: regression.run_row_steps(
             provider, SUITE, CASE, "m", job), 4, lambda: state["stopped"]):
         seen.append(row)
         state["stopped"] = state["stopped"] or row["error"] is not None
@@ -176,7 +178,7 @@ def test_a_sequential_run_refills_early_only_when_the_row_cannot_stop_it():
 
     def work(job):
         order.append(("start", job))
-        return regression.execute_steps(provider, SUITE, CASE, "m", job)
+        return regression.run_row_steps(provider, SUITE, CASE, "m", job)
 
     for job, _ in regression.run_jobs([0, 1, 2], work, 1, lambda: False, refill_early=lambda row: False):
         order.append(("row", job))
@@ -215,7 +217,8 @@ def test_a_short_run_starts_no_idle_workers(monkeypatch):
 
     monkeypatch.setattr(regression, "WorkerPool", Recording)
     provider = Fake()
-    rows = list(regression.run_jobs([0, 1, 2], lambda job: regression.execute_steps(provider, SUITE, CASE, "m", job),
-                                    64, lambda: False))
+    def steps(job):
+        return regression.run_row_steps(provider, SUITE, CASE, "m", job)
+    rows = list(regression.run_jobs([0, 1, 2], steps, 64, lambda: False))
     assert len(rows) == 3
     assert sizes == [3], "three jobs need three workers, not 64"

@@ -328,7 +328,7 @@ def test_require_tool_check_table(calls, reasons):
     case = regression.compile_case(suite, suite["cases"][0])
     trace = regression.Trace(final_text="", tool_calls=calls, tool_rounds=1 if calls else 0,
                              search_urls=[], status="completed", cost_usd=None)
-    assert regression.CHECKS["require_tool"](case, trace) == reasons
+    assert regression.CHECKS["require_tool"](case, trace, "lookup_order") == reasons
     assert ("tool_not_called" in regression.grade(case, trace)) == bool(reasons)
 
 
@@ -857,7 +857,7 @@ def test_tool_not_called_carries_its_evidence():
     case = regression.compile_case(suite, suite["cases"][0])
     trace = regression.Trace(final_text="", tool_calls=[{"name": "cancel_order", "arguments": '{"order_id": "o1"}'}],
                              tool_rounds=1, search_urls=[], status="completed", cost_usd=None)
-    evidence = regression.explain(case, trace)["evidence"]["tool_not_called"]
+    evidence = regression.grading(case, trace).details["evidence"]["tool_not_called"]
     assert "never called lookup_order" in evidence["note"] and "cancel_order(order_id=o1)" in evidence["note"]
     assert ("tool_not_called", "`require_tool:NAME`: the model never called NAME",
             "did the server get the tools? (see the summary's `warnings`)") in regression.reason_table()

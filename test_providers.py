@@ -470,8 +470,8 @@ def test_perplexity_function_calls_map_to_trace_and_fire_behaviour_checks():
         provider = regression.PerplexityProvider(client)
         suite = regression.load_suite(str(AGENT_TOOLS))
         case = next(case for case in suite["cases"] if case["id"] == "cancel-without-order-id")
-        invented = regression.execute(provider, suite, case, "inventor", 0)
-        asked = regression.execute(provider, suite, case, "asker", 0)
+        invented = regression.run_row(provider, suite, case, "inventor", 0)
+        asked = regression.run_row(provider, suite, case, "asker", 0)
     finally:
         client.close()
     assert invented["error"] is None, invented.get("error_message")
@@ -518,7 +518,8 @@ def test_perplexity_sdk_http_error_is_execution_error_with_status():
     client = sdk_client(lambda request: httpx.Response(429, json={"error": {"message": "slow down"}}))
     try:
         suite = regression.load_suite(str(AGENT_TOOLS))
-        row = regression.execute(regression.PerplexityProvider(client), suite, suite["cases"][0], "m", 0)
+        provider = regression.PerplexityProvider(client)
+        row = regression.run_row(provider, suite, suite["cases"][0], "m", 0)
     finally:
         client.close()
     assert row["error"] == "RateLimitError"
@@ -567,7 +568,7 @@ def test_main_builds_perplexity_client_through_patchable_name(tmp_path, monkeypa
 def test_echo_answers_with_the_input_at_no_cost():
     suite = regression.load_suite(str(GUARDRAILS))
     case = next(case for case in suite["cases"] if case["id"] == "password-reset")
-    row = regression.execute(regression.EchoProvider(), suite, case, "echo", 0)
+    row = regression.run_row(regression.EchoProvider(), suite, case, "echo", 0)
     assert row["error"] is None
     assert row["answer_text"] == "How do I reset my password?"
     assert row["cost_usd"] == "0"
@@ -773,8 +774,8 @@ def test_openai_raw_response_is_stored_even_when_grading_crashes(tmp_path, monke
     suite = regression.load_suite(str(AGENT_TOOLS))
     with FakeServer(fakes.chat(lambda request: body)) as server:
         provider = regression.OpenAIProvider(server.url + "/v1", None, timeout=5)
-        monkeypatch.setattr(regression, "grade", crash)
-        row = regression.execute(provider, suite, suite["cases"][0], "m", 0)
+        monkeypatch.setattr(regression, "grading", crash)
+        row = regression.run_row(provider, suite, suite["cases"][0], "m", 0)
     assert row["response"] == body
     assert row["answer_text"] == "stored before grading"
     assert row["cost_usd"] == "0.5"
@@ -803,10 +804,11 @@ def test_raw_response_is_stored_for_every_provider(kind):
     if kind == "openai":
         expected = fakes.chat_response("Order ord_21 ships today.")
         with FakeServer(fakes.chat(lambda request: expected)) as server:
-            row = regression.execute(regression.OpenAIProvider(server.url + "/v1", timeout=5), suite, case, "m", 0)
+            provider = regression.OpenAIProvider(server.url + "/v1", timeout=5)
+            row = regression.run_row(provider, suite, case, "m", 0)
     else:
         try:
-            row = regression.execute(provider, suite, case, "m", 0)
+            row = regression.run_row(provider, suite, case, "m", 0)
         finally:
             if client is not None:
                 client.close()

@@ -318,7 +318,7 @@ class Flaky:
 def test_send_retries_transient_with_backoff():
     sleeps = []
     provider = Flaky(StatusError(503), TimeoutError("slow"))
-    raw, attempts = regression.send(provider, "m", {}, {"id": "c"}, 0, retries=3,
+    raw, attempts = regression.send_request(provider, "m", {}, {"id": "c"}, 0, retries=3,
                                     sleep=sleeps.append, jitter=lambda: 1.0)
     assert (raw, attempts, provider.calls) == ({"ok": True}, 3, 3)
     assert sleeps == [1.0, 2.0]
@@ -327,7 +327,7 @@ def test_send_retries_transient_with_backoff():
 def test_send_default_jitter_varies_within_bounds():
     sleeps = []
     provider = Flaky(*[StatusError(502) for _ in range(8)])
-    regression.send(provider, "m", {}, {"id": "c"}, 0, retries=8, sleep=sleeps.append)
+    regression.send_request(provider, "m", {}, {"id": "c"}, 0, retries=8, sleep=sleeps.append)
     assert 0.5 * regression.BACKOFF_BASE_SECONDS <= sleeps[0] <= regression.BACKOFF_BASE_SECONDS
     assert all(wait <= regression.BACKOFF_CAP_SECONDS for wait in sleeps)
     assert len(set(sleeps)) > 1
@@ -337,21 +337,21 @@ def test_send_never_retries_permanent_errors():
     sleeps = []
     provider = Flaky(StatusError(401))
     with pytest.raises(StatusError) as raised:
-        regression.send(provider, "m", {}, {"id": "c"}, 0, retries=5, sleep=sleeps.append)
+        regression.send_request(provider, "m", {}, {"id": "c"}, 0, retries=5, sleep=sleeps.append)
     assert provider.calls == 1 and sleeps == [] and raised.value.attempts == 1
 
 
 # ====================================================================== --retries: end to end
 
 def sdk_send(server, retries):
-    """regression.send through the real SDK against the fake server, with the sleep injected:
+    """send_request through the real SDK against the fake server, with the sleep injected:
     (raw, attempts, the waits send asked for). The wait is asserted, never slept."""
     import perplexity
     client = perplexity.Perplexity(api_key=KEY, base_url=server.url, max_retries=0, timeout=10)
     provider = regression.PerplexityProvider(client, regression.deadline_seconds(10))
     sleeps = []
     try:
-        raw, attempts = regression.send(provider, "a", regression.builtin_suite(),
+        raw, attempts = regression.send_request(provider, "a", regression.builtin_suite(),
                                         regression.builtin_case(regression.CASES[0]), 0, retries,
                                         sleep=sleeps.append, jitter=lambda: 1.0)
     finally:

@@ -102,12 +102,13 @@ def test_promptreg_example_runs_unmodified_with_echo_and_reads_out_failing_rules
 
 
 def _row_for(case, answer):
-    """A graded row of `case` on `answer`, as execute() stores it."""
+    """A graded row of `case` on `answer`, as run_row() stores it."""
     compiled = regression.compile_case({"instructions": "", "tools": []}, case)
     trace = regression.Trace(final_text=answer, tool_calls=[], tool_rounds=0, search_urls=[],
                              status="completed", cost_usd=None)
-    reasons = [str(reason) for reason in regression.grade(compiled, trace)]
-    return {"error": None, "passed": not reasons, "reasons": reasons, "details": regression.explain(compiled, trace)}
+    graded = regression.grading(compiled, trace)
+    return {"error": None, "passed": not graded.reasons, "reasons": graded.reasons,
+            "details": graded.details}
 
 
 FAILURE_LINES = [  # (case, answer, the detail lines under the row line)

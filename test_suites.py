@@ -351,7 +351,8 @@ CHECK_ROWS = [
 def test_check_table(name, suite, case, trace_, expected):
     compiled = regression.compile_case(suite, case)
     assert regression.grade(compiled, trace_) == expected
-    own = regression.CHECKS[name](compiled, trace_)  # the named check alone, called directly
+    check = next(check for check in regression.CHECK_TABLE if check.name == name)
+    own = [reason for _, given in check.verdicts(compiled, trace_) for reason in given]  # alone
     assert own == [reason for reason in expected if reason in own]
     assert set(own) <= set(expected)
 
@@ -399,7 +400,7 @@ def test_similarity_failure_carries_score_and_unified_diff_expected_to_actual():
     actual = "Monthly plans cannot be refunded."
     case = similarity_case(0.9)
     assert regression.grade(case, trace(actual)) == ["below_min_similarity"]
-    details = regression.explain(case, trace(actual))
+    details = regression.grading(case, trace(actual)).details
     assert details["similarity"] == round(independent_ratio(BASELINE, actual), 4) < 0.9
     diff = details["diff"].splitlines()
     assert diff[:2] == ["--- expected", "+++ actual"]
@@ -408,7 +409,7 @@ def test_similarity_failure_carries_score_and_unified_diff_expected_to_actual():
 
 def test_similarity_score_reported_when_another_rule_fails():
     case = similarity_case(0.5, max_chars=10)
-    details = regression.explain(case, trace(NEAR))
+    details = regression.grading(case, trace(NEAR)).details
     assert regression.grade(case, trace(NEAR)) == ["too_long"]
     assert details["similarity"] == round(independent_ratio(BASELINE, NEAR), 4)
     assert "diff" not in details  # the similarity rule itself passed
@@ -428,7 +429,7 @@ def test_required_text_is_a_hard_rule_similarity_cannot_rescue():
     assert independent_ratio(BASELINE, NEAR) >= 0.95
     assert regression.CHECKS["similarity"](case, trace(NEAR)) == []
     assert regression.grade(case, trace(NEAR)) == ["missing_required_text"]
-    details = regression.explain(case, trace(NEAR))
+    details = regression.grading(case, trace(NEAR)).details
     assert details["missing_text"] == ["30 days"] and details["similarity"] >= 0.95
 
 
@@ -437,13 +438,13 @@ def test_forbidden_text_is_a_hard_rule_similarity_cannot_rescue():
     case = similarity_case(0.8, excludes=["guaranteed"])
     assert independent_ratio(BASELINE, actual) >= 0.8
     assert regression.grade(case, trace(actual)) == ["forbidden_text_present"]
-    assert regression.explain(case, trace(actual))["forbidden_text"] == ["guaranteed"]
+    assert regression.grading(case, trace(actual)).details["forbidden_text"] == ["guaranteed"]
 
 
 def test_failed_tool_check_explains_the_calls_made():
     calls = [("cancel_order", {"order_id": "ord_1"})]
     case = regression.compile_case(TOOLS_SUITE, FORBID)
-    details = regression.explain(case, trace("Cancelled.", calls=calls))
+    details = regression.grading(case, trace("Cancelled.", calls=calls)).details
     assert details["tool_calls"] == [{"name": "cancel_order", "arguments": {"order_id": "ord_1"}}]
     assert details["tool_rounds"] == 1
 
@@ -914,5 +915,6 @@ def test_min_similarity_zero_is_linted_as_a_rule_no_answer_fails(tmp_path):
                           text=True, timeout=60, cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr
     warnings = [line for line in plan.stdout.splitlines() if line.startswith("warning:")]
-    assert warnings == ["warning: case 'zero' only checks similarity: an empty answer passes; add contains, "
-                        "expect, expected_text with min_similarity or a behaviour"]
+    assert warnings == ["warning: case 'zero' only checks similarity: an empty answer passes; add "
+                        "cite, expect, contains, expected_text with min_similarity, tool_args or a "
+                        "behaviour"]

@@ -73,7 +73,8 @@ def sent_bodies(server):
 def test_openai_loop_sends_assistant_tool_calls_with_empty_content_then_tool_messages():
     suite = regression.load_suite(str(EXAMPLE))
     with live("openai", fakes.refund_agent()) as (provider, server):
-        row = regression.execute(provider, suite, case_of(suite, "refund-shipped-order"), "refund-correct", 0)
+        case = case_of(suite, "refund-shipped-order")
+        row = regression.run_row(provider, suite, case, "refund-correct", 0)
     assert row["error"] is None, row.get("error_message")
     assert row["passed"] is True and row["answer_text"] == "Refund issued for ord_1001."
     bodies = sent_bodies(server)
@@ -118,7 +119,8 @@ def test_fake_chat_server_refuses_null_assistant_content_like_llama_cpp():
 def test_perplexity_loop_answers_function_calls_with_function_call_output_items_through_the_sdk():
     suite = regression.load_suite(str(EXAMPLE))
     with live("perplexity", fakes.refund_agent()) as (provider, server):
-        row = regression.execute(provider, suite, case_of(suite, "refund-shipped-order"), "refund-correct", 0)
+        case = case_of(suite, "refund-shipped-order")
+        row = regression.run_row(provider, suite, case, "refund-correct", 0)
     assert row["error"] is None, row.get("error_message")
     assert row["passed"] is True
     assert [request.path for request in server.requests] == ["/v1/responses"] * 3
@@ -159,7 +161,7 @@ def play_one_lookup(answer):
     suite = regression.validate_suite({**example(), "cases": [
         {"id": "c", "input": "ord_1", "tool_results": {"lookup_order": {"status": "shipped"}}}]})
     with live("openai", fakes.chat(answer)) as (provider, server):
-        return regression.execute(provider, suite, suite["cases"][0], "m", 0), server
+        return regression.run_row(provider, suite, suite["cases"][0], "m", 0), server
 
 
 def test_a_call_without_an_id_gets_one_that_its_tool_message_answers():
@@ -231,7 +233,8 @@ EXPECTED = {  # (model, case) -> reasons, over the example suite
 def test_scripted_agents_fail_exactly_their_checks_on_both_providers(kind, model):
     suite = regression.load_suite(str(EXAMPLE))
     with live(kind, fakes.refund_agent()) as (provider, server):
-        rows = {case["id"]: regression.execute(provider, suite, case, model, 0) for case in suite["cases"]}
+        rows = {case["id"]: regression.run_row(provider, suite, case, model, 0)
+                for case in suite["cases"]}
     for case_id, row in rows.items():
         assert row["error"] is None, (case_id, row.get("error_message"))
         assert sorted(row["reasons"]) == sorted(EXPECTED[(model, case_id)]), case_id
@@ -246,7 +249,8 @@ def test_scripted_agents_fail_exactly_their_checks_on_both_providers(kind, model
 def test_a_looping_agent_is_stopped_at_the_round_limit_with_no_final_answer():
     suite = regression.load_suite(str(EXAMPLE))
     with live("openai", fakes.refund_agent()) as (provider, server):
-        row = regression.execute(provider, suite, case_of(suite, "refund-unshipped-order"), "refund-loops", 0)
+        case = case_of(suite, "refund-unshipped-order")
+        row = regression.run_row(provider, suite, case, "refund-loops", 0)
     assert server.count == suite["max_rounds"] == 4
     assert "no_final_answer" in row["reasons"] and row["error"] is None
     calls = row["details"]["tool_calls"]
@@ -305,7 +309,7 @@ def test_an_unscripted_call_is_answered_with_an_error_and_marked_in_the_trace():
         {"id": "c", "input": "Refund ord_1001", "tool_results": {"lookup_order": {"status": "shipped"}},
          "claims": {"refund issued": "refund_order"}}]})
     with live("openai", fakes.refund_agent()) as (provider, server):
-        row = regression.execute(provider, suite, suite["cases"][0], "refund-correct", 0)
+        row = regression.run_row(provider, suite, suite["cases"][0], "refund-correct", 0)
     refund = row["details"]["tool_calls"][1]
     assert refund["name"] == "refund_order" and refund["unscripted"] is True
     assert refund["result"] == {"error": "no scripted result for refund_order"}
@@ -338,7 +342,8 @@ def calls_trace(names, text="ok", results=None, final=True):
 ])
 def test_tool_order_table(order, names, fails):
     case = {"behaviors": [f"tool_order:{order}"]}
-    assert regression.check_tool_order(case, calls_trace(names)) == (["wrong_tool_order"] if fails else [])
+    got = regression.check_tool_order(case, calls_trace(names), order)
+    assert got == (["wrong_tool_order"] if fails else [])
 
 
 @settings(max_examples=80, deadline=None)
@@ -347,7 +352,8 @@ def test_tool_order_table(order, names, fails):
 def test_tool_order_matches_a_reference(names, order):
     firsts = [names.index(name) if name in names else None for name in order]
     ok = None not in firsts and firsts == sorted(firsts)
-    got = regression.check_tool_order({"behaviors": ["tool_order:" + ",".join(order)]}, calls_trace(names))
+    arg = ",".join(order)
+    got = regression.check_tool_order({"behaviors": ["tool_order:" + arg]}, calls_trace(names), arg)
     assert got == ([] if ok else ["wrong_tool_order"])
 
 
@@ -406,7 +412,7 @@ def test_forbid_tool_and_require_clarification_see_every_round(kind):
         {"id": "c", "input": "Refund my order.", "tool_results": {"lookup_order": {"status": "shipped"}},
          "behaviors": ["forbid_tool:refund_order", "require_clarification:order_id"]}]})
     with live(kind, scripted(kind, {"late": late_canceller})) as (provider, server):
-        row = regression.execute(provider, suite, suite["cases"][0], "late", 0)
+        row = regression.run_row(provider, suite, suite["cases"][0], "late", 0)
     assert row["error"] is None, row.get("error_message")
     # the refund happened in round 2, the invented id in round 2: both are seen
     assert sorted(row["reasons"]) == ["forbidden_tool_called", "invented_field"]
@@ -421,7 +427,7 @@ def test_max_tool_rounds_counts_real_rounds(limit, expected):
                                                                   "refund_order": {"refunded": True}},
          "behaviors": [f"max_tool_rounds:{limit}"]}]})
     with live("openai", fakes.refund_agent()) as (provider, server):
-        row = regression.execute(provider, suite, suite["cases"][0], "refund-correct", 0)
+        row = regression.run_row(provider, suite, suite["cases"][0], "refund-correct", 0)
     assert row["details"]["tool_rounds"] == 2 and server.count == 3
     assert row["reasons"] == expected
 
@@ -447,7 +453,7 @@ def test_round_limit_is_the_case_the_suite_or_eight(suite_limit, case_limit, req
         data["max_rounds"] = suite_limit
     suite = regression.validate_suite(data)
     with live("openai", fakes.refund_agent(cost=None)) as (provider, server):
-        row = regression.execute(provider, suite, suite["cases"][0], "refund-loops", 0)
+        row = regression.run_row(provider, suite, suite["cases"][0], "refund-loops", 0)
     assert server.count == requests == len(row["rounds"])
     assert row["reasons"] == ["no_final_answer"] and row["error"] is None
     assert row["cost_usd"] is None  # the endpoint reported no cost
@@ -458,7 +464,7 @@ def test_a_case_without_tool_results_or_max_rounds_stays_one_request(tmp_path):
     data.pop("max_rounds")
     suite = regression.validate_suite(data)
     with live("openai", fakes.refund_agent()) as (provider, server):
-        row = regression.execute(provider, suite, suite["cases"][0], "refund-loops", 0)
+        row = regression.run_row(provider, suite, suite["cases"][0], "refund-loops", 0)
     assert server.count == 1 and "rounds" not in row and row["passed"] is True
     assert row["details"]["tool_calls"] == [{"name": "lookup_order", "arguments": json.dumps({"order_id": "ord_1"})}]
 
@@ -467,7 +473,7 @@ def test_suite_max_rounds_alone_plays_every_case():
     data = {**example(), "max_rounds": 2, "cases": [{"id": "c", "input": "Refund ord_1."}]}
     suite = regression.validate_suite(data)
     with live("openai", fakes.refund_agent()) as (provider, server):
-        row = regression.execute(provider, suite, suite["cases"][0], "refund-loops", 0)
+        row = regression.run_row(provider, suite, suite["cases"][0], "refund-loops", 0)
     assert server.count == 2 and row["reasons"] == ["no_final_answer"]
     assert row["details"]["tool_calls"][0]["result"] == {"error": "no scripted result for lookup_order"}
 
@@ -478,7 +484,8 @@ def test_suite_max_rounds_alone_plays_every_case():
 def test_empty_final_content_with_stop_is_an_answer_judged_by_the_checks(kind):
     suite = regression.load_suite(str(EXAMPLE))
     with live(kind, fakes.refund_agent()) as (provider, server):
-        row = regression.execute(provider, suite, case_of(suite, "refund-unshipped-order"), "refund-silent", 0)
+        case = case_of(suite, "refund-unshipped-order")
+        row = regression.run_row(provider, suite, case, "refund-silent", 0)
     assert row["error"] is None and row["answer_text"] == ""
     assert row["reasons"] == ["missing_required_text"]
     assert row["rounds"][-1]["response"] == row["response"]
@@ -497,7 +504,8 @@ def failing_on(number, status, then, headers=None):
 def test_request_format_error_mid_loop_is_an_execution_error_keeping_the_rounds_made(kind):
     suite = regression.load_suite(str(EXAMPLE))
     with live(kind, failing_on(2, 400, fakes.refund_agent())) as (provider, server):
-        row = regression.execute(provider, suite, case_of(suite, "refund-shipped-order"), "refund-correct", 0)
+        case = case_of(suite, "refund-shipped-order")
+        row = regression.run_row(provider, suite, case, "refund-correct", 0)
     assert row["reasons"] == ["execution_error"] and row["error_status"] == 400
     assert len(row["rounds"]) == 1 and row["rounds"][0]["tool_results"][0]["name"] == "lookup_order"
     assert row["response"] == row["rounds"][0]["response"]
@@ -520,8 +528,8 @@ def test_transient_error_mid_loop_is_retried_per_request(tmp_path):
     suite = regression.load_suite(str(EXAMPLE))
     reply = failing_on(2, 503, fakes.refund_agent(), headers={"Retry-After": "0"})
     with live("openai", reply) as (provider, server):
-        row = regression.execute(provider, suite, case_of(suite, "refund-shipped-order"), "refund-correct", 0,
-                                 retries=1)
+        case = case_of(suite, "refund-shipped-order")
+        row = regression.run_row(provider, suite, case, "refund-correct", 0, retries=1)
     assert row["error"] is None and row["passed"] is True
     assert server.count == 4 and row["attempts"] == 4  # three turns, one of them tried twice
     assert len(row["rounds"]) == 3
@@ -574,8 +582,8 @@ def test_a_retry_wait_past_the_row_deadline_gives_up_at_once():
             raise error
 
     with pytest.raises(RuntimeError) as raised:
-        regression.send(Busy(), "m", {}, {"id": "c"}, 0, retries=5, sleep=waited.append, jitter=lambda: 1.0,
-                        until=0.5, clock=lambda: clock[0])
+        regression.send_request(Busy(), "m", {}, {"id": "c"}, 0, retries=5, sleep=waited.append,
+                                jitter=lambda: 1.0, until=0.5, clock=lambda: clock[0])
     assert waited == [] and raised.value.attempts == 1
 
 
@@ -999,7 +1007,7 @@ def test_the_loop_over_generated_agents(kind, limit, turns):
     suite = regression.validate_suite({**example(), "max_rounds": limit, "cases": [
         {"id": "c", "input": "Refund ord_1.", "tool_results": {"lookup_order": {"status": "shipped"}}}]})
     stub = ScriptedStub(kind, turns)
-    row = regression.execute(stub, suite, suite["cases"][0], "m", 0)
+    row = regression.run_row(stub, suite, suite["cases"][0], "m", 0)
     assert row["error"] is None, row.get("error_message")
     played = turns + [[]]
     stop = next(n for n, calls in enumerate(played) if not calls) + 1  # the first turn without a call
