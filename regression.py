@@ -2057,6 +2057,197 @@ register_check("claims", check_claims, keys=("claims",), validate=_validate_clai
                    "non-error result", "a confident false report: treat it as a severe regression")})
 
 
+# ---------------------------------------------------------------------- grounding
+# behavior grounded: every value a reply states must occur in what the model was given before
+# it. Values are found in the text normal form (any script's digits as ASCII, invisible
+# characters gone, case folded), with look-alike letters and combining marks read away and
+# markup rendered (a value split by "**" or a tag is one value); URLs and e-mail addresses are
+# also read before rendering (a link target is stated too). Each kind has one normal form, so
+# "1,000.00" and "1000", "$12.50" and "12.5 USD", "2024-05-03" and "May 3rd, 2024" compare equal.
+_MONTH = {name: number for number, names in enumerate((
+    "jan january", "feb february", "mar march", "apr april", "may", "jun june", "jul july",
+    "aug august", "sep sept september", "oct october", "nov november", "dec december"), 1)
+    for name in names.split()}
+_MONTHS = r"(" + "|".join(sorted(_MONTH, key=len, reverse=True)) + r")\.?(?![a-z])"
+_CURRENCY = {"$": "usd", "us$": "usd", "usd": "usd", "dollar": "usd", "dollars": "usd", "€": "eur",
+             "eur": "eur", "euro": "eur", "euros": "eur", "£": "gbp", "gbp": "gbp", "¥": "jpy",
+             "jpy": "jpy", "₹": "inr", "inr": "inr", "cad": "cad", "aud": "aud", "chf": "chf"}
+_CODES = r"(?:usd|eur|gbp|jpy|inr|cad|aud|chf)(?![a-z])"
+_AMOUNT = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"  # a comma before three digits groups thousands
+_ALONE, _ENDS = r"(?<![\w.,])", r"(?![\w]|[.,]\d)"
+
+
+def _number_form(text):
+    """A number's normal form: grouping commas and trailing zeros gone ("1,000.00" is 1000); with
+    a leading zero ("007", "02134") its digits as written."""
+    digits = text.replace(",", "").replace("_", "")
+    whole, _, fraction = digits.partition(".")
+    if len(whole) > 1 and whole[0] == "0":
+        return "n:" + digits
+    fraction = fraction.rstrip("0")  # on the text: no decimal context rounds a long number
+    return "n:" + whole + ("." + fraction if fraction else "")
+
+
+def _date_forms(year, first, second, either=False):
+    """A date's forms ("d:2024-5-3", "d:--5-3" without a year): month first, and, with `either`
+    (a numeric date both of whose parts could be the month), day first too."""
+    year = None if year is None else int(year) + (2000 if len(year) == 2 else 0)
+    readings = [(int(first), int(second))] + ([(int(second), int(first))] if either else [])
+    return [f"d:{'-' if year is None else year}-{month}-{day}" for month, day in readings
+            if 1 <= month <= 12 and 1 <= day <= 31] or None
+
+
+def _time_form(match):
+    hour, minute, second, half = match.group(1, 2, 3, 4)
+    hour = int(hour) % 12 + (12 if half == "p" else 0) if half else int(hour)
+    if hour > 24 or int(minute) > 59 or int(second or 0) > 59:
+        return None
+    return [f"t:{hour}:{minute}" + (f":{second}" if second and second != "00" else "")]
+
+
+def _amount_form(symbol, number):
+    """An amount's forms: "a:usd:12.5" ($12.50, 12.50 USD) and, for matching, its currency mark."""
+    value = _number_form(number)[2:]
+    return [f"a:{_CURRENCY[symbol]}:{value}", f"c:{value}"]
+
+
+def _groups_form(text):
+    """Digits in groups ("555-123-4567", "4 8 2 1 3"): the joined number, then each group."""
+    groups = re.split(r"[ -]", text)
+    return [_number_form("".join(groups))] + [_number_form(group) for group in groups]
+
+
+# (kind, pattern, forms(match) -> [normal forms] or None when the match is no value): found in
+# this order, each found value blanked before the next pattern reads the text.
+VALUE_KINDS = [
+    ("url", r"(?:https?://|www\.)[^\s<>\"'`\[\](){}|\\^]+", lambda m: [
+        "u:" + re.sub(r"^(?:https?://)?|(?::443|:80)(?=/|$)|/+$", "", m.group(0).rstrip(".,;:!?*_~'\""))]),
+    ("email", r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+", lambda m: ["e:" + m.group(0).rstrip(".-")]),
+    ("date", r"(?<![\w.])(\d{4})([-/.])(\d{1,2})\2(\d{1,2})(?!\d)",
+     lambda m: _date_forms(m[1], m[3], m[4])),
+    ("date", rf"{_ALONE}(\d{{1,2}})([-/.])(\d{{1,2}})\2(\d{{4}}|\d{{2}}){_ENDS}",
+     lambda m: _date_forms(m[4], m[1], m[3], either=True)),
+    ("date", rf"{_ALONE}(\d{{1,2}})(?:st|nd|rd|th)?(?: of)? {_MONTHS}(?:,? (\d{{4}}))?(?!\d)",
+     lambda m: _date_forms(m[3], _MONTH[m[2]], m[1])),
+    ("date", rf"(?<![a-z]){_MONTHS} (\d{{1,2}})(?:st|nd|rd|th)?(?![\d])(?:,? (\d{{4}}))?(?!\d)",
+     lambda m: _date_forms(m[3], _MONTH[m[1]], m[2])),
+    ("time", r"(?<![\d:.])(\d{1,2}):(\d{2})(?::(\d{2}))?(?!\d)(?: ?([ap])\.?m(?![a-z])\.?)?", _time_form),
+    ("amount", rf"(?<!\w)((?:us)?\$|€|£|¥|₹|{_CODES}) ?({_AMOUNT}){_ENDS}",
+     lambda m: _amount_form(m[1], m[2])),
+    ("amount", rf"{_ALONE}({_AMOUNT}) ?(\$|€|£|¥|₹|{_CODES}|dollars?|euros?(?![a-z]))",
+     lambda m: _amount_form(m[2], m[1])),
+    ("id", r"(?<![\w.])\d+(?:\.\d+){2,}(?![\w]|\.\d)", lambda m: ["i:" + m.group(0)]),  # 1.2.3, an IP
+    ("groups", rf"{_ALONE}\d+(?:[ -]\d+)+{_ENDS}", lambda m: _groups_form(m.group(0))),
+    ("number", r"(?<![\w.])(\d+)(?:st|nd|rd|th)(?![a-z\d])", lambda m: [_number_form(m[1])]),
+    ("number", rf"(?<![\w.])({_AMOUNT}){_ENDS}", lambda m: [_number_form(m[1])]),
+    ("id", r"\w+", lambda m: (["i:" + m.group(0).strip("_")] if re.search(r"[^\W\d_]", m.group(0))
+                              else [_number_form(m.group(0))]) if re.search(r"\d", m.group(0)) else None),
+]
+_VALUE_PATTERNS = [(kind, re.compile(pattern), forms) for kind, pattern, forms in VALUE_KINDS]
+
+
+def stated_values(form):
+    """[(kind, normal forms, as found)] of the values in a text in text_form(), in VALUE_KINDS order.
+    A number counts with two or more digits; every other kind always does."""
+    found = []
+
+    def take(kind, forms, match):
+        given = forms(match)
+        if not given:
+            return match.group(0)  # not a value of this kind: later patterns read it
+        numeric = given[0].startswith("n:") and kind != "groups"  # a number needs two digits
+        if not numeric or sum(char.isdigit() for char in match.group(0)) > 1:
+            found.append(("number" if numeric else kind, given, match.group(0)))
+        return " "
+    for kind, pattern, forms in _VALUE_PATTERNS:
+        form = pattern.sub(lambda match: take(kind, forms, match), form)
+    return found
+
+
+@functools.lru_cache(maxsize=256)  # instructions and tool results are read again for every reply
+def given_values(text):
+    """The normal forms of every value a given text holds, in every reading (see readings), with
+    the digit runs inside each (an order ord_21 gives 21) and each date's form without its year."""
+    known = set()
+    for form in readings(text):
+        for kind, forms, found in stated_values(form):
+            known.update(forms, map(_number_form, re.findall(r"\d+", found)))
+            known.update("d:-" + one[one.index("-", 2):] for one in forms if kind == "date")
+    return frozenset(known)
+
+
+def _grounded(kind, forms, known):
+    """Whether a stated value occurs in what was given (`known`: given_values forms). An amount
+    in a currency needs that currency, unless the given number came with none; digits in groups
+    need their joined number, or (groups of two digits or more) each group."""
+    if kind == "amount":
+        value = forms[1][2:]
+        return forms[0] in known or ("n:" + value in known and forms[1] not in known)
+    if kind == "groups":
+        return forms[0] in known or all(form in known for form in forms[1:]) and not any(
+            len(form) == 3 and form[2].isdigit() for form in forms[1:])
+    return any(form in known for form in forms)
+
+
+def reply_values(text):
+    """[(kind, forms, as found)] a reply states: its rendered reading (a JSON answer's strings
+    decoded), plus the URLs and e-mail addresses its markup holds (a link's target)."""
+    decoded = _json_said(text) if isinstance(text, str) else None
+    plain = _undisguised(_text_form(decoded) if decoded is not None else text_form(text))
+    rendered = _rendered(plain)
+    return stated_values(rendered) + [value for value in stated_values(plain)
+                                      if value[0] in ("url", "email") and rendered != plain]
+
+
+def _given_texts(case, trace):
+    """What a case gave the model before any reply: the instructions, the prior history and a
+    chat-form input (every message, its tool calls and results too), and its input text when the
+    transcript holds no user turn of its own."""
+    given = case.get("input")
+    messages = [*(case.get("messages") or []), *(given if isinstance(given, list) else [])]
+    own = isinstance(given, str) and not any(kind == "user" for kind, _ in trace.transcript)
+    return [case.get("_instructions") or "", *map(dumps, messages), *([given] if own else [])]
+
+
+def check_grounded(case, trace, arg):
+    """behavior grounded: every value a reply states (numbers of two or more digits, dates, times, amounts, identifiers mixing letters and digits, URLs, e-mail addresses) occurs in what the model was given before it: the instructions, the history, the user's turns, the tool results and search URLs it received."""
+    known = set().union(*map(given_values, _given_texts(case, trace)))
+    events = trace.transcript or ([("tool", url) for url in trace.search_urls]
+                                  + [("said", text) for text in said_texts(trace)])
+    missing = {}
+    for kind, text in events:
+        if kind != "said":
+            known |= given_values(text)
+            continue
+        for value, forms, found in reply_values(text):
+            if not _grounded(value, forms, known):
+                missing.setdefault(found, None)
+    if not missing:
+        return []
+    shown = list(missing)
+    note = "not given: " + ", ".join(_quote(value, 40) for value in shown[:3]) + (
+        f" (+{len(shown) - 3})" if len(shown) > 3 else "")
+    return [Fail("ungrounded_value", note, values=shown[:50])]
+
+
+register_check("grounded", check_grounded, behavior=True, details=_tool_details, rule=(
+    "the values of a reply: numbers of two or more digits (a comma before three digits groups "
+    "thousands, a dot is the decimal point, trailing zeros do not count: 1,000.00 is 1000; "
+    "with a leading zero, 007, the digits as written), amounts ($12.50 is 12.5 USD: a currency "
+    "mark ($ US$ USD dollars, EUR euros, GBP, JPY, INR, CAD, AUD, CHF) must match a given one, "
+    "a given bare number grounds any), dates (2024-05-03, 03/05/2024 read both ways, 3 May "
+    "2024, May 3rd; a date without a year matches any year), times (14:30 is 2:30 pm), "
+    "identifiers with a letter and a digit (ord_21, A17; case-insensitive, _ kept, - splits), "
+    "digits in groups (555-123-4567: the joined number, or each group of two digits or more), "
+    "URLs (without scheme, default port and trailing /) and e-mail addresses; each must occur, "
+    "in its normal form, in the instructions, the history, the user's turns or a tool result or "
+    "search URL received before the reply (a digit run inside a given value counts). Both sides "
+    "are read in the normal form, look-alikes and markup read away"), reasons={
+    "ungrounded_value": ("behaviour `grounded`: the reply states a value (number, date, amount, id, "
+                         "URL, e-mail) that nothing the model was given holds",
+                         "a made-up ship date, tracking number or amount: the evidence lists each")})
+
+
 class Grading(collections.namedtuple("Grading", "reasons details verdicts")):
     """What one run of each active check found: the failing reasons in check order (once per
     check; empty means pass), the details (each involved check's, and under "evidence" what each
