@@ -48,7 +48,8 @@ __all__ = [
     "rfc_document", "approved_source", "document_id", "CHECKS", "BEHAVIORS", "check", "grade",
     "grading", "compile_case", "reported_cost", "similarity",
     "register_check", "register_case_key", "CHECK_TABLE", "CHECK_KEYS", "Fail", "text_form",
-    "reason_table", "Trace",
+    "reason_table", "Trace", "user_turns", "turn_parts", "turn_case", "turn_rule", "rule_turn",
+    "validate_history",
     # suites (B1)
     "SuiteError", "load_suite", "validate_suite", "instructions_sha256",
     # providers and one request (A6, B3, B4)
@@ -5087,9 +5088,27 @@ def play_tools(provider, suite, case, model, repeat, retries, row, clock=time.mo
 
 def user_turns(case):
     """[(user text, {the checks of that turn})] of a conversation case."""
-    return [(turn, {}) if isinstance(turn, str) else
-            (turn["user"], {key: value for key, value in turn.items() if key != "user"})
-            for turn in case["turns"]]
+    return [(turn.get("user"), {key: value for key, value in turn.items() if key != "user"})
+            if isinstance(turn, dict) else (turn, {}) for turn in case["turns"]]
+
+
+def turn_parts(case):
+    """[(turn number, user text, the turn as a case of its own checks)]. Every turn is played, so
+    a turn still calling tools at its round limit fails there (no_final_answer): the case's own
+    checks of what was played judge each turn, not the conversation as a whole."""
+    return [(number, user, {"id": case.get("id"), **checks, "max_rounds": DEFAULT_MAX_ROUNDS})
+            for number, (user, checks) in enumerate(user_turns(case), 1)]
+
+
+def turn_rule(number, rule):
+    """The verdict name of a turn's rule ("turn 2: contains"): apart from the case's own rules."""
+    return f"turn {number}: {rule}"
+
+
+def rule_turn(rule):
+    """The turn a verdict name belongs to (see turn_rule), or None for a rule of the case."""
+    found = re.match(r"turn ([0-9]+): ", rule) if isinstance(rule, str) else None
+    return int(found.group(1)) if found else None
 
 
 def turn_case(case, user, done):
@@ -5158,10 +5177,9 @@ def turn_gradings(suite, case, traces):
     """[(turn number, compiled turn, its trace)] of each turn reached: the turn's own checks, the
     user's words up to it, and in its transcript what it was given before (never what earlier
     turns said: a value the model made up is no ground for a later reply)."""
-    turns, given, graded = user_turns(case), [], []
-    for number, ((user, checks), trace) in enumerate(zip(turns, traces), 1):
-        seen = {"id": case["id"], **checks, "turns": [said for said, _ in turns[:number]],
-                "max_rounds": round_limit(suite, case)}  # a turn left calling tools fails there
+    parts, given, graded = turn_parts(case), [], []
+    for (number, user, part), trace in zip(parts, traces):
+        seen = {**part, "turns": [said for _, said, _ in parts[:number]]}
         seen.update({"messages": case["messages"]} if "messages" in case else {})
         heard = (*given, ("user", user), *trace.transcript)
         graded.append((number, compile_case(suite, seen), trace._replace(transcript=heard)))
@@ -5188,7 +5206,7 @@ def grade_turns(row, suite, case, traces):
         graded = grading(compiled, trace)
         row["reasons"] += [reason for reason in graded.reasons if reason not in row["reasons"]]
         # each turn's rules keep verdicts of their own: compare tells which turn's verdict changed
-        verdicts.update({f"turn {number}: {rule}": given for rule, given in graded.verdicts.items()})
+        verdicts.update({turn_rule(number, rule): given for rule, given in graded.verdicts.items()})
         found = dict(graded.details)
         for reason, facts in found.pop("evidence", {}).items():
             _file_turn_evidence(evidence, reason, number, facts)
@@ -7268,16 +7286,20 @@ def _check_labels(case):
 
 def lint_case(case):
     """A warning for a case too weak to fail, or None: its only checks pass an empty answer."""
-    active = [check_ for check_ in CHECK_TABLE if not check_.always and check_.active(case)]
-    idle = [key for check_ in CHECK_TABLE if not check_.active(case) for key in check_.reads if key in case]
+    parts = [case, *(part for _, _, part in turn_parts(case))] \
+        if "turns" in case else [case]  # a conversation's rules are its own and its turns'
+    active = [(part, check_) for part in parts for check_ in CHECK_TABLE
+              if not check_.always and check_.active(part)]
+    idle = [key for part in parts for check_ in CHECK_TABLE if not check_.active(part)
+            for key in check_.reads if key in part]
     hint = f" ({', '.join(idle)} alone judges nothing)" if idle else ""
     if not active:
         return f"case {case['id']!r} has no rule beyond completion: any answer passes{hint}"
-    if all(check_.passes_empty(case) for check_ in active):
+    if all(check_.passes_empty(part) for part, check_ in active):
         strong = [check for check in CHECK_TABLE if not check.always and not check.passes_empty({})]
         strong.sort(key=lambda check: check.behavior)  # "a behaviour" last
         advice = list(dict.fromkeys(check.asked() for check in strong))
-        return (f"case {case['id']!r} only checks {', '.join(check_.name for check_ in active)}: "
+        return (f"case {case['id']!r} only checks {', '.join(check_.name for _, check_ in active)}: "
                 f"an empty answer passes{hint}; add {', '.join(advice[:-1])} or {advice[-1]}")
     return None
 
@@ -7369,16 +7391,36 @@ def plan_text(suite, args, plan, provider_note, run=None, env=None):
     if played:
         lines.append(f"played tools: {len(played)} case(s) answer function calls with scripted results, "
                      f"up to {max(round_limit(suite, case) for case in played)} requests per row")
+    talks = [case for case in suite["cases"] if "turns" in case]
+    if talks:
+        lines.append(f"conversations: {len(talks)} case(s) send their turns one after another, each reply "
+                     f"added before the next turn; up to {max(len(case['turns']) for case in talks)} turns, "
+                     f"each up to {max(round_limit(suite, case) for case in talks)} requests")
     for case in suite["cases"]:
-        text = _normalise(_case_text(case))
-        lines.append(f"  {case['id']}: {text[:70]}{'...' if len(text) > 70 else ''}"
-                     f"  [checks: {', '.join(['completed'] + _check_labels(case))}]"
-                     + (f"  [up to {round_limit(suite, case)} rounds]" if plays_tools(suite, case) else ""))
+        lines += _case_plan(suite, case)
     lines += [f"warning: {warning}" for warning in suite_warnings(suite)]
     if run is not None and run.refusal:
         lines.append(f"refused: {run.refusal}")
     lines.append("nothing was sent (--dry-run)")
     return "\n".join(safe_text(line) for line in lines)
+
+
+def _case_plan(suite, case):
+    """A case's lines of the plan: what it sends and what it checks; a conversation's turns each
+    with the checks of its reply (the case's own apply to the last reply and to every turn's tools)."""
+    def line(indent, name, text, checks, rounds=""):
+        text = _normalise(text)
+        return (f"{indent}{name}: {text[:70]}{'...' if len(text) > 70 else ''}"
+                f"  [checks: {', '.join(['completed'] + checks)}]{rounds}")
+    played = plays_tools(suite, case) or "turns" in case
+    rounds = f"  [up to {round_limit(suite, case)} rounds{' a turn' * ('turns' in case)}]" if played else ""
+    history = f" after {_plural(len(case['messages']), 'history message')}" if "messages" in case else ""
+    if "turns" not in case:
+        return [line("  ", case["id"], _case_text(case) + history, _check_labels(case), rounds)]
+    parts, own = turn_parts(case), [check_.label(case) for check_ in CHECK_TABLE  # played: per turn
+                                    if not check_.always and check_.regrade and check_.active(case)]
+    lines = [line("  ", case["id"], f"a conversation of {_plural(len(parts), 'turn')}{history}", own, rounds)]
+    return lines + [line("    ", f"turn {number}", user, _check_labels(part)) for number, user, part in parts]
 
 
 def row_line(row, widths=(0, 0)):
