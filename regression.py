@@ -4663,6 +4663,8 @@ class ReplayProvider(Provider):
         self.source = source
         self.rows = {row_key(row): row for row in record.get("runs", [])
                      if isinstance(row, dict) and row.get("error") is None and "response" in row}
+        self.cases = {case.get("id"): case for case in (record.get("config") or {}).get("cases") or ()
+                      if isinstance(case, dict)}  # what each row's case said when it was made
         made = PROVIDERS.get(record_provider(record).get("name"))
         self.made_by = PROVIDERS[DEFAULT_PROVIDER] if made is None or made.replays_record else made
         self.parse, self.call_ids = self.made_by.parse, self.made_by.call_ids
@@ -4670,6 +4672,46 @@ class ReplayProvider(Provider):
 
     def unanswered(self, suite, raw):
         return self.made_by.unanswered(suite, raw)
+
+    @staticmethod
+    def stored_rounds(row, case):
+        """(the rounds a stored row kept for this request, the turn's index or None): a played
+        row keeps every round, a conversation every turn's (the turn after the case's finished
+        ones), any other row its one response."""
+        if "_done" not in case:
+            return (row["rounds"] if isinstance(row.get("rounds"), list) else [{"response": row["response"]}]), None
+        turn = len(case["_done"])
+        entry = (row.get("turns") or [])[turn:turn + 1]
+        stored = entry[0].get("rounds") if entry and isinstance(entry[0], dict) else None
+        return (stored if isinstance(stored, list) else []), turn
+
+    def changed_turns(self, case, row):
+        """How a stored row's conversation differs from what the case says now (its turns, in
+        order), or None: a replay must grade the conversation the model had."""
+        stored = row.get("turns") if isinstance(row.get("turns"), list) else None
+        if case["id"] in self.cases and self.cases[case["id"]].get("messages") != case.get("messages"):
+            return "the suite's prior history (messages) differs from the record's"
+        if ("turns" in case) != (stored is not None):
+            return "it was stored as a conversation, and the case now has no turns" if stored is not None \
+                else "the case is now a conversation, and the row was stored as one request"
+        if stored is None:
+            return None
+        users = [user for user, _ in user_turns(case)]
+        for number, (then, now) in enumerate(zip(stored, users), 1):
+            if not isinstance(then, dict) or then.get("user") != now:
+                said = then.get("user") if isinstance(then, dict) else None
+                return f"turn {number} said {_quote(said)}, and the suite now says {_quote(now)}"
+        if len(stored) > len(users) or (len(stored) < len(users) and not self._cut_short(stored)):
+            return f"it kept {_plural(len(stored), 'turn')}, and the case now has {len(users)}"
+        return None
+
+    def _cut_short(self, turns):
+        """Whether a stored conversation ended in a turn still calling tools (so it kept fewer)."""
+        last = turns[-1].get("rounds") if turns and isinstance(turns[-1], dict) else None
+        try:
+            return bool(last) and bool(self.parse(last[-1].get("response")).tool_calls)
+        except Exception:  # an unreadable response: its replay records why
+            return True
 
     def missing(self, plan):
         """The first planned row key the record cannot answer, or None."""
@@ -4681,12 +4723,7 @@ class ReplayProvider(Provider):
         row = self.rows.get((model, case["id"], repeat))
         if row is None:
             raise ResponseError(f"{self.source} has no stored response for {key_text((model, case['id'], repeat))}")
-        stored = row.get("rounds") if isinstance(row.get("rounds"), list) else [{"response": row["response"]}]
-        turn = len(case.get("_done") or ()) if "_done" in case else None
-        if turn is not None:  # a conversation row keeps its rounds turn by turn
-            entry = (row.get("turns") or [])[turn:turn + 1]
-            stored = entry[0].get("rounds") if entry and isinstance(entry[0], dict) else None
-            stored = stored if isinstance(stored, list) else []
+        stored, turn = self.stored_rounds(row, case)
         where = f" of turn {turn + 1}" if turn is not None else ""
         if len(rounds) >= len(stored) or not isinstance(stored[len(rounds)], dict):
             raise ResponseError(f"{self.source} has no stored round {len(rounds) + 1}{where} for "
@@ -6479,6 +6516,18 @@ def trajectory_lines(row):
     return lines
 
 
+def conversation_lines(row, limit=TRAJECTORY_TEXT_LIMIT):
+    """A conversation row's turns as plain lines, what the user said and the reply, each cut to
+    `limit` characters; not escaped (every report escapes for its own format)."""
+    lines, turns = [], row.get("turns") or ()
+    for number, turn in enumerate(turns[:TRAJECTORY_CALLS_SHOWN], 1):
+        reply = turn.get("reply") if isinstance(turn, dict) else None
+        lines += [f"turn {number} user: {_cut(str(turn.get('user') if isinstance(turn, dict) else turn), limit)}",
+                  f"turn {number} reply: " + (_cut(reply, limit) if isinstance(reply, str)
+                                              else "(none: the turn did not finish)")]
+    return lines + [f"... {len(turns) - TRAJECTORY_CALLS_SHOWN} more turn(s)"] * (len(turns) > TRAJECTORY_CALLS_SHOWN)
+
+
 def _row_failure_text(row):
     parts = [f"reasons: {json.dumps(row.get('reasons') or [])}"]
     if row.get("verdicts"):  # which rule gave each reason: two entries of a behaviour share them
@@ -6494,6 +6543,8 @@ def _row_failure_text(row):
         parts.append(details["diff"])
     if _row_calls(row):
         parts += ["trajectory:", *("  " + line for line in trajectory_lines(row))]
+    if row.get("turns"):
+        parts += ["conversation:", *("  " + line for line in conversation_lines(row))]
     parts.append(f"answer: {row['answer_text']}" if row.get("answer_text") is not None
                  else f"no answer: {_what_failed(row)}")
     return "\n".join(parts)
@@ -6584,6 +6635,12 @@ def markdown_run(record):
             [md_text(row.get("model")), md_text(row.get("case_id")), md_text(row.get("repeat")),
              "<br>".join(md_text(line, limit=2 * TRAJECTORY_TEXT_LIMIT + 40) for line in trajectory_lines(row))]
             for row in traced])]
+    talks = [row for row in failed if row.get("turns")]
+    if talks:
+        lines += ["", "### Conversations of failing rows", "", md_table(["model", "case", "repeat", "turns"], [
+            [md_text(row.get("model")), md_text(row.get("case_id")), md_text(row.get("repeat")),
+             "<br>".join(md_text(line, limit=TRAJECTORY_TEXT_LIMIT + 40) for line in conversation_lines(row))]
+            for row in talks])]
     missing = _not_run(record)
     if missing:
         shown = ", ".join(f"{model} / {case_id} / repeat {repeat}" for model, case_id, repeat in missing[:10])
@@ -6614,6 +6671,9 @@ def _html_row_details(row):
     if _row_calls(row):
         parts.append("<ol class=\"trajectory\">" + "".join(f"<li>{xml_text(line)}</li>" for line in trajectory_lines(row))
                      + "</ol>")
+    if row.get("turns"):
+        parts.append("<ol class=\"conversation\">" + "".join(f"<li>{xml_text(line)}</li>"
+                                                           for line in conversation_lines(row)) + "</ol>")
     if row.get("answer_text") is not None:
         parts.append(f"<details><summary>answer</summary><pre>{xml_text(row['answer_text'])}</pre></details>")
     else:
@@ -8004,6 +8064,12 @@ def _check_replay_covers(provider, run, settings):
     missing = provider.missing(run.todo) if getattr(provider, "replays_record", False) else None
     if missing:
         raise UsageError(f"--replay: {settings.replay} has no stored response for {key_text(missing)}")
+    cases = {case["id"]: case for case in run.suite["cases"]}
+    for key in run.todo if getattr(provider, "replays_record", False) else ():
+        changed = provider.changed_turns(cases[key[1]], provider.rows[key])
+        if changed:
+            raise UsageError(f"--replay: {key_text(key)} is not reproducible under this suite: {changed}; a "
+                             "replay grades the conversation the model had, so restore the suite's turns")
 
 
 def open_record(run, tally):
