@@ -2107,9 +2107,9 @@ def _time_form(match):
 
 
 def _amount_form(symbol, number):
-    """An amount's forms: "a:usd:12.5" ($12.50, 12.50 USD) and, for matching, its currency mark."""
+    """An amount's forms: "a:usd:12.5" ($12.50, 12.50 USD), its currency mark, its number."""
     value = _number_form(number)[2:]
-    return [f"a:{_CURRENCY[symbol]}:{value}", f"c:{value}"]
+    return [f"a:{_CURRENCY[symbol]}:{value}", f"c:{value}", f"n:{value}"]
 
 
 def _groups_form(text):
@@ -2213,8 +2213,9 @@ def _given_texts(case, trace):
 def check_grounded(case, trace, arg):
     """behavior grounded: every value a reply states (numbers of two or more digits, dates, times, amounts, identifiers mixing letters and digits, URLs, e-mail addresses) occurs in what the model was given before it: the instructions, the history, the user's turns, the tool results and search URLs it received."""
     known = set().union(*map(given_values, _given_texts(case, trace)))
-    events = trace.transcript or ([("tool", url) for url in trace.search_urls]
-                                  + [("said", text) for text in said_texts(trace)])
+    events = trace.transcript or ([("tool", url) for url in trace.search_urls]  # no order known: all first
+                                  + [("tool", result_text(call["result"])) for call in trace.tool_calls
+                                     if "result" in call] + [("said", text) for text in said_texts(trace)])
     missing = {}
     for kind, text in events:
         if kind != "said":
@@ -2726,6 +2727,7 @@ def _validate_call(call, where, functions, seen):
 def _history_message(message, at, functions, calls, seen):
     """One message of chat-form history; `calls` (id -> name) holds the calls still unanswered."""
     role = message.get("role") if isinstance(message, dict) else None
+    role = role if isinstance(role, str) else None
     if role in ("system", "developer"):
         raise SuiteError(f"{at} has role {role!r}, which is refused: the model is told the suite's "
                          "instructions (pinned by instructions_sha256), and history holds only "
@@ -5343,8 +5345,9 @@ def row_responses(row):
     turns = row.get("turns") if isinstance(row.get("turns"), list) else ()
     rounds = [turn for entry in turns if isinstance(entry, dict) and isinstance(entry.get("rounds"), list)
               for turn in entry["rounds"]] or row.get("rounds")
-    if isinstance(rounds, list) and rounds:
-        return [turn.get("response") if isinstance(turn, dict) else None for turn in rounds]
+    if isinstance(rounds, list) and rounds:  # a round is {"response": raw}; an older record's the raw itself
+        return [turn["response"] if isinstance(turn, dict) and isinstance(turn.get("response"), dict)
+                else turn for turn in rounds]
     return [row.get("response")]
 
 
