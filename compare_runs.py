@@ -46,6 +46,7 @@ from regression import (ABSENT, BEHAVIORS, CASES, CHECK_KEYS, CHECK_TABLE, INSTR
                         md_text, plan_rows, record_problem, record_provider, regraded_rows,
                         row_key, safe_text, same_json, summary, tool_sequence, write_new_file,
                         xml_text)
+from regression import program_name  # a printed command names the program as the user started it
 
 
 # ====================================================================== records
@@ -210,9 +211,11 @@ def _replayed(record, other):
         source.get("created_at") == other.get("created_at")
 
 
-REGRADE_HINT = ("the checks differ: regrade the earlier record with the new suite "
-                "(python regression.py --provider replay --replay BEFORE.json --suite SUITE --out REGRADED.json) "
-                "and compare BEFORE.json with REGRADED.json")
+def regrade_hint():
+    """How to make two records of different checks comparable (BEFORE.json, SUITE: the user's)."""
+    return (f"the checks differ: regrade the earlier record with the new suite ({program_name()} "
+            "--provider replay --replay BEFORE.json --suite SUITE --out REGRADED.json) and compare "
+            "BEFORE.json with REGRADED.json")
 
 
 def _comparable(before, after, names=SIDES):
@@ -235,8 +238,8 @@ def _comparable(before, after, names=SIDES):
     if difference is not None and not regrade:
         # For a record and its replay, name what keeps them apart (an input, not a check).
         path, old, new = blocking if replay_pair and blocking else difference
-        raise ValueError(f"{path} differs: {' -> '.join(shown_pair(old, new))}"
-                         + (f"; {REGRADE_HINT}" if blocking is None else " (only the instructions may differ)"))
+        why = f"; {regrade_hint()}" if blocking is None else " (only the instructions may differ)"
+        raise ValueError(f"{path} differs: {' -> '.join(shown_pair(old, new))}{why}")
     _require(labels[0] == labels[1], f"evidence differs: {labels[0]} vs {labels[1]}")
     if not regrade:
         return None
@@ -397,6 +400,16 @@ def diff_groups(rows):
     return [(*key, repeats) for key, repeats in groups.items()]
 
 
+def tool_groups(rows):
+    """Identical tool sequences of a model and case once: [(model, case, before, after, repeats)]"""
+    groups = {}
+    for row in rows:
+        model, case_id, repeat = row["key"]
+        key = (model, case_id, tuple(row["tools_before"] or ()), tuple(row["tools_after"] or ()))
+        groups.setdefault(key, []).append(repeat)
+    return [(*key, repeats) for key, repeats in groups.items()]
+
+
 def _repeats_text(repeats):
     return f"repeat {repeats[0]}" if len(repeats) == 1 else f"repeats {', '.join(map(str, repeats))}"
 
@@ -496,8 +509,9 @@ def render(result, all_diffs=False, all_rows=True):
     sequences = [row for row in result["rows"] if _tools_changed(row)]
     if sequences:
         lines += ["", "tool sequences of changed rows (before vs after):"]
-        lines += aligned([[*_key_cells("TOOLS", row["key"]), _sequence_text(row["tools_before"]),
-                           "vs", _sequence_text(row["tools_after"])] for row in sequences])
+        lines += aligned([[*_key_cells("TOOLS", (model, case_id)), _repeats_text(repeats),
+                           _sequence_text(before), "vs", _sequence_text(after)]
+                          for model, case_id, before, after, repeats in tool_groups(sequences)])
     diffs = [row for row in result["rows"] if row["diff"] and (all_diffs or row["label"] in ("NEW_FAILURE", "RECOVERED"))]
     if diffs:
         lines += ["", "answers that changed (unified diff before -> after; an identical diff is shown once):"]

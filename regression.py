@@ -67,7 +67,7 @@ __all__ = [
     "safe_text", "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
     "markdown_run", "junit_run", "html_run", "tool_sequence", "trajectory",
         # run control and the command line
-    "Settings", "UsageError", "Terminated", "guard_output", "main", "cli",
+    "Settings", "UsageError", "Terminated", "guard_output", "main", "cli", "program_name",
 ]
 
 
@@ -228,6 +228,54 @@ def shell_word(text):
     """One shell word, for the commands we print (continue with: ...)."""
     import shlex
     return shlex.quote(str(text))
+
+
+# Every command we print (continue with, write the rest with, regrade it first) must run as
+# pasted in the folder the user ran us from, so it names this program as it was started.
+ENTRY_POINTS = ("agent-regression", "compare-runs")  # pyproject's console scripts
+
+
+def _shown_path(path):
+    """A path as a shell in this folder takes it: relative below the folder, else absolute."""
+    try:
+        relative = os.path.relpath(path)
+    except (OSError, ValueError):  # no current folder, or another drive
+        return path
+    return relative if not relative.startswith(os.pardir) else os.path.abspath(path)
+
+
+def _python_word():
+    """`python` (or `python3`) when the shell finds this very interpreter under that name (the
+    same file in the same folder, so the same virtual environment), else its own path."""
+    import shutil
+    here = os.path.abspath(sys.executable)
+    for word in ("python", "python3"):
+        found = shutil.which(word)
+        if found and os.path.dirname(os.path.abspath(found)) == os.path.dirname(here) \
+                and os.path.realpath(found) == os.path.realpath(here):
+            return word
+    return shell_word(here)
+
+
+def program_name():
+    """The shell words that run regression.py the way this process was started: the installed
+    `agent-regression` (by its path when the shell would find another), `python -m regression`,
+    or the script by its path from the current folder (also when started as compare_runs)."""
+    import shutil
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name in ("regression", "compare_runs"):
+        return f"{_python_word()} -m regression"
+    folder, name = os.path.split(sys.argv[0] if sys.argv and sys.argv[0] else "")
+    if name in ENTRY_POINTS:
+        path = os.path.join(folder, ENTRY_POINTS[0])
+        found = shutil.which(ENTRY_POINTS[0])
+        if found and os.path.abspath(found) == os.path.abspath(path):
+            return ENTRY_POINTS[0]
+        shown = _shown_path(path)
+        return shell_word(shown if os.sep in shown else os.path.join(os.curdir, shown))
+    ours = name in ("regression.py", "compare_runs.py")  # else embedded (a test runner): this file
+    script = os.path.join(folder, "regression.py") if ours else __file__
+    return f"{_python_word()} {shell_word(_shown_path(script))}"
 
 
 # ---------------------------------------------------------------------- signals
@@ -882,6 +930,8 @@ def _shape_problem(answer, case):
         required = allowed = set(case.get("expect", {})) | ({case["_sources"]["field"]} if "cite" in case else set())
         types = {case["_sources"]["field"]: {"type": "array", "items": {"type": "string"}}} if "cite" in case else {}
     missing, extra = sorted(required - set(answer)), sorted(set(answer) - allowed)
+    if case.get("allow_extra_fields") is True:  # expect checks a few fields of a larger answer
+        extra = []
     mistyped = sorted(key for key in answer if key in types and not _has_type(answer[key], types[key]))
     if not (missing or extra or mistyped):
         return None
@@ -958,12 +1008,12 @@ class Check:
 
     def __init__(self, name, run, *, keys=(), reads=(), behavior=False, arg=None, validate=None,
                  details=None, short=None, reasons=None, rule=None, regrade=True, text_only=False,
-                 always=False, vacuous=False, doc=None):
+                 always=False, doc=None):
         self.name, self.run, self.keys, self.reads = name, run, tuple(keys), tuple(reads)
         self.behavior, self.arg, self.validate, self.details = behavior, arg, validate, details
         self.short, self.reasons, self.rule = short, dict(reasons or {}), rule
         self.regrade, self.text_only = regrade, text_only
-        self.always, self.vacuous = always, vacuous
+        self.always = always
         self.doc = doc or " ".join((run.__doc__ or "").split())
 
     def active(self, case):
@@ -973,10 +1023,6 @@ class Check:
         if self.behavior:
             return bool(self.entries(case))
         return any(key in case for key in self.keys)
-
-    def passes_empty(self, case):
-        """Whether this check, as a case sets it, passes an empty answer (see vacuous)."""
-        return self.vacuous(case) if callable(self.vacuous) else self.vacuous
 
     def involved(self, case):
         """Whether a case holds any key this check reads: its keys are validated and its details
@@ -988,12 +1034,6 @@ class Check:
         if not self.behavior or self.arg is None:
             return self.name
         return ", ".join(self.entries(case))
-
-    def asked(self):
-        """How a case asks for this check, as the lint's advice says it."""
-        if self.behavior:
-            return "a behaviour"
-        return (f"{', '.join(self.reads)} with " if self.reads else "") + self.keys[0]
 
     def entries(self, case):
         """A behaviour's entries in a case ("forbid_tool:cancel_order", ...)."""
@@ -1043,8 +1083,7 @@ def register_check(name, run=None, **spec):
               stored row (failure_lines); details as stored, so masked text stays masked
     reasons   {reason: (meaning, what to do)}: --list-checks and the README reason table
     rule      how it reads an answer, in full: the "Rules:" of --list-checks
-    always    runs on every case; vacuous: passes an empty answer, or a (case) -> bool saying when
-              it does (--dry-run lints cases whose only checks are vacuous)
+    always    runs on every case
     """
     if run is None:
         return lambda function: register_check(name, function, **spec)
@@ -1112,6 +1151,8 @@ register_check("search_observed", check_search_observed, keys=("cite",), reasons
 
 
 def _validate_expect(case, where, context):
+    if not isinstance(case.get("allow_extra_fields", False), bool):
+        raise SuiteError(f"{where}: allow_extra_fields must be true or false")
     if "expect" not in case:
         return  # switched on by cite alone: cite's own rules check it
     expect, schema = case["expect"], context["schema"]
@@ -1125,7 +1166,9 @@ def _validate_expect(case, where, context):
 
 
 def check_answer(case, trace):
-    """With `expect` or `cite`: the answer is strict JSON (no NaN, no repeated key), an object with exactly the schema's fields; `expect` values match exactly (wrong_<field>)."""
+    """With `expect` or `cite`: the answer is strict JSON (no NaN, no repeated key), an object
+    with exactly the schema's fields (`allow_extra_fields`: at least them); `expect` values match
+    exactly (wrong_<field>)."""
     answer, problem = read_json(trace.final_text)
     if problem:
         return [problem]
@@ -1138,7 +1181,8 @@ def check_answer(case, trace):
             if _canonical(answer.get(field)) != _canonical(value)]
 
 
-register_check("expect", check_answer, keys=("expect", "cite"), validate=_validate_expect, reasons={
+register_check("expect", check_answer, keys=("expect", "cite"), reads=("allow_extra_fields",),
+               validate=_validate_expect, reasons={
     "invalid_json": ("the answer is not strict JSON (NaN and Infinity are not JSON)",
                      "the model ignored the response format"),
     "duplicate_key": ("the JSON answer repeats a key in one object, so which value counts is ambiguous",
@@ -1297,7 +1341,7 @@ check_excludes = _phrase_check("excludes", "forbidden_text_present", "forbidden"
 check_excludes.__doc__ = ("`excludes`: no listed phrase appears in the answer, in what a played case's earlier rounds "
                           "said, or in reasoning a server left in content (in the text normal form); a hard rule.")
 register_check("excludes", check_excludes, keys=("excludes",), validate=_validate_phrases("excludes"),
-               details=_phrase_details("forbidden_text"), vacuous=True, text_only=True,
+               details=_phrase_details("forbidden_text"), text_only=True,
                short=_phrase_short("forbidden_text", "contains forbidden text"), reasons={
                    "forbidden_text_present": ("an `excludes` phrase appears (compared in the normal form, so "
                                               "zero-width or fullwidth characters and Markdown or HTML markup do "
@@ -1454,7 +1498,7 @@ def _similarity_short(case, reasons, details):
 # expected_text alone reports a score and judges nothing: only min_similarity makes it a rule.
 register_check("similarity", check_similarity, keys=("min_similarity",), reads=("expected_text",),
                validate=_validate_similarity, details=_similarity_details, short=_similarity_short,
-               text_only=True, vacuous=lambda case: case.get("min_similarity") == 0, rule=(
+               text_only=True, rule=(
                    f"the exact difflib ratio for texts up to {SIMILARITY_PREFIX:,} characters "
                    f"whose matching fits {SIMILARITY_WORK:,} counted steps; above, the least of "
                    "the ratio of the first and last N characters, the length bound and (when it is "
@@ -1502,7 +1546,7 @@ def _length_short(case, reasons, details):
 
 register_check("length", check_length, keys=("min_chars", "max_chars"), validate=_validate_length,
                details=lambda case, trace, failed: {"chars": answer_chars(trace.final_text)},
-               short=_length_short, vacuous=True, text_only=True, reasons={
+               short=_length_short, text_only=True, reasons={
                    "too_short": ("length (in characters of the normal form) below `min_chars`",
                                  "the evidence gives the length and the threshold"),
                    "too_long": ("length (in characters of the normal form) above `max_chars`",
@@ -1971,7 +2015,7 @@ def check_no_final_answer(case, trace):
 
 # tool_results and max_rounds change what is played to the model: a change of them is new input.
 register_check("no_final_answer", check_no_final_answer, keys=("tool_results", "max_rounds"),
-               validate=_validate_played, vacuous=True, regrade=False, reasons={
+               validate=_validate_played, regrade=False, reasons={
                    "no_final_answer": ("a played case reached `max_rounds` while the model was still calling tools",
                                        "a looping agent: read `details.tool_calls`")})
 
@@ -2018,7 +2062,8 @@ def check_tool_order(case, trace, arg):
     wanted = arg.split(",")
     firsts = [names.index(name) if name in names else None for name in wanted]
     if None in firsts or any(a >= b for a, b in zip(firsts, firsts[1:])):
-        return [Fail("wrong_tool_order", f"wanted {' -> '.join(wanted)}; called {_sequence(trace)}",
+        made = f"called {_sequence(trace)}" if trace.tool_calls else "no tool was called"
+        return [Fail("wrong_tool_order", f"wanted {' -> '.join(wanted)}; {made}",
                      wanted=wanted, called=names)]
     return []
 
@@ -2053,7 +2098,7 @@ def check_claims(case, trace):
 
 
 register_check("claims", check_claims, keys=("claims",), validate=_validate_claims, details=_tool_details,
-               vacuous=True, reasons={"unbacked_claim": (
+               reasons={"unbacked_claim": (
                    "`claims`: the answer says PHRASE, but the tool that makes it true was never called with a "
                    "non-error result", "a confident false report: treat it as a severe regression")})
 
@@ -2321,6 +2366,7 @@ def evidence_notes(row, limit=100):
         return ""
     notes = [str(evidence[reason].get("note")) for reason in dict.fromkeys(row.get("reasons") or [])
              if isinstance(evidence.get(reason), dict) and evidence[reason].get("note")]
+    notes = list(dict.fromkeys(notes))  # a note two reasons share (not JSON: ...), said once
     text = " ".join(printable("; ".join(notes)).split())
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
@@ -2362,7 +2408,7 @@ class SuiteError(Exception):
 
 
 SUITE_KEYS = {"name", "instructions", "tool", "tools", "response_format", "sources", "cases", "notes",
-              "request", "tool_choice", "prices", "max_rounds"}
+              "request", "tool_choice", "prices", "max_rounds", "allow_extra_fields"}
 # CASE_KEYS (the keys a case may hold) is a view of the check table: see register_check.
 SOURCES_KEYS = {"field", "hosts", "path", "also_allowed"}
 # CHECK_KEYS (the keys a regrade may change) is a view of the check table too: see register_check.
@@ -2674,7 +2720,8 @@ def _validate_case(case, suite, schema, functions, allow_empty_baseline):
         actual = instructions_sha256(suite["instructions"])
         if pinned != actual:
             raise SuiteError(f"prompt drift: {where} pins instructions sha256 {pinned}, but the suite's "
-                             f"instructions hash to {actual}; review the instruction change, then update the pin")
+                             f"instructions hash to {actual}; review the instruction change, then "
+                             "update the pin (--update-pins rewrites them all)")
 
 
 def _validate_checks(case, where, context):
@@ -2846,6 +2893,7 @@ def validate_suite(data, allow_empty_baseline=False):
     cases = data.get("cases")
     if not isinstance(cases, list) or not cases:
         raise SuiteError("suite: cases must be a non-empty list")
+    cases = _inherit_extra_fields(data, cases)
     seen = {}
     for position, case in enumerate(cases):
         if not isinstance(case, dict):
@@ -2872,6 +2920,18 @@ def validate_suite(data, allow_empty_baseline=False):
         "definition": data,
         **({"max_rounds": data["max_rounds"]} if "max_rounds" in data else {}),
     }
+
+
+def _inherit_extra_fields(data, cases):
+    """The suite's allow_extra_fields, given to each case with expect or cite that sets none (so
+    the config's cases say how each one was graded)."""
+    if "allow_extra_fields" not in data:
+        return cases
+    if not isinstance(data["allow_extra_fields"], bool):
+        raise SuiteError("suite: allow_extra_fields must be true or false")
+    inherit = {"allow_extra_fields": data["allow_extra_fields"]}
+    return [{**inherit, **case} if isinstance(case, dict) and ("expect" in case or "cite" in case)
+            else case for case in cases]
 
 
 def _no_duplicate_keys(pairs):
@@ -3077,7 +3137,8 @@ def _golden_case(data, system_text, system_path, allow_placeholder):
         raise SuiteError(f"{where}: system_sha256 must be 64 hex digits or {GOLDEN_PLACEHOLDER!r}")
     elif pin.lower() != actual:
         raise SuiteError(f"prompt drift: {where} pins system_sha256 {pin.lower()}, but {system_path} hashes "
-                         f"to {actual}; review the system prompt change, then update the pin")
+                         f"to {actual}; review the system prompt change, then update the pin "
+                         "(--update-pins rewrites them all)")
     case = {"id": data["id"], "input": data["user"]}
     for key in ("behaviors", "notes"):
         if key in data:
@@ -3125,6 +3186,15 @@ def load_golden_dir(folder, allow_empty_baseline=False, system=None):
     """Every *.json of a folder (sorted) as one suite of golden cases; SuiteError naming the file."""
     system_path = _system_file(folder, system)
     system_text = _read_system(system_path)
+    entries = [(path, _read_json(path)) for path in golden_files(folder)]
+    name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
+    suite = golden_suite(name, entries, system_text, system_path, allow_empty_baseline)
+    suite["file"] = folder
+    return suite
+
+
+def golden_files(folder):
+    """The case files of a golden folder, sorted; SuiteError for one it could not run."""
     try:
         names = sorted(name for name in os.listdir(folder) if name.lower().endswith(".json"))
     except OSError as exc:
@@ -3135,11 +3205,7 @@ def load_golden_dir(folder, allow_empty_baseline=False, system=None):
                              "file named *.json); rename or remove it")
     if not names:
         raise SuiteError(f"{folder}: no *.json case files in this folder")
-    entries = [(os.path.join(folder, name), _read_json(os.path.join(folder, name))) for name in names]
-    name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
-    suite = golden_suite(name, entries, system_text, system_path, allow_empty_baseline)
-    suite["file"] = folder
-    return suite
+    return [os.path.join(folder, name) for name in names]
 
 
 def golden_from_config(name, config):
@@ -3274,10 +3340,10 @@ def replace_text_file(path, text):
     _fsync_dir(real)
 
 
-def suite_busy(path):
+def suite_busy(path, flag="--update-baseline"):
     """The one line for a suite another --update-baseline holds (the run's hold or SuiteLock)."""
-    return (f"--update-baseline: {path} is being written by another process (its baselines are being rewritten "
-            "by another process); it is unchanged here: try again when that process ends")
+    return (f"{flag}: {path} is being written by another process (its baselines are being "
+            "rewritten by another process); it is unchanged here: try again when that process ends")
 
 
 class SuiteLock:
@@ -3286,8 +3352,8 @@ class SuiteLock:
     the first one's baselines. The lock is taken on the file the path names right now (a file
     replaced meanwhile is locked again), and released when the block ends."""
 
-    def __init__(self, path):
-        self.path, self.fd = path, None
+    def __init__(self, path, flag="--update-baseline"):
+        self.path, self.fd, self.flag = path, None, flag
 
     def __enter__(self):
         try:
@@ -3307,14 +3373,15 @@ class SuiteLock:
                 same = os.path.samestat(os.fstat(fd), os.stat(real))
             except BlockingIOError:
                 os.close(fd)
-                raise SuiteError(suite_busy(self.path)) from None
+                raise SuiteError(suite_busy(self.path, self.flag)) from None
             except OSError:
                 same = True  # a file system without locks: as before
             if same:
                 self.fd = fd
                 return self
             os.close(fd)
-        raise SuiteError(f"--update-baseline: {self.path} keeps being replaced by another process; it is unchanged")
+        raise SuiteError(f"{self.flag}: {self.path} keeps being replaced by another process; "
+                         "it is unchanged")
 
     def __exit__(self, *exc_info):
         if self.fd is not None:
@@ -3341,10 +3408,11 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expe
 
     Only the baseline strings change; every other byte of the file is kept. A baseline that
     already holds text is never replaced. An answer that failed its case's other checks
-    (reasons: {case_id: [reason, ...]}) is not approved unless approve_failing. The suite
-    is rewritten atomically (through a symbolic link), or not at all: SuiteError with one
-    line otherwise. read_sha256, the hash of the text the run read, refuses a suite edited since:
-    its answers were made with, and graded by, the cases as they were. Returns the ids filled."""
+    (reasons: {case_id: [reason, ...]}) is not approved unless approve_failing; nor is an
+    empty answer, a missing one or one no file can hold. The suite is rewritten atomically
+    (through a symbolic link), or not at all: SuiteError with one line otherwise. read_sha256,
+    the hash of the text the run read, refuses a suite edited since: its answers were made with,
+    and graded by, the cases as they were. Returns (ids filled, {id: why not} of the others)."""
     reasons = reasons or {}
     try:
         text = read_text(path)  # \r\n line ends kept as they are
@@ -3359,23 +3427,18 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expe
                          f"with other cases than the file now holds; no baseline was filled ({path} is as you left "
                          "it): run --update-baseline again")
     cases = data.get("cases") if isinstance(data, dict) else None
-    edits, filled = {}, []
+    edits, filled, refused = {}, [], {}
     for position, case in enumerate(cases if isinstance(cases, list) else []):
-        if isinstance(case, dict) and case.get(key) == "" and answers.get(case.get("id")):
+        if isinstance(case, dict) and case.get(key) == "":
+            case_id = case.get("id")
+            why = _not_a_baseline(answers.get(case_id), reasons.get(case_id), approve_failing)
+            if why:
+                refused[case.get("id")] = why
+                continue
             edits[("cases", position, key)] = answers[case["id"]]
             filled.append(case["id"])
-    failing = [f"{case_id!r} ({', '.join(reasons[case_id])})" for case_id in filled if reasons.get(case_id)]
-    if failing and not approve_failing:
-        raise SuiteError(f"--update-baseline: not approving failing answer(s) of case {', '.join(failing)}; "
-                         f"fix them or pass --approve-failing to approve them anyway; {path} is unchanged")
-    for case_id in filled:
-        try:
-            answers[case_id].encode("utf-8")
-        except UnicodeEncodeError:
-            raise SuiteError(f"--update-baseline: the answer of case {case_id!r} holds a lone surrogate "
-                             f"(not text a suite file can hold); {path} is unchanged") from None
     if not filled:
-        return filled
+        return filled, refused
     try:
         replace_text_file(path, edit_json_strings(text, edits))
     except KeyboardInterrupt as interrupt:  # say truly which suite is on disk: old or new, never a mix
@@ -3387,7 +3450,22 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expe
     except (OSError, ValueError) as exc:
         raise SuiteError(f"--update-baseline: cannot rewrite {path}: {getattr(exc, 'strerror', None) or exc}; "
                          f"{path} is unchanged") from None
-    return filled
+    return filled, refused
+
+
+def _not_a_baseline(answer, reasons, approve_failing):
+    """Why an answer may not become a case's baseline, or None."""
+    if answer is None:
+        return "no answer in this run (an execution error, or the run stopped before it)"
+    if not answer:
+        return "the answer is empty"
+    if reasons and not approve_failing:
+        return f"its answer failed {', '.join(reasons)} (--approve-failing approves it anyway)"
+    try:
+        answer.encode("utf-8")
+    except UnicodeEncodeError:
+        return "the answer holds a lone surrogate (not text a suite file can hold)"
+    return None
 
 
 def fill_golden_pin(path, sha256):
@@ -3405,13 +3483,110 @@ def fill_golden_pin(path, sha256):
 
 
 def update_baselines(suite, answers, reasons=None, approve_failing=False):
-    """--update-baseline: fill what the suite leaves open; returns the case ids filled. Golden
+    """--update-baseline: fill what the suite leaves open; (ids filled, {id: why not}). Golden
     folders: placeholder pins; prompt-regression suites: empty `expected`; ours: empty expected_text."""
     if suite.get("format") == "golden":
         pin = instructions_sha256(suite["instructions"])
-        return [case_id for case_id, path in suite.get("placeholders", {}).items() if fill_golden_pin(path, pin)]
+        return [case_id for case_id, path in suite.get("placeholders", {}).items()
+                if fill_golden_pin(path, pin)], {}
     key = "expected" if suite.get("format") == "prompt-regression" else "expected_text"
     return fill_baselines(suite["file"], answers, reasons, approve_failing, key, suite.get("file_sha256"))
+
+
+# ---------------------------------------------------------------------- --update-pins
+# After a deliberate instruction edit every pin is rewritten to the new hash in one step: all
+# the files (a golden folder is many) or none, each atomically, every other byte kept.
+
+def _pin_changes(path, text, actual, key, where):
+    """{path: (text, new text)} and the old -> new lines of one JSON text's pins (`where`)."""
+    edits, lines = {}, []
+    for place, (case_id, pin) in where.items():
+        if not (isinstance(pin, str) and pin.lower() == actual):
+            edits[place] = actual
+            old = pin if isinstance(pin, str) else json.dumps(pin)
+            lines.append(f"case {case_id!r}: {key} {old} -> {actual}")
+    try:
+        return ({path: (text, edit_json_strings(text, edits))} if edits else {}), lines
+    except ValueError as exc:
+        raise SuiteError(f"{path}: {exc}; no pin was rewritten") from None
+
+
+def suite_pin_changes(path):
+    """The pin changes of a suite file (ours; a prompt-regression suite holds none), validated."""
+    text = _read_suite_text(path)
+    data = _parse_json(path, text)
+    if not isinstance(data, dict) or is_promptreg(data) or not isinstance(data.get("instructions"),
+                                                                          str):
+        _try_suite(path, data)  # its own one-line problem, if any
+        return {}, [], "a prompt-regression suite holds no pins (a record pins each system prompt)"
+    actual = instructions_sha256(data["instructions"])
+    cases = data["cases"] if isinstance(data.get("cases"), list) else []
+    where = {("cases", n, "instructions_sha256"): (case.get("id"), case["instructions_sha256"])
+             for n, case in enumerate(cases)
+             if isinstance(case, dict) and "instructions_sha256" in case}
+    changes, lines = _pin_changes(path, text, actual, "instructions_sha256", where)
+    _try_suite(path, json.loads(changes[path][1]) if changes else data)
+    unchanged = f"every pin already matches the instructions (sha256 {actual})" if where \
+        else "no case pins the instructions (instructions_sha256)"
+    return changes, lines, unchanged
+
+
+def _try_suite(path, data):
+    try:
+        validate_suite(data, allow_empty_baseline=True)
+    except SuiteError as exc:
+        raise SuiteError(f"{path}: {exc}") from None
+
+
+def golden_pin_changes(folder, system=None):
+    """The system_sha256 changes of a golden folder's case files (placeholders too), validated."""
+    system_path = _system_file(folder, system)
+    system_text = _read_system(system_path)
+    actual, changes, lines, entries = instructions_sha256(system_text), {}, [], []
+    for path in golden_files(folder):
+        text = _read_suite_text(path)
+        data = _parse_json(path, text)
+        if not isinstance(data, dict):
+            entries.append((path, data))  # golden_suite names the problem
+            continue
+        pinned = "system_sha256" in data
+        where = {("system_sha256",): (data.get("id"), data["system_sha256"])} if pinned else {}
+        change, said = _pin_changes(path, text, actual, "system_sha256", where)
+        changes.update(change)
+        lines += [f"{line} ({path})" for line in said]
+        entries.append((path, json.loads(change[path][1]) if change else data))
+    name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
+    golden_suite(name, entries, system_text, system_path)  # valid with the new pins, or one line
+    return changes, lines, f"every system_sha256 already matches {system_path} (sha256 {actual})"
+
+
+def rewrite_all(changes, flag="--update-pins"):
+    """Write every {path: (old, new)} text or none: each file is checked writable before any is
+    touched, and one that fails to write puts back those already written."""
+    for path in changes:
+        real = os.path.realpath(path)
+        if read_only(real) or not os.access(os.path.dirname(real), os.W_OK):
+            why = READ_ONLY if read_only(real) else "its folder is not writable"
+            raise SuiteError(f"{flag}: {path}: {why}; no file was changed")
+    done = []
+    with deferred_signals():  # an interruption waits: all of them, or none
+        for path, (old, new) in changes.items():
+            try:
+                replace_text_file(path, new)
+            except (OSError, UnicodeEncodeError) as exc:
+                kept = [other for other in done if not _put_back(other, changes[other][0])]
+                state = f"could not restore {', '.join(kept)}" if kept else "no file was changed"
+                why = getattr(exc, "strerror", None) or exc
+                raise SuiteError(f"{flag}: cannot rewrite {path}: {why}; {state}") from None
+            done.append(path)
+
+
+def _put_back(path, text):
+    try:
+        replace_text_file(path, text)
+        return True
+    except (OSError, UnicodeEncodeError):
+        return False
 
 
 # ====================================================================== providers
@@ -3638,6 +3813,9 @@ def providers_with(attribute):
     return [name for name, cls in PROVIDERS.items() if getattr(cls, attribute)]
 
 
+MODEL_EVIDENCE = "live"  # the evidence label of a provider (or a record) whose model answered
+
+
 class Provider:
     """What every provider declares; the CLI reads these and never names a provider.
 
@@ -3658,7 +3836,7 @@ class Provider:
     twin_base_url_variable = None  # another tool's variable for it, read after base_url_variable
     other_names = ()          # what other tools call this provider (PROMPTREG_PROVIDER's values)
     default_base_url = None   # the endpoint when nothing names one (None with a variable: one is required)
-    evidence = "live"         # the record's "evidence" label
+    evidence = MODEL_EVIDENCE  # the record's "evidence" label: anything else is no model's answer
     default_models = None     # models when --models is absent (None: --models is required)
     server_search = False     # the server runs web search itself (a `cite` case can pass only then)
     tool_loops = False        # the server runs the tool loop itself (Agent API max_steps)
@@ -4670,6 +4848,7 @@ class ReplayProvider(Provider):
         made = PROVIDERS.get(record_provider(record).get("name"))
         self.made_by = PROVIDERS[DEFAULT_PROVIDER] if made is None or made.replays_record else made
         self.parse, self.call_ids = self.made_by.parse, self.made_by.call_ids
+        self.evidence = record.get("evidence", MODEL_EVIDENCE)  # a replay of echo is still echo
         self.agent_responses = self.made_by.agent_responses
 
     def unanswered(self, suite, raw):
@@ -5236,12 +5415,14 @@ def _file_turn_evidence(evidence, reason, number, facts):
         kept.setdefault("also", []).append(named)
 
 
-def grade_turns(row, suite, case, traces):
+def grade_turns(row, suite, case, traces, model=True):
     """Add each turn's own verdicts to a graded conversation row: its reasons, their evidence
     (each note naming its turn) and its details, under details["turns"] (one object a turn)."""
     details, verdicts = row.setdefault("details", {}), row.pop("verdicts", {})
     evidence, per_turn = details.pop("evidence", {}), []
     for number, compiled, trace in turn_gradings(suite, case, traces):
+        if model and tool_case(compiled):  # a turn's tool checks make it a tool case too
+            row["tool_calls"] = sum(len(one.tool_calls) for one in traces)
         graded = grading(compiled, trace)
         row["reasons"] += [reason for reason in graded.reasons if reason not in row["reasons"]]
         # each turn's rules keep verdicts of their own: compare tells which turn's verdict changed
@@ -5289,9 +5470,10 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
         row["answer_text"] = trace.final_text
         row["cost_usd"] = trace.cost_usd
         ask = grader and (lambda: grader(case, raw, trace))
-        grade_row(row, compile_case(suite, case), trace, ask)
+        model = getattr(provider, "evidence", MODEL_EVIDENCE) == MODEL_EVIDENCE  # not echo
+        grade_row(row, compile_case(suite, case), trace, ask, model)
         if "turns" in case:
-            grade_turns(row, suite, case, traces)
+            grade_turns(row, suite, case, traces, model)
     except Exception as exc:  # an endpoint or checker failure is evidence, not a crash
         row["error"] = type(exc).__name__
         row["error_status"] = status_of(exc)
@@ -5315,10 +5497,11 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
     return row
 
 
-def grade_row(row, compiled, trace, grader=None):
+def grade_row(row, compiled, trace, grader=None, model=True):
     """Grade a row whose evidence is stored: reasons, verdicts, details. `grader` () -> reasons is
-    run_one's (SPEC A6: the module-level check(), which tests replace); its row has no verdicts."""
-    if compiled["_function_tools"]:  # counted, so a run whose model never called a tool says so
+    run_one's (SPEC A6: the module-level check(), which tests replace); its row has no verdicts.
+    `model`: a model answered (its tool calls are counted in a tool case, see NO_TOOL_CALLS)."""
+    if model and tool_case(compiled):  # counted, so a run whose model never called a tool says so
         row["tool_calls"] = len(trace.tool_calls)
     graded = grading(compiled, trace)
     row["reasons"] = grader() if grader else graded.reasons
@@ -6062,7 +6245,7 @@ def merge_gaps(records, paths, plan, final):
     for record, path in zip(records, paths):
         if not (record.get("summary") or {}).get("complete", False) or any(
                 row.get("error") is not None for row in record["runs"]):
-            lines.append(f"{path} is unfinished: continue it with: python regression.py --resume {shell_word(path)}"
+            lines.append(f"{path} is unfinished: continue it with: {continue_command(path)}"
                          f"{redact_note(record)}, then merge again")
     return "\n".join(lines)
 
@@ -6312,7 +6495,20 @@ class Tally:
         return verdict
 
 
-NO_TOOL_CALLS = ("the suite declares function tools, but no model called a tool in {rows} answered row(s): "
+# Checks that pass when no tool is called: rows of a case with one (and function tools) are
+# counted, and when no model called a tool in any of them the summary warns.
+TOOL_CASE_CHECKS = ("max_tool_rounds", "forbid_tool", "require_clarification", "require_tool",
+                    "tool_args", "tool_order", "claims", "no_final_answer")
+
+
+def tool_case(case):
+    """A compiled case offered function tools whose checks read the tool calls made."""
+    return bool(case["_function_tools"]) and any(
+        check_.active(case) for check_ in CHECK_TABLE if check_.name in TOOL_CASE_CHECKS)
+
+
+NO_TOOL_CALLS = ("the suite declares function tools, but no model called a tool in {rows} answered "
+                 "row(s) of cases with tool checks: "
                  "tool checks may have passed vacuously (did the server receive the tools?); "
                  "add behavior require_tool:NAME to a case that must call one")
 
@@ -6613,6 +6809,14 @@ def _verdict(final):
     return _VERDICTS.get(final.get("exit_code"), "unknown")  # a whole number or none (validated)
 
 
+def verdict_line(final):
+    """The summary in one line (--quiet): verdict, exit code, rows, each model's passes."""
+    models = ", ".join(f"{model} {passed}" for model, passed, *_ in _model_rows(final))
+    rows = f"{final.get('rows', 0)} of {final.get('expected_rows', '?')} rows"
+    return safe_text(f"{_verdict(final)} (exit {final.get('exit_code')}); {rows}"
+                     + (f"; passed: {models}" if models else ""))
+
+
 def markdown_run(record):
     """A Markdown summary of one run (for $GITHUB_STEP_SUMMARY)."""
     final = record.get("summary") or {}
@@ -6802,6 +7006,9 @@ def build_parser():
                       help="fill empty expected_text baselines of --suite from this run's answers")
     what.add_argument("--approve-failing", action="store_true",
                       help="with --update-baseline: approve an answer even if it failed the case's other checks")
+    what.add_argument("--update-pins", action="store_true",
+                      help="rewrite every instructions_sha256 / system_sha256 pin of --suite to "
+                           "its current instructions, then exit (sends nothing)")
     where = parser.add_argument_group("where to send it")
     where.add_argument("--provider", help=f"{', '.join(PROVIDERS)} (default {DEFAULT_PROVIDER})")
     where.add_argument("--base-url", metavar="URL", help=f"the endpoint ({_with('base_url_flag')})")
@@ -6825,6 +7032,8 @@ def build_parser():
                          help="USD per million input/output tokens of MODEL, to estimate cost from reported "
                               "token usage where the endpoint reports none (repeatable)")
     control.add_argument("--shard", metavar="I/N", help="run the I-th of N deterministic slices of the rows")
+    control.add_argument("--quiet", action="store_true",
+                         help="print only failing rows, warnings and a one-line verdict (CI logs)")
     control.add_argument("--merge", nargs="+", metavar="FILE",
                          help="OUT SHARD...: combine shard records into one new record OUT, then exit")
     control.add_argument("--redact", action="append", metavar="REGEX",
@@ -6852,12 +7061,13 @@ class Settings:
         # what to run
         "suite": None, "models": None, "repeats": 1, "out": None, "dry_run": False,
         "system": None, "list_checks": False, "update_baseline": False, "approve_failing": False,
+        "update_pins": False,
         # where to send it
         "provider": None, "base_url": None, "api_key_env": None, "allow_insecure_http": False, "replay": None,
         "request": (), "timeout": None,
         # run control
         "concurrency": 1, "retries": 0, "resume": None, "max_cost_usd": None, "price": (), "shard": None,
-        "merge": None, "redact": (), "redact_pii": False,
+        "merge": None, "redact": (), "redact_pii": False, "quiet": False,
         # reports
         "markdown": None, "junit": None, "html": None, "report": None,
         # read once while resolving, not options: the record --resume continues, the record replayed
@@ -6928,7 +7138,7 @@ NEW_RUN_TWINS = ("out", "shard")
 def _from_environment(values, env):
     """Unset options filled from their environment twins, and which variable set each."""
     found, origin = {}, {}
-    new_run = not any(values.get(name) for name in ("resume", "merge", "report", "list_checks"))
+    new_run = not any(values.get(name) for name in NOT_A_NEW_RUN)
     for name, variable, convert in ENV_TWINS:
         if name in NEW_RUN_TWINS and not new_run:
             continue
@@ -7023,6 +7233,9 @@ def _check_ranges(values, origin):
 
 
 PATH_FLAGS = ("suite", "system", "out", "replay", "resume", "report", "merge", *REPORTS)
+NOT_A_NEW_RUN = ("resume", "merge", "report", "list_checks", "update_pins")  # no new record
+# --update-pins is a mode of its own: the other modes, and every file flag but --suite/--system
+PINS_EXCLUDE = ("dry_run", "list_checks", "update_baseline", *PATH_FLAGS[2:])
 
 
 def _check_flags(values):
@@ -7068,6 +7281,10 @@ def _check_flags(values):
         raise UsageError("--resume keeps the record's own shard; drop --shard")
     if values["approve_failing"] and not values["update_baseline"]:
         raise UsageError("--approve-failing goes with --update-baseline")
+    other = values["update_pins"] and next((name for name in PINS_EXCLUDE if values[name]), None)
+    if other:
+        raise UsageError("--update-pins rewrites the suite's pins and runs nothing; "
+                         f"drop --{other.replace('_', '-')}")
     if values["report"] and not any(values[kind] for kind in REPORTS):
         raise UsageError("--report RECORD needs at least one of --markdown, --junit, --html")
     _check_outputs(values)
@@ -7075,7 +7292,7 @@ def _check_flags(values):
 
 def _check_outputs(values):
     """Every output names its own new file; an existing one is refused before anything is imported."""
-    runs = not (values["resume"] or values["merge"] or values["report"] or values["list_checks"])
+    runs = not any(values[name] for name in NOT_A_NEW_RUN)
     outputs = [(f"--{kind}", values[kind]) for kind in REPORTS if values[kind]]
     outputs += [("--out", values["out"] or ("results.json" if runs else None)),
                 ("--merge", values["merge"][0] if values["merge"] else None)]
@@ -7086,14 +7303,16 @@ def _check_outputs(values):
             raise UsageError(f"{flag} {path}: the same file is named twice; every output needs its own file")
         if os.path.lexists(path) and not (flag == "--out" and values["dry_run"]):
             raise UsageError(f"{flag}: {path} already exists (records and reports never overwrite a file)"
-                             + (_continue_hint(path) if flag in ("--out", "--merge") else ""))
+                             + (_continue_hint(path, values) if flag in ("--out", "--merge")
+                                else ""))
         folder = os.path.dirname(full)  # a report written after a paid run must have a place to go
         if not os.path.isdir(folder) and not (flag == "--out" and values["dry_run"]):
             raise UsageError(f"{flag} {path}: {folder} is not an existing folder; create it first (nothing was run)")
 
 
-def _continue_hint(path):
-    """For an existing record that is not finished: the command that continues it."""
+def _continue_hint(path, values):
+    """For an existing record that is not finished: the command that continues it (with the
+    flags of this command that a resume needs too, such as --api-key-env)."""
     try:
         record = load_record(path)
     except RecordError:
@@ -7102,7 +7321,8 @@ def _continue_hint(path):
         return ""
     rows = len(record["runs"])
     return (f"; it holds an unfinished record ({rows} row(s) saved); "
-            f"continue it with: python regression.py --resume {shell_word(path)}{redact_note(record)}")
+            f"continue it with: {continue_command(path, continue_flags(Settings(**values)))}"
+            f"{redact_note(record)}")
 
 
 def _stored_options(record, path):
@@ -7257,7 +7477,7 @@ def resolve(args, env):
     _check_flags(values)
     values["shard"] = _shard(values["shard"]) if values["shard"] else None
     values["max_cost_usd"] = _cost(values["max_cost_usd"]) if values["max_cost_usd"] is not None else None
-    if not (values["list_checks"] or values["report"] or values["merge"]):  # only a run reads records here
+    if not any(values[name] for name in NOT_A_NEW_RUN if name != "resume"):  # a run reads records
         values.update(_run_sources(values, env))
     values["models"] = tuple(values["models"]) if values["models"] is not None else None
     values["provider"] = values["provider"] or DEFAULT_PROVIDER
@@ -7347,29 +7567,34 @@ def _check_labels(case):
     return [check_.label(case) for check_ in CHECK_TABLE if not check_.always and check_.active(case)]
 
 
-def lint_case(case):
-    """A warning for a case too weak to fail, or None: its only checks pass an empty answer."""
-    parts = [case, *(part for _, _, part in turn_parts(case))] \
-        if "turns" in case else [case]  # a conversation's rules are its own and its turns'
-    active = [(part, check_) for part in parts for check_ in CHECK_TABLE
+EMPTY_REPLY = Trace(final_text="", tool_calls=[], tool_rounds=0, search_urls=[], status="completed",
+                    cost_usd=None)  # a model that said nothing and called no tool
+
+
+def lint_case(suite, case):
+    """A warning for a case too weak to fail, or None: the real grader passes an empty reply
+    with no tool calls (then any model that says nothing passes it); a conversation's own rules
+    and its turns' each get the empty reply."""
+    if case.get("expected_text") == "" and "min_similarity" in case:  # judged once it is filled
+        case = {**case, "expected_text": "a baseline"}
+    parts = [case, *(part for _, _, part in turn_parts(case))] if "turns" in case else [case]
+    if any(grade(compile_case(case_suite(suite, case), part), EMPTY_REPLY) for part in parts):
+        return None
+    active = [check_.name for part in parts for check_ in CHECK_TABLE
               if not check_.always and check_.active(part)]
     idle = [key for part in parts for check_ in CHECK_TABLE if not check_.active(part)
             for key in check_.reads if key in part]
     hint = f" ({', '.join(idle)} alone judges nothing)" if idle else ""
     if not active:
         return f"case {case['id']!r} has no rule beyond completion: any answer passes{hint}"
-    if all(check_.passes_empty(part) for part, check_ in active):
-        strong = [check for check in CHECK_TABLE if not check.always and not check.passes_empty({})]
-        strong.sort(key=lambda check: check.behavior)  # "a behaviour" last
-        advice = list(dict.fromkeys(check.asked() for check in strong))
-        return (f"case {case['id']!r} only checks {', '.join(check_.name for _, check_ in active)}: "
-                f"an empty answer passes{hint}; add {', '.join(advice[:-1])} or {advice[-1]}")
-    return None
+    return (f"case {case['id']!r} only checks {', '.join(dict.fromkeys(active))}: an empty answer with "
+            f"no tool call passes{hint}; add a rule an empty answer fails, such as contains or "
+            "expected_text with min_similarity")
 
 
 def suite_warnings(suite):
     """lint_case's warning for each weak case (--dry-run lists them), in the suite's own key names."""
-    warnings = [warning for warning in map(lint_case, suite["cases"]) if warning]
+    warnings = [found for found in (lint_case(suite, case) for case in suite["cases"]) if found]
     return [_their_words(warning) for warning in warnings] if suite.get("format") == "prompt-regression" \
         else warnings
 
@@ -7508,9 +7733,10 @@ def row_line(row, widths=(0, 0)):
 
 
 def failure_lines(case, row):
-    """Under a failing row's line, the prompt-regression reading of its text rules: the similarity
-    score and each failed rule in words (each check's short form), then the diff (expected ->
-    actual) of a similarity failure. Reads the stored row, so whatever was masked stays masked."""
+    """Under a failing row's line of a prompt-regression suite, their reading of its text rules:
+    the similarity score and each failed rule in words (each check's short form), then the diff
+    (expected -> actual) of a similarity failure. Reads the stored row, so whatever was masked
+    stays masked."""
     details = row.get("details") or {}
     if row["passed"] or row["error"] is not None:
         return []
@@ -7694,8 +7920,24 @@ def prepare(settings, env):
         run.header["prices"] = {model: f"{price[0]}/{price[1]}" for model, price in prices.items()}
         run.kept = [estimate_cost(dict(row), prices) for row in run.kept]  # a resume may add the price
     run.prices = prices
-    run.refusal = cls.suite_problem(suite)
+    run.refusal = cls.suite_problem(suite) or baseline_problem(settings, suite, run.header)
     return run
+
+
+def baseline_problem(settings, suite, header):
+    """Why this run's answers may not become baselines, or None: --update-baseline approves a
+    model's answers, never the evidence of a provider that is no model (echo, synthetic, or a
+    replay of such a record). Read from the evidence label, never from the provider's name."""
+    evidence = header.get("evidence", MODEL_EVIDENCE)
+    if not settings.update_baseline or evidence == MODEL_EVIDENCE:
+        return None
+    if suite.get("format") == "golden":
+        return None  # a golden folder's update fills its pins from SYSTEM.txt, not from answers
+    source = f"--replay {settings.replay} holds" if settings.replay \
+        else f"--provider {settings.provider} gives"
+    return (f"--update-baseline: {source} {evidence} evidence, not a model's answers, so it cannot "
+            f"fill a baseline; run a model (or drop --update-baseline); {suite['file']} is "
+            "unchanged")
 
 
 def _new_header(settings, env, cls, suite, config, shard, replayed):
@@ -7875,7 +8117,8 @@ class Progress:
         self.session += 1
         if self.live:
             self.stream.write("\r\033[K")
-        print(line, flush=True)
+        if line is not None:
+            print(line, flush=True)
         if self.live:
             self.stream.write(self.status(tally))
             self.stream.flush()
@@ -7923,8 +8166,12 @@ def continue_flags(settings, row=None, tally=None):
         flags += ["--api-key-env", settings.api_key_env]
     if settings.allow_insecure_http:
         flags += ["--allow-insecure-http"]
-    if settings.suite and settings.update_baseline:
+    if settings.suite and settings.update_baseline:  # the suite is read again, its options too
         flags += ["--suite", settings.suite, "--update-baseline"] + (["--approve-failing"] if settings.approve_failing else [])
+        flags += (["--system", settings.system] if settings.system else []) + [
+            word for option in settings.request or () for word in ("--request", option)]
+    if settings.quiet:
+        flags += ["--quiet"]
     for kind in REPORTS:
         if getattr(settings, kind):
             flags += [f"--{kind}", getattr(settings, kind)]
@@ -7942,7 +8189,8 @@ def _transient_row(row):
 
 
 def continue_command(path, flags=()):
-    return " ".join(["python regression.py --resume", shell_word(path), *map(shell_word, flags)])
+    """The command that continues the record at `path` (see program_name), with `flags`."""
+    return " ".join([program_name(), "--resume", shell_word(path), *map(shell_word, flags)])
 
 
 def _storable(row, mask, prices=None):
@@ -8032,8 +8280,8 @@ def run_rows(run, settings, writer, tally):
                 tally.add(stored)
                 writer.append(stored, tally.summary(), text)
             saved = time.monotonic() - saving
-            progress.row("\n".join([f"{row_line(stored, widths)}  (+{saved:.3f}s save)",
-                                     *failure_lines(cases[key[1]], stored)]), tally)
+            progress.row(_console_row(run.suite, cases[key[1]], stored, settings.quiet,
+                                      f"{row_line(stored, widths)}  (+{saved:.3f}s save)"), tally)
             state["in_order"] &= position[key] > state["last"]
             state["last"] = max(state["last"], position[key])
             if stored["error"] is None and stored["answer_text"] is not None:
@@ -8048,6 +8296,15 @@ def run_rows(run, settings, writer, tally):
         progress.close()
     answers = {case_id: text for case_id, (_, text) in answers.items()}
     return state["stopped"], state["in_order"], answers, state["row"]
+
+
+def _console_row(suite, case, row, quiet, line):
+    """What the console shows of a finished row: its line, with a prompt-regression suite's reading
+    of its failed text rules below; with --quiet only a row that did not pass (None: nothing)."""
+    if quiet and row["passed"] is True:
+        return None
+    more = failure_lines(case, row) if suite.get("format") == "prompt-regression" else []
+    return "\n".join([line, *more])
 
 
 def reorder(run, final, writer=None):
@@ -8075,12 +8332,13 @@ def _check_replay_covers(provider, run, settings):
                              "replay grades the conversation the model had, so restore the suite's turns")
 
 
-def open_record(run, tally):
+def open_record(run, tally, quiet=False):
     """The record this run appends to: a new file, or the resumed one rewritten with its kept rows."""
     if run.resuming:
         writer = replace_record(run.path, run.header, run.kept, tally.summary())
-        print(f"resuming {safe_text(run.path)}: {len(run.kept)} finished row(s) kept, {len(run.todo)} to run",
-              file=sys.stderr)
+        if not quiet:
+            print(f"resuming {safe_text(run.path)}: {len(run.kept)} finished row(s) kept, "
+                  f"{len(run.todo)} to run", file=sys.stderr)
         return writer
     return create_record(run.path, run.header, [], tally.summary())
 
@@ -8110,6 +8368,31 @@ def list_checks_mode(settings, env, stage):
     return 0
 
 
+def update_pins_mode(settings, env, stage):
+    """--update-pins: every pin of --suite rewritten to its current instructions (all files or
+    none), old -> new per case; sends nothing, needs no key. 0 also when nothing needed it."""
+    if not settings.suite:
+        raise UsageError("--update-pins needs --suite FILE or DIR (the suite it re-pins)")
+    stage.now(lambda word: f"{word} before a pin was rewritten; {settings.suite} is unchanged")
+    with SuiteLock(settings.suite, "--update-pins"):
+        if os.path.isdir(settings.suite):
+            changes, lines, unchanged = golden_pin_changes(settings.suite, settings.system)
+        elif settings.system is not None:
+            raise UsageError(f"--system {settings.system}: goes with --suite DIR, a folder of "
+                             "golden case files")
+        else:
+            changes, lines, unchanged = suite_pin_changes(settings.suite)
+        stage.now(lambda word: f"{word} while rewriting pins: every file of {settings.suite} holds "
+                               "its new pin, or none does (--update-pins again says which)")
+        rewrite_all(changes)  # an interruption waits until all are written (or put back)
+    for line in lines:
+        print(safe_text(line))
+    done = f"pins updated: {len(lines)} in {len(changes)} file(s) ({settings.suite}); " \
+        "nothing was sent"
+    print(safe_text(done if changes else f"nothing to update: {unchanged} ({settings.suite})"))
+    return 0
+
+
 def report_mode(settings, env, stage):
     record = recount(_load_for("--report", settings.report))
     written = write_reports_of(record, settings, stage, settings.report)
@@ -8130,7 +8413,12 @@ def dry_run_mode(settings, env, stage):
     run = prepare(settings, env)
     if PROVIDERS[settings.provider].builds_offline:  # cheap and offline: a dry run can check coverage too
         _check_replay_covers(make_provider(settings, env)[0], run, settings)
-    print(plan_text(run.suite, settings, run.plan, provider_problem(settings, env), run, env))
+    text = plan_text(run.suite, settings, run.plan, provider_problem(settings, env), run, env)
+    if settings.quiet:  # the warnings and the last line, for a CI log
+        lines = text.splitlines()
+        said = [line for line in lines[:-1] if line.startswith(("warning: ", "refused: "))]
+        text = "\n".join(said + lines[-1:])
+    print(text)
     if run.refusal:
         print(f"regression.py: error: {safe_text(run.refusal)}", file=sys.stderr)
     return 2 if run.refusal else 0
@@ -8152,13 +8440,15 @@ def run_mode(settings, env, stage):
         raise UsageError(run.refusal)
     run.provider, run.secret = make_provider(settings, env)
     _check_replay_covers(run.provider, run, settings)
+    for warning in suite_warnings(run.suite):  # in the CI log too, where a weak case passes unseen
+        print(f"warning: {safe_text(warning)}", file=sys.stderr)
     if not run.resuming and run.header.get("sdk_version") is None:
         run.header["sdk_version"] = PROVIDERS[settings.provider].sdk_version()
     config = run.header["config"]
     tally = Tally(config["models"], config["repeats"], config["cases"], expected=run.expected)
     for row in run.kept:
         tally.add(row)
-    writer = open_record(run, tally)
+    writer = open_record(run, tally, settings.quiet)
     try:
         stage.now(lambda word: f"{word}: {writer.count} finished row(s) saved in {run.path}; continue with: "
                                f"{continue_command(run.path, continue_flags(settings))}{redact_note(run.header)}")
@@ -8183,7 +8473,7 @@ def run_mode(settings, env, stage):
             writer = reorder(run, final, writer)
     finally:
         writer.close()
-    print(json.dumps(final, indent=2))
+    print(verdict_line(final) if settings.quiet else json.dumps(final, indent=2))
     for warning in final.get("warnings", []):
         print(f"warning: {safe_text(warning)}", file=sys.stderr)
     if stopped:
@@ -8205,27 +8495,29 @@ def write_reports_of(record, settings, stage, source):
     written = []
     for kind, path in targets.items():
         rest = [f"--{name} {shell_word(target)}" for name, target in targets.items() if target not in written]
-        stage.now(lambda word, rest=rest: f"{word} while writing reports; {source} is complete; write the rest with: "
-                                          f"python regression.py --report {shell_word(source)} {' '.join(rest)}")
+        finish = f"{program_name()} --report {shell_word(source)} {' '.join(rest)}"
+        stage.now(lambda word, finish=finish: f"{word} while writing reports; {source} is "
+                                              f"complete; write the rest with: {finish}")
         try:
             write_reports(record, {kind: path})
         except RecordError as exc:  # a full disk after a paid run: the record is whole, say how to finish
-            raise RecordError(f"{exc}; {source} is complete; write the rest with: python regression.py --report "
-                              f"{shell_word(source)} {' '.join(rest)}") from None
+            raise RecordError(f"{exc}; {source} is complete; write the rest with: {finish}") \
+                from None
         written.append(path)
     return written
 
 
 def update_baseline(run, args, exit_code):
-    """--update-baseline after a run: fill the suite's empty baselines from the record, then
-    say how to regrade this record, which was graded without them; returns the exit code."""
-    import shlex
+    """--update-baseline after a run: fill each empty baseline whose answer may be one, list
+    the others and why, then say how to regrade this record, which was graded without them.
+    Returns the exit code: the run's, and at least 1 when a baseline was not filled."""
     try:
         chosen = baseline_answers(load_record(run.path)["runs"], run.plan)
         with SuiteLock(run.suite["file"]):
-            filled = update_baselines(run.suite, {case_id: row["answer_text"] for case_id, row in chosen.items()},
-                                      {case_id: row.get("reasons") or [] for case_id, row in chosen.items()},
-                                      approve_failing=args.approve_failing)
+            filled, refused = update_baselines(
+                run.suite, {case_id: row["answer_text"] for case_id, row in chosen.items()},
+                {case_id: row.get("reasons") or [] for case_id, row in chosen.items()},
+                approve_failing=args.approve_failing)
     except (SuiteError, RecordError) as exc:
         print(f"regression.py: error: {safe_text(exc)}", file=sys.stderr)
         return 2
@@ -8236,18 +8528,31 @@ def update_baseline(run, args, exit_code):
             f"{getattr(interrupt, 'suite_state', 'unchanged')}; {run.path} is complete (exit code {exit_code})")
         raise
     print(safe_text(f"baselines filled: {', '.join(filled) if filled else 'none'} ({run.suite['file']})"))
+    for case_id, why in refused.items():
+        print(safe_text(f"baseline not filled: case {case_id!r}: {why}"), file=sys.stderr)
     if filled and run.suite.get("format") != "golden":  # a pin changes no verdict; a baseline does
-        stem = run.path[:-5] if run.path.endswith(".json") else run.path
-        replayer = providers_with("replays_record")[0]
-        print(safe_text(f"note: {run.path} was graded before these baselines existed, so compare_runs.py refuses "
-                        "it against runs of the new suite; regrade it first: python regression.py "
-                        f"--provider {replayer} --replay {shlex.quote(run.path)} "
-                        f"--suite {shlex.quote(run.suite['file'])} "
-                        f"--out {shlex.quote(stem + '-regraded.json')}"))
-    return exit_code
+        print(safe_text(f"note: {run.path} was graded before these baselines existed, so "
+                        "compare_runs.py refuses it against runs of the new suite; regrade it "
+                        "first: "
+                        f"{regrade_command(run, args)}"))
+    return max(exit_code, 1) if refused else exit_code
 
 
-MODES = [("list_checks", list_checks_mode), ("report", report_mode), ("merge", merge_mode),
+def regrade_command(run, settings):
+    """The command that re-grades this run's record with the suite as it is now, into a new file."""
+    stem = run.path[:-5] if run.path.endswith(".json") else run.path
+    out = next(name for name in (f"{stem}-regraded{n or ''}.json" for n in range(10_000))
+               if not os.path.lexists(name))
+    replayer = providers_with("replays_record")[0]  # the provider that re-grades stored responses
+    flags = ["--provider", replayer, "--replay", run.path, "--suite", run.suite["file"],
+             "--out", out]
+    flags += [word for option in settings.request for word in ("--request", option)]  # same config
+    flags += ["--shard", run.header["shard"]] if run.header.get("shard") else []
+    return " ".join([program_name(), *map(shell_word, flags)])
+
+
+MODES = [("list_checks", list_checks_mode), ("update_pins", update_pins_mode),
+         ("report", report_mode), ("merge", merge_mode),
          ("dry_run", dry_run_mode)]  # the first flag set picks the mode; none: a run
 
 

@@ -86,8 +86,12 @@ def test_a_registered_check_reaches_every_view_the_table_derives():
             {"id": "a", "prompt": "q", "shout_word": "x"}]})
         rules = regression.catalogue().split("\nRules:\n", 1)[1].splitlines()
         assert f"  {'shout':<22} the word in capitals, anywhere in the answer" in rules
-        weak = regression.lint_case({"id": "w", "input": "q", "max_chars": 9})
-        assert "shout_word" in weak.split("; add ", 1)[1]
+        # the lint grades an empty reply with the real grader: the new check makes a case strong
+        lint_suite = regression.validate_suite({"name": "s", "instructions": "", "cases": [
+            {"id": "w", "input": "q", "max_chars": 9}, {"id": "s", "input": "q", "max_chars": 9,
+                                                       "shout_word": "hey"}]})
+        weak, strong = (regression.lint_case(lint_suite, case) for case in lint_suite["cases"])
+        assert "an empty answer with no tool call passes" in weak and strong is None
         suite = regression.validate_suite({"name": "s", "instructions": "", "cases": [case]})
         row = regression.run_row(regression.EchoProvider(), suite, case, "m")
         assert row["reasons"] == ["not_shouted"] and row["details"]["shouted"] is False

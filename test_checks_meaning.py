@@ -766,18 +766,19 @@ def test_dry_run_lists_checks_per_case_and_warns_about_vacuous_cases(tmp_path):
         "has-contains": "completed, contains, excludes",
         "has-behaviour": "completed, excludes, forbid_tool:cancel_order", "has-expect": "completed, expect"}
     warned = set(re.findall(r"^warning: case '([^']+)'", out, re.MULTILINE))
-    assert warned == {"card-only-excludes", "length-only", "excludes-and-length", "nothing"}
-    assert "an empty answer passes" in out
+    # graded by the real grader: min_chars 10 fails an empty reply; forbid_tool passes it (no call)
+    assert warned == {"card-only-excludes", "excludes-and-length", "nothing", "has-behaviour"}
+    assert "an empty answer with no tool call passes" in out
     assert "plan: 7 cases x 1 model x 1 repeat = 7 requests" in out
     assert os.listdir(tmp_path) == ["suite.json"]
 
 
-def test_lint_case_follows_the_descriptors():
-    for check in regression.CHECK_TABLE:
-        if check.always or check.behavior:
-            continue
-        case = {"id": "x", **{key: "v" for key in check.keys}}
-        assert (regression.lint_case(case) is not None) == check.passes_empty(case), check.name
+def test_lint_case_is_the_grader_on_an_empty_reply():
+    suite = regression.validate_suite(LINT_SUITE)
+    for case in suite["cases"]:
+        compiled = regression.compile_case(suite, case)
+        empty_passes = regression.grade(compiled, regression.EMPTY_REPLY) == []
+        assert (regression.lint_case(suite, case) is not None) == empty_passes, case["id"]
 
 
 # ====================================================================== 7. similarity has a time bound

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import compare_runs
 import regression
+from testkit import model_echo  # noqa: F401 (a fixture: a model's evidence, which baselines need)
 
 HERE = pathlib.Path(__file__).resolve().parent
 SCRIPT = HERE / "regression.py"
@@ -151,7 +152,8 @@ BASELINE_SUITE = """{
     "cases": [
         {"id": "fresh", "input": "Annual plans can be refunded within 30 days.",
          "expected_text": "", "min_similarity": 0.9},
-        {"id": "pinned",   "input": "Hello there", "expected_text": "A reviewed answer.", "min_similarity": 0.0},
+        {"id": "pinned",   "input": "Hello there", "expected_text": "A reviewed answer.",
+         "min_similarity": 0.0, "min_chars": 1},
         {"id": "strict", "input": "We offer lifetime refunds.", "expected_text": "",
          "min_similarity": 0.5, "excludes": ["lifetime"]}
     ]
@@ -165,22 +167,28 @@ def baseline_suite(tmp_path, text=BASELINE_SUITE, name="suite.json"):
     return path
 
 
-def test_update_baseline_refuses_a_failing_answer_through_the_cli(tmp_path):
+FRESH_FILLED = BASELINE_SUITE.replace(
+    '"expected_text": "", "min_similarity": 0.9',
+    '"expected_text": "Annual plans can be refunded within 30 days.", "min_similarity": 0.9')
+
+
+def test_update_baseline_refuses_a_failing_answer_through_the_cli(tmp_path, model_echo):
     path = baseline_suite(tmp_path)
-    before = path.read_bytes()
-    result = run_script(SCRIPT, ["--suite", str(path), "--provider", "echo", "--update-baseline",
+    result = run_script(SCRIPT, ["--suite", str(path), *model_echo, "--update-baseline",
                                  "--out", "r1.json"], tmp_path)
-    err = one_line_error(result.returncode, result.stderr)
-    assert "'strict'" in err and "forbidden_text_present" in err and "--approve-failing" in err
-    assert "'fresh'" not in err  # only the failing case is named
-    assert path.read_bytes() == before  # fully old: not even the passing case was filled
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines() == [  # only the failing case is named, and why
+        "baseline not filled: case 'strict': its answer failed forbidden_text_present "
+        "(--approve-failing approves it anyway)"]
+    assert "baselines filled: fresh (" in result.stdout
+    assert path.read_text(encoding="utf-8") == FRESH_FILLED  # the passing case is filled anyway
     assert no_temp_files(tmp_path)
     assert json.loads((tmp_path / "r1.json").read_text())["summary"]["complete"] is True
 
-    approved = run_script(SCRIPT, ["--suite", str(path), "--provider", "echo", "--update-baseline",
+    approved = run_script(SCRIPT, ["--suite", str(path), *model_echo, "--update-baseline",
                                    "--approve-failing", "--out", "r2.json"], tmp_path)
     assert approved.returncode == 1, approved.stderr  # the run itself failed a check
-    assert "baselines filled: fresh, strict" in approved.stdout
+    assert "baselines filled: strict" in approved.stdout
     after = path.read_text(encoding="utf-8")
     # Only the two baseline strings changed: every other byte (spacing, escapes, key order) is kept.
     assert after == BASELINE_SUITE.replace(
@@ -197,14 +205,14 @@ def test_approve_failing_without_update_baseline_is_a_usage_error(tmp_path, caps
     assert "--approve-failing" in one_line_error(code, err) and os.listdir(tmp_path) == ["suite.json"]
 
 
-def test_update_baseline_writes_through_a_symlink(tmp_path):
+def test_update_baseline_writes_through_a_symlink(tmp_path, model_echo):
     real_dir = tmp_path / "real"
     real_dir.mkdir()
     real = baseline_suite(real_dir, BASELINE_SUITE.replace('"excludes": ["lifetime"]', '"excludes": ["never"]'))
     os.chmod(real, 0o640)
     link = tmp_path / "suite.json"
     link.symlink_to(real)
-    result = run_script(SCRIPT, ["--suite", str(link), "--provider", "echo", "--update-baseline",
+    result = run_script(SCRIPT, ["--suite", str(link), *model_echo, "--update-baseline",
                                  "--out", "r.json"], tmp_path)
     assert result.returncode == 0, result.stderr
     assert link.is_symlink() and os.readlink(link) == str(real)
@@ -215,14 +223,14 @@ def test_update_baseline_writes_through_a_symlink(tmp_path):
     assert no_temp_files(real_dir) and no_temp_files(tmp_path)
 
 
-def test_update_baseline_with_a_lone_surrogate_answer_is_one_line_exit_2(tmp_path):
+def test_update_baseline_never_writes_a_lone_surrogate_answer(tmp_path, model_echo):
     text = BASELINE_SUITE.replace('"excludes": ["lifetime"]', '"excludes": ["never"]')
     path = baseline_suite(tmp_path, text)
     # A model answer holding a lone surrogate (a JSON escape no UTF-8 file can hold), replayed.
     plain = {"name": "plain", "instructions": "Echo.",
              "cases": [{"id": case["id"], "input": case["input"]} for case in json.loads(text)["cases"]]}
     (tmp_path / "plain.json").write_text(json.dumps(plain), encoding="utf-8")
-    made = run_script(SCRIPT, ["--suite", "plain.json", "--provider", "echo", "--out", "r0.json"], tmp_path)
+    made = run_script(SCRIPT, ["--suite", "plain.json", *model_echo, "--out", "r0.json"], tmp_path)
     assert made.returncode == 0, made.stderr
     record = (tmp_path / "r0.json").read_text(encoding="utf-8")
     assert record.count('"We offer lifetime refunds."') >= 2  # the response and the answer
@@ -230,9 +238,13 @@ def test_update_baseline_with_a_lone_surrogate_answer_is_one_line_exit_2(tmp_pat
                                       encoding="utf-8")
     result = run_script(SCRIPT, ["--suite", str(path), "--provider", "replay", "--replay", "r0.json",
                                  "--update-baseline", "--out", "r.json"], tmp_path)
-    err = one_line_error(result.returncode, result.stderr)
-    assert "surrogate" in err  # a suite holding one is now refused before the run (test_trust.py)
-    assert path.read_text(encoding="utf-8") == text and no_temp_files(tmp_path)
+    # that case is listed as not filled (exit 1); the others are filled (a suite holding one is
+    # refused before a run: test_trust.py)
+    err = one_line_error(result.returncode, result.stderr, code=1)
+    assert err == ("baseline not filled: case 'strict': the answer holds a lone surrogate "
+                   "(not text a suite file can hold)\n")
+    assert json.loads(path.read_text(encoding="utf-8"))["cases"][2]["expected_text"] == ""
+    assert no_temp_files(tmp_path)
 
 
 def _fail_writes_to_temp(monkeypatch, error):
@@ -257,11 +269,12 @@ FAULTS = {
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/fd"), reason="needs /proc to name a file descriptor")
 @pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_update_baseline_fault_leaves_the_suite_fully_old_and_no_temp(tmp_path, capsys, monkeypatch, fault):
+def test_update_baseline_fault_leaves_the_suite_fully_old_and_no_temp(tmp_path, model_echo, capsys,
+                                                                      monkeypatch, fault):
     text = BASELINE_SUITE.replace('"excludes": ["lifetime"]', '"excludes": ["never"]')
     path = baseline_suite(tmp_path, text)
     FAULTS[fault](monkeypatch)
-    argv = ["--suite", str(path), "--provider", "echo", "--update-baseline", "--out", "r.json"]
+    argv = ["--suite", str(path), *model_echo, "--update-baseline", "--out", "r.json"]
     if fault == "interrupted":  # main saves and explains; cli prints .message and exits with .code
         with pytest.raises(KeyboardInterrupt) as interrupt:
             regression.main(argv)
@@ -277,11 +290,12 @@ def test_update_baseline_fault_leaves_the_suite_fully_old_and_no_temp(tmp_path, 
     assert json.loads((tmp_path / "r.json").read_text())["summary"]["complete"] is True  # the record is kept
 
 
-def test_update_baseline_keeps_windows_line_endings_and_tabs(tmp_path, capsys):
+def test_update_baseline_keeps_windows_line_endings_and_tabs(tmp_path, model_echo, capsys):
     text = BASELINE_SUITE.replace('"excludes": ["lifetime"]', '"excludes": ["never"]').replace("    ", "\t")
     path = tmp_path / "suite.json"
     path.write_bytes(text.replace("\n", "\r\n").encode("utf-8"))
-    code, out, err = run_main(regression.main, ["--suite", str(path), "--provider", "echo", "--update-baseline",
+    code, out, err = run_main(regression.main, ["--suite", str(path), *model_echo,
+                                                "--update-baseline",
                                                 "--out", "r.json"], capsys)
     assert code == 0, err
     after = path.read_bytes().decode("utf-8")
@@ -291,30 +305,31 @@ def test_update_baseline_keeps_windows_line_endings_and_tabs(tmp_path, capsys):
         '"expected_text": "",\n', '"expected_text": "We offer lifetime refunds.",\n')
 
 
-def test_update_baseline_refuses_while_another_process_rewrites_the_suite(tmp_path):
+def test_update_baseline_refuses_while_another_process_rewrites_the_suite(tmp_path, model_echo):
     import fcntl
     text = BASELINE_SUITE.replace('"excludes": ["lifetime"]', '"excludes": ["never"]')
     path = baseline_suite(tmp_path, text)
     fd = os.open(path, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a concurrent --update-baseline holds it
-        result = run_script(SCRIPT, ["--suite", "suite.json", "--provider", "echo", "--update-baseline",
+        result = run_script(SCRIPT, ["--suite", "suite.json", *model_echo, "--update-baseline",
                                      "--out", "r.json"], tmp_path)
     finally:
         os.close(fd)
     err = one_line_error(result.returncode, result.stderr)
     assert "being rewritten by another process" in err and "suite.json" in err
     assert path.read_text(encoding="utf-8") == text and no_temp_files(tmp_path)
-    again = run_script(SCRIPT, ["--suite", "suite.json", "--provider", "echo", "--update-baseline",
+    again = run_script(SCRIPT, ["--suite", "suite.json", *model_echo, "--update-baseline",
                                 "--out", "r2.json"], tmp_path)
     assert again.returncode == 0 and "baselines filled: fresh, strict" in again.stdout  # once it is released
 
 
-def test_a_stale_pid_named_temp_file_does_not_block_the_rewrite(tmp_path, capsys):
+def test_a_stale_pid_named_temp_file_does_not_block_the_rewrite(tmp_path, model_echo, capsys):
     path = baseline_suite(tmp_path, BASELINE_SUITE.replace('"excludes": ["lifetime"]', '"excludes": ["never"]'))
     stale = tmp_path / f"suite.json.{os.getpid()}.tmp"
     stale.write_text("stale", encoding="utf-8")
-    code, out, err = run_main(regression.main, ["--suite", str(path), "--provider", "echo", "--update-baseline",
+    code, out, err = run_main(regression.main, ["--suite", str(path), *model_echo,
+                                                "--update-baseline",
                                                 "--out", "r.json"], capsys)
     assert code == 0, err
     assert "baselines filled: fresh, strict" in out
@@ -449,7 +464,7 @@ def test_a_long_value_is_shortened_around_the_difference():
 @given(a=JSON_VALUES, b=JSON_VALUES)
 def test_first_difference_is_none_exactly_when_equal(a, b):
     found = compare_runs.first_difference(a, b)
-    assert (found is None) == (a == b)
+    assert (found is None) == regression.same_json(a, b)  # JSON equality: true is not 1
     if found is not None:
         line = (f"{found[0]} differs: {compare_runs.shorten(found[1], found[2])} -> "
                 f"{compare_runs.shorten(found[2], found[1])}")
@@ -561,18 +576,19 @@ def test_a_replay_under_other_instructions_is_no_regrade():
             compare_runs.matrix_records(*pair)
 
 
-def test_update_baseline_prints_the_regrade_command_and_it_works(tmp_path):
+def test_update_baseline_prints_the_regrade_command_and_it_works(tmp_path, model_echo):
     text = BASELINE_SUITE.replace('"excludes": ["lifetime"]', '"excludes": ["never"]')
     baseline_suite(tmp_path, text)
-    first = run_script(SCRIPT, ["--suite", "suite.json", "--provider", "echo", "--update-baseline",
+    first = run_script(SCRIPT, ["--suite", "suite.json", *model_echo, "--update-baseline",
                                 "--out", "run1.json"], tmp_path)
     assert first.returncode == 0, first.stderr
     hint = [line for line in first.stdout.splitlines() if line.startswith("note: run1.json")]
     assert len(hint) == 1
     command = hint[0].split("regrade it first: ")[1]
-    assert command == ("python regression.py --provider replay --replay run1.json --suite suite.json "
-                       "--out run1-regraded.json")
-    second = run_script(SCRIPT, ["--suite", "suite.json", "--provider", "echo", "--out", "run2.json"], tmp_path)
+    assert command == (f"{regression._python_word()} {SCRIPT} --provider replay --replay run1.json "
+                       "--suite suite.json --out run1-regraded.json")
+    second = run_script(SCRIPT, ["--suite", "suite.json", *model_echo, "--out", "run2.json"],
+                        tmp_path)
     assert second.returncode == 0, second.stderr
     refused = run_script(COMPARE, ["run1.json", "run2.json"], tmp_path)
     assert refused.returncode == 2 and "expected_text differs" in refused.stdout

@@ -30,6 +30,7 @@ SCRIPT = HERE / "regression.py"
 KEY = "pplx-test-SECRET-0123456789"
 CASE_IDS = [case["id"] for case in regression.CASES]
 DEFAULT_MODELS = list(regression.MODELS)
+PROGRAM = f"{regression._python_word()} regression.py"  # how hints name the script run from HERE
 
 
 # ====================================================================== helpers
@@ -1016,7 +1017,8 @@ def test_a_report_that_cannot_be_written_is_refused_before_the_run_or_says_how_t
         after = run([*args, "--base-url", server.url + "/v1"], key=None)
     assert after.returncode == 2 and read(out)["summary"]["complete"] is True
     last = after.stderr.strip().splitlines()[-1]
-    assert f"{out} is complete; write the rest with: python regression.py --report {out} --junit " in last, last
+    assert f"{out} is complete; write the rest with: {PROGRAM} --report {out} --junit " in last, \
+        last
 
 
 def test_resume_through_a_symlink_completes_the_real_record_and_keeps_the_link(tmp_path):
@@ -1139,8 +1141,9 @@ def test_the_budget_stop_at_the_highest_cap_suggests_a_cap_the_cli_accepts(tmp_p
         result = run(["--max-cost-usd", "1000000000", "--out", out], server)
         assert result.returncode == 2 and server.count == 2
         hint = result.stderr.strip().splitlines()[-1]
-        assert hint.endswith(f"continue with: python regression.py --resume {out} --max-cost-usd 1000000000"), hint
-        resumed = run(hint.split("continue with: python regression.py ", 1)[1].split(), server)
+        assert hint.endswith(f"continue with: {PROGRAM} --resume {out} --max-cost-usd "
+                             "1000000000"), hint
+        resumed = run(hint.split(f"continue with: {PROGRAM} ", 1)[1].split(), server)
     assert resumed.returncode == 2 and "--max-cost-usd reached" in resumed.stderr  # refused by the cap, not the CLI
 
 

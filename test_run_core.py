@@ -21,12 +21,16 @@ from fakes import Reply
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "regression.py"
 COMPARE = HERE / "compare_runs.py"
+# min_chars 1: an empty reply fails every case, so no run starts with a weak-case warning
 SUITE = {"name": "core", "instructions": "Answer briefly.",
-         "cases": [{"id": "mail", "input": "write to bob@example.com"},
-                   {"id": "card", "input": "card 4111 1111 1111 1111"},
-                   {"id": "plain", "input": "q3"},
-                   {"id": "more", "input": "q4"}]}
+         "cases": [{"id": "mail", "input": "write to bob@example.com", "min_chars": 1},
+                   {"id": "card", "input": "card 4111 1111 1111 1111", "min_chars": 1},
+                   {"id": "plain", "input": "q3", "min_chars": 1},
+                   {"id": "more", "input": "q4", "min_chars": 1}]}
 KEY_VARIABLE = "CORE_TEST_KEY"
+# How a printed command names the script run by its path from tmp_path (test_first_hour.py
+# pastes such commands into a shell); in-process runs name regression.program_name().
+PROGRAM = f"{regression._python_word()} {SCRIPT}"
 
 
 def clean_env(**extra):
@@ -441,7 +445,7 @@ def test_interrupt_while_writing_reports_names_the_reports_still_to_write(tmp_pa
         regression.main(["--provider", "echo", "--suite", str(suite), "--out", str(out), "--markdown", str(md),
                          "--html", str(html)])
     assert caught.value.message == (f"interrupted while writing reports; {out} is complete; write the rest with: "
-                                    f"python regression.py --report {out} --html {html}")
+                                    f"{regression.program_name()} --report {out} --html {html}")
     assert md.exists() and not html.exists()
     monkeypatch.setattr(regression, "write_reports", real)
     assert main_code(["--report", out, "--html", html]) == 0 and html.exists()
@@ -524,7 +528,7 @@ def test_a_900_deep_reply_is_an_execution_error_row_through_the_cli(tmp_path):
     assert len(record["runs"]) == 1
     assert record["runs"][0]["reasons"] == ["execution_error"]
     assert record["runs"][0]["answer_text"] == "plain answer"
-    assert "continue with: python regression.py --resume" in proc.stderr
+    assert f"continue with: {PROGRAM} --resume" in proc.stderr
 
 
 # ====================================================================== real processes: lock, SIGINT, SIGTERM
@@ -570,7 +574,7 @@ def test_a_record_being_written_refuses_resume_and_merge_then_sigterm_saves_it(t
     assert proc.returncode == 143
     line = one_line(err)
     assert line.startswith("terminated: 1 finished row(s) saved in ")
-    assert line.endswith(f"continue with: python regression.py --resume {out} --api-key-env {KEY_VARIABLE}")
+    assert line.endswith(f"continue with: {PROGRAM} --resume {out} --api-key-env {KEY_VARIABLE}")
     record = read(out)
     assert record["summary"]["stopped"] == "terminated" and record["summary"]["rows"] == len(record["runs"]) == 1
     assert temp_files(tmp_path) == []
@@ -587,7 +591,7 @@ def test_ctrl_c_prints_the_full_command_and_that_command_finishes_the_run(tmp_pa
         line = one_line(err)
         command = line.split("continue with: ", 1)[1]
         # A --redact pattern can be the secret itself: the command names how many to give again.
-        assert command == (f"python regression.py --resume {out} --api-key-env {KEY_VARIABLE} "
+        assert command == (f"{PROGRAM} --resume {out} --api-key-env {KEY_VARIABLE} "
                            f"--markdown {md} plus the same 1 --redact flag(s) it was made with")
         assert "ans[a-z]+" not in err
         command = command.split(" plus the same ")[0] + " --redact 'ans[a-z]+'"
@@ -613,7 +617,7 @@ def test_execution_error_prints_the_resume_command_with_retries_when_transient(t
         assert proc.returncode == 2
         line = one_line(proc.stderr)
         assert line.startswith("stopped early: execution error on m / card / repeat 0")
-        assert line.endswith(f"; continue with: python regression.py --resume {out}{flags}"), line
+        assert line.endswith(f"; continue with: {PROGRAM} --resume {out}{flags}"), line
 
 
 def test_an_error_on_the_last_row_still_prints_the_resume_command(tmp_path):
@@ -623,7 +627,7 @@ def test_an_error_on_the_last_row_still_prints_the_resume_command(tmp_path):
         proc = cli(["--provider", "openai", "--base-url", server.url + "/v1", "--models", "m", "--suite", suite,
                     "--out", out], tmp_path)
     assert proc.returncode == 2
-    assert one_line(proc.stderr).endswith(f"; continue with: python regression.py --resume {out} --retries 3")
+    assert one_line(proc.stderr).endswith(f"; continue with: {PROGRAM} --resume {out} --retries 3")
     assert read(out)["summary"]["complete"] is True  # every row is there, one of them an error
 
 
@@ -635,7 +639,8 @@ def test_budget_stop_prints_the_resume_command_with_a_higher_cap(tmp_path, monke
         assert main_code(["--models", "m", "--max-cost-usd", "0.002", "--out", out]) == 2
     line = one_line(capsys.readouterr().err)
     assert "--max-cost-usd reached" in line
-    assert line.endswith(f"continue with: python regression.py --resume {out} --max-cost-usd 0.004"), line
+    program = regression.program_name()  # in-process: the script file itself
+    assert line.endswith(f"continue with: {program} --resume {out} --max-cost-usd 0.004"), line
     assert len(read(out)["runs"]) == 2
 
 
@@ -650,13 +655,14 @@ def test_existing_unfinished_out_names_the_resume_command(tmp_path):
     assert proc.returncode == 2
     assert one_line(proc.stderr).endswith(
         f"already exists (records and reports never overwrite a file); it holds an unfinished record "
-        f"(1 row(s) saved); continue it with: python regression.py --resume {out}")
+        f"(1 row(s) saved); continue it with: {PROGRAM} --resume {out}")
     masked = tmp_path / "masked.json"
     assert main_code(["--provider", "echo", "--suite", suite, "--redact", "q[0-9]", "--out", masked]) == 0
     cut_to(masked, 1)
     proc = cli(["--provider", "echo", "--suite", suite, "--out", masked], tmp_path)
     assert one_line(proc.stderr).endswith(
-        f"continue it with: python regression.py --resume {masked} plus the same 1 --redact flag(s) it was made with")
+        f"continue it with: {PROGRAM} --resume {masked} plus the same 1 --redact flag(s) it was "
+        "made with")
 
 
 def test_incomplete_merge_names_missing_shards_rows_and_unfinished_shards(tmp_path):
@@ -670,7 +676,8 @@ def test_incomplete_merge_names_missing_shards_rows_and_unfinished_shards(tmp_pa
     lines = proc.stderr.rstrip("\n").split("\n")
     assert lines[0].startswith("merged record is incomplete: 2 of 4 rows; missing or errored: echo / card / 0")
     assert "no record of shard(s) 3/3" in lines[1]
-    assert lines[2] == f"{two} is unfinished: continue it with: python regression.py --resume {two}, then merge again"
+    assert lines[2] == (f"{two} is unfinished: continue it with: {PROGRAM} --resume {two}, then "
+                        "merge again")
     assert "Traceback" not in proc.stderr
 
 
@@ -686,7 +693,8 @@ def test_complete_merge_with_an_errored_row_says_why_it_exits_2(tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.rstrip("\n").split("\n")
     assert lines[0].startswith("merged record holds execution errors: 4 of 4 rows"), proc.stderr
-    assert lines[-1] == f"{two} is unfinished: continue it with: python regression.py --resume {two}, then merge again"
+    assert lines[-1] == (f"{two} is unfinished: continue it with: {PROGRAM} --resume {two}, then "
+                         "merge again")
 
 
 # ====================================================================== a closed stdout
@@ -746,7 +754,7 @@ def test_a_redact_pattern_never_reaches_the_continue_command(tmp_path):
                     "--redact", pattern, "--out", out], tmp_path)
     assert proc.returncode == 2
     assert pattern not in proc.stderr + proc.stdout
-    assert f"continue with: python regression.py --resume {out} --retries 3 plus the same 1 --redact flag(s)" \
+    assert f"continue with: {PROGRAM} --resume {out} --retries 3 plus the same 1 --redact flag(s)" \
         in proc.stderr
     assert pattern.encode() not in out.read_bytes()
 

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import compare_runs
 import fakes
 import regression
+from testkit import model_echo  # noqa: F401 (a fixture: a model's evidence, which baselines need)
 
 HERE = pathlib.Path(__file__).resolve().parent
 PROMPTREG = HERE / "suites" / "promptreg-support.json"
@@ -312,7 +313,7 @@ def test_any_promptreg_suite_is_valid_or_one_line_exit_2(capsys, cases):
         assert ours["instructions_sha256"] == regression.instructions_sha256(theirs.get("system", ""))
 
 
-def test_update_baseline_fills_their_empty_expected(tmp_path):
+def test_update_baseline_fills_their_empty_expected(tmp_path, model_echo):
     text = PROMPTREG.read_text(encoding="utf-8").replace(
         '"prompt": "How do I reset my password?",', '"prompt": "How do I reset my password?",\n'
         '      "expected": "",\n      "min_similarity": 0.9,')
@@ -320,7 +321,7 @@ def test_update_baseline_fills_their_empty_expected(tmp_path):
     suite = tmp_path / "suite.json"
     suite.write_text(text, encoding="utf-8")
     os.chmod(suite, 0o640)
-    first = cli(["--suite", suite, "--provider", "echo", "--update-baseline", "--out", tmp_path / "a.json"])
+    first = cli(["--suite", suite, *model_echo, "--update-baseline", "--out", tmp_path / "a.json"])
     assert first.returncode == 1, first.stderr
     assert "baselines filled: password-reset" in first.stdout
     filled = read(suite)

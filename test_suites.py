@@ -22,6 +22,7 @@ import pytest
 
 import fakes
 import regression
+from testkit import model_echo  # noqa: F401 (a fixture: a model's evidence, which baselines need)
 
 HERE = pathlib.Path(__file__).resolve().parent
 SCRIPT = HERE / "regression.py"
@@ -724,7 +725,7 @@ def test_echo_agent_tools(tmp_path):
 
 # ====================================================================== --update-baseline
 
-def test_update_baseline_fills_only_empty_baselines(tmp_path, capsys):
+def test_update_baseline_fills_only_empty_baselines(tmp_path, capsys, model_echo):
     fresh_input = "Annual plans can be refunded within 30 days."
     data = {"name": "baselines", "instructions": "Echo.", "cases": [
         {"id": "fresh", "input": fresh_input, "expected_text": "", "min_similarity": 0.9},
@@ -737,7 +738,7 @@ def test_update_baseline_fills_only_empty_baselines(tmp_path, capsys):
     code, _, err = run_main(["--suite", str(path), "--provider", "echo", "--out", str(tmp_path / "r0.json")], capsys)
     assert_one_line_usage_error(code, err, ["'fresh'", "expected_text"])
 
-    code, out, err = run_main(["--suite", str(path), "--provider", "echo", "--update-baseline",
+    code, out, err = run_main(["--suite", str(path), *model_echo, "--update-baseline",
                                "--out", str(tmp_path / "r1.json")], capsys)
     assert code == 0, err
     assert "baselines filled: fresh" in out
@@ -755,12 +756,12 @@ def test_update_baseline_fills_only_empty_baselines(tmp_path, capsys):
     assert "similarity" in regression._checks_of(regression.load_suite(str(path))["cases"][0])
 
 
-def test_update_baseline_never_overwrites_a_pinned_baseline(tmp_path, capsys):
+def test_update_baseline_never_overwrites_a_pinned_baseline(tmp_path, capsys, model_echo):
     data = {"name": "pinned", "instructions": "Echo.", "cases": [
         {"id": "pinned", "input": "Hello there", "expected_text": "A reviewed answer.", "min_similarity": 0.0}]}
     path = write_suite(tmp_path, data)
     before = path.read_bytes()
-    code, out, err = run_main(["--suite", str(path), "--provider", "echo", "--update-baseline",
+    code, out, err = run_main(["--suite", str(path), *model_echo, "--update-baseline",
                                "--out", str(tmp_path / "r.json")], capsys)
     assert code == 0, err
     assert "baselines filled: none" in out
@@ -921,6 +922,6 @@ def test_min_similarity_zero_is_linted_as_a_rule_no_answer_fails(tmp_path):
                           text=True, timeout=60, cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr
     warnings = [line for line in plan.stdout.splitlines() if line.startswith("warning:")]
-    assert warnings == ["warning: case 'zero' only checks similarity: an empty answer passes; add "
-                        "cite, expect, contains, expected_text with min_similarity, tool_args or a "
-                        "behaviour"]
+    assert warnings == ["warning: case 'zero' only checks similarity: an empty answer with no "
+                        "tool call passes; add a rule an empty answer fails, such as contains or "
+                        "expected_text with min_similarity"]

@@ -57,3 +57,14 @@ def read_record(path):
 def write_suite(path, data):
     path.write_text(json.dumps(data), encoding="utf-8")
     return path
+
+
+@pytest.fixture
+def model_echo():
+    """The flags of a model on a loopback server that answers each case with its input. Its
+    answers are a model's evidence ("live"), so --update-baseline may approve them; --provider
+    echo's are refused. (Import this fixture into a test module to use it.)"""
+    import fakes
+    echo = fakes.chat(lambda body: fakes.chat_response(body["messages"][-1]["content"]))
+    with fakes.FakeServer(echo) as server:
+        yield ["--provider", "openai", "--base-url", server.url + "/v1", "--models", "model"]
