@@ -162,7 +162,8 @@ def _config_view(config, without_checks=False):
                      for case in view["cases"]]
     for case in view["cases"] if without_checks else ():  # a turn's checks too; its words stay
         if isinstance(case.get("turns"), list):
-            case["turns"] = [turn.get("user") if isinstance(turn, dict) else turn for turn in case["turns"]]
+            case["turns"] = [turn.get("user") if isinstance(turn, dict) else turn
+                             for turn in case["turns"]]
     return view
 
 
@@ -301,7 +302,7 @@ def _failures(row, shared):
     rules give it (reason[rule]); a row without verdicts (see analyse): its reasons."""
     if "verdicts" not in row:
         return row["reasons"]
-    return [f"{reason}[{rule}]" if reason in shared or rule_turn(rule) else reason  # which turn, too
+    return [f"{reason}[{rule}]" if reason in shared or rule_turn(rule) else reason  # which turn
             for rule, reasons in row["verdicts"].items() for reason in reasons]
 
 
@@ -835,9 +836,11 @@ def case_rules(case):
     behaviors = case.get("behaviors") if isinstance(case.get("behaviors"), list) else []
     rules = [(entry, by_name.get(entry.partition(":")[0])) for entry in behaviors if isinstance(entry, str)]
     talk = isinstance(case.get("turns"), list)  # a conversation: what was played is judged per turn
-    rules += [(check.name, check) for check in CHECK_TABLE if not check.behavior and not check.always
-              and check.active(case) and (check.regrade or not talk)]
-    return rules + [(turn_rule(number, rule), check) for number, _, part in (turn_parts(case) if talk else ())
+    rules += [(check.name, check) for check in CHECK_TABLE
+              if not check.behavior and not check.always and check.active(case)
+              and (check.regrade or not talk)]
+    return rules + [(turn_rule(number, rule), check)
+                    for number, _, part in (turn_parts(case) if talk else ())
                     for rule, check in case_rules(part)]
 
 

@@ -1017,8 +1017,8 @@ def _chat_turn(body, rows):
 
 def _responses_in(items):
     """How many model responses follow: each is a run of its message and function_call items."""
-    said = [isinstance(item, dict) and (item.get("type") == "function_call" or item.get("role") == "assistant")
-            for item in items]
+    said = [isinstance(item, dict) and (item.get("type") == "function_call"
+                                        or item.get("role") == "assistant") for item in items]
     return sum(now and not before for before, now in zip([False] + said, said))
 
 
@@ -1030,7 +1030,8 @@ def _agent_turn(body, rows):
             continue
         if value == sent:
             return case_id, 0
-        items = sent if isinstance(sent, list) else regression.PerplexityProvider.conversation({"input": sent}, ())
+        items = sent if isinstance(sent, list) else \
+            regression.PerplexityProvider.conversation({"input": sent}, ())
         if isinstance(value, list) and value[:len(items)] == items:
             return case_id, _responses_in(value[len(items):])
     return None

@@ -960,7 +960,8 @@ def _user_text(case):
         message.get("content"), str) else message["content"] for message in messages
         if isinstance(message, dict) and message.get("role", "user") == "user"]
     said += [given] if isinstance(given, str) else []
-    said += [turn if isinstance(turn, str) else turn.get("user") for turn in case.get("turns") or ()]
+    said += [turn.get("user") if isinstance(turn, dict) else turn
+             for turn in case.get("turns") or ()]
     return "\n".join(text for text in said if isinstance(text, str))
 
 
@@ -2115,9 +2116,9 @@ _MONTH = {name: number for number, names in enumerate((
     "aug august", "sep sept september", "oct october", "nov november", "dec december"), 1)
     for name in names.split()}
 _MONTHS = r"(" + "|".join(sorted(_MONTH, key=len, reverse=True)) + r")\.?(?![a-z])"
-_CURRENCY = {"$": "usd", "us$": "usd", "usd": "usd", "dollar": "usd", "dollars": "usd", "€": "eur",
-             "eur": "eur", "euro": "eur", "euros": "eur", "£": "gbp", "gbp": "gbp", "¥": "jpy",
-             "jpy": "jpy", "₹": "inr", "inr": "inr", "cad": "cad", "aud": "aud", "chf": "chf"}
+_CURRENCY = {"$": "usd", "us$": "usd", "dollar": "usd", "dollars": "usd", "€": "eur",
+             "euro": "eur", "euros": "eur", "£": "gbp", "¥": "jpy", "₹": "inr",
+             **{code: code for code in ("usd", "eur", "gbp", "jpy", "inr", "cad", "aud", "chf")}}
 _CODES = r"(?:usd|eur|gbp|jpy|inr|cad|aud|chf)(?![a-z])"
 _AMOUNT = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"  # a comma before three digits groups thousands
 _ALONE, _ENDS = r"(?<![\w.,])", r"(?![\w]|[.,]\d)"
@@ -2166,8 +2167,8 @@ def _groups_form(text):
 # (kind, pattern, forms(match) -> [normal forms] or None when the match is no value): found in
 # this order, each found value blanked before the next pattern reads the text.
 VALUE_KINDS = [
-    ("url", r"(?:https?://|www\.)[^\s<>\"'`\[\](){}|\\^]+", lambda m: [
-        "u:" + re.sub(r"^(?:https?://)?|(?::443|:80)(?=/|$)|/+$", "", m.group(0).rstrip(".,;:!?*_~'\""))]),
+    ("url", r"(?:https?://|www\.)[^\s<>\"'`\[\](){}|\\^]+", lambda m: ["u:" + re.sub(
+        r"^(?:https?://)?|(?::443|:80)(?=/|$)|/+$", "", m.group(0).rstrip(".,;:!?*_~'\""))]),
     ("email", r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+", lambda m: ["e:" + m.group(0).rstrip(".-")]),
     ("date", r"(?<![\w.])(\d{4})([-/.])(\d{1,2})\2(\d{1,2})(?!\d)",
      lambda m: _date_forms(m[1], m[3], m[4])),
@@ -2177,24 +2178,26 @@ VALUE_KINDS = [
      lambda m: _date_forms(m[3], _MONTH[m[2]], m[1])),
     ("date", rf"(?<![a-z]){_MONTHS} (\d{{1,2}})(?:st|nd|rd|th)?(?![\d])(?:,? (\d{{4}}))?(?!\d)",
      lambda m: _date_forms(m[3], _MONTH[m[1]], m[2])),
-    ("time", r"(?<![\d:.])(\d{1,2}):(\d{2})(?::(\d{2}))?(?!\d)(?: ?([ap])\.?m(?![a-z])\.?)?", _time_form),
+    ("time", r"(?<![\d:.])(\d{1,2}):(\d{2})(?::(\d{2}))?(?!\d)(?: ?([ap])\.?m(?![a-z])\.?)?",
+     _time_form),
     ("amount", rf"(?<!\w)((?:us)?\$|€|£|¥|₹|{_CODES}) ?({_AMOUNT}){_ENDS}",
      lambda m: _amount_form(m[1], m[2])),
     ("amount", rf"{_ALONE}({_AMOUNT}) ?(\$|€|£|¥|₹|{_CODES}|dollars?|euros?(?![a-z]))",
      lambda m: _amount_form(m[2], m[1])),
-    ("id", r"(?<![\w.])\d+(?:\.\d+){2,}(?![\w]|\.\d)", lambda m: ["i:" + m.group(0)]),  # 1.2.3, an IP
+    ("id", r"(?<![\w.])\d+(?:\.\d+){2,}(?![\w]|\.\d)", lambda m: ["i:" + m.group(0)]),  # 1.2.3, IPs
     ("groups", rf"{_ALONE}\d+(?:[ -]\d+)+{_ENDS}", lambda m: _groups_form(m.group(0))),
     ("number", r"(?<![\w.])(\d+)(?:st|nd|rd|th)(?![a-z\d])", lambda m: [_number_form(m[1])]),
     ("number", rf"(?<![\w.])({_AMOUNT}){_ENDS}", lambda m: [_number_form(m[1])]),
-    ("id", r"\w+", lambda m: (["i:" + m.group(0).strip("_")] if re.search(r"[^\W\d_]", m.group(0))
-                              else [_number_form(m.group(0))]) if re.search(r"\d", m.group(0)) else None),
+    ("id", r"\w+", lambda m: None if not re.search(r"\d", m.group(0)) else [
+        "i:" + m.group(0).strip("_") if re.search(r"[^\W\d_]", m.group(0))
+        else _number_form(m.group(0))]),
 ]
 _VALUE_PATTERNS = [(kind, re.compile(pattern), forms) for kind, pattern, forms in VALUE_KINDS]
 
 
 def stated_values(form):
-    """[(kind, normal forms, as found)] of the values in a text in text_form(), in VALUE_KINDS order.
-    A number counts with two or more digits; every other kind always does."""
+    """[(kind, normal forms, as found)] of the values of a text in text_form(), in VALUE_KINDS
+    order. A number counts with two or more digits; every other kind always does."""
     found = []
 
     def take(kind, forms, match):
@@ -2213,11 +2216,12 @@ def stated_values(form):
 @functools.lru_cache(maxsize=256)  # instructions and tool results are read again for every reply
 def given_values(text):
     """The normal forms of every value a given text holds, in every reading (see readings), with
-    the digit runs inside each (an order ord_21 gives 21) and each date's form without its year."""
+    each date's form without its year, and the digit runs inside each value ("r:21" of ord_21:
+    a bare number may quote one, an amount may not)."""
     known = set()
     for form in readings(text):
         for kind, forms, found in stated_values(form):
-            known.update(forms, map(_number_form, re.findall(r"\d+", found)))
+            known.update(forms, ("r" + _number_form(run)[1:] for run in re.findall(r"\d+", found)))
             known.update("d:-" + one[one.index("-", 2):] for one in forms if kind == "date")
     return frozenset(known)
 
@@ -2232,6 +2236,8 @@ def _grounded(kind, forms, known):
     if kind == "groups":
         return forms[0] in known or all(form in known for form in forms[1:]) and not any(
             len(form) == 3 and form[2].isdigit() for form in forms[1:])
+    if kind == "number":
+        return forms[0] in known or "r" + forms[0][1:] in known
     return any(form in known for form in forms)
 
 
@@ -2256,11 +2262,12 @@ def _given_texts(case, trace):
 
 
 def check_grounded(case, trace, arg):
-    """behavior grounded: every value a reply states (numbers of two or more digits, dates, times, amounts, identifiers mixing letters and digits, URLs, e-mail addresses) occurs in what the model was given before it: the instructions, the history, the user's turns, the tool results and search URLs it received."""
+    """behavior grounded: every value a reply states was given to the model before it."""
     known = set().union(*map(given_values, _given_texts(case, trace)))
-    events = trace.transcript or ([("tool", url) for url in trace.search_urls]  # no order known: all first
-                                  + [("tool", result_text(call["result"])) for call in trace.tool_calls
-                                     if "result" in call] + [("said", text) for text in said_texts(trace)])
+    events = trace.transcript or (  # no order known: everything received first
+        [("tool", url) for url in trace.search_urls]
+        + [("tool", result_text(call["result"])) for call in trace.tool_calls if "result" in call]
+        + [("said", text) for text in said_texts(trace)])
     missing = {}
     for kind, text in events:
         if kind != "said":
@@ -2277,7 +2284,11 @@ def check_grounded(case, trace, arg):
     return [Fail("ungrounded_value", note, values=shown[:50])]
 
 
-register_check("grounded", check_grounded, behavior=True, details=_tool_details, rule=(
+register_check("grounded", check_grounded, behavior=True, details=_tool_details, doc=(
+    "behavior grounded: every value a reply states (numbers of two or more digits, dates, times, "
+    "amounts, identifiers mixing letters and digits, URLs, e-mail addresses) occurs in what the "
+    "model was given before it: the instructions, the history, the user's turns, the tool results "
+    "and search URLs it received."), rule=(
     "the values of a reply: numbers of two or more digits (a comma before three digits groups "
     "thousands, a dot is the decimal point, trailing zeros do not count: 1,000.00 is 1000; "
     "with a leading zero, 007, the digits as written), amounts ($12.50 is 12.5 USD: a currency "
@@ -2288,11 +2299,13 @@ register_check("grounded", check_grounded, behavior=True, details=_tool_details,
     "digits in groups (555-123-4567: the joined number, or each group of two digits or more), "
     "URLs (without scheme, default port and trailing /) and e-mail addresses; each must occur, "
     "in its normal form, in the instructions, the history, the user's turns or a tool result or "
-    "search URL received before the reply (a digit run inside a given value counts). Both sides "
+    "search URL received before the reply (a number may also be a digit run inside a given "
+    "value: #21 of ord_21; an amount may not). Both sides "
     "are read in the normal form, look-alikes and markup read away"), reasons={
-    "ungrounded_value": ("behaviour `grounded`: the reply states a value (number, date, amount, id, "
-                         "URL, e-mail) that nothing the model was given holds",
-                         "a made-up ship date, tracking number or amount: the evidence lists each")})
+    "ungrounded_value": (
+        "behaviour `grounded`: the reply states a value (number, date, amount, id, URL, e-mail) "
+        "that nothing the model was given holds",
+        "a made-up ship date, tracking number or amount: the evidence lists each")})
 
 
 class Grading(collections.namedtuple("Grading", "reasons details verdicts")):
@@ -2783,7 +2796,8 @@ def _history_message(message, at, functions, calls, seen):
         raise SuiteError(f'{at} needs "role": "user", "assistant" or "tool"')
     _unknown_key(message, HISTORY_KEYS[role], at)
     if role != "tool" and calls:
-        raise SuiteError(f"{at}: tool call {', '.join(calls)} has no tool message answering it before")
+        raise SuiteError(f"{at}: tool call {', '.join(calls)} has no tool message answering it "
+                         "before")
     content = message.get("content")
     if role == "tool":
         answered = message.get("tool_call_id")
@@ -2814,7 +2828,8 @@ def validate_history(messages, where, field, functions):
     for number, message in enumerate(messages, 1):
         _history_message(message, f"{where}: {field} message {number}", functions, calls, seen)
     if calls:
-        raise SuiteError(f"{where}: {field}: tool call {', '.join(calls)} has no tool message answering it")
+        raise SuiteError(f"{where}: {field}: tool call {', '.join(calls)} has no tool message "
+                         "answering it")
 
 
 def turn_keys():
@@ -2824,7 +2839,8 @@ def turn_keys():
 
 def _validate_turns(case, where, context):
     if "input" in case or "question" in case:
-        raise SuiteError(f"{where}: give input or turns, not both (the turns are what the user says)")
+        raise SuiteError(f"{where}: give input or turns, not both (the turns are what the user "
+                         "says)")
     if not isinstance(case["turns"], list) or not case["turns"]:
         raise SuiteError(f"{where}: turns must be a non-empty list of turns "
                          '(a text, or {"user": TEXT, ...checks})')
@@ -2833,7 +2849,8 @@ def _validate_turns(case, where, context):
         if isinstance(turn, dict):
             _unknown_key(turn, turn_keys(), at)
         if not _has_text(turn.get("user") if isinstance(turn, dict) else turn):
-            raise SuiteError(f'{at}: is empty; a turn is a non-empty text or {{"user": TEXT, ...checks}}')
+            raise SuiteError(f"{at}: is empty; a turn is a non-empty text or "
+                             '{"user": TEXT, ...checks}')
         if isinstance(turn, dict):
             _validate_checks({**turn, "id": case["id"]}, at, context)
 
@@ -3927,14 +3944,19 @@ class Provider:
         items = cls.history(case.get("messages") or [])
         for done in case.get("_done") or ():
             *played, last = done["rounds"]
-            items += cls.said_to(done["user"]) + [item for turn in played for item in cls.played(turn)]
+            items += cls.said_to(done["user"]) + cls.played_all(played)
             items += cls.reply(last["response"])
-        return items + cls.said_to(case["input"]) + [item for turn in rounds for item in cls.played(turn)]
+        return items + cls.said_to(case["input"]) + cls.played_all(rounds)
+
+    @classmethod
+    def played_all(cls, rounds):
+        return [item for turn in rounds for item in cls.played(turn)]
 
     @classmethod
     def said_to(cls, value):
         """What the user says in this API's items: a text, or chat-form messages."""
-        return cls.history(value if isinstance(value, list) else [{"role": "user", "content": value}])
+        said = value if isinstance(value, list) else [{"role": "user", "content": value}]
+        return cls.history(said)
 
     @staticmethod
     def history(messages):
@@ -4027,7 +4049,8 @@ class PerplexityProvider(Provider):
         rounds played so far in its input."""
         request = {"model": model, "instructions": case.get("instructions", suite["instructions"]),
                    "input": case["input"] if isinstance(case["input"], str) and not (
-                       rounds or case.get("messages") or case.get("_done")) else self.conversation(case, rounds)}
+                       rounds or case.get("messages") or case.get("_done"))
+                   else self.conversation(case, rounds)}
         if suite.get("tools"):
             request["tools"] = [_flat_tool(tool) for tool in suite["tools"]]
         if suite.get("response_format"):
@@ -4050,15 +4073,17 @@ class PerplexityProvider(Provider):
         kept for its function_call_output) and function_call_output items."""
         items, names = [], {}
         for message in messages:
-            if message.get("role") == "tool":
-                items.append({"type": "function_call_output", "call_id": message["tool_call_id"],
-                              "name": names.get(message["tool_call_id"]), "output": message["content"]})
+            role, content = message.get("role"), message.get("content")
+            call_id = message.get("tool_call_id")
+            if role == "tool":
+                items.append({"type": "function_call_output", "call_id": call_id,
+                              "name": names.get(call_id), "output": content})
                 continue
-            if message.get("content") or message.get("role") != "assistant":
-                items.append({"type": "message", "role": message["role"], "content": message["content"]})
+            if content or role != "assistant":
+                items.append({"type": "message", "role": role, "content": content})
             for call in message.get("tool_calls") or ():
-                names[call["id"]] = call["function"]["name"]
-                items.append({"type": "function_call", "call_id": call["id"], "name": call["function"]["name"],
+                name = names[call["id"]] = call["function"]["name"]
+                items.append({"type": "function_call", "call_id": call["id"], "name": name,
                               "arguments": _arguments_text(call["function"].get("arguments", {}))})
         return items
 
@@ -4079,8 +4104,9 @@ class PerplexityProvider(Provider):
             if isinstance(signatures.get(sent["call_id"]), str):  # thinking models need it back
                 call["thought_signature"] = signatures[sent["call_id"]]
             items.append(call)
-        return items + [{"type": "function_call_output", "call_id": sent["call_id"], "name": sent["name"],
-                         "output": result_text(sent["result"])} for sent in turn["tool_results"]]
+        return items + [{"type": "function_call_output", "call_id": sent["call_id"],
+                         "name": sent["name"], "output": result_text(sent["result"])}
+                        for sent in turn["tool_results"]]
 
     @staticmethod
     def reply(raw):
@@ -4470,22 +4496,23 @@ class OpenAIProvider(HTTPProvider):
         """Chat-form messages as sent: an assistant's content "" and never null (llama-cpp-python's
         server answers HTTP 500 to null), tool call arguments as JSON text."""
         sent = []
-        for message in messages:
-            message = dict(message)
+        for message in map(dict, messages):
             if message.get("role") == "assistant":
                 message["content"] = message.get("content") or ""
-            if message.get("tool_calls"):
-                message["tool_calls"] = [{**call, "function": {
-                    **call["function"], "arguments": _arguments_text(call["function"].get("arguments", {}))}}
-                    for call in message["tool_calls"]]
+            message.update({"tool_calls": [
+                {**call, "function": {**call["function"], "arguments": _arguments_text(
+                    call["function"].get("arguments", {}))}} for call in message["tool_calls"]]}
+                if message.get("tool_calls") else {})
             sent.append(message)
         return sent
 
     @staticmethod
     def _message(raw):
+        """The message of a chat completion's first choice ({} when it has none)."""
         choices = raw.get("choices") if isinstance(raw, dict) else None
-        first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-        return first.get("message") if isinstance(first.get("message"), dict) else {}
+        first = choices[0] if isinstance(choices, list) and choices else None
+        said = first.get("message") if isinstance(first, dict) else None
+        return said if isinstance(said, dict) else {}
 
     @staticmethod
     def played(turn):
@@ -4498,16 +4525,18 @@ class OpenAIProvider(HTTPProvider):
             # the legacy form: a function_call is answered by a "function" message, by name
             call = {"name": sent[0]["name"], "arguments": _arguments_text(sent[0]["arguments"])}
             return [{"role": "assistant", "content": content, "function_call": call},
-                    {"role": "function", "name": call["name"], "content": result_text(sent[0]["result"])}]
-        return [{"role": "assistant", "content": content, "tool_calls": [
-            {"id": one["call_id"], "type": "function",
-             "function": {"name": one["name"], "arguments": _arguments_text(one["arguments"])}}
-            for one in sent]}] + [{"role": "tool", "tool_call_id": one["call_id"],
-                                  "content": result_text(one["result"])} for one in sent]
+                    {"role": "function", "name": call["name"],
+                     "content": result_text(sent[0]["result"])}]
+        calls = [{"id": one["call_id"], "type": "function", "function": {
+            "name": one["name"], "arguments": _arguments_text(one["arguments"])}} for one in sent]
+        return [{"role": "assistant", "content": content, "tool_calls": calls}] + [
+            {"role": "tool", "tool_call_id": one["call_id"], "content": result_text(one["result"])}
+            for one in sent]
 
     @staticmethod
     def reply(raw):
-        return [{"role": "assistant", "content": content_text(OpenAIProvider._message(raw).get("content"))}]
+        said = OpenAIProvider._message(raw).get("content")
+        return [{"role": "assistant", "content": content_text(said)}]
 
     @staticmethod
     def answer(content):
@@ -4700,8 +4729,8 @@ class AnthropicProvider(HTTPProvider):
         merged = []
         for message in super().conversation(case, rounds):
             if merged and merged[-1]["role"] == message["role"]:
-                merged[-1] = {"role": message["role"],
-                              "content": cls.blocks(merged[-1]["content"]) + cls.blocks(message["content"])}
+                blocks = cls.blocks(merged[-1]["content"]) + cls.blocks(message["content"])
+                merged[-1] = {"role": message["role"], "content": blocks}
             else:
                 merged.append(message)
         return merged
@@ -4719,21 +4748,24 @@ class AnthropicProvider(HTTPProvider):
         for message in messages:
             role, content = message.get("role"), message.get("content")
             if role == "tool":
-                sent.append({"role": "user", "content": [
-                    {"type": "tool_result", "tool_use_id": message["tool_call_id"], "content": content}]})
+                result = {"type": "tool_result", "tool_use_id": message["tool_call_id"],
+                          "content": content}
+                sent.append({"role": "user", "content": [result]})
             elif message.get("tool_calls"):
-                sent.append({"role": "assistant", "content": ([{"type": "text", "text": content}] if content
-                                                              else []) + [
-                    {"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
-                     "input": _call_arguments(call["function"])} for call in message["tool_calls"]]})
+                uses = [{"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
+                         "input": _call_arguments(call["function"])}
+                        for call in message["tool_calls"]]
+                text = [{"type": "text", "text": content}] if content else []
+                sent.append({"role": "assistant", "content": text + uses})
             else:
                 sent.append({"role": role, "content": content})
         return sent
 
     @staticmethod
     def _said(raw):
-        """What a response said that goes back to the model: its thinking and non-empty text blocks."""
-        return [block for block in _items(raw, "content") if block.get("type") in ("thinking", "redacted_thinking")
+        """What a response said that goes back to the model: thinking and non-empty text blocks."""
+        return [block for block in _items(raw, "content")
+                if block.get("type") in ("thinking", "redacted_thinking")
                 or (block.get("type") == "text" and block.get("text"))]
 
     @staticmethod
@@ -4743,9 +4775,10 @@ class AnthropicProvider(HTTPProvider):
         result): all results of a turn in one message, as the API requires."""
         sent = turn["tool_results"]
         said = AnthropicProvider._said(turn["response"]) + [
-            {"type": "tool_use", "id": one["call_id"], "name": one["name"], "input": _call_arguments(one)}
-            for one in sent]
-        results = [{"type": "tool_result", "tool_use_id": one["call_id"], "content": result_text(one["result"]),
+            {"type": "tool_use", "id": one["call_id"], "name": one["name"],
+             "input": _call_arguments(one)} for one in sent]
+        results = [{"type": "tool_result", "tool_use_id": one["call_id"],
+                    "content": result_text(one["result"]),
                     **({"is_error": True} if is_error_result(one) else {})} for one in sent]
         return [{"role": "assistant", "content": said}, {"role": "user", "content": results}]
 
@@ -4843,8 +4876,9 @@ class ReplayProvider(Provider):
         self.source = source
         self.rows = {row_key(row): row for row in record.get("runs", [])
                      if isinstance(row, dict) and row.get("error") is None and "response" in row}
-        self.cases = {case.get("id"): case for case in (record.get("config") or {}).get("cases") or ()
-                      if isinstance(case, dict)}  # what each row's case said when it was made
+        made_with = (record.get("config") or {}).get("cases") or ()
+        self.cases = {case.get("id"): case for case in made_with  # what each case said then
+                      if isinstance(case, dict)}
         made = PROVIDERS.get(record_provider(record).get("name"))
         self.made_by = PROVIDERS[DEFAULT_PROVIDER] if made is None or made.replays_record else made
         self.parse, self.call_ids = self.made_by.parse, self.made_by.call_ids
@@ -4860,7 +4894,8 @@ class ReplayProvider(Provider):
         row keeps every round, a conversation every turn's (the turn after the case's finished
         ones), any other row its one response."""
         if "_done" not in case:
-            return (row["rounds"] if isinstance(row.get("rounds"), list) else [{"response": row["response"]}]), None
+            one = [{"response": row["response"]}]
+            return (row["rounds"] if isinstance(row.get("rounds"), list) else one), None
         turn = len(case["_done"])
         entry = (row.get("turns") or [])[turn:turn + 1]
         stored = entry[0].get("rounds") if entry and isinstance(entry[0], dict) else None
@@ -4870,11 +4905,13 @@ class ReplayProvider(Provider):
         """How a stored row's conversation differs from what the case says now (its turns, in
         order), or None: a replay must grade the conversation the model had."""
         stored = row.get("turns") if isinstance(row.get("turns"), list) else None
-        if case["id"] in self.cases and self.cases[case["id"]].get("messages") != case.get("messages"):
+        then = self.cases.get(case["id"])
+        if then is not None and then.get("messages") != case.get("messages"):
             return "the suite's prior history (messages) differs from the record's"
         if ("turns" in case) != (stored is not None):
-            return "it was stored as a conversation, and the case now has no turns" if stored is not None \
-                else "the case is now a conversation, and the row was stored as one request"
+            return "it was stored as a conversation, and the case now has no turns" \
+                if stored is not None else \
+                "the case is now a conversation, and the row was stored as one request"
         if stored is None:
             return None
         users = [user for user, _ in user_turns(case)]
@@ -5332,13 +5369,14 @@ def rule_turn(rule):
 def turn_case(case, user, done):
     """The case as one turn is sent: that turn's words as input, after the finished turns
     (`done`: {"user", "rounds"} each) and the case's prior history (messages)."""
-    return {**{key: value for key, value in case.items() if key != "turns"}, "input": user, "_done": done}
+    sent = {key: value for key, value in case.items() if key != "turns"}
+    return {**sent, "input": user, "_done": done}
 
 
 def converse_steps(provider, suite, case, model, repeat, retries, row, clock=time.monotonic,
                    sleep=time.sleep, budget=None):
-    """Run a conversation into `row` turn by turn (as steps, see send_request_steps); returns
-    each turn's trace. A turn still calling tools at its round limit ends the conversation (the
+    """Run a conversation into `row` turn by turn (as steps, see send_request_steps); returns its
+    trace (see conversation_trace). A turn still calling tools at its round limit ends it (the
     next turn could not follow a call left unanswered). One deadline covers every turn, and
     `budget` (see play_tools_steps) sees the whole row's spend, also before each later turn."""
     turns, deadline = user_turns(case), getattr(provider, "deadline", None)
@@ -5355,8 +5393,8 @@ def converse_steps(provider, suite, case, model, repeat, retries, row, clock=tim
         entry = {"user": user}
         row["turns"].append(entry)
         try:
-            trace = yield from play_tools_steps(provider, suite, turn_case(case, user, done), model, repeat,
-                                                retries, entry, clock, sleep, spend, until)
+            trace = yield from play_tools_steps(provider, suite, turn_case(case, user, done), model,
+                                                repeat, retries, entry, clock, sleep, spend, until)
         finally:  # what this turn sent and spent is the row's, also when it failed
             row["response"] = entry.pop("response", row["response"])
             row["attempts"] = row.get("attempts", 0) + entry.pop("attempts", 0)
@@ -5367,7 +5405,7 @@ def converse_steps(provider, suite, case, model, repeat, retries, row, clock=tim
         if not trace.final:
             break
         done = [*done, entry]
-    return traces
+    return conversation_trace([user for user, _ in turns], traces)
 
 
 def conversation_trace(users, traces):
@@ -5376,7 +5414,8 @@ def conversation_trace(users, traces):
     the conversation). Each turn's ending is judged on that turn, so the whole reads completed."""
     calls, before = [], 0
     for number, trace in enumerate(traces, 1):
-        calls += [{**call, "turn": number, "round": call["round"] + before} for call in trace.tool_calls]
+        calls += [{**call, "turn": number, "round": call["round"] + before}
+                  for call in trace.tool_calls]
         before += trace.rounds
     last = traces[-1]
     return Trace(
@@ -5415,9 +5454,11 @@ def _file_turn_evidence(evidence, reason, number, facts):
         kept.setdefault("also", []).append(named)
 
 
-def grade_turns(row, suite, case, traces, model=True):
-    """Add each turn's own verdicts to a graded conversation row: its reasons, their evidence
-    (each note naming its turn) and its details, under details["turns"] (one object a turn)."""
+def grade_turns(row, suite, case, parse, model=True):
+    """Add each turn's own verdicts to a graded conversation row, from its stored turns (read with
+    `parse`): its reasons, their evidence (each note naming its turn) and its details, under
+    details["turns"] (one object a turn)."""
+    traces = [rounds_trace(parse, turn["rounds"]) for turn in row["turns"]]
     details, verdicts = row.setdefault("details", {}), row.pop("verdicts", {})
     evidence, per_turn = details.pop("evidence", {}), []
     for number, compiled, trace in turn_gradings(suite, case, traces):
@@ -5448,17 +5489,10 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
     row.update(error=None, error_status=None, cost_usd=None, response=None, answer_text=None, reasons=[])
     started = time.monotonic()
     try:
-        if "turns" in case:
-            traces = yield from converse_steps(provider, suite, case, model, repeat or 0, retries or 0, row,
-                                               sleep=sleep, budget=budget)
-            trace = conversation_trace([user for user, _ in user_turns(case)], traces)
-            raw = row["response"]
-            if retries is None:
-                row.pop("attempts")
-        elif plays_tools(suite, case):
-            trace = yield from play_tools_steps(provider, suite, case, model, repeat or 0, retries or 0, row,
-                                                sleep=sleep, budget=budget)
-            raw = row["response"]
+        if "turns" in case or plays_tools(suite, case):
+            play = converse_steps if "turns" in case else play_tools_steps  # a conversation's turns
+            trace = yield from play(provider, suite, case, model, repeat or 0, retries or 0, row,
+                                    sleep=sleep, budget=budget)
             if retries is None:
                 row.pop("attempts")
         else:
@@ -5469,11 +5503,11 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
             trace = provider.parse(raw)
         row["answer_text"] = trace.final_text
         row["cost_usd"] = trace.cost_usd
-        ask = grader and (lambda: grader(case, raw, trace))
+        ask = grader and (lambda: grader(case, row["response"], trace))
         model = getattr(provider, "evidence", MODEL_EVIDENCE) == MODEL_EVIDENCE  # not echo
         grade_row(row, compile_case(suite, case), trace, ask, model)
         if "turns" in case:
-            grade_turns(row, suite, case, traces, model)
+            grade_turns(row, suite, case, provider.parse, model)
     except Exception as exc:  # an endpoint or checker failure is evidence, not a crash
         row["error"] = type(exc).__name__
         row["error_status"] = status_of(exc)
@@ -5526,11 +5560,12 @@ CACHE_TOKEN_FIELDS = ("cache_creation_input_tokens", "cache_read_input_tokens") 
 def row_responses(row):
     """Every raw response a row holds, in order: its turns' rounds, its rounds, or its response."""
     turns = row.get("turns") if isinstance(row.get("turns"), list) else ()
-    rounds = [turn for entry in turns if isinstance(entry, dict) and isinstance(entry.get("rounds"), list)
-              for turn in entry["rounds"]] or row.get("rounds")
-    if isinstance(rounds, list) and rounds:  # a round is {"response": raw}; an older record's the raw itself
-        return [turn["response"] if isinstance(turn, dict) and isinstance(turn.get("response"), dict)
-                else turn for turn in rounds]
+    rounds = [turn for entry in turns if isinstance(entry, dict)
+              and isinstance(entry.get("rounds"), list) for turn in entry["rounds"]]
+    rounds = rounds or row.get("rounds")
+    if isinstance(rounds, list) and rounds:  # a round is {"response": raw}; an older record's, raw
+        return [turn["response"] if isinstance(turn, dict)
+                and isinstance(turn.get("response"), dict) else turn for turn in rounds]
     return [row.get("response")]
 
 
@@ -6718,13 +6753,14 @@ def trajectory_lines(row):
 def conversation_lines(row, limit=TRAJECTORY_TEXT_LIMIT):
     """A conversation row's turns as plain lines, what the user said and the reply, each cut to
     `limit` characters; not escaped (every report escapes for its own format)."""
-    lines, turns = [], row.get("turns") or ()
-    for number, turn in enumerate(turns[:TRAJECTORY_CALLS_SHOWN], 1):
-        reply = turn.get("reply") if isinstance(turn, dict) else None
-        lines += [f"turn {number} user: {_cut(str(turn.get('user') if isinstance(turn, dict) else turn), limit)}",
+    lines, turns, shown = [], row.get("turns") or (), TRAJECTORY_CALLS_SHOWN
+    for number, turn in enumerate(turns[:shown], 1):
+        turn = turn if isinstance(turn, dict) else {"user": turn}
+        reply = turn.get("reply")
+        lines += [f"turn {number} user: {_cut(str(turn.get('user')), limit)}",
                   f"turn {number} reply: " + (_cut(reply, limit) if isinstance(reply, str)
                                               else "(none: the turn did not finish)")]
-    return lines + [f"... {len(turns) - TRAJECTORY_CALLS_SHOWN} more turn(s)"] * (len(turns) > TRAJECTORY_CALLS_SHOWN)
+    return lines + [f"... {len(turns) - shown} more turn(s)"] * (len(turns) > shown)
 
 
 def _row_failure_text(row):
@@ -6844,10 +6880,11 @@ def markdown_run(record):
             for row in traced])]
     talks = [row for row in failed if row.get("turns")]
     if talks:
-        lines += ["", "### Conversations of failing rows", "", md_table(["model", "case", "repeat", "turns"], [
-            [md_text(row.get("model")), md_text(row.get("case_id")), md_text(row.get("repeat")),
-             "<br>".join(md_text(line, limit=TRAJECTORY_TEXT_LIMIT + 40) for line in conversation_lines(row))]
-            for row in talks])]
+        lines += ["", "### Conversations of failing rows", "", md_table(
+            ["model", "case", "repeat", "turns"],
+            [[md_text(row.get("model")), md_text(row.get("case_id")), md_text(row.get("repeat")),
+              "<br>".join(md_text(line, limit=TRAJECTORY_TEXT_LIMIT + 40)
+                          for line in conversation_lines(row))] for row in talks])]
     missing = _not_run(record)
     if missing:
         shown = ", ".join(f"{model} / {case_id} / repeat {repeat}" for model, case_id, repeat in missing[:10])
@@ -6879,8 +6916,8 @@ def _html_row_details(row):
         parts.append("<ol class=\"trajectory\">" + "".join(f"<li>{xml_text(line)}</li>" for line in trajectory_lines(row))
                      + "</ol>")
     if row.get("turns"):
-        parts.append("<ol class=\"conversation\">" + "".join(f"<li>{xml_text(line)}</li>"
-                                                           for line in conversation_lines(row)) + "</ol>")
+        items = "".join(f"<li>{xml_text(line)}</li>" for line in conversation_lines(row))
+        parts.append(f"<ol class=\"conversation\">{items}</ol>")
     if row.get("answer_text") is not None:
         parts.append(f"<details><summary>answer</summary><pre>{xml_text(row['answer_text'])}</pre></details>")
     else:
@@ -7587,9 +7624,9 @@ def lint_case(suite, case):
     hint = f" ({', '.join(idle)} alone judges nothing)" if idle else ""
     if not active:
         return f"case {case['id']!r} has no rule beyond completion: any answer passes{hint}"
-    return (f"case {case['id']!r} only checks {', '.join(dict.fromkeys(active))}: an empty answer with "
-            f"no tool call passes{hint}; add a rule an empty answer fails, such as contains or "
-            "expected_text with min_similarity")
+    return (f"case {case['id']!r} only checks {', '.join(dict.fromkeys(active))}: an empty "
+            f"answer with no tool call passes{hint}; add a rule an empty answer fails, such as "
+            "contains or expected_text with min_similarity")
 
 
 def suite_warnings(suite):
@@ -7681,9 +7718,10 @@ def plan_text(suite, args, plan, provider_note, run=None, env=None):
                      f"up to {max(round_limit(suite, case) for case in played)} requests per row")
     talks = [case for case in suite["cases"] if "turns" in case]
     if talks:
-        lines.append(f"conversations: {len(talks)} case(s) send their turns one after another, each reply "
-                     f"added before the next turn; up to {max(len(case['turns']) for case in talks)} turns, "
-                     f"each up to {max(round_limit(suite, case) for case in talks)} requests")
+        most = max(len(case["turns"]) for case in talks)
+        lines.append(f"conversations: {len(talks)} case(s) send their turns one after another, "
+                     f"each reply added before the next turn; up to {most} turns, each up to "
+                     f"{max(round_limit(suite, case) for case in talks)} requests")
     for case in suite["cases"]:
         lines += _case_plan(suite, case)
     lines += [f"warning: {warning}" for warning in suite_warnings(suite)]
@@ -7695,20 +7733,23 @@ def plan_text(suite, args, plan, provider_note, run=None, env=None):
 
 def _case_plan(suite, case):
     """A case's lines of the plan: what it sends and what it checks; a conversation's turns each
-    with the checks of its reply (the case's own apply to the last reply and to every turn's tools)."""
+    with the checks of its reply (the case's own judge the last reply and every turn's tools)."""
     def line(indent, name, text, checks, rounds=""):
         text = _normalise(text)
         return (f"{indent}{name}: {text[:70]}{'...' if len(text) > 70 else ''}"
                 f"  [checks: {', '.join(['completed'] + checks)}]{rounds}")
     played = plays_tools(suite, case) or "turns" in case
-    rounds = f"  [up to {round_limit(suite, case)} rounds{' a turn' * ('turns' in case)}]" if played else ""
-    history = f" after {_plural(len(case['messages']), 'history message')}" if "messages" in case else ""
+    each = " a turn" if "turns" in case else ""
+    rounds = f"  [up to {round_limit(suite, case)} rounds{each}]" if played else ""
+    history = f" after {_plural(len(case['messages']), 'history message')}" \
+        if "messages" in case else ""
     if "turns" not in case:
         return [line("  ", case["id"], _case_text(case) + history, _check_labels(case), rounds)]
     parts, own = turn_parts(case), [check_.label(case) for check_ in CHECK_TABLE  # played: per turn
                                     if not check_.always and check_.regrade and check_.active(case)]
-    lines = [line("  ", case["id"], f"a conversation of {_plural(len(parts), 'turn')}{history}", own, rounds)]
-    return lines + [line("    ", f"turn {number}", user, _check_labels(part)) for number, user, part in parts]
+    talk = f"a conversation of {_plural(len(parts), 'turn')}{history}"
+    return [line("  ", case["id"], talk, own, rounds)] + [
+        line("    ", f"turn {number}", user, _check_labels(part)) for number, user, part in parts]
 
 
 def row_line(row, widths=(0, 0)):
@@ -8328,8 +8369,9 @@ def _check_replay_covers(provider, run, settings):
     for key in run.todo if getattr(provider, "replays_record", False) else ():
         changed = provider.changed_turns(cases[key[1]], provider.rows[key])
         if changed:
-            raise UsageError(f"--replay: {key_text(key)} is not reproducible under this suite: {changed}; a "
-                             "replay grades the conversation the model had, so restore the suite's turns")
+            raise UsageError(f"--replay: {key_text(key)} is not reproducible under this suite: "
+                             f"{changed}; a replay grades the conversation the model had, so "
+                             "restore the suite's turns")
 
 
 def open_record(run, tally, quiet=False):
