@@ -2851,8 +2851,9 @@ def _validate_turns(case, where, context):
         if not _has_text(turn.get("user") if isinstance(turn, dict) else turn):
             raise SuiteError(f"{at}: is empty; a turn is a non-empty text or "
                              '{"user": TEXT, ...checks}')
-        if isinstance(turn, dict):
-            _validate_checks({**turn, "id": case["id"]}, at, context)
+        if isinstance(turn, dict):  # --update-baseline fills only the case's own baseline
+            strict = {**context, "allow_empty_baseline": False}
+            _validate_checks({**turn, "id": case["id"]}, at, strict)
 
 
 register_case_key("turns", _validate_turns)
@@ -4901,6 +4902,11 @@ class ReplayProvider(Provider):
         stored = entry[0].get("rounds") if entry and isinstance(entry[0], dict) else None
         return (stored if isinstance(stored, list) else []), turn
 
+    def told(self, model, case, repeat):
+        """What the user said in each turn of a stored conversation row ([] for any other row)."""
+        turns = (self.rows.get((model, case["id"], repeat)) or {}).get("turns")
+        return [turn["user"] for turn in turns] if isinstance(turns, list) else []
+
     def changed_turns(self, case, row):
         """How a stored row's conversation differs from what the case says now (its turns, in
         order), or None: a replay must grade the conversation the model had."""
@@ -5381,12 +5387,14 @@ def converse_steps(provider, suite, case, model, repeat, retries, row, clock=tim
     `budget` (see play_tools_steps) sees the whole row's spend, also before each later turn."""
     turns, deadline = user_turns(case), getattr(provider, "deadline", None)
     until = clock() + deadline * round_limit(suite, case) * len(turns) if deadline else None
+    told = getattr(provider, "told", lambda model, case, repeat: ())(model, case, repeat)
+    users = [*told, *(user for user, _ in turns)][:len(turns)] if told else [u for u, _ in turns]
     row["turns"], done, traces, costs = [], [], [], []
 
     def spend(entry, cost):  # the cap holds against the whole conversation's spend
         return budget(row, _sum_costs([*costs, cost])) if budget is not None else None
 
-    for number, (user, _) in enumerate(turns, 1):
+    for number, user in enumerate(users, 1):  # a replay says what the user said then
         stop = spend(None, "0") if number > 1 else None
         if stop:
             raise BudgetReached(f"{stop} after turn {number - 1}")
@@ -5405,7 +5413,7 @@ def converse_steps(provider, suite, case, model, repeat, retries, row, clock=tim
         if not trace.final:
             break
         done = [*done, entry]
-    return conversation_trace([user for user, _ in turns], traces)
+    return conversation_trace(users, traces)
 
 
 def conversation_trace(users, traces):
@@ -5430,13 +5438,15 @@ def conversation_trace(users, traces):
                          for event in (("user", user), *trace.transcript)))
 
 
-def turn_gradings(suite, case, traces):
+def turn_gradings(suite, case, traces, users=None):
     """[(turn number, compiled turn, its trace)] of each turn reached: the turn's own checks, the
-    user's words up to it, and in its transcript what it was given before (never what earlier
-    turns said: a value the model made up is no ground for a later reply)."""
+    user's words up to it (`users`: what was said, default the case's), and in its transcript
+    what it was given before (never what earlier turns said: a value the model made up is no
+    ground for a later reply)."""
     parts, given, graded = turn_parts(case), [], []
-    for (number, user, part), trace in zip(parts, traces):
-        seen = {**part, "turns": [said for _, said, _ in parts[:number]]}
+    users = users or [user for _, user, _ in parts]
+    for (number, _, part), user, trace in zip(parts, users, traces):
+        seen = {**part, "turns": users[:number]}
         seen.update({"messages": case["messages"]} if "messages" in case else {})
         heard = (*given, ("user", user), *trace.transcript)
         graded.append((number, compile_case(suite, seen), trace._replace(transcript=heard)))
@@ -5461,7 +5471,8 @@ def grade_turns(row, suite, case, parse, model=True):
     traces = [rounds_trace(parse, turn["rounds"]) for turn in row["turns"]]
     details, verdicts = row.setdefault("details", {}), row.pop("verdicts", {})
     evidence, per_turn = details.pop("evidence", {}), []
-    for number, compiled, trace in turn_gradings(suite, case, traces):
+    said = [turn["user"] for turn in row["turns"]]
+    for number, compiled, trace in turn_gradings(suite, case, traces, said):
         if model and tool_case(compiled):  # a turn's tool checks make it a tool case too
             row["tool_calls"] = sum(len(one.tool_calls) for one in traces)
         graded = grading(compiled, trace)
