@@ -2262,7 +2262,10 @@ def _given_texts(case, trace):
 
 
 def check_grounded(case, trace, arg):
-    """behavior grounded: every value a reply states was given to the model before it."""
+    """behavior grounded: every value a reply states (numbers of two or more digits, dates,
+    times, amounts, identifiers mixing letters and digits, URLs, e-mail addresses) occurs in what
+    the model was given before it: the instructions, the history, the user's turns, the tool
+    results and search URLs it received."""
     known = set().union(*map(given_values, _given_texts(case, trace)))
     events = trace.transcript or (  # no order known: everything received first
         [("tool", url) for url in trace.search_urls]
@@ -2284,11 +2287,7 @@ def check_grounded(case, trace, arg):
     return [Fail("ungrounded_value", note, values=shown[:50])]
 
 
-register_check("grounded", check_grounded, behavior=True, details=_tool_details, doc=(
-    "behavior grounded: every value a reply states (numbers of two or more digits, dates, times, "
-    "amounts, identifiers mixing letters and digits, URLs, e-mail addresses) occurs in what the "
-    "model was given before it: the instructions, the history, the user's turns, the tool results "
-    "and search URLs it received."), rule=(
+register_check("grounded", check_grounded, behavior=True, details=_tool_details, rule=(
     "the values of a reply: numbers of two or more digits (a comma before three digits groups "
     "thousands, a dot is the decimal point, trailing zeros do not count: 1,000.00 is 1000; "
     "with a leading zero, 007, the digits as written), amounts ($12.50 is 12.5 USD: a currency "
@@ -7754,8 +7753,9 @@ def _case_plan(suite, case):
     rounds = f"  [up to {round_limit(suite, case)} rounds{each}]" if played else ""
     history = f" after {_plural(len(case['messages']), 'history message')}" \
         if "messages" in case else ""
-    if "turns" not in case:
-        return [line("  ", case["id"], _case_text(case) + history, _check_labels(case), rounds)]
+    if "turns" not in case:  # the history first: a long input is cut
+        text = f"({history.strip()}) {_case_text(case)}" if history else _case_text(case)
+        return [line("  ", case["id"], text, _check_labels(case), rounds)]
     parts, own = turn_parts(case), [check_.label(case) for check_ in CHECK_TABLE  # played: per turn
                                     if not check_.always and check_.regrade and check_.active(case)]
     talk = f"a conversation of {_plural(len(parts), 'turn')}{history}"
