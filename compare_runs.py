@@ -7,6 +7,8 @@ Usage:
     python compare_runs.py --matrix BEFORE.json AFTER.json   # every (case, behaviour): same / REGRESS / GAIN
     python compare_runs.py --matrix --models A B RUN.json
     python compare_runs.py --demo NEW_DIR          # offline: two synthetic runs, no key
+    python compare_runs.py --repeats-needed 0.95 0.8   # repeats per side to see that drop
+    python compare_runs.py --trend RUN1 RUN2 RUN3 --html trend.html   # rates across runs
 
 The two records must come from the same configuration (models, cases, tools,
 response format, repeats, limits); only the instructions (and the cases' pins of
@@ -18,12 +20,15 @@ them) may differ, and a record and its replay may also differ in the cases' chec
     STILL_FAILING  fails in both
 The rows that changed get one line each; unchanged rows are counted per label
 (--all lists every row). Then, per model and case, the reasons that occurred more
-often (REGRESS) or less often (GAIN), pass rates over repeats with FLAKY and a
-one-sided Fisher exact p for a drop, and a diff of each answer whose verdict changed.
+often (REGRESS) or less often (GAIN), each model's pass rate with its Wilson 95%
+interval and pass^k, pass rates over repeats with FLAKY and a one-sided Fisher exact p
+for a drop (with --alpha also adjusted for the family of pairs, Holm-Bonferroni unless
+--correction none), and a diff of each answer whose verdict changed.
 
 Exit codes:
     0  comparable, no new failure
-    1  comparable, at least one NEW_FAILURE (with --alpha: a drop with p <= alpha; with --matrix: a REGRESS)
+    1  comparable, at least one NEW_FAILURE (with --alpha: a drop with adjusted p <= alpha;
+       with --matrix: a REGRESS; with --trend: a run's significant drop against the first)
     2  not comparable (missing file, bad JSON, different config, incomplete run, ...)
 """
 
@@ -38,14 +43,14 @@ import os
 import re
 import sys
 
-from regression import (ABSENT, BEHAVIORS, CASES, CHECK_KEYS, CHECK_TABLE, INSTRUCTIONS, rule_turn,
-                        turn_parts, turn_rule,
+from regression import (ABSENT, BEHAVIORS, CASES, CHECK_KEYS, CHECK_TABLE, INSTRUCTIONS, RANGES,
+                        rule_turn, turn_parts, turn_rule,
                         RecordError, Trace, UsageError, check, compile_case, dumps,
                         first_difference, grade, html_page, html_table, instructions_sha256,
                         junit_name, junit_xml, key_text, load_record, masked_evidence, md_table,
-                        md_text, plan_rows, record_problem, record_provider, regraded_rows,
-                        row_key, safe_text, same_json, summary, tool_sequence, write_new_file,
-                        xml_text)
+                        md_text, plan_rows, rate_text, record_problem, record_provider,
+                        regraded_rows, row_key, safe_text, same_json, summary, tool_sequence,
+                        wilson_interval, write_new_file, xml_text)
 from regression import program_name  # a printed command names the program as the user started it
 
 
@@ -273,10 +278,119 @@ def fisher_drop(passed_before, runs_before, passed_after, runs_after):
     It is the chance, with the total passes fixed, that the 'before' side holds at least
     as many passes as it did if both sides had the same underlying pass rate.
     """
+    return float(fisher_drop_exact(passed_before, runs_before, passed_after, runs_after))
+
+
+def fisher_drop_exact(passed_before, runs_before, passed_after, runs_after):
+    """fisher_drop as an exact fraction: a decision at p == alpha is never a rounding accident."""
     total, passes = runs_before + runs_after, passed_before + passed_after
     tail = sum(math.comb(passes, x) * math.comb(total - passes, runs_before - x)
                for x in range(passed_before, min(runs_before, passes) + 1))
-    return float(fractions.Fraction(tail, math.comb(total, runs_before)))
+    return fractions.Fraction(tail, math.comb(total, runs_before))
+
+
+# ====================================================================== statistics
+# Every (model, case) pair is its own test, so at alpha 0.05 a suite of 50 unchanged cases
+# would show a "significant drop" by chance in most runs. Holm-Bonferroni keeps the chance of
+# any false alarm in the whole family at alpha and rejects whatever Bonferroni rejects.
+
+CORRECTIONS = {"holm": "Holm-Bonferroni", "none": "no correction"}
+
+
+def holm(p_values):
+    """Holm-Bonferroni adjusted p-values, in input order: the k-th smallest of m times
+    (m - k + 1), never below the one before it, at most 1."""
+    order = sorted(range(len(p_values)), key=lambda n: p_values[n])
+    adjusted, running = list(p_values), 0
+    for rank, n in enumerate(order):
+        running = max(running, min(1, (len(p_values) - rank) * p_values[n]))
+        adjusted[n] = running
+    return adjusted
+
+
+def exact_alpha(alpha):
+    """alpha as the decimal the user wrote (0.05 is 1/20, not the float just above it)."""
+    return fractions.Fraction(repr(float(alpha)))
+
+
+def _counts(group):
+    return group["passed_before"], group["runs_before"], group["passed_after"], group["runs_after"]
+
+
+def decide(groups, alpha, correction):
+    """Set each group's adjusted p ("p_adjusted"); return the groups that dropped significantly.
+    Exact fractions decide: p = 0.05 at alpha 0.05 is a drop, as the test's level says."""
+    exact = [fisher_drop_exact(*_counts(g)) for g in groups]
+    adjusted = holm(exact) if correction == "holm" else exact
+    for group, value in zip(groups, adjusted):
+        group["p_adjusted"] = float(value)
+    limit = exact_alpha(alpha)
+    return [g for g, value in zip(groups, adjusted) if g["dropped"] and value <= limit]
+
+
+def model_rates(groups):
+    """Per model, in first-seen order: passes over every case and repeat on each side, and
+    pass^k (the cases whose every repeat passed) on each side."""
+    models = {}
+    for g in groups:
+        stats = models.setdefault(g["model"], dict.fromkeys(
+            ("passed_before", "runs_before", "passed_after", "runs_after", "cases", "all_before",
+             "all_after", "k"), 0))
+        stats["model"] = g["model"]
+        for field in ("passed_before", "runs_before", "passed_after", "runs_after"):
+            stats[field] += g[field]
+        stats["cases"] += 1
+        stats["all_before"] += g["passed_before"] == g["runs_before"]
+        stats["all_after"] += g["passed_after"] == g["runs_after"]
+        stats["k"] = max(stats["k"], g["runs_before"])
+    return list(models.values())
+
+
+def correction_words(result):
+    """Which correction a comparison's verdict used, in words, or "" without --alpha."""
+    if result.get("correction") is None:
+        return ""
+    pairs = _plural(len(result["groups"]), "model/case pair")
+    return (f"Holm-Bonferroni correction over {pairs}" if result["correction"] == "holm"
+            else f"uncorrected over {pairs}: --correction none")
+
+
+def _rates_text(before, runs_before, after, runs_after):
+    return f"{rate_text(before, runs_before)} -> {rate_text(after, runs_after)}"
+
+
+def _holm(result):
+    return result.get("correction") == "holm"
+
+
+def _p_text(group, result):
+    """The raw p of a pair, and its adjusted p when a correction decided the verdict."""
+    adjusted = f"  adjusted p={group['p_adjusted']:.4f}" if _holm(result) else ""
+    return f"p={group['p']:.4f}{adjusted}"
+
+
+def model_lines(result):
+    """The console's per-model block: rates with intervals and pass^k on both sides, aligned."""
+    return ["", "by model (passes over every case and repeat with Wilson 95% intervals; pass^k: "
+                "the cases whose every repeat passed):",
+            *aligned([["MODEL".ljust(13), safe_text(cells[0]), *filter(None, cells[1:])]
+                      for cells in model_cells(result)])]
+
+
+def low_repeats_note(result):
+    """With --alpha, when no drop can be significant at these repeats: say so and how to plan."""
+    repeats, alpha = result["repeats"], result["alpha"]
+    smallest = fractions.Fraction(1, math.comb(2 * repeats, repeats) if repeats else 1)
+    family = len(result["groups"]) if _holm(result) else 1
+    if smallest * family <= exact_alpha(alpha):
+        return []
+    first = f"{float(alpha) / family:.3g}"
+    plan = f"to plan repeats: python compare_runs.py --repeats-needed BEFORE AFTER --alpha {first}"
+    start = f"note: with {repeats} repeat(s) per side no drop can reach"
+    if family == 1:
+        return [f"{start} p <= {alpha} (the smallest possible p is {float(smallest):.4f}); {plan}"]
+    return [f"{start} adjusted p <= {alpha} over {family:,} pairs (the smallest possible p is "
+            f"{float(smallest):.4f}; Holm needs p <= {first} for the first); {plan}"]
 
 
 def _answer_diff(old, new):
@@ -306,10 +420,12 @@ def _failures(row, shared):
             for rule, reasons in row["verdicts"].items() for reason in reasons]
 
 
-def analyse(pairs, alpha=None):
+def analyse(pairs, alpha=None, correction="holm"):
     """The comparison of paired rows [(key, old, new)]: labels, per-check changes, pass rates and
     diffs. A reason two rules give is counted per rule where each failing row holds its verdicts
-    (see with_verdicts); a model/case pair with a row that does not is counted by reason."""
+    (see with_verdicts); a model/case pair with a row that does not is counted by reason. With
+    alpha, a (model, case) pair is a significant drop when its rate dropped and its p, adjusted
+    for the whole family of pairs (correction "holm", or "none"), is at most alpha."""
     rows, groups = [], {}
     for key, old, new in pairs:
         label = LABELS[(old["passed"], new["passed"])]
@@ -343,11 +459,13 @@ def analyse(pairs, alpha=None):
         group["no_call"] = caused if vanished(group["calls"]) else []  # reason[rule]: _failures
     groups = list(groups.values())
     new_failures = sum(row["label"] == "NEW_FAILURE" for row in rows)
-    significant = [g for g in groups if g["dropped"] and alpha is not None and g["p"] <= alpha]
+    correction = correction if alpha is not None else None
+    significant = decide(groups, alpha, correction) if alpha is not None else []
     exit_code = (1 if significant else 0) if alpha is not None else (1 if new_failures else 0)
     return {"rows": rows, "groups": groups, "new_failures": new_failures, "alpha": alpha,
             "significant": significant, "exit_code": exit_code, "regrade": None,
-            "repeats": max((g["runs_before"] for g in groups), default=0)}
+            "repeats": max((g["runs_before"] for g in groups), default=0),
+            "correction": correction, "models": model_rates(groups)}
 
 
 def changed(row):
@@ -381,11 +499,12 @@ def headline(result):
     rows = f"{_plural(result['new_failures'], 'row')} flipped to failing"
     if result["alpha"] is None:
         return f"NEW FAILURES (exit 1): {rows}" if result["exit_code"] else f"no new failure (exit 0): {rows}"
-    alpha = result["alpha"]
+    alpha, how = result["alpha"], correction_words(result)
+    level = f"{'adjusted ' if _holm(result) else ''}p <= {alpha}" + (f" ({how})" if how else "")
     if result["exit_code"]:
         return (f"SIGNIFICANT DROP (exit 1): {_plural(len(result['significant']), 'model/case pair')} dropped at "
-                f"p <= {alpha}; {rows}")
-    return f"no significant drop (exit 0): {rows}, none at p <= {alpha}"
+                f"{level}; {rows}")
+    return f"no significant drop (exit 0): {rows}, none at {level}"
 
 
 def _counts_text(counts):
@@ -477,11 +596,11 @@ def _flaky_text(group):
 def _rate_lines(result, all_rows):
     """The RATE lines (pass rates over repeats, Fisher's p, FLAKY), aligned; the rest counted."""
     rated = [g for g in result["groups"] if all_rows or group_changed(g)]
-    lines = ["", "pass rates over repeats (p: one-sided Fisher exact test that the rate dropped):"]
-    lines += aligned([[*_key_cells("RATE", (g["model"], g["case"])),
-                       f"{g['passed_before']}/{g['runs_before']} -> "
-                       f"{g['passed_after']}/{g['runs_after']}",
-                       f"p={g['p']:.4f}{_flaky_text(g)}"] for g in rated])
+    adjusted = f"; adjusted p: {correction_words(result)}" if result["correction"] == "holm" else ""
+    lines = ["", "pass rates over repeats with Wilson 95% intervals (p: one-sided Fisher exact "
+                 f"test that the rate dropped{adjusted}):"]
+    lines += aligned([[*_key_cells("RATE", (g["model"], g["case"])), _rates_text(*_counts(g)),
+                       f"{_p_text(g, result)}{_flaky_text(g)}"] for g in rated])
     if len(rated) < len(result["groups"]):
         lines.append(f"RATE unchanged: {len(result['groups']) - len(rated):,} model/case pair(s) "
                      "with the same pass count and no flakiness (--all lists them)")
@@ -505,6 +624,7 @@ def render(result, all_diffs=False, all_rows=True):
                   for label, count in unchanged_counts(result["rows"]).items()]
     lines += _check_lines(result)
     lines += [line for line in [by_reason_note(result)] if line]
+    lines += model_lines(result)
     if result["repeats"] > 1:
         lines += _rate_lines(result, all_rows)
     sequences = [row for row in result["rows"] if _tools_changed(row)]
@@ -522,10 +642,7 @@ def render(result, all_diffs=False, all_rows=True):
     lines.append("")
     lines.append(f"verdict: {headline(result)}")
     if result["alpha"] is not None:
-        smallest = 1 / math.comb(2 * result["repeats"], result["repeats"]) if result["repeats"] else 1
-        if smallest > result["alpha"]:
-            lines.append(f"note: with {result['repeats']} repeat(s) per side no drop can reach p <= {result['alpha']} "
-                         f"(the smallest possible p is {smallest:.4f}); add --repeats")
+        lines += low_repeats_note(result)
     return "\n".join(lines)
 
 
@@ -557,7 +674,7 @@ def _group_cautions(result, sides):
                          marked=any(g["no_call"] for g in result["groups"]))
 
 
-def compare_records(before, after, alpha=None, names=SIDES):
+def compare_records(before, after, alpha=None, names=SIDES, correction="holm"):
     """Check two records are comparable and analyse them; (cautions, result), the cautions and the
     set-up changes also in the result (render and the reports show them). ValueError otherwise;
     `names` (the files) are what its messages call the two records."""
@@ -565,26 +682,26 @@ def compare_records(before, after, alpha=None, names=SIDES):
     rows_before, rows_after = rows_of(before, names[0]), rows_of(after, names[1])
     config = before["config"]
     plan = plan_rows(config["models"], [case["id"] for case in config["cases"]], config["repeats"])
-    result = analyse([(key, rows_before[key], rows_after[key]) for key in plan], alpha)
+    result = analyse([(key, rows_before[key], rows_after[key]) for key in plan], alpha, correction)
     result["regrade"] = regrade
     result["setup"] = setup_changes(before, after)
     result["cautions"] = cautions(before, after) + _group_cautions(result, SIDES)
     return result["cautions"], result
 
 
-def compare(before, after, alpha=None, all_diffs=False, all_rows=True):
+def compare(before, after, alpha=None, all_diffs=False, all_rows=True, correction="holm"):
     """SPEC A9: print one line per row key (and what changed); 1 if any NEW_FAILURE, else 0.
 
     With alpha, the exit code follows pass-rate drops with p <= alpha instead. With
     all_rows=False only the changed rows get a line and the others are counted.
     Raises ValueError when the records are not comparable.
     """
-    result = compare_records(before, after, alpha)[1]
+    result = compare_records(before, after, alpha, correction=correction)[1]
     print(render(result, all_diffs, all_rows))
     return result["exit_code"]
 
 
-def model_swap(record, model_a, model_b, alpha=None, name="the run"):
+def model_swap(record, model_a, model_b, alpha=None, name="the run", correction="holm"):
     """Pair model A's rows (before) with model B's (after) in one run: is B a drop-in for A?
     The result's cautions say when one model made no tool call where the other did."""
     rows = rows_of(record, name)
@@ -595,7 +712,7 @@ def model_swap(record, model_a, model_b, alpha=None, name="the run"):
     label = f"{model_a} -> {model_b}"
     pairs = [((label, case["id"], repeat), rows[(model_a, case["id"], repeat)], rows[(model_b, case["id"], repeat)])
              for repeat in range(config["repeats"]) for case in config["cases"]]
-    result = analyse(pairs, alpha)
+    result = analyse(pairs, alpha, correction)
     result["cautions"] = _group_cautions(result, (model_a, model_b))
     return result
 
@@ -1017,12 +1134,12 @@ def markdown_comparison(result, title):
     if counts:
         lines += ["", f"Unchanged rows (not listed): {md_text(_counts_text(counts))}."]
     moved = [g for g in result["groups"] if group_changed(g)]
-    lines += ["", "### By model and case", ""]
+    by_model = md_table(MODEL_RATE_COLUMNS, [[*map(md_text, row)] for row in model_cells(result)])
+    lines += ["", "### By model", "", by_model, "", "### By model and case", ""]
     lines.append(md_table(
-        ["model", "case", "passes before -> after", "p (drop)", "occurred more often", "occurred less often"],
-        [[md_text(g["model"]), md_text(g["case"]),
-          f"{g['passed_before']}/{g['runs_before']} -> {g['passed_after']}/{g['runs_after']}"
-          + (" FLAKY" if g["flaky"] else ""), f"{g['p']:.4f}",
+        ["model", "case", PAIR_RATES_HEADER, p_header(result), "occurred more often",
+         "occurred less often"],
+        [[md_text(g["model"]), md_text(g["case"]), md_text(pair_rates_cell(g)), p_cell(g, result),
           md_text(_gain_cell(g, "regress")), md_text(_gain_cell(g, "gain"))]
          for g in moved]) if moved else "No model/case pair changed.")
     if len(moved) < len(result["groups"]):
@@ -1038,10 +1155,37 @@ def markdown_comparison(result, title):
     return "\n".join(lines) + "\n"
 
 
+MODEL_RATE_COLUMNS = ["model", "passes before -> after (Wilson 95% intervals)",
+                      "pass^k before -> after (cases whose every repeat passed)"]
+PAIR_RATES_HEADER = "passes before -> after (Wilson 95% intervals)"
+
+
+def model_cells(result):
+    """The per-model rows of the console and the reports as plain text cells."""
+    return [[m["model"], _rates_text(m["passed_before"], m["runs_before"], m["passed_after"],
+                                     m["runs_after"]),
+             f"pass^{m['k']} {m['all_before']}/{m['cases']} -> {m['all_after']}/{m['cases']}"
+             if m["k"] > 1 else ""]  # with one repeat pass^1 is the case pass rate again
+            for m in result["models"]]
+
+
+def pair_rates_cell(group):
+    return _rates_text(*_counts(group)) + (" FLAKY" if group["flaky"] else "")
+
+
+def p_header(result):
+    """The p column's name: which correction the adjusted value used, when one decided."""
+    return "p (drop); adjusted p (Holm-Bonferroni)" if _holm(result) else "p (drop)"
+
+
+def p_cell(group, result):
+    return f"{group['p']:.4f}" + (f"; adjusted {group['p_adjusted']:.4f}" if _holm(result) else "")
+
+
 def junit_comparison(result, title):
     """JUnit XML: one testcase per row key with a stable name (the label is in the outcome,
     never in the name); a model's dots are escaped so viewers do not split it into packages."""
-    suites = {}
+    suites, groups = {}, {(g["model"], g["case"]): g for g in result["groups"]}
     significant = {(g["model"], g["case"]) for g in result["significant"]}
     for row in result["rows"]:
         model, case_id, repeat = row["key"]
@@ -1052,8 +1196,20 @@ def junit_comparison(result, title):
             case["failure"] = (f"{row['label']}: {json.dumps(row['after'])}",
                                f"{LABEL_WORDS[row['label']]}\nbefore: {json.dumps(row['before'])}\n"
                                f"after: {json.dumps(row['after'])}\n{row['diff'] or ''}")
+            if result["alpha"] is not None:  # the pair's test decided: say which, and its numbers
+                why = pair_verdict(groups[(model, case_id)], result)
+                case["failure"] = (case["failure"][0], f"{why}\n{case['failure'][1]}")
         suites.setdefault(model, []).append(case)
-    return junit_xml(title, list(suites.items()), system_out=notes_text(result))
+    alpha = result["alpha"]
+    how = "" if alpha is None else f" ({correction_words(result)}, alpha {alpha})"
+    return junit_xml(title + how, list(suites.items()), system_out=notes_text(result))
+
+
+def pair_verdict(group, result):
+    """Why a pair failed the --alpha gate, in one line for a JUnit failure."""
+    return (f"pass rate {pair_rates_cell(group)}: p={group['p']:.4f}"
+            + (f", adjusted p={group['p_adjusted']:.4f}" if result["correction"] == "holm" else "")
+            + f" <= alpha {result['alpha']} ({correction_words(result)})")
 
 
 def html_comparison(result, title):
@@ -1067,13 +1223,13 @@ def html_comparison(result, title):
     if result.get("regrade") is not None:
         body.append("<p>REGRADE: the same stored responses graded with changed checks; cases whose checks "
                     f"changed: {xml_text(', '.join(result['regrade']) or 'none')}</p>")
-    body += ["<h2>By model and case</h2>",
-             html_table(["model", "case", "passes before -> after", "p (drop)", "occurred more often (REGRESS)",
-                         "occurred less often (GAIN)"],
+    by_model = html_table(MODEL_RATE_COLUMNS, [[*map(xml_text, r)] for r in model_cells(result)])
+    body += ["<h2>By model</h2>", by_model, "<h2>By model and case</h2>",
+             html_table(["model", "case", PAIR_RATES_HEADER, p_header(result),
+                         "occurred more often (REGRESS)", "occurred less often (GAIN)"],
                         [[xml_text(g["model"]), xml_text(g["case"]),
-                          (f"{g['passed_before']}/{g['runs_before']} -> {g['passed_after']}/{g['runs_after']}"
-                           + (" FLAKY" if g["flaky"] else ""), "flaky" if g["flaky"] else
-                           "fail" if g["dropped"] else ""), f"{g['p']:.4f}",
+                          (xml_text(pair_rates_cell(g)), "flaky" if g["flaky"] else
+                           "fail" if g["dropped"] else ""), p_cell(g, result),
                           xml_text(_gain_cell(g, "regress")), xml_text(_gain_cell(g, "gain"))]
                          for g in moved]) if moved else "<p>No model/case pair changed.</p>"]
     if len(moved) < len(result["groups"]):
@@ -1105,6 +1261,367 @@ def html_comparison(result, title):
 
 
 COMPARISON_REPORTS = {"markdown": markdown_comparison, "junit": junit_comparison, "html": html_comparison}
+
+
+# ====================================================================== repeats planner
+# How many repeats per side the one-sided Fisher exact test needs to see a drop from rate
+# BEFORE to rate AFTER with a given power: both binomials are enumerated (terms below TINY
+# skipped), and each outcome is decided exactly as compare decides it.
+
+PLAN_LIMIT = 1000  # repeats per side searched (a record holds at most RUNNER_REPEATS)
+RUNNER_REPEATS = RANGES["repeats"][1]
+TINY = 1e-15  # binomial terms below this cannot move a power shown to 4 decimals
+
+
+def binomial_terms(n, rate):
+    """{k: P(K = k)} of K ~ Binomial(n, rate) without the terms below TINY, from the mode out."""
+    if rate <= 0 or rate >= 1:
+        return {0 if rate <= 0 else n: 1.0}
+    mode, ratio = min(n, int((n + 1) * rate)), rate / (1 - rate)
+    first = math.exp(_log_comb(n, mode) + mode * math.log(rate) + (n - mode) * math.log1p(-rate))
+    terms, term, k = {mode: first}, first, mode
+    while k < n and term >= TINY:
+        term, k = term * (n - k) / (k + 1) * ratio, k + 1
+        terms[k] = term
+    term, k = first, mode
+    while k > 0 and term >= TINY:
+        term, k = term * k / ((n - k + 1) * ratio), k - 1
+        terms[k] = term
+    return {k: value for k, value in sorted(terms.items()) if value >= TINY}
+
+
+def _log_comb(n, k):
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
+@functools.lru_cache(maxsize=200_000)
+def rejects(x, y, n, alpha):
+    """Whether compare calls x/n passes before and y/n after a significant drop at alpha: the
+    hypergeometric tail in floats, and exactly (fisher_drop_exact) when it lies near alpha."""
+    if y >= x:
+        return False  # not a drop: compare never flags it, whatever p says
+    s, tail, low, high = x + y, 0.0, alpha * (1 - 1e-9), alpha * (1 + 1e-9)
+    term = math.exp(_log_comb(s, x) + _log_comb(2 * n - s, n - x) - _log_comb(2 * n, n))
+    for k in range(x, min(n, s) + 1):
+        tail += term
+        ratio = (s - k) * (n - k) / ((k + 1) * (n - s + k + 1))
+        if tail > high:
+            return False
+        # past the mode the ratios only fall (log-concave): the rest is below a geometric series
+        if ratio < 1 and tail + term * ratio / (1 - ratio) < low:
+            return True
+        term *= ratio
+    if abs(tail - alpha) > alpha * 1e-9:
+        return tail < alpha
+    return fisher_drop_exact(x, n, y, n) <= exact_alpha(alpha)
+
+
+def power(n, before, after, alpha):
+    """The chance that n repeats per side at true rates BEFORE and AFTER show a significant drop."""
+    side_a, side_b = binomial_terms(n, before), binomial_terms(n, after)
+    low, high = min(side_b), max(side_b)
+    below, running = {low - 1: 0.0}, 0.0  # P(Y <= y) over the kept terms
+    for y in range(low, high + 1):
+        running += side_b.get(y, 0.0)
+        below[y] = running
+    total, last = 0.0, low - 1  # the largest y still rejected only grows with x
+    for x, chance in side_a.items():
+        while last < high and rejects(x, last + 1, n, alpha):
+            last += 1
+        total += chance * below[last]
+    return min(total, 1.0)
+
+
+def repeats_needed(before, after, alpha, goal, limit=PLAN_LIMIT):
+    """(n, power at n): the smallest repeats per side reaching the goal power, or (None, None)."""
+    for n in range(1, limit + 1):
+        if fractions.Fraction(1, math.comb(2 * n, n)) > exact_alpha(alpha):
+            continue  # even n passes before and none after cannot reach alpha
+        found = power(n, before, after, alpha)
+        if found >= goal:
+            return n, found
+    return None, None
+
+
+def smallest_drop(n, before, alpha, goal):
+    """The highest AFTER rate (2 decimals, rounded down) whose drop from BEFORE n repeats per
+    side detect with the goal power, or None when even a drop to 0 is missed."""
+    if power(n, before, 0.0, alpha) < goal:
+        return None
+    low, high = 0.0, before  # power(low) >= goal; power only falls as AFTER rises
+    for _ in range(24):
+        middle = (low + high) / 2
+        low, high = (middle, high) if power(n, before, middle, alpha) >= goal else (low, middle)
+    return math.floor(low * 100 + 1e-9) / 100
+
+
+def planner_text(before, after, alpha, goal, repeats):
+    """The --repeats-needed answer: repeats for this drop, and what REPEATS per side can see."""
+    drop = f"to detect a drop from {before:g} to {after:g} with power {goal:g}"
+    test = f"one-sided Fisher exact test at alpha {alpha}, per model/case pair"
+    n, found = repeats_needed(before, after, alpha, goal)
+    lines = [f"repeats needed: more than {PLAN_LIMIT:,} per side {drop} ({test})" if n is None else
+             f"repeats needed: {n} per side {drop} ({test}); power at {n}: {found:.4f}"]
+    if n is None or n > RUNNER_REPEATS:
+        lines.append(f"note: a record holds at most {RUNNER_REPEATS} repeats; plan for a larger "
+                     "drop or a lower power")
+    at = smallest_drop(repeats, before, alpha, goal)
+    seen = (f"a drop from {before:g} to {at:.2f} or lower is detected with power {goal:g}"
+            if at is not None else f"no drop from {before:g} is detected with power {goal:g}, "
+                                   "not even to 0")
+    lines.append(f"with {repeats} repeats per side (--repeats N to change): power "
+                 f"{power(repeats, before, after, alpha):.4f} for this drop; {seen}")
+    lines.append("note: compare tests every model/case pair and corrects for the family "
+                 "(Holm-Bonferroni); to plan for M pairs, give --alpha ALPHA/M")
+    return "\n".join(lines)
+
+
+# ====================================================================== trend
+# A pass rate across any number of comparable records, in the order given. Every later run is
+# tested against the first (the reference: a slow drift is never lost between neighbours), and
+# all those tests (runs x models, and x cases with --per-case) are corrected as one family.
+
+def _record_counts(record):
+    """{"models": {model: counts}, "pairs": {(model, case): counts}} of a complete record."""
+    rows, config = index(record), record["config"]
+    models, pairs, repeats = {}, {}, config["repeats"]
+    for model in config["models"]:
+        stats = models[model] = {"passed": 0, "runs": 0, "all": 0, "cases": 0, "k": repeats}
+        for case in config["cases"]:
+            passed = sum(rows[(model, case["id"], repeat)]["passed"] for repeat in range(repeats))
+            pairs[(model, case["id"])] = {"passed": passed, "runs": repeats}
+            stats["passed"], stats["runs"] = stats["passed"] + passed, stats["runs"] + repeats
+            stats["cases"], stats["all"] = stats["cases"] + 1, stats["all"] + (passed == repeats)
+    return {"models": models, "pairs": pairs}
+
+
+def _trend_record(path, seen):
+    """(record, counts) of one file of a trend; ValueError names the file."""
+    try:
+        record = load_record(path)
+        status = os.stat(path)
+        twin = seen.get((status.st_dev, status.st_ino))
+        _require(twin is None, f"it is the same file as {twin}, so a run would count twice")
+        seen[(status.st_dev, status.st_ino)] = path
+        return record, _record_counts(record)
+    except (ValueError, RecordError, OSError) as exc:
+        raise ValueError(f"{path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def trend_points(paths):
+    """(notes, [(path, counts)]) of records comparable with the first; ValueError names the file."""
+    notes, points, first, seen = [], [], None, {}
+    for path in paths:
+        record, counts = _trend_record(path, seen)
+        if first is not None:
+            try:
+                regrade = _comparable(first, record, (paths[0], path))
+            except ValueError as exc:
+                raise ValueError(f"{path}: {exc} (against {paths[0]}, the reference)") from None
+            notes += [line.replace("CAUTION ", f"CAUTION {path}: ", 1)
+                      for line in cautions(first, record)]
+            notes += [f"REGRADE {path}: cases whose checks changed: {', '.join(regrade) or 'none'}"
+                      ] if regrade else []
+        first = record if first is None else first
+        points.append((path, counts))
+    return [safe_text(note) for note in notes], points
+
+
+def _series(points, model, case_id):
+    """One series of a trend: each run's counts and interval; later runs hold their exact p."""
+    runs = [counts["models"][model] if case_id is None else counts["pairs"][(model, case_id)]
+            for _, counts in points]
+    line = {"model": model, "case": case_id, "points": []}
+    for position, now in enumerate(runs):
+        point = {**now, "interval": wilson_interval(now["passed"], now["runs"])}
+        point["significant"], ref = False, runs[0]
+        if position:
+            point["dropped"] = now["passed"] * ref["runs"] < ref["passed"] * now["runs"]
+            point["exact"] = fisher_drop_exact(ref["passed"], ref["runs"], now["passed"],
+                                               now["runs"])
+        line["points"].append(point)
+    return line
+
+
+def analyse_trend(points, alpha, correction="holm", per_case=False):
+    """Per series (a model, or a model and case): each run's rate, and its test against run 1."""
+    keys = [(model, None) for model in points[0][1]["models"]]
+    keys += list(points[0][1]["pairs"]) if per_case else []
+    series = [_series(points, *key) for key in keys]
+    tested = [point for line in series for point in line["points"][1:]]
+    exact = [point.pop("exact") for point in tested]
+    adjusted = holm(exact) if correction == "holm" else exact
+    for point, p, value in zip(tested, exact, adjusted):
+        point.update(p=float(p), p_adjusted=float(value),
+                     significant=point["dropped"] and value <= exact_alpha(alpha))
+    for line in series:
+        line["first"] = next((n for n, point in enumerate(line["points"])
+                              if point["significant"]), None)
+    flagged = [line for line in series if line["first"] is not None]
+    return {"paths": [path for path, _ in points], "series": series, "alpha": alpha,
+            "correction": correction, "tests": len(tested), "flagged": flagged,
+            "exit_code": 1 if flagged else 0}
+
+
+def _series_name(line):
+    return line["model"] if line["case"] is None else f"{line['model']}  {line['case']}"
+
+
+def trend_headline(result):
+    """The trend's verdict in words: the first significant run of each series, and the test used."""
+    tests = _plural(result["tests"], "test")
+    how = (f"adjusted p <= {result['alpha']} (Holm-Bonferroni correction over {tests})"
+           if result["correction"] == "holm" else
+           f"p <= {result['alpha']} (uncorrected over {tests}: --correction none)")
+    if not result["flagged"]:
+        return f"no significant drop (exit 0): no run dropped against run 1 at {how}"
+    firsts = "; ".join(f"{_series_name(line)} first at run {line['first'] + 1} "
+                       f"({result['paths'][line['first']]})" for line in result["flagged"])
+    return f"SIGNIFICANT DROP (exit 1) against run 1 at {how}: {firsts}"
+
+
+def _point_parts(line, position, result):
+    """One run of a series: (its rate; pass^k for a model, else ""; its test against run 1)."""
+    point = line["points"][position]
+    rate = rate_text(point["passed"], point["runs"])
+    pass_k = f"pass^{point['k']} {point['all']}/{point['cases']}" if line["case"] is None else ""
+    if not position:
+        return rate, pass_k, "(reference)"
+    test = _p_text(point, result)
+    flag = "  SIGNIFICANT DROP" + (" (first)" if position == line["first"] else "")
+    return rate, pass_k, test + (flag if point["significant"] else "")
+
+
+def render_trend(result):
+    """The console text of a trend: the runs, each series run by run, the verdict."""
+    words = correction_words({"correction": result["correction"], "groups": range(result["tests"])})
+    words = words.replace("model/case pair", "test")
+    lines = [f"TREND: {len(result['paths'])} records; every run is tested against run 1 (one-sided "
+             f"Fisher exact test that the rate dropped; {words}); alpha {result['alpha']}"]
+    lines += [safe_text(f"run {n}  {path}") for n, path in enumerate(result["paths"], 1)]
+    for line in result["series"]:
+        lines += [safe_text(f"TREND          {_series_name(line)}  run {n + 1}  "
+                            + "  ".join(part for part in _point_parts(line, n, result) if part))
+                  for n in range(len(line["points"]))]
+    return "\n".join(lines + ["", f"verdict: {safe_text(trend_headline(result))}"])
+
+
+TREND_COLUMNS = ["model", "case", "run", "record", "pass rate (Wilson 95% interval)", "pass^k",
+                 "test against run 1"]
+
+
+def _trend_cells(result):
+    """The trend's table as plain text cells, one row per series and run."""
+    return [[line["model"], line["case"] or "(all cases)", str(n + 1), result["paths"][n],
+             *_point_parts(line, n, result)]
+            for line in result["series"] for n in range(len(line["points"]))]
+
+
+def markdown_trend(result, title):
+    """Markdown of a trend: the verdict and one table row per series and run."""
+    table = md_table(TREND_COLUMNS, [list(map(md_text, row)) for row in _trend_cells(result)])
+    return "\n".join([f"## {md_text(title)}", "", f"**{md_text(trend_headline(result))}**", "",
+                      table]) + "\n"
+
+
+# no red among the lines: a red ring marks a significant drop
+CHART_COLOURS = ("#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2",
+                 "#7f7f7f")
+CHART = dict(width=720, height=260, left=48, top=16, plot_w=650, plot_h=200)
+
+
+def _chart_frame(count):
+    """The chart's grid, its rate labels (0 to 1) and its run numbers (at most about 15)."""
+    left, top, plot_w, plot_h = CHART["left"], CHART["top"], CHART["plot_w"], CHART["plot_h"]
+    step, every = plot_w / max(1, count - 1), max(1, math.ceil(count / 15))
+    parts = [f'<line x1="{left}" x2="{left + plot_w}" y1="{_y(rate)}" y2="{_y(rate)}" '
+             f'stroke="#ddd"/><text x="{left - 6}" y="{_y(rate)}" font-size="11" '
+             f'text-anchor="end">{rate:.2f}</text>' for rate in (0, 0.25, 0.5, 0.75, 1)]
+    return parts + [f'<text x="{left + n * step:.1f}" y="{top + plot_h + 16}" font-size="11" '
+                    f'text-anchor="middle">{n + 1}</text>' for n in range(0, count, every)]
+
+
+def _x(n, count):
+    return f"{CHART['left'] + n * CHART['plot_w'] / max(1, count - 1):.1f}"
+
+
+def _y(rate):
+    return f"{CHART['top'] + (1 - rate) * CHART['plot_h']:.1f}"
+
+
+def _chart_line(line, name, colour, paths):
+    """One series: its polyline, and per run an interval whisker, a dot, a ring if significant."""
+    count, parts = len(paths), []
+    spots = [(_x(n, count), _y(p["passed"] / p["runs"])) for n, p in enumerate(line["points"])]
+    parts.append(f'<polyline points="{" ".join(f"{x},{y}" for x, y in spots)}" fill="none" '
+                 f'stroke="{colour}" stroke-width="2"/>')
+    for n, (point, (x, y)) in enumerate(zip(line["points"], spots)):
+        low, high = point["interval"]
+        rate = rate_text(point["passed"], point["runs"])
+        tip = xml_text(f"{name}, run {n + 1} ({paths[n]}): {rate}")
+        parts.append(f'<line x1="{x}" x2="{x}" y1="{_y(low)}" y2="{_y(high)}" stroke="{colour}" '
+                     f'stroke-opacity="0.5"/><circle cx="{x}" cy="{y}" r="3" fill="{colour}">'
+                     f'<title>{tip}</title></circle>')
+        if point["significant"]:
+            parts.append(f'<circle cx="{x}" cy="{y}" r="8" fill="none" stroke="#d62728" '
+                         f'stroke-width="2"><title>significant drop: {tip}</title></circle>')
+    return parts
+
+
+def trend_svg(lines, paths, heading, label=_series_name):
+    """An inline SVG line chart of pass rates (0..1) by run, with interval whiskers and a ring
+    on each significant drop. Record text (names, paths) appears only as escaped text nodes,
+    never in an attribute; nothing is fetched or run."""
+    height, left = CHART["height"], CHART["left"]
+    parts = [f'<svg width="{CHART["width"]}" height="{height + 18 * len(lines)}" role="img" '
+             f'aria-label="pass rate by run"><title>{xml_text(heading)}</title>',
+             *_chart_frame(len(paths))]
+    for number, line in enumerate(lines):
+        colour, name = CHART_COLOURS[number % len(CHART_COLOURS)], label(line)
+        y = height + 18 * number
+        parts += _chart_line(line, name, colour, paths)
+        parts.append(f'<rect x="{left}" y="{y + 4}" width="12" height="12" fill="{colour}"/>'
+                     f'<text x="{left + 18}" y="{y + 15}" font-size="12">{xml_text(name)}</text>')
+    return "".join(parts + ["</svg>"])
+
+
+def html_trend(result, title):
+    """One page: the verdict, a chart of the models (and of each model's cases), the table."""
+    body = [f"<h1>{xml_text(title)}</h1>", f"<p><b>{xml_text(trend_headline(result))}</b></p>",
+            "<p>Pass rate by run (x: run number, y: pass rate) with Wilson 95% intervals; a red "
+            "ring marks a run whose drop against run 1 is significant.</p>"]
+    models = [line for line in result["series"] if line["case"] is None]
+    body += ["<h2>By model</h2>", trend_svg(models, result["paths"], "pass rate by run, per model")]
+    for model in [line["model"] for line in models]:
+        cases = [line for line in result["series"]
+                 if line["case"] is not None and line["model"] == model]
+        if cases:
+            body += [f"<h2>Cases of {xml_text(model)}</h2>",
+                     trend_svg(cases, result["paths"], f"pass rate by run, cases of {model}",
+                               lambda line: line["case"])]
+    body += ["<h2>Runs</h2>", html_table(TREND_COLUMNS, [
+        [xml_text(cell) if n < 6 else (xml_text(cell), "fail" if "SIGNIFICANT" in cell else "")
+         for n, cell in enumerate(row)] for row in _trend_cells(result)])]
+    return html_page(title, "\n".join(body))
+
+
+TREND_REPORTS = {"markdown": markdown_trend, "html": html_trend}
+
+
+def trend(args, targets):
+    """--trend: print the trend of the records, write its reports; 1 when a drop is significant."""
+    notes, points = trend_points(args.trend)
+    alpha = args.alpha if args.alpha is not None else 0.05
+    result = analyse_trend(points, alpha, args.correction, args.per_case)
+    print("\n".join(notes + [render_trend(result)]))
+    title = f"trend of {len(points)} records: {args.trend[0]} ... {args.trend[-1]}"
+    try:
+        for kind, path in targets.items():
+            write_new_file(path, TREND_REPORTS[kind](result, title))
+    except RecordError as exc:
+        print(f"compare_runs.py: error: {safe_text(exc)}", file=sys.stderr)
+        return 2
+    return result["exit_code"]
 
 
 # ====================================================================== offline demo
@@ -1200,7 +1717,7 @@ def _alpha(text):
 
 def parse_args(argv):
     """The command line checked: (args, {report kind: new file}); a usage error exits 2."""
-    parser = argparse.ArgumentParser(prog="compare_runs.py", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="compare_runs.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("records", nargs="*", metavar="RECORD", help="BEFORE and AFTER (or one RUN with --models)")
     parser.add_argument("--demo", metavar="NEW_DIR", help="write two synthetic records into NEW_DIR and compare them")
     parser.add_argument("--models", nargs=2, metavar=("A", "B"), help="within one RUN: is model B a drop-in for A?")
@@ -1213,13 +1730,16 @@ def parse_args(argv):
     parser.add_argument("--markdown", metavar="FILE", help="write a Markdown report (new file)")
     parser.add_argument("--junit", metavar="FILE", help="write a JUnit XML report (new file)")
     parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (new file)")
+    add_statistics_flags(parser)
     args = parser.parse_args(argv)
+    statistics_usage(parser, args)
     if args.demo is not None and (args.records or args.models or args.matrix):
         parser.error("give BEFORE AFTER, --models A B RUN, or --demo NEW_DIR: one of them")
     if args.matrix and (args.alpha is not None or args.all_diffs or args.markdown or args.junit or args.html):
         parser.error("--matrix prints its table only; drop --alpha, --all-diffs and the report flags")
     wanted = 1 if args.models else 2
-    if args.demo is None and len(args.records) != wanted:
+    other_mode = args.demo is not None or args.trend or args.repeats_needed
+    if not other_mode and len(args.records) != wanted:
         parser.error("give two record files, BEFORE and AFTER" if wanted == 2 else "--models A B takes one RUN record")
     for kind in COMPARISON_REPORTS:  # `--html "$UNSET"` must not read as no --html: the report would be skipped
         if getattr(args, kind) == "":
@@ -1243,17 +1763,24 @@ def main(argv=None):
     args, targets = parse_args(argv)
     if args.demo is not None:
         return run_demo(args.demo, args.all_rows)
+    if args.repeats_needed:
+        print(planner_text(*args.repeats_needed, args.alpha or 0.05, args.power, args.repeats))
+        return 0
     try:
+        if args.trend:
+            return trend(args, targets)
         records = [load_record(path) for path in args.records]
         _not_one_file(args.records)
         if args.matrix:
             return matrix(args, records)
         if args.models:
-            result = model_swap(records[0], *args.models, alpha=args.alpha, name=args.records[0])
+            result = model_swap(records[0], *args.models, alpha=args.alpha, name=args.records[0],
+                                correction=args.correction)
             title = f"model swap in {args.records[0]}: is {args.models[1]} a drop-in for {args.models[0]}?"
             print(safe_text(f"MODEL SWAP: {args.models[0]} (before) -> {args.models[1]} (after), same run, same cases"))
         else:
-            result = compare_records(*records, alpha=args.alpha, names=args.records)[1]
+            result = compare_records(*records, alpha=args.alpha, names=args.records,
+                                     correction=args.correction)[1]
             title = f"comparison: {args.records[0]} -> {args.records[1]}"
         print(render(result, args.all_diffs, args.all_rows))
     except (ValueError, RecordError) as exc:
@@ -1266,6 +1793,88 @@ def main(argv=None):
         print(f"compare_runs.py: error: {safe_text(exc)}", file=sys.stderr)
         return 2
     return result["exit_code"]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage error is one line and exit 2 (the usage is in --help)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {safe_text(message)}; see --help\n")
+
+
+def _rate(text):
+    """A pass rate for --repeats-needed: 0..1, or a percentage such as 95%."""
+    value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    if not 0 <= value <= 1:  # also refuses nan
+        raise ValueError(text)
+    return value
+
+
+def _share(text):
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError("power must be between 0 and 1")
+    return value
+
+
+def _planner_repeats(text):
+    value = int(text)
+    if not 1 <= value <= PLAN_LIMIT:
+        raise argparse.ArgumentTypeError(f"repeats must be a whole number from 1 to {PLAN_LIMIT}")
+    return value
+
+
+def add_statistics_flags(parser):
+    """The flags of the correction, the repeats planner and the trend."""
+    parser.add_argument("--correction", choices=tuple(CORRECTIONS),
+                        help="with --alpha (and --trend): correct the p of many pairs for the "
+                             "family; holm (Holm-Bonferroni, the default) or none")
+    parser.add_argument("--repeats-needed", nargs=2, metavar=("BEFORE", "AFTER"),
+                        help="print the repeats per side that detect a drop from rate BEFORE to "
+                             "AFTER (0..1 or N%%)")
+    parser.add_argument("--power", type=_share,
+                        help="with --repeats-needed: the power wanted (default 0.8)")
+    parser.add_argument("--repeats", type=_planner_repeats, metavar="N",
+                        help="with --repeats-needed: the repeats per side you have (default 10)")
+    parser.add_argument("--trend", nargs="+", metavar="RUN",
+                        help="pass rates across comparable records in this order, each run "
+                             "tested against the first")
+    parser.add_argument("--per-case", action="store_true",
+                        help="with --trend: every (model, case) too")
+
+
+def statistics_usage(parser, args):
+    """Usage errors of the statistics flags (exit 2 through argparse); resolves their defaults."""
+    kinds = ("records", "demo", "models", "matrix", "markdown", "junit", "html", "trend",
+             "all_rows", "all_diffs", "correction")
+    given = [kind for kind in kinds if getattr(args, kind)]
+    if args.repeats_needed:
+        if given:
+            parser.error("--repeats-needed BEFORE AFTER takes --alpha, --power and --repeats only")
+        for text in args.repeats_needed:
+            try:
+                _rate(text)
+            except ValueError:
+                parser.error(f"--repeats-needed: {text!r} is not a pass rate from 0 to 1 "
+                             "(or 0% to 100%)")
+        args.repeats_needed = [_rate(text) for text in args.repeats_needed]
+        if args.repeats_needed[0] <= args.repeats_needed[1]:
+            parser.error("--repeats-needed BEFORE AFTER: BEFORE must be higher than AFTER "
+                         "(it plans for a drop)")
+        args.repeats, args.power = args.repeats or 10, args.power or 0.8
+    elif args.repeats is not None or args.power is not None:
+        parser.error("--power and --repeats go with --repeats-needed BEFORE AFTER")
+    if args.trend and {"records", "demo", "models", "matrix", "junit", "all_diffs"} & set(given):
+        parser.error("--trend RUN RUN ... takes --alpha, --correction, --per-case, --markdown "
+                     "and --html only")
+    if args.trend and len(args.trend) < 2:
+        parser.error("--trend needs at least two records (the first is the reference)")
+    if args.per_case and not args.trend:
+        parser.error("--per-case goes with --trend")
+    if args.correction and args.alpha is None and not args.trend:
+        parser.error("--correction applies to --alpha (or --trend): without --alpha every new "
+                     "failure counts")
+    args.correction = args.correction or "holm"
 
 
 def matrix(args, records):

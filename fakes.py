@@ -552,6 +552,56 @@ def tool_call_in_content(name, arguments, form="hermes"):
     return chat(lambda body: chat_response(content))
 
 
+def needs_parameters(answer):
+    """llama-cpp-python's server: a function tool sent without `parameters` fails its request
+    model, answered HTTP 500 "Field required" on every request; otherwise `answer(body)` answers."""
+    def reply(request):
+        body = request.json or {}
+        for n, tool in enumerate(body.get("tools") or []):
+            if not isinstance((tool.get("function") or {}).get("parameters"), dict):
+                said = ("1 validation error for ChatCompletionRequest"
+                        f"\ntools.{n}.function.parameters")
+                return Reply(500, {"error": {"message": said + "\n  Field required",
+                                             "type": "internal_server_error"}})
+        return chat(answer)(request)
+    return reply
+
+
+# What Qwen2.5-Coder-1.5B-Instruct (Q4_K_M) answered behind llama.cpp's llama-server (no --jinja)
+# to suites/agent-tools.json and agent-trajectories.json: its calls written as text in the chat
+# template's doubled braces, an invented order id among them. llama_server_text serves them with
+# the system_fingerprint and timings that server adds.
+QWEN_TEXT_CALLS = {
+    "cancel-invented-id": '{{"name": "cancel_order", "arguments": {"order_id": "12345"}}}',
+    "lookup": '{{"name": "lookup_order", "arguments": {"order_id": "ord_21"}}}',
+    "refund-before-lookup": '{{"name": "refund_order", "arguments": {"order_id": "ord_1001"}}}',
+}
+
+
+def llama_server_text(content, fingerprint="b0-unknown"):
+    """A reply function: llama-server's chat completion of `content` (a str, or body -> str)."""
+    def answer(body):
+        said = content(body) if callable(content) else content
+        reply = chat_response(said, model=body.get("model", "qwen"))
+        reply["system_fingerprint"] = fingerprint
+        reply["timings"] = {"prompt_n": 270, "predicted_n": 24, "predicted_per_second": 15.2}
+        return reply
+    return chat(answer)
+
+
+def runaway_calls(count, name="lookup_order", argument_bytes=8):
+    """A model that asks for `count` parallel calls in every turn (each argument `argument_bytes`
+    long), never answering: under the response cap, yet each round would be answered and re-sent."""
+    def answer(body):
+        turn = sum(message.get("role") == "assistant" for message in body.get("messages") or [])
+        calls = [(name, {"order_id": f"ord_{n}".ljust(argument_bytes, "x")}) for n in range(count)]
+        reply = chat_response("", tool_calls=calls)
+        for n, call in enumerate(reply["choices"][0]["message"]["tool_calls"]):
+            call["id"] = f"call_{turn}_{n}"
+        return reply
+    return chat(answer)
+
+
 def refusal(words):
     """A refusal, as each live API gives it: chat completions (OpenAI) put it in message.refusal
     beside a null content; the Agent API gives a message item with a refusal content part."""
@@ -577,8 +627,9 @@ def redirect(location, status=302):
 # ---------------------------------------------------------------------- scripted agents
 # A scripted model reads the conversation so far (the user's words, then every call it made
 # with the result it got back) and answers with its next tool call or a final text, on
-# either API. A policy is policy(user_text, history) -> ("call", name, arguments) or
-# ("text", content); history is [(name, arguments, result), ...] in order.
+# either API. A policy is policy(user_text, history) -> ("call", name, arguments), ("calls",
+# [(name, arguments), ...]) for several in one turn, or ("text", content); history is
+# [(name, arguments, result), ...] in order.
 
 class ConversationError(Exception):
     """A request a real server would refuse; the fake answers it with `status`."""
@@ -648,7 +699,7 @@ def agent_conversation(body):
 def _scripted(policies, on_route, conversation, call_reply, text_reply):
     """A reply function that plays `policies` on one API: the request's model picks the policy,
     `conversation(body)` reads (user, history), and the policy's next step is answered by
-    call_reply(body, history, name, arguments) or text_reply(body, text)."""
+    call_reply(body, history, [(name, arguments), ...]) or text_reply(body, text)."""
     def reply(request):
         if not on_route(request.path.split("?")[0]):
             return Reply(404, {"error": {"message": f"no route {request.path}"}})
@@ -661,16 +712,18 @@ def _scripted(policies, on_route, conversation, call_reply, text_reply):
         except ConversationError as exc:
             return Reply(exc.status, {"error": {"message": str(exc)}})
         kind, *what = policy(user, history)
-        return Reply(body=call_reply(body, history, *what) if kind == "call" else text_reply(body, what[0]))
+        if kind == "text":
+            return Reply(body=text_reply(body, what[0]))
+        return Reply(body=call_reply(body, history, [tuple(what)] if kind == "call" else what[0]))
     return reply
 
 
 def scripted_chat(policies, cost=None):
     """A /chat/completions reply function: the request's model picks a policy from `policies`."""
-    def call_reply(body, history, name, arguments):
-        reply = chat_response("", tool_calls=[(name, arguments)], model=body["model"], cost=cost)
-        for call in reply["choices"][0]["message"]["tool_calls"]:
-            call["id"] = f"call_{len(history) + 1}"  # unique over the conversation
+    def call_reply(body, history, calls):
+        reply = chat_response("", tool_calls=calls, model=body["model"], cost=cost)
+        for n, call in enumerate(reply["choices"][0]["message"]["tool_calls"], 1):
+            call["id"] = f"call_{len(history) + n}"  # unique over the conversation
         return reply
 
     return _scripted(policies, lambda path: path.endswith("/chat/completions"), chat_conversation, call_reply,
@@ -679,11 +732,11 @@ def scripted_chat(policies, cost=None):
 
 def scripted_agent(policies, cost=0.0001):
     """A /v1/responses reply function: the request's model picks a policy from `policies`."""
-    def call_reply(body, history, name, arguments):
-        response = agent_response(None, function_calls=[(name, arguments)], status="requires_action",
-                                  cost=cost, model=body["model"])
-        for item in response["output"]:
-            item["call_id"] = f"call_{len(history) + 1}"
+    def call_reply(body, history, calls):
+        response = agent_response(None, function_calls=calls, status="requires_action", cost=cost,
+                                  model=body["model"])
+        for n, item in enumerate(response["output"], 1):
+            item["call_id"] = f"call_{len(history) + n}"
         return response
 
     return _scripted(policies, lambda path: path == "/v1/responses", agent_conversation, call_reply,
@@ -756,6 +809,34 @@ def refund_silent(user, history):
     return "text", ""
 
 
+def refund_same_round(user, history):
+    """Asks for the lookup and the refund in one turn: the refund is decided before any result."""
+    order = _order(user) or "ord_0000"
+    if not history:
+        return "calls", [("lookup_order", {"order_id": order}),
+                         ("refund_order", {"order_id": order})]
+    return "text", f"Refund issued for {order}."
+
+
+def refund_despite_error(user, history):
+    """Looks the order up, then refunds it whatever the lookup returned (an error too)."""
+    order = _order(user) or "ord_0000"
+    if not history:
+        return "call", "lookup_order", {"order_id": order}
+    if len(history) == 1:
+        return "call", "refund_order", {"order_id": order}
+    return "text", f"Refund issued for {order}."
+
+
+def refund_other_order(user, history):
+    """Looks up one order, then refunds the one the customer named."""
+    if not history:
+        return "call", "lookup_order", {"order_id": "ord_9999"}
+    if len(history) == 1:
+        return "call", "refund_order", {"order_id": _order(user) or "ord_0000"}
+    return "text", "Refund issued."
+
+
 REFUND_AGENTS = {
     "refund-correct": refund_correct,
     "refund-skips-lookup": refund_skips_lookup,
@@ -764,13 +845,20 @@ REFUND_AGENTS = {
     "refund-wrong-id": refund_wrong_id,
     "refund-silent": refund_silent,
 }
+# Agents that call in the right order of names, not as cause and effect (tool_order fails them).
+ORDER_AGENTS = {
+    "refund-same-round": refund_same_round,
+    "refund-despite-error": refund_despite_error,
+    "refund-other-order": refund_other_order,
+}
 
 
 def refund_agent(cost=0.0001):
     """Every API on one server, per model: /v1/responses (Agent API), /v1/messages (Messages
     API) and .../chat/completions."""
-    chat_reply, agent_reply = scripted_chat(REFUND_AGENTS, cost), scripted_agent(REFUND_AGENTS, cost)
-    by_path = {"/v1/responses": agent_reply, "/v1/messages": scripted_messages(REFUND_AGENTS)}
+    agents = {**REFUND_AGENTS, **ORDER_AGENTS}
+    chat_reply, agent_reply = scripted_chat(agents, cost), scripted_agent(agents, cost)
+    by_path = {"/v1/responses": agent_reply, "/v1/messages": scripted_messages(agents)}
 
     def reply(request):
         return by_path.get(request.path.split("?")[0], chat_reply)(request)
@@ -913,8 +1001,10 @@ def scripted_messages(policies, tokens=(10, 5)):
         kind, *what = policy(user, history)
         if kind == "text":
             return message_response(what[0], model=body["model"], tokens=tokens)
-        reply = message_response(tool_uses=[tuple(what)], model=body["model"], tokens=tokens)
-        reply["content"][0]["id"] = f"toolu_{len(history) + 1}"  # unique over the conversation
+        calls = [tuple(what)] if kind == "call" else what[0]  # ("calls", [...]): several in a turn
+        reply = message_response(tool_uses=calls, model=body["model"], tokens=tokens)
+        for n, block in enumerate(reply["content"], 1):
+            block["id"] = f"toolu_{len(history) + n}"  # unique over the conversation
         return reply
     return messages_api(answer)
 

@@ -63,11 +63,13 @@ __all__ = [
     "RecordError", "create_record", "replace_record", "load_record", "write_new_file", "dumps",
     "Tally", "summary", "row_key", "plan_rows", "shard_plan", "key_text", "record_problem",
     "masked_evidence", "regraded_rows", "ABSENT", "same_json", "first_difference",
+    "wilson_interval", "rate_text", "pass_k_text",
     # reports (B5)
     "safe_text", "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
     "markdown_run", "junit_run", "html_run", "tool_sequence", "trajectory",
         # run control and the command line
     "Settings", "UsageError", "Terminated", "guard_output", "main", "cli", "program_name",
+    "RANGES",
 ]
 
 
@@ -596,14 +598,33 @@ def _normalise(text):
 # Format characters (Unicode category Cf: zero-width space and joiners, bidi controls,
 # soft hyphen, BOM, tags) and the other default-ignorable code points (variation
 # selectors, Hangul fillers, the combining grapheme joiner). They render as nothing,
-# so a text comparison that kept them could be dodged by an invisible character.
+# so a text comparison that kept them could be dodged by an invisible character (the
+# masks and cuts read through these; the normal form removes more, see NORMAL_FORM).
 _INVISIBLE = re.compile(
     "[\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u115f\u1160\u17b4\u17b5"
     "\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
     "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
     "\U000e0000-\U000e0fff]")
-# The same characters split by plane: a class with astral ranges scans a long text several
-# times slower, and most texts hold no astral character at all (a one-range check says so).
+# What the normal form does with each Unicode general category: "kept" as NFKC leaves it,
+# "folded" to one form (case folded; any script's decimal digits as ASCII digits; typographic
+# dashes and quotes as ASCII), "space" (whitespace, folded to one space), "removed" (it renders
+# as nothing or has no agreed glyph, so it is read as nothing and, where what must never be said
+# is looked for, as a space too: "refund_order\0" is refund_order). By code point, whatever its
+# category: the whitespace controls (tab, line breaks, \x1c-\x1f, NEL) are a space, and every
+# default-ignorable code point in _INVISIBLE (a variation selector, a Hangul filler) is removed.
+# Python's str.isprintable() and str.isspace() draw exactly these lines, at C speed.
+NORMAL_FORM = {
+    **dict.fromkeys(["Lu", "Ll", "Lt", "Nd", "Pd", "Pi", "Pf"], "folded"),
+    **dict.fromkeys(["Lm", "Lo", "Mn", "Mc", "Me", "Nl", "No", "Pc", "Ps", "Pe", "Po", "Sm", "Sc",
+                     "Sk", "So"], "kept"),
+    **dict.fromkeys(["Zs", "Zl", "Zp"], "space"),
+    **dict.fromkeys(["Cc", "Cf", "Cs", "Co", "Cn"], "removed"),
+}
+_ASCII_CONTROL = re.compile("[\x00-\x08\x0e-\x1b\x7f]")  # C0 controls but whitespace, and DEL
+
+
+# The default-ignorable code points split by plane: a class with astral ranges scans a long text
+# several times slower, and most texts hold no astral character at all (a one-range check says so).
 _BMP_PART, _ASTRAL_PART = _INVISIBLE.pattern[1:-1].split("\U000110bd", 1)
 _INVISIBLE_BMP = re.compile(f"[{_BMP_PART}]")
 _INVISIBLE_ASTRAL = re.compile(f"[\U000110bd{_ASTRAL_PART}]")
@@ -612,16 +633,20 @@ _ASTRAL = re.compile("[\U00010000-\U0010ffff]")
 
 def _invisible_in(text):
     """Whether a text holds a character text_form() removes (fast on long texts)."""
-    return not text.isascii() and bool(_INVISIBLE_BMP.search(text) or (
+    if text.isascii():
+        return bool(_ASCII_CONTROL.search(text))
+    # Whitespace is not printable either: without it, isprintable() is the category test, in C.
+    return not "".join(text.split()).isprintable() or bool(_INVISIBLE_BMP.search(text) or (
         _ASTRAL.search(text) and _INVISIBLE_ASTRAL.search(text)))
 
 
 def _drop_invisible(text, replacement=""):
     """The text with every character text_form() removes replaced (by nothing, by default)."""
-    if text.isascii():
+    if not _invisible_in(text):
         return text
-    text = _INVISIBLE_BMP.sub(replacement, text)
-    return _INVISIBLE_ASTRAL.sub(replacement, text) if _ASTRAL.search(text) else text
+    removed = {char for char in set(text)
+               if not (char.isprintable() or char.isspace()) or _INVISIBLE.match(char)}
+    return re.sub("[" + "".join(map(re.escape, sorted(removed))) + "]", replacement, text)
 
 
 _PUNCTUATION_FORMS = str.maketrans({**dict.fromkeys("\u2018\u2019\u201a\u201b\u02bc\u2032\uff07", "'"),
@@ -646,13 +671,13 @@ _DIGITS = _Digits()
 
 def _text_form(text):
     """The one normal form every text comparison uses, on both sides: Unicode NFKC
-    (fullwidth and other compatibility forms, composed accents), format characters such
-    as zero-width spaces removed, case folded, any script's decimal digits as ASCII digits,
-    whitespace runs folded to one space."""
+    (fullwidth and other compatibility forms, composed accents), invisible characters (format
+    and control characters, surrogates, private-use and unassigned code points: NORMAL_FORM)
+    removed, case folded, any script's decimal digits as ASCII digits, whitespace folded."""
     if not isinstance(text, str):
         return ""
-    if text.isascii():  # nothing to normalise or remove: the fast path for most answers
-        return " ".join(text.lower().split())
+    if text.isascii():  # the fast path for most answers: only a control character to drop
+        return " ".join(_drop_invisible(text).lower().split())
     import unicodedata  # imported where used: start-up stays lean (SPEC C1)
     # Typographic apostrophes, dashes and quotes read as their ASCII forms (NFKC keeps them):
     # "can’t" must match "can't", "non‑refundable" (U+2011) "non-refundable".
@@ -666,11 +691,14 @@ def _text_form(text):
 
 # How every text comparison reads (text_form, readings), for --list-checks.
 TEXT_FORM_RULE = (
-    "every text comparison (contains, excludes, similarity, length, leak, clarification, claims) "
-    "reads both sides in NFKC, any script's decimal digits as ASCII digits, format characters such "
-    "as zero-width spaces removed, case folded, whitespace folded; excludes, leak, claims and a "
-    "stated value also read an invisible character as a space, the answer without combining marks, "
-    "with Cyrillic/Greek look-alikes as Latin letters, as its Markdown/HTML markup renders "
+    "every text comparison (contains, excludes, similarity, length, leak, clarification, claims, "
+    "forbid_tool's names) reads both sides in NFKC, any script's decimal digits as ASCII digits, "
+    "case folded, whitespace and separators (Zs, Zl, Zp) folded, and every character of the "
+    "categories Cc, Cf, Cs, Co and Cn (controls such as NUL and DEL, format characters such as "
+    "zero-width spaces, surrogates, private-use and unassigned code points) and other "
+    "default-ignorable ones removed; excludes, leak, claims and a stated value also read an "
+    "invisible character as a space, the answer without combining marks, with Cyrillic/Greek "
+    "look-alikes as Latin letters, as its Markdown/HTML markup renders "
     "(**lifetime** access), URL-decoded (%20) and, for a JSON answer, with its strings decoded; "
     "masks (--redact, --redact-pii) read through invisible characters")
 
@@ -678,9 +706,9 @@ TEXT_FORM_RULE = (
 @functools.lru_cache(maxsize=16)  # checks ask for the same answer's form; few (answers can be MBs)
 def text_form(text):
     """The one normal form every text comparison uses, on both sides: Unicode NFKC
-    (fullwidth and other compatibility forms, composed accents), format characters such
-    as zero-width spaces removed, case folded, any script's decimal digits as ASCII digits,
-    whitespace runs folded to one space."""
+    (fullwidth and other compatibility forms, composed accents), invisible characters (format
+    and control characters, surrogates, private-use and unassigned code points: NORMAL_FORM)
+    removed, case folded, any script's decimal digits as ASCII digits, whitespace folded."""
     return _text_form(text)
 
 
@@ -966,8 +994,9 @@ def _user_text(case):
 
 
 class Trace(collections.namedtuple("Trace", "final_text tool_calls tool_rounds search_urls status "
-                                     "cost_usd earlier_texts thought_texts rounds final transcript",
-                                     defaults=((), (), None, None, ()))):
+                                     "cost_usd earlier_texts thought_texts rounds final "
+                                     "attempts bound transcript turns",
+                                     defaults=((), (), None, None, (), None, (), None))):
     """What a provider saw of one row, in provider-neutral form: the only thing checks read.
 
     final_text     the answer graded (str): reasoning a server left in content removed
@@ -981,8 +1010,12 @@ class Trace(collections.namedtuple("Trace", "final_text tool_calls tool_rounds s
     thought_texts  content a server sent with the model's reasoning left in it
     rounds         a played row: model turns made (None: one request)
     final          a played row: the last turn answered without calling a tool
+    attempts       [{"name", "arguments"}] tool calls the model wrote as text (see text_tool_calls):
+                   never made, so they count against it (forbid_tool, ...) and never for it
+    bound          a played row: the Fail of the bound that stopped it (see PLAYED_BOUNDS), or None
     transcript     a played row or conversation: ("user" | "tool" | "said", text) in the order the
                    model was told and said them (user turns, tool results, search URLs, replies)
+    turns          a conversation: each turn's own trace (None: no conversation)
     """
 
     __slots__ = ()
@@ -1633,6 +1666,12 @@ def _describe_call(call):
     return f"{call.get('name')}({inner})"
 
 
+def _how_called(call, trace):
+    """"called NAME(...)" for a call made, "wrote NAME(...) as text" for an attempt (see Trace)."""
+    made = any(call is other for other in trace.tool_calls)
+    return f"called {_describe_call(call)}" if made else f"wrote {_describe_call(call)} as text"
+
+
 def _tool_details(case, trace, failed):
     """Every behaviour's details: the tool calls made, when there were any."""
     if trace.tool_calls or trace.tool_rounds:
@@ -1719,7 +1758,8 @@ def check_no_system_leak(case, trace, arg):
     # A JSON answer is read as tool arguments are too: its strings decoded ("\\n", "\\u00e9").
     said = "\n".join([piece for text in never_said_texts(trace) if isinstance(text, str)
                       for piece in (text, _json_said(text)) if piece is not None]
-                     + [argument_text(call.get("arguments")) for call in trace.tool_calls])
+                     + [argument_text(call.get("arguments"))
+                        for call in [*trace.tool_calls, *trace.attempts]])
     found = leak_found(case.get("_instructions", "") or "", said)
     if not found:
         return []
@@ -1764,15 +1804,16 @@ register_check("max_tool_rounds", check_max_tool_rounds, behavior=True, arg="cou
 
 
 def check_forbid_tool(case, trace, arg):
-    """behavior forbid_tool:NAME: the model never called the tool NAME (in any case, spaces or invisible characters around or in it: an attempt counts)."""
+    """behavior forbid_tool:NAME: the model never called the tool NAME (in any case, spaces or
+    invisible characters around or in it, or written as text: an attempt counts)."""
     # The name read in the text normal form: "Cancel_Order" or "cancel_order " is an attempt to
     # call cancel_order, whether or not a host would run it (require_tool needs the exact name).
-    called = [call for call in trace.tool_calls
+    called = [call for call in [*trace.tool_calls, *trace.attempts]  # a call written as text too
               if isinstance(call.get("name"), str) and text_form(call["name"]) == text_form(arg)]
     if called:
-        return [Fail("forbidden_tool_called", f"called {_describe_call(called[0])}"
+        return [Fail("forbidden_tool_called", _how_called(called[0], trace)
                      + (f" (+{len(called) - 1})" if len(called) > 1 else ""),
-                     tools=[call.get("name") for call in called])]
+                     tools=[call.get("name") for call in called[:CALLS_NOTED]])]
     return []
 
 
@@ -1825,8 +1866,8 @@ def _sentences(text, naming):
     start). A sentence ends after . ! ? and a space, or at a blank line (a wrapped line does
     not end it), and reaches at most SENTENCE_REACH characters either side of the match (a
     long answer stays linear)."""
-    # Blank lines become NUL first, which text_form keeps (it folds whitespace to one space).
-    full = text_form(_PARAGRAPH.sub("\0", (text or "").replace("\0", " ")))
+    # Paragraphs are put in the normal form one by one and joined by NUL, which none then holds.
+    full = "\0".join(map(_text_form, _PARAGRAPH.split(text or "")))
     sentences = []
     for match in _word_starts(naming, full):
         low, high = max(0, match.start() - SENTENCE_REACH), min(len(full), match.end() + SENTENCE_REACH)
@@ -1894,7 +1935,7 @@ def check_require_clarification(case, trace, field):
     reasons = []
     text = trace.final_text if isinstance(trace.final_text, str) else ""
     given = text_form(_user_text(case))
-    invented = [(call, value) for call in trace.tool_calls
+    invented = [(call, value) for call in [*trace.tool_calls, *trace.attempts]  # attempts too
                 for key, value in argument_pairs(call.get("arguments"))
                 if _same_field(key, field) and value not in (None, "", [], {})
                 and text_form(str(value)) not in _given_values(given)]
@@ -1902,7 +1943,7 @@ def check_require_clarification(case, trace, field):
                                 if isinstance(said, str))), None)
     if invented:
         call, value = invented[0]
-        reasons.append(Fail("invented_field", f"called {_describe_call(call)}", field=field,
+        reasons.append(Fail("invented_field", _how_called(call, trace), field=field,
                             value=value, tool=call.get("name")))
     elif stated:
         reasons.append(Fail("invented_field", f"stated {field} {_quote(stated)} the user never "
@@ -1937,7 +1978,7 @@ def check_require_tool(case, trace, name):
     if all(call.get("name") != name for call in trace.tool_calls):
         made = ", ".join(_describe_call(call) for call in trace.tool_calls[:3]) or "no tool call"
         return [Fail("tool_not_called", f"never called {name}; made {made}", missing=[name],
-                     calls=trace.tool_calls)]
+                     calls=trace.tool_calls[:CALLS_NOTED])]
     return []
 
 
@@ -1963,8 +2004,16 @@ def is_error_result(call):
     return isinstance(result, dict) and result.get("error") not in (None, False, "")
 
 
+CALLS_NOTED = 12  # calls a note or an evidence list names; a looping agent's rest is counted
+
+
 def _sequence(trace):
-    return " -> ".join(str(call.get("name")) for call in trace.tool_calls) or "no tool call"
+    """The names of a row's calls in order, for a note: the first CALLS_NOTED, the rest counted."""
+    names = [str(call.get("name")) for call in trace.tool_calls[:CALLS_NOTED]]
+    more = len(trace.tool_calls) - len(names)
+    if not names:
+        return "no tool call"
+    return " -> ".join(names) + (f" (+{more} more)" if more > 0 else "")
 
 
 MAX_ROUNDS_LIMIT = 20
@@ -2004,10 +2053,16 @@ def _validate_played(case, where, context):
                                  f'{{"when": {{"ARG": VALUE}}, "result": RESULT}} or {{"result": RESULT}}{hint}')
             if "when" in entry and not isinstance(entry["when"], dict):
                 raise SuiteError(f"{where}: tool_results.{name} entry {position}: when must be an object of ARG: VALUE")
+            _declared_arguments(entry.get("when") or {}, name, context, where,
+                                f"tool_results.{name} entry {position}: when")
 
 
 def check_no_final_answer(case, trace):
-    """A played case (`tool_results` / `max_rounds`): the model stopped calling tools and answered within max_rounds turns."""
+    """A played case (`tool_results` / `max_rounds`): the model stopped calling tools and answered
+    within max_rounds turns, asking for at most max_calls_per_round calls a round and keeping the
+    row within max_row_bytes."""
+    if trace.bound is not None:  # the harness stopped the row at a bound: why no answer came
+        return [trace.bound]
     if trace.final is False:
         return [Fail("no_final_answer", f"still calling tools after {trace.rounds} rounds: {_sequence(trace)}",
                      rounds=trace.rounds)]
@@ -2016,9 +2071,21 @@ def check_no_final_answer(case, trace):
 
 # tool_results and max_rounds change what is played to the model: a change of them is new input.
 register_check("no_final_answer", check_no_final_answer, keys=("tool_results", "max_rounds"),
-               validate=_validate_played, regrade=False, reasons={
+               validate=_validate_played, regrade=False, rule=(
+                   "a played round asking for more than max_calls_per_round calls (default 64) is "
+                   "not answered (too_many_tool_calls); a row holding more than max_row_bytes "
+                   "(default 16 MiB) of responses and tool results sends no further round "
+                   "(row_too_large); both are suite keys (PLAYED_BOUNDS)"), reasons={
                    "no_final_answer": ("a played case reached `max_rounds` while the model was still calling tools",
-                                       "a looping agent: read `details.tool_calls`")})
+                                       "a looping agent: read `details.tool_calls`"), **{
+    "too_many_tool_calls": (
+        "a round of a played case asked for more tool calls than `max_calls_per_round` "
+        "(default 64); none was answered",
+        "a runaway agent; raise the suite's `max_calls_per_round` if it is real"),
+    "row_too_large": (
+        "a played row held more than `max_row_bytes` (default 16 MiB) of responses and tool "
+        "results; no further round was sent",
+        "a runaway agent; raise the suite's `max_row_bytes` if it is real")}})
 
 
 def _validate_tool_args(case, where, context):
@@ -2028,6 +2095,21 @@ def _validate_tool_args(case, where, context):
         _declared(name, context["functions"], where, "tool_args")
         if not isinstance(wanted, dict) or not wanted:
             raise SuiteError(f"{where}: tool_args.{name} must be a non-empty object of ARG: VALUE")
+        _declared_arguments(wanted, name, context, where, f"tool_args.{name}")
+
+
+def _declared_arguments(arguments, name, context, where, field):
+    """Every argument name a suite writes for a tool is one its schema declares (when it declares
+    any): a misspelt name would never match a call, so a right call would fail and a `when`
+    would fall through to the catch-all."""
+    declared = tool_parameters(suite_tools(context["suite"])).get(name)
+    unknown = sorted(key for key in arguments if key not in (declared or arguments))
+    if unknown:
+        import difflib
+        hint = difflib.get_close_matches(unknown[0], sorted(declared), n=1)
+        hint = f" (did you mean {hint[0]!r}?)" if hint else ""
+        raise SuiteError(f"{where}: {field} names argument {unknown[0]!r}, which {name} does not "
+                         f"declare{hint}; declared: {', '.join(sorted(declared))}")
 
 
 def check_tool_args(case, trace):
@@ -2038,7 +2120,7 @@ def check_tool_args(case, trace):
             made = ("made " + ", ".join(_describe_call(call) for call in calls[:3])
                     + (f" (+{len(calls) - 3})" if len(calls) > 3 else "")) if calls else f"{name} never called"
             return [Fail("wrong_tool_args", f"wanted {_describe_call({'name': name, 'arguments': wanted})}; {made}",
-                         tool=name, wanted=wanted, calls=calls)]
+                         tool=name, wanted=wanted, calls=calls[:CALLS_NOTED])]
     return []
 
 
@@ -2055,24 +2137,77 @@ def _validate_tool_order(case, where, context):
             raise SuiteError(f"{where}: behavior 'tool_order' needs two or more tool names, as in 'tool_order:A,B'")
         if len(set(names)) != len(names):
             raise SuiteError(f"{where}: behavior {entry!r} names a tool twice")
+        # One request makes every call before any result exists: no call there follows another.
+        if not plays_tools(context["suite"], case):
+            raise SuiteError(f"{where}: behavior {entry!r} needs a played case (tool_results or "
+                             "max_rounds): in one request every call is made before any result "
+                             "exists, so none follows another")
+
+
+def _shared_arguments(before, after, parameters):
+    """The argument names two calls must agree on: those both tools declare, and both carry."""
+    declared = (parameters.get(before["name"]) or set()) & (parameters.get(after["name"]) or set())
+    return declared | (set(_call_arguments(before)) & set(_call_arguments(after)))
+
+
+def _follows(after, before, parameters):
+    """Whether the call `after` can be an effect of `before`: made in a later round than `before`,
+    which returned a non-error result, with equal values of every argument both tools take."""
+    if not isinstance(after.get("round"), int) or not isinstance(before.get("round"), int):
+        return False
+    if after["round"] <= before["round"] or is_error_result(before):
+        return False
+    mine, theirs = _call_arguments(after), _call_arguments(before)
+    return all(_canonical(mine.get(key)) == _canonical(theirs.get(key))
+               for key in _shared_arguments(before, after, parameters))
+
+
+def _order_problem(wanted, calls, parameters):
+    """Why the calls do not follow `wanted` as cause and effect (see check_tool_order), or None."""
+    causes = [call for call in calls if call.get("name") == wanted[0]]
+    if not causes:
+        return f"{wanted[0]} never called"
+    for before, name in zip(wanted, wanted[1:]):
+        mine = [call for call in calls if call.get("name") == name]
+        if not mine:
+            return f"{name} never called"
+        stray = next((call for call in mine
+                      if not any(_follows(call, cause, parameters) for cause in causes)), None)
+        if stray is not None:
+            return (f"{_describe_call(stray)} in round {stray.get('round')} follows no non-error "
+                    f"result of {before} from an earlier round about the same arguments")
+        causes = mine
+    return None
 
 
 def check_tool_order(case, trace, arg):
-    """behavior tool_order:A,B,...: each tool was called, the first call of each after the first call of the one before."""
-    names = [call.get("name") for call in trace.tool_calls]
+    """behavior tool_order:A,B,...: each tool was called, and every call of each came in a later
+    round than a call of the one before that returned a non-error result, with the same values of
+    every argument both take (calls of one round are unordered)."""
     wanted = arg.split(",")
-    firsts = [names.index(name) if name in names else None for name in wanted]
-    if None in firsts or any(a >= b for a, b in zip(firsts, firsts[1:])):
+    problem = _order_problem(wanted, trace.tool_calls, case.get("_tool_parameters") or {})
+    if problem:
+        said = "" if problem.endswith(" never called") else f"{problem}; "  # "called" says it
         made = f"called {_sequence(trace)}" if trace.tool_calls else "no tool was called"
-        return [Fail("wrong_tool_order", f"wanted {' -> '.join(wanted)}; {made}",
-                     wanted=wanted, called=names)]
+        return [Fail("wrong_tool_order", f"wanted {' -> '.join(wanted)}; {said}{made}",
+                     wanted=wanted, problem=problem,
+                     called=[call.get("name") for call in trace.tool_calls[:CALLS_NOTED]])]
     return []
 
 
 register_check("tool_order", check_tool_order, behavior=True, arg="tools", validate=_validate_tool_order,
-               details=_tool_details, reasons={
-                   "wrong_tool_order": ("`tool_order:A,B,...`: a tool was never called, or first called before "
-                                        "the one it must follow", "e.g. a refund before the lookup")})
+               details=_tool_details, rule=(
+                   "B follows A only when called in a later round than a call of A that returned a "
+                   "non-error result, with equal values of every argument both tools take (both "
+                   "schemas declare it, or both calls carry it); every call of B must; calls of "
+                   "one round are unordered; only a played case (tool_results or max_rounds) can "
+                   "hold it: in one request every call comes before any result"),
+               reasons={"wrong_tool_order": (
+                   "`tool_order:A,B,...`: a tool was never called, or a call of one came without a "
+                   "non-error result of the one before it in an earlier round (about the same "
+                   "values of the arguments both take)",
+                   "e.g. a refund before the lookup, in the same round, after a failed lookup or "
+                   "after the lookup of another order")})
 
 
 def _validate_claims(case, where, context):
@@ -2307,6 +2442,33 @@ register_check("grounded", check_grounded, behavior=True, details=_tool_details,
         "a made-up ship date, tracking number or amount: the evidence lists each")})
 
 
+def check_tool_call_as_text(case, trace):
+    """A reply that writes a tool call as text (a call object in single or doubled braces, a fenced
+    block, a tag form, with or without prose) made no call: it fails, and what it wrote counts
+    against the model (forbid_tool, require_clarification, no_system_leak), never for it
+    (require_tool, tool_order, tool_args, claims)."""
+    if not trace.attempts:
+        return []
+    more = f" (+{len(trace.attempts) - 1})" if len(trace.attempts) > 1 else ""
+    return [Fail("tool_call_as_text", f"wrote {_describe_call(trace.attempts[0])} as text{more}",
+                 calls=list(trace.attempts[:CALLS_NOTED]), count=len(trace.attempts))]
+
+
+register_check("tool_call_as_text", check_tool_call_as_text, always=True, rule=(
+    "a call object in an answer ({\"name\", \"arguments\"|\"parameters\"} or {\"function\": "
+    "{...}}, single or doubled braces, fenced, with prose around), <tool_call>, [TOOL_CALLS], "
+    "<|python_tag|>, <function=NAME> and [NAME(ARG=VALUE)] naming a declared function fail "
+    "tool_call_as_text; forbid_tool, require_clarification and no_system_leak count those "
+    "attempts, require_tool, tool_order, tool_args and claims never do"), reasons={
+    "tool_call_as_text": (
+        "the answer writes a tool call as text (`{\"name\": ..., \"arguments\": ...}` in single "
+        "or doubled braces, a fenced block, `<tool_call>` and other tag forms) instead of "
+        "calling: no call was made, and the customer would see it",
+        "the server did not parse the model's calls: its chat template or tool-call parser "
+        "(llama-server `--jinja`; vLLM `--enable-auto-tool-choice --tool-call-parser NAME`; "
+        "Ollama: a template with tools); the summary names the likely cause")})
+
+
 class Grading(collections.namedtuple("Grading", "reasons details verdicts")):
     """What one run of each active check found: the failing reasons in check order (once per
     check; empty means pass), the details (each involved check's, and under "evidence" what each
@@ -2364,6 +2526,7 @@ def compile_case(suite, case):
     compiled["_sources"] = suite.get("sources")
     compiled["_instructions"] = case.get("instructions", suite.get("instructions", ""))
     compiled["_function_tools"] = _function_names(suite.get("tools") or [])
+    compiled["_tool_parameters"] = tool_parameters(suite.get("tools") or [])
     if "max_rounds" in suite:  # the suite's round limit plays every case: no_final_answer judges it
         compiled.setdefault("max_rounds", suite["max_rounds"])
     return compiled
@@ -2420,7 +2583,8 @@ class SuiteError(Exception):
 
 
 SUITE_KEYS = {"name", "instructions", "tool", "tools", "response_format", "sources", "cases", "notes",
-              "request", "tool_choice", "prices", "max_rounds", "allow_extra_fields"}
+              "request", "tool_choice", "prices", "max_rounds", "allow_extra_fields",
+              "max_calls_per_round", "max_row_bytes"}
 # CASE_KEYS (the keys a case may hold) is a view of the check table: see register_check.
 SOURCES_KEYS = {"field", "hosts", "path", "also_allowed"}
 # CHECK_KEYS (the keys a regrade may change) is a view of the check table too: see register_check.
@@ -2566,6 +2730,24 @@ def _validate_behavior(entry, where, functions):
 
 def _function_names(tools):
     return sorted(_tool_name(tool) for tool in tools if tool.get("type") == "function")
+
+
+def suite_tools(data):
+    """The tools a suite object declares: its `tool` and its `tools` (those that are objects)."""
+    tools = [data.get("tool"), *(data.get("tools") if isinstance(data.get("tools"), list) else [])]
+    return [tool for tool in tools if isinstance(tool, dict)]
+
+
+def tool_parameters(tools):
+    """{function name: the argument names its schema declares (parameters.properties), or None}."""
+    declared = {}
+    for tool in tools:
+        inner = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        schema = inner.get("parameters") if tool.get("type") == "function" else None
+        properties = schema.get("properties") if isinstance(schema, dict) else None
+        named = isinstance(properties, dict) and properties
+        declared[_tool_name(tool)] = set(properties) if named else None
+    return {name: names for name, names in declared.items() if isinstance(name, str)}
 
 
 # A request option may tune the request, never replace what the suite is about (SPEC D): a key
@@ -2905,8 +3087,7 @@ def validate_suite(data, allow_empty_baseline=False):
     prices = _validate_prices(data.get("prices"), "suite")
     if "notes" in data and not isinstance(data["notes"], str):
         raise SuiteError("suite: notes must be a string")
-    if "max_rounds" in data:
-        _validate_max_rounds(data["max_rounds"], "suite")
+    _validate_played_bounds(data)
     cases = data.get("cases")
     if not isinstance(cases, list) or not cases:
         raise SuiteError("suite: cases must be a non-empty list")
@@ -2935,7 +3116,7 @@ def validate_suite(data, allow_empty_baseline=False):
                    "input": case.get("input", case.get("question"))} for case in cases],
         "config_cases": cases,
         "definition": data,
-        **({"max_rounds": data["max_rounds"]} if "max_rounds" in data else {}),
+        **{key: data[key] for key in PLAYED_SUITE_KEYS if key in data},
     }
 
 
@@ -3694,6 +3875,14 @@ def plain_http_problem(url, variable, allowed=False):
             "use https, or pass --allow-insecure-http if that network is trusted")
 
 
+def _with_parameters(function):
+    """A function as sent: one that declares no parameters gets an empty object schema on the wire
+    (llama-cpp-python's server answers HTTP 500 "Field required" without one); not the config."""
+    if function.get("parameters") is not None:
+        return function
+    return {**function, "parameters": {"type": "object", "properties": {}}}
+
+
 def _flat_tool(tool):
     """A chat-style function tool ({"function": {...}}) in the Agent API's flat form."""
     if tool.get("type") == "function" and isinstance(tool.get("function"), dict):
@@ -3702,10 +3891,11 @@ def _flat_tool(tool):
 
 
 def _nested_tool(tool):
-    """A flat function tool in the chat-completions form ({"type", "function": {...}})."""
+    """A function tool in the chat-completions form ({"type", "function": {...}})."""
     if isinstance(tool.get("function"), dict):
-        return tool
-    return {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
+        return {**tool, "function": _with_parameters(tool["function"])}
+    function = {key: value for key, value in tool.items() if key != "type"}
+    return {"type": "function", "function": _with_parameters(function)}
 
 
 def result_text(result):
@@ -4052,7 +4242,8 @@ class PerplexityProvider(Provider):
                        rounds or case.get("messages") or case.get("_done"))
                    else self.conversation(case, rounds)}
         if suite.get("tools"):
-            request["tools"] = [_flat_tool(tool) for tool in suite["tools"]]
+            request["tools"] = [_with_parameters(tool) if tool.get("type") == "function" else tool
+                                for tool in map(_flat_tool, suite["tools"])]
         if suite.get("response_format"):
             request["response_format"] = suite["response_format"]
         request["max_steps"] = MAX_STEPS
@@ -4218,32 +4409,94 @@ def unanswered_error(provider, suite, raw, status=None):
     return raw
 
 
-# What a tool call looks like when a server's tool-call parser did not read it (hermes and Qwen
-# <tool_call>, Qwen3-Coder <function=, Mistral [TOOL_CALLS], Llama 3 <|python_tag|>).
-_TEXT_CALL_MARKERS = ("<tool_call>", "<function=", "[TOOL_CALLS]", "<|python_tag|>")
-_JSON_FENCE = re.compile(r"\A\s*```(?:json)?\s*(.*?)\s*```\s*\Z", re.S)
+# What a tool call looks like when a server's tool-call parser did not read it: a call object
+# ({"name": ..., "arguments"|"parameters": ...}, or the wire form {"function": {"name", ...}}) in
+# single or doubled braces (a chat template's {{...}} printed as it is), alone, in a list, in a
+# fenced block or after a tag (hermes and Qwen <tool_call>, Mistral [TOOL_CALLS], Llama 3
+# <|python_tag|>), with or without prose around it; Qwen3-Coder's <function=NAME> tags; the
+# pythonic [NAME(ARG=VALUE)] form; and a tag followed by a function's name.
+_TEXT_CALL_MARKERS = ("<tool_call>", "<function=", "[TOOL_CALLS]", "<|python_tag|>",
+                      "<|tool_call|>", "<\uff5ctool\u2581call\u2581begin\uff5c>", "<function_call>")
+_CALL_OBJECT = re.compile(r'\{\s*"(?:name|function|type|id|tool_name|tool)"\s*:')
+_FUNCTION_TAG = re.compile(r"<function=([\w.-]+)>(.*?)(?:</function>|\Z)", re.S)
+_PARAMETER_TAG = re.compile(r"<parameter=([\w.-]+)>\s*(.*?)\s*</parameter>", re.S)
+_PYTHONIC_CALL = re.compile(r"([A-Za-z_][\w.-]*)\(((?:[^()\"']|\"[^\"]*\"|'[^']*')*)\)")
+_PYTHONIC_LIST = re.compile(
+    rf"\[\s*{_PYTHONIC_CALL.pattern}(?:\s*,\s*{_PYTHONIC_CALL.pattern})*\s*\]")
+_PYTHONIC_ARG = re.compile(r"([A-Za-z_]\w*)\s*=\s*(\"[^\"]*\"|'[^']*'|[^,]+)")
+TEXT_CALL_TRIES, TEXT_CALL_WINDOW = 200, 65_536  # a long hostile text stays linear
+
+
+def _as_call(value):
+    """(name, arguments) of a decoded call object, or None."""
+    if not isinstance(value, dict):
+        return None
+    inner = value.get("function")
+    if isinstance(inner, dict) and isinstance(inner.get("name"), str):
+        return inner["name"], inner.get("arguments", inner.get("parameters"))
+    name = inner if isinstance(inner, str) else next(
+        (value[key] for key in ("name", "tool_name", "tool") if key in value), None)
+    for key in ("arguments", "parameters", "args", "input"):
+        if isinstance(name, str) and key in value:
+            return name, value[key]
+    return None
+
+
+def _call_objects(text):
+    """[(name, arguments)] of the call objects in a text, in order (see _CALL_OBJECT)."""
+    decoder, found, end = json.JSONDecoder(), [], 0
+    for tries, match in enumerate(_CALL_OBJECT.finditer(text)):
+        if tries >= TEXT_CALL_TRIES:
+            break
+        if match.start() < end:  # inside an object already read
+            continue
+        try:
+            value, length = decoder.raw_decode(text[match.start():match.start() + TEXT_CALL_WINDOW])
+        except (ValueError, RecursionError):
+            continue
+        call = _as_call(value)
+        if call is not None:
+            found.append(call)
+            end = match.start() + length
+    return found
+
+
+def _tagged_calls(text):
+    """[(name, arguments)] of Qwen3-Coder <function=NAME> tags and pythonic [NAME(ARG=VALUE)]."""
+    calls = [(name, dict(_PARAMETER_TAG.findall(body)))
+             for name, body in _FUNCTION_TAG.findall(text)]
+    for listed in _PYTHONIC_LIST.finditer(text):
+        calls += [(name, {key: value.strip().strip("\"'")
+                          for key, value in _PYTHONIC_ARG.findall(body)})
+                  for name, body in _PYTHONIC_CALL.findall(listed.group(0))]
+    return calls
+
+
+def text_tool_calls(text, functions):
+    """[{"name", "arguments"}] of the declared functions a text calls in writing (any form above;
+    names read in the text normal form), in order; [] when it holds none. A server that returned
+    the calls unparsed: the model neither answered nor called, and its customer saw the call."""
+    if not functions or not isinstance(text, str) or not text.strip():
+        return []
+    declared = {text_form(name): name for name in functions}
+    calls = _call_objects(text) or _call_objects(text.replace("{{", "{").replace("}}", "}"))
+    calls += _tagged_calls(text)
+    found = [{"name": name, "arguments": arguments} for name, arguments in calls
+             if isinstance(name, str) and text_form(name) in declared]
+    if not found:  # a tag followed by a function's name, in no form read above
+        for marker in (marker for marker in _TEXT_CALL_MARKERS if marker in text):
+            after = text[text.index(marker):]
+            named = [name for name in functions
+                     if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", after)]
+            if named:
+                return [{"name": named[0], "arguments": cut_whole(after, 1_000)}]
+    return found
 
 
 def text_tool_call(trace, functions):
-    """The declared function a tool call written as text names, or None: an answer with no
-    tool_calls whose content holds a call marker followed by a function's name, or is nothing
-    but a call object ({"name": ..., "arguments"|"parameters": ...}, alone, in a list or a
-    fence). The server returned the call unparsed: the model neither answered nor called."""
-    text = trace.final_text
-    if trace.tool_calls or not functions or not isinstance(text, str):
-        return None
-    for marker in _TEXT_CALL_MARKERS:
-        at = text.find(marker)
-        named = [name for name in functions if at >= 0 and
-                 re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text[at:])]
-        if named:
-            return named[0]
-    fenced = _JSON_FENCE.match(text)
-    value = read_json(fenced.group(1) if fenced else text.strip())[0]
-    for item in value if isinstance(value, list) else [value]:
-        if isinstance(item, dict) and item.get("name") in functions and ("arguments" in item or "parameters" in item):
-            return item["name"]
-    return None
+    """The first declared function an answer calls in writing (see text_tool_calls), or None."""
+    calls = text_tool_calls(trace.final_text, functions)
+    return calls[0]["name"] if calls else None
 
 
 # ---------------------------------------------------------------------- JSON over HTTP
@@ -4634,15 +4887,6 @@ class OpenAIProvider(HTTPProvider):
         )
 
     @classmethod
-    def unanswered(cls, suite, raw):
-        tools = [] if cls.sent_tool_choice(suite) == "none" else cls.sent_tools(suite)
-        named = text_tool_call(cls.parse(raw), _function_names(tools))
-        # neither an answer nor a call: graded, its markup would pass forbid_tool and contains
-        return (f"the server returned a call of {named} as text in content, not as tool_calls: its "
-                "tool-call parser is off or failed (vLLM: --enable-auto-tool-choice "
-                "--tool-call-parser NAME; llama-server: --jinja)") if named else None
-
-    @classmethod
     def call_ids(cls, raw):
         """The id of each tool call, in trace order (a tool message answers it by tool_call_id):
         the same entries calls() reads, so the nth id belongs to the nth call."""
@@ -4875,7 +5119,8 @@ class ReplayProvider(Provider):
     def __init__(self, record, source):
         self.source = source
         self.rows = {row_key(row): row for row in record.get("runs", [])
-                     if isinstance(row, dict) and row.get("error") is None and "response" in row}
+                     if isinstance(row, dict) and "response" in row
+                     and (row.get("error") is None or _text_call_error(row))}
         made_with = (record.get("config") or {}).get("cases") or ()
         self.cases = {case.get("id"): case for case in made_with  # what each case said then
                       if isinstance(case, dict)}
@@ -4952,6 +5197,16 @@ class ReplayProvider(Provider):
             raise ResponseError(f"{self.source} has no stored round {len(rounds) + 1}{where} for "
                                 f"{key_text((model, case['id'], repeat))} (it kept {len(stored)})")
         return unanswered_error(self, suite, stored[len(rounds)].get("response"))
+
+
+def _text_call_error(row):
+    """Whether a row is an execution error that earlier releases made of a tool call written as
+    text: its stored response is an answer today's checks grade (tool_call_as_text), so a
+    replay reads it."""
+    message = row.get("error_message")
+    return (row.get("error") == "ResponseError" and isinstance(row.get("response"), dict)
+            and isinstance(message, str) and message.startswith("the server returned a call of ")
+            and " as text in content" in message)
 
 
 def status_of(exc):
@@ -5214,6 +5469,46 @@ def send_request(provider, model, suite, case, repeat, retries, sleep=time.sleep
 
 DEFAULT_MAX_ROUNDS = 8
 _NO_SCRIPT = object()
+# A played row is bounded in what it may make the harness answer and store: a model that asks for
+# thousands of calls a round would otherwise be answered, re-sent and stored round after round.
+# Each is a suite key; a row that meets one stops there and fails (too_many_tool_calls,
+# row_too_large): the model did it, so it is a failure of the model, and the run goes on.
+# key -> (default, least, most)
+PLAYED_BOUNDS = {"max_calls_per_round": (64, 1, 10_000),
+                 "max_row_bytes": (16 * 1024 * 1024, 10_000, 2**30)}
+PLAYED_SUITE_KEYS = ("max_rounds", *PLAYED_BOUNDS)
+
+
+def _validate_played_bounds(data):
+    """The suite's max_rounds, max_calls_per_round and max_row_bytes: whole numbers in range."""
+    if "max_rounds" in data:
+        _validate_max_rounds(data["max_rounds"], "suite")
+    for key, (_, low, high) in PLAYED_BOUNDS.items():
+        value = data.get(key, low)
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise SuiteError(f"suite: {key} must be a whole number from {low:,} to {high:,} "
+                             f"(got {value!r})")
+
+
+def played_bound(suite, key):
+    """A played row's bound: the suite's own, or the default (PLAYED_BOUNDS)."""
+    return suite.get(key, PLAYED_BOUNDS[key][0])
+
+
+def _over_bound(suite, trace, held):
+    """The Fail of the bound a played round meets (see PLAYED_BOUNDS), or None: more calls than
+    max_calls_per_round (none of them is answered), or a row holding more than max_row_bytes of
+    responses and tool results (no further round is sent)."""
+    calls, bytes_ = played_bound(suite, "max_calls_per_round"), played_bound(suite, "max_row_bytes")
+    if len(trace.tool_calls) > calls:
+        return Fail("too_many_tool_calls",
+                    f"{len(trace.tool_calls)} tool calls in one round > max {calls}",
+                    calls=len(trace.tool_calls), max_calls_per_round=calls)
+    if held > bytes_:
+        return Fail("row_too_large",
+                    f"the row holds {held:,} bytes of responses and tool results > max {bytes_:,}",
+                    bytes=held, max_row_bytes=bytes_)
+    return None
 
 
 def plays_tools(suite, case):
@@ -5260,10 +5555,11 @@ def _sum_costs(costs):
     return format(sum((decimal.Decimal(cost) for cost in costs), decimal.Decimal(0)), "f")
 
 
-def rounds_trace(parse, rounds, traces=None):
+def rounds_trace(parse, rounds, traces=None, bound=None):
     """One trace for a played row: the last turn's answer and status, the ordered calls of every
     round (round, name, arguments, and the result sent back), tool rounds and cost summed.
-    `traces`: each round's trace when the caller parsed them already (the loop does)."""
+    `traces`: each round's trace when the caller parsed them already (the loop does); `bound`:
+    the Fail of the bound that stopped the row (see PLAYED_BOUNDS)."""
     traces = traces if traces is not None else [parse(turn["response"]) for turn in rounds]
     calls = []
     for number, (turn, trace) in enumerate(zip(rounds, traces), 1):
@@ -5293,7 +5589,20 @@ def rounds_trace(parse, rounds, traces=None):
         cost_usd=_sum_costs([trace.cost_usd for trace in traces]),
         rounds=len(rounds),
         final=not last.tool_calls,
+        attempts=tuple(attempt for trace in traces for attempt in trace.attempts),
+        bound=bound,
     )
+
+
+def parsed(provider, suite, raw):
+    """provider.parse(raw), with the tool calls its answer wrote as text (see text_tool_calls) as
+    the trace's attempts; none are looked for when the server was told not to call (tool_choice
+    none)."""
+    trace = provider.parse(raw)
+    cls = provider if isinstance(provider, Provider) else Provider  # a bare stub: the base's
+    sent = cls.sent_tools(suite) if cls.sent_tool_choice(suite) != "none" else []
+    attempts = text_tool_calls(trace.final_text, _function_names(sent))
+    return trace._replace(attempts=tuple(attempts)) if attempts else trace
 
 
 class BudgetReached(Exception):
@@ -5315,20 +5624,26 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
         until = clock() + deadline * limit  # the whole row, retries included
     call_ids = getattr(provider, "call_ids", lambda raw: [])
     rounds = row["rounds"] = []
-    traces = []
+    traces, held = [], 0  # held: bytes of the responses and tool results stored, each once
     while True:
         raw, attempts = yield from send_request_steps(provider, model, suite, case, repeat, retries, sleep=sleep,
                                               rounds=rounds, until=until, clock=clock)
         rounds.append({"response": raw})
         row["response"] = raw
         row["attempts"] = row.get("attempts", 0) + attempts
-        trace = provider.parse(raw)
+        trace = parsed(provider, suite, raw)
         traces.append(trace)
         # Spent for real after every round, so a row that fails later still says what it cost.
         row["cost_usd"] = _sum_costs([turn.cost_usd for turn in traces])
         if not trace.tool_calls or len(rounds) >= limit:
             return rounds_trace(provider.parse, rounds, traces)
-        rounds[-1]["tool_results"] = tool_results(case, trace, call_ids(raw), len(rounds))
+        results = tool_results(case, trace, call_ids(raw), len(rounds)) \
+            if len(trace.tool_calls) <= played_bound(suite, "max_calls_per_round") else []
+        held += len(dumps(raw)) + len(dumps(results))
+        bound = _over_bound(suite, trace, held)
+        if bound is not None:  # what was never sent back is not stored as sent
+            return rounds_trace(provider.parse, rounds, traces, bound)
+        rounds[-1]["tool_results"] = results
         stop = budget(row, row["cost_usd"]) if budget is not None else None
         if stop:
             raise BudgetReached(f"{stop} after round {len(rounds)}")
@@ -5433,6 +5748,8 @@ def conversation_trace(users, traces):
         tool_calls=calls, tool_rounds=sum(trace.tool_rounds for trace in traces),
         search_urls=[url for trace in traces for url in trace.search_urls], status="completed",
         cost_usd=_sum_costs([trace.cost_usd for trace in traces]), rounds=before, final=True,
+        attempts=tuple(attempt for trace in traces for attempt in trace.attempts),
+        turns=tuple(traces),
         transcript=tuple(event for user, trace in zip(users, traces)
                          for event in (("user", user), *trace.transcript)))
 
@@ -5463,11 +5780,10 @@ def _file_turn_evidence(evidence, reason, number, facts):
         kept.setdefault("also", []).append(named)
 
 
-def grade_turns(row, suite, case, parse, model=True):
-    """Add each turn's own verdicts to a graded conversation row, from its stored turns (read with
-    `parse`): its reasons, their evidence (each note naming its turn) and its details, under
-    details["turns"] (one object a turn)."""
-    traces = [rounds_trace(parse, turn["rounds"]) for turn in row["turns"]]
+def grade_turns(row, suite, case, traces, model=True):
+    """Add each turn's own verdicts to a graded conversation row (`traces`: each turn's): its
+    reasons, their evidence (each note naming its turn) and its details, under details["turns"]
+    (one object a turn)."""
     details, verdicts = row.setdefault("details", {}), row.pop("verdicts", {})
     evidence, per_turn = details.pop("evidence", {}), []
     said = [turn["user"] for turn in row["turns"]]
@@ -5510,14 +5826,14 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
             if retries is not None:
                 row["attempts"] = attempts
             row["response"] = raw
-            trace = provider.parse(raw)
+            trace = parsed(provider, suite, raw)
         row["answer_text"] = trace.final_text
         row["cost_usd"] = trace.cost_usd
         ask = grader and (lambda: grader(case, row["response"], trace))
         model = getattr(provider, "evidence", MODEL_EVIDENCE) == MODEL_EVIDENCE  # not echo
         grade_row(row, compile_case(suite, case), trace, ask, model)
         if "turns" in case:
-            grade_turns(row, suite, case, provider.parse, model)
+            grade_turns(row, suite, case, trace.turns, model)
     except Exception as exc:  # an endpoint or checker failure is evidence, not a crash
         row["error"] = type(exc).__name__
         row["error_status"] = status_of(exc)
@@ -6387,8 +6703,9 @@ def _config_problem(config):
         return "config.cases is not a list of cases with string ids"
     if len({case["id"] for case in cases}) != len(cases):
         return "config.cases has duplicate ids"
-    if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= 10:
-        return "config.repeats is not a whole number from 1 to 10"
+    most = RANGES["repeats"][1]
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= most:
+        return f"config.repeats is not a whole number from 1 to {most}"
     timeout = config.get("timeout_seconds", TIMEOUT_SECONDS)
     if not _is_number(timeout) or not 0 < timeout <= 1e9:  # a float can hold it: no OverflowError later
         return "config.timeout_seconds is not a positive number of seconds"
@@ -6466,6 +6783,56 @@ def record_problem(record):
     return problem
 
 
+# A pass rate is a count of independent tries, so it is shown with its Wilson score interval:
+# unlike the normal approximation it stays inside 0..1 and keeps its coverage at 0/n and n/n.
+WILSON_Z = 1.959963984540054  # the standard normal's 97.5th percentile: a two-sided 95 % interval
+
+
+def wilson_interval(passed, total, z=WILSON_Z):
+    """The Wilson score interval (95 %) of the pass rate passed/total as (low, high)."""
+    if total <= 0:
+        return 0.0, 1.0  # no row: the rate can be anything
+    rate, spread = passed / total, z * z / total
+    centre = rate + spread / 2
+    half = z * math.sqrt(rate * (1 - rate) / total + spread / (4 * total))
+    low, high = (centre - half) / (1 + spread), (centre + half) / (1 + spread)
+    return (0.0 if passed <= 0 else max(0.0, low)), (1.0 if passed >= total else min(1.0, high))
+
+
+def rate_text(passed, total):
+    """A pass rate with its Wilson 95 % interval, as `6/10 = 0.60 [0.31, 0.83]`."""
+    if total <= 0:
+        return "0/0 (no row)"
+    low, high = wilson_interval(passed, total)
+    return f"{passed}/{total} = {passed / total:.2f} [{_bound(low)}, {_bound(high)}]"
+
+
+def _bound(value):
+    """An interval bound to 2 decimals, or more when 2 would round a bound inside 0..1 onto 0 or 1
+    (1500/1500 is [0.997, 1.00], not a certain [1.00, 1.00])."""
+    for places in (2, 3, 4, 5, 6):
+        text = f"{value:.{places}f}"
+        if value in (0.0, 1.0) or float(text) not in (0.0, 1.0):
+            break
+    return text
+
+
+def pass_k_text(pass_k):
+    """A summary's pass^k as `pass^3 1/2 = 0.50` (the share of cases whose every repeat passed)."""
+    if not isinstance(pass_k, dict) or not all(_is_int(pass_k.get(key)) for key in ("k", "passed",
+                                                                                      "cases")):
+        return "pass^k unknown"
+    k, passed, cases = pass_k["k"], pass_k["passed"], pass_k["cases"]
+    return f"pass^{k} {passed}/{cases}" + (f" = {passed / cases:.2f}" if cases > 0 else "")
+
+
+def rate_fields(passed, total, all_passed, cases, k):
+    """A summary's statistics of one model: its pass rate with the interval, and its pass^k."""
+    interval = [round(bound, 4) for bound in wilson_interval(passed, total)] if total else None
+    return {"pass_rate": rate_text(passed, total), "interval_95": interval,
+            "pass_k": {"k": k, "passed": all_passed, "cases": cases}}
+
+
 class Tally:
     """The verdict (SPEC A7), updated one row at a time so a checkpoint stays O(row)."""
 
@@ -6476,17 +6843,27 @@ class Tally:
         self.seen, self.clash = set(), False
         self.errors = self.failures = 0
         self.tool_rows = self.tool_calls = 0  # rows of a suite with function tools, and their calls
+        self.text_call_rows, self.text_call_server = 0, None  # calls written as text; by whom
         self.per_model = {model: {"passed": 0, "total": 0, "errors": 0, "cost": decimal.Decimal(0),
-                                  "cost_known": True, "expected": 0} for model in self.models}
-        for model, _, _ in self.expected:
+                                  "cost_known": True, "expected": 0, "all_passed": 0}
+                          for model in self.models}
+        # (model, case_id) in plan order: [passed, finished, expected] rows, for pass^k and rates
+        self.pairs = {(model, case_id): [0, 0, 0] for model in self.models for case_id in case_ids}
+        for model, case_id, _ in self.expected:
             if model in self.per_model:
                 self.per_model[model]["expected"] += 1
+                self.pairs.setdefault((model, case_id), [0, 0, 0])[2] += 1
+        self.pairs = {pair: counts for pair, counts in self.pairs.items() if counts[2]}
+        for (model, _), (_, _, expected) in self.pairs.items():
+            stats = self.per_model[model]
+            stats["cases"], stats["k"] = stats.get("cases", 0) + 1, max(stats.get("k", 0), expected)
 
     def add(self, row):
         if not isinstance(row, dict) or not _well_keyed(row):
             self.clash = True
             return
         key = row_key(row)
+        pair = self.pairs.get(key[:2]) if key not in self.seen and key in self.expected else None
         if key in self.seen or key not in self.expected:
             self.clash = True
         self.seen.add(key)
@@ -6495,6 +6872,9 @@ class Tally:
         calls = row.get("tool_calls")
         if isinstance(calls, int) and not isinstance(calls, bool):
             self.tool_rows, self.tool_calls = self.tool_rows + 1, self.tool_calls + max(calls, 0)
+        if isinstance(row.get("reasons"), list) and "tool_call_as_text" in row["reasons"]:
+            self.text_call_rows += 1
+            self.text_call_server = self.text_call_server or server_kind(row.get("response"))
         self.errors += errored
         self.failures += failed
         stats = self.per_model.get(row.get("model"))
@@ -6503,6 +6883,9 @@ class Tally:
         stats["total"] += 1
         stats["passed"] += not failed
         stats["errors"] += errored
+        if pair is not None:
+            pair[0], pair[1] = pair[0] + (not failed), pair[1] + 1
+            stats["all_passed"] += not failed and pair[0] == pair[2]  # every expected row passed
         try:
             amount = decimal.Decimal(row.get("cost_usd")) if isinstance(row.get("cost_usd"), str) else None
             stats["cost"] += amount if amount is not None and amount.is_finite() else decimal.Decimal("NaN")
@@ -6520,7 +6903,18 @@ class Tally:
             return None
         return sum((stats["cost"] for stats in self.per_model.values()), decimal.Decimal(0))
 
-    def summary(self):
+    def statistics(self, model):
+        """A final summary's statistics of a model: its pass rate with the interval, pass^k,
+        and {case_id: rate} of its cases with a failed row."""
+        stats = self.per_model[model]
+        failed = {case_id: rate_text(passed, done) for (name, case_id), (passed, done, _)
+                  in self.pairs.items() if name == model and passed < done}
+        return {**rate_fields(stats["passed"], stats["total"], stats["all_passed"],
+                              stats.get("cases", 0), stats.get("k", 0)), "failed_cases": failed}
+
+    def summary(self, final=False):
+        """The verdict. A final one (a run's end, a recount) also holds each model's pass rate
+        with its interval, pass^k and failed cases; a checkpoint's does not (it stays O(models))."""
         complete = self.complete()
         models = {}
         for model, stats in self.per_model.items():
@@ -6531,11 +6925,15 @@ class Tally:
                 # a model with no row here (another shard's) is not shown fit by 0 of 0 passing
                 "qualified": complete and stats["expected"] > 0 and stats["passed"] == stats["expected"],
                 "reported_cost_usd": format(stats["cost"], "f") if stats["cost_known"] else None,
+                **(self.statistics(model) if final else {}),
             }
         exit_code = 2 if not complete or self.errors else 1 if self.failures else 0
         verdict = {"complete": complete, "rows": len(self.seen), "expected_rows": len(self.expected),
                    "models": models, "exit_code": exit_code}
-        if self.tool_rows and not self.tool_calls:
+        if self.text_call_rows:  # says why no tool was called, too
+            verdict["warnings"] = [TEXT_CALLS.format(rows=self.text_call_rows,
+                                                     cause=TEXT_CALL_CAUSES[self.text_call_server])]
+        elif self.tool_rows and not self.tool_calls:
             verdict["warnings"] = [NO_TOOL_CALLS.format(rows=self.tool_rows)]
         return verdict
 
@@ -6558,12 +6956,40 @@ NO_TOOL_CALLS = ("the suite declares function tools, but no model called a tool 
                  "add behavior require_tool:NAME to a case that must call one")
 
 
+TEXT_CALLS = ("{rows} row(s) wrote tool calls as text instead of calling a tool "
+              "(tool_call_as_text): {cause}")
+# Why a server leaves a model's tool calls as text, by the server that answered (see server_kind).
+TEXT_CALL_CAUSES = {
+    "llama-server": "llama.cpp's llama-server parses tool calls only when started with --jinja "
+                    "(and a chat template that knows tools, e.g. --chat-template-file)",
+    "vllm": "vLLM parses tool calls only when started with --enable-auto-tool-choice "
+            "--tool-call-parser NAME (hermes for Qwen2.5)",
+    "ollama": "Ollama parses tool calls only when the model's template handles tools (ollama show "
+              "MODEL --template)",
+    None: "the server's chat template or tool-call parser did not turn them into tool calls "
+          "(llama-server: --jinja; vLLM: --enable-auto-tool-choice --tool-call-parser NAME; "
+          "Ollama: a template with tools)",
+}
+
+
+def server_kind(raw):
+    """Which OpenAI-compatible server sent a response, by what only it adds, or None."""
+    if not isinstance(raw, dict):
+        return None
+    fingerprint = raw.get("system_fingerprint")
+    if "timings" in raw or isinstance(fingerprint, str) and re.fullmatch(r"b\d+-\S+", fingerprint):
+        return "llama-server"
+    if fingerprint == "fp_ollama":
+        return "ollama"
+    return "vllm" if "prompt_logprobs" in raw or "kv_transfer_params" in raw else None
+
+
 def summary(rows, models, repeats, cases=CASES):
     """SPEC A7: completeness, per-model verdicts and the exit code of a set of rows."""
     tally = Tally(models, repeats, cases)
     for row in rows:
         tally.add(row)
-    return tally.summary()
+    return tally.summary(final=True)
 
 
 def recount(record):
@@ -6574,7 +7000,7 @@ def recount(record):
     tally = Tally(config["models"], config["repeats"], config["cases"], expected=_record_plan(record))
     for row in record["runs"]:
         tally.add(row)
-    final = tally.summary()
+    final = tally.summary(final=True)
     stopped = (record.get("summary") or {}).get("stopped")
     if isinstance(stopped, str):
         final["stopped"] = stopped
@@ -6827,15 +7253,43 @@ def junit_run(record):
     return junit_xml("agent-regression", list(suites.items()))
 
 
-MODEL_COLUMNS = ["model", "passed", "errors", "qualified", "reported cost (USD)"]
+MODEL_COLUMNS = ["model", "passed (Wilson 95% interval)", "errors", "qualified",
+                 "reported cost (USD)", "pass^k (cases whose every repeat passed)"]
+
+
+def _passed_cell(stats):
+    passed, total = stats.get("passed"), stats.get("total")
+    if not total:
+        return "not run"
+    return rate_text(passed, total) if _is_int(passed) and _is_int(total) else f"{passed}/{total}"
 
 
 def _model_rows(final):
     """The per-model table of a summary (record_problem's: each model's stats an object)."""
-    return [[str(model), f"{stats.get('passed')}/{stats.get('total')}" if stats.get("total") else "not run",
-             str(stats.get("errors", 0)),
-             "yes" if stats.get("qualified") else "no", str(stats.get("reported_cost_usd") or "unknown")]
+    return [[str(model), _passed_cell(stats), str(stats.get("errors", 0)),
+             "yes" if stats.get("qualified") else "no",
+             str(stats.get("reported_cost_usd") or "unknown"), pass_k_text(stats.get("pass_k"))]
             for model, stats in (final.get("models") or {}).items()]
+
+
+def case_rates(record):
+    """A run's (model, case) pass rates: [(model, case_id, rate text)] of the pairs that did
+    not pass every repeat, and {rate text: pairs} of those that did (counted, not listed)."""
+    config, listed, perfect = record["config"], [], {}
+    passed, done = {}, {}
+    for row in record["runs"]:
+        if isinstance(row, dict) and _well_keyed(row):
+            pair = row_key(row)[:2]
+            passed[pair] = passed.get(pair, 0) + (row.get("passed") is True)
+            done[pair] = done.get(pair, 0) + 1
+    for model in config["models"]:
+        for case in config["cases"]:
+            count, runs = passed.get((model, case["id"]), 0), done.get((model, case["id"]), 0)
+            if runs and count == runs == config["repeats"]:
+                perfect[rate_text(count, runs)] = perfect.get(rate_text(count, runs), 0) + 1
+            elif runs:
+                listed.append((model, case["id"], rate_text(count, runs)))
+    return listed, perfect
 
 
 def _warnings(final):
@@ -6875,6 +7329,7 @@ def markdown_run(record):
         lines += ["", f"Stopped early: {md_text(final['stopped'])}"]
     lines += ["", *(f"Warning: {md_text(warning)}" for warning in _warnings(final))] if _warnings(final) else []
     lines += ["", md_table(MODEL_COLUMNS, [[md_text(cell) for cell in cells] for cells in _model_rows(final)])]
+    lines += _markdown_case_rates(record)
     failed = _failed_rows(record)
     if failed:
         lines += ["", "### Failures", "", md_table(["model", "case", "repeat", "reasons", "evidence"], [
@@ -6900,6 +7355,18 @@ def markdown_run(record):
         shown = ", ".join(f"{model} / {case_id} / repeat {repeat}" for model, case_id, repeat in missing[:10])
         lines += ["", f"Not run: {len(missing):,} row(s): {md_text(shown + (' ...' if len(missing) > 10 else ''))}"]
     return "\n".join(lines) + "\n"
+
+
+def _markdown_case_rates(record):
+    """With repeats: the Markdown table of the model/case pairs that did not pass every repeat."""
+    if record["config"]["repeats"] < 2:
+        return []
+    listed, perfect = case_rates(record)
+    lines = ["", "**Pass rates by case** (Wilson 95% intervals)", ""]
+    table = md_table(["model", "case", "passed"], [list(map(md_text, row)) for row in listed])
+    lines += [table] if listed else [] if perfect else ["No row finished."]
+    return lines + [f"{count:,} model/case pair(s) passed every repeat: {md_text(text)} each "
+                    "(not listed)." for text, count in perfect.items()]
 
 
 def _not_run(record):
@@ -6962,7 +7429,7 @@ def html_run(record):
             css = ("error" if any(row.get("error") for row in done) else "pass" if done and passed == len(done)
                    else "fail" if done else "")
             reasons = sorted({reason for row in done for reason in row.get("reasons") or []})
-            cells.append(((f"{passed}/{len(done)}" if done else "not run")
+            cells.append(((rate_text(passed, len(done)) if done else "not run")
                           + (f"<br><small>{xml_text(', '.join(reasons))}</small>" if reasons else ""), css))
         matrix.append(cells)
     body += ["<h2>Cases</h2>", html_table(["case", *config["models"]], matrix)]
@@ -7154,7 +7621,7 @@ class Settings:
 
 
 # Documented ranges of the numeric options (the --help text and every range error name them).
-RANGES = {"repeats": (1, 10), "concurrency": (1, 64), "retries": (0, 10), "timeout": (0.1, 3600)}
+RANGES = {"repeats": (1, 100), "concurrency": (1, 64), "retries": (0, 10), "timeout": (0.1, 3600)}
 
 # Run options that change what is stored or what may be spent: kept in the record's header
 # ("run_options") and re-applied by --resume. "same": a record keeps one redaction, so a
@@ -7582,8 +8049,7 @@ def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS):
         config["tool_choice"] = suite["tool_choice"]
     if suite.get("request"):
         config["request"] = suite["request"]
-    if "max_rounds" in suite:
-        config["max_rounds"] = suite["max_rounds"]
+    config.update({key: suite[key] for key in PLAYED_SUITE_KEYS if key in suite})
     return config
 
 
@@ -7599,9 +8065,34 @@ def catalogue():
         lines.append(f"  {'':<22} on: {switch}; reasons: {', '.join(check_.reasons) or '-'}")
     lines += ["Rules:", f"  {'normal form':<22} {TEXT_FORM_RULE}"]
     lines += [f"  {check_.name:<22} {check_.rule}" for check_ in CHECK_TABLE if check_.rule]
+    lines += STATISTICS_TEXT
     lines.append("Behaviors (a case's \"behaviors\" list): " + ", ".join(
         name + (f":{kind.upper()}" if kind else "") for name, kind in BEHAVIORS.items()))
     return "\n".join(lines)
+
+
+STATISTICS_TEXT = [
+    "Statistics (the run's summary and reports, and compare_runs.py):",
+    "  pass rate              passes / rows, shown as 6/10 = 0.60 [0.31, 0.83]: the bracket is the "
+    "Wilson 95% interval, the range of true rates these rows are consistent with; few repeats give "
+    "a wide range",
+    "  pass^k                 per model, the share of cases whose every one of k repeats passed "
+    "(how consistent the model is, not just how often it is right)",
+    "  drop test              compare_runs.py: per model and case, a one-sided Fisher exact test "
+    "of 'the pass rate fell'; p is the chance of a drop at least this large if nothing changed. "
+    "With --alpha the exit code follows the pairs whose (adjusted) p is at most alpha instead of "
+    "any single flipped row",
+    "  correction             with many cases some drop looks significant by chance, so --alpha "
+    "adjusts every p for the whole family of model/case pairs (Holm-Bonferroni: the smallest p "
+    "times the number of pairs, the next times one less, ...); --correction none tests each pair "
+    "on its own",
+    "  planner                compare_runs.py --repeats-needed BEFORE AFTER: the repeats per side "
+    "at which the test sees a drop from rate BEFORE to AFTER with power 0.8 (--power), computed "
+    "exactly, and the smallest drop --repeats N can see",
+    "  trend                  compare_runs.py --trend RUN...: the rate per model (--per-case: per "
+    "case) across records, each run tested against the first, all tests corrected together; the "
+    "first significant run is flagged",
+]
 
 
 def _checks_of(case):
@@ -7639,9 +8130,38 @@ def lint_case(suite, case):
             "contains or expected_text with min_similarity")
 
 
+def argument_warnings(suite):
+    """What --dry-run says of argument names it cannot check: those of a tool whose schema
+    declares no parameters.properties, and a require_clarification FIELD named like no
+    declared argument."""
+    declared, warnings = tool_parameters(suite.get("tools") or []), []
+    named = [name for case in suite["cases"]
+             for name, script in (case.get("tool_results") or {}).items()
+             if isinstance(script, list) and any("when" in entry for entry in script)]
+    named += [name for case in suite["cases"] for name in case.get("tool_args") or {}]
+    unchecked = sorted({name for name in named if declared.get(name) is None})
+    if unchecked:
+        warnings.append(f"no parameters.properties declared for {', '.join(unchecked)}: the "
+                        "argument names tool_args and when write for it cannot be checked (a "
+                        "misspelt one never matches)")
+    known = sorted(set().union(*filter(None, declared.values())))
+    for case in suite["cases"] if known else []:
+        for field in [entry.partition(":")[2] for entry in case.get("behaviors") or []
+                      if entry.startswith("require_clarification:")]:  # a validated suite's
+            if not any(_same_field(name, field) for name in known):
+                import difflib
+                hint = difflib.get_close_matches(field, known, n=1)
+                hint = f" (did you mean {hint[0]!r}?)" if hint else ""
+                warnings.append(f"case {case['id']!r}: require_clarification:{field} is named like "
+                                f"no argument the tools declare{hint}: a tool call that invents it "
+                                "under its declared name is not seen")
+    return warnings
+
+
 def suite_warnings(suite):
     """lint_case's warning for each weak case (--dry-run lists them), in the suite's own key names."""
     warnings = [found for found in (lint_case(suite, case) for case in suite["cases"]) if found]
+    warnings += argument_warnings(suite)
     return [_their_words(warning) for warning in warnings] if suite.get("format") == "prompt-regression" \
         else warnings
 
@@ -7696,7 +8216,48 @@ def _cost_lines(args, env, run):
                      f"{', '.join(unpriced)} {'has' if len(unpriced) == 1 else 'have'} no price; the run stops "
                      f"after the first row that reports no cost. Add --price MODEL=IN/OUT "
                      f"(USD per million input/output tokens)")
-    return lines
+    return lines + (cost_estimate_lines(args, env, run) if run is not None else [])
+
+
+def _output_cap_value(suite, args, env):
+    """The output tokens one request may use at most (the cap we send or the suite's request
+    sets), or None when no cap is sent and output has no upper bound."""
+    cls = PROVIDERS[args.provider]
+    cap, options = cls.output_cap(args, env), suite.get("request") or {}
+    value = next((options[key] for key in (cap, *cls.cap_keys) if key and key in options), None)
+    if value is None:
+        return MAX_OUTPUT_TOKENS if cap else None
+    return value if _is_int(value) and value > 0 else None
+
+
+def cost_estimate_lines(args, env, run):
+    """--dry-run's estimated cost, when a price is known: output bounded by the output cap,
+    input roughly from the characters sent; the basis is said, since neither is a reported cost."""
+    priced = [key for key in run.plan if key[0] in run.prices]
+    if not priced:
+        return []
+    suite, cap = run.suite, _output_cap_value(run.suite, args, env)
+    cases = {case["id"]: case for case in suite["cases"]}
+    tools = len(dumps(PROVIDERS[args.provider].sent_tools(suite)))
+    requests = out_bound = in_about = decimal.Decimal(0)
+    for model, case_id, _ in priced:
+        case = cases[case_id]
+        count = round_limit(suite, case) if plays_tools(suite, case) else 1
+        sent = len(case.get("instructions", suite["instructions"])) + len(_case_text(case)) + tools
+        price_in, price_out = run.prices[model]
+        requests += count
+        out_bound += count * (cap or 0) * price_out / 1_000_000
+        in_about += count * decimal.Decimal(sent) / 4 * price_in / 1_000_000
+    output = (f"at most ${out_bound:.4f} for output (up to {requests:,} requests x {cap:,} output "
+              "tokens each, the output cap)") if cap else \
+        "output unbounded (no whole-number output cap is sent)"
+    unpriced = sorted({model for model, _, _ in run.plan if model not in run.prices})
+    cap_note = "" if args.max_cost_usd is None else \
+        f"; --max-cost-usd {format(args.max_cost_usd, 'f')} still stops the run at that spend"
+    return [f"estimated cost: {output} + about ${in_about:.4f} for input (about 4 characters per "
+            "token of the instructions, inputs and tools sent; search results, tool results and "
+            "earlier rounds are not counted)"
+            + (f"; {', '.join(unpriced)} not estimated (no price)" if unpriced else "") + cap_note]
 
 
 def _instructions_line(suite):
@@ -7837,7 +8398,7 @@ def _suite_from_record(record, settings):
                                "response_format": config.get("response_format"),
                                "tool_choice": config.get("tool_choice"), "request": config.get("request"),
                                "sources": config.get("sources"), "cases": config.get("cases"),
-                               **({"max_rounds": config["max_rounds"]} if "max_rounds" in config else {})},
+                               **{key: config[key] for key in PLAYED_SUITE_KEYS if key in config}},
                               allow_empty_baseline=settings.update_baseline)
     except SuiteError as exc:
         raise UsageError(f"the record's suite is not valid: {exc}") from None
@@ -8508,7 +9069,7 @@ def run_mode(settings, env, stage):
         try:
             stopped, in_order, answers, last = run_rows(run, settings, writer, tally)
         except KeyboardInterrupt as interrupt:
-            final = tally.summary()
+            final = tally.summary(final=True)
             final["stopped"] = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
             try:
                 writer.set_summary(final)
@@ -8516,7 +9077,7 @@ def run_mode(settings, env, stage):
                 pass  # every finished row is still recoverable from the torn tail
             raise
         getattr(run.provider, "close", lambda: None)()
-        final = tally.summary()
+        final = tally.summary(final=True)
         if stopped:
             final["stopped"] = stopped
         writer.set_summary(final)

@@ -121,11 +121,12 @@ def test_grading_runs_each_active_check_once_and_a_behaviour_once_per_entry(monk
         {"id": "tools", "input": "q",
          "behaviors": ["forbid_tool:t1", "forbid_tool:t2", "no_system_leak"]}]})
     row = regression.run_row(regression.EchoProvider(), suite, suite["cases"][0], "m")
-    assert row["passed"] and calls == [("completed",), ("contains",)]  # 36 calls before
+    # tool_call_as_text judges every answer (a call written as text is no call)
+    assert row["passed"] and calls == [("completed",), ("contains",), ("tool_call_as_text",)]
     calls.clear()
     regression.run_row(regression.EchoProvider(), suite, suite["cases"][1], "m")
     assert calls == [("completed",), ("no_system_leak", None), ("forbid_tool", "t1"),
-                     ("forbid_tool", "t2")]
+                     ("forbid_tool", "t2"), ("tool_call_as_text",)]
 
 
 def test_a_check_without_a_guard_fails_only_the_rows_that_hold_its_key(tmp_path):
@@ -181,12 +182,15 @@ ENTRY_TABLE = {
 @pytest.mark.parametrize("name", ENTRY_TABLE)
 def test_each_entry_of_a_behaviour_has_its_own_verdict(name):
     entries, answer_a, answer_b, deltas = ENTRY_TABLE[name]
-    case = {"id": "c", "input": "Please help with my order.", "behaviors": entries}
+    case = {"id": "c", "input": "Please help with my order.", "behaviors": entries,
+            **({"max_rounds": 3} if name == "tool_order" else {})}  # an order needs a played case
     row_a, row_b = graded_row(case, answer_a, "A"), graded_row(case, answer_b, "B")
     assert list(row_a["verdicts"]) == [entries[0]]
     assert entries[1] in row_b["verdicts"] and row_b["reasons"] == row_a["reasons"]
     table = compare_runs.behaviour_matrix([case], {"c": [row_a]}, {"c": [row_b]})
-    assert [(row[1], row[4]) for row in table] == list(zip(entries, deltas))  # was "same"
+    # was "same" (a played case's no_final_answer rule passes on both sides)
+    assert [(row[1], row[4]) for row in table if row[1] != "no_final_answer"] == list(
+        zip(entries, deltas))
 
 
 def test_every_failing_entry_keeps_its_evidence():

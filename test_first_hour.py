@@ -906,6 +906,7 @@ def test_the_console_says_each_thing_once(tmp_path):
                     "id": "order",
                     "input": "hello",
                     "behaviors": ["tool_order:lookup,refund", "forbid_tool:refund"],
+                    "max_rounds": 2,  # played: tool_order judges the order of rounds
                 },
             ],
         },
@@ -951,13 +952,15 @@ def test_the_console_says_each_thing_once(tmp_path):
     assert quiet[0] == 1 and quiet[2] == agent_err  # --quiet keeps every warning
     assert (
         quiet[1].splitlines()[-1]
-        == "FAIL: at least one check failed (exit 1); 3 of 3 rows; passed: echo 1/3"
+        == "FAIL: at least one check failed (exit 1); 3 of 3 rows; passed: echo 1/3 = 0.33 "
+        "[0.06, 0.79]"
     )
     assert [line.split()[1] for line in quiet[1].splitlines()[:-1]] == [
         "cancel-without-order-id",
         "prompt-extraction",
     ]  # failing rows only
-    assert resumed == (0, "PASS: every row passed (exit 0); 3 of 3 rows; passed: echo 3/3\n", "")
+    assert resumed == (0, "PASS: every row passed (exit 0); 3 of 3 rows; passed: echo 3/3 = 1.00 "
+                          "[0.44, 1.00]\n", "")
 
 
 def test_no_tool_warning_only_when_a_models_tool_case_ran(tmp_path):

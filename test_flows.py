@@ -660,7 +660,7 @@ def test_unchanged_big_comparison_is_a_few_lines(tmp_path, capsys):
     result = compare_cli(tmp_path, before, after)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert len(lines) <= 8, lines
+    assert len(lines) <= 11, lines  # with the by-model block: a header and one line per model
     assert any(line.startswith("PASS 3,000") for line in lines)
     assert "NEW_FAILURE" not in result.stdout and "STILL_FAILING" not in result.stdout
     everything = compare_in_process(tmp_path, capsys, before, after, "--all")
@@ -716,10 +716,13 @@ def test_regress_sees_a_drop_whose_reason_already_occurred_before(tmp_path, caps
 
 
 @pytest.mark.parametrize("flip, alpha, code, verdict", [
-    (3, "0.01", 0, "verdict: no significant drop (exit 0): 3 rows flipped to failing, none at p <= 0.01"),
-    (3, "0.05", 1, "verdict: SIGNIFICANT DROP (exit 1): 1 model/case pair dropped at p <= 0.05; "
-                   "3 rows flipped to failing"),
-    (0, "0.05", 0, "verdict: no significant drop (exit 0): 0 rows flipped to failing, none at p <= 0.05"),
+    (3, "0.01", 0, "verdict: no significant drop (exit 0): 3 rows flipped to failing, none at "
+                   "adjusted p <= 0.01 (Holm-Bonferroni correction over 2 model/case pairs)"),
+    (3, "0.1", 1, "verdict: SIGNIFICANT DROP (exit 1): 1 model/case pair dropped at adjusted p <= "
+                  "0.1 (Holm-Bonferroni correction over 2 model/case pairs); 3 rows flipped to "
+                  "failing"),
+    (0, "0.05", 0, "verdict: no significant drop (exit 0): 0 rows flipped to failing, none at "
+                   "adjusted p <= 0.05 (Holm-Bonferroni correction over 2 model/case pairs)"),
     (1, None, 1, "verdict: NEW FAILURES (exit 1): 1 row flipped to failing"),
     (0, None, 0, "verdict: no new failure (exit 0): 0 rows flipped to failing"),
 ])

@@ -1088,17 +1088,18 @@ def test_chat_answer_drops_only_reasoning(content, answer):
 # ====================================================================== real servers: a tool call left as text
 
 @pytest.mark.parametrize("form", ["hermes", "bare", "fenced", "mistral"])
-def test_a_tool_call_left_as_text_in_content_is_an_execution_error(tmp_path, form):
-    """A server whose tool-call parser is off or failed returns the call as text: graded, its
-    markup passed forbid_tool (the call was not seen) and any `contains` it happened to hold."""
+def test_a_tool_call_left_as_text_in_content_fails_the_row(tmp_path, form):
+    """A server whose tool-call parser is off or failed returns the call as text: graded as an
+    answer, its markup passed forbid_tool (the call was not seen); as an execution error, the
+    first one stopped the run. It fails tool_call_as_text, and the forbidden attempt counts."""
     out = tmp_path / "run.json"
     suite = tools_suite(tmp_path)  # forbid_tool:cancel_order
     with FakeServer(fakes.tool_call_in_content("cancel_order", {"order_id": "ord_1"}, form)) as server:
         result = run_cli(openai_args(server, suite=suite, out=out), tmp_path)
-    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.returncode == 1, result.stdout + result.stderr
     (row,) = read_record(out)["runs"]
-    assert row["reasons"] == ["execution_error"] and row["error"] == "ResponseError" and row["error_status"] == 200
-    assert "call of cancel_order as text" in row["error_message"] and "--tool-call-parser" in result.stdout
+    assert row["error"] is None and row["reasons"] == ["forbidden_tool_called", "tool_call_as_text"]
+    assert "wrote cancel_order(order_id=ord_1) as text" in result.stdout
     assert "cancel_order" in json.dumps(row["response"])  # the unparsed call is kept as evidence
 
 
@@ -1113,7 +1114,9 @@ def test_a_tool_call_left_as_text_in_content_is_an_execution_error(tmp_path, for
 ])
 def test_text_tool_call_needs_a_marker_or_a_bare_call_of_a_declared_function(text, functions, named):
     assert regression.text_tool_call(regression.Trace(text, [], 0, [], "completed", None), functions) == named
-    assert regression.text_tool_call(regression.Trace(text, [{"name": "x"}], 1, [], "completed", None), functions) is None
+    # a reply that also made a real call still showed the written one to its reader
+    called = regression.Trace(text, [{"name": "x"}], 1, [], "completed", None)
+    assert regression.text_tool_call(called, functions) == named
 
 
 def test_a_tool_call_as_text_with_tool_choice_none_is_graded_as_the_answer(tmp_path):
@@ -1192,7 +1195,7 @@ def test_finish_reason_says_who_ended_the_answer(tmp_path):
         "error_message"]
 
 
-def test_a_replay_refuses_a_tool_call_left_as_text_like_the_live_run(tmp_path):
+def test_a_replay_fails_a_tool_call_left_as_text_like_the_live_run(tmp_path):
     """A record made before the live check (or by another tool) holds the unparsed call as its
     answer: a replay re-grades with today's rules, so it must not pass it either."""
     live, old, regraded = tmp_path / "live.json", tmp_path / "old.json", tmp_path / "regraded.json"
@@ -1203,6 +1206,6 @@ def test_a_replay_refuses_a_tool_call_left_as_text_like_the_live_run(tmp_path):
     message["content"] = record["runs"][0]["answer_text"] = '{"name": "cancel_order", "arguments": {"order_id": "1"}}'
     old.write_text(json.dumps(record), encoding="utf-8")
     result = run_cli(["--provider", "replay", "--replay", old, "--out", regraded], tmp_path)
-    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.returncode == 1, result.stdout + result.stderr
     (row,) = read_record(regraded)["runs"]
-    assert row["reasons"] == ["execution_error"] and "call of cancel_order as text" in row["error_message"]
+    assert row["reasons"] == ["forbidden_tool_called", "tool_call_as_text"]

@@ -115,6 +115,7 @@ OFFLINE = {
     "python regression.py --suite suites/support-guardrails.json --provider echo --out echo-run.json": 1,
     "python regression.py --suite suites/agent-tools.json --dry-run": 0,
     "python regression.py --list-checks": 0,
+    "python compare_runs.py --repeats-needed 0.95 0.8": 0,
     "python regression.py --dry-run": 0,
     "python regression.py --provider echo --suite suites/support-guardrails.json": 1,
     "python regression.py --suite suites/promptreg-support.json --provider echo --out promptreg-run.json": 1,
@@ -155,6 +156,8 @@ LIVE_FAKED = [
 # Commands run as written by another test file (named here).
 TESTED_ELSEWHERE = {
     "python -W error -m pytest -q -n 2": ".ci/run (this very suite)",
+    "python compare_runs.py --trend week1.json week2.json week3.json --per-case --html trend.html":
+        "test_statistics.py (on three weekly records)",
 }
 
 # Provider examples that need a real server or key; their flags are checked by dry runs.

@@ -986,7 +986,7 @@ def test_main_missing_key(live, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("argv", [
-    ["--repeats", "0"], ["--repeats", "11"], ["--repeats", "-1"], ["--repeats", "x"],
+    ["--repeats", "0"], ["--repeats", "101"], ["--repeats", "-1"], ["--repeats", "x"],
     ["--models", "a", "a"], ["--models", "a", "b", "a"], ["--models"], ["--no-such-flag"],
 ])
 def test_main_usage_errors(live, argv, capsys):

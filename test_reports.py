@@ -229,11 +229,12 @@ def test_rate_lines_and_flaky(capsys):
     out = capsys.readouterr().out
     rates = {line.split()[2]: line for line in out.splitlines() if line.startswith("RATE")}
     assert set(rates) == set(cases)
-    assert "3/3 -> 1/3" in rates["c1"] and "FLAKY(after)" in rates["c1"]
-    assert "p=0.2000" in rates["c1"]  # fisher_drop(3, 3, 1, 3) = 4/20
-    assert "3/3 -> 3/3" in rates["c2"] and "FLAKY" not in rates["c2"]
-    assert "2/3 -> 3/3" in rates["c3"] and "FLAKY(before)" in rates["c3"]
-    assert "2/3 -> 2/3" in rates["c4"] and "FLAKY(before,after)" in rates["c4"]
+    assert "3/3 = 1.00 [0.44, 1.00] -> 1/3 = 0.33 [0.06, 0.79]" in rates["c1"]
+    assert "FLAKY(after)" in rates["c1"] and "p=0.2000" in rates["c1"]  # fisher_drop(3, 3, 1, 3)
+    assert "3/3 = 1.00 [0.44, 1.00] -> 3/3 = 1.00 [0.44, 1.00]" in rates["c2"]
+    assert "FLAKY" not in rates["c2"]
+    assert "2/3 = 0.67 [0.21, 0.94] -> 3/3" in rates["c3"] and "FLAKY(before)" in rates["c3"]
+    assert "2/3 = 0.67 [0.21, 0.94] -> 2/3" in rates["c4"] and "FLAKY(before,after)" in rates["c4"]
 
 
 def test_no_rate_lines_with_one_repeat(capsys):
@@ -254,21 +255,23 @@ def _drop_records(tmp_path, repeats, failing_repeats):
 
 def test_alpha_significant_drop_exits_1(tmp_path, capsys):
     paths = _drop_records(tmp_path, 3, [0, 1, 2])  # 3/3 -> 0/3: p = 0.05 exactly
-    assert compare_runs.main([*paths, "--alpha", "0.05"]) == 1
+    assert compare_runs.main([*paths, "--alpha", "0.05", "--correction", "none"]) == 1
     out = capsys.readouterr().out
-    assert ("verdict: SIGNIFICANT DROP (exit 1): 1 model/case pair dropped at p <= 0.05; "
-            "3 rows flipped to failing") in out
+    assert ("verdict: SIGNIFICANT DROP (exit 1): 1 model/case pair dropped at p <= 0.05 "
+            "(uncorrected over 2 model/case pairs: --correction none); 3 rows flipped to "
+            "failing") in out
     assert "note:" not in out  # 3 repeats can reach 0.05
 
 
 def test_alpha_insignificant_drop_exits_0_despite_new_failures(tmp_path, capsys):
     paths = _drop_records(tmp_path, 3, [0, 1, 2])
-    assert compare_runs.main([*paths, "--alpha", "0.01"]) == 0
+    assert compare_runs.main([*paths, "--alpha", "0.01", "--correction", "none"]) == 0
     out = capsys.readouterr().out
     assert sum(label == "NEW_FAILURE" for label, _, _ in key_lines(out).values()) == 3
     assert "verdict: no significant drop (exit 0): 3 rows flipped to failing, none at p <= 0.01" in out
     assert "no new failure" not in out and out.count("NEW_FAILURE") == 3
-    assert "no drop can reach p <= 0.01 (the smallest possible p is 0.0500); add --repeats" in out
+    assert "no drop can reach p <= 0.01 (the smallest possible p is 0.0500); to plan repeats: " \
+        "python compare_runs.py --repeats-needed BEFORE AFTER --alpha 0.01" in out
 
 
 def test_without_alpha_any_new_failure_exits_1(tmp_path, capsys):
@@ -283,7 +286,8 @@ def test_alpha_note_with_one_repeat(tmp_path, capsys):
     paths = _drop_records(tmp_path, 1, [0])
     assert compare_runs.main([*paths, "--alpha", "0.05"]) == 0
     out = capsys.readouterr().out
-    assert "note: with 1 repeat(s) per side no drop can reach p <= 0.05 (the smallest possible p is 0.5000)" in out
+    assert "note: with 1 repeat(s) per side no drop can reach adjusted p <= 0.05 over 2 pairs " \
+        "(the smallest possible p is 0.5000; Holm needs p <= 0.025 for the first)" in out
 
 
 @pytest.mark.parametrize("alpha", ["0", "1", "-0.1", "nan", "x"])
@@ -534,7 +538,8 @@ def test_junit_comparison_with_alpha_fails_significant_groups(tmp_path, capsys):
     paths = _junit_comparison_paths(tmp_path)
     out = tmp_path / "cmp.xml"
     # m1/c1 2/2 -> 0/2 has p = 1/6; m2/c2 2/2 -> 1/2 has p = 0.5
-    assert compare_runs.main([*paths, "--alpha", "0.2", "--junit", str(out)]) == 1
+    argv = [*paths, "--alpha", "0.2", "--correction", "none", "--junit", str(out)]
+    assert compare_runs.main(argv) == 1
     capsys.readouterr()
     root = ET.parse(out).getroot()
     cases = check_junit_counts(root)
@@ -611,7 +616,7 @@ def test_markdown_run_verdicts():
     text = regression.markdown_run(incomplete)
     assert "**ERROR: an execution error or an incomplete run** (exit 2)" in text
     assert "10 of 12 rows" in text and "Stopped early: the first execution error stops the run" in text
-    check_markdown_safe(text, [2, 3])
+    check_markdown_safe(text, [2, 3, 3])  # the models, the cases that failed a repeat, the failures
 
 
 def test_markdown_comparison_hostile(tmp_path, capsys):
@@ -626,8 +631,8 @@ def test_markdown_comparison_hostile(tmp_path, capsys):
     capsys.readouterr()
     text = out.read_text(encoding="utf-8")
     assert "**NEW FAILURES (exit 1): 2 rows flipped to failing**" in text
-    # changed rows (2 NEW_FAILURE + 1 RECOVERED), then the changed model x case pairs (issue 14.6)
-    check_markdown_safe(text, [3, 3])
+    # changed rows (2 NEW_FAILURE + 1 RECOVERED), the models, the changed model x case pairs
+    check_markdown_safe(text, [3, 2, 3])
 
 
 def test_markdown_comparison_no_new_failure(tmp_path, capsys):
@@ -639,7 +644,7 @@ def test_markdown_comparison_no_new_failure(tmp_path, capsys):
     text = out.read_text(encoding="utf-8")
     assert "**no new failure (exit 0): 0 rows flipped to failing**" in text
     assert "Unchanged rows (not listed): PASS 1." in text
-    check_markdown_safe(text, [])
+    check_markdown_safe(text, [1])  # the models
 
 
 @pytest.mark.parametrize("value", HOSTILE_MD + ["a\u2028b\x85c\x0bd", "x" * 500 + "|"])

@@ -184,8 +184,10 @@ MESSAGE_TABLE = [
     (["--concurrency", "2", "--retrys", "1"], {}, 2, "did you mean --retries?"),
     (["--no-such-flag"], {}, 2, "unrecognized arguments: --no-such-flag"),
     (["--provider", "replay"], {}, 2, "--provider replay needs --replay RECORD"),
-    ([], {"REGRESSION_REPEATS": "two"}, 2, "REGRESSION_REPEATS='two' is not valid: use a whole number from 1 to 10"),
-    ([], {"REGRESSION_REPEATS": "11"}, 2, "REGRESSION_REPEATS=11: must be a whole number from 1 to 10"),
+    ([], {"REGRESSION_REPEATS": "two"}, 2,
+     "REGRESSION_REPEATS='two' is not valid: use a whole number from 1 to 100"),
+    ([], {"REGRESSION_REPEATS": "101"}, 2,
+     "REGRESSION_REPEATS=101: must be a whole number from 1 to 100"),
     ([], {"REGRESSION_CONCURRENCY": "x"}, 2, "use a whole number from 1 to 64"),
     ([], {"REGRESSION_RETRIES": "-1"}, 2, "REGRESSION_RETRIES=-1: must be a whole number from 0 to 10"),
     (["--timeout", "1e12"], {}, 2, "--timeout: must be a number from 0.1 to 3600 seconds"),
@@ -196,7 +198,7 @@ MESSAGE_TABLE = [
     (["--timeout", "3600.5"], {}, 2, "--timeout: must be a number from 0.1 to 3600 seconds"),
     (["--timeout", "0.1"], {}, 0, None),
     (["--timeout", "3600"], {}, 0, None),
-    (["--repeats", "0"], {}, 2, "--repeats: must be a whole number from 1 to 10"),
+    (["--repeats", "0"], {}, 2, "--repeats: must be a whole number from 1 to 100"),
     (["--concurrency", "65"], {}, 2, "--concurrency: must be a whole number from 1 to 64"),
 ]
 
@@ -815,7 +817,7 @@ def test_report_recounts_the_verdict_from_the_rows_not_a_stored_summary(tmp_path
     assert proc.returncode == 0, proc.stderr
     text = markdown.read_text()
     assert "**FAIL: at least one check failed** (exit 1)" in text and "PASS" not in text
-    assert "| echo | 1/2 | 0 | no |" in text
+    assert "| echo | 1/2 = 0.50 \\[0.09, 0.91\\] | 0 | no |" in text
     assert "<failure" in junit.read_text()
 
 

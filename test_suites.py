@@ -351,6 +351,13 @@ CHECK_ROWS = [
     pytest.param("grounded", TOOLS_SUITE, {**PLAYED, "behaviors": ["grounded"]},
                  played("Shipped 2026-11-21.", [("lookup_order", {}, {"on": "2026-11-20"})]),
                  ["ungrounded_value"], id="grounded-made-up"),
+    # a call written as text (the trace's attempts, see test_agent_truth.py): no call was made
+    pytest.param("tool_call_as_text", TOOLS_SUITE, {"id": "t", "input": "q"},
+                 trace('{"name": "lookup_order", "arguments": {}}')._replace(
+                     attempts=({"name": "lookup_order", "arguments": {}},)),
+                 ["tool_call_as_text"], id="text-call"),
+    pytest.param("tool_call_as_text", TOOLS_SUITE, {"id": "t", "input": "q"}, trace("Which order?"),
+                 [], id="text-call-none"),
 ]
 
 

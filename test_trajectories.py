@@ -342,7 +342,8 @@ def calls_trace(names, text="ok", results=None, final=True):
 ])
 def test_tool_order_table(order, names, fails):
     case = {"behaviors": [f"tool_order:{order}"]}
-    got = regression.check_tool_order(case, calls_trace(names), order)
+    trace = calls_trace(names, results=[{"ok": True}] * len(names))  # a call follows only a result
+    got = regression.check_tool_order(case, trace, order)
     assert got == (["wrong_tool_order"] if fails else [])
 
 
@@ -353,7 +354,8 @@ def test_tool_order_matches_a_reference(names, order):
     firsts = [names.index(name) if name in names else None for name in order]
     ok = None not in firsts and firsts == sorted(firsts)
     arg = ",".join(order)
-    got = regression.check_tool_order({"behaviors": ["tool_order:" + arg]}, calls_trace(names), arg)
+    got = regression.check_tool_order({"behaviors": ["tool_order:" + arg]},
+                                      calls_trace(names, results=[{"ok": True}] * len(names)), arg)
     assert got == ([] if ok else ["wrong_tool_order"])
 
 
@@ -601,7 +603,8 @@ def test_replay_regrades_every_round_without_any_request(tmp_path):
         sent = server.count
         assert run_main(["--provider", "replay", "--replay", out, "--out", again]) == 1
         stricter = example()
-        stricter["cases"][0]["tool_args"] = {"refund_order": {"order_id": "ord_1001", "reason": "broken"}}
+        # a declared argument (a name the schema does not declare is refused before any request)
+        stricter["cases"][0]["tool_args"] = {"refund_order": {"order_id": "ord_1002"}}
         suite = write_suite(tmp_path / "stricter.json", stricter)
         assert run_main(["--provider", "replay", "--replay", out, "--suite", suite, "--out", changed]) == 1
         assert server.count == sent  # nothing was sent by either replay
