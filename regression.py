@@ -3029,9 +3029,10 @@ def _validate_turns(case, where, context):
         at = f"{where} turn {number}"
         if isinstance(turn, dict):
             _unknown_key(turn, turn_keys(), at)
-        if not _has_text(turn.get("user") if isinstance(turn, dict) else turn):
-            raise SuiteError(f"{at}: is empty; a turn is a non-empty text or "
-                             '{"user": TEXT, ...checks}')
+        said = turn.get("user") if isinstance(turn, dict) else turn
+        if not _has_text(said):
+            raise SuiteError(f"{at}: {'is empty' if isinstance(said, str) else 'has no words'}; "
+                             'a turn is a non-empty text or {"user": TEXT, ...checks}')
         if isinstance(turn, dict):  # --update-baseline fills only the case's own baseline
             strict = {**context, "allow_empty_baseline": False}
             _validate_checks({**turn, "id": case["id"]}, at, strict)

@@ -574,6 +574,8 @@ BAD = [
     ),
     ({"turns": ["hi", {"user": " \u200b"}]}, "case 'c' turn 2: is empty"),
     ({"turns": ["hi", ""]}, "case 'c' turn 2: is empty"),
+    ({"turns": ["hi", {"user": 7, "contains": ["a"]}]}, "case 'c' turn 2: has no words"),
+    ({"turns": ["hi", {"contains": ["a"]}]}, "case 'c' turn 2: has no words"),
     ({"turns": []}, "case 'c': turns must be a non-empty list"),
     ({"turns": "hi"}, "case 'c': turns must be a non-empty list"),
     ({"turns": ["hi"], "input": "x"}, "case 'c': give input or turns, not both"),
@@ -830,6 +832,20 @@ def test_the_cases_own_checks_judge_the_last_reply_and_what_must_not_be_said_in_
     assert passing["passed"] is True
     last_only = echo_row({"id": "c", "turns": ["hello", "bye"], "contains": ["hello"]})
     assert last_only["reasons"] == ["missing_required_text"]
+
+
+def test_a_call_written_as_text_in_a_turn_fails_that_turn_and_counts_against_the_case():
+    class Writer(regression.OpenAIProvider):
+        def request(self, model, suite, case, repeat=0, rounds=()):
+            said = '{"name": "refund_order", "arguments": {"order_id": "ord_21"}}'
+            return fakes.chat_response(said if case["input"] == "b" else "ok")
+
+    data = regression.validate_suite(
+        suite({"id": "c", "turns": ["a", "b", "c"], "behaviors": ["forbid_tool:refund_order"]})
+    )
+    row = regression.run_row(Writer("http://127.0.0.1:9/v1"), data, data["cases"][0], "m", 0)
+    assert set(row["reasons"]) == {"tool_call_as_text", "forbidden_tool_called"}
+    assert "turn 2: tool_call_as_text" in row["verdicts"] and len(row["turns"]) == 3
 
 
 def test_a_turn_still_calling_tools_ends_the_conversation_and_fails_there():
