@@ -2434,8 +2434,8 @@ register_check("grounded", check_grounded, behavior=True, details=_tool_details,
     "URLs (without scheme, default port and trailing /) and e-mail addresses; each must occur, "
     "in its normal form, in the instructions, the history, the user's turns or a tool result or "
     "search URL received before the reply (a number may also be a digit run inside a given "
-    "value: #21 of ord_21; an amount may not). Both sides "
-    "are read in the normal form, look-alikes and markup read away"), reasons={
+    "value: #21 of ord_21; an amount may not). Both sides are read in the normal form, "
+    "look-alikes and markup read away"), reasons={
     "ungrounded_value": (
         "behaviour `grounded`: the reply states a value (number, date, amount, id, URL, e-mail) "
         "that nothing the model was given holds",
