@@ -230,7 +230,7 @@ def _comparable(before, after, names=SIDES):
     Returns None for an ordinary comparison, or for a record and its replay whose cases
     differ only in their checks, the ids of the cases whose checks changed (a REGRADE)."""
     for side, record in zip(names, (before, after)):
-        problem = record_problem(record)
+        problem = record_problem(record, evidence=False)  # index() asks for the verdicts' evidence
         _require(problem is None, f"{side} is not a usable record: {problem}")
     labels = (before.get("evidence", "live"), after.get("evidence", "live"))
     replay_pair = _replayed(after, before) or _replayed(before, after)

@@ -2425,16 +2425,19 @@ def check_grounded(case, trace, arg):
 register_check("grounded", check_grounded, behavior=True, details=_tool_details, rule=(
     "the values of a reply: numbers of two or more digits (a comma before three digits groups "
     "thousands, a dot is the decimal point, trailing zeros do not count: 1,000.00 is 1000; "
-    "with a leading zero, 007, the digits as written), amounts ($12.50 is 12.5 USD: a currency "
-    "mark ($ US$ USD dollars, EUR euros, GBP, JPY, INR, CAD, AUD, CHF) must match a given one, "
-    "a given bare number grounds any), dates (2024-05-03, 03/05/2024 read both ways, 3 May "
-    "2024, May 3rd; a date without a year matches any year), times (14:30 is 2:30 pm), "
-    "identifiers with a letter and a digit (ord_21, A17; case-insensitive, _ kept, - splits), "
-    "digits in groups (555-123-4567: the joined number, or each group of two digits or more), "
-    "URLs (without scheme, default port and trailing /) and e-mail addresses; each must occur, "
-    "in its normal form, in the instructions, the history, the user's turns or a tool result or "
-    "search URL received before the reply (a number may also be a digit run inside a given "
-    "value: #21 of ord_21; an amount may not). Both sides are read in the normal form, "
+    "with a leading zero, 007, the digits as written; 12,50 is 12 and 50), amounts of any "
+    "number of digits ($12.50 is 12.5 USD: a currency mark ($ US$ USD dollars, € EUR euros, £ "
+    "GBP, ¥ JPY, ₹ INR, CAD, AUD, CHF) must match a given one, a given bare number grounds "
+    "any), dates (2024-05-03, 2024/05/03, 03/05/2024 and 03/05/24 read both ways, 3 May 2024, May "
+    "3rd, 2024; a date without a year matches any year), times (14:30 is 2:30 pm), identifiers "
+    "with a letter and a digit (ord_21, A17; case-insensitive, _ kept, - splits), digits in "
+    "groups (555-123-4567: the joined number, or each group of two digits or more), versions "
+    "and addresses (1.2.3, 10.0.0.1) as written, URLs starting http(s):// or www. (without "
+    "scheme, default port, trailing / and punctuation, case-insensitive; the query counts) and "
+    "e-mail addresses (case-insensitive); values in words (forty-two) are not read; each must "
+    "occur, in its normal form, in the instructions, the history, the user's turns or a tool "
+    "result or search URL received before the reply (a number may also be a digit run inside a "
+    "given value: #21 of ord_21; an amount may not). Both sides are read in the normal form, "
     "look-alikes and markup read away"), reasons={
     "ungrounded_value": (
         "behaviour `grounded`: the reply states a value (number, date, amount, id, URL, e-mail) "
@@ -3679,6 +3682,13 @@ def fill_golden_pin(path, sha256):
         raise SuiteError(f"--update-baseline: cannot fill system_sha256 in {path}: "
                          f"{getattr(exc, 'strerror', None) or exc}; it is unchanged") from None
     return True
+
+
+def baseline_files(suite):
+    """The files --update-baseline would rewrite: a golden folder's case files with a placeholder
+    pin, or the suite file."""
+    golden = suite.get("format") == "golden"
+    return list(suite.get("placeholders", {}).values()) if golden else [suite["file"]]
 
 
 def update_baselines(suite, answers, reasons=None, approve_failing=False):
@@ -5199,6 +5209,66 @@ class ReplayProvider(Provider):
                                 f"{key_text((model, case['id'], repeat))} (it kept {len(stored)})")
         return unanswered_error(self, suite, stored[len(rounds)].get("response"))
 
+    def recorded_results(self, model, case, repeat, number):
+        """The tool results the record sent back after round `number` (None: none stored): a
+        replay answers the model's calls with what it was told then, never today's script."""
+        row = self.rows.get((model, case["id"], repeat))
+        stored = self.stored_rounds(row, case)[0] if row else None
+        turn = stored[number - 1] if isinstance(stored, list) and number <= len(stored) else None
+        return turn.get("tool_results") if isinstance(turn, dict) else None
+
+    def changed(self, suite, case, row, results=True):
+        """How this suite would play a stored row otherwise than the record did (replay_problem);
+        a conversation also by its turns, each turn's rounds as a played row's."""
+        if "turns" not in case and not isinstance(row.get("turns"), list):
+            return replay_problem(suite, case, row, self.parse, self.call_ids, results)
+        problem = self.changed_turns(case, row)
+        for number, turn in enumerate(() if problem or not plays_tools(suite, case) else
+                                      row["turns"], 1):
+            problem = replay_problem(suite, case, turn, self.parse, self.call_ids, results)
+            if problem:
+                return f"turn {number}: {problem}"
+        return problem
+
+
+def _json_text(value):
+    return json.dumps(value, sort_keys=True, default=str)  # true and 1 differ; key order does not
+
+
+def replay_problem(suite, case, row, parse, call_ids, results=True):
+    """How a replay under this suite would grade a conversation the model never had, or None: a
+    call the suite now answers otherwise than the record did (with `results`), or round
+    limits that would end the stored conversation early or play on past its end."""
+    stored = row.get("rounds") if isinstance(row.get("rounds"), list) else None
+    if not plays_tools(suite, case):
+        return f"it was played over {_plural(len(stored), 'round')}, but the case now plays no " \
+            "tools" if stored else None
+    turns, limit = stored or [{"response": row.get("response")}], round_limit(suite, case)
+    for number, turn in enumerate(turns, 1):
+        try:
+            trace = parse(turn.get("response"))
+        except Exception:  # the replay itself records what is wrong with this response
+            return None
+        if not trace.tool_calls or number >= limit:
+            return None if number == len(turns) else \
+                f"max_rounds now ends it after round {number} of the {len(turns)} stored"
+        if number == len(turns):
+            return f"it ended after round {number} (its max_rounds then), but the suite now " \
+                "plays on"
+        sent = turn.get("tool_results") if isinstance(turn.get("tool_results"), list) else []
+        now = tool_results(case, trace, call_ids(turn["response"]), number) if results else []
+        for then, call in zip(sent + [{}] * len(now), now):
+            then = then if isinstance(then, dict) else {}
+            if _json_text([then.get("result"), bool(then.get("unscripted"))]) != \
+                    _json_text([call["result"], bool(call.get("unscripted"))]):
+                arguments = call["arguments"]
+                arguments = arguments if isinstance(arguments, str) else _json_text(arguments)
+                return (f"round {number} call {call['name']}({cut_whole(arguments, 80)}) was "
+                        "answered "
+                        f"{_quote(_json_text(then.get('result')), 80)}, but the suite now answers "
+                        f"{_quote(_json_text(call['result']), 80)}")
+    return None
+
 
 def _text_call_error(row):
     """Whether a row is an execution error that earlier releases made of a tool call written as
@@ -5408,13 +5478,14 @@ def drive_steps(steps):
 
 
 def send_request_steps(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None, rounds=(), until=None,
-               clock=time.monotonic):
+               clock=time.monotonic, budget=None):
     """send_request() as steps: yields (deadline seconds or None, call) for each attempt and is sent
     the call's result or thrown its exception, so whoever drives it picks the thread the call
     runs on and can give up on it at the deadline; returns (raw, attempts).
 
     With `rounds`, the request continues a played conversation; with `until` (a clock
-    reading), no attempt starts, waits or runs past it."""
+    reading), no attempt starts, waits or runs past it; with `budget` (a Budget), no attempt
+    starts once the spending cap refuses it (BudgetReached), and each one's cost is counted."""
     import random
     jitter = jitter or (lambda: random.uniform(0.5, 1.0))
     attempt, deadline = 1, getattr(provider, "deadline", None)
@@ -5428,9 +5499,17 @@ def send_request_steps(provider, model, suite, case, repeat, retries, sleep=time
             if left <= 0:
                 raise RowDeadline(f"the row's deadline passed before round {len(rounds) + 1}")
             limit = left if deadline is None else min(deadline, left)
+        refused = budget.begin() if budget is not None else None
+        if refused:
+            retry = f", retry {attempt - 1}" if attempt > 1 else ""
+            stop = BudgetReached(f"{refused}; nothing sent for round {len(rounds) + 1}{retry}")
+            stop.attempts = attempt - 1  # the attempts this request made before the cap refused one
+            raise stop
         try:
-            return (yield limit, call), attempt
+            raw = yield limit, call
         except Exception as exc:
+            if budget is not None:  # an error body may report what it cost; no body cost nothing
+                budget.end(model, getattr(exc, "raw", None))
             wait = backoff(attempt, exc, jitter) if attempt <= retries and transient(exc) else None
             if wait is not None and until is not None and clock() + wait >= until:
                 wait = None  # the wait alone would overrun the row's deadline
@@ -5439,6 +5518,10 @@ def send_request_steps(provider, model, suite, case, repeat, retries, sleep=time
                 raise
             sleep(wait)
             attempt += 1
+            continue
+        if budget is not None:
+            budget.end(model, raw)
+        return raw, attempt
 
 
 def error_message(exc, provider):
@@ -5458,9 +5541,11 @@ def error_message(exc, provider):
 
 
 def send_request(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None, rounds=(), until=None,
-         clock=time.monotonic):
+         clock=time.monotonic, budget=None):
     """provider.request with up to `retries` retries of transient failures; (raw, attempts)."""
-    return drive_steps(send_request_steps(provider, model, suite, case, repeat, retries, sleep, jitter, rounds, until, clock))
+    steps = send_request_steps(provider, model, suite, case, repeat, retries, sleep, jitter, rounds,
+                               until, clock, budget)
+    return drive_steps(steps)
 
 
 # ---------------------------------------------------------------------- played tools
@@ -5607,7 +5692,67 @@ def parsed(provider, suite, raw):
 
 
 class BudgetReached(Exception):
-    """The spending cap was reached in the middle of a played row: no further round is sent."""
+    """The spending cap refused a request (a round of a played row, a retry): nothing is sent."""
+
+
+class Budget:
+    """The --max-cost-usd cap of one run: one object, shared by every worker thread.
+
+    Every request asks begin() first (each round of a played row, each retry) and calls end()
+    after, so the spend counts each response the moment it arrives, also of rows in flight. An
+    unknown cost (none reported, no --price) closes the cap: no request starts after it. So
+    the spend passes the cap by at most what the requests in flight when it was reached cost.
+    `cost(model, raw)`: what one response cost (a Decimal), or None."""
+
+    def __init__(self, cap, spent=None, cost=lambda model, raw: None, unknown=None):
+        import threading
+        self.cap, self._spent, self._cost = cap, spent or decimal.Decimal(0), cost
+        self.unknown, self.in_flight, self._lock = unknown, 0, threading.Lock()
+
+    def _refusal(self):
+        if self.cap is not None and self.unknown is not None:
+            return (f"the endpoint reported no cost for {self.unknown} and it has no price, "
+                    "so --max-cost-usd cannot be enforced")
+        if self.cap is not None and self._spent >= self.cap:
+            return f"--max-cost-usd reached: spend ${self._spent:f} of ${self.cap:f}"
+        return None
+
+    def refusal(self):
+        """Why no new request may start, or None."""
+        with self._lock:
+            return self._refusal()
+
+    def begin(self):
+        """Why this request may not start, or None: then it is in flight until end()."""
+        with self._lock:
+            refused = self._refusal()
+            self.in_flight += refused is None and self.cap is not None
+            return refused
+
+    def end(self, model, raw):
+        """A request is over: count what its response cost (no response: nothing)."""
+        if self.cap is None:
+            return
+        cost = self._cost(model, raw) if isinstance(raw, dict) else decimal.Decimal(0)
+        with self._lock:
+            self.in_flight -= 1
+            self.unknown = self.unknown or (model if cost is None else None)
+            self._spent += cost or 0
+
+    def spent(self):
+        """The spend so far (a Decimal), or None once a cost is unknown."""
+        with self._lock:
+            return None if self.unknown is not None else self._spent
+
+
+def response_cost(provider, prices, model, raw):
+    """One response's cost: as reported, else its token usage at the model's --price, else None."""
+    try:
+        cost = provider.parse(raw).cost_usd
+    except Exception:  # a response the trace cannot read is still priced from its usage
+        cost = None
+    cost = estimate_cost({"model": model, "cost_usd": cost, "response": raw}, prices)["cost_usd"]
+    return decimal.Decimal(cost) if cost is not None else None
 
 
 def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=time.monotonic, sleep=time.sleep,
@@ -5615,20 +5760,22 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
     """Run a played case into `row` round by round (as steps, see send_request_steps); returns its trace.
 
     Each response is stored in row["rounds"] (and row["response"]) before it is read, so a
-    failure mid-loop keeps every round already made as evidence. `budget(row, row_cost)` (the
-    row so far, and its reported cost so far, a decimal string or None) says why no further
-    round may be sent, or None: the spending cap applies to every request, not only between rows.
-    `until`: a conversation's whole-row deadline (a clock reading), else this row's own."""
+    failure mid-loop keeps every round already made as evidence. `budget` (a Budget) is asked
+    before every request: the spending cap applies to every round, not only between rows. A
+    provider with recorded_results (replay) answers the calls as the record did. `until`: a
+    conversation's whole-row deadline (a clock reading), else this row's own."""
     limit = round_limit(suite, case)
     deadline = getattr(provider, "deadline", None)
     if until is None and deadline:
         until = clock() + deadline * limit  # the whole row, retries included
     call_ids = getattr(provider, "call_ids", lambda raw: [])
+    recorded = getattr(provider, "recorded_results", None)
     rounds = row["rounds"] = []
     traces, held = [], 0  # held: bytes of the responses and tool results stored, each once
     while True:
         raw, attempts = yield from send_request_steps(provider, model, suite, case, repeat, retries, sleep=sleep,
-                                              rounds=rounds, until=until, clock=clock)
+                                                      rounds=rounds, until=until, clock=clock,
+                                                      budget=budget)
         rounds.append({"response": raw})
         row["response"] = raw
         row["attempts"] = row.get("attempts", 0) + attempts
@@ -5638,16 +5785,15 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
         row["cost_usd"] = _sum_costs([turn.cost_usd for turn in traces])
         if not trace.tool_calls or len(rounds) >= limit:
             return rounds_trace(provider.parse, rounds, traces)
-        results = tool_results(case, trace, call_ids(raw), len(rounds)) \
-            if len(trace.tool_calls) <= played_bound(suite, "max_calls_per_round") else []
+        results = recorded(model, case, repeat, len(rounds)) if recorded else None  # what it saw then
+        if results is None:
+            results = tool_results(case, trace, call_ids(raw), len(rounds)) \
+                if len(trace.tool_calls) <= played_bound(suite, "max_calls_per_round") else []
         held += len(dumps(raw)) + len(dumps(results))
         bound = _over_bound(suite, trace, held)
         if bound is not None:  # what was never sent back is not stored as sent
             return rounds_trace(provider.parse, rounds, traces, bound)
         rounds[-1]["tool_results"] = results
-        stop = budget(row, row["cost_usd"]) if budget is not None else None
-        if stop:
-            raise BudgetReached(f"{stop} after round {len(rounds)}")
 
 
 def play_tools(provider, suite, case, model, repeat, retries, row, clock=time.monotonic, sleep=time.sleep,
@@ -5699,25 +5845,23 @@ def converse_steps(provider, suite, case, model, repeat, retries, row, clock=tim
     """Run a conversation into `row` turn by turn (as steps, see send_request_steps); returns its
     trace (see conversation_trace). A turn still calling tools at its round limit ends it (the
     next turn could not follow a call left unanswered). One deadline covers every turn, and
-    `budget` (see play_tools_steps) sees the whole row's spend, also before each later turn."""
+    `budget` (see play_tools_steps) is asked before every request of every turn."""
     turns, deadline = user_turns(case), getattr(provider, "deadline", None)
     until = clock() + deadline * round_limit(suite, case) * len(turns) if deadline else None
     told = getattr(provider, "told", lambda model, case, repeat: ())(model, case, repeat)
     users = [*told, *(user for user, _ in turns)][:len(turns)] if told else [u for u, _ in turns]
     row["turns"], done, traces, costs = [], [], [], []
-
-    def spend(entry, cost):  # the cap holds against the whole conversation's spend
-        return budget(row, _sum_costs([*costs, cost])) if budget is not None else None
-
-    for number, user in enumerate(users, 1):  # a replay says what the user said then
-        stop = spend(None, "0") if number > 1 else None
-        if stop:
-            raise BudgetReached(f"{stop} after turn {number - 1}")
+    for user in users:  # a replay says what the user said then
         entry = {"user": user}
         row["turns"].append(entry)
         try:
             trace = yield from play_tools_steps(provider, suite, turn_case(case, user, done), model,
-                                                repeat, retries, entry, clock, sleep, spend, until)
+                                                repeat, retries, entry, clock, sleep, budget, until)
+        except BudgetReached as exc:
+            if not entry.get("rounds"):  # the cap refused the turn's first request: nothing said
+                row["turns"].pop()
+            exc.args = (f"{exc} of turn {len(done) + 1}",)
+            raise
         finally:  # what this turn sent and spent is the row's, also when it failed
             row["response"] = entry.pop("response", row["response"])
             row["attempts"] = row.get("attempts", 0) + entry.pop("attempts", 0)
@@ -5809,7 +5953,7 @@ def grade_turns(row, suite, case, traces, model=True):
 def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retries=None, sleep=time.sleep,
                   budget=None):
     """run_row() as steps (see send_request_steps): a run's worker pool drives these; returns the row.
-    `budget` is checked between the rounds of a played case (see play_tools_steps)."""
+    `budget` (a Budget) is asked before every request, also between the rounds of a played case."""
     row = {"case_id": case["id"], "model": model}
     if repeat is not None:
         row["repeat"] = repeat
@@ -5823,7 +5967,8 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
             if retries is None:
                 row.pop("attempts")
         else:
-            raw, attempts = yield from send_request_steps(provider, model, suite, case, repeat or 0, retries or 0, sleep)
+            raw, attempts = yield from send_request_steps(provider, model, suite, case, repeat or 0,
+                                                          retries or 0, sleep, budget=budget)
             if retries is not None:
                 row["attempts"] = attempts
             row["response"] = raw
@@ -5916,9 +6061,10 @@ def usage_tokens(row):
 
 def estimate_cost(row, prices):
     """Where the endpoint reported no cost, the row's cost from its token usage and the model's
-    price (USD per million input/output tokens), marked `cost_estimated`. Returns the row."""
+    price (USD per million input/output tokens), marked `cost_estimated`. Returns the row.
+    A row that failed is priced too: the rounds it was paid for were spent all the same."""
     price = prices.get(row.get("model"))
-    if row.get("cost_usd") is not None or price is None or row.get("error") is not None:
+    if row.get("cost_usd") is not None or price is None:
         return row
     tokens = usage_tokens(row)
     if tokens is not None:
@@ -5926,6 +6072,15 @@ def estimate_cost(row, prices):
         row["cost_usd"] = format(cost, "f")
         row["cost_estimated"] = True
     return row
+
+
+def repriced(row, prices):
+    """A copy of the row priced at `prices` (an estimate made at another price is made again)."""
+    row = dict(row)
+    if row.get("cost_estimated") is True and row.get("model") in prices:
+        del row["cost_estimated"]
+        row["cost_usd"] = None
+    return estimate_cost(row, prices)
 
 
 def run_row(provider, suite, case, model, repeat=None, grader=None, retries=None):
@@ -6447,20 +6602,21 @@ def load_record(path):
         raise RecordError(f"{path} is not a JSON record: {error}")
     record["recovered"] = True
     record.pop("summary", None)
-    if record_problem(record) is None:  # recompute only what a well-formed config allows
+    if record_problem(record, evidence=False) is None:  # recompute what a well-formed config allows
         config = record["config"]
-        record["summary"] = summary(record["runs"], config["models"], config["repeats"], config["cases"])
+        record["summary"] = summary(record["runs"], config["models"], config["repeats"],
+                                    config["cases"], record.get("superseded") or ())
         record["summary"]["stopped"] = "recovered from a torn record"
     return record
 
 
-def _load_for(flag, path):
+def _load_for(flag, path, evidence=True):
     """A record named on the command line, checked to be a record; UsageError otherwise."""
     try:
         record = load_record(path)
     except RecordError as exc:
         raise UsageError(f"{flag}: {exc}") from None
-    problem = record_problem(record)
+    problem = record_problem(record, evidence)
     if problem:
         raise UsageError(f"{flag}: {path} is not a usable agent-regression record: {problem}")
     return record
@@ -6560,6 +6716,13 @@ def merge(out, paths, created=lambda: None):
             if (record.get("run_options") or {}).get(option) != (base.get("run_options") or {}).get(option):
                 raise UsageError(f"--merge: {path} differs from {paths[0]} in run_options.{option}; "
                                  "its rows were masked differently, and one record keeps one redaction")
+        priced = price_difference(base.get("prices"), record.get("prices"))
+        if priced:  # one header keeps one price per model, so shards priced apart cannot share one
+            model, here, there = priced
+            raise UsageError(f"--merge: {path} prices {model} at {there or 'nothing'}, but "
+                             f"{paths[0]} at {here or 'nothing'}; one record keeps one price per "
+                             f"model: resume the shards with the same --price {model}=IN/OUT, then "
+                             "merge again")
     suite = _suite_from_record(base, argparse.Namespace(suite=None, update_baseline=False, system=None))
     for record, path in zip(records, paths):  # a shard's stored verdicts are graded again, as a resume's
         problem = regrade_problem(record, path, suite, record["runs"])
@@ -6575,9 +6738,12 @@ def merge(out, paths, created=lambda: None):
     config = base["config"]
     plan = plan_rows(config["models"], [case["id"] for case in config["cases"]], config["repeats"])
     ordered = [rows.pop(key) for key in plan if key in rows] + list(rows.values())
-    final = summary(ordered, config["models"], config["repeats"], config["cases"])
-    header = {"created_at": _now(), **{k: v for k, v in base.items()
-                                       if k not in ("created_at", "runs", "summary", "shard", "recovered")}}
+    superseded = [row for record in records for row in record.get("superseded") or []]
+    final = summary(ordered, config["models"], config["repeats"], config["cases"], superseded)
+    dropped = ("created_at", "runs", "summary", "shard", "recovered", "superseded")
+    header = {"created_at": _now(), **{k: v for k, v in base.items() if k not in dropped}}
+    if superseded:
+        header["superseded"] = superseded
     header["merged_from"] = [{"path": path, "shard": record.get("shard")} for record, path in zip(records, paths)]
     create_record(out, header, ordered, final).close()
     created()
@@ -6585,6 +6751,13 @@ def merge(out, paths, created=lambda: None):
     if final["exit_code"] == 2:  # incomplete, or a shard kept an execution error: say what continues it
         print(merge_gaps(records, paths, plan, final), file=sys.stderr)
     return final["exit_code"]
+
+
+def price_difference(one, other):
+    """(model, one's price, other's) of the first model two records' "prices" differ on, or None."""
+    one, other = (value if isinstance(value, dict) else {} for value in (one, other))
+    model = next((model for model in [*one, *other] if one.get(model) != other.get(model)), None)
+    return None if model is None else (model, one.get(model), other.get(model))
 
 
 def merge_gaps(records, paths, plan, final):
@@ -6644,7 +6817,7 @@ _OBJECT, _LIST = ((lambda v: isinstance(v, dict)), "an object"), ((lambda v: isi
 RECORD_FIELDS = dict(
     created_at=_TEXT, sdk_version=_TEXT, code_sha256=_TEXT, evidence=_TEXT,
     suite=_OBJECT, provider=_OBJECT, replayed_from=_OBJECT, redaction=_OBJECT, summary=_OBJECT,
-    resumed=_LIST, merged_from=_LIST, recovered=_BOOL, run_options=_OBJECT,
+    resumed=_LIST, merged_from=_LIST, recovered=_BOOL, run_options=_OBJECT, superseded=_LIST,
     shard=(_is_shard, "I/N with 1 <= I <= N"))
 NESTED_FIELDS = {
     "suite": dict(name=_TEXT, builtin=_BOOL, file=_TEXT),
@@ -6656,13 +6829,14 @@ NESTED_FIELDS = {
     "run_options": dict(redact=(_is_text_list, "a list of pattern hashes"), redact_pii=_BOOL, max_cost_usd=_TEXT,
                         retries=_INT, concurrency=_INT),
     "summary": dict(complete=_BOOL, rows=_INT, expected_rows=_INT, exit_code=_INT, stopped=_TEXT,
-                       models=_OBJECT, warnings=(_is_text_list, "a list of strings")),
+                       models=_OBJECT, warnings=(_is_text_list, "a list of strings"),
+                       superseded_rows=_INT),
 }
 SUMMARY_MODEL_FIELDS = dict(passed=_INT, total=_INT, errors=_INT, qualified=_BOOL, reported_cost_usd=_TEXT)
 ROW_FIELDS = dict(
     error=_TEXT, error_status=_INT, error_message=_TEXT, cost_usd=_TEXT, answer_text=_TEXT,
     reasons=(_is_text_list, "a list of strings"), passed=_BOOL, seconds=_NUMBER, details=_OBJECT,
-    attempts=_INT, rounds=_LIST, verdicts=_OBJECT, turns=_LIST)
+    attempts=_INT, rounds=_LIST, verdicts=_OBJECT, verdict_sha256=_TEXT, turns=_LIST)
 DETAILS_FIELDS = dict(diff=_TEXT, similarity=_NUMBER)
 
 
@@ -6686,11 +6860,72 @@ def masked_evidence(record):
     a caught leak into a RECOVERED row. Masked evidence is refused, never re-graded."""
     if record.get("redaction"):
         return "it was stored with --redact/--redact-pii, so its responses are masked"
-    for row in record.get("runs") or []:
-        stored = {field: row.get(field) for field in ("response", "rounds", "turns")}
-        if _MASK_MARK.search(dumps(stored)):
-            return (f"the stored response of {key_text(row_key(row))} holds a [REDACTED] mask "
-                    "(a key or pattern was masked)")
+    rows = [row for row in record.get("runs") or [] if isinstance(row, dict)]
+    row = next((row for row in rows if row_masked(record, row)), None)
+    return None if row is None else (f"the stored response of {key_text(row_key(row))} holds a "
+                                     "[REDACTED] mask (a key or pattern was masked)")
+
+
+# What a verdict is and is graded from: the fields a masked row's verdict_sha256 covers.
+VERDICT_FIELDS = ("model", "case_id", "repeat", "error", "passed", "reasons", "verdicts",
+                  "answer_text", "response", "rounds")
+
+
+def row_masked(record, row):
+    """Whether a row's stored evidence is masked (by the record's redaction, or a [REDACTED] mark
+    in its responses): it cannot be graded again and stands on its verdict_sha256 alone."""
+    return bool(record.get("redaction")) or bool(
+        _MASK_MARK.search(dumps({field: row.get(field) for field in ("response", "rounds",
+                                                                     "turns")})))
+
+
+def verdict_sha256(case, row):
+    """The digest a masked row is stored with: its case, key, verdict and (masked) evidence. A
+    checksum, not a signature: an edit of either side is caught, a forger recomputing it is not."""
+    fields = {"case": case, **{field: row.get(field) for field in VERDICT_FIELDS}}
+    fields.update({"turns": row["turns"]} if "turns" in row else {})  # older digests unchanged
+    return hashlib.sha256(dumps(fields).encode("utf-8")).hexdigest()
+
+
+def verdict_attester(header):
+    """(stored row) -> the row, with its verdict_sha256 when its stored evidence is masked."""
+    cases = {case.get("id"): case for case in header["config"]["cases"] if isinstance(case, dict)}
+
+    def attest(row):
+        if row.get("error") is None and row_masked(header, row):
+            row["verdict_sha256"] = verdict_sha256(cases.get(row.get("case_id")), row)
+        return row
+    return attest
+
+
+def evidence_problem(record, row, cases):
+    """Why a row that counts (no error, a case of the config) lacks the evidence its verdict is
+    graded from, or None: the response and the answer; a played case's every round (the last
+    being the response) with the tool results sent back; a masked row (it cannot be graded
+    again) the verdict_sha256 it was stored with. `cases`: the config's cases by id."""
+    rounds, case = row.get("rounds"), cases.get(row.get("case_id"))
+    if row.get("error") is not None or case is None:
+        return None
+    if not isinstance(row.get("response"), dict):
+        return "has no stored response"
+    if "answer_text" not in row:
+        return "has no stored answer_text"
+    if "turns" in case:
+        why = _turns_evidence_problem(row)
+        if why:
+            return why
+    elif not plays_tools(record["config"], case):
+        if rounds is not None:
+            return "holds rounds, but its case plays no tools"
+    elif not isinstance(rounds, list) or not rounds or not all(
+            isinstance(turn, dict) and isinstance(turn.get("response"), dict) for turn in rounds):
+        return "is a played row without its stored rounds"
+    elif rounds[-1]["response"] != row["response"]:
+        return "has a response that is not its last round's"
+    elif not all(isinstance(turn.get("tool_results"), list) for turn in rounds[:-1]):
+        return "has a round without the tool results sent back to the model"
+    if row_masked(record, row) and row.get("verdict_sha256") != verdict_sha256(case, row):
+        return "is masked (so it cannot be graded again) and its verdict_sha256 does not match"
     return None
 
 
@@ -6713,19 +6948,19 @@ def _config_problem(config):
     return None
 
 
-def _row_problem(row, position):
+def _row_problem(row, position, field="runs"):
     if not isinstance(row, dict) or not _well_keyed(row):
-        return f"runs[{position}] lacks a string model and case_id and a whole-number repeat"
-    problem = _field_problem(row, ROW_FIELDS, f"runs[{position}].")
+        return f"{field}[{position}] lacks a string model and case_id and a whole-number repeat"
+    problem = _field_problem(row, ROW_FIELDS, f"{field}[{position}].")
     if problem is None and isinstance(row.get("details"), dict):
-        problem = _field_problem(row["details"], DETAILS_FIELDS, f"runs[{position}].details.")
+        problem = _field_problem(row["details"], DETAILS_FIELDS, f"{field}[{position}].details.")
     if problem is None and isinstance(row.get("turns"), list):
-        problem = _turns_problem(row["turns"], f"runs[{position}].turns")
+        problem = _turns_problem(row["turns"], f"{field}[{position}].turns")
     # the verdict counts only `passed`: a row marked passed that holds reasons or an error is a
     # crafted or broken row, and trusting it would carry a failure into a summary as a pass
     if problem is None and row.get("passed") is True and (row.get("reasons") or row.get("error") is not None):
-        problem = f"runs[{position}].passed is true but the row holds reasons or an error"
-    return problem or _verdicts_problem(row, f"runs[{position}].verdicts")
+        problem = f"{field}[{position}].passed is true but the row holds reasons or an error"
+    return problem or _verdicts_problem(row, f"{field}[{position}].verdicts")
 
 
 def _verdicts_problem(row, where):
@@ -6760,9 +6995,40 @@ def _turns_problem(turns, where):
     return None
 
 
-def record_problem(record):
+def _turns_evidence_problem(row):
+    """evidence_problem of a conversation row: every turn's rounds (each with the tool results
+    sent back but the turn's last), the last turn's last round being the row's response."""
+    turns = row.get("turns")
+    if not isinstance(turns, list) or not turns or not all(
+            isinstance(turn, dict) and isinstance(turn.get("rounds"), list) and turn["rounds"]
+            and all(isinstance(one, dict) and isinstance(one.get("response"), dict)
+                    for one in turn["rounds"]) for turn in turns):
+        return "is a conversation row without every turn's stored rounds"
+    if turns[-1]["rounds"][-1]["response"] != row["response"]:
+        return "has a response that is not its last turn's"
+    if not all(isinstance(one.get("tool_results"), list)
+               for turn in turns for one in turn["rounds"][:-1]):
+        return "has a round without the tool results sent back to the model"
+    return None
+
+
+def _unfounded_problem(record):
+    """The first row that counts in the summary without its evidence, as one line, or None."""
+    cases = {case["id"]: case for case in record["config"]["cases"]}
+    for position, row in enumerate(record["runs"]):
+        why = evidence_problem(record, row, cases)
+        if why:
+            return (f"runs[{position}] ({key_text(row_key(row))}, stored as {_verdict_text(row)}) "
+                    f"{why}; a verdict counts only with the evidence it is graded from")
+    return None
+
+
+def record_problem(record, evidence=True):
     """Why a JSON value is not a usable record, or None: the one validator of every command
-    that reads a record (compare_runs.py, --report, --resume, --merge, --replay)."""
+    that reads a record (compare_runs.py, --report, --resume, --merge, --replay).
+
+    With `evidence`, every row that counts in a summary must carry the evidence its verdict is
+    graded from (evidence_problem); --resume asks without it and runs such rows again."""
     if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
         return "it has no config object"
     if not isinstance(record.get("runs"), list):
@@ -6781,7 +7047,9 @@ def record_problem(record):
         problem = problem or _row_problem(row, position)
         if problem:
             break
-    return problem
+    for position, row in enumerate(record.get("superseded") or []):
+        problem = problem or _row_problem(row, position, "superseded")
+    return problem or (_unfounded_problem(record) if evidence else None)
 
 
 # A pass rate is a count of independent tries, so it is shown with its Wilson score interval:
@@ -6837,7 +7105,7 @@ def rate_fields(passed, total, all_passed, cases, k):
 class Tally:
     """The verdict (SPEC A7), updated one row at a time so a checkpoint stays O(row)."""
 
-    def __init__(self, models, repeats, cases, expected=None):
+    def __init__(self, models, repeats, cases, expected=None, superseded=()):
         self.models = list(models)
         case_ids = [case["id"] if isinstance(case, dict) else case for case in cases]
         self.expected = set(expected if expected is not None else plan_rows(self.models, case_ids, repeats))
@@ -6858,6 +7126,29 @@ class Tally:
         for (model, _), (_, _, expected) in self.pairs.items():
             stats = self.per_model[model]
             stats["cases"], stats["k"] = stats.get("cases", 0) + 1, max(stats.get("k", 0), expected)
+        self.superseded = 0
+        for row in superseded:
+            self.add_spend(row)
+
+    def add_spend(self, row):
+        """Count the spend of a row --resume replaced (superseded), never its verdict: a row
+        that got no response spent nothing; one that did and says no cost spent unknown."""
+        stats = self.per_model.get(row.get("model")) if isinstance(row, dict) else None
+        self.superseded += 1
+        if stats is not None:
+            cost = row.get("cost_usd")
+            nothing = cost is None and row.get("response") is None and not row.get("rounds")
+            self._add_cost(stats, "0" if nothing else cost)
+
+    @staticmethod
+    def _add_cost(stats, cost):
+        try:
+            amount = decimal.Decimal(cost) if isinstance(cost, str) else None
+            usable = amount is not None and amount.is_finite()
+            stats["cost"] += amount if usable else decimal.Decimal("NaN")
+        except ArithmeticError:  # InvalidOperation, Overflow: not a usable amount
+            stats["cost"] = decimal.Decimal("NaN")
+        stats["cost_known"] = stats["cost"].is_finite()
 
     def add(self, row):
         if not isinstance(row, dict) or not _well_keyed(row):
@@ -6887,12 +7178,7 @@ class Tally:
         if pair is not None:
             pair[0], pair[1] = pair[0] + (not failed), pair[1] + 1
             stats["all_passed"] += not failed and pair[0] == pair[2]  # every expected row passed
-        try:
-            amount = decimal.Decimal(row.get("cost_usd")) if isinstance(row.get("cost_usd"), str) else None
-            stats["cost"] += amount if amount is not None and amount.is_finite() else decimal.Decimal("NaN")
-        except ArithmeticError:  # InvalidOperation, Overflow: not a usable amount
-            stats["cost"] = decimal.Decimal("NaN")
-        stats["cost_known"] = stats["cost"].is_finite()
+        self._add_cost(stats, row.get("cost_usd"))
 
     def complete(self):
         # Every seen key is expected and unique unless `clash`, so counting is enough: O(1) per row.
@@ -6912,6 +7198,11 @@ class Tally:
                   in self.pairs.items() if name == model and passed < done}
         return {**rate_fields(stats["passed"], stats["total"], stats["all_passed"],
                               stats.get("cases", 0), stats.get("k", 0)), "failed_cases": failed}
+
+    def unknown_cost(self):
+        """The first model with a row of unknown cost, or None."""
+        return next((model for model, stats in self.per_model.items()
+                     if not stats["cost_known"]), None)
 
     def summary(self, final=False):
         """The verdict. A final one (a run's end, a recount) also holds each model's pass rate
@@ -6936,6 +7227,8 @@ class Tally:
                                                      cause=TEXT_CALL_CAUSES[self.text_call_server])]
         elif self.tool_rows and not self.tool_calls:
             verdict["warnings"] = [NO_TOOL_CALLS.format(rows=self.tool_rows)]
+        if self.superseded:  # their spend is in the models' costs; their verdicts count nowhere
+            verdict["superseded_rows"] = self.superseded
         return verdict
 
 
@@ -6985,9 +7278,10 @@ def server_kind(raw):
     return "vllm" if "prompt_logprobs" in raw or "kv_transfer_params" in raw else None
 
 
-def summary(rows, models, repeats, cases=CASES):
-    """SPEC A7: completeness, per-model verdicts and the exit code of a set of rows."""
-    tally = Tally(models, repeats, cases)
+def summary(rows, models, repeats, cases=CASES, superseded=()):
+    """SPEC A7: completeness, per-model verdicts and the exit code of a set of rows (and the
+    spend of the superseded rows a --resume replaced)."""
+    tally = Tally(models, repeats, cases, superseded=superseded)
     for row in rows:
         tally.add(row)
     return tally.summary(final=True)
@@ -6998,7 +7292,8 @@ def recount(record):
     summary is never trusted, since a hand edit could say PASS over failed rows. Its
     "stopped" note is kept: it says why rows are missing, which the rows cannot."""
     config = record["config"]
-    tally = Tally(config["models"], config["repeats"], config["cases"], expected=_record_plan(record))
+    tally = Tally(config["models"], config["repeats"], config["cases"],
+                  expected=_record_plan(record), superseded=record.get("superseded") or ())
     for row in record["runs"]:
         tally.add(row)
     final = tally.summary(final=True)
@@ -7531,6 +7826,10 @@ def build_parser():
     where.add_argument("--allow-insecure-http", action="store_true",
                        help="allow sending a key over plain http:// to a host that is not loopback")
     where.add_argument("--replay", metavar="RECORD", help=f"what {_with('replays_record')} reads")
+    where.add_argument("--allow-changed-tool-results", action="store_true",
+                       help="with --replay: grade a played row's stored conversation as it "
+                            "happened even where the suite's tool_results now answer a call "
+                            "otherwise (else the row is refused)")
     where.add_argument("--request", action="append", default=[], metavar="KEY=JSON",
                        help="set KEY of every request body to a JSON value, e.g. --request seed=7 (repeatable; "
                             "in the config; never model, instructions, input, tools or the like)")
@@ -7579,6 +7878,7 @@ class Settings:
         "update_pins": False,
         # where to send it
         "provider": None, "base_url": None, "api_key_env": None, "allow_insecure_http": False, "replay": None,
+        "allow_changed_tool_results": False,
         "request": (), "timeout": None,
         # run control
         "concurrency": 1, "retries": 0, "resume": None, "max_cost_usd": None, "price": (), "shard": None,
@@ -7764,6 +8064,8 @@ def _check_flags(values):
     replayers = [name for name, cls in PROVIDERS.items() if cls.replays_record]
     if values["replay"] and values["provider"] is not None and values["provider"] not in replayers:
         raise UsageError("--replay goes with " + " or ".join(f"--provider {name}" for name in replayers))
+    if values["allow_changed_tool_results"] and not values["replay"] and not values["resume"]:
+        raise UsageError("--allow-changed-tool-results goes with --replay RECORD")
     if values["provider"] in replayers and not values["replay"] and not values["resume"]:
         raise UsageError(f"--provider {values['provider']} needs --replay RECORD "
                          "(the saved record whose responses it answers with)")
@@ -7832,7 +8134,8 @@ def _continue_hint(path, values):
         record = load_record(path)
     except RecordError:
         return ""
-    if record_problem(record) is not None or (record.get("summary") or {}).get("complete") is True:
+    complete = (record.get("summary") or {}).get("complete") is True
+    if record_problem(record, evidence=False) is not None or complete:  # as --resume reads it
         return ""
     rows = len(record["runs"])
     return (f"; it holds an unfinished record ({rows} row(s) saved); "
@@ -7948,7 +8251,7 @@ def _run_sources(values, env):
     found = {}
     if values["resume"]:
         hold_record(values["resume"])  # before reading it: no other process may write it from now on
-        record = _load_for("--resume", values["resume"])
+        record = _load_for("--resume", values["resume"], evidence=False)  # such rows run again
         found.update(_resume_defaults(values, record, values["resume"], env))
         found.update(_resume_options({**values, **found}, record, values["resume"]))
         found["resumed_record"] = record
@@ -7966,11 +8269,15 @@ def _run_sources(values, env):
     if cls.base_url_flag:
         found["base_url"] = cls.endpoint(view, env)
     if cls.replays_record and values["replay"]:
-        replayed = _load_for("--replay", values["replay"])
+        replayed = _load_for("--replay", values["replay"], evidence=False)
         masked = masked_evidence(replayed)
         if masked:
             raise UsageError(f"--replay: {values['replay']} cannot be re-graded: {masked}; "
                              "replay a record made without masking")
+        unfounded_row = _unfounded_problem(replayed)  # every verdict it holds carries its evidence
+        if unfounded_row:
+            raise UsageError(f"--replay: {values['replay']} is not a usable agent-regression "
+                             f"record: {unfounded_row}")
         found["replayed_record"] = replayed
         found.update(_replay_defaults(values, replayed))
     models = found.get("models") or values["models"]
@@ -8413,8 +8720,9 @@ class Run:
         self.path, self.kept, self.resuming = path, list(kept), resuming
         done = {row_key(row) for row in self.kept}
         self.todo = [key for key in plan if key not in done]
-        self.provider = self.secret = self.refusal = None
+        self.provider = self.secret = self.refusal = self.budget = None
         self.prices = {}
+        self.redo = decimal.Decimal(0)  # what rows the cap stopped mid-loop spent (paid again)
 
 
 def _choose_suite(settings, record, replayed):
@@ -8443,35 +8751,52 @@ def _resumed_run(record, suite, plan, config, settings):
     if key is not None:
         raise UsageError(f"--resume: config key {key!r} would differ from the record's "
                          "(a flag, the environment or the suite changed it); resume needs the same config")
-    wanted, kept = set(plan), {}
-    for row in record["runs"]:
-        if row_key(row) in wanted and row.get("error") is None:
-            kept.setdefault(row_key(row), row)
+    wanted, kept, superseded = set(plan), {}, []
+    cases = {case["id"]: case for case in record["config"]["cases"]}
+    for row in record["runs"]:  # a row not kept stays as superseded evidence of what it spent
+        key = row_key(row)
+        if key in wanted and key not in kept and row.get("error") is None \
+                and not evidence_problem(record, row, cases):
+            kept[key] = row
+        else:
+            superseded.append(row)
     rows = [kept[key] for key in plan if key in kept]
     header = {k: v for k, v in record.items() if k not in ("runs", "summary", "recovered")}
     header["run_options"] = run_options(settings)
     header["resumed"] = list(header.get("resumed") or []) + [
         {"at": _now(), "kept_rows": len(rows), "code_sha256": code_sha256()}]
+    if superseded:
+        header["superseded"] = list(header.get("superseded") or []) + superseded
     return Run(suite, plan, set(plan), header, settings.resume, rows, resuming=True)
 
 
 def regrade_problem(record, path, suite, rows):
-    """Why the stored verdicts of a resume's kept rows cannot stand, or None: each kept row's
-    stored response is graded again under the current checks (offline, as --provider replay
-    does), and a verdict that differs (a record edited, or graded by other code) is refused
-    by --resume and --merge,
-    since the summary would mix two gradings. Masked responses cannot be re-graded
-    (masked_evidence), so their verdicts stand."""
-    if masked_evidence(record) is not None:
-        return None
+    """Why the stored verdicts of a resume's kept rows (or a shard's rows) cannot stand, or None:
+    each row's stored conversation is graded again under the current checks (offline, as
+    --provider replay does), and a verdict or answer that differs (a record edited, or graded
+    by other code), or tool results its suite would not have sent, is refused by --resume and
+    --merge, since the summary would mix two gradings. A masked row cannot be graded again:
+    it stands on its verdict_sha256 (evidence_problem), checked when the record was read."""
+    rows = [row for row in rows if not row_masked(record, row)]
+    replayer, cases = ReplayProvider({"provider": record.get("provider")}, path), \
+        {case["id"]: case for case in suite["cases"]}
+    other = "; it was made by other code (code_sha256 differs)" \
+        if record.get("code_sha256") != code_sha256() else ""
     for row, again in regraded_rows(record, rows, suite, path):
+        case = cases[row["case_id"]]
+        changed = replayer.changed(case_suite(suite, case), case, row)
+        if changed:
+            return (f"{key_text(row_key(row))}: its stored conversation is not one its suite plays "
+                    f"({changed}); the summary would count a verdict on a conversation that never "
+                    f"happened{other}: run the suite again with --out NEW.json")
         if again["passed"] is not row.get("passed") or again["reasons"] != row.get("reasons") or (
-                "verdicts" in row and again.get("verdicts") != row["verdicts"]):
-            other = "; it was made by other code (code_sha256 differs)" \
-                if record.get("code_sha256") != code_sha256() else ""
-            return (f"{key_text(row_key(row))} is stored as {_verdict_text(row)} but its stored response now "
-                    f"grades {_verdict_text(again)}{other}; the summary would mix two gradings: "
-                    "run the suite again with --out NEW.json")
+                "verdicts" in row and again.get("verdicts") != row["verdicts"]) \
+                or again["answer_text"] != row.get("answer_text"):
+            differs = "" if again["answer_text"] == row.get("answer_text") else \
+                " (and its stored answer_text is not its stored response's answer)"
+            return (f"{key_text(row_key(row))} is stored as {_verdict_text(row)} but its stored "
+                    f"response now grades {_verdict_text(again)}{differs}{other}; the summary "
+                    "would mix two gradings: run the suite again with --out NEW.json")
     return None
 
 
@@ -8512,6 +8837,10 @@ def prepare(settings, env):
         suite = {**suite, "request": {**(suite.get("request") or {}), **options}}
     if settings.update_baseline and not suite.get("file"):
         raise UsageError("--update-baseline needs --suite FILE (the file it fills)")
+    locked = next((path for path in baseline_files(suite) if read_only(path)), None) \
+        if settings.update_baseline else None
+    if locked:  # said before a request is paid for, not after
+        raise SuiteError(f"--update-baseline: {locked}: {READ_ONLY}; nothing was run")
     config = run_config(suite, settings.models, settings.repeats, settings.timeout)
     full_plan = plan_rows(settings.models, [case["id"] for case in suite["cases"]], settings.repeats)
     shard = settings.shard or (_shard(record["shard"]) if record is not None and record.get("shard") else None)
@@ -8532,7 +8861,9 @@ def prepare(settings, env):
                   settings.out or "results.json")
     if prices:  # not config: a price changes what a row is said to cost, never its verdict
         run.header["prices"] = {model: f"{price[0]}/{price[1]}" for model, price in prices.items()}
-        run.kept = [estimate_cost(dict(row), prices) for row in run.kept]  # a resume may add the price
+        run.kept = [repriced(row, prices) for row in run.kept]  # a resume may add the price
+        if run.header.get("superseded"):
+            run.header["superseded"] = [repriced(row, prices) for row in run.header["superseded"]]
     run.prices = prices
     run.refusal = cls.suite_problem(suite) or baseline_problem(settings, suite, run.header)
     return run
@@ -8562,7 +8893,9 @@ def _new_header(settings, env, cls, suite, config, shard, replayed):
         suite={"name": suite["name"], "builtin": suite["builtin"], "file": suite.get("file")},
         provider=provider_identity(settings, env, replayed),
         shard=f"{shard[0]}/{shard[1]}" if shard else None,
-        replayed_from={"path": settings.replay, "created_at": replayed.get("created_at")} if replayed else None,
+        replayed_from={"path": settings.replay, "created_at": replayed.get("created_at"), **(
+            {"tool_results": "as recorded"} if settings.allow_changed_tool_results else {})}
+        if replayed else None,
         redaction={"pii": settings.redact_pii, "patterns": len(settings.redact)}
         if settings.redact or settings.redact_pii else None,
         run_options=run_options(settings))
@@ -8753,26 +9086,30 @@ class Progress:
             self.stream.flush()
 
 
-def _stop_reason(row, tally, cap, resume=lambda flags: continue_command("RECORD", flags)):
+def _stop_reason(row, budget, resume=lambda flags: continue_command("RECORD", flags)):
     """Why no new request may start after this row, or None; `resume(flags)` is the command
     that continues the run with those flags added."""
+    refused, unknown = budget.refusal(), budget.unknown
+    if refused and unknown is not None:  # also when the cap stopped a played row mid-loop
+        refused += (f"; give its price and continue: {resume(['--price', unknown + '=IN/OUT'])} "
+                    "(USD per million input/output tokens)")
     if row["error"] is not None:
         status = f" {row['error_status']}" if row["error_status"] else ""
-        return (f"execution error on {key_text(row_key(row))}: "
-                f"{row['error']}{status}")
-    if cap is not None:
-        spent = tally.spent()
-        if spent is None:
-            return (f"the endpoint reported no cost for {row['model']} and it has no price, so --max-cost-usd "
-                    f"cannot be enforced; give its price and continue: "
-                    f"{resume(['--price', row['model'] + '=IN/OUT'])} "
-                    "(USD per million input/output tokens)")
-        if spent >= cap:
-            return f"--max-cost-usd reached: reported spend ${format(spent, 'f')} of ${format(cap, 'f')}"
-    return None
+        stop = f"execution error on {key_text(row_key(row))}: {row['error']}{status}"
+        return f"{stop}; {refused}" if row["error"] == "BudgetReached" and unknown else stop
+    return refused
 
 
-def continue_flags(settings, row=None, tally=None):
+def raised_cap(cap, spent, redo=0):
+    """The --max-cost-usd a budget stop's continue command names: the spend so far plus the cap
+    again, plus twice what the rows the cap stopped mid-loop spent (such a row runs again from
+    its first round), so pasting it never pays for the same rounds to stop in the same state;
+    None when even the highest cap the CLI accepts is not above the spend."""
+    higher = min(spent + cap + 2 * redo, AMOUNT_RANGE[1])
+    return higher if higher > spent else None
+
+
+def continue_flags(settings, row=None, tally=None, redo=0):
     """The flags a --resume needs beyond the record, plus what lifts this stop: more --retries
     after a transient failure, a higher --max-cost-usd after the budget stop."""
     flags = []
@@ -8793,8 +9130,16 @@ def continue_flags(settings, row=None, tally=None):
         flags += ["--retries", str(min(RANGES["retries"][1], max(3, settings.retries + 2)))]
     elif settings.max_cost_usd is not None and tally is not None and tally.spent() is not None \
             and tally.spent() >= settings.max_cost_usd:
-        flags += ["--max-cost-usd", format(min(settings.max_cost_usd * 2, AMOUNT_RANGE[1]), "f")]  # one it accepts
+        higher = raised_cap(settings.max_cost_usd, tally.spent(), redo)
+        flags += ["--max-cost-usd", format(higher, "f")] if higher is not None else []
     return flags
+
+
+def _cap_exhausted(settings, budget):
+    """Whether the cap stopped the run and no higher cap the CLI accepts is above its spend."""
+    spent = budget.spent() if budget is not None else None
+    cap = settings.max_cost_usd
+    return cap is not None and spent is not None and spent >= cap and raised_cap(cap, spent) is None
 
 
 def _transient_row(row):
@@ -8807,12 +9152,12 @@ def continue_command(path, flags=()):
     return " ".join([program_name(), "--resume", shell_word(path), *map(shell_word, flags)])
 
 
-def _storable(row, mask, prices=None):
-    """The row as stored (priced, then masked) and its JSON text. Anything failing after the
-    response arrived (masking a reply nested 900 levels deep, say) makes the row an
-    execution_error row that keeps what can be stored, never a lost row or a traceback."""
+def _storable(row, mask, prices=None, attest=lambda stored: stored):
+    """The row as stored (priced, masked, then attested when masked) and its JSON text. Anything
+    failing after the response arrived (masking a reply nested 900 levels deep, say) makes the
+    row an execution_error row that keeps what can be stored, never a lost row or a traceback."""
     try:
-        stored = redact_row(estimate_cost(row, prices) if prices else row, mask)
+        stored = attest(redact_row(estimate_cost(row, prices) if prices else row, mask))
         return stored, dumps(stored)
     except Exception as exc:
         problem = f"{type(exc).__name__}: {exc}"
@@ -8850,26 +9195,18 @@ def run_rows(run, settings, writer, tally):
     position = {key: n for n, key in enumerate(run.plan)}
     progress = Progress(len(run.plan), len(run.kept))
     widths = tuple(max((len(str(key[n])) for key in run.plan), default=0) for n in (0, 1))  # aligned columns
-    # A resumed record may already have spent the cap: then no new request starts at all.
-    spent_out = settings.max_cost_usd is not None and tally.spent() is not None and tally.spent() >= settings.max_cost_usd
-    state = {"stopped": _stop_reason({"error": None}, tally, settings.max_cost_usd) if spent_out else None,
+    # One budget for every worker: it starts from what the record spent (its superseded rows
+    # too), so a resumed record that already spent the cap sends nothing at all.
+    cost = functools.partial(response_cost, run.provider, run.prices)  # (model, raw) -> Decimal
+    budget = run.budget = Budget(settings.max_cost_usd, tally.spent(), cost, tally.unknown_cost())
+
+    def resume(flags):
+        flags = continue_flags(settings) + flags
+        return continue_command(run.path, flags) + redact_note(run.header)
+    state = {"stopped": _stop_reason({"error": None}, budget, resume),
              "last": max((position[row_key(r)] for r in run.kept), default=-1), "in_order": True, "row": None}
     answers = {}
-
-    def budget(row, row_cost):
-        """Why a played row may send no further round: the cap counts its rounds so far
-        (reported, or estimated from their token usage with --price)."""
-        if settings.max_cost_usd is None:
-            return None
-        if row_cost is None:  # no reported cost: the estimate the finished row would get
-            row_cost = estimate_cost({**row, "cost_usd": None, "error": None}, run.prices or {}).get("cost_usd")
-        spent = tally.spent()
-        if spent is None or row_cost is None:
-            return None  # no cost to hold the cap against (the row's end says so)
-        total = spent + decimal.Decimal(row_cost)
-        if total >= settings.max_cost_usd:
-            return f"--max-cost-usd reached: spend ${format(total, 'f')} of ${format(settings.max_cost_usd, 'f')}"
-        return None
+    attest = verdict_attester(run.header)
 
     def work(key):
         model, case_id, repeat = key
@@ -8881,18 +9218,24 @@ def run_rows(run, settings, writer, tally):
     def refill_early(row):
         # A finished row can only stop the run by an error (also one in storing it) or by the spending cap.
         # A sequential run checkpoints every row before the next request starts (SPEC A8).
-        storable[id(row)] = _storable(row, mask, run.prices)  # priced: the cap sees estimated spend too
+        storable[id(row)] = _storable(row, mask, run.prices, attest)  # priced, masked, attested
         return storable[id(row)][0]["error"] is None and settings.max_cost_usd is None and settings.concurrency > 1
 
     try:
-        for key, row in run_in_pool(run.todo, work, settings.concurrency, lambda: state["stopped"] is not None,
-                                 refill_early):
+        stopping = lambda: state["stopped"] is not None or budget.refusal()  # noqa: E731
+        for key, row in run_in_pool(run.todo, work, settings.concurrency, stopping, refill_early):
+            if row["error"] == "BudgetReached" and row["response"] is None and not row["attempts"]:
+                storable.pop(id(row), None)  # refused before its first request: not run, no row
+                state["stopped"] = state["stopped"] or _stop_reason({"error": None}, budget, resume)
+                continue
             # checks ran on the original; only the masked row is stored
-            stored, text = storable.pop(id(row), None) or _storable(row, mask, run.prices)
+            stored, text = storable.pop(id(row), None) or _storable(row, mask, run.prices, attest)
             saving = time.monotonic()
             with deferred_signals():  # the tally never counts a row that is not durably in the file
                 tally.add(stored)
                 writer.append(stored, tally.summary(), text)
+            if stored["error"] == "BudgetReached" and isinstance(stored.get("cost_usd"), str):
+                run.redo += decimal.Decimal(stored["cost_usd"])  # a resume pays its rounds again
             saved = time.monotonic() - saving
             progress.row(_console_row(run.suite, cases[key[1]], stored, settings.quiet,
                                       f"{row_line(stored, widths)}  (+{saved:.3f}s save)"), tally)
@@ -8903,8 +9246,7 @@ def run_rows(run, settings, writer, tally):
                 if best is None or position[key] < best[0]:
                     answers[key[1]] = (position[key], stored["answer_text"])
             if state["stopped"] is None:
-                state["stopped"] = _stop_reason(stored, tally, settings.max_cost_usd, lambda flags: continue_command(
-                    run.path, continue_flags(settings) + flags) + redact_note(run.header))
+                state["stopped"] = _stop_reason(stored, budget, resume)
                 state["row"] = stored if state["stopped"] else None
     finally:
         progress.close()
@@ -8934,17 +9276,27 @@ def reorder(run, final, writer=None):
 
 
 def _check_replay_covers(provider, run, settings):
-    """A replay must answer every row it is asked for; UsageError before anything runs."""
-    missing = provider.missing(run.todo) if getattr(provider, "replays_record", False) else None
+    """A replay must answer every row it is asked for, with the conversation the record holds;
+    UsageError before anything runs."""
+    if not getattr(provider, "replays_record", False):
+        return
+    missing = provider.missing(run.todo)
     if missing:
         raise UsageError(f"--replay: {settings.replay} has no stored response for {key_text(missing)}")
     cases = {case["id"]: case for case in run.suite["cases"]}
-    for key in run.todo if getattr(provider, "replays_record", False) else ():
-        changed = provider.changed_turns(cases[key[1]], provider.rows[key])
-        if changed:
+    for key in run.todo:
+        case, row = cases[key[1]], provider.rows[key]
+        changed = provider.changed(case_suite(run.suite, case), case, row,
+                                   results=not settings.allow_changed_tool_results)
+        if changed:  # the flag is offered only where it would let the replay grade the row
+            allow = "" if settings.allow_changed_tool_results or provider.changed(
+                case_suite(run.suite, case), case, row, results=False) else (
+                ", or pass --allow-changed-tool-results to grade the stored conversation as it "
+                "happened")
+            what = "turns, messages, " if "turns" in case or "turns" in row else ""
             raise UsageError(f"--replay: {key_text(key)} is not reproducible under this suite: "
-                             f"{changed}; a replay grades the conversation the model had, so "
-                             "restore the suite's turns")
+                             f"{changed}; a replay grades what the model was told, so restore the "
+                             f"suite's {what}tool_results and max_rounds{allow}")
 
 
 def open_record(run, tally, quiet=False):
@@ -9060,7 +9412,8 @@ def run_mode(settings, env, stage):
     if not run.resuming and run.header.get("sdk_version") is None:
         run.header["sdk_version"] = PROVIDERS[settings.provider].sdk_version()
     config = run.header["config"]
-    tally = Tally(config["models"], config["repeats"], config["cases"], expected=run.expected)
+    tally = Tally(config["models"], config["repeats"], config["cases"], expected=run.expected,
+                  superseded=run.header.get("superseded") or ())
     for row in run.kept:
         tally.add(row)
     writer = open_record(run, tally, settings.quiet)
@@ -9092,9 +9445,13 @@ def run_mode(settings, env, stage):
     for warning in final.get("warnings", []):
         print(f"warning: {safe_text(warning)}", file=sys.stderr)
     if stopped:
-        hint = f"; continue with: {continue_command(run.path, continue_flags(settings, last, tally))}" \
+        flags = continue_flags(settings, last, run.budget, run.redo)
+        hint = f"; continue with: {continue_command(run.path, flags)}" \
                f"{redact_note(run.header)}" \
             if (not final["complete"] or tally.errors) and "reported no cost" not in stopped else ""
+        if hint and _cap_exhausted(settings, run.budget):
+            hint = (f"; its spend is past the highest --max-cost-usd ({AMOUNT_RANGE[1]:f}), so no "
+                    "cap lets it continue")
         print(f"stopped early: {safe_text(stopped)}{safe_text(hint)}", file=sys.stderr)
     write_reports_of(load_record(run.path), settings, stage, run.path)
     if settings.update_baseline:

@@ -254,6 +254,8 @@ def the_readers(folder, servers):
     changed_turn, changed_history, regraded = (json.loads(json.dumps(data)) for _ in range(3))
     changed_turn["cases"][0]["turns"][1]["user"] = "It is ord_21."
     changed_history["cases"][0]["messages"][1]["content"] = "Hi! What can I do?"
+    results = json.loads(json.dumps(data))  # the lookup now answers another ship date
+    results["cases"][0]["tool_results"]["lookup_order"]["shipped_on"] = "2026-11-21"
     del regraded["cases"][0]["turns"][2]["contains"]  # a check only: a regrade
     crafted = {
         "config": {"models": ["m"], "cases": [{"id": "c", "turns": [5]}], "repeats": 1},
@@ -301,8 +303,11 @@ def the_readers(folder, servers):
                 ("turn", changed_turn),
                 ("history", changed_history),
                 ("regraded", regraded),
+                ("results", results),
             )
         },
+        "allowed": [*replay, str(folder / "results.json"), "--allow-changed-tool-results",
+                    "--out", "allowed.out.json"],
         "crafted": ["--report", "crafted.json", "--markdown", "c.md"],
     }
 
@@ -487,6 +492,8 @@ def test_replay_regrades_every_turn_without_a_request_and_refuses_a_changed_conv
         turn[0] == 2
         and "careful / refund / repeat 0 is not reproducible" in turn[2]
         and 'turn 2 said "It\'s ord_21."' in turn[2]
+        and "restore the suite's turns, messages," in turn[2]
+        and "--allow-changed-tool-results" not in turn[2]  # the flag would not help here
     ), turn
     assert history[0] == 2 and "prior history (messages) differs" in history[2], history
     assert len(turn[2].strip().splitlines()) == 1 and "Traceback" not in turn[2] + history[2]
@@ -500,10 +507,25 @@ def test_replay_regrades_every_turn_without_a_request_and_refuses_a_changed_conv
     assert compared[0] == 0 and "REGRADE" in compared[1], compared
 
 
+def test_replay_refuses_a_turns_changed_tool_result_unless_allowed_and_then_grades_the_stored(cli):
+    refused, allowed = cli["results"]["results"], cli["results"]["allowed"]
+    assert refused[0] == 2 and len(refused[2].strip().splitlines()) == 1, refused
+    assert "careful / refund / repeat 0 is not reproducible" in refused[2]
+    assert "turn 2: round 1 call lookup_order(" in refused[2] and "2026-11-21" in refused[2]
+    assert "or pass --allow-changed-tool-results" in refused[2]
+    assert allowed[0] == 1, allowed  # the eager agent still fails; the careful one passes
+    careful_row, eager_row = read_record(cli["folder"] / "allowed.out.json")["runs"]
+    stored = read_record(cli["folder"] / "chat.json")["runs"]
+    assert careful_row["passed"] is True, careful_row["reasons"]  # graded on the stored result
+    assert careful_row["turns"] == stored[0]["turns"] and eager_row["turns"] == stored[1]["turns"]
+
+
 def test_a_failure_in_turn_3_keeps_turns_1_and_2_and_the_partial_turn_3_and_resume_starts_over(cli):
     assert cli["results"]["failing"][0] == 2, cli["results"]["failing"]
     record = read_record(cli["folder"] / "failing.json")
     assert record["resumed"] and record["runs"][0]["passed"] is True  # resumed: the row ran again
+    (abandoned,) = record["superseded"]  # the failed attempt stays, with what it spent
+    assert abandoned["error"] == "HTTPError" and len(abandoned["turns"]) == 3
     assert cli["results"]["resume"][0] == 0, cli["results"]["resume"]
     sent = [
         request.json for request in cli["servers"]["failing"].requests[cli["state"]["before"] :]
@@ -549,7 +571,7 @@ def test_the_spending_cap_holds_before_a_later_turn(cli):
         and len(row["turns"]) == 1
         and row["error"] == "BudgetReached"
     )
-    assert row["cost_usd"] == "0.001"
+    assert row["cost_usd"] == "0.001" and row["error_message"].endswith("round 1 of turn 2")
 
 
 def test_a_conversations_evidence_is_masked_when_stored(cli):

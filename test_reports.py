@@ -48,8 +48,8 @@ def _no_environment_twins(monkeypatch):
 def make_row(model, case_id, repeat=0, reasons=(), answer="answer", error=None, **extra):
     reasons = list(reasons)
     row = {"case_id": case_id, "model": model, "repeat": repeat, "error": error, "error_status": None,
-           "cost_usd": "0.001", "answer_text": answer, "reasons": reasons, "seconds": 0.25,
-           "passed": error is None and not reasons}
+           "cost_usd": "0.001", "response": {"status": "completed"}, "answer_text": answer,
+           "reasons": reasons, "seconds": 0.25, "passed": error is None and not reasons}
     row.update(extra)
     return row
 

@@ -1135,15 +1135,17 @@ def test_a_cap_or_price_too_large_or_small_to_write_out_is_refused(tmp_path):
 
 def test_the_budget_stop_at_the_highest_cap_suggests_a_cap_the_cli_accepts(tmp_path):
     """The budget stop suggests twice the cap; at the highest cap (1000000000) that was a
-    command the CLI itself refuses. It now suggests the highest cap, which resumes."""
+    command the CLI itself refuses, and then the same cap, which pays nothing and stops again.
+    With the spend past the highest cap, no continue command is offered: it says so."""
     out = tmp_path / "run.json"
     with fakes.FakeServer(lambda request: correct(request, cost=600_000_000)) as server:
         result = run(["--max-cost-usd", "1000000000", "--out", out], server)
         assert result.returncode == 2 and server.count == 2
         hint = result.stderr.strip().splitlines()[-1]
-        assert hint.endswith(f"continue with: {PROGRAM} --resume {out} --max-cost-usd "
-                             "1000000000"), hint
-        resumed = run(hint.split(f"continue with: {PROGRAM} ", 1)[1].split(), server)
+        assert hint.endswith("its spend is past the highest --max-cost-usd (1000000000), so no "
+                             "cap lets it continue"), hint
+        resumed = run(["--resume", out, "--max-cost-usd", "1000000000"], server)
+        assert server.count == 2  # the resume sends nothing: the record already spent the cap
     assert resumed.returncode == 2 and "--max-cost-usd reached" in resumed.stderr  # refused by the cap, not the CLI
 
 

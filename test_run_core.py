@@ -642,7 +642,8 @@ def test_budget_stop_prints_the_resume_command_with_a_higher_cap(tmp_path, monke
     line = one_line(capsys.readouterr().err)
     assert "--max-cost-usd reached" in line
     program = regression.program_name()  # in-process: the script file itself
-    assert line.endswith(f"continue with: {program} --resume {out} --max-cost-usd 0.004"), line
+    # the spend so far ($0.0024) plus the cap again (twice the cap left less than the cap to spend)
+    assert line.endswith(f"continue with: {program} --resume {out} --max-cost-usd 0.0044"), line
     assert len(read(out)["runs"]) == 2
 
 

@@ -52,6 +52,7 @@ def make_record(models, case_ids, repeats, failing=(), name="run"):
             "error": None,
             "error_status": None,
             "cost_usd": "0",
+            "response": {"status": "completed", "output_text": "a"},  # a verdict needs its evidence
             "answer_text": "a",
             "reasons": ["wrong_code"] if (m, c, r) in failing else [],
             "seconds": 0.1,

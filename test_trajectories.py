@@ -617,18 +617,20 @@ def test_replay_regrades_every_round_without_any_request(tmp_path):
     assert len(regraded[key]["rounds"]) == 3
 
 
-def test_replay_asking_for_more_rounds_than_stored_is_an_execution_error(tmp_path):
+def test_replay_asking_for_more_rounds_than_stored_is_refused(tmp_path, capsys):
+    """A replay under a longer max_rounds would play past the stored conversation: it is refused
+    before any row is made (it used to become an execution_error row in a new record)."""
     out, more = tmp_path / "run.json", tmp_path / "more.json"
     with FakeServer(fakes.refund_agent()) as server:
         assert cli_run(server, out, models=["refund-loops"]) == 1
     longer = example()
     longer["max_rounds"] = 6
     suite = write_suite(tmp_path / "longer.json", longer)
+    capsys.readouterr()
     code = run_main(["--provider", "replay", "--replay", out, "--suite", suite, "--out", more])
-    row = read_record(more)["runs"][0]
-    assert code == 2 and row["reasons"] == ["execution_error"]
-    assert "no stored round 5" in row["error_message"]
-    assert len(row["rounds"]) == 4
+    assert code == 2 and not more.exists()
+    said = capsys.readouterr().err
+    assert "ended after round 4 (its max_rounds then), but the suite now plays on" in said
 
 
 def test_resume_reruns_a_played_row_from_its_first_round(tmp_path):
