@@ -273,6 +273,9 @@ def the_readers(folder, servers):
     for name in ("crafted.json", "crafted2.json"):
         (folder / name).write_text(json.dumps(crafted))
     replay = ["--provider", "replay", "--replay", "chat.json", "--suite"]
+    tampered = read_record(folder / "masked.json.out")  # a masked row's turn edited afterwards
+    tampered["runs"][0]["turns"][0]["reply"] = "thanks"
+    (folder / "tampered.json").write_text(json.dumps(tampered))
     return {
         "resume": [
             "--provider",
@@ -309,6 +312,7 @@ def the_readers(folder, servers):
         "allowed": [*replay, str(folder / "results.json"), "--allow-changed-tool-results",
                     "--out", "allowed.out.json"],
         "crafted": ["--report", "crafted.json", "--markdown", "c.md"],
+        "tampered": ["--report", "tampered.json", "--markdown", "t.md"],
     }
 
 
@@ -578,6 +582,9 @@ def test_a_conversations_evidence_is_masked_when_stored(cli):
     assert cli["results"]["masked"][0] == 0, cli["results"]["masked"]
     (row,) = read_record(cli["folder"] / "masked.json.out")["runs"]
     assert "jane.doe@example.com" not in json.dumps(row) and "[REDACTED" in row["turns"][0]["user"]
+    code, _, err = cli["results"]["tampered"]  # the digest of a masked row covers its turns
+    assert code == 2 and "its verdict_sha256 does not match" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (cli["folder"] / "t.md").exists()
 
 
 def test_a_crafted_conversation_record_is_one_line_and_exit_2(cli):
