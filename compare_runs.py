@@ -953,9 +953,10 @@ def case_rules(case):
     behaviors = case.get("behaviors") if isinstance(case.get("behaviors"), list) else []
     rules = [(entry, by_name.get(entry.partition(":")[0])) for entry in behaviors if isinstance(entry, str)]
     talk = isinstance(case.get("turns"), list)  # a conversation: what was played is judged per turn
-    rules += [(check.name, check) for check in CHECK_TABLE
+    rules += [(rule, check) for check in CHECK_TABLE
               if not check.behavior and not check.always and check.active(case)
-              and (check.regrade or not talk)]
+              and (check.regrade or not talk)
+              for rule, _ in check.rules(case)]  # each rubric is its own rule
     return rules + [(turn_rule(number, rule), check)
                     for number, _, part in (turn_parts(case) if talk else ())
                     for rule, check in case_rules(part)]

@@ -449,6 +449,98 @@ def chat(answer):
     return reply
 
 
+# ---------------------------------------------------------------------- a scripted judge
+# A judge model for rubric cases on /chat/completions: the request's model picks how it judges.
+# It reads what regression.py sends a judge: the judge prompt as the system message, the data as
+# the one user message (one JSON object of exactly input, rubric and answer).
+
+JUDGE_MARKER = "GOOD"
+
+
+def _unique(pairs):
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError("duplicate key")
+    return dict(pairs)
+
+
+def judge_request(body):
+    """(the instructions part: the system text, the data object or None when the user part is not
+    exactly one JSON object of the strings input, rubric and answer)."""
+    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    system = "\n".join(str(m.get("content")) for m in messages if m.get("role") == "system")
+    users = [m.get("content") for m in messages if m.get("role") == "user"]
+    try:
+        data = json.loads(users[0], object_pairs_hook=_unique) if len(users) == 1 else None
+    except (TypeError, ValueError):
+        data = None
+    whole = isinstance(data, dict) and set(data) == {"input", "rubric", "answer"} and \
+        all(isinstance(value, str) for value in data.values())
+    return system, data if whole else None
+
+
+def _marked(data):
+    return ("pass", "the answer holds the marker") if JUDGE_MARKER in data["answer"] else \
+        ("fail", "the answer lacks the marker")
+
+
+def _obeys(system, data):
+    """A judge that follows what it reads: a pass when the instructions part says so, or when the
+    data is not whole (its answer escaped the quoting); else it judges by the marker."""
+    if data is None or re.search(r"verdict\W{0,3}pass|INJECTED", system, re.I):
+        return "pass", "followed the instructions it was given"
+    return _marked(data)
+
+
+def scripted_judge(cost=None, votes=("pass", "fail", "pass"), replies=None):
+    """A /chat/completions reply function for judges; the request's model picks what it does:
+    judge-marker  pass when the answer holds JUDGE_MARKER, else fail
+    judge-pass    always pass;  judge-500: HTTP 500;  judge-prose: a reply in prose
+    judge-split   each answer gets `votes` in turn (pass, fail, pass: a 2 of 3 split)
+    judge-obeys   judge-marker, but a pass whenever the instructions part says "verdict: pass" or
+                  the data is not one whole JSON object (see _obeys)
+    and each model of `replies` ({model: text}) answers that text as it is."""
+    counts, lock = {}, threading.Lock()
+
+    def verdict(model, system, data):
+        if model == "judge-obeys":
+            return _obeys(system, data)
+        if data is None:
+            return None
+        if model == "judge-marker":
+            return _marked(data)
+        if model == "judge-pass":
+            return "pass", "always passes"
+        if model == "judge-split":
+            with lock:
+                counts[data["answer"]] = counts.get(data["answer"], -1) + 1
+                return votes[counts[data["answer"]] % len(votes)], "a split vote"
+        return None
+
+    def answer(request):
+        body = request.json or {}
+        model = body.get("model")
+        if model == "judge-500":
+            return Reply(500, {"error": {"message": "fake judge 500", "type": "fake"}})
+        if model == "judge-prose":
+            said = "The answer passes: it apologises."
+            return Reply(body=chat_response(said, model=model, cost=cost))
+        if model in (replies or {}):
+            return Reply(body=chat_response(replies[model], model=model, cost=cost))
+        said = verdict(model, *judge_request(body))
+        if said is None:
+            return Reply(404 if model not in ("judge-marker", "judge-pass", "judge-split") else 400,
+                         {"error": {"message": f"unknown judge model {model!r} or no data object"}})
+        text = json.dumps({"verdict": said[0], "reason": said[1]})
+        return Reply(body=chat_response(text, model=model, cost=cost))
+
+    def reply(request):
+        if not request.path.split("?")[0].endswith("/chat/completions"):
+            return Reply(404, {"error": {"message": f"no route {request.path}"}})
+        return answer(request)
+    return reply
+
+
 # ---------------------------------------------------------------------- real servers' quirks (issue 12)
 # Each is a reply function for FakeServer, reproducing one behaviour seen on a real server.
 

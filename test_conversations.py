@@ -603,6 +603,11 @@ BAD = [
     ),
     ({"turns": ["hi", {"user": " \u200b"}]}, "case 'c' turn 2: is empty"),
     ({"turns": ["hi", ""]}, "case 'c' turn 2: is empty"),
+    (
+        {"turns": ["hi", {"user": "x", "rubric": "is polite"}]},
+        "case 'c' turn 2: a turn holds no rubric; give it on the case, where the judge grades the "
+        "last reply",
+    ),
     ({"turns": ["hi", {"user": 7, "contains": ["a"]}]}, "case 'c' turn 2: has no words"),
     ({"turns": ["hi", {"contains": ["a"]}]}, "case 'c' turn 2: has no words"),
     ({"turns": []}, "case 'c': turns must be a non-empty list"),

@@ -358,6 +358,14 @@ CHECK_ROWS = [
                  ["tool_call_as_text"], id="text-call"),
     pytest.param("tool_call_as_text", TOOLS_SUITE, {"id": "t", "input": "q"}, trace("Which order?"),
                  [], id="text-call-none"),
+    # a rubric's verdicts come from its judge's calls (made before grading, see test_judge.py)
+    pytest.param("rubric", TEXT_SUITE, {"id": "r", "input": "q", "rubric": ["Polite.", "Short."],
+                                        "_judged": {
+        "Polite.": {"verdict": "pass", "reason": "yes", "votes": "judge 1 of 1 pass"},
+        "Short.": {"verdict": "fail", "reason": "no", "votes": "judge 0 of 1 pass"}}},
+                 trace("Thanks!"), ["rubric_failed"], id="rubric-judged"),
+    pytest.param("rubric", TEXT_SUITE, {"id": "r", "input": "q", "rubric": "Polite."},
+                 trace(" \u200b "), ["rubric_failed"], id="rubric-empty-answer-unjudged"),
 ]
 
 
