@@ -44,6 +44,7 @@ import re
 import sys
 
 from regression import (ABSENT, BEHAVIORS, CASES, CHECK_KEYS, CHECK_TABLE, INSTRUCTIONS, RANGES,
+                        rule_turn, turn_parts, turn_rule,
                         RecordError, Trace, UsageError, check, compile_case, dumps,
                         first_difference, grade, html_page, html_table, instructions_sha256,
                         junit_name, junit_xml, key_text, load_record, masked_evidence, md_table,
@@ -164,6 +165,10 @@ def _config_view(config, without_checks=False):
     dropped = IGNORED_CASE_KEYS + (tuple(CHECK_KEYS) if without_checks else ())
     view["cases"] = [{key: value for key, value in case.items() if key not in dropped}
                      for case in view["cases"]]
+    for case in view["cases"] if without_checks else ():  # a turn's checks too; its words stay
+        if isinstance(case.get("turns"), list):
+            case["turns"] = [turn.get("user") if isinstance(turn, dict) else turn
+                             for turn in case["turns"]]
     return view
 
 
@@ -411,7 +416,7 @@ def _failures(row, shared):
     rules give it (reason[rule]); a row without verdicts (see analyse): its reasons."""
     if "verdicts" not in row:
         return row["reasons"]
-    return [f"{reason}[{rule}]" if reason in shared else reason
+    return [f"{reason}[{rule}]" if reason in shared or rule_turn(rule) else reason  # which turn
             for rule, reasons in row["verdicts"].items() for reason in reasons]
 
 
@@ -947,9 +952,14 @@ def case_rules(case):
     by_name = {check.name: check for check in CHECK_TABLE}
     behaviors = case.get("behaviors") if isinstance(case.get("behaviors"), list) else []
     rules = [(entry, by_name.get(entry.partition(":")[0])) for entry in behaviors if isinstance(entry, str)]
-    return rules + [(rule, check) for check in CHECK_TABLE
-                    if not check.behavior and not check.always and check.active(case)
-                    for rule, _ in check.rules(case)]  # each rubric is its own rule
+    talk = isinstance(case.get("turns"), list)  # a conversation: what was played is judged per turn
+    rules += [(rule, check) for check in CHECK_TABLE
+              if not check.behavior and not check.always and check.active(case)
+              and (check.regrade or not talk)
+              for rule, _ in check.rules(case)]  # each rubric is its own rule
+    return rules + [(turn_rule(number, rule), check)
+                    for number, _, part in (turn_parts(case) if talk else ())
+                    for rule, check in case_rules(part)]
 
 
 def _failing(case, row):

@@ -1195,6 +1195,8 @@ def case_requests(suite):
     rows = []
     for case in suite["cases"]:
         seen = regression.case_suite(suite, case)
+        if "turns" in case:  # a conversation is recognised by its first turn's request
+            case = regression.turn_case(case, regression.user_turns(case)[0][0], [])
         agent = regression.PerplexityProvider().body("fake", seen, case)
         chat = regression.OpenAIProvider("http://127.0.0.1/v1").body("fake", seen, case)
         rows.append((case["id"], chat["messages"], agent["instructions"], agent["input"]))
@@ -1212,10 +1214,11 @@ def _chat_turn(body, rows):
     return case_id, len(said)
 
 
-def _rounds_in(items):
-    """How many rounds of tool results follow: one run of function_call_output items ends each."""
-    kinds = [item.get("type") if isinstance(item, dict) else None for item in items] + [None]
-    return sum(kind == "function_call_output" != after for kind, after in zip(kinds, kinds[1:]))
+def _responses_in(items):
+    """How many model responses follow: each is a run of its message and function_call items."""
+    said = [isinstance(item, dict) and (item.get("type") == "function_call"
+                                        or item.get("role") == "assistant") for item in items]
+    return sum(now and not before for before, now in zip([False] + said, said))
 
 
 def _agent_turn(body, rows):
@@ -1226,9 +1229,10 @@ def _agent_turn(body, rows):
             continue
         if value == sent:
             return case_id, 0
-        items = regression.PerplexityProvider.conversation({"input": sent}, ())
+        items = sent if isinstance(sent, list) else \
+            regression.PerplexityProvider.conversation({"input": sent}, ())
         if isinstance(value, list) and value[:len(items)] == items:
-            return case_id, _rounds_in(value[len(items):])
+            return case_id, _responses_in(value[len(items):])
     return None
 
 

@@ -48,7 +48,8 @@ __all__ = [
     "rfc_document", "approved_source", "document_id", "CHECKS", "BEHAVIORS", "check", "grade",
     "grading", "compile_case", "reported_cost", "similarity",
     "register_check", "register_case_key", "CHECK_TABLE", "CHECK_KEYS", "Fail", "text_form",
-    "reason_table", "Trace",
+    "reason_table", "Trace", "user_turns", "turn_parts", "turn_case", "turn_rule", "rule_turn",
+    "validate_history",
     # suites (B1)
     "SuiteError", "load_suite", "validate_suite", "instructions_sha256",
     # providers and one request (A6, B3, B4)
@@ -979,19 +980,23 @@ def _structured_answer(case, trace):
 
 
 def _user_text(case):
-    """Everything the user said in a case (its input or question, or the user messages)."""
+    """Everything the user said in a case: the user messages of its prior history, its input (or
+    question, or user messages) and its turns."""
     given = case.get("input", case.get("question"))
-    if isinstance(given, list):
-        return "\n".join(json.dumps(message.get("content"), ensure_ascii=False) if not isinstance(
-            message.get("content"), str) else message["content"] for message in given
-            if isinstance(message, dict) and message.get("role", "user") == "user")
-    return given if isinstance(given, str) else ""
+    messages = [*(case.get("messages") or []), *(given if isinstance(given, list) else [])]
+    said = [json.dumps(message.get("content"), ensure_ascii=False) if not isinstance(
+        message.get("content"), str) else message["content"] for message in messages
+        if isinstance(message, dict) and message.get("role", "user") == "user"]
+    said += [given] if isinstance(given, str) else []
+    said += [turn.get("user") if isinstance(turn, dict) else turn
+             for turn in case.get("turns") or ()]
+    return "\n".join(text for text in said if isinstance(text, str))
 
 
 class Trace(collections.namedtuple("Trace", "final_text tool_calls tool_rounds search_urls status "
                                      "cost_usd earlier_texts thought_texts rounds final "
-                                     "attempts bound",
-                                     defaults=((), (), None, None, (), None))):
+                                     "attempts bound transcript turns",
+                                     defaults=((), (), None, None, (), None, (), None))):
     """What a provider saw of one row, in provider-neutral form: the only thing checks read.
 
     final_text     the answer graded (str): reasoning a server left in content removed
@@ -1008,6 +1013,9 @@ class Trace(collections.namedtuple("Trace", "final_text tool_calls tool_rounds s
     attempts       [{"name", "arguments"}] tool calls the model wrote as text (see text_tool_calls):
                    never made, so they count against it (forbid_tool, ...) and never for it
     bound          a played row: the Fail of the bound that stopped it (see PLAYED_BOUNDS), or None
+    transcript     a played row or conversation: ("user" | "tool" | "said", text) in the order the
+                   model was told and said them (user turns, tool results, search URLs, replies)
+    turns          a conversation: each turn's own trace (None: no conversation)
     """
 
     __slots__ = ()
@@ -2246,6 +2254,212 @@ register_check("claims", check_claims, keys=("claims",), validate=_validate_clai
                    "non-error result", "a confident false report: treat it as a severe regression")})
 
 
+# ---------------------------------------------------------------------- grounding
+# behavior grounded: every value a reply states must occur in what the model was given before
+# it. Values are found in the text normal form (any script's digits as ASCII, invisible
+# characters gone, case folded), with look-alike letters and combining marks read away and
+# markup rendered (a value split by "**" or a tag is one value); URLs and e-mail addresses are
+# also read before rendering (a link target is stated too). Each kind has one normal form, so
+# "1,000.00" and "1000", "$12.50" and "12.5 USD", "2024-05-03" and "May 3rd, 2024" compare equal.
+_MONTH = {name: number for number, names in enumerate((
+    "jan january", "feb february", "mar march", "apr april", "may", "jun june", "jul july",
+    "aug august", "sep sept september", "oct october", "nov november", "dec december"), 1)
+    for name in names.split()}
+_MONTHS = r"(" + "|".join(sorted(_MONTH, key=len, reverse=True)) + r")\.?(?![a-z])"
+_CURRENCY = {"$": "usd", "us$": "usd", "dollar": "usd", "dollars": "usd", "€": "eur",
+             "euro": "eur", "euros": "eur", "£": "gbp", "¥": "jpy", "₹": "inr",
+             **{code: code for code in ("usd", "eur", "gbp", "jpy", "inr", "cad", "aud", "chf")}}
+_CODES = r"(?:usd|eur|gbp|jpy|inr|cad|aud|chf)(?![a-z])"
+_AMOUNT = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"  # a comma before three digits groups thousands
+_ALONE, _ENDS = r"(?<![\w.,])", r"(?![\w]|[.,]\d)"
+
+
+def _number_form(text):
+    """A number's normal form: grouping commas and trailing zeros gone ("1,000.00" is 1000); with
+    a leading zero ("007", "02134") its digits as written."""
+    digits = text.replace(",", "").replace("_", "")
+    whole, _, fraction = digits.partition(".")
+    if len(whole) > 1 and whole[0] == "0":
+        return "n:" + digits
+    fraction = fraction.rstrip("0")  # on the text: no decimal context rounds a long number
+    return "n:" + whole + ("." + fraction if fraction else "")
+
+
+def _date_forms(year, first, second, either=False):
+    """A date's forms ("d:2024-5-3", "d:--5-3" without a year): month first, and, with `either`
+    (a numeric date both of whose parts could be the month), day first too."""
+    year = None if year is None else int(year) + (2000 if len(year) == 2 else 0)
+    readings = [(int(first), int(second))] + ([(int(second), int(first))] if either else [])
+    return [f"d:{'-' if year is None else year}-{month}-{day}" for month, day in readings
+            if 1 <= month <= 12 and 1 <= day <= 31] or None
+
+
+def _time_form(match):
+    hour, minute, second, half = match.group(1, 2, 3, 4)
+    hour = int(hour) % 12 + (12 if half == "p" else 0) if half else int(hour)
+    if hour > 24 or int(minute) > 59 or int(second or 0) > 59:
+        return None
+    return [f"t:{hour}:{minute}" + (f":{second}" if second and second != "00" else "")]
+
+
+def _amount_form(symbol, number):
+    """An amount's forms: "a:usd:12.5" ($12.50, 12.50 USD), its currency mark, its number."""
+    value = _number_form(number)[2:]
+    return [f"a:{_CURRENCY[symbol]}:{value}", f"c:{value}", f"n:{value}"]
+
+
+def _groups_form(text):
+    """Digits in groups ("555-123-4567", "4 8 2 1 3"): the joined number, then each group."""
+    groups = re.split(r"[ -]", text)
+    return [_number_form("".join(groups))] + [_number_form(group) for group in groups]
+
+
+# (kind, pattern, forms(match) -> [normal forms] or None when the match is no value): found in
+# this order, each found value blanked before the next pattern reads the text.
+VALUE_KINDS = [
+    ("url", r"(?:https?://|www\.)[^\s<>\"'`\[\](){}|\\^]+", lambda m: ["u:" + re.sub(
+        r"^(?:https?://)?|(?::443|:80)(?=/|$)|/+$", "", m.group(0).rstrip(".,;:!?*_~'\""))]),
+    ("email", r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+", lambda m: ["e:" + m.group(0).rstrip(".-")]),
+    ("date", r"(?<![\w.])(\d{4})([-/.])(\d{1,2})\2(\d{1,2})(?!\d)",
+     lambda m: _date_forms(m[1], m[3], m[4])),
+    ("date", rf"{_ALONE}(\d{{1,2}})([-/.])(\d{{1,2}})\2(\d{{4}}|\d{{2}}){_ENDS}",
+     lambda m: _date_forms(m[4], m[1], m[3], either=True)),
+    ("date", rf"{_ALONE}(\d{{1,2}})(?:st|nd|rd|th)?(?: of)? {_MONTHS}(?:,? (\d{{4}}))?(?!\d)",
+     lambda m: _date_forms(m[3], _MONTH[m[2]], m[1])),
+    ("date", rf"(?<![a-z]){_MONTHS} (\d{{1,2}})(?:st|nd|rd|th)?(?![\d])(?:,? (\d{{4}}))?(?!\d)",
+     lambda m: _date_forms(m[3], _MONTH[m[1]], m[2])),
+    ("time", r"(?<![\d:.])(\d{1,2}):(\d{2})(?::(\d{2}))?(?!\d)(?: ?([ap])\.?m(?![a-z])\.?)?",
+     _time_form),
+    ("amount", rf"(?<!\w)((?:us)?\$|€|£|¥|₹|{_CODES}) ?({_AMOUNT}){_ENDS}",
+     lambda m: _amount_form(m[1], m[2])),
+    ("amount", rf"{_ALONE}({_AMOUNT}) ?(\$|€|£|¥|₹|{_CODES}|dollars?|euros?(?![a-z]))",
+     lambda m: _amount_form(m[2], m[1])),
+    ("id", r"(?<![\w.])\d+(?:\.\d+){2,}(?![\w]|\.\d)", lambda m: ["i:" + m.group(0)]),  # 1.2.3, IPs
+    ("groups", rf"{_ALONE}\d+(?:[ -]\d+)+{_ENDS}", lambda m: _groups_form(m.group(0))),
+    ("number", r"(?<![\w.])(\d+)(?:st|nd|rd|th)(?![a-z\d])", lambda m: [_number_form(m[1])]),
+    ("number", rf"(?<![\w.])({_AMOUNT}){_ENDS}", lambda m: [_number_form(m[1])]),
+    ("id", r"\w+", lambda m: None if not re.search(r"\d", m.group(0)) else [
+        "i:" + m.group(0).strip("_") if re.search(r"[^\W\d_]", m.group(0))
+        else _number_form(m.group(0))]),
+]
+_VALUE_PATTERNS = [(kind, re.compile(pattern), forms) for kind, pattern, forms in VALUE_KINDS]
+
+
+def stated_values(form):
+    """[(kind, normal forms, as found)] of the values of a text in text_form(), in VALUE_KINDS
+    order. A number counts with two or more digits; every other kind always does."""
+    found = []
+
+    def take(kind, forms, match):
+        given = forms(match)
+        if not given:
+            return match.group(0)  # not a value of this kind: later patterns read it
+        numeric = given[0].startswith("n:") and kind != "groups"  # a number needs two digits
+        if not numeric or sum(char.isdigit() for char in match.group(0)) > 1:
+            found.append(("number" if numeric else kind, given, match.group(0)))
+        return " "
+    for kind, pattern, forms in _VALUE_PATTERNS:
+        form = pattern.sub(lambda match: take(kind, forms, match), form)
+    return found
+
+
+@functools.lru_cache(maxsize=256)  # instructions and tool results are read again for every reply
+def given_values(text):
+    """The normal forms of every value a given text holds, in every reading (see readings), with
+    each date's form without its year, and the digit runs inside each value ("r:21" of ord_21:
+    a bare number may quote one, an amount may not)."""
+    known = set()
+    for form in readings(text):
+        for kind, forms, found in stated_values(form):
+            known.update(forms, ("r" + _number_form(run)[1:] for run in re.findall(r"\d+", found)))
+            known.update("d:-" + one[one.index("-", 2):] for one in forms if kind == "date")
+    return frozenset(known)
+
+
+def _grounded(kind, forms, known):
+    """Whether a stated value occurs in what was given (`known`: given_values forms). An amount
+    in a currency needs that currency, unless the given number came with none; digits in groups
+    need their joined number, or (groups of two digits or more) each group."""
+    if kind == "amount":
+        value = forms[1][2:]
+        return forms[0] in known or ("n:" + value in known and forms[1] not in known)
+    if kind == "groups":
+        return forms[0] in known or all(form in known for form in forms[1:]) and not any(
+            len(form) == 3 and form[2].isdigit() for form in forms[1:])
+    if kind == "number":
+        return forms[0] in known or "r" + forms[0][1:] in known
+    return any(form in known for form in forms)
+
+
+def reply_values(text):
+    """[(kind, forms, as found)] a reply states: its rendered reading (a JSON answer's strings
+    decoded), plus the URLs and e-mail addresses its markup holds (a link's target)."""
+    decoded = _json_said(text) if isinstance(text, str) else None
+    plain = _undisguised(_text_form(decoded) if decoded is not None else text_form(text))
+    rendered = _rendered(plain)
+    return stated_values(rendered) + [value for value in stated_values(plain)
+                                      if value[0] in ("url", "email") and rendered != plain]
+
+
+def _given_texts(case, trace):
+    """What a case gave the model before any reply: the instructions, the prior history and a
+    chat-form input (every message, its tool calls and results too), and its input text when the
+    transcript holds no user turn of its own."""
+    given = case.get("input")
+    messages = [*(case.get("messages") or []), *(given if isinstance(given, list) else [])]
+    own = isinstance(given, str) and not any(kind == "user" for kind, _ in trace.transcript)
+    return [case.get("_instructions") or "", *map(dumps, messages), *([given] if own else [])]
+
+
+def check_grounded(case, trace, arg):
+    """behavior grounded: every value a reply states (numbers of two or more digits, dates,
+    times, amounts, identifiers mixing letters and digits, URLs, e-mail addresses) occurs in what
+    the model was given before it: the instructions, the history, the user's turns, the tool
+    results and search URLs it received."""
+    known = set().union(*map(given_values, _given_texts(case, trace)))
+    events = trace.transcript or (  # no order known: everything received first
+        [("tool", url) for url in trace.search_urls]
+        + [("tool", result_text(call["result"])) for call in trace.tool_calls if "result" in call]
+        + [("said", text) for text in said_texts(trace)])
+    missing = {}
+    for kind, text in events:
+        if kind != "said":
+            known |= given_values(text)
+            continue
+        for value, forms, found in reply_values(text):
+            if not _grounded(value, forms, known):
+                missing.setdefault(found, None)
+    if not missing:
+        return []
+    shown = list(missing)
+    note = "not given: " + ", ".join(_quote(value, 40) for value in shown[:3]) + (
+        f" (+{len(shown) - 3})" if len(shown) > 3 else "")
+    return [Fail("ungrounded_value", note, values=shown[:50])]
+
+
+register_check("grounded", check_grounded, behavior=True, details=_tool_details, rule=(
+    "the values of a reply: numbers of two or more digits (a comma before three digits groups "
+    "thousands, a dot is the decimal point, trailing zeros do not count: 1,000.00 is 1000; "
+    "with a leading zero, 007, the digits as written; 12,50 is 12 and 50), amounts of any "
+    "number of digits ($12.50 is 12.5 USD: a currency mark ($ US$ USD dollars, € EUR euros, £ "
+    "GBP, ¥ JPY, ₹ INR, CAD, AUD, CHF) must match a given one, a given bare number grounds "
+    "any), dates (2024-05-03, 2024/05/03, 03/05/2024 and 03/05/24 read both ways, 3 May 2024, May "
+    "3rd, 2024; a date without a year matches any year), times (14:30 is 2:30 pm), identifiers "
+    "with a letter and a digit (ord_21, A17; case-insensitive, _ kept, - splits), digits in "
+    "groups (555-123-4567: the joined number, or each group of two digits or more), versions "
+    "and addresses (1.2.3, 10.0.0.1) as written, URLs starting http(s):// or www. (without "
+    "scheme, default port, trailing / and punctuation, case-insensitive; the query counts) and "
+    "e-mail addresses (case-insensitive); values in words (forty-two) are not read; each must "
+    "occur, in its normal form, in the instructions, the history, the user's turns or a tool "
+    "result or search URL received before the reply (a number may also be a digit run inside a "
+    "given value: #21 of ord_21; an amount may not). Both sides are read in the normal form, "
+    "look-alikes and markup read away"), reasons={
+    "ungrounded_value": (
+        "behaviour `grounded`: the reply states a value (number, date, amount, id, URL, e-mail) "
+        "that nothing the model was given holds",
+        "a made-up ship date, tracking number or amount: the evidence lists each")})
+
+
 def check_tool_call_as_text(case, trace):
     """A reply that writes a tool call as text (a call object in single or doubled braces, a fenced
     block, a tag form, with or without prose) made no call: it fails, and what it wrote counts
@@ -2847,25 +3061,15 @@ def _validate_prices(value, where):
 def _validate_case(case, suite, schema, functions, allow_empty_baseline):
     where = f"case {case.get('id')!r}"
     _unknown_key(case, CASE_KEYS, where)
-    if ("input" in case) == ("question" in case):
+    if "turns" not in case and ("input" in case) == ("question" in case):  # turns: their own rule
         raise SuiteError(f"{where}: give exactly one of input or question")
     text = case.get("input", case.get("question"))
-    if not (isinstance(text, str) and text.strip()) and not (isinstance(text, list) and text
-                                                             and all(isinstance(m, dict) for m in text)):
+    if isinstance(text, list):  # chat-form messages, with the rules of prior history
+        validate_history(text, where, "input", functions)
+    elif "turns" not in case and not (isinstance(text, str) and text.strip()):
         raise SuiteError(f"{where}: input must be a non-empty string or a list of message objects")
-    # Each check validates the case keys it reads (register_check), in check order.
     context = {"suite": suite, "schema": schema, "functions": functions, "allow_empty_baseline": allow_empty_baseline}
-    for check_ in CHECK_TABLE:
-        if check_.validate is not None and not check_.behavior and check_.involved(case):
-            check_.validate(case, where, context)
-    if "behaviors" in case:
-        if not isinstance(case["behaviors"], list):
-            raise SuiteError(f"{where}: behaviors must be a list of strings")
-        for entry in case["behaviors"]:
-            _validate_behavior(entry, where, functions)
-        for check_ in CHECK_TABLE:
-            if check_.validate is not None and check_.behavior and check_.active(case):
-                check_.validate(case, where, context)
+    _validate_checks(case, where, context)
     for key, validate in CASE_KEY_RULES.items():
         if validate is not None and key in case:
             validate(case, where, context)
@@ -2880,6 +3084,136 @@ def _validate_case(case, suite, schema, functions, allow_empty_baseline):
             raise SuiteError(f"prompt drift: {where} pins instructions sha256 {pinned}, but the suite's "
                              f"instructions hash to {actual}; review the instruction change, then "
                              "update the pin (--update-pins rewrites them all)")
+
+
+def _validate_checks(case, where, context):
+    """The check keys of a case (or of one turn) and its behaviours, each by its own check."""
+    functions = context["functions"]
+    # Each check validates the case keys it reads (register_check), in check order.
+    for check_ in CHECK_TABLE:
+        if check_.validate is not None and not check_.behavior and check_.involved(case):
+            check_.validate(case, where, context)
+    if "behaviors" in case:
+        if not isinstance(case["behaviors"], list):
+            raise SuiteError(f"{where}: behaviors must be a list of strings")
+        for entry in case["behaviors"]:
+            _validate_behavior(entry, where, functions)
+        for check_ in CHECK_TABLE:
+            if check_.validate is not None and check_.behavior and check_.active(case):
+                check_.validate(case, where, context)
+
+
+# A case may hold prior history (`messages`, in the chat form) and a conversation (`turns`: the
+# user's turns, sent one after another, each reply added before the next). A system or developer
+# message is refused wherever it would be sent: what the model is told is the suite's
+# instructions, which the record and instructions_sha256 pin.
+HISTORY_KEYS = {"user": {"role", "content"}, "assistant": {"role", "content", "tool_calls"},
+                "tool": {"role", "tool_call_id", "content"}}
+_CALL_FORM = '{"id": ID, "type": "function", "function": {"name": NAME, "arguments": ...}}'
+
+
+def _has_text(value):
+    return isinstance(value, str) and bool(text_form(value))
+
+
+def _validate_call(call, where, functions, seen):
+    """One tool call of an assistant message in history; returns its id."""
+    inner = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(inner, dict) or call.get("type") != "function":
+        raise SuiteError(f"{where}: a tool call is {_CALL_FORM}")
+    _unknown_key(call, {"id", "type", "function"}, f"{where} tool call")
+    _unknown_key(inner, {"name", "arguments"}, f"{where} tool call function")
+    if not isinstance(call.get("id"), str) or not call["id"].strip() or call["id"] in seen:
+        raise SuiteError(f"{where}: every tool call needs an id of its own (a non-empty string)")
+    if not isinstance(inner.get("name"), str):
+        raise SuiteError(f"{where}: a tool call needs a function name")
+    _declared(inner["name"], functions, where, "a tool call")
+    if not isinstance(inner.get("arguments", {}), (str, dict)):
+        raise SuiteError(f"{where}: tool call arguments are JSON text or an object")
+    return call["id"]
+
+
+def _history_message(message, at, functions, calls, seen, said=False):
+    """One message of chat-form history; `calls` (id -> name) holds the calls still unanswered;
+    `said`: an input's own message, whose text may be empty (as an input text's may)."""
+    role = message.get("role") if isinstance(message, dict) else None
+    role = role if isinstance(role, str) else None
+    if role in ("system", "developer"):
+        raise SuiteError(f"{at} has role {role!r}, which is refused: the model is told the suite's "
+                         "instructions (pinned by instructions_sha256), and history holds only "
+                         "user, assistant and tool messages")
+    if role not in HISTORY_KEYS:
+        raise SuiteError(f'{at} needs "role": "user", "assistant" or "tool"')
+    _unknown_key(message, HISTORY_KEYS[role], at)
+    if role != "tool" and calls:
+        raise SuiteError(f"{at}: tool call {', '.join(calls)} has no tool message answering it "
+                         "before")
+    content = message.get("content")
+    if role == "tool":
+        answered = message.get("tool_call_id")
+        if not isinstance(answered, str) or answered not in calls:
+            raise SuiteError(f"{at}: tool_call_id {answered!r} answers no open tool call of the "
+                             "assistant message before it")
+        del calls[answered]
+        if not isinstance(content, str):
+            raise SuiteError(f"{at}: content must be a string (the tool's result)")
+    elif role == "assistant" and "tool_calls" in message:
+        if not isinstance(message["tool_calls"], list) or not message["tool_calls"]:
+            raise SuiteError(f"{at}: tool_calls must be a non-empty list of {_CALL_FORM}")
+        for call in message["tool_calls"]:
+            calls[_validate_call(call, at, functions, seen)] = True
+            seen.add(call["id"])
+        if content is not None and not isinstance(content, str):
+            raise SuiteError(f"{at}: content must be a string or null")
+    elif not _has_text(content) and not (said and isinstance(content, str)):
+        raise SuiteError(f"{at}: content must be a non-empty string")
+
+
+def validate_history(messages, where, field, functions):
+    """Chat-form history ({"role": "user" | "assistant" | "tool", ...}) checked message by
+    message: tool calls of declared tools, each answered by a tool message before the next."""
+    if not isinstance(messages, list) or not messages:
+        raise SuiteError(f"{where}: {field} must be a non-empty list of message objects")
+    calls, seen = {}, set()
+    for number, message in enumerate(messages, 1):
+        _history_message(message, f"{where}: {field} message {number}", functions, calls, seen,
+                         said=field == "input")  # an input's words may be empty: graded so
+    if calls:
+        raise SuiteError(f"{where}: {field}: tool call {', '.join(calls)} has no tool message "
+                         "answering it")
+
+
+def turn_keys():
+    """The keys a turn object may hold: its user text, and any check key a case may hold."""
+    return {"user"} | (CHECK_KEYS & CASE_KEYS)
+
+
+def _validate_turns(case, where, context):
+    if "input" in case or "question" in case:
+        raise SuiteError(f"{where}: give input or turns, not both (the turns are what the user "
+                         "says)")
+    if not isinstance(case["turns"], list) or not case["turns"]:
+        raise SuiteError(f"{where}: turns must be a non-empty list of turns "
+                         '(a text, or {"user": TEXT, ...checks})')
+    for number, turn in enumerate(case["turns"], 1):
+        at = f"{where} turn {number}"
+        if isinstance(turn, dict):
+            _unknown_key(turn, turn_keys(), at)
+        said = turn.get("user") if isinstance(turn, dict) else turn
+        if not _has_text(said):
+            raise SuiteError(f"{at}: {'is empty' if isinstance(said, str) else 'has no words'}; "
+                             'a turn is a non-empty text or {"user": TEXT, ...checks}')
+        if isinstance(turn, dict) and "rubric" in turn:  # the judge reads the case's last reply
+            raise SuiteError(f"{at}: a turn holds no rubric; give it on the case, where the "
+                             "judge grades the last reply")
+        if isinstance(turn, dict):  # --update-baseline fills only the case's own baseline
+            strict = {**context, "allow_empty_baseline": False}
+            _validate_checks({**turn, "id": case["id"]}, at, strict)
+
+
+register_case_key("turns", _validate_turns)
+register_case_key("messages", lambda case, where, context: validate_history(
+    case["messages"], where, "messages", context["functions"]))
 
 
 def _not_unicode(value):
@@ -3978,6 +4312,45 @@ class Provider:
         """The id of each tool call of a response, in trace order (its result answers it by id)."""
         return []
 
+    # The conversation so far, in this API's own items: each class says how it writes prior
+    # history in the chat form (history), one played round (played) and a finished turn's reply.
+    @classmethod
+    def conversation(cls, case, rounds):
+        """The whole conversation so far: the case's prior history (messages), each finished turn
+        of a conversation (its user text, played rounds and reply), the case's input (a text, or
+        chat-form messages), then the rounds of this turn played so far."""
+        items = cls.history(case.get("messages") or [])
+        for done in case.get("_done") or ():
+            *played, last = done["rounds"]
+            items += cls.said_to(done["user"]) + cls.played_all(played)
+            items += cls.reply(last["response"])
+        return items + cls.said_to(case["input"]) + cls.played_all(rounds)
+
+    @classmethod
+    def played_all(cls, rounds):
+        return [item for turn in rounds for item in cls.played(turn)]
+
+    @classmethod
+    def said_to(cls, value):
+        """What the user says in this API's items: a text, or chat-form messages."""
+        said = value if isinstance(value, list) else [{"role": "user", "content": value}]
+        return cls.history(said)
+
+    @staticmethod
+    def history(messages):
+        """Chat-form messages (user, assistant with tool_calls, tool) in this API's items."""
+        return list(messages)
+
+    @staticmethod
+    def played(turn):
+        """One played round ({"response", "tool_results"}) in this API's items."""
+        return []
+
+    @staticmethod
+    def reply(raw):
+        """A finished turn's last response (its reply) in this API's items."""
+        return []
+
     def judgements(self, key):
         """The judgements a saved record kept for row `key` (a replay may reuse them), else none."""
         return []
@@ -4057,7 +4430,9 @@ class PerplexityProvider(Provider):
         """The keyword arguments of client.responses.create for one case (SPEC A6), with the
         rounds played so far in its input."""
         request = {"model": model, "instructions": case.get("instructions", suite["instructions"]),
-                   "input": self.conversation(case, rounds) if rounds else case["input"]}
+                   "input": case["input"] if isinstance(case["input"], str) and not (
+                       rounds or case.get("messages") or case.get("_done"))
+                   else self.conversation(case, rounds)}
         if suite.get("tools"):
             request["tools"] = [_with_parameters(tool) if tool.get("type") == "function" else tool
                                 for tool in map(_flat_tool, suite["tools"])]
@@ -4076,33 +4451,50 @@ class PerplexityProvider(Provider):
         return request
 
     @staticmethod
-    def conversation(case, rounds):
-        """The whole conversation so far as input items: the case's input, then per round the
-        model's text, its function_call items and our function_call_output items.
-
-        Resent in full rather than chained by previous_response_id: a turn that ends in function
-        calls is not a completed response to continue from, the server need not store anything,
-        and a replay rebuilds exactly the same request from the record."""
-        value = case["input"]
-        items = [{"type": "message", "role": "user", "content": value}] if isinstance(value, str) \
-            else [item if "type" in item else {"type": "message", **item} for item in value]
-        for turn in rounds:
-            text = PerplexityProvider.text(turn["response"])
-            if text:
-                items.append({"type": "message", "role": "assistant", "content": text})
-            signatures = {item.get("call_id"): item.get("thought_signature")
-                          for item in _items(turn["response"])
-                          if item.get("type") == "function_call"}
-            for sent in turn["tool_results"]:
-                call = {"type": "function_call", "call_id": sent["call_id"], "name": sent["name"],
-                        "arguments": _arguments_text(sent["arguments"])}
-                if isinstance(signatures.get(sent["call_id"]), str):  # thinking models need it back
-                    call["thought_signature"] = signatures[sent["call_id"]]
-                items.append(call)
-            items += [{"type": "function_call_output", "call_id": sent["call_id"],
-                       "name": sent["name"], "output": result_text(sent["result"])}
-                      for sent in turn["tool_results"]]
+    def history(messages):
+        """Chat-form messages as input items: messages, function_call items (each call's name
+        kept for its function_call_output) and function_call_output items."""
+        items, names = [], {}
+        for message in messages:
+            role, content = message.get("role"), message.get("content")
+            call_id = message.get("tool_call_id")
+            if role == "tool":
+                items.append({"type": "function_call_output", "call_id": call_id,
+                              "name": names.get(call_id), "output": content})
+                continue
+            if content or role != "assistant":
+                items.append({"type": "message", "role": role, "content": content})
+            for call in message.get("tool_calls") or ():
+                name = names[call["id"]] = call["function"]["name"]
+                items.append({"type": "function_call", "call_id": call["id"], "name": name,
+                              "arguments": _arguments_text(call["function"].get("arguments", {}))})
         return items
+
+    @staticmethod
+    def played(turn):
+        """A played round as input items: the model's text, its function_call items and our
+        function_call_output items.
+
+        The conversation is resent in full rather than chained by previous_response_id: a turn
+        that ends in function calls is not a completed response to continue from, the server need
+        not store anything, and a replay rebuilds exactly the same request from the record."""
+        items = PerplexityProvider.reply(turn["response"])
+        signatures = {item.get("call_id"): item.get("thought_signature")
+                      for item in _items(turn["response"]) if item.get("type") == "function_call"}
+        for sent in turn["tool_results"]:
+            call = {"type": "function_call", "call_id": sent["call_id"], "name": sent["name"],
+                    "arguments": _arguments_text(sent["arguments"])}
+            if isinstance(signatures.get(sent["call_id"]), str):  # thinking models need it back
+                call["thought_signature"] = signatures[sent["call_id"]]
+            items.append(call)
+        return items + [{"type": "function_call_output", "call_id": sent["call_id"],
+                         "name": sent["name"], "output": result_text(sent["result"])}
+                        for sent in turn["tool_results"]]
+
+    @staticmethod
+    def reply(raw):
+        text = PerplexityProvider.text(raw)
+        return [{"type": "message", "role": "assistant", "content": text}] if text else []
 
     def request(self, model, suite, case, repeat=0, rounds=()):
         try:
@@ -4545,30 +4937,51 @@ class OpenAIProvider(HTTPProvider):
         return body
 
     @staticmethod
-    def conversation(case, rounds):
-        """The case's messages, then per round the assistant message with its tool_calls and one
-        tool message per call with the scripted result."""
-        value = case["input"]
-        messages = list(value) if isinstance(value, list) else [{"role": "user", "content": value}]
-        for turn in rounds:
-            choices = turn["response"].get("choices") or [{}]
-            said = (choices[0] if isinstance(choices[0], dict) else {}).get("message") or {}
-            # "" and never null: llama-cpp-python's server answers HTTP 500 to a null content
-            content, sent = content_text(said.get("content")), turn["tool_results"]
-            if isinstance(said.get("function_call"), dict) and not said.get("tool_calls"):
-                # the legacy form: a function_call is answered by a "function" message, by name
-                call = {"name": sent[0]["name"], "arguments": _arguments_text(sent[0]["arguments"])}
-                messages += [{"role": "assistant", "content": content, "function_call": call},
-                             {"role": "function", "name": call["name"],
-                              "content": result_text(sent[0]["result"])}]
-                continue
-            messages.append({"role": "assistant", "content": content, "tool_calls": [
-                {"id": one["call_id"], "type": "function",
-                 "function": {"name": one["name"], "arguments": _arguments_text(one["arguments"])}}
-                for one in sent]})
-            messages += [{"role": "tool", "tool_call_id": one["call_id"],
-                          "content": result_text(one["result"])} for one in sent]
-        return messages
+    def history(messages):
+        """Chat-form messages as sent: an assistant's content "" and never null (llama-cpp-python's
+        server answers HTTP 500 to null), tool call arguments as JSON text."""
+        sent = []
+        for message in map(dict, messages):
+            if message.get("role") == "assistant":
+                message["content"] = message.get("content") or ""
+            message.update({"tool_calls": [
+                {**call, "function": {**call["function"], "arguments": _arguments_text(
+                    call["function"].get("arguments", {}))}} for call in message["tool_calls"]]}
+                if message.get("tool_calls") else {})
+            sent.append(message)
+        return sent
+
+    @staticmethod
+    def _message(raw):
+        """The message of a chat completion's first choice ({} when it has none)."""
+        choices = raw.get("choices") if isinstance(raw, dict) else None
+        first = choices[0] if isinstance(choices, list) and choices else None
+        said = first.get("message") if isinstance(first, dict) else None
+        return said if isinstance(said, dict) else {}
+
+    @staticmethod
+    def played(turn):
+        """A played round: the assistant message with its tool_calls, then one tool message per
+        call with the scripted result."""
+        said = OpenAIProvider._message(turn["response"])
+        # "" and never null: llama-cpp-python's server answers HTTP 500 to a null content
+        content, sent = content_text(said.get("content")), turn["tool_results"]
+        if isinstance(said.get("function_call"), dict) and not said.get("tool_calls"):
+            # the legacy form: a function_call is answered by a "function" message, by name
+            call = {"name": sent[0]["name"], "arguments": _arguments_text(sent[0]["arguments"])}
+            return [{"role": "assistant", "content": content, "function_call": call},
+                    {"role": "function", "name": call["name"],
+                     "content": result_text(sent[0]["result"])}]
+        calls = [{"id": one["call_id"], "type": "function", "function": {
+            "name": one["name"], "arguments": _arguments_text(one["arguments"])}} for one in sent]
+        return [{"role": "assistant", "content": content, "tool_calls": calls}] + [
+            {"role": "tool", "tool_call_id": one["call_id"], "content": result_text(one["result"])}
+            for one in sent]
+
+    @staticmethod
+    def reply(raw):
+        said = OpenAIProvider._message(raw).get("content")
+        return [{"role": "assistant", "content": content_text(said)}]
 
     @staticmethod
     def answer(content):
@@ -4745,28 +5158,69 @@ class AnthropicProvider(HTTPProvider):
                 "type": "json_schema", "schema": suite["response_format"]["json_schema"]["schema"]}}
         return {**body, **options}
 
+    @classmethod
+    def conversation(cls, case, rounds):
+        """The conversation as the API takes it: neighbours of one role are one message (history
+        that ends with the user, tool results followed by the user's next words)."""
+        merged = []
+        for message in super().conversation(case, rounds):
+            if merged and merged[-1]["role"] == message["role"]:
+                blocks = cls.blocks(merged[-1]["content"]) + cls.blocks(message["content"])
+                merged[-1] = {"role": message["role"], "content": blocks}
+            else:
+                merged.append(message)
+        return merged
+
     @staticmethod
-    def conversation(case, rounds):
-        """The case's messages, then per round the model's turn (its text and thinking blocks, a
-        tool_use block per call) and one user message holding a tool_result per call (is_error
-        on an error result): all results of a turn in one message, as the API requires."""
-        value = case["input"]
-        messages = [{"role": "user", "content": value}] if isinstance(value, str) else list(value)
-        for turn in rounds:
-            said = [block for block in _items(turn["response"], "content")
-                    if block.get("type") in ("thinking", "redacted_thinking")
-                    or (block.get("type") == "text" and block.get("text"))]
-            sent = turn["tool_results"]
-            said += [{"type": "tool_use", "id": one["call_id"], "name": one["name"],
-                      "input": _call_arguments(one)} for one in sent]
-            results = [{"type": "tool_result", "tool_use_id": one["call_id"],
-                        "content": result_text(one["result"])} for one in sent]
-            for one, result in zip(sent, results):
-                if is_error_result(one):
-                    result["is_error"] = True
-            messages += [{"role": "assistant", "content": said},
-                         {"role": "user", "content": results}]
-        return messages
+    def blocks(content):
+        """A message's content as content blocks (a text is one text block)."""
+        return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+    @staticmethod
+    def history(messages):
+        """Chat-form messages as Messages API messages: an assistant's tool_calls as tool_use
+        blocks, each tool message a tool_result block of a user message."""
+        sent = []
+        for message in messages:
+            role, content = message.get("role"), message.get("content")
+            if role == "tool":
+                result = {"type": "tool_result", "tool_use_id": message["tool_call_id"],
+                          "content": content}
+                sent.append({"role": "user", "content": [result]})
+            elif message.get("tool_calls"):
+                uses = [{"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
+                         "input": _call_arguments(call["function"])}
+                        for call in message["tool_calls"]]
+                text = [{"type": "text", "text": content}] if content else []
+                sent.append({"role": "assistant", "content": text + uses})
+            else:
+                sent.append({"role": role, "content": content})
+        return sent
+
+    @staticmethod
+    def _said(raw):
+        """What a response said that goes back to the model: thinking and non-empty text blocks."""
+        return [block for block in _items(raw, "content")
+                if block.get("type") in ("thinking", "redacted_thinking")
+                or (block.get("type") == "text" and block.get("text"))]
+
+    @staticmethod
+    def played(turn):
+        """A played round: the model's turn (its text and thinking blocks, a tool_use block per
+        call), then one user message holding a tool_result per call (is_error on an error
+        result): all results of a turn in one message, as the API requires."""
+        sent = turn["tool_results"]
+        said = AnthropicProvider._said(turn["response"]) + [
+            {"type": "tool_use", "id": one["call_id"], "name": one["name"],
+             "input": _call_arguments(one)} for one in sent]
+        results = [{"type": "tool_result", "tool_use_id": one["call_id"],
+                    "content": result_text(one["result"]),
+                    **({"is_error": True} if is_error_result(one) else {})} for one in sent]
+        return [{"role": "assistant", "content": said}, {"role": "user", "content": results}]
+
+    @staticmethod
+    def reply(raw):
+        return [{"role": "assistant", "content": AnthropicProvider._said(raw)}]
 
     @staticmethod
     def said(body):
@@ -4856,6 +5310,9 @@ class ReplayProvider(Provider):
         self.rows = {row_key(row): row for row in record.get("runs", [])
                      if isinstance(row, dict) and "response" in row
                      and (row.get("error") is None or _text_call_error(row))}
+        made_with = (record.get("config") or {}).get("cases") or ()
+        self.cases = {case.get("id"): case for case in made_with  # what each case said then
+                      if isinstance(case, dict)}
         made = PROVIDERS.get(record_provider(record).get("name"))
         self.made_by = PROVIDERS[DEFAULT_PROVIDER] if made is None or made.replays_record else made
         self.parse, self.call_ids = self.made_by.parse, self.made_by.call_ids
@@ -4864,6 +5321,54 @@ class ReplayProvider(Provider):
 
     def unanswered(self, suite, raw):
         return self.made_by.unanswered(suite, raw)
+
+    @staticmethod
+    def stored_rounds(row, case):
+        """(the rounds a stored row kept for this request, the turn's index or None): a played
+        row keeps every round, a conversation every turn's (the turn after the case's finished
+        ones), any other row its one response."""
+        if "_done" not in case:
+            one = [{"response": row["response"]}]
+            return (row["rounds"] if isinstance(row.get("rounds"), list) else one), None
+        turn = len(case["_done"])
+        entry = (row.get("turns") or [])[turn:turn + 1]
+        stored = entry[0].get("rounds") if entry and isinstance(entry[0], dict) else None
+        return (stored if isinstance(stored, list) else []), turn
+
+    def told(self, model, case, repeat):
+        """What the user said in each turn of a stored conversation row ([] for any other row)."""
+        turns = (self.rows.get((model, case["id"], repeat)) or {}).get("turns")
+        return [turn["user"] for turn in turns] if isinstance(turns, list) else []
+
+    def changed_turns(self, case, row):
+        """How a stored row's conversation differs from what the case says now (its turns, in
+        order), or None: a replay must grade the conversation the model had."""
+        stored = row.get("turns") if isinstance(row.get("turns"), list) else None
+        then = self.cases.get(case["id"])
+        if then is not None and then.get("messages") != case.get("messages"):
+            return "the suite's prior history (messages) differs from the record's"
+        if ("turns" in case) != (stored is not None):
+            return "it was stored as a conversation, and the case now has no turns" \
+                if stored is not None else \
+                "the case is now a conversation, and the row was stored as one request"
+        if stored is None:
+            return None
+        users = [user for user, _ in user_turns(case)]
+        for number, (then, now) in enumerate(zip(stored, users), 1):
+            if not isinstance(then, dict) or then.get("user") != now:
+                said = then.get("user") if isinstance(then, dict) else None
+                return f"turn {number} said {_quote(said)}, and the suite now says {_quote(now)}"
+        if len(stored) > len(users) or (len(stored) < len(users) and not self._cut_short(stored)):
+            return f"it kept {_plural(len(stored), 'turn')}, and the case now has {len(users)}"
+        return None
+
+    def _cut_short(self, turns):
+        """Whether a stored conversation ended in a turn still calling tools (so it kept fewer)."""
+        last = turns[-1].get("rounds") if turns and isinstance(turns[-1], dict) else None
+        try:
+            return bool(last) and bool(self.parse(last[-1].get("response")).tool_calls)
+        except Exception:  # an unreadable response: its replay records why
+            return True
 
     def judgements(self, key):
         kept = (self.rows.get(key) or {}).get("judgements") or []
@@ -4874,26 +5379,38 @@ class ReplayProvider(Provider):
         return next((key for key in plan if key not in self.rows), None)
 
     def request(self, model, suite, case, repeat=0, rounds=()):
-        """The stored response of round len(rounds)+1: a played row keeps every round, others one."""
+        """The stored response of round len(rounds)+1 (of the turn after the finished ones of a
+        conversation): a played row keeps every round, a conversation every turn's, others one."""
         row = self.rows.get((model, case["id"], repeat))
         if row is None:
             raise ResponseError(f"{self.source} has no stored response for {key_text((model, case['id'], repeat))}")
-        stored = row.get("rounds") if isinstance(row.get("rounds"), list) else [{"response": row["response"]}]
+        stored, turn = self.stored_rounds(row, case)
+        where = f" of turn {turn + 1}" if turn is not None else ""
         if len(rounds) >= len(stored) or not isinstance(stored[len(rounds)], dict):
-            raise ResponseError(f"{self.source} has no stored round {len(rounds) + 1} for "
+            raise ResponseError(f"{self.source} has no stored round {len(rounds) + 1}{where} for "
                                 f"{key_text((model, case['id'], repeat))} (it kept {len(stored)})")
         return unanswered_error(self, suite, stored[len(rounds)].get("response"))
 
     def recorded_results(self, model, case, repeat, number):
         """The tool results the record sent back after round `number` (None: none stored): a
         replay answers the model's calls with what it was told then, never today's script."""
-        stored = (self.rows.get((model, case["id"], repeat)) or {}).get("rounds")
+        row = self.rows.get((model, case["id"], repeat))
+        stored = self.stored_rounds(row, case)[0] if row else None
         turn = stored[number - 1] if isinstance(stored, list) and number <= len(stored) else None
         return turn.get("tool_results") if isinstance(turn, dict) else None
 
     def changed(self, suite, case, row, results=True):
-        """How this suite would play a stored row otherwise than the record did (replay_problem)."""
-        return replay_problem(suite, case, row, self.parse, self.call_ids, results)
+        """How this suite would play a stored row otherwise than the record did (replay_problem);
+        a conversation also by its turns, each turn's rounds as a played row's."""
+        if "turns" not in case and not isinstance(row.get("turns"), list):
+            return replay_problem(suite, case, row, self.parse, self.call_ids, results)
+        problem = self.changed_turns(case, row)
+        for number, turn in enumerate(() if problem or not plays_tools(suite, case) else
+                                      row["turns"], 1):
+            problem = replay_problem(suite, case, turn, self.parse, self.call_ids, results)
+            if problem:
+                return f"turn {number}: {problem}"
+        return problem
 
 
 def _json_text(value):
@@ -5362,7 +5879,12 @@ def rounds_trace(parse, rounds, traces=None, bound=None):
                     entry["unscripted"] = True
             calls.append(entry)
     last = traces[-1]
+    heard = []  # in order: what a round's search returned, what it said, the results sent back
+    for turn, trace in zip(rounds, traces):
+        heard += [("tool", url) for url in trace.search_urls] + [("said", trace.final_text)]
+        heard += [("tool", result_text(sent["result"])) for sent in turn.get("tool_results") or ()]
     return Trace(
+        transcript=tuple(heard),
         final_text=last.final_text,
         # Text a round said beside its tool calls is said to the user too (see said_texts).
         earlier_texts=tuple(trace.final_text for trace in traces[:-1] if trace.final_text),
@@ -5462,16 +5984,18 @@ def response_cost(provider, prices, model, raw):
 
 
 def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=time.monotonic, sleep=time.sleep,
-                     budget=None):
+                     budget=None, until=None):
     """Run a played case into `row` round by round (as steps, see send_request_steps); returns its trace.
 
     Each response is stored in row["rounds"] (and row["response"]) before it is read, so a
     failure mid-loop keeps every round already made as evidence. `budget` (a Budget) is asked
     before every request: the spending cap applies to every round, not only between rows. A
-    provider with recorded_results (replay) answers the calls as the record did."""
+    provider with recorded_results (replay) answers the calls as the record did. `until`: a
+    conversation's whole-row deadline (a clock reading), else this row's own."""
     limit = round_limit(suite, case)
     deadline = getattr(provider, "deadline", None)
-    until = clock() + deadline * limit if deadline else None  # the whole row, retries included
+    if until is None and deadline:
+        until = clock() + deadline * limit  # the whole row, retries included
     call_ids = getattr(provider, "call_ids", lambda raw: [])
     recorded = getattr(provider, "recorded_results", None)
     rounds = row["rounds"] = []
@@ -5506,6 +6030,154 @@ def play_tools(provider, suite, case, model, repeat, retries, row, clock=time.mo
     return drive_steps(play_tools_steps(provider, suite, case, model, repeat, retries, row, clock, sleep, budget))
 
 
+# ---------------------------------------------------------------------- conversations
+# A case with `turns` is a conversation: each turn is played as a played case is (up to its round
+# limit, the case's scripted tool results answering every turn's calls), then its reply and rounds
+# join the conversation the next turn is sent with. Every turn's evidence goes into row["turns"]
+# as it arrives, so a failure in turn 3 keeps turns 1-2 and the partial turn 3.
+
+def user_turns(case):
+    """[(user text, {the checks of that turn})] of a conversation case."""
+    return [(turn.get("user"), {key: value for key, value in turn.items() if key != "user"})
+            if isinstance(turn, dict) else (turn, {}) for turn in case["turns"]]
+
+
+def turn_parts(case):
+    """[(turn number, user text, the turn as a case of its own checks)]. Every turn is played, so
+    a turn still calling tools at its round limit fails there (no_final_answer): the case's own
+    checks of what was played judge each turn, not the conversation as a whole."""
+    return [(number, user, {"id": case.get("id"), **checks, "max_rounds": DEFAULT_MAX_ROUNDS})
+            for number, (user, checks) in enumerate(user_turns(case), 1)]
+
+
+def turn_rule(number, rule):
+    """The verdict name of a turn's rule ("turn 2: contains"): apart from the case's own rules."""
+    return f"turn {number}: {rule}"
+
+
+def rule_turn(rule):
+    """The turn a verdict name belongs to (see turn_rule), or None for a rule of the case."""
+    found = re.match(r"turn ([0-9]+): ", rule) if isinstance(rule, str) else None
+    return int(found.group(1)) if found else None
+
+
+def turn_case(case, user, done):
+    """The case as one turn is sent: that turn's words as input, after the finished turns
+    (`done`: {"user", "rounds"} each) and the case's prior history (messages)."""
+    sent = {key: value for key, value in case.items() if key != "turns"}
+    return {**sent, "input": user, "_done": done}
+
+
+def converse_steps(provider, suite, case, model, repeat, retries, row, clock=time.monotonic,
+                   sleep=time.sleep, budget=None):
+    """Run a conversation into `row` turn by turn (as steps, see send_request_steps); returns its
+    trace (see conversation_trace). A turn still calling tools at its round limit ends it (the
+    next turn could not follow a call left unanswered). One deadline covers every turn, and
+    `budget` (see play_tools_steps) is asked before every request of every turn."""
+    turns, deadline = user_turns(case), getattr(provider, "deadline", None)
+    until = clock() + deadline * round_limit(suite, case) * len(turns) if deadline else None
+    told = getattr(provider, "told", lambda model, case, repeat: ())(model, case, repeat)
+    users = [*told, *(user for user, _ in turns)][:len(turns)] if told else [u for u, _ in turns]
+    row["turns"], done, traces, costs = [], [], [], []
+    for user in users:  # a replay says what the user said then
+        entry = {"user": user}
+        row["turns"].append(entry)
+        try:
+            trace = yield from play_tools_steps(provider, suite, turn_case(case, user, done), model,
+                                                repeat, retries, entry, clock, sleep, budget, until)
+        except BudgetReached as exc:
+            if not entry.get("rounds"):  # the cap refused the turn's first request: nothing said
+                row["turns"].pop()
+            exc.args = (f"{exc} of turn {len(done) + 1}",)
+            raise
+        finally:  # what this turn sent and spent is the row's, also when it failed
+            row["response"] = entry.pop("response", row["response"])
+            row["attempts"] = row.get("attempts", 0) + entry.pop("attempts", 0)
+            costs += [entry.pop("cost_usd")] if "cost_usd" in entry else []
+            row["cost_usd"] = _sum_costs(costs)
+        entry["reply"] = trace.final_text
+        traces.append(trace)
+        if not trace.final:
+            break
+        done = [*done, entry]
+    return conversation_trace(users, traces)
+
+
+def conversation_trace(users, traces):
+    """One trace of a whole conversation: the last reply is its answer; what every turn said,
+    called and was given counts in order (a call marked with its turn, rounds numbered across
+    the conversation). Each turn's ending is judged on that turn, so the whole reads completed."""
+    calls, before = [], 0
+    for number, trace in enumerate(traces, 1):
+        calls += [{**call, "turn": number, "round": call["round"] + before}
+                  for call in trace.tool_calls]
+        before += trace.rounds
+    last = traces[-1]
+    return Trace(
+        final_text=last.final_text,
+        earlier_texts=tuple(text for trace in traces[:-1] for text in said_texts(trace) if text)
+        + last.earlier_texts,
+        thought_texts=tuple(text for trace in traces for text in trace.thought_texts),
+        tool_calls=calls, tool_rounds=sum(trace.tool_rounds for trace in traces),
+        search_urls=[url for trace in traces for url in trace.search_urls], status="completed",
+        cost_usd=_sum_costs([trace.cost_usd for trace in traces]), rounds=before, final=True,
+        attempts=tuple(attempt for trace in traces for attempt in trace.attempts),
+        turns=tuple(traces),
+        transcript=tuple(event for user, trace in zip(users, traces)
+                         for event in (("user", user), *trace.transcript)))
+
+
+def turn_gradings(suite, case, traces, users=None):
+    """[(turn number, compiled turn, its trace)] of each turn reached: the turn's own checks, the
+    user's words up to it (`users`: what was said, default the case's), and in its transcript
+    what it was given before (never what earlier turns said: a value the model made up is no
+    ground for a later reply)."""
+    parts, given, graded = turn_parts(case), [], []
+    users = users or [user for _, user, _ in parts]
+    for (number, _, part), user, trace in zip(parts, users, traces):
+        seen = {**part, "turns": users[:number]}
+        seen.update({"messages": case["messages"]} if "messages" in case else {})
+        heard = (*given, ("user", user), *trace.transcript)
+        graded.append((number, compile_case(suite, seen), trace._replace(transcript=heard)))
+        given = [event for event in heard if event[0] != "said"]
+    return graded
+
+
+def _file_turn_evidence(evidence, reason, number, facts):
+    """File what a turn's failing reason saw, its note naming the turn ("turn 2: missing ...");
+    a reason given already (by the case or an earlier turn) adds its note and its facts."""
+    named = {**facts, "note": f"turn {number}: {facts.get('note') or reason}", "turn": number}
+    kept = evidence.setdefault(reason, named)
+    if kept is not named:
+        kept["note"] = "; ".join(note for note in (kept.get("note"), named["note"]) if note)
+        kept.setdefault("also", []).append(named)
+
+
+def grade_turns(row, suite, case, traces, model=True):
+    """Add each turn's own verdicts to a graded conversation row (`traces`: each turn's): its
+    reasons, their evidence (each note naming its turn) and its details, under details["turns"]
+    (one object a turn)."""
+    details, verdicts = row.setdefault("details", {}), row.pop("verdicts", {})
+    evidence, per_turn = details.pop("evidence", {}), []
+    said = [turn["user"] for turn in row["turns"]]
+    for number, compiled, trace in turn_gradings(suite, case, traces, said):
+        if model and tool_case(compiled):  # a turn's tool checks make it a tool case too
+            row["tool_calls"] = sum(len(one.tool_calls) for one in traces)
+        graded = grading(compiled, trace)
+        row["reasons"] += [reason for reason in graded.reasons if reason not in row["reasons"]]
+        # each turn's rules keep verdicts of their own: compare tells which turn's verdict changed
+        verdicts.update({turn_rule(number, rule): given for rule, given in graded.verdicts.items()})
+        found = dict(graded.details)
+        for reason, facts in found.pop("evidence", {}).items():
+            _file_turn_evidence(evidence, reason, number, facts)
+        per_turn.append(found)
+    row.update({"verdicts": verdicts} if verdicts else {})
+    details.update({"evidence": evidence} if evidence else {})
+    details.update({"turns": per_turn} if any(per_turn) else {})
+    if not details:
+        row.pop("details")
+
+
 def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retries=None, sleep=time.sleep,
                   budget=None, judge=None):
     """run_row() as steps (see send_request_steps): a run's worker pool drives these; returns the row.
@@ -5517,10 +6189,10 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
     row.update(error=None, error_status=None, cost_usd=None, response=None, answer_text=None, reasons=[])
     started = time.monotonic()
     try:
-        if plays_tools(suite, case):
-            trace = yield from play_tools_steps(provider, suite, case, model, repeat or 0, retries or 0, row,
-                                                sleep=sleep, budget=budget)
-            raw = row["response"]
+        if "turns" in case or plays_tools(suite, case):
+            play = converse_steps if "turns" in case else play_tools_steps  # a conversation's turns
+            trace = yield from play(provider, suite, case, model, repeat or 0, retries or 0, row,
+                                    sleep=sleep, budget=budget)
             if retries is None:
                 row.pop("attempts")
         else:
@@ -5534,9 +6206,11 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
         row["cost_usd"] = trace.cost_usd
         compiled = yield from judged_case_steps(provider, suite, case, (model, repeat or 0), row,
                                                 trace, judge, retries or 0, sleep, budget)
-        ask = grader and (lambda: grader(case, raw, trace))
+        ask = grader and (lambda: grader(case, row["response"], trace))
         model = getattr(provider, "evidence", MODEL_EVIDENCE) == MODEL_EVIDENCE  # not echo
         grade_row(row, compiled, trace, ask, model)
+        if "turns" in case:
+            grade_turns(row, suite, case, trace.turns, model)
     except Exception as exc:  # an endpoint or checker failure is evidence, not a crash
         row["error"] = type(exc).__name__
         row["error_status"] = status_of(exc)
@@ -5586,14 +6260,23 @@ def _token_count(usage, *names):
 CACHE_TOKEN_FIELDS = ("cache_creation_input_tokens", "cache_read_input_tokens")  # priced as input
 
 
+def row_responses(row):
+    """Every raw response a row holds, in order: its turns' rounds, its rounds, or its response."""
+    turns = row.get("turns") if isinstance(row.get("turns"), list) else ()
+    rounds = [turn for entry in turns if isinstance(entry, dict)
+              and isinstance(entry.get("rounds"), list) for turn in entry["rounds"]]
+    rounds = rounds or row.get("rounds")
+    if isinstance(rounds, list) and rounds:  # a round is {"response": raw}; an older record's, raw
+        return [turn["response"] if isinstance(turn, dict)
+                and isinstance(turn.get("response"), dict) else turn for turn in rounds]
+    return [row.get("response")]
+
+
 def usage_tokens(row):
-    """(input, output) tokens the endpoint reported for a row, summed over its rounds, or None
-    when any response lacks them (a guess is never priced)."""
-    rounds = row.get("rounds")
-    responses = rounds if isinstance(rounds, list) and rounds else [row.get("response")]
+    """(input, output) tokens the endpoint reported for a row, summed over its rounds (of every
+    turn), or None when any response lacks them (a guess is never priced)."""
     total_in = total_out = 0
-    for entry in responses:
-        raw = entry.get("response") if isinstance(entry, dict) and isinstance(entry.get("response"), dict) else entry
+    for raw in row_responses(row):
         usage = raw.get("usage") if isinstance(raw, dict) else None
         if not isinstance(usage, dict):
             return None
@@ -5994,7 +6677,8 @@ def redact_row(row, mask):
     """The row as stored: responses, answers, details and error messages masked; an error
     message is cut only after masking, so no partial secret survives at the cut."""
     stored = dict(row)
-    for field in ("response", "rounds", "answer_text", "details", "error_message", "judgements"):
+    for field in ("response", "rounds", "turns", "answer_text", "details", "error_message",
+                  "judgements"):
         if stored.get(field) is not None:
             stored[field] = mask(stored[field])
     if isinstance(stored.get("error_message"), str):
@@ -6532,7 +7216,7 @@ ROW_FIELDS = dict(
     error=_TEXT, error_status=_INT, error_message=_TEXT, cost_usd=_TEXT, answer_text=_TEXT,
     reasons=(_is_text_list, "a list of strings"), passed=_BOOL, seconds=_NUMBER, details=_OBJECT,
     attempts=_INT, rounds=_LIST, verdicts=_OBJECT, verdict_sha256=_TEXT, judgements=_LIST,
-    judge_cost_usd=_TEXT)
+    judge_cost_usd=_TEXT, turns=_LIST)
 DETAILS_FIELDS = dict(diff=_TEXT, similarity=_NUMBER)
 
 
@@ -6572,13 +7256,14 @@ def row_masked(record, row):
     in its responses): it cannot be graded again and stands on its verdict_sha256 alone."""
     return bool(record.get("redaction")) or bool(
         _MASK_MARK.search(dumps({field: row.get(field) for field in ("response", "rounds",
-                                                                     "judgements")})))
+                                                                     "turns", "judgements")})))
 
 
 def verdict_sha256(case, row):
     """The digest a masked row is stored with: its case, key, verdict and (masked) evidence. A
     checksum, not a signature: an edit of either side is caught, a forger recomputing it is not."""
     fields = {"case": case, **{field: row.get(field) for field in VERDICT_FIELDS}}
+    fields.update({"turns": row["turns"]} if "turns" in row else {})  # older digests unchanged
     return hashlib.sha256(dumps(fields).encode("utf-8")).hexdigest()
 
 
@@ -6605,7 +7290,11 @@ def evidence_problem(record, row, cases):
         return "has no stored response"
     if "answer_text" not in row:
         return "has no stored answer_text"
-    if not plays_tools(record["config"], case):
+    if "turns" in case:
+        why = _turns_evidence_problem(row)
+        if why:
+            return why
+    elif not plays_tools(record["config"], case):
         if rounds is not None:
             return "holds rounds, but its case plays no tools"
     elif not isinstance(rounds, list) or not rounds or not all(
@@ -6651,6 +7340,8 @@ def _row_problem(row, position, field="runs"):
     problem = _field_problem(row, ROW_FIELDS, f"{field}[{position}].")
     if problem is None and isinstance(row.get("details"), dict):
         problem = _field_problem(row["details"], DETAILS_FIELDS, f"{field}[{position}].details.")
+    if problem is None and isinstance(row.get("turns"), list):
+        problem = _turns_problem(row["turns"], f"{field}[{position}].turns")
     # the verdict counts only `passed`: a row marked passed that holds reasons or an error is a
     # crafted or broken row, and trusting it would carry a failure into a summary as a pass
     if problem is None and row.get("passed") is True and (row.get("reasons") or row.get("error") is not None):
@@ -6669,6 +7360,41 @@ def _verdicts_problem(row, where):
     listed = {reason for reasons in verdicts.values() for reason in reasons}
     if row.get("error") is not None or listed != set(row.get("reasons") or []):
         return f"{where} disagrees with the row's reasons (or error)"
+    return None
+
+
+TURN_FIELDS = dict(user=_TEXT, rounds=_LIST, reply=_TEXT)
+
+
+def _turns_problem(turns, where):
+    """Why a conversation row's turns are not its evidence, or None: each turn an object with
+    the user's text and its rounds, each round an object holding a response."""
+    for number, turn in enumerate(turns):
+        at = f"{where}[{number}]"
+        problem = f"{at} is not an object" if not isinstance(turn, dict) else \
+            f"{at}.user is not a string" if not isinstance(turn.get("user"), str) else \
+            _field_problem(turn, TURN_FIELDS, f"{at}.")
+        if problem is None and not all(isinstance(one, dict) for one in turn.get("rounds") or ()):
+            problem = f"{at}.rounds holds a round that is not an object"
+        if problem:
+            return problem
+    return None
+
+
+def _turns_evidence_problem(row):
+    """evidence_problem of a conversation row: every turn's rounds (each with the tool results
+    sent back but the turn's last), the last turn's last round being the row's response."""
+    turns = row.get("turns")
+    if not isinstance(turns, list) or not turns or not all(
+            isinstance(turn, dict) and isinstance(turn.get("rounds"), list) and turn["rounds"]
+            and all(isinstance(one, dict) and isinstance(one.get("response"), dict)
+                    for one in turn["rounds"]) for turn in turns):
+        return "is a conversation row without every turn's stored rounds"
+    if turns[-1]["rounds"][-1]["response"] != row["response"]:
+        return "has a response that is not its last turn's"
+    if not all(isinstance(one.get("tool_results"), list)
+               for turn in turns for one in turn["rounds"][:-1]):
+        return "has a round without the tool results sent back to the model"
     return None
 
 
@@ -7164,6 +7890,19 @@ def trajectory_lines(row):
     return lines
 
 
+def conversation_lines(row, limit=TRAJECTORY_TEXT_LIMIT):
+    """A conversation row's turns as plain lines, what the user said and the reply, each cut to
+    `limit` characters; not escaped (every report escapes for its own format)."""
+    lines, turns, shown = [], row.get("turns") or (), TRAJECTORY_CALLS_SHOWN
+    for number, turn in enumerate(turns[:shown], 1):
+        turn = turn if isinstance(turn, dict) else {"user": turn}
+        reply = turn.get("reply")
+        lines += [f"turn {number} user: {_cut(str(turn.get('user')), limit)}",
+                  f"turn {number} reply: " + (_cut(reply, limit) if isinstance(reply, str)
+                                              else "(none: the turn did not finish)")]
+    return lines + [f"... {len(turns) - shown} more turn(s)"] * (len(turns) > shown)
+
+
 def _row_failure_text(row):
     parts = [f"reasons: {json.dumps(row.get('reasons') or [])}"]
     if row.get("verdicts"):  # which rule gave each reason: two entries of a behaviour share them
@@ -7179,6 +7918,8 @@ def _row_failure_text(row):
         parts.append(details["diff"])
     if _row_calls(row):
         parts += ["trajectory:", *("  " + line for line in trajectory_lines(row))]
+    if row.get("turns"):
+        parts += ["conversation:", *("  " + line for line in conversation_lines(row))]
     parts.append(f"answer: {row['answer_text']}" if row.get("answer_text") is not None
                  else f"no answer: {_what_failed(row)}")
     return "\n".join(parts)
@@ -7312,6 +8053,13 @@ def markdown_run(record):
             [md_text(row.get("model")), md_text(row.get("case_id")), md_text(row.get("repeat")),
              "<br>".join(md_text(line, limit=2 * TRAJECTORY_TEXT_LIMIT + 40) for line in trajectory_lines(row))]
             for row in traced])]
+    talks = [row for row in failed if row.get("turns")]
+    if talks:
+        lines += ["", "### Conversations of failing rows", "", md_table(
+            ["model", "case", "repeat", "turns"],
+            [[md_text(row.get("model")), md_text(row.get("case_id")), md_text(row.get("repeat")),
+              "<br>".join(md_text(line, limit=TRAJECTORY_TEXT_LIMIT + 40)
+                          for line in conversation_lines(row))] for row in talks])]
     missing = _not_run(record)
     if missing:
         shown = ", ".join(f"{model} / {case_id} / repeat {repeat}" for model, case_id, repeat in missing[:10])
@@ -7354,6 +8102,9 @@ def _html_row_details(row):
     if _row_calls(row):
         parts.append("<ol class=\"trajectory\">" + "".join(f"<li>{xml_text(line)}</li>" for line in trajectory_lines(row))
                      + "</ol>")
+    if row.get("turns"):
+        items = "".join(f"<li>{xml_text(line)}</li>" for line in conversation_lines(row))
+        parts.append(f"<ol class=\"conversation\">{items}</ol>")
     if row.get("answer_text") is not None:
         parts.append(f"<details><summary>answer</summary><pre>{xml_text(row['answer_text'])}</pre></details>")
     else:
@@ -8102,20 +8853,23 @@ EMPTY_REPLY = Trace(final_text="", tool_calls=[], tool_rounds=0, search_urls=[],
 
 def lint_case(suite, case):
     """A warning for a case too weak to fail, or None: the real grader passes an empty reply
-    with no tool calls (then any model that says nothing passes it)."""
+    with no tool calls (then any model that says nothing passes it); a conversation's own rules
+    and its turns' each get the empty reply."""
     if case.get("expected_text") == "" and "min_similarity" in case:  # judged once it is filled
         case = {**case, "expected_text": "a baseline"}
-    compiled = compile_case(case_suite(suite, case), case)
-    if grade(compiled, EMPTY_REPLY):
+    parts = [case, *(part for _, _, part in turn_parts(case))] if "turns" in case else [case]
+    if any(grade(compile_case(case_suite(suite, case), part), EMPTY_REPLY) for part in parts):
         return None
-    active = [check_.name for check_ in CHECK_TABLE if not check_.always and check_.active(case)]
-    idle = [key for check_ in CHECK_TABLE if not check_.active(case) for key in check_.reads if key in case]
+    active = [check_.name for part in parts for check_ in CHECK_TABLE
+              if not check_.always and check_.active(part)]
+    idle = [key for part in parts for check_ in CHECK_TABLE if not check_.active(part)
+            for key in check_.reads if key in part]
     hint = f" ({', '.join(idle)} alone judges nothing)" if idle else ""
     if not active:
         return f"case {case['id']!r} has no rule beyond completion: any answer passes{hint}"
-    return (f"case {case['id']!r} only checks {', '.join(active)}: an empty answer with no tool "
-            f"call passes{hint}; add a rule an empty answer fails, such as contains or "
-            "expected_text with min_similarity")
+    return (f"case {case['id']!r} only checks {', '.join(dict.fromkeys(active))}: an empty "
+            f"answer with no tool call passes{hint}; add a rule an empty answer fails, such as "
+            "contains or expected_text with min_similarity")
 
 
 def argument_warnings(suite):
@@ -8292,11 +9046,14 @@ def plan_text(suite, args, plan, provider_note, run=None, env=None):
     if played:
         lines.append(f"played tools: {len(played)} case(s) answer function calls with scripted results, "
                      f"up to {max(round_limit(suite, case) for case in played)} requests per row")
+    talks = [case for case in suite["cases"] if "turns" in case]
+    if talks:
+        most = max(len(case["turns"]) for case in talks)
+        lines.append(f"conversations: {len(talks)} case(s) send their turns one after another, "
+                     f"each reply added before the next turn; up to {most} turns, each up to "
+                     f"{max(round_limit(suite, case) for case in talks)} requests")
     for case in suite["cases"]:
-        text = _normalise(_case_text(case))
-        lines.append(f"  {case['id']}: {text[:70]}{'...' if len(text) > 70 else ''}"
-                     f"  [checks: {', '.join(['completed'] + _check_labels(case))}]"
-                     + (f"  [up to {round_limit(suite, case)} rounds]" if plays_tools(suite, case) else ""))
+        lines += _case_plan(suite, case)
         lines += [f"    rubric: {_quote(text, 100)}" for text in rubrics_of(case)]
     lines += _judge_lines(suite, args, plan, run, env)
     lines += [f"warning: {warning}" for warning in suite_warnings(suite)]
@@ -8304,6 +9061,28 @@ def plan_text(suite, args, plan, provider_note, run=None, env=None):
         lines.append(f"refused: {run.refusal}")
     lines.append("nothing was sent (--dry-run)")
     return "\n".join(safe_text(line) for line in lines)
+
+
+def _case_plan(suite, case):
+    """A case's lines of the plan: what it sends and what it checks; a conversation's turns each
+    with the checks of its reply (the case's own judge the last reply and every turn's tools)."""
+    def line(indent, name, text, checks, rounds=""):
+        text = _normalise(text)
+        return (f"{indent}{name}: {text[:70]}{'...' if len(text) > 70 else ''}"
+                f"  [checks: {', '.join(['completed'] + checks)}]{rounds}")
+    played = plays_tools(suite, case) or "turns" in case
+    each = " a turn" if "turns" in case else ""
+    rounds = f"  [up to {round_limit(suite, case)} rounds{each}]" if played else ""
+    history = f" after {_plural(len(case['messages']), 'history message')}" \
+        if "messages" in case else ""
+    if "turns" not in case:  # the history first: a long input is cut
+        text = f"({history.strip()}) {_case_text(case)}" if history else _case_text(case)
+        return [line("  ", case["id"], text, _check_labels(case), rounds)]
+    parts, own = turn_parts(case), [check_.label(case) for check_ in CHECK_TABLE  # played: per turn
+                                    if not check_.always and check_.regrade and check_.active(case)]
+    talk = f"a conversation of {_plural(len(parts), 'turn')}{history}"
+    return [line("  ", case["id"], talk, own, rounds)] + [
+        line("    ", f"turn {number}", user, _check_labels(part)) for number, user, part in parts]
 
 
 def row_line(row, widths=(0, 0)):
@@ -8318,7 +9097,7 @@ def row_line(row, widths=(0, 0)):
     else:
         notes = evidence_notes(row)
         verdict = "FAIL " + ",".join(row["reasons"]) + (f" ({notes})" if notes else "")
-    requests = len(row.get("rounds") or [None])  # a row this run made: its types are its own
+    requests = len(row_responses(row))  # a row this run made: its types are its own
     if row.get("attempts", 0) > requests:  # retries happened
         verdict += f" (after {row['attempts']} attempts" + (f" for {requests} rounds)" if requests > 1 else ")")
     cost = f"${row['cost_usd']}" if row["cost_usd"] is not None else "cost ?"
@@ -9070,16 +9849,18 @@ def _check_replay_covers(provider, run, settings):
         raise UsageError(f"--replay: {settings.replay} has no stored response for {key_text(missing)}")
     cases = {case["id"]: case for case in run.suite["cases"]}
     for key in run.todo:
-        case = cases[key[1]]
-        changed = provider.changed(case_suite(run.suite, case), case, provider.rows[key],
+        case, row = cases[key[1]], provider.rows[key]
+        changed = provider.changed(case_suite(run.suite, case), case, row,
                                    results=not settings.allow_changed_tool_results)
-        if changed:
-            allow = "" if settings.allow_changed_tool_results else (
+        if changed:  # the flag is offered only where it would let the replay grade the row
+            allow = "" if settings.allow_changed_tool_results or provider.changed(
+                case_suite(run.suite, case), case, row, results=False) else (
                 ", or pass --allow-changed-tool-results to grade the stored conversation as it "
                 "happened")
+            what = "turns, messages, " if "turns" in case or "turns" in row else ""
             raise UsageError(f"--replay: {key_text(key)} is not reproducible under this suite: "
                              f"{changed}; a replay grades what the model was told, so restore the "
-                             f"suite's tool_results and max_rounds{allow}")
+                             f"suite's {what}tool_results and max_rounds{allow}")
 
 
 def open_record(run, tally, quiet=False):

@@ -35,6 +35,11 @@ SAMPLES = {
         (), "python fakes.py --suite suites/support-guardrails.json "
             "--answers good=suites/answers/support-guardrails.json "
             "--answers wrong=suites/answers/support-guardrails-wrong.json &", 1),
+    "python regression.py --suite suites/support-conversation.json --provider openai "
+    '--base-url "$FAKE_URL/v1" --models careful eager --out conversation.json': (
+        (), "python fakes.py --suite suites/support-conversation.json "
+            "--answers careful=suites/answers/support-conversation.json "
+            "--answers eager=suites/answers/support-conversation-eager.json &", 1),
 }
 SAMPLE = re.compile(r"<!-- sample( rows)?: (.+?) -->\n```text\n(.*?)```", re.S)
 ROW_LINE = re.compile(r"^\S+\s+\S+\s+r\d+\s+(?:PASS|FAIL|ERROR)\b")

@@ -579,8 +579,7 @@ def test_echo_answers_with_the_input_at_no_cost():
 
 
 def test_echo_of_a_conversation_answers_with_the_last_user_message(tmp_path):
-    conversation = [{"role": "system", "content": "extra context"},
-                    {"role": "user", "content": "first question"},
+    conversation = [{"role": "user", "content": "first question"},
                     {"role": "assistant", "content": "first answer"},
                     {"role": "user", "content": "the last user message"},
                     {"role": "assistant", "content": "trailing assistant turn"}]

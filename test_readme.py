@@ -250,6 +250,7 @@ def test_user_guide_commands_against_a_fake_agent_api(tmp_path):
 # reader sets FAKE_URL to it, and the page's next commands use "$FAKE_URL". Here the fake starts
 # from the page's own line, its printed URL becomes FAKE_URL, and each command runs as written.
 GUARDS, AGENTS = "--suite suites/support-guardrails.json", "--suite suites/agent-trajectories.json"
+TALKS = "--suite suites/support-conversation.json"
 TO_FAKE = '--provider openai --base-url "$FAKE_URL/v1"'
 FAKE_RUNS = {  # the line that starts a fake: None; a command that uses it: its exit code
     f"python fakes.py {GUARDS} --answers suites/answers/support-guardrails.json &": None,
@@ -262,6 +263,9 @@ FAKE_RUNS = {  # the line that starts a fake: None; a command that uses it: its 
     f"python fakes.py {GUARDS} --answers good=suites/answers/support-guardrails.json "
     "--answers wrong=suites/answers/support-guardrails-wrong.json &": None,
     f"python regression.py {GUARDS} {TO_FAKE} --models good wrong --out fake-pair.json": 1,
+    f"python fakes.py {TALKS} --answers careful=suites/answers/support-conversation.json "
+    "--answers eager=suites/answers/support-conversation-eager.json &": None,
+    f"python regression.py {TALKS} {TO_FAKE} --models careful eager --out conversation.json": 1,
 }
 
 

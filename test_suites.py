@@ -349,6 +349,12 @@ CHECK_ROWS = [
                  played("Cancelled it.", [("lookup_order", {}, {})]), ["unbacked_claim"], id="claims-unbacked"),
     pytest.param("claims", TOOLS_SUITE, {**PLAYED, "claims": {"Cancelled": "cancel_order"}},
                  played("Cancelled it.", [("cancel_order", {}, {"ok": True})]), [], id="claims-backed"),
+    pytest.param("grounded", TOOLS_SUITE, {**PLAYED, "behaviors": ["grounded"]},
+                 played("Shipped 2026-11-20.", [("lookup_order", {}, {"on": "2026-11-20"})]), [],
+                 id="grounded-by-a-result"),
+    pytest.param("grounded", TOOLS_SUITE, {**PLAYED, "behaviors": ["grounded"]},
+                 played("Shipped 2026-11-21.", [("lookup_order", {}, {"on": "2026-11-20"})]),
+                 ["ungrounded_value"], id="grounded-made-up"),
     # a call written as text (the trace's attempts, see test_agent_truth.py): no call was made
     pytest.param("tool_call_as_text", TOOLS_SUITE, {"id": "t", "input": "q"},
                  trace('{"name": "lookup_order", "arguments": {}}')._replace(
