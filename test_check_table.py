@@ -143,6 +143,7 @@ def test_a_check_without_a_guard_fails_only_the_rows_that_hold_its_key(tmp_path)
 
 def test_the_old_names_and_the_test_hooks_are_gone():
     for name in ("execute", "execute_steps", "send", "send_steps", "run_steps", "builtin_grader",
+                 "execute_run", "run_jobs",
                  "explain"):
         assert not hasattr(regression, name), name
 
