@@ -3243,16 +3243,7 @@ def validate_suite(data, allow_empty_baseline=False):
         raise SuiteError("suite: name must be a non-empty string")
     if not isinstance(data.get("instructions"), str):
         raise SuiteError("suite: instructions must be a string")
-    tools = []
-    if data.get("tool") is not None:
-        if not isinstance(data["tool"], dict):
-            raise SuiteError("suite: tool must be an object (use tools for a list)")
-        tools.append(data["tool"])
-    if data.get("tools") is not None:
-        if not isinstance(data["tools"], list):
-            raise SuiteError("suite: tools must be a list of objects")
-        tools.extend(data["tools"])
-    _validate_tools(tools, "suite")
+    tools = _declared_tools(data)
     functions = _function_names(tools)
     schema = _validate_response_format(data.get("response_format"), "suite")
     _validate_sources(data.get("sources"), "suite")
@@ -3266,16 +3257,7 @@ def validate_suite(data, allow_empty_baseline=False):
     if not isinstance(cases, list) or not cases:
         raise SuiteError("suite: cases must be a non-empty list")
     cases = _inherit_extra_fields(data, cases)
-    seen = {}
-    for position, case in enumerate(cases):
-        if not isinstance(case, dict):
-            raise SuiteError(f"case #{position + 1}: must be an object")
-        if not isinstance(case.get("id"), str) or not case["id"].strip():
-            raise SuiteError(f"case #{position + 1}: id must be a non-empty string")
-        duplicate = _duplicate_id(seen, case["id"])
-        if duplicate:
-            raise SuiteError(duplicate)
-        _validate_case(case, data, schema, functions, allow_empty_baseline)
+    _validate_cases(cases, data, schema, functions, allow_empty_baseline)
     return {
         "name": data["name"],
         "builtin": False,
@@ -3295,6 +3277,34 @@ def validate_suite(data, allow_empty_baseline=False):
         **{key: data[key] for key in PLAYED_SUITE_KEYS if key in data},
     }
 
+
+def _declared_tools(data):
+    """The suite's tools: its one `tool` and its `tools` list, each checked."""
+    tools = []
+    if data.get("tool") is not None:
+        if not isinstance(data["tool"], dict):
+            raise SuiteError("suite: tool must be an object (use tools for a list)")
+        tools.append(data["tool"])
+    if data.get("tools") is not None:
+        if not isinstance(data["tools"], list):
+            raise SuiteError("suite: tools must be a list of objects")
+        tools.extend(data["tools"])
+    _validate_tools(tools, "suite")
+    return tools
+
+
+def _validate_cases(cases, data, schema, functions, allow_empty_baseline):
+    """Each case an object with an id of its own, and valid (SuiteError on the first problem)."""
+    seen = {}
+    for position, case in enumerate(cases):
+        if not isinstance(case, dict):
+            raise SuiteError(f"case #{position + 1}: must be an object")
+        if not isinstance(case.get("id"), str) or not case["id"].strip():
+            raise SuiteError(f"case #{position + 1}: id must be a non-empty string")
+        duplicate = _duplicate_id(seen, case["id"])
+        if duplicate:
+            raise SuiteError(duplicate)
+        _validate_case(case, data, schema, functions, allow_empty_baseline)
 
 def _inherit_extra_fields(data, cases):
     """The suite's allow_extra_fields, given to each case with expect or cite that sets none (so
@@ -6212,27 +6222,31 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
         if "turns" in case:
             grade_turns(row, suite, case, trace.turns, model)
     except Exception as exc:  # an endpoint or checker failure is evidence, not a crash
-        row["error"] = type(exc).__name__
-        row["error_status"] = status_of(exc)
-        # Stored cut to 500 characters only after masking (redact_row); this generous bound just
-        # caps the masking work. It never cuts through a value: masking can shrink what comes
-        # before the cut (a --redact pattern over a long blob) until the cut is inside the 500.
-        row["error_message"] = cut_whole(error_message(exc, provider), MAX_ERROR_MESSAGE_CHARS) or \
-            f"(a message of one unbroken run of more than {MAX_ERROR_MESSAGE_CHARS} characters)"
-        if row["response"] is None and isinstance(getattr(exc, "raw", None), dict):
-            row["response"] = exc.raw  # a body that says error is evidence too
-        row["reasons"] = ["execution_error"]
-        row.pop("verdicts", None)
-        if retries is None:
-            row.pop("attempts", None)  # counted only when --retries is in force, as for one request
-        elif hasattr(exc, "attempts"):  # a request that failed: its attempts add to the rounds' before it
-            row["attempts"] = row.get("attempts", 0) + exc.attempts
-        else:
-            row.setdefault("attempts", 1)
+        _row_failed(row, exc, provider, retries)
     row["seconds"] = round(time.monotonic() - started, 3)
     row["passed"] = not row["reasons"]
     return row
 
+
+def _row_failed(row, exc, provider, retries):
+    """Make `row` the execution error `exc`, keeping whatever evidence it already holds."""
+    row["error"] = type(exc).__name__
+    row["error_status"] = status_of(exc)
+    # Stored cut to 500 characters only after masking (redact_row); this generous bound just
+    # caps the masking work. It never cuts through a value: masking can shrink what comes
+    # before the cut (a --redact pattern over a long blob) until the cut is inside the 500.
+    row["error_message"] = cut_whole(error_message(exc, provider), MAX_ERROR_MESSAGE_CHARS) or \
+        f"(a message of one unbroken run of more than {MAX_ERROR_MESSAGE_CHARS} characters)"
+    if row["response"] is None and isinstance(getattr(exc, "raw", None), dict):
+        row["response"] = exc.raw  # a body that says error is evidence too
+    row["reasons"] = ["execution_error"]
+    row.pop("verdicts", None)
+    if retries is None:
+        row.pop("attempts", None)  # counted only when --retries is in force, as for one request
+    elif hasattr(exc, "attempts"):  # a failed request: its attempts add to the rounds' before it
+        row["attempts"] = row.get("attempts", 0) + exc.attempts
+    else:
+        row.setdefault("attempts", 1)
 
 def grade_row(row, compiled, trace, grader=None, model=True):
     """Grade a row whose evidence is stored: reasons, verdicts, details. `grader` () -> reasons is
@@ -7083,23 +7097,7 @@ def merge(out, paths, created=lambda: None):
         check_unlocked(path)  # a shard still being written would merge half a run
     records = [_load_for("--merge", path) for path in paths]
     base = records[0]
-    for record, path in zip(records[1:], paths[1:]):
-        for field in ("config", "evidence", "code_sha256", "sdk_version", "provider", "redaction"):
-            found = first_difference(base.get(field), record.get(field), field)
-            if found:  # named down to the key, as compare names it: config.cases["a"].contains
-                raise UsageError(f"--merge: {path} differs from {paths[0]} in {found[0]}; "
-                                 "only shards of one run merge")
-        for option in ("redact", "redact_pii"):  # one record keeps one redaction (its header says which)
-            if (record.get("run_options") or {}).get(option) != (base.get("run_options") or {}).get(option):
-                raise UsageError(f"--merge: {path} differs from {paths[0]} in run_options.{option}; "
-                                 "its rows were masked differently, and one record keeps one redaction")
-        priced = price_difference(base.get("prices"), record.get("prices"))
-        if priced:  # one header keeps one price per model, so shards priced apart cannot share one
-            model, here, there = priced
-            raise UsageError(f"--merge: {path} prices {model} at {there or 'nothing'}, but "
-                             f"{paths[0]} at {here or 'nothing'}; one record keeps one price per "
-                             f"model: resume the shards with the same --price {model}=IN/OUT, then "
-                             "merge again")
+    _check_shards_agree(records, paths)
     suite = _suite_from_record(base, argparse.Namespace(suite=None, update_baseline=False, system=None))
     for record, path in zip(records, paths):  # a shard's stored verdicts are graded again, as a resume's
         problem = regrade_problem(record, path, suite, record["runs"])
@@ -7128,6 +7126,28 @@ def merge(out, paths, created=lambda: None):
     if final["exit_code"] == 2:  # incomplete, or a shard kept an execution error: say what continues it
         print(merge_gaps(records, paths, plan, final), file=sys.stderr)
     return final["exit_code"]
+
+
+def _check_shards_agree(records, paths):
+    """UsageError unless every shard is of the first one's run: config, redaction and prices."""
+    base = records[0]
+    for record, path in zip(records[1:], paths[1:]):
+        for field in ("config", "evidence", "code_sha256", "sdk_version", "provider", "redaction"):
+            found = first_difference(base.get(field), record.get(field), field)
+            if found:  # named down to the key, as compare names it: config.cases["a"].contains
+                raise UsageError(f"--merge: {path} differs from {paths[0]} in {found[0]}; "
+                                 "only shards of one run merge")
+        for option in ("redact", "redact_pii"):  # one record keeps one redaction (its header says which)
+            if (record.get("run_options") or {}).get(option) != (base.get("run_options") or {}).get(option):
+                raise UsageError(f"--merge: {path} differs from {paths[0]} in run_options.{option}; "
+                                 "its rows were masked differently, and one record keeps one redaction")
+        priced = price_difference(base.get("prices"), record.get("prices"))
+        if priced:  # one header keeps one price per model, so shards priced apart cannot share one
+            model, here, there = priced
+            raise UsageError(f"--merge: {path} prices {model} at {there or 'nothing'}, but "
+                             f"{paths[0]} at {here or 'nothing'}; one record keeps one price per "
+                             f"model: resume the shards with the same --price {model}=IN/OUT, then "
+                             "merge again")
 
 
 def price_difference(one, other):
@@ -8212,10 +8232,21 @@ def _with(attribute):
 
 
 def build_parser():
+    """The command line: one argument group per concern, as --help shows them."""
     parser = _Parser(prog="regression.py", description=__doc__.split("\n\n")[0],
                      epilog=f"Environment twins: {', '.join(variable for _, variable, _ in ENV_TWINS)}, "
                             f"then {', '.join(_base_url_variables())} (for --base-url).",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    _what_to_run(parser)
+    _where_to_send(parser)
+    _judge_options(parser)
+    _run_control(parser)
+    _report_options(parser)
+    return parser
+
+
+def _what_to_run(parser):
+    """The "what to run" options: suite, models, repeats, record, dry run and updates."""
     what = parser.add_argument_group("what to run")
     what.add_argument("--suite", metavar="FILE", help="a suite file, or a folder of golden case files "
                                                       "(default: the built-in HTTP-advisor suite)")
@@ -8233,6 +8264,10 @@ def build_parser():
     what.add_argument("--update-pins", action="store_true",
                       help="rewrite every instructions_sha256 / system_sha256 pin of --suite to "
                            "its current instructions, then exit (sends nothing)")
+
+
+def _where_to_send(parser):
+    """The "where to send it" options: provider, endpoint, key, replay, request keys."""
     where = parser.add_argument_group("where to send it")
     where.add_argument("--provider", help=f"{', '.join(PROVIDERS)} (default {DEFAULT_PROVIDER})")
     where.add_argument("--base-url", metavar="URL", help=f"the endpoint ({_with('base_url_flag')})")
@@ -8249,10 +8284,18 @@ def build_parser():
                             "in the config; never model, instructions, input, tools or the like)")
     where.add_argument("--timeout", type=float, metavar="SECONDS",
                        help=f"per-request timeout, {_span('timeout')} seconds (default {TIMEOUT_SECONDS})")
+
+
+def _judge_options(parser):
+    """The judge flags, over the suite's "judge"."""
     judge = parser.add_argument_group("the judge of rubric cases (over the suite's \"judge\")")
     for name, shown in (("provider", "NAME"), ("model", "MODEL"), ("base-url", "URL")):
         judge.add_argument(f"--judge-{name}", metavar=shown,
                            help=f"the judge's {name.replace('-', ' ')}")
+
+
+def _run_control(parser):
+    """The "run control" options: concurrency, retries, resume, cost cap, shards, masking."""
     control = parser.add_argument_group("run control")
     control.add_argument("--concurrency", type=int, metavar="N", help=f"requests in flight, {_span('concurrency')} (default 1)")
     control.add_argument("--retries", type=int, metavar="N",
@@ -8272,12 +8315,15 @@ def build_parser():
                          help="mask matches in stored responses (repeatable)")
     control.add_argument("--redact-pii", action="store_true", default=None,
                          help="mask card numbers (Luhn), bearer tokens, API-key-like strings, e-mail addresses")
+
+
+def _report_options(parser):
+    """The report options: Markdown, JUnit, HTML, and --report of a saved record."""
     report = parser.add_argument_group("reports (new files, mode 0600, never overwritten)")
     report.add_argument("--markdown", metavar="FILE", help="a Markdown summary (fits $GITHUB_STEP_SUMMARY)")
     report.add_argument("--junit", metavar="FILE", help="JUnit XML: a testcase per model x case x repeat")
     report.add_argument("--html", metavar="FILE", help="one self-contained HTML page")
     report.add_argument("--report", metavar="RECORD", help="write the reports of a saved record; run nothing")
-    return parser
 
 
 class Settings:
@@ -8503,16 +8549,7 @@ def _check_flags(values):
         # `--api-key-env $MY_KEY` passes the key itself: never echo it (every later message would)
         raise UsageError("--api-key-env takes the NAME of the variable that holds the key (--api-key-env MY_KEY, "
                          "not $MY_KEY); what was given is not a variable name and is not shown, since it may be the key")
-    patterns = values["redact"] or ()
-    for number, pattern in enumerate(patterns, 1):
-        try:
-            re.compile(pattern)
-        except (re.error, OverflowError, RecursionError) as exc:
-            # Neither the pattern nor re's message (which quotes parts of it) is shown: a pattern can be the secret itself.
-            where = f" (at character {exc.pos + 1})" if isinstance(getattr(exc, "pos", None), int) else ""
-            which = f" number {number} of {len(patterns)}" if len(patterns) > 1 else ""
-            raise UsageError(f"--redact{which} is not a valid regular expression{where}; the pattern is not shown, "
-                             "since it can be the secret itself (escape a literal's ( [ \\ with a backslash)") from None
+    _check_redact_patterns(values["redact"] or ())
     request_options(Settings(**values))  # refused here, before anything is read or sent
     price_options(Settings(**values))
     problem = base_url_problem(values["base_url"]) if values["base_url"] is not None else None
@@ -8536,6 +8573,19 @@ def _check_flags(values):
     if values["report"] and not any(values[kind] for kind in REPORTS):
         raise UsageError("--report RECORD needs at least one of --markdown, --junit, --html")
     _check_outputs(values)
+
+
+def _check_redact_patterns(patterns):
+    """UsageError for the first --redact that is not a regular expression (never shown)."""
+    for number, pattern in enumerate(patterns, 1):
+        try:
+            re.compile(pattern)
+        except (re.error, OverflowError, RecursionError) as exc:
+            # Neither the pattern nor re's message (which quotes parts of it) is shown: a pattern can be the secret itself.
+            where = f" (at character {exc.pos + 1})" if isinstance(getattr(exc, "pos", None), int) else ""
+            which = f" number {number} of {len(patterns)}" if len(patterns) > 1 else ""
+            raise UsageError(f"--redact{which} is not a valid regular expression{where}; the pattern is not shown, "
+                             "since it can be the secret itself (escape a literal's ( [ \\ with a backslash)") from None
 
 
 def _check_outputs(values):
@@ -9747,75 +9797,95 @@ def run_mask(run, settings):
 
 
 def run_rows(run, settings, writer, tally):
-    """Send the rows still to do and append each one as it finishes.
+    """Send the rows still to do and append each one as it finishes: (stopped, in_order, last),
+    why it stopped early (or None), whether rows finished in plan order, the row that stopped it."""
+    return RowRunner(run, settings, writer, tally).run()
 
-    Returns (stopped, in_order, answers, last): why it stopped early (or None), whether rows
-    finished in plan order, each case's first answer, and the row that stopped it."""
-    cases = {case["id"]: case for case in run.suite["cases"]}
-    mask = run_mask(run, settings)
-    if run.secret and len(run.secret) < MIN_SECRET_CHARS:
-        print(f"note: the API key is shorter than {MIN_SECRET_CHARS} characters, so it is not masked in "
-              "stored text (masking it would rewrite unrelated evidence)", file=sys.stderr)
-    position = {key: n for n, key in enumerate(run.plan)}
-    progress = Progress(len(run.plan), len(run.kept))
-    widths = tuple(max((len(str(key[n])) for key in run.plan), default=0) for n in (0, 1))  # aligned columns
-    # One budget for every worker: it starts from what the record spent (its superseded rows
-    # too), so a resumed record that already spent the cap sends nothing at all.
-    cost = functools.partial(response_cost, run.provider, run.prices)  # (model, raw) -> Decimal
-    budget = run.budget = Budget(settings.max_cost_usd, tally.spent(), cost, tally.unknown_cost())
 
-    def resume(flags):
-        flags = continue_flags(settings) + flags
-        return continue_command(run.path, flags) + redact_note(run.header)
-    state = {"stopped": _stop_reason({"error": None}, budget, resume),
-             "last": max((position[row_key(r)] for r in run.kept), default=-1), "in_order": True, "row": None}
-    answers = {}
-    attest = verdict_attester(run.header)
+class RowRunner:
+    """One run's rows: sent through the worker pool, each checkpointed as it finishes."""
 
-    def work(key):
+    def __init__(self, run, settings, writer, tally):
+        self.run_, self.settings, self.writer, self.tally = run, settings, writer, tally
+        self.cases = {case["id"]: case for case in run.suite["cases"]}
+        self.mask, self.attest = run_mask(run, settings), verdict_attester(run.header)
+        if run.secret and len(run.secret) < MIN_SECRET_CHARS:
+            print(f"note: the API key is shorter than {MIN_SECRET_CHARS} characters, so it is not "
+                  "masked in stored text (masking it would rewrite unrelated evidence)",
+                  file=sys.stderr)
+        self.position = {key: n for n, key in enumerate(run.plan)}
+        self.progress = Progress(len(run.plan), len(run.kept))
+        self.widths = tuple(max((len(str(key[n])) for key in run.plan), default=0)
+                            for n in (0, 1))  # aligned columns
+        # One budget for every worker: it starts from what the record spent (its superseded rows
+        # too), so a resumed record that already spent the cap sends nothing at all.
+        cost = functools.partial(response_cost, run.provider, run.prices)  # (model, raw) -> Decimal
+        self.budget = run.budget = Budget(settings.max_cost_usd, tally.spent(), cost,
+                                          tally.unknown_cost())
+        self.stopped = _stop_reason({"error": None}, self.budget, self.resume)
+        self.last = max((self.position[row_key(r)] for r in run.kept), default=-1)
+        self.in_order, self.row = True, None
+        self.storable = {}  # id(row) -> (stored row, its JSON): made once, before a slot refills
+
+    def resume(self, flags):
+        """The command that continues this record with `flags` added."""
+        flags = continue_flags(self.settings) + flags
+        return continue_command(self.run_.path, flags) + redact_note(self.run_.header)
+
+    def work(self, key):
+        """The steps of one row (the pool drives them)."""
         model, case_id, repeat = key
-        return run_row_steps(run.provider, case_suite(run.suite, cases[case_id]), cases[case_id], model, repeat,
-                             retries=settings.retries, budget=budget, judge=run.judge)
+        case = self.cases[case_id]
+        return run_row_steps(self.run_.provider, case_suite(self.run_.suite, case), case, model,
+                             repeat, retries=self.settings.retries, budget=self.budget,
+                             judge=self.run_.judge)
 
-    storable = {}  # id(row) -> (stored row, its JSON): made once, before the slot is refilled
+    def refill_early(self, row):
+        """Whether a finished row's slot may take the next row before this row is stored."""
+        # A finished row can only stop the run by an error (also one in storing it) or by the
+        # spending cap. A sequential run checkpoints every row before the next request starts.
+        self.storable[id(row)] = _storable(row, self.mask, self.run_.prices, self.attest)
+        return (self.storable[id(row)][0]["error"] is None and self.settings.max_cost_usd is None
+                and self.settings.concurrency > 1)
 
-    def refill_early(row):
-        # A finished row can only stop the run by an error (also one in storing it) or by the spending cap.
-        # A sequential run checkpoints every row before the next request starts (SPEC A8).
-        storable[id(row)] = _storable(row, mask, run.prices, attest)  # priced, masked, attested
-        return storable[id(row)][0]["error"] is None and settings.max_cost_usd is None and settings.concurrency > 1
+    def stopping(self):
+        """Whether no new row may start."""
+        return self.stopped is not None or self.budget.refusal()
 
-    try:
-        stopping = lambda: state["stopped"] is not None or budget.refusal()  # noqa: E731
-        for key, row in run_in_pool(run.todo, work, settings.concurrency, stopping, refill_early):
-            if row["error"] == "BudgetReached" and row["response"] is None and not row["attempts"]:
-                storable.pop(id(row), None)  # refused before its first request: not run, no row
-                state["stopped"] = state["stopped"] or _stop_reason({"error": None}, budget, resume)
-                continue
-            # checks ran on the original; only the masked row is stored
-            stored, text = storable.pop(id(row), None) or _storable(row, mask, run.prices, attest)
-            saving = time.monotonic()
-            with deferred_signals():  # the tally never counts a row that is not durably in the file
-                tally.add(stored)
-                writer.append(stored, tally.summary(), text)
-            if stored["error"] == "BudgetReached" and isinstance(stored.get("cost_usd"), str):
-                run.redo += decimal.Decimal(stored["cost_usd"])  # a resume pays its rounds again
-            saved = time.monotonic() - saving
-            progress.row(_console_row(run.suite, cases[key[1]], stored, settings.quiet,
-                                      f"{row_line(stored, widths)}  (+{saved:.3f}s save)"), tally)
-            state["in_order"] &= position[key] > state["last"]
-            state["last"] = max(state["last"], position[key])
-            if stored["error"] is None and stored["answer_text"] is not None:
-                best = answers.get(key[1])
-                if best is None or position[key] < best[0]:
-                    answers[key[1]] = (position[key], stored["answer_text"])
-            if state["stopped"] is None:
-                state["stopped"] = _stop_reason(stored, budget, resume)
-                state["row"] = stored if state["stopped"] else None
-    finally:
-        progress.close()
-    answers = {case_id: text for case_id, (_, text) in answers.items()}
-    return state["stopped"], state["in_order"], answers, state["row"]
+    def run(self):
+        """Every row still to do, stored as it finishes: (stopped, in_order, last)."""
+        try:
+            for key, row in run_in_pool(self.run_.todo, self.work, self.settings.concurrency,
+                                        self.stopping, self.refill_early):
+                self.finished(key, row)
+        finally:
+            self.progress.close()
+        return self.stopped, self.in_order, self.row
+
+    def finished(self, key, row):
+        """Store one finished row (masked, priced, attested), count it, print it."""
+        if row["error"] == "BudgetReached" and row["response"] is None and not row["attempts"]:
+            self.storable.pop(id(row), None)  # refused before its first request: not run, no row
+            self.stopped = self.stopped or _stop_reason({"error": None}, self.budget, self.resume)
+            return
+        # checks ran on the original; only the masked row is stored
+        stored, text = self.storable.pop(id(row), None) or _storable(
+            row, self.mask, self.run_.prices, self.attest)
+        saving = time.monotonic()
+        with deferred_signals():  # the tally never counts a row that is not durably in the file
+            self.tally.add(stored)
+            self.writer.append(stored, self.tally.summary(), text)
+        if stored["error"] == "BudgetReached" and isinstance(stored.get("cost_usd"), str):
+            self.run_.redo += decimal.Decimal(stored["cost_usd"])  # a resume pays its rounds again
+        saved = time.monotonic() - saving
+        line = f"{row_line(stored, self.widths)}  (+{saved:.3f}s save)"
+        self.progress.row(_console_row(self.run_.suite, self.cases[key[1]], stored,
+                                       self.settings.quiet, line), self.tally)
+        self.in_order &= self.position[key] > self.last
+        self.last = max(self.last, self.position[key])
+        if self.stopped is None:
+            self.stopped = _stop_reason(stored, self.budget, self.resume)
+            self.row = stored if self.stopped else None
 
 
 def _console_row(suite, case, row, quiet, line):
@@ -9956,12 +10026,7 @@ def dry_run_mode(settings, env, stage):
 def run_mode(settings, env, stage):
     """Run the suite (or the rest of a resumed record); the verdict is the exit code."""
     if settings.update_baseline and settings.suite:
-        if read_only(settings.suite):  # said before a request is paid for, not after
-            raise SuiteError(f"--update-baseline: {settings.suite}: {READ_ONLY}; nothing was run")
-        try:  # one baseline writer per suite, from the start of the run to its rewrite
-            hold_record(settings.suite)
-        except RecordError:  # said as SuiteLock says it (SuiteLock then sees this process holds it)
-            raise SuiteError(suite_busy(settings.suite)) from None
+        _hold_baselines(settings.suite)
     if settings.resume:
         stage.now(lambda word: f"{word} before the first request; {settings.resume} is unchanged")
     run = prepare(settings, env)
@@ -9974,18 +10039,51 @@ def run_mode(settings, env, stage):
     if not run.resuming and run.header.get("sdk_version") is None:
         run.header["sdk_version"] = PROVIDERS[settings.provider].sdk_version()
     set_up_judge(run, settings, env)
+    tally = _start_tally(run)
+    final, stopped, last = _run_to_record(run, settings, tally, stage)
+    print(verdict_line(final) if settings.quiet else json.dumps(final, indent=2))
+    for warning in final.get("warnings", []):
+        print(f"warning: {safe_text(warning)}", file=sys.stderr)
+    if stopped:
+        print(_stopped_line(run, settings, final, tally, stopped, last), file=sys.stderr)
+    write_reports_of(load_record(run.path), settings, stage, run.path)
+    if settings.update_baseline:
+        stage.now(lambda word: f"{word} while filling the baselines of {settings.suite}; "
+                               f"{run.path} is complete (exit code {final['exit_code']})")
+        return update_baseline(run, settings, final["exit_code"])
+    return final["exit_code"]
+
+
+def _hold_baselines(suite):
+    """Refuse a read-only suite and hold its lock, before a request is paid for."""
+    if read_only(suite):  # said before a request is paid for, not after
+        raise SuiteError(f"--update-baseline: {suite}: {READ_ONLY}; nothing was run")
+    try:  # one baseline writer per suite, from the start of the run to its rewrite
+        hold_record(suite)
+    except RecordError:  # said as SuiteLock says it (SuiteLock then sees this process holds it)
+        raise SuiteError(suite_busy(suite)) from None
+
+
+def _start_tally(run):
+    """The run's tally, holding what the record already spent and its kept rows."""
     config = run.header["config"]
     tally = Tally(config["models"], config["repeats"], config["cases"], expected=run.expected,
                   superseded=run.header.get("superseded") or ())
     tally.overhead = _amount((run.header.get("judge_agreement") or {}).get("cost_usd")) or 0
     for row in run.kept:
         tally.add(row)
+    return tally
+
+
+def _run_to_record(run, settings, tally, stage):
+    """Run the rows into the record and close it with its summary: (summary, stopped, last)."""
     writer = open_record(run, tally, settings.quiet)
     try:
-        stage.now(lambda word: f"{word}: {writer.count} finished row(s) saved in {run.path}; continue with: "
-                               f"{continue_command(run.path, continue_flags(settings))}{redact_note(run.header)}")
+        stage.now(lambda word: f"{word}: {writer.count} finished row(s) saved in {run.path}; "
+                               f"continue with: {continue_command(run.path, continue_flags(settings))}"
+                               f"{redact_note(run.header)}")
         try:
-            stopped, in_order, answers, last = run_rows(run, settings, writer, tally)
+            stopped, in_order, last = run_rows(run, settings, writer, tally)
         except KeyboardInterrupt as interrupt:
             final = tally.summary(final=True)
             final["stopped"] = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
@@ -9999,31 +10097,24 @@ def run_mode(settings, env, stage):
         if stopped:
             final["stopped"] = stopped
         writer.set_summary(final)
-        stage.now(lambda word: f"{word} after the run ended: {run.path} holds its {final['rows']} row(s) and summary "
-                               f"(exit code {final['exit_code']})")
+        stage.now(lambda word: f"{word} after the run ended: {run.path} holds its {final['rows']} "
+                               f"row(s) and summary (exit code {final['exit_code']})")
         if not in_order:
             writer = reorder(run, final, writer)
     finally:
         writer.close()
-    print(verdict_line(final) if settings.quiet else json.dumps(final, indent=2))
-    for warning in final.get("warnings", []):
-        print(f"warning: {safe_text(warning)}", file=sys.stderr)
-    if stopped:
-        flags = continue_flags(settings, last, run.budget, run.redo)
-        hint = f"; continue with: {continue_command(run.path, flags)}" \
-               f"{redact_note(run.header)}" \
-            if (not final["complete"] or tally.errors) and "reported no cost" not in stopped else ""
-        if hint and _cap_exhausted(settings, run.budget):
-            hint = (f"; its spend is past the highest --max-cost-usd ({AMOUNT_RANGE[1]:f}), so no "
-                    "cap lets it continue")
-        print(f"stopped early: {safe_text(stopped)}{safe_text(hint)}", file=sys.stderr)
-    write_reports_of(load_record(run.path), settings, stage, run.path)
-    if settings.update_baseline:
-        stage.now(lambda word: f"{word} while filling the baselines of {settings.suite}; "
-                               f"{run.path} is complete (exit code {final['exit_code']})")
-        return update_baseline(run, settings, final["exit_code"])
-    return final["exit_code"]
+    return final, stopped, last
 
+
+def _stopped_line(run, settings, final, tally, stopped, last):
+    """The line that says why a run stopped early and, where one helps, how to continue it."""
+    flags = continue_flags(settings, last, run.budget, run.redo)
+    hint = f"; continue with: {continue_command(run.path, flags)}{redact_note(run.header)}" \
+        if (not final["complete"] or tally.errors) and "reported no cost" not in stopped else ""
+    if hint and _cap_exhausted(settings, run.budget):
+        hint = (f"; its spend is past the highest --max-cost-usd ({AMOUNT_RANGE[1]:f}), so no "
+                "cap lets it continue")
+    return f"stopped early: {safe_text(stopped)}{safe_text(hint)}"
 
 def write_reports_of(record, settings, stage, source):
     """Write the requested reports one by one; an interruption says which are still missing."""
