@@ -4,7 +4,8 @@ Usage:
     python compare_runs.py BEFORE.json AFTER.json
     python compare_runs.py BEFORE.json AFTER.json --alpha 0.05 --html diff.html
     python compare_runs.py --models A B RUN.json   # within one run: is model B a drop-in for A?
-    python compare_runs.py --matrix BEFORE.json AFTER.json   # every (case, behaviour): same / REGRESS / GAIN
+    python compare_runs.py --matrix BEFORE.json AFTER.json   # every (case, behaviour): same /
+    REGRESS / GAIN
     python compare_runs.py --matrix --models A B RUN.json
     python compare_runs.py --demo NEW_DIR          # offline: two synthetic runs, no key
     python compare_runs.py --repeats-needed 0.95 0.8   # repeats per side to see that drop
@@ -72,21 +73,25 @@ def index(record):
     models, cases, repeats = config["models"], config["cases"], config["repeats"]
     case_ids = [case["id"] for case in cases]
     expected_count = len(models) * len(cases) * repeats
-    _require(expected_count == len(runs) or expected_count <= 100_000,  # never expand an absurd plan in memory
+    # never expand an absurd plan in memory
+    _require(expected_count == len(runs) or expected_count <= 100_000,
              f"the run is incomplete: {len(runs)} rows for {expected_count} expected")
     rows = {}
     for position, row in enumerate(runs):
         key = row_key(row)
         _require(key not in rows, f"duplicate row {_name(key)}")
-        _require(row.get("error") is None, f"row {_name(key)} has an execution error ({row.get('error')})")
+        _require(row.get("error") is None,
+                 f"row {_name(key)} has an execution error ({row.get('error')})")
         reasons = row.get("reasons")
         _require(isinstance(reasons, list) and all(isinstance(reason, str) for reason in reasons),
                  f"row {_name(key)}: reasons is not a list of strings")
-        _require(row.get("passed") is (not reasons), f"row {_name(key)}: passed disagrees with reasons")
+        _require(row.get("passed") is (not reasons),
+                 f"row {_name(key)}: passed disagrees with reasons")
         rows[key] = row
     expected = set(plan_rows(models, case_ids, repeats))
     extra = [key for key in rows if key not in expected]
-    _require(not extra, f"row {_name(extra[0])} is not in models x cases x repeats" if extra else "")
+    _require(not extra, f"row {_name(extra[0])} is not in models x cases x repeats" if extra
+             else "")
     missing = [key for key in plan_rows(models, case_ids, repeats) if key not in rows]
     _require(not missing, f"the run is incomplete: {len(missing)} of {len(expected)} rows missing"
              f" (first: {_name(missing[0])})" if missing else "")
@@ -153,7 +158,8 @@ LABELS = {(True, False): "NEW_FAILURE", (False, True): "RECOVERED",
           (True, True): "PASS", (False, False): "STILL_FAILING"}
 
 
-IGNORED_CASE_KEYS = ("instructions_sha256", "notes")  # a pin follows the instructions; notes are for people
+# a pin follows the instructions; notes are for people
+IGNORED_CASE_KEYS = ("instructions_sha256", "notes")
 
 
 def _config_view(config, without_checks=False):
@@ -186,7 +192,8 @@ def shorten(value, other=ABSENT):
     if value is ABSENT:
         return "(absent)"
     if isinstance(value, str) and isinstance(other, str) and len(value) > SHORT:
-        start = next((n for n, (a, b) in enumerate(zip(value, other)) if a != b), min(len(value), len(other)))
+        start = next((n for n, (a, b) in enumerate(zip(value, other)) if a != b),
+                     min(len(value), len(other)))
         start = max(0, start - 20)
         piece = value[start:start + SHORT - 10]
         text = ("..." if start else "") + json.dumps(piece, ensure_ascii=False)[:-1] + \
@@ -240,7 +247,8 @@ def _comparable(before, after, names=SIDES):
                                                    _config_view(after["config"], True))
     except RecursionError:
         raise ValueError("the configs are nested too deeply to compare") from None
-    regrade = replay_pair and not blocking  # a replay with the same checks regrades with the current checker
+    # a replay with the same checks regrades with the current checker
+    regrade = replay_pair and not blocking
     if difference is not None and not regrade:
         # For a record and its replay, name what keeps them apart (an input, not a check).
         path, old, new = blocking if replay_pair and blocking else difference
@@ -254,7 +262,8 @@ def _comparable(before, after, names=SIDES):
     old_cases = {case["id"]: case for case in _config_view(before["config"])["cases"]}
     return [case["id"] for case in _config_view(after["config"])["cases"]
             if not same_json(old_cases.get(case["id"], ABSENT), case)] + \
-        (["(sources)"] if not same_json(before["config"].get("sources"), after["config"].get("sources")) else [])
+        (["(sources)"]
+         if not same_json(before["config"].get("sources"), after["config"].get("sources")) else [])
 
 
 def _same_evidence(before, after, names=SIDES):
@@ -262,8 +271,8 @@ def _same_evidence(before, after, names=SIDES):
     row by row, the same stored responses (every round of a played row). Otherwise the
     "after" side answered something else, and a regrade would call that no change."""
     _require(before["config"].get("instructions") == after["config"].get("instructions"),
-             "config.instructions differs: a replay re-grades the stored responses and cannot test an "
-             "instruction change; run the new instructions live and compare those records")
+             "config.instructions differs: a replay re-grades the stored responses and cannot "
+             "test an instruction change; run the new instructions live and compare those records")
     rows_before, rows_after = rows_of(before, names[0]), rows_of(after, names[1])
     for key, row in rows_before.items():
         other = rows_after.get(key) or {}
@@ -397,7 +406,8 @@ def _answer_diff(old, new):
     a, b = old.get("answer_text"), new.get("answer_text")
     if a == b or not isinstance(a, str) or not isinstance(b, str):
         return None
-    return "\n".join(difflib.unified_diff(a.splitlines(), b.splitlines(), "before", "after", lineterm=""))
+    return "\n".join(difflib.unified_diff(a.splitlines(), b.splitlines(), "before", "after",
+                                          lineterm=""))
 
 
 def _shared(rows):
@@ -449,8 +459,10 @@ def analyse(pairs, alpha=None, correction="holm"):
             passed_before=sum(row["passed"] for row in old), runs_before=len(old),
             passed_after=sum(row["passed"] for row in new), runs_after=len(new))
         group["p"] = fisher_drop(group["passed_before"], len(old), group["passed_after"], len(new))
-        group["flaky"] = [side for side, passed, runs in (("before", group["passed_before"], len(old)),
-                                                          ("after", group["passed_after"], len(new)))
+        group["flaky"] = [side
+                          for side, passed, runs in (("before", group["passed_before"], len(old)),
+                                                          ("after", group["passed_after"],
+                                                           len(new)))
                           if 0 < passed < runs]
         group["dropped"] = group["passed_after"] * len(old) < group["passed_before"] * len(new)
         # A GAIN of a reason a call causes may only be calls that vanished: marked (no_call).
@@ -474,7 +486,8 @@ def changed(row):
 
 
 def group_changed(group):
-    return group["passed_before"] != group["passed_after"] or group["flaky"] or group["regress"] or group["gain"]
+    return (group["passed_before"] != group["passed_after"] or group["flaky"] or group["regress"]
+            or group["gain"])
 
 
 def unchanged_counts(rows):
@@ -498,11 +511,13 @@ def headline(result):
     beside rows that flipped to failing, and never repeats the NEW_FAILURE label."""
     rows = f"{_plural(result['new_failures'], 'row')} flipped to failing"
     if result["alpha"] is None:
-        return f"NEW FAILURES (exit 1): {rows}" if result["exit_code"] else f"no new failure (exit 0): {rows}"
+        return (f"NEW FAILURES (exit 1): {rows}" if result["exit_code"]
+                else f"no new failure (exit 0): {rows}")
     alpha, how = result["alpha"], correction_words(result)
     level = f"{'adjusted ' if _holm(result) else ''}p <= {alpha}" + (f" ({how})" if how else "")
     if result["exit_code"]:
-        return (f"SIGNIFICANT DROP (exit 1): {_plural(len(result['significant']), 'model/case pair')} dropped at "
+        return (f"SIGNIFICANT DROP (exit 1): "
+                f"{_plural(len(result['significant']), 'model/case pair')} dropped at "
                 f"{level}; {rows}")
     return f"no significant drop (exit 0): {rows}, none at {level}"
 
@@ -531,17 +546,20 @@ def tool_groups(rows):
 
 
 def _repeats_text(repeats):
-    return f"repeat {repeats[0]}" if len(repeats) == 1 else f"repeats {', '.join(map(str, repeats))}"
+    return (f"repeat {repeats[0]}" if len(repeats) == 1
+            else f"repeats {', '.join(map(str, repeats))}")
 
 
 def _sequence_text(names):
-    return safe_text(" -> ".join(map(str, names))) if names else "(no tool call)"  # tool names come from a model
+    # tool names come from a model
+    return safe_text(" -> ".join(map(str, names))) if names else "(no tool call)"
 
 
 def _tools_changed(row):
     """A row whose tool sequence changed, or whose verdict changed while it called tools."""
     before, after = row.get("tools_before") or [], row.get("tools_after") or []
-    return before != after or (row["label"] in ("NEW_FAILURE", "RECOVERED") and bool(before or after))
+    return before != after or (row["label"] in ("NEW_FAILURE", "RECOVERED")
+                               and bool(before or after))
 
 
 def _key_cells(label, key):
@@ -614,7 +632,8 @@ def render(result, all_diffs=False, all_rows=True):
     the unchanged ones per label, so a large unchanged run stays a few lines long."""
     lines = [*result.get("cautions", ()), *_setup_text(result.get("setup"))]
     if result.get("regrade") is not None:
-        lines.append(safe_text("REGRADE: the same stored responses graded with changed checks; cases whose checks "
+        lines.append(safe_text("REGRADE: the same stored responses graded with changed checks; "
+                               "cases whose checks "
                                f"changed: {', '.join(result['regrade']) or 'none'}"))
     listed = [row for row in result["rows"] if all_rows or changed(row)]
     lines += aligned([[*_key_cells(row["label"], row["key"]), f"before={json.dumps(row['before'])}",
@@ -633,11 +652,14 @@ def render(result, all_diffs=False, all_rows=True):
         lines += aligned([[*_key_cells("TOOLS", (model, case_id)), _repeats_text(repeats),
                            _sequence_text(before), "vs", _sequence_text(after)]
                           for model, case_id, before, after, repeats in tool_groups(sequences)])
-    diffs = [row for row in result["rows"] if row["diff"] and (all_diffs or row["label"] in ("NEW_FAILURE", "RECOVERED"))]
+    diffs = [row for row in result["rows"] if row["diff"]
+             and (all_diffs or row["label"] in ("NEW_FAILURE", "RECOVERED"))]
     if diffs:
-        lines += ["", "answers that changed (unified diff before -> after; an identical diff is shown once):"]
+        lines += ["",
+            "answers that changed (unified diff before -> after; an identical diff is shown once):"]
         for model, case_id, label, diff, repeats in diff_groups(diffs):
-            lines += [safe_text(f"== {model}  {case_id}  {_repeats_text(repeats)} ({LABEL_WORDS[label]})"),
+            lines += [safe_text(f"== {model}  {case_id}  {_repeats_text(repeats)} "
+                                f"({LABEL_WORDS[label]})"),
                       safe_text(diff, newlines=True)]
     lines.append("")
     lines.append(f"verdict: {headline(result)}")
@@ -664,7 +686,8 @@ def cautions(before, after):
     notes = [safe_text(f"CAUTION {field} differs: {before.get(field)} -> {after.get(field)}")
              for field in ("sdk_version", "code_sha256") if before.get(field) != after.get(field)]
     if record_provider(before) != record_provider(after):
-        notes.append(safe_text(f"CAUTION provider differs: {before.get('provider')} -> {after.get('provider')}"))
+        notes.append(safe_text(f"CAUTION provider differs: {before.get('provider')} "
+                               f"-> {after.get('provider')}"))
     return notes
 
 
@@ -707,10 +730,12 @@ def model_swap(record, model_a, model_b, alpha=None, name="the run", correction=
     rows = rows_of(record, name)
     config = record["config"]
     for model in (model_a, model_b):
-        _require(model in config["models"], f"model {model!r} is not in this run ({', '.join(config['models'])})")
+        _require(model in config["models"],
+                 f"model {model!r} is not in this run ({', '.join(config['models'])})")
     _require(model_a != model_b, "give two different models")
     label = f"{model_a} -> {model_b}"
-    pairs = [((label, case["id"], repeat), rows[(model_a, case["id"], repeat)], rows[(model_b, case["id"], repeat)])
+    pairs = [((label, case["id"], repeat), rows[(model_a, case["id"], repeat)],
+              rows[(model_b, case["id"], repeat)])
              for repeat in range(config["repeats"]) for case in config["cases"]]
     result = analyse(pairs, alpha, correction)
     result["cautions"] = _group_cautions(result, (model_a, model_b))
@@ -940,7 +965,8 @@ MATRIX_COLUMNS = ["case_id", "behavior", "A", "B", "delta"]
 
 
 def _explains(check, reason):
-    """Whether a check (a regression.CHECK_TABLE entry, or None) gives this reason ("wrong_<field>" is a family)."""
+    """Whether a check (a regression.CHECK_TABLE entry, or None) gives this reason ("wrong_<field>"
+    is a family)."""
     return check is not None and any(
         reason == name or (name.endswith("<field>") and reason.startswith(name[:-len("<field>")]))
         for name in check.reasons)
@@ -948,10 +974,12 @@ def _explains(check, reason):
 
 def case_rules(case):
     """[(rule, check)] a case declares: each behaviour entry in its order, then each other check
-    its keys switch on, in run order (read from the check table, so a new check needs no edit here)."""
+    its keys switch on, in run order (read from the check table, so a new check needs no edit
+    here)."""
     by_name = {check.name: check for check in CHECK_TABLE}
     behaviors = case.get("behaviors") if isinstance(case.get("behaviors"), list) else []
-    rules = [(entry, by_name.get(entry.partition(":")[0])) for entry in behaviors if isinstance(entry, str)]
+    rules = [(entry, by_name.get(entry.partition(":")[0])) for entry in behaviors
+             if isinstance(entry, str)]
     talk = isinstance(case.get("turns"), list)  # a conversation: what was played is judged per turn
     rules += [(rule, check) for check in CHECK_TABLE
               if not check.behavior and not check.always and check.active(case)
@@ -1001,12 +1029,14 @@ def behaviour_matrix(cases, side_a, side_b):
             if delta == "GAIN" and mute and any(reason in call_reasons() for failing in failing_a
                                                 for reason in failing.get(rule, ())):
                 delta = "GAIN*"
-            table.append([case["id"], rule, _verdict_text(pass_a, runs_a), _verdict_text(pass_b, runs_b), delta])
+            table.append([case["id"], rule, _verdict_text(pass_a, runs_a),
+                          _verdict_text(pass_b, runs_b), delta])
     return table
 
 
 def _sides(rows, model, repeats, cases):
-    return {case["id"]: [rows[(model, case["id"], repeat)] for repeat in range(repeats)] for case in cases}
+    return {case["id"]: [rows[(model, case["id"], repeat)] for repeat in range(repeats)]
+            for case in cases}
 
 
 def record_sides(before, after, names=SIDES):
@@ -1024,7 +1054,8 @@ def model_sides(record, model_a, model_b, name="the run"):
     rows = rows_of(record, name)
     config = record["config"]
     for model in (model_a, model_b):
-        _require(model in config["models"], f"model {model!r} is not in this run ({', '.join(config['models'])})")
+        _require(model in config["models"],
+                 f"model {model!r} is not in this run ({', '.join(config['models'])})")
     _require(model_a != model_b, "give two different models")
     repeats, cases = config["repeats"], config["cases"]
     return config, [(f"{model_a} -> {model_b}", _sides(rows, model_a, repeats, cases),
@@ -1056,11 +1087,13 @@ def render_matrix(title, sections, notes=()):
     changes: shown lines), aligned columns, then the verdict."""
     lines = [safe_text(title), *notes]
     for heading, table in sections:
-        shown = [[safe_text(cell) for cell in row] for row in [MATRIX_COLUMNS] + table]  # record text, made visible
+        # record text, made visible
+        shown = [[safe_text(cell) for cell in row] for row in [MATRIX_COLUMNS] + table]
         widths = [max(len(row[n]) for row in shown) for n in range(len(MATRIX_COLUMNS))]
         if heading:
             lines += ["", safe_text(heading)]
-        lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in shown]
+        lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
+                  for row in shown]
     deltas = [row[4] for _, table in sections for row in table]
     code = 1 if "REGRESS" in deltas else 0
     marked = f" ({deltas.count('GAIN*')} marked *: {NO_CALL_GAIN[NO_CALL_GAIN.index('may'):]})" \
@@ -1126,7 +1159,9 @@ def markdown_comparison(result, title):
     lines = [f"## {md_text(title)}", "", f"**{md_text(headline(result))}**",
              *markdown_notes(result)]
     if result.get("regrade") is not None:
-        lines += ["", "REGRADE: the same stored responses graded with changed checks; cases whose checks changed: "
+        lines += ["",
+            "REGRADE: the same stored responses graded with changed checks; cases whose checks "
+            "changed: "
                   + md_text(", ".join(result["regrade"]) or "none")]
     lines += ["", md_table(["label", "model", "case", "repeat", "before", "after"], [
         [row["label"], md_text(row["key"][0]), md_text(row["key"][1]), md_text(row["key"][2]),
@@ -1144,14 +1179,16 @@ def markdown_comparison(result, title):
           md_text(_gain_cell(g, "regress")), md_text(_gain_cell(g, "gain"))]
          for g in moved]) if moved else "No model/case pair changed.")
     if len(moved) < len(result["groups"]):
-        lines += ["", f"{len(result['groups']) - len(moved):,} model/case pair(s) unchanged (not listed)."]
+        lines += ["",
+            f"{len(result['groups']) - len(moved):,} model/case pair(s) unchanged (not listed)."]
     lines += ["", md_text(by_reason_note(result))] if by_reason_note(result) else []
     sequences = [row for row in result["rows"] if _tools_changed(row)]
     if sequences:
         lines += ["", "### Tool sequences of changed rows", "", md_table(
             ["label", "model", "case", "repeat", "tools before", "tools after"],
             [[row["label"], md_text(row["key"][0]), md_text(row["key"][1]), str(row["key"][2]),
-              md_text(_sequence_text(row["tools_before"])), md_text(_sequence_text(row["tools_after"]))]
+              md_text(_sequence_text(row["tools_before"])),
+              md_text(_sequence_text(row["tools_after"]))]
              for row in sequences])]
     return "\n".join(lines) + "\n"
 
@@ -1192,7 +1229,8 @@ def junit_comparison(result, title):
         model, case_id, repeat = row["key"]
         case = {"classname": f"compare.{junit_name(model)}", "name": f"{case_id} [repeat {repeat}]",
                 "seconds": row["seconds"]}
-        failing = (model, case_id) in significant if result["alpha"] is not None else row["label"] == "NEW_FAILURE"
+        failing = ((model, case_id) in significant if result["alpha"] is not None
+                   else row["label"] == "NEW_FAILURE")
         if failing:
             case["failure"] = (f"{row['label']}: {json.dumps(row['after'])}",
                                f"{LABEL_WORDS[row['label']]}\nbefore: {json.dumps(row['before'])}\n"
@@ -1222,7 +1260,8 @@ def html_comparison(result, title):
     body = [f"<h1>{xml_text(title)}</h1>", f"<p><b>{xml_text(headline(result))}</b></p>",
             *html_notes(result)]
     if result.get("regrade") is not None:
-        body.append("<p>REGRADE: the same stored responses graded with changed checks; cases whose checks "
+        body.append("<p>REGRADE: the same stored responses graded with changed checks; cases "
+                    "whose checks "
                     f"changed: {xml_text(', '.join(result['regrade']) or 'none')}</p>")
     by_model = html_table(MODEL_RATE_COLUMNS, [[*map(xml_text, r)] for r in model_cells(result)])
     body += ["<h2>By model</h2>", by_model, "<h2>By model and case</h2>",
@@ -1234,13 +1273,15 @@ def html_comparison(result, title):
                           xml_text(_gain_cell(g, "regress")), xml_text(_gain_cell(g, "gain"))]
                          for g in moved]) if moved else "<p>No model/case pair changed.</p>"]
     if len(moved) < len(result["groups"]):
-        body.append(f"<p>{len(result['groups']) - len(moved):,} model/case pair(s) unchanged (not listed).</p>")
+        body.append(f"<p>{len(result['groups']) - len(moved):,} model/case pair(s) unchanged (not "
+                    f"listed).</p>")
     body += [f"<p>{xml_text(by_reason_note(result))}</p>"] if by_reason_note(result) else []
     body += ["<h2>Rows that changed</h2>",
              html_table(["label", "model", "case", "repeat", "before", "after"],
                         [[(xml_text(row["label"]), css[row["label"]]), xml_text(row["key"][0]),
                           xml_text(row["key"][1]), xml_text(row["key"][2]),
-                          xml_text(_reasons_text(row["before"])), xml_text(_reasons_text(row["after"]))]
+                          xml_text(_reasons_text(row["before"])),
+                          xml_text(_reasons_text(row["after"]))]
                          for row in listed]) if listed else "<p>No row changed.</p>"]
     if counts:
         body.append(f"<p>Unchanged rows (not listed): {xml_text(_counts_text(counts))}.</p>")
@@ -1248,7 +1289,8 @@ def html_comparison(result, title):
     if sequences:
         body += ["<h2>Tool sequences of changed rows</h2>", html_table(
             ["label", "model", "case", "repeat", "tools before", "tools after"],
-            [[(xml_text(row["label"]), css[row["label"]]), xml_text(row["key"][0]), xml_text(row["key"][1]),
+            [[(xml_text(row["label"]), css[row["label"]]), xml_text(row["key"][0]),
+              xml_text(row["key"][1]),
               xml_text(row["key"][2]), xml_text(_sequence_text(row["tools_before"])),
               xml_text(_sequence_text(row["tools_after"]))] for row in sequences])]
     diffs = [row for row in result["rows"] if row["diff"]]
@@ -1261,7 +1303,8 @@ def html_comparison(result, title):
     return html_page(title, "\n".join(body))
 
 
-COMPARISON_REPORTS = {"markdown": markdown_comparison, "junit": junit_comparison, "html": html_comparison}
+COMPARISON_REPORTS = {"markdown": markdown_comparison, "junit": junit_comparison,
+                      "html": html_comparison}
 
 
 # ====================================================================== repeats planner
@@ -1636,10 +1679,12 @@ def _demo_response(case, code, action):
     url = f"https://www.rfc-editor.org/rfc/{case['rfc']}.html"
     answer = json.dumps({"code": code, "next_action": action, "source_urls": [url]})
     return {
-        "id": f"demo-{case['id']}", "object": "response", "model": DEMO_MODEL, "status": "completed",
+        "id": f"demo-{case['id']}", "object": "response", "model": DEMO_MODEL,
+        "status": "completed",
         "output": [
             {"type": "search_results", "queries": [case["id"]],
-             "results": [{"id": 1, "title": case["rfc"].upper(), "snippet": "synthetic", "url": url}]},
+             "results": [{"id": 1, "title": case["rfc"].upper(), "snippet": "synthetic",
+                          "url": url}]},
             {"type": "message", "id": "msg", "role": "assistant", "status": "completed",
              "content": [{"type": "output_text", "text": answer}]},
         ],
@@ -1651,7 +1696,8 @@ def _demo_response(case, code, action):
 def _demo_record(instructions, broken_case):
     rows = []
     for case in CASES:
-        code, action = ("503", "wait_then_retry") if case["id"] == broken_case else (case["expected"], case["action"])
+        code, action = (("503", "wait_then_retry") if case["id"] == broken_case
+                        else (case["expected"], case["action"]))
         raw = _demo_response(case, code, action)
         text = raw["output"][1]["content"][0]["text"]
         reasons = check(case, raw, text)  # the real checker grades the synthetic answers
@@ -1705,7 +1751,8 @@ def _not_one_file(paths):
         same = len(paths) == 2 and os.path.samefile(*paths)
     except OSError:  # gone since it was read: not the same file as far as this can tell
         same = False
-    _require(not same, f"{paths[0]} and {paths[-1]} are the same file, so nothing would be compared; "
+    _require(not same,
+             f"{paths[0]} and {paths[-1]} are the same file, so nothing would be compared; "
                        "give the record of the run before and of the run after the change")
 
 
@@ -1719,30 +1766,41 @@ def _alpha(text):
 def parse_args(argv):
     """The command line checked: (args, {report kind: new file}); a usage error exits 2."""
     parser = OneLineParser(prog="compare_runs.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("records", nargs="*", metavar="RECORD", help="BEFORE and AFTER (or one RUN with --models)")
-    parser.add_argument("--demo", metavar="NEW_DIR", help="write two synthetic records into NEW_DIR and compare them")
-    parser.add_argument("--models", nargs=2, metavar=("A", "B"), help="within one RUN: is model B a drop-in for A?")
+    parser.add_argument("records", nargs="*", metavar="RECORD",
+                        help="BEFORE and AFTER (or one RUN with --models)")
+    parser.add_argument("--demo", metavar="NEW_DIR",
+                        help="write two synthetic records into NEW_DIR and compare them")
+    parser.add_argument("--models", nargs=2, metavar=("A", "B"),
+                        help="within one RUN: is model B a drop-in for A?")
     parser.add_argument("--matrix", action="store_true",
                         help="every (case, behaviour) with both verdicts and same / REGRESS / GAIN")
-    parser.add_argument("--alpha", type=_alpha, help="exit 1 only for pass-rate drops with p <= ALPHA")
+    parser.add_argument("--alpha", type=_alpha,
+                        help="exit 1 only for pass-rate drops with p <= ALPHA")
     parser.add_argument("--all", action="store_true", dest="all_rows",
-                        help="list every row and pair, not only the changed ones (the others are counted)")
-    parser.add_argument("--all-diffs", action="store_true", help="diff every changed answer, not only changed verdicts")
+                        help="list every row and pair, not only the changed ones (the others are "
+                             "counted)")
+    parser.add_argument("--all-diffs", action="store_true",
+                        help="diff every changed answer, not only changed verdicts")
     parser.add_argument("--markdown", metavar="FILE", help="write a Markdown report (new file)")
     parser.add_argument("--junit", metavar="FILE", help="write a JUnit XML report (new file)")
-    parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (new file)")
+    parser.add_argument("--html", metavar="FILE",
+                        help="write a self-contained HTML report (new file)")
     add_statistics_flags(parser)
     args = parser.parse_args(argv)
     statistics_usage(parser, args)
     if args.demo is not None and (args.records or args.models or args.matrix):
         parser.error("give BEFORE AFTER, --models A B RUN, or --demo NEW_DIR: one of them")
-    if args.matrix and (args.alpha is not None or args.all_diffs or args.markdown or args.junit or args.html):
-        parser.error("--matrix prints its table only; drop --alpha, --all-diffs and the report flags")
+    if args.matrix and (args.alpha is not None or args.all_diffs or args.markdown or args.junit
+                        or args.html):
+        parser.error("--matrix prints its table only; drop --alpha, --all-diffs and the "
+                     "report flags")
     wanted = 1 if args.models else 2
     other_mode = args.demo is not None or args.trend or args.repeats_needed
     if not other_mode and len(args.records) != wanted:
-        parser.error("give two record files, BEFORE and AFTER" if wanted == 2 else "--models A B takes one RUN record")
-    for kind in COMPARISON_REPORTS:  # `--html "$UNSET"` must not read as no --html: the report would be skipped
+        parser.error("give two record files, BEFORE and AFTER" if wanted == 2
+                     else "--models A B takes one RUN record")
+    # `--html "$UNSET"` must not read as no --html: the report would be skipped
+    for kind in COMPARISON_REPORTS:
         if getattr(args, kind) == "":
             parser.error(f"--{kind}: the file name is empty (an unset variable?)")
     targets = {kind: getattr(args, kind) for kind in COMPARISON_REPORTS if getattr(args, kind)}
@@ -1750,7 +1808,8 @@ def parse_args(argv):
         if os.path.lexists(path):
             parser.error(f"--{kind}: {path} already exists (reports never overwrite a file)")
         if [os.path.abspath(other) for other in targets.values()].count(os.path.abspath(path)) > 1:
-            parser.error(f"--{kind} {path}: the same file is named twice; every report needs its own file")
+            parser.error(f"--{kind} {path}: the same file is named twice; every report needs its "
+                         f"own file")
     return args, targets
 
 
@@ -1777,8 +1836,10 @@ def main(argv=None):
         if args.models:
             result = model_swap(records[0], *args.models, alpha=args.alpha, name=args.records[0],
                                 correction=args.correction)
-            title = f"model swap in {args.records[0]}: is {args.models[1]} a drop-in for {args.models[0]}?"
-            print(safe_text(f"MODEL SWAP: {args.models[0]} (before) -> {args.models[1]} (after), same run, same cases"))
+            title = (f"model swap in {args.records[0]}: is {args.models[1]} a drop-in for "
+                     f"{args.models[0]}?")
+            print(safe_text(f"MODEL SWAP: {args.models[0]} (before) -> {args.models[1]} (after), "
+                            f"same run, same cases"))
         else:
             result = compare_records(*records, alpha=args.alpha, names=args.records,
                                      correction=args.correction)[1]
@@ -1879,7 +1940,8 @@ def statistics_usage(parser, args):
 
 
 def matrix(args, records):
-    """--matrix: print the behaviour matrix of two records (or two models of one); 1 on any REGRESS."""
+    """--matrix: print the behaviour matrix of two records (or two models of one); 1 on any
+    REGRESS."""
     if args.models:
         a, b = args.models
         config, pairs = model_sides(records[0], a, b, args.records[0])
