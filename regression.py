@@ -9691,6 +9691,41 @@ def regrade_problem(record, path, suite, rows):
     return None
 
 
+GRADE_FIELDS = ("passed", "reasons", "verdicts", "details", "answer_text")
+
+
+def graded_now(record, path):
+    """(record, notes): the record with each row's verdict as its stored evidence grades under
+    this code (offline, as a replay), so a verdict edited in the file, or given by other code,
+    never stands in a comparison or a report; notes name the rows whose stored verdict differs.
+    RecordError when a row's stored conversation is not one its suite plays (evidence edited).
+    A masked row stands on its verdict_sha256, checked when the record was read."""
+    try:  # empty baselines are as the run graded them (a run that filled them)
+        suite = _suite_from_record(record, argparse.Namespace(suite=None, update_baseline=True,
+                                                              system=None))
+    except UsageError as exc:
+        raise RecordError(f"{path}: {exc}, so its verdicts cannot be graded again") from None
+    rows = [row for row in record["runs"] if not row_masked(record, row)]
+    replayer = ReplayProvider({"provider": record.get("provider")}, path)
+    cases, now, differ = {case["id"]: case for case in suite["cases"]}, {}, []
+    for row, again in regraded_rows(record, rows, suite, path):
+        case = cases[row["case_id"]]
+        changed = replayer.changed(case_suite(suite, case), case, row)
+        if changed:
+            raise RecordError(f"{path}: {key_text(row_key(row))}: its stored conversation is not "
+                              f"one its suite plays ({changed})")
+        graded = {field: again[field] for field in GRADE_FIELDS if field in again}
+        if any(graded.get(field, ABSENT) != row.get(field, ABSENT) for field in GRADE_FIELDS
+               if field != "verdicts" or "verdicts" in row):
+            differ.append(f"{key_text(row_key(row))} stored {_verdict_text(row)}, graded "
+                          f"{_verdict_text(again)}")
+        now[id(row)] = {**row, **graded}
+    notes = [f"CAUTION {path}: {_plural(len(differ), 'row')} of its stored verdicts differ from "
+             f"what its stored evidence grades under this code (first: {differ[0]}); compared and "
+             "reported as graded now"] if differ else []
+    runs = [now.get(id(row), row) for row in record["runs"]]
+    return {**record, "runs": runs}, [safe_text(note) for note in notes]
+
 def regraded_rows(record, rows, suite=None, path="the record"):
     """[(row, the row graded again)] of a record's finished rows that hold a response, each graded
     from its stored responses (offline, as --provider replay does) under `suite`, by default the
@@ -10445,7 +10480,11 @@ def update_pins_mode(settings, env, stage):
 
 
 def report_mode(settings, env, stage):
-    record = recount(_load_for("--report", settings.report))
+    record, notes = graded_now(_load_for("--report", settings.report), settings.report)
+    record = recount(record)
+    for note in notes:  # in every report too, beside the summary's other warnings
+        print(note, file=sys.stderr)
+    record["summary"]["warnings"] = _warnings(record["summary"]) + notes
     written = write_reports_of(record, settings, stage, settings.report)
     print(safe_text(f"wrote {', '.join(written)} from {settings.report}"))
     return 0
