@@ -761,16 +761,28 @@ _EMPHASIS = str.maketrans("", "", "*~`")
 _ESCAPE_OR_UNDERSCORE = re.compile(r"\\(?=[!-/:-@\[-`{-~])|(?<![^\W_])_+|_+(?![^\W_])")
 
 
+_COMMENT = re.compile(r"<!--.*?(?:-->|$)", re.DOTALL)  # renders as nothing: "1<!-- -->2" is 12
+_ENTITY = re.compile(r"&([a-z][a-z0-9]{1,31};)")
+
+
+@functools.lru_cache(maxsize=1)
+def _lowered_entities():
+    """HTML's named entities by their lower-case names ("zerowidthspace;": U+200B)."""
+    import html.entities
+    return {name.lower(): char for name, char in html.entities.html5.items()}
+
+
 def _unmarked(text):
     """A text as its Markdown/HTML markup renders: link text without its target, inline tags
     and emphasis, code and escape marks removed, other tags a space, entities decoded."""
     if not _MARKUP.search(text):
         return text
-    text = _LINK.sub(r"\1", text)
+    text = _LINK.sub(r"\1", _COMMENT.sub("", text))
     text = _OTHER_TAG.sub(" ", _INLINE_TAG.sub("", text))
-    if "&" in text:
+    if "&" in text:  # a name text_form() lowered (&ZeroWidthSpace;) is still that entity
         import html  # imported where used: start-up stays lean (SPEC C1)
-        text = html.unescape(text)
+        text = _ENTITY.sub(lambda found: _lowered_entities().get(found[1], found[0]),
+                           html.unescape(text))
     text = text.translate(_EMPHASIS)
     return _ESCAPE_OR_UNDERSCORE.sub("", text) if "_" in text or "\\" in text else text
 
@@ -2698,10 +2710,19 @@ _MONTH = {name: number for number, names in enumerate((
     "aug august", "sep sept september", "oct october", "nov november", "dec december"), 1)
     for name in names.split()}
 _MONTHS = r"(" + "|".join(sorted(_MONTH, key=len, reverse=True)) + r")\.?(?![a-z])"
-_CURRENCY = {"$": "usd", "us$": "usd", "dollar": "usd", "dollars": "usd", "€": "eur",
-             "euro": "eur", "euros": "eur", "£": "gbp", "¥": "jpy", "₹": "inr",
-             **{code: code for code in ("usd", "eur", "gbp", "jpy", "inr", "cad", "aud", "chf")}}
-_CODES = r"(?:usd|eur|gbp|jpy|inr|cad|aud|chf)(?![a-z])"
+# Currency marks: ISO codes of the currencies most traded, symbols, prefixed dollars and words.
+_CODES_READ = ("usd eur gbp jpy inr cad aud chf cny rmb hkd sgd nzd sek nok dkk isk pln czk huf "
+               "ron bgn mxn brl ars clp cop krw twd thb idr myr php vnd zar ngn egp ils aed sar "
+               "qar kwd rub uah").split()
+_CURRENCY = {"$": "usd", "dollar": "usd", "dollars": "usd", "€": "eur", "euro": "eur",
+             "euros": "eur", "£": "gbp", "¥": "jpy", "yen": "jpy", "yuan": "cny", "₹": "inr",
+             "rupees": "inr", "₩": "krw", "₽": "rub", "₺": "try", "₪": "ils", "₫": "vnd",
+             "฿": "thb", "₦": "ngn", "₱": "php", "zł": "pln", "kr": "kr",
+             **{f"{mark}$": code for mark, code in (("us", "usd"), ("c", "cad"), ("ca", "cad"), (
+                 "a", "aud"), ("au", "aud"), ("nz", "nzd"), ("hk", "hkd"), ("s", "sgd"), (
+                 "r", "brl"), ("mx", "mxn"))}, **{code: code for code in _CODES_READ}}
+_CODES = r"(?:" + "|".join(_CODES_READ) + r")(?![a-z])"
+_MARKS = r"(?:us|ca?|au?|nz|hk|s|r|mx)?\$|[€£¥₹₩₽₺₪₫฿₦₱]"
 _AMOUNT = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"  # a comma before three digits groups thousands
 _ALONE, _ENDS = r"(?<![\w.,])", r"(?![\w]|[.,]\d)"
 
@@ -2729,6 +2750,7 @@ def _date_forms(year, first, second, either=False):
 def _time_form(match):
     hour, minute, second, half = match.group(1, 2, 3, 4)
     hour = int(hour) % 12 + (12 if half == "p" else 0) if half else int(hour)
+    minute = minute or "00"  # "10 pm" is 22:00
     if hour > 24 or int(minute) > 59 or int(second or 0) > 59:
         return None
     return [f"t:{hour}:{minute}" + (f":{second}" if second and second != "00" else "")]
@@ -2756,19 +2778,27 @@ VALUE_KINDS = [
      lambda m: _date_forms(m[1], m[3], m[4])),
     ("date", rf"{_ALONE}(\d{{1,2}})([-/.])(\d{{1,2}})\2(\d{{4}}|\d{{2}}){_ENDS}",
      lambda m: _date_forms(m[4], m[1], m[3], either=True)),
-    ("date", rf"{_ALONE}(\d{{1,2}})(?:st|nd|rd|th)?(?: of)? {_MONTHS}(?:,? (\d{{4}}))?(?!\d)",
-     lambda m: _date_forms(m[3], _MONTH[m[2]], m[1])),
-    ("date", rf"(?<![a-z]){_MONTHS} (\d{{1,2}})(?:st|nd|rd|th)?(?![\d])(?:,? (\d{{4}}))?(?!\d)",
-     lambda m: _date_forms(m[3], _MONTH[m[1]], m[2])),
+    ("date", rf"{_ALONE}(\d{{1,2}})(?:st|nd|rd|th)?(?:\.(?= (?!may)))?(?: of)?[ -]{_MONTHS}"
+     r"(?:,?[ -](\d{4}))?(?!\d)", lambda m: _date_forms(m[3], _MONTH[m[2]], m[1])),
+    ("date", rf"(?<![a-z]){_MONTHS}(?: the)?[ -](\d{{1,2}})(?:st|nd|rd|th)?(?![\d])"
+     r"(?:,?[ -](\d{4}))?(?!\d)", lambda m: _date_forms(m[3], _MONTH[m[1]], m[2])),
+    ("date", rf"(?<![a-z]){_MONTHS},? (\d{{4}})(?!\d)",  # a month of a year: November 2026
+     lambda m: [f"m:{m[2]}-{_MONTH[m[1]]}"]),
     ("time", r"(?<![\d:.])(\d{1,2}):(\d{2})(?::(\d{2}))?(?!\d)(?: ?([ap])\.?m(?![a-z])\.?)?",
      _time_form),
-    ("amount", rf"(?<!\w)((?:us)?\$|€|£|¥|₹|{_CODES}) ?({_AMOUNT}){_ENDS}",
+    ("time", r"(?<![\w:.])(\d{1,2})()() ?([ap])\.?m(?![a-z])\.?", _time_form),  # 10 pm
+    ("amount", rf"(?<!\w)({_MARKS}|{_CODES}) ?({_AMOUNT}){_ENDS}",
      lambda m: _amount_form(m[1], m[2])),
-    ("amount", rf"{_ALONE}({_AMOUNT}) ?(\$|€|£|¥|₹|{_CODES}|dollars?|euros?(?![a-z]))",
-     lambda m: _amount_form(m[2], m[1])),
+    ("amount", rf"(?<!\w)({_MARKS}|{_CODES}) ?(\d+,\d\d?){_ENDS}",  # a decimal comma: €12,50
+     lambda m: _amount_form(m[1], m[2].replace(",", "."))),
+    ("amount", rf"{_ALONE}(\d+,\d\d?) ?({_MARKS}|{_CODES}|kr(?![a-z]))",
+     lambda m: _amount_form(m[2], m[1].replace(",", "."))),
+    ("amount", rf"{_ALONE}({_AMOUNT}) ?({_MARKS}|{_CODES}|(?:dollars?|euros?|yen|yuan|rupees|kr"
+     r"|zł)(?![a-z]))", lambda m: _amount_form(m[2], m[1])),
     ("id", r"(?<![\w.])\d+(?:\.\d+){2,}(?![\w]|\.\d)", lambda m: ["i:" + m.group(0)]),  # 1.2.3, IPs
     ("groups", rf"{_ALONE}\d+(?:[ -]\d+)+{_ENDS}", lambda m: _groups_form(m.group(0))),
-    ("number", r"(?<![\w.])(\d+)(?:st|nd|rd|th)(?![a-z\d])", lambda m: [_number_form(m[1])]),
+    ("number", r"(?<![\w.])(\d+)(?:st|nd|rd|th)(?![a-z\d])",  # an ordinal: maybe a day
+     lambda m: [_number_form(m[1]), f"o:{int(m[1])}"]),
     ("number", rf"(?<![\w.])({_AMOUNT}){_ENDS}", lambda m: [_number_form(m[1])]),
     ("id", r"\w+", lambda m: None if not re.search(r"\d", m.group(0)) else [
         "i:" + m.group(0).strip("_") if re.search(r"[^\W\d_]", m.group(0))
@@ -2804,7 +2834,10 @@ def given_values(text):
     for form in readings(text):
         for kind, forms, found in stated_values(form):
             known.update(forms, ("r" + _number_form(run)[1:] for run in re.findall(r"\d+", found)))
-            known.update("d:-" + one[one.index("-", 2):] for one in forms if kind == "date")
+            dates = [one for one in forms if kind == "date" and one.startswith("d:")]
+            known.update("d:-" + one[one.index("-", 2):] for one in dates)
+            known.update("m:" + one[2:].rsplit("-", 1)[0] for one in dates if one[2] != "-")
+            known.update("o:" + one.rsplit("-", 1)[1] for one in dates)
     return frozenset(known)
 
 
@@ -2818,8 +2851,8 @@ def _grounded(kind, forms, known):
     if kind == "groups":
         return forms[0] in known or all(form in known for form in forms[1:]) and not any(
             len(form) == 3 and form[2].isdigit() for form in forms[1:])
-    if kind == "number":
-        return forms[0] in known or "r" + forms[0][1:] in known
+    if kind == "number":  # an ordinal (the 21st) needs that number, or a given date's day
+        return forms[0] in known or (forms[1] if forms[1:] else "r" + forms[0][1:]) in known
     return any(form in known for form in forms)
 
 
