@@ -2758,8 +2758,9 @@ def _time_form(match):
 
 def _amount_form(symbol, number):
     """An amount's forms: "a:usd:12.5" ($12.50, 12.50 USD), its currency mark, its number."""
-    value = _number_form(number)[2:]
-    return [f"a:{_CURRENCY[symbol]}:{value}", f"c:{value}", f"n:{value}"]
+    value, code = _number_form(number)[2:], _CURRENCY[symbol]
+    kroner = [f"a:kr:{value}"] if code in ("sek", "nok", "dkk", "isk") else []  # "12 kr" is any
+    return [f"a:{code}:{value}", f"c:{value}", f"n:{value}", *kroner]
 
 
 def _groups_form(text):
@@ -2906,19 +2907,24 @@ register_check("grounded", check_grounded, behavior=True, details=_tool_details,
     "the values of a reply: numbers of two or more digits (a comma before three digits groups "
     "thousands, a dot is the decimal point, trailing zeros do not count: 1,000.00 is 1000; "
     "with a leading zero, 007, the digits as written; 12,50 is 12 and 50), amounts of any "
-    "number of digits ($12.50 is 12.5 USD: a currency mark ($ US$ USD dollars, € EUR euros, £ "
-    "GBP, ¥ JPY, ₹ INR, CAD, AUD, CHF) must match a given one, a given bare number grounds "
-    "any), dates (2024-05-03, 2024/05/03, 03/05/2024 and 03/05/24 read both ways, 3 May 2024, May "
-    "3rd, 2024; a date without a year matches any year), times (14:30 is 2:30 pm), identifiers "
-    "with a letter and a digit (ord_21, A17; case-insensitive, _ kept, - splits), digits in "
-    "groups (555-123-4567: the joined number, or each group of two digits or more), versions "
-    "and addresses (1.2.3, 10.0.0.1) as written, URLs starting http(s):// or www. (without "
-    "scheme, default port, trailing / and punctuation, case-insensitive; the query counts) and "
-    "e-mail addresses (case-insensitive); values in words (forty-two) are not read; each must "
-    "occur, in its normal form, in the instructions, the history, the user's turns or a tool "
-    "result or search URL received before the reply (a number may also be a digit run inside a "
-    "given value: #21 of ord_21; an amount may not). Both sides are read in the normal form, "
-    "look-alikes and markup read away"), reasons={
+    "number of digits ($12.50 is 12.5 USD; a decimal comma with a currency, 12,50 kr, is 12.5): "
+    "a currency mark (a code of a most traded currency: USD EUR GBP JPY CNY SEK NOK CHF CAD "
+    "AUD ...; $ US$ C$ A$ NZ$ HK$ S$ R$ € £ ¥ ₹ ₩ ₽ ₺ ₪ ₫ ฿ ₦ ₱ zł; dollars euros yen yuan "
+    "rupees; kr: kronor, kroner, krónur) must match a given one, a given bare number grounds "
+    "any), dates (2024-05-03, 2024/05/03, 03/05/2024 and 03/05/24 read both ways, 3 May 2024, "
+    "May 3rd, 2024, November the 20th, 20-Nov-2026, 20. November 2026; a date without a year "
+    "matches any year; November 2026 needs that month of that year), times (14:30 is 2:30 pm, "
+    "10 pm is 22:00), an ordinal (the 21st: that number or the day of a given date), "
+    "identifiers with a letter and a digit (ord_21, A17; case-insensitive, _ kept, - splits), "
+    "digits in groups (555-123-4567: the joined number, or each group of two digits or more), "
+    "versions and addresses (1.2.3, 10.0.0.1) as written, URLs starting http(s):// or www. "
+    "(without scheme, default port, trailing / and punctuation, case-insensitive; the query "
+    "counts) and e-mail addresses (case-insensitive); values in words (forty-two) are not read; "
+    "each must occur, in its normal form, in the instructions, the history, the user's turns "
+    "or a tool result or search URL received before the reply (a number may also be a digit "
+    "run inside a given value: #21 of ord_21; an amount, a date, a time or an ordinal may "
+    "not). Both sides are read in the normal form, look-alikes and markup read away (an HTML "
+    "comment, <!-- -->, and an entity, &ZeroWidthSpace;, render as nothing)"), reasons={
     "ungrounded_value": (
         "behaviour `grounded`: the reply states a value (number, date, amount, id, URL, e-mail) "
         "that nothing the model was given holds",
