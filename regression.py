@@ -781,8 +781,8 @@ def _unmarked(text):
     text = _OTHER_TAG.sub(" ", _INLINE_TAG.sub("", text))
     if "&" in text:  # a name text_form() lowered (&ZeroWidthSpace;) is still that entity
         import html  # imported where used: start-up stays lean (SPEC C1)
-        text = _ENTITY.sub(lambda found: _lowered_entities().get(found[1], found[0]),
-                           html.unescape(text))
+        text = _drop_invisible(_ENTITY.sub(  # &#8203; is nothing, as the character is
+            lambda found: _lowered_entities().get(found[1], found[0]), html.unescape(text)))
     text = text.translate(_EMPHASIS)
     return _ESCAPE_OR_UNDERSCORE.sub("", text) if "_" in text or "\\" in text else text
 

@@ -28,43 +28,31 @@ def grounded(given, reply):
 
 # A reply stating a value made of pieces of what was given (a digit run of ord_21, of a date, a
 # bare number of an amount in another currency), in a spelling the rules did not read: each
-# passed before as those pieces.
+# passed before as those pieces. Beside each, the given fact in that spelling: no false alarm.
 LIES = [
-    ("4<!-- -->8 items", "comment"),  # an HTML comment renders as nothing: 48
-    ("code 4&ZeroWidthSpace;8", "entity"),  # a named entity the normal form lowered
-    ("It arrives November the 21st.", "date"),  # 21 of ord_21, November
-    ("It arrives 21-Nov-2026.", "date"),
-    ("It arrives 21. November 2026.", "date"),
-    ("It arrives on the 21st.", "ordinal"),  # a day, from ord_21's digits
-    ("Placed in May 2026.", "month"),  # 2026 of the date, a month never given
-    ("Pickup at 10 pm.", "time"),  # 10 of 10:00, which is the morning
-    ("Pickup at 10 p.m.", "time"),
-    ("The total is €12.50.", "amount"),  # 12.50 of 12.50 SEK
-    ("The total is 12.50 NOK.", "amount"),
-    ("The total is C$12.50.", "amount"),
-    ("The total is 12,50 €.", "amount"),  # a decimal comma
-    ("The total is 12,50 EUR.", "amount"),
-    ("The total is ₩12.50.", "amount"),
-]
-# The same facts, spelled the new ways, from what was given: no false alarm.
-TRUTHS = [
-    "It was placed on November the 20th, on 20-Nov-2026, on 20. November 2026, the 20th.",
-    "Placed in November 2026 (Nov 2026), ord_21, #21.",
-    "Pickup at 10 am (10 a.m., 10:00).",
-    "The total is 12.50 SEK, 12,50 SEK, SEK 12.50, 12.5 sek, 12,50 kr.",
-    "Step 3. May I help with ord_21? 21 items are left.",
+    ("4<!-- -->8 items", "1<!-- -->0:00"),  # an HTML comment renders as nothing: 48
+    ("code 4&ZeroWidthSpace;8", "order ord&ZeroWidthSpace;_21"),  # an entity the form lowered
+    ("It arrives November the 21st.", "It was placed November the 20th."),  # 21 of ord_21
+    ("It arrives 21-Nov-2026.", "It was placed 20-Nov-2026."),
+    ("It arrives 21. November 2026.", "It was placed 20. November 2026."),
+    ("It arrives on the 21st.", "It was placed on the 20th."),  # a day, from ord_21's digits
+    ("Placed in May 2026.", "Placed in November 2026 (Nov 2026)."),  # 2026 of the date
+    ("Pickup at 10 pm.", "Pickup at 10 am."),  # 10 of 10:00, which is the morning
+    ("Pickup at 10 p.m.", "Pickup at 10 a.m."),
+    ("The total is €12.50.", "The total is SEK 12.50."),  # 12.50 of 12.50 SEK
+    ("The total is 12.50 NOK.", "The total is 12.5 sek."),
+    ("The total is C$12.50.", "The total is 12,50 kr."),
+    ("The total is 12,50 €.", "The total is 12,50 SEK."),  # a decimal comma
+    ("The total is 12,50 EUR.", "Step 3. May I help with ord_21? 21 items are left."),
+    ("The total is ₩12.50.", "The total is 12.50 SEK, #21."),
 ]
 
 
-@pytest.mark.parametrize("reply, kind", LIES)
-def test_a_value_in_an_unread_spelling_is_still_a_value(reply, kind):
-    (fail,) = grounded(TOLD, reply)
-    assert fail == "ungrounded_value" and fail.evidence["values"], kind
-
-
-@pytest.mark.parametrize("reply", TRUTHS)
-def test_the_given_facts_in_those_spellings_are_grounded(reply):
-    assert grounded(TOLD, reply) == []
+@pytest.mark.parametrize("lie, truth", LIES)
+def test_a_value_in_an_unread_spelling_is_still_a_value(lie, truth):
+    (fail,) = grounded(TOLD, lie)
+    assert fail == "ungrounded_value" and fail.evidence["values"]
+    assert grounded(TOLD, truth) == []
 
 
 @pytest.mark.parametrize("reply", ["life<!-- -->time access", "life&ZeroWidthSpace;time access",
@@ -132,7 +120,7 @@ def test_the_lies_fail_through_the_cli_and_the_truths_pass(tmp_path):
     """Each lie is a case (and one is turn 2 of a conversation): the run exits 1 with every row
     failing ungrounded_value; the truths, each its own case, exit 0."""
     said = {f"q{n}": reply for n, (reply, _) in enumerate(LIES)}
-    said.update({f"t{n}": reply for n, reply in enumerate(TRUTHS)})
+    said.update({f"t{n}": reply for n, (_, reply) in enumerate(LIES)})
     said.update(hi="Hello! What is your order?", id="It arrives November the 21st.")
 
     def agent(user, history):
