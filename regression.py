@@ -6865,12 +6865,14 @@ def grade_turns(row, suite, case, traces, model=True):
 
 def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retries=None,
                   sleep=time.sleep,
-                  budget=None, judge=None):
+                  budget=None, judge=None, begun=None):
     """run_row() as steps (see send_request_steps): a run's worker pool drives these; returns the
     row.
     `budget` (a Budget) is asked before every request, also between the rounds of a played case
-    and before each request of the `judge` of a rubric case (see judge_row_steps)."""
+    and before each request of the `judge` of a rubric case (see judge_row_steps). `begun(row)`
+    is told the row as it is made: an interrupted run stores the rounds it already holds."""
     row = {"case_id": case["id"], "model": model}
+    (begun or (lambda row: None))(row)
     if repeat is not None:
         row["repeat"] = repeat
     row.update(error=None, error_status=None, cost_usd=None, response=None, answer_text=None,
@@ -10210,6 +10212,7 @@ class RowRunner:
         self.last = max((self.position[row_key(r)] for r in run.kept), default=-1)
         self.in_order, self.row = True, None
         self.storable = {}  # id(row) -> (stored row, its JSON): made once, before a slot refills
+        self.live = {}  # key -> (steps, row) of each row begun and not yet stored
 
     def resume(self, flags):
         """The command that continues this record with `flags` added."""
@@ -10220,9 +10223,36 @@ class RowRunner:
         """The steps of one row (the pool drives them)."""
         model, case_id, repeat = key
         case = self.cases[case_id]
-        return run_row_steps(self.run_.provider, case_suite(self.run_.suite, case), case, model,
-                             repeat, retries=self.settings.retries, budget=self.budget,
-                             judge=self.run_.judge)
+        steps = run_row_steps(self.run_.provider, case_suite(self.run_.suite, case), case, model,
+                              repeat, retries=self.settings.retries, budget=self.budget,
+                              judge=self.run_.judge,
+                              begun=lambda row: self.live.__setitem__(
+                                  key, (steps, row, time.monotonic())))
+        return steps
+
+    def interrupted(self, interrupt):
+        """Store each row in flight that holds a response (a played row's rounds, a conversation's
+        turns: paid for) as an execution_error row, which a resume runs again while its spend
+        still counts; a row with no response yet holds nothing and stays to run."""
+        for key, (steps, row, started) in list(self.live.items()):
+            try:
+                steps.close()  # its finally blocks put what each turn spent into the row
+            except (ValueError, RuntimeError):  # its worker is inside it at this instant
+                continue
+            if row.get("response") is None:
+                continue
+            if "passed" not in row:  # else it had finished: its verdict is stored as it is
+                self._cut_short(row, interrupt, started)
+            self.finished(key, row)
+
+    def _cut_short(self, row, interrupt, started):
+        """Make a row an interrupt stopped an execution_error row that keeps what it holds."""
+        if row.get("turns") and not row["turns"][-1].get("rounds"):
+            row["turns"].pop()  # its request had no answer: nothing of it to keep
+        word = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
+        _row_failed(row, interrupt, self.run_.provider, self.settings.retries)
+        row.update(error_message=f"{word} before the row finished; the requests it had made are "
+                   "kept", seconds=round(time.monotonic() - started, 3), passed=False)
 
     def refill_early(self, row):
         """Whether a finished row's slot may take the next row before this row is stored."""
@@ -10242,6 +10272,9 @@ class RowRunner:
             for key, row in run_in_pool(self.run_.todo, self.work, self.settings.concurrency,
                                         self.stopping, self.refill_early):
                 self.finished(key, row)
+        except KeyboardInterrupt as interrupt:
+            self.interrupted(interrupt)
+            raise
         finally:
             self.progress.close()
         return self.stopped, self.in_order, self.row
@@ -10259,6 +10292,7 @@ class RowRunner:
         with deferred_signals():  # the tally never counts a row that is not durably in the file
             self.tally.add(stored)
             self.writer.append(stored, self.tally.summary(), text)
+            self.live.pop(key, None)  # stored: an interrupt from here on has nothing to keep
         if stored["error"] == "BudgetReached" and isinstance(stored.get("cost_usd"), str):
             self.run_.redo += decimal.Decimal(stored["cost_usd"])  # a resume pays its rounds again
         saved = time.monotonic() - saving

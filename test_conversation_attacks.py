@@ -145,3 +145,60 @@ def test_the_lies_fail_through_the_cli_and_the_truths_pass(tmp_path):
     assert len(rows) == len(LIES) + 1
     assert all("ungrounded_value" in row["reasons"] for row in rows), [
         (row["case_id"], row["reasons"]) for row in rows if "ungrounded_value" not in row["reasons"]]
+
+
+def test_an_interrupt_mid_conversation_keeps_the_turns_paid_for_and_resume_counts_them(tmp_path):
+    """SIGTERM while turn 3 of a conversation (and round 2 of a played row) waits: the turns and
+    rounds already answered (paid) are stored as execution_error rows (exit 143), and the
+    resume runs them again from the start with their spend still counted."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    def policy(user, history):
+        if user == "look" and not history:
+            return ("call", "lookup_order", {"order_id": "ord_21"})
+        return ("text", f"ok {user}")
+
+    reply, gate, waiting = fakes.scripted_chat({"m": policy}, cost=0.001), threading.Event(), []
+
+    def serve(request):
+        sent = request.json["messages"]
+        if sum(m["role"] == "user" for m in sent) == 3 or any(m["role"] == "tool" for m in sent):
+            waiting.append(1)
+            gate.wait(20)  # held until the run is killed
+        return reply(request)
+
+    tools = [{"type": "function", "function": {"name": "lookup_order", "parameters": {
+        "type": "object", "properties": {"order_id": {"type": "string"}}}}}]
+    write_suite(tmp_path / "s.json", {"name": "t", "instructions": "Be brief.", "tools": tools,
+                                      "cases": [{"id": "talk", "turns": ["a", "b", "c"]},
+                                                {"id": "played", "input": "look",
+                                                 "tool_results": {"lookup_order": {"ok": 1}}}]})
+    with FakeServer(serve) as server:
+        argv = [sys.executable, str(regression.__file__), "--suite", "s.json", "--provider",
+                "openai", "--base-url", server.url + "/v1", "--models", "m", "--out", "o.json",
+                "--concurrency", "2", "--max-cost-usd", "1"]
+        run = subprocess.Popen(argv, cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+        for _ in range(400):
+            if len(waiting) == 2 or run.poll() is not None:
+                break
+            threading.Event().wait(0.025)
+        run.send_signal(signal.SIGTERM)
+        _, err = run.communicate(timeout=30)
+        gate.set()
+        record = read_record(tmp_path / "o.json")
+        (resumed, _, resume_err), = fakes.cli_table([(["--resume", "o.json"], tmp_path)],
+                                                     env=cli_env())
+    assert run.returncode == 143, err
+    rows = {row["case_id"]: row for row in record["runs"]}
+    assert rows["talk"]["error"] == rows["played"]["error"] == "Terminated", err
+    assert [turn["reply"] for turn in rows["talk"]["turns"]] == ["ok a", "ok b"]
+    assert len(rows["played"]["rounds"]) == 1 and rows["played"]["rounds"][0]["tool_results"]
+    assert record["summary"]["models"]["m"]["reported_cost_usd"] == "0.003"
+    assert resumed == 0, resume_err
+    after = read_record(tmp_path / "o.json")
+    assert {row["case_id"] for row in after["superseded"]} == {"talk", "played"}
+    assert after["summary"]["models"]["m"]["reported_cost_usd"] == "0.008"  # 0.003 + 3 + 2
