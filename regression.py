@@ -2926,9 +2926,10 @@ def rubrics_of(case):
 
 def _validate_rubric(case, where, context):
     rubrics = rubrics_of(case)
-    if not rubrics or not all(isinstance(text, str) and text.strip() for text in rubrics):
+    # read as every check reads text: invisible characters say nothing, case and spaces nothing new
+    if not rubrics or not all(isinstance(text, str) and text_form(text) for text in rubrics):
         raise SuiteError(f"{where}: rubric must be a non-empty string or a non-empty list of them")
-    if len(set(rubrics)) != len(rubrics):
+    if len(set(map(text_form, rubrics))) != len(rubrics):
         raise SuiteError(f"{where}: rubric lists one text twice")
 
 
@@ -2947,7 +2948,7 @@ def judge_problem(spec, need=("provider", "model")):
         (key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(key_env)),
          "api_key_env must be the NAME of an environment variable"),
         (not _is_int(repeats) or repeats not in range(1, 10, 2), "repeats must be 1, 3, 5, 7 or 9"),
-        ("prompt" in spec and not (isinstance(spec["prompt"], str) and spec["prompt"].strip()),
+        ("prompt" in spec and not (isinstance(spec["prompt"], str) and text_form(spec["prompt"])),
          "prompt must be a non-empty string")]
     return next((said for failed, said in checks if failed), None)
 
@@ -2976,11 +2977,14 @@ def _validate_examples(value, where="suite"):
         if not isinstance(example, dict):
             raise SuiteError(f"{at} must be an object")
         _unknown_key(example, EXAMPLE_KEYS, at)
-        if not (isinstance(example.get("rubric"), str) and example["rubric"].strip()):
+        if not (isinstance(example.get("rubric"), str) and text_form(example["rubric"])):
             raise SuiteError(f"{at}: rubric must be a non-empty string")
         if not all(isinstance(example.get(key, ""), str) for key in ("answer", "input")) \
                 or "answer" not in example:
             raise SuiteError(f"{at}: answer (and input, when given) must be strings")
+        if not text_form(example["answer"]):  # never sent to a judge: it would agree untested
+            raise SuiteError(f"{at}: answer is empty; an empty answer fails unjudged, so it "
+                             "cannot test the judge")
         if example.get("verdict") not in VERDICTS:
             raise SuiteError(f'{at}: verdict must be "pass" or "fail"')
     return [dict(example) for example in value]
@@ -6992,6 +6996,7 @@ class Judge:
 
     def __init__(self, identity, provider=None, prices=None):
         self.identity, self.provider, self.prices = identity, provider, prices or {}
+        self.mask = str  # what the judge reads is masked like the record (see set_up_judge)
         self.model, self.repeats = identity["model"], identity["repeats"]
         self.suite = {"name": "judge", "instructions": identity["prompt"], "tools": [],
                       "response_format": JUDGE_FORMAT}
@@ -7029,7 +7034,7 @@ class Judge:
         stored ones that stand for it); `budget` (a Budget) is asked before each call."""
         if not text_form(answer):
             return dict(UNJUDGED)
-        data, digest = judge_data(input_text, rubric, answer)
+        data, digest = judge_data(*map(self.mask, (input_text, rubric, answer)))
         mine = self.reused(stored, rubric, digest)
         if mine is None and self.provider is None:
             raise JudgeError(f"no judge is named to judge the rubric {_quote(rubric)} anew (no "
@@ -9860,6 +9865,8 @@ def set_up_judge(run, settings, env):
     none), then grade its judge_examples before any model request (a resume keeps its own)."""
     if run.judge_needed and run.judge_spec is not None:
         run.judge.provider, run.judge_secret = make_judge(run.judge_spec, settings, env)
+        # a third party: it reads the input and answer masked as the record holds them
+        run.judge.mask = run_mask(run, settings)
         if run.suite.get("judge_examples") and not run.resuming:
             if not settings.quiet:  # a slow judge is silent for a while: say what it is doing
                 print(f"judge_examples: {len(run.suite['judge_examples'])} graded by the judge "
@@ -10327,6 +10334,9 @@ def merge(out, paths, created=lambda: None):
         header["superseded"] = superseded
     header["merged_from"] = [{"path": path, "shard": record.get("shard")}
                              for record, path in zip(records, paths)]
+    agreement = merged_agreement(records)
+    if agreement:  # each shard graded the examples: every grading, its calls and spend, kept
+        header["judge_agreement"] = agreement
     create_record(out, header, ordered, final).close()
     created()
     print(json.dumps(final, indent=2))
@@ -10334,6 +10344,20 @@ def merge(out, paths, created=lambda: None):
     if final["exit_code"] == 2:
         print(merge_gaps(records, paths, plan, final), file=sys.stderr)
     return final["exit_code"]
+
+
+def merged_agreement(records):
+    """The shards' judge_agreement as one: counts and cost summed, results and calls joined."""
+    parts = [record["judge_agreement"] for record in records
+             if isinstance(record.get("judge_agreement"), dict)]
+    if len(parts) < 2:
+        return parts[0] if parts else None
+    costs = [_amount(part.get("cost_usd")) for part in parts]  # unknown anywhere: unknown
+    return {**{key: sum(part[key] for part in parts if _is_int(part.get(key)))
+               for key in ("agreed", "examples")},
+            "cost_usd": None if None in costs else format(sum(costs), "f"),
+            **{key: [item for part in parts if isinstance(part.get(key), list)
+                     for item in part[key]] for key in ("results", "judgements")}}
 
 
 def _check_shards_agree(records, paths):
