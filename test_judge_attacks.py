@@ -1,0 +1,147 @@
+"""Judged checks, attacked: inputs that made a rubric lie (an example that "agreed" untested, a
+rubric or judge prompt that says nothing), leak (a masked value sent to the third-party judge) or
+lose (a merged shard's judge_examples gradings). Exit codes are pinned through the real CLI
+(fakes.cli_table); the input spaces are property tests of validate_suite."""
+
+import json
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import fakes
+import regression
+from testkit import cli_env
+
+# characters that every check reads as nothing: spaces, invisible (format) and control characters
+NOTHING = st.text(st.sampled_from(" \t\n\u00a0\u2003\u200b\u200c\u200d\u2060\ufeff\u00ad\x07"))
+
+
+def write(path, data):
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def suite(cases, judge="judge-pass", **extra):
+    spec = {"provider": "openai", "model": judge} if isinstance(judge, str) else judge
+    return {"name": "attacked", "instructions": "Answer.", "cases": cases, "judge": spec, **extra}
+
+
+def cli(runs, env=None):
+    return fakes.cli_table([([str(arg) for arg in argv], cwd) for argv, cwd in runs],
+                           cli_env(**(env or {})))
+
+
+def echo_run(tmp_path, server, data, name, *flags):
+    """(argv, cwd) of an echo run of suite `data` judged on `server`."""
+    path = write(tmp_path / f"{name}-suite.json", data)
+    return (["--suite", path, "--provider", "echo", "--judge-base-url", server.url + "/v1",
+             "--out", tmp_path / f"{name}.json", *flags], tmp_path)
+
+
+@pytest.fixture
+def judge():
+    with fakes.FakeServer(fakes.scripted_judge(cost=0.001)) as server:
+        yield server
+
+
+def sent(server):
+    """Every judge request body, as text."""
+    return [json.dumps(request.json) for request in server.requests]
+
+
+# ============================================================= set-up that must test something
+
+CASE = {"id": "a", "input": "an answer without the marker", "rubric": "R"}
+SAYS_NOTHING = [  # (suite, what the one line says): each judged by a judge that passes anything
+    (suite([CASE], judge_examples=[{"rubric": "R", "answer": "", "verdict": "fail"}]),
+     "judge_examples #1: answer is empty"),
+    (suite([CASE], judge_examples=[{"rubric": "R", "answer": " \u200b\n", "verdict": "fail"}]),
+     "judge_examples #1: answer is empty"),
+    (suite([CASE], judge_examples=[{"rubric": "\u200b", "answer": "x", "verdict": "pass"}]),
+     "judge_examples #1: rubric must be a non-empty string"),
+    (suite([{**CASE, "rubric": "\u200b\u2060"}]), "rubric must be a non-empty string"),
+    (suite([{**CASE, "rubric": ["R", "\ufeff"]}]), "rubric must be a non-empty string"),
+    (suite([{**CASE, "rubric": ["Apologises.", " apologises. "]}]), "rubric lists one text twice"),
+    (suite([CASE], {"provider": "openai", "model": "judge-pass", "prompt": "\u200b \u200b"}),
+     "judge prompt must be a non-empty string"),
+]
+
+
+def test_a_setup_that_would_judge_nothing_is_one_line_and_exit_2_before_a_judge_request(
+        tmp_path, judge):
+    # before: exit 0, the run passed; an empty example "agreed" without the judge being asked
+    results = cli([echo_run(tmp_path, judge, data, f"n{number}")
+                   for number, (data, _) in enumerate(SAYS_NOTHING)])
+    for (code, stdout, stderr), (_, said) in zip(results, SAYS_NOTHING):
+        assert code == 2 and said in stderr, stderr
+        assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr
+    assert judge.requests == []
+    assert not any(tmp_path.glob("n*[0-9].json"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(NOTHING, NOTHING, st.sampled_from(["answer", "rubric"]))
+def test_any_example_or_rubric_that_reads_as_nothing_is_a_suite_error(blank, pad, where):
+    example = {"rubric": "R", "answer": "x", "verdict": "fail", where: blank}
+    with pytest.raises(regression.SuiteError, match=f"judge_examples #1: {where}"):
+        regression.validate_suite(suite([CASE], judge_examples=[example]))
+    with pytest.raises(regression.SuiteError, match="rubric must be a non-empty string"):
+        regression.validate_suite(suite([{**CASE, "rubric": ["R", blank]}]))
+    with pytest.raises(regression.SuiteError, match="rubric lists one text twice"):
+        regression.validate_suite(suite([{**CASE, "rubric": ["Same text.",
+                                                             f"{pad}SAME {pad} text.{pad}"]}]))
+
+
+# ======================================================== what a third-party judge is sent
+
+def test_the_judge_reads_the_input_and_answer_masked_as_the_record_holds_them(tmp_path, judge):
+    # before: the judge (another provider, another host) was sent SECRET-42 and the e-mail
+    secret = "SECRET-42 mail bob@example.com"
+    data = suite([{"id": "a", "input": f"{secret} GOOD", "rubric": "The reply holds GOOD."}],
+                 "judge-marker", judge_examples=[
+                     {"rubric": "R", "answer": f"GOOD {secret}", "verdict": "pass"}])
+    masked = echo_run(tmp_path, judge, data, "m", "--redact", r"SECRET-\d+", "--redact-pii")
+    (code, _, stderr), (plain, _, _) = cli([masked, echo_run(tmp_path, judge, data, "plain")])
+    assert code == 0 and plain == 0, stderr  # the marker is no secret: the judge still grades
+    bodies = sent(judge)
+    assert len(bodies) == 4 and all("[REDACTED" in body for body in bodies[:2])
+    assert not any("SECRET-42" in body or "bob@example.com" in body for body in bodies[:2])
+    row = json.loads((tmp_path / "m.json").read_text(encoding="utf-8"))["runs"][0]
+    assert row["passed"] is True and "SECRET-42" not in json.dumps(row)
+    # without a mask, the judge reads the answer as given
+    assert json.loads(json.loads(bodies[-1])["messages"][-1]["content"])["answer"] == \
+        f"{secret} GOOD"
+
+
+# ================================================================ what --merge keeps
+
+def test_a_merge_keeps_every_shards_judge_agreement_and_its_spend(tmp_path, judge):
+    # before: the merged record held shard 1's gradings only; shard 2's calls and spend were lost
+    data = suite([{"id": f"c{n}", "input": f"GOOD {n}", "rubric": "R"} for n in range(2)],
+                 "judge-marker",
+                 judge_examples=[{"rubric": "R", "answer": "GOOD", "verdict": "pass"}])
+    shards = [echo_run(tmp_path, judge, data, f"s{n}", "--shard", f"{n}/2") for n in (1, 2)]
+    merged = tmp_path / "merged.json"
+    results = cli([*shards, (["--merge", merged, tmp_path / "s1.json", tmp_path / "s2.json"],
+                             tmp_path)])
+    assert [code for code, _, _ in results] == [0, 0, 0], results[-1][2]
+    agreement = json.loads(merged.read_text(encoding="utf-8"))["judge_agreement"]
+    assert agreement["agreed"] == agreement["examples"] == 2
+    assert agreement["cost_usd"] == "0.002" and len(agreement["judgements"]) == 2
+    assert [result["verdict"] for result in agreement["results"]] == ["pass", "pass"]
+
+
+@pytest.mark.parametrize("parts, expected", [
+    ([{"agreed": 1, "examples": 1, "cost_usd": "0.5", "results": [1], "judgements": [1]}, None],
+     {"agreed": 1, "examples": 1, "cost_usd": "0.5", "results": [1], "judgements": [1]}),
+    ([{"agreed": 1, "examples": 1, "cost_usd": None}, {"agreed": 2, "examples": 2,
+                                                       "cost_usd": "0.1"}],
+     {"agreed": 3, "examples": 3, "cost_usd": None, "results": [], "judgements": []}),
+    ([{"agreed": "x", "cost_usd": "NaN", "results": "x"}, {"agreed": 1, "cost_usd": "1",
+                                                          "results": [2]}],
+     {"agreed": 1, "examples": 0, "cost_usd": None, "results": [2], "judgements": []}),
+    ([None, None], None),
+])
+def test_merged_agreements_sum_what_they_can_and_never_invent_a_cost(parts, expected):
+    records = [{"judge_agreement": part} if part is not None else {} for part in parts]
+    assert regression.merged_agreement(records) == expected
