@@ -64,6 +64,11 @@ SAYS_NOTHING = [  # (suite, what the one line says): each judged by a judge that
     (suite([{**CASE, "rubric": ["Apologises.", " apologises. "]}]), "rubric lists one text twice"),
     (suite([CASE], {"provider": "openai", "model": "judge-pass", "prompt": "\u200b \u200b"}),
      "judge prompt must be a non-empty string"),
+    # examples of one label: a judge that passes everything agrees with them all
+    (suite([CASE], judge_examples=[{"rubric": "R", "answer": "ok", "verdict": "pass"}] * 3),
+     'judge_examples must label at least one answer "pass" and one "fail"'),
+    (suite([CASE], "judge-500", judge_examples=[{"rubric": "R", "answer": "x", "verdict": "fail"}]),
+     'judge_examples must label at least one answer "pass" and one "fail"'),
 ]
 
 
@@ -92,6 +97,19 @@ def test_any_example_or_rubric_that_reads_as_nothing_is_a_suite_error(blank, pad
                                                              f"{pad}SAME {pad} text.{pad}"]}]))
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(["pass", "fail"]), min_size=1, max_size=6))
+def test_examples_gate_a_judge_only_when_they_hold_both_verdicts(labels):
+    examples = [{"rubric": "R", "answer": f"answer {n}", "verdict": label}
+                for n, label in enumerate(labels)]
+    data = suite([CASE], judge_examples=examples)
+    if set(labels) == {"pass", "fail"}:
+        assert regression.validate_suite(data)["judge_examples"] == examples
+    else:
+        with pytest.raises(regression.SuiteError, match="one verdict would agree"):
+            regression.validate_suite(data)
+
+
 # ======================================================== what a third-party judge is sent
 
 def test_the_judge_reads_the_input_and_answer_masked_as_the_record_holds_them(tmp_path, judge):
@@ -99,13 +117,14 @@ def test_the_judge_reads_the_input_and_answer_masked_as_the_record_holds_them(tm
     secret = "SECRET-42 mail bob@example.com"
     data = suite([{"id": "a", "input": f"{secret} GOOD", "rubric": "The reply holds GOOD."}],
                  "judge-marker", judge_examples=[
-                     {"rubric": "R", "answer": f"GOOD {secret}", "verdict": "pass"}])
+                     {"rubric": "R", "answer": f"GOOD {secret}", "verdict": "pass"},
+                     {"rubric": "R", "answer": "bad", "verdict": "fail"}])
     masked = echo_run(tmp_path, judge, data, "m", "--redact", r"SECRET-\d+", "--redact-pii")
     (code, _, stderr), (plain, _, _) = cli([masked, echo_run(tmp_path, judge, data, "plain")])
     assert code == 0 and plain == 0, stderr  # the marker is no secret: the judge still grades
     bodies = sent(judge)
-    assert len(bodies) == 4 and all("[REDACTED" in body for body in bodies[:2])
-    assert not any("SECRET-42" in body or "bob@example.com" in body for body in bodies[:2])
+    assert len(bodies) == 6 and all("[REDACTED" in bodies[n] for n in (0, 2))
+    assert not any("SECRET-42" in body or "bob@example.com" in body for body in bodies[:3])
     row = json.loads((tmp_path / "m.json").read_text(encoding="utf-8"))["runs"][0]
     assert row["passed"] is True and "SECRET-42" not in json.dumps(row)
     # without a mask, the judge reads the answer as given
@@ -119,16 +138,17 @@ def test_a_merge_keeps_every_shards_judge_agreement_and_its_spend(tmp_path, judg
     # before: the merged record held shard 1's gradings only; shard 2's calls and spend were lost
     data = suite([{"id": f"c{n}", "input": f"GOOD {n}", "rubric": "R"} for n in range(2)],
                  "judge-marker",
-                 judge_examples=[{"rubric": "R", "answer": "GOOD", "verdict": "pass"}])
+                 judge_examples=[{"rubric": "R", "answer": "GOOD", "verdict": "pass"},
+                                 {"rubric": "R", "answer": "bad", "verdict": "fail"}])
     shards = [echo_run(tmp_path, judge, data, f"s{n}", "--shard", f"{n}/2") for n in (1, 2)]
     merged = tmp_path / "merged.json"
     results = cli([*shards, (["--merge", merged, tmp_path / "s1.json", tmp_path / "s2.json"],
                              tmp_path)])
     assert [code for code, _, _ in results] == [0, 0, 0], results[-1][2]
     agreement = json.loads(merged.read_text(encoding="utf-8"))["judge_agreement"]
-    assert agreement["agreed"] == agreement["examples"] == 2
-    assert agreement["cost_usd"] == "0.002" and len(agreement["judgements"]) == 2
-    assert [result["verdict"] for result in agreement["results"]] == ["pass", "pass"]
+    assert agreement["agreed"] == agreement["examples"] == 4
+    assert agreement["cost_usd"] == "0.004" and len(agreement["judgements"]) == 4
+    assert [result["verdict"] for result in agreement["results"]] == ["pass", "fail"] * 2
 
 
 @pytest.mark.parametrize("parts, expected", [
