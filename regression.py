@@ -2987,6 +2987,10 @@ def _validate_examples(value, where="suite"):
                              "cannot test the judge")
         if example.get("verdict") not in VERDICTS:
             raise SuiteError(f'{at}: verdict must be "pass" or "fail"')
+    if {example["verdict"] for example in value} != set(VERDICTS):  # else a constant judge agrees
+        raise SuiteError(f'{where}: judge_examples must label at least one answer "pass" and one '
+                         '"fail": a judge that gives every answer one verdict would agree with '
+                         "examples of one label")
     return [dict(example) for example in value]
 
 
@@ -9440,7 +9444,20 @@ def _judge_lines(suite, settings, plan, run, env):
             + (f" ({problem})" if problem else ""))
     examples = len(suite.get("judge_examples") or []) * (run.judge_needed and not run.resuming)
     return [line] + [f"judge_examples: {examples}, graded before any model request (a misgraded "
-                     "one stops the run)"] * bool(examples)
+                     "one stops the run)"] * bool(examples) + _judge_cap_warning(settings, run, env)
+
+
+def _judge_cap_warning(settings, run, env):
+    """The --dry-run warning of a cap the judge's spend may not let hold, as for a model's."""
+    judge, spec = run.judge, run.judge_spec
+    if settings.max_cost_usd is None or spec is None or not run.judge_needed \
+            or judge.model in run.prices \
+            or PROVIDERS[spec["provider"]].cost_reported(judge_view(spec, settings), env):
+        return []
+    return [f"warning: --max-cost-usd is set, but the judge's cost reporting is unknown and "
+            f"{judge.model} has no price; the run stops after the first judge request that "
+            f"reports no cost. Add --price {judge.model}=IN/OUT (USD per million input/output "
+            "tokens)"]
 
 
 def plan_text(suite, args, plan, provider_note, run=None, env=None):

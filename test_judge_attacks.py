@@ -165,3 +165,18 @@ def test_a_merge_keeps_every_shards_judge_agreement_and_its_spend(tmp_path, judg
 def test_merged_agreements_sum_what_they_can_and_never_invent_a_cost(parts, expected):
     records = [{"judge_agreement": part} if part is not None else {} for part in parts]
     assert regression.merged_agreement(records) == expected
+
+
+# ============================================================ what --dry-run says of the cap
+
+def test_the_dry_run_warns_when_the_cap_cannot_hold_the_judges_spend(tmp_path, judge):
+    # before: a model without a price got this warning, an unpriced judge none
+    data = suite([{"id": "a", "input": "GOOD", "rubric": "R"}], "judge-marker")
+    flags = [["--max-cost-usd", "1"], ["--max-cost-usd", "1", "--price", "judge-marker=1/2"], []]
+    results = cli([echo_run(tmp_path, judge, data, f"d{n}", "--dry-run", *flag)
+                   for n, flag in enumerate(flags)])
+    assert [code for code, _, _ in results] == [0, 0, 0]
+    warned = ["judge's cost reporting is unknown and judge-marker has no price" in stdout
+              for _, stdout, _ in results]
+    assert warned == [True, False, False] and judge.requests == []
+    assert "Add --price judge-marker=IN/OUT" in results[0][1]
