@@ -3005,6 +3005,16 @@ def read_verdict(text):
     return value["verdict"], value["reason"]
 
 
+def verdict_of(trace):
+    """(verdict, reason) of a judge's parsed reply: the verdict object of a completed reply only
+    (one cut short by its token limit, filtered, or asking for a tool may have gone on)."""
+    return read_verdict(trace.final_text) if _finished(trace) else None
+
+
+def _finished(trace):
+    return trace.status == "completed" and not trace.tool_calls  # a judge is given no tools
+
+
 def check_rubric(case, trace, rubric):
     """`rubric` (a text, or a list of them, each its own rule): a judge model found that the
     answer does what it says (the majority of its repeats); an empty answer fails unjudged."""
@@ -7015,7 +7025,7 @@ class Judge:
     def read(self, raw):
         """(verdict, reason) a stored or new judge response gives, read by its provider's class."""
         try:
-            return read_verdict(PROVIDERS[self.identity["provider"]].parse(raw).final_text)
+            return verdict_of(PROVIDERS[self.identity["provider"]].parse(raw))
         except Exception:  # a response its class cannot read gives no verdict
             return None
 
@@ -7085,7 +7095,12 @@ class Judge:
                                 "error": None}, self.prices)
         entry.update(cost_usd=priced["cost_usd"],
                      **({"cost_estimated": True} if priced.get("cost_estimated") else {}))
-        read = read_verdict(trace.final_text)
+        read = verdict_of(trace)
+        if not _finished(trace):  # cut short, filtered or asking for a tool: unfinished
+            said = f"status {_quote(trace.status, 40)}" + ", a tool call" * bool(trace.tool_calls)
+            entry["error"] = f"the reply did not complete ({said})"
+            raise JudgeError(f"the judge {self} did not complete its reply ({said}), so it holds "
+                             "no verdict")
         if read is None:
             entry["error"] = "the reply is not the verdict object"
             raise JudgeError(f'the judge {self} did not reply with one JSON object {{"verdict": '

@@ -180,3 +180,41 @@ def test_the_dry_run_warns_when_the_cap_cannot_hold_the_judges_spend(tmp_path, j
               for _, stdout, _ in results]
     assert warned == [True, False, False] and judge.requests == []
     assert "Add --price judge-marker=IN/OUT" in results[0][1]
+
+
+# ================================================ a judge reply that did not finish holds no verdict
+
+PASS = '{"verdict": "pass", "reason": "it does"}'
+UNFINISHED = {  # judge model -> a reply whose text is a whole pass verdict, but the reply is not
+    "cut": fakes.chat_response(PASS, finish_reason="length"),
+    "filtered": fakes.chat_response(PASS, finish_reason="content_filter"),
+    "tool": fakes.chat_response(PASS, tool_calls=[("lookup", {})]),
+}
+
+
+def test_a_judge_reply_that_did_not_complete_is_an_execution_error_never_a_pass(tmp_path):
+    # before: each of these graded the answer "pass" and the run passed (exit 0)
+    def reply(request):
+        return fakes.Reply(body=UNFINISHED[request.json["model"]])
+
+    with fakes.FakeServer(reply) as server:
+        results = cli([echo_run(tmp_path, server, suite([CASE], model), model)
+                       for model in UNFINISHED])
+    for (code, _, stderr), model in zip(results, UNFINISHED):
+        assert code == 2, (model, stderr)
+        row = json.loads((tmp_path / f"{model}.json").read_text(encoding="utf-8"))["runs"][0]
+        assert row["error"] == "JudgeError" and "did not complete its reply" in row["error_message"]
+        assert row["judgements"][0]["response"] == UNFINISHED[model]  # the reply is evidence
+
+
+@pytest.mark.parametrize("provider, raw, verdict", [
+    ("openai", fakes.chat_response(PASS), ("pass", "it does")),
+    ("anthropic", fakes.message_response(PASS), ("pass", "it does")),
+    *[("openai", raw, None) for raw in UNFINISHED.values()],
+    ("anthropic", fakes.message_response(PASS, stop_reason="max_tokens"), None),
+    ("anthropic", fakes.message_response(PASS, tool_uses=[("lookup", {})]), None),
+])
+def test_a_stored_judge_reply_stands_only_when_it_completed(provider, raw, verdict):
+    judge = regression.Judge({"provider": provider, "model": "j", "repeats": 1,
+                              "prompt": regression.JUDGE_PROMPT})
+    assert judge.read(raw) == verdict
