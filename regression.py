@@ -7010,7 +7010,6 @@ class Judge:
 
     def __init__(self, identity, provider=None, prices=None):
         self.identity, self.provider, self.prices = identity, provider, prices or {}
-        self.mask = str  # what the judge reads is masked like the record (see set_up_judge)
         self.model, self.repeats = identity["model"], identity["repeats"]
         self.suite = {"name": "judge", "instructions": identity["prompt"], "tools": [],
                       "response_format": JUDGE_FORMAT}
@@ -7048,7 +7047,7 @@ class Judge:
         stored ones that stand for it); `budget` (a Budget) is asked before each call."""
         if not text_form(answer):
             return dict(UNJUDGED)
-        data, digest = judge_data(*map(self.mask, (input_text, rubric, answer)))
+        data, digest = judge_data(input_text, rubric, answer)
         mine = self.reused(stored, rubric, digest)
         if mine is None and self.provider is None:
             raise JudgeError(f"no judge is named to judge the rubric {_quote(rubric)} anew (no "
@@ -9897,8 +9896,6 @@ def set_up_judge(run, settings, env):
     none), then grade its judge_examples before any model request (a resume keeps its own)."""
     if run.judge_needed and run.judge_spec is not None:
         run.judge.provider, run.judge_secret = make_judge(run.judge_spec, settings, env)
-        # a third party: it reads the input and answer masked as the record holds them
-        run.judge.mask = run_mask(run, settings)
         if run.suite.get("judge_examples") and not run.resuming:
             if not settings.quiet:  # a slow judge is silent for a while: say what it is doing
                 print(f"judge_examples: {len(run.suite['judge_examples'])} graded by the judge "

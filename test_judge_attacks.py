@@ -4,6 +4,7 @@ lose (a merged shard's judge_examples gradings). Exit codes are pinned through t
 (fakes.cli_table); the input spaces are property tests of validate_suite."""
 
 import json
+import re
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -112,24 +113,28 @@ def test_examples_gate_a_judge_only_when_they_hold_both_verdicts(labels):
 
 # ======================================================== what a third-party judge is sent
 
-def test_the_judge_reads_the_input_and_answer_masked_as_the_record_holds_them(tmp_path, judge):
-    # before: the judge (another provider, another host) was sent SECRET-42 and the e-mail
-    secret = "SECRET-42 mail bob@example.com"
-    data = suite([{"id": "a", "input": f"{secret} GOOD", "rubric": "The reply holds GOOD."}],
-                 "judge-marker", judge_examples=[
-                     {"rubric": "R", "answer": f"GOOD {secret}", "verdict": "pass"},
-                     {"rubric": "R", "answer": "bad", "verdict": "fail"}])
-    masked = echo_run(tmp_path, judge, data, "m", "--redact", r"SECRET-\d+", "--redact-pii")
-    (code, _, stderr), (plain, _, _) = cli([masked, echo_run(tmp_path, judge, data, "plain")])
-    assert code == 0 and plain == 0, stderr  # the marker is no secret: the judge still grades
-    bodies = sent(judge)
-    assert len(bodies) == 6 and all("[REDACTED" in bodies[n] for n in (0, 2))
-    assert not any("SECRET-42" in body or "bob@example.com" in body for body in bodies[:3])
-    row = json.loads((tmp_path / "m.json").read_text(encoding="utf-8"))["runs"][0]
-    assert row["passed"] is True and "SECRET-42" not in json.dumps(row)
-    # without a mask, the judge reads the answer as given
-    assert json.loads(json.loads(bodies[-1])["messages"][-1]["content"])["answer"] == \
-        f"{secret} GOOD"
+def same_number(request):
+    """A judge that passes an answer naming the number the input asked about."""
+    data = fakes.judge_request(request.json)[1]
+    asked = re.findall(r"\[REDACTED[^\]]*\]|\d+", data["input"])
+    said = "pass" if asked and asked[0] in data["answer"] else "fail"
+    return fakes.Reply(body=fakes.chat_response(json.dumps({"verdict": said, "reason": "no"})))
+
+
+def test_the_judge_grades_the_original_answer_and_only_what_is_stored_is_masked(tmp_path):
+    # decided: a judge is a check, and checks read the original (masks apply to what is stored
+    # and shown); masked, "order 1234" and "order 5678" would both read [REDACTED]: a false pass
+    model = fakes.chat(lambda body: fakes.chat_response("Order 5678 ships Friday."))
+    with fakes.FakeServer(model) as chat, fakes.FakeServer(same_number) as server:
+        data = suite([{"id": "a", "input": "Where is order 1234?",
+                       "rubric": "The reply names the order asked about."}], "j")
+        run, _ = echo_run(tmp_path, server, data, "orig", "--redact", r"\b\d{4}\b")
+        run[run.index("echo")] = "openai"
+        ((code, stdout, stderr),) = cli([(run + ["--base-url", chat.url + "/v1", "--models", "m"],
+                                          tmp_path)])
+    assert code == 1, stderr  # rubric_failed: the judge saw 1234 asked and 5678 answered
+    text = (tmp_path / "orig.json").read_text(encoding="utf-8")
+    assert "rubric_failed" in text and "5678" not in text and "5678" not in stdout + stderr
 
 
 # ================================================================ what --merge keeps
