@@ -2935,7 +2935,9 @@ def _validate_rubric(case, where, context):
 
 def judge_problem(spec, need=("provider", "model")):
     """Why a judge ({"provider", "model", ...}) cannot be used, as words after "judge", or None."""
-    judges = [name for name, cls in PROVIDERS.items() if not cls.replays_record]
+    # a model judges: not a replay, nor echo (it repeats the data, so it never gives a verdict)
+    judges = [name for name, cls in PROVIDERS.items()
+              if not cls.replays_record and cls.evidence == MODEL_EVIDENCE]
     missing = [key for key in need if key not in spec]
     repeats, key_env, url = spec.get("repeats", 1), spec.get("api_key_env"), spec.get("base_url")
     checks = [

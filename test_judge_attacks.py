@@ -223,3 +223,24 @@ def test_a_stored_judge_reply_stands_only_when_it_completed(provider, raw, verdi
     judge = regression.Judge({"provider": provider, "model": "j", "repeats": 1,
                               "prompt": regression.JUDGE_PROMPT})
     assert judge.read(raw) == verdict
+
+
+# ======================================================================== who may judge
+
+def test_echo_cannot_judge_and_says_so_before_a_paid_model_request(tmp_path):
+    # before: each model request was paid, then the row failed: echo repeats the data it is sent,
+    # so it never replies a verdict
+    model = fakes.chat(lambda body: fakes.chat_response("GOOD"))
+    with fakes.FakeServer(model) as chat:
+        live = ["--provider", "openai", "--base-url", chat.url + "/v1", "--models", "m"]
+        named = write(tmp_path / "named.json", suite([CASE], {"provider": "echo", "model": "e"}))
+        flagged = write(tmp_path / "flagged.json", suite([CASE], {"provider": "openai",
+                                                                  "model": "j"}))
+        results = cli([(["--suite", named, *live, "--out", tmp_path / "n.json"], tmp_path),
+                       (["--suite", flagged, *live, "--judge-provider", "echo",
+                         "--out", tmp_path / "f.json"], tmp_path)])
+        assert chat.requests == []
+    for code, _, stderr in results:
+        assert code == 2 and "provider 'echo' cannot judge" in stderr, stderr
+        assert len(stderr.strip().splitlines()) == 1
+    assert not list(tmp_path.glob("[nf].json"))
