@@ -7012,6 +7012,9 @@ class Judge:
 
     def __init__(self, identity, provider=None, prices=None):
         self.identity, self.provider, self.prices = identity, provider, prices or {}
+        # data_sha256 hashes the data as the record holds it: a hash of an unmasked PIN or card
+        # number would give the masked value back to a guess (see set_up_judge)
+        self.mask = str
         self.model, self.repeats = identity["model"], identity["repeats"]
         self.suite = {"name": "judge", "instructions": identity["prompt"], "tools": [],
                       "response_format": JUDGE_FORMAT}
@@ -7049,7 +7052,8 @@ class Judge:
         stored ones that stand for it); `budget` (a Budget) is asked before each call."""
         if not text_form(answer):
             return dict(UNJUDGED)
-        data, digest = judge_data(input_text, rubric, answer)
+        data, digest = judge_data(input_text, rubric, answer)[0], \
+            judge_data(*map(self.mask, (input_text, rubric, answer)))[1]
         mine = self.reused(stored, rubric, digest)
         if mine is None and self.provider is None:
             raise JudgeError(f"no judge is named to judge the rubric {_quote(rubric)} anew (no "
@@ -9898,6 +9902,7 @@ def set_up_judge(run, settings, env):
     none), then grade its judge_examples before any model request (a resume keeps its own)."""
     if run.judge_needed and run.judge_spec is not None:
         run.judge.provider, run.judge_secret = make_judge(run.judge_spec, settings, env)
+        run.judge.mask = run_mask(run, settings)  # for the data's hash alone: it reads the original
         if run.suite.get("judge_examples") and not run.resuming:
             if not settings.quiet:  # a slow judge is silent for a while: say what it is doing
                 print(f"judge_examples: {len(run.suite['judge_examples'])} graded by the judge "

@@ -137,6 +137,27 @@ def test_the_judge_grades_the_original_answer_and_only_what_is_stored_is_masked(
     assert "rubric_failed" in text and "5678" not in text and "5678" not in stdout + stderr
 
 
+def test_a_masked_value_cannot_be_guessed_back_from_the_hash_of_what_the_judge_read(
+        tmp_path, judge):
+    # before: data_sha256 hashed the unmasked answer, so 10,000 guesses gave the PIN back
+    model = fakes.chat(lambda body: fakes.chat_response("GOOD: your PIN is 4821"))
+    data = suite([{"id": "a", "input": "What is my PIN?", "rubric": "R"}], "judge-marker")
+    with fakes.FakeServer(model) as chat:
+        run, _ = echo_run(tmp_path, judge, data, "pin", "--redact", r"\b\d{4}\b")
+        run[run.index("echo")] = "openai"
+        ((code, _, stderr),) = cli([(run + ["--base-url", chat.url + "/v1", "--models", "m"],
+                                     tmp_path)])
+    assert code == 0, stderr
+    assert "4821" in sent(judge)[0]  # the judge graded the original
+    row = json.loads((tmp_path / "pin.json").read_text(encoding="utf-8"))["runs"][0]
+    digest, answer = row["judgements"][0]["data_sha256"], row["answer_text"]
+    assert answer == "GOOD: your PIN is [REDACTED]"
+    assert digest == regression.judge_data("What is my PIN?", "R", answer)[1]
+    guesses = (answer.replace("[REDACTED]", f"{n:04d}") for n in range(10_000))
+    assert not any(regression.judge_data("What is my PIN?", "R", guess)[1] == digest
+                   for guess in guesses)
+
+
 # ================================================================ what --merge keeps
 
 def test_a_merge_keeps_every_shards_judge_agreement_and_its_spend(tmp_path, judge):
