@@ -50,8 +50,8 @@ from regression import (ABSENT, BEHAVIORS, CASES, CHECK_KEYS, CHECK_TABLE, INSTR
                         first_difference, grade, html_page, html_table, instructions_sha256,
                         junit_name, junit_xml, key_text, load_record, masked_evidence, md_table,
                         md_text, plan_rows, rate_text, record_problem, record_provider,
-                        regraded_rows, row_key, safe_text, same_json, summary, tool_sequence,
-                        wilson_interval, write_new_file, xml_text)
+                        graded_now, regraded_rows, row_key, safe_text, same_json, summary,
+                        tool_sequence, wilson_interval, write_new_file, xml_text)
 from regression import program_name  # a printed command names the program as the user started it
 
 
@@ -681,9 +681,21 @@ def by_reason_note(result):
                      "between entries of one behaviour is not shown")
 
 
+def load_graded(path):
+    """The record at `path` with each row's verdict as its stored evidence grades now (a verdict
+    edited in the file never stands); the notes that say where it differs go with it."""
+    record = load_record(path)
+    if record_problem(record) is not None:  # refused where it is read, in its own words
+        return record
+    record, notes = graded_now(record, path)
+    return {**record, "graded_notes": notes}
+
+
 def cautions(before, after):
-    """Differences that do not block a comparison but may explain it."""
-    notes = [safe_text(f"CAUTION {field} differs: {before.get(field)} -> {after.get(field)}")
+    """Differences that do not block a comparison but may explain it (a record's stored verdicts
+    that its evidence no longer grades first)."""
+    notes = before.get("graded_notes", []) + after.get("graded_notes", [])
+    notes += [safe_text(f"CAUTION {field} differs: {before.get(field)} -> {after.get(field)}")
              for field in ("sdk_version", "code_sha256") if before.get(field) != after.get(field)]
     if record_provider(before) != record_provider(after):
         notes.append(safe_text(f"CAUTION provider differs: {before.get('provider')} "
@@ -738,7 +750,8 @@ def model_swap(record, model_a, model_b, alpha=None, name="the run", correction=
               rows[(model_b, case["id"], repeat)])
              for repeat in range(config["repeats"]) for case in config["cases"]]
     result = analyse(pairs, alpha, correction)
-    result["cautions"] = _group_cautions(result, (model_a, model_b))
+    result["cautions"] = record.get("graded_notes", []) + _group_cautions(result,
+                                                                          (model_a, model_b))
     return result
 
 
@@ -1442,7 +1455,7 @@ def _record_counts(record):
 def _trend_record(path, seen):
     """(record, counts) of one file of a trend; ValueError names the file."""
     try:
-        record = load_record(path)
+        record = load_graded(path)
         status = os.stat(path)
         twin = seen.get((status.st_dev, status.st_ino))
         _require(twin is None, f"it is the same file as {twin}, so a run would count twice")
@@ -1462,11 +1475,13 @@ def trend_points(paths):
                 regrade = _comparable(first, record, (paths[0], path))
             except ValueError as exc:
                 raise ValueError(f"{path}: {exc} (against {paths[0]}, the reference)") from None
-            notes += [line.replace("CAUTION ", f"CAUTION {path}: ", 1)
-                      for line in cautions(first, record)]
+            notes += record["graded_notes"] + [
+                line.replace("CAUTION ", f"CAUTION {path}: ", 1)
+                for line in cautions({**first, "graded_notes": []}, {**record, "graded_notes": []})]
             notes += [f"REGRADE {path}: cases whose checks changed: {', '.join(regrade) or 'none'}"
                       ] if regrade else []
-        first = record if first is None else first
+        if first is None:
+            first, notes = record, notes + record["graded_notes"]
         points.append((path, counts))
     return [safe_text(note) for note in notes], points
 
@@ -1829,7 +1844,7 @@ def main(argv=None):
     try:
         if args.trend:
             return trend(args, targets)
-        records = [load_record(path) for path in args.records]
+        records = [load_graded(path) for path in args.records]
         _not_one_file(args.records)
         if args.matrix:
             return matrix(args, records)

@@ -761,16 +761,28 @@ _EMPHASIS = str.maketrans("", "", "*~`")
 _ESCAPE_OR_UNDERSCORE = re.compile(r"\\(?=[!-/:-@\[-`{-~])|(?<![^\W_])_+|_+(?![^\W_])")
 
 
+_COMMENT = re.compile(r"<!--.*?(?:-->|$)", re.DOTALL)  # renders as nothing: "1<!-- -->2" is 12
+_ENTITY = re.compile(r"&([a-z][a-z0-9]{1,31};)")
+
+
+@functools.lru_cache(maxsize=1)
+def _lowered_entities():
+    """HTML's named entities by their lower-case names ("zerowidthspace;": U+200B)."""
+    import html.entities
+    return {name.lower(): char for name, char in html.entities.html5.items()}
+
+
 def _unmarked(text):
     """A text as its Markdown/HTML markup renders: link text without its target, inline tags
     and emphasis, code and escape marks removed, other tags a space, entities decoded."""
     if not _MARKUP.search(text):
         return text
-    text = _LINK.sub(r"\1", text)
+    text = _LINK.sub(r"\1", _COMMENT.sub("", text))
     text = _OTHER_TAG.sub(" ", _INLINE_TAG.sub("", text))
-    if "&" in text:
+    if "&" in text:  # a name text_form() lowered (&ZeroWidthSpace;) is still that entity
         import html  # imported where used: start-up stays lean (SPEC C1)
-        text = html.unescape(text)
+        text = _drop_invisible(_ENTITY.sub(  # &#8203; is nothing, as the character is
+            lambda found: _lowered_entities().get(found[1], found[0]), html.unescape(text)))
     text = text.translate(_EMPHASIS)
     return _ESCAPE_OR_UNDERSCORE.sub("", text) if "_" in text or "\\" in text else text
 
@@ -2698,10 +2710,19 @@ _MONTH = {name: number for number, names in enumerate((
     "aug august", "sep sept september", "oct october", "nov november", "dec december"), 1)
     for name in names.split()}
 _MONTHS = r"(" + "|".join(sorted(_MONTH, key=len, reverse=True)) + r")\.?(?![a-z])"
-_CURRENCY = {"$": "usd", "us$": "usd", "dollar": "usd", "dollars": "usd", "€": "eur",
-             "euro": "eur", "euros": "eur", "£": "gbp", "¥": "jpy", "₹": "inr",
-             **{code: code for code in ("usd", "eur", "gbp", "jpy", "inr", "cad", "aud", "chf")}}
-_CODES = r"(?:usd|eur|gbp|jpy|inr|cad|aud|chf)(?![a-z])"
+# Currency marks: ISO codes of the currencies most traded, symbols, prefixed dollars and words.
+_CODES_READ = ("usd eur gbp jpy inr cad aud chf cny rmb hkd sgd nzd sek nok dkk isk pln czk huf "
+               "ron bgn mxn brl ars clp cop krw twd thb idr myr php vnd zar ngn egp ils aed sar "
+               "qar kwd rub uah").split()
+_CURRENCY = {"$": "usd", "dollar": "usd", "dollars": "usd", "€": "eur", "euro": "eur",
+             "euros": "eur", "£": "gbp", "¥": "jpy", "yen": "jpy", "yuan": "cny", "₹": "inr",
+             "rupees": "inr", "₩": "krw", "₽": "rub", "₺": "try", "₪": "ils", "₫": "vnd",
+             "฿": "thb", "₦": "ngn", "₱": "php", "zł": "pln", "kr": "kr",
+             **{f"{mark}$": code for mark, code in (("us", "usd"), ("c", "cad"), ("ca", "cad"), (
+                 "a", "aud"), ("au", "aud"), ("nz", "nzd"), ("hk", "hkd"), ("s", "sgd"), (
+                 "r", "brl"), ("mx", "mxn"))}, **{code: code for code in _CODES_READ}}
+_CODES = r"(?:" + "|".join(_CODES_READ) + r")(?![a-z])"
+_MARKS = r"(?:us|ca?|au?|nz|hk|s|r|mx)?\$|[€£¥₹₩₽₺₪₫฿₦₱]"
 _AMOUNT = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"  # a comma before three digits groups thousands
 _ALONE, _ENDS = r"(?<![\w.,])", r"(?![\w]|[.,]\d)"
 
@@ -2729,6 +2750,7 @@ def _date_forms(year, first, second, either=False):
 def _time_form(match):
     hour, minute, second, half = match.group(1, 2, 3, 4)
     hour = int(hour) % 12 + (12 if half == "p" else 0) if half else int(hour)
+    minute = minute or "00"  # "10 pm" is 22:00
     if hour > 24 or int(minute) > 59 or int(second or 0) > 59:
         return None
     return [f"t:{hour}:{minute}" + (f":{second}" if second and second != "00" else "")]
@@ -2736,8 +2758,9 @@ def _time_form(match):
 
 def _amount_form(symbol, number):
     """An amount's forms: "a:usd:12.5" ($12.50, 12.50 USD), its currency mark, its number."""
-    value = _number_form(number)[2:]
-    return [f"a:{_CURRENCY[symbol]}:{value}", f"c:{value}", f"n:{value}"]
+    value, code = _number_form(number)[2:], _CURRENCY[symbol]
+    kroner = [f"a:kr:{value}"] if code in ("sek", "nok", "dkk", "isk") else []  # "12 kr" is any
+    return [f"a:{code}:{value}", f"c:{value}", f"n:{value}", *kroner]
 
 
 def _groups_form(text):
@@ -2756,19 +2779,27 @@ VALUE_KINDS = [
      lambda m: _date_forms(m[1], m[3], m[4])),
     ("date", rf"{_ALONE}(\d{{1,2}})([-/.])(\d{{1,2}})\2(\d{{4}}|\d{{2}}){_ENDS}",
      lambda m: _date_forms(m[4], m[1], m[3], either=True)),
-    ("date", rf"{_ALONE}(\d{{1,2}})(?:st|nd|rd|th)?(?: of)? {_MONTHS}(?:,? (\d{{4}}))?(?!\d)",
-     lambda m: _date_forms(m[3], _MONTH[m[2]], m[1])),
-    ("date", rf"(?<![a-z]){_MONTHS} (\d{{1,2}})(?:st|nd|rd|th)?(?![\d])(?:,? (\d{{4}}))?(?!\d)",
-     lambda m: _date_forms(m[3], _MONTH[m[1]], m[2])),
+    ("date", rf"{_ALONE}(\d{{1,2}})(?:st|nd|rd|th)?(?:\.(?= (?!may)))?(?: of)?[ -]{_MONTHS}"
+     r"(?:,?[ -](\d{4}))?(?!\d)", lambda m: _date_forms(m[3], _MONTH[m[2]], m[1])),
+    ("date", rf"(?<![a-z]){_MONTHS}(?: the)?[ -](\d{{1,2}})(?:st|nd|rd|th)?(?![\d])"
+     r"(?:,?[ -](\d{4}))?(?!\d)", lambda m: _date_forms(m[3], _MONTH[m[1]], m[2])),
+    ("date", rf"(?<![a-z]){_MONTHS},? (\d{{4}})(?!\d)",  # a month of a year: November 2026
+     lambda m: [f"m:{m[2]}-{_MONTH[m[1]]}"]),
     ("time", r"(?<![\d:.])(\d{1,2}):(\d{2})(?::(\d{2}))?(?!\d)(?: ?([ap])\.?m(?![a-z])\.?)?",
      _time_form),
-    ("amount", rf"(?<!\w)((?:us)?\$|€|£|¥|₹|{_CODES}) ?({_AMOUNT}){_ENDS}",
+    ("time", r"(?<![\w:.])(\d{1,2})()() ?([ap])\.?m(?![a-z])\.?", _time_form),  # 10 pm
+    ("amount", rf"(?<!\w)({_MARKS}|{_CODES}) ?({_AMOUNT}){_ENDS}",
      lambda m: _amount_form(m[1], m[2])),
-    ("amount", rf"{_ALONE}({_AMOUNT}) ?(\$|€|£|¥|₹|{_CODES}|dollars?|euros?(?![a-z]))",
-     lambda m: _amount_form(m[2], m[1])),
+    ("amount", rf"(?<!\w)({_MARKS}|{_CODES}) ?(\d+,\d\d?){_ENDS}",  # a decimal comma: €12,50
+     lambda m: _amount_form(m[1], m[2].replace(",", "."))),
+    ("amount", rf"{_ALONE}(\d+,\d\d?) ?({_MARKS}|{_CODES}|kr(?![a-z]))",
+     lambda m: _amount_form(m[2], m[1].replace(",", "."))),
+    ("amount", rf"{_ALONE}({_AMOUNT}) ?({_MARKS}|{_CODES}|(?:dollars?|euros?|yen|yuan|rupees|kr"
+     r"|zł)(?![a-z]))", lambda m: _amount_form(m[2], m[1])),
     ("id", r"(?<![\w.])\d+(?:\.\d+){2,}(?![\w]|\.\d)", lambda m: ["i:" + m.group(0)]),  # 1.2.3, IPs
     ("groups", rf"{_ALONE}\d+(?:[ -]\d+)+{_ENDS}", lambda m: _groups_form(m.group(0))),
-    ("number", r"(?<![\w.])(\d+)(?:st|nd|rd|th)(?![a-z\d])", lambda m: [_number_form(m[1])]),
+    ("number", r"(?<![\w.])(\d+)(?:st|nd|rd|th)(?![a-z\d])",  # an ordinal: maybe a day
+     lambda m: [_number_form(m[1]), f"o:{int(m[1])}"]),
     ("number", rf"(?<![\w.])({_AMOUNT}){_ENDS}", lambda m: [_number_form(m[1])]),
     ("id", r"\w+", lambda m: None if not re.search(r"\d", m.group(0)) else [
         "i:" + m.group(0).strip("_") if re.search(r"[^\W\d_]", m.group(0))
@@ -2804,7 +2835,10 @@ def given_values(text):
     for form in readings(text):
         for kind, forms, found in stated_values(form):
             known.update(forms, ("r" + _number_form(run)[1:] for run in re.findall(r"\d+", found)))
-            known.update("d:-" + one[one.index("-", 2):] for one in forms if kind == "date")
+            dates = [one for one in forms if kind == "date" and one.startswith("d:")]
+            known.update("d:-" + one[one.index("-", 2):] for one in dates)
+            known.update("m:" + one[2:].rsplit("-", 1)[0] for one in dates if one[2] != "-")
+            known.update("o:" + one.rsplit("-", 1)[1] for one in dates)
     return frozenset(known)
 
 
@@ -2818,8 +2852,8 @@ def _grounded(kind, forms, known):
     if kind == "groups":
         return forms[0] in known or all(form in known for form in forms[1:]) and not any(
             len(form) == 3 and form[2].isdigit() for form in forms[1:])
-    if kind == "number":
-        return forms[0] in known or "r" + forms[0][1:] in known
+    if kind == "number":  # an ordinal (the 21st) needs that number, or a given date's day
+        return forms[0] in known or (forms[1] if forms[1:] else "r" + forms[0][1:]) in known
     return any(form in known for form in forms)
 
 
@@ -2873,19 +2907,24 @@ register_check("grounded", check_grounded, behavior=True, details=_tool_details,
     "the values of a reply: numbers of two or more digits (a comma before three digits groups "
     "thousands, a dot is the decimal point, trailing zeros do not count: 1,000.00 is 1000; "
     "with a leading zero, 007, the digits as written; 12,50 is 12 and 50), amounts of any "
-    "number of digits ($12.50 is 12.5 USD: a currency mark ($ US$ USD dollars, € EUR euros, £ "
-    "GBP, ¥ JPY, ₹ INR, CAD, AUD, CHF) must match a given one, a given bare number grounds "
-    "any), dates (2024-05-03, 2024/05/03, 03/05/2024 and 03/05/24 read both ways, 3 May 2024, May "
-    "3rd, 2024; a date without a year matches any year), times (14:30 is 2:30 pm), identifiers "
-    "with a letter and a digit (ord_21, A17; case-insensitive, _ kept, - splits), digits in "
-    "groups (555-123-4567: the joined number, or each group of two digits or more), versions "
-    "and addresses (1.2.3, 10.0.0.1) as written, URLs starting http(s):// or www. (without "
-    "scheme, default port, trailing / and punctuation, case-insensitive; the query counts) and "
-    "e-mail addresses (case-insensitive); values in words (forty-two) are not read; each must "
-    "occur, in its normal form, in the instructions, the history, the user's turns or a tool "
-    "result or search URL received before the reply (a number may also be a digit run inside a "
-    "given value: #21 of ord_21; an amount may not). Both sides are read in the normal form, "
-    "look-alikes and markup read away"), reasons={
+    "number of digits ($12.50 is 12.5 USD; a decimal comma with a currency, 12,50 kr, is 12.5): "
+    "a currency mark (a code of a most traded currency: USD EUR GBP JPY CNY SEK NOK CHF CAD "
+    "AUD ...; $ US$ C$ A$ NZ$ HK$ S$ R$ € £ ¥ ₹ ₩ ₽ ₺ ₪ ₫ ฿ ₦ ₱ zł; dollars euros yen yuan "
+    "rupees; kr: kronor, kroner, krónur) must match a given one, a given bare number grounds "
+    "any), dates (2024-05-03, 2024/05/03, 03/05/2024 and 03/05/24 read both ways, 3 May 2024, "
+    "May 3rd, 2024, November the 20th, 20-Nov-2026, 20. November 2026; a date without a year "
+    "matches any year; November 2026 needs that month of that year), times (14:30 is 2:30 pm, "
+    "10 pm is 22:00), an ordinal (the 21st: that number or the day of a given date), "
+    "identifiers with a letter and a digit (ord_21, A17; case-insensitive, _ kept, - splits), "
+    "digits in groups (555-123-4567: the joined number, or each group of two digits or more), "
+    "versions and addresses (1.2.3, 10.0.0.1) as written, URLs starting http(s):// or www. "
+    "(without scheme, default port, trailing / and punctuation, case-insensitive; the query "
+    "counts) and e-mail addresses (case-insensitive); values in words (forty-two) are not read; "
+    "each must occur, in its normal form, in the instructions, the history, the user's turns "
+    "or a tool result or search URL received before the reply (a number may also be a digit "
+    "run inside a given value: #21 of ord_21; an amount, a date, a time or an ordinal may "
+    "not). Both sides are read in the normal form, look-alikes and markup read away (an HTML "
+    "comment, <!-- -->, and an entity, &ZeroWidthSpace;, render as nothing)"), reasons={
     "ungrounded_value": (
         "behaviour `grounded`: the reply states a value (number, date, amount, id, URL, e-mail) "
         "that nothing the model was given holds",
@@ -6846,12 +6885,14 @@ def grade_turns(row, suite, case, traces, model=True):
 
 def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retries=None,
                   sleep=time.sleep,
-                  budget=None, judge=None):
+                  budget=None, judge=None, begun=None):
     """run_row() as steps (see send_request_steps): a run's worker pool drives these; returns the
     row.
     `budget` (a Budget) is asked before every request, also between the rounds of a played case
-    and before each request of the `judge` of a rubric case (see judge_row_steps)."""
+    and before each request of the `judge` of a rubric case (see judge_row_steps). `begun(row)`
+    is told the row as it is made: an interrupted run stores the rounds it already holds."""
     row = {"case_id": case["id"], "model": model}
+    (begun or (lambda row: None))(row)
     if repeat is not None:
         row["repeat"] = repeat
     row.update(error=None, error_status=None, cost_usd=None, response=None, answer_text=None,
@@ -9733,6 +9774,41 @@ def regrade_problem(record, path, suite, rows):
     return None
 
 
+GRADE_FIELDS = ("passed", "reasons", "verdicts", "details", "answer_text")
+
+
+def graded_now(record, path):
+    """(record, notes): the record with each row's verdict as its stored evidence grades under
+    this code (offline, as a replay), so a verdict edited in the file, or given by other code,
+    never stands in a comparison or a report; notes name the rows whose stored verdict differs.
+    RecordError when a row's stored conversation is not one its suite plays (evidence edited).
+    A masked row stands on its verdict_sha256, checked when the record was read."""
+    try:  # empty baselines are as the run graded them (a run that filled them)
+        suite = _suite_from_record(record, argparse.Namespace(suite=None, update_baseline=True,
+                                                              system=None))
+    except UsageError as exc:
+        raise RecordError(f"{path}: {exc}, so its verdicts cannot be graded again") from None
+    rows = [row for row in record["runs"] if not row_masked(record, row)]
+    replayer = ReplayProvider({"provider": record.get("provider")}, path)
+    cases, now, differ = {case["id"]: case for case in suite["cases"]}, {}, []
+    for row, again in regraded_rows(record, rows, suite, path):
+        case = cases[row["case_id"]]
+        changed = replayer.changed(case_suite(suite, case), case, row)
+        if changed:
+            raise RecordError(f"{path}: {key_text(row_key(row))}: its stored conversation is not "
+                              f"one its suite plays ({changed})")
+        graded = {field: again[field] for field in GRADE_FIELDS if field in again}
+        if any(graded.get(field, ABSENT) != row.get(field, ABSENT) for field in GRADE_FIELDS
+               if field != "verdicts" or "verdicts" in row):
+            differ.append(f"{key_text(row_key(row))} stored {_verdict_text(row)}, graded "
+                          f"{_verdict_text(again)}")
+        now[id(row)] = {**row, **graded}
+    notes = [f"CAUTION {path}: {_plural(len(differ), 'row')} of its stored verdicts differ from "
+             f"what its stored evidence grades under this code (first: {differ[0]}); compared and "
+             "reported as graded now"] if differ else []
+    runs = [now.get(id(row), row) for row in record["runs"]]
+    return {**record, "runs": runs}, [safe_text(note) for note in notes]
+
 def regraded_rows(record, rows, suite=None, path="the record"):
     """[(row, the row graded again)] of a record's finished rows that hold a response, each graded
     from its stored responses (offline, as --provider replay does) under `suite`, by default the
@@ -10214,6 +10290,7 @@ class RowRunner:
         self.last = max((self.position[row_key(r)] for r in run.kept), default=-1)
         self.in_order, self.row = True, None
         self.storable = {}  # id(row) -> (stored row, its JSON): made once, before a slot refills
+        self.live = {}  # key -> (steps, row) of each row begun and not yet stored
 
     def resume(self, flags):
         """The command that continues this record with `flags` added."""
@@ -10224,9 +10301,36 @@ class RowRunner:
         """The steps of one row (the pool drives them)."""
         model, case_id, repeat = key
         case = self.cases[case_id]
-        return run_row_steps(self.run_.provider, case_suite(self.run_.suite, case), case, model,
-                             repeat, retries=self.settings.retries, budget=self.budget,
-                             judge=self.run_.judge)
+        steps = run_row_steps(self.run_.provider, case_suite(self.run_.suite, case), case, model,
+                              repeat, retries=self.settings.retries, budget=self.budget,
+                              judge=self.run_.judge,
+                              begun=lambda row: self.live.__setitem__(
+                                  key, (steps, row, time.monotonic())))
+        return steps
+
+    def interrupted(self, interrupt):
+        """Store each row in flight that holds a response (a played row's rounds, a conversation's
+        turns: paid for) as an execution_error row, which a resume runs again while its spend
+        still counts; a row with no response yet holds nothing and stays to run."""
+        for key, (steps, row, started) in list(self.live.items()):
+            try:
+                steps.close()  # its finally blocks put what each turn spent into the row
+            except (ValueError, RuntimeError):  # its worker is inside it at this instant
+                continue
+            if row.get("response") is None:
+                continue
+            if "passed" not in row:  # else it had finished: its verdict is stored as it is
+                self._cut_short(row, interrupt, started)
+            self.finished(key, row)
+
+    def _cut_short(self, row, interrupt, started):
+        """Make a row an interrupt stopped an execution_error row that keeps what it holds."""
+        if row.get("turns") and not row["turns"][-1].get("rounds"):
+            row["turns"].pop()  # its request had no answer: nothing of it to keep
+        word = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
+        _row_failed(row, interrupt, self.run_.provider, self.settings.retries)
+        row.update(error_message=f"{word} before the row finished; the requests it had made are "
+                   "kept", seconds=round(time.monotonic() - started, 3), passed=False)
 
     def refill_early(self, row):
         """Whether a finished row's slot may take the next row before this row is stored."""
@@ -10246,6 +10350,9 @@ class RowRunner:
             for key, row in run_in_pool(self.run_.todo, self.work, self.settings.concurrency,
                                         self.stopping, self.refill_early):
                 self.finished(key, row)
+        except KeyboardInterrupt as interrupt:
+            self.interrupted(interrupt)
+            raise
         finally:
             self.progress.close()
         return self.stopped, self.in_order, self.row
@@ -10263,6 +10370,7 @@ class RowRunner:
         with deferred_signals():  # the tally never counts a row that is not durably in the file
             self.tally.add(stored)
             self.writer.append(stored, self.tally.summary(), text)
+            self.live.pop(key, None)  # stored: an interrupt from here on has nothing to keep
         if stored["error"] == "BudgetReached" and isinstance(stored.get("cost_usd"), str):
             self.run_.redo += decimal.Decimal(stored["cost_usd"])  # a resume pays its rounds again
         saved = time.monotonic() - saving
@@ -10505,7 +10613,11 @@ def update_pins_mode(settings, env, stage):
 
 
 def report_mode(settings, env, stage):
-    record = recount(_load_for("--report", settings.report))
+    record, notes = graded_now(_load_for("--report", settings.report), settings.report)
+    record = recount(record)
+    for note in notes:  # in every report too, beside the summary's other warnings
+        print(note, file=sys.stderr)
+    record["summary"]["warnings"] = _warnings(record["summary"]) + notes
     written = write_reports_of(record, settings, stage, settings.report)
     print(safe_text(f"wrote {', '.join(written)} from {settings.report}"))
     return 0

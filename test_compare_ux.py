@@ -135,8 +135,9 @@ def records(folder):
          lambda record: record.update(sdk_version="9.9.9", code_sha256="f" * 64))
     gone = edit(folder, "calls.json", "torn-after.json", lambda record: record["runs"].pop(1))
     (folder / "torn-gone.json").write_text(json.dumps(gone))
-    edit(folder, "plain.json", "plain-failing.json", lambda record: [
-        row.update(reasons=["missing_required_text"], passed=False) for row in record["runs"]])
+    edit(folder, "plain.json", "plain-failing.json", lambda record: [  # evidence and verdict
+        row.update(reasons=["missing_required_text"], passed=False, answer_text="no",
+                   response={**row["response"], "output_text": "no"}) for row in record["runs"]])
     (folder / "offline-demo").mkdir()
     for name in ("before.json", "after.json"):  # an earlier demo's records, edited by the user
         (folder / "offline-demo" / name).write_text("mine")

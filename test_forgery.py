@@ -193,6 +193,41 @@ def test_compare_refuses_a_record_whose_failing_rows_lost_their_evidence(played,
         assert code == 2 and out.startswith("NOT_COMPARABLE: ") and said in out, out
 
 
+def all_passing(record, model="refund-claims"):
+    """Every row of `model` marked PASS with its evidence left as it is, the summary recounted:
+    the careful forger, whose every field still validates."""
+    record = copy.deepcopy(record)
+    for row in record["runs"]:
+        if row["model"] == model:
+            as_pass(row)
+            row["details"] = {}
+    return regression.recount(record)
+
+
+def test_a_verdict_edited_beside_its_evidence_is_graded_again_by_compare_report_and_trend(
+        played, tmp_path):
+    """The stored evidence decides, never the stored verdict: compare (two records, a model
+    swap, the matrix), --report and --trend grade every row again and say where it differs."""
+    forged_path = write_json(tmp_path / "forged.json", all_passing(played))
+    assert regression.record_problem(json.loads(forged_path.read_text())) is None  # it validates
+    clean = write_json(tmp_path / "clean.json", all_passing(played, model="nobody"))
+    caution = (f"CAUTION {forged_path}: 3 rows of its stored verdicts differ from what its stored "
+               "evidence grades under this code (first: refund-claims / refund-shipped-order / "
+               "repeat 0 stored PASS, graded FAIL (")
+    swap = ["--models", "refund-correct", "refund-claims"]
+    for argv, code in (([*swap, forged_path], 1), ([*swap, clean], 1), ([clean, forged_path], 0),
+                       (["--matrix", clean, forged_path], 0)):
+        got, out = compare_cli(argv, tmp_path)
+        assert got == code, (argv, out)
+        assert (caution in out) is (forged_path in argv), (argv, out)
+        assert ("NEW_FAILURE" in out) is (code == 1), (argv, out)
+    got, out = compare_cli(["--trend", clean, forged_path], tmp_path)
+    assert got == 0 and caution in out and "3/3" not in out.split("refund-claims", 1)[1][:80]
+    code, _, err = cli(["--report", forged_path, "--markdown", tmp_path / "report.md"], tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert code == 0 and caution in err and caution.split(" (first")[0] in report
+    assert "FAIL: at least one check failed" in report, report
+
 def hostile_inputs(played, masked, folder, url):
     """[(argv, exit code, what the last stderr line says)]: one hostile record (or suite) per
     reader, all run through the real CLI in one table."""
