@@ -2965,15 +2965,18 @@ def rubrics_of(case):
 
 def _validate_rubric(case, where, context):
     rubrics = rubrics_of(case)
-    if not rubrics or not all(isinstance(text, str) and text.strip() for text in rubrics):
+    # read as every check reads text: invisible characters say nothing, case and spaces nothing new
+    if not rubrics or not all(isinstance(text, str) and text_form(text) for text in rubrics):
         raise SuiteError(f"{where}: rubric must be a non-empty string or a non-empty list of them")
-    if len(set(rubrics)) != len(rubrics):
+    if len(set(map(text_form, rubrics))) != len(rubrics):
         raise SuiteError(f"{where}: rubric lists one text twice")
 
 
 def judge_problem(spec, need=("provider", "model")):
     """Why a judge ({"provider", "model", ...}) cannot be used, as words after "judge", or None."""
-    judges = [name for name, cls in PROVIDERS.items() if not cls.replays_record]
+    # a model judges: not a replay, nor echo (it repeats the data, so it never gives a verdict)
+    judges = [name for name, cls in PROVIDERS.items()
+              if not cls.replays_record and cls.evidence == MODEL_EVIDENCE]
     missing = [key for key in need if key not in spec]
     repeats, key_env, url = spec.get("repeats", 1), spec.get("api_key_env"), spec.get("base_url")
     checks = [
@@ -2986,7 +2989,7 @@ def judge_problem(spec, need=("provider", "model")):
         (key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(key_env)),
          "api_key_env must be the NAME of an environment variable"),
         (not _is_int(repeats) or repeats not in range(1, 10, 2), "repeats must be 1, 3, 5, 7 or 9"),
-        ("prompt" in spec and not (isinstance(spec["prompt"], str) and spec["prompt"].strip()),
+        ("prompt" in spec and not (isinstance(spec["prompt"], str) and text_form(spec["prompt"])),
          "prompt must be a non-empty string")]
     return next((said for failed, said in checks if failed), None)
 
@@ -3015,13 +3018,20 @@ def _validate_examples(value, where="suite"):
         if not isinstance(example, dict):
             raise SuiteError(f"{at} must be an object")
         _unknown_key(example, EXAMPLE_KEYS, at)
-        if not (isinstance(example.get("rubric"), str) and example["rubric"].strip()):
+        if not (isinstance(example.get("rubric"), str) and text_form(example["rubric"])):
             raise SuiteError(f"{at}: rubric must be a non-empty string")
         if not all(isinstance(example.get(key, ""), str) for key in ("answer", "input")) \
                 or "answer" not in example:
             raise SuiteError(f"{at}: answer (and input, when given) must be strings")
+        if not text_form(example["answer"]):  # never sent to a judge: it would agree untested
+            raise SuiteError(f"{at}: answer is empty; an empty answer fails unjudged, so it "
+                             "cannot test the judge")
         if example.get("verdict") not in VERDICTS:
             raise SuiteError(f'{at}: verdict must be "pass" or "fail"')
+    if {example["verdict"] for example in value} != set(VERDICTS):  # else a constant judge agrees
+        raise SuiteError(f'{where}: judge_examples must label at least one answer "pass" and one '
+                         '"fail": a judge that gives every answer one verdict would agree with '
+                         "examples of one label")
     return [dict(example) for example in value]
 
 
@@ -3034,6 +3044,16 @@ def read_verdict(text):
             or not isinstance(value["reason"], str) or value["verdict"] not in VERDICTS:
         return None
     return value["verdict"], value["reason"]
+
+
+def verdict_of(trace):
+    """(verdict, reason) of a judge's parsed reply: the verdict object of a completed reply only
+    (one cut short by its token limit, filtered, or asking for a tool may have gone on)."""
+    return read_verdict(trace.final_text) if _finished(trace) else None
+
+
+def _finished(trace):
+    return trace.status == "completed" and not trace.tool_calls  # a judge is given no tools
 
 
 def check_rubric(case, trace, rubric):
@@ -7033,6 +7053,9 @@ class Judge:
 
     def __init__(self, identity, provider=None, prices=None):
         self.identity, self.provider, self.prices = identity, provider, prices or {}
+        # data_sha256 hashes the data as the record holds it: a hash of an unmasked PIN or card
+        # number would give the masked value back to a guess (see set_up_judge)
+        self.mask = str
         self.model, self.repeats = identity["model"], identity["repeats"]
         self.suite = {"name": "judge", "instructions": identity["prompt"], "tools": [],
                       "response_format": JUDGE_FORMAT}
@@ -7047,7 +7070,7 @@ class Judge:
     def read(self, raw):
         """(verdict, reason) a stored or new judge response gives, read by its provider's class."""
         try:
-            return read_verdict(PROVIDERS[self.identity["provider"]].parse(raw).final_text)
+            return verdict_of(PROVIDERS[self.identity["provider"]].parse(raw))
         except Exception:  # a response its class cannot read gives no verdict
             return None
 
@@ -7070,7 +7093,8 @@ class Judge:
         stored ones that stand for it); `budget` (a Budget) is asked before each call."""
         if not text_form(answer):
             return dict(UNJUDGED)
-        data, digest = judge_data(input_text, rubric, answer)
+        data, digest = judge_data(input_text, rubric, answer)[0], \
+            judge_data(*map(self.mask, (input_text, rubric, answer)))[1]
         mine = self.reused(stored, rubric, digest)
         if mine is None and self.provider is None:
             raise JudgeError(f"no judge is named to judge the rubric {_quote(rubric)} anew (no "
@@ -7117,7 +7141,12 @@ class Judge:
                                 "error": None}, self.prices)
         entry.update(cost_usd=priced["cost_usd"],
                      **({"cost_estimated": True} if priced.get("cost_estimated") else {}))
-        read = read_verdict(trace.final_text)
+        read = verdict_of(trace)
+        if not _finished(trace):  # cut short, filtered or asking for a tool: unfinished
+            said = f"status {_quote(trace.status, 40)}" + ", a tool call" * bool(trace.tool_calls)
+            entry["error"] = f"the reply did not complete ({said})"
+            raise JudgeError(f"the judge {self} did not complete its reply ({said}), so it holds "
+                             "no verdict")
         if read is None:
             entry["error"] = "the reply is not the verdict object"
             raise JudgeError(f'the judge {self} did not reply with one JSON object {{"verdict": '
@@ -9476,7 +9505,20 @@ def _judge_lines(suite, settings, plan, run, env):
             + (f" ({problem})" if problem else ""))
     examples = len(suite.get("judge_examples") or []) * (run.judge_needed and not run.resuming)
     return [line] + [f"judge_examples: {examples}, graded before any model request (a misgraded "
-                     "one stops the run)"] * bool(examples)
+                     "one stops the run)"] * bool(examples) + _judge_cap_warning(settings, run, env)
+
+
+def _judge_cap_warning(settings, run, env):
+    """The --dry-run warning of a cap the judge's spend may not let hold, as for a model's."""
+    judge, spec = run.judge, run.judge_spec
+    if settings.max_cost_usd is None or spec is None or not run.judge_needed \
+            or judge.model in run.prices \
+            or PROVIDERS[spec["provider"]].cost_reported(judge_view(spec, settings), env):
+        return []
+    return [f"warning: --max-cost-usd is set, but the judge's cost reporting is unknown and "
+            f"{judge.model} has no price; the run stops after the first judge request that "
+            f"reports no cost. Add --price {judge.model}=IN/OUT (USD per million input/output "
+            "tokens)"]
 
 
 def plan_text(suite, args, plan, provider_note, run=None, env=None):
@@ -9936,6 +9978,7 @@ def set_up_judge(run, settings, env):
     none), then grade its judge_examples before any model request (a resume keeps its own)."""
     if run.judge_needed and run.judge_spec is not None:
         run.judge.provider, run.judge_secret = make_judge(run.judge_spec, settings, env)
+        run.judge.mask = run_mask(run, settings)  # for the data's hash alone: it reads the original
         if run.suite.get("judge_examples") and not run.resuming:
             if not settings.quiet:  # a slow judge is silent for a while: say what it is doing
                 print(f"judge_examples: {len(run.suite['judge_examples'])} graded by the judge "
@@ -10435,6 +10478,9 @@ def merge(out, paths, created=lambda: None):
         header["superseded"] = superseded
     header["merged_from"] = [{"path": path, "shard": record.get("shard")}
                              for record, path in zip(records, paths)]
+    agreement = merged_agreement(records)
+    if agreement:  # each shard graded the examples: every grading, its calls and spend, kept
+        header["judge_agreement"] = agreement
     create_record(out, header, ordered, final).close()
     created()
     print(json.dumps(final, indent=2))
@@ -10442,6 +10488,20 @@ def merge(out, paths, created=lambda: None):
     if final["exit_code"] == 2:
         print(merge_gaps(records, paths, plan, final), file=sys.stderr)
     return final["exit_code"]
+
+
+def merged_agreement(records):
+    """The shards' judge_agreement as one: counts and cost summed, results and calls joined."""
+    parts = [record["judge_agreement"] for record in records
+             if isinstance(record.get("judge_agreement"), dict)]
+    if len(parts) < 2:
+        return parts[0] if parts else None
+    costs = [_amount(part.get("cost_usd")) for part in parts]  # unknown anywhere: unknown
+    return {**{key: sum(part[key] for part in parts if _is_int(part.get(key)))
+               for key in ("agreed", "examples")},
+            "cost_usd": None if None in costs else format(sum(costs), "f"),
+            **{key: [item for part in parts if isinstance(part.get(key), list)
+                     for item in part[key]] for key in ("results", "judgements")}}
 
 
 def _check_shards_agree(records, paths):

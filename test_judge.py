@@ -635,7 +635,13 @@ def test_a_rubric_change_calls_the_judge_and_compares_as_a_regrade(tmp_path, jud
 
 def test_the_judges_key_never_reaches_disk_and_redaction_masks_its_evidence(tmp_path):
     leak = json.dumps({"verdict": "pass", "reason": f"key {JUDGE_KEY} and SECRET-42"})
-    with fakes.FakeServer(fakes.scripted_judge(replies={"judge-leak": leak})) as server:
+
+    def leaking(request):  # the leak on a pass; a fail for the example labelled fail
+        data = fakes.judge_request(request.json)[1]
+        said = json.dumps({"verdict": "fail", "reason": "no"}) if data["answer"] == "no" else leak
+        return fakes.Reply(body=fakes.chat_response(said))
+
+    with fakes.FakeServer(leaking) as server:
         spec = {
             "provider": "openai",
             "model": "judge-leak",
@@ -647,7 +653,8 @@ def test_the_judges_key_never_reaches_disk_and_redaction_masks_its_evidence(tmp_
             suite(
                 [{"id": "a", "input": "hi", "rubric": "R"}],
                 spec,
-                judge_examples=[{"rubric": "R", "answer": "x", "verdict": "pass"}],
+                judge_examples=[{"rubric": "R", "answer": "x", "verdict": "pass"},
+                                {"rubric": "R", "answer": "no", "verdict": "fail"}],
             ),
         )
         argv = [
@@ -875,7 +882,8 @@ def test_the_line_that_stops_a_run_at_judge_examples_is_masked_like_the_evidence
         verdict = json.dumps({"verdict": "fail", "reason": said})
         return fakes.Reply(body=fakes.chat_response(verdict))
 
-    examples = [{"rubric": "R", "answer": "x", "verdict": "pass"}]
+    examples = [{"rubric": "R", "answer": "x", "verdict": "pass"},
+                {"rubric": "R", "answer": "y", "verdict": "fail"}]
     runs = []
     with fakes.FakeServer(quoting) as server:
         for model in ("judge-quotes-prose", "judge-quotes-reason"):

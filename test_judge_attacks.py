@@ -1,0 +1,267 @@
+"""Judged checks, attacked: inputs that made a rubric lie (an example that "agreed" untested, a
+rubric or judge prompt that says nothing), leak (a masked value sent to the third-party judge) or
+lose (a merged shard's judge_examples gradings). Exit codes are pinned through the real CLI
+(fakes.cli_table); the input spaces are property tests of validate_suite."""
+
+import json
+import re
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import fakes
+import regression
+from testkit import cli_env
+
+# characters that every check reads as nothing: spaces, invisible (format) and control characters
+NOTHING = st.text(st.sampled_from(" \t\n\u00a0\u2003\u200b\u200c\u200d\u2060\ufeff\u00ad\x07"))
+
+
+def write(path, data):
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def suite(cases, judge="judge-pass", **extra):
+    spec = {"provider": "openai", "model": judge} if isinstance(judge, str) else judge
+    return {"name": "attacked", "instructions": "Answer.", "cases": cases, "judge": spec, **extra}
+
+
+def cli(runs, env=None):
+    return fakes.cli_table([([str(arg) for arg in argv], cwd) for argv, cwd in runs],
+                           cli_env(**(env or {})))
+
+
+def echo_run(tmp_path, server, data, name, *flags):
+    """(argv, cwd) of an echo run of suite `data` judged on `server`."""
+    path = write(tmp_path / f"{name}-suite.json", data)
+    return (["--suite", path, "--provider", "echo", "--judge-base-url", server.url + "/v1",
+             "--out", tmp_path / f"{name}.json", *flags], tmp_path)
+
+
+@pytest.fixture
+def judge():
+    with fakes.FakeServer(fakes.scripted_judge(cost=0.001)) as server:
+        yield server
+
+
+def sent(server):
+    """Every judge request body, as text."""
+    return [json.dumps(request.json) for request in server.requests]
+
+
+# ============================================================= set-up that must test something
+
+CASE = {"id": "a", "input": "an answer without the marker", "rubric": "R"}
+SAYS_NOTHING = [  # (suite, what the one line says): each judged by a judge that passes anything
+    (suite([CASE], judge_examples=[{"rubric": "R", "answer": "", "verdict": "fail"}]),
+     "judge_examples #1: answer is empty"),
+    (suite([CASE], judge_examples=[{"rubric": "R", "answer": " \u200b\n", "verdict": "fail"}]),
+     "judge_examples #1: answer is empty"),
+    (suite([CASE], judge_examples=[{"rubric": "\u200b", "answer": "x", "verdict": "pass"}]),
+     "judge_examples #1: rubric must be a non-empty string"),
+    (suite([{**CASE, "rubric": "\u200b\u2060"}]), "rubric must be a non-empty string"),
+    (suite([{**CASE, "rubric": ["R", "\ufeff"]}]), "rubric must be a non-empty string"),
+    (suite([{**CASE, "rubric": ["Apologises.", " apologises. "]}]), "rubric lists one text twice"),
+    (suite([CASE], {"provider": "openai", "model": "judge-pass", "prompt": "\u200b \u200b"}),
+     "judge prompt must be a non-empty string"),
+    # examples of one label: a judge that passes everything agrees with them all
+    (suite([CASE], judge_examples=[{"rubric": "R", "answer": "ok", "verdict": "pass"}] * 3),
+     'judge_examples must label at least one answer "pass" and one "fail"'),
+    (suite([CASE], "judge-500", judge_examples=[{"rubric": "R", "answer": "x", "verdict": "fail"}]),
+     'judge_examples must label at least one answer "pass" and one "fail"'),
+]
+
+
+def test_a_setup_that_would_judge_nothing_is_one_line_and_exit_2_before_a_judge_request(
+        tmp_path, judge):
+    # before: exit 0, the run passed; an empty example "agreed" without the judge being asked
+    results = cli([echo_run(tmp_path, judge, data, f"n{number}")
+                   for number, (data, _) in enumerate(SAYS_NOTHING)])
+    for (code, stdout, stderr), (_, said) in zip(results, SAYS_NOTHING):
+        assert code == 2 and said in stderr, stderr
+        assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr
+    assert judge.requests == []
+    assert not any(tmp_path.glob("n*[0-9].json"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(NOTHING, NOTHING, st.sampled_from(["answer", "rubric"]))
+def test_any_example_or_rubric_that_reads_as_nothing_is_a_suite_error(blank, pad, where):
+    example = {"rubric": "R", "answer": "x", "verdict": "fail", where: blank}
+    with pytest.raises(regression.SuiteError, match=f"judge_examples #1: {where}"):
+        regression.validate_suite(suite([CASE], judge_examples=[example]))
+    with pytest.raises(regression.SuiteError, match="rubric must be a non-empty string"):
+        regression.validate_suite(suite([{**CASE, "rubric": ["R", blank]}]))
+    with pytest.raises(regression.SuiteError, match="rubric lists one text twice"):
+        regression.validate_suite(suite([{**CASE, "rubric": ["Same text.",
+                                                             f"{pad}SAME {pad} text.{pad}"]}]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(["pass", "fail"]), min_size=1, max_size=6))
+def test_examples_gate_a_judge_only_when_they_hold_both_verdicts(labels):
+    examples = [{"rubric": "R", "answer": f"answer {n}", "verdict": label}
+                for n, label in enumerate(labels)]
+    data = suite([CASE], judge_examples=examples)
+    if set(labels) == {"pass", "fail"}:
+        assert regression.validate_suite(data)["judge_examples"] == examples
+    else:
+        with pytest.raises(regression.SuiteError, match="one verdict would agree"):
+            regression.validate_suite(data)
+
+
+# ======================================================== what a third-party judge is sent
+
+def same_number(request):
+    """A judge that passes an answer naming the number the input asked about."""
+    data = fakes.judge_request(request.json)[1]
+    asked = re.findall(r"\[REDACTED[^\]]*\]|\d+", data["input"])
+    said = "pass" if asked and asked[0] in data["answer"] else "fail"
+    return fakes.Reply(body=fakes.chat_response(json.dumps({"verdict": said, "reason": "no"})))
+
+
+def test_the_judge_grades_the_original_answer_and_only_what_is_stored_is_masked(tmp_path):
+    # decided: a judge is a check, and checks read the original (masks apply to what is stored
+    # and shown); masked, "order 1234" and "order 5678" would both read [REDACTED]: a false pass
+    model = fakes.chat(lambda body: fakes.chat_response("Order 5678 ships Friday."))
+    with fakes.FakeServer(model) as chat, fakes.FakeServer(same_number) as server:
+        data = suite([{"id": "a", "input": "Where is order 1234?",
+                       "rubric": "The reply names the order asked about."}], "j")
+        run, _ = echo_run(tmp_path, server, data, "orig", "--redact", r"\b\d{4}\b")
+        run[run.index("echo")] = "openai"
+        ((code, stdout, stderr),) = cli([(run + ["--base-url", chat.url + "/v1", "--models", "m"],
+                                          tmp_path)])
+    assert code == 1, stderr  # rubric_failed: the judge saw 1234 asked and 5678 answered
+    text = (tmp_path / "orig.json").read_text(encoding="utf-8")
+    assert "rubric_failed" in text and "5678" not in text and "5678" not in stdout + stderr
+
+
+def test_a_masked_value_cannot_be_guessed_back_from_the_hash_of_what_the_judge_read(
+        tmp_path, judge):
+    # before: data_sha256 hashed the unmasked answer, so 10,000 guesses gave the PIN back
+    model = fakes.chat(lambda body: fakes.chat_response("GOOD: your PIN is 4821"))
+    data = suite([{"id": "a", "input": "What is my PIN?", "rubric": "R"}], "judge-marker")
+    with fakes.FakeServer(model) as chat:
+        run, _ = echo_run(tmp_path, judge, data, "pin", "--redact", r"\b\d{4}\b")
+        run[run.index("echo")] = "openai"
+        ((code, _, stderr),) = cli([(run + ["--base-url", chat.url + "/v1", "--models", "m"],
+                                     tmp_path)])
+    assert code == 0, stderr
+    assert "4821" in sent(judge)[0]  # the judge graded the original
+    row = json.loads((tmp_path / "pin.json").read_text(encoding="utf-8"))["runs"][0]
+    digest, answer = row["judgements"][0]["data_sha256"], row["answer_text"]
+    assert answer == "GOOD: your PIN is [REDACTED]"
+    assert digest == regression.judge_data("What is my PIN?", "R", answer)[1]
+    guesses = (answer.replace("[REDACTED]", f"{n:04d}") for n in range(10_000))
+    assert not any(regression.judge_data("What is my PIN?", "R", guess)[1] == digest
+                   for guess in guesses)
+
+
+# ================================================================ what --merge keeps
+
+def test_a_merge_keeps_every_shards_judge_agreement_and_its_spend(tmp_path, judge):
+    # before: the merged record held shard 1's gradings only; shard 2's calls and spend were lost
+    data = suite([{"id": f"c{n}", "input": f"GOOD {n}", "rubric": "R"} for n in range(2)],
+                 "judge-marker",
+                 judge_examples=[{"rubric": "R", "answer": "GOOD", "verdict": "pass"},
+                                 {"rubric": "R", "answer": "bad", "verdict": "fail"}])
+    shards = [echo_run(tmp_path, judge, data, f"s{n}", "--shard", f"{n}/2") for n in (1, 2)]
+    merged = tmp_path / "merged.json"
+    results = cli([*shards, (["--merge", merged, tmp_path / "s1.json", tmp_path / "s2.json"],
+                             tmp_path)])
+    assert [code for code, _, _ in results] == [0, 0, 0], results[-1][2]
+    agreement = json.loads(merged.read_text(encoding="utf-8"))["judge_agreement"]
+    assert agreement["agreed"] == agreement["examples"] == 4
+    assert agreement["cost_usd"] == "0.004" and len(agreement["judgements"]) == 4
+    assert [result["verdict"] for result in agreement["results"]] == ["pass", "fail"] * 2
+
+
+@pytest.mark.parametrize("parts, expected", [
+    ([{"agreed": 1, "examples": 1, "cost_usd": "0.5", "results": [1], "judgements": [1]}, None],
+     {"agreed": 1, "examples": 1, "cost_usd": "0.5", "results": [1], "judgements": [1]}),
+    ([{"agreed": 1, "examples": 1, "cost_usd": None}, {"agreed": 2, "examples": 2,
+                                                       "cost_usd": "0.1"}],
+     {"agreed": 3, "examples": 3, "cost_usd": None, "results": [], "judgements": []}),
+    ([{"agreed": "x", "cost_usd": "NaN", "results": "x"}, {"agreed": 1, "cost_usd": "1",
+                                                          "results": [2]}],
+     {"agreed": 1, "examples": 0, "cost_usd": None, "results": [2], "judgements": []}),
+    ([None, None], None),
+])
+def test_merged_agreements_sum_what_they_can_and_never_invent_a_cost(parts, expected):
+    records = [{"judge_agreement": part} if part is not None else {} for part in parts]
+    assert regression.merged_agreement(records) == expected
+
+
+# ============================================================ what --dry-run says of the cap
+
+def test_the_dry_run_warns_when_the_cap_cannot_hold_the_judges_spend(tmp_path, judge):
+    # before: a model without a price got this warning, an unpriced judge none
+    data = suite([{"id": "a", "input": "GOOD", "rubric": "R"}], "judge-marker")
+    flags = [["--max-cost-usd", "1"], ["--max-cost-usd", "1", "--price", "judge-marker=1/2"], []]
+    results = cli([echo_run(tmp_path, judge, data, f"d{n}", "--dry-run", *flag)
+                   for n, flag in enumerate(flags)])
+    assert [code for code, _, _ in results] == [0, 0, 0]
+    warned = ["judge's cost reporting is unknown and judge-marker has no price" in stdout
+              for _, stdout, _ in results]
+    assert warned == [True, False, False] and judge.requests == []
+    assert "Add --price judge-marker=IN/OUT" in results[0][1]
+
+
+# ================================================ a judge reply that did not finish holds no verdict
+
+PASS = '{"verdict": "pass", "reason": "it does"}'
+UNFINISHED = {  # judge model -> a reply whose text is a whole pass verdict, but the reply is not
+    "cut": fakes.chat_response(PASS, finish_reason="length"),
+    "filtered": fakes.chat_response(PASS, finish_reason="content_filter"),
+    "tool": fakes.chat_response(PASS, tool_calls=[("lookup", {})]),
+}
+
+
+def test_a_judge_reply_that_did_not_complete_is_an_execution_error_never_a_pass(tmp_path):
+    # before: each of these graded the answer "pass" and the run passed (exit 0)
+    def reply(request):
+        return fakes.Reply(body=UNFINISHED[request.json["model"]])
+
+    with fakes.FakeServer(reply) as server:
+        results = cli([echo_run(tmp_path, server, suite([CASE], model), model)
+                       for model in UNFINISHED])
+    for (code, _, stderr), model in zip(results, UNFINISHED):
+        assert code == 2, (model, stderr)
+        row = json.loads((tmp_path / f"{model}.json").read_text(encoding="utf-8"))["runs"][0]
+        assert row["error"] == "JudgeError" and "did not complete its reply" in row["error_message"]
+        assert row["judgements"][0]["response"] == UNFINISHED[model]  # the reply is evidence
+
+
+@pytest.mark.parametrize("provider, raw, verdict", [
+    ("openai", fakes.chat_response(PASS), ("pass", "it does")),
+    ("anthropic", fakes.message_response(PASS), ("pass", "it does")),
+    *[("openai", raw, None) for raw in UNFINISHED.values()],
+    ("anthropic", fakes.message_response(PASS, stop_reason="max_tokens"), None),
+    ("anthropic", fakes.message_response(PASS, tool_uses=[("lookup", {})]), None),
+])
+def test_a_stored_judge_reply_stands_only_when_it_completed(provider, raw, verdict):
+    judge = regression.Judge({"provider": provider, "model": "j", "repeats": 1,
+                              "prompt": regression.JUDGE_PROMPT})
+    assert judge.read(raw) == verdict
+
+
+# ======================================================================== who may judge
+
+def test_echo_cannot_judge_and_says_so_before_a_paid_model_request(tmp_path):
+    # before: each model request was paid, then the row failed: echo repeats the data it is sent,
+    # so it never replies a verdict
+    model = fakes.chat(lambda body: fakes.chat_response("GOOD"))
+    with fakes.FakeServer(model) as chat:
+        live = ["--provider", "openai", "--base-url", chat.url + "/v1", "--models", "m"]
+        named = write(tmp_path / "named.json", suite([CASE], {"provider": "echo", "model": "e"}))
+        flagged = write(tmp_path / "flagged.json", suite([CASE], {"provider": "openai",
+                                                                  "model": "j"}))
+        results = cli([(["--suite", named, *live, "--out", tmp_path / "n.json"], tmp_path),
+                       (["--suite", flagged, *live, "--judge-provider", "echo",
+                         "--out", tmp_path / "f.json"], tmp_path)])
+        assert chat.requests == []
+    for code, _, stderr in results:
+        assert code == 2 and "provider 'echo' cannot judge" in stderr, stderr
+        assert len(stderr.strip().splitlines()) == 1
+    assert not list(tmp_path.glob("[nf].json"))
