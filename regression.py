@@ -5530,10 +5530,14 @@ class HTTPProvider(Provider):
     def from_settings(cls, settings, env):
         base_url, variable = cls.endpoint(settings, env), sent_key_variable(cls, settings, env)
         key = env.get(variable) if variable else None
-        if variable is None and env.get(cls.key_variable):
-            print(f"note: {cls.key_variable} is not sent to {safe_text(_public_url(base_url))}; "
-                  "name the endpoint's key variable with --api-key-env", file=sys.stderr)
         return cls(base_url, key, settings.timeout), key
+
+    @classmethod
+    def unsent_key(cls, settings, env):
+        """The vendor key variable that is set but not sent to this endpoint, or None."""
+        if sent_key_variable(cls, settings, env) is None and env.get(cls.key_variable):
+            return cls.key_variable
+        return None
 
     def __init__(self, base_url, key=None, timeout=TIMEOUT_SECONDS):
         parts = urllib.parse.urlsplit(base_url)
@@ -6309,7 +6313,17 @@ def make_provider(args, env):
     problem = provider_problem(args, env)
     if problem:
         raise UsageError(problem)
+    _unsent_key_note(PROVIDERS[args.provider], args, env, "", "--api-key-env")
     return PROVIDERS[args.provider].from_settings(args, env)
+
+
+def _unsent_key_note(cls, settings, env, who, setting):
+    """Say when a vendor key is set but not sent to this endpoint, and what would send one."""
+    variable = getattr(cls, "unsent_key", lambda settings, env: None)(settings, env)
+    if variable:
+        url = safe_text(_public_url(cls.endpoint(settings, env)))
+        print(f"note: {who}{variable} is not sent to {url}; name the endpoint's key variable "
+              f"with {setting}", file=sys.stderr)
 
 
 def _env_base_url(env, variable):
@@ -6349,7 +6363,9 @@ def make_judge(spec, settings, env):
     problem = judge_setup_problem(spec, settings, env)
     if problem:
         raise UsageError(problem)
-    return PROVIDERS[spec["provider"]].from_settings(judge_view(spec, settings), env)
+    cls, view = PROVIDERS[spec["provider"]], judge_view(spec, settings)
+    _unsent_key_note(cls, view, env, "the judge: ", "the judge's api_key_env")
+    return cls.from_settings(view, env)
 
 
 def judge_identity(spec, settings, env):

@@ -265,3 +265,23 @@ def test_echo_cannot_judge_and_says_so_before_a_paid_model_request(tmp_path):
         assert code == 2 and "provider 'echo' cannot judge" in stderr, stderr
         assert len(stderr.strip().splitlines()) == 1
     assert not list(tmp_path.glob("[nf].json"))
+
+
+def test_the_key_note_of_a_judge_endpoint_names_the_judges_own_key_setting(tmp_path, judge):
+    """A vendor key the judge's endpoint does not get is named with the judge's api_key_env:
+    --api-key-env would give the key to the model's endpoint instead."""
+    data = suite([CASE], judge={"provider": "openai", "model": "judge-pass"})
+    plain = write(tmp_path / "plain.json", {"name": "p", "instructions": "Answer.",
+                                            "cases": [{"id": "a", "input": "hi"}]})
+    with fakes.FakeServer(fakes.chat(lambda body: fakes.chat_response("hello"))) as chat:
+        model = (["--suite", plain, "--provider", "openai", "--base-url", chat.url + "/v1",
+                  "--models", "m", "--out", tmp_path / "model.json"], tmp_path)
+        results = cli([echo_run(tmp_path, judge, data, "note"), model],
+                      env={"OPENAI_API_KEY": "sk-vendor-key-not-for-this-host"})
+    for (code, _, err), who, url, setting in zip(results, ("the judge: ", ""), (judge, chat),
+                                                 ("the judge's api_key_env", "--api-key-env")):
+        note = [line for line in err.splitlines() if "OPENAI_API_KEY is not sent" in line]
+        assert code == 0 and note == [
+            f"note: {who}OPENAI_API_KEY is not sent to {url.url}/v1; name the endpoint's key "
+            f"variable with {setting}"], err
+        assert "sk-vendor" not in err
