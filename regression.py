@@ -9513,13 +9513,14 @@ def _judge_lines(suite, settings, plan, run, env):
     if judge is None:
         return []
     rubrics = {case["id"]: len(rubrics_of(case)) for case in suite["cases"]}
-    asks = sum(rubrics[case_id] for _, case_id, _ in plan) * judge.repeats * run.judge_needed
+    examples = len(suite.get("judge_examples") or []) * (run.judge_needed and not run.resuming)
+    asks = (sum(rubrics[case_id] for _, case_id, _ in plan) * run.judge_needed + examples) \
+        * judge.repeats  # the examples are judged too, as often
     problem = run.judge_spec and judge_setup_problem(run.judge_spec, settings, env)
     named = "" if run.judge_spec else " (none named: only the replayed record's judgements)"
     line = (f"judge: {judge}, repeats {judge.repeats}, prompt sha256 "
             f"{judge.mark['prompt_sha256']}; up to {asks} judge request(s){named}"
             + (f" ({problem})" if problem else ""))
-    examples = len(suite.get("judge_examples") or []) * (run.judge_needed and not run.resuming)
     return [line] + [f"judge_examples: {examples}, graded before any model request (a misgraded "
                      "one stops the run)"] * bool(examples) + _judge_cap_warning(settings, run, env)
 

@@ -802,7 +802,7 @@ def test_the_dry_run_lists_each_rubric_and_the_judge_and_sends_nothing(tmp_path,
     sha = regression.instructions_sha256(regression.JUDGE_PROMPT)
     assert (
         f"judge: openai judge-pass at {judge.url}/v1, repeats 3, prompt sha256 {sha}; "
-        "up to 18 judge request(s)"
+        "up to 24 judge request(s)"  # (3 rubrics x 2 repeats + 2 examples) x 3 judge repeats
     ) in stdout
     assert "judge_examples: 2, graded before any model request" in stdout
     assert judge.requests == []
