@@ -507,6 +507,9 @@ def _plural(count, word):
     return f"{count} {word}" + ("" if count == 1 else "s")
 
 
+MODEL_EVIDENCE = "live"  # the evidence label of a provider (or a record) whose model answered
+
+
 # ---------------------------------------------------------------------- signals
 # SIGINT and SIGTERM become exceptions in the main thread (KeyboardInterrupt, and its subclass
 # Terminated), except inside `deferred_signals()`: a checkpoint or a rename is never cut in
@@ -3633,6 +3636,17 @@ def _validate_played_bounds(data):
                              f"(got {value!r})")
 
 
+def _check_case_id(case, position, seen):
+    """SuiteError unless the case is an object with an id no earlier case has (seen: the ids)."""
+    if not isinstance(case, dict):
+        raise SuiteError(f"case #{position + 1}: must be an object")
+    if not isinstance(case.get("id"), str) or not case["id"].strip():
+        raise SuiteError(f"case #{position + 1}: id must be a non-empty string")
+    duplicate = _duplicate_id(seen, case["id"])
+    if duplicate:
+        raise SuiteError(duplicate)
+
+
 # ---------------------------------------------------------------------- built-in suite
 # SPEC A2: the HTTP-failure advisor for a checkout service.
 
@@ -3849,13 +3863,7 @@ def promptreg_suite(data, allow_empty_baseline=False):
         raise SuiteError("suite: cases must be a non-empty list")
     cases, config_cases, systems, seen, known = [], [], {}, {}, promptreg_case_keys()
     for position, case in enumerate(data["cases"]):
-        if not isinstance(case, dict):
-            raise SuiteError(f"case #{position + 1}: must be an object")
-        if not isinstance(case.get("id"), str) or not case["id"].strip():
-            raise SuiteError(f"case #{position + 1}: id must be a non-empty string")
-        duplicate = _duplicate_id(seen, case["id"])
-        if duplicate:
-            raise SuiteError(duplicate)
+        _check_case_id(case, position, seen)
         ours, system = _promptreg_case(case, known, allow_empty_baseline)
         config_cases.append(ours)
         cases.append({**ours, "instructions": system})
@@ -4404,13 +4412,7 @@ def _validate_cases(cases, data, schema, functions, allow_empty_baseline):
     """Each case an object with an id of its own, and valid (SuiteError on the first problem)."""
     seen = {}
     for position, case in enumerate(cases):
-        if not isinstance(case, dict):
-            raise SuiteError(f"case #{position + 1}: must be an object")
-        if not isinstance(case.get("id"), str) or not case["id"].strip():
-            raise SuiteError(f"case #{position + 1}: id must be a non-empty string")
-        duplicate = _duplicate_id(seen, case["id"])
-        if duplicate:
-            raise SuiteError(duplicate)
+        _check_case_id(case, position, seen)
         _validate_case(case, data, schema, functions, allow_empty_baseline)
 
 
@@ -4980,9 +4982,6 @@ def record_provider(record):
 def providers_with(attribute):
     """The names of the providers whose class sets `attribute` true, in table order."""
     return [name for name, cls in PROVIDERS.items() if getattr(cls, attribute)]
-
-
-MODEL_EVIDENCE = "live"  # the evidence label of a provider (or a record) whose model answered
 
 
 class Provider:
