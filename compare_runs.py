@@ -1771,11 +1771,18 @@ def _not_one_file(paths):
                        "give the record of the run before and of the run after the change")
 
 
-def _alpha(text):
-    value = float(text)
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError("alpha must be between 0 and 1")
-    return value
+def _between_0_and_1(name):
+    """An argparse type: a number strictly between 0 and 1, the error naming it."""
+    def parse(text):
+        value = float(text)
+        if not 0 < value < 1:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"{name} must be between 0 and 1")
+        return value
+    parse.__name__ = name  # argparse names it in "invalid alpha value: 'x'"
+    return parse
+
+
+_alpha, _share = _between_0_and_1("alpha"), _between_0_and_1("power")
 
 
 def parse_args(argv):
@@ -1884,13 +1891,6 @@ def _rate(text):
     value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
     if not 0 <= value <= 1:  # also refuses nan
         raise ValueError(text)
-    return value
-
-
-def _share(text):
-    value = float(text)
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError("power must be between 0 and 1")
     return value
 
 
