@@ -9767,13 +9767,14 @@ def regrade_problem(record, path, suite, rows):
     by other code), or tool results its suite would not have sent, is refused by --resume and
     --merge, since the summary would mix two gradings. A masked row cannot be graded again:
     it stands on its verdict_sha256 (evidence_problem), checked when the record was read."""
-    rows = [row for row in rows if not row_masked(record, row)]
     replayer, cases = ReplayProvider({"provider": record.get("provider")}, path), \
         {case["id"]: case for case in suite["cases"]}
     other = "; it was made by other code (code_sha256 differs)" \
         if record.get("code_sha256") != code_sha256() else ""
     for row, again in regraded_rows(record, rows, suite, path):
         case = cases[row["case_id"]]
+        if masked_where_read(row, again):
+            continue
         changed = replayer.changed(case_suite(suite, case), case, row)
         if changed:
             return (f"{key_text(row_key(row))}: its stored conversation is not one its suite plays "
@@ -9793,6 +9794,15 @@ def regrade_problem(record, path, suite, rows):
 GRADE_FIELDS = ("passed", "reasons", "verdicts", "details", "answer_text")
 
 
+def masked_where_read(row, again):
+    """Whether a mask falls in what a row's grade reads (its answer, calls and results, replies):
+    only such a row cannot be graded again and stands on its verdict_sha256. A mask elsewhere (a
+    response id), or a --redact header over a row with none, hides nothing its verdict reads."""
+    replies = [turn.get("reply") for turn in again.get("turns") or () if isinstance(turn, dict)]
+    read = [again.get("answer_text", row.get("answer_text")), again.get("details"), replies]
+    return bool(_MASK_MARK.search(dumps(read)))
+
+
 def graded_now(record, path):
     """(record, notes): the record with each row's verdict as its stored evidence grades under
     this code (offline, as a replay), so a verdict edited in the file, or given by other code,
@@ -9804,11 +9814,13 @@ def graded_now(record, path):
                                                               system=None))
     except UsageError as exc:
         raise RecordError(f"{path}: {exc}, so its verdicts cannot be graded again") from None
-    rows = [row for row in record["runs"] if not row_masked(record, row)]
     replayer = ReplayProvider({"provider": record.get("provider")}, path)
     cases, now, differ = {case["id"]: case for case in suite["cases"]}, {}, []
-    for row, again in regraded_rows(record, rows, suite, path):
+    digests = {case["id"]: case for case in record["config"]["cases"]}
+    for row, again in regraded_rows(record, record["runs"], suite, path):
         case = cases[row["case_id"]]
+        if masked_where_read(row, again):
+            continue
         changed = replayer.changed(case_suite(suite, case), case, row)
         if changed:
             raise RecordError(f"{path}: {key_text(row_key(row))}: its stored conversation is not "
@@ -9818,7 +9830,9 @@ def graded_now(record, path):
                if field != "verdicts" or "verdicts" in row):
             differ.append(f"{key_text(row_key(row))} stored {_verdict_text(row)}, graded "
                           f"{_verdict_text(again)}")
-        now[id(row)] = {**row, **graded}
+        now[id(row)] = graded = {**row, **graded}
+        if "verdict_sha256" in row:  # a --redact row without a mask: its digest follows its grade
+            graded["verdict_sha256"] = verdict_sha256(digests.get(row["case_id"]), graded)
     notes = [f"CAUTION {path}: {_plural(len(differ), 'row')} of its stored verdicts differ from "
              f"what its stored evidence grades under this code (first: {differ[0]}); compared and "
              "reported as graded now"] if differ else []
