@@ -9808,18 +9808,21 @@ def graded_now(record, path):
     this code (offline, as a replay), so a verdict edited in the file, or given by other code,
     never stands in a comparison or a report; notes name the rows whose stored verdict differs.
     RecordError when a row's stored conversation is not one its suite plays (evidence edited).
-    A masked row stands on its verdict_sha256, checked when the record was read."""
+    A row masked where its grade reads stands on its verdict_sha256, checked when the record was
+    read; a note names such rows stored PASS that fail on their masked evidence."""
     try:  # empty baselines are as the run graded them (a run that filled them)
         suite = _suite_from_record(record, argparse.Namespace(suite=None, update_baseline=True,
                                                               system=None))
     except UsageError as exc:
         raise RecordError(f"{path}: {exc}, so its verdicts cannot be graded again") from None
     replayer = ReplayProvider({"provider": record.get("provider")}, path)
-    cases, now, differ = {case["id"]: case for case in suite["cases"]}, {}, []
+    cases, now, differ, unsure = {case["id"]: case for case in suite["cases"]}, {}, [], []
     digests = {case["id"]: case for case in record["config"]["cases"]}
     for row, again in regraded_rows(record, record["runs"], suite, path):
         case = cases[row["case_id"]]
-        if masked_where_read(row, again):
+        if masked_where_read(row, again):  # it stands; a PASS its masked text fails is said
+            unsure += [f"{key_text(row_key(row))} graded {_verdict_text(again)}"] \
+                if row.get("passed") and not again.get("passed") else []
             continue
         changed = replayer.changed(case_suite(suite, case), case, row)
         if changed:
@@ -9836,6 +9839,10 @@ def graded_now(record, path):
     notes = [f"CAUTION {path}: {_plural(len(differ), 'row')} of its stored verdicts differ from "
              f"what its stored evidence grades under this code (first: {differ[0]}); compared and "
              "reported as graded now"] if differ else []
+    notes += [f"CAUTION {path}: masked rows stored PASS that grade FAIL on their masked "
+              f"evidence: {len(unsure)} (first: {unsure[0]}); a masked row cannot be graded "
+              "again and stands on its verdict_sha256, which anyone who edits a record can compute"
+              ] if unsure else []
     runs = [now.get(id(row), row) for row in record["runs"]]
     return {**record, "runs": runs}, [safe_text(note) for note in notes]
 

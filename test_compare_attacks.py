@@ -71,3 +71,24 @@ def test_a_row_claiming_a_mask_where_its_grade_reads_none_is_graded_again(played
     result = fakes.cli_table([(["--report", str(path), "--markdown", str(report)], tmp_path)],
                              env=cli_env())[0]
     assert result[0] == 0 and "FAIL: at least one check failed" in report.read_text(), result
+
+
+def test_a_masked_pass_that_its_masked_answer_fails_stands_but_is_said(played, tmp_path):
+    """A row masked where its grade reads cannot be graded again: its stored PASS stands on a
+    digest anyone can recompute, so compare says which masked PASS its masked evidence fails."""
+    record = copy.deepcopy(played)
+    cases = {case["id"]: case for case in record["config"]["cases"]}
+    for row in record["runs"]:
+        if row["model"] == "refund-claims":
+            row.update(passed=True, reasons=[], details={},
+                       answer_text=row["answer_text"] + " [REDACTED]")
+            row.pop("verdicts", None)
+            for response in (row["response"], row["rounds"][-1]["response"]):
+                response["choices"][0]["message"]["content"] += " [REDACTED]"
+            row["verdict_sha256"] = regression.verdict_sha256(cases[row["case_id"]], row)
+    record = regression.recount(record)
+    assert regression.record_problem(record) is None
+    code, out = compare_cli([*SWAP, write_json(tmp_path / "masked.json", record)], tmp_path)
+    assert code == 0 and (f"CAUTION {tmp_path / 'masked.json'}: masked rows stored PASS that grade "
+                          "FAIL on their masked evidence: 3 (first: refund-claims / "
+                          "refund-shipped-order / repeat 0 graded FAIL (wrong_tool_args") in out, out
