@@ -9829,8 +9829,9 @@ def graded_now(record, path):
             raise RecordError(f"{path}: {key_text(row_key(row))}: its stored conversation is not "
                               f"one its suite plays ({changed})")
         graded = {field: again[field] for field in GRADE_FIELDS if field in again}
+        # details are shown as graded now, but older releases stored fewer: not a verdict change
         if any(graded.get(field, ABSENT) != row.get(field, ABSENT) for field in GRADE_FIELDS
-               if field != "verdicts" or "verdicts" in row):
+               if field != "details" and (field != "verdicts" or "verdicts" in row)):
             differ.append(f"{key_text(row_key(row))} stored {_verdict_text(row)}, graded "
                           f"{_verdict_text(again)}")
         now[id(row)] = graded = {**row, **graded}

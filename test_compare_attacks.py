@@ -92,3 +92,26 @@ def test_a_masked_pass_that_its_masked_answer_fails_stands_but_is_said(played, t
     assert code == 0 and (f"CAUTION {tmp_path / 'masked.json'}: masked rows stored PASS that grade "
                           "FAIL on their masked evidence: 3 (first: refund-claims / "
                           "refund-shipped-order / repeat 0 graded FAIL (wrong_tool_args") in out, out
+
+
+def older_release(record):
+    """The record as an earlier release wrote it: no per-entry verdicts and no details."""
+    record = copy.deepcopy(record)
+    for row in record["runs"]:
+        row.pop("verdicts", None)
+        row.pop("details", None)
+    return record
+
+
+def test_an_older_records_rows_without_details_compare_without_a_false_caution(played, tmp_path):
+    """Rows graded alike whose details the older release did not store are no CAUTION: only a
+    verdict or an answer that differs is; the model swap still finds the failures (exit 1)."""
+    old = write_json(tmp_path / "old.json", older_release(played))
+    new = write_json(tmp_path / "new.json", played)
+    for argv, code in (([new, old], 0), ([*SWAP, old], 1)):
+        got, out = compare_cli(argv, tmp_path)
+        assert got == code and "stored verdicts differ" not in out, (argv, out)
+    report = tmp_path / "old.md"
+    result = fakes.cli_table([(["--report", str(old), "--markdown", str(report)], tmp_path)],
+                             env=cli_env())[0]
+    assert result[0] == 0 and "CAUTION" not in result[2] and "CAUTION" not in report.read_text()
