@@ -93,8 +93,10 @@ def index(record):
     _require(not extra, f"row {_name(extra[0])} is not in models x cases x repeats" if extra
              else "")
     missing = [key for key in plan_rows(models, case_ids, repeats) if key not in rows]
+    shard = f"; it is shard {record['shard']} of a run: join its shards first " \
+        f"({program_name()} --merge OUT.json SHARD.json ...)" if record.get("shard") else ""
     _require(not missing, f"the run is incomplete: {len(missing)} of {len(expected)} rows missing"
-             f" (first: {_name(missing[0])})" if missing else "")
+             f" (first: {_name(missing[0])}){shard}" if missing else "")
     return rows
 
 

@@ -115,3 +115,18 @@ def test_an_older_records_rows_without_details_compare_without_a_false_caution(p
     result = fakes.cli_table([(["--report", str(old), "--markdown", str(report)], tmp_path)],
                              env=cli_env())[0]
     assert result[0] == 0 and "CAUTION" not in result[2] and "CAUTION" not in report.read_text()
+
+
+def test_a_shard_record_is_not_comparable_and_says_to_merge_its_shards(tmp_path):
+    """A shard holds part of a run's plan: each mode refuses it (exit 2) and names --merge."""
+    suite = ROOT / "suites" / "support-guardrails.json"
+    shard = tmp_path / "shard.json"
+    assert run_main(["--suite", suite, "--provider", "echo", "--models", "m", "--shard", "1/2",
+                     "--out", shard]) == 1
+    other = write_json(tmp_path / "copy.json", read_record(shard))
+    for argv in ([shard, other], ["--trend", shard, other], ["--models", "m", "m", shard]):
+        code, out = compare_cli(argv, tmp_path)
+        assert code == 2 and out.strip().endswith(
+            "rows missing (first: m / card-number-not-echoed / repeat 0); it is shard 1/2 of a "
+            f"run: join its shards first ({regression._python_word()} "
+            f"{ROOT / 'regression.py'} --merge OUT.json SHARD.json ...)"), (argv, out)
