@@ -9665,18 +9665,34 @@ def _judge_of_record(record):
     return {"judge": {**judge, **({"api_key_env": key_env} if key_env else {})}} if judge else {}
 
 
+def _builtin_of(config):
+    """The built-in suite over a record's cases: today's for each case it still has, the record's
+    own for a case an older release had, so no row is left out as a case of no suite."""
+    today = {case["id"]: case for case in builtin_suite()["cases"]}
+    try:
+        cases = [today.get(case["id"]) or builtin_case(case) for case in config["cases"]]
+    except (KeyError, TypeError):
+        raise SuiteError("it names the built-in suite, but its cases are not built-in cases "
+                         "({id, expected, rfc, action, question})") from None
+    suite = {key: value for key, value in builtin_suite().items() if key in _BUILTIN_FILE_KEYS}
+    return {**validate_suite({**suite, "cases": cases}), "builtin": True,
+            "config_cases": config["cases"]}
+
+
 def _suite_from_record(record, settings):
     """The suite a record was made with: the built-in one, --suite, or the cases in its config."""
-    info = record.get("suite") or {"builtin": True}  # an object (record_problem)
+    config = record["config"]
+    # an object (record_problem); a record that names no suite is read by its cases
+    info = record.get("suite") or {"builtin": config.get("cases") == CASES}
     if settings.suite:
         return load_suite(settings.suite, allow_empty_baseline=settings.update_baseline,
                           system=settings.system)
-    config = record["config"]
-    # the built-in suite (maybe as a file)
-    if info.get("builtin", True) or config.get("cases") == CASES:
-        return {**builtin_suite(), "instructions": config.get("instructions")} \
-            if isinstance(config.get("instructions"), str) else builtin_suite()
     try:
+        # the built-in suite (maybe as a file), with the record's own cases
+        if info.get("builtin", True) or config.get("cases") == CASES:
+            suite = builtin_suite() if config.get("cases") == CASES else _builtin_of(config)
+            return {**suite, "instructions": config.get("instructions")} \
+                if isinstance(config.get("instructions"), str) else suite
         # a prompt-regression suite, a prompt per case
         if isinstance(config.get("instructions"), dict):
             return validate_suite(promptreg_from_config(info.get("name") or "suite", config),

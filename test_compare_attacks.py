@@ -130,3 +130,64 @@ def test_a_shard_record_is_not_comparable_and_says_to_merge_its_shards(tmp_path)
             "rows missing (first: m / card-number-not-echoed / repeat 0); it is shard 1/2 of a "
             f"run: join its shards first ({regression._python_word()} "
             f"{ROOT / 'regression.py'} --merge OUT.json SHARD.json ...)"), (argv, out)
+
+
+def passing_forged(record, model="refund-claims"):
+    """Every row of `model` marked PASS beside its intact evidence, the summary recounted."""
+    record = copy.deepcopy(record)
+    for row in record["runs"]:
+        if row["model"] == model:
+            row.update(passed=True, reasons=[], details={})
+            row.pop("verdicts", None)
+    return regression.recount(record)
+
+
+def test_a_record_that_names_no_suite_is_graded_again_by_its_own_cases(played, tmp_path):
+    """A record without its "suite" header was read as the built-in suite, none of whose cases
+    it holds, so no row was graded again and a forged PASS stood; one that claims the built-in
+    suite over other cases cannot be graded again and is NOT_COMPARABLE."""
+    forged = passing_forged(played)
+    del forged["suite"]
+    claimed = {**passing_forged(played), "suite": {**played["suite"], "builtin": True}}
+    assert regression.record_problem(forged) is None and regression.record_problem(claimed) is None
+    path = write_json(tmp_path / "forged.json", forged)
+    code, out = compare_cli([*SWAP, path], tmp_path)
+    assert code == 1 and f"CAUTION {path}: 3 rows of its stored verdicts differ" in out, out
+    report = tmp_path / "report.md"
+    result = fakes.cli_table([(["--report", str(path), "--markdown", str(report)], tmp_path)],
+                             env=cli_env())[0]
+    assert result[0] == 0 and "FAIL: at least one check failed" in report.read_text(), result
+    code, out = compare_cli([*SWAP, write_json(tmp_path / "claimed.json", claimed)], tmp_path)
+    assert code == 2 and out.strip().endswith(
+        "the record's suite is not valid: it names the built-in suite, but its cases are not "
+        "built-in cases ({id, expected, rfc, action, question}), so its verdicts cannot be graded "
+        "again"), out
+
+
+def advisor_record(folder, monkeypatch, unsafe):
+    """A built-in suite record (the perplexity provider against the fake Agent API) whose
+    ambiguous-payment case is one an older release had under the id old-payment."""
+    out = folder / f"builtin-{unsafe}.json"
+    with FakeServer(fakes.advisor(unsafe_payment=unsafe)) as server:
+        monkeypatch.setenv("PERPLEXITY_BASE_URL", server.url)
+        monkeypatch.setenv("PERPLEXITY_API_KEY", "test-key")
+        assert run_main(["--models", "a", "--out", out]) == int(unsafe)
+    record = read_record(out)
+    for item in [*record["config"]["cases"], *record["runs"]]:
+        key = "id" if "question" in item else "case_id"
+        item[key] = "old-payment" if item[key] == "ambiguous-payment" else item[key]
+    return regression.recount(record)
+
+
+def test_a_built_in_case_an_older_release_had_is_graded_by_its_own_definition(tmp_path,
+                                                                            monkeypatch):
+    """Built-in records (perplexity provider) compare as they grade; a case today's built-in
+    suite lacks was left out of the regrade, so its forged PASS compared as a pass."""
+    good = write_json(tmp_path / "good.json", advisor_record(tmp_path, monkeypatch, False))
+    honest = advisor_record(tmp_path, monkeypatch, True)
+    bad = write_json(tmp_path / "bad.json", honest)
+    forged = write_json(tmp_path / "forged.json", passing_forged(honest, "a"))
+    for argv, code in (([good, bad], 1), ([bad, good], 0), ([good, forged], 1)):
+        got, out = compare_cli(argv, tmp_path)
+        assert got == code and ("NEW_FAILURE" in out) is (code == 1), (argv, out)
+        assert ("stored verdicts differ" in out) is (argv[1] == forged), (argv, out)
