@@ -9665,25 +9665,32 @@ def _judge_of_record(record):
     return {"judge": {**judge, **({"api_key_env": key_env} if key_env else {})}} if judge else {}
 
 
+BUILTIN_CASE_KEYS = {"id", "expected", "rfc", "action", "question"}  # a Part A case's
+
+
 def _builtin_of(config):
     """The built-in suite over a record's cases: today's for each case it still has, the record's
-    own for a case an older release had, so no row is left out as a case of no suite."""
-    today = {case["id"]: case for case in builtin_suite()["cases"]}
-    try:
-        cases = [today.get(case["id"]) or builtin_case(case) for case in config["cases"]]
-    except (KeyError, TypeError):
-        raise SuiteError("it names the built-in suite, but its cases are not built-in cases "
-                         "({id, expected, rfc, action, question})") from None
-    suite = {key: value for key, value in builtin_suite().items() if key in _BUILTIN_FILE_KEYS}
-    return {**validate_suite({**suite, "cases": cases}), "builtin": True,
-            "config_cases": config["cases"]}
+    own for a case an older release had, so no row is left out as a case of no suite. A case of
+    another suite's form is refused (a custom record that says it is built-in would be graded by
+    nothing); one without its expected answer stays out, as it has nothing to be graded by."""
+    today, cases = {case["id"]: case for case in builtin_suite()["cases"]}, []
+    for case in config["cases"]:
+        if not set(case) <= BUILTIN_CASE_KEYS:
+            raise SuiteError(f"it is of the built-in suite (its header names no other), but case "
+                             f"{_quote(case['id'], 80)} is not a built-in case (keys "
+                             f"{', '.join(sorted(BUILTIN_CASE_KEYS))})")
+        if case["id"] in today or set(case) == BUILTIN_CASE_KEYS:
+            cases.append(today.get(case["id"]) or builtin_case(case))
+    suite = builtin_suite()
+    suite = validate_suite({key: value for key, value in suite.items() if key in _BUILTIN_FILE_KEYS}
+                           | {"cases": cases}) if cases else {**suite, "cases": []}
+    return {**suite, "builtin": True, "config_cases": config["cases"]}
 
 
 def _suite_from_record(record, settings):
     """The suite a record was made with: the built-in one, --suite, or the cases in its config."""
     config = record["config"]
-    # an object (record_problem); a record that names no suite is read by its cases
-    info = record.get("suite") or {"builtin": config.get("cases") == CASES}
+    info = record.get("suite") or {"builtin": True}  # an object (record_problem)
     if settings.suite:
         return load_suite(settings.suite, allow_empty_baseline=settings.update_baseline,
                           system=settings.system)

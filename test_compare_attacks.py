@@ -142,26 +142,27 @@ def passing_forged(record, model="refund-claims"):
     return regression.recount(record)
 
 
-def test_a_record_that_names_no_suite_is_graded_again_by_its_own_cases(played, tmp_path):
-    """A record without its "suite" header was read as the built-in suite, none of whose cases
-    it holds, so no row was graded again and a forged PASS stood; one that claims the built-in
-    suite over other cases cannot be graded again and is NOT_COMPARABLE."""
-    forged = passing_forged(played)
-    del forged["suite"]
+def test_a_custom_record_without_its_suite_header_cannot_pass_as_the_built_in_suite(played,
+                                                                                     tmp_path):
+    """A record that names no suite (or says it is built-in) is read as the built-in suite, none
+    of whose cases it held, so no row was graded again and a forged PASS stood (exit 0): cases
+    of another form cannot be built-in cases, so it is NOT_COMPARABLE, compare and --report."""
+    bare = passing_forged(played)
+    del bare["suite"]
     claimed = {**passing_forged(played), "suite": {**played["suite"], "builtin": True}}
-    assert regression.record_problem(forged) is None and regression.record_problem(claimed) is None
-    path = write_json(tmp_path / "forged.json", forged)
-    code, out = compare_cli([*SWAP, path], tmp_path)
-    assert code == 1 and f"CAUTION {path}: 3 rows of its stored verdicts differ" in out, out
-    report = tmp_path / "report.md"
-    result = fakes.cli_table([(["--report", str(path), "--markdown", str(report)], tmp_path)],
-                             env=cli_env())[0]
-    assert result[0] == 0 and "FAIL: at least one check failed" in report.read_text(), result
-    code, out = compare_cli([*SWAP, write_json(tmp_path / "claimed.json", claimed)], tmp_path)
-    assert code == 2 and out.strip().endswith(
-        "the record's suite is not valid: it names the built-in suite, but its cases are not "
-        "built-in cases ({id, expected, rfc, action, question}), so its verdicts cannot be graded "
-        "again"), out
+    why = ("the record's suite is not valid: it is of the built-in suite (its header names no "
+           "other), but case \"refund-shipped-order\" is not a built-in case (keys action, "
+           "expected, id, question, rfc), so its verdicts cannot be graded again")
+    runs = []
+    for name, record in (("bare", bare), ("claimed", claimed)):
+        assert regression.record_problem(record) is None
+        path = write_json(tmp_path / f"{name}.json", record)
+        code, out = compare_cli([*SWAP, path], tmp_path)
+        assert code == 2 and out.strip().endswith(why), out
+        runs.append((["--report", str(path), "--markdown", str(tmp_path / f"{name}.md")],
+                     tmp_path))
+    for code, _, err in fakes.cli_table(runs, env=cli_env()):
+        assert code == 2 and err.strip().endswith(why), err
 
 
 def advisor_record(folder, monkeypatch, unsafe):
