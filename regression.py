@@ -9670,14 +9670,14 @@ BUILTIN_CASE_KEYS = {"id", "expected", "rfc", "action", "question"}  # a Part A 
 
 def _builtin_of(config):
     """The built-in suite over a record's cases: today's for each case it still has, the record's
-    own for a case an older release had, so no row is left out as a case of no suite. A case of
-    another suite's form is refused (a custom record that says it is built-in would be graded by
-    nothing); one without its expected answer stays out, as it has nothing to be graded by."""
+    own for a case an older release had, so no row is left out as a case of no suite. A case
+    that holds checks of another form is refused (a custom record that says it is built-in would
+    be graded by nothing); one that holds no check stays out, having nothing to be graded by."""
     today, cases = {case["id"]: case for case in builtin_suite()["cases"]}, []
     for case in config["cases"]:
-        if not set(case) <= BUILTIN_CASE_KEYS:
+        if not set(case) <= BUILTIN_CASE_KEYS | {"input", "notes"}:
             raise SuiteError(f"it is of the built-in suite (its header names no other), but case "
-                             f"{_quote(case['id'], 80)} is not a built-in case (keys "
+                             f"{_quote(case['id'], 80)} holds checks of no built-in case (keys "
                              f"{', '.join(sorted(BUILTIN_CASE_KEYS))})")
         if case["id"] in today or set(case) == BUILTIN_CASE_KEYS:
             cases.append(today.get(case["id"]) or builtin_case(case))

@@ -151,7 +151,7 @@ def test_a_custom_record_without_its_suite_header_cannot_pass_as_the_built_in_su
     del bare["suite"]
     claimed = {**passing_forged(played), "suite": {**played["suite"], "builtin": True}}
     why = ("the record's suite is not valid: it is of the built-in suite (its header names no "
-           "other), but case \"refund-shipped-order\" is not a built-in case (keys action, "
+           "other), but case \"refund-shipped-order\" holds checks of no built-in case (keys action, "
            "expected, id, question, rfc), so its verdicts cannot be graded again")
     runs = []
     for name, record in (("bare", bare), ("claimed", claimed)):

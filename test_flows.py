@@ -408,7 +408,7 @@ def before_tools(record):
 
 
 def _mutated(mutate):
-    record = make_record(case_ids=("refund-policy", "c2"))
+    record = make_record(case_ids=("refund-policy", "c2"), suite={"name": "s", "builtin": False})
     _with_case(record, "refund-policy", contains=["30 days"])
     record["config"]["tools"] = [{"type": "function", "function": {"name": "b"}}]
     mutate(record)
