@@ -60,17 +60,21 @@ def claimed_masked(record, mark):
 @pytest.mark.parametrize("mark", [False, True], ids=["redaction-header", "masked-response-id"])
 def test_a_row_claiming_a_mask_where_its_grade_reads_none_is_graded_again(played, mark, tmp_path):
     """A mask that hides nothing the checks read cannot keep a row from being graded again:
-    compare exits 1 (NEW_FAILURE, with the CAUTION) and --report shows FAIL, as if unedited."""
+    compare exits 1 (NEW_FAILURE, with the CAUTION), --report shows FAIL and --merge refuses."""
     forged = claimed_masked(played, mark)
     assert regression.record_problem(forged) is None  # every field validates
     path = write_json(tmp_path / "forged.json", forged)
     code, out = compare_cli([*SWAP, path], tmp_path)
     assert code == 1 and "NEW_FAILURE" in out, out
     assert f"CAUTION {path}: 3 rows of its stored verdicts differ" in out, out
-    report = tmp_path / "report.md"
-    result = fakes.cli_table([(["--report", str(path), "--markdown", str(report)], tmp_path)],
-                             env=cli_env())[0]
-    assert result[0] == 0 and "FAIL: at least one check failed" in report.read_text(), result
+    report, merged = tmp_path / "report.md", tmp_path / "merged.json"
+    (reported, _, err), (joined, _, said) = fakes.cli_table(
+        [(["--report", str(path), "--markdown", str(report)], tmp_path),
+         (["--merge", str(merged), str(path)], tmp_path)], env=cli_env())
+    assert reported == 0 and "FAIL: at least one check failed" in report.read_text(), err
+    assert joined == 2 and not merged.exists() and (  # --merge grades each shard again too
+        "refund-claims / refund-shipped-order / repeat 0 is stored as PASS but its stored "
+        "response now grades FAIL") in said, said
 
 
 def test_a_masked_pass_that_its_masked_answer_fails_stands_but_is_said(played, tmp_path):
