@@ -1676,13 +1676,7 @@ def trend(args, targets):
     result = analyse_trend(points, alpha, args.correction, args.per_case)
     print("\n".join(notes + [render_trend(result)]))
     title = f"trend of {len(points)} records: {args.trend[0]} ... {args.trend[-1]}"
-    try:
-        for kind, path in targets.items():
-            write_new_file(path, TREND_REPORTS[kind](result, title))
-    except RecordError as exc:
-        print(f"compare_runs.py: error: {safe_text(exc)}", file=sys.stderr)
-        return 2
-    return result["exit_code"]
+    return write_reports(targets, TREND_REPORTS, result, title)
 
 
 # ====================================================================== offline demo
@@ -1872,14 +1866,19 @@ def main(argv=None):
     except (ValueError, RecordError) as exc:
         print(f"NOT_COMPARABLE: {safe_text(exc)}")
         return 2
+    return write_reports(targets, COMPARISON_REPORTS, result, title)
+
+
+def write_reports(targets, reports, result, title):
+    """Write each asked-for report as a new file: the result's exit code, or 2 when one cannot
+    be written (one line, the others already written stay)."""
     try:
         for kind, path in targets.items():
-            write_new_file(path, COMPARISON_REPORTS[kind](result, title))
+            write_new_file(path, reports[kind](result, title))
     except RecordError as exc:
         print(f"compare_runs.py: error: {safe_text(exc)}", file=sys.stderr)
         return 2
     return result["exit_code"]
-
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse whose usage error is one line and exit 2 (the usage is in --help)."""
