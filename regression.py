@@ -4535,11 +4535,10 @@ def _put_back(path, text):
 # leak still fails its case but never reaches disk.
 
 def _luhn_ok(digits):
-    total = 0
-    for position, digit in enumerate(reversed(digits)):
-        value = int(digit) * (2 if position % 2 else 1)
-        total += value - 9 if value > 9 else value
-    return total % 10 == 0
+    """Whether a digit string passes the Luhn check, as every card number does."""
+    values = [int(digit) * (2 if position % 2 else 1)
+              for position, digit in enumerate(reversed(digits))]
+    return sum(value - 9 if value > 9 else value for value in values) % 10 == 0
 
 
 def _mask_cards(match):
@@ -4599,11 +4598,9 @@ def secret_forms(secret):
 
 def secret_rules(secrets):
     """The (regex, replacement) rules masking every form of every key of at least MIN_SECRET_CHARS,
-    in any letter case (evidence may quote an answer case-folded); [] without such a key. Two
-    regexes, not one: joined, the escaped spellings would cost every text the fixed forms' fast
-    scan."""
-    keys = [secret for secret in secrets if isinstance(secret, str)
-            and len(secret) >= MIN_SECRET_CHARS]
+    in any letter case (evidence may quote an answer case-folded); [] without such a key.
+    Two regexes, not one: joined, the escaped spellings would cost every text the fast scan."""
+    keys = [key for key in secrets if isinstance(key, str) and len(key) >= MIN_SECRET_CHARS]
     if not keys:
         return []
     forms = sorted({form for secret in keys for form in secret_forms(secret)},
@@ -4613,8 +4610,7 @@ def secret_rules(secrets):
              "[REDACTED:secret]")]
 
 
-# An escaped invisible character in JSON text (\u200b), which the mask reads through like the
-# character itself.
+# escaped invisible characters in JSON text (\u200b): the mask reads through them like raw ones
 _ESCAPED_INVISIBLE = r"(?:\\u(?:00ad|034f|180e|200[b-f]|202[a-e]|206[0-9a-f]|feff))*"
 
 
@@ -4623,10 +4619,8 @@ def _json_escaped_pattern(secret):
     however its encoder escaped it: any character as \\uXXXX (Go escapes & < >), / as \\/
     (PHP), with escaped invisible characters between its characters."""
     def spelled(char):
-        ways = [re.escape(char), re.escape(f"\\u{ord(char):04x}")]
-        if char in '"\\/':
-            ways.append(re.escape("\\" + char))
-        return f"(?:{'|'.join(ways)})"
+        ways = [char, f"\\u{ord(char):04x}", *(["\\" + char] if char in '"\\/' else [])]
+        return f"(?:{'|'.join(map(re.escape, ways))})"
     return _ESCAPED_INVISIBLE.join(map(spelled, secret))
 
 
@@ -4637,11 +4631,10 @@ def _spans_seeing_through(pattern, replacement, text):
     """(begin, end, replacement text) of each match of the pattern in the text read as if it had
     no invisible characters (zero-width spaces and other format characters), in order."""
     import bisect
+    import itertools
     runs = [(run.start(), run.group()) for run in _VISIBLE_RUN.finditer(text)]
-    starts, offset = [], 0  # where each visible run starts in the text read without them
-    for _, run in runs:
-        starts.append(offset)
-        offset += len(run)
+    # where each visible run starts in the text read without them (and where that text ends)
+    starts = list(itertools.accumulate((len(run) for _, run in runs), initial=0))
     seen = "".join(run for _, run in runs)
 
     def original(position):  # index in `text` of the visible character at `position` of `seen`
