@@ -4755,9 +4755,7 @@ def redact_row(row, mask):
 
 class Perplexity:
     """Stands for perplexity.Perplexity; the SDK (about 1 s to import) loads on first use.
-
-    Tests replace this name with unittest.mock.patch; main() builds its client through it.
-    """
+    Tests replace this name with unittest.mock.patch; main() builds its client through it."""
 
     def __new__(cls, *args, **kwargs):
         from perplexity import Perplexity as sdk_client
@@ -4778,9 +4776,8 @@ def sent_key_variable(cls, settings, env):
         return named
     if not cls.key_variable or not env.get(cls.key_variable):
         return None
-    if cls.key_hosts is None:
-        return cls.key_variable
-    return cls.key_variable if key_host(cls.endpoint(settings, env), cls.key_hosts) else None
+    sent = cls.key_hosts is None or key_host(cls.endpoint(settings, env), cls.key_hosts)
+    return cls.key_variable if sent else None
 
 
 def search_problem(suite, cls):
@@ -4812,8 +4809,7 @@ def key_problem(variable, value):
     if not value or _PRINTABLE_ASCII.fullmatch(value):
         return None  # a missing key is the provider's own rule
     return (f"{variable} holds whitespace, a control or a non-ASCII character (a line ending "
-            f"copied from a "
-            "file?); set it to the bare key")
+            "copied from a file?); set it to the bare key")
 
 
 def is_loopback(host):
@@ -4831,8 +4827,7 @@ def is_loopback(host):
 
 
 def plain_http_problem(url, variable, allowed=False):
-    """A key goes over plain http only to a loopback host (or with --allow-insecure-http); else why
-    not."""
+    """None, or why not: a key goes over plain http only to a loopback host or when `allowed`."""
     parts = urllib.parse.urlsplit(url)
     if allowed or parts.scheme != "http" or is_loopback(parts.hostname):
         return None
@@ -4907,12 +4902,11 @@ def sendable_options(suite):
 
 
 def cap_response_bodies(client, limit=MAX_RESPONSE_BYTES):
-    """Make an SDK client refuse bodies over `limit` bytes while they arrive, not after;
-    True when the cap is in place.
-
-    The SDK reads and parses the whole body first (a 50 MB body peaked at 5x in memory), and
-    main() must not pass its own http_client (tests hand theirs in), so the cap is a response
-    hook on the client's own httpx client, which also asks for uncompressed bodies."""
+    """Make an SDK client refuse bodies over `limit` bytes while they arrive, not after; True
+    when the cap is in place. The SDK reads and parses the whole body first (a 50 MB body peaked
+    at 5x in memory), and main() must not pass its own http_client (tests hand theirs in), so
+    the cap is a response hook on the client's own httpx client, which also asks for
+    uncompressed bodies."""
     httpx = sys.modules.get("httpx")
     inner = getattr(client, "_client", None)
     if httpx is None or not isinstance(inner, httpx.Client):
@@ -4980,34 +4974,29 @@ def providers_with(attribute):
 class Provider:
     """What every provider declares; the CLI reads these and never names a provider.
 
-    A provider turns (model, suite, case) into a raw response dict (request) and a raw
-    response into a Trace (parse). Its class owns its wire format: the request for a case and
-    the rounds played so far (body, conversation), the trace of a response (parse), the ids of
-    its tool calls (call_ids) and what an error body says. The class attributes below say how
-    it is set up and what it can do, so adding a provider is one subclass decorated with
-    @register_provider. Settings are only read (argparse's namespace or a frozen Settings)."""
+    Its class owns its wire format: the request for a case and the rounds played so far (body,
+    conversation), the Trace of a response (parse), the ids of its tool calls (call_ids) and
+    what an error body says. The class attributes below say how it is set up and what it can
+    do, so adding a provider is one subclass decorated with @register_provider. Settings are
+    only read (argparse's namespace or a frozen Settings)."""
 
     name = None
     vendor = None             # how messages name the service ("Perplexity"); None: the name
     key_variable = None       # the environment variable holding the key (None: no key)
     key_required = False      # no run without the key
-    # hosts the key may be sent to over https (None: wherever the endpoint is)
-    key_hosts = None
-    # takes --base-url; otherwise only base_url_variable names the endpoint
-    base_url_flag = False
+    key_hosts = None          # hosts the key may be sent to over https (None: the endpoint's)
+    base_url_flag = False     # takes --base-url; else only base_url_variable names the endpoint
     base_url_variable = None  # the environment variable naming the endpoint
     twin_base_url_variable = None  # another tool's variable for it, read after base_url_variable
     other_names = ()          # what other tools call this provider (PROMPTREG_PROVIDER's values)
-    # the endpoint when nothing names one (None with a variable: one is required)
-    default_base_url = None
+    default_base_url = None   # the endpoint when nothing names one (None with a variable: required)
     evidence = MODEL_EVIDENCE  # the record's "evidence" label: anything else is no model's answer
     default_models = None     # models when --models is absent (None: --models is required)
     server_search = False     # the server runs web search itself (a `cite` case can pass only then)
     tool_loops = False        # the server runs the tool loop itself (Agent API max_steps)
     reports_cost = None       # True: every response reports its USD cost; None: unknown
     builds_offline = False    # cheap and offline to build, so --dry-run builds it to check more
-    # answers from a saved record (--replay), whose config fills the defaults
-    replays_record = False
+    replays_record = False    # answers from a saved record (--replay), whose config fills defaults
     agent_responses = False   # Agent API responses: the built-in suite grades them through check()
     cap_keys = ()             # request keys that carry the output cap; the first is the one sent
     reserved = {}             # this API's request keys the run owns -> why a suite may not set them
@@ -5138,8 +5127,7 @@ def _without_none(value):
 
 @register_provider
 class PerplexityProvider(Provider):
-    """perplexity: the Perplexity Agent API through the perplexityai SDK (key
-    PERPLEXITY_API_KEY)."""
+    """perplexity: the Perplexity Agent API through the perplexityai SDK (PERPLEXITY_API_KEY)."""
 
     name = "perplexity"
     vendor = "Perplexity"
@@ -5180,8 +5168,7 @@ class PerplexityProvider(Provider):
 
     @classmethod
     def sdk_version(cls):
-        module = sys.modules.get("perplexity")
-        version = getattr(module, "__version__", None)
+        version = getattr(sys.modules.get("perplexity"), "__version__", None)
         if version is None:
             try:
                 from importlib import metadata
@@ -5195,12 +5182,9 @@ class PerplexityProvider(Provider):
 
     def close(self):
         """Release the client's connections (an SDK client left open warns at exit)."""
-        close = getattr(self.client, "close", None)
-        if callable(close):
-            try:
-                close()
-            except Exception:
-                pass  # closing is best effort; the run's outcome is already recorded
+        import contextlib
+        with contextlib.suppress(Exception):  # best effort: the run's outcome is already recorded
+            self.client.close()
 
     def body(self, model, suite, case, rounds=()):
         """The keyword arguments of client.responses.create for one case (SPEC A6), with the
@@ -5281,8 +5265,8 @@ class PerplexityProvider(Provider):
                 raise exc.__cause__ from None
             raise
         if not hasattr(response, "model_dump"):
-            raise ResponseError(f"the endpoint returned {type(response).__name__}, not a "
-                                f"response object")
+            raise ResponseError(f"the endpoint returned {type(response).__name__}, not a response "
+                                "object")
         try:  # on Python 3.10 the SDK leaves output items as dicts, and pydantic warns about them
             raw = response.model_dump(mode="json", exclude_none=True, warnings=False)
         except TypeError:  # a response object without pydantic's warnings switch
@@ -5478,9 +5462,8 @@ def text_tool_call(trace, functions):
 @functools.lru_cache(maxsize=1)
 def _no_redirect_opener():
     """A urllib opener that follows no redirect (urllib is imported here: start-up stays lean)."""
-    import urllib.request
-
     import urllib.error
+    import urllib.request
 
     class RefuseRedirects(urllib.request.HTTPRedirectHandler):
         def http_error_302(self, req, fp, code, msg, headers):
@@ -5729,23 +5712,27 @@ class OpenAIProvider(HTTPProvider):
     def history(messages):
         """Chat-form messages as sent: an assistant's content "" and never null (llama-cpp-python's
         server answers HTTP 500 to null), tool call arguments as JSON text."""
-        sent = []
-        for message in map(dict, messages):
+        sent = [dict(message) for message in messages]
+        for message in sent:
             if message.get("role") == "assistant":
                 message["content"] = message.get("content") or ""
-            message.update({"tool_calls": [
-                {**call, "function": {**call["function"], "arguments": _arguments_text(
-                    call["function"].get("arguments", {}))}} for call in message["tool_calls"]]}
-                if message.get("tool_calls") else {})
-            sent.append(message)
+            if message.get("tool_calls"):
+                message["tool_calls"] = [
+                    {**call, "function": {**call["function"], "arguments": _arguments_text(
+                        call["function"].get("arguments", {}))}} for call in message["tool_calls"]]
         return sent
+
+    @staticmethod
+    def _choice(raw):
+        """The first choice of a chat completion when it is an object, else None."""
+        choices = raw.get("choices") if isinstance(raw, dict) else None
+        first = choices[0] if isinstance(choices, list) and choices else None
+        return first if isinstance(first, dict) else None
 
     @staticmethod
     def _message(raw):
         """The message of a chat completion's first choice ({} when it has none)."""
-        choices = raw.get("choices") if isinstance(raw, dict) else None
-        first = choices[0] if isinstance(choices, list) and choices else None
-        said = first.get("message") if isinstance(first, dict) else None
+        said = (OpenAIProvider._choice(raw) or {}).get("message")
         return said if isinstance(said, dict) else {}
 
     @staticmethod
@@ -5791,15 +5778,11 @@ class OpenAIProvider(HTTPProvider):
     def reply_error(raw):
         """The error a chat-completions body reports instead of an answer, or None: a top-level
         `error` with no choices, or a finish_reason that says the server ended the answer."""
-        if not isinstance(raw, dict):
-            return None
-        choices = raw.get("choices")
-        first = choices[0] if isinstance(choices, list) and choices else None
-        first = first if isinstance(first, dict) else None
+        first = OpenAIProvider._choice(raw)
         if first is not None and first.get("finish_reason") in SERVER_ENDED:
             return endpoint_message({"error": first.get("error") or raw.get("error")}) or \
                 f'finish_reason "{first["finish_reason"]}": the server ended the answer'
-        if first is None and raw.get("error") not in (None, "", [], {}):
+        if first is None and isinstance(raw, dict) and raw.get("error") not in (None, "", [], {}):
             return endpoint_message(raw) or "an error object"
         return None
 
@@ -5826,11 +5809,8 @@ class OpenAIProvider(HTTPProvider):
             inner = entry.get("function") if isinstance(entry, dict) else None
             named = inner if isinstance(inner, dict) else \
                 entry if isinstance(entry, dict) and "name" in entry else None
-            if named is not None:
-                calls.append({"name": _call_name(named.get("name")),
-                              "arguments": named.get("arguments")})
-            else:
-                calls.append({"name": None, "arguments": entry})
+            calls.append({"name": None, "arguments": entry} if named is None else {
+                "name": _call_name(named.get("name")), "arguments": named.get("arguments")})
         return calls
 
     @classmethod
@@ -5839,11 +5819,10 @@ class OpenAIProvider(HTTPProvider):
         problem = cls.reply_error(raw)
         if problem:
             raise ResponseError(f"the endpoint answered with an error: {endpoint_text(problem)}")
-        choices = raw.get("choices") if isinstance(raw, dict) else None
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict) \
-                or not isinstance(choices[0].get("message"), dict):
+        first = cls._choice(raw)
+        if first is None or not isinstance(first.get("message"), dict):
             raise ResponseError("the response has no choices[0].message")
-        message, finish = choices[0]["message"], choices[0].get("finish_reason")
+        message, finish = first["message"], first.get("finish_reason")
         calls = cls.calls(message)
         # Perplexity's Sonar and OpenAI's search models report what their search returned.
         found = [*_items(raw, "search_results"),
