@@ -4576,7 +4576,8 @@ PII_PATTERNS = [
 ]
 
 
-# a shorter key ("x" for a local server) is not masked: it would rewrite unrelated text
+# a shorter key ("x" for a local server) is not masked: it would rewrite unrelated text (every x
+# of the evidence); main() says so once on stderr
 MIN_SECRET_CHARS = 8
 
 
@@ -4699,12 +4700,10 @@ def _text_holders(value):
 
 
 def redactor(patterns=(), pii=False, secrets=()):
-    """A function that masks secrets, PII (optional) and user patterns in any JSON value.
-
-    The "text" strings of a value (an answer's content parts, which the answer joins) are also
-    read as one text, so a value split across them is masked like the answer's copy of it.
-    A secret shorter than MIN_SECRET_CHARS is left alone (masking "x" would rewrite every x
-    of the evidence); main() says so once on stderr."""
+    """A function that masks secrets (of MIN_SECRET_CHARS or more), PII (optional) and user
+    patterns in any JSON value. The "text" strings of a value (an answer's content parts, which
+    the answer joins) are also read as one text, so a value split across them is masked like
+    the answer's copy of it."""
     rules = secret_rules(secrets)
     rules += PII_PATTERNS if pii else []
     rules += [(re.compile(pattern), "[REDACTED]") for pattern in patterns]
@@ -5233,11 +5232,10 @@ class PerplexityProvider(Provider):
     @staticmethod
     def played(turn):
         """A played round as input items: the model's text, its function_call items and our
-        function_call_output items.
-
-        The conversation is resent in full rather than chained by previous_response_id: a turn
-        that ends in function calls is not a completed response to continue from, the server need
-        not store anything, and a replay rebuilds exactly the same request from the record."""
+        function_call_output items. The conversation is resent in full rather than chained by
+        previous_response_id: a turn that ends in function calls is not a completed response to
+        continue from, the server need not store anything, and a replay rebuilds exactly the same
+        request from the record."""
         items = PerplexityProvider.reply(turn["response"])
         signatures = {item.get("call_id"): item.get("thought_signature")
                       for item in _items(turn["response"]) if item.get("type") == "function_call"}
@@ -5393,10 +5391,8 @@ def _as_call(value):
         return inner["name"], inner.get("arguments", inner.get("parameters"))
     name = inner if isinstance(inner, str) else next(
         (value[key] for key in ("name", "tool_name", "tool") if key in value), None)
-    for key in ("arguments", "parameters", "args", "input"):
-        if isinstance(name, str) and key in value:
-            return name, value[key]
-    return None
+    given = [key for key in ("arguments", "parameters", "args", "input") if key in value]
+    return (name, value[given[0]]) if isinstance(name, str) and given else None
 
 
 def _call_objects(text):
@@ -5510,9 +5506,8 @@ class HTTPProvider(Provider):
     @classmethod
     def unsent_key(cls, settings, env):
         """The vendor key variable that is set but not sent to this endpoint, or None."""
-        if sent_key_variable(cls, settings, env) is None and env.get(cls.key_variable):
-            return cls.key_variable
-        return None
+        unsent = sent_key_variable(cls, settings, env) is None and env.get(cls.key_variable)
+        return cls.key_variable if unsent else None
 
     def __init__(self, base_url, key=None, timeout=TIMEOUT_SECONDS):
         parts = urllib.parse.urlsplit(base_url)
@@ -5664,10 +5659,6 @@ class OpenAIProvider(HTTPProvider):
     def output_cap(cls, settings, env):
         return cls.output_cap_key(cls.endpoint(settings, env) or "")
 
-    def __init__(self, base_url, key=None, timeout=TIMEOUT_SECONDS):
-        super().__init__(base_url, key, timeout)
-        self.cap_key = self.output_cap_key(base_url)
-
     @classmethod
     def output_cap_key(cls, base_url):
         """api.openai.com wants max_completion_tokens (its newer models refuse max_tokens); every
@@ -5685,18 +5676,16 @@ class OpenAIProvider(HTTPProvider):
         return None
 
     def body(self, model, suite, case, rounds=()):
-        """The JSON body of a chat-completions request for one case and the rounds played so far.
-
-        The output cap goes under cap_key: api.openai.com wants max_completion_tokens, while
-        llama.cpp, Ollama, vLLM and LM Studio honour only max_tokens (output_cap_key).
-        The suite's `request` options are merged last; either cap key set there replaces ours."""
+        """The JSON body of a chat-completions request for one case and the rounds played so far;
+        the output cap under this host's key (output_cap_key), the suite's `request` options
+        merged last (either cap key set there replaces ours)."""
         instructions = case.get("instructions", suite["instructions"])  # a prompt-regression case's
         messages = [{"role": "system", "content": instructions}] if instructions else []
         options = sendable_options(suite)
         messages += self.conversation(case, rounds)
         body = {"model": model, "messages": messages, "temperature": 0}
         if not any(key in options for key in self.cap_keys):
-            body[self.cap_key] = MAX_OUTPUT_TOKENS
+            body[self.output_cap_key(self.url)] = MAX_OUTPUT_TOKENS
         if suite.get("response_format"):
             body["response_format"] = suite["response_format"]
         functions = [_nested_tool(tool) for tool in suite.get("tools", [])
@@ -6027,8 +6016,7 @@ class AnthropicProvider(HTTPProvider):
 
 @register_provider
 class EchoProvider(Provider):
-    """echo: offline; answers every case with its own input text (proves the plumbing, costs
-    nothing)."""
+    """echo: offline; answers each case with its own words (proves the plumbing, costs nothing)."""
 
     name = "echo"
     evidence = "echo"
@@ -6059,8 +6047,7 @@ class ReplayProvider(Provider):
     read with the wire format of the provider that made the record."""
 
     name = "replay"
-    # as the replayed record's provider; regrading stored evidence spends nothing
-    server_search = None
+    server_search = None  # as the replayed record's; regrading stored evidence spends nothing
     reports_cost = builds_offline = replays_record = True
 
     @classmethod
@@ -6217,16 +6204,14 @@ def replay_problem(suite, case, row, parse, call_ids, results=True):
                 arguments = call["arguments"]
                 arguments = arguments if isinstance(arguments, str) else _json_text(arguments)
                 return (f"round {number} call {call['name']}({cut_whole(arguments, 80)}) was "
-                        "answered "
-                        f"{_quote(_json_text(then.get('result')), 80)}, but the suite now answers "
-                        f"{_quote(_json_text(call['result']), 80)}")
+                        f"answered {_quote(_json_text(then.get('result')), 80)}, but the suite "
+                        f"now answers {_quote(_json_text(call['result']), 80)}")
     return None
 
 
 def _text_call_error(row):
-    """Whether a row is an execution error that earlier releases made of a tool call written as
-    text: its stored response is an answer today's checks grade (tool_call_as_text), so a
-    replay reads it."""
+    """Whether a row is an execution error earlier releases made of a tool call written as text:
+    its stored response is an answer today's checks grade (tool_call_as_text): replay reads it."""
     message = row.get("error_message")
     return (row.get("error") == "ResponseError" and isinstance(row.get("response"), dict)
             and isinstance(message, str) and message.startswith("the server returned a call of ")
@@ -6244,8 +6229,7 @@ def status_of(exc):
 # endpoint rules, the provider object, and its identity for the record.
 
 def provider_problem(args, env):
-    """Why the provider cannot run as set up (missing key, base URL, ...), or None. Sends
-    nothing."""
+    """Why the provider cannot run as set up (missing key, base URL...), or None. Sends nothing."""
     cls = PROVIDERS[args.provider]
     if args.base_url and not cls.base_url_flag:
         takers = " or ".join(f"--provider {name}" for name, other in PROVIDERS.items()
@@ -6257,8 +6241,7 @@ def provider_problem(args, env):
 
 
 def endpoint_problem(cls, settings, env):
-    """Why the endpoint named by --base-url or the provider's variable is not a usable URL, or
-    None."""
+    """Why the URL that --base-url or the provider's variable names is not usable, or None."""
     named = getattr(settings, "base_url", None) if cls.base_url_flag else None
     variable = env.get(cls.base_url_variable) if cls.base_url_variable else None
     if named:
@@ -6279,8 +6262,7 @@ def transport_problem(cls, settings, env):
 
 
 def make_provider(args, env):
-    """The provider for this run and the secret it uses (never stored); UsageError on a bad
-    set-up."""
+    """(provider, the secret it uses, never stored) for this run; UsageError on a bad set-up."""
     problem = provider_problem(args, env)
     if problem:
         raise UsageError(problem)
@@ -6298,8 +6280,7 @@ def _unsent_key_note(cls, settings, env, who, setting):
 
 
 def _env_base_url(env, variable):
-    """A base URL variable when set, checked like --base-url (a bad one is a usage error naming
-    it)."""
+    """A base URL variable when set, checked like --base-url (a bad one: UsageError naming it)."""
     url = env.get(variable) if variable else None
     problem = base_url_problem(url, variable) if url else None
     if problem:
@@ -6450,8 +6431,7 @@ class RowDeadline(TimeoutError):
 
 def drive_steps(steps):
     """Drive a step generator (send_request_steps, run_row_steps) on this thread to its return
-    value:
-    each (seconds, call) it yields runs under within(), and the result or exception goes back."""
+    value: each (seconds, call) it yields runs under within(), its result or exception goes back."""
     value = error = None
     while True:
         try:
@@ -6466,12 +6446,10 @@ def drive_steps(steps):
 
 
 def send_request_steps(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None,
-                       rounds=(), until=None,
-               clock=time.monotonic, budget=None):
+                       rounds=(), until=None, clock=time.monotonic, budget=None):
     """send_request() as steps: yields (deadline seconds or None, call) for each attempt and is sent
     the call's result or thrown its exception, so whoever drives it picks the thread the call
     runs on and can give up on it at the deadline; returns (raw, attempts).
-
     With `rounds`, the request continues a played conversation; with `until` (a clock
     reading), no attempt starts, waits or runs past it; with `budget` (a Budget), no attempt
     starts once the spending cap refuses it (BudgetReached), and each one's cost is counted."""
@@ -6514,8 +6492,7 @@ def send_request_steps(provider, model, suite, case, repeat, retries, sleep=time
 
 
 def error_message(exc, provider):
-    """What an execution error says; a failure to reach the endpoint also names where it was
-    sent."""
+    """What an execution error says; a failure to reach the endpoint also names where it went."""
     message = str(exc) or type(exc).__name__
     where = getattr(provider, "endpoint_url", None)
     status = status_of(exc)
@@ -6532,12 +6509,10 @@ def error_message(exc, provider):
 
 
 def send_request(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None,
-                 rounds=(), until=None,
-         clock=time.monotonic, budget=None):
+                 rounds=(), until=None, clock=time.monotonic, budget=None):
     """provider.request with up to `retries` retries of transient failures; (raw, attempts)."""
-    steps = send_request_steps(provider, model, suite, case, repeat, retries, sleep, jitter, rounds,
-                               until, clock, budget)
-    return drive_steps(steps)
+    return drive_steps(send_request_steps(provider, model, suite, case, repeat, retries, sleep,
+                                          jitter, rounds, until, clock, budget))
 
 
 # Checks that pass when no tool is called: rows of a case with one (and function tools) are
