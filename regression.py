@@ -4719,8 +4719,7 @@ def redactor(patterns=(), pii=False, secrets=()):
         if isinstance(value, dict):
             text = joined.get(id(value))
             return {mask_text(key): mask_text(text) if key == "text" and text is not None
-                    else mask_value(item, joined)
-                    for key, item in value.items()}
+                    else mask_value(item, joined) for key, item in value.items()}
         if isinstance(value, list):
             return [mask_value(item, joined) for item in value]
         return value
@@ -4777,19 +4776,6 @@ def sent_key_variable(cls, settings, env):
         return None
     sent = cls.key_hosts is None or key_host(cls.endpoint(settings, env), cls.key_hosts)
     return cls.key_variable if sent else None
-
-
-def search_problem(suite, cls):
-    """Why a `cite` case of the suite can never pass on this provider, or None (issue 12 item 9)."""
-    if cls.server_search is not False:
-        return None
-    case = next((case for case in suite["cases"] if "cite" in case), None)
-    if case is None:
-        return None
-    searchers = ", ".join(name for name, other in PROVIDERS.items() if other.server_search)
-    return (f"case {case['id']!r} has cite, which needs the server's own web search, and "
-            f"--provider {cls.name} runs none, so it could never pass; drop cite from the "
-            f"case or use --provider {searchers}")
 
 
 def deadline_seconds(timeout):
@@ -5019,8 +5005,14 @@ class Provider:
 
     @classmethod
     def suite_problem(cls, suite):
-        """Why this provider cannot run the suite as written (said before it is built), or None."""
-        return search_problem(suite, cls)
+        """Why this provider cannot run the suite as written (said before it is built), or None:
+        a `cite` case can never pass without the server's own web search (issue 12 item 9)."""
+        case = next((case for case in suite["cases"] if "cite" in case), None)
+        if case is None or cls.server_search is not False:
+            return None
+        return (f"case {case['id']!r} has cite, which needs the server's own web search, and "
+                f"--provider {cls.name} runs none, so it could never pass; drop cite from the "
+                f"case or use --provider {', '.join(providers_with('server_search'))}")
 
     @classmethod
     def from_settings(cls, settings, env):
@@ -6232,8 +6224,7 @@ def provider_problem(args, env):
     """Why the provider cannot run as set up (missing key, base URL...), or None. Sends nothing."""
     cls = PROVIDERS[args.provider]
     if args.base_url and not cls.base_url_flag:
-        takers = " or ".join(f"--provider {name}" for name, other in PROVIDERS.items()
-                             if other.base_url_flag)
+        takers = " or ".join(f"--provider {name}" for name in providers_with("base_url_flag"))
         reads = (f" (the {cls.vendor or cls.name} provider reads {cls.base_url_variable})"
                  if cls.base_url_variable else "")
         return f"--base-url goes with {takers}{reads}"
@@ -6263,20 +6254,21 @@ def transport_problem(cls, settings, env):
 
 def make_provider(args, env):
     """(provider, the secret it uses, never stored) for this run; UsageError on a bad set-up."""
-    problem = provider_problem(args, env)
+    return _built(PROVIDERS[args.provider], args, env, provider_problem(args, env), "",
+                  "--api-key-env")
+
+
+def _built(cls, settings, env, problem, who, setting):
+    """cls.from_settings unless the set-up has a `problem` (UsageError); first say when a vendor
+    key is set but not sent to this endpoint, and what would send one."""
     if problem:
         raise UsageError(problem)
-    _unsent_key_note(PROVIDERS[args.provider], args, env, "", "--api-key-env")
-    return PROVIDERS[args.provider].from_settings(args, env)
-
-
-def _unsent_key_note(cls, settings, env, who, setting):
-    """Say when a vendor key is set but not sent to this endpoint, and what would send one."""
     variable = getattr(cls, "unsent_key", lambda settings, env: None)(settings, env)
     if variable:
         url = safe_text(_public_url(cls.endpoint(settings, env)))
         print(f"note: {who}{variable} is not sent to {url}; name the endpoint's key variable "
               f"with {setting}", file=sys.stderr)
+    return cls.from_settings(settings, env)
 
 
 def _env_base_url(env, variable):
@@ -6312,12 +6304,9 @@ def judge_setup_problem(spec, settings, env):
 
 def make_judge(spec, settings, env):
     """(the judge's provider, the key it sends or None); UsageError when it cannot be built."""
-    problem = judge_setup_problem(spec, settings, env)
-    if problem:
-        raise UsageError(problem)
     cls, view = PROVIDERS[spec["provider"]], judge_view(spec, settings)
-    _unsent_key_note(cls, view, env, "the judge: ", "the judge's api_key_env")
-    return cls.from_settings(view, env)
+    return _built(cls, view, env, judge_setup_problem(spec, settings, env), "the judge: ",
+                  "the judge's api_key_env")
 
 
 def judge_identity(spec, settings, env):
