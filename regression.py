@@ -5282,16 +5282,12 @@ class PerplexityProvider(Provider):
         calls = [{"name": item.get("name"), "arguments": item.get("arguments")}
                  for item in items if item.get("type") == "function_call"]
         server_rounds = sum(1 for item in items if item.get("type") in cls.TOOL_ITEMS)
-        return Trace(
-            final_text=cls.text(raw) if text is None else text,
-            tool_calls=calls,
-            tool_rounds=server_rounds + (1 if calls else 0),
-            search_urls=[result["url"] for item in items if item.get("type") == "search_results"
-                         for result in _items(item, "results")
-                         if isinstance(result.get("url"), str)],
-            status=raw.get("status") if isinstance(raw, dict) else None,
-            cost_usd=reported_cost(raw),
-        )
+        urls = [result["url"] for item in items if item.get("type") == "search_results"
+                for result in _items(item, "results") if isinstance(result.get("url"), str)]
+        return Trace(final_text=cls.text(raw) if text is None else text, tool_calls=calls,
+                     tool_rounds=server_rounds + (1 if calls else 0), search_urls=urls,
+                     status=raw.get("status") if isinstance(raw, dict) else None,
+                     cost_usd=reported_cost(raw))
 
     @classmethod
     def parse(cls, raw):
@@ -5820,12 +5816,9 @@ class OpenAIProvider(HTTPProvider):
             # Reasoning left in content reached the client as content: what must never be said is
             # looked for there too (see never_said_texts); what must be said is not taken from it.
             thought_texts=(content,) if content.strip() != answer else (),
-            tool_calls=calls,
-            tool_rounds=1 if calls else 0,
-            search_urls=urls,
+            tool_calls=calls, tool_rounds=1 if calls else 0, search_urls=urls,
             status="completed" if finish in CHAT_STOPS else str(finish),
-            cost_usd=reported_cost({"usage": {"cost": {"currency": "USD", "total_cost": cost}}}),
-        )
+            cost_usd=reported_cost({"usage": {"cost": {"currency": "USD", "total_cost": cost}}}))
 
     @classmethod
     def call_ids(cls, raw):
