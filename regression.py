@@ -5037,11 +5037,10 @@ class Provider:
 
     @classmethod
     def sent_tools(cls, suite):
-        """The suite's tools this provider puts on the wire (a server without search gets no
-        web_search)."""
+        """The suite's tools this provider sends (a server without search gets no web_search)."""
         tools = suite.get("tools") or []
-        return tools if cls.server_search is not False else [t for t in tools
-                                                             if t.get("type") == "function"]
+        return tools if cls.server_search is not False else [
+            tool for tool in tools if tool.get("type") == "function"]
 
     @classmethod
     def sent_tool_choice(cls, suite):
@@ -5262,15 +5261,13 @@ class PerplexityProvider(Provider):
         except TypeError:  # a response object without pydantic's warnings switch
             raw = response.model_dump(mode="json", exclude_none=True)
         raw = _without_none(raw)  # what exclude_none gives where the SDK did parse the items
-        # capped clients refused it on arrival
-        if not self.capped and len(dumps(raw)) > MAX_RESPONSE_BYTES:
+        if not self.capped and len(dumps(raw)) > MAX_RESPONSE_BYTES:  # capped: refused on arrival
             raise ResponseError(f"response larger than {MAX_RESPONSE_BYTES} bytes")
         return raw
 
     @staticmethod
     def text(raw):
-        """What the SDK's output_text gives (the output_text parts of message items, joined), and
-        the words of any refusal part."""
+        """The SDK's output_text (message items' output_text parts joined) and refusals' words."""
         return "".join(part_text(part) for item in _items(raw) if item.get("type") == "message"
                        for part in _items(item, "content"))
 
