@@ -6339,8 +6339,8 @@ def transient(exc):
 
 def retry_after(exc):
     """Seconds the endpoint asked us to wait (Retry-After: seconds or an HTTP date), or None."""
-    headers = getattr(getattr(exc, "response", None), "headers",
-                      None) or getattr(exc, "headers", None)
+    response_headers = getattr(getattr(exc, "response", None), "headers", None)
+    headers = response_headers or getattr(exc, "headers", None)
     try:
         value = headers.get("retry-after") if headers is not None else None
     except Exception:
