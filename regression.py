@@ -5147,12 +5147,11 @@ class PerplexityProvider(Provider):
             message = redactor(secrets=[key])(str(exc))  # an SDK error may quote the key
             raise UsageError(f"cannot create the Perplexity client: {type(exc).__name__}: "
                              f"{message}") from None
-        capped = cap_response_bodies(client)
         inner = getattr(client, "_client", None)
         # the SDK follows redirects: a 3xx must be an error here too
         if hasattr(inner, "follow_redirects"):
             inner.follow_redirects = False
-        provider = cls(client, deadline_seconds(settings.timeout), capped)
+        provider = cls(client, deadline_seconds(settings.timeout), cap_response_bodies(client))
         provider.endpoint_url = _public_url(cls.endpoint(settings, env))
         return provider, key
 
@@ -5188,8 +5187,7 @@ class PerplexityProvider(Provider):
                                 for tool in map(_flat_tool, suite["tools"])]
         if suite.get("response_format"):
             request["response_format"] = suite["response_format"]
-        request["max_steps"] = MAX_STEPS
-        request["max_output_tokens"] = MAX_OUTPUT_TOKENS
+        request.update(max_steps=MAX_STEPS, max_output_tokens=MAX_OUTPUT_TOKENS)
         # Options the SDK has no keyword for travel in the JSON body, where they override its
         # keywords: a reserved key never gets this far. A suite's own tool_choice goes there too.
         choice = suite.get("tool_choice")
@@ -5383,9 +5381,7 @@ def _as_call(value):
 def _call_objects(text):
     """[(name, arguments)] of the call objects in a text, in order (see _CALL_OBJECT)."""
     decoder, found, end = json.JSONDecoder(), [], 0
-    for tries, match in enumerate(_CALL_OBJECT.finditer(text)):
-        if tries >= TEXT_CALL_TRIES:
-            break
+    for _, match in zip(range(TEXT_CALL_TRIES), _CALL_OBJECT.finditer(text)):
         if match.start() < end:  # inside an object already read
             continue
         try:
