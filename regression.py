@@ -5176,8 +5176,7 @@ class PerplexityProvider(Provider):
             self.client.close()
 
     def body(self, model, suite, case, rounds=()):
-        """The keyword arguments of client.responses.create for one case (SPEC A6), with the
-        rounds played so far in its input."""
+        """responses.create's keywords for one case (SPEC A6) and the rounds played so far."""
         request = {"model": model, "instructions": case.get("instructions", suite["instructions"]),
                    "input": case["input"] if isinstance(case["input"], str) and not (
                        rounds or case.get("messages") or case.get("_done"))
@@ -5707,8 +5706,7 @@ class OpenAIProvider(HTTPProvider):
 
     @staticmethod
     def played(turn):
-        """A played round: the assistant message with its tool_calls, then one tool message per
-        call with the scripted result."""
+        """A played round: the assistant's tool_calls message, then one tool message per result."""
         said = OpenAIProvider._message(turn["response"])
         # "" and never null: llama-cpp-python's server answers HTTP 500 to a null content
         content, sent = content_text(said.get("content")), turn["tool_results"]
