@@ -2306,8 +2306,7 @@ def _arguments_match(wanted, arguments):
 
 
 def is_error_result(call):
-    """A call got no usable result: none was sent, it was unscripted, or it is an {"error": ...}
-    object."""
+    """A call got no usable result: none was sent, it was unscripted, or it is {"error": ...}."""
     if "result" not in call or call.get("unscripted"):
         return True
     result = call["result"]
@@ -2326,9 +2325,10 @@ def _sequence(trace):
 MAX_ROUNDS_LIMIT = 20
 
 
-def _validate_max_rounds(value, where):
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_ROUNDS_LIMIT:
-        raise SuiteError(f"{where}: max_rounds must be a whole number from 1 to {MAX_ROUNDS_LIMIT} "
+def _whole_number(value, where, key, low, high):
+    """SuiteError unless `value` (a suite's or a case's `key`) is a whole number in range."""
+    if not _is_int(value) or not low <= value <= high:
+        raise SuiteError(f"{where}: {key} must be a whole number from {low:,} to {high:,} "
                          f"(got {value!r})")
 
 
@@ -2341,7 +2341,7 @@ def _declared(name, functions, where, field):
 def _validate_played(case, where, context):
     """tool_results and max_rounds: every NAME a declared function tool, entries well formed."""
     if "max_rounds" in case:
-        _validate_max_rounds(case["max_rounds"], where)
+        _whole_number(case["max_rounds"], where, "max_rounds", 1, MAX_ROUNDS_LIMIT)
     if "tool_results" not in case:
         return
     results, functions = case["tool_results"], context["functions"]
@@ -2358,9 +2358,9 @@ def _validate_played(case, where, context):
         for position, entry in enumerate(script, 1):
             if (not isinstance(entry, dict) or "result" not in entry
                 or not set(entry) <= {"when", "result"}):
-                raise SuiteError(f"{where}: tool_results.{name} entry {position} must be "
-                                 f'{{"when": {{"ARG": VALUE}}, "result": RESULT}} or {{"result": '
-                                 f'RESULT}}{hint}')
+                raise SuiteError(f'{where}: tool_results.{name} entry {position} must be '
+                                 f'{{"when": {{"ARG": VALUE}}, "result": RESULT}} or '
+                                 f'{{"result": RESULT}}{hint}')
             if "when" in entry and not isinstance(entry["when"], dict):
                 raise SuiteError(f"{where}: tool_results.{name} entry {position}: when must be an "
                                  f"object of ARG: VALUE")
@@ -2687,8 +2687,7 @@ def scripted_result(case, name, arguments):
 
 
 def tool_results(case, trace, ids, number):
-    """What is sent back for one round's calls: call id, name, arguments, result (and
-    unscripted)."""
+    """What goes back for one round's calls: call id, name, arguments, result (and unscripted)."""
     sent, seen = [], set()
     for position, call in enumerate(trace.tool_calls):
         call_id = ids[position] if position < len(ids) and isinstance(ids[position], str) else ""
@@ -2954,8 +2953,7 @@ JUDGE_FORMAT = {"type": "json_schema",
 JUDGE_KEYS = {"provider", "model", "base_url", "api_key_env", "repeats", "prompt"}
 EXAMPLE_KEYS = {"rubric", "answer", "verdict", "input"}
 VERDICTS = ("pass", "fail")
-# one ```json block, alone
-_VERDICT_FENCE = re.compile(r"\A\s*```(?:json)?\s*(.*?)\s*```\s*\Z", re.S)
+_VERDICT_FENCE = re.compile(r"\A\s*```(?:json)?\s*(.*?)\s*```\s*\Z", re.S)  # a ```json block alone
 UNJUDGED = {"verdict": "fail", "votes": "not judged",  # an empty answer: no judge is asked
             "reason": "the answer is empty: it was not sent to the judge"}
 
@@ -3109,22 +3107,20 @@ register_check("rubric", check_rubric, keys=("rubric",), each=rubrics_of, valida
 
 def compile_case(suite, case):
     """A suite case with what its checks need from the suite attached."""
-    compiled = dict(case)
-    response_format = suite.get("response_format") or {}
-    schema = (response_format.get("json_schema") or {}).get("schema")
-    compiled["_schema"] = schema if isinstance(schema, dict) else None
-    compiled["_sources"] = suite.get("sources")
-    compiled["_instructions"] = case.get("instructions", suite.get("instructions", ""))
-    compiled["_function_tools"] = _function_names(suite.get("tools") or [])
-    compiled["_tool_parameters"] = tool_parameters(suite.get("tools") or [])
+    schema = ((suite.get("response_format") or {}).get("json_schema") or {}).get("schema")
+    tools = suite.get("tools") or []
+    compiled = {**case, "_schema": schema if isinstance(schema, dict) else None,
+                "_sources": suite.get("sources"),
+                "_instructions": case.get("instructions", suite.get("instructions", "")),
+                "_function_tools": _function_names(tools),
+                "_tool_parameters": tool_parameters(tools)}
     if "max_rounds" in suite:  # the suite's round limit plays every case: no_final_answer judges it
         compiled.setdefault("max_rounds", suite["max_rounds"])
     return compiled
 
 
 SUITE_KEYS = {"name", "instructions", "tool", "tools", "response_format", "sources", "cases",
-              "notes",
-              "request", "tool_choice", "prices", "max_rounds", "allow_extra_fields",
+              "notes", "request", "tool_choice", "prices", "max_rounds", "allow_extra_fields",
               "max_calls_per_round", "max_row_bytes", "judge", "judge_examples"}
 # CASE_KEYS (the keys a case may hold) is a view of the check table: see register_check.
 SOURCES_KEYS = {"field", "hosts", "path", "also_allowed"}
@@ -3136,9 +3132,8 @@ def instructions_sha256(instructions):
 
 
 def id_form(case_id):
-    """A case id as it reads: NFKC, invisible characters dropped, whitespace folded. Two ids of one
-    form ("caf\u00e9" and "cafe\u0301", "a" and "a\u200b ") print alike, so they are one id
-    twice."""
+    """A case id as it reads: NFKC, invisible characters dropped, whitespace folded. Two ids of
+    one form ("caf\u00e9" and "cafe\u0301", "a" and "a\u200b ") print alike: one id twice."""
     if case_id.isascii():
         return " ".join(case_id.split())
     import unicodedata
@@ -3146,16 +3141,14 @@ def id_form(case_id):
 
 
 def _duplicate_id(seen, case_id):
-    """The one-line problem of an id already seen in its id_form (seen: form -> id), else None;
-    records it as seen."""
+    """The problem of an id seen before in its id_form (seen: form -> id), else None; notes it."""
     form = id_form(case_id)
     if form not in seen:
         seen[form] = case_id
         return None
     return f"case {case_id!r}: duplicate id" + (
         f" (it reads as the earlier {seen[form]!r}: ids that differ only in invisible characters, "
-        f"spacing "
-        "or Unicode form are one id)" if seen[form] != case_id else "")
+        "spacing or Unicode form are one id)" if seen[form] != case_id else "")
 
 
 def _validate_tools(tools, where):
@@ -3217,8 +3210,8 @@ def _validate_sources(sources, where):
     try:
         pattern = re.compile(sources["path"])
     except (re.error, OverflowError, RecursionError) as exc:
-        raise SuiteError(f"{where}: sources.path is not a valid regular "
-                         f"expression: {exc}") from None
+        raise SuiteError(f"{where}: sources.path is not a valid regular expression: "
+                         f"{exc}") from None
     if pattern.groups < 1:
         raise SuiteError(f"{where}: sources.path needs a capturing group that names the document")
 
@@ -3307,13 +3300,12 @@ def request_problem(key, where, value=None, response_format=None):
         return f"{where}: request keys must be non-empty strings"
     reserved = reserved_reason(key, value)
     schema = _given_schema(response_format)
-    if reserved and reserved[0] == "response_format" and schema is not None and \
+    # the suite's own schema in a server's own form (llama-cpp-python's json_object) is allowed
+    if not reserved or reserved[0] == "response_format" and schema is not None and \
             _canonical(_given_schema(value)) == _canonical(schema):
-        return None  # the suite's schema in a server's own form (llama-cpp-python's json_object)
-    if reserved:
-        read = "" if reserved[0] == key else f"read as {reserved[0]!r}: "
-        return f"{where}: request may not set {key!r} ({read}{reserved[1]})"
-    return None
+        return None
+    read = "" if reserved[0] == key else f"read as {reserved[0]!r}: "
+    return f"{where}: request may not set {key!r} ({read}{reserved[1]})"
 
 
 def _validate_request(value, where, response_format=None):
@@ -3422,8 +3414,7 @@ def _validate_case(case, suite, schema, functions, allow_empty_baseline):
         if pinned != actual:
             raise SuiteError(f"prompt drift: {where} pins instructions sha256 {pinned}, but the "
                              f"suite's instructions hash to {actual}; review the instruction "
-                             f"change, then "
-                             "update the pin (--update-pins rewrites them all)")
+                             "change, then update the pin (--update-pins rewrites them all)")
 
 
 def _validate_checks(case, where, context):
@@ -3523,11 +3514,6 @@ def validate_history(messages, where, field, functions):
                          "answering it")
 
 
-def turn_keys():
-    """The keys a turn object may hold: its user text, and any check key a case may hold."""
-    return {"user"} | (CHECK_KEYS & CASE_KEYS)
-
-
 def _validate_turns(case, where, context):
     if "input" in case or "question" in case:
         raise SuiteError(f"{where}: give input or turns, not both (the turns are what the user "
@@ -3537,18 +3523,19 @@ def _validate_turns(case, where, context):
                          '(a text, or {"user": TEXT, ...checks})')
     for number, turn in enumerate(case["turns"], 1):
         at = f"{where} turn {number}"
-        if isinstance(turn, dict):
-            _unknown_key(turn, turn_keys(), at)
+        if isinstance(turn, dict):  # its user text, and any check key a case may hold
+            _unknown_key(turn, {"user"} | (CHECK_KEYS & CASE_KEYS), at)
         said = turn.get("user") if isinstance(turn, dict) else turn
         if not _has_text(said):
             raise SuiteError(f"{at}: {'is empty' if isinstance(said, str) else 'has no words'}; "
                              'a turn is a non-empty text or {"user": TEXT, ...checks}')
-        if isinstance(turn, dict) and "rubric" in turn:  # the judge reads the case's last reply
+        if not isinstance(turn, dict):
+            continue
+        if "rubric" in turn:  # the judge reads the case's last reply
             raise SuiteError(f"{at}: a turn holds no rubric; give it on the case, where the "
                              "judge grades the last reply")
-        if isinstance(turn, dict):  # --update-baseline fills only the case's own baseline
-            strict = {**context, "allow_empty_baseline": False}
-            _validate_checks({**turn, "id": case["id"]}, at, strict)
+        # --update-baseline fills only the case's own baseline
+        _validate_checks({**turn, "id": case["id"]}, at, {**context, "allow_empty_baseline": False})
 
 
 register_case_key("turns", _validate_turns)
@@ -3591,11 +3578,6 @@ def _no_duplicate_keys(pairs):
     return dict(pairs)
 
 
-def _read_json(path):
-    """A JSON file's value; SuiteError("FILE: ...") when it cannot be read or parsed."""
-    return _parse_json(path, _read_suite_text(path))
-
-
 def _read_suite_text(path):
     try:
         return read_text(path)
@@ -3627,13 +3609,9 @@ PLAYED_SUITE_KEYS = ("max_rounds", *PLAYED_BOUNDS)
 
 def _validate_played_bounds(data):
     """The suite's max_rounds, max_calls_per_round and max_row_bytes: whole numbers in range."""
-    if "max_rounds" in data:
-        _validate_max_rounds(data["max_rounds"], "suite")
-    for key, (_, low, high) in PLAYED_BOUNDS.items():
-        value = data.get(key, low)
-        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-            raise SuiteError(f"suite: {key} must be a whole number from {low:,} to {high:,} "
-                             f"(got {value!r})")
+    for key, (_, low, high) in {"max_rounds": (None, 1, MAX_ROUNDS_LIMIT), **PLAYED_BOUNDS}.items():
+        if key in data:
+            _whole_number(data[key], "suite", key, low, high)
 
 
 def _check_case_id(case, position, seen):
@@ -3751,26 +3729,16 @@ MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 def builtin_case(case):
     """A Part A case ({id, expected, rfc, action, question}) as a suite case."""
-    return {
-        "id": case["id"],
-        "input": case["question"],
-        "expect": {"code": case["expected"], "next_action": case["action"]},
-        "cite": case["rfc"],
-    }
+    return {"id": case["id"], "input": case["question"],
+            "expect": {"code": case["expected"], "next_action": case["action"]},
+            "cite": case["rfc"]}
 
 
 def builtin_suite():
     """The built-in HTTP-advisor suite in the same form a suite file loads into."""
-    return {
-        "name": "http-advisor (built-in)",
-        "builtin": True,
-        "instructions": INSTRUCTIONS,
-        "tools": [TOOL],
-        "response_format": FORMAT,
-        "sources": RFC_SOURCES,
-        "cases": [builtin_case(case) for case in CASES],
-        "config_cases": CASES,
-    }
+    return {"name": "http-advisor (built-in)", "builtin": True, "instructions": INSTRUCTIONS,
+            "tools": [TOOL], "response_format": FORMAT, "sources": RFC_SOURCES,
+            "cases": [builtin_case(case) for case in CASES], "config_cases": CASES}
 
 
 _BUILTIN_FILE_KEYS = {"name", "notes", "instructions", "tool", "tools", "response_format",
@@ -3790,8 +3758,7 @@ def as_builtin(suite):
         or set(definition) - _BUILTIN_FILE_KEYS):
         return suite
     cases = [{key: value for key, value in case.items()
-              if key not in ("instructions_sha256", "notes")}
-             for case in suite["cases"]]
+              if key not in ("instructions_sha256", "notes")} for case in suite["cases"]]
     if (any(set(case) - _BUILTIN_CASE_KEYS for case in suite["cases"]) or suite["tools"] != [TOOL]
             or suite["response_format"] != FORMAT or suite.get("sources") != RFC_SOURCES
             or cases != [builtin_case(case) for case in CASES]):
@@ -3851,6 +3818,7 @@ def _promptreg_case(case, known, allow_empty_baseline):
     ours["instructions_sha256"] = instructions_sha256(system)  # the config pins each case's prompt
     return ours, system
 
+
 def promptreg_suite(data, allow_empty_baseline=False):
     """A prompt-regression suite checked (their rules, our one-line errors) and converted: `prompt`
     is the input, `expected` the expected_text, each case's `system` its own instructions."""
@@ -3869,20 +3837,12 @@ def promptreg_suite(data, allow_empty_baseline=False):
         cases.append({**ours, "instructions": system})
         systems[case["id"]] = system
     shared = next(iter(systems.values())) if len(set(systems.values())) == 1 else None
-    return {
-        "name": data["name"],
-        "builtin": False,
-        "format": "prompt-regression",
-        "instructions": shared if shared is not None else "",
-        # one text when every case shares it (a prompt edit then compares like ours), else per case
-        "config_instructions": shared if shared is not None else systems,
-        "tools": [],
-        "response_format": None,
-        "sources": None,
-        "cases": cases,
-        "config_cases": config_cases,
-        "definition": {"name": data["name"]},
-    }
+    return {"name": data["name"], "builtin": False, "format": "prompt-regression",
+            "instructions": shared if shared is not None else "",
+            # one text if all cases share it (a prompt edit then compares like ours), else per case
+            "config_instructions": shared if shared is not None else systems,
+            "tools": [], "response_format": None, "sources": None, "cases": cases,
+            "config_cases": config_cases, "definition": {"name": data["name"]}}
 
 
 def promptreg_from_config(name, config):
@@ -3901,26 +3861,17 @@ GOLDEN_KEYS = {"id", "user", "system_sha256", "tools", "behaviors", "notes"}
 GOLDEN_PLACEHOLDER = "compute-from-SYSTEM.txt"  # their system_sha256 before the first run
 
 
-def _system_file(folder, system):
-    """The golden folder's system prompt file: --system, else SYSTEM.txt in the folder or its
-    parent."""
-    if system is not None:
-        return system
-    for place in (folder, os.path.dirname(os.path.abspath(folder))):
-        path = os.path.join(place, "SYSTEM.txt")
-        if os.path.isfile(path):
-            return path
-    raise SuiteError(f"{folder}: no SYSTEM.txt in the folder or its parent; name the system prompt "
-                     "with --system FILE")
-
-
-def _read_system(path):
-    """The system prompt exactly as stored (newlines untranslated), so its hash is the file's
-    sha256."""
-    try:
-        return read_text(path)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+def _system_prompt(folder, system):
+    """(path, text) of a golden folder's system prompt, --system or else SYSTEM.txt in the folder
+    or its parent, read exactly as stored (newlines untranslated: its hash is the file's sha256)."""
+    if system is None:
+        found = [os.path.join(place, "SYSTEM.txt")
+                 for place in (folder, os.path.dirname(os.path.abspath(folder)))]
+        system = next((path for path in found if os.path.isfile(path)), None)
+    if system is None:
+        raise SuiteError(f"{folder}: no SYSTEM.txt in the folder or its parent; name the system "
+                         "prompt with --system FILE")
+    return system, _read_suite_text(system)
 
 
 def _golden_case(data, system_text, system_path, allow_placeholder):
@@ -3940,7 +3891,7 @@ def _golden_case(data, system_text, system_path, allow_placeholder):
     for name in tools:
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
             raise SuiteError(f"{where}: tool name {name!r} must be letters, digits, '_', "
-                             f"'.' or '-'")
+                             "'.' or '-'")
     if len(set(tools)) != len(tools):
         raise SuiteError(f"{where}: tools lists a name twice")
     pin, actual = data.get("system_sha256"), instructions_sha256(system_text)
@@ -3953,12 +3904,9 @@ def _golden_case(data, system_text, system_path, allow_placeholder):
     elif pin.lower() != actual:
         raise SuiteError(f"prompt drift: {where} pins system_sha256 {pin.lower()}, but "
                          f"{system_path} hashes to {actual}; review the system prompt change, then "
-                         f"update the pin "
-                         "(--update-pins rewrites them all)")
-    case = {"id": data["id"], "input": data["user"]}
-    for key in ("behaviors", "notes"):
-        if key in data:
-            case[key] = data[key]
+                         "update the pin (--update-pins rewrites them all)")
+    case = {"id": data["id"], "input": data["user"],
+            **{key: data[key] for key in ("behaviors", "notes") if key in data}}
     _validate_case(case, {"instructions": system_text}, None, sorted(tools), False)
     case["instructions_sha256"] = actual
     return case, tools, pin == GOLDEN_PLACEHOLDER
@@ -3983,28 +3931,18 @@ def golden_suite(name, entries, system_text, system_path, allow_placeholder=Fals
         cases.append({**case, "tools": names})
         tools += [tool for tool in names if tool not in tools]
     function_tools = [{"type": "function", "function": {"name": tool}} for tool in tools]
-    return {
-        "name": name,
-        "builtin": False,
-        "format": "golden",
-        "instructions": system_text,
-        "tools": function_tools,  # all of them: the plan and the config name every tool once
-        "response_format": None,
-        "sources": None,
-        "cases": cases,
-        "config_cases": cases,
-        "definition": {"name": name, "tools": function_tools},
-        "system_file": system_path,
-        "placeholders": placeholders,
-    }
+    return {"name": name, "builtin": False, "format": "golden", "instructions": system_text,
+            "tools": function_tools,  # all of them: the plan and the config name every tool once
+            "response_format": None, "sources": None, "cases": cases, "config_cases": cases,
+            "definition": {"name": name, "tools": function_tools}, "system_file": system_path,
+            "placeholders": placeholders}
 
 
 def load_golden_dir(folder, allow_empty_baseline=False, system=None):
     """Every *.json of a folder (sorted) as one suite of golden cases; SuiteError naming the
     file."""
-    system_path = _system_file(folder, system)
-    system_text = _read_system(system_path)
-    entries = [(path, _read_json(path)) for path in golden_files(folder)]
+    system_path, system_text = _system_prompt(folder, system)
+    entries = [(path, _parse_json(path, _read_suite_text(path))) for path in golden_files(folder)]
     name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
     suite = golden_suite(name, entries, system_text, system_path, allow_empty_baseline)
     suite["file"] = folder
@@ -4021,8 +3959,7 @@ def golden_files(folder):
     for name in names:
         if not name.endswith(".json") or not os.path.isfile(os.path.join(folder, name)):
             raise SuiteError(f"{os.path.join(folder, name)}: not a case file (a golden case is a "
-                             f"regular "
-                             "file named *.json); rename or remove it")
+                             "regular file named *.json); rename or remove it")
     if not names:
         raise SuiteError(f"{folder}: no *.json case files in this folder")
     return [os.path.join(folder, name) for name in names]
@@ -4481,8 +4418,7 @@ def _try_suite(path, data):
 
 def golden_pin_changes(folder, system=None):
     """The system_sha256 changes of a golden folder's case files (placeholders too), validated."""
-    system_path = _system_file(folder, system)
-    system_text = _read_system(system_path)
+    system_path, system_text = _system_prompt(folder, system)
     actual, changes, lines, entries = instructions_sha256(system_text), {}, [], []
     for path in golden_files(folder):
         text = _read_suite_text(path)
