@@ -4046,17 +4046,12 @@ def edit_json_strings(text, edits):
     for path in edits:
         if path not in spans:
             raise ValueError(f"{_json_path_text(path)} is not in the JSON text")
-        start, _ = spans[path]
-        if text[start] != '"':
+        if text[spans[path][0]] != '"':
             raise ValueError(f"{_json_path_text(path)} is not a string")
     pieces, last = [], 0
     for path, (start, end) in sorted(spans.items(), key=lambda item: item[1]):
-        encoded = json.dumps(edits[path], ensure_ascii=False)
-        try:
-            encoded.encode("utf-8")
-        except UnicodeEncodeError:
-            encoded = json.dumps(edits[path], ensure_ascii=True)
-        pieces += [text[last:start], encoded]
+        new = json.dumps(edits[path], ensure_ascii=_not_unicode(edits[path]))
+        pieces += [text[last:start], new]
         last = end
     return "".join(pieces) + text[last:]
 
@@ -4159,8 +4154,7 @@ def baseline_answers(rows, plan):
     """{case_id: row}: the row whose answer would become a case's baseline (the first
     error-free row in run order, so the first model's first answer)."""
     by_key = {row_key(row): row for row in rows if isinstance(row, dict)
-              and row.get("error") is None
-              and isinstance(row.get("answer_text"), str)}
+              and row.get("error") is None and isinstance(row.get("answer_text"), str)}
     chosen = {}
     for key in plan:
         if key in by_key:
@@ -4212,11 +4206,9 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expe
 
 def _suite_as_read(path, read_sha256=None):
     """(text, data) of the suite file to fill, refused when it changed since the run read it."""
+    text = _read_suite_text(path)  # \r\n line ends kept as they are
     try:
-        text = read_text(path)  # \r\n line ends kept as they are
         data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     except (ValueError, RecursionError, SuiteError) as exc:
         raise SuiteError(f"{path}: changed during the run and is no longer a valid suite ({exc}); "
                          "no baseline was filled") from None
@@ -4226,6 +4218,7 @@ def _suite_as_read(path, read_sha256=None):
                          f"was filled ({path} is as you left it): run --update-baseline again")
     return text, data
 
+
 def _not_a_baseline(answer, reasons, approve_failing):
     """Why an answer may not become a case's baseline, or None."""
     if answer is None:
@@ -4234,9 +4227,7 @@ def _not_a_baseline(answer, reasons, approve_failing):
         return "the answer is empty"
     if reasons and not approve_failing:
         return f"its answer failed {', '.join(reasons)} (--approve-failing approves it anyway)"
-    try:
-        answer.encode("utf-8")
-    except UnicodeEncodeError:
+    if _not_unicode(answer):
         return "the answer holds a lone surrogate (not text a suite file can hold)"
     return None
 
@@ -4310,24 +4301,15 @@ def validate_suite(data, allow_empty_baseline=False):
         raise SuiteError("suite: cases must be a non-empty list")
     cases = _inherit_extra_fields(data, cases)
     _validate_cases(cases, data, schema, functions, allow_empty_baseline)
-    return {
-        "name": data["name"],
-        "builtin": False,
-        "instructions": data["instructions"],
-        "tools": tools,
-        "response_format": data.get("response_format"),
-        "sources": data.get("sources"),
-        "request": request,
-        "tool_choice": tool_choice,
-        "prices": prices,
-        "judge": _validate_judge(data.get("judge")),
-        "judge_examples": _validate_examples(data.get("judge_examples")),
-        "cases": [{**{k: v for k, v in case.items() if k != "question"},
-                   "input": case.get("input", case.get("question"))} for case in cases],
-        "config_cases": cases,
-        "definition": data,
-        **{key: data[key] for key in PLAYED_SUITE_KEYS if key in data},
-    }
+    return {"name": data["name"], "builtin": False, "instructions": data["instructions"],
+            "tools": tools, "response_format": data.get("response_format"),
+            "sources": data.get("sources"), "request": request, "tool_choice": tool_choice,
+            "prices": prices, "judge": _validate_judge(data.get("judge")),
+            "judge_examples": _validate_examples(data.get("judge_examples")),
+            "cases": [{**{k: v for k, v in case.items() if k != "question"},
+                       "input": case.get("input", case.get("question"))} for case in cases],
+            "config_cases": cases, "definition": data,
+            **{key: data[key] for key in PLAYED_SUITE_KEYS if key in data}}
 
 
 def _declared_tools(data):
