@@ -2462,12 +2462,6 @@ def _validate_tool_order(case, where, context):
                              "exists, so none follows another")
 
 
-def _shared_arguments(before, after, parameters):
-    """The argument names two calls must agree on: those both tools declare, and both carry."""
-    declared = (parameters.get(before["name"]) or set()) & (parameters.get(after["name"]) or set())
-    return declared | (set(_call_arguments(before)) & set(_call_arguments(after)))
-
-
 def _follows(after, before, parameters):
     """Whether the call `after` can be an effect of `before`: made in a later round than `before`,
     which returned a non-error result, with equal values of every argument both tools take."""
@@ -2476,8 +2470,10 @@ def _follows(after, before, parameters):
     if after["round"] <= before["round"] or is_error_result(before):
         return False
     mine, theirs = _call_arguments(after), _call_arguments(before)
+    # the arguments both tools declare, and those both calls carry
+    shared = (parameters.get(before["name"]) or set()) & (parameters.get(after["name"]) or set())
     return all(_canonical(mine.get(key)) == _canonical(theirs.get(key))
-               for key in _shared_arguments(before, after, parameters))
+               for key in shared | (set(mine) & set(theirs)))
 
 
 def _order_problem(wanted, calls, parameters):
@@ -3419,7 +3415,6 @@ def _validate_case(case, suite, schema, functions, allow_empty_baseline):
 
 def _validate_checks(case, where, context):
     """The check keys of a case (or of one turn) and its behaviours, each by its own check."""
-    functions = context["functions"]
     # Each check validates the case keys it reads (register_check), in check order.
     for check_ in CHECK_TABLE:
         if check_.validate is not None and not check_.behavior and check_.involved(case):
@@ -3428,7 +3423,7 @@ def _validate_checks(case, where, context):
         if not isinstance(case["behaviors"], list):
             raise SuiteError(f"{where}: behaviors must be a list of strings")
         for entry in case["behaviors"]:
-            _validate_behavior(entry, where, functions)
+            _validate_behavior(entry, where, context["functions"])
         for check_ in CHECK_TABLE:
             if check_.validate is not None and check_.behavior and check_.active(case):
                 check_.validate(case, where, context)
@@ -4116,9 +4111,7 @@ class SuiteLock:
         self.path, self.fd, self.flag = path, None, flag
 
     def __enter__(self):
-        try:
-            import fcntl
-        except ImportError:  # no flock on this platform: no lock
+        if fcntl is None:  # no flock on this platform: no lock
             return self
         real = os.path.realpath(self.path)
         if real in _HELD:  # this process already holds the suite for the whole run (hold_record)
