@@ -2662,9 +2662,7 @@ def reported_cost(raw):
     if not isinstance(cost, dict) or cost.get("currency") != "USD":
         return None
     amount = cost.get("total_cost")
-    if isinstance(amount, bool) or not isinstance(amount, (int, float)):
-        return None
-    if not math.isfinite(amount) or amount < 0:
+    if not _is_number(amount) or amount < 0:  # an int too large for a float is still a number
         return None
     return format(decimal.Decimal(repr(amount)), "f")
 
