@@ -2442,9 +2442,8 @@ def check_tool_args(case, trace):
 
 register_check("tool_args", check_tool_args, keys=("tool_args",), validate=_validate_tool_args,
                details=_tool_details, reasons={
-                   "wrong_tool_args": ("`tool_args`: no call of the tool had the expected "
-                                       "argument values",
-                                       "`details.tool_calls` shows the calls made")})
+    "wrong_tool_args": ("`tool_args`: no call of the tool had the expected argument values",
+                        "`details.tool_calls` shows the calls made")})
 
 
 def _validate_tool_order(case, where, context):
@@ -2510,8 +2509,7 @@ def check_tool_order(case, trace, arg):
 
 
 register_check("tool_order", check_tool_order, behavior=True, arg="tools",
-               validate=_validate_tool_order,
-               details=_tool_details, rule=(
+               validate=_validate_tool_order, details=_tool_details, rule=(
                    "B follows A only when called in a later round than a call of A that returned a "
                    "non-error result, with equal values of every argument both tools take (both "
                    "schemas declare it, or both calls carry it); every call of B must; calls of "
@@ -2551,8 +2549,7 @@ def check_claims(case, trace):
 
 
 register_check("claims", check_claims, keys=("claims",), validate=_validate_claims,
-               details=_tool_details,
-               reasons={"unbacked_claim": (
+               details=_tool_details, reasons={"unbacked_claim": (
                    "`claims`: the answer says PHRASE, but the tool that makes it true was never "
                    "called with a non-error result",
                    "a confident false report: treat it as a severe regression")})
@@ -2713,10 +2710,9 @@ _CODES_READ = ("usd eur gbp jpy inr cad aud chf cny rmb hkd sgd nzd sek nok dkk 
 _CURRENCY = {"$": "usd", "dollar": "usd", "dollars": "usd", "€": "eur", "euro": "eur",
              "euros": "eur", "£": "gbp", "¥": "jpy", "yen": "jpy", "yuan": "cny", "₹": "inr",
              "rupees": "inr", "₩": "krw", "₽": "rub", "₺": "try", "₪": "ils", "₫": "vnd",
-             "฿": "thb", "₦": "ngn", "₱": "php", "zł": "pln", "kr": "kr",
-             **{f"{mark}$": code for mark, code in (("us", "usd"), ("c", "cad"), ("ca", "cad"), (
-                 "a", "aud"), ("au", "aud"), ("nz", "nzd"), ("hk", "hkd"), ("s", "sgd"), (
-                 "r", "brl"), ("mx", "mxn"))}, **{code: code for code in _CODES_READ}}
+             "฿": "thb", "₦": "ngn", "₱": "php", "zł": "pln", "kr": "kr", "us$": "usd", "c$": "cad",
+             "ca$": "cad", "a$": "aud", "au$": "aud", "nz$": "nzd", "hk$": "hkd", "s$": "sgd",
+             "r$": "brl", "mx$": "mxn", **{code: code for code in _CODES_READ}}
 _CODES = r"(?:" + "|".join(_CODES_READ) + r")(?![a-z])"
 _MARKS = r"(?:us|ca?|au?|nz|hk|s|r|mx)?\$|[€£¥₹₩₽₺₪₫฿₦₱]"
 _AMOUNT = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"  # a comma before three digits groups thousands
@@ -3086,8 +3082,7 @@ register_check("rubric", check_rubric, keys=("rubric",), each=rubrics_of, valida
                    'answer} as data; it must reply exactly {"verdict": "pass"|"fail", "reason": '
                    "TEXT} (alone, or in one ```json fence); asked `repeats` times (odd, 1-9), the "
                    "majority decides; any other reply or a failed call is an execution error of "
-                   "the row, never a verdict"),
-               reasons={"rubric_failed": (
+                   "the row, never a verdict"), reasons={"rubric_failed": (
                    "the judge model found that the answer does not do what a `rubric` says (the "
                    "majority of its `repeats`), or the answer was empty (not sent to the judge)",
                    "read the judge's reason in `details.evidence` and each call in `judgements`; "
@@ -4156,15 +4151,14 @@ def baseline_answers(rows, plan):
 def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expected_text",
                    read_sha256=None):
     """Fill empty expected_text baselines (`key`: "expected" in a prompt-regression suite) of a
-    suite file from {case_id: answer}.
+    suite file from {case_id: answer}: (ids filled, {id: why not} of the others).
 
-    Only the baseline strings change; every other byte of the file is kept. A baseline that
-    already holds text is never replaced. An answer that failed its case's other checks
-    (reasons: {case_id: [reason, ...]}) is not approved unless approve_failing; nor is an
-    empty answer, a missing one or one no file can hold. The suite is rewritten atomically
-    (through a symbolic link), or not at all: SuiteError with one line otherwise. read_sha256,
-    the hash of the text the run read, refuses a suite edited since: its answers were made with,
-    and graded by, the cases as they were. Returns (ids filled, {id: why not} of the others)."""
+    Only the baseline strings change, every other byte is kept; one holding text is never
+    replaced. An answer that failed its case's other checks (reasons: {case_id: [reason, ...]})
+    is approved only with approve_failing; an empty or missing one, or one no file can hold,
+    never. The suite is rewritten atomically (through a symbolic link) or not at all (SuiteError,
+    one line). read_sha256, the hash of the text the run read, refuses a suite edited since: its
+    answers were made with, and graded by, the cases as they were."""
     reasons = reasons or {}
     text, data = _suite_as_read(path, read_sha256)
     cases = data.get("cases") if isinstance(data, dict) else None
