@@ -3225,8 +3225,7 @@ def _validate_behavior(entry, where, functions):
     if not re.fullmatch(pattern, arg):
         raise SuiteError(f"{where}: behavior {name!r} needs {shape.format(name=name)}")
     if kind in TOOL_ARG_KINDS:
-        unknown = [tool for tool in arg.split(",") if tool not in functions]
-        if unknown:
+        if any(tool not in functions for tool in arg.split(",")):
             raise SuiteError(f"{where}: behavior {entry!r} names no function tool of this suite "
                              f"(tools: {', '.join(functions) or 'none'})")
 
@@ -3788,8 +3787,7 @@ def _their_words(message):
 
 
 def _promptreg_case(case, known, allow_empty_baseline):
-    """One prompt-regression case checked and in our keys, pinned to its own system prompt:
-    (case, system)."""
+    """(case, system): one prompt-regression case checked, in our keys, pinned to its own prompt."""
     where = f"case {case['id']!r}"
     _unknown_key(case, known, where)
     if not isinstance(case.get("prompt"), str) or not case["prompt"].strip():
@@ -3927,8 +3925,7 @@ def golden_suite(name, entries, system_text, system_path, allow_placeholder=Fals
 
 
 def load_golden_dir(folder, allow_empty_baseline=False, system=None):
-    """Every *.json of a folder (sorted) as one suite of golden cases; SuiteError naming the
-    file."""
+    """Every *.json of a folder (sorted) as one suite of golden cases; SuiteError names the file."""
     system_path, system_text = _system_prompt(folder, system)
     entries = [(path, _parse_json(path, _read_suite_text(path))) for path in golden_files(folder)]
     name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
@@ -3957,8 +3954,7 @@ def golden_from_config(name, config):
     """The golden suite a record's config was made from (its cases name their own tools)."""
     entries = [("the record's config", {"id": case.get("id"), "user": case.get("input"),
                                         "system_sha256": case.get("instructions_sha256"),
-                                        **{key: case[key]
-                                           for key in ("tools", "behaviors", "notes")
+                                        **{key: case[key] for key in ("tools", "behaviors", "notes")
                                            if key in case}})
                for case in config.get("cases") or [] if isinstance(case, dict)]
     return golden_suite(name, entries, config.get("instructions") or "",
@@ -4232,16 +4228,14 @@ def fill_golden_pin(path, sha256):
 
 
 def baseline_files(suite):
-    """The files --update-baseline would rewrite: a golden folder's case files with a placeholder
-    pin, or the suite file."""
+    """What --update-baseline rewrites: a golden folder's placeholder-pinned files, or the suite."""
     golden = suite.get("format") == "golden"
     return list(suite.get("placeholders", {}).values()) if golden else [suite["file"]]
 
 
 def update_baselines(suite, answers, reasons=None, approve_failing=False):
-    """--update-baseline: fill what the suite leaves open; (ids filled, {id: why not}). Golden
-    folders: placeholder pins; prompt-regression suites: empty `expected`; ours: empty
-    expected_text."""
+    """--update-baseline: fill what the suite leaves open; (ids filled, {id: why not}): a golden
+    folder's placeholder pins, a prompt-regression suite's empty `expected`, ours' expected_text."""
     if suite.get("format") == "golden":
         pin = instructions_sha256(suite["instructions"])
         return [case_id for case_id, path in suite.get("placeholders", {}).items()
