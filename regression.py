@@ -3555,7 +3555,7 @@ def _inherit_extra_fields(data, cases):
 
 
 def _no_duplicate_keys(pairs):
-    counts = collections.Counter(key for key, _ in pairs)  # linear: list.count took 19 s for 20k keys
+    counts = collections.Counter(key for key, _ in pairs)  # list.count: 19 s for 20,000 keys
     duplicated = sorted(key for key, count in counts.items() if count > 1)
     if duplicated:
         owner = next((value for key, value in pairs if key == "id" and isinstance(value, str)),
