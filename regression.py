@@ -2384,13 +2384,12 @@ def check_no_final_answer(case, trace):
 # tool_results and max_rounds change what is played to the model: a change of them is new input.
 register_check("no_final_answer", check_no_final_answer, keys=("tool_results", "max_rounds"),
                validate=_validate_played, regrade=False, rule=(
-                   "a played round asking for more than max_calls_per_round calls (default 64) is "
-                   "not answered (too_many_tool_calls); a row holding more than max_row_bytes "
-                   "(default 16 MiB) of responses and tool results sends no further round "
-                   "(row_too_large); both are suite keys (PLAYED_BOUNDS)"), reasons={
-                   "no_final_answer": ("a played case reached `max_rounds` while the model was "
-                                       "still calling tools",
-                                       "a looping agent: read `details.tool_calls`"), **{
+    "a played round asking for more than max_calls_per_round calls (default 64) is not answered "
+    "(too_many_tool_calls); a row holding more than max_row_bytes (default 16 MiB) of responses "
+    "and tool results sends no further round (row_too_large); both are suite keys (PLAYED_BOUNDS)"),
+               reasons={
+    "no_final_answer": ("a played case reached `max_rounds` while the model was still calling "
+                        "tools", "a looping agent: read `details.tool_calls`"),
     "too_many_tool_calls": (
         "a round of a played case asked for more tool calls than `max_calls_per_round` "
         "(default 64); none was answered",
@@ -2398,7 +2397,7 @@ register_check("no_final_answer", check_no_final_answer, keys=("tool_results", "
     "row_too_large": (
         "a played row held more than `max_row_bytes` (default 16 MiB) of responses and tool "
         "results; no further round was sent",
-        "a runaway agent; raise the suite's `max_row_bytes` if it is real")}})
+        "a runaway agent; raise the suite's `max_row_bytes` if it is real")})
 
 
 def _validate_tool_args(case, where, context):
