@@ -2356,8 +2356,7 @@ def _validate_played(case, where, context):
         if not script:
             raise SuiteError(f"{where}: tool_results.{name} is an empty list of entries{hint}")
         for position, entry in enumerate(script, 1):
-            if (not isinstance(entry, dict) or "result" not in entry
-                or not set(entry) <= {"when", "result"}):
+            if not isinstance(entry, dict) or not {"result"} <= set(entry) <= {"when", "result"}:
                 raise SuiteError(f'{where}: tool_results.{name} entry {position} must be '
                                  f'{{"when": {{"ARG": VALUE}}, "result": RESULT}} or '
                                  f'{{"result": RESULT}}{hint}')
