@@ -4352,8 +4352,8 @@ def suite_pin_changes(path):
     """The pin changes of a suite file (ours; a prompt-regression suite holds none), validated."""
     text = _read_suite_text(path)
     data = _parse_json(path, text)
-    if not isinstance(data, dict) or is_promptreg(data) or not isinstance(data.get("instructions"),
-                                                                          str):
+    if not isinstance(data, dict) or is_promptreg(data) \
+            or not isinstance(data.get("instructions"), str):
         _try_suite(path, data)  # its own one-line problem, if any
         return {}, [], "a prompt-regression suite holds no pins (a record pins each system prompt)"
     actual = instructions_sha256(data["instructions"])
