@@ -8596,12 +8596,9 @@ class _Parser(argparse.ArgumentParser):
             import difflib
             flags = [flag for action in self._actions for flag in action.option_strings
                      if flag.startswith("--")]
-            for word in unknown.group(1).split():
-                near = difflib.get_close_matches(word.split("=")[0], flags, n=1, cutoff=0.75) \
-                    if word.startswith("--") else []
-                if near:
-                    message += f" (did you mean {near[0]}?)"
-                    break
+            near = [found for word in unknown.group(1).split() if word.startswith("--")
+                    for found in difflib.get_close_matches(word.split("=")[0], flags, 1, 0.75)]
+            message += f" (did you mean {near[0]}?)" if near else ""
         # suite, record or endpoint text inside
         self.exit(2, f"{self.prog}: error: {safe_text(message)}\n")
 
@@ -8656,12 +8653,10 @@ def build_parser():
 def _what_to_run(parser):
     """The "what to run" options: suite, models, repeats, record, dry run and updates."""
     what = parser.add_argument_group("what to run")
-    what.add_argument("--suite", metavar="FILE",
-                      help="a suite file, or a folder of golden case files "
-                                                      "(default: the built-in HTTP-advisor suite)")
+    what.add_argument("--suite", metavar="FILE", help="a suite file, or a folder of golden case "
+                      "files (default: the built-in HTTP-advisor suite)")
     what.add_argument("--system", metavar="FILE", help="the system prompt of a --suite DIR "
-                                                       "(default: SYSTEM.txt in the folder or "
-                                                       "its parent)")
+                      "(default: SYSTEM.txt in the folder or its parent)")
     what.add_argument("--models", nargs="+", metavar="MODEL",
                       help=f"models to run (default: {' '.join(MODELS)})")
     what.add_argument("--repeats", type=int, metavar="N",
@@ -8722,9 +8717,8 @@ def _run_control(parser):
                          help=f"retries of transient failures (429, 5xx, timeouts, resets), "
                               f"{_span('retries')} (default 0)")
     control.add_argument("--resume", metavar="RECORD",
-                         help="continue an interrupted record in place (its config, "
-                                                             "redaction, cost cap, retries and "
-                                                             "concurrency come along)")
+                         help="continue an interrupted record in place (its config, redaction, "
+                              "cost cap, retries and concurrency come along)")
     control.add_argument("--max-cost-usd", metavar="X",
                          help="send no new request once reported spend reaches X")
     control.add_argument("--price", action="append", default=[], metavar="MODEL=IN/OUT",
@@ -8734,9 +8728,8 @@ def _run_control(parser):
                          help="run the I-th of N deterministic slices of the rows")
     control.add_argument("--quiet", action="store_true",
                          help="print only failing rows, warnings and a one-line verdict (CI logs)")
-    control.add_argument("--merge", nargs="+", metavar="FILE",
-                         help="OUT SHARD...: combine shard records into one new record OUT, "
-                              "then exit")
+    control.add_argument("--merge", nargs="+", metavar="FILE", help="OUT SHARD...: combine "
+                         "shard records into one new record OUT, then exit")
     control.add_argument("--redact", action="append", metavar="REGEX",
                          help="mask matches in stored responses (repeatable)")
     control.add_argument("--redact-pii", action="store_true", default=None,
@@ -8761,8 +8754,7 @@ def _report_options(parser):
 # different flag on resume is refused; "default": the record's value unless the flag is given
 # (a higher --max-cost-usd or more --retries is how a stopped run continues).
 RUN_OPTIONS = {"redact": "same", "redact_pii": "same", "max_cost_usd": "default",
-               "retries": "default",
-               "concurrency": "default"}
+               "retries": "default", "concurrency": "default"}
 
 
 def _span(name):
@@ -8810,8 +8802,7 @@ def _cost(text):
         raise UsageError("--max-cost-usd must be a positive amount of US dollars")
     if plain_amount(value) is None:
         raise UsageError(f"--max-cost-usd must be from {AMOUNT_RANGE[0]:f} to {AMOUNT_RANGE[1]:f} "
-                         f"US dollars "
-                         "(at most 30 digits)")
+                         "US dollars (at most 30 digits)")
     return value
 
 
@@ -8899,14 +8890,13 @@ def _check_flags(values):
         given = values[name]
         if given == "" or (isinstance(given, list) and "" in given):
             raise UsageError(f"--{name.replace('_', '-')}: the file name is empty (an unset "
-                             f"variable?)")
+                             "variable?)")
     if values["provider"] is not None and values["provider"] not in PROVIDERS:
         raise UsageError(f"unknown provider {values['provider']!r}; choose one of "
                          f"{', '.join(PROVIDERS)}")
-    replayers = [name for name, cls in PROVIDERS.items() if cls.replays_record]
+    replayers = providers_with("replays_record")
     if values["replay"] and values["provider"] is not None and values["provider"] not in replayers:
-        raise UsageError("--replay goes with " + " or ".join(f"--provider {name}"
-                                                             for name in replayers))
+        raise UsageError("--replay goes with " + _with("replays_record"))
     if values["allow_changed_tool_results"] and not values["replay"] and not values["resume"]:
         raise UsageError("--allow-changed-tool-results goes with --replay RECORD")
     if values["provider"] in replayers and not values["replay"] and not values["resume"]:
@@ -8956,14 +8946,12 @@ def _check_redact_patterns(patterns):
                      else "")
             which = f" number {number} of {len(patterns)}" if len(patterns) > 1 else ""
             raise UsageError(f"--redact{which} is not a valid regular expression{where}; the "
-                             f"pattern is not shown, "
-                             "since it can be the secret itself (escape a literal's ( [ \\ with a "
-                             "backslash)") from None
+                             "pattern is not shown, since it can be the secret itself (escape a "
+                             "literal's ( [ \\ with a backslash)") from None
 
 
 def _check_outputs(values):
-    """Every output names its own new file; an existing one is refused before anything is
-    imported."""
+    """Every output names its own new file; an existing one is refused before anything is read."""
     runs = not any(values[name] for name in NOT_A_NEW_RUN)
     outputs = [(f"--{kind}", values[kind]) for kind in REPORTS if values[kind]]
     outputs += [("--out", values["out"] or ("results.json" if runs else None)),
@@ -8975,10 +8963,9 @@ def _check_outputs(values):
             raise UsageError(f"{flag} {path}: the same file is named twice; every output needs its "
                              f"own file")
         if os.path.lexists(path) and not (flag == "--out" and values["dry_run"]):
+            hint = _continue_hint(path, values) if flag in ("--out", "--merge") else ""
             raise UsageError(f"{flag}: {path} already exists (records and reports never "
-                             f"overwrite a file)"
-                             + (_continue_hint(path, values) if flag in ("--out", "--merge")
-                                else ""))
+                             f"overwrite a file){hint}")
         folder = os.path.dirname(full)  # a report written after a paid run must have a place to go
         if not os.path.isdir(folder) and not (flag == "--out" and values["dry_run"]):
             raise UsageError(f"{flag} {path}: {folder} is not an existing folder; create it first "
@@ -9007,9 +8994,7 @@ def _stored_options(record, path):
     if not isinstance(stored, dict):
         raise UsageError(f"--resume: {path} has a run_options that is not an object")
     found = {}
-    for name in RUN_OPTIONS:
-        if name not in stored:
-            continue
+    for name in (name for name in RUN_OPTIONS if name in stored):
         value, bad = stored[name], UsageError(f"--resume: {path} has an invalid run_options.{name}")
         # Each value has its type already (record_problem); what is left: null, and its flag's rule.
         if value is None and name != "max_cost_usd":  # only the cap may be none
@@ -9038,18 +9023,13 @@ def _resume_options(values, record, path):
             raise UsageError(f"--resume: {path} was made with {count} --redact pattern(s), which "
                              f"older records do not store; pass the same --redact flags again")
     found = {}
-    for name, policy in RUN_OPTIONS.items():
-        flag = "--" + name.replace("_", "-")
-        if name not in stored:
-            continue
-        value = stored[name]
+    for name, value in stored.items():  # in RUN_OPTIONS order
         if name == "redact":
             _same_redaction(value, values["redact"], path)
-            continue
-        given = values[name]
-        if given is None:
+        elif values[name] is None:
             found[name] = value
-        elif policy == "same" and given != value:
+        elif RUN_OPTIONS[name] == "same" and values[name] != value:
+            flag = "--" + name.replace("_", "-")
             raise UsageError(f"--resume: run option {name!r} differs from the record's ({flag}); "
                              f"{path} keeps one redaction for all its rows: drop the flag to keep "
                              f"the record's")
@@ -9069,18 +9049,14 @@ def _same_redaction(stored, given, path):
     if sorted(pattern_digest(pattern) for pattern in given or ()) != sorted(stored):
         raise UsageError(f"--resume: run option 'redact' differs from the record's (--redact): "
                          f"{path} was masked with {len(stored)} --redact pattern(s); pass exactly "
-                         f"the same --redact flags again (a "
-                         "record keeps one redaction for all its rows and stores patterns only as "
-                         "hashes, since a pattern can be the secret itself)")
+                         "the same --redact flags again (a record keeps one redaction for all its "
+                         "rows and stores patterns only as hashes, since a pattern can be the "
+                         "secret itself)")
 
 
 def _resume_defaults(values, record, path, env):
-    """What the record fills for a --resume: config (models, repeats, timeout), endpoint, replay
-    source."""
-    config = record["config"]
-    found = {"models": values["models"] or config["models"], "repeats": values["repeats"]
-             or config["repeats"],
-             "timeout": values["timeout"] or config.get("timeout_seconds")}
+    """What the record fills for a --resume: config (models, repeats, timeout), endpoint, replay."""
+    found = _config_defaults(values, record)
     replayed_from = (record.get("replayed_from") or {}).get("path")
     identity = record_provider(record)
     made_with = providers_with("replays_record")[0] if replayed_from else identity.get("name")
@@ -9103,11 +9079,11 @@ def _resume_defaults(values, record, path, env):
     return found
 
 
-def _replay_defaults(values, replayed):
-    """A replayed record's models, repeats and timeout fill every option not given."""
-    config = replayed["config"]
-    return {"models": values["models"] or config["models"], "repeats": values["repeats"]
-            or config["repeats"],
+def _config_defaults(values, record):
+    """A resumed or replayed record's models, repeats and timeout fill every option not given."""
+    config = record["config"]
+    return {"models": values["models"] or config["models"],
+            "repeats": values["repeats"] or config["repeats"],
             "timeout": values["timeout"] or config.get("timeout_seconds")}
 
 
@@ -9145,7 +9121,7 @@ def _run_sources(values, env):
             raise UsageError(f"--replay: {values['replay']} is not a usable agent-regression "
                              f"record: {unfounded_row}")
         found["replayed_record"] = replayed
-        found.update(_replay_defaults(values, replayed))
+        found.update(_config_defaults(values, replayed))
     models = found.get("models") or values["models"]
     if cls.default_models is None and not models:
         raise UsageError(f"--provider {cls.name} needs --models (names as the endpoint knows them)")
@@ -9160,7 +9136,7 @@ def resolve(args, env):
     Order: flags beat environment twins; on --resume the record's header fills what neither
     gave (and refuses what would change its config or redaction); then the defaults.
     """
-    values = {name: value for name, value in vars(args).items()}
+    values = dict(vars(args))
     found, origin = _from_environment(values, env)
     values.update(found)
     _check_flags(values)
@@ -9169,14 +9145,13 @@ def resolve(args, env):
                               else None)
     if not any(values[name] for name in NOT_A_NEW_RUN if name != "resume"):  # a run reads records
         values.update(_run_sources(values, env))
-    values["models"] = tuple(values["models"]) if values["models"] is not None else None
+    values.update({name: tuple(values[name]) for name in ("models", "merge")
+                   if values[name] is not None})
     values["provider"] = values["provider"] or DEFAULT_PROVIDER
-    values.update({name: default for name, default in (("repeats", 1), ("timeout", TIMEOUT_SECONDS),
-                                                       ("concurrency", 1), ("retries", 0))
-                   if values[name] is None})
+    defaults = {"repeats": 1, "timeout": TIMEOUT_SECONDS, "concurrency": 1, "retries": 0}
+    values.update({name: default for name, default in defaults.items() if values[name] is None})
     values.update({name: tuple(values[name] or ()) for name in ("redact", "request", "price")})
     values["redact_pii"] = bool(values["redact_pii"])
-    values["merge"] = tuple(values["merge"]) if values["merge"] is not None else None
     _check_ranges(values, origin)
     return Settings(**values)
 
@@ -9204,21 +9179,16 @@ def raised_cap(cap, spent, redo=0):
 def continue_flags(settings, row=None, tally=None, redo=0):
     """The flags a --resume needs beyond the record, plus what lifts this stop: more --retries
     after a transient failure, a higher --max-cost-usd after the budget stop."""
-    flags = []
-    if settings.api_key_env:
-        flags += ["--api-key-env", settings.api_key_env]
-    if settings.allow_insecure_http:
-        flags += ["--allow-insecure-http"]
+    flags = ["--api-key-env", settings.api_key_env] if settings.api_key_env else []
+    flags += ["--allow-insecure-http"] if settings.allow_insecure_http else []
     if settings.suite and settings.update_baseline:  # the suite is read again, its options too
-        flags += ["--suite", settings.suite, "--update-baseline"] + (["--approve-failing"]
-            if settings.approve_failing else [])
-        flags += (["--system", settings.system] if settings.system else []) + [
-            word for option in settings.request or () for word in ("--request", option)]
-    if settings.quiet:
-        flags += ["--quiet"]
-    for kind in REPORTS:
-        if getattr(settings, kind):
-            flags += [f"--{kind}", getattr(settings, kind)]
+        flags += ["--suite", settings.suite, "--update-baseline"]
+        flags += ["--approve-failing"] if settings.approve_failing else []
+        flags += ["--system", settings.system] if settings.system else []
+        flags += [word for option in settings.request or () for word in ("--request", option)]
+    flags += ["--quiet"] if settings.quiet else []
+    flags += [word for kind in REPORTS if getattr(settings, kind)
+              for word in (f"--{kind}", getattr(settings, kind))]
     if row is not None and row["error"] is not None and _transient_row(row):
         flags += ["--retries", str(min(RANGES["retries"][1], max(3, settings.retries + 2)))]
     elif settings.max_cost_usd is not None and tally is not None and tally.spent() is not None \
