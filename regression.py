@@ -9240,10 +9240,7 @@ def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS, judge=None):
         config["sources"] = suite.get("sources")
     # What changes the request body is config, so compare stays strict; absent when unused,
     # so records made before these keys existed keep their config.
-    if suite.get("tool_choice"):
-        config["tool_choice"] = suite["tool_choice"]
-    if suite.get("request"):
-        config["request"] = suite["request"]
+    config.update({key: suite[key] for key in ("tool_choice", "request") if suite.get(key)})
     config.update({key: suite[key] for key in PLAYED_SUITE_KEYS if key in suite})
     if judge is not None:
         config["judge"] = judge
@@ -9254,8 +9251,7 @@ def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS, judge=None):
 # The check catalogue and the warnings --dry-run prints.
 
 def catalogue():
-    """The --list-checks text, from the check table: each check, what switches it on, its
-    reasons."""
+    """The --list-checks text from the check table: each check, what switches it on, its reasons."""
     lines = ["Checks (run in this order; each is a pure function of the case and the "
              "response trace):"]
     for check_ in CHECK_TABLE:
@@ -9299,8 +9295,7 @@ STATISTICS_TEXT = [
 
 
 def _checks_of(case):
-    """The names (CHECKS keys) of the checks that have something to judge in a case, in run
-    order."""
+    """The names (CHECKS keys) of the checks that have something to judge in a case, in order."""
     return [check_.name for check_ in CHECK_TABLE if not check_.always and check_.active(case)]
 
 
@@ -9323,8 +9318,7 @@ def lint_case(suite, case):
     parts = [case, *(part for _, _, part in turn_parts(case))] if "turns" in case else [case]
     if any(grade(compile_case(case_suite(suite, case), part), EMPTY_REPLY) for part in parts):
         return None
-    active = [check_.name for part in parts for check_ in CHECK_TABLE
-              if not check_.always and check_.active(part)]
+    active = [name for part in parts for name in _checks_of(part)]
     idle = [key for part in parts for check_ in CHECK_TABLE if not check_.active(part)
             for key in check_.reads if key in part]
     hint = f" ({', '.join(idle)} alone judges nothing)" if idle else ""
@@ -9364,13 +9358,12 @@ def argument_warnings(suite):
 
 
 def suite_warnings(suite):
-    """lint_case's warning for each weak case (--dry-run lists them), in the suite's own key
-    names."""
+    """lint_case's warning for each weak case (--dry-run lists them), in the suite's key names."""
     warnings = [found for found in (lint_case(suite, case) for case in suite["cases"]) if found]
     warnings += argument_warnings(suite)
-    return [_their_words(warning)
-            for warning in warnings] if suite.get("format") == "prompt-regression" \
-        else warnings
+    if suite.get("format") == "prompt-regression":
+        return [_their_words(warning) for warning in warnings]
+    return warnings
 
 
 # ---------------------------------------------------------------------- the plan
@@ -9588,8 +9581,7 @@ def row_line(row, widths=(0, 0)):
     cost += f" (judge ${row['judge_cost_usd']})" if row.get("judge_cost_usd") else \
         " (judge cost ?)" if "judge_cost_usd" in row else ""
     return safe_text(f"{row['model']:<{widths[0]}}  {row['case_id']:<{widths[1]}}  "
-                     f"r{row['repeat']}  {verdict}  {cost}  "
-            f"{row['seconds']:.3f}s")
+                     f"r{row['repeat']}  {verdict}  {cost}  {row['seconds']:.3f}s")
 
 
 def failure_lines(case, row):
@@ -9615,8 +9607,7 @@ def failure_lines(case, row):
 def record_header(config, sdk, evidence, **extra):
     """A record's header: SPEC A8's keys first, then what this tool adds (suite, provider, ...)."""
     header = {"created_at": _now(), "config": config, "sdk_version": sdk,
-              "code_sha256": code_sha256(),
-              "evidence": evidence}
+              "code_sha256": code_sha256(), "evidence": evidence}
     header.update({key: value for key, value in extra.items() if value is not None})
     return header
 
@@ -9661,6 +9652,7 @@ def _suite_from_record(record, settings):
     """The suite a record was made with: the built-in one, --suite, or the cases in its config."""
     config = record["config"]
     info = record.get("suite") or {"builtin": True}  # an object (record_problem)
+    name = info.get("name") or "suite"
     if settings.suite:
         return load_suite(settings.suite, allow_empty_baseline=settings.update_baseline,
                           system=settings.system)
@@ -9672,17 +9664,13 @@ def _suite_from_record(record, settings):
                 if isinstance(config.get("instructions"), str) else suite
         # a prompt-regression suite, a prompt per case
         if isinstance(config.get("instructions"), dict):
-            return validate_suite(promptreg_from_config(info.get("name") or "suite", config),
+            return validate_suite(promptreg_from_config(name, config),
                                   allow_empty_baseline=settings.update_baseline)
         if any(isinstance(case, dict) and "tools" in case for case in config.get("cases") or []):
-            return golden_from_config(info.get("name") or "suite", config)  # tools per case
-        return validate_suite({"name": info.get("name") or "suite",
-                               "instructions": config.get("instructions"),
-                               "tool": config.get("tool"), "tools": config.get("tools"),
-                               "response_format": config.get("response_format"),
-                               "tool_choice": config.get("tool_choice"),
-                               "request": config.get("request"),
-                               "sources": config.get("sources"), "cases": config.get("cases"),
+            return golden_from_config(name, config)  # tools per case
+        keys = ("instructions", "tool", "tools", "response_format", "tool_choice", "request",
+                "sources", "cases")
+        return validate_suite({"name": name, **{key: config.get(key) for key in keys},
                                **{key: config[key] for key in PLAYED_SUITE_KEYS if key in config},
                                **_judge_of_record(record)},
                               allow_empty_baseline=settings.update_baseline)
@@ -9720,8 +9708,7 @@ def _choose_suite(settings, record, replayed):
 def run_options(settings):
     """The header's "run_options": what --resume re-applies (RUN_OPTIONS), as JSON."""
     values = {name: getattr(settings, name) for name in RUN_OPTIONS}
-    # never the pattern itself
-    values["redact"] = [pattern_digest(pattern) for pattern in values["redact"]]
+    values["redact"] = [pattern_digest(pattern) for pattern in values["redact"]]  # never a pattern
     values["max_cost_usd"] = (format(values["max_cost_usd"], "f")
                               if values["max_cost_usd"] is not None else None)
     return values
@@ -9986,9 +9973,7 @@ def baseline_problem(settings, suite, header):
 
 def _new_header(settings, env, cls, suite, config, shard, replayed):
     return record_header(
-        config,
-        # live: filled once the client exists
-        replayed.get("sdk_version") if replayed is not None else None,
+        config, (replayed or {}).get("sdk_version"),  # live: filled once the client exists
         replayed.get("evidence", "live") if replayed is not None else cls.evidence,
         suite={"name": suite["name"], "builtin": suite["builtin"], "file": suite.get("file")},
         provider=provider_identity(settings, env, replayed),
@@ -10216,10 +10201,8 @@ class Progress:
             self.stream.flush()
 
     def status(self, tally):
-        remaining = self.total - self.done
         per_row = (time.monotonic() - self.started) / max(self.session, 1)
-        eta = int(per_row * remaining)
-        spent = tally.spent()
+        eta, spent = int(per_row * (self.total - self.done)), tally.spent()
         return (f"[{self.done}/{self.total}] {self.done - tally.failures} passed, "
                 f"{tally.failures - tally.errors} failed, {tally.errors} errors, "
                 f"{'$' + format(spent, 'f') if spent is not None else 'spend unknown'}, "
@@ -10263,8 +10246,7 @@ def _storable(row, mask, prices=None, attest=lambda stored: stored):
         problem = f"{type(exc).__name__}: {exc}"
     kept = {key: row[key] for key in ("case_id", "model", "repeat") if key in row}
     kept.update(error=problem.split(":")[0], error_status=None, cost_usd=None, response=None,
-                answer_text=None,
-                reasons=["execution_error"])
+                answer_text=None, reasons=["execution_error"])
     if isinstance(row.get("cost_usd"), str):
         kept["cost_usd"] = row["cost_usd"]  # money spent is evidence too
     try:
@@ -10274,9 +10256,8 @@ def _storable(row, mask, prices=None, attest=lambda stored: stored):
                                      f"{problem}")[:500]
     except Exception:
         kept["error_message"] = "the response arrived but could not be stored or masked"
-    for key in ("attempts", "seconds"):
-        if isinstance(row.get(key), (int, float)):
-            kept[key] = row[key]
+    kept.update({key: row[key] for key in ("attempts", "seconds")
+                 if isinstance(row.get(key), (int, float))})
     kept["passed"] = False
     try:
         return kept, dumps(kept)
@@ -10549,9 +10530,8 @@ def _check_shards_agree(records, paths):
             options = [(one.get("run_options") or {}).get(option) for one in (record, base)]
             if options[0] != options[1]:
                 raise UsageError(f"--merge: {path} differs from {paths[0]} in "
-                                 f"run_options.{option}; "
-                                 "its rows were masked differently, and one record keeps one "
-                                 "redaction")
+                                 f"run_options.{option}; its rows were masked differently, and "
+                                 "one record keeps one redaction")
         priced = price_difference(base.get("prices"), record.get("prices"))
         if priced:  # one header keeps one price per model, so shards priced apart cannot share one
             model, here, there = priced
@@ -10573,13 +10553,10 @@ def merge_gaps(records, paths, plan, final):
     have = {row_key(row) for record in records for row in record["runs"]
             if row.get("error") is None}
     missing = [key for key in plan if key not in have]
-    lines = [f"merged record is incomplete: {final['rows']} of {final['expected_rows']} rows"
-             if not final["complete"]
-             else f"merged record holds execution errors: {final['rows']} of "
-                  f"{final['expected_rows']} rows, "
-                  "not all usable"]
-    if missing:
-        # names from the records
+    count = f"{final['rows']} of {final['expected_rows']} rows"
+    lines = [f"merged record is incomplete: {count}" if not final["complete"]
+             else f"merged record holds execution errors: {count}, not all usable"]
+    if missing:  # names from the records: escaped
         shown = ", ".join(safe_text(" / ".join(map(str, key))) for key in missing[:5])
         lines[0] += f"; missing or errored: {shown}" + (f" and {len(missing) - 5} more"
                                                         if len(missing) > 5 else "")
@@ -10822,8 +10799,7 @@ def update_baseline(run, args, exit_code):
     if filled and run.suite.get("format") != "golden":  # a pin changes no verdict; a baseline does
         print(safe_text(f"note: {run.path} was graded before these baselines existed, so "
                         "compare_runs.py refuses it against runs of the new suite; regrade it "
-                        "first: "
-                        f"{regrade_command(run, args)}"))
+                        f"first: {regrade_command(run, args)}"))
     return max(exit_code, 1) if refused else exit_code
 
 
@@ -10840,9 +10816,9 @@ def regrade_command(run, settings):
     return " ".join([program_name(), *map(shell_word, flags)])
 
 
+# the first flag set picks the mode; none: a run
 MODES = [("list_checks", list_checks_mode), ("update_pins", update_pins_mode),
-         ("report", report_mode), ("merge", merge_mode),
-         ("dry_run", dry_run_mode)]  # the first flag set picks the mode; none: a run
+         ("report", report_mode), ("merge", merge_mode), ("dry_run", dry_run_mode)]
 
 
 def main(argv=None):
@@ -10879,8 +10855,7 @@ def cli():
         code = main()
     except KeyboardInterrupt as interrupt:
         print(getattr(interrupt, "message", None)
-              or "interrupted before the first request; nothing was saved",
-              file=sys.stderr)
+              or "interrupted before the first request; nothing was saved", file=sys.stderr)
         code = getattr(interrupt, "code", 130)
     sys.exit(code)
 
