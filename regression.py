@@ -8638,9 +8638,8 @@ def _with(attribute):
 def build_parser():
     """The command line: one argument group per concern, as --help shows them."""
     parser = _Parser(prog="regression.py", description=__doc__.split("\n\n")[0],
-                     epilog=f"Environment twins: "
-                            f"{', '.join(variable for _, variable, _ in ENV_TWINS)}, then "
-                            f"{', '.join(_base_url_variables())} (for --base-url).",
+                     epilog=f"Environment twins: {', '.join(name for _, name, _ in ENV_TWINS)}, "
+                            f"then {', '.join(_base_url_variables())} (for --base-url).",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     _what_to_run(parser)
     _where_to_send(parser)
@@ -8983,9 +8982,8 @@ def _continue_hint(path, values):
     if record_problem(record, evidence=False) is not None or complete:  # as --resume reads it
         return ""
     rows = len(record["runs"])
-    return (f"; it holds an unfinished record ({rows} row(s) saved); "
-            f"continue it with: {continue_command(path, continue_flags(Settings(**values)))}"
-            f"{redact_note(record)}")
+    return (f"; it holds an unfinished record ({rows} row(s) saved); continue it with: "
+            f"{continue_command(path, continue_flags(Settings(**values)))}{redact_note(record)}")
 
 
 def _stored_options(record, path):
@@ -9018,8 +9016,7 @@ def _resume_options(values, record, path):
         redaction = record.get("redaction") or {}  # an object, patterns a count (record_problem)
         stored = {"redact_pii": redaction.get("pii") is True}
         count = redaction.get("patterns") or 0
-        given = len(values["redact"] or ())
-        if count and given != count:
+        if count and len(values["redact"] or ()) != count:
             raise UsageError(f"--resume: {path} was made with {count} --redact pattern(s), which "
                              f"older records do not store; pass the same --redact flags again")
     found = {}
@@ -9131,11 +9128,8 @@ def _run_sources(values, env):
 
 def resolve(args, env):
     """One Settings from parsed argv, the environment and (on --resume) the record; UsageError on
-    bad input.
-
-    Order: flags beat environment twins; on --resume the record's header fills what neither
-    gave (and refuses what would change its config or redaction); then the defaults.
-    """
+    bad input. Flags beat environment twins; on --resume the record's header fills what neither
+    gave (and refuses what would change its config or redaction); then the defaults."""
     values = dict(vars(args))
     found, origin = _from_environment(values, env)
     values.update(found)
@@ -9403,7 +9397,7 @@ def _wire_lines(suite, args, env):
 
 def _cost_lines(args, env, run):
     """How spend is known: reported by the endpoint, estimated from prices, or not at all."""
-    cls, prices = PROVIDERS[args.provider], (run.prices if run is not None else {})
+    cls, prices = PROVIDERS[args.provider], run.prices
     reported = cls.cost_reported(args, env)
     unpriced = [model for model in args.models if model not in prices]
     lines = []
@@ -9416,7 +9410,7 @@ def _cost_lines(args, env, run):
                      f"unknown and {', '.join(unpriced)} {'has' if len(unpriced) == 1 else 'have'} "
                      f"no price; the run stops after the first row that reports no cost. Add "
                      f"--price MODEL=IN/OUT (USD per million input/output tokens)")
-    return lines + (cost_estimate_lines(args, env, run) if run is not None else [])
+    return lines + cost_estimate_lines(args, env, run)
 
 
 def _output_cap_value(suite, args, env):
@@ -9469,14 +9463,14 @@ def _instructions_line(suite):
             f"{instructions_sha256(texts.pop() if texts else suite['instructions'])}")
 
 
-def _judge_lines(suite, settings, plan, run, env):
+def _judge_lines(run, settings, env):
     """The judge of a plan's rubric cases: who, how often, what it grades first (--dry-run)."""
-    judge = run.judge if run is not None else None
+    judge, suite = run.judge, run.suite
     if judge is None:
         return []
     rubrics = {case["id"]: len(rubrics_of(case)) for case in suite["cases"]}
     examples = len(suite.get("judge_examples") or []) * (run.judge_needed and not run.resuming)
-    asks = (sum(rubrics[case_id] for _, case_id, _ in plan) * run.judge_needed + examples) \
+    asks = (sum(rubrics[case_id] for _, case_id, _ in run.plan) * run.judge_needed + examples) \
         * judge.repeats  # the examples are judged too, as often
     problem = run.judge_spec and judge_setup_problem(run.judge_spec, settings, env)
     named = "" if run.judge_spec else " (none named: only the replayed record's judgements)"
@@ -9495,22 +9489,20 @@ def _judge_cap_warning(settings, run, env):
             or PROVIDERS[spec["provider"]].cost_reported(judge_view(spec, settings), env):
         return []
     return [f"warning: --max-cost-usd is set, but the judge's cost reporting is unknown and "
-            f"{judge.model} has no price; the run stops after the first judge request that "
-            f"reports no cost. Add --price {judge.model}=IN/OUT (USD per million input/output "
-            "tokens)"]
+            f"{judge.model} has no price; the run stops after the first judge request that reports "
+            f"no cost. Add --price {judge.model}=IN/OUT (USD per million input/output tokens)"]
 
 
-def plan_text(suite, args, plan, provider_note, run=None, env=None):
+def plan_text(run, args, provider_note, env):
     """The --dry-run report: what would be sent, to whom, how many times."""
-    env = os.environ if env is None else env
-    models = args.models
+    suite, plan = run.suite, run.plan
     lines = [
         f"suite: {suite['name']}" + (f" ({suite['file']})" if suite.get("file") else ""),
         f"provider: {args.provider}" + (f" ({provider_note})" if provider_note else ""),
         _instructions_line(suite),
-        f"plan: {_plural(len(suite['cases']), 'case')} x {_plural(len(models), 'model')} x "
+        f"plan: {_plural(len(suite['cases']), 'case')} x {_plural(len(args.models), 'model')} x "
         f"{_plural(args.repeats, 'repeat')} = {_plural(len(plan), 'request')}",
-        f"models: {', '.join(models)}",
+        f"models: {', '.join(args.models)}",
         *_wire_lines(suite, args, env),
         "response format: " + _format_name(suite["response_format"]),
         *_cost_lines(args, env, run),
@@ -9529,9 +9521,9 @@ def plan_text(suite, args, plan, provider_note, run=None, env=None):
     for case in suite["cases"]:
         lines += _case_plan(suite, case)
         lines += [f"    rubric: {_quote(text, 100)}" for text in rubrics_of(case)]
-    lines += _judge_lines(suite, args, plan, run, env)
+    lines += _judge_lines(run, args, env)
     lines += [f"warning: {warning}" for warning in suite_warnings(suite)]
-    if run is not None and run.refusal:
+    if run.refusal:
         lines.append(f"refused: {run.refusal}")
     lines.append("nothing was sent (--dry-run)")
     return "\n".join(safe_text(line) for line in lines)
@@ -9615,11 +9607,6 @@ def record_header(config, sdk, evidence, **extra):
 # ---------------------------------------------------------------------- resume and regrade
 # Continuing or regrading a record: what may differ, what is kept.
 
-def _differing_key(old, new):
-    return next((key for key in [*old, *new] if key not in old or key not in new
-                 or old[key] != new[key]), None)
-
-
 def _judge_of_record(record):
     """{"judge": the suite form of a record's judge} (its key variable from the header), or {}."""
     judge, key_env = record["config"].get("judge"), record.get("judge_api_key_env")
@@ -9681,15 +9668,14 @@ def _suite_from_record(record, settings):
 class Run:
     """Everything decided before the record file exists (SPEC A8: nothing can fail after)."""
 
-    def __init__(self, suite, plan, expected, header, path, kept=(), resuming=False):
-        self.suite, self.plan, self.expected, self.header = suite, plan, expected, header
+    def __init__(self, suite, plan, header, path, kept=(), resuming=False):
+        self.suite, self.plan, self.expected, self.header = suite, plan, set(plan), header
         self.path, self.kept, self.resuming = path, list(kept), resuming
         done = {row_key(row) for row in self.kept}
         self.todo = [key for key in plan if key not in done]
         self.provider = self.secret = self.refusal = self.budget = None
         self.judge = self.judge_spec = self.judge_secret = None  # see _run_judge
-        self.judge_needed = False
-        self.prices = {}
+        self.judge_needed, self.prices = False, {}
         self.redo = decimal.Decimal(0)  # what rows the cap stopped mid-loop spent (paid again)
 
 
@@ -9716,11 +9702,12 @@ def run_options(settings):
 
 def _resumed_run(record, suite, plan, config, settings):
     """A Run that keeps the record's finished rows and runs the missing and errored ones."""
-    key = _differing_key(record["config"], config)
+    old = record["config"]
+    key = next((key for key in [*old, *config] if key not in old or key not in config
+                or old[key] != config[key]), None)
     if key is not None:
-        raise UsageError(f"--resume: config key {key!r} would differ from the record's "
-                         "(a flag, the environment or the suite changed it); resume needs the "
-                         "same config")
+        raise UsageError(f"--resume: config key {key!r} would differ from the record's (a flag, "
+                         "the environment or the suite changed it); resume needs the same config")
     wanted, kept, superseded = set(plan), {}, []
     cases = {case["id"]: case for case in record["config"]["cases"]}
     for row in record["runs"]:  # a row not kept stays as superseded evidence of what it spent
@@ -9737,7 +9724,7 @@ def _resumed_run(record, suite, plan, config, settings):
         {"at": _now(), "kept_rows": len(rows), "code_sha256": code_sha256()}]
     if superseded:
         header["superseded"] = list(header.get("superseded") or []) + superseded
-    return Run(suite, plan, set(plan), header, settings.resume, rows, resuming=True)
+    return Run(suite, plan, header, settings.resume, rows, resuming=True)
 
 
 def regrade_problem(record, path, suite, rows):
@@ -9922,8 +9909,7 @@ def prepare(settings, env):
         if problem:
             raise UsageError(f"--resume: {problem}")
     else:
-        run = Run(suite, plan, set(plan),
-                  _new_header(settings, env, cls, suite, config, shard, replayed),
+        run = Run(suite, plan, _new_header(settings, env, cls, suite, config, shard, replayed),
                   settings.out or "results.json")
     if prices:  # not config: a price changes what a row is said to cost, never its verdict
         run.header["prices"] = {model: f"{price[0]}/{price[1]}" for model, price in prices.items()}
@@ -10214,7 +10200,7 @@ class Progress:
             self.stream.flush()
 
 
-def _stop_reason(row, budget, resume=lambda flags: continue_command("RECORD", flags)):
+def _stop_reason(row, budget, resume):
     """Why no new request may start after this row, or None; `resume(flags)` is the command
     that continues the run with those flags added."""
     refused, unknown = budget.refusal(), budget.unknown
@@ -10235,7 +10221,7 @@ def _cap_exhausted(settings, budget):
     return cap is not None and spent is not None and spent >= cap and raised_cap(cap, spent) is None
 
 
-def _storable(row, mask, prices=None, attest=lambda stored: stored):
+def _storable(row, mask, prices, attest):
     """The row as stored (priced, masked, then attested when masked) and its JSON text. Anything
     failing after the response arrived (masking a reply nested 900 levels deep, say) makes the
     row an execution_error row that keeps what can be stored, never a lost row or a traceback."""
@@ -10645,7 +10631,7 @@ def dry_run_mode(settings, env, stage):
     # cheap and offline: a dry run can check coverage too
     if PROVIDERS[settings.provider].builds_offline:
         _check_replay_covers(make_provider(settings, env)[0], run, settings)
-    text = plan_text(run.suite, settings, run.plan, provider_problem(settings, env), run, env)
+    text = plan_text(run, settings, provider_problem(settings, env), env)
     if settings.quiet:  # the warnings and the last line, for a CI log
         lines = text.splitlines()
         said = [line for line in lines[:-1] if line.startswith(("warning: ", "refused: "))]
@@ -10789,8 +10775,8 @@ def update_baseline(run, args, exit_code):
         word = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
         interrupt.message = safe_text(
             f"{word} while filling the baselines of {run.suite['file']}: it is "
-            f"{getattr(interrupt, 'suite_state', 'unchanged')}; {run.path} is complete (exit code "
-            f"{exit_code})")
+            f"{getattr(interrupt, 'suite_state', 'unchanged')}; {run.path} is complete "
+            f"(exit code {exit_code})")
         raise
     print(safe_text(f"baselines filled: {', '.join(filled) if filled else 'none'} "
                     f"({run.suite['file']})"))
