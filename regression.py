@@ -8651,52 +8651,45 @@ def build_parser():
 
 def _what_to_run(parser):
     """The "what to run" options: suite, models, repeats, record, dry run and updates."""
-    what = parser.add_argument_group("what to run")
-    what.add_argument("--suite", metavar="FILE", help="a suite file, or a folder of golden case "
-                      "files (default: the built-in HTTP-advisor suite)")
-    what.add_argument("--system", metavar="FILE", help="the system prompt of a --suite DIR "
-                      "(default: SYSTEM.txt in the folder or its parent)")
-    what.add_argument("--models", nargs="+", metavar="MODEL",
-                      help=f"models to run (default: {' '.join(MODELS)})")
-    what.add_argument("--repeats", type=int, metavar="N",
-                      help=f"runs of every case per model, {_span('repeats')} (default 1)")
-    what.add_argument("--out", metavar="FILE",
-                      help="new record file (default results.json; never overwritten)")
-    what.add_argument("--dry-run", action="store_true",
-                      help="validate the suite and print the plan; send nothing")
-    what.add_argument("--list-checks", action="store_true",
-                      help="print the check catalogue and exit")
-    what.add_argument("--update-baseline", action="store_true",
-                      help="fill empty expected_text baselines of --suite from this run's answers")
-    what.add_argument("--approve-failing", action="store_true",
-                      help="with --update-baseline: approve an answer even if it failed the case's "
-                           "other checks")
-    what.add_argument("--update-pins", action="store_true",
-                      help="rewrite every instructions_sha256 / system_sha256 pin of --suite to "
-                           "its current instructions, then exit (sends nothing)")
+    add = parser.add_argument_group("what to run").add_argument
+    add("--suite", metavar="FILE", help="a suite file, or a folder of golden case files "
+        "(default: the built-in HTTP-advisor suite)")
+    add("--system", metavar="FILE", help="the system prompt of a --suite DIR "
+        "(default: SYSTEM.txt in the folder or its parent)")
+    add("--models", nargs="+", metavar="MODEL", help=f"models to run (default: {' '.join(MODELS)})")
+    add("--repeats", type=int, metavar="N",
+        help=f"runs of every case per model, {_span('repeats')} (default 1)")
+    add("--out", metavar="FILE", help="new record file (default results.json; never overwritten)")
+    add("--dry-run", action="store_true",
+        help="validate the suite and print the plan; send nothing")
+    add("--list-checks", action="store_true", help="print the check catalogue and exit")
+    add("--update-baseline", action="store_true",
+        help="fill empty expected_text baselines of --suite from this run's answers")
+    add("--approve-failing", action="store_true",
+        help="with --update-baseline: approve an answer even if it failed the case's other checks")
+    add("--update-pins", action="store_true",
+        help="rewrite every instructions_sha256 / system_sha256 pin of --suite to its current "
+             "instructions, then exit (sends nothing)")
 
 
 def _where_to_send(parser):
     """The "where to send it" options: provider, endpoint, key, replay, request keys."""
-    where = parser.add_argument_group("where to send it")
-    where.add_argument("--provider", help=f"{', '.join(PROVIDERS)} (default {DEFAULT_PROVIDER})")
-    where.add_argument("--base-url", metavar="URL", help=f"the endpoint ({_with('base_url_flag')})")
-    where.add_argument("--api-key-env", metavar="NAME",
-                       help="environment variable holding the key for --base-url")
-    where.add_argument("--allow-insecure-http", action="store_true",
-                       help="allow sending a key over plain http:// to a host that is not loopback")
-    where.add_argument("--replay", metavar="RECORD", help=f"what {_with('replays_record')} reads")
-    where.add_argument("--allow-changed-tool-results", action="store_true",
-                       help="with --replay: grade a played row's stored conversation as it "
-                            "happened even where the suite's tool_results now answer a call "
-                            "otherwise (else the row is refused)")
-    where.add_argument("--request", action="append", default=[], metavar="KEY=JSON",
-                       help="set KEY of every request body to a JSON value, e.g. --request seed=7 "
-                            "(repeatable; in the config; never model, instructions, input, tools "
-                            "or the like)")
-    where.add_argument("--timeout", type=float, metavar="SECONDS",
-                       help=f"per-request timeout, {_span('timeout')} seconds (default "
-                            f"{TIMEOUT_SECONDS})")
+    add = parser.add_argument_group("where to send it").add_argument
+    add("--provider", help=f"{', '.join(PROVIDERS)} (default {DEFAULT_PROVIDER})")
+    add("--base-url", metavar="URL", help=f"the endpoint ({_with('base_url_flag')})")
+    add("--api-key-env", metavar="NAME",
+        help="environment variable holding the key for --base-url")
+    add("--allow-insecure-http", action="store_true",
+        help="allow sending a key over plain http:// to a host that is not loopback")
+    add("--replay", metavar="RECORD", help=f"what {_with('replays_record')} reads")
+    add("--allow-changed-tool-results", action="store_true",
+        help="with --replay: grade a played row's stored conversation as it happened even where "
+             "the suite's tool_results now answer a call otherwise (else the row is refused)")
+    add("--request", action="append", default=[], metavar="KEY=JSON",
+        help="set KEY of every request body to a JSON value, e.g. --request seed=7 (repeatable; "
+             "in the config; never model, instructions, input, tools or the like)")
+    add("--timeout", type=float, metavar="SECONDS",
+        help=f"per-request timeout, {_span('timeout')} seconds (default {TIMEOUT_SECONDS})")
 
 
 def _judge_options(parser):
@@ -8709,43 +8702,36 @@ def _judge_options(parser):
 
 def _run_control(parser):
     """The "run control" options: concurrency, retries, resume, cost cap, shards, masking."""
-    control = parser.add_argument_group("run control")
-    control.add_argument("--concurrency", type=int, metavar="N",
-                         help=f"requests in flight, {_span('concurrency')} (default 1)")
-    control.add_argument("--retries", type=int, metavar="N",
-                         help=f"retries of transient failures (429, 5xx, timeouts, resets), "
-                              f"{_span('retries')} (default 0)")
-    control.add_argument("--resume", metavar="RECORD",
-                         help="continue an interrupted record in place (its config, redaction, "
-                              "cost cap, retries and concurrency come along)")
-    control.add_argument("--max-cost-usd", metavar="X",
-                         help="send no new request once reported spend reaches X")
-    control.add_argument("--price", action="append", default=[], metavar="MODEL=IN/OUT",
-                         help="USD per million input/output tokens of MODEL, to estimate cost from "
-                              "reported token usage where the endpoint reports none (repeatable)")
-    control.add_argument("--shard", metavar="I/N",
-                         help="run the I-th of N deterministic slices of the rows")
-    control.add_argument("--quiet", action="store_true",
-                         help="print only failing rows, warnings and a one-line verdict (CI logs)")
-    control.add_argument("--merge", nargs="+", metavar="FILE", help="OUT SHARD...: combine "
-                         "shard records into one new record OUT, then exit")
-    control.add_argument("--redact", action="append", metavar="REGEX",
-                         help="mask matches in stored responses (repeatable)")
-    control.add_argument("--redact-pii", action="store_true", default=None,
-                         help="mask card numbers (Luhn), bearer tokens, API-key-like strings, "
-                              "e-mail addresses")
+    add = parser.add_argument_group("run control").add_argument
+    add("--concurrency", type=int, metavar="N",
+        help=f"requests in flight, {_span('concurrency')} (default 1)")
+    add("--retries", type=int, metavar="N", help=f"retries of transient failures (429, 5xx, "
+        f"timeouts, resets), {_span('retries')} (default 0)")
+    add("--resume", metavar="RECORD", help="continue an interrupted record in place (its config, "
+        "redaction, cost cap, retries and concurrency come along)")
+    add("--max-cost-usd", metavar="X", help="send no new request once reported spend reaches X")
+    add("--price", action="append", default=[], metavar="MODEL=IN/OUT",
+        help="USD per million input/output tokens of MODEL, to estimate cost from reported token "
+             "usage where the endpoint reports none (repeatable)")
+    add("--shard", metavar="I/N", help="run the I-th of N deterministic slices of the rows")
+    add("--quiet", action="store_true",
+        help="print only failing rows, warnings and a one-line verdict (CI logs)")
+    add("--merge", nargs="+", metavar="FILE",
+        help="OUT SHARD...: combine shard records into one new record OUT, then exit")
+    add("--redact", action="append", metavar="REGEX",
+        help="mask matches in stored responses (repeatable)")
+    add("--redact-pii", action="store_true", default=None,
+        help="mask card numbers (Luhn), bearer tokens, API-key-like strings, e-mail addresses")
 
 
 def _report_options(parser):
     """The report options: Markdown, JUnit, HTML, and --report of a saved record."""
-    report = parser.add_argument_group("reports (new files, mode 0600, never overwritten)")
-    report.add_argument("--markdown", metavar="FILE",
-                        help="a Markdown summary (fits $GITHUB_STEP_SUMMARY)")
-    report.add_argument("--junit", metavar="FILE",
-                        help="JUnit XML: a testcase per model x case x repeat")
-    report.add_argument("--html", metavar="FILE", help="one self-contained HTML page")
-    report.add_argument("--report", metavar="RECORD",
-                        help="write the reports of a saved record; run nothing")
+    add = parser.add_argument_group(
+        "reports (new files, mode 0600, never overwritten)").add_argument
+    add("--markdown", metavar="FILE", help="a Markdown summary (fits $GITHUB_STEP_SUMMARY)")
+    add("--junit", metavar="FILE", help="JUnit XML: a testcase per model x case x repeat")
+    add("--html", metavar="FILE", help="one self-contained HTML page")
+    add("--report", metavar="RECORD", help="write the reports of a saved record; run nothing")
 
 
 # Run options that change what is stored or what may be spent: kept in the record's header
