@@ -8641,11 +8641,8 @@ def build_parser():
                      epilog=f"Environment twins: {', '.join(name for _, name, _ in ENV_TWINS)}, "
                             f"then {', '.join(_base_url_variables())} (for --base-url).",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    _what_to_run(parser)
-    _where_to_send(parser)
-    _judge_options(parser)
-    _run_control(parser)
-    _report_options(parser)
+    for add_group in (_what_to_run, _where_to_send, _judge_options, _run_control, _report_options):
+        add_group(parser)
     return parser
 
 
@@ -8936,7 +8933,7 @@ def _check_redact_patterns(patterns):
 
 
 def _check_outputs(values):
-    """Every output names its own new file; an existing one is refused before anything is read."""
+    """Each output is its own new file; an existing one is refused before anything is imported."""
     runs = not any(values[name] for name in NOT_A_NEW_RUN)
     outputs = [(f"--{kind}", values[kind]) for kind in REPORTS if values[kind]]
     outputs += [("--out", values["out"] or ("results.json" if runs else None)),
@@ -9074,8 +9071,7 @@ def _run_sources(values, env):
     """What a run takes from the record it resumes or replays, and its provider's defaults."""
     found = {}
     if values["resume"]:
-        # before reading it: no other process may write it from now on
-        hold_record(values["resume"])
+        hold_record(values["resume"])  # before reading it: no other process writes it from now on
         record = _load_for("--resume", values["resume"], evidence=False)  # such rows run again
         found.update(_resume_defaults(values, record, values["resume"], env))
         found.update(_resume_options({**values, **found}, record, values["resume"]))
@@ -9625,18 +9621,17 @@ def _suite_from_record(record, settings):
     """The suite a record was made with: the built-in one, --suite, or the cases in its config."""
     config = record["config"]
     info = record.get("suite") or {"builtin": True}  # an object (record_problem)
-    name = info.get("name") or "suite"
     if settings.suite:
         return load_suite(settings.suite, allow_empty_baseline=settings.update_baseline,
                           system=settings.system)
+    name = info.get("name") or "suite"
     try:
         # the built-in suite (maybe as a file), with the record's own cases
         if info.get("builtin", True) or config.get("cases") == CASES:
             suite = builtin_suite() if config.get("cases") == CASES else _builtin_of(config)
             return {**suite, "instructions": config.get("instructions")} \
                 if isinstance(config.get("instructions"), str) else suite
-        # a prompt-regression suite, a prompt per case
-        if isinstance(config.get("instructions"), dict):
+        if isinstance(config.get("instructions"), dict):  # prompt-regression: a prompt per case
             return validate_suite(promptreg_from_config(name, config),
                                   allow_empty_baseline=settings.update_baseline)
         if any(isinstance(case, dict) and "tools" in case for case in config.get("cases") or []):
@@ -10468,8 +10463,7 @@ def merge(out, paths, created=lambda: None):
     create_record(out, header, ordered, final).close()
     created()
     print(json.dumps(final, indent=2))
-    # incomplete, or a shard kept an execution error: say what continues it
-    if final["exit_code"] == 2:
+    if final["exit_code"] == 2:  # incomplete, or a shard kept an error: say what continues it
         print(merge_gaps(records, paths, plan, final), file=sys.stderr)
     return final["exit_code"]
 
@@ -10756,8 +10750,7 @@ def update_baseline(run, args, exit_code):
     except (SuiteError, RecordError) as exc:
         print(f"regression.py: error: {safe_text(exc)}", file=sys.stderr)
         return 2
-    # the run is complete: say so, and which suite is on disk
-    except KeyboardInterrupt as interrupt:
+    except KeyboardInterrupt as interrupt:  # the run is complete: say so and which suite is on disk
         word = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
         interrupt.message = safe_text(
             f"{word} while filling the baselines of {run.suite['file']}: it is "
