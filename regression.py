@@ -9795,6 +9795,7 @@ def graded_now(record, path):
     runs = [now.get(id(row), row) for row in record["runs"]]
     return {**record, "runs": runs}, [safe_text(note) for note in notes]
 
+
 def regraded_rows(record, rows, suite=None, path="the record"):
     """[(row, the row graded again)] of a record's finished rows that hold a response, each graded
     from its stored responses (offline, as --provider replay does) under `suite`, by default the
@@ -9922,6 +9923,7 @@ def _run_prices(record, suite, settings):
                 (record.get("prices") or {}).items()} if record is not None else {}
     return {**recorded, **(suite.get("prices") or {}), **price_options(settings)}
 
+
 def baseline_problem(settings, suite, header):
     """Why this run's answers may not become baselines, or None: --update-baseline approves a
     model's answers, never the evidence of a provider that is no model (echo, synthetic, or a
@@ -10029,9 +10031,6 @@ class WorkerPool:
         for _ in range(size):
             self._spawn(None)
 
-    def submit(self, job):
-        self.jobs.put(job)
-
     def close(self):
         """Stop the workers once their current job is done, and the watchdog; returns at once."""
         with self._cond:
@@ -10130,7 +10129,7 @@ def run_in_pool(jobs, work, concurrency, stopping, refill_early=lambda row: Fals
             job = next(pending, None)
             if job is None:
                 return
-            pool.submit(job)
+            pool.jobs.put(job)
             in_flight += 1
 
     try:
@@ -10151,8 +10150,8 @@ def run_in_pool(jobs, work, concurrency, stopping, refill_early=lambda row: Fals
 class Progress:
     """Per-row lines on stdout; on a terminal, also a live status line on stderr."""
 
-    def __init__(self, total, done, stream=None):
-        self.stream = stream or sys.stderr
+    def __init__(self, total, done):
+        self.stream = sys.stderr
         self.live = self.stream.isatty()
         self.total, self.done, self.started, self.session = total, done, time.monotonic(), 0
 
@@ -10282,8 +10281,7 @@ class RowRunner:
         case = self.cases[case_id]
         steps = run_row_steps(self.run_.provider, case_suite(self.run_.suite, case), case, model,
                               repeat, retries=self.settings.retries, budget=self.budget,
-                              judge=self.run_.judge,
-                              begun=lambda row: self.live.__setitem__(
+                              judge=self.run_.judge, begun=lambda row: self.live.__setitem__(
                                   key, (steps, row, time.monotonic())))
         return steps
 
@@ -10716,6 +10714,7 @@ def _stopped_line(run, settings, final, tally, stopped, last):
                 "cap lets it continue")
     return f"stopped early: {safe_text(stopped)}{safe_text(hint)}"
 
+
 def write_reports_of(record, settings, stage, source):
     """Write the requested reports one by one; an interruption says which are still missing."""
     targets = {kind: getattr(settings, kind) for kind in REPORTS if getattr(settings, kind)}
@@ -10770,7 +10769,7 @@ def update_baseline(run, args, exit_code):
 
 def regrade_command(run, settings):
     """The command that re-grades this run's record with the suite as it is now, into a new file."""
-    stem = run.path[:-5] if run.path.endswith(".json") else run.path
+    stem = run.path.removesuffix(".json")
     out = next(name for name in (f"{stem}-regraded{n or ''}.json" for n in range(10_000))
                if not os.path.lexists(name))
     replayer = providers_with("replays_record")[0]  # the provider that re-grades stored responses
