@@ -9199,18 +9199,13 @@ def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS, judge=None):
     of the judge of the suite's rubrics (judge_identity)."""
     suite = as_builtin(suite)
     definition = suite.get("definition", {})
-    config = {
-        "models": list(models),
-        "cases": suite["config_cases"],
-        # per case: {id: text}
-        "instructions": suite.get("config_instructions", suite["instructions"]),
-        "tool": TOOL if suite.get("builtin") else definition.get("tool"),
-        "response_format": suite["response_format"],
-        "repeats": repeats,
-        "max_steps": MAX_STEPS,
-        "max_output_tokens": MAX_OUTPUT_TOKENS,
-        "timeout_seconds": timeout,
-    }
+    config = {"models": list(models), "cases": suite["config_cases"],
+              # per case: {id: text}
+              "instructions": suite.get("config_instructions", suite["instructions"]),
+              "tool": TOOL if suite.get("builtin") else definition.get("tool"),
+              "response_format": suite["response_format"], "repeats": repeats,
+              "max_steps": MAX_STEPS, "max_output_tokens": MAX_OUTPUT_TOKENS,
+              "timeout_seconds": timeout}
     if not suite.get("builtin"):
         config["tools"] = definition.get("tools")
         config["sources"] = suite.get("sources")
