@@ -210,13 +210,11 @@ def write_new_file(path, text):
     try:
         _pwrite_all(fd, data, 0)
         os.fsync(fd)
-    except OSError as exc:
+    except BaseException as exc:  # a failed write or an interrupt leaves no half-written file
         os.close(fd)
         os.unlink(path)
-        raise RecordError(f"cannot write {path}: {exc.strerror or exc}") from None
-    except BaseException:  # interrupted: no half-written report is left behind
-        os.close(fd)
-        os.unlink(path)
+        if isinstance(exc, OSError):
+            raise RecordError(f"cannot write {path}: {exc.strerror or exc}") from None
         raise
     os.close(fd)
 
@@ -240,8 +238,7 @@ def row_key(row):
 
 
 def plan_rows(models, case_ids, repeats):
-    """Row keys in run order (SPEC A8): per repeat, per case, the models, reversed on odd
-    repeats."""
+    """Row keys in run order (SPEC A8): per repeat, per case, the models, reversed on odd ones."""
     plan = []
     for repeat in range(repeats):
         ordered = list(models) if repeat % 2 == 0 else list(reversed(models))
@@ -331,9 +328,9 @@ def _unknown_key(keys, known, where):
         if key not in known:
             import difflib
             hint = difflib.get_close_matches(key, sorted(known), n=1)
-            raise SuiteError(f"{where}: unknown key {key!r}" + (f" (did you mean {hint[0]!r}?)"
-                                                                if hint else "")
-                             + f"; known keys: {', '.join(sorted(known))}")
+            hint = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise SuiteError(f"{where}: unknown key {key!r}{hint}; known keys: "
+                             f"{', '.join(sorted(known))}")
 
 
 def _is_number(value):
@@ -344,7 +341,7 @@ def _is_number(value):
 
 
 def _is_count(value):
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return _is_int(value) and value >= 0
 
 
 def _string_list(value, where, field, allow_empty=False):
@@ -383,8 +380,7 @@ def _skip_ws(text, i):
 
 def _well_keyed(row):
     model, case_id, repeat = row_key(row)
-    return isinstance(model, str) and isinstance(case_id, str) and isinstance(repeat, int) \
-        and not isinstance(repeat, bool)
+    return isinstance(model, str) and isinstance(case_id, str) and _is_int(repeat)
 
 
 def _is_int(value):
@@ -412,10 +408,8 @@ def _visible(match):
     if unicodedata.category(char) not in _UNSAFE_CATEGORIES:
         return char
     code = ord(char)
-    if char in _NAMED_ESCAPES:
-        return _NAMED_ESCAPES[char]
-    return (f"\\x{code:02x}" if code <= 0xff else f"\\u{code:04x}" if code <= 0xffff
-            else f"\\U{code:08x}")
+    return _NAMED_ESCAPES.get(char) or (f"\\x{code:02x}" if code <= 0xff else f"\\u{code:04x}"
+                                        if code <= 0xffff else f"\\U{code:08x}")
 
 
 def safe_text(value, newlines=False):
@@ -445,14 +439,11 @@ class Settings:
         "update_pins": False,
         # where to send it
         "provider": None, "base_url": None, "api_key_env": None, "allow_insecure_http": False,
-        "replay": None,
-        "allow_changed_tool_results": False,
-        "request": (), "timeout": None,
+        "replay": None, "allow_changed_tool_results": False, "request": (), "timeout": None,
         "judge_provider": None, "judge_model": None, "judge_base_url": None,
         # run control
         "concurrency": 1, "retries": 0, "resume": None, "max_cost_usd": None, "price": (),
-        "shard": None,
-        "merge": None, "redact": (), "redact_pii": False, "quiet": False,
+        "shard": None, "merge": None, "redact": (), "redact_pii": False, "quiet": False,
         # reports
         "markdown": None, "junit": None, "html": None, "report": None,
         # read once while resolving, not options: the record --resume continues, the record replayed
@@ -531,8 +522,7 @@ def _raise_signal(signum, frame):
 
 
 class deferred_signals:
-    """`with deferred_signals():` a SIGINT or SIGTERM arriving inside is raised when the block
-    ends."""
+    """`with deferred_signals():` a SIGINT or SIGTERM arriving inside is raised when it ends."""
 
     def __enter__(self):
         _DEFERRED["depth"] += 1
@@ -543,7 +533,6 @@ class deferred_signals:
         if not _DEFERRED["depth"] and _DEFERRED["pending"] is not None:
             pending, _DEFERRED["pending"] = _DEFERRED["pending"], None
             raise pending()
-        return False
 
 
 class signal_handlers:
@@ -562,7 +551,6 @@ class signal_handlers:
     def __exit__(self, *exc_info):
         for signum, handler in self.saved.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-        return False
 
 
 # ---------------------------------------------------------------------- console output
@@ -645,8 +633,6 @@ NORMAL_FORM = {
     **dict.fromkeys(["Cc", "Cf", "Cs", "Co", "Cn"], "removed"),
 }
 _ASCII_CONTROL = re.compile("[\x00-\x08\x0e-\x1b\x7f]")  # C0 controls but whitespace, and DEL
-
-
 # The default-ignorable code points split by plane: a class with astral ranges scans a long text
 # several times slower, and most texts hold no astral character at all (a one-range check says so).
 _BMP_PART, _ASTRAL_PART = _INVISIBLE.pattern[1:-1].split("\U000110bd", 1)
@@ -673,13 +659,10 @@ def _drop_invisible(text, replacement=""):
     return re.sub("[" + "".join(map(re.escape, sorted(removed))) + "]", replacement, text)
 
 
-_PUNCTUATION_FORMS = str.maketrans({**dict.fromkeys("\u2018\u2019\u201a\u201b\u02bc\u2032\uff07",
-                                                    "'"),
-                                    **dict.fromkeys("\u2010\u2011\u2012\u2013\u2014\u2015\u2212"
-                                                    "\ufe63\uff0d", "-"),
-                                    **dict.fromkeys("\u201c\u201d\u201e\u201f\u2033\uff02", '"')})
-
-
+_PUNCTUATION_FORMS = str.maketrans({
+    **dict.fromkeys("\u2018\u2019\u201a\u201b\u02bc\u2032\uff07", "'"),
+    **dict.fromkeys("\u2010\u2011\u2012\u2013\u2014\u2015\u2212\ufe63\uff0d", "-"),
+    **dict.fromkeys("\u201c\u201d\u201e\u201f\u2033\uff02", '"')})
 _OTHER_DIGIT = re.compile(r"(?![0-9])\d")  # a decimal digit (Unicode category Nd) of another script
 
 
@@ -696,10 +679,7 @@ _DIGITS = _Digits()
 
 
 def _text_form(text):
-    """The one normal form every text comparison uses, on both sides: Unicode NFKC
-    (fullwidth and other compatibility forms, composed accents), invisible characters (format
-    and control characters, surrogates, private-use and unassigned code points: NORMAL_FORM)
-    removed, case folded, any script's decimal digits as ASCII digits, whitespace folded."""
+    """text_form() uncached: the forms derived from a text are not asked for twice."""
     if not isinstance(text, str):
         return ""
     if text.isascii():  # the fast path for most answers: only a control character to drop
@@ -754,16 +734,13 @@ def _canonical(value):
 _MARKUP = re.compile(r"[*_~`\[<&\\]")
 _LINK = re.compile(r"!?\[([^\[\]\n]{0,500})\](?:\([^()\s]{0,2000}\)|\[[^\[\]\n]{0,200}\])")
 _INLINE_TAG = re.compile(r"</?(?:a|abbr|b|bdi|bdo|big|cite|code|data|del|dfn|em|font|i|ins|kbd|mark"
-                         r"|q|s|samp|small|span|strike|strong|sub|sup|time|tt|u|var)(?:\s[^<>]{0,"
-                         r"500})?/?>",
-                         re.IGNORECASE)
+                         r"|q|s|samp|small|span|strike|strong|sub|sup|time|tt|u|var)"
+                         r"(?:\s[^<>]{0,500})?/?>", re.IGNORECASE)
 # Any other tag (a block or a break) renders as a space.
 _OTHER_TAG = re.compile(r"</?[a-z][a-z0-9-]{0,30}(?:\s[^<>]{0,500})?/?>", re.IGNORECASE)
 _EMPHASIS = str.maketrans("", "", "*~`")
 # intraword _ is literal
 _ESCAPE_OR_UNDERSCORE = re.compile(r"\\(?=[!-/:-@\[-`{-~])|(?<![^\W_])_+|_+(?![^\W_])")
-
-
 _COMMENT = re.compile(r"<!--.*?(?:-->|$)", re.DOTALL)  # renders as nothing: "1<!-- -->2" is 12
 _ENTITY = re.compile(r"&([a-z][a-z0-9]{1,31};)")
 
@@ -1801,7 +1778,6 @@ def similarity_of(expected, actual):
     words_a, words_b = (a.split(), b.split()) if scores[2] >= 0.5 else ((), ())
     how = f"bounded: first and last {cut} characters, lengths"
     if scores[2] >= 0.5 and min(len(words_a), len(words_b)) >= SIMILARITY_BAG_WORDS:
-        import collections
         shared = collections.Counter(words_a) & collections.Counter(words_b)
         scores.append(2 * sum(shared.values()) / (len(words_a) + len(words_b)))
         how += ", word multisets"
