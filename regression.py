@@ -174,13 +174,12 @@ def open_existing(path, folder=False):
     fd = os.open(path, _READ_FLAGS)
     try:
         mode = os.fstat(fd).st_mode
+        if not (stat.S_ISREG(mode) or (folder and stat.S_ISDIR(mode))):
+            raise OSError(errno.EISDIR, "Is a directory") if stat.S_ISDIR(mode) else \
+                OSError(errno.EINVAL, "not a regular file (a FIFO, device or socket)")
     except OSError:
         os.close(fd)
         raise
-    if not (stat.S_ISREG(mode) or (folder and stat.S_ISDIR(mode))):
-        os.close(fd)
-        raise OSError(errno.EISDIR, "Is a directory") if stat.S_ISDIR(mode) else \
-            OSError(errno.EINVAL, "not a regular file (a FIFO, device or socket)")
     return fd
 
 
@@ -773,9 +772,8 @@ def _rendered(form):
 
 
 def _json_said(text):
-    """What a JSON answer (whole, or one fenced block) says: its keys and values decoded at any
-    depth (\\n, \\u00e9, double-encoded text), one per line, as tool arguments are read; else
-    None."""
+    """What a JSON answer (whole, or one fenced block) says, else None: its keys and values
+    decoded at any depth (\\n, \\u00e9, double-encoded text), one per line, as in arguments."""
     body = text.strip()
     if body.startswith("```") and body.endswith("```") and "\n" in body:  # ```json ... ```
         body = body[body.index("\n"):-3]
@@ -1065,14 +1063,12 @@ def _shape_problem(answer, case):
                     got=_json_type(answer))
     schema = case.get("_schema")
     if schema is not None:
-        properties = schema.get("properties", {})
-        required, allowed = set(schema.get("required", properties)), set(properties)
-        types = properties
+        types = schema.get("properties", {})
+        required, allowed = set(schema.get("required", types)), set(types)
     else:
-        required = allowed = set(case.get("expect", {})) | ({case["_sources"]["field"]}
-                                                            if "cite" in case else set())
-        types = {case["_sources"]["field"]: {"type": "array",
-                                             "items": {"type": "string"}}} if "cite" in case else {}
+        types = {case["_sources"]["field"]: {"type": "array", "items": {"type": "string"}}
+                 } if "cite" in case else {}
+        required = allowed = set(case.get("expect", {})) | set(types)
     missing, extra = sorted(required - set(answer)), sorted(set(answer) - allowed)
     if case.get("allow_extra_fields") is True:  # expect checks a few fields of a larger answer
         extra = []
@@ -1205,12 +1201,9 @@ class Check:
 
 CHECK_TABLE = []  # in run order; the first four reproduce SPEC A4's order exactly
 CHECKS = {}       # name -> its run (see register_check): a view of CHECK_TABLE
-# behaviour name -> its ":ARG" kind (None: takes no argument): a view of CHECK_TABLE
-BEHAVIORS = {}
-# every key a case may hold: a view of CHECK_TABLE and CASE_KEY_RULES
-CASE_KEYS = set(CORE_CASE_KEYS)
-# case keys that switch on no check of their own (e.g. request keys) -> validate
-CASE_KEY_RULES = {}
+BEHAVIORS = {}    # behaviour name -> its ":ARG" kind (None: no argument): a view of CHECK_TABLE
+CASE_KEYS = set(CORE_CASE_KEYS)  # every key a case may hold: a view of CHECK_TABLE, CASE_KEY_RULES
+CASE_KEY_RULES = {}  # keys that switch on no check of their own (e.g. request keys) -> validate
 # Case keys that only grade an answer, never change what is sent: a record and its replay may
 # differ in these (a REGRADE). A view of CHECK_TABLE, with the built-in cases' keys (SPEC A2).
 CHECK_KEYS = set()
@@ -1488,11 +1481,9 @@ def check_answer(case, trace):
     with exactly the schema's fields (`allow_extra_fields`: at least them); `expect` values match
     exactly (wrong_<field>)."""
     answer, problem = read_json(trace.final_text)
+    problem = problem or _shape_problem(answer, case)
     if problem:
         return [problem]
-    shape = _shape_problem(answer, case)
-    if shape:
-        return [shape]
     return [Fail(f"wrong_{field}", f"{field} {_quote(answer.get(field))}, expected {_quote(value)}",
                  got=_clip(answer.get(field)), expected=value)
             for field, value in case.get("expect", {}).items()
@@ -1621,18 +1612,14 @@ def phrases_found(case, key, trace):
     return [p for p in phrases if p in present], [p for p in phrases if p not in present]
 
 
-def _no_blank_phrase(phrases, where, field):
-    """A phrase that is empty in the normal form (only invisible characters) is in every text:
-    as a rule it could never fail, or never pass."""
-    for phrase in phrases:
-        if not text_form(phrase):
-            raise SuiteError(f"{where}: {field} holds a phrase with no visible text: {phrase!r}")
-
-
 def _validate_phrases(key):
+    """A phrase list's validator. A phrase that is empty in the normal form (only invisible
+    characters) is in every text: as a rule it could never fail, or never pass."""
     def validate(case, where, context):
         _string_list(case[key], where, key)
-        _no_blank_phrase(case[key], where, key)
+        for phrase in case[key]:
+            if not text_form(phrase):
+                raise SuiteError(f"{where}: {key} holds a phrase with no visible text: {phrase!r}")
     return validate
 
 
@@ -1798,8 +1785,7 @@ def check_similarity(case, trace):
     if not case["expected_text"]:
         return []  # an empty baseline is only allowed while --update-baseline fills it
     score, how = similarity_of(case["expected_text"], trace.final_text
-                               if isinstance(trace.final_text, str)
-                               else "")
+                               if isinstance(trace.final_text, str) else "")
     if score < case["min_similarity"]:
         bound = {"measure": how} if how else {}
         return [Fail("below_min_similarity",
@@ -1969,16 +1955,11 @@ def _first_quote(instructions, said, size=LEAK_QUOTE_WORDS):
     if not windows:
         return None
     vocabulary = {word for window in windows for word in window.split()}
-    run = []
+    run = []  # the last `size` words said, each a word of the instructions
     for word in _WORD.findall(said):
-        if word not in vocabulary:
-            run = []
-            continue
-        run.append(word)
-        if len(run) >= size:
-            window = " ".join(run[-size:])
-            if window in windows:
-                return window
+        run = [*run, word][-size:] if word in vocabulary else []
+        if (window := " ".join(run)) in windows:
+            return window
     return None
 
 
