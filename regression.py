@@ -872,9 +872,8 @@ def argument_pairs(arguments, joined=True):
             stack.extend((item, depth + 1, None) for item in value)
         # text that is not whole JSON: a truncated object still names its keys
         elif isinstance(value, str):
-            unescaped = _ESCAPED_QUOTE.sub('"', value)
-            for match in _PAIR_IN_TEXT.finditer(unescaped):
-                pairs.append((match[1], match[2] if match[2] is not None else match[3]))
+            pairs += [(match[1], match[2] if match[2] is not None else match[3])
+                      for match in _PAIR_IN_TEXT.finditer(_ESCAPED_QUOTE.sub('"', value))]
     return pairs
 
 
@@ -906,10 +905,9 @@ _arguments_text = result_text  # tool call arguments travel in the same text for
 
 
 # ====================================================================== checks
-# Every check is a small pure function (case, trace) -> reasons. The case is a
-# compiled suite case (the suite's schema, sources policy and instructions are
-# attached under "_"-keys); the trace is the provider-neutral view of a response
-# (SPEC B3), so no check ever reads provider-specific JSON.
+# Every check is a small pure function (case, trace) -> reasons. The case is a compiled suite case
+# (the suite's schema, sources policy and instructions are attached under "_"-keys); the trace is
+# the provider-neutral view of a response (SPEC B3), so no check ever reads provider-specific JSON.
 #
 # Each check is declared once, by register_check(): its name, the case keys that
 # switch it on (or its behaviour and argument kind) and whether a change of them is a
@@ -973,32 +971,28 @@ def _clip(value, limit=1_000):
             else value)
 
 
-class _DuplicateKey(ValueError):
-    pass
+class _NotStrictJSON(ValueError):
+    """What json.loads reads but strict JSON refuses: args (reason, the key or constant)."""
 
 
 def _unique_pairs(pairs):
     seen = set()
     for key, _ in pairs:
         if key in seen:
-            raise _DuplicateKey(key)
+            raise _NotStrictJSON("duplicate_key", key)
         seen.add(key)
     return dict(pairs)
 
 
-class _NotJSONConstant(ValueError):
-    pass
-
-
 def _not_json(name):
-    raise _NotJSONConstant(name)
+    raise _NotStrictJSON("invalid_json", name)
 
 
 def _finite_float(text):
     """A JSON number as a float; 1e999 overflows to infinity, which JSON cannot hold either."""
     value = float(text)
     if not math.isfinite(value):
-        raise _NotJSONConstant(text)
+        raise _NotStrictJSON("invalid_json", text)
     return value
 
 
@@ -1011,13 +1005,11 @@ def read_json(text):
     try:
         return json.loads(text, object_pairs_hook=_unique_pairs, parse_constant=_not_json,
                           parse_float=_finite_float), None
-    except _DuplicateKey as exc:
-        key = exc.args[0]
-        return None, Fail("duplicate_key", f"duplicate key {_quote(key)}", key=key)
-    except _NotJSONConstant as exc:
-        name = exc.args[0]
-        return None, Fail("invalid_json", f"{name} is not JSON", error=f"{name} is not JSON",
-                          constant=name)
+    except _NotStrictJSON as exc:
+        reason, name = exc.args
+        if reason == "duplicate_key":
+            return None, Fail(reason, f"duplicate key {_quote(name)}", key=name)
+        return None, Fail(reason, f"{name} is not JSON", error=f"{name} is not JSON", constant=name)
     except json.JSONDecodeError as exc:
         return None, Fail("invalid_json", f"not JSON: {exc.msg} at char {exc.pos}", error=exc.msg,
                           position=exc.pos)
@@ -1093,9 +1085,8 @@ def _user_text(case):
     question, or user messages) and its turns."""
     given = case.get("input", case.get("question"))
     messages = [*(case.get("messages") or []), *(given if isinstance(given, list) else [])]
-    said = [json.dumps(message.get("content"), ensure_ascii=False) if not isinstance(
-        message.get("content"), str) else message["content"] for message in messages
-        if isinstance(message, dict) and message.get("role", "user") == "user"]
+    said = [result_text(message.get("content")) for message in messages
+            if isinstance(message, dict) and message.get("role", "user") == "user"]
     said += [given] if isinstance(given, str) else []
     said += [turn.get("user") if isinstance(turn, dict) else turn
              for turn in case.get("turns") or ()]
@@ -1560,8 +1551,7 @@ register_check("cite", check_citations, keys=("cite",), validate=_validate_cite,
                                      "the citation discipline slipped"),
     "citation_not_in_search_results": (
         "a cited document never appeared in this run's own search results (or the URL is not a "
-        "recognised document)",
-        "a made-up or remembered citation: treat as a hallucination"),
+        "recognised document)", "a made-up or remembered citation: treat as a hallucination"),
     "citation_not_approved": (
         "a cited document is outside the case's document and the always-allowed ones",
         "the model relied on an unapproved source"),
@@ -1667,17 +1657,16 @@ register_check("excludes", check_excludes, keys=("excludes",), text_only=True,
         "server left in content)", "hard rule; e.g. an echoed card number")})
 
 
-# Similarity is difflib's ratio on the two texts in text_form(). difflib's matching is
-# quadratic or worse (a repetitive 1,000-character answer already costs half a second, a
-# 2 MB one minutes), so its work is bounded: every comparison counts the steps difflib's
-# matching takes and gives up past SIMILARITY_WORK steps, deterministically (no clock).
-# Texts of at most SIMILARITY_PREFIX characters that fit the budget get the exact ratio.
-# Otherwise the score is bounded: the least of the ratio on the first N and on the last N
-# characters (N at most SIMILARITY_PREFIX, halved until both fit half the budget), the length
-# bound 2*min/(sum of lengths) (no ratio can exceed it) and, when that bound is 0.5 or more
-# and both texts have SIMILARITY_BAG_WORDS words or more, the overlap of their word
-# multisets (which sees a change in the middle). details["similarity_measure"] says when
-# the bound applied, and how.
+# Similarity is difflib's ratio on the two texts in text_form(). difflib's matching is quadratic or
+# worse (a repetitive 1,000-character answer already costs half a second, a 2 MB one minutes), so
+# its work is bounded: every comparison counts the steps difflib's matching takes and gives up past
+# SIMILARITY_WORK steps, deterministically (no clock). Texts of at most SIMILARITY_PREFIX characters
+# that fit the budget get the exact ratio. Otherwise the score is bounded: the least of the ratio on
+# the first N and on the last N characters (N at most SIMILARITY_PREFIX, halved until both fit half
+# the budget), the length bound 2*min/(sum of lengths) (no ratio can exceed it) and, when that bound
+# is 0.5 or more and both texts have SIMILARITY_BAG_WORDS words or more, the overlap of their word
+# multisets (which sees a change in the middle). details["similarity_measure"] says when the bound
+# applied, and how.
 SIMILARITY_WORK = 400_000
 SIMILARITY_PREFIX = 5_000
 SIMILARITY_BAG_WORDS = 50
@@ -2089,6 +2078,7 @@ def _word_starts(pattern, text):
 
 SENTENCE_REACH = 1_000  # characters a sentence reaches on each side of the words it names
 _PARAGRAPH = re.compile(r"\n[^\S\n]*\n\s*")
+_SENTENCE_BREAK = re.compile(r"[.!?] |\0")  # a sentence's end, or the NUL between paragraphs
 
 
 def _sentences(text, naming):
@@ -2100,15 +2090,11 @@ def _sentences(text, naming):
     full = "\0".join(map(_text_form, _PARAGRAPH.split(text or "")))
     sentences = []
     for match in _word_starts(naming, full):
-        low, high = max(0, match.start() - SENTENCE_REACH), min(len(full),
-                                                                match.end() + SENTENCE_REACH)
-        window, at = full[low:high], match.start() - low
-        left = max([window.rfind("\0", 0, at) + 1] + [window.rfind(end, 0, at) + 2
-                                                      for end in (". ", "! ", "? ")
-                                                       if window.rfind(end, 0, at) != -1])
-        right = min([window.find(end, at) + 1 for end in (". ", "! ", "? ")
-                     if window.find(end, at) != -1]
-                    + [window.find("\0", at) % (len(window) + 1), len(window)])
+        low = max(0, match.start() - SENTENCE_REACH)
+        window, at = full[low:match.end() + SENTENCE_REACH], match.start() - low
+        left = max((end.end() for end in _SENTENCE_BREAK.finditer(window, 0, at)), default=0)
+        after = _SENTENCE_BREAK.search(window, at)  # a sentence keeps its . ! or ?
+        right = len(window) if after is None else after.start() + (after[0] != "\0")
         sentences.append(window[left:right].strip())
     return [sentence for sentence in dict.fromkeys(sentences) if sentence]
 
@@ -2126,8 +2112,7 @@ def _asks_for(text, field):
                for sentence in _sentences(said, named))
 
 
-# "order id (8 digits)", "order number: 10 characters": the shape of the value asked for, not a
-# value.
+# "order id (8 digits)", "order number: 10 characters": the shape of a value asked for, not one.
 _FORMAT_HINT = re.compile(r"[0-9]{1,3}(?:\s*-\s*|\s*)(?:digit|character|char|letter|number|symbol)"
                           r"s?(?![^\W_])")
 
