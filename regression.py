@@ -238,11 +238,8 @@ def row_key(row):
 
 def plan_rows(models, case_ids, repeats):
     """Row keys in run order (SPEC A8): per repeat, per case, the models, reversed on odd ones."""
-    plan = []
-    for repeat in range(repeats):
-        ordered = list(models) if repeat % 2 == 0 else list(reversed(models))
-        plan.extend((model, case_id, repeat) for case_id in case_ids for model in ordered)
-    return plan
+    return [(model, case_id, repeat) for repeat in range(repeats) for case_id in case_ids
+            for model in (models if repeat % 2 == 0 else reversed(models))]
 
 
 def shard_plan(plan, shard):
@@ -333,10 +330,8 @@ def _unknown_key(keys, known, where):
 
 
 def _is_number(value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    # math.isfinite(10**400) raises OverflowError
-    return isinstance(value, int) or math.isfinite(value)
+    # an int is never given to math.isfinite: math.isfinite(10**400) raises OverflowError
+    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
 
 
 def _is_count(value):
@@ -836,8 +831,8 @@ def readings(text):
 
 
 _ESCAPED_QUOTE = re.compile(r'\\+"')
-_PAIR_IN_TEXT = re.compile(r'"([^"\\]{1,200})"\s*:\s*(?:"((?:[^"\\]|\\.)*)"?|([-+0-9.eE]+|true|'
-                           r'false|null))')
+_PAIR_IN_TEXT = re.compile(r'"([^"\\]{1,200})"\s*:\s*'
+                           r'(?:"((?:[^"\\]|\\.)*)"?|([-+0-9.eE]+|true|false|null))')
 MAX_ARGUMENT_DEPTH = 64
 
 
@@ -1693,16 +1688,14 @@ def _counted_matcher():
 
 
 def _matching_work(a, b):
-    """The steps of difflib's first matching pass: sum over shared characters of count_a *
-    count_b."""
+    """Steps of difflib's first matching pass: over shared characters, sum count_a * count_b."""
     if len(a) > len(b):
         a, b = b, a
     return sum(a.count(char) * b.count(char) for char in set(a))
 
 
 def _ratio(a, b, budget=SIMILARITY_WORK):
-    """difflib's ratio (no autojunk), or None when its matching would take more than `budget`
-    steps."""
+    """difflib's ratio (no autojunk), or None if its matching would take over `budget` steps."""
     matcher = _counted_matcher()(None, a, b, autojunk=False)
     matcher.steps, matcher.budget = 0, budget
     try:
@@ -1713,8 +1706,7 @@ def _ratio(a, b, budget=SIMILARITY_WORK):
 
 @functools.lru_cache(maxsize=16)  # the check and its details both ask, for the same pair
 def similarity_of(expected, actual):
-    """(score 0..1, None) of two texts in text_form(), or (score, how it was bounded); see
-    SIMILARITY_WORK."""
+    """(score 0..1, how it was bounded or None) of two texts in text_form(); see SIMILARITY_WORK."""
     a, b = text_form(expected), text_form(actual)
     longest = max(len(a), len(b))
     if not longest:
@@ -1792,9 +1784,7 @@ def _similarity_details(case, trace, failed):
         return {}
     text = trace.final_text if isinstance(trace.final_text, str) else ""
     score, how = similarity_of(case["expected_text"], text)
-    details = {"similarity": round(score, 4)}
-    if how:
-        details["similarity_measure"] = how
+    details = {"similarity": round(score, 4), **({"similarity_measure": how} if how else {})}
     if score < case.get("min_similarity", 1.0):
         import difflib
         details["diff"] = "\n".join(difflib.unified_diff(
@@ -1895,9 +1885,8 @@ def _how_called(call, trace):
 
 def _tool_details(case, trace, failed):
     """Every behaviour's details: the tool calls made, when there were any."""
-    if trace.tool_calls or trace.tool_rounds:
-        return {"tool_calls": trace.tool_calls, "tool_rounds": trace.tool_rounds}
-    return {}
+    used = trace.tool_calls or trace.tool_rounds
+    return {"tool_calls": trace.tool_calls, "tool_rounds": trace.tool_rounds} if used else {}
 
 
 def check_json_object(case, trace, arg):
