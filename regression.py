@@ -1069,12 +1069,6 @@ def _shape_problem(answer, case):
                 wrong_type=mistyped)
 
 
-def _structured_answer(case, trace):
-    """The answer object when it parses and has the right shape, else None."""
-    answer, problem = read_json(trace.final_text)
-    return None if problem or _shape_problem(answer, case) else answer
-
-
 def _user_text(case):
     """Everything the user said in a case: the user messages of its prior history, its input (or
     question, or user messages) and its turns."""
@@ -1252,8 +1246,7 @@ def reason_table():
     rows = {}
     for check_ in CHECK_TABLE:
         for reason, (meaning, todo) in check_.reasons.items():
-            # a reason two checks give is listed once
-            rows.setdefault(reason, (reason, meaning, todo))
+            rows.setdefault(reason, (reason, meaning, todo))  # a reason two checks give: once
     return list(rows.values())
 
 
@@ -1364,14 +1357,12 @@ def document_id(url, sources):
     if parts.scheme.lower() != "https" or "?" in url.split("#", 1)[0]:
         return None
     # Comparing the whole netloc rules out credentials, other ports and odd spellings.
-    netloc = parts.netloc.lower()
-    hosts = [host.lower() for host in sources["hosts"]]
-    if netloc not in hosts and netloc not in [host + ":443" for host in hosts]:
+    hosts = {host.lower() + port for host in sources["hosts"] for port in ("", ":443")}
+    if parts.netloc.lower() not in hosts:
         return None
     match = pattern.fullmatch(parts.path)
-    if not match or not match.groups() or not isinstance(match.group(1), str):
-        return None
-    return match.group(1)
+    found = match.group(1) if match and match.groups() else None
+    return found if isinstance(found, str) else None
 
 
 def rfc_document(url):
@@ -1403,8 +1394,7 @@ def base_url_problem(url, source="--base-url"):
         return (f"{source}: holds credentials (user:password@host); give the key through its "
                 f"environment variable")
     # urllib tolerates text around an IPv6 literal ("[::1]x:80"); a host is a name or one literal
-    if not re.fullmatch(r"(\[[0-9A-Za-z:.%]+\]|[^\[\]:]+)(:[0-9]*)?",
-                        parts.netloc.rpartition("@")[2]):
+    if not re.fullmatch(r"(\[[0-9A-Za-z:.%]+\]|[^\[\]:]+)(:[0-9]*)?", parts.netloc):
         return f"{source}: the host is not a valid name, IPv4 or IPv6 address"
     if port == 0:
         return f"{source}: the port is not a number from 1 to 65535"
@@ -1512,8 +1502,8 @@ def _validate_cite(case, where, context):
 def check_citations(case, trace):
     """With `cite`: cited URLs name distinct documents, all found by this run's search, all
     approved, the primary one among them."""
-    answer = _structured_answer(case, trace)
-    if answer is None:
+    answer, problem = read_json(trace.final_text)
+    if problem or _shape_problem(answer, case):
         return []  # check_answer already reported why the answer cannot be read
     sources = case["_sources"]
     urls = answer.get(sources["field"])
@@ -1741,10 +1731,6 @@ def similarity(expected, actual):
     return similarity_of(expected, actual)[0]
 
 
-def _floor4(value):
-    return math.floor(value * 10_000) / 10_000  # a score shown never rounds up to its threshold
-
-
 def _validate_similarity(case, where, context):
     if "expected_text" in case and not isinstance(case["expected_text"], str):
         raise SuiteError(f"{where}: expected_text must be a string")
@@ -1769,8 +1755,8 @@ def check_similarity(case, trace):
                                if isinstance(trace.final_text, str) else "")
     if score < case["min_similarity"]:
         bound = {"measure": how} if how else {}
-        return [Fail("below_min_similarity",
-                     f"similarity {_floor4(score):g} < {case['min_similarity']:g}"
+        shown = math.floor(score * 10_000) / 10_000  # never rounds up to the threshold
+        return [Fail("below_min_similarity", f"similarity {shown:g} < {case['min_similarity']:g}"
                      + (" (bounded)" if how else ""), similarity=round(score, 4),
                      min_similarity=case["min_similarity"], **bound)]
     return []
@@ -1921,18 +1907,14 @@ LEAK_QUOTE_WORDS = 8  # this many consecutive words of the instructions count as
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
 
 
-def _word_windows(text, size):
-    words = _WORD.findall(text_form(text)) if isinstance(text, str) else []
-    return {" ".join(words[i:i + size]) for i in range(len(words) - size + 1)}
-
-
 def _first_quote(instructions, said, size=LEAK_QUOTE_WORDS):
     """The first run of `size` consecutive words of the instructions found in `said` (both in
     text_form), or None. Linear in the text: only runs of words the instructions use are tried."""
-    windows = _word_windows(instructions, size)
+    words = _WORD.findall(text_form(instructions)) if isinstance(instructions, str) else []
+    windows = {" ".join(words[i:i + size]) for i in range(len(words) - size + 1)}
     if not windows:
         return None
-    vocabulary = {word for window in windows for word in window.split()}
+    vocabulary = set(words)
     run = []  # the last `size` words said, each a word of the instructions
     for word in _WORD.findall(said):
         run = [*run, word][-size:] if word in vocabulary else []
