@@ -190,8 +190,7 @@ def read_bytes(path):
 
 
 def read_text(path):
-    """The UTF-8 text of the regular file at `path`, line ends as stored; OSError or
-    UnicodeDecodeError."""
+    """read_bytes() as UTF-8 text, line ends as stored (UnicodeDecodeError when it is not)."""
     return read_bytes(path).decode("utf-8")
 
 
@@ -1043,8 +1042,7 @@ def _has_type(value, spec):
 
 
 def _shape_problem(answer, case):
-    """Why the answer object does not have exactly the structured fields, each of its
-    schema type, as a Fail("invalid_answer_shape"); None when it does."""
+    """Fail("invalid_answer_shape") for an answer without exactly its fields and types, or None."""
     if not isinstance(answer, dict):
         return Fail("invalid_answer_shape", f"a JSON {_json_type(answer)}, not an object",
                     got=_json_type(answer))
@@ -2016,8 +2014,7 @@ register_check("forbid_tool", check_forbid_tool, behavior=True, arg="tool", deta
 
 def _field_pattern(field):
     """The field's words as a regular expression over text_form(): order_id as "order_id",
-    "order id", "order-id", "orderid", and a trailing id also as "number", "no", "#" or
-    "identifier"."""
+    "order id", "order-id", "orderid"; a trailing id also as "number", "no", "#", "identifier"."""
     words = [word for word in re.split(r"[_\W]+", field.casefold()) if word]
     if not words:
         return None
