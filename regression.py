@@ -1284,8 +1284,7 @@ _NO_SCRIPT = object()
 # thousands of calls a round would otherwise be answered, re-sent and stored round after round.
 # Each is a suite key; a row that meets one stops there and fails (too_many_tool_calls,
 # row_too_large): the model did it, so it is a failure of the model, and the run goes on.
-# key -> (default, least, most)
-PLAYED_BOUNDS = {"max_calls_per_round": (64, 1, 10_000),
+PLAYED_BOUNDS = {"max_calls_per_round": (64, 1, 10_000),  # key -> (default, least, most)
                  "max_row_bytes": (16 * 1024 * 1024, 10_000, 2**30)}
 
 
