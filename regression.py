@@ -2186,8 +2186,7 @@ def _arguments_match(wanted, arguments):
 
 
 def is_error_result(call):
-    """A call got no usable result: none was sent, it was unscripted, or it is an {"error": ...}
-    object."""
+    """A call got no usable result: none was sent, it was unscripted, or it is {"error": ...}."""
     if "result" not in call or call.get("unscripted"):
         return True
     result = call["result"]
@@ -2206,9 +2205,10 @@ def _sequence(trace):
 MAX_ROUNDS_LIMIT = 20
 
 
-def _validate_max_rounds(value, where):
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_ROUNDS_LIMIT:
-        raise SuiteError(f"{where}: max_rounds must be a whole number from 1 to {MAX_ROUNDS_LIMIT} "
+def _whole_number(value, where, key, low, high):
+    """SuiteError unless `value` (a suite's or a case's `key`) is a whole number in range."""
+    if not _is_int(value) or not low <= value <= high:
+        raise SuiteError(f"{where}: {key} must be a whole number from {low:,} to {high:,} "
                          f"(got {value!r})")
 
 
@@ -2221,7 +2221,7 @@ def _declared(name, functions, where, field):
 def _validate_played(case, where, context):
     """tool_results and max_rounds: every NAME a declared function tool, entries well formed."""
     if "max_rounds" in case:
-        _validate_max_rounds(case["max_rounds"], where)
+        _whole_number(case["max_rounds"], where, "max_rounds", 1, MAX_ROUNDS_LIMIT)
     if "tool_results" not in case:
         return
     results, functions = case["tool_results"], context["functions"]
@@ -2236,11 +2236,10 @@ def _validate_played(case, where, context):
         if not script:
             raise SuiteError(f"{where}: tool_results.{name} is an empty list of entries{hint}")
         for position, entry in enumerate(script, 1):
-            if (not isinstance(entry, dict) or "result" not in entry
-                or not set(entry) <= {"when", "result"}):
-                raise SuiteError(f"{where}: tool_results.{name} entry {position} must be "
-                                 f'{{"when": {{"ARG": VALUE}}, "result": RESULT}} or {{"result": '
-                                 f'RESULT}}{hint}')
+            if not isinstance(entry, dict) or not {"result"} <= set(entry) <= {"when", "result"}:
+                raise SuiteError(f'{where}: tool_results.{name} entry {position} must be '
+                                 f'{{"when": {{"ARG": VALUE}}, "result": RESULT}} or '
+                                 f'{{"result": RESULT}}{hint}')
             if "when" in entry and not isinstance(entry["when"], dict):
                 raise SuiteError(f"{where}: tool_results.{name} entry {position}: when must be an "
                                  f"object of ARG: VALUE")
@@ -2264,13 +2263,12 @@ def check_no_final_answer(case, trace):
 # tool_results and max_rounds change what is played to the model: a change of them is new input.
 register_check("no_final_answer", check_no_final_answer, keys=("tool_results", "max_rounds"),
                validate=_validate_played, regrade=False, rule=(
-                   "a played round asking for more than max_calls_per_round calls (default 64) is "
-                   "not answered (too_many_tool_calls); a row holding more than max_row_bytes "
-                   "(default 16 MiB) of responses and tool results sends no further round "
-                   "(row_too_large); both are suite keys (PLAYED_BOUNDS)"), reasons={
-                   "no_final_answer": ("a played case reached `max_rounds` while the model was "
-                                       "still calling tools",
-                                       "a looping agent: read `details.tool_calls`"), **{
+    "a played round asking for more than max_calls_per_round calls (default 64) is not answered "
+    "(too_many_tool_calls); a row holding more than max_row_bytes (default 16 MiB) of responses "
+    "and tool results sends no further round (row_too_large); both are suite keys (PLAYED_BOUNDS)"),
+               reasons={
+    "no_final_answer": ("a played case reached `max_rounds` while the model was still calling "
+                        "tools", "a looping agent: read `details.tool_calls`"),
     "too_many_tool_calls": (
         "a round of a played case asked for more tool calls than `max_calls_per_round` "
         "(default 64); none was answered",
@@ -2278,7 +2276,7 @@ register_check("no_final_answer", check_no_final_answer, keys=("tool_results", "
     "row_too_large": (
         "a played row held more than `max_row_bytes` (default 16 MiB) of responses and tool "
         "results; no further round was sent",
-        "a runaway agent; raise the suite's `max_row_bytes` if it is real")}})
+        "a runaway agent; raise the suite's `max_row_bytes` if it is real")})
 
 
 def _validate_tool_args(case, where, context):
@@ -2322,9 +2320,8 @@ def check_tool_args(case, trace):
 
 register_check("tool_args", check_tool_args, keys=("tool_args",), validate=_validate_tool_args,
                details=_tool_details, reasons={
-                   "wrong_tool_args": ("`tool_args`: no call of the tool had the expected "
-                                       "argument values",
-                                       "`details.tool_calls` shows the calls made")})
+    "wrong_tool_args": ("`tool_args`: no call of the tool had the expected argument values",
+                        "`details.tool_calls` shows the calls made")})
 
 
 def _validate_tool_order(case, where, context):
@@ -2342,12 +2339,6 @@ def _validate_tool_order(case, where, context):
                              "exists, so none follows another")
 
 
-def _shared_arguments(before, after, parameters):
-    """The argument names two calls must agree on: those both tools declare, and both carry."""
-    declared = (parameters.get(before["name"]) or set()) & (parameters.get(after["name"]) or set())
-    return declared | (set(_call_arguments(before)) & set(_call_arguments(after)))
-
-
 def _follows(after, before, parameters):
     """Whether the call `after` can be an effect of `before`: made in a later round than `before`,
     which returned a non-error result, with equal values of every argument both tools take."""
@@ -2356,8 +2347,10 @@ def _follows(after, before, parameters):
     if after["round"] <= before["round"] or is_error_result(before):
         return False
     mine, theirs = _call_arguments(after), _call_arguments(before)
+    # the arguments both tools declare, and those both calls carry
+    shared = (parameters.get(before["name"]) or set()) & (parameters.get(after["name"]) or set())
     return all(_canonical(mine.get(key)) == _canonical(theirs.get(key))
-               for key in _shared_arguments(before, after, parameters))
+               for key in shared | (set(mine) & set(theirs)))
 
 
 def _order_problem(wanted, calls, parameters):
@@ -2394,8 +2387,7 @@ def check_tool_order(case, trace, arg):
 
 
 register_check("tool_order", check_tool_order, behavior=True, arg="tools",
-               validate=_validate_tool_order,
-               details=_tool_details, rule=(
+               validate=_validate_tool_order, details=_tool_details, rule=(
                    "B follows A only when called in a later round than a call of A that returned a "
                    "non-error result, with equal values of every argument both tools take (both "
                    "schemas declare it, or both calls carry it); every call of B must; calls of "
@@ -2435,8 +2427,7 @@ def check_claims(case, trace):
 
 
 register_check("claims", check_claims, keys=("claims",), validate=_validate_claims,
-               details=_tool_details,
-               reasons={"unbacked_claim": (
+               details=_tool_details, reasons={"unbacked_claim": (
                    "`claims`: the answer says PHRASE, but the tool that makes it true was never "
                    "called with a non-error result",
                    "a confident false report: treat it as a severe regression")})
@@ -2546,9 +2537,7 @@ def reported_cost(raw):
     if not isinstance(cost, dict) or cost.get("currency") != "USD":
         return None
     amount = cost.get("total_cost")
-    if isinstance(amount, bool) or not isinstance(amount, (int, float)):
-        return None
-    if not math.isfinite(amount) or amount < 0:
+    if not _is_number(amount) or amount < 0:  # an int too large for a float is still a number
         return None
     return format(decimal.Decimal(repr(amount)), "f")
 
@@ -2567,8 +2556,7 @@ def scripted_result(case, name, arguments):
 
 
 def tool_results(case, trace, ids, number):
-    """What is sent back for one round's calls: call id, name, arguments, result (and
-    unscripted)."""
+    """What goes back for one round's calls: call id, name, arguments, result (and unscripted)."""
     sent, seen = [], set()
     for position, call in enumerate(trace.tool_calls):
         call_id = ids[position] if position < len(ids) and isinstance(ids[position], str) else ""
@@ -2600,10 +2588,9 @@ _CODES_READ = ("usd eur gbp jpy inr cad aud chf cny rmb hkd sgd nzd sek nok dkk 
 _CURRENCY = {"$": "usd", "dollar": "usd", "dollars": "usd", "€": "eur", "euro": "eur",
              "euros": "eur", "£": "gbp", "¥": "jpy", "yen": "jpy", "yuan": "cny", "₹": "inr",
              "rupees": "inr", "₩": "krw", "₽": "rub", "₺": "try", "₪": "ils", "₫": "vnd",
-             "฿": "thb", "₦": "ngn", "₱": "php", "zł": "pln", "kr": "kr",
-             **{f"{mark}$": code for mark, code in (("us", "usd"), ("c", "cad"), ("ca", "cad"), (
-                 "a", "aud"), ("au", "aud"), ("nz", "nzd"), ("hk", "hkd"), ("s", "sgd"), (
-                 "r", "brl"), ("mx", "mxn"))}, **{code: code for code in _CODES_READ}}
+             "฿": "thb", "₦": "ngn", "₱": "php", "zł": "pln", "kr": "kr", "us$": "usd", "c$": "cad",
+             "ca$": "cad", "a$": "aud", "au$": "aud", "nz$": "nzd", "hk$": "hkd", "s$": "sgd",
+             "r$": "brl", "mx$": "mxn", **{code: code for code in _CODES_READ}}
 _CODES = r"(?:" + "|".join(_CODES_READ) + r")(?![a-z])"
 _MARKS = r"(?:us|ca?|au?|nz|hk|s|r|mx)?\$|[€£¥₹₩₽₺₪₫฿₦₱]"
 _AMOUNT = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"  # a comma before three digits groups thousands
@@ -2834,8 +2821,7 @@ JUDGE_FORMAT = {"type": "json_schema",
 JUDGE_KEYS = {"provider", "model", "base_url", "api_key_env", "repeats", "prompt"}
 EXAMPLE_KEYS = {"rubric", "answer", "verdict", "input"}
 VERDICTS = ("pass", "fail")
-# one ```json block, alone
-_VERDICT_FENCE = re.compile(r"\A\s*```(?:json)?\s*(.*?)\s*```\s*\Z", re.S)
+_VERDICT_FENCE = re.compile(r"\A\s*```(?:json)?\s*(.*?)\s*```\s*\Z", re.S)  # a ```json block alone
 UNJUDGED = {"verdict": "fail", "votes": "not judged",  # an empty answer: no judge is asked
             "reason": "the answer is empty: it was not sent to the judge"}
 
@@ -2974,8 +2960,7 @@ register_check("rubric", check_rubric, keys=("rubric",), each=rubrics_of, valida
                    'answer} as data; it must reply exactly {"verdict": "pass"|"fail", "reason": '
                    "TEXT} (alone, or in one ```json fence); asked `repeats` times (odd, 1-9), the "
                    "majority decides; any other reply or a failed call is an execution error of "
-                   "the row, never a verdict"),
-               reasons={"rubric_failed": (
+                   "the row, never a verdict"), reasons={"rubric_failed": (
                    "the judge model found that the answer does not do what a `rubric` says (the "
                    "majority of its `repeats`), or the answer was empty (not sent to the judge)",
                    "read the judge's reason in `details.evidence` and each call in `judgements`; "
@@ -2989,22 +2974,20 @@ register_check("rubric", check_rubric, keys=("rubric",), each=rubrics_of, valida
 
 def compile_case(suite, case):
     """A suite case with what its checks need from the suite attached."""
-    compiled = dict(case)
-    response_format = suite.get("response_format") or {}
-    schema = (response_format.get("json_schema") or {}).get("schema")
-    compiled["_schema"] = schema if isinstance(schema, dict) else None
-    compiled["_sources"] = suite.get("sources")
-    compiled["_instructions"] = case.get("instructions", suite.get("instructions", ""))
-    compiled["_function_tools"] = _function_names(suite.get("tools") or [])
-    compiled["_tool_parameters"] = tool_parameters(suite.get("tools") or [])
+    schema = ((suite.get("response_format") or {}).get("json_schema") or {}).get("schema")
+    tools = suite.get("tools") or []
+    compiled = {**case, "_schema": schema if isinstance(schema, dict) else None,
+                "_sources": suite.get("sources"),
+                "_instructions": case.get("instructions", suite.get("instructions", "")),
+                "_function_tools": _function_names(tools),
+                "_tool_parameters": tool_parameters(tools)}
     if "max_rounds" in suite:  # the suite's round limit plays every case: no_final_answer judges it
         compiled.setdefault("max_rounds", suite["max_rounds"])
     return compiled
 
 
 SUITE_KEYS = {"name", "instructions", "tool", "tools", "response_format", "sources", "cases",
-              "notes",
-              "request", "tool_choice", "prices", "max_rounds", "allow_extra_fields",
+              "notes", "request", "tool_choice", "prices", "max_rounds", "allow_extra_fields",
               "max_calls_per_round", "max_row_bytes", "judge", "judge_examples"}
 # CASE_KEYS (the keys a case may hold) is a view of the check table: see register_check.
 SOURCES_KEYS = {"field", "hosts", "path", "also_allowed"}
@@ -3016,9 +2999,8 @@ def instructions_sha256(instructions):
 
 
 def id_form(case_id):
-    """A case id as it reads: NFKC, invisible characters dropped, whitespace folded. Two ids of one
-    form ("caf\u00e9" and "cafe\u0301", "a" and "a\u200b ") print alike, so they are one id
-    twice."""
+    """A case id as it reads: NFKC, invisible characters dropped, whitespace folded. Two ids of
+    one form ("caf\u00e9" and "cafe\u0301", "a" and "a\u200b ") print alike: one id twice."""
     if case_id.isascii():
         return " ".join(case_id.split())
     import unicodedata
@@ -3026,16 +3008,14 @@ def id_form(case_id):
 
 
 def _duplicate_id(seen, case_id):
-    """The one-line problem of an id already seen in its id_form (seen: form -> id), else None;
-    records it as seen."""
+    """The problem of an id seen before in its id_form (seen: form -> id), else None; notes it."""
     form = id_form(case_id)
     if form not in seen:
         seen[form] = case_id
         return None
     return f"case {case_id!r}: duplicate id" + (
         f" (it reads as the earlier {seen[form]!r}: ids that differ only in invisible characters, "
-        f"spacing "
-        "or Unicode form are one id)" if seen[form] != case_id else "")
+        "spacing or Unicode form are one id)" if seen[form] != case_id else "")
 
 
 def _validate_tools(tools, where):
@@ -3097,8 +3077,8 @@ def _validate_sources(sources, where):
     try:
         pattern = re.compile(sources["path"])
     except (re.error, OverflowError, RecursionError) as exc:
-        raise SuiteError(f"{where}: sources.path is not a valid regular "
-                         f"expression: {exc}") from None
+        raise SuiteError(f"{where}: sources.path is not a valid regular expression: "
+                         f"{exc}") from None
     if pattern.groups < 1:
         raise SuiteError(f"{where}: sources.path needs a capturing group that names the document")
 
@@ -3123,8 +3103,7 @@ def _validate_behavior(entry, where, functions):
     if not re.fullmatch(pattern, arg):
         raise SuiteError(f"{where}: behavior {name!r} needs {shape.format(name=name)}")
     if kind in TOOL_ARG_KINDS:
-        unknown = [tool for tool in arg.split(",") if tool not in functions]
-        if unknown:
+        if any(tool not in functions for tool in arg.split(",")):
             raise SuiteError(f"{where}: behavior {entry!r} names no function tool of this suite "
                              f"(tools: {', '.join(functions) or 'none'})")
 
@@ -3187,13 +3166,12 @@ def request_problem(key, where, value=None, response_format=None):
         return f"{where}: request keys must be non-empty strings"
     reserved = reserved_reason(key, value)
     schema = _given_schema(response_format)
-    if reserved and reserved[0] == "response_format" and schema is not None and \
+    # the suite's own schema in a server's own form (llama-cpp-python's json_object) is allowed
+    if not reserved or reserved[0] == "response_format" and schema is not None and \
             _canonical(_given_schema(value)) == _canonical(schema):
-        return None  # the suite's schema in a server's own form (llama-cpp-python's json_object)
-    if reserved:
-        read = "" if reserved[0] == key else f"read as {reserved[0]!r}: "
-        return f"{where}: request may not set {key!r} ({read}{reserved[1]})"
-    return None
+        return None
+    read = "" if reserved[0] == key else f"read as {reserved[0]!r}: "
+    return f"{where}: request may not set {key!r} ({read}{reserved[1]})"
 
 
 def _validate_request(value, where, response_format=None):
@@ -3302,13 +3280,11 @@ def _validate_case(case, suite, schema, functions, allow_empty_baseline):
         if pinned != actual:
             raise SuiteError(f"prompt drift: {where} pins instructions sha256 {pinned}, but the "
                              f"suite's instructions hash to {actual}; review the instruction "
-                             f"change, then "
-                             "update the pin (--update-pins rewrites them all)")
+                             "change, then update the pin (--update-pins rewrites them all)")
 
 
 def _validate_checks(case, where, context):
     """The check keys of a case (or of one turn) and its behaviours, each by its own check."""
-    functions = context["functions"]
     # Each check validates the case keys it reads (register_check), in check order.
     for check_ in CHECK_TABLE:
         if check_.validate is not None and not check_.behavior and check_.involved(case):
@@ -3317,7 +3293,7 @@ def _validate_checks(case, where, context):
         if not isinstance(case["behaviors"], list):
             raise SuiteError(f"{where}: behaviors must be a list of strings")
         for entry in case["behaviors"]:
-            _validate_behavior(entry, where, functions)
+            _validate_behavior(entry, where, context["functions"])
         for check_ in CHECK_TABLE:
             if check_.validate is not None and check_.behavior and check_.active(case):
                 check_.validate(case, where, context)
@@ -3403,11 +3379,6 @@ def validate_history(messages, where, field, functions):
                          "answering it")
 
 
-def turn_keys():
-    """The keys a turn object may hold: its user text, and any check key a case may hold."""
-    return {"user"} | (CHECK_KEYS & CASE_KEYS)
-
-
 def _validate_turns(case, where, context):
     if "input" in case or "question" in case:
         raise SuiteError(f"{where}: give input or turns, not both (the turns are what the user "
@@ -3417,18 +3388,19 @@ def _validate_turns(case, where, context):
                          '(a text, or {"user": TEXT, ...checks})')
     for number, turn in enumerate(case["turns"], 1):
         at = f"{where} turn {number}"
-        if isinstance(turn, dict):
-            _unknown_key(turn, turn_keys(), at)
+        if isinstance(turn, dict):  # its user text, and any check key a case may hold
+            _unknown_key(turn, {"user"} | (CHECK_KEYS & CASE_KEYS), at)
         said = turn.get("user") if isinstance(turn, dict) else turn
         if not _has_text(said):
             raise SuiteError(f"{at}: {'is empty' if isinstance(said, str) else 'has no words'}; "
                              'a turn is a non-empty text or {"user": TEXT, ...checks}')
-        if isinstance(turn, dict) and "rubric" in turn:  # the judge reads the case's last reply
+        if not isinstance(turn, dict):
+            continue
+        if "rubric" in turn:  # the judge reads the case's last reply
             raise SuiteError(f"{at}: a turn holds no rubric; give it on the case, where the "
                              "judge grades the last reply")
-        if isinstance(turn, dict):  # --update-baseline fills only the case's own baseline
-            strict = {**context, "allow_empty_baseline": False}
-            _validate_checks({**turn, "id": case["id"]}, at, strict)
+        # --update-baseline fills only the case's own baseline
+        _validate_checks({**turn, "id": case["id"]}, at, {**context, "allow_empty_baseline": False})
 
 
 register_case_key("turns", _validate_turns)
@@ -3461,19 +3433,14 @@ def _inherit_extra_fields(data, cases):
 
 
 def _no_duplicate_keys(pairs):
-    keys = [key for key, _ in pairs]
-    duplicated = sorted({key for key in keys if keys.count(key) > 1})
+    counts = collections.Counter(key for key, _ in pairs)  # list.count: 19 s for 20,000 keys
+    duplicated = sorted(key for key, count in counts.items() if count > 1)
     if duplicated:
         owner = next((value for key, value in pairs if key == "id" and isinstance(value, str)),
                      None)
         where = f"case {owner!r}: " if owner else ""
         raise SuiteError(f"{where}duplicate key {duplicated[0]!r} in one object")
     return dict(pairs)
-
-
-def _read_json(path):
-    """A JSON file's value; SuiteError("FILE: ...") when it cannot be read or parsed."""
-    return _parse_json(path, _read_suite_text(path))
 
 
 def _read_suite_text(path):
@@ -3507,13 +3474,9 @@ PLAYED_SUITE_KEYS = ("max_rounds", *PLAYED_BOUNDS)
 
 def _validate_played_bounds(data):
     """The suite's max_rounds, max_calls_per_round and max_row_bytes: whole numbers in range."""
-    if "max_rounds" in data:
-        _validate_max_rounds(data["max_rounds"], "suite")
-    for key, (_, low, high) in PLAYED_BOUNDS.items():
-        value = data.get(key, low)
-        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-            raise SuiteError(f"suite: {key} must be a whole number from {low:,} to {high:,} "
-                             f"(got {value!r})")
+    for key, (_, low, high) in {"max_rounds": (None, 1, MAX_ROUNDS_LIMIT), **PLAYED_BOUNDS}.items():
+        if key in data:
+            _whole_number(data[key], "suite", key, low, high)
 
 
 def _check_case_id(case, position, seen):
@@ -3631,26 +3594,16 @@ MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 def builtin_case(case):
     """A Part A case ({id, expected, rfc, action, question}) as a suite case."""
-    return {
-        "id": case["id"],
-        "input": case["question"],
-        "expect": {"code": case["expected"], "next_action": case["action"]},
-        "cite": case["rfc"],
-    }
+    return {"id": case["id"], "input": case["question"],
+            "expect": {"code": case["expected"], "next_action": case["action"]},
+            "cite": case["rfc"]}
 
 
 def builtin_suite():
     """The built-in HTTP-advisor suite in the same form a suite file loads into."""
-    return {
-        "name": "http-advisor (built-in)",
-        "builtin": True,
-        "instructions": INSTRUCTIONS,
-        "tools": [TOOL],
-        "response_format": FORMAT,
-        "sources": RFC_SOURCES,
-        "cases": [builtin_case(case) for case in CASES],
-        "config_cases": CASES,
-    }
+    return {"name": "http-advisor (built-in)", "builtin": True, "instructions": INSTRUCTIONS,
+            "tools": [TOOL], "response_format": FORMAT, "sources": RFC_SOURCES,
+            "cases": [builtin_case(case) for case in CASES], "config_cases": CASES}
 
 
 _BUILTIN_FILE_KEYS = {"name", "notes", "instructions", "tool", "tools", "response_format",
@@ -3670,8 +3623,7 @@ def as_builtin(suite):
         or set(definition) - _BUILTIN_FILE_KEYS):
         return suite
     cases = [{key: value for key, value in case.items()
-              if key not in ("instructions_sha256", "notes")}
-             for case in suite["cases"]]
+              if key not in ("instructions_sha256", "notes")} for case in suite["cases"]]
     if (any(set(case) - _BUILTIN_CASE_KEYS for case in suite["cases"]) or suite["tools"] != [TOOL]
             or suite["response_format"] != FORMAT or suite.get("sources") != RFC_SOURCES
             or cases != [builtin_case(case) for case in CASES]):
@@ -3713,8 +3665,7 @@ def _their_words(message):
 
 
 def _promptreg_case(case, known, allow_empty_baseline):
-    """One prompt-regression case checked and in our keys, pinned to its own system prompt:
-    (case, system)."""
+    """(case, system): one prompt-regression case checked, in our keys, pinned to its own prompt."""
     where = f"case {case['id']!r}"
     _unknown_key(case, known, where)
     if not isinstance(case.get("prompt"), str) or not case["prompt"].strip():
@@ -3730,6 +3681,7 @@ def _promptreg_case(case, known, allow_empty_baseline):
         raise SuiteError(_their_words(str(exc))) from None
     ours["instructions_sha256"] = instructions_sha256(system)  # the config pins each case's prompt
     return ours, system
+
 
 def promptreg_suite(data, allow_empty_baseline=False):
     """A prompt-regression suite checked (their rules, our one-line errors) and converted: `prompt`
@@ -3749,20 +3701,12 @@ def promptreg_suite(data, allow_empty_baseline=False):
         cases.append({**ours, "instructions": system})
         systems[case["id"]] = system
     shared = next(iter(systems.values())) if len(set(systems.values())) == 1 else None
-    return {
-        "name": data["name"],
-        "builtin": False,
-        "format": "prompt-regression",
-        "instructions": shared if shared is not None else "",
-        # one text when every case shares it (a prompt edit then compares like ours), else per case
-        "config_instructions": shared if shared is not None else systems,
-        "tools": [],
-        "response_format": None,
-        "sources": None,
-        "cases": cases,
-        "config_cases": config_cases,
-        "definition": {"name": data["name"]},
-    }
+    return {"name": data["name"], "builtin": False, "format": "prompt-regression",
+            "instructions": shared if shared is not None else "",
+            # one text if all cases share it (a prompt edit then compares like ours), else per case
+            "config_instructions": shared if shared is not None else systems,
+            "tools": [], "response_format": None, "sources": None, "cases": cases,
+            "config_cases": config_cases, "definition": {"name": data["name"]}}
 
 
 def promptreg_from_config(name, config):
@@ -3781,26 +3725,17 @@ GOLDEN_KEYS = {"id", "user", "system_sha256", "tools", "behaviors", "notes"}
 GOLDEN_PLACEHOLDER = "compute-from-SYSTEM.txt"  # their system_sha256 before the first run
 
 
-def _system_file(folder, system):
-    """The golden folder's system prompt file: --system, else SYSTEM.txt in the folder or its
-    parent."""
-    if system is not None:
-        return system
-    for place in (folder, os.path.dirname(os.path.abspath(folder))):
-        path = os.path.join(place, "SYSTEM.txt")
-        if os.path.isfile(path):
-            return path
-    raise SuiteError(f"{folder}: no SYSTEM.txt in the folder or its parent; name the system prompt "
-                     "with --system FILE")
-
-
-def _read_system(path):
-    """The system prompt exactly as stored (newlines untranslated), so its hash is the file's
-    sha256."""
-    try:
-        return read_text(path)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+def _system_prompt(folder, system):
+    """(path, text) of a golden folder's system prompt, --system or else SYSTEM.txt in the folder
+    or its parent, read exactly as stored (newlines untranslated: its hash is the file's sha256)."""
+    if system is None:
+        found = [os.path.join(place, "SYSTEM.txt")
+                 for place in (folder, os.path.dirname(os.path.abspath(folder)))]
+        system = next((path for path in found if os.path.isfile(path)), None)
+    if system is None:
+        raise SuiteError(f"{folder}: no SYSTEM.txt in the folder or its parent; name the system "
+                         "prompt with --system FILE")
+    return system, _read_suite_text(system)
 
 
 def _golden_case(data, system_text, system_path, allow_placeholder):
@@ -3820,7 +3755,7 @@ def _golden_case(data, system_text, system_path, allow_placeholder):
     for name in tools:
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
             raise SuiteError(f"{where}: tool name {name!r} must be letters, digits, '_', "
-                             f"'.' or '-'")
+                             "'.' or '-'")
     if len(set(tools)) != len(tools):
         raise SuiteError(f"{where}: tools lists a name twice")
     pin, actual = data.get("system_sha256"), instructions_sha256(system_text)
@@ -3833,12 +3768,9 @@ def _golden_case(data, system_text, system_path, allow_placeholder):
     elif pin.lower() != actual:
         raise SuiteError(f"prompt drift: {where} pins system_sha256 {pin.lower()}, but "
                          f"{system_path} hashes to {actual}; review the system prompt change, then "
-                         f"update the pin "
-                         "(--update-pins rewrites them all)")
-    case = {"id": data["id"], "input": data["user"]}
-    for key in ("behaviors", "notes"):
-        if key in data:
-            case[key] = data[key]
+                         "update the pin (--update-pins rewrites them all)")
+    case = {"id": data["id"], "input": data["user"],
+            **{key: data[key] for key in ("behaviors", "notes") if key in data}}
     _validate_case(case, {"instructions": system_text}, None, sorted(tools), False)
     case["instructions_sha256"] = actual
     return case, tools, pin == GOLDEN_PLACEHOLDER
@@ -3863,28 +3795,17 @@ def golden_suite(name, entries, system_text, system_path, allow_placeholder=Fals
         cases.append({**case, "tools": names})
         tools += [tool for tool in names if tool not in tools]
     function_tools = [{"type": "function", "function": {"name": tool}} for tool in tools]
-    return {
-        "name": name,
-        "builtin": False,
-        "format": "golden",
-        "instructions": system_text,
-        "tools": function_tools,  # all of them: the plan and the config name every tool once
-        "response_format": None,
-        "sources": None,
-        "cases": cases,
-        "config_cases": cases,
-        "definition": {"name": name, "tools": function_tools},
-        "system_file": system_path,
-        "placeholders": placeholders,
-    }
+    return {"name": name, "builtin": False, "format": "golden", "instructions": system_text,
+            "tools": function_tools,  # all of them: the plan and the config name every tool once
+            "response_format": None, "sources": None, "cases": cases, "config_cases": cases,
+            "definition": {"name": name, "tools": function_tools}, "system_file": system_path,
+            "placeholders": placeholders}
 
 
 def load_golden_dir(folder, allow_empty_baseline=False, system=None):
-    """Every *.json of a folder (sorted) as one suite of golden cases; SuiteError naming the
-    file."""
-    system_path = _system_file(folder, system)
-    system_text = _read_system(system_path)
-    entries = [(path, _read_json(path)) for path in golden_files(folder)]
+    """Every *.json of a folder (sorted) as one suite of golden cases; SuiteError names the file."""
+    system_path, system_text = _system_prompt(folder, system)
+    entries = [(path, _parse_json(path, _read_suite_text(path))) for path in golden_files(folder)]
     name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
     suite = golden_suite(name, entries, system_text, system_path, allow_empty_baseline)
     suite["file"] = folder
@@ -3901,8 +3822,7 @@ def golden_files(folder):
     for name in names:
         if not name.endswith(".json") or not os.path.isfile(os.path.join(folder, name)):
             raise SuiteError(f"{os.path.join(folder, name)}: not a case file (a golden case is a "
-                             f"regular "
-                             "file named *.json); rename or remove it")
+                             "regular file named *.json); rename or remove it")
     if not names:
         raise SuiteError(f"{folder}: no *.json case files in this folder")
     return [os.path.join(folder, name) for name in names]
@@ -3912,8 +3832,7 @@ def golden_from_config(name, config):
     """The golden suite a record's config was made from (its cases name their own tools)."""
     entries = [("the record's config", {"id": case.get("id"), "user": case.get("input"),
                                         "system_sha256": case.get("instructions_sha256"),
-                                        **{key: case[key]
-                                           for key in ("tools", "behaviors", "notes")
+                                        **{key: case[key] for key in ("tools", "behaviors", "notes")
                                            if key in case}})
                for case in config.get("cases") or [] if isinstance(case, dict)]
     return golden_suite(name, entries, config.get("instructions") or "",
@@ -3989,17 +3908,12 @@ def edit_json_strings(text, edits):
     for path in edits:
         if path not in spans:
             raise ValueError(f"{_json_path_text(path)} is not in the JSON text")
-        start, _ = spans[path]
-        if text[start] != '"':
+        if text[spans[path][0]] != '"':
             raise ValueError(f"{_json_path_text(path)} is not a string")
     pieces, last = [], 0
     for path, (start, end) in sorted(spans.items(), key=lambda item: item[1]):
-        encoded = json.dumps(edits[path], ensure_ascii=False)
-        try:
-            encoded.encode("utf-8")
-        except UnicodeEncodeError:
-            encoded = json.dumps(edits[path], ensure_ascii=True)
-        pieces += [text[last:start], encoded]
+        new = json.dumps(edits[path], ensure_ascii=_not_unicode(edits[path]))
+        pieces += [text[last:start], new]
         last = end
     return "".join(pieces) + text[last:]
 
@@ -4064,9 +3978,7 @@ class SuiteLock:
         self.path, self.fd, self.flag = path, None, flag
 
     def __enter__(self):
-        try:
-            import fcntl
-        except ImportError:  # no flock on this platform: no lock
+        if fcntl is None:  # no flock on this platform: no lock
             return self
         real = os.path.realpath(self.path)
         if real in _HELD:  # this process already holds the suite for the whole run (hold_record)
@@ -4102,8 +4014,7 @@ def baseline_answers(rows, plan):
     """{case_id: row}: the row whose answer would become a case's baseline (the first
     error-free row in run order, so the first model's first answer)."""
     by_key = {row_key(row): row for row in rows if isinstance(row, dict)
-              and row.get("error") is None
-              and isinstance(row.get("answer_text"), str)}
+              and row.get("error") is None and isinstance(row.get("answer_text"), str)}
     chosen = {}
     for key in plan:
         if key in by_key:
@@ -4114,15 +4025,14 @@ def baseline_answers(rows, plan):
 def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expected_text",
                    read_sha256=None):
     """Fill empty expected_text baselines (`key`: "expected" in a prompt-regression suite) of a
-    suite file from {case_id: answer}.
+    suite file from {case_id: answer}: (ids filled, {id: why not} of the others).
 
-    Only the baseline strings change; every other byte of the file is kept. A baseline that
-    already holds text is never replaced. An answer that failed its case's other checks
-    (reasons: {case_id: [reason, ...]}) is not approved unless approve_failing; nor is an
-    empty answer, a missing one or one no file can hold. The suite is rewritten atomically
-    (through a symbolic link), or not at all: SuiteError with one line otherwise. read_sha256,
-    the hash of the text the run read, refuses a suite edited since: its answers were made with,
-    and graded by, the cases as they were. Returns (ids filled, {id: why not} of the others)."""
+    Only the baseline strings change, every other byte is kept; one holding text is never
+    replaced. An answer that failed its case's other checks (reasons: {case_id: [reason, ...]})
+    is approved only with approve_failing; an empty or missing one, or one no file can hold,
+    never. The suite is rewritten atomically (through a symbolic link) or not at all (SuiteError,
+    one line). read_sha256, the hash of the text the run read, refuses a suite edited since: its
+    answers were made with, and graded by, the cases as they were."""
     reasons = reasons or {}
     text, data = _suite_as_read(path, read_sha256)
     cases = data.get("cases") if isinstance(data, dict) else None
@@ -4155,11 +4065,9 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expe
 
 def _suite_as_read(path, read_sha256=None):
     """(text, data) of the suite file to fill, refused when it changed since the run read it."""
+    text = _read_suite_text(path)  # \r\n line ends kept as they are
     try:
-        text = read_text(path)  # \r\n line ends kept as they are
         data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     except (ValueError, RecursionError, SuiteError) as exc:
         raise SuiteError(f"{path}: changed during the run and is no longer a valid suite ({exc}); "
                          "no baseline was filled") from None
@@ -4169,6 +4077,7 @@ def _suite_as_read(path, read_sha256=None):
                          f"was filled ({path} is as you left it): run --update-baseline again")
     return text, data
 
+
 def _not_a_baseline(answer, reasons, approve_failing):
     """Why an answer may not become a case's baseline, or None."""
     if answer is None:
@@ -4177,9 +4086,7 @@ def _not_a_baseline(answer, reasons, approve_failing):
         return "the answer is empty"
     if reasons and not approve_failing:
         return f"its answer failed {', '.join(reasons)} (--approve-failing approves it anyway)"
-    try:
-        answer.encode("utf-8")
-    except UnicodeEncodeError:
+    if _not_unicode(answer):
         return "the answer holds a lone surrogate (not text a suite file can hold)"
     return None
 
@@ -4199,16 +4106,14 @@ def fill_golden_pin(path, sha256):
 
 
 def baseline_files(suite):
-    """The files --update-baseline would rewrite: a golden folder's case files with a placeholder
-    pin, or the suite file."""
+    """What --update-baseline rewrites: a golden folder's placeholder-pinned files, or the suite."""
     golden = suite.get("format") == "golden"
     return list(suite.get("placeholders", {}).values()) if golden else [suite["file"]]
 
 
 def update_baselines(suite, answers, reasons=None, approve_failing=False):
-    """--update-baseline: fill what the suite leaves open; (ids filled, {id: why not}). Golden
-    folders: placeholder pins; prompt-regression suites: empty `expected`; ours: empty
-    expected_text."""
+    """--update-baseline: fill what the suite leaves open; (ids filled, {id: why not}): a golden
+    folder's placeholder pins, a prompt-regression suite's empty `expected`, ours' expected_text."""
     if suite.get("format") == "golden":
         pin = instructions_sha256(suite["instructions"])
         return [case_id for case_id, path in suite.get("placeholders", {}).items()
@@ -4253,24 +4158,15 @@ def validate_suite(data, allow_empty_baseline=False):
         raise SuiteError("suite: cases must be a non-empty list")
     cases = _inherit_extra_fields(data, cases)
     _validate_cases(cases, data, schema, functions, allow_empty_baseline)
-    return {
-        "name": data["name"],
-        "builtin": False,
-        "instructions": data["instructions"],
-        "tools": tools,
-        "response_format": data.get("response_format"),
-        "sources": data.get("sources"),
-        "request": request,
-        "tool_choice": tool_choice,
-        "prices": prices,
-        "judge": _validate_judge(data.get("judge")),
-        "judge_examples": _validate_examples(data.get("judge_examples")),
-        "cases": [{**{k: v for k, v in case.items() if k != "question"},
-                   "input": case.get("input", case.get("question"))} for case in cases],
-        "config_cases": cases,
-        "definition": data,
-        **{key: data[key] for key in PLAYED_SUITE_KEYS if key in data},
-    }
+    return {"name": data["name"], "builtin": False, "instructions": data["instructions"],
+            "tools": tools, "response_format": data.get("response_format"),
+            "sources": data.get("sources"), "request": request, "tool_choice": tool_choice,
+            "prices": prices, "judge": _validate_judge(data.get("judge")),
+            "judge_examples": _validate_examples(data.get("judge_examples")),
+            "cases": [{**{k: v for k, v in case.items() if k != "question"},
+                       "input": case.get("input", case.get("question"))} for case in cases],
+            "config_cases": cases, "definition": data,
+            **{key: data[key] for key in PLAYED_SUITE_KEYS if key in data}}
 
 
 def _declared_tools(data):
@@ -4336,8 +4232,8 @@ def suite_pin_changes(path):
     """The pin changes of a suite file (ours; a prompt-regression suite holds none), validated."""
     text = _read_suite_text(path)
     data = _parse_json(path, text)
-    if not isinstance(data, dict) or is_promptreg(data) or not isinstance(data.get("instructions"),
-                                                                          str):
+    if not isinstance(data, dict) or is_promptreg(data) \
+            or not isinstance(data.get("instructions"), str):
         _try_suite(path, data)  # its own one-line problem, if any
         return {}, [], "a prompt-regression suite holds no pins (a record pins each system prompt)"
     actual = instructions_sha256(data["instructions"])
@@ -4361,8 +4257,7 @@ def _try_suite(path, data):
 
 def golden_pin_changes(folder, system=None):
     """The system_sha256 changes of a golden folder's case files (placeholders too), validated."""
-    system_path = _system_file(folder, system)
-    system_text = _read_system(system_path)
+    system_path, system_text = _system_prompt(folder, system)
     actual, changes, lines, entries = instructions_sha256(system_text), {}, [], []
     for path in golden_files(folder):
         text = _read_suite_text(path)
