@@ -2106,9 +2106,8 @@ def _same_field(key, field):
     with (order_id, orderId, order-number, order_no, ...)."""
     pattern = _field_pattern(field)
     squash = lambda text: re.sub(r"[\W_]+", "", str(text).casefold())  # noqa: E731
-    return squash(key) == squash(field) or (pattern is not None and re.fullmatch(
-        pattern,
-        re.sub(r"(?<=[a-z])(?=[A-Z])", "_", str(key)).casefold().replace("-", "_")) is not None)
+    snake = re.sub(r"(?<=[a-z])(?=[A-Z])", "_", str(key)).casefold().replace("-", "_")  # orderId
+    return squash(key) == squash(field) or bool(pattern and re.fullmatch(pattern, snake))
 
 
 def _given_values(given):
