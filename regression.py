@@ -8370,12 +8370,9 @@ class _Parser(argparse.ArgumentParser):
             import difflib
             flags = [flag for action in self._actions for flag in action.option_strings
                      if flag.startswith("--")]
-            for word in unknown.group(1).split():
-                near = difflib.get_close_matches(word.split("=")[0], flags, n=1, cutoff=0.75) \
-                    if word.startswith("--") else []
-                if near:
-                    message += f" (did you mean {near[0]}?)"
-                    break
+            near = [found for word in unknown.group(1).split() if word.startswith("--")
+                    for found in difflib.get_close_matches(word.split("=")[0], flags, 1, 0.75)]
+            message += f" (did you mean {near[0]}?)" if near else ""
         # suite, record or endpoint text inside
         self.exit(2, f"{self.prog}: error: {safe_text(message)}\n")
 
@@ -8415,68 +8412,55 @@ def _with(attribute):
 def build_parser():
     """The command line: one argument group per concern, as --help shows them."""
     parser = _Parser(prog="regression.py", description=__doc__.split("\n\n")[0],
-                     epilog=f"Environment twins: "
-                            f"{', '.join(variable for _, variable, _ in ENV_TWINS)}, then "
-                            f"{', '.join(_base_url_variables())} (for --base-url).",
+                     epilog=f"Environment twins: {', '.join(name for _, name, _ in ENV_TWINS)}, "
+                            f"then {', '.join(_base_url_variables())} (for --base-url).",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    _what_to_run(parser)
-    _where_to_send(parser)
-    _judge_options(parser)
-    _run_control(parser)
-    _report_options(parser)
+    for add_group in (_what_to_run, _where_to_send, _judge_options, _run_control, _report_options):
+        add_group(parser)
     return parser
 
 
 def _what_to_run(parser):
     """The "what to run" options: suite, models, repeats, record, dry run and updates."""
-    what = parser.add_argument_group("what to run")
-    what.add_argument("--suite", metavar="FILE",
-                      help="a suite file, or a folder of golden case files "
-                                                      "(default: the built-in HTTP-advisor suite)")
-    what.add_argument("--system", metavar="FILE", help="the system prompt of a --suite DIR "
-                                                       "(default: SYSTEM.txt in the folder or "
-                                                       "its parent)")
-    what.add_argument("--models", nargs="+", metavar="MODEL",
-                      help=f"models to run (default: {' '.join(MODELS)})")
-    what.add_argument("--repeats", type=int, metavar="N",
-                      help=f"runs of every case per model, {_span('repeats')} (default 1)")
-    what.add_argument("--out", metavar="FILE",
-                      help="new record file (default results.json; never overwritten)")
-    what.add_argument("--dry-run", action="store_true",
-                      help="validate the suite and print the plan; send nothing")
-    what.add_argument("--list-checks", action="store_true",
-                      help="print the check catalogue and exit")
-    what.add_argument("--update-baseline", action="store_true",
-                      help="fill empty expected_text baselines of --suite from this run's answers")
-    what.add_argument("--approve-failing", action="store_true",
-                      help="with --update-baseline: approve an answer even if it failed the case's "
-                           "other checks")
-    what.add_argument("--update-pins", action="store_true",
-                      help="rewrite every instructions_sha256 / system_sha256 pin of --suite to "
-                           "its current instructions, then exit (sends nothing)")
+    add = parser.add_argument_group("what to run").add_argument
+    add("--suite", metavar="FILE", help="a suite file, or a folder of golden case files "
+        "(default: the built-in HTTP-advisor suite)")
+    add("--system", metavar="FILE", help="the system prompt of a --suite DIR "
+        "(default: SYSTEM.txt in the folder or its parent)")
+    add("--models", nargs="+", metavar="MODEL", help=f"models to run (default: {' '.join(MODELS)})")
+    add("--repeats", type=int, metavar="N",
+        help=f"runs of every case per model, {_span('repeats')} (default 1)")
+    add("--out", metavar="FILE", help="new record file (default results.json; never overwritten)")
+    add("--dry-run", action="store_true",
+        help="validate the suite and print the plan; send nothing")
+    add("--list-checks", action="store_true", help="print the check catalogue and exit")
+    add("--update-baseline", action="store_true",
+        help="fill empty expected_text baselines of --suite from this run's answers")
+    add("--approve-failing", action="store_true",
+        help="with --update-baseline: approve an answer even if it failed the case's other checks")
+    add("--update-pins", action="store_true",
+        help="rewrite every instructions_sha256 / system_sha256 pin of --suite to its current "
+             "instructions, then exit (sends nothing)")
 
 
 def _where_to_send(parser):
     """The "where to send it" options: provider, endpoint, key, replay, request keys."""
-    where = parser.add_argument_group("where to send it")
-    where.add_argument("--provider", help=f"{', '.join(PROVIDERS)} (default {DEFAULT_PROVIDER})")
-    where.add_argument("--base-url", metavar="URL", help=f"the endpoint ({_with('base_url_flag')})")
-    where.add_argument("--api-key-env", metavar="NAME",
-                       help="environment variable holding the key for --base-url")
-    where.add_argument("--allow-insecure-http", action="store_true",
-                       help="allow sending a key over plain http:// to a host that is not loopback")
-    where.add_argument("--replay", metavar="RECORD", help=f"what {_with('replays_record')} reads")
-    where.add_argument("--allow-changed-tool-results", action="store_true",
-                       help="with --replay: grade a played row's stored conversation as it "
-                            "happened even where the suite's tool_results now answer a call "
-                            "otherwise (else the row is refused)")
-    where.add_argument("--request", action="append", default=[], metavar="KEY=JSON",
-                       help="set KEY of every request body to a JSON value, e.g. --request seed=7 "
-                            "(repeatable; in the config; never model, instructions, input, tools "
-                            "or the like)")
-    where.add_argument("--timeout", type=float, metavar="SECONDS",
-                       help=f"per-request timeout, {_span('timeout')} seconds (default "
-                            f"{TIMEOUT_SECONDS})")
+    add = parser.add_argument_group("where to send it").add_argument
+    add("--provider", help=f"{', '.join(PROVIDERS)} (default {DEFAULT_PROVIDER})")
+    add("--base-url", metavar="URL", help=f"the endpoint ({_with('base_url_flag')})")
+    add("--api-key-env", metavar="NAME",
+        help="environment variable holding the key for --base-url")
+    add("--allow-insecure-http", action="store_true",
+        help="allow sending a key over plain http:// to a host that is not loopback")
+    add("--replay", metavar="RECORD", help=f"what {_with('replays_record')} reads")
+    add("--allow-changed-tool-results", action="store_true",
+        help="with --replay: grade a played row's stored conversation as it happened even where "
+             "the suite's tool_results now answer a call otherwise (else the row is refused)")
+    add("--request", action="append", default=[], metavar="KEY=JSON",
+        help="set KEY of every request body to a JSON value, e.g. --request seed=7 (repeatable; "
+             "in the config; never model, instructions, input, tools or the like)")
+    add("--timeout", type=float, metavar="SECONDS",
+        help=f"per-request timeout, {_span('timeout')} seconds (default {TIMEOUT_SECONDS})")
 
 
 def _judge_options(parser):
@@ -8489,45 +8473,36 @@ def _judge_options(parser):
 
 def _run_control(parser):
     """The "run control" options: concurrency, retries, resume, cost cap, shards, masking."""
-    control = parser.add_argument_group("run control")
-    control.add_argument("--concurrency", type=int, metavar="N",
-                         help=f"requests in flight, {_span('concurrency')} (default 1)")
-    control.add_argument("--retries", type=int, metavar="N",
-                         help=f"retries of transient failures (429, 5xx, timeouts, resets), "
-                              f"{_span('retries')} (default 0)")
-    control.add_argument("--resume", metavar="RECORD",
-                         help="continue an interrupted record in place (its config, "
-                                                             "redaction, cost cap, retries and "
-                                                             "concurrency come along)")
-    control.add_argument("--max-cost-usd", metavar="X",
-                         help="send no new request once reported spend reaches X")
-    control.add_argument("--price", action="append", default=[], metavar="MODEL=IN/OUT",
-                         help="USD per million input/output tokens of MODEL, to estimate cost from "
-                              "reported token usage where the endpoint reports none (repeatable)")
-    control.add_argument("--shard", metavar="I/N",
-                         help="run the I-th of N deterministic slices of the rows")
-    control.add_argument("--quiet", action="store_true",
-                         help="print only failing rows, warnings and a one-line verdict (CI logs)")
-    control.add_argument("--merge", nargs="+", metavar="FILE",
-                         help="OUT SHARD...: combine shard records into one new record OUT, "
-                              "then exit")
-    control.add_argument("--redact", action="append", metavar="REGEX",
-                         help="mask matches in stored responses (repeatable)")
-    control.add_argument("--redact-pii", action="store_true", default=None,
-                         help="mask card numbers (Luhn), bearer tokens, API-key-like strings, "
-                              "e-mail addresses")
+    add = parser.add_argument_group("run control").add_argument
+    add("--concurrency", type=int, metavar="N",
+        help=f"requests in flight, {_span('concurrency')} (default 1)")
+    add("--retries", type=int, metavar="N", help=f"retries of transient failures (429, 5xx, "
+        f"timeouts, resets), {_span('retries')} (default 0)")
+    add("--resume", metavar="RECORD", help="continue an interrupted record in place (its config, "
+        "redaction, cost cap, retries and concurrency come along)")
+    add("--max-cost-usd", metavar="X", help="send no new request once reported spend reaches X")
+    add("--price", action="append", default=[], metavar="MODEL=IN/OUT",
+        help="USD per million input/output tokens of MODEL, to estimate cost from reported token "
+             "usage where the endpoint reports none (repeatable)")
+    add("--shard", metavar="I/N", help="run the I-th of N deterministic slices of the rows")
+    add("--quiet", action="store_true",
+        help="print only failing rows, warnings and a one-line verdict (CI logs)")
+    add("--merge", nargs="+", metavar="FILE",
+        help="OUT SHARD...: combine shard records into one new record OUT, then exit")
+    add("--redact", action="append", metavar="REGEX",
+        help="mask matches in stored responses (repeatable)")
+    add("--redact-pii", action="store_true", default=None,
+        help="mask card numbers (Luhn), bearer tokens, API-key-like strings, e-mail addresses")
 
 
 def _report_options(parser):
     """The report options: Markdown, JUnit, HTML, and --report of a saved record."""
-    report = parser.add_argument_group("reports (new files, mode 0600, never overwritten)")
-    report.add_argument("--markdown", metavar="FILE",
-                        help="a Markdown summary (fits $GITHUB_STEP_SUMMARY)")
-    report.add_argument("--junit", metavar="FILE",
-                        help="JUnit XML: a testcase per model x case x repeat")
-    report.add_argument("--html", metavar="FILE", help="one self-contained HTML page")
-    report.add_argument("--report", metavar="RECORD",
-                        help="write the reports of a saved record; run nothing")
+    add = parser.add_argument_group(
+        "reports (new files, mode 0600, never overwritten)").add_argument
+    add("--markdown", metavar="FILE", help="a Markdown summary (fits $GITHUB_STEP_SUMMARY)")
+    add("--junit", metavar="FILE", help="JUnit XML: a testcase per model x case x repeat")
+    add("--html", metavar="FILE", help="one self-contained HTML page")
+    add("--report", metavar="RECORD", help="write the reports of a saved record; run nothing")
 
 
 # Run options that change what is stored or what may be spent: kept in the record's header
@@ -8535,8 +8510,7 @@ def _report_options(parser):
 # different flag on resume is refused; "default": the record's value unless the flag is given
 # (a higher --max-cost-usd or more --retries is how a stopped run continues).
 RUN_OPTIONS = {"redact": "same", "redact_pii": "same", "max_cost_usd": "default",
-               "retries": "default",
-               "concurrency": "default"}
+               "retries": "default", "concurrency": "default"}
 
 
 def _span(name):
@@ -8584,8 +8558,7 @@ def _cost(text):
         raise UsageError("--max-cost-usd must be a positive amount of US dollars")
     if plain_amount(value) is None:
         raise UsageError(f"--max-cost-usd must be from {AMOUNT_RANGE[0]:f} to {AMOUNT_RANGE[1]:f} "
-                         f"US dollars "
-                         "(at most 30 digits)")
+                         "US dollars (at most 30 digits)")
     return value
 
 
@@ -8673,14 +8646,13 @@ def _check_flags(values):
         given = values[name]
         if given == "" or (isinstance(given, list) and "" in given):
             raise UsageError(f"--{name.replace('_', '-')}: the file name is empty (an unset "
-                             f"variable?)")
+                             "variable?)")
     if values["provider"] is not None and values["provider"] not in PROVIDERS:
         raise UsageError(f"unknown provider {values['provider']!r}; choose one of "
                          f"{', '.join(PROVIDERS)}")
-    replayers = [name for name, cls in PROVIDERS.items() if cls.replays_record]
+    replayers = providers_with("replays_record")
     if values["replay"] and values["provider"] is not None and values["provider"] not in replayers:
-        raise UsageError("--replay goes with " + " or ".join(f"--provider {name}"
-                                                             for name in replayers))
+        raise UsageError("--replay goes with " + _with("replays_record"))
     if values["allow_changed_tool_results"] and not values["replay"] and not values["resume"]:
         raise UsageError("--allow-changed-tool-results goes with --replay RECORD")
     if values["provider"] in replayers and not values["replay"] and not values["resume"]:
@@ -8730,14 +8702,12 @@ def _check_redact_patterns(patterns):
                      else "")
             which = f" number {number} of {len(patterns)}" if len(patterns) > 1 else ""
             raise UsageError(f"--redact{which} is not a valid regular expression{where}; the "
-                             f"pattern is not shown, "
-                             "since it can be the secret itself (escape a literal's ( [ \\ with a "
-                             "backslash)") from None
+                             "pattern is not shown, since it can be the secret itself (escape a "
+                             "literal's ( [ \\ with a backslash)") from None
 
 
 def _check_outputs(values):
-    """Every output names its own new file; an existing one is refused before anything is
-    imported."""
+    """Each output is its own new file; an existing one is refused before anything is imported."""
     runs = not any(values[name] for name in NOT_A_NEW_RUN)
     outputs = [(f"--{kind}", values[kind]) for kind in REPORTS if values[kind]]
     outputs += [("--out", values["out"] or ("results.json" if runs else None)),
@@ -8749,10 +8719,9 @@ def _check_outputs(values):
             raise UsageError(f"{flag} {path}: the same file is named twice; every output needs its "
                              f"own file")
         if os.path.lexists(path) and not (flag == "--out" and values["dry_run"]):
+            hint = _continue_hint(path, values) if flag in ("--out", "--merge") else ""
             raise UsageError(f"{flag}: {path} already exists (records and reports never "
-                             f"overwrite a file)"
-                             + (_continue_hint(path, values) if flag in ("--out", "--merge")
-                                else ""))
+                             f"overwrite a file){hint}")
         folder = os.path.dirname(full)  # a report written after a paid run must have a place to go
         if not os.path.isdir(folder) and not (flag == "--out" and values["dry_run"]):
             raise UsageError(f"{flag} {path}: {folder} is not an existing folder; create it first "
@@ -8770,9 +8739,8 @@ def _continue_hint(path, values):
     if record_problem(record, evidence=False) is not None or complete:  # as --resume reads it
         return ""
     rows = len(record["runs"])
-    return (f"; it holds an unfinished record ({rows} row(s) saved); "
-            f"continue it with: {continue_command(path, continue_flags(Settings(**values)))}"
-            f"{redact_note(record)}")
+    return (f"; it holds an unfinished record ({rows} row(s) saved); continue it with: "
+            f"{continue_command(path, continue_flags(Settings(**values)))}{redact_note(record)}")
 
 
 def _stored_options(record, path):
@@ -8781,9 +8749,7 @@ def _stored_options(record, path):
     if not isinstance(stored, dict):
         raise UsageError(f"--resume: {path} has a run_options that is not an object")
     found = {}
-    for name in RUN_OPTIONS:
-        if name not in stored:
-            continue
+    for name in (name for name in RUN_OPTIONS if name in stored):
         value, bad = stored[name], UsageError(f"--resume: {path} has an invalid run_options.{name}")
         # Each value has its type already (record_problem); what is left: null, and its flag's rule.
         if value is None and name != "max_cost_usd":  # only the cap may be none
@@ -8807,23 +8773,17 @@ def _resume_options(values, record, path):
         redaction = record.get("redaction") or {}  # an object, patterns a count (record_problem)
         stored = {"redact_pii": redaction.get("pii") is True}
         count = redaction.get("patterns") or 0
-        given = len(values["redact"] or ())
-        if count and given != count:
+        if count and len(values["redact"] or ()) != count:
             raise UsageError(f"--resume: {path} was made with {count} --redact pattern(s), which "
                              f"older records do not store; pass the same --redact flags again")
     found = {}
-    for name, policy in RUN_OPTIONS.items():
-        flag = "--" + name.replace("_", "-")
-        if name not in stored:
-            continue
-        value = stored[name]
+    for name, value in stored.items():  # in RUN_OPTIONS order
         if name == "redact":
             _same_redaction(value, values["redact"], path)
-            continue
-        given = values[name]
-        if given is None:
+        elif values[name] is None:
             found[name] = value
-        elif policy == "same" and given != value:
+        elif RUN_OPTIONS[name] == "same" and values[name] != value:
+            flag = "--" + name.replace("_", "-")
             raise UsageError(f"--resume: run option {name!r} differs from the record's ({flag}); "
                              f"{path} keeps one redaction for all its rows: drop the flag to keep "
                              f"the record's")
@@ -8843,18 +8803,14 @@ def _same_redaction(stored, given, path):
     if sorted(pattern_digest(pattern) for pattern in given or ()) != sorted(stored):
         raise UsageError(f"--resume: run option 'redact' differs from the record's (--redact): "
                          f"{path} was masked with {len(stored)} --redact pattern(s); pass exactly "
-                         f"the same --redact flags again (a "
-                         "record keeps one redaction for all its rows and stores patterns only as "
-                         "hashes, since a pattern can be the secret itself)")
+                         "the same --redact flags again (a record keeps one redaction for all its "
+                         "rows and stores patterns only as hashes, since a pattern can be the "
+                         "secret itself)")
 
 
 def _resume_defaults(values, record, path, env):
-    """What the record fills for a --resume: config (models, repeats, timeout), endpoint, replay
-    source."""
-    config = record["config"]
-    found = {"models": values["models"] or config["models"], "repeats": values["repeats"]
-             or config["repeats"],
-             "timeout": values["timeout"] or config.get("timeout_seconds")}
+    """What the record fills for a --resume: config (models, repeats, timeout), endpoint, replay."""
+    found = _config_defaults(values, record)
     replayed_from = (record.get("replayed_from") or {}).get("path")
     identity = record_provider(record)
     made_with = providers_with("replays_record")[0] if replayed_from else identity.get("name")
@@ -8877,11 +8833,11 @@ def _resume_defaults(values, record, path, env):
     return found
 
 
-def _replay_defaults(values, replayed):
-    """A replayed record's models, repeats and timeout fill every option not given."""
-    config = replayed["config"]
-    return {"models": values["models"] or config["models"], "repeats": values["repeats"]
-            or config["repeats"],
+def _config_defaults(values, record):
+    """A resumed or replayed record's models, repeats and timeout fill every option not given."""
+    config = record["config"]
+    return {"models": values["models"] or config["models"],
+            "repeats": values["repeats"] or config["repeats"],
             "timeout": values["timeout"] or config.get("timeout_seconds")}
 
 
@@ -8889,8 +8845,7 @@ def _run_sources(values, env):
     """What a run takes from the record it resumes or replays, and its provider's defaults."""
     found = {}
     if values["resume"]:
-        # before reading it: no other process may write it from now on
-        hold_record(values["resume"])
+        hold_record(values["resume"])  # before reading it: no other process writes it from now on
         record = _load_for("--resume", values["resume"], evidence=False)  # such rows run again
         found.update(_resume_defaults(values, record, values["resume"], env))
         found.update(_resume_options({**values, **found}, record, values["resume"]))
@@ -8919,7 +8874,7 @@ def _run_sources(values, env):
             raise UsageError(f"--replay: {values['replay']} is not a usable agent-regression "
                              f"record: {unfounded_row}")
         found["replayed_record"] = replayed
-        found.update(_replay_defaults(values, replayed))
+        found.update(_config_defaults(values, replayed))
     models = found.get("models") or values["models"]
     if cls.default_models is None and not models:
         raise UsageError(f"--provider {cls.name} needs --models (names as the endpoint knows them)")
@@ -8929,12 +8884,9 @@ def _run_sources(values, env):
 
 def resolve(args, env):
     """One Settings from parsed argv, the environment and (on --resume) the record; UsageError on
-    bad input.
-
-    Order: flags beat environment twins; on --resume the record's header fills what neither
-    gave (and refuses what would change its config or redaction); then the defaults.
-    """
-    values = {name: value for name, value in vars(args).items()}
+    bad input. Flags beat environment twins; on --resume the record's header fills what neither
+    gave (and refuses what would change its config or redaction); then the defaults."""
+    values = dict(vars(args))
     found, origin = _from_environment(values, env)
     values.update(found)
     _check_flags(values)
@@ -8943,14 +8895,13 @@ def resolve(args, env):
                               else None)
     if not any(values[name] for name in NOT_A_NEW_RUN if name != "resume"):  # a run reads records
         values.update(_run_sources(values, env))
-    values["models"] = tuple(values["models"]) if values["models"] is not None else None
+    values.update({name: tuple(values[name]) for name in ("models", "merge")
+                   if values[name] is not None})
     values["provider"] = values["provider"] or DEFAULT_PROVIDER
-    values.update({name: default for name, default in (("repeats", 1), ("timeout", TIMEOUT_SECONDS),
-                                                       ("concurrency", 1), ("retries", 0))
-                   if values[name] is None})
+    defaults = {"repeats": 1, "timeout": TIMEOUT_SECONDS, "concurrency": 1, "retries": 0}
+    values.update({name: default for name, default in defaults.items() if values[name] is None})
     values.update({name: tuple(values[name] or ()) for name in ("redact", "request", "price")})
     values["redact_pii"] = bool(values["redact_pii"])
-    values["merge"] = tuple(values["merge"]) if values["merge"] is not None else None
     _check_ranges(values, origin)
     return Settings(**values)
 
@@ -8978,21 +8929,16 @@ def raised_cap(cap, spent, redo=0):
 def continue_flags(settings, row=None, tally=None, redo=0):
     """The flags a --resume needs beyond the record, plus what lifts this stop: more --retries
     after a transient failure, a higher --max-cost-usd after the budget stop."""
-    flags = []
-    if settings.api_key_env:
-        flags += ["--api-key-env", settings.api_key_env]
-    if settings.allow_insecure_http:
-        flags += ["--allow-insecure-http"]
+    flags = ["--api-key-env", settings.api_key_env] if settings.api_key_env else []
+    flags += ["--allow-insecure-http"] if settings.allow_insecure_http else []
     if settings.suite and settings.update_baseline:  # the suite is read again, its options too
-        flags += ["--suite", settings.suite, "--update-baseline"] + (["--approve-failing"]
-            if settings.approve_failing else [])
-        flags += (["--system", settings.system] if settings.system else []) + [
-            word for option in settings.request or () for word in ("--request", option)]
-    if settings.quiet:
-        flags += ["--quiet"]
-    for kind in REPORTS:
-        if getattr(settings, kind):
-            flags += [f"--{kind}", getattr(settings, kind)]
+        flags += ["--suite", settings.suite, "--update-baseline"]
+        flags += ["--approve-failing"] if settings.approve_failing else []
+        flags += ["--system", settings.system] if settings.system else []
+        flags += [word for option in settings.request or () for word in ("--request", option)]
+    flags += ["--quiet"] if settings.quiet else []
+    flags += [word for kind in REPORTS if getattr(settings, kind)
+              for word in (f"--{kind}", getattr(settings, kind))]
     if row is not None and row["error"] is not None and _transient_row(row):
         flags += ["--retries", str(min(RANGES["retries"][1], max(3, settings.retries + 2)))]
     elif settings.max_cost_usd is not None and tally is not None and tally.spent() is not None \
@@ -9027,27 +8973,19 @@ def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS, judge=None):
     of the judge of the suite's rubrics (judge_identity)."""
     suite = as_builtin(suite)
     definition = suite.get("definition", {})
-    config = {
-        "models": list(models),
-        "cases": suite["config_cases"],
-        # per case: {id: text}
-        "instructions": suite.get("config_instructions", suite["instructions"]),
-        "tool": TOOL if suite.get("builtin") else definition.get("tool"),
-        "response_format": suite["response_format"],
-        "repeats": repeats,
-        "max_steps": MAX_STEPS,
-        "max_output_tokens": MAX_OUTPUT_TOKENS,
-        "timeout_seconds": timeout,
-    }
+    config = {"models": list(models), "cases": suite["config_cases"],
+              # per case: {id: text}
+              "instructions": suite.get("config_instructions", suite["instructions"]),
+              "tool": TOOL if suite.get("builtin") else definition.get("tool"),
+              "response_format": suite["response_format"], "repeats": repeats,
+              "max_steps": MAX_STEPS, "max_output_tokens": MAX_OUTPUT_TOKENS,
+              "timeout_seconds": timeout}
     if not suite.get("builtin"):
         config["tools"] = definition.get("tools")
         config["sources"] = suite.get("sources")
     # What changes the request body is config, so compare stays strict; absent when unused,
     # so records made before these keys existed keep their config.
-    if suite.get("tool_choice"):
-        config["tool_choice"] = suite["tool_choice"]
-    if suite.get("request"):
-        config["request"] = suite["request"]
+    config.update({key: suite[key] for key in ("tool_choice", "request") if suite.get(key)})
     config.update({key: suite[key] for key in PLAYED_SUITE_KEYS if key in suite})
     if judge is not None:
         config["judge"] = judge
@@ -9058,8 +8996,7 @@ def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS, judge=None):
 # The check catalogue and the warnings --dry-run prints.
 
 def catalogue():
-    """The --list-checks text, from the check table: each check, what switches it on, its
-    reasons."""
+    """The --list-checks text from the check table: each check, what switches it on, its reasons."""
     lines = ["Checks (run in this order; each is a pure function of the case and the "
              "response trace):"]
     for check_ in CHECK_TABLE:
@@ -9103,8 +9040,7 @@ STATISTICS_TEXT = [
 
 
 def _checks_of(case):
-    """The names (CHECKS keys) of the checks that have something to judge in a case, in run
-    order."""
+    """The names (CHECKS keys) of the checks that have something to judge in a case, in order."""
     return [check_.name for check_ in CHECK_TABLE if not check_.always and check_.active(case)]
 
 
@@ -9127,8 +9063,7 @@ def lint_case(suite, case):
     parts = [case, *(part for _, _, part in turn_parts(case))] if "turns" in case else [case]
     if any(grade(compile_case(case_suite(suite, case), part), EMPTY_REPLY) for part in parts):
         return None
-    active = [check_.name for part in parts for check_ in CHECK_TABLE
-              if not check_.always and check_.active(part)]
+    active = [name for part in parts for name in _checks_of(part)]
     idle = [key for part in parts for check_ in CHECK_TABLE if not check_.active(part)
             for key in check_.reads if key in part]
     hint = f" ({', '.join(idle)} alone judges nothing)" if idle else ""
@@ -9168,13 +9103,12 @@ def argument_warnings(suite):
 
 
 def suite_warnings(suite):
-    """lint_case's warning for each weak case (--dry-run lists them), in the suite's own key
-    names."""
+    """lint_case's warning for each weak case (--dry-run lists them), in the suite's key names."""
     warnings = [found for found in (lint_case(suite, case) for case in suite["cases"]) if found]
     warnings += argument_warnings(suite)
-    return [_their_words(warning)
-            for warning in warnings] if suite.get("format") == "prompt-regression" \
-        else warnings
+    if suite.get("format") == "prompt-regression":
+        return [_their_words(warning) for warning in warnings]
+    return warnings
 
 
 # ---------------------------------------------------------------------- the plan
@@ -9214,7 +9148,7 @@ def _wire_lines(suite, args, env):
 
 def _cost_lines(args, env, run):
     """How spend is known: reported by the endpoint, estimated from prices, or not at all."""
-    cls, prices = PROVIDERS[args.provider], (run.prices if run is not None else {})
+    cls, prices = PROVIDERS[args.provider], run.prices
     reported = cls.cost_reported(args, env)
     unpriced = [model for model in args.models if model not in prices]
     lines = []
@@ -9227,7 +9161,7 @@ def _cost_lines(args, env, run):
                      f"unknown and {', '.join(unpriced)} {'has' if len(unpriced) == 1 else 'have'} "
                      f"no price; the run stops after the first row that reports no cost. Add "
                      f"--price MODEL=IN/OUT (USD per million input/output tokens)")
-    return lines + (cost_estimate_lines(args, env, run) if run is not None else [])
+    return lines + cost_estimate_lines(args, env, run)
 
 
 def _output_cap_value(suite, args, env):
@@ -9280,14 +9214,14 @@ def _instructions_line(suite):
             f"{instructions_sha256(texts.pop() if texts else suite['instructions'])}")
 
 
-def _judge_lines(suite, settings, plan, run, env):
+def _judge_lines(run, settings, env):
     """The judge of a plan's rubric cases: who, how often, what it grades first (--dry-run)."""
-    judge = run.judge if run is not None else None
+    judge, suite = run.judge, run.suite
     if judge is None:
         return []
     rubrics = {case["id"]: len(rubrics_of(case)) for case in suite["cases"]}
     examples = len(suite.get("judge_examples") or []) * (run.judge_needed and not run.resuming)
-    asks = (sum(rubrics[case_id] for _, case_id, _ in plan) * run.judge_needed + examples) \
+    asks = (sum(rubrics[case_id] for _, case_id, _ in run.plan) * run.judge_needed + examples) \
         * judge.repeats  # the examples are judged too, as often
     problem = run.judge_spec and judge_setup_problem(run.judge_spec, settings, env)
     named = "" if run.judge_spec else " (none named: only the replayed record's judgements)"
@@ -9306,22 +9240,20 @@ def _judge_cap_warning(settings, run, env):
             or PROVIDERS[spec["provider"]].cost_reported(judge_view(spec, settings), env):
         return []
     return [f"warning: --max-cost-usd is set, but the judge's cost reporting is unknown and "
-            f"{judge.model} has no price; the run stops after the first judge request that "
-            f"reports no cost. Add --price {judge.model}=IN/OUT (USD per million input/output "
-            "tokens)"]
+            f"{judge.model} has no price; the run stops after the first judge request that reports "
+            f"no cost. Add --price {judge.model}=IN/OUT (USD per million input/output tokens)"]
 
 
-def plan_text(suite, args, plan, provider_note, run=None, env=None):
+def plan_text(run, args, provider_note, env):
     """The --dry-run report: what would be sent, to whom, how many times."""
-    env = os.environ if env is None else env
-    models = args.models
+    suite, plan = run.suite, run.plan
     lines = [
         f"suite: {suite['name']}" + (f" ({suite['file']})" if suite.get("file") else ""),
         f"provider: {args.provider}" + (f" ({provider_note})" if provider_note else ""),
         _instructions_line(suite),
-        f"plan: {_plural(len(suite['cases']), 'case')} x {_plural(len(models), 'model')} x "
+        f"plan: {_plural(len(suite['cases']), 'case')} x {_plural(len(args.models), 'model')} x "
         f"{_plural(args.repeats, 'repeat')} = {_plural(len(plan), 'request')}",
-        f"models: {', '.join(models)}",
+        f"models: {', '.join(args.models)}",
         *_wire_lines(suite, args, env),
         "response format: " + _format_name(suite["response_format"]),
         *_cost_lines(args, env, run),
@@ -9340,9 +9272,9 @@ def plan_text(suite, args, plan, provider_note, run=None, env=None):
     for case in suite["cases"]:
         lines += _case_plan(suite, case)
         lines += [f"    rubric: {_quote(text, 100)}" for text in rubrics_of(case)]
-    lines += _judge_lines(suite, args, plan, run, env)
+    lines += _judge_lines(run, args, env)
     lines += [f"warning: {warning}" for warning in suite_warnings(suite)]
-    if run is not None and run.refusal:
+    if run.refusal:
         lines.append(f"refused: {run.refusal}")
     lines.append("nothing was sent (--dry-run)")
     return "\n".join(safe_text(line) for line in lines)
@@ -9392,8 +9324,7 @@ def row_line(row, widths=(0, 0)):
     cost += f" (judge ${row['judge_cost_usd']})" if row.get("judge_cost_usd") else \
         " (judge cost ?)" if "judge_cost_usd" in row else ""
     return safe_text(f"{row['model']:<{widths[0]}}  {row['case_id']:<{widths[1]}}  "
-                     f"r{row['repeat']}  {verdict}  {cost}  "
-            f"{row['seconds']:.3f}s")
+                     f"r{row['repeat']}  {verdict}  {cost}  {row['seconds']:.3f}s")
 
 
 def failure_lines(case, row):
@@ -9419,19 +9350,13 @@ def failure_lines(case, row):
 def record_header(config, sdk, evidence, **extra):
     """A record's header: SPEC A8's keys first, then what this tool adds (suite, provider, ...)."""
     header = {"created_at": _now(), "config": config, "sdk_version": sdk,
-              "code_sha256": code_sha256(),
-              "evidence": evidence}
+              "code_sha256": code_sha256(), "evidence": evidence}
     header.update({key: value for key, value in extra.items() if value is not None})
     return header
 
 
 # ---------------------------------------------------------------------- resume and regrade
 # Continuing or regrading a record: what may differ, what is kept.
-
-def _differing_key(old, new):
-    return next((key for key in [*old, *new] if key not in old or key not in new
-                 or old[key] != new[key]), None)
-
 
 def _judge_of_record(record):
     """{"judge": the suite form of a record's judge} (its key variable from the header), or {}."""
@@ -9468,25 +9393,21 @@ def _suite_from_record(record, settings):
     if settings.suite:
         return load_suite(settings.suite, allow_empty_baseline=settings.update_baseline,
                           system=settings.system)
+    name = info.get("name") or "suite"
     try:
         # the built-in suite (maybe as a file), with the record's own cases
         if info.get("builtin", True) or config.get("cases") == CASES:
             suite = builtin_suite() if config.get("cases") == CASES else _builtin_of(config)
             return {**suite, "instructions": config.get("instructions")} \
                 if isinstance(config.get("instructions"), str) else suite
-        # a prompt-regression suite, a prompt per case
-        if isinstance(config.get("instructions"), dict):
-            return validate_suite(promptreg_from_config(info.get("name") or "suite", config),
+        if isinstance(config.get("instructions"), dict):  # prompt-regression: a prompt per case
+            return validate_suite(promptreg_from_config(name, config),
                                   allow_empty_baseline=settings.update_baseline)
         if any(isinstance(case, dict) and "tools" in case for case in config.get("cases") or []):
-            return golden_from_config(info.get("name") or "suite", config)  # tools per case
-        return validate_suite({"name": info.get("name") or "suite",
-                               "instructions": config.get("instructions"),
-                               "tool": config.get("tool"), "tools": config.get("tools"),
-                               "response_format": config.get("response_format"),
-                               "tool_choice": config.get("tool_choice"),
-                               "request": config.get("request"),
-                               "sources": config.get("sources"), "cases": config.get("cases"),
+            return golden_from_config(name, config)  # tools per case
+        keys = ("instructions", "tool", "tools", "response_format", "tool_choice", "request",
+                "sources", "cases")
+        return validate_suite({"name": name, **{key: config.get(key) for key in keys},
                                **{key: config[key] for key in PLAYED_SUITE_KEYS if key in config},
                                **_judge_of_record(record)},
                               allow_empty_baseline=settings.update_baseline)
@@ -9497,15 +9418,14 @@ def _suite_from_record(record, settings):
 class Run:
     """Everything decided before the record file exists (SPEC A8: nothing can fail after)."""
 
-    def __init__(self, suite, plan, expected, header, path, kept=(), resuming=False):
-        self.suite, self.plan, self.expected, self.header = suite, plan, expected, header
+    def __init__(self, suite, plan, header, path, kept=(), resuming=False):
+        self.suite, self.plan, self.expected, self.header = suite, plan, set(plan), header
         self.path, self.kept, self.resuming = path, list(kept), resuming
         done = {row_key(row) for row in self.kept}
         self.todo = [key for key in plan if key not in done]
         self.provider = self.secret = self.refusal = self.budget = None
         self.judge = self.judge_spec = self.judge_secret = None  # see _run_judge
-        self.judge_needed = False
-        self.prices = {}
+        self.judge_needed, self.prices = False, {}
         self.redo = decimal.Decimal(0)  # what rows the cap stopped mid-loop spent (paid again)
 
 
@@ -9524,8 +9444,7 @@ def _choose_suite(settings, record, replayed):
 def run_options(settings):
     """The header's "run_options": what --resume re-applies (RUN_OPTIONS), as JSON."""
     values = {name: getattr(settings, name) for name in RUN_OPTIONS}
-    # never the pattern itself
-    values["redact"] = [pattern_digest(pattern) for pattern in values["redact"]]
+    values["redact"] = [pattern_digest(pattern) for pattern in values["redact"]]  # never a pattern
     values["max_cost_usd"] = (format(values["max_cost_usd"], "f")
                               if values["max_cost_usd"] is not None else None)
     return values
@@ -9533,11 +9452,12 @@ def run_options(settings):
 
 def _resumed_run(record, suite, plan, config, settings):
     """A Run that keeps the record's finished rows and runs the missing and errored ones."""
-    key = _differing_key(record["config"], config)
+    old = record["config"]
+    key = next((key for key in [*old, *config] if key not in old or key not in config
+                or old[key] != config[key]), None)
     if key is not None:
-        raise UsageError(f"--resume: config key {key!r} would differ from the record's "
-                         "(a flag, the environment or the suite changed it); resume needs the "
-                         "same config")
+        raise UsageError(f"--resume: config key {key!r} would differ from the record's (a flag, "
+                         "the environment or the suite changed it); resume needs the same config")
     wanted, kept, superseded = set(plan), {}, []
     cases = {case["id"]: case for case in record["config"]["cases"]}
     for row in record["runs"]:  # a row not kept stays as superseded evidence of what it spent
@@ -9554,7 +9474,7 @@ def _resumed_run(record, suite, plan, config, settings):
         {"at": _now(), "kept_rows": len(rows), "code_sha256": code_sha256()}]
     if superseded:
         header["superseded"] = list(header.get("superseded") or []) + superseded
-    return Run(suite, plan, set(plan), header, settings.resume, rows, resuming=True)
+    return Run(suite, plan, header, settings.resume, rows, resuming=True)
 
 
 def regrade_problem(record, path, suite, rows):
@@ -9643,6 +9563,7 @@ def graded_now(record, path):
               ] if unsure else []
     runs = [now.get(id(row), row) for row in record["runs"]]
     return {**record, "runs": runs}, [safe_text(note) for note in notes]
+
 
 def regraded_rows(record, rows, suite=None, path="the record"):
     """[(row, the row graded again)] of a record's finished rows that hold a response, each graded
@@ -9739,8 +9660,7 @@ def prepare(settings, env):
         if problem:
             raise UsageError(f"--resume: {problem}")
     else:
-        run = Run(suite, plan, set(plan),
-                  _new_header(settings, env, cls, suite, config, shard, replayed),
+        run = Run(suite, plan, _new_header(settings, env, cls, suite, config, shard, replayed),
                   settings.out or "results.json")
     if prices:  # not config: a price changes what a row is said to cost, never its verdict
         run.header["prices"] = {model: f"{price[0]}/{price[1]}" for model, price in prices.items()}
@@ -9772,6 +9692,7 @@ def _run_prices(record, suite, settings):
                 (record.get("prices") or {}).items()} if record is not None else {}
     return {**recorded, **(suite.get("prices") or {}), **price_options(settings)}
 
+
 def baseline_problem(settings, suite, header):
     """Why this run's answers may not become baselines, or None: --update-baseline approves a
     model's answers, never the evidence of a provider that is no model (echo, synthetic, or a
@@ -9790,9 +9711,7 @@ def baseline_problem(settings, suite, header):
 
 def _new_header(settings, env, cls, suite, config, shard, replayed):
     return record_header(
-        config,
-        # live: filled once the client exists
-        replayed.get("sdk_version") if replayed is not None else None,
+        config, (replayed or {}).get("sdk_version"),  # live: filled once the client exists
         replayed.get("evidence", "live") if replayed is not None else cls.evidence,
         suite={"name": suite["name"], "builtin": suite["builtin"], "file": suite.get("file")},
         provider=provider_identity(settings, env, replayed),
@@ -9880,9 +9799,6 @@ class WorkerPool:
         self._calls, self._wake_at, self._watchdog, self._closed = set(), None, None, False
         for _ in range(size):
             self._spawn(None)
-
-    def submit(self, job):
-        self.jobs.put(job)
 
     def close(self):
         """Stop the workers once their current job is done, and the watchdog; returns at once."""
@@ -9982,7 +9898,7 @@ def run_in_pool(jobs, work, concurrency, stopping, refill_early=lambda row: Fals
             job = next(pending, None)
             if job is None:
                 return
-            pool.submit(job)
+            pool.jobs.put(job)
             in_flight += 1
 
     try:
@@ -10003,8 +9919,8 @@ def run_in_pool(jobs, work, concurrency, stopping, refill_early=lambda row: Fals
 class Progress:
     """Per-row lines on stdout; on a terminal, also a live status line on stderr."""
 
-    def __init__(self, total, done, stream=None):
-        self.stream = stream or sys.stderr
+    def __init__(self, total, done):
+        self.stream = sys.stderr
         self.live = self.stream.isatty()
         self.total, self.done, self.started, self.session = total, done, time.monotonic(), 0
 
@@ -10020,10 +9936,8 @@ class Progress:
             self.stream.flush()
 
     def status(self, tally):
-        remaining = self.total - self.done
         per_row = (time.monotonic() - self.started) / max(self.session, 1)
-        eta = int(per_row * remaining)
-        spent = tally.spent()
+        eta, spent = int(per_row * (self.total - self.done)), tally.spent()
         return (f"[{self.done}/{self.total}] {self.done - tally.failures} passed, "
                 f"{tally.failures - tally.errors} failed, {tally.errors} errors, "
                 f"{'$' + format(spent, 'f') if spent is not None else 'spend unknown'}, "
@@ -10035,7 +9949,7 @@ class Progress:
             self.stream.flush()
 
 
-def _stop_reason(row, budget, resume=lambda flags: continue_command("RECORD", flags)):
+def _stop_reason(row, budget, resume):
     """Why no new request may start after this row, or None; `resume(flags)` is the command
     that continues the run with those flags added."""
     refused, unknown = budget.refusal(), budget.unknown
@@ -10056,7 +9970,7 @@ def _cap_exhausted(settings, budget):
     return cap is not None and spent is not None and spent >= cap and raised_cap(cap, spent) is None
 
 
-def _storable(row, mask, prices=None, attest=lambda stored: stored):
+def _storable(row, mask, prices, attest):
     """The row as stored (priced, masked, then attested when masked) and its JSON text. Anything
     failing after the response arrived (masking a reply nested 900 levels deep, say) makes the
     row an execution_error row that keeps what can be stored, never a lost row or a traceback."""
@@ -10067,8 +9981,7 @@ def _storable(row, mask, prices=None, attest=lambda stored: stored):
         problem = f"{type(exc).__name__}: {exc}"
     kept = {key: row[key] for key in ("case_id", "model", "repeat") if key in row}
     kept.update(error=problem.split(":")[0], error_status=None, cost_usd=None, response=None,
-                answer_text=None,
-                reasons=["execution_error"])
+                answer_text=None, reasons=["execution_error"])
     if isinstance(row.get("cost_usd"), str):
         kept["cost_usd"] = row["cost_usd"]  # money spent is evidence too
     try:
@@ -10078,9 +9991,8 @@ def _storable(row, mask, prices=None, attest=lambda stored: stored):
                                      f"{problem}")[:500]
     except Exception:
         kept["error_message"] = "the response arrived but could not be stored or masked"
-    for key in ("attempts", "seconds"):
-        if isinstance(row.get(key), (int, float)):
-            kept[key] = row[key]
+    kept.update({key: row[key] for key in ("attempts", "seconds")
+                 if isinstance(row.get(key), (int, float))})
     kept["passed"] = False
     try:
         return kept, dumps(kept)
@@ -10138,8 +10050,7 @@ class RowRunner:
         case = self.cases[case_id]
         steps = run_row_steps(self.run_.provider, case_suite(self.run_.suite, case), case, model,
                               repeat, retries=self.settings.retries, budget=self.budget,
-                              judge=self.run_.judge,
-                              begun=lambda row: self.live.__setitem__(
+                              judge=self.run_.judge, begun=lambda row: self.live.__setitem__(
                                   key, (steps, row, time.monotonic())))
         return steps
 
@@ -10319,8 +10230,7 @@ def merge(out, paths, created=lambda: None):
     create_record(out, header, ordered, final).close()
     created()
     print(json.dumps(final, indent=2))
-    # incomplete, or a shard kept an execution error: say what continues it
-    if final["exit_code"] == 2:
+    if final["exit_code"] == 2:  # incomplete, or a shard kept an error: say what continues it
         print(merge_gaps(records, paths, plan, final), file=sys.stderr)
     return final["exit_code"]
 
@@ -10353,9 +10263,8 @@ def _check_shards_agree(records, paths):
             options = [(one.get("run_options") or {}).get(option) for one in (record, base)]
             if options[0] != options[1]:
                 raise UsageError(f"--merge: {path} differs from {paths[0]} in "
-                                 f"run_options.{option}; "
-                                 "its rows were masked differently, and one record keeps one "
-                                 "redaction")
+                                 f"run_options.{option}; its rows were masked differently, and "
+                                 "one record keeps one redaction")
         priced = price_difference(base.get("prices"), record.get("prices"))
         if priced:  # one header keeps one price per model, so shards priced apart cannot share one
             model, here, there = priced
@@ -10377,13 +10286,10 @@ def merge_gaps(records, paths, plan, final):
     have = {row_key(row) for record in records for row in record["runs"]
             if row.get("error") is None}
     missing = [key for key in plan if key not in have]
-    lines = [f"merged record is incomplete: {final['rows']} of {final['expected_rows']} rows"
-             if not final["complete"]
-             else f"merged record holds execution errors: {final['rows']} of "
-                  f"{final['expected_rows']} rows, "
-                  "not all usable"]
-    if missing:
-        # names from the records
+    count = f"{final['rows']} of {final['expected_rows']} rows"
+    lines = [f"merged record is incomplete: {count}" if not final["complete"]
+             else f"merged record holds execution errors: {count}, not all usable"]
+    if missing:  # names from the records: escaped
         shown = ", ".join(safe_text(" / ".join(map(str, key))) for key in missing[:5])
         lines[0] += f"; missing or errored: {shown}" + (f" and {len(missing) - 5} more"
                                                         if len(missing) > 5 else "")
@@ -10472,7 +10378,7 @@ def dry_run_mode(settings, env, stage):
     # cheap and offline: a dry run can check coverage too
     if PROVIDERS[settings.provider].builds_offline:
         _check_replay_covers(make_provider(settings, env)[0], run, settings)
-    text = plan_text(run.suite, settings, run.plan, provider_problem(settings, env), run, env)
+    text = plan_text(run, settings, provider_problem(settings, env), env)
     if settings.quiet:  # the warnings and the last line, for a CI log
         lines = text.splitlines()
         said = [line for line in lines[:-1] if line.startswith(("warning: ", "refused: "))]
@@ -10577,6 +10483,7 @@ def _stopped_line(run, settings, final, tally, stopped, last):
                 "cap lets it continue")
     return f"stopped early: {safe_text(stopped)}{safe_text(hint)}"
 
+
 def write_reports_of(record, settings, stage, source):
     """Write the requested reports one by one; an interruption says which are still missing."""
     targets = {kind: getattr(settings, kind) for kind in REPORTS if getattr(settings, kind)}
@@ -10611,13 +10518,12 @@ def update_baseline(run, args, exit_code):
     except (SuiteError, RecordError) as exc:
         print(f"regression.py: error: {safe_text(exc)}", file=sys.stderr)
         return 2
-    # the run is complete: say so, and which suite is on disk
-    except KeyboardInterrupt as interrupt:
+    except KeyboardInterrupt as interrupt:  # the run is complete: say so and which suite is on disk
         word = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
         interrupt.message = safe_text(
             f"{word} while filling the baselines of {run.suite['file']}: it is "
-            f"{getattr(interrupt, 'suite_state', 'unchanged')}; {run.path} is complete (exit code "
-            f"{exit_code})")
+            f"{getattr(interrupt, 'suite_state', 'unchanged')}; {run.path} is complete "
+            f"(exit code {exit_code})")
         raise
     print(safe_text(f"baselines filled: {', '.join(filled) if filled else 'none'} "
                     f"({run.suite['file']})"))
@@ -10626,14 +10532,13 @@ def update_baseline(run, args, exit_code):
     if filled and run.suite.get("format") != "golden":  # a pin changes no verdict; a baseline does
         print(safe_text(f"note: {run.path} was graded before these baselines existed, so "
                         "compare_runs.py refuses it against runs of the new suite; regrade it "
-                        "first: "
-                        f"{regrade_command(run, args)}"))
+                        f"first: {regrade_command(run, args)}"))
     return max(exit_code, 1) if refused else exit_code
 
 
 def regrade_command(run, settings):
     """The command that re-grades this run's record with the suite as it is now, into a new file."""
-    stem = run.path[:-5] if run.path.endswith(".json") else run.path
+    stem = run.path.removesuffix(".json")
     out = next(name for name in (f"{stem}-regraded{n or ''}.json" for n in range(10_000))
                if not os.path.lexists(name))
     replayer = providers_with("replays_record")[0]  # the provider that re-grades stored responses
@@ -10644,9 +10549,9 @@ def regrade_command(run, settings):
     return " ".join([program_name(), *map(shell_word, flags)])
 
 
+# the first flag set picks the mode; none: a run
 MODES = [("list_checks", list_checks_mode), ("update_pins", update_pins_mode),
-         ("report", report_mode), ("merge", merge_mode),
-         ("dry_run", dry_run_mode)]  # the first flag set picks the mode; none: a run
+         ("report", report_mode), ("merge", merge_mode), ("dry_run", dry_run_mode)]
 
 
 def main(argv=None):
@@ -10683,8 +10588,7 @@ def cli():
         code = main()
     except KeyboardInterrupt as interrupt:
         print(getattr(interrupt, "message", None)
-              or "interrupted before the first request; nothing was saved",
-              file=sys.stderr)
+              or "interrupted before the first request; nothing was saved", file=sys.stderr)
         code = getattr(interrupt, "code", 130)
     sys.exit(code)
 
