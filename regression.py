@@ -6126,7 +6126,7 @@ def retry_after(exc):
         import email.utils
         try:
             when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
+        except (TypeError, ValueError, IndexError, OverflowError):  # a year past C long
             return None
         if when is None:
             return None

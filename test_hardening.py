@@ -410,7 +410,9 @@ def test_absurd_retry_after_fails_the_row_instead_of_stalling(tmp_path, provider
     assert row["error_status"] == 429 and row["reasons"] == ["execution_error"] and row["attempts"] == 1
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "-5", "soon", "Wed, 99 Foo 2025 99:99:99 GMT"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-5", "soon", "Wed, 99 Foo 2025 99:99:99 GMT",
+                                   "Mon, 20 Nov 9999999999 12:00:00 +0000",  # OverflowError
+                                   "Mon, 20 Nov 2026 12:00:00 +99999"])
 def test_unreadable_retry_after_falls_back_to_backoff_and_recovers(tmp_path, value):
     def reply(request):
         if request.number == 1:
