@@ -5205,12 +5205,6 @@ def text_tool_calls(text, functions):
     return found
 
 
-def text_tool_call(trace, functions):
-    """The first declared function an answer calls in writing (see text_tool_calls), or None."""
-    calls = text_tool_calls(trace.final_text, functions)
-    return calls[0]["name"] if calls else None
-
-
 # ---------------------------------------------------------------------- JSON over HTTP
 # The shared urllib transport and the urllib provider classes.
 
