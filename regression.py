@@ -9396,6 +9396,16 @@ def _resumed_run(record, suite, plan, config, settings):
     return Run(suite, plan, header, settings.resume, rows, resuming=True)
 
 
+GRADE_FIELDS = ("passed", "reasons", "verdicts", "details", "answer_text")
+
+
+def grade_differs(row, again):
+    """Whether a row's stored verdict or answer is not what its evidence grades now (`again`):
+    details aside (older releases stored fewer), verdicts where the row stores any."""
+    return any(again.get(field) != row.get(field) for field in GRADE_FIELDS
+               if field != "details" and (field != "verdicts" or row.get("verdicts") is not None))
+
+
 def regrade_problem(record, path, suite, rows):
     """Why the stored verdicts of a resume's kept rows (or a shard's rows) cannot stand, or None:
     each row's stored conversation is graded again under the current checks (offline, as
@@ -9416,18 +9426,13 @@ def regrade_problem(record, path, suite, rows):
             return (f"{key_text(row_key(row))}: its stored conversation is not one its suite plays "
                     f"({changed}); the summary would count a verdict on a conversation that never "
                     f"happened{other}: run the suite again with --out NEW.json")
-        if again["passed"] is not row.get("passed") or again["reasons"] != row.get("reasons") or (
-                "verdicts" in row and again.get("verdicts") != row["verdicts"]) \
-                or again["answer_text"] != row.get("answer_text"):
+        if grade_differs(row, again):
             differs = "" if again["answer_text"] == row.get("answer_text") else \
                 " (and its stored answer_text is not its stored response's answer)"
             return (f"{key_text(row_key(row))} is stored as {_verdict_text(row)} but its stored "
                     f"response now grades {_verdict_text(again)}{differs}{other}; the summary "
                     "would mix two gradings: run the suite again with --out NEW.json")
     return None
-
-
-GRADE_FIELDS = ("passed", "reasons", "verdicts", "details", "answer_text")
 
 
 def masked_where_read(row, again):
@@ -9465,9 +9470,7 @@ def graded_now(record, path):
             raise RecordError(f"{path}: {key_text(row_key(row))}: its stored conversation is not "
                               f"one its suite plays ({changed})")
         graded = {field: again[field] for field in GRADE_FIELDS if field in again}
-        # details are shown as graded now, but older releases stored fewer: not a verdict change
-        if any(graded.get(field, ABSENT) != row.get(field, ABSENT) for field in GRADE_FIELDS
-               if field != "details" and (field != "verdicts" or "verdicts" in row)):
+        if grade_differs(row, again):
             differ.append(f"{key_text(row_key(row))} stored {_verdict_text(row)}, graded "
                           f"{_verdict_text(again)}")
         now[id(row)] = graded = {**row, **graded}

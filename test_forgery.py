@@ -296,6 +296,28 @@ def test_a_kept_row_whose_answer_was_edited_is_refused_by_resume_and_merge(playe
                               "is not")
 
 
+GRADE_EDITS = {  # an edit of a stored grade field, and whether it changes the verdict or answer
+    "passed": (lambda row: row.update(passed=not row["passed"]), True),
+    "reasons": (lambda row: row.update(reasons=["wrong_tool_args"]), True),
+    "answer": (lambda row: row.update(answer_text="Refund issued for ord_1001!"), True),
+    "verdicts": (lambda row: row.update(verdicts={"claims": ["unbacked_claim"]}), True),
+    "verdicts-null": (lambda row: row.update(verdicts=None), False),  # null is none
+    "details": (lambda row: row.update(details={}), False),  # older releases stored fewer
+}
+
+
+@pytest.mark.parametrize("edit", GRADE_EDITS)
+def test_resume_merge_and_compare_read_an_edited_grade_alike(played, edit):
+    """--resume and --merge refuse exactly the rows whose stored grade compare and --report say
+    differs: one rule (grade_differs), where two copies disagreed on a null verdicts."""
+    record, (change, differs) = copy.deepcopy(played), GRADE_EDITS[edit]
+    change(row_of(record, PASSING_KEY))
+    refused = regression.regrade_problem(record, "run.json", regression.load_suite(str(EXAMPLE)),
+                                         record["runs"])
+    _, notes = regression.graded_now(record, "run.json")
+    assert (refused is not None, any("differ" in note for note in notes)) == (differs, differs)
+
+
 def test_a_masked_verdict_stands_only_on_its_digest(masked, tmp_path):
     """A masked record cannot be graded again, so --resume and --merge took its verdicts as
     stored: passed set true over a caught card leak was merged as a pass (exit 0)."""
