@@ -6592,6 +6592,15 @@ def _sum_costs(costs):
     return format(sum((decimal.Decimal(cost) for cost in costs), decimal.Decimal(0)), "f")
 
 
+def _summed(traces):
+    """What the traces of a row's rounds (or turns) add up to in its one trace."""
+    return {"thought_texts": tuple(text for trace in traces for text in trace.thought_texts),
+            "tool_rounds": sum(trace.tool_rounds for trace in traces),
+            "search_urls": [url for trace in traces for url in trace.search_urls],
+            "cost_usd": _sum_costs([trace.cost_usd for trace in traces]),
+            "attempts": tuple(attempt for trace in traces for attempt in trace.attempts)}
+
+
 def rounds_trace(parse, rounds, traces=None, bound=None):
     """One trace for a played row: the last turn's answer and status, the ordered calls of every
     round (round, name, arguments, and the result sent back), tool rounds and cost summed.
@@ -6614,27 +6623,17 @@ def rounds_trace(parse, rounds, traces=None, bound=None):
         heard += [("tool", url) for url in trace.search_urls] + [("said", trace.final_text)]
         heard += [("tool", result_text(sent["result"])) for sent in turn.get("tool_results") or ()]
     return Trace(
-        transcript=tuple(heard),
-        final_text=last.final_text,
+        transcript=tuple(heard), final_text=last.final_text,
         # Text a round said beside its tool calls is said to the user too (see said_texts).
         earlier_texts=tuple(trace.final_text for trace in traces[:-1] if trace.final_text),
-        thought_texts=tuple(text for trace in traces for text in trace.thought_texts),
-        tool_calls=calls,
-        tool_rounds=sum(trace.tool_rounds for trace in traces),
-        search_urls=[url for trace in traces for url in trace.search_urls],
-        status=last.status,
-        cost_usd=_sum_costs([trace.cost_usd for trace in traces]),
-        rounds=len(rounds),
-        final=not last.tool_calls,
-        attempts=tuple(attempt for trace in traces for attempt in trace.attempts),
-        bound=bound,
-    )
+        tool_calls=calls, status=last.status, rounds=len(rounds), final=not last.tool_calls,
+        bound=bound, **_summed(traces))
 
 
 def parsed(provider, suite, raw):
-    """provider.parse(raw), with the tool calls its answer wrote as text (see text_tool_calls) as
-    the trace's attempts; none are looked for when the server was told not to call (tool_choice
-    none)."""
+    """provider.parse(raw), with the tool calls its answer wrote as text (see text_tool_calls)
+    as its attempts; none looked for when the server was told not to call (tool_choice none)."""
+
     trace = provider.parse(raw)
     cls = provider if isinstance(provider, Provider) else Provider  # a bare stub: the base's
     sent = cls.sent_tools(suite) if cls.sent_tool_choice(suite) != "none" else []
@@ -6710,10 +6709,8 @@ def response_cost(provider, prices, model, raw):
 
 
 def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=time.monotonic,
-                     sleep=time.sleep,
-                     budget=None, until=None):
-    """Run a played case into `row` round by round (as steps, see send_request_steps); returns its
-    trace.
+                     sleep=time.sleep, budget=None, until=None):
+    """Run a played case into `row` round by round (as steps, see send_request_steps): its trace.
 
     Each response is stored in row["rounds"] (and row["response"]) before it is read, so a
     failure mid-loop keeps every round already made as evidence. `budget` (a Budget) is asked
@@ -6730,9 +6727,8 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
     traces, held = [], 0  # held: bytes of the responses and tool results stored, each once
     while True:
         raw, attempts = yield from send_request_steps(provider, model, suite, case, repeat, retries,
-                                                      sleep=sleep,
-                                                      rounds=rounds, until=until, clock=clock,
-                                                      budget=budget)
+                                                      sleep, rounds=rounds, until=until,
+                                                      clock=clock, budget=budget)
         rounds.append({"response": raw})
         row["response"] = raw
         row["attempts"] = row.get("attempts", 0) + attempts
@@ -6755,8 +6751,7 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
 
 
 def play_tools(provider, suite, case, model, repeat, retries, row, clock=time.monotonic,
-               sleep=time.sleep,
-               budget=None):
+               sleep=time.sleep, budget=None):
     """A played case on this thread (see play_tools_steps)."""
     return drive_steps(play_tools_steps(provider, suite, case, model, repeat, retries, row, clock,
                                         sleep, budget))
@@ -6786,6 +6781,7 @@ def turn_case(case, user, done):
     (`done`: {"user", "rounds"} each) and the case's prior history (messages)."""
     sent = {key: value for key, value in case.items() if key != "turns"}
     return {**sent, "input": user, "_done": done}
+
 
 
 def converse_steps(provider, suite, case, model, repeat, retries, row, clock=time.monotonic,
@@ -6837,14 +6833,10 @@ def conversation_trace(users, traces):
         final_text=last.final_text,
         earlier_texts=tuple(text for trace in traces[:-1] for text in said_texts(trace) if text)
         + last.earlier_texts,
-        thought_texts=tuple(text for trace in traces for text in trace.thought_texts),
-        tool_calls=calls, tool_rounds=sum(trace.tool_rounds for trace in traces),
-        search_urls=[url for trace in traces for url in trace.search_urls], status="completed",
-        cost_usd=_sum_costs([trace.cost_usd for trace in traces]), rounds=before, final=True,
-        attempts=tuple(attempt for trace in traces for attempt in trace.attempts),
-        turns=tuple(traces),
+        tool_calls=calls, status="completed", rounds=before, final=True, turns=tuple(traces),
         transcript=tuple(event for user, trace in zip(users, traces)
-                         for event in (("user", user), *trace.transcript)))
+                         for event in (("user", user), *trace.transcript)), **_summed(traces))
+
 
 
 def turn_gradings(suite, case, traces, users=None):
@@ -6899,19 +6891,16 @@ def grade_turns(row, suite, case, traces, model=True):
 
 
 def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retries=None,
-                  sleep=time.sleep,
-                  budget=None, judge=None, begun=None):
-    """run_row() as steps (see send_request_steps): a run's worker pool drives these; returns the
-    row.
+                  sleep=time.sleep, budget=None, judge=None, begun=None):
+    """run_row() as steps (see send_request_steps) that a run's worker pool drives: the row.
     `budget` (a Budget) is asked before every request, also between the rounds of a played case
     and before each request of the `judge` of a rubric case (see judge_row_steps). `begun(row)`
     is told the row as it is made: an interrupted run stores the rounds it already holds."""
-    row = {"case_id": case["id"], "model": model}
+    row = {"case_id": case["id"], "model": model, **({} if repeat is None else {"repeat": repeat}),
+           "error": None, "error_status": None, "cost_usd": None, "response": None,
+           "answer_text": None, "reasons": []}
     (begun or (lambda row: None))(row)
-    if repeat is not None:
-        row["repeat"] = repeat
-    row.update(error=None, error_status=None, cost_usd=None, response=None, answer_text=None,
-               reasons=[])
+
     started = time.monotonic()
     try:
         if "turns" in case or plays_tools(suite, case):
@@ -6927,8 +6916,7 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
                 row["attempts"] = attempts
             row["response"] = raw
             trace = parsed(provider, suite, raw)
-        row["answer_text"] = trace.final_text
-        row["cost_usd"] = trace.cost_usd
+        row.update(answer_text=trace.final_text, cost_usd=trace.cost_usd)
         compiled = yield from judged_case_steps(provider, suite, case, (model, repeat or 0), row,
                                                 trace, judge, retries or 0, sleep, budget)
         ask = grader and (lambda: grader(case, row["response"], trace))
@@ -6962,6 +6950,7 @@ def _row_failed(row, exc, provider, retries):
         row["attempts"] = row.get("attempts", 0) + exc.attempts
     else:
         row.setdefault("attempts", 1)
+
 
 def grade_row(row, compiled, trace, grader=None, model=True):
     """Grade a row whose evidence is stored: reasons, verdicts, details. `grader` () -> reasons is
@@ -7046,15 +7035,13 @@ def repriced(row, prices):
 
 
 def run_row(provider, suite, case, model, repeat=None, grader=None, retries=None, judge=None):
-    """One row: request, store the evidence, then grade (SPEC A6).
+    """One row: request, store the evidence, then grade (SPEC A6). The response, answer text and
+    cost are stored before grading, so a crashing checker still leaves the evidence; any exception
+    becomes an execution_error row instead of escaping. With `retries` set, the row also records
+    how many attempts the request took."""
+    return drive_steps(run_row_steps(provider, suite, case, model, repeat, grader, retries,
+                                     judge=judge))
 
-    The response, answer text and cost are stored in the row before grading, so a
-    crashing checker still leaves the evidence; any exception becomes an
-    execution_error row instead of escaping. With `retries` set, the row also
-    records how many attempts the request took.
-    """
-    steps = run_row_steps(provider, suite, case, model, repeat, grader, retries, judge=judge)
-    return drive_steps(steps)
 
 def judge_data(input_text, rubric, answer):
     """(what the judge reads, its sha256): one JSON object, which no answer can break out of."""
@@ -7189,8 +7176,8 @@ def judge_row_steps(judge, case, input_text, answer, row, stored=(), retries=0, 
         raise JudgeError("the case has a rubric, but no judge is named")
     calls = row.setdefault("judgements", [])
     start, base, earlier = len(calls), row.get("cost_usd"), row.get("judge_cost_usd", "0")
-
     judged = {}
+
     try:
         for rubric in rubrics_of(case):
             judged[rubric] = yield from judge.verdict_steps(
