@@ -6633,7 +6633,6 @@ def rounds_trace(parse, rounds, traces=None, bound=None):
 def parsed(provider, suite, raw):
     """provider.parse(raw), with the tool calls its answer wrote as text (see text_tool_calls)
     as its attempts; none looked for when the server was told not to call (tool_choice none)."""
-
     trace = provider.parse(raw)
     cls = provider if isinstance(provider, Provider) else Provider  # a bare stub: the base's
     sent = cls.sent_tools(suite) if cls.sent_tool_choice(suite) != "none" else []
@@ -6783,7 +6782,6 @@ def turn_case(case, user, done):
     return {**sent, "input": user, "_done": done}
 
 
-
 def converse_steps(provider, suite, case, model, repeat, retries, row, clock=time.monotonic,
                    sleep=time.sleep, budget=None):
     """Run a conversation into `row` turn by turn (as steps, see send_request_steps); returns its
@@ -6836,7 +6834,6 @@ def conversation_trace(users, traces):
         tool_calls=calls, status="completed", rounds=before, final=True, turns=tuple(traces),
         transcript=tuple(event for user, trace in zip(users, traces)
                          for event in (("user", user), *trace.transcript)), **_summed(traces))
-
 
 
 def turn_gradings(suite, case, traces, users=None):
@@ -6900,7 +6897,6 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
            "error": None, "error_status": None, "cost_usd": None, "response": None,
            "answer_text": None, "reasons": []}
     (begun or (lambda row: None))(row)
-
     started = time.monotonic()
     try:
         if "turns" in case or plays_tools(suite, case):
@@ -7177,7 +7173,6 @@ def judge_row_steps(judge, case, input_text, answer, row, stored=(), retries=0, 
     calls = row.setdefault("judgements", [])
     start, base, earlier = len(calls), row.get("cost_usd"), row.get("judge_cost_usd", "0")
     judged = {}
-
     try:
         for rubric in rubrics_of(case):
             judged[rubric] = yield from judge.verdict_steps(
@@ -7526,12 +7521,12 @@ def _is_shard(value):
     return match is not None and 1 <= int(match.group(1)) <= int(match.group(2))
 
 
-_TEXT, _INT, _NUMBER, _BOOL = ((lambda v: isinstance(v, str)),
-                               "a string"), (_is_int, "a whole number"), \
-    ((lambda v: _is_number(v) and abs(v) <= 1e15),
-     "a finite number"), ((lambda v: isinstance(v, bool)), "true or false")
-_OBJECT, _LIST = ((lambda v: isinstance(v, dict)), "an object"), ((lambda v: isinstance(v, list)),
-                                                                  "a list")
+_TEXT = (lambda v: isinstance(v, str)), "a string"
+_INT = _is_int, "a whole number"
+_NUMBER = (lambda v: _is_number(v) and abs(v) <= 1e15), "a finite number"
+_BOOL = (lambda v: isinstance(v, bool)), "true or false"
+_OBJECT = (lambda v: isinstance(v, dict)), "an object"
+_LIST = (lambda v: isinstance(v, list)), "a list"
 
 # {field: (test, what it must be)}: a field that is present and not null must pass its test.
 # Every field a command that reads a record (compare_runs.py, --report, --resume, --merge,
@@ -7545,17 +7540,17 @@ RECORD_FIELDS = dict(
     shard=(_is_shard, "I/N with 1 <= I <= N"))
 NESTED_FIELDS = {
     "suite": dict(name=_TEXT, builtin=_BOOL, file=_TEXT),
-    "provider": dict(name=((lambda v: v in PROVIDERS and not PROVIDERS[v].replays_record),
-                           "the name of a provider"),
-                        base_url=((lambda v: base_url_problem(v) is None), "an http(s) URL")),
+    # a list or object is no name: looked up in PROVIDERS it would raise TypeError (a traceback)
+    "provider": dict(name=((lambda v: isinstance(v, str) and v in PROVIDERS
+                            and not PROVIDERS[v].replays_record), "the name of a provider"),
+                     base_url=((lambda v: base_url_problem(v) is None), "an http(s) URL")),
     "replayed_from": dict(path=_TEXT),
     "redaction": dict(pii=_BOOL, patterns=_INT),
     "run_options": dict(redact=(_is_text_list, "a list of pattern hashes"), redact_pii=_BOOL,
-                        max_cost_usd=_TEXT,
-                        retries=_INT, concurrency=_INT),
+                        max_cost_usd=_TEXT, retries=_INT, concurrency=_INT),
     "summary": dict(complete=_BOOL, rows=_INT, expected_rows=_INT, exit_code=_INT, stopped=_TEXT,
-                       models=_OBJECT, warnings=(_is_text_list, "a list of strings"),
-                       superseded_rows=_INT),
+                    models=_OBJECT, warnings=(_is_text_list, "a list of strings"),
+                    superseded_rows=_INT),
 }
 SUMMARY_MODEL_FIELDS = dict(passed=_INT, total=_INT, errors=_INT, qualified=_BOOL,
                             reported_cost_usd=_TEXT, judge_cost_usd=_TEXT)
@@ -7660,22 +7655,19 @@ def evidence_problem(record, row, cases):
 
 def _config_problem(config):
     models, cases, repeats = config.get("models"), config.get("cases"), config.get("repeats")
-    if not isinstance(models, list) or not models or not all(isinstance(m, str) and m
-                                                             for m in models) \
-            or len(set(models)) != len(models):
+    named = isinstance(models, list) and models and all(isinstance(m, str) and m for m in models)
+    if not named or len(set(models)) != len(models):
         return "config.models is not a list of distinct model names"
-    if not isinstance(cases, list) or not cases or not all(isinstance(c, dict)
-                                                           and isinstance(c.get("id"), str)
-                                                           for c in cases):
+    if not isinstance(cases, list) or not cases or not all(
+            isinstance(case, dict) and isinstance(case.get("id"), str) for case in cases):
         return "config.cases is not a list of cases with string ids"
     if len({case["id"] for case in cases}) != len(cases):
         return "config.cases has duplicate ids"
     most = RANGES["repeats"][1]
-    if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= most:
+    if not _is_int(repeats) or not 1 <= repeats <= most:
         return f"config.repeats is not a whole number from 1 to {most}"
     timeout = config.get("timeout_seconds", TIMEOUT_SECONDS)
-    # a float can hold it: no OverflowError later
-    if not _is_number(timeout) or not 0 < timeout <= 1e9:
+    if not _is_number(timeout) or not 0 < timeout <= 1e9:  # a float holds it: no OverflowError
         return "config.timeout_seconds is not a positive number of seconds"
     judge = config.get("judge", {})
     if not isinstance(judge, dict) or not set(judge) <= {*JUDGE_KEYS} - {"api_key_env"} \
@@ -7684,20 +7676,20 @@ def _config_problem(config):
     return None
 
 
-def _row_problem(row, position, field="runs"):
+def _row_problems(row, where):
+    """Every check of a stored row in order, lazily (see record_problem)."""
     if not isinstance(row, dict) or not _well_keyed(row):
-        return f"{field}[{position}] lacks a string model and case_id and a whole-number repeat"
-    problem = _field_problem(row, ROW_FIELDS, f"{field}[{position}].")
-    if problem is None and isinstance(row.get("details"), dict):
-        problem = _field_problem(row["details"], DETAILS_FIELDS, f"{field}[{position}].details.")
-    if problem is None and isinstance(row.get("turns"), list):
-        problem = _turns_problem(row["turns"], f"{field}[{position}].turns")
+        yield f"{where} lacks a string model and case_id and a whole-number repeat"
+    yield _field_problem(row, ROW_FIELDS, f"{where}.")
+    if isinstance(row.get("details"), dict):
+        yield _field_problem(row["details"], DETAILS_FIELDS, f"{where}.details.")
+    if isinstance(row.get("turns"), list):
+        yield _turns_problem(row["turns"], f"{where}.turns")
     # the verdict counts only `passed`: a row marked passed that holds reasons or an error is a
     # crafted or broken row, and trusting it would carry a failure into a summary as a pass
-    if problem is None and row.get("passed") is True and (row.get("reasons")
-                                                          or row.get("error") is not None):
-        problem = f"{field}[{position}].passed is true but the row holds reasons or an error"
-    return problem or _verdicts_problem(row, f"{field}[{position}].verdicts")
+    if row.get("passed") is True and (row.get("reasons") or row.get("error") is not None):
+        yield f"{where}.passed is true but the row holds reasons or an error"
+    yield _verdicts_problem(row, f"{where}.verdicts")
 
 
 def _verdicts_problem(row, where):
@@ -7766,29 +7758,29 @@ def record_problem(record, evidence=True):
 
     With `evidence`, every row that counts in a summary must carry the evidence its verdict is
     graded from (evidence_problem); --resume asks without it and runs such rows again."""
+    return next(filter(None, _record_problems(record, evidence)), None)
+
+
+def _record_problems(record, evidence):
+    """record_problem's checks in order, lazily: each runs only after every earlier one passed."""
     if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
-        return "it has no config object"
+        yield "it has no config object"
     if not isinstance(record.get("runs"), list):
-        return 'it has no "runs" list'
-    problem = _config_problem(record["config"]) or _field_problem(record, RECORD_FIELDS, "")
+        yield 'it has no "runs" list'
+    yield _config_problem(record["config"])
+    yield _field_problem(record, RECORD_FIELDS, "")
     for field, rules in NESTED_FIELDS.items():
-        if problem is None and isinstance(record.get(field), dict):
-            problem = _field_problem(record[field], rules, f"{field}.")
-    models = (record["summary"].get("models") if problem is None
-              and isinstance(record.get("summary"), dict) else None)
-    for model, stats in (models or {}).items():
+        if isinstance(record.get(field), dict):
+            yield _field_problem(record[field], rules, f"{field}.")
+    for model, stats in ((record.get("summary") or {}).get("models") or {}).items():
         where = f"summary.models[{model!r}]"
-        problem = f"{where} is not an object" if not isinstance(stats, dict) else \
+        yield f"{where} is not an object" if not isinstance(stats, dict) else \
             _field_problem(stats, SUMMARY_MODEL_FIELDS, f"{where}.")
-        if problem:
-            break
-    for position, row in enumerate(record["runs"]):
-        problem = problem or _row_problem(row, position)
-        if problem:
-            break
-    for position, row in enumerate(record.get("superseded") or []):
-        problem = problem or _row_problem(row, position, "superseded")
-    return problem or (_unfounded_problem(record) if evidence else None)
+    for field in ("runs", "superseded"):
+        for position, row in enumerate(record.get(field) or []):
+            yield from _row_problems(row, f"{field}[{position}]")
+    if evidence:
+        yield _unfounded_problem(record)
 
 
 def _verdict_text(row):
