@@ -8140,10 +8140,7 @@ def xml_text(value):
 
 def md_text(value, limit=300):
     """One table cell of Markdown: no HTML, no pipes or newlines, no code spans to break out of."""
-    text = " ".join(str(value).split())
-    text = text if len(text) <= limit else text[:limit] + "..."
-    return _escape(text, quote=False).replace("|", "\\|").replace("`", "\\`") \
-        .replace("[", "\\[").replace("]", "\\]")
+    return re.sub(r"([|`\[\]])", r"\\\1", _escape(_cut(str(value), limit), quote=False))
 
 
 def md_table(headers, rows):
@@ -8251,13 +8248,10 @@ def trajectory(row, limit=TRAJECTORY_TEXT_LIMIT):
     for call in _row_calls(row):
         arguments = call.get("arguments")
         arguments = arguments if isinstance(arguments, str) else dumps(arguments)
-        if "result" not in call:
-            result = "(no result sent)"
-        else:
-            result = dumps(call["result"]) + (" [unscripted]" if call.get("unscripted") else "")
+        result = (dumps(call["result"]) + " [unscripted]" * bool(call.get("unscripted"))
+                  if "result" in call else "(no result sent)")
         number = call.get("round")
-        number = (number if isinstance(number, int) and not isinstance(number, bool)
-                  and 0 <= number <= 10_000 else None)
+        number = number if _is_int(number) and 0 <= number <= 10_000 else None
         steps.append((number, _cut(f"{call.get('name')}({arguments})", limit), _cut(result, limit)))
     return steps
 
@@ -8321,14 +8315,13 @@ def junit_run(record):
     """JUnit XML for one run: a testcase per planned model x case x repeat."""
     rows = {row_key(row): row for row in record["runs"]}
     stopped = (record.get("summary") or {}).get("stopped") or "the run stopped before this row"
-    suites = {}
+    suite, suites = junit_name((record.get("suite") or {}).get("name", "suite")), {}
     for key in _record_plan(record):
         model, case_id, repeat = key
         row = rows.get(key)
         # One package level: viewers split a classname at dots, so the parts' own dots are escaped.
-        case = {"classname": f"{junit_name((record.get('suite') or {}).get('name', 'suite'))}."
-                             f"{junit_name(model)}",
-                "name": f"{case_id} [repeat {repeat}]", "seconds": (row or {}).get("seconds")}
+        case = {"classname": f"{suite}.{junit_name(model)}", "name": f"{case_id} [repeat {repeat}]",
+                "seconds": (row or {}).get("seconds")}
         if row is None:
             case["skipped"] = ("not run", stopped)
         elif row.get("error") is not None:
@@ -8422,46 +8415,40 @@ def markdown_run(record):
              f"evidence: {md_text(record.get('evidence', 'live'))}"]
     if final.get("stopped"):
         lines += ["", f"Stopped early: {md_text(final['stopped'])}"]
-    lines += ["",
-        *(f"Warning: {md_text(warning)}"
-          for warning in _warnings(final))] if _warnings(final) else []
-    lines += ["",
-        md_table(MODEL_COLUMNS,
-                 [[md_text(cell) for cell in cells] for cells in _model_rows(final)])]
+    warnings = [f"Warning: {md_text(warning)}" for warning in _warnings(final)]
+    lines += ["", *warnings] if warnings else []
+    lines += ["", md_table(MODEL_COLUMNS, [list(map(md_text, row)) for row in _model_rows(final)])]
     lines += _markdown_case_rates(record)
     failed = _failed_rows(record)
-    if failed:
-        lines += ["", "### Failures", "",
-                  md_table(["model", "case", "repeat", "reasons", "evidence"], [
-            [md_text(row.get("model")), md_text(row.get("case_id")), md_text(row.get("repeat")),
-             md_text(", ".join(row.get("reasons") or []) + (f": {_what_failed(row)}"
-                                                            if row.get("error") else "")),
-             # endpoint's words
-             md_text(evidence_notes(row, limit=300) or (row.get("error_message") or "")[:300])]
-            for row in failed])]
-    traced = [row for row in failed if _row_calls(row)]
-    if traced:
-        lines += ["", "### Trajectories of failing rows", "",
-                  md_table(["model", "case", "repeat", "calls"], [
-            [md_text(row.get("model")), md_text(row.get("case_id")), md_text(row.get("repeat")),
-             "<br>".join(md_text(line, limit=2 * TRAJECTORY_TEXT_LIMIT + 40)
-                         for line in trajectory_lines(row))]
-            for row in traced])]
-    talks = [row for row in failed if row.get("turns")]
-    if talks:
-        lines += ["", "### Conversations of failing rows", "", md_table(
-            ["model", "case", "repeat", "turns"],
-            [[md_text(row.get("model")), md_text(row.get("case_id")), md_text(row.get("repeat")),
-              "<br>".join(md_text(line, limit=TRAJECTORY_TEXT_LIMIT + 40)
-                          for line in conversation_lines(row))] for row in talks])]
+    lines += _md_rows("Failures", ["reasons", "evidence"],
+                      [(row, _md_failure(row)) for row in failed])
+    for title, header, shown, limit in (  # a row without calls (turns) is left out of their table
+            ("Trajectories", "calls", trajectory_lines, 2 * TRAJECTORY_TEXT_LIMIT + 40),
+            ("Conversations", "turns", conversation_lines, TRAJECTORY_TEXT_LIMIT + 40)):
+        cells = [(row, ["<br>".join(md_text(line, limit=limit) for line in shown(row))])
+                 for row in failed if shown(row)]
+        lines += _md_rows(f"{title} of failing rows", [header], cells)
     missing = _not_run(record)
     if missing:
         shown = ", ".join(f"{model} / {case_id} / repeat {repeat}"
                           for model, case_id, repeat in missing[:10])
-        lines += ["",
-            f"Not run: {len(missing):,} row(s): "
-            f"{md_text(shown + (' ...' if len(missing) > 10 else ''))}"]
+        shown += " ..." if len(missing) > 10 else ""
+        lines += ["", f"Not run: {len(missing):,} row(s): {md_text(shown)}"]
     return "\n".join(lines) + "\n"
+
+
+def _md_rows(title, headers, rows):
+    """A section of failing rows: a table of [(row, its cells)] by model, case, repeat, cells."""
+    return ["", f"### {title}", "", md_table(["model", "case", "repeat", *headers], [
+        [md_text(row.get(key)) for key in ("model", "case_id", "repeat")] + cells
+        for row, cells in rows])] if rows else []
+
+
+def _md_failure(row):
+    """A failing row's reasons and evidence cells (an error's evidence: the endpoint's words)."""
+    error = f": {_what_failed(row)}" if row.get("error") else ""
+    return [md_text(", ".join(row.get("reasons") or []) + error),
+            md_text(evidence_notes(row, limit=300) or (row.get("error_message") or "")[:300])]
 
 
 def _markdown_case_rates(record):
@@ -8497,16 +8484,13 @@ def _html_row_details(row):
         parts.append(f"<p>similarity {xml_text(details['similarity'])}</p>")
     if details.get("diff"):
         parts.append(f"<pre>{xml_text(details['diff'])}</pre>")
-    if _row_calls(row):
-        parts.append("<ol class=\"trajectory\">" + "".join(f"<li>{xml_text(line)}</li>"
-                                                           for line in trajectory_lines(row))
-                     + "</ol>")
-    if row.get("turns"):
-        items = "".join(f"<li>{xml_text(line)}</li>" for line in conversation_lines(row))
-        parts.append(f"<ol class=\"conversation\">{items}</ol>")
+    listed = {"trajectory": trajectory_lines(row), "conversation": conversation_lines(row)}
+    for css, lines in listed.items():
+        items = "".join(f"<li>{xml_text(line)}</li>" for line in lines)
+        parts += [f"<ol class=\"{css}\">{items}</ol>"] if lines else []
     if row.get("answer_text") is not None:
-        parts.append(f"<details><summary>answer</summary><pre>{xml_text(row['answer_text'])}</pre><"
-                     f"/details>")
+        parts.append(f"<details><summary>answer</summary><pre>{xml_text(row['answer_text'])}"
+                     "</pre></details>")
     else:
         parts.append(f"<p>no answer: {xml_text(_what_failed(row))}</p>")
     return "\n".join(parts)
@@ -8537,14 +8521,12 @@ def html_run(record):
         for model in config["models"]:
             got = [rows.get((model, case["id"], repeat)) for repeat in range(config["repeats"])]
             done = [row for row in got if row is not None]
-            passed = sum(1 for row in done if row.get("passed"))
-            css = ("error" if any(row.get("error") for row in done) else "pass" if done
-                   and passed == len(done)
-                   else "fail" if done else "")
+            passed = sum(bool(row.get("passed")) for row in done)
+            css = ("error" if any(row.get("error") for row in done) else "" if not done
+                   else "pass" if passed == len(done) else "fail")
             reasons = sorted({reason for row in done for reason in row.get("reasons") or []})
-            cells.append(((rate_text(passed, len(done)) if done else "not run")
-                          + (f"<br><small>{xml_text(', '.join(reasons))}</small>" if reasons
-                             else ""), css))
+            note = f"<br><small>{xml_text(', '.join(reasons))}</small>" if reasons else ""
+            cells.append(((rate_text(passed, len(done)) if done else "not run") + note, css))
         matrix.append(cells)
     body += ["<h2>Cases</h2>", html_table(["case", *config["models"]], matrix)]
     failed = _failed_rows(record)
