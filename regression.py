@@ -7239,28 +7239,21 @@ def pass_k_text(pass_k):
     return f"pass^{k} {passed}/{cases}" + (f" = {passed / cases:.2f}" if cases > 0 else "")
 
 
-def rate_fields(passed, total, all_passed, cases, k):
-    """A summary's statistics of one model: its pass rate with the interval, and its pass^k."""
-    interval = [round(bound, 4) for bound in wilson_interval(passed, total)] if total else None
-    return {"pass_rate": rate_text(passed, total), "interval_95": interval,
-            "pass_k": {"k": k, "passed": all_passed, "cases": cases}}
-
-
 class Tally:
     """The verdict (SPEC A7), updated one row at a time so a checkpoint stays O(row)."""
 
-    def __init__(self, models, repeats, cases, expected=None, superseded=()):
+    def __init__(self, models, repeats, cases, expected=None, superseded=(), rows=()):
         self.models = list(models)
         case_ids = [case["id"] if isinstance(case, dict) else case for case in cases]
         self.expected = set(expected if expected is not None
                             else plan_rows(self.models, case_ids, repeats))
         self.seen, self.clash = set(), False
-        self.errors = self.failures = 0
+        self.errors = self.failures = self.superseded = 0
         self.tool_rows = self.tool_calls = 0  # rows of a suite with function tools, and their calls
         self.text_call_rows, self.text_call_server = 0, None  # calls written as text; by whom
         self.per_model = {model: {"passed": 0, "total": 0, "errors": 0, "cost": decimal.Decimal(0),
-                                  "cost_known": True, "expected": 0, "all_passed": 0,
-                                  "judge": decimal.Decimal(0), "judged": False}
+                                  "cost_known": True, "expected": 0, "all_passed": 0, "cases": 0,
+                                  "k": 0, "judge": decimal.Decimal(0), "judged": False}
                           for model in self.models}
         self.overhead = 0  # spent outside the rows (the judge_examples), counted against the cap
         # (model, case_id) in plan order: [passed, finished, expected] rows, for pass^k and rates
@@ -7272,10 +7265,11 @@ class Tally:
         self.pairs = {pair: counts for pair, counts in self.pairs.items() if counts[2]}
         for (model, _), (_, _, expected) in self.pairs.items():
             stats = self.per_model[model]
-            stats["cases"], stats["k"] = stats.get("cases", 0) + 1, max(stats.get("k", 0), expected)
-        self.superseded = 0
+            stats["cases"], stats["k"] = stats["cases"] + 1, max(stats["k"], expected)
         for row in superseded:
             self.add_spend(row)
+        for row in rows:
+            self.add(row)
 
     def add_spend(self, row):
         """Count the spend of a row --resume replaced (superseded), never its verdict: a row
@@ -7290,11 +7284,10 @@ class Tally:
 
     @staticmethod
     def _add_cost(stats, cost, key="cost"):
+        amount = _amount(cost)  # a finite Decimal or None: not a usable amount
         try:
-            amount = decimal.Decimal(cost) if isinstance(cost, str) else None
-            usable = amount is not None and amount.is_finite()
-            stats[key] += amount if usable else decimal.Decimal("NaN")
-        except ArithmeticError:  # InvalidOperation, Overflow: not a usable amount
+            stats[key] += decimal.Decimal("NaN") if amount is None else amount
+        except ArithmeticError:  # Overflow: no usable sum
             stats[key] = decimal.Decimal("NaN")
         stats["cost_known"] = stats["cost"].is_finite()
 
@@ -7307,16 +7300,14 @@ class Tally:
         if key in self.seen or key not in self.expected:
             self.clash = True
         self.seen.add(key)
-        failed = row.get("passed") is not True
-        errored = row.get("error") is not None
+        failed, errored = row.get("passed") is not True, row.get("error") is not None
+        self.errors, self.failures = self.errors + errored, self.failures + failed
         calls = row.get("tool_calls")
-        if isinstance(calls, int) and not isinstance(calls, bool):
+        if _is_int(calls):
             self.tool_rows, self.tool_calls = self.tool_rows + 1, self.tool_calls + max(calls, 0)
         if isinstance(row.get("reasons"), list) and "tool_call_as_text" in row["reasons"]:
             self.text_call_rows += 1
             self.text_call_server = self.text_call_server or server_kind(row.get("response"))
-        self.errors += errored
-        self.failures += failed
         stats = self.per_model.get(row.get("model"))
         if stats is None:
             return
@@ -7350,10 +7341,13 @@ class Tally:
         """A final summary's statistics of a model: its pass rate with the interval, pass^k,
         and {case_id: rate} of its cases with a failed row."""
         stats = self.per_model[model]
-        failed = {case_id: rate_text(passed, done) for (name, case_id), (passed, done, _)
-                  in self.pairs.items() if name == model and passed < done}
-        return {**rate_fields(stats["passed"], stats["total"], stats["all_passed"],
-                              stats.get("cases", 0), stats.get("k", 0)), "failed_cases": failed}
+        passed, total = stats["passed"], stats["total"]
+        interval = [round(bound, 4) for bound in wilson_interval(passed, total)] if total else None
+        failed = {case_id: rate_text(good, done) for (name, case_id), (good, done, _)
+                  in self.pairs.items() if name == model and good < done}
+        return {"pass_rate": rate_text(passed, total), "interval_95": interval, "pass_k":
+                {"k": stats["k"], "passed": stats["all_passed"], "cases": stats["cases"]},
+                "failed_cases": failed}
 
     def unknown_cost(self):
         """The first model with a row of unknown cost, or None."""
@@ -7367,9 +7361,7 @@ class Tally:
         models = {}
         for model, stats in self.per_model.items():
             models[model] = {
-                "passed": stats["passed"],
-                "total": stats["total"],
-                "errors": stats["errors"],
+                **{key: stats[key] for key in ("passed", "total", "errors")},
                 # a model with no row here (another shard's) is not shown fit by 0 of 0 passing
                 "qualified": complete and stats["expected"] > 0
                 and stats["passed"] == stats["expected"],
@@ -7380,8 +7372,7 @@ class Tally:
             }
         exit_code = 2 if not complete or self.errors else 1 if self.failures else 0
         verdict = {"complete": complete, "rows": len(self.seen),
-                   "expected_rows": len(self.expected),
-                   "models": models, "exit_code": exit_code}
+                   "expected_rows": len(self.expected), "models": models, "exit_code": exit_code}
         if self.text_call_rows:  # says why no tool was called, too
             verdict["warnings"] = [TEXT_CALLS.format(rows=self.text_call_rows,
                                                      cause=TEXT_CALL_CAUSES[self.text_call_server])]
@@ -7393,11 +7384,9 @@ class Tally:
 
 
 NO_TOOL_CALLS = ("the suite declares function tools, but no model called a tool in {rows} answered "
-                 "row(s) of cases with tool checks: "
-                 "tool checks may have passed vacuously (did the server receive the tools?); "
-                 "add behavior require_tool:NAME to a case that must call one")
-
-
+                 "row(s) of cases with tool checks: tool checks may have passed vacuously (did the "
+                 "server receive the tools?); add behavior require_tool:NAME to a case that must "
+                 "call one")
 TEXT_CALLS = ("{rows} row(s) wrote tool calls as text instead of calling a tool "
               "(tool_call_as_text): {cause}")
 # Why a server leaves a model's tool calls as text, by the server that answered (see server_kind).
@@ -7429,10 +7418,7 @@ def server_kind(raw):
 def summary(rows, models, repeats, cases=CASES, superseded=()):
     """SPEC A7: completeness, per-model verdicts and the exit code of a set of rows (and the
     spend of the superseded rows a --resume replaced)."""
-    tally = Tally(models, repeats, cases, superseded=superseded)
-    for row in rows:
-        tally.add(row)
-    return tally.summary(final=True)
+    return Tally(models, repeats, cases, superseded=superseded, rows=rows).summary(final=True)
 
 
 def recount(record):
@@ -7440,11 +7426,8 @@ def recount(record):
     summary is never trusted, since a hand edit could say PASS over failed rows. Its
     "stopped" note is kept: it says why rows are missing, which the rows cannot."""
     config = record["config"]
-    tally = Tally(config["models"], config["repeats"], config["cases"],
-                  expected=_record_plan(record), superseded=record.get("superseded") or ())
-    for row in record["runs"]:
-        tally.add(row)
-    final = tally.summary(final=True)
+    final = Tally(config["models"], config["repeats"], config["cases"], _record_plan(record),
+                  record.get("superseded") or (), record["runs"]).summary(final=True)
     stopped = (record.get("summary") or {}).get("stopped")
     if isinstance(stopped, str):
         final["stopped"] = stopped
