@@ -7787,8 +7787,7 @@ def _lock(fd, path, shared=False):
         fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
         raise RecordError(f"{path} is being written by another process (a run, --resume or "
-                          f"--merge); "
-                          "wait until it ends, then try again") from None
+                          "--merge); wait until it ends, then try again") from None
     except OSError:
         pass  # a file system without locks (some network mounts)
 
@@ -7848,8 +7847,7 @@ def _start_record(fd, path, header, rows, final):
     try:
         _lock(fd, path)
         head = dumps(header)[:-1] + ', "runs": ['
-        data = (head + "".join(("," if i else "") + "\n" + dumps(row)
-                               for i, row in enumerate(rows))).encode("utf-8")
+        data = (head + ",".join("\n" + dumps(row) for row in rows)).encode("utf-8")
         writer = RecordWriter(path, fd, len(data), b"", len(rows))
         try:
             _pwrite_all(fd, data, 0)
@@ -7891,8 +7889,7 @@ def replace_record(path, header, rows, final):
     real = os.path.realpath(path)
     folder, name = os.path.split(real)
     try:
-        # O_EXCL, mode 0600
-        fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+        fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)  # O_EXCL, 0600
     except OSError as exc:
         raise RecordError(f"cannot write next to {path}: {exc.strerror or exc}; {path} is "
                           f"unchanged") from None
@@ -7939,8 +7936,7 @@ def _recover(text):
                 raise ValueError("malformed header")
             i = _skip_ws(text, i + 1)
             if key == "runs":
-                rows, i, torn = _recover_rows(text, i, decoder)
-                record["runs"] = rows
+                record["runs"], i, torn = _recover_rows(text, i, decoder)
                 if torn:
                     return record
             else:
@@ -7980,11 +7976,9 @@ def _recover_rows(text, i, decoder):
 
 
 def load_record(path):
-    """Read a record, recovering every finished row from a file torn by a crash.
-
-    A recovered record carries "recovered": true and a summary recomputed from its
-    rows. Raises RecordError with a one-line reason when nothing can be read.
-    """
+    """Read a record, recovering every finished row from a file torn by a crash: a recovered
+    record carries "recovered": true and a summary recomputed from its rows. Raises RecordError
+    with a one-line reason when nothing can be read."""
     try:
         data = read_bytes(path)
     except OSError as exc:
@@ -8001,16 +7995,16 @@ def load_record(path):
     try:
         record = _recover(text)
     except (ValueError, RecursionError):
-        raise RecordError(f"{path} is not a JSON record: {error}") from None
+        record = {}  # nothing recovered
     if "runs" not in record:
         raise RecordError(f"{path} is not a JSON record: {error}")
     record["recovered"] = True
     record.pop("summary", None)
     if record_problem(record, evidence=False) is None:  # recompute what a well-formed config allows
         config = record["config"]
-        record["summary"] = summary(record["runs"], config["models"], config["repeats"],
-                                    config["cases"], record.get("superseded") or ())
-        record["summary"]["stopped"] = "recovered from a torn record"
+        record["summary"] = {**summary(record["runs"], config["models"], config["repeats"],
+                                       config["cases"], record.get("superseded") or ()),
+                             "stopped": "recovered from a torn record"}
     return record
 
 
