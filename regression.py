@@ -6791,7 +6791,7 @@ def converse_steps(provider, suite, case, model, repeat, retries, row, clock=tim
     turns, deadline = user_turns(case), getattr(provider, "deadline", None)
     until = clock() + deadline * round_limit(suite, case) * len(turns) if deadline else None
     told = getattr(provider, "told", lambda model, case, repeat: ())(model, case, repeat)
-    users = [*told, *(user for user, _ in turns)][:len(turns)] if told else [u for u, _ in turns]
+    users = [*told, *(user for user, _ in turns)][:len(turns)]
     row["turns"], done, traces, costs = [], [], [], []
     for user in users:  # a replay says what the user said then
         entry = {"user": user}
@@ -7453,8 +7453,7 @@ class RecordWriter:
         self.path, self.fd, self.end, self.tail, self.count = path, fd, end, tail, count
 
     def append(self, row, final, text=None):
-        """Add a finished row (and its JSON `text` if already made) and the current summary;
-        durable when this returns."""
+        """Add a finished row (its JSON `text` if made) and the summary; durable once it returns."""
         data = (",\n" if self.count else "\n") + (text if text is not None else dumps(row))
         self._write_tail(data.encode("utf-8"), final)
         self.count += 1
@@ -7547,11 +7546,8 @@ DETAILS_FIELDS = dict(diff=_TEXT, similarity=_NUMBER)
 
 def _field_problem(value, rules, where):
     """The first field of an object that breaks its rule, as "WHERE.FIELD is not ...", or None."""
-    for field, (test, what) in rules.items():
-        item = value.get(field)
-        if item is not None and not test(item):
-            return f"{where}{field} is not {what}"
-    return None
+    return next((f"{where}{field} is not {what}" for field, (test, what) in rules.items()
+                 if value.get(field) is not None and not test(value[field])), None)
 
 
 _MASK_MARK = re.compile(r"\[REDACTED(?::[a-z]+)?\]")
@@ -7565,8 +7561,8 @@ def masked_evidence(record):
     a caught leak into a RECOVERED row. Masked evidence is refused, never re-graded."""
     if record.get("redaction"):
         return "it was stored with --redact/--redact-pii, so its responses are masked"
-    rows = [row for row in record.get("runs") or [] if isinstance(row, dict)]
-    row = next((row for row in rows if row_masked(record, row)), None)
+    row = next((row for row in record.get("runs") or []
+                if isinstance(row, dict) and row_masked(record, row)), None)
     return None if row is None else (f"the stored response of {key_text(row_key(row))} holds a "
                                      "[REDACTED] mask (a key or pattern was masked)")
 
@@ -7667,7 +7663,7 @@ def _row_problems(row, where):
     if isinstance(row.get("details"), dict):
         yield _field_problem(row["details"], DETAILS_FIELDS, f"{where}.details.")
     if isinstance(row.get("turns"), list):
-        yield _turns_problem(row["turns"], f"{where}.turns")
+        yield from _turns_problems(row["turns"], f"{where}.turns")
     # the verdict counts only `passed`: a row marked passed that holds reasons or an error is a
     # crafted or broken row, and trusting it would carry a failure into a summary as a pass
     if row.get("passed") is True and (row.get("reasons") or row.get("error") is not None):
@@ -7692,19 +7688,18 @@ def _verdicts_problem(row, where):
 TURN_FIELDS = dict(user=_TEXT, rounds=_LIST, reply=_TEXT)
 
 
-def _turns_problem(turns, where):
-    """Why a conversation row's turns are not its evidence, or None: each turn an object with
-    the user's text and its rounds, each round an object holding a response."""
+def _turns_problems(turns, where):
+    """Why a conversation row's turns are not its evidence, lazily (see record_problem): each turn
+    an object with the user's text and its rounds, each round an object holding a response."""
     for number, turn in enumerate(turns):
         at = f"{where}[{number}]"
-        problem = f"{at} is not an object" if not isinstance(turn, dict) else \
-            f"{at}.user is not a string" if not isinstance(turn.get("user"), str) else \
-            _field_problem(turn, TURN_FIELDS, f"{at}.")
-        if problem is None and not all(isinstance(one, dict) for one in turn.get("rounds") or ()):
-            problem = f"{at}.rounds holds a round that is not an object"
-        if problem:
-            return problem
-    return None
+        if not isinstance(turn, dict):
+            yield f"{at} is not an object"
+        if not isinstance(turn.get("user"), str):
+            yield f"{at}.user is not a string"
+        yield _field_problem(turn, TURN_FIELDS, f"{at}.")
+        if not all(isinstance(one, dict) for one in turn.get("rounds") or ()):
+            yield f"{at}.rounds holds a round that is not an object"
 
 
 def _turns_evidence_problem(row):
@@ -8071,30 +8066,22 @@ def first_difference(old, new, path=""):
     compared as JSON (same_json): true and 1 differ."""
     if same_json(old, new):
         return None
+    parts = []  # (old, new, path) of each part compared in turn
     if isinstance(old, dict) and isinstance(new, dict):
-        for key in [*old, *(key for key in new if key not in old)]:
-            found = first_difference(old.get(key, ABSENT), new.get(key, ABSENT), _child(path, key))
-            if found:
-                return found
+        parts = [(old.get(key, ABSENT), new.get(key, ABSENT), _child(path, key))
+                 for key in [*old, *(key for key in new if key not in old)]]
     elif isinstance(old, list) and isinstance(new, list):
         old_ids, new_ids = _ids(old), _ids(new)
         if old_ids is not None and new_ids is not None:
             by_old, by_new = dict(zip(old_ids, old)), dict(zip(new_ids, new))
-            for key in [*old_ids, *(key for key in new_ids if key not in by_old)]:
-                found = first_difference(by_old.get(key, ABSENT), by_new.get(key, ABSENT),
-                                         f"{path}[{_key_part(key)}]")
-                if found:
-                    return found
-            if old_ids != new_ids:
-                return (f"{path} order", old_ids, new_ids)
+            parts = [(by_old.get(key, ABSENT), by_new.get(key, ABSENT), f"{path}[{_key_part(key)}]")
+                     for key in [*old_ids, *(key for key in new_ids if key not in by_old)]]
+            parts.append((old_ids, new_ids, f"{path} order"))  # the same ids in another order
         elif any(isinstance(item, (dict, list)) for item in [*old, *new]):  # strings: shown whole
-            for position in range(max(len(old), len(new))):
-                found = first_difference(old[position] if position < len(old) else ABSENT,
-                                         new[position] if position < len(new) else ABSENT,
-                                         _child(path, position))
-                if found:
-                    return found
-    return (path or "(the whole value)", old, new)
+            parts = [(old[at] if at < len(old) else ABSENT, new[at] if at < len(new) else ABSENT,
+                      _child(path, at)) for at in range(max(len(old), len(new)))]
+    found = next(filter(None, (first_difference(*part) for part in parts)), None)
+    return found or (path or "(the whole value)", old, new)
 
 
 # ====================================================================== reports
@@ -8270,10 +8257,9 @@ def _row_failure_text(row):
         parts.append(f"similarity: {details['similarity']}")
     if details.get("diff"):
         parts.append(details["diff"])
-    if _row_calls(row):
-        parts += ["trajectory:", *("  " + line for line in trajectory_lines(row))]
-    if row.get("turns"):
-        parts += ["conversation:", *("  " + line for line in conversation_lines(row))]
+    listed = {"trajectory": trajectory_lines(row), "conversation": conversation_lines(row)}
+    for title, lines in listed.items():
+        parts += [f"{title}:", *("  " + line for line in lines)] if lines else []
     parts.append(f"answer: {row['answer_text']}" if row.get("answer_text") is not None
                  else f"no answer: {_what_failed(row)}")
     return "\n".join(parts)
@@ -8362,10 +8348,6 @@ def _warnings(final):
     return final.get("warnings") or []
 
 
-def _failed_rows(record):
-    return [row for row in record["runs"] if not row.get("passed")]
-
-
 _VERDICTS = {0: "PASS: every row passed", 1: "FAIL: at least one check failed",
              2: "ERROR: an execution error or an incomplete run"}
 
@@ -8396,7 +8378,7 @@ def markdown_run(record):
     lines += ["", *warnings] if warnings else []
     lines += ["", md_table(MODEL_COLUMNS, [list(map(md_text, row)) for row in _model_rows(final)])]
     lines += _markdown_case_rates(record)
-    failed = _failed_rows(record)
+    failed = [row for row in record["runs"] if not row.get("passed")]
     lines += _md_rows("Failures", ["reasons", "evidence"],
                       [(row, _md_failure(row)) for row in failed])
     for title, header, shown, limit in (  # a row without calls (turns) is left out of their table
@@ -8405,7 +8387,8 @@ def markdown_run(record):
         cells = [(row, ["<br>".join(md_text(line, limit=limit) for line in shown(row))])
                  for row in failed if shown(row)]
         lines += _md_rows(f"{title} of failing rows", [header], cells)
-    missing = _not_run(record)
+    done = {row_key(row) for row in record["runs"]}  # a stopped run's rest is listed, not run
+    missing = [key for key in _record_plan(record) if key not in done]
     if missing:
         shown = ", ".join(f"{model} / {case_id} / repeat {repeat}"
                           for model, case_id, repeat in missing[:10])
@@ -8438,12 +8421,6 @@ def _markdown_case_rates(record):
     lines += [table] if listed else [] if perfect else ["No row finished."]
     return lines + [f"{count:,} model/case pair(s) passed every repeat: {md_text(text)} each "
                     "(not listed)." for text, count in perfect.items()]
-
-
-def _not_run(record):
-    """The planned row keys a record holds no row for (a stopped or interrupted run)."""
-    done = {row_key(row) for row in record["runs"]}
-    return [key for key in _record_plan(record) if key not in done]
 
 
 def _html_row_details(row):
@@ -8488,10 +8465,9 @@ def html_run(record):
     if final.get("stopped"):
         body.append(f"<p>Stopped early: {xml_text(final['stopped'])}</p>")
     body += [f"<p>Warning: {xml_text(warning)}</p>" for warning in _warnings(final)]
-    body.append(html_table(MODEL_COLUMNS, [
-        [xml_text(cell) if n != 3 else (cell, "pass" if cell == "yes" else "fail")
-         for n, cell in enumerate(cells)]
-        for cells in _model_rows(final)]))
+    body.append(html_table(MODEL_COLUMNS, [  # the fourth column, qualified, is coloured
+        [(cell, "pass" if cell == "yes" else "fail") if n == 3 else xml_text(cell)
+         for n, cell in enumerate(cells)] for cells in _model_rows(final)]))
     matrix = []
     for case in config["cases"]:
         cells = [xml_text(case["id"])]
@@ -8506,7 +8482,7 @@ def html_run(record):
             cells.append(((rate_text(passed, len(done)) if done else "not run") + note, css))
         matrix.append(cells)
     body += ["<h2>Cases</h2>", html_table(["case", *config["models"]], matrix)]
-    failed = _failed_rows(record)
+    failed = [row for row in record["runs"] if not row.get("passed")]
     if failed:
         body += ["<h2>Failures</h2>", *(_html_row_details(row) for row in failed)]
     return html_page(title, "\n".join(body))
