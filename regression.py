@@ -6929,8 +6929,7 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
 
 def _row_failed(row, exc, provider, retries):
     """Make `row` the execution error `exc`, keeping whatever evidence it already holds."""
-    row["error"] = type(exc).__name__
-    row["error_status"] = status_of(exc)
+    row.update(error=type(exc).__name__, error_status=status_of(exc))
     # Stored cut to 500 characters only after masking (redact_row); this generous bound just
     # caps the masking work. It never cuts through a value: masking can shrink what comes
     # before the cut (a --redact pattern over a long blob) until the cut is inside the 500.
@@ -7232,10 +7231,10 @@ def _bound(value):
 
 def pass_k_text(pass_k):
     """A summary's pass^k as `pass^3 1/2 = 0.50` (the share of cases whose every repeat passed)."""
-    if not isinstance(pass_k, dict) or not all(_is_int(pass_k.get(key)) for key in ("k", "passed",
-                                                                                      "cases")):
+    keys = ("k", "passed", "cases")
+    if not isinstance(pass_k, dict) or not all(_is_int(pass_k.get(key)) for key in keys):
         return "pass^k unknown"
-    k, passed, cases = pass_k["k"], pass_k["passed"], pass_k["cases"]
+    k, passed, cases = (pass_k[key] for key in keys)
     return f"pass^{k} {passed}/{cases}" + (f" = {passed / cases:.2f}" if cases > 0 else "")
 
 
@@ -7473,8 +7472,7 @@ class RecordWriter:
                 self._restore()
                 raise RecordError(f"cannot write {self.path}: {exc.strerror or exc}; "
                                   f"the record keeps its {self.count} earlier row(s)") from None
-            self.end += len(data)
-            self.tail = tail
+            self.end, self.tail = self.end + len(data), tail
 
     def _restore(self):
         """Put the previous tail back after a failed write, so earlier rows stay valid JSON."""
@@ -8318,29 +8316,28 @@ def _cost_cell(stats):
 def _model_rows(final):
     """The per-model table of a summary (record_problem's: each model's stats an object)."""
     return [[str(model), _passed_cell(stats), str(stats.get("errors", 0)),
-             "yes" if stats.get("qualified") else "no",
-             _cost_cell(stats), pass_k_text(stats.get("pass_k"))]
+             "yes" if stats.get("qualified") else "no", _cost_cell(stats),
+             pass_k_text(stats.get("pass_k"))]
             for model, stats in (final.get("models") or {}).items()]
 
 
 def case_rates(record):
     """A run's (model, case) pass rates: [(model, case_id, rate text)] of the pairs that did
     not pass every repeat, and {rate text: pairs} of those that did (counted, not listed)."""
-    config, listed, perfect = record["config"], [], {}
-    passed, done = {}, {}
+    config, listed, perfect = record["config"], [], collections.Counter()
+    passed, done = collections.Counter(), collections.Counter()
     for row in record["runs"]:
         if isinstance(row, dict) and _well_keyed(row):
-            pair = row_key(row)[:2]
-            passed[pair] = passed.get(pair, 0) + (row.get("passed") is True)
-            done[pair] = done.get(pair, 0) + 1
+            passed[row_key(row)[:2]] += row.get("passed") is True
+            done[row_key(row)[:2]] += 1
     for model in config["models"]:
         for case in config["cases"]:
-            count, runs = passed.get((model, case["id"]), 0), done.get((model, case["id"]), 0)
+            count, runs = passed[model, case["id"]], done[model, case["id"]]
             if runs and count == runs == config["repeats"]:
-                perfect[rate_text(count, runs)] = perfect.get(rate_text(count, runs), 0) + 1
+                perfect[rate_text(count, runs)] += 1
             elif runs:
                 listed.append((model, case["id"], rate_text(count, runs)))
-    return listed, perfect
+    return listed, dict(perfect)
 
 
 def _warnings(final):
