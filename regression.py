@@ -6729,8 +6729,7 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
                                                       sleep, rounds=rounds, until=until,
                                                       clock=clock, budget=budget)
         rounds.append({"response": raw})
-        row["response"] = raw
-        row["attempts"] = row.get("attempts", 0) + attempts
+        row.update(response=raw, attempts=row.get("attempts", 0) + attempts)
         trace = parsed(provider, suite, raw)
         traces.append(trace)
         # Spent for real after every round, so a row that fails later still says what it cost.
@@ -7179,17 +7178,15 @@ def judge_row_steps(judge, case, input_text, answer, row, stored=(), retries=0, 
     finally:  # what was spent counts, also when a call failed
         paid = [entry.get("cost_usd") for entry in calls[start:] if "response" in entry]
         spent = _sum_costs(paid) if paid else "0"
-        row["judge_cost_usd"] = _sum_costs([earlier, spent])
-        row["cost_usd"] = _sum_costs([base, spent])
+        row.update(judge_cost_usd=_sum_costs([earlier, spent]), cost_usd=_sum_costs([base, spent]))
     return judged
 
 
 def run_one(client, case, model):
     """SPEC A6: one Agent API request for a built-in case, graded through check()."""
     # Grading goes through the module-level name so tests can replace regression.check.
-    grader = lambda _, raw, trace: check(case, raw, trace.final_text)  # noqa: E731
     return run_row(PerplexityProvider(client), builtin_suite(), builtin_case(case), model,
-                   grader=grader)
+                   grader=lambda _, raw, trace: check(case, raw, trace.final_text))
 
 
 # ====================================================================== summary
@@ -8136,11 +8133,9 @@ def html_table(headers, rows):
     """rows: lists of (html_cell, css_class) or plain escaped-html strings."""
     out = ["<table><tr>" + "".join(f"<th>{xml_text(h)}</th>" for h in headers) + "</tr>"]
     for row in rows:
-        cells = []
-        for cell in row:
-            content, css = cell if isinstance(cell, tuple) else (cell, "")
-            cells.append(f"<td class=\"{css}\">{content}</td>" if css else f"<td>{content}</td>")
-        out.append("<tr>" + "".join(cells) + "</tr>")
+        cells = (cell if isinstance(cell, tuple) else (cell, "") for cell in row)
+        out.append("<tr>" + "".join(f'<td class="{css}">{content}</td>' if css
+                                    else f"<td>{content}</td>" for content, css in cells) + "</tr>")
     return "\n".join(out + ["</table>"])
 
 
@@ -8154,18 +8149,17 @@ def junit_xml(name, suites, system_out=""):
     """JUnit XML: suites is [(suite_name, [testcase])], testcase a dict with name, classname,
     seconds and optionally failure / error / skipped (each a (message, text) pair); system_out,
     when given, is every suite's <system-out> (what a viewer shows beside the suite)."""
-    total = sum(len(cases) for _, cases in suites)
-    count = lambda kind, cases: sum(1 for case in cases if kind in case)  # noqa: E731
+    def counted(cases):  # the failures, errors and skipped attributes of an element of `cases`
+        return " ".join(f'{attr}="{sum(kind in case for case in cases)}"' for attr, kind
+                        in (("failures", "failure"), ("errors", "error"), ("skipped", "skipped")))
+
     all_cases = [case for _, cases in suites for case in cases]
     lines = ['<?xml version="1.0" encoding="UTF-8"?>',
-             f'<testsuites name="{xml_text(name)}" tests="{total}" '
-             f'failures="{count("failure", all_cases)}" errors="{count("error", all_cases)}" '
-             f'skipped="{count("skipped", all_cases)}">']
+             f'<testsuites name="{xml_text(name)}" tests="{len(all_cases)}" {counted(all_cases)}>']
     for suite_name, cases in suites:
         seconds = sum(case.get("seconds") or 0 for case in cases)
         lines.append(f'  <testsuite name="{xml_text(suite_name)}" tests="{len(cases)}" '
-                     f'failures="{count("failure", cases)}" errors="{count("error", cases)}" '
-                     f'skipped="{count("skipped", cases)}" time="{seconds:.3f}">')
+                     f'{counted(cases)} time="{seconds:.3f}">')
         for case in cases:
             lines.append(f'    <testcase classname="{xml_text(case["classname"])}" '
                          f'name="{xml_text(case["name"])}" '
