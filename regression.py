@@ -6921,8 +6921,7 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
             grade_turns(row, suite, case, trace.turns, model)
     except Exception as exc:  # an endpoint or checker failure is evidence, not a crash
         _row_failed(row, exc, provider, retries)
-    row["seconds"] = round(time.monotonic() - started, 3)
-    row["passed"] = not row["reasons"]
+    row.update(seconds=round(time.monotonic() - started, 3), passed=not row["reasons"])
     return row
 
 
@@ -8217,9 +8216,8 @@ def trajectory_lines(row):
     steps = trajectory(row)
     lines = [f"{'round ' + str(number) + ': ' if number is not None else ''}{call} -> {result}"
              for number, call, result in steps[:TRAJECTORY_CALLS_SHOWN]]
-    if len(steps) > TRAJECTORY_CALLS_SHOWN:
-        lines.append(f"... {len(steps) - TRAJECTORY_CALLS_SHOWN} more call(s)")
-    return lines
+    more = len(steps) - TRAJECTORY_CALLS_SHOWN
+    return lines + [f"... {more} more call(s)"] * (more > 0)
 
 
 def conversation_lines(row, limit=TRAJECTORY_TEXT_LIMIT):
