@@ -2306,8 +2306,7 @@ def _arguments_match(wanted, arguments):
 
 
 def is_error_result(call):
-    """A call got no usable result: none was sent, it was unscripted, or it is an {"error": ...}
-    object."""
+    """A call got no usable result: none was sent, it was unscripted, or it is {"error": ...}."""
     if "result" not in call or call.get("unscripted"):
         return True
     result = call["result"]
@@ -2326,9 +2325,10 @@ def _sequence(trace):
 MAX_ROUNDS_LIMIT = 20
 
 
-def _validate_max_rounds(value, where):
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_ROUNDS_LIMIT:
-        raise SuiteError(f"{where}: max_rounds must be a whole number from 1 to {MAX_ROUNDS_LIMIT} "
+def _whole_number(value, where, key, low, high):
+    """SuiteError unless `value` (a suite's or a case's `key`) is a whole number in range."""
+    if not _is_int(value) or not low <= value <= high:
+        raise SuiteError(f"{where}: {key} must be a whole number from {low:,} to {high:,} "
                          f"(got {value!r})")
 
 
@@ -2341,7 +2341,7 @@ def _declared(name, functions, where, field):
 def _validate_played(case, where, context):
     """tool_results and max_rounds: every NAME a declared function tool, entries well formed."""
     if "max_rounds" in case:
-        _validate_max_rounds(case["max_rounds"], where)
+        _whole_number(case["max_rounds"], where, "max_rounds", 1, MAX_ROUNDS_LIMIT)
     if "tool_results" not in case:
         return
     results, functions = case["tool_results"], context["functions"]
@@ -2356,11 +2356,10 @@ def _validate_played(case, where, context):
         if not script:
             raise SuiteError(f"{where}: tool_results.{name} is an empty list of entries{hint}")
         for position, entry in enumerate(script, 1):
-            if (not isinstance(entry, dict) or "result" not in entry
-                or not set(entry) <= {"when", "result"}):
-                raise SuiteError(f"{where}: tool_results.{name} entry {position} must be "
-                                 f'{{"when": {{"ARG": VALUE}}, "result": RESULT}} or {{"result": '
-                                 f'RESULT}}{hint}')
+            if not isinstance(entry, dict) or not {"result"} <= set(entry) <= {"when", "result"}:
+                raise SuiteError(f'{where}: tool_results.{name} entry {position} must be '
+                                 f'{{"when": {{"ARG": VALUE}}, "result": RESULT}} or '
+                                 f'{{"result": RESULT}}{hint}')
             if "when" in entry and not isinstance(entry["when"], dict):
                 raise SuiteError(f"{where}: tool_results.{name} entry {position}: when must be an "
                                  f"object of ARG: VALUE")
@@ -2384,13 +2383,12 @@ def check_no_final_answer(case, trace):
 # tool_results and max_rounds change what is played to the model: a change of them is new input.
 register_check("no_final_answer", check_no_final_answer, keys=("tool_results", "max_rounds"),
                validate=_validate_played, regrade=False, rule=(
-                   "a played round asking for more than max_calls_per_round calls (default 64) is "
-                   "not answered (too_many_tool_calls); a row holding more than max_row_bytes "
-                   "(default 16 MiB) of responses and tool results sends no further round "
-                   "(row_too_large); both are suite keys (PLAYED_BOUNDS)"), reasons={
-                   "no_final_answer": ("a played case reached `max_rounds` while the model was "
-                                       "still calling tools",
-                                       "a looping agent: read `details.tool_calls`"), **{
+    "a played round asking for more than max_calls_per_round calls (default 64) is not answered "
+    "(too_many_tool_calls); a row holding more than max_row_bytes (default 16 MiB) of responses "
+    "and tool results sends no further round (row_too_large); both are suite keys (PLAYED_BOUNDS)"),
+               reasons={
+    "no_final_answer": ("a played case reached `max_rounds` while the model was still calling "
+                        "tools", "a looping agent: read `details.tool_calls`"),
     "too_many_tool_calls": (
         "a round of a played case asked for more tool calls than `max_calls_per_round` "
         "(default 64); none was answered",
@@ -2398,7 +2396,7 @@ register_check("no_final_answer", check_no_final_answer, keys=("tool_results", "
     "row_too_large": (
         "a played row held more than `max_row_bytes` (default 16 MiB) of responses and tool "
         "results; no further round was sent",
-        "a runaway agent; raise the suite's `max_row_bytes` if it is real")}})
+        "a runaway agent; raise the suite's `max_row_bytes` if it is real")})
 
 
 def _validate_tool_args(case, where, context):
@@ -2442,9 +2440,8 @@ def check_tool_args(case, trace):
 
 register_check("tool_args", check_tool_args, keys=("tool_args",), validate=_validate_tool_args,
                details=_tool_details, reasons={
-                   "wrong_tool_args": ("`tool_args`: no call of the tool had the expected "
-                                       "argument values",
-                                       "`details.tool_calls` shows the calls made")})
+    "wrong_tool_args": ("`tool_args`: no call of the tool had the expected argument values",
+                        "`details.tool_calls` shows the calls made")})
 
 
 def _validate_tool_order(case, where, context):
@@ -2462,12 +2459,6 @@ def _validate_tool_order(case, where, context):
                              "exists, so none follows another")
 
 
-def _shared_arguments(before, after, parameters):
-    """The argument names two calls must agree on: those both tools declare, and both carry."""
-    declared = (parameters.get(before["name"]) or set()) & (parameters.get(after["name"]) or set())
-    return declared | (set(_call_arguments(before)) & set(_call_arguments(after)))
-
-
 def _follows(after, before, parameters):
     """Whether the call `after` can be an effect of `before`: made in a later round than `before`,
     which returned a non-error result, with equal values of every argument both tools take."""
@@ -2476,8 +2467,10 @@ def _follows(after, before, parameters):
     if after["round"] <= before["round"] or is_error_result(before):
         return False
     mine, theirs = _call_arguments(after), _call_arguments(before)
+    # the arguments both tools declare, and those both calls carry
+    shared = (parameters.get(before["name"]) or set()) & (parameters.get(after["name"]) or set())
     return all(_canonical(mine.get(key)) == _canonical(theirs.get(key))
-               for key in _shared_arguments(before, after, parameters))
+               for key in shared | (set(mine) & set(theirs)))
 
 
 def _order_problem(wanted, calls, parameters):
@@ -2514,8 +2507,7 @@ def check_tool_order(case, trace, arg):
 
 
 register_check("tool_order", check_tool_order, behavior=True, arg="tools",
-               validate=_validate_tool_order,
-               details=_tool_details, rule=(
+               validate=_validate_tool_order, details=_tool_details, rule=(
                    "B follows A only when called in a later round than a call of A that returned a "
                    "non-error result, with equal values of every argument both tools take (both "
                    "schemas declare it, or both calls carry it); every call of B must; calls of "
@@ -2555,8 +2547,7 @@ def check_claims(case, trace):
 
 
 register_check("claims", check_claims, keys=("claims",), validate=_validate_claims,
-               details=_tool_details,
-               reasons={"unbacked_claim": (
+               details=_tool_details, reasons={"unbacked_claim": (
                    "`claims`: the answer says PHRASE, but the tool that makes it true was never "
                    "called with a non-error result",
                    "a confident false report: treat it as a severe regression")})
@@ -2666,9 +2657,7 @@ def reported_cost(raw):
     if not isinstance(cost, dict) or cost.get("currency") != "USD":
         return None
     amount = cost.get("total_cost")
-    if isinstance(amount, bool) or not isinstance(amount, (int, float)):
-        return None
-    if not math.isfinite(amount) or amount < 0:
+    if not _is_number(amount) or amount < 0:  # an int too large for a float is still a number
         return None
     return format(decimal.Decimal(repr(amount)), "f")
 
@@ -2687,8 +2676,7 @@ def scripted_result(case, name, arguments):
 
 
 def tool_results(case, trace, ids, number):
-    """What is sent back for one round's calls: call id, name, arguments, result (and
-    unscripted)."""
+    """What goes back for one round's calls: call id, name, arguments, result (and unscripted)."""
     sent, seen = [], set()
     for position, call in enumerate(trace.tool_calls):
         call_id = ids[position] if position < len(ids) and isinstance(ids[position], str) else ""
@@ -2720,10 +2708,9 @@ _CODES_READ = ("usd eur gbp jpy inr cad aud chf cny rmb hkd sgd nzd sek nok dkk 
 _CURRENCY = {"$": "usd", "dollar": "usd", "dollars": "usd", "€": "eur", "euro": "eur",
              "euros": "eur", "£": "gbp", "¥": "jpy", "yen": "jpy", "yuan": "cny", "₹": "inr",
              "rupees": "inr", "₩": "krw", "₽": "rub", "₺": "try", "₪": "ils", "₫": "vnd",
-             "฿": "thb", "₦": "ngn", "₱": "php", "zł": "pln", "kr": "kr",
-             **{f"{mark}$": code for mark, code in (("us", "usd"), ("c", "cad"), ("ca", "cad"), (
-                 "a", "aud"), ("au", "aud"), ("nz", "nzd"), ("hk", "hkd"), ("s", "sgd"), (
-                 "r", "brl"), ("mx", "mxn"))}, **{code: code for code in _CODES_READ}}
+             "฿": "thb", "₦": "ngn", "₱": "php", "zł": "pln", "kr": "kr", "us$": "usd", "c$": "cad",
+             "ca$": "cad", "a$": "aud", "au$": "aud", "nz$": "nzd", "hk$": "hkd", "s$": "sgd",
+             "r$": "brl", "mx$": "mxn", **{code: code for code in _CODES_READ}}
 _CODES = r"(?:" + "|".join(_CODES_READ) + r")(?![a-z])"
 _MARKS = r"(?:us|ca?|au?|nz|hk|s|r|mx)?\$|[€£¥₹₩₽₺₪₫฿₦₱]"
 _AMOUNT = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"  # a comma before three digits groups thousands
@@ -2954,8 +2941,7 @@ JUDGE_FORMAT = {"type": "json_schema",
 JUDGE_KEYS = {"provider", "model", "base_url", "api_key_env", "repeats", "prompt"}
 EXAMPLE_KEYS = {"rubric", "answer", "verdict", "input"}
 VERDICTS = ("pass", "fail")
-# one ```json block, alone
-_VERDICT_FENCE = re.compile(r"\A\s*```(?:json)?\s*(.*?)\s*```\s*\Z", re.S)
+_VERDICT_FENCE = re.compile(r"\A\s*```(?:json)?\s*(.*?)\s*```\s*\Z", re.S)  # a ```json block alone
 UNJUDGED = {"verdict": "fail", "votes": "not judged",  # an empty answer: no judge is asked
             "reason": "the answer is empty: it was not sent to the judge"}
 
@@ -3094,8 +3080,7 @@ register_check("rubric", check_rubric, keys=("rubric",), each=rubrics_of, valida
                    'answer} as data; it must reply exactly {"verdict": "pass"|"fail", "reason": '
                    "TEXT} (alone, or in one ```json fence); asked `repeats` times (odd, 1-9), the "
                    "majority decides; any other reply or a failed call is an execution error of "
-                   "the row, never a verdict"),
-               reasons={"rubric_failed": (
+                   "the row, never a verdict"), reasons={"rubric_failed": (
                    "the judge model found that the answer does not do what a `rubric` says (the "
                    "majority of its `repeats`), or the answer was empty (not sent to the judge)",
                    "read the judge's reason in `details.evidence` and each call in `judgements`; "
@@ -3109,22 +3094,20 @@ register_check("rubric", check_rubric, keys=("rubric",), each=rubrics_of, valida
 
 def compile_case(suite, case):
     """A suite case with what its checks need from the suite attached."""
-    compiled = dict(case)
-    response_format = suite.get("response_format") or {}
-    schema = (response_format.get("json_schema") or {}).get("schema")
-    compiled["_schema"] = schema if isinstance(schema, dict) else None
-    compiled["_sources"] = suite.get("sources")
-    compiled["_instructions"] = case.get("instructions", suite.get("instructions", ""))
-    compiled["_function_tools"] = _function_names(suite.get("tools") or [])
-    compiled["_tool_parameters"] = tool_parameters(suite.get("tools") or [])
+    schema = ((suite.get("response_format") or {}).get("json_schema") or {}).get("schema")
+    tools = suite.get("tools") or []
+    compiled = {**case, "_schema": schema if isinstance(schema, dict) else None,
+                "_sources": suite.get("sources"),
+                "_instructions": case.get("instructions", suite.get("instructions", "")),
+                "_function_tools": _function_names(tools),
+                "_tool_parameters": tool_parameters(tools)}
     if "max_rounds" in suite:  # the suite's round limit plays every case: no_final_answer judges it
         compiled.setdefault("max_rounds", suite["max_rounds"])
     return compiled
 
 
 SUITE_KEYS = {"name", "instructions", "tool", "tools", "response_format", "sources", "cases",
-              "notes",
-              "request", "tool_choice", "prices", "max_rounds", "allow_extra_fields",
+              "notes", "request", "tool_choice", "prices", "max_rounds", "allow_extra_fields",
               "max_calls_per_round", "max_row_bytes", "judge", "judge_examples"}
 # CASE_KEYS (the keys a case may hold) is a view of the check table: see register_check.
 SOURCES_KEYS = {"field", "hosts", "path", "also_allowed"}
@@ -3136,9 +3119,8 @@ def instructions_sha256(instructions):
 
 
 def id_form(case_id):
-    """A case id as it reads: NFKC, invisible characters dropped, whitespace folded. Two ids of one
-    form ("caf\u00e9" and "cafe\u0301", "a" and "a\u200b ") print alike, so they are one id
-    twice."""
+    """A case id as it reads: NFKC, invisible characters dropped, whitespace folded. Two ids of
+    one form ("caf\u00e9" and "cafe\u0301", "a" and "a\u200b ") print alike: one id twice."""
     if case_id.isascii():
         return " ".join(case_id.split())
     import unicodedata
@@ -3146,16 +3128,14 @@ def id_form(case_id):
 
 
 def _duplicate_id(seen, case_id):
-    """The one-line problem of an id already seen in its id_form (seen: form -> id), else None;
-    records it as seen."""
+    """The problem of an id seen before in its id_form (seen: form -> id), else None; notes it."""
     form = id_form(case_id)
     if form not in seen:
         seen[form] = case_id
         return None
     return f"case {case_id!r}: duplicate id" + (
         f" (it reads as the earlier {seen[form]!r}: ids that differ only in invisible characters, "
-        f"spacing "
-        "or Unicode form are one id)" if seen[form] != case_id else "")
+        "spacing or Unicode form are one id)" if seen[form] != case_id else "")
 
 
 def _validate_tools(tools, where):
@@ -3217,8 +3197,8 @@ def _validate_sources(sources, where):
     try:
         pattern = re.compile(sources["path"])
     except (re.error, OverflowError, RecursionError) as exc:
-        raise SuiteError(f"{where}: sources.path is not a valid regular "
-                         f"expression: {exc}") from None
+        raise SuiteError(f"{where}: sources.path is not a valid regular expression: "
+                         f"{exc}") from None
     if pattern.groups < 1:
         raise SuiteError(f"{where}: sources.path needs a capturing group that names the document")
 
@@ -3243,8 +3223,7 @@ def _validate_behavior(entry, where, functions):
     if not re.fullmatch(pattern, arg):
         raise SuiteError(f"{where}: behavior {name!r} needs {shape.format(name=name)}")
     if kind in TOOL_ARG_KINDS:
-        unknown = [tool for tool in arg.split(",") if tool not in functions]
-        if unknown:
+        if any(tool not in functions for tool in arg.split(",")):
             raise SuiteError(f"{where}: behavior {entry!r} names no function tool of this suite "
                              f"(tools: {', '.join(functions) or 'none'})")
 
@@ -3307,13 +3286,12 @@ def request_problem(key, where, value=None, response_format=None):
         return f"{where}: request keys must be non-empty strings"
     reserved = reserved_reason(key, value)
     schema = _given_schema(response_format)
-    if reserved and reserved[0] == "response_format" and schema is not None and \
+    # the suite's own schema in a server's own form (llama-cpp-python's json_object) is allowed
+    if not reserved or reserved[0] == "response_format" and schema is not None and \
             _canonical(_given_schema(value)) == _canonical(schema):
-        return None  # the suite's schema in a server's own form (llama-cpp-python's json_object)
-    if reserved:
-        read = "" if reserved[0] == key else f"read as {reserved[0]!r}: "
-        return f"{where}: request may not set {key!r} ({read}{reserved[1]})"
-    return None
+        return None
+    read = "" if reserved[0] == key else f"read as {reserved[0]!r}: "
+    return f"{where}: request may not set {key!r} ({read}{reserved[1]})"
 
 
 def _validate_request(value, where, response_format=None):
@@ -3422,13 +3400,11 @@ def _validate_case(case, suite, schema, functions, allow_empty_baseline):
         if pinned != actual:
             raise SuiteError(f"prompt drift: {where} pins instructions sha256 {pinned}, but the "
                              f"suite's instructions hash to {actual}; review the instruction "
-                             f"change, then "
-                             "update the pin (--update-pins rewrites them all)")
+                             "change, then update the pin (--update-pins rewrites them all)")
 
 
 def _validate_checks(case, where, context):
     """The check keys of a case (or of one turn) and its behaviours, each by its own check."""
-    functions = context["functions"]
     # Each check validates the case keys it reads (register_check), in check order.
     for check_ in CHECK_TABLE:
         if check_.validate is not None and not check_.behavior and check_.involved(case):
@@ -3437,7 +3413,7 @@ def _validate_checks(case, where, context):
         if not isinstance(case["behaviors"], list):
             raise SuiteError(f"{where}: behaviors must be a list of strings")
         for entry in case["behaviors"]:
-            _validate_behavior(entry, where, functions)
+            _validate_behavior(entry, where, context["functions"])
         for check_ in CHECK_TABLE:
             if check_.validate is not None and check_.behavior and check_.active(case):
                 check_.validate(case, where, context)
@@ -3523,11 +3499,6 @@ def validate_history(messages, where, field, functions):
                          "answering it")
 
 
-def turn_keys():
-    """The keys a turn object may hold: its user text, and any check key a case may hold."""
-    return {"user"} | (CHECK_KEYS & CASE_KEYS)
-
-
 def _validate_turns(case, where, context):
     if "input" in case or "question" in case:
         raise SuiteError(f"{where}: give input or turns, not both (the turns are what the user "
@@ -3537,18 +3508,19 @@ def _validate_turns(case, where, context):
                          '(a text, or {"user": TEXT, ...checks})')
     for number, turn in enumerate(case["turns"], 1):
         at = f"{where} turn {number}"
-        if isinstance(turn, dict):
-            _unknown_key(turn, turn_keys(), at)
+        if isinstance(turn, dict):  # its user text, and any check key a case may hold
+            _unknown_key(turn, {"user"} | (CHECK_KEYS & CASE_KEYS), at)
         said = turn.get("user") if isinstance(turn, dict) else turn
         if not _has_text(said):
             raise SuiteError(f"{at}: {'is empty' if isinstance(said, str) else 'has no words'}; "
                              'a turn is a non-empty text or {"user": TEXT, ...checks}')
-        if isinstance(turn, dict) and "rubric" in turn:  # the judge reads the case's last reply
+        if not isinstance(turn, dict):
+            continue
+        if "rubric" in turn:  # the judge reads the case's last reply
             raise SuiteError(f"{at}: a turn holds no rubric; give it on the case, where the "
                              "judge grades the last reply")
-        if isinstance(turn, dict):  # --update-baseline fills only the case's own baseline
-            strict = {**context, "allow_empty_baseline": False}
-            _validate_checks({**turn, "id": case["id"]}, at, strict)
+        # --update-baseline fills only the case's own baseline
+        _validate_checks({**turn, "id": case["id"]}, at, {**context, "allow_empty_baseline": False})
 
 
 register_case_key("turns", _validate_turns)
@@ -3581,19 +3553,14 @@ def _inherit_extra_fields(data, cases):
 
 
 def _no_duplicate_keys(pairs):
-    keys = [key for key, _ in pairs]
-    duplicated = sorted({key for key in keys if keys.count(key) > 1})
+    counts = collections.Counter(key for key, _ in pairs)  # list.count: 19 s for 20,000 keys
+    duplicated = sorted(key for key, count in counts.items() if count > 1)
     if duplicated:
         owner = next((value for key, value in pairs if key == "id" and isinstance(value, str)),
                      None)
         where = f"case {owner!r}: " if owner else ""
         raise SuiteError(f"{where}duplicate key {duplicated[0]!r} in one object")
     return dict(pairs)
-
-
-def _read_json(path):
-    """A JSON file's value; SuiteError("FILE: ...") when it cannot be read or parsed."""
-    return _parse_json(path, _read_suite_text(path))
 
 
 def _read_suite_text(path):
@@ -3627,13 +3594,9 @@ PLAYED_SUITE_KEYS = ("max_rounds", *PLAYED_BOUNDS)
 
 def _validate_played_bounds(data):
     """The suite's max_rounds, max_calls_per_round and max_row_bytes: whole numbers in range."""
-    if "max_rounds" in data:
-        _validate_max_rounds(data["max_rounds"], "suite")
-    for key, (_, low, high) in PLAYED_BOUNDS.items():
-        value = data.get(key, low)
-        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-            raise SuiteError(f"suite: {key} must be a whole number from {low:,} to {high:,} "
-                             f"(got {value!r})")
+    for key, (_, low, high) in {"max_rounds": (None, 1, MAX_ROUNDS_LIMIT), **PLAYED_BOUNDS}.items():
+        if key in data:
+            _whole_number(data[key], "suite", key, low, high)
 
 
 def _check_case_id(case, position, seen):
@@ -3751,26 +3714,16 @@ MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 def builtin_case(case):
     """A Part A case ({id, expected, rfc, action, question}) as a suite case."""
-    return {
-        "id": case["id"],
-        "input": case["question"],
-        "expect": {"code": case["expected"], "next_action": case["action"]},
-        "cite": case["rfc"],
-    }
+    return {"id": case["id"], "input": case["question"],
+            "expect": {"code": case["expected"], "next_action": case["action"]},
+            "cite": case["rfc"]}
 
 
 def builtin_suite():
     """The built-in HTTP-advisor suite in the same form a suite file loads into."""
-    return {
-        "name": "http-advisor (built-in)",
-        "builtin": True,
-        "instructions": INSTRUCTIONS,
-        "tools": [TOOL],
-        "response_format": FORMAT,
-        "sources": RFC_SOURCES,
-        "cases": [builtin_case(case) for case in CASES],
-        "config_cases": CASES,
-    }
+    return {"name": "http-advisor (built-in)", "builtin": True, "instructions": INSTRUCTIONS,
+            "tools": [TOOL], "response_format": FORMAT, "sources": RFC_SOURCES,
+            "cases": [builtin_case(case) for case in CASES], "config_cases": CASES}
 
 
 _BUILTIN_FILE_KEYS = {"name", "notes", "instructions", "tool", "tools", "response_format",
@@ -3790,8 +3743,7 @@ def as_builtin(suite):
         or set(definition) - _BUILTIN_FILE_KEYS):
         return suite
     cases = [{key: value for key, value in case.items()
-              if key not in ("instructions_sha256", "notes")}
-             for case in suite["cases"]]
+              if key not in ("instructions_sha256", "notes")} for case in suite["cases"]]
     if (any(set(case) - _BUILTIN_CASE_KEYS for case in suite["cases"]) or suite["tools"] != [TOOL]
             or suite["response_format"] != FORMAT or suite.get("sources") != RFC_SOURCES
             or cases != [builtin_case(case) for case in CASES]):
@@ -3833,8 +3785,7 @@ def _their_words(message):
 
 
 def _promptreg_case(case, known, allow_empty_baseline):
-    """One prompt-regression case checked and in our keys, pinned to its own system prompt:
-    (case, system)."""
+    """(case, system): one prompt-regression case checked, in our keys, pinned to its own prompt."""
     where = f"case {case['id']!r}"
     _unknown_key(case, known, where)
     if not isinstance(case.get("prompt"), str) or not case["prompt"].strip():
@@ -3850,6 +3801,7 @@ def _promptreg_case(case, known, allow_empty_baseline):
         raise SuiteError(_their_words(str(exc))) from None
     ours["instructions_sha256"] = instructions_sha256(system)  # the config pins each case's prompt
     return ours, system
+
 
 def promptreg_suite(data, allow_empty_baseline=False):
     """A prompt-regression suite checked (their rules, our one-line errors) and converted: `prompt`
@@ -3869,20 +3821,12 @@ def promptreg_suite(data, allow_empty_baseline=False):
         cases.append({**ours, "instructions": system})
         systems[case["id"]] = system
     shared = next(iter(systems.values())) if len(set(systems.values())) == 1 else None
-    return {
-        "name": data["name"],
-        "builtin": False,
-        "format": "prompt-regression",
-        "instructions": shared if shared is not None else "",
-        # one text when every case shares it (a prompt edit then compares like ours), else per case
-        "config_instructions": shared if shared is not None else systems,
-        "tools": [],
-        "response_format": None,
-        "sources": None,
-        "cases": cases,
-        "config_cases": config_cases,
-        "definition": {"name": data["name"]},
-    }
+    return {"name": data["name"], "builtin": False, "format": "prompt-regression",
+            "instructions": shared if shared is not None else "",
+            # one text if all cases share it (a prompt edit then compares like ours), else per case
+            "config_instructions": shared if shared is not None else systems,
+            "tools": [], "response_format": None, "sources": None, "cases": cases,
+            "config_cases": config_cases, "definition": {"name": data["name"]}}
 
 
 def promptreg_from_config(name, config):
@@ -3901,26 +3845,17 @@ GOLDEN_KEYS = {"id", "user", "system_sha256", "tools", "behaviors", "notes"}
 GOLDEN_PLACEHOLDER = "compute-from-SYSTEM.txt"  # their system_sha256 before the first run
 
 
-def _system_file(folder, system):
-    """The golden folder's system prompt file: --system, else SYSTEM.txt in the folder or its
-    parent."""
-    if system is not None:
-        return system
-    for place in (folder, os.path.dirname(os.path.abspath(folder))):
-        path = os.path.join(place, "SYSTEM.txt")
-        if os.path.isfile(path):
-            return path
-    raise SuiteError(f"{folder}: no SYSTEM.txt in the folder or its parent; name the system prompt "
-                     "with --system FILE")
-
-
-def _read_system(path):
-    """The system prompt exactly as stored (newlines untranslated), so its hash is the file's
-    sha256."""
-    try:
-        return read_text(path)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+def _system_prompt(folder, system):
+    """(path, text) of a golden folder's system prompt, --system or else SYSTEM.txt in the folder
+    or its parent, read exactly as stored (newlines untranslated: its hash is the file's sha256)."""
+    if system is None:
+        found = [os.path.join(place, "SYSTEM.txt")
+                 for place in (folder, os.path.dirname(os.path.abspath(folder)))]
+        system = next((path for path in found if os.path.isfile(path)), None)
+    if system is None:
+        raise SuiteError(f"{folder}: no SYSTEM.txt in the folder or its parent; name the system "
+                         "prompt with --system FILE")
+    return system, _read_suite_text(system)
 
 
 def _golden_case(data, system_text, system_path, allow_placeholder):
@@ -3940,7 +3875,7 @@ def _golden_case(data, system_text, system_path, allow_placeholder):
     for name in tools:
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
             raise SuiteError(f"{where}: tool name {name!r} must be letters, digits, '_', "
-                             f"'.' or '-'")
+                             "'.' or '-'")
     if len(set(tools)) != len(tools):
         raise SuiteError(f"{where}: tools lists a name twice")
     pin, actual = data.get("system_sha256"), instructions_sha256(system_text)
@@ -3953,12 +3888,9 @@ def _golden_case(data, system_text, system_path, allow_placeholder):
     elif pin.lower() != actual:
         raise SuiteError(f"prompt drift: {where} pins system_sha256 {pin.lower()}, but "
                          f"{system_path} hashes to {actual}; review the system prompt change, then "
-                         f"update the pin "
-                         "(--update-pins rewrites them all)")
-    case = {"id": data["id"], "input": data["user"]}
-    for key in ("behaviors", "notes"):
-        if key in data:
-            case[key] = data[key]
+                         "update the pin (--update-pins rewrites them all)")
+    case = {"id": data["id"], "input": data["user"],
+            **{key: data[key] for key in ("behaviors", "notes") if key in data}}
     _validate_case(case, {"instructions": system_text}, None, sorted(tools), False)
     case["instructions_sha256"] = actual
     return case, tools, pin == GOLDEN_PLACEHOLDER
@@ -3983,28 +3915,17 @@ def golden_suite(name, entries, system_text, system_path, allow_placeholder=Fals
         cases.append({**case, "tools": names})
         tools += [tool for tool in names if tool not in tools]
     function_tools = [{"type": "function", "function": {"name": tool}} for tool in tools]
-    return {
-        "name": name,
-        "builtin": False,
-        "format": "golden",
-        "instructions": system_text,
-        "tools": function_tools,  # all of them: the plan and the config name every tool once
-        "response_format": None,
-        "sources": None,
-        "cases": cases,
-        "config_cases": cases,
-        "definition": {"name": name, "tools": function_tools},
-        "system_file": system_path,
-        "placeholders": placeholders,
-    }
+    return {"name": name, "builtin": False, "format": "golden", "instructions": system_text,
+            "tools": function_tools,  # all of them: the plan and the config name every tool once
+            "response_format": None, "sources": None, "cases": cases, "config_cases": cases,
+            "definition": {"name": name, "tools": function_tools}, "system_file": system_path,
+            "placeholders": placeholders}
 
 
 def load_golden_dir(folder, allow_empty_baseline=False, system=None):
-    """Every *.json of a folder (sorted) as one suite of golden cases; SuiteError naming the
-    file."""
-    system_path = _system_file(folder, system)
-    system_text = _read_system(system_path)
-    entries = [(path, _read_json(path)) for path in golden_files(folder)]
+    """Every *.json of a folder (sorted) as one suite of golden cases; SuiteError names the file."""
+    system_path, system_text = _system_prompt(folder, system)
+    entries = [(path, _parse_json(path, _read_suite_text(path))) for path in golden_files(folder)]
     name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
     suite = golden_suite(name, entries, system_text, system_path, allow_empty_baseline)
     suite["file"] = folder
@@ -4021,8 +3942,7 @@ def golden_files(folder):
     for name in names:
         if not name.endswith(".json") or not os.path.isfile(os.path.join(folder, name)):
             raise SuiteError(f"{os.path.join(folder, name)}: not a case file (a golden case is a "
-                             f"regular "
-                             "file named *.json); rename or remove it")
+                             "regular file named *.json); rename or remove it")
     if not names:
         raise SuiteError(f"{folder}: no *.json case files in this folder")
     return [os.path.join(folder, name) for name in names]
@@ -4032,8 +3952,7 @@ def golden_from_config(name, config):
     """The golden suite a record's config was made from (its cases name their own tools)."""
     entries = [("the record's config", {"id": case.get("id"), "user": case.get("input"),
                                         "system_sha256": case.get("instructions_sha256"),
-                                        **{key: case[key]
-                                           for key in ("tools", "behaviors", "notes")
+                                        **{key: case[key] for key in ("tools", "behaviors", "notes")
                                            if key in case}})
                for case in config.get("cases") or [] if isinstance(case, dict)]
     return golden_suite(name, entries, config.get("instructions") or "",
@@ -4109,17 +4028,12 @@ def edit_json_strings(text, edits):
     for path in edits:
         if path not in spans:
             raise ValueError(f"{_json_path_text(path)} is not in the JSON text")
-        start, _ = spans[path]
-        if text[start] != '"':
+        if text[spans[path][0]] != '"':
             raise ValueError(f"{_json_path_text(path)} is not a string")
     pieces, last = [], 0
     for path, (start, end) in sorted(spans.items(), key=lambda item: item[1]):
-        encoded = json.dumps(edits[path], ensure_ascii=False)
-        try:
-            encoded.encode("utf-8")
-        except UnicodeEncodeError:
-            encoded = json.dumps(edits[path], ensure_ascii=True)
-        pieces += [text[last:start], encoded]
+        new = json.dumps(edits[path], ensure_ascii=_not_unicode(edits[path]))
+        pieces += [text[last:start], new]
         last = end
     return "".join(pieces) + text[last:]
 
@@ -4184,9 +4098,7 @@ class SuiteLock:
         self.path, self.fd, self.flag = path, None, flag
 
     def __enter__(self):
-        try:
-            import fcntl
-        except ImportError:  # no flock on this platform: no lock
+        if fcntl is None:  # no flock on this platform: no lock
             return self
         real = os.path.realpath(self.path)
         if real in _HELD:  # this process already holds the suite for the whole run (hold_record)
@@ -4222,8 +4134,7 @@ def baseline_answers(rows, plan):
     """{case_id: row}: the row whose answer would become a case's baseline (the first
     error-free row in run order, so the first model's first answer)."""
     by_key = {row_key(row): row for row in rows if isinstance(row, dict)
-              and row.get("error") is None
-              and isinstance(row.get("answer_text"), str)}
+              and row.get("error") is None and isinstance(row.get("answer_text"), str)}
     chosen = {}
     for key in plan:
         if key in by_key:
@@ -4234,15 +4145,14 @@ def baseline_answers(rows, plan):
 def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expected_text",
                    read_sha256=None):
     """Fill empty expected_text baselines (`key`: "expected" in a prompt-regression suite) of a
-    suite file from {case_id: answer}.
+    suite file from {case_id: answer}: (ids filled, {id: why not} of the others).
 
-    Only the baseline strings change; every other byte of the file is kept. A baseline that
-    already holds text is never replaced. An answer that failed its case's other checks
-    (reasons: {case_id: [reason, ...]}) is not approved unless approve_failing; nor is an
-    empty answer, a missing one or one no file can hold. The suite is rewritten atomically
-    (through a symbolic link), or not at all: SuiteError with one line otherwise. read_sha256,
-    the hash of the text the run read, refuses a suite edited since: its answers were made with,
-    and graded by, the cases as they were. Returns (ids filled, {id: why not} of the others)."""
+    Only the baseline strings change, every other byte is kept; one holding text is never
+    replaced. An answer that failed its case's other checks (reasons: {case_id: [reason, ...]})
+    is approved only with approve_failing; an empty or missing one, or one no file can hold,
+    never. The suite is rewritten atomically (through a symbolic link) or not at all (SuiteError,
+    one line). read_sha256, the hash of the text the run read, refuses a suite edited since: its
+    answers were made with, and graded by, the cases as they were."""
     reasons = reasons or {}
     text, data = _suite_as_read(path, read_sha256)
     cases = data.get("cases") if isinstance(data, dict) else None
@@ -4275,11 +4185,9 @@ def fill_baselines(path, answers, reasons=None, approve_failing=False, key="expe
 
 def _suite_as_read(path, read_sha256=None):
     """(text, data) of the suite file to fill, refused when it changed since the run read it."""
+    text = _read_suite_text(path)  # \r\n line ends kept as they are
     try:
-        text = read_text(path)  # \r\n line ends kept as they are
         data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SuiteError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     except (ValueError, RecursionError, SuiteError) as exc:
         raise SuiteError(f"{path}: changed during the run and is no longer a valid suite ({exc}); "
                          "no baseline was filled") from None
@@ -4289,6 +4197,7 @@ def _suite_as_read(path, read_sha256=None):
                          f"was filled ({path} is as you left it): run --update-baseline again")
     return text, data
 
+
 def _not_a_baseline(answer, reasons, approve_failing):
     """Why an answer may not become a case's baseline, or None."""
     if answer is None:
@@ -4297,9 +4206,7 @@ def _not_a_baseline(answer, reasons, approve_failing):
         return "the answer is empty"
     if reasons and not approve_failing:
         return f"its answer failed {', '.join(reasons)} (--approve-failing approves it anyway)"
-    try:
-        answer.encode("utf-8")
-    except UnicodeEncodeError:
+    if _not_unicode(answer):
         return "the answer holds a lone surrogate (not text a suite file can hold)"
     return None
 
@@ -4319,16 +4226,14 @@ def fill_golden_pin(path, sha256):
 
 
 def baseline_files(suite):
-    """The files --update-baseline would rewrite: a golden folder's case files with a placeholder
-    pin, or the suite file."""
+    """What --update-baseline rewrites: a golden folder's placeholder-pinned files, or the suite."""
     golden = suite.get("format") == "golden"
     return list(suite.get("placeholders", {}).values()) if golden else [suite["file"]]
 
 
 def update_baselines(suite, answers, reasons=None, approve_failing=False):
-    """--update-baseline: fill what the suite leaves open; (ids filled, {id: why not}). Golden
-    folders: placeholder pins; prompt-regression suites: empty `expected`; ours: empty
-    expected_text."""
+    """--update-baseline: fill what the suite leaves open; (ids filled, {id: why not}): a golden
+    folder's placeholder pins, a prompt-regression suite's empty `expected`, ours' expected_text."""
     if suite.get("format") == "golden":
         pin = instructions_sha256(suite["instructions"])
         return [case_id for case_id, path in suite.get("placeholders", {}).items()
@@ -4373,24 +4278,15 @@ def validate_suite(data, allow_empty_baseline=False):
         raise SuiteError("suite: cases must be a non-empty list")
     cases = _inherit_extra_fields(data, cases)
     _validate_cases(cases, data, schema, functions, allow_empty_baseline)
-    return {
-        "name": data["name"],
-        "builtin": False,
-        "instructions": data["instructions"],
-        "tools": tools,
-        "response_format": data.get("response_format"),
-        "sources": data.get("sources"),
-        "request": request,
-        "tool_choice": tool_choice,
-        "prices": prices,
-        "judge": _validate_judge(data.get("judge")),
-        "judge_examples": _validate_examples(data.get("judge_examples")),
-        "cases": [{**{k: v for k, v in case.items() if k != "question"},
-                   "input": case.get("input", case.get("question"))} for case in cases],
-        "config_cases": cases,
-        "definition": data,
-        **{key: data[key] for key in PLAYED_SUITE_KEYS if key in data},
-    }
+    return {"name": data["name"], "builtin": False, "instructions": data["instructions"],
+            "tools": tools, "response_format": data.get("response_format"),
+            "sources": data.get("sources"), "request": request, "tool_choice": tool_choice,
+            "prices": prices, "judge": _validate_judge(data.get("judge")),
+            "judge_examples": _validate_examples(data.get("judge_examples")),
+            "cases": [{**{k: v for k, v in case.items() if k != "question"},
+                       "input": case.get("input", case.get("question"))} for case in cases],
+            "config_cases": cases, "definition": data,
+            **{key: data[key] for key in PLAYED_SUITE_KEYS if key in data}}
 
 
 def _declared_tools(data):
@@ -4456,8 +4352,8 @@ def suite_pin_changes(path):
     """The pin changes of a suite file (ours; a prompt-regression suite holds none), validated."""
     text = _read_suite_text(path)
     data = _parse_json(path, text)
-    if not isinstance(data, dict) or is_promptreg(data) or not isinstance(data.get("instructions"),
-                                                                          str):
+    if not isinstance(data, dict) or is_promptreg(data) \
+            or not isinstance(data.get("instructions"), str):
         _try_suite(path, data)  # its own one-line problem, if any
         return {}, [], "a prompt-regression suite holds no pins (a record pins each system prompt)"
     actual = instructions_sha256(data["instructions"])
@@ -4481,8 +4377,7 @@ def _try_suite(path, data):
 
 def golden_pin_changes(folder, system=None):
     """The system_sha256 changes of a golden folder's case files (placeholders too), validated."""
-    system_path = _system_file(folder, system)
-    system_text = _read_system(system_path)
+    system_path, system_text = _system_prompt(folder, system)
     actual, changes, lines, entries = instructions_sha256(system_text), {}, [], []
     for path in golden_files(folder):
         text = _read_suite_text(path)
@@ -8499,12 +8394,9 @@ class _Parser(argparse.ArgumentParser):
             import difflib
             flags = [flag for action in self._actions for flag in action.option_strings
                      if flag.startswith("--")]
-            for word in unknown.group(1).split():
-                near = difflib.get_close_matches(word.split("=")[0], flags, n=1, cutoff=0.75) \
-                    if word.startswith("--") else []
-                if near:
-                    message += f" (did you mean {near[0]}?)"
-                    break
+            near = [found for word in unknown.group(1).split() if word.startswith("--")
+                    for found in difflib.get_close_matches(word.split("=")[0], flags, 1, 0.75)]
+            message += f" (did you mean {near[0]}?)" if near else ""
         # suite, record or endpoint text inside
         self.exit(2, f"{self.prog}: error: {safe_text(message)}\n")
 
@@ -8544,68 +8436,55 @@ def _with(attribute):
 def build_parser():
     """The command line: one argument group per concern, as --help shows them."""
     parser = _Parser(prog="regression.py", description=__doc__.split("\n\n")[0],
-                     epilog=f"Environment twins: "
-                            f"{', '.join(variable for _, variable, _ in ENV_TWINS)}, then "
-                            f"{', '.join(_base_url_variables())} (for --base-url).",
+                     epilog=f"Environment twins: {', '.join(name for _, name, _ in ENV_TWINS)}, "
+                            f"then {', '.join(_base_url_variables())} (for --base-url).",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    _what_to_run(parser)
-    _where_to_send(parser)
-    _judge_options(parser)
-    _run_control(parser)
-    _report_options(parser)
+    for add_group in (_what_to_run, _where_to_send, _judge_options, _run_control, _report_options):
+        add_group(parser)
     return parser
 
 
 def _what_to_run(parser):
     """The "what to run" options: suite, models, repeats, record, dry run and updates."""
-    what = parser.add_argument_group("what to run")
-    what.add_argument("--suite", metavar="FILE",
-                      help="a suite file, or a folder of golden case files "
-                                                      "(default: the built-in HTTP-advisor suite)")
-    what.add_argument("--system", metavar="FILE", help="the system prompt of a --suite DIR "
-                                                       "(default: SYSTEM.txt in the folder or "
-                                                       "its parent)")
-    what.add_argument("--models", nargs="+", metavar="MODEL",
-                      help=f"models to run (default: {' '.join(MODELS)})")
-    what.add_argument("--repeats", type=int, metavar="N",
-                      help=f"runs of every case per model, {_span('repeats')} (default 1)")
-    what.add_argument("--out", metavar="FILE",
-                      help="new record file (default results.json; never overwritten)")
-    what.add_argument("--dry-run", action="store_true",
-                      help="validate the suite and print the plan; send nothing")
-    what.add_argument("--list-checks", action="store_true",
-                      help="print the check catalogue and exit")
-    what.add_argument("--update-baseline", action="store_true",
-                      help="fill empty expected_text baselines of --suite from this run's answers")
-    what.add_argument("--approve-failing", action="store_true",
-                      help="with --update-baseline: approve an answer even if it failed the case's "
-                           "other checks")
-    what.add_argument("--update-pins", action="store_true",
-                      help="rewrite every instructions_sha256 / system_sha256 pin of --suite to "
-                           "its current instructions, then exit (sends nothing)")
+    add = parser.add_argument_group("what to run").add_argument
+    add("--suite", metavar="FILE", help="a suite file, or a folder of golden case files "
+        "(default: the built-in HTTP-advisor suite)")
+    add("--system", metavar="FILE", help="the system prompt of a --suite DIR "
+        "(default: SYSTEM.txt in the folder or its parent)")
+    add("--models", nargs="+", metavar="MODEL", help=f"models to run (default: {' '.join(MODELS)})")
+    add("--repeats", type=int, metavar="N",
+        help=f"runs of every case per model, {_span('repeats')} (default 1)")
+    add("--out", metavar="FILE", help="new record file (default results.json; never overwritten)")
+    add("--dry-run", action="store_true",
+        help="validate the suite and print the plan; send nothing")
+    add("--list-checks", action="store_true", help="print the check catalogue and exit")
+    add("--update-baseline", action="store_true",
+        help="fill empty expected_text baselines of --suite from this run's answers")
+    add("--approve-failing", action="store_true",
+        help="with --update-baseline: approve an answer even if it failed the case's other checks")
+    add("--update-pins", action="store_true",
+        help="rewrite every instructions_sha256 / system_sha256 pin of --suite to its current "
+             "instructions, then exit (sends nothing)")
 
 
 def _where_to_send(parser):
     """The "where to send it" options: provider, endpoint, key, replay, request keys."""
-    where = parser.add_argument_group("where to send it")
-    where.add_argument("--provider", help=f"{', '.join(PROVIDERS)} (default {DEFAULT_PROVIDER})")
-    where.add_argument("--base-url", metavar="URL", help=f"the endpoint ({_with('base_url_flag')})")
-    where.add_argument("--api-key-env", metavar="NAME",
-                       help="environment variable holding the key for --base-url")
-    where.add_argument("--allow-insecure-http", action="store_true",
-                       help="allow sending a key over plain http:// to a host that is not loopback")
-    where.add_argument("--replay", metavar="RECORD", help=f"what {_with('replays_record')} reads")
-    where.add_argument("--allow-changed-tool-results", action="store_true",
-                       help="with --replay: grade a played row's stored conversation as it "
-                            "happened even where the suite's tool_results now answer a call "
-                            "otherwise (else the row is refused)")
-    where.add_argument("--request", action="append", default=[], metavar="KEY=JSON",
-                       help="set KEY of every request body to a JSON value, e.g. --request seed=7 "
-                            "(repeatable; in the config; never model, instructions, input, tools "
-                            "or the like)")
-    where.add_argument("--timeout", type=float, metavar="SECONDS",
-                       help=f"per-request timeout, {_span('timeout')} seconds (default "
-                            f"{TIMEOUT_SECONDS})")
+    add = parser.add_argument_group("where to send it").add_argument
+    add("--provider", help=f"{', '.join(PROVIDERS)} (default {DEFAULT_PROVIDER})")
+    add("--base-url", metavar="URL", help=f"the endpoint ({_with('base_url_flag')})")
+    add("--api-key-env", metavar="NAME",
+        help="environment variable holding the key for --base-url")
+    add("--allow-insecure-http", action="store_true",
+        help="allow sending a key over plain http:// to a host that is not loopback")
+    add("--replay", metavar="RECORD", help=f"what {_with('replays_record')} reads")
+    add("--allow-changed-tool-results", action="store_true",
+        help="with --replay: grade a played row's stored conversation as it happened even where "
+             "the suite's tool_results now answer a call otherwise (else the row is refused)")
+    add("--request", action="append", default=[], metavar="KEY=JSON",
+        help="set KEY of every request body to a JSON value, e.g. --request seed=7 (repeatable; "
+             "in the config; never model, instructions, input, tools or the like)")
+    add("--timeout", type=float, metavar="SECONDS",
+        help=f"per-request timeout, {_span('timeout')} seconds (default {TIMEOUT_SECONDS})")
 
 
 def _judge_options(parser):
@@ -8618,45 +8497,36 @@ def _judge_options(parser):
 
 def _run_control(parser):
     """The "run control" options: concurrency, retries, resume, cost cap, shards, masking."""
-    control = parser.add_argument_group("run control")
-    control.add_argument("--concurrency", type=int, metavar="N",
-                         help=f"requests in flight, {_span('concurrency')} (default 1)")
-    control.add_argument("--retries", type=int, metavar="N",
-                         help=f"retries of transient failures (429, 5xx, timeouts, resets), "
-                              f"{_span('retries')} (default 0)")
-    control.add_argument("--resume", metavar="RECORD",
-                         help="continue an interrupted record in place (its config, "
-                                                             "redaction, cost cap, retries and "
-                                                             "concurrency come along)")
-    control.add_argument("--max-cost-usd", metavar="X",
-                         help="send no new request once reported spend reaches X")
-    control.add_argument("--price", action="append", default=[], metavar="MODEL=IN/OUT",
-                         help="USD per million input/output tokens of MODEL, to estimate cost from "
-                              "reported token usage where the endpoint reports none (repeatable)")
-    control.add_argument("--shard", metavar="I/N",
-                         help="run the I-th of N deterministic slices of the rows")
-    control.add_argument("--quiet", action="store_true",
-                         help="print only failing rows, warnings and a one-line verdict (CI logs)")
-    control.add_argument("--merge", nargs="+", metavar="FILE",
-                         help="OUT SHARD...: combine shard records into one new record OUT, "
-                              "then exit")
-    control.add_argument("--redact", action="append", metavar="REGEX",
-                         help="mask matches in stored responses (repeatable)")
-    control.add_argument("--redact-pii", action="store_true", default=None,
-                         help="mask card numbers (Luhn), bearer tokens, API-key-like strings, "
-                              "e-mail addresses")
+    add = parser.add_argument_group("run control").add_argument
+    add("--concurrency", type=int, metavar="N",
+        help=f"requests in flight, {_span('concurrency')} (default 1)")
+    add("--retries", type=int, metavar="N", help=f"retries of transient failures (429, 5xx, "
+        f"timeouts, resets), {_span('retries')} (default 0)")
+    add("--resume", metavar="RECORD", help="continue an interrupted record in place (its config, "
+        "redaction, cost cap, retries and concurrency come along)")
+    add("--max-cost-usd", metavar="X", help="send no new request once reported spend reaches X")
+    add("--price", action="append", default=[], metavar="MODEL=IN/OUT",
+        help="USD per million input/output tokens of MODEL, to estimate cost from reported token "
+             "usage where the endpoint reports none (repeatable)")
+    add("--shard", metavar="I/N", help="run the I-th of N deterministic slices of the rows")
+    add("--quiet", action="store_true",
+        help="print only failing rows, warnings and a one-line verdict (CI logs)")
+    add("--merge", nargs="+", metavar="FILE",
+        help="OUT SHARD...: combine shard records into one new record OUT, then exit")
+    add("--redact", action="append", metavar="REGEX",
+        help="mask matches in stored responses (repeatable)")
+    add("--redact-pii", action="store_true", default=None,
+        help="mask card numbers (Luhn), bearer tokens, API-key-like strings, e-mail addresses")
 
 
 def _report_options(parser):
     """The report options: Markdown, JUnit, HTML, and --report of a saved record."""
-    report = parser.add_argument_group("reports (new files, mode 0600, never overwritten)")
-    report.add_argument("--markdown", metavar="FILE",
-                        help="a Markdown summary (fits $GITHUB_STEP_SUMMARY)")
-    report.add_argument("--junit", metavar="FILE",
-                        help="JUnit XML: a testcase per model x case x repeat")
-    report.add_argument("--html", metavar="FILE", help="one self-contained HTML page")
-    report.add_argument("--report", metavar="RECORD",
-                        help="write the reports of a saved record; run nothing")
+    add = parser.add_argument_group(
+        "reports (new files, mode 0600, never overwritten)").add_argument
+    add("--markdown", metavar="FILE", help="a Markdown summary (fits $GITHUB_STEP_SUMMARY)")
+    add("--junit", metavar="FILE", help="JUnit XML: a testcase per model x case x repeat")
+    add("--html", metavar="FILE", help="one self-contained HTML page")
+    add("--report", metavar="RECORD", help="write the reports of a saved record; run nothing")
 
 
 # Run options that change what is stored or what may be spent: kept in the record's header
@@ -8664,8 +8534,7 @@ def _report_options(parser):
 # different flag on resume is refused; "default": the record's value unless the flag is given
 # (a higher --max-cost-usd or more --retries is how a stopped run continues).
 RUN_OPTIONS = {"redact": "same", "redact_pii": "same", "max_cost_usd": "default",
-               "retries": "default",
-               "concurrency": "default"}
+               "retries": "default", "concurrency": "default"}
 
 
 def _span(name):
@@ -8713,8 +8582,7 @@ def _cost(text):
         raise UsageError("--max-cost-usd must be a positive amount of US dollars")
     if plain_amount(value) is None:
         raise UsageError(f"--max-cost-usd must be from {AMOUNT_RANGE[0]:f} to {AMOUNT_RANGE[1]:f} "
-                         f"US dollars "
-                         "(at most 30 digits)")
+                         "US dollars (at most 30 digits)")
     return value
 
 
@@ -8802,14 +8670,13 @@ def _check_flags(values):
         given = values[name]
         if given == "" or (isinstance(given, list) and "" in given):
             raise UsageError(f"--{name.replace('_', '-')}: the file name is empty (an unset "
-                             f"variable?)")
+                             "variable?)")
     if values["provider"] is not None and values["provider"] not in PROVIDERS:
         raise UsageError(f"unknown provider {values['provider']!r}; choose one of "
                          f"{', '.join(PROVIDERS)}")
-    replayers = [name for name, cls in PROVIDERS.items() if cls.replays_record]
+    replayers = providers_with("replays_record")
     if values["replay"] and values["provider"] is not None and values["provider"] not in replayers:
-        raise UsageError("--replay goes with " + " or ".join(f"--provider {name}"
-                                                             for name in replayers))
+        raise UsageError("--replay goes with " + _with("replays_record"))
     if values["allow_changed_tool_results"] and not values["replay"] and not values["resume"]:
         raise UsageError("--allow-changed-tool-results goes with --replay RECORD")
     if values["provider"] in replayers and not values["replay"] and not values["resume"]:
@@ -8859,14 +8726,12 @@ def _check_redact_patterns(patterns):
                      else "")
             which = f" number {number} of {len(patterns)}" if len(patterns) > 1 else ""
             raise UsageError(f"--redact{which} is not a valid regular expression{where}; the "
-                             f"pattern is not shown, "
-                             "since it can be the secret itself (escape a literal's ( [ \\ with a "
-                             "backslash)") from None
+                             "pattern is not shown, since it can be the secret itself (escape a "
+                             "literal's ( [ \\ with a backslash)") from None
 
 
 def _check_outputs(values):
-    """Every output names its own new file; an existing one is refused before anything is
-    imported."""
+    """Each output is its own new file; an existing one is refused before anything is imported."""
     runs = not any(values[name] for name in NOT_A_NEW_RUN)
     outputs = [(f"--{kind}", values[kind]) for kind in REPORTS if values[kind]]
     outputs += [("--out", values["out"] or ("results.json" if runs else None)),
@@ -8878,10 +8743,9 @@ def _check_outputs(values):
             raise UsageError(f"{flag} {path}: the same file is named twice; every output needs its "
                              f"own file")
         if os.path.lexists(path) and not (flag == "--out" and values["dry_run"]):
+            hint = _continue_hint(path, values) if flag in ("--out", "--merge") else ""
             raise UsageError(f"{flag}: {path} already exists (records and reports never "
-                             f"overwrite a file)"
-                             + (_continue_hint(path, values) if flag in ("--out", "--merge")
-                                else ""))
+                             f"overwrite a file){hint}")
         folder = os.path.dirname(full)  # a report written after a paid run must have a place to go
         if not os.path.isdir(folder) and not (flag == "--out" and values["dry_run"]):
             raise UsageError(f"{flag} {path}: {folder} is not an existing folder; create it first "
@@ -8899,9 +8763,8 @@ def _continue_hint(path, values):
     if record_problem(record, evidence=False) is not None or complete:  # as --resume reads it
         return ""
     rows = len(record["runs"])
-    return (f"; it holds an unfinished record ({rows} row(s) saved); "
-            f"continue it with: {continue_command(path, continue_flags(Settings(**values)))}"
-            f"{redact_note(record)}")
+    return (f"; it holds an unfinished record ({rows} row(s) saved); continue it with: "
+            f"{continue_command(path, continue_flags(Settings(**values)))}{redact_note(record)}")
 
 
 def _stored_options(record, path):
@@ -8910,9 +8773,7 @@ def _stored_options(record, path):
     if not isinstance(stored, dict):
         raise UsageError(f"--resume: {path} has a run_options that is not an object")
     found = {}
-    for name in RUN_OPTIONS:
-        if name not in stored:
-            continue
+    for name in (name for name in RUN_OPTIONS if name in stored):
         value, bad = stored[name], UsageError(f"--resume: {path} has an invalid run_options.{name}")
         # Each value has its type already (record_problem); what is left: null, and its flag's rule.
         if value is None and name != "max_cost_usd":  # only the cap may be none
@@ -8936,23 +8797,17 @@ def _resume_options(values, record, path):
         redaction = record.get("redaction") or {}  # an object, patterns a count (record_problem)
         stored = {"redact_pii": redaction.get("pii") is True}
         count = redaction.get("patterns") or 0
-        given = len(values["redact"] or ())
-        if count and given != count:
+        if count and len(values["redact"] or ()) != count:
             raise UsageError(f"--resume: {path} was made with {count} --redact pattern(s), which "
                              f"older records do not store; pass the same --redact flags again")
     found = {}
-    for name, policy in RUN_OPTIONS.items():
-        flag = "--" + name.replace("_", "-")
-        if name not in stored:
-            continue
-        value = stored[name]
+    for name, value in stored.items():  # in RUN_OPTIONS order
         if name == "redact":
             _same_redaction(value, values["redact"], path)
-            continue
-        given = values[name]
-        if given is None:
+        elif values[name] is None:
             found[name] = value
-        elif policy == "same" and given != value:
+        elif RUN_OPTIONS[name] == "same" and values[name] != value:
+            flag = "--" + name.replace("_", "-")
             raise UsageError(f"--resume: run option {name!r} differs from the record's ({flag}); "
                              f"{path} keeps one redaction for all its rows: drop the flag to keep "
                              f"the record's")
@@ -8972,18 +8827,14 @@ def _same_redaction(stored, given, path):
     if sorted(pattern_digest(pattern) for pattern in given or ()) != sorted(stored):
         raise UsageError(f"--resume: run option 'redact' differs from the record's (--redact): "
                          f"{path} was masked with {len(stored)} --redact pattern(s); pass exactly "
-                         f"the same --redact flags again (a "
-                         "record keeps one redaction for all its rows and stores patterns only as "
-                         "hashes, since a pattern can be the secret itself)")
+                         "the same --redact flags again (a record keeps one redaction for all its "
+                         "rows and stores patterns only as hashes, since a pattern can be the "
+                         "secret itself)")
 
 
 def _resume_defaults(values, record, path, env):
-    """What the record fills for a --resume: config (models, repeats, timeout), endpoint, replay
-    source."""
-    config = record["config"]
-    found = {"models": values["models"] or config["models"], "repeats": values["repeats"]
-             or config["repeats"],
-             "timeout": values["timeout"] or config.get("timeout_seconds")}
+    """What the record fills for a --resume: config (models, repeats, timeout), endpoint, replay."""
+    found = _config_defaults(values, record)
     replayed_from = (record.get("replayed_from") or {}).get("path")
     identity = record_provider(record)
     made_with = providers_with("replays_record")[0] if replayed_from else identity.get("name")
@@ -9006,11 +8857,11 @@ def _resume_defaults(values, record, path, env):
     return found
 
 
-def _replay_defaults(values, replayed):
-    """A replayed record's models, repeats and timeout fill every option not given."""
-    config = replayed["config"]
-    return {"models": values["models"] or config["models"], "repeats": values["repeats"]
-            or config["repeats"],
+def _config_defaults(values, record):
+    """A resumed or replayed record's models, repeats and timeout fill every option not given."""
+    config = record["config"]
+    return {"models": values["models"] or config["models"],
+            "repeats": values["repeats"] or config["repeats"],
             "timeout": values["timeout"] or config.get("timeout_seconds")}
 
 
@@ -9018,8 +8869,7 @@ def _run_sources(values, env):
     """What a run takes from the record it resumes or replays, and its provider's defaults."""
     found = {}
     if values["resume"]:
-        # before reading it: no other process may write it from now on
-        hold_record(values["resume"])
+        hold_record(values["resume"])  # before reading it: no other process writes it from now on
         record = _load_for("--resume", values["resume"], evidence=False)  # such rows run again
         found.update(_resume_defaults(values, record, values["resume"], env))
         found.update(_resume_options({**values, **found}, record, values["resume"]))
@@ -9048,7 +8898,7 @@ def _run_sources(values, env):
             raise UsageError(f"--replay: {values['replay']} is not a usable agent-regression "
                              f"record: {unfounded_row}")
         found["replayed_record"] = replayed
-        found.update(_replay_defaults(values, replayed))
+        found.update(_config_defaults(values, replayed))
     models = found.get("models") or values["models"]
     if cls.default_models is None and not models:
         raise UsageError(f"--provider {cls.name} needs --models (names as the endpoint knows them)")
@@ -9058,12 +8908,9 @@ def _run_sources(values, env):
 
 def resolve(args, env):
     """One Settings from parsed argv, the environment and (on --resume) the record; UsageError on
-    bad input.
-
-    Order: flags beat environment twins; on --resume the record's header fills what neither
-    gave (and refuses what would change its config or redaction); then the defaults.
-    """
-    values = {name: value for name, value in vars(args).items()}
+    bad input. Flags beat environment twins; on --resume the record's header fills what neither
+    gave (and refuses what would change its config or redaction); then the defaults."""
+    values = dict(vars(args))
     found, origin = _from_environment(values, env)
     values.update(found)
     _check_flags(values)
@@ -9072,14 +8919,13 @@ def resolve(args, env):
                               else None)
     if not any(values[name] for name in NOT_A_NEW_RUN if name != "resume"):  # a run reads records
         values.update(_run_sources(values, env))
-    values["models"] = tuple(values["models"]) if values["models"] is not None else None
+    values.update({name: tuple(values[name]) for name in ("models", "merge")
+                   if values[name] is not None})
     values["provider"] = values["provider"] or DEFAULT_PROVIDER
-    values.update({name: default for name, default in (("repeats", 1), ("timeout", TIMEOUT_SECONDS),
-                                                       ("concurrency", 1), ("retries", 0))
-                   if values[name] is None})
+    defaults = {"repeats": 1, "timeout": TIMEOUT_SECONDS, "concurrency": 1, "retries": 0}
+    values.update({name: default for name, default in defaults.items() if values[name] is None})
     values.update({name: tuple(values[name] or ()) for name in ("redact", "request", "price")})
     values["redact_pii"] = bool(values["redact_pii"])
-    values["merge"] = tuple(values["merge"]) if values["merge"] is not None else None
     _check_ranges(values, origin)
     return Settings(**values)
 
@@ -9107,21 +8953,16 @@ def raised_cap(cap, spent, redo=0):
 def continue_flags(settings, row=None, tally=None, redo=0):
     """The flags a --resume needs beyond the record, plus what lifts this stop: more --retries
     after a transient failure, a higher --max-cost-usd after the budget stop."""
-    flags = []
-    if settings.api_key_env:
-        flags += ["--api-key-env", settings.api_key_env]
-    if settings.allow_insecure_http:
-        flags += ["--allow-insecure-http"]
+    flags = ["--api-key-env", settings.api_key_env] if settings.api_key_env else []
+    flags += ["--allow-insecure-http"] if settings.allow_insecure_http else []
     if settings.suite and settings.update_baseline:  # the suite is read again, its options too
-        flags += ["--suite", settings.suite, "--update-baseline"] + (["--approve-failing"]
-            if settings.approve_failing else [])
-        flags += (["--system", settings.system] if settings.system else []) + [
-            word for option in settings.request or () for word in ("--request", option)]
-    if settings.quiet:
-        flags += ["--quiet"]
-    for kind in REPORTS:
-        if getattr(settings, kind):
-            flags += [f"--{kind}", getattr(settings, kind)]
+        flags += ["--suite", settings.suite, "--update-baseline"]
+        flags += ["--approve-failing"] if settings.approve_failing else []
+        flags += ["--system", settings.system] if settings.system else []
+        flags += [word for option in settings.request or () for word in ("--request", option)]
+    flags += ["--quiet"] if settings.quiet else []
+    flags += [word for kind in REPORTS if getattr(settings, kind)
+              for word in (f"--{kind}", getattr(settings, kind))]
     if row is not None and row["error"] is not None and _transient_row(row):
         flags += ["--retries", str(min(RANGES["retries"][1], max(3, settings.retries + 2)))]
     elif settings.max_cost_usd is not None and tally is not None and tally.spent() is not None \
@@ -9156,27 +8997,19 @@ def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS, judge=None):
     of the judge of the suite's rubrics (judge_identity)."""
     suite = as_builtin(suite)
     definition = suite.get("definition", {})
-    config = {
-        "models": list(models),
-        "cases": suite["config_cases"],
-        # per case: {id: text}
-        "instructions": suite.get("config_instructions", suite["instructions"]),
-        "tool": TOOL if suite.get("builtin") else definition.get("tool"),
-        "response_format": suite["response_format"],
-        "repeats": repeats,
-        "max_steps": MAX_STEPS,
-        "max_output_tokens": MAX_OUTPUT_TOKENS,
-        "timeout_seconds": timeout,
-    }
+    config = {"models": list(models), "cases": suite["config_cases"],
+              # per case: {id: text}
+              "instructions": suite.get("config_instructions", suite["instructions"]),
+              "tool": TOOL if suite.get("builtin") else definition.get("tool"),
+              "response_format": suite["response_format"], "repeats": repeats,
+              "max_steps": MAX_STEPS, "max_output_tokens": MAX_OUTPUT_TOKENS,
+              "timeout_seconds": timeout}
     if not suite.get("builtin"):
         config["tools"] = definition.get("tools")
         config["sources"] = suite.get("sources")
     # What changes the request body is config, so compare stays strict; absent when unused,
     # so records made before these keys existed keep their config.
-    if suite.get("tool_choice"):
-        config["tool_choice"] = suite["tool_choice"]
-    if suite.get("request"):
-        config["request"] = suite["request"]
+    config.update({key: suite[key] for key in ("tool_choice", "request") if suite.get(key)})
     config.update({key: suite[key] for key in PLAYED_SUITE_KEYS if key in suite})
     if judge is not None:
         config["judge"] = judge
@@ -9187,8 +9020,7 @@ def run_config(suite, models, repeats, timeout=TIMEOUT_SECONDS, judge=None):
 # The check catalogue and the warnings --dry-run prints.
 
 def catalogue():
-    """The --list-checks text, from the check table: each check, what switches it on, its
-    reasons."""
+    """The --list-checks text from the check table: each check, what switches it on, its reasons."""
     lines = ["Checks (run in this order; each is a pure function of the case and the "
              "response trace):"]
     for check_ in CHECK_TABLE:
@@ -9232,8 +9064,7 @@ STATISTICS_TEXT = [
 
 
 def _checks_of(case):
-    """The names (CHECKS keys) of the checks that have something to judge in a case, in run
-    order."""
+    """The names (CHECKS keys) of the checks that have something to judge in a case, in order."""
     return [check_.name for check_ in CHECK_TABLE if not check_.always and check_.active(case)]
 
 
@@ -9256,8 +9087,7 @@ def lint_case(suite, case):
     parts = [case, *(part for _, _, part in turn_parts(case))] if "turns" in case else [case]
     if any(grade(compile_case(case_suite(suite, case), part), EMPTY_REPLY) for part in parts):
         return None
-    active = [check_.name for part in parts for check_ in CHECK_TABLE
-              if not check_.always and check_.active(part)]
+    active = [name for part in parts for name in _checks_of(part)]
     idle = [key for part in parts for check_ in CHECK_TABLE if not check_.active(part)
             for key in check_.reads if key in part]
     hint = f" ({', '.join(idle)} alone judges nothing)" if idle else ""
@@ -9297,13 +9127,12 @@ def argument_warnings(suite):
 
 
 def suite_warnings(suite):
-    """lint_case's warning for each weak case (--dry-run lists them), in the suite's own key
-    names."""
+    """lint_case's warning for each weak case (--dry-run lists them), in the suite's key names."""
     warnings = [found for found in (lint_case(suite, case) for case in suite["cases"]) if found]
     warnings += argument_warnings(suite)
-    return [_their_words(warning)
-            for warning in warnings] if suite.get("format") == "prompt-regression" \
-        else warnings
+    if suite.get("format") == "prompt-regression":
+        return [_their_words(warning) for warning in warnings]
+    return warnings
 
 
 # ---------------------------------------------------------------------- the plan
@@ -9343,7 +9172,7 @@ def _wire_lines(suite, args, env):
 
 def _cost_lines(args, env, run):
     """How spend is known: reported by the endpoint, estimated from prices, or not at all."""
-    cls, prices = PROVIDERS[args.provider], (run.prices if run is not None else {})
+    cls, prices = PROVIDERS[args.provider], run.prices
     reported = cls.cost_reported(args, env)
     unpriced = [model for model in args.models if model not in prices]
     lines = []
@@ -9356,7 +9185,7 @@ def _cost_lines(args, env, run):
                      f"unknown and {', '.join(unpriced)} {'has' if len(unpriced) == 1 else 'have'} "
                      f"no price; the run stops after the first row that reports no cost. Add "
                      f"--price MODEL=IN/OUT (USD per million input/output tokens)")
-    return lines + (cost_estimate_lines(args, env, run) if run is not None else [])
+    return lines + cost_estimate_lines(args, env, run)
 
 
 def _output_cap_value(suite, args, env):
@@ -9409,14 +9238,14 @@ def _instructions_line(suite):
             f"{instructions_sha256(texts.pop() if texts else suite['instructions'])}")
 
 
-def _judge_lines(suite, settings, plan, run, env):
+def _judge_lines(run, settings, env):
     """The judge of a plan's rubric cases: who, how often, what it grades first (--dry-run)."""
-    judge = run.judge if run is not None else None
+    judge, suite = run.judge, run.suite
     if judge is None:
         return []
     rubrics = {case["id"]: len(rubrics_of(case)) for case in suite["cases"]}
     examples = len(suite.get("judge_examples") or []) * (run.judge_needed and not run.resuming)
-    asks = (sum(rubrics[case_id] for _, case_id, _ in plan) * run.judge_needed + examples) \
+    asks = (sum(rubrics[case_id] for _, case_id, _ in run.plan) * run.judge_needed + examples) \
         * judge.repeats  # the examples are judged too, as often
     problem = run.judge_spec and judge_setup_problem(run.judge_spec, settings, env)
     named = "" if run.judge_spec else " (none named: only the replayed record's judgements)"
@@ -9435,22 +9264,20 @@ def _judge_cap_warning(settings, run, env):
             or PROVIDERS[spec["provider"]].cost_reported(judge_view(spec, settings), env):
         return []
     return [f"warning: --max-cost-usd is set, but the judge's cost reporting is unknown and "
-            f"{judge.model} has no price; the run stops after the first judge request that "
-            f"reports no cost. Add --price {judge.model}=IN/OUT (USD per million input/output "
-            "tokens)"]
+            f"{judge.model} has no price; the run stops after the first judge request that reports "
+            f"no cost. Add --price {judge.model}=IN/OUT (USD per million input/output tokens)"]
 
 
-def plan_text(suite, args, plan, provider_note, run=None, env=None):
+def plan_text(run, args, provider_note, env):
     """The --dry-run report: what would be sent, to whom, how many times."""
-    env = os.environ if env is None else env
-    models = args.models
+    suite, plan = run.suite, run.plan
     lines = [
         f"suite: {suite['name']}" + (f" ({suite['file']})" if suite.get("file") else ""),
         f"provider: {args.provider}" + (f" ({provider_note})" if provider_note else ""),
         _instructions_line(suite),
-        f"plan: {_plural(len(suite['cases']), 'case')} x {_plural(len(models), 'model')} x "
+        f"plan: {_plural(len(suite['cases']), 'case')} x {_plural(len(args.models), 'model')} x "
         f"{_plural(args.repeats, 'repeat')} = {_plural(len(plan), 'request')}",
-        f"models: {', '.join(models)}",
+        f"models: {', '.join(args.models)}",
         *_wire_lines(suite, args, env),
         "response format: " + _format_name(suite["response_format"]),
         *_cost_lines(args, env, run),
@@ -9469,9 +9296,9 @@ def plan_text(suite, args, plan, provider_note, run=None, env=None):
     for case in suite["cases"]:
         lines += _case_plan(suite, case)
         lines += [f"    rubric: {_quote(text, 100)}" for text in rubrics_of(case)]
-    lines += _judge_lines(suite, args, plan, run, env)
+    lines += _judge_lines(run, args, env)
     lines += [f"warning: {warning}" for warning in suite_warnings(suite)]
-    if run is not None and run.refusal:
+    if run.refusal:
         lines.append(f"refused: {run.refusal}")
     lines.append("nothing was sent (--dry-run)")
     return "\n".join(safe_text(line) for line in lines)
@@ -9521,8 +9348,7 @@ def row_line(row, widths=(0, 0)):
     cost += f" (judge ${row['judge_cost_usd']})" if row.get("judge_cost_usd") else \
         " (judge cost ?)" if "judge_cost_usd" in row else ""
     return safe_text(f"{row['model']:<{widths[0]}}  {row['case_id']:<{widths[1]}}  "
-                     f"r{row['repeat']}  {verdict}  {cost}  "
-            f"{row['seconds']:.3f}s")
+                     f"r{row['repeat']}  {verdict}  {cost}  {row['seconds']:.3f}s")
 
 
 def failure_lines(case, row):
@@ -9548,19 +9374,13 @@ def failure_lines(case, row):
 def record_header(config, sdk, evidence, **extra):
     """A record's header: SPEC A8's keys first, then what this tool adds (suite, provider, ...)."""
     header = {"created_at": _now(), "config": config, "sdk_version": sdk,
-              "code_sha256": code_sha256(),
-              "evidence": evidence}
+              "code_sha256": code_sha256(), "evidence": evidence}
     header.update({key: value for key, value in extra.items() if value is not None})
     return header
 
 
 # ---------------------------------------------------------------------- resume and regrade
 # Continuing or regrading a record: what may differ, what is kept.
-
-def _differing_key(old, new):
-    return next((key for key in [*old, *new] if key not in old or key not in new
-                 or old[key] != new[key]), None)
-
 
 def _judge_of_record(record):
     """{"judge": the suite form of a record's judge} (its key variable from the header), or {}."""
@@ -9597,25 +9417,21 @@ def _suite_from_record(record, settings):
     if settings.suite:
         return load_suite(settings.suite, allow_empty_baseline=settings.update_baseline,
                           system=settings.system)
+    name = info.get("name") or "suite"
     try:
         # the built-in suite (maybe as a file), with the record's own cases
         if info.get("builtin", True) or config.get("cases") == CASES:
             suite = builtin_suite() if config.get("cases") == CASES else _builtin_of(config)
             return {**suite, "instructions": config.get("instructions")} \
                 if isinstance(config.get("instructions"), str) else suite
-        # a prompt-regression suite, a prompt per case
-        if isinstance(config.get("instructions"), dict):
-            return validate_suite(promptreg_from_config(info.get("name") or "suite", config),
+        if isinstance(config.get("instructions"), dict):  # prompt-regression: a prompt per case
+            return validate_suite(promptreg_from_config(name, config),
                                   allow_empty_baseline=settings.update_baseline)
         if any(isinstance(case, dict) and "tools" in case for case in config.get("cases") or []):
-            return golden_from_config(info.get("name") or "suite", config)  # tools per case
-        return validate_suite({"name": info.get("name") or "suite",
-                               "instructions": config.get("instructions"),
-                               "tool": config.get("tool"), "tools": config.get("tools"),
-                               "response_format": config.get("response_format"),
-                               "tool_choice": config.get("tool_choice"),
-                               "request": config.get("request"),
-                               "sources": config.get("sources"), "cases": config.get("cases"),
+            return golden_from_config(name, config)  # tools per case
+        keys = ("instructions", "tool", "tools", "response_format", "tool_choice", "request",
+                "sources", "cases")
+        return validate_suite({"name": name, **{key: config.get(key) for key in keys},
                                **{key: config[key] for key in PLAYED_SUITE_KEYS if key in config},
                                **_judge_of_record(record)},
                               allow_empty_baseline=settings.update_baseline)
@@ -9626,15 +9442,14 @@ def _suite_from_record(record, settings):
 class Run:
     """Everything decided before the record file exists (SPEC A8: nothing can fail after)."""
 
-    def __init__(self, suite, plan, expected, header, path, kept=(), resuming=False):
-        self.suite, self.plan, self.expected, self.header = suite, plan, expected, header
+    def __init__(self, suite, plan, header, path, kept=(), resuming=False):
+        self.suite, self.plan, self.expected, self.header = suite, plan, set(plan), header
         self.path, self.kept, self.resuming = path, list(kept), resuming
         done = {row_key(row) for row in self.kept}
         self.todo = [key for key in plan if key not in done]
         self.provider = self.secret = self.refusal = self.budget = None
         self.judge = self.judge_spec = self.judge_secret = None  # see _run_judge
-        self.judge_needed = False
-        self.prices = {}
+        self.judge_needed, self.prices = False, {}
         self.redo = decimal.Decimal(0)  # what rows the cap stopped mid-loop spent (paid again)
 
 
@@ -9653,8 +9468,7 @@ def _choose_suite(settings, record, replayed):
 def run_options(settings):
     """The header's "run_options": what --resume re-applies (RUN_OPTIONS), as JSON."""
     values = {name: getattr(settings, name) for name in RUN_OPTIONS}
-    # never the pattern itself
-    values["redact"] = [pattern_digest(pattern) for pattern in values["redact"]]
+    values["redact"] = [pattern_digest(pattern) for pattern in values["redact"]]  # never a pattern
     values["max_cost_usd"] = (format(values["max_cost_usd"], "f")
                               if values["max_cost_usd"] is not None else None)
     return values
@@ -9662,11 +9476,12 @@ def run_options(settings):
 
 def _resumed_run(record, suite, plan, config, settings):
     """A Run that keeps the record's finished rows and runs the missing and errored ones."""
-    key = _differing_key(record["config"], config)
+    old = record["config"]
+    key = next((key for key in [*old, *config] if key not in old or key not in config
+                or old[key] != config[key]), None)
     if key is not None:
-        raise UsageError(f"--resume: config key {key!r} would differ from the record's "
-                         "(a flag, the environment or the suite changed it); resume needs the "
-                         "same config")
+        raise UsageError(f"--resume: config key {key!r} would differ from the record's (a flag, "
+                         "the environment or the suite changed it); resume needs the same config")
     wanted, kept, superseded = set(plan), {}, []
     cases = {case["id"]: case for case in record["config"]["cases"]}
     for row in record["runs"]:  # a row not kept stays as superseded evidence of what it spent
@@ -9683,7 +9498,7 @@ def _resumed_run(record, suite, plan, config, settings):
         {"at": _now(), "kept_rows": len(rows), "code_sha256": code_sha256()}]
     if superseded:
         header["superseded"] = list(header.get("superseded") or []) + superseded
-    return Run(suite, plan, set(plan), header, settings.resume, rows, resuming=True)
+    return Run(suite, plan, header, settings.resume, rows, resuming=True)
 
 
 def regrade_problem(record, path, suite, rows):
@@ -9772,6 +9587,7 @@ def graded_now(record, path):
               ] if unsure else []
     runs = [now.get(id(row), row) for row in record["runs"]]
     return {**record, "runs": runs}, [safe_text(note) for note in notes]
+
 
 def regraded_rows(record, rows, suite=None, path="the record"):
     """[(row, the row graded again)] of a record's finished rows that hold a response, each graded
@@ -9868,8 +9684,7 @@ def prepare(settings, env):
         if problem:
             raise UsageError(f"--resume: {problem}")
     else:
-        run = Run(suite, plan, set(plan),
-                  _new_header(settings, env, cls, suite, config, shard, replayed),
+        run = Run(suite, plan, _new_header(settings, env, cls, suite, config, shard, replayed),
                   settings.out or "results.json")
     if prices:  # not config: a price changes what a row is said to cost, never its verdict
         run.header["prices"] = {model: f"{price[0]}/{price[1]}" for model, price in prices.items()}
@@ -9901,6 +9716,7 @@ def _run_prices(record, suite, settings):
                 (record.get("prices") or {}).items()} if record is not None else {}
     return {**recorded, **(suite.get("prices") or {}), **price_options(settings)}
 
+
 def baseline_problem(settings, suite, header):
     """Why this run's answers may not become baselines, or None: --update-baseline approves a
     model's answers, never the evidence of a provider that is no model (echo, synthetic, or a
@@ -9919,9 +9735,7 @@ def baseline_problem(settings, suite, header):
 
 def _new_header(settings, env, cls, suite, config, shard, replayed):
     return record_header(
-        config,
-        # live: filled once the client exists
-        replayed.get("sdk_version") if replayed is not None else None,
+        config, (replayed or {}).get("sdk_version"),  # live: filled once the client exists
         replayed.get("evidence", "live") if replayed is not None else cls.evidence,
         suite={"name": suite["name"], "builtin": suite["builtin"], "file": suite.get("file")},
         provider=provider_identity(settings, env, replayed),
@@ -10009,9 +9823,6 @@ class WorkerPool:
         self._calls, self._wake_at, self._watchdog, self._closed = set(), None, None, False
         for _ in range(size):
             self._spawn(None)
-
-    def submit(self, job):
-        self.jobs.put(job)
 
     def close(self):
         """Stop the workers once their current job is done, and the watchdog; returns at once."""
@@ -10111,7 +9922,7 @@ def run_in_pool(jobs, work, concurrency, stopping, refill_early=lambda row: Fals
             job = next(pending, None)
             if job is None:
                 return
-            pool.submit(job)
+            pool.jobs.put(job)
             in_flight += 1
 
     try:
@@ -10132,8 +9943,8 @@ def run_in_pool(jobs, work, concurrency, stopping, refill_early=lambda row: Fals
 class Progress:
     """Per-row lines on stdout; on a terminal, also a live status line on stderr."""
 
-    def __init__(self, total, done, stream=None):
-        self.stream = stream or sys.stderr
+    def __init__(self, total, done):
+        self.stream = sys.stderr
         self.live = self.stream.isatty()
         self.total, self.done, self.started, self.session = total, done, time.monotonic(), 0
 
@@ -10149,10 +9960,8 @@ class Progress:
             self.stream.flush()
 
     def status(self, tally):
-        remaining = self.total - self.done
         per_row = (time.monotonic() - self.started) / max(self.session, 1)
-        eta = int(per_row * remaining)
-        spent = tally.spent()
+        eta, spent = int(per_row * (self.total - self.done)), tally.spent()
         return (f"[{self.done}/{self.total}] {self.done - tally.failures} passed, "
                 f"{tally.failures - tally.errors} failed, {tally.errors} errors, "
                 f"{'$' + format(spent, 'f') if spent is not None else 'spend unknown'}, "
@@ -10164,7 +9973,7 @@ class Progress:
             self.stream.flush()
 
 
-def _stop_reason(row, budget, resume=lambda flags: continue_command("RECORD", flags)):
+def _stop_reason(row, budget, resume):
     """Why no new request may start after this row, or None; `resume(flags)` is the command
     that continues the run with those flags added."""
     refused, unknown = budget.refusal(), budget.unknown
@@ -10185,7 +9994,7 @@ def _cap_exhausted(settings, budget):
     return cap is not None and spent is not None and spent >= cap and raised_cap(cap, spent) is None
 
 
-def _storable(row, mask, prices=None, attest=lambda stored: stored):
+def _storable(row, mask, prices, attest):
     """The row as stored (priced, masked, then attested when masked) and its JSON text. Anything
     failing after the response arrived (masking a reply nested 900 levels deep, say) makes the
     row an execution_error row that keeps what can be stored, never a lost row or a traceback."""
@@ -10196,8 +10005,7 @@ def _storable(row, mask, prices=None, attest=lambda stored: stored):
         problem = f"{type(exc).__name__}: {exc}"
     kept = {key: row[key] for key in ("case_id", "model", "repeat") if key in row}
     kept.update(error=problem.split(":")[0], error_status=None, cost_usd=None, response=None,
-                answer_text=None,
-                reasons=["execution_error"])
+                answer_text=None, reasons=["execution_error"])
     if isinstance(row.get("cost_usd"), str):
         kept["cost_usd"] = row["cost_usd"]  # money spent is evidence too
     try:
@@ -10207,9 +10015,8 @@ def _storable(row, mask, prices=None, attest=lambda stored: stored):
                                      f"{problem}")[:500]
     except Exception:
         kept["error_message"] = "the response arrived but could not be stored or masked"
-    for key in ("attempts", "seconds"):
-        if isinstance(row.get(key), (int, float)):
-            kept[key] = row[key]
+    kept.update({key: row[key] for key in ("attempts", "seconds")
+                 if isinstance(row.get(key), (int, float))})
     kept["passed"] = False
     try:
         return kept, dumps(kept)
@@ -10267,8 +10074,7 @@ class RowRunner:
         case = self.cases[case_id]
         steps = run_row_steps(self.run_.provider, case_suite(self.run_.suite, case), case, model,
                               repeat, retries=self.settings.retries, budget=self.budget,
-                              judge=self.run_.judge,
-                              begun=lambda row: self.live.__setitem__(
+                              judge=self.run_.judge, begun=lambda row: self.live.__setitem__(
                                   key, (steps, row, time.monotonic())))
         return steps
 
@@ -10448,8 +10254,7 @@ def merge(out, paths, created=lambda: None):
     create_record(out, header, ordered, final).close()
     created()
     print(json.dumps(final, indent=2))
-    # incomplete, or a shard kept an execution error: say what continues it
-    if final["exit_code"] == 2:
+    if final["exit_code"] == 2:  # incomplete, or a shard kept an error: say what continues it
         print(merge_gaps(records, paths, plan, final), file=sys.stderr)
     return final["exit_code"]
 
@@ -10482,9 +10287,8 @@ def _check_shards_agree(records, paths):
             options = [(one.get("run_options") or {}).get(option) for one in (record, base)]
             if options[0] != options[1]:
                 raise UsageError(f"--merge: {path} differs from {paths[0]} in "
-                                 f"run_options.{option}; "
-                                 "its rows were masked differently, and one record keeps one "
-                                 "redaction")
+                                 f"run_options.{option}; its rows were masked differently, and "
+                                 "one record keeps one redaction")
         priced = price_difference(base.get("prices"), record.get("prices"))
         if priced:  # one header keeps one price per model, so shards priced apart cannot share one
             model, here, there = priced
@@ -10506,13 +10310,10 @@ def merge_gaps(records, paths, plan, final):
     have = {row_key(row) for record in records for row in record["runs"]
             if row.get("error") is None}
     missing = [key for key in plan if key not in have]
-    lines = [f"merged record is incomplete: {final['rows']} of {final['expected_rows']} rows"
-             if not final["complete"]
-             else f"merged record holds execution errors: {final['rows']} of "
-                  f"{final['expected_rows']} rows, "
-                  "not all usable"]
-    if missing:
-        # names from the records
+    count = f"{final['rows']} of {final['expected_rows']} rows"
+    lines = [f"merged record is incomplete: {count}" if not final["complete"]
+             else f"merged record holds execution errors: {count}, not all usable"]
+    if missing:  # names from the records: escaped
         shown = ", ".join(safe_text(" / ".join(map(str, key))) for key in missing[:5])
         lines[0] += f"; missing or errored: {shown}" + (f" and {len(missing) - 5} more"
                                                         if len(missing) > 5 else "")
@@ -10601,7 +10402,7 @@ def dry_run_mode(settings, env, stage):
     # cheap and offline: a dry run can check coverage too
     if PROVIDERS[settings.provider].builds_offline:
         _check_replay_covers(make_provider(settings, env)[0], run, settings)
-    text = plan_text(run.suite, settings, run.plan, provider_problem(settings, env), run, env)
+    text = plan_text(run, settings, provider_problem(settings, env), env)
     if settings.quiet:  # the warnings and the last line, for a CI log
         lines = text.splitlines()
         said = [line for line in lines[:-1] if line.startswith(("warning: ", "refused: "))]
@@ -10706,6 +10507,7 @@ def _stopped_line(run, settings, final, tally, stopped, last):
                 "cap lets it continue")
     return f"stopped early: {safe_text(stopped)}{safe_text(hint)}"
 
+
 def write_reports_of(record, settings, stage, source):
     """Write the requested reports one by one; an interruption says which are still missing."""
     targets = {kind: getattr(settings, kind) for kind in REPORTS if getattr(settings, kind)}
@@ -10740,13 +10542,12 @@ def update_baseline(run, args, exit_code):
     except (SuiteError, RecordError) as exc:
         print(f"regression.py: error: {safe_text(exc)}", file=sys.stderr)
         return 2
-    # the run is complete: say so, and which suite is on disk
-    except KeyboardInterrupt as interrupt:
+    except KeyboardInterrupt as interrupt:  # the run is complete: say so and which suite is on disk
         word = "terminated" if isinstance(interrupt, Terminated) else "interrupted"
         interrupt.message = safe_text(
             f"{word} while filling the baselines of {run.suite['file']}: it is "
-            f"{getattr(interrupt, 'suite_state', 'unchanged')}; {run.path} is complete (exit code "
-            f"{exit_code})")
+            f"{getattr(interrupt, 'suite_state', 'unchanged')}; {run.path} is complete "
+            f"(exit code {exit_code})")
         raise
     print(safe_text(f"baselines filled: {', '.join(filled) if filled else 'none'} "
                     f"({run.suite['file']})"))
@@ -10755,14 +10556,13 @@ def update_baseline(run, args, exit_code):
     if filled and run.suite.get("format") != "golden":  # a pin changes no verdict; a baseline does
         print(safe_text(f"note: {run.path} was graded before these baselines existed, so "
                         "compare_runs.py refuses it against runs of the new suite; regrade it "
-                        "first: "
-                        f"{regrade_command(run, args)}"))
+                        f"first: {regrade_command(run, args)}"))
     return max(exit_code, 1) if refused else exit_code
 
 
 def regrade_command(run, settings):
     """The command that re-grades this run's record with the suite as it is now, into a new file."""
-    stem = run.path[:-5] if run.path.endswith(".json") else run.path
+    stem = run.path.removesuffix(".json")
     out = next(name for name in (f"{stem}-regraded{n or ''}.json" for n in range(10_000))
                if not os.path.lexists(name))
     replayer = providers_with("replays_record")[0]  # the provider that re-grades stored responses
@@ -10773,9 +10573,9 @@ def regrade_command(run, settings):
     return " ".join([program_name(), *map(shell_word, flags)])
 
 
+# the first flag set picks the mode; none: a run
 MODES = [("list_checks", list_checks_mode), ("update_pins", update_pins_mode),
-         ("report", report_mode), ("merge", merge_mode),
-         ("dry_run", dry_run_mode)]  # the first flag set picks the mode; none: a run
+         ("report", report_mode), ("merge", merge_mode), ("dry_run", dry_run_mode)]
 
 
 def main(argv=None):
@@ -10812,8 +10612,7 @@ def cli():
         code = main()
     except KeyboardInterrupt as interrupt:
         print(getattr(interrupt, "message", None)
-              or "interrupted before the first request; nothing was saved",
-              file=sys.stderr)
+              or "interrupted before the first request; nothing was saved", file=sys.stderr)
         code = getattr(interrupt, "code", 130)
     sys.exit(code)
 
