@@ -7248,18 +7248,15 @@ class Tally:
         """The verdict. A final one (a run's end, a recount) also holds each model's pass rate
         with its interval, pass^k and failed cases; a checkpoint's does not (it stays O(models))."""
         complete = self.complete()
-        models = {}
-        for model, stats in self.per_model.items():
-            models[model] = {
-                **{key: stats[key] for key in ("passed", "total", "errors")},
-                # a model with no row here (another shard's) is not shown fit by 0 of 0 passing
-                "qualified": complete and stats["expected"] > 0
-                and stats["passed"] == stats["expected"],
-                "reported_cost_usd": format(stats["cost"], "f") if stats["cost_known"] else None,
-                **({"judge_cost_usd": format(stats["judge"], "f") if stats["judge"].is_finite()
-                    else None} if stats["judged"] else {}),  # the judge's part, shown apart
-                **(self.statistics(model) if final else {}),
-            }
+        models = {model: {
+            **{key: stats[key] for key in ("passed", "total", "errors")},
+            # a model with no row here (another shard's) is not shown fit by 0 of 0 passing
+            "qualified": complete and 0 < stats["expected"] == stats["passed"],
+            "reported_cost_usd": format(stats["cost"], "f") if stats["cost_known"] else None,
+            **({"judge_cost_usd": format(stats["judge"], "f") if stats["judge"].is_finite()
+                else None} if stats["judged"] else {}),  # the judge's part, shown apart
+            **(self.statistics(model) if final else {}),
+        } for model, stats in self.per_model.items()}
         exit_code = 2 if not complete or self.errors else 1 if self.failures else 0
         verdict = {"complete": complete, "rows": len(self.seen),
                    "expected_rows": len(self.expected), "models": models, "exit_code": exit_code}
@@ -7767,16 +7764,15 @@ def replace_record(path, header, rows, final):
     at any point leaves either the old file or the new one, never a mix. The temp file has
     a unique name (never the PID: PIDs repeat), is removed on any failure or interruption,
     and a stale one left by a SIGKILL blocks nothing. Through a symbolic link the real file
-    is replaced (the link stays a link), as replace_text_file does for a suite.
-    """
+    is replaced (the link stays a link), as replace_text_file does for a suite."""
     import tempfile
     real = os.path.realpath(path)
     folder, name = os.path.split(real)
     try:
         fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)  # O_EXCL, 0600
     except OSError as exc:
-        raise RecordError(f"cannot write next to {path}: {exc.strerror or exc}; {path} is "
-                          f"unchanged") from None
+        raise RecordError(f"cannot write next to {path}: {exc.strerror or exc}; "
+                          f"{path} is unchanged") from None
     try:
         writer = _start_record(fd, temp, header, rows, final)
     except RecordError as exc:
