@@ -7401,11 +7401,10 @@ _LIST = (lambda v: isinstance(v, list)), "a list"
 # --replay) relies on, with the type it must have. One table, so no reader meets a type it
 # did not expect: a crafted record is one line and exit 2, never a traceback.
 RECORD_FIELDS = dict(
-    created_at=_TEXT, sdk_version=_TEXT, code_sha256=_TEXT, evidence=_TEXT,
-    suite=_OBJECT, provider=_OBJECT, replayed_from=_OBJECT, redaction=_OBJECT, summary=_OBJECT,
-    resumed=_LIST, merged_from=_LIST, recovered=_BOOL, run_options=_OBJECT, superseded=_LIST,
-    judge_agreement=_OBJECT, judge_api_key_env=_TEXT,
-    shard=(_is_shard, "I/N with 1 <= I <= N"))
+    created_at=_TEXT, sdk_version=_TEXT, code_sha256=_TEXT, evidence=_TEXT, suite=_OBJECT,
+    provider=_OBJECT, replayed_from=_OBJECT, redaction=_OBJECT, summary=_OBJECT, resumed=_LIST,
+    merged_from=_LIST, recovered=_BOOL, run_options=_OBJECT, superseded=_LIST,
+    judge_agreement=_OBJECT, judge_api_key_env=_TEXT, shard=(_is_shard, "I/N with 1 <= I <= N"))
 NESTED_FIELDS = {
     "suite": dict(name=_TEXT, builtin=_BOOL, file=_TEXT),
     # a list or object is no name: looked up in PROVIDERS it would raise TypeError (a traceback)
@@ -8051,9 +8050,8 @@ def junit_xml(name, suites, system_out=""):
         lines.append(f'  <testsuite name="{xml_text(suite_name)}" tests="{len(cases)}" '
                      f'{counted(cases)} time="{seconds:.3f}">')
         for case in cases:
-            lines.append(f'    <testcase classname="{xml_text(case["classname"])}" '
-                         f'name="{xml_text(case["name"])}" '
-                         f'time="{(case.get("seconds") or 0):.3f}">')
+            lines.append(f'    <testcase classname="{xml_text(case["classname"])}" name="'
+                         f'{xml_text(case["name"])}" time="{(case.get("seconds") or 0):.3f}">')
             for kind in ("failure", "error", "skipped"):
                 if kind in case:
                     message, text = case[kind]
@@ -8337,10 +8335,9 @@ def html_run(record):
     rows = {row_key(row): row for row in record["runs"]}
     title = f"agent-regression: {(record.get('suite') or {}).get('name', 'run')}"
     body = [f"<h1>{xml_text(title)}</h1>",
-            f"<p><b>{xml_text(_verdict(final))}</b> (exit "
-            f"{xml_text(final.get('exit_code'))}); {xml_text(final.get('rows', 0))} of "
-            f"{xml_text(final.get('expected_rows', '?'))} rows; evidence "
-            f"{xml_text(record.get('evidence', 'live'))}; created "
+            f"<p><b>{xml_text(_verdict(final))}</b> (exit {xml_text(final.get('exit_code'))}); "
+            f"{xml_text(final.get('rows', 0))} of {xml_text(final.get('expected_rows', '?'))} "
+            f"rows; evidence {xml_text(record.get('evidence', 'live'))}; created "
             f"{xml_text(record.get('created_at'))}</p>"]
     if final.get("stopped"):
         body.append(f"<p>Stopped early: {xml_text(final['stopped'])}</p>")
