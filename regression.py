@@ -4314,11 +4314,10 @@ def _put_back(path, text):
 # leak still fails its case but never reaches disk.
 
 def _luhn_ok(digits):
-    total = 0
-    for position, digit in enumerate(reversed(digits)):
-        value = int(digit) * (2 if position % 2 else 1)
-        total += value - 9 if value > 9 else value
-    return total % 10 == 0
+    """Whether a digit string passes the Luhn check, as every card number does."""
+    values = [int(digit) * (2 if position % 2 else 1)
+              for position, digit in enumerate(reversed(digits))]
+    return sum(value - 9 if value > 9 else value for value in values) % 10 == 0
 
 
 def _mask_cards(match):
@@ -4356,7 +4355,8 @@ PII_PATTERNS = [
 ]
 
 
-# a shorter key ("x" for a local server) is not masked: it would rewrite unrelated text
+# a shorter key ("x" for a local server) is not masked: it would rewrite unrelated text (every x
+# of the evidence); main() says so once on stderr
 MIN_SECRET_CHARS = 8
 
 
@@ -4378,11 +4378,9 @@ def secret_forms(secret):
 
 def secret_rules(secrets):
     """The (regex, replacement) rules masking every form of every key of at least MIN_SECRET_CHARS,
-    in any letter case (evidence may quote an answer case-folded); [] without such a key. Two
-    regexes, not one: joined, the escaped spellings would cost every text the fixed forms' fast
-    scan."""
-    keys = [secret for secret in secrets if isinstance(secret, str)
-            and len(secret) >= MIN_SECRET_CHARS]
+    in any letter case (evidence may quote an answer case-folded); [] without such a key.
+    Two regexes, not one: joined, the escaped spellings would cost every text the fast scan."""
+    keys = [key for key in secrets if isinstance(key, str) and len(key) >= MIN_SECRET_CHARS]
     if not keys:
         return []
     forms = sorted({form for secret in keys for form in secret_forms(secret)},
@@ -4392,8 +4390,7 @@ def secret_rules(secrets):
              "[REDACTED:secret]")]
 
 
-# An escaped invisible character in JSON text (\u200b), which the mask reads through like the
-# character itself.
+# escaped invisible characters in JSON text (\u200b): the mask reads through them like raw ones
 _ESCAPED_INVISIBLE = r"(?:\\u(?:00ad|034f|180e|200[b-f]|202[a-e]|206[0-9a-f]|feff))*"
 
 
@@ -4402,10 +4399,8 @@ def _json_escaped_pattern(secret):
     however its encoder escaped it: any character as \\uXXXX (Go escapes & < >), / as \\/
     (PHP), with escaped invisible characters between its characters."""
     def spelled(char):
-        ways = [re.escape(char), re.escape(f"\\u{ord(char):04x}")]
-        if char in '"\\/':
-            ways.append(re.escape("\\" + char))
-        return f"(?:{'|'.join(ways)})"
+        ways = [char, f"\\u{ord(char):04x}", *(["\\" + char] if char in '"\\/' else [])]
+        return f"(?:{'|'.join(map(re.escape, ways))})"
     return _ESCAPED_INVISIBLE.join(map(spelled, secret))
 
 
@@ -4416,11 +4411,10 @@ def _spans_seeing_through(pattern, replacement, text):
     """(begin, end, replacement text) of each match of the pattern in the text read as if it had
     no invisible characters (zero-width spaces and other format characters), in order."""
     import bisect
+    import itertools
     runs = [(run.start(), run.group()) for run in _VISIBLE_RUN.finditer(text)]
-    starts, offset = [], 0  # where each visible run starts in the text read without them
-    for _, run in runs:
-        starts.append(offset)
-        offset += len(run)
+    # where each visible run starts in the text read without them (and where that text ends)
+    starts = list(itertools.accumulate((len(run) for _, run in runs), initial=0))
     seen = "".join(run for _, run in runs)
 
     def original(position):  # index in `text` of the visible character at `position` of `seen`
@@ -4485,12 +4479,10 @@ def _text_holders(value):
 
 
 def redactor(patterns=(), pii=False, secrets=()):
-    """A function that masks secrets, PII (optional) and user patterns in any JSON value.
-
-    The "text" strings of a value (an answer's content parts, which the answer joins) are also
-    read as one text, so a value split across them is masked like the answer's copy of it.
-    A secret shorter than MIN_SECRET_CHARS is left alone (masking "x" would rewrite every x
-    of the evidence); main() says so once on stderr."""
+    """A function that masks secrets (of MIN_SECRET_CHARS or more), PII (optional) and user
+    patterns in any JSON value. The "text" strings of a value (an answer's content parts, which
+    the answer joins) are also read as one text, so a value split across them is masked like
+    the answer's copy of it."""
     rules = secret_rules(secrets)
     rules += PII_PATTERNS if pii else []
     rules += [(re.compile(pattern), "[REDACTED]") for pattern in patterns]
@@ -4506,8 +4498,7 @@ def redactor(patterns=(), pii=False, secrets=()):
         if isinstance(value, dict):
             text = joined.get(id(value))
             return {mask_text(key): mask_text(text) if key == "text" and text is not None
-                    else mask_value(item, joined)
-                    for key, item in value.items()}
+                    else mask_value(item, joined) for key, item in value.items()}
         if isinstance(value, list):
             return [mask_value(item, joined) for item in value]
         return value
@@ -4541,9 +4532,7 @@ def redact_row(row, mask):
 
 class Perplexity:
     """Stands for perplexity.Perplexity; the SDK (about 1 s to import) loads on first use.
-
-    Tests replace this name with unittest.mock.patch; main() builds its client through it.
-    """
+    Tests replace this name with unittest.mock.patch; main() builds its client through it."""
 
     def __new__(cls, *args, **kwargs):
         from perplexity import Perplexity as sdk_client
@@ -4564,22 +4553,8 @@ def sent_key_variable(cls, settings, env):
         return named
     if not cls.key_variable or not env.get(cls.key_variable):
         return None
-    if cls.key_hosts is None:
-        return cls.key_variable
-    return cls.key_variable if key_host(cls.endpoint(settings, env), cls.key_hosts) else None
-
-
-def search_problem(suite, cls):
-    """Why a `cite` case of the suite can never pass on this provider, or None (issue 12 item 9)."""
-    if cls.server_search is not False:
-        return None
-    case = next((case for case in suite["cases"] if "cite" in case), None)
-    if case is None:
-        return None
-    searchers = ", ".join(name for name, other in PROVIDERS.items() if other.server_search)
-    return (f"case {case['id']!r} has cite, which needs the server's own web search, and "
-            f"--provider {cls.name} runs none, so it could never pass; drop cite from the "
-            f"case or use --provider {searchers}")
+    sent = cls.key_hosts is None or key_host(cls.endpoint(settings, env), cls.key_hosts)
+    return cls.key_variable if sent else None
 
 
 def deadline_seconds(timeout):
@@ -4598,8 +4573,7 @@ def key_problem(variable, value):
     if not value or _PRINTABLE_ASCII.fullmatch(value):
         return None  # a missing key is the provider's own rule
     return (f"{variable} holds whitespace, a control or a non-ASCII character (a line ending "
-            f"copied from a "
-            "file?); set it to the bare key")
+            "copied from a file?); set it to the bare key")
 
 
 def is_loopback(host):
@@ -4617,8 +4591,7 @@ def is_loopback(host):
 
 
 def plain_http_problem(url, variable, allowed=False):
-    """A key goes over plain http only to a loopback host (or with --allow-insecure-http); else why
-    not."""
+    """None, or why not: a key goes over plain http only to a loopback host or when `allowed`."""
     parts = urllib.parse.urlsplit(url)
     if allowed or parts.scheme != "http" or is_loopback(parts.hostname):
         return None
@@ -4693,12 +4666,11 @@ def sendable_options(suite):
 
 
 def cap_response_bodies(client, limit=MAX_RESPONSE_BYTES):
-    """Make an SDK client refuse bodies over `limit` bytes while they arrive, not after;
-    True when the cap is in place.
-
-    The SDK reads and parses the whole body first (a 50 MB body peaked at 5x in memory), and
-    main() must not pass its own http_client (tests hand theirs in), so the cap is a response
-    hook on the client's own httpx client, which also asks for uncompressed bodies."""
+    """Make an SDK client refuse bodies over `limit` bytes while they arrive, not after; True
+    when the cap is in place. The SDK reads and parses the whole body first (a 50 MB body peaked
+    at 5x in memory), and main() must not pass its own http_client (tests hand theirs in), so
+    the cap is a response hook on the client's own httpx client, which also asks for
+    uncompressed bodies."""
     httpx = sys.modules.get("httpx")
     inner = getattr(client, "_client", None)
     if httpx is None or not isinstance(inner, httpx.Client):
@@ -4766,34 +4738,29 @@ def providers_with(attribute):
 class Provider:
     """What every provider declares; the CLI reads these and never names a provider.
 
-    A provider turns (model, suite, case) into a raw response dict (request) and a raw
-    response into a Trace (parse). Its class owns its wire format: the request for a case and
-    the rounds played so far (body, conversation), the trace of a response (parse), the ids of
-    its tool calls (call_ids) and what an error body says. The class attributes below say how
-    it is set up and what it can do, so adding a provider is one subclass decorated with
-    @register_provider. Settings are only read (argparse's namespace or a frozen Settings)."""
+    Its class owns its wire format: the request for a case and the rounds played so far (body,
+    conversation), the Trace of a response (parse), the ids of its tool calls (call_ids) and
+    what an error body says. The class attributes below say how it is set up and what it can
+    do, so adding a provider is one subclass decorated with @register_provider. Settings are
+    only read (argparse's namespace or a frozen Settings)."""
 
     name = None
     vendor = None             # how messages name the service ("Perplexity"); None: the name
     key_variable = None       # the environment variable holding the key (None: no key)
     key_required = False      # no run without the key
-    # hosts the key may be sent to over https (None: wherever the endpoint is)
-    key_hosts = None
-    # takes --base-url; otherwise only base_url_variable names the endpoint
-    base_url_flag = False
+    key_hosts = None          # hosts the key may be sent to over https (None: the endpoint's)
+    base_url_flag = False     # takes --base-url; else only base_url_variable names the endpoint
     base_url_variable = None  # the environment variable naming the endpoint
     twin_base_url_variable = None  # another tool's variable for it, read after base_url_variable
     other_names = ()          # what other tools call this provider (PROMPTREG_PROVIDER's values)
-    # the endpoint when nothing names one (None with a variable: one is required)
-    default_base_url = None
+    default_base_url = None   # the endpoint when nothing names one (None with a variable: required)
     evidence = MODEL_EVIDENCE  # the record's "evidence" label: anything else is no model's answer
     default_models = None     # models when --models is absent (None: --models is required)
     server_search = False     # the server runs web search itself (a `cite` case can pass only then)
     tool_loops = False        # the server runs the tool loop itself (Agent API max_steps)
     reports_cost = None       # True: every response reports its USD cost; None: unknown
     builds_offline = False    # cheap and offline to build, so --dry-run builds it to check more
-    # answers from a saved record (--replay), whose config fills the defaults
-    replays_record = False
+    replays_record = False    # answers from a saved record (--replay), whose config fills defaults
     agent_responses = False   # Agent API responses: the built-in suite grades them through check()
     cap_keys = ()             # request keys that carry the output cap; the first is the one sent
     reserved = {}             # this API's request keys the run owns -> why a suite may not set them
@@ -4817,8 +4784,14 @@ class Provider:
 
     @classmethod
     def suite_problem(cls, suite):
-        """Why this provider cannot run the suite as written (said before it is built), or None."""
-        return search_problem(suite, cls)
+        """Why this provider cannot run the suite as written (said before it is built), or None:
+        a `cite` case can never pass without the server's own web search (issue 12 item 9)."""
+        case = next((case for case in suite["cases"] if "cite" in case), None)
+        if case is None or cls.server_search is not False:
+            return None
+        return (f"case {case['id']!r} has cite, which needs the server's own web search, and "
+                f"--provider {cls.name} runs none, so it could never pass; drop cite from the "
+                f"case or use --provider {', '.join(providers_with('server_search'))}")
 
     @classmethod
     def from_settings(cls, settings, env):
@@ -4843,11 +4816,10 @@ class Provider:
 
     @classmethod
     def sent_tools(cls, suite):
-        """The suite's tools this provider puts on the wire (a server without search gets no
-        web_search)."""
+        """The suite's tools this provider sends (a server without search gets no web_search)."""
         tools = suite.get("tools") or []
-        return tools if cls.server_search is not False else [t for t in tools
-                                                             if t.get("type") == "function"]
+        return tools if cls.server_search is not False else [
+            tool for tool in tools if tool.get("type") == "function"]
 
     @classmethod
     def sent_tool_choice(cls, suite):
@@ -4924,8 +4896,7 @@ def _without_none(value):
 
 @register_provider
 class PerplexityProvider(Provider):
-    """perplexity: the Perplexity Agent API through the perplexityai SDK (key
-    PERPLEXITY_API_KEY)."""
+    """perplexity: the Perplexity Agent API through the perplexityai SDK (PERPLEXITY_API_KEY)."""
 
     name = "perplexity"
     vendor = "Perplexity"
@@ -4955,19 +4926,17 @@ class PerplexityProvider(Provider):
             message = redactor(secrets=[key])(str(exc))  # an SDK error may quote the key
             raise UsageError(f"cannot create the Perplexity client: {type(exc).__name__}: "
                              f"{message}") from None
-        capped = cap_response_bodies(client)
         inner = getattr(client, "_client", None)
         # the SDK follows redirects: a 3xx must be an error here too
         if hasattr(inner, "follow_redirects"):
             inner.follow_redirects = False
-        provider = cls(client, deadline_seconds(settings.timeout), capped)
+        provider = cls(client, deadline_seconds(settings.timeout), cap_response_bodies(client))
         provider.endpoint_url = _public_url(cls.endpoint(settings, env))
         return provider, key
 
     @classmethod
     def sdk_version(cls):
-        module = sys.modules.get("perplexity")
-        version = getattr(module, "__version__", None)
+        version = getattr(sys.modules.get("perplexity"), "__version__", None)
         if version is None:
             try:
                 from importlib import metadata
@@ -4981,16 +4950,12 @@ class PerplexityProvider(Provider):
 
     def close(self):
         """Release the client's connections (an SDK client left open warns at exit)."""
-        close = getattr(self.client, "close", None)
-        if callable(close):
-            try:
-                close()
-            except Exception:
-                pass  # closing is best effort; the run's outcome is already recorded
+        import contextlib
+        with contextlib.suppress(Exception):  # best effort: the run's outcome is already recorded
+            self.client.close()
 
     def body(self, model, suite, case, rounds=()):
-        """The keyword arguments of client.responses.create for one case (SPEC A6), with the
-        rounds played so far in its input."""
+        """responses.create's keywords for one case (SPEC A6) and the rounds played so far."""
         request = {"model": model, "instructions": case.get("instructions", suite["instructions"]),
                    "input": case["input"] if isinstance(case["input"], str) and not (
                        rounds or case.get("messages") or case.get("_done"))
@@ -5000,8 +4965,7 @@ class PerplexityProvider(Provider):
                                 for tool in map(_flat_tool, suite["tools"])]
         if suite.get("response_format"):
             request["response_format"] = suite["response_format"]
-        request["max_steps"] = MAX_STEPS
-        request["max_output_tokens"] = MAX_OUTPUT_TOKENS
+        request.update(max_steps=MAX_STEPS, max_output_tokens=MAX_OUTPUT_TOKENS)
         # Options the SDK has no keyword for travel in the JSON body, where they override its
         # keywords: a reserved key never gets this far. A suite's own tool_choice goes there too.
         choice = suite.get("tool_choice")
@@ -5035,11 +4999,10 @@ class PerplexityProvider(Provider):
     @staticmethod
     def played(turn):
         """A played round as input items: the model's text, its function_call items and our
-        function_call_output items.
-
-        The conversation is resent in full rather than chained by previous_response_id: a turn
-        that ends in function calls is not a completed response to continue from, the server need
-        not store anything, and a replay rebuilds exactly the same request from the record."""
+        function_call_output items. The conversation is resent in full rather than chained by
+        previous_response_id: a turn that ends in function calls is not a completed response to
+        continue from, the server need not store anything, and a replay rebuilds exactly the same
+        request from the record."""
         items = PerplexityProvider.reply(turn["response"])
         signatures = {item.get("call_id"): item.get("thought_signature")
                       for item in _items(turn["response"]) if item.get("type") == "function_call"}
@@ -5067,22 +5030,20 @@ class PerplexityProvider(Provider):
                 raise exc.__cause__ from None
             raise
         if not hasattr(response, "model_dump"):
-            raise ResponseError(f"the endpoint returned {type(response).__name__}, not a "
-                                f"response object")
+            raise ResponseError(f"the endpoint returned {type(response).__name__}, not a response "
+                                "object")
         try:  # on Python 3.10 the SDK leaves output items as dicts, and pydantic warns about them
             raw = response.model_dump(mode="json", exclude_none=True, warnings=False)
         except TypeError:  # a response object without pydantic's warnings switch
             raw = response.model_dump(mode="json", exclude_none=True)
         raw = _without_none(raw)  # what exclude_none gives where the SDK did parse the items
-        # capped clients refused it on arrival
-        if not self.capped and len(dumps(raw)) > MAX_RESPONSE_BYTES:
+        if not self.capped and len(dumps(raw)) > MAX_RESPONSE_BYTES:  # capped: refused on arrival
             raise ResponseError(f"response larger than {MAX_RESPONSE_BYTES} bytes")
         return raw
 
     @staticmethod
     def text(raw):
-        """What the SDK's output_text gives (the output_text parts of message items, joined), and
-        the words of any refusal part."""
+        """The SDK's output_text (message items' output_text parts joined) and refusals' words."""
         return "".join(part_text(part) for item in _items(raw) if item.get("type") == "message"
                        for part in _items(item, "content"))
 
@@ -5094,16 +5055,12 @@ class PerplexityProvider(Provider):
         calls = [{"name": item.get("name"), "arguments": item.get("arguments")}
                  for item in items if item.get("type") == "function_call"]
         server_rounds = sum(1 for item in items if item.get("type") in cls.TOOL_ITEMS)
-        return Trace(
-            final_text=cls.text(raw) if text is None else text,
-            tool_calls=calls,
-            tool_rounds=server_rounds + (1 if calls else 0),
-            search_urls=[result["url"] for item in items if item.get("type") == "search_results"
-                         for result in _items(item, "results")
-                         if isinstance(result.get("url"), str)],
-            status=raw.get("status") if isinstance(raw, dict) else None,
-            cost_usd=reported_cost(raw),
-        )
+        urls = [result["url"] for item in items if item.get("type") == "search_results"
+                for result in _items(item, "results") if isinstance(result.get("url"), str)]
+        return Trace(final_text=cls.text(raw) if text is None else text, tool_calls=calls,
+                     tool_rounds=server_rounds + (1 if calls else 0), search_urls=urls,
+                     status=raw.get("status") if isinstance(raw, dict) else None,
+                     cost_usd=reported_cost(raw))
 
     @classmethod
     def parse(cls, raw):
@@ -5195,18 +5152,14 @@ def _as_call(value):
         return inner["name"], inner.get("arguments", inner.get("parameters"))
     name = inner if isinstance(inner, str) else next(
         (value[key] for key in ("name", "tool_name", "tool") if key in value), None)
-    for key in ("arguments", "parameters", "args", "input"):
-        if isinstance(name, str) and key in value:
-            return name, value[key]
-    return None
+    given = [key for key in ("arguments", "parameters", "args", "input") if key in value]
+    return (name, value[given[0]]) if isinstance(name, str) and given else None
 
 
 def _call_objects(text):
     """[(name, arguments)] of the call objects in a text, in order (see _CALL_OBJECT)."""
     decoder, found, end = json.JSONDecoder(), [], 0
-    for tries, match in enumerate(_CALL_OBJECT.finditer(text)):
-        if tries >= TEXT_CALL_TRIES:
-            break
+    for _, match in zip(range(TEXT_CALL_TRIES), _CALL_OBJECT.finditer(text)):
         if match.start() < end:  # inside an object already read
             continue
         try:
@@ -5264,9 +5217,8 @@ def text_tool_call(trace, functions):
 @functools.lru_cache(maxsize=1)
 def _no_redirect_opener():
     """A urllib opener that follows no redirect (urllib is imported here: start-up stays lean)."""
-    import urllib.request
-
     import urllib.error
+    import urllib.request
 
     class RefuseRedirects(urllib.request.HTTPRedirectHandler):
         def http_error_302(self, req, fp, code, msg, headers):
@@ -5313,9 +5265,8 @@ class HTTPProvider(Provider):
     @classmethod
     def unsent_key(cls, settings, env):
         """The vendor key variable that is set but not sent to this endpoint, or None."""
-        if sent_key_variable(cls, settings, env) is None and env.get(cls.key_variable):
-            return cls.key_variable
-        return None
+        unsent = sent_key_variable(cls, settings, env) is None and env.get(cls.key_variable)
+        return cls.key_variable if unsent else None
 
     def __init__(self, base_url, key=None, timeout=TIMEOUT_SECONDS):
         parts = urllib.parse.urlsplit(base_url)
@@ -5467,10 +5418,6 @@ class OpenAIProvider(HTTPProvider):
     def output_cap(cls, settings, env):
         return cls.output_cap_key(cls.endpoint(settings, env) or "")
 
-    def __init__(self, base_url, key=None, timeout=TIMEOUT_SECONDS):
-        super().__init__(base_url, key, timeout)
-        self.cap_key = self.output_cap_key(base_url)
-
     @classmethod
     def output_cap_key(cls, base_url):
         """api.openai.com wants max_completion_tokens (its newer models refuse max_tokens); every
@@ -5488,18 +5435,16 @@ class OpenAIProvider(HTTPProvider):
         return None
 
     def body(self, model, suite, case, rounds=()):
-        """The JSON body of a chat-completions request for one case and the rounds played so far.
-
-        The output cap goes under cap_key: api.openai.com wants max_completion_tokens, while
-        llama.cpp, Ollama, vLLM and LM Studio honour only max_tokens (output_cap_key).
-        The suite's `request` options are merged last; either cap key set there replaces ours."""
+        """The JSON body of a chat-completions request for one case and the rounds played so far;
+        the output cap under this host's key (output_cap_key), the suite's `request` options
+        merged last (either cap key set there replaces ours)."""
         instructions = case.get("instructions", suite["instructions"])  # a prompt-regression case's
         messages = [{"role": "system", "content": instructions}] if instructions else []
         options = sendable_options(suite)
         messages += self.conversation(case, rounds)
         body = {"model": model, "messages": messages, "temperature": 0}
         if not any(key in options for key in self.cap_keys):
-            body[self.cap_key] = MAX_OUTPUT_TOKENS
+            body[self.output_cap_key(self.url)] = MAX_OUTPUT_TOKENS
         if suite.get("response_format"):
             body["response_format"] = suite["response_format"]
         functions = [_nested_tool(tool) for tool in suite.get("tools", [])
@@ -5515,29 +5460,32 @@ class OpenAIProvider(HTTPProvider):
     def history(messages):
         """Chat-form messages as sent: an assistant's content "" and never null (llama-cpp-python's
         server answers HTTP 500 to null), tool call arguments as JSON text."""
-        sent = []
-        for message in map(dict, messages):
+        sent = [dict(message) for message in messages]
+        for message in sent:
             if message.get("role") == "assistant":
                 message["content"] = message.get("content") or ""
-            message.update({"tool_calls": [
-                {**call, "function": {**call["function"], "arguments": _arguments_text(
-                    call["function"].get("arguments", {}))}} for call in message["tool_calls"]]}
-                if message.get("tool_calls") else {})
-            sent.append(message)
+            if message.get("tool_calls"):
+                message["tool_calls"] = [
+                    {**call, "function": {**call["function"], "arguments": _arguments_text(
+                        call["function"].get("arguments", {}))}} for call in message["tool_calls"]]
         return sent
+
+    @staticmethod
+    def _choice(raw):
+        """The first choice of a chat completion when it is an object, else None."""
+        choices = raw.get("choices") if isinstance(raw, dict) else None
+        first = choices[0] if isinstance(choices, list) and choices else None
+        return first if isinstance(first, dict) else None
 
     @staticmethod
     def _message(raw):
         """The message of a chat completion's first choice ({} when it has none)."""
-        choices = raw.get("choices") if isinstance(raw, dict) else None
-        first = choices[0] if isinstance(choices, list) and choices else None
-        said = first.get("message") if isinstance(first, dict) else None
+        said = (OpenAIProvider._choice(raw) or {}).get("message")
         return said if isinstance(said, dict) else {}
 
     @staticmethod
     def played(turn):
-        """A played round: the assistant message with its tool_calls, then one tool message per
-        call with the scripted result."""
+        """A played round: the assistant's tool_calls message, then one tool message per result."""
         said = OpenAIProvider._message(turn["response"])
         # "" and never null: llama-cpp-python's server answers HTTP 500 to a null content
         content, sent = content_text(said.get("content")), turn["tool_results"]
@@ -5577,15 +5525,11 @@ class OpenAIProvider(HTTPProvider):
     def reply_error(raw):
         """The error a chat-completions body reports instead of an answer, or None: a top-level
         `error` with no choices, or a finish_reason that says the server ended the answer."""
-        if not isinstance(raw, dict):
-            return None
-        choices = raw.get("choices")
-        first = choices[0] if isinstance(choices, list) and choices else None
-        first = first if isinstance(first, dict) else None
+        first = OpenAIProvider._choice(raw)
         if first is not None and first.get("finish_reason") in SERVER_ENDED:
             return endpoint_message({"error": first.get("error") or raw.get("error")}) or \
                 f'finish_reason "{first["finish_reason"]}": the server ended the answer'
-        if first is None and raw.get("error") not in (None, "", [], {}):
+        if first is None and isinstance(raw, dict) and raw.get("error") not in (None, "", [], {}):
             return endpoint_message(raw) or "an error object"
         return None
 
@@ -5612,11 +5556,8 @@ class OpenAIProvider(HTTPProvider):
             inner = entry.get("function") if isinstance(entry, dict) else None
             named = inner if isinstance(inner, dict) else \
                 entry if isinstance(entry, dict) and "name" in entry else None
-            if named is not None:
-                calls.append({"name": _call_name(named.get("name")),
-                              "arguments": named.get("arguments")})
-            else:
-                calls.append({"name": None, "arguments": entry})
+            calls.append({"name": None, "arguments": entry} if named is None else {
+                "name": _call_name(named.get("name")), "arguments": named.get("arguments")})
         return calls
 
     @classmethod
@@ -5625,11 +5566,10 @@ class OpenAIProvider(HTTPProvider):
         problem = cls.reply_error(raw)
         if problem:
             raise ResponseError(f"the endpoint answered with an error: {endpoint_text(problem)}")
-        choices = raw.get("choices") if isinstance(raw, dict) else None
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict) \
-                or not isinstance(choices[0].get("message"), dict):
+        first = cls._choice(raw)
+        if first is None or not isinstance(first.get("message"), dict):
             raise ResponseError("the response has no choices[0].message")
-        message, finish = choices[0]["message"], choices[0].get("finish_reason")
+        message, finish = first["message"], first.get("finish_reason")
         calls = cls.calls(message)
         # Perplexity's Sonar and OpenAI's search models report what their search returned.
         found = [*_items(raw, "search_results"),
@@ -5646,12 +5586,9 @@ class OpenAIProvider(HTTPProvider):
             # Reasoning left in content reached the client as content: what must never be said is
             # looked for there too (see never_said_texts); what must be said is not taken from it.
             thought_texts=(content,) if content.strip() != answer else (),
-            tool_calls=calls,
-            tool_rounds=1 if calls else 0,
-            search_urls=urls,
+            tool_calls=calls, tool_rounds=1 if calls else 0, search_urls=urls,
             status="completed" if finish in CHAT_STOPS else str(finish),
-            cost_usd=reported_cost({"usage": {"cost": {"currency": "USD", "total_cost": cost}}}),
-        )
+            cost_usd=reported_cost({"usage": {"cost": {"currency": "USD", "total_cost": cost}}}))
 
     @classmethod
     def call_ids(cls, raw):
@@ -5834,8 +5771,7 @@ class AnthropicProvider(HTTPProvider):
 
 @register_provider
 class EchoProvider(Provider):
-    """echo: offline; answers every case with its own input text (proves the plumbing, costs
-    nothing)."""
+    """echo: offline; answers each case with its own words (proves the plumbing, costs nothing)."""
 
     name = "echo"
     evidence = "echo"
@@ -5866,8 +5802,7 @@ class ReplayProvider(Provider):
     read with the wire format of the provider that made the record."""
 
     name = "replay"
-    # as the replayed record's provider; regrading stored evidence spends nothing
-    server_search = None
+    server_search = None  # as the replayed record's; regrading stored evidence spends nothing
     reports_cost = builds_offline = replays_record = True
 
     @classmethod
@@ -6024,16 +5959,14 @@ def replay_problem(suite, case, row, parse, call_ids, results=True):
                 arguments = call["arguments"]
                 arguments = arguments if isinstance(arguments, str) else _json_text(arguments)
                 return (f"round {number} call {call['name']}({cut_whole(arguments, 80)}) was "
-                        "answered "
-                        f"{_quote(_json_text(then.get('result')), 80)}, but the suite now answers "
-                        f"{_quote(_json_text(call['result']), 80)}")
+                        f"answered {_quote(_json_text(then.get('result')), 80)}, but the suite "
+                        f"now answers {_quote(_json_text(call['result']), 80)}")
     return None
 
 
 def _text_call_error(row):
-    """Whether a row is an execution error that earlier releases made of a tool call written as
-    text: its stored response is an answer today's checks grade (tool_call_as_text), so a
-    replay reads it."""
+    """Whether a row is an execution error earlier releases made of a tool call written as text:
+    its stored response is an answer today's checks grade (tool_call_as_text): replay reads it."""
     message = row.get("error_message")
     return (row.get("error") == "ResponseError" and isinstance(row.get("response"), dict)
             and isinstance(message, str) and message.startswith("the server returned a call of ")
@@ -6051,12 +5984,10 @@ def status_of(exc):
 # endpoint rules, the provider object, and its identity for the record.
 
 def provider_problem(args, env):
-    """Why the provider cannot run as set up (missing key, base URL, ...), or None. Sends
-    nothing."""
+    """Why the provider cannot run as set up (missing key, base URL...), or None. Sends nothing."""
     cls = PROVIDERS[args.provider]
     if args.base_url and not cls.base_url_flag:
-        takers = " or ".join(f"--provider {name}" for name, other in PROVIDERS.items()
-                             if other.base_url_flag)
+        takers = " or ".join(f"--provider {name}" for name in providers_with("base_url_flag"))
         reads = (f" (the {cls.vendor or cls.name} provider reads {cls.base_url_variable})"
                  if cls.base_url_variable else "")
         return f"--base-url goes with {takers}{reads}"
@@ -6064,8 +5995,7 @@ def provider_problem(args, env):
 
 
 def endpoint_problem(cls, settings, env):
-    """Why the endpoint named by --base-url or the provider's variable is not a usable URL, or
-    None."""
+    """Why the URL that --base-url or the provider's variable names is not usable, or None."""
     named = getattr(settings, "base_url", None) if cls.base_url_flag else None
     variable = env.get(cls.base_url_variable) if cls.base_url_variable else None
     if named:
@@ -6086,27 +6016,26 @@ def transport_problem(cls, settings, env):
 
 
 def make_provider(args, env):
-    """The provider for this run and the secret it uses (never stored); UsageError on a bad
-    set-up."""
-    problem = provider_problem(args, env)
+    """(provider, the secret it uses, never stored) for this run; UsageError on a bad set-up."""
+    return _built(PROVIDERS[args.provider], args, env, provider_problem(args, env), "",
+                  "--api-key-env")
+
+
+def _built(cls, settings, env, problem, who, setting):
+    """cls.from_settings unless the set-up has a `problem` (UsageError); first say when a vendor
+    key is set but not sent to this endpoint, and what would send one."""
     if problem:
         raise UsageError(problem)
-    _unsent_key_note(PROVIDERS[args.provider], args, env, "", "--api-key-env")
-    return PROVIDERS[args.provider].from_settings(args, env)
-
-
-def _unsent_key_note(cls, settings, env, who, setting):
-    """Say when a vendor key is set but not sent to this endpoint, and what would send one."""
     variable = getattr(cls, "unsent_key", lambda settings, env: None)(settings, env)
     if variable:
         url = safe_text(_public_url(cls.endpoint(settings, env)))
         print(f"note: {who}{variable} is not sent to {url}; name the endpoint's key variable "
               f"with {setting}", file=sys.stderr)
+    return cls.from_settings(settings, env)
 
 
 def _env_base_url(env, variable):
-    """A base URL variable when set, checked like --base-url (a bad one is a usage error naming
-    it)."""
+    """A base URL variable when set, checked like --base-url (a bad one: UsageError naming it)."""
     url = env.get(variable) if variable else None
     problem = base_url_problem(url, variable) if url else None
     if problem:
@@ -6138,12 +6067,9 @@ def judge_setup_problem(spec, settings, env):
 
 def make_judge(spec, settings, env):
     """(the judge's provider, the key it sends or None); UsageError when it cannot be built."""
-    problem = judge_setup_problem(spec, settings, env)
-    if problem:
-        raise UsageError(problem)
     cls, view = PROVIDERS[spec["provider"]], judge_view(spec, settings)
-    _unsent_key_note(cls, view, env, "the judge: ", "the judge's api_key_env")
-    return cls.from_settings(view, env)
+    return _built(cls, view, env, judge_setup_problem(spec, settings, env), "the judge: ",
+                  "the judge's api_key_env")
 
 
 def judge_identity(spec, settings, env):
@@ -6186,8 +6112,8 @@ def transient(exc):
 
 def retry_after(exc):
     """Seconds the endpoint asked us to wait (Retry-After: seconds or an HTTP date), or None."""
-    headers = getattr(getattr(exc, "response", None), "headers",
-                      None) or getattr(exc, "headers", None)
+    response_headers = getattr(getattr(exc, "response", None), "headers", None)
+    headers = response_headers or getattr(exc, "headers", None)
     try:
         value = headers.get("retry-after") if headers is not None else None
     except Exception:
@@ -6257,8 +6183,7 @@ class RowDeadline(TimeoutError):
 
 def drive_steps(steps):
     """Drive a step generator (send_request_steps, run_row_steps) on this thread to its return
-    value:
-    each (seconds, call) it yields runs under within(), and the result or exception goes back."""
+    value: each (seconds, call) it yields runs under within(), its result or exception goes back."""
     value = error = None
     while True:
         try:
@@ -6273,12 +6198,10 @@ def drive_steps(steps):
 
 
 def send_request_steps(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None,
-                       rounds=(), until=None,
-               clock=time.monotonic, budget=None):
+                       rounds=(), until=None, clock=time.monotonic, budget=None):
     """send_request() as steps: yields (deadline seconds or None, call) for each attempt and is sent
     the call's result or thrown its exception, so whoever drives it picks the thread the call
     runs on and can give up on it at the deadline; returns (raw, attempts).
-
     With `rounds`, the request continues a played conversation; with `until` (a clock
     reading), no attempt starts, waits or runs past it; with `budget` (a Budget), no attempt
     starts once the spending cap refuses it (BudgetReached), and each one's cost is counted."""
@@ -6321,8 +6244,7 @@ def send_request_steps(provider, model, suite, case, repeat, retries, sleep=time
 
 
 def error_message(exc, provider):
-    """What an execution error says; a failure to reach the endpoint also names where it was
-    sent."""
+    """What an execution error says; a failure to reach the endpoint also names where it went."""
     message = str(exc) or type(exc).__name__
     where = getattr(provider, "endpoint_url", None)
     status = status_of(exc)
@@ -6339,12 +6261,10 @@ def error_message(exc, provider):
 
 
 def send_request(provider, model, suite, case, repeat, retries, sleep=time.sleep, jitter=None,
-                 rounds=(), until=None,
-         clock=time.monotonic, budget=None):
+                 rounds=(), until=None, clock=time.monotonic, budget=None):
     """provider.request with up to `retries` retries of transient failures; (raw, attempts)."""
-    steps = send_request_steps(provider, model, suite, case, repeat, retries, sleep, jitter, rounds,
-                               until, clock, budget)
-    return drive_steps(steps)
+    return drive_steps(send_request_steps(provider, model, suite, case, repeat, retries, sleep,
+                                          jitter, rounds, until, clock, budget))
 
 
 # Checks that pass when no tool is called: rows of a case with one (and function tools) are
