@@ -6285,6 +6285,15 @@ def _sum_costs(costs):
     return format(sum((decimal.Decimal(cost) for cost in costs), decimal.Decimal(0)), "f")
 
 
+def _summed(traces):
+    """What the traces of a row's rounds (or turns) add up to in its one trace."""
+    return {"thought_texts": tuple(text for trace in traces for text in trace.thought_texts),
+            "tool_rounds": sum(trace.tool_rounds for trace in traces),
+            "search_urls": [url for trace in traces for url in trace.search_urls],
+            "cost_usd": _sum_costs([trace.cost_usd for trace in traces]),
+            "attempts": tuple(attempt for trace in traces for attempt in trace.attempts)}
+
+
 def rounds_trace(parse, rounds, traces=None, bound=None):
     """One trace for a played row: the last turn's answer and status, the ordered calls of every
     round (round, name, arguments, and the result sent back), tool rounds and cost summed.
@@ -6307,27 +6316,16 @@ def rounds_trace(parse, rounds, traces=None, bound=None):
         heard += [("tool", url) for url in trace.search_urls] + [("said", trace.final_text)]
         heard += [("tool", result_text(sent["result"])) for sent in turn.get("tool_results") or ()]
     return Trace(
-        transcript=tuple(heard),
-        final_text=last.final_text,
+        transcript=tuple(heard), final_text=last.final_text,
         # Text a round said beside its tool calls is said to the user too (see said_texts).
         earlier_texts=tuple(trace.final_text for trace in traces[:-1] if trace.final_text),
-        thought_texts=tuple(text for trace in traces for text in trace.thought_texts),
-        tool_calls=calls,
-        tool_rounds=sum(trace.tool_rounds for trace in traces),
-        search_urls=[url for trace in traces for url in trace.search_urls],
-        status=last.status,
-        cost_usd=_sum_costs([trace.cost_usd for trace in traces]),
-        rounds=len(rounds),
-        final=not last.tool_calls,
-        attempts=tuple(attempt for trace in traces for attempt in trace.attempts),
-        bound=bound,
-    )
+        tool_calls=calls, status=last.status, rounds=len(rounds), final=not last.tool_calls,
+        bound=bound, **_summed(traces))
 
 
 def parsed(provider, suite, raw):
-    """provider.parse(raw), with the tool calls its answer wrote as text (see text_tool_calls) as
-    the trace's attempts; none are looked for when the server was told not to call (tool_choice
-    none)."""
+    """provider.parse(raw), with the tool calls its answer wrote as text (see text_tool_calls)
+    as its attempts; none looked for when the server was told not to call (tool_choice none)."""
     trace = provider.parse(raw)
     cls = provider if isinstance(provider, Provider) else Provider  # a bare stub: the base's
     sent = cls.sent_tools(suite) if cls.sent_tool_choice(suite) != "none" else []
@@ -6403,10 +6401,8 @@ def response_cost(provider, prices, model, raw):
 
 
 def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=time.monotonic,
-                     sleep=time.sleep,
-                     budget=None, until=None):
-    """Run a played case into `row` round by round (as steps, see send_request_steps); returns its
-    trace.
+                     sleep=time.sleep, budget=None, until=None):
+    """Run a played case into `row` round by round (as steps, see send_request_steps): its trace.
 
     Each response is stored in row["rounds"] (and row["response"]) before it is read, so a
     failure mid-loop keeps every round already made as evidence. `budget` (a Budget) is asked
@@ -6423,12 +6419,10 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
     traces, held = [], 0  # held: bytes of the responses and tool results stored, each once
     while True:
         raw, attempts = yield from send_request_steps(provider, model, suite, case, repeat, retries,
-                                                      sleep=sleep,
-                                                      rounds=rounds, until=until, clock=clock,
-                                                      budget=budget)
+                                                      sleep, rounds=rounds, until=until,
+                                                      clock=clock, budget=budget)
         rounds.append({"response": raw})
-        row["response"] = raw
-        row["attempts"] = row.get("attempts", 0) + attempts
+        row.update(response=raw, attempts=row.get("attempts", 0) + attempts)
         trace = parsed(provider, suite, raw)
         traces.append(trace)
         # Spent for real after every round, so a row that fails later still says what it cost.
@@ -6448,8 +6442,7 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
 
 
 def play_tools(provider, suite, case, model, repeat, retries, row, clock=time.monotonic,
-               sleep=time.sleep,
-               budget=None):
+               sleep=time.sleep, budget=None):
     """A played case on this thread (see play_tools_steps)."""
     return drive_steps(play_tools_steps(provider, suite, case, model, repeat, retries, row, clock,
                                         sleep, budget))
@@ -6490,7 +6483,7 @@ def converse_steps(provider, suite, case, model, repeat, retries, row, clock=tim
     turns, deadline = user_turns(case), getattr(provider, "deadline", None)
     until = clock() + deadline * round_limit(suite, case) * len(turns) if deadline else None
     told = getattr(provider, "told", lambda model, case, repeat: ())(model, case, repeat)
-    users = [*told, *(user for user, _ in turns)][:len(turns)] if told else [u for u, _ in turns]
+    users = [*told, *(user for user, _ in turns)][:len(turns)]
     row["turns"], done, traces, costs = [], [], [], []
     for user in users:  # a replay says what the user said then
         entry = {"user": user}
@@ -6530,14 +6523,9 @@ def conversation_trace(users, traces):
         final_text=last.final_text,
         earlier_texts=tuple(text for trace in traces[:-1] for text in said_texts(trace) if text)
         + last.earlier_texts,
-        thought_texts=tuple(text for trace in traces for text in trace.thought_texts),
-        tool_calls=calls, tool_rounds=sum(trace.tool_rounds for trace in traces),
-        search_urls=[url for trace in traces for url in trace.search_urls], status="completed",
-        cost_usd=_sum_costs([trace.cost_usd for trace in traces]), rounds=before, final=True,
-        attempts=tuple(attempt for trace in traces for attempt in trace.attempts),
-        turns=tuple(traces),
+        tool_calls=calls, status="completed", rounds=before, final=True, turns=tuple(traces),
         transcript=tuple(event for user, trace in zip(users, traces)
-                         for event in (("user", user), *trace.transcript)))
+                         for event in (("user", user), *trace.transcript)), **_summed(traces))
 
 
 def turn_gradings(suite, case, traces, users=None):
@@ -6592,19 +6580,15 @@ def grade_turns(row, suite, case, traces, model=True):
 
 
 def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retries=None,
-                  sleep=time.sleep,
-                  budget=None, judge=None, begun=None):
-    """run_row() as steps (see send_request_steps): a run's worker pool drives these; returns the
-    row.
+                  sleep=time.sleep, budget=None, judge=None, begun=None):
+    """run_row() as steps (see send_request_steps) that a run's worker pool drives: the row.
     `budget` (a Budget) is asked before every request, also between the rounds of a played case
     and before each request of the `judge` of a rubric case (see judge_row_steps). `begun(row)`
     is told the row as it is made: an interrupted run stores the rounds it already holds."""
-    row = {"case_id": case["id"], "model": model}
+    row = {"case_id": case["id"], "model": model, **({} if repeat is None else {"repeat": repeat}),
+           "error": None, "error_status": None, "cost_usd": None, "response": None,
+           "answer_text": None, "reasons": []}
     (begun or (lambda row: None))(row)
-    if repeat is not None:
-        row["repeat"] = repeat
-    row.update(error=None, error_status=None, cost_usd=None, response=None, answer_text=None,
-               reasons=[])
     started = time.monotonic()
     try:
         if "turns" in case or plays_tools(suite, case):
@@ -6620,8 +6604,7 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
                 row["attempts"] = attempts
             row["response"] = raw
             trace = parsed(provider, suite, raw)
-        row["answer_text"] = trace.final_text
-        row["cost_usd"] = trace.cost_usd
+        row.update(answer_text=trace.final_text, cost_usd=trace.cost_usd)
         compiled = yield from judged_case_steps(provider, suite, case, (model, repeat or 0), row,
                                                 trace, judge, retries or 0, sleep, budget)
         ask = grader and (lambda: grader(case, row["response"], trace))
@@ -6631,15 +6614,13 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
             grade_turns(row, suite, case, trace.turns, model)
     except Exception as exc:  # an endpoint or checker failure is evidence, not a crash
         _row_failed(row, exc, provider, retries)
-    row["seconds"] = round(time.monotonic() - started, 3)
-    row["passed"] = not row["reasons"]
+    row.update(seconds=round(time.monotonic() - started, 3), passed=not row["reasons"])
     return row
 
 
 def _row_failed(row, exc, provider, retries):
     """Make `row` the execution error `exc`, keeping whatever evidence it already holds."""
-    row["error"] = type(exc).__name__
-    row["error_status"] = status_of(exc)
+    row.update(error=type(exc).__name__, error_status=status_of(exc))
     # Stored cut to 500 characters only after masking (redact_row); this generous bound just
     # caps the masking work. It never cuts through a value: masking can shrink what comes
     # before the cut (a --redact pattern over a long blob) until the cut is inside the 500.
@@ -6655,6 +6636,7 @@ def _row_failed(row, exc, provider, retries):
         row["attempts"] = row.get("attempts", 0) + exc.attempts
     else:
         row.setdefault("attempts", 1)
+
 
 def grade_row(row, compiled, trace, grader=None, model=True):
     """Grade a row whose evidence is stored: reasons, verdicts, details. `grader` () -> reasons is
@@ -6739,15 +6721,13 @@ def repriced(row, prices):
 
 
 def run_row(provider, suite, case, model, repeat=None, grader=None, retries=None, judge=None):
-    """One row: request, store the evidence, then grade (SPEC A6).
+    """One row: request, store the evidence, then grade (SPEC A6). The response, answer text and
+    cost are stored before grading, so a crashing checker still leaves the evidence; any exception
+    becomes an execution_error row instead of escaping. With `retries` set, the row also records
+    how many attempts the request took."""
+    return drive_steps(run_row_steps(provider, suite, case, model, repeat, grader, retries,
+                                     judge=judge))
 
-    The response, answer text and cost are stored in the row before grading, so a
-    crashing checker still leaves the evidence; any exception becomes an
-    execution_error row instead of escaping. With `retries` set, the row also
-    records how many attempts the request took.
-    """
-    steps = run_row_steps(provider, suite, case, model, repeat, grader, retries, judge=judge)
-    return drive_steps(steps)
 
 def judge_data(input_text, rubric, answer):
     """(what the judge reads, its sha256): one JSON object, which no answer can break out of."""
@@ -6882,7 +6862,6 @@ def judge_row_steps(judge, case, input_text, answer, row, stored=(), retries=0, 
         raise JudgeError("the case has a rubric, but no judge is named")
     calls = row.setdefault("judgements", [])
     start, base, earlier = len(calls), row.get("cost_usd"), row.get("judge_cost_usd", "0")
-
     judged = {}
     try:
         for rubric in rubrics_of(case):
@@ -6891,17 +6870,15 @@ def judge_row_steps(judge, case, input_text, answer, row, stored=(), retries=0, 
     finally:  # what was spent counts, also when a call failed
         paid = [entry.get("cost_usd") for entry in calls[start:] if "response" in entry]
         spent = _sum_costs(paid) if paid else "0"
-        row["judge_cost_usd"] = _sum_costs([earlier, spent])
-        row["cost_usd"] = _sum_costs([base, spent])
+        row.update(judge_cost_usd=_sum_costs([earlier, spent]), cost_usd=_sum_costs([base, spent]))
     return judged
 
 
 def run_one(client, case, model):
     """SPEC A6: one Agent API request for a built-in case, graded through check()."""
     # Grading goes through the module-level name so tests can replace regression.check.
-    grader = lambda _, raw, trace: check(case, raw, trace.final_text)  # noqa: E731
     return run_row(PerplexityProvider(client), builtin_suite(), builtin_case(case), model,
-                   grader=grader)
+                   grader=lambda _, raw, trace: check(case, raw, trace.final_text))
 
 
 # ====================================================================== summary
@@ -6943,35 +6920,28 @@ def _bound(value):
 
 def pass_k_text(pass_k):
     """A summary's pass^k as `pass^3 1/2 = 0.50` (the share of cases whose every repeat passed)."""
-    if not isinstance(pass_k, dict) or not all(_is_int(pass_k.get(key)) for key in ("k", "passed",
-                                                                                      "cases")):
+    keys = ("k", "passed", "cases")
+    if not isinstance(pass_k, dict) or not all(_is_int(pass_k.get(key)) for key in keys):
         return "pass^k unknown"
-    k, passed, cases = pass_k["k"], pass_k["passed"], pass_k["cases"]
+    k, passed, cases = (pass_k[key] for key in keys)
     return f"pass^{k} {passed}/{cases}" + (f" = {passed / cases:.2f}" if cases > 0 else "")
-
-
-def rate_fields(passed, total, all_passed, cases, k):
-    """A summary's statistics of one model: its pass rate with the interval, and its pass^k."""
-    interval = [round(bound, 4) for bound in wilson_interval(passed, total)] if total else None
-    return {"pass_rate": rate_text(passed, total), "interval_95": interval,
-            "pass_k": {"k": k, "passed": all_passed, "cases": cases}}
 
 
 class Tally:
     """The verdict (SPEC A7), updated one row at a time so a checkpoint stays O(row)."""
 
-    def __init__(self, models, repeats, cases, expected=None, superseded=()):
+    def __init__(self, models, repeats, cases, expected=None, superseded=(), rows=()):
         self.models = list(models)
         case_ids = [case["id"] if isinstance(case, dict) else case for case in cases]
         self.expected = set(expected if expected is not None
                             else plan_rows(self.models, case_ids, repeats))
         self.seen, self.clash = set(), False
-        self.errors = self.failures = 0
+        self.errors = self.failures = self.superseded = 0
         self.tool_rows = self.tool_calls = 0  # rows of a suite with function tools, and their calls
         self.text_call_rows, self.text_call_server = 0, None  # calls written as text; by whom
         self.per_model = {model: {"passed": 0, "total": 0, "errors": 0, "cost": decimal.Decimal(0),
-                                  "cost_known": True, "expected": 0, "all_passed": 0,
-                                  "judge": decimal.Decimal(0), "judged": False}
+                                  "cost_known": True, "expected": 0, "all_passed": 0, "cases": 0,
+                                  "k": 0, "judge": decimal.Decimal(0), "judged": False}
                           for model in self.models}
         self.overhead = 0  # spent outside the rows (the judge_examples), counted against the cap
         # (model, case_id) in plan order: [passed, finished, expected] rows, for pass^k and rates
@@ -6983,10 +6953,11 @@ class Tally:
         self.pairs = {pair: counts for pair, counts in self.pairs.items() if counts[2]}
         for (model, _), (_, _, expected) in self.pairs.items():
             stats = self.per_model[model]
-            stats["cases"], stats["k"] = stats.get("cases", 0) + 1, max(stats.get("k", 0), expected)
-        self.superseded = 0
+            stats["cases"], stats["k"] = stats["cases"] + 1, max(stats["k"], expected)
         for row in superseded:
             self.add_spend(row)
+        for row in rows:
+            self.add(row)
 
     def add_spend(self, row):
         """Count the spend of a row --resume replaced (superseded), never its verdict: a row
@@ -7001,11 +6972,10 @@ class Tally:
 
     @staticmethod
     def _add_cost(stats, cost, key="cost"):
+        amount = _amount(cost)  # a finite Decimal or None: not a usable amount
         try:
-            amount = decimal.Decimal(cost) if isinstance(cost, str) else None
-            usable = amount is not None and amount.is_finite()
-            stats[key] += amount if usable else decimal.Decimal("NaN")
-        except ArithmeticError:  # InvalidOperation, Overflow: not a usable amount
+            stats[key] += decimal.Decimal("NaN") if amount is None else amount
+        except ArithmeticError:  # Overflow: no usable sum
             stats[key] = decimal.Decimal("NaN")
         stats["cost_known"] = stats["cost"].is_finite()
 
@@ -7018,16 +6988,14 @@ class Tally:
         if key in self.seen or key not in self.expected:
             self.clash = True
         self.seen.add(key)
-        failed = row.get("passed") is not True
-        errored = row.get("error") is not None
+        failed, errored = row.get("passed") is not True, row.get("error") is not None
+        self.errors, self.failures = self.errors + errored, self.failures + failed
         calls = row.get("tool_calls")
-        if isinstance(calls, int) and not isinstance(calls, bool):
+        if _is_int(calls):
             self.tool_rows, self.tool_calls = self.tool_rows + 1, self.tool_calls + max(calls, 0)
         if isinstance(row.get("reasons"), list) and "tool_call_as_text" in row["reasons"]:
             self.text_call_rows += 1
             self.text_call_server = self.text_call_server or server_kind(row.get("response"))
-        self.errors += errored
-        self.failures += failed
         stats = self.per_model.get(row.get("model"))
         if stats is None:
             return
@@ -7061,10 +7029,13 @@ class Tally:
         """A final summary's statistics of a model: its pass rate with the interval, pass^k,
         and {case_id: rate} of its cases with a failed row."""
         stats = self.per_model[model]
-        failed = {case_id: rate_text(passed, done) for (name, case_id), (passed, done, _)
-                  in self.pairs.items() if name == model and passed < done}
-        return {**rate_fields(stats["passed"], stats["total"], stats["all_passed"],
-                              stats.get("cases", 0), stats.get("k", 0)), "failed_cases": failed}
+        passed, total = stats["passed"], stats["total"]
+        interval = [round(bound, 4) for bound in wilson_interval(passed, total)] if total else None
+        failed = {case_id: rate_text(good, done) for (name, case_id), (good, done, _)
+                  in self.pairs.items() if name == model and good < done}
+        return {"pass_rate": rate_text(passed, total), "interval_95": interval, "pass_k":
+                {"k": stats["k"], "passed": stats["all_passed"], "cases": stats["cases"]},
+                "failed_cases": failed}
 
     def unknown_cost(self):
         """The first model with a row of unknown cost, or None."""
@@ -7075,24 +7046,18 @@ class Tally:
         """The verdict. A final one (a run's end, a recount) also holds each model's pass rate
         with its interval, pass^k and failed cases; a checkpoint's does not (it stays O(models))."""
         complete = self.complete()
-        models = {}
-        for model, stats in self.per_model.items():
-            models[model] = {
-                "passed": stats["passed"],
-                "total": stats["total"],
-                "errors": stats["errors"],
-                # a model with no row here (another shard's) is not shown fit by 0 of 0 passing
-                "qualified": complete and stats["expected"] > 0
-                and stats["passed"] == stats["expected"],
-                "reported_cost_usd": format(stats["cost"], "f") if stats["cost_known"] else None,
-                **({"judge_cost_usd": format(stats["judge"], "f") if stats["judge"].is_finite()
-                    else None} if stats["judged"] else {}),  # the judge's part, shown apart
-                **(self.statistics(model) if final else {}),
-            }
+        models = {model: {
+            **{key: stats[key] for key in ("passed", "total", "errors")},
+            # a model with no row here (another shard's) is not shown fit by 0 of 0 passing
+            "qualified": complete and 0 < stats["expected"] == stats["passed"],
+            "reported_cost_usd": format(stats["cost"], "f") if stats["cost_known"] else None,
+            **({"judge_cost_usd": format(stats["judge"], "f") if stats["judge"].is_finite()
+                else None} if stats["judged"] else {}),  # the judge's part, shown apart
+            **(self.statistics(model) if final else {}),
+        } for model, stats in self.per_model.items()}
         exit_code = 2 if not complete or self.errors else 1 if self.failures else 0
         verdict = {"complete": complete, "rows": len(self.seen),
-                   "expected_rows": len(self.expected),
-                   "models": models, "exit_code": exit_code}
+                   "expected_rows": len(self.expected), "models": models, "exit_code": exit_code}
         if self.text_call_rows:  # says why no tool was called, too
             verdict["warnings"] = [TEXT_CALLS.format(rows=self.text_call_rows,
                                                      cause=TEXT_CALL_CAUSES[self.text_call_server])]
@@ -7104,11 +7069,9 @@ class Tally:
 
 
 NO_TOOL_CALLS = ("the suite declares function tools, but no model called a tool in {rows} answered "
-                 "row(s) of cases with tool checks: "
-                 "tool checks may have passed vacuously (did the server receive the tools?); "
-                 "add behavior require_tool:NAME to a case that must call one")
-
-
+                 "row(s) of cases with tool checks: tool checks may have passed vacuously (did the "
+                 "server receive the tools?); add behavior require_tool:NAME to a case that must "
+                 "call one")
 TEXT_CALLS = ("{rows} row(s) wrote tool calls as text instead of calling a tool "
               "(tool_call_as_text): {cause}")
 # Why a server leaves a model's tool calls as text, by the server that answered (see server_kind).
@@ -7140,10 +7103,7 @@ def server_kind(raw):
 def summary(rows, models, repeats, cases=CASES, superseded=()):
     """SPEC A7: completeness, per-model verdicts and the exit code of a set of rows (and the
     spend of the superseded rows a --resume replaced)."""
-    tally = Tally(models, repeats, cases, superseded=superseded)
-    for row in rows:
-        tally.add(row)
-    return tally.summary(final=True)
+    return Tally(models, repeats, cases, superseded=superseded, rows=rows).summary(final=True)
 
 
 def recount(record):
@@ -7151,11 +7111,8 @@ def recount(record):
     summary is never trusted, since a hand edit could say PASS over failed rows. Its
     "stopped" note is kept: it says why rows are missing, which the rows cannot."""
     config = record["config"]
-    tally = Tally(config["models"], config["repeats"], config["cases"],
-                  expected=_record_plan(record), superseded=record.get("superseded") or ())
-    for row in record["runs"]:
-        tally.add(row)
-    final = tally.summary(final=True)
+    final = Tally(config["models"], config["repeats"], config["cases"], _record_plan(record),
+                  record.get("superseded") or (), record["runs"]).summary(final=True)
     stopped = (record.get("summary") or {}).get("stopped")
     if isinstance(stopped, str):
         final["stopped"] = stopped
@@ -7181,8 +7138,7 @@ class RecordWriter:
         self.path, self.fd, self.end, self.tail, self.count = path, fd, end, tail, count
 
     def append(self, row, final, text=None):
-        """Add a finished row (and its JSON `text` if already made) and the current summary;
-        durable when this returns."""
+        """Add a finished row (its JSON `text` if made) and the summary; durable once it returns."""
         data = (",\n" if self.count else "\n") + (text if text is not None else dumps(row))
         self._write_tail(data.encode("utf-8"), final)
         self.count += 1
@@ -7202,8 +7158,7 @@ class RecordWriter:
                 self._restore()
                 raise RecordError(f"cannot write {self.path}: {exc.strerror or exc}; "
                                   f"the record keeps its {self.count} earlier row(s)") from None
-            self.end += len(data)
-            self.tail = tail
+            self.end, self.tail = self.end + len(data), tail
 
     def _restore(self):
         """Put the previous tail back after a failed write, so earlier rows stay valid JSON."""
@@ -7232,36 +7187,35 @@ def _is_shard(value):
     return match is not None and 1 <= int(match.group(1)) <= int(match.group(2))
 
 
-_TEXT, _INT, _NUMBER, _BOOL = ((lambda v: isinstance(v, str)),
-                               "a string"), (_is_int, "a whole number"), \
-    ((lambda v: _is_number(v) and abs(v) <= 1e15),
-     "a finite number"), ((lambda v: isinstance(v, bool)), "true or false")
-_OBJECT, _LIST = ((lambda v: isinstance(v, dict)), "an object"), ((lambda v: isinstance(v, list)),
-                                                                  "a list")
+_TEXT = (lambda v: isinstance(v, str)), "a string"
+_INT = _is_int, "a whole number"
+_NUMBER = (lambda v: _is_number(v) and abs(v) <= 1e15), "a finite number"
+_BOOL = (lambda v: isinstance(v, bool)), "true or false"
+_OBJECT = (lambda v: isinstance(v, dict)), "an object"
+_LIST = (lambda v: isinstance(v, list)), "a list"
 
 # {field: (test, what it must be)}: a field that is present and not null must pass its test.
 # Every field a command that reads a record (compare_runs.py, --report, --resume, --merge,
 # --replay) relies on, with the type it must have. One table, so no reader meets a type it
 # did not expect: a crafted record is one line and exit 2, never a traceback.
 RECORD_FIELDS = dict(
-    created_at=_TEXT, sdk_version=_TEXT, code_sha256=_TEXT, evidence=_TEXT,
-    suite=_OBJECT, provider=_OBJECT, replayed_from=_OBJECT, redaction=_OBJECT, summary=_OBJECT,
-    resumed=_LIST, merged_from=_LIST, recovered=_BOOL, run_options=_OBJECT, superseded=_LIST,
-    judge_agreement=_OBJECT, judge_api_key_env=_TEXT,
-    shard=(_is_shard, "I/N with 1 <= I <= N"))
+    created_at=_TEXT, sdk_version=_TEXT, code_sha256=_TEXT, evidence=_TEXT, suite=_OBJECT,
+    provider=_OBJECT, replayed_from=_OBJECT, redaction=_OBJECT, summary=_OBJECT, resumed=_LIST,
+    merged_from=_LIST, recovered=_BOOL, run_options=_OBJECT, superseded=_LIST,
+    judge_agreement=_OBJECT, judge_api_key_env=_TEXT, shard=(_is_shard, "I/N with 1 <= I <= N"))
 NESTED_FIELDS = {
     "suite": dict(name=_TEXT, builtin=_BOOL, file=_TEXT),
-    "provider": dict(name=((lambda v: v in PROVIDERS and not PROVIDERS[v].replays_record),
-                           "the name of a provider"),
-                        base_url=((lambda v: base_url_problem(v) is None), "an http(s) URL")),
+    # a list or object is no name: looked up in PROVIDERS it would raise TypeError (a traceback)
+    "provider": dict(name=((lambda v: isinstance(v, str) and v in PROVIDERS
+                            and not PROVIDERS[v].replays_record), "the name of a provider"),
+                     base_url=((lambda v: base_url_problem(v) is None), "an http(s) URL")),
     "replayed_from": dict(path=_TEXT),
     "redaction": dict(pii=_BOOL, patterns=_INT),
     "run_options": dict(redact=(_is_text_list, "a list of pattern hashes"), redact_pii=_BOOL,
-                        max_cost_usd=_TEXT,
-                        retries=_INT, concurrency=_INT),
+                        max_cost_usd=_TEXT, retries=_INT, concurrency=_INT),
     "summary": dict(complete=_BOOL, rows=_INT, expected_rows=_INT, exit_code=_INT, stopped=_TEXT,
-                       models=_OBJECT, warnings=(_is_text_list, "a list of strings"),
-                       superseded_rows=_INT),
+                    models=_OBJECT, warnings=(_is_text_list, "a list of strings"),
+                    superseded_rows=_INT),
 }
 SUMMARY_MODEL_FIELDS = dict(passed=_INT, total=_INT, errors=_INT, qualified=_BOOL,
                             reported_cost_usd=_TEXT, judge_cost_usd=_TEXT)
@@ -7275,11 +7229,8 @@ DETAILS_FIELDS = dict(diff=_TEXT, similarity=_NUMBER)
 
 def _field_problem(value, rules, where):
     """The first field of an object that breaks its rule, as "WHERE.FIELD is not ...", or None."""
-    for field, (test, what) in rules.items():
-        item = value.get(field)
-        if item is not None and not test(item):
-            return f"{where}{field} is not {what}"
-    return None
+    return next((f"{where}{field} is not {what}" for field, (test, what) in rules.items()
+                 if value.get(field) is not None and not test(value[field])), None)
 
 
 _MASK_MARK = re.compile(r"\[REDACTED(?::[a-z]+)?\]")
@@ -7293,8 +7244,8 @@ def masked_evidence(record):
     a caught leak into a RECOVERED row. Masked evidence is refused, never re-graded."""
     if record.get("redaction"):
         return "it was stored with --redact/--redact-pii, so its responses are masked"
-    rows = [row for row in record.get("runs") or [] if isinstance(row, dict)]
-    row = next((row for row in rows if row_masked(record, row)), None)
+    row = next((row for row in record.get("runs") or []
+                if isinstance(row, dict) and row_masked(record, row)), None)
     return None if row is None else (f"the stored response of {key_text(row_key(row))} holds a "
                                      "[REDACTED] mask (a key or pattern was masked)")
 
@@ -7366,22 +7317,19 @@ def evidence_problem(record, row, cases):
 
 def _config_problem(config):
     models, cases, repeats = config.get("models"), config.get("cases"), config.get("repeats")
-    if not isinstance(models, list) or not models or not all(isinstance(m, str) and m
-                                                             for m in models) \
-            or len(set(models)) != len(models):
+    named = isinstance(models, list) and models and all(isinstance(m, str) and m for m in models)
+    if not named or len(set(models)) != len(models):
         return "config.models is not a list of distinct model names"
-    if not isinstance(cases, list) or not cases or not all(isinstance(c, dict)
-                                                           and isinstance(c.get("id"), str)
-                                                           for c in cases):
+    if not isinstance(cases, list) or not cases or not all(
+            isinstance(case, dict) and isinstance(case.get("id"), str) for case in cases):
         return "config.cases is not a list of cases with string ids"
     if len({case["id"] for case in cases}) != len(cases):
         return "config.cases has duplicate ids"
     most = RANGES["repeats"][1]
-    if not isinstance(repeats, int) or isinstance(repeats, bool) or not 1 <= repeats <= most:
+    if not _is_int(repeats) or not 1 <= repeats <= most:
         return f"config.repeats is not a whole number from 1 to {most}"
     timeout = config.get("timeout_seconds", TIMEOUT_SECONDS)
-    # a float can hold it: no OverflowError later
-    if not _is_number(timeout) or not 0 < timeout <= 1e9:
+    if not _is_number(timeout) or not 0 < timeout <= 1e9:  # a float holds it: no OverflowError
         return "config.timeout_seconds is not a positive number of seconds"
     judge = config.get("judge", {})
     if not isinstance(judge, dict) or not set(judge) <= {*JUDGE_KEYS} - {"api_key_env"} \
@@ -7390,20 +7338,20 @@ def _config_problem(config):
     return None
 
 
-def _row_problem(row, position, field="runs"):
+def _row_problems(row, where):
+    """Every check of a stored row in order, lazily (see record_problem)."""
     if not isinstance(row, dict) or not _well_keyed(row):
-        return f"{field}[{position}] lacks a string model and case_id and a whole-number repeat"
-    problem = _field_problem(row, ROW_FIELDS, f"{field}[{position}].")
-    if problem is None and isinstance(row.get("details"), dict):
-        problem = _field_problem(row["details"], DETAILS_FIELDS, f"{field}[{position}].details.")
-    if problem is None and isinstance(row.get("turns"), list):
-        problem = _turns_problem(row["turns"], f"{field}[{position}].turns")
+        yield f"{where} lacks a string model and case_id and a whole-number repeat"
+    yield _field_problem(row, ROW_FIELDS, f"{where}.")
+    if isinstance(row.get("details"), dict):
+        yield _field_problem(row["details"], DETAILS_FIELDS, f"{where}.details.")
+    if isinstance(row.get("turns"), list):
+        yield from _turns_problems(row["turns"], f"{where}.turns")
     # the verdict counts only `passed`: a row marked passed that holds reasons or an error is a
     # crafted or broken row, and trusting it would carry a failure into a summary as a pass
-    if problem is None and row.get("passed") is True and (row.get("reasons")
-                                                          or row.get("error") is not None):
-        problem = f"{field}[{position}].passed is true but the row holds reasons or an error"
-    return problem or _verdicts_problem(row, f"{field}[{position}].verdicts")
+    if row.get("passed") is True and (row.get("reasons") or row.get("error") is not None):
+        yield f"{where}.passed is true but the row holds reasons or an error"
+    yield _verdicts_problem(row, f"{where}.verdicts")
 
 
 def _verdicts_problem(row, where):
@@ -7423,19 +7371,18 @@ def _verdicts_problem(row, where):
 TURN_FIELDS = dict(user=_TEXT, rounds=_LIST, reply=_TEXT)
 
 
-def _turns_problem(turns, where):
-    """Why a conversation row's turns are not its evidence, or None: each turn an object with
-    the user's text and its rounds, each round an object holding a response."""
+def _turns_problems(turns, where):
+    """Why a conversation row's turns are not its evidence, lazily (see record_problem): each turn
+    an object with the user's text and its rounds, each round an object holding a response."""
     for number, turn in enumerate(turns):
         at = f"{where}[{number}]"
-        problem = f"{at} is not an object" if not isinstance(turn, dict) else \
-            f"{at}.user is not a string" if not isinstance(turn.get("user"), str) else \
-            _field_problem(turn, TURN_FIELDS, f"{at}.")
-        if problem is None and not all(isinstance(one, dict) for one in turn.get("rounds") or ()):
-            problem = f"{at}.rounds holds a round that is not an object"
-        if problem:
-            return problem
-    return None
+        if not isinstance(turn, dict):
+            yield f"{at} is not an object"
+        if not isinstance(turn.get("user"), str):
+            yield f"{at}.user is not a string"
+        yield _field_problem(turn, TURN_FIELDS, f"{at}.")
+        if not all(isinstance(one, dict) for one in turn.get("rounds") or ()):
+            yield f"{at}.rounds holds a round that is not an object"
 
 
 def _turns_evidence_problem(row):
@@ -7472,29 +7419,29 @@ def record_problem(record, evidence=True):
 
     With `evidence`, every row that counts in a summary must carry the evidence its verdict is
     graded from (evidence_problem); --resume asks without it and runs such rows again."""
+    return next(filter(None, _record_problems(record, evidence)), None)
+
+
+def _record_problems(record, evidence):
+    """record_problem's checks in order, lazily: each runs only after every earlier one passed."""
     if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
-        return "it has no config object"
+        yield "it has no config object"
     if not isinstance(record.get("runs"), list):
-        return 'it has no "runs" list'
-    problem = _config_problem(record["config"]) or _field_problem(record, RECORD_FIELDS, "")
+        yield 'it has no "runs" list'
+    yield _config_problem(record["config"])
+    yield _field_problem(record, RECORD_FIELDS, "")
     for field, rules in NESTED_FIELDS.items():
-        if problem is None and isinstance(record.get(field), dict):
-            problem = _field_problem(record[field], rules, f"{field}.")
-    models = (record["summary"].get("models") if problem is None
-              and isinstance(record.get("summary"), dict) else None)
-    for model, stats in (models or {}).items():
+        if isinstance(record.get(field), dict):
+            yield _field_problem(record[field], rules, f"{field}.")
+    for model, stats in ((record.get("summary") or {}).get("models") or {}).items():
         where = f"summary.models[{model!r}]"
-        problem = f"{where} is not an object" if not isinstance(stats, dict) else \
+        yield f"{where} is not an object" if not isinstance(stats, dict) else \
             _field_problem(stats, SUMMARY_MODEL_FIELDS, f"{where}.")
-        if problem:
-            break
-    for position, row in enumerate(record["runs"]):
-        problem = problem or _row_problem(row, position)
-        if problem:
-            break
-    for position, row in enumerate(record.get("superseded") or []):
-        problem = problem or _row_problem(row, position, "superseded")
-    return problem or (_unfounded_problem(record) if evidence else None)
+    for field in ("runs", "superseded"):
+        for position, row in enumerate(record.get(field) or []):
+            yield from _row_problems(row, f"{field}[{position}]")
+    if evidence:
+        yield _unfounded_problem(record)
 
 
 def _verdict_text(row):
@@ -7518,8 +7465,7 @@ def _lock(fd, path, shared=False):
         fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
         raise RecordError(f"{path} is being written by another process (a run, --resume or "
-                          f"--merge); "
-                          "wait until it ends, then try again") from None
+                          "--merge); wait until it ends, then try again") from None
     except OSError:
         pass  # a file system without locks (some network mounts)
 
@@ -7579,8 +7525,7 @@ def _start_record(fd, path, header, rows, final):
     try:
         _lock(fd, path)
         head = dumps(header)[:-1] + ', "runs": ['
-        data = (head + "".join(("," if i else "") + "\n" + dumps(row)
-                               for i, row in enumerate(rows))).encode("utf-8")
+        data = (head + ",".join("\n" + dumps(row) for row in rows)).encode("utf-8")
         writer = RecordWriter(path, fd, len(data), b"", len(rows))
         try:
             _pwrite_all(fd, data, 0)
@@ -7616,17 +7561,15 @@ def replace_record(path, header, rows, final):
     at any point leaves either the old file or the new one, never a mix. The temp file has
     a unique name (never the PID: PIDs repeat), is removed on any failure or interruption,
     and a stale one left by a SIGKILL blocks nothing. Through a symbolic link the real file
-    is replaced (the link stays a link), as replace_text_file does for a suite.
-    """
+    is replaced (the link stays a link), as replace_text_file does for a suite."""
     import tempfile
     real = os.path.realpath(path)
     folder, name = os.path.split(real)
     try:
-        # O_EXCL, mode 0600
-        fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+        fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)  # O_EXCL, 0600
     except OSError as exc:
-        raise RecordError(f"cannot write next to {path}: {exc.strerror or exc}; {path} is "
-                          f"unchanged") from None
+        raise RecordError(f"cannot write next to {path}: {exc.strerror or exc}; "
+                          f"{path} is unchanged") from None
     try:
         writer = _start_record(fd, temp, header, rows, final)
     except RecordError as exc:
@@ -7670,8 +7613,7 @@ def _recover(text):
                 raise ValueError("malformed header")
             i = _skip_ws(text, i + 1)
             if key == "runs":
-                rows, i, torn = _recover_rows(text, i, decoder)
-                record["runs"] = rows
+                record["runs"], i, torn = _recover_rows(text, i, decoder)
                 if torn:
                     return record
             else:
@@ -7711,11 +7653,9 @@ def _recover_rows(text, i, decoder):
 
 
 def load_record(path):
-    """Read a record, recovering every finished row from a file torn by a crash.
-
-    A recovered record carries "recovered": true and a summary recomputed from its
-    rows. Raises RecordError with a one-line reason when nothing can be read.
-    """
+    """Read a record, recovering every finished row from a file torn by a crash: a recovered
+    record carries "recovered": true and a summary recomputed from its rows. Raises RecordError
+    with a one-line reason when nothing can be read."""
     try:
         data = read_bytes(path)
     except OSError as exc:
@@ -7732,16 +7672,16 @@ def load_record(path):
     try:
         record = _recover(text)
     except (ValueError, RecursionError):
-        raise RecordError(f"{path} is not a JSON record: {error}") from None
+        record = {}  # nothing recovered
     if "runs" not in record:
         raise RecordError(f"{path} is not a JSON record: {error}")
     record["recovered"] = True
     record.pop("summary", None)
     if record_problem(record, evidence=False) is None:  # recompute what a well-formed config allows
         config = record["config"]
-        record["summary"] = summary(record["runs"], config["models"], config["repeats"],
-                                    config["cases"], record.get("superseded") or ())
-        record["summary"]["stopped"] = "recovered from a torn record"
+        record["summary"] = {**summary(record["runs"], config["models"], config["repeats"],
+                                       config["cases"], record.get("superseded") or ()),
+                             "stopped": "recovered from a torn record"}
     return record
 
 
@@ -7808,30 +7748,22 @@ def first_difference(old, new, path=""):
     compared as JSON (same_json): true and 1 differ."""
     if same_json(old, new):
         return None
+    parts = []  # (old, new, path) of each part compared in turn
     if isinstance(old, dict) and isinstance(new, dict):
-        for key in [*old, *(key for key in new if key not in old)]:
-            found = first_difference(old.get(key, ABSENT), new.get(key, ABSENT), _child(path, key))
-            if found:
-                return found
+        parts = [(old.get(key, ABSENT), new.get(key, ABSENT), _child(path, key))
+                 for key in [*old, *(key for key in new if key not in old)]]
     elif isinstance(old, list) and isinstance(new, list):
         old_ids, new_ids = _ids(old), _ids(new)
         if old_ids is not None and new_ids is not None:
             by_old, by_new = dict(zip(old_ids, old)), dict(zip(new_ids, new))
-            for key in [*old_ids, *(key for key in new_ids if key not in by_old)]:
-                found = first_difference(by_old.get(key, ABSENT), by_new.get(key, ABSENT),
-                                         f"{path}[{_key_part(key)}]")
-                if found:
-                    return found
-            if old_ids != new_ids:
-                return (f"{path} order", old_ids, new_ids)
+            parts = [(by_old.get(key, ABSENT), by_new.get(key, ABSENT), f"{path}[{_key_part(key)}]")
+                     for key in [*old_ids, *(key for key in new_ids if key not in by_old)]]
+            parts.append((old_ids, new_ids, f"{path} order"))  # the same ids in another order
         elif any(isinstance(item, (dict, list)) for item in [*old, *new]):  # strings: shown whole
-            for position in range(max(len(old), len(new))):
-                found = first_difference(old[position] if position < len(old) else ABSENT,
-                                         new[position] if position < len(new) else ABSENT,
-                                         _child(path, position))
-                if found:
-                    return found
-    return (path or "(the whole value)", old, new)
+            parts = [(old[at] if at < len(old) else ABSENT, new[at] if at < len(new) else ABSENT,
+                      _child(path, at)) for at in range(max(len(old), len(new)))]
+    found = next(filter(None, (first_difference(*part) for part in parts)), None)
+    return found or (path or "(the whole value)", old, new)
 
 
 # ====================================================================== reports
@@ -7854,10 +7786,7 @@ def xml_text(value):
 
 def md_text(value, limit=300):
     """One table cell of Markdown: no HTML, no pipes or newlines, no code spans to break out of."""
-    text = " ".join(str(value).split())
-    text = text if len(text) <= limit else text[:limit] + "..."
-    return _escape(text, quote=False).replace("|", "\\|").replace("`", "\\`") \
-        .replace("[", "\\[").replace("]", "\\]")
+    return re.sub(r"([|`\[\]])", r"\\\1", _escape(_cut(str(value), limit), quote=False))
 
 
 def md_table(headers, rows):
@@ -7891,11 +7820,9 @@ def html_table(headers, rows):
     """rows: lists of (html_cell, css_class) or plain escaped-html strings."""
     out = ["<table><tr>" + "".join(f"<th>{xml_text(h)}</th>" for h in headers) + "</tr>"]
     for row in rows:
-        cells = []
-        for cell in row:
-            content, css = cell if isinstance(cell, tuple) else (cell, "")
-            cells.append(f"<td class=\"{css}\">{content}</td>" if css else f"<td>{content}</td>")
-        out.append("<tr>" + "".join(cells) + "</tr>")
+        cells = (cell if isinstance(cell, tuple) else (cell, "") for cell in row)
+        out.append("<tr>" + "".join(f'<td class="{css}">{content}</td>' if css
+                                    else f"<td>{content}</td>" for content, css in cells) + "</tr>")
     return "\n".join(out + ["</table>"])
 
 
@@ -7909,22 +7836,20 @@ def junit_xml(name, suites, system_out=""):
     """JUnit XML: suites is [(suite_name, [testcase])], testcase a dict with name, classname,
     seconds and optionally failure / error / skipped (each a (message, text) pair); system_out,
     when given, is every suite's <system-out> (what a viewer shows beside the suite)."""
-    total = sum(len(cases) for _, cases in suites)
-    count = lambda kind, cases: sum(1 for case in cases if kind in case)  # noqa: E731
+    def counted(cases):  # the failures, errors and skipped attributes of an element of `cases`
+        return " ".join(f'{attr}="{sum(kind in case for case in cases)}"' for attr, kind
+                        in (("failures", "failure"), ("errors", "error"), ("skipped", "skipped")))
+
     all_cases = [case for _, cases in suites for case in cases]
     lines = ['<?xml version="1.0" encoding="UTF-8"?>',
-             f'<testsuites name="{xml_text(name)}" tests="{total}" '
-             f'failures="{count("failure", all_cases)}" errors="{count("error", all_cases)}" '
-             f'skipped="{count("skipped", all_cases)}">']
+             f'<testsuites name="{xml_text(name)}" tests="{len(all_cases)}" {counted(all_cases)}>']
     for suite_name, cases in suites:
         seconds = sum(case.get("seconds") or 0 for case in cases)
         lines.append(f'  <testsuite name="{xml_text(suite_name)}" tests="{len(cases)}" '
-                     f'failures="{count("failure", cases)}" errors="{count("error", cases)}" '
-                     f'skipped="{count("skipped", cases)}" time="{seconds:.3f}">')
+                     f'{counted(cases)} time="{seconds:.3f}">')
         for case in cases:
-            lines.append(f'    <testcase classname="{xml_text(case["classname"])}" '
-                         f'name="{xml_text(case["name"])}" '
-                         f'time="{(case.get("seconds") or 0):.3f}">')
+            lines.append(f'    <testcase classname="{xml_text(case["classname"])}" name="'
+                         f'{xml_text(case["name"])}" time="{(case.get("seconds") or 0):.3f}">')
             for kind in ("failure", "error", "skipped"):
                 if kind in case:
                     message, text = case[kind]
@@ -7965,13 +7890,10 @@ def trajectory(row, limit=TRAJECTORY_TEXT_LIMIT):
     for call in _row_calls(row):
         arguments = call.get("arguments")
         arguments = arguments if isinstance(arguments, str) else dumps(arguments)
-        if "result" not in call:
-            result = "(no result sent)"
-        else:
-            result = dumps(call["result"]) + (" [unscripted]" if call.get("unscripted") else "")
+        result = (dumps(call["result"]) + " [unscripted]" * bool(call.get("unscripted"))
+                  if "result" in call else "(no result sent)")
         number = call.get("round")
-        number = (number if isinstance(number, int) and not isinstance(number, bool)
-                  and 0 <= number <= 10_000 else None)
+        number = number if _is_int(number) and 0 <= number <= 10_000 else None
         steps.append((number, _cut(f"{call.get('name')}({arguments})", limit), _cut(result, limit)))
     return steps
 
@@ -7981,9 +7903,8 @@ def trajectory_lines(row):
     steps = trajectory(row)
     lines = [f"{'round ' + str(number) + ': ' if number is not None else ''}{call} -> {result}"
              for number, call, result in steps[:TRAJECTORY_CALLS_SHOWN]]
-    if len(steps) > TRAJECTORY_CALLS_SHOWN:
-        lines.append(f"... {len(steps) - TRAJECTORY_CALLS_SHOWN} more call(s)")
-    return lines
+    more = len(steps) - TRAJECTORY_CALLS_SHOWN
+    return lines + [f"... {more} more call(s)"] * (more > 0)
 
 
 def conversation_lines(row, limit=TRAJECTORY_TEXT_LIMIT):
@@ -8013,10 +7934,9 @@ def _row_failure_text(row):
         parts.append(f"similarity: {details['similarity']}")
     if details.get("diff"):
         parts.append(details["diff"])
-    if _row_calls(row):
-        parts += ["trajectory:", *("  " + line for line in trajectory_lines(row))]
-    if row.get("turns"):
-        parts += ["conversation:", *("  " + line for line in conversation_lines(row))]
+    listed = {"trajectory": trajectory_lines(row), "conversation": conversation_lines(row)}
+    for title, lines in listed.items():
+        parts += [f"{title}:", *("  " + line for line in lines)] if lines else []
     parts.append(f"answer: {row['answer_text']}" if row.get("answer_text") is not None
                  else f"no answer: {_what_failed(row)}")
     return "\n".join(parts)
@@ -8035,14 +7955,13 @@ def junit_run(record):
     """JUnit XML for one run: a testcase per planned model x case x repeat."""
     rows = {row_key(row): row for row in record["runs"]}
     stopped = (record.get("summary") or {}).get("stopped") or "the run stopped before this row"
-    suites = {}
+    suite, suites = junit_name((record.get("suite") or {}).get("name", "suite")), {}
     for key in _record_plan(record):
         model, case_id, repeat = key
         row = rows.get(key)
         # One package level: viewers split a classname at dots, so the parts' own dots are escaped.
-        case = {"classname": f"{junit_name((record.get('suite') or {}).get('name', 'suite'))}."
-                             f"{junit_name(model)}",
-                "name": f"{case_id} [repeat {repeat}]", "seconds": (row or {}).get("seconds")}
+        case = {"classname": f"{suite}.{junit_name(model)}", "name": f"{case_id} [repeat {repeat}]",
+                "seconds": (row or {}).get("seconds")}
         if row is None:
             case["skipped"] = ("not run", stopped)
         elif row.get("error") is not None:
@@ -8076,38 +7995,33 @@ def _cost_cell(stats):
 def _model_rows(final):
     """The per-model table of a summary (record_problem's: each model's stats an object)."""
     return [[str(model), _passed_cell(stats), str(stats.get("errors", 0)),
-             "yes" if stats.get("qualified") else "no",
-             _cost_cell(stats), pass_k_text(stats.get("pass_k"))]
+             "yes" if stats.get("qualified") else "no", _cost_cell(stats),
+             pass_k_text(stats.get("pass_k"))]
             for model, stats in (final.get("models") or {}).items()]
 
 
 def case_rates(record):
     """A run's (model, case) pass rates: [(model, case_id, rate text)] of the pairs that did
     not pass every repeat, and {rate text: pairs} of those that did (counted, not listed)."""
-    config, listed, perfect = record["config"], [], {}
-    passed, done = {}, {}
+    config, listed, perfect = record["config"], [], collections.Counter()
+    passed, done = collections.Counter(), collections.Counter()
     for row in record["runs"]:
         if isinstance(row, dict) and _well_keyed(row):
-            pair = row_key(row)[:2]
-            passed[pair] = passed.get(pair, 0) + (row.get("passed") is True)
-            done[pair] = done.get(pair, 0) + 1
+            passed[row_key(row)[:2]] += row.get("passed") is True
+            done[row_key(row)[:2]] += 1
     for model in config["models"]:
         for case in config["cases"]:
-            count, runs = passed.get((model, case["id"]), 0), done.get((model, case["id"]), 0)
+            count, runs = passed[model, case["id"]], done[model, case["id"]]
             if runs and count == runs == config["repeats"]:
-                perfect[rate_text(count, runs)] = perfect.get(rate_text(count, runs), 0) + 1
+                perfect[rate_text(count, runs)] += 1
             elif runs:
                 listed.append((model, case["id"], rate_text(count, runs)))
-    return listed, perfect
+    return listed, dict(perfect)
 
 
 def _warnings(final):
     """The summary's warnings (e.g. no tool was ever called): a list of strings (record_problem)."""
     return final.get("warnings") or []
-
-
-def _failed_rows(record):
-    return [row for row in record["runs"] if not row.get("passed")]
 
 
 _VERDICTS = {0: "PASS: every row passed", 1: "FAIL: at least one check failed",
@@ -8136,46 +8050,41 @@ def markdown_run(record):
              f"evidence: {md_text(record.get('evidence', 'live'))}"]
     if final.get("stopped"):
         lines += ["", f"Stopped early: {md_text(final['stopped'])}"]
-    lines += ["",
-        *(f"Warning: {md_text(warning)}"
-          for warning in _warnings(final))] if _warnings(final) else []
-    lines += ["",
-        md_table(MODEL_COLUMNS,
-                 [[md_text(cell) for cell in cells] for cells in _model_rows(final)])]
+    warnings = [f"Warning: {md_text(warning)}" for warning in _warnings(final)]
+    lines += ["", *warnings] if warnings else []
+    lines += ["", md_table(MODEL_COLUMNS, [list(map(md_text, row)) for row in _model_rows(final)])]
     lines += _markdown_case_rates(record)
-    failed = _failed_rows(record)
-    if failed:
-        lines += ["", "### Failures", "",
-                  md_table(["model", "case", "repeat", "reasons", "evidence"], [
-            [md_text(row.get("model")), md_text(row.get("case_id")), md_text(row.get("repeat")),
-             md_text(", ".join(row.get("reasons") or []) + (f": {_what_failed(row)}"
-                                                            if row.get("error") else "")),
-             # endpoint's words
-             md_text(evidence_notes(row, limit=300) or (row.get("error_message") or "")[:300])]
-            for row in failed])]
-    traced = [row for row in failed if _row_calls(row)]
-    if traced:
-        lines += ["", "### Trajectories of failing rows", "",
-                  md_table(["model", "case", "repeat", "calls"], [
-            [md_text(row.get("model")), md_text(row.get("case_id")), md_text(row.get("repeat")),
-             "<br>".join(md_text(line, limit=2 * TRAJECTORY_TEXT_LIMIT + 40)
-                         for line in trajectory_lines(row))]
-            for row in traced])]
-    talks = [row for row in failed if row.get("turns")]
-    if talks:
-        lines += ["", "### Conversations of failing rows", "", md_table(
-            ["model", "case", "repeat", "turns"],
-            [[md_text(row.get("model")), md_text(row.get("case_id")), md_text(row.get("repeat")),
-              "<br>".join(md_text(line, limit=TRAJECTORY_TEXT_LIMIT + 40)
-                          for line in conversation_lines(row))] for row in talks])]
-    missing = _not_run(record)
+    failed = [row for row in record["runs"] if not row.get("passed")]
+    lines += _md_rows("Failures", ["reasons", "evidence"],
+                      [(row, _md_failure(row)) for row in failed])
+    for title, header, shown, limit in (  # a row without calls (turns) is left out of their table
+            ("Trajectories", "calls", trajectory_lines, 2 * TRAJECTORY_TEXT_LIMIT + 40),
+            ("Conversations", "turns", conversation_lines, TRAJECTORY_TEXT_LIMIT + 40)):
+        cells = [(row, ["<br>".join(md_text(line, limit=limit) for line in shown(row))])
+                 for row in failed if shown(row)]
+        lines += _md_rows(f"{title} of failing rows", [header], cells)
+    done = {row_key(row) for row in record["runs"]}  # a stopped run's rest is listed, not run
+    missing = [key for key in _record_plan(record) if key not in done]
     if missing:
         shown = ", ".join(f"{model} / {case_id} / repeat {repeat}"
                           for model, case_id, repeat in missing[:10])
-        lines += ["",
-            f"Not run: {len(missing):,} row(s): "
-            f"{md_text(shown + (' ...' if len(missing) > 10 else ''))}"]
+        shown += " ..." if len(missing) > 10 else ""
+        lines += ["", f"Not run: {len(missing):,} row(s): {md_text(shown)}"]
     return "\n".join(lines) + "\n"
+
+
+def _md_rows(title, headers, rows):
+    """A section of failing rows: a table of [(row, its cells)] by model, case, repeat, cells."""
+    return ["", f"### {title}", "", md_table(["model", "case", "repeat", *headers], [
+        [md_text(row.get(key)) for key in ("model", "case_id", "repeat")] + cells
+        for row, cells in rows])] if rows else []
+
+
+def _md_failure(row):
+    """A failing row's reasons and evidence cells (an error's evidence: the endpoint's words)."""
+    error = f": {_what_failed(row)}" if row.get("error") else ""
+    return [md_text(", ".join(row.get("reasons") or []) + error),
+            md_text(evidence_notes(row, limit=300) or (row.get("error_message") or "")[:300])]
 
 
 def _markdown_case_rates(record):
@@ -8188,12 +8097,6 @@ def _markdown_case_rates(record):
     lines += [table] if listed else [] if perfect else ["No row finished."]
     return lines + [f"{count:,} model/case pair(s) passed every repeat: {md_text(text)} each "
                     "(not listed)." for text, count in perfect.items()]
-
-
-def _not_run(record):
-    """The planned row keys a record holds no row for (a stopped or interrupted run)."""
-    done = {row_key(row) for row in record["runs"]}
-    return [key for key in _record_plan(record) if key not in done]
 
 
 def _html_row_details(row):
@@ -8211,16 +8114,13 @@ def _html_row_details(row):
         parts.append(f"<p>similarity {xml_text(details['similarity'])}</p>")
     if details.get("diff"):
         parts.append(f"<pre>{xml_text(details['diff'])}</pre>")
-    if _row_calls(row):
-        parts.append("<ol class=\"trajectory\">" + "".join(f"<li>{xml_text(line)}</li>"
-                                                           for line in trajectory_lines(row))
-                     + "</ol>")
-    if row.get("turns"):
-        items = "".join(f"<li>{xml_text(line)}</li>" for line in conversation_lines(row))
-        parts.append(f"<ol class=\"conversation\">{items}</ol>")
+    listed = {"trajectory": trajectory_lines(row), "conversation": conversation_lines(row)}
+    for css, lines in listed.items():
+        items = "".join(f"<li>{xml_text(line)}</li>" for line in lines)
+        parts += [f"<ol class=\"{css}\">{items}</ol>"] if lines else []
     if row.get("answer_text") is not None:
-        parts.append(f"<details><summary>answer</summary><pre>{xml_text(row['answer_text'])}</pre><"
-                     f"/details>")
+        parts.append(f"<details><summary>answer</summary><pre>{xml_text(row['answer_text'])}"
+                     "</pre></details>")
     else:
         parts.append(f"<p>no answer: {xml_text(_what_failed(row))}</p>")
     return "\n".join(parts)
@@ -8233,35 +8133,31 @@ def html_run(record):
     rows = {row_key(row): row for row in record["runs"]}
     title = f"agent-regression: {(record.get('suite') or {}).get('name', 'run')}"
     body = [f"<h1>{xml_text(title)}</h1>",
-            f"<p><b>{xml_text(_verdict(final))}</b> (exit "
-            f"{xml_text(final.get('exit_code'))}); {xml_text(final.get('rows', 0))} of "
-            f"{xml_text(final.get('expected_rows', '?'))} rows; evidence "
-            f"{xml_text(record.get('evidence', 'live'))}; created "
+            f"<p><b>{xml_text(_verdict(final))}</b> (exit {xml_text(final.get('exit_code'))}); "
+            f"{xml_text(final.get('rows', 0))} of {xml_text(final.get('expected_rows', '?'))} "
+            f"rows; evidence {xml_text(record.get('evidence', 'live'))}; created "
             f"{xml_text(record.get('created_at'))}</p>"]
     if final.get("stopped"):
         body.append(f"<p>Stopped early: {xml_text(final['stopped'])}</p>")
     body += [f"<p>Warning: {xml_text(warning)}</p>" for warning in _warnings(final)]
-    body.append(html_table(MODEL_COLUMNS, [
-        [xml_text(cell) if n != 3 else (cell, "pass" if cell == "yes" else "fail")
-         for n, cell in enumerate(cells)]
-        for cells in _model_rows(final)]))
+    body.append(html_table(MODEL_COLUMNS, [  # the fourth column, qualified, is coloured
+        [(cell, "pass" if cell == "yes" else "fail") if n == 3 else xml_text(cell)
+         for n, cell in enumerate(cells)] for cells in _model_rows(final)]))
     matrix = []
     for case in config["cases"]:
         cells = [xml_text(case["id"])]
         for model in config["models"]:
             got = [rows.get((model, case["id"], repeat)) for repeat in range(config["repeats"])]
             done = [row for row in got if row is not None]
-            passed = sum(1 for row in done if row.get("passed"))
-            css = ("error" if any(row.get("error") for row in done) else "pass" if done
-                   and passed == len(done)
-                   else "fail" if done else "")
+            passed = sum(bool(row.get("passed")) for row in done)
+            css = ("error" if any(row.get("error") for row in done) else "" if not done
+                   else "pass" if passed == len(done) else "fail")
             reasons = sorted({reason for row in done for reason in row.get("reasons") or []})
-            cells.append(((rate_text(passed, len(done)) if done else "not run")
-                          + (f"<br><small>{xml_text(', '.join(reasons))}</small>" if reasons
-                             else ""), css))
+            note = f"<br><small>{xml_text(', '.join(reasons))}</small>" if reasons else ""
+            cells.append(((rate_text(passed, len(done)) if done else "not run") + note, css))
         matrix.append(cells)
     body += ["<h2>Cases</h2>", html_table(["case", *config["models"]], matrix)]
-    failed = _failed_rows(record)
+    failed = [row for row in record["runs"] if not row.get("passed")]
     if failed:
         body += ["<h2>Failures</h2>", *(_html_row_details(row) for row in failed)]
     return html_page(title, "\n".join(body))
