@@ -4176,15 +4176,43 @@ def validate_suite(data, allow_empty_baseline=False):
         raise SuiteError("suite: cases must be a non-empty list")
     cases = _inherit_extra_fields(data, cases)
     _validate_cases(cases, data, schema, functions, allow_empty_baseline)
+    judge, examples = _validate_judge(data.get("judge")), _validate_examples(data.get("judge_examples"))
+    _refuse_non_finite(data)  # after the keys' own checks, which name what a key must be
     return {"name": data["name"], "builtin": False, "instructions": data["instructions"],
             "tools": tools, "response_format": data.get("response_format"),
             "sources": data.get("sources"), "request": request, "tool_choice": tool_choice,
-            "prices": prices, "judge": _validate_judge(data.get("judge")),
-            "judge_examples": _validate_examples(data.get("judge_examples")),
+            "prices": prices, "judge": judge, "judge_examples": examples,
             "cases": [{**{k: v for k, v in case.items() if k != "question"},
                        "input": case.get("input", case.get("question"))} for case in cases],
             "config_cases": cases, "definition": data,
             **{key: data[key] for key in PLAYED_SUITE_KEYS if key in data}}
+
+
+def _non_finite_at(value, path=()):
+    """The path of the first NaN or infinity inside a JSON value, or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    inner = value.items() if isinstance(value, dict) else enumerate(value) \
+        if isinstance(value, list) else ()
+    return next((found for key, item in inner
+                 for found in [_non_finite_at(item, path + (key,))] if found is not None), None)
+
+
+def _refuse_non_finite(data):
+    """SuiteError for a NaN or Infinity (1e400 reads as one) anywhere in a suite, such as a tool's
+    schema, a tool result or an expect value: not JSON, it went out as a bare NaN and the record
+    kept the string "nan", so the evidence said the model was told what it was not."""
+    try:
+        json.dumps(data, allow_nan=False)
+        return
+    except ValueError:
+        path = _non_finite_at(data) or ()
+    except RecursionError:
+        return  # nested too deeply to write: the record's own writing says so
+    where, rest = ("suite", path) if path[:1] != ("cases",) or len(path) < 3 else \
+        (f"case {data['cases'][path[1]].get('id')!r}", path[2:])
+    raise SuiteError(f"{where}: {_json_path_text(rest)} holds NaN or Infinity (1e400 reads as "
+                     "Infinity), which is not JSON; write a finite number or a string")
 
 
 def _declared_tools(data):
