@@ -3045,6 +3045,23 @@ def _validate_tools(tools, where):
         if tool["type"] == "function" and not (isinstance(_tool_name(tool), str)
                                                and _tool_name(tool)):
             raise SuiteError(f"{where}: a function tool needs a name")
+        if tool["type"] == "function":
+            inner = tool["function"] if isinstance(tool.get("function"), dict) else tool
+            _typed_fields(inner, f"{where}: function tool {_tool_name(tool)!r}")
+
+
+# A function tool's and a json_schema format's optional fields, as every API types them: one of
+# another type was sent as written and refused by the server (or the SDK) on every row.
+FIELD_TYPES = {"description": (str, "a string"), "strict": (bool, "true or false"),
+               "parameters": (dict, "an object (the JSON schema of its arguments)")}
+
+
+def _typed_fields(value, where, keys=tuple(FIELD_TYPES)):
+    """SuiteError when one of `keys` is given (not null) with a value of another type."""
+    for key in keys:
+        kind, said = FIELD_TYPES[key]
+        if value.get(key) is not None and not isinstance(value[key], kind):
+            raise SuiteError(f"{where}: {key} must be {said}")
 
 
 def _validate_response_format(value, where):
@@ -3062,6 +3079,7 @@ def _validate_response_format(value, where):
         or not isinstance(spec.get("schema"), dict)):
         raise SuiteError(f"{where}: response_format.json_schema needs a string name and a "
                          f"schema object")
+    _typed_fields(spec, f"{where}: response_format.json_schema", ("description", "strict"))
     schema = spec["schema"]
     properties = schema.get("properties", {})
     if not isinstance(properties, dict) or not all(isinstance(p, dict)
@@ -4176,7 +4194,8 @@ def validate_suite(data, allow_empty_baseline=False):
         raise SuiteError("suite: cases must be a non-empty list")
     cases = _inherit_extra_fields(data, cases)
     _validate_cases(cases, data, schema, functions, allow_empty_baseline)
-    judge, examples = _validate_judge(data.get("judge")), _validate_examples(data.get("judge_examples"))
+    judge = _validate_judge(data.get("judge"))
+    examples = _validate_examples(data.get("judge_examples"))
     _refuse_non_finite(data)  # after the keys' own checks, which name what a key must be
     return {"name": data["name"], "builtin": False, "instructions": data["instructions"],
             "tools": tools, "response_format": data.get("response_format"),
@@ -4995,6 +5014,13 @@ class PerplexityProvider(Provider):
         import contextlib
         with contextlib.suppress(Exception):  # best effort: the run's outcome is already recorded
             self.client.close()
+
+    @classmethod
+    def suite_problem(cls, suite):
+        if (suite.get("response_format") or {}).get("type") == "json_object":  # the SDK refuses it
+            return (f"--provider {cls.name}: the Agent API takes a json_schema response_format "
+                    "only; give one (or check the answer with the json_object behaviour)")
+        return super().suite_problem(suite)
 
     def body(self, model, suite, case, rounds=()):
         """responses.create's keywords for one case (SPEC A6) and the rounds played so far."""

@@ -128,3 +128,68 @@ def test_a_tool_result_of_nan_is_one_line_and_nothing_is_sent(tmp_path):
                               "Infinity (1e400 reads as Infinity), which is not JSON; write a finite "
                               "number or a string\n"), out
     assert not (tmp_path / "r.json").exists()
+
+
+# ---------------------------------------------------------------------- tool and format fields
+# A function tool's description, parameters and strict (and a json_schema format's description and
+# strict) went out as written: a description of true or parameters of 1e-300 was refused by every
+# server, and by the perplexity SDK before it sent anything, as an execution error of every row
+# (exit 2 after a record was made, "continue with --resume", which failed the same way).
+
+def suite_with_tool(tool, **keys):
+    return {"name": "s", "instructions": "Be brief.", "tools": [tool],
+            "cases": [{"id": "c", "input": "q", "contains": ["q"]}], **keys}
+
+
+@pytest.mark.parametrize("field, value, said", [
+    ("description", True, "description must be a string"),
+    ("description", ["x"], "description must be a string"),
+    ("parameters", 1e-300, "parameters must be an object (the JSON schema of its arguments)"),
+    ("parameters", "{}", "parameters must be an object (the JSON schema of its arguments)"),
+    ("strict", "yes", "strict must be true or false"),
+    ("strict", 1, "strict must be true or false")])
+@pytest.mark.parametrize("form", ["chat", "flat"])
+def test_a_function_tool_field_of_another_type_is_refused(form, field, value, said):
+    tool = {"type": "function", "function": {"name": "t0", field: value}} if form == "chat" else \
+        {"type": "function", "name": "t0", field: value}
+    with pytest.raises(regression.SuiteError) as refused:
+        regression.validate_suite(suite_with_tool(tool))
+    assert str(refused.value) == f"suite: function tool 't0': {said}"
+
+
+@pytest.mark.parametrize("field, value, said", [
+    ("description", 5, "description must be a string"), ("strict", "no", "strict must be true or false")])
+def test_a_json_schema_format_field_of_another_type_is_refused(field, value, said):
+    spec = {"name": "a", "schema": {"type": "object"}, field: value}
+    data = suite_with_tool(tools(1)[0], response_format={"type": "json_schema", "json_schema": spec})
+    with pytest.raises(regression.SuiteError) as refused:
+        regression.validate_suite(data)
+    assert str(refused.value) == f"suite: response_format.json_schema: {said}"
+
+
+def test_null_fields_are_as_good_as_none():
+    tool = {"type": "function", "function": {"name": "t0", "description": None, "parameters": None,
+                                             "strict": None}}
+    assert regression.validate_suite(suite_with_tool(tool))["tools"] == [tool]
+
+
+def test_suites_every_provider_refuses_are_one_line_before_any_request(tmp_path):
+    """Through the real CLI, against one fake serving every API: nothing sent, no record."""
+    tool = {"type": "function", "function": {"name": "t0", "description": True}}
+    (tmp_path / "tool.json").write_text(json.dumps(suite_with_tool(tool)), encoding="utf-8")
+    (tmp_path / "jo.json").write_text(json.dumps({
+        "name": "s", "instructions": "JSON.", "response_format": {"type": "json_object"},
+        "cases": [{"id": "c", "input": "q", "expect": {"k": "v"}}]}), encoding="utf-8")
+    with fakes.FakeServer(lambda request: fakes.Reply(body=fakes.agent_response("q"))) as server:
+        openai = ["--provider", "openai", "--base-url", server.url + "/v1", "--models", "m"]
+        runs = [(["--suite", "tool.json", *openai, "--out", "a.json"], tmp_path),
+                (["--suite", "jo.json", "--models", "m", "--out", "b.json"], tmp_path)]
+        env = cli_env(PERPLEXITY_API_KEY="pplx-test-0123456789", PERPLEXITY_BASE_URL=server.url)
+        results = fakes.cli_table(runs, env=env, flags=("-W", "error"))
+        assert server.count == 0
+    assert [(code, err) for code, _, err in results] == [
+        (2, "regression.py: error: tool.json: suite: function tool 't0': description must be a "
+            "string\n"),
+        (2, "regression.py: error: --provider perplexity: the Agent API takes a json_schema "
+            "response_format only; give one (or check the answer with the json_object behaviour)\n")]
+    assert not (tmp_path / "a.json").exists() and not (tmp_path / "b.json").exists()
