@@ -193,3 +193,22 @@ def test_suites_every_provider_refuses_are_one_line_before_any_request(tmp_path)
         (2, "regression.py: error: --provider perplexity: the Agent API takes a json_schema "
             "response_format only; give one (or check the answer with the json_object behaviour)\n")]
     assert not (tmp_path / "a.json").exists() and not (tmp_path / "b.json").exists()
+
+
+def test_a_golden_folder_of_many_tools_matches_each_case_by_name(monkeypatch, tmp_path):
+    """A golden case is offered the tools its file names: they were found by matching every tool
+    of the folder, for every case and row (2,000 files naming 5 tools each: 19 s to run)."""
+    count = 150
+    (tmp_path / "SYSTEM.txt").write_text("Be brief.\n", encoding="utf-8")
+    sha = regression.instructions_sha256("Be brief.\n")
+    for n in range(count):
+        (tmp_path / f"c{n:03}.json").write_text(json.dumps({
+            "id": f"g{n}", "user": "u", "system_sha256": sha, "tools": [f"t{n}", "shared"],
+            "behaviors": [f"forbid_tool:t{n}"]}), encoding="utf-8")
+    calls = counting_tool_name(monkeypatch)
+    assert run_main(["--suite", tmp_path, "--dry-run"]) == 0
+    suite = regression.load_suite(str(tmp_path))
+    assert regression.case_suite(suite, suite["cases"][7])["tools"] == [
+        {"type": "function", "function": {"name": "shared"}},  # in the folder's order: c000 has it
+        {"type": "function", "function": {"name": "t7"}}]
+    assert calls[0] < 30 * count, calls[0]
