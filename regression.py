@@ -2859,7 +2859,8 @@ def judge_problem(spec, need=("provider", "model")):
         ("model" in spec and not (isinstance(spec["model"], str) and spec["model"].strip()),
          "model must be a non-empty string"),
         (url is not None and base_url_problem(url, "base_url"), base_url_problem(url, "base_url")),
-        (key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(key_env)),
+        (key_env is not None and not (isinstance(key_env, str)  # true: os.environ raised
+                                      and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key_env)),
          "api_key_env must be the NAME of an environment variable"),
         (not _is_int(repeats) or repeats not in range(1, 10, 2), "repeats must be 1, 3, 5, 7 or 9"),
         ("prompt" in spec and not (isinstance(spec["prompt"], str) and text_form(spec["prompt"])),

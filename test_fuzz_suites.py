@@ -212,3 +212,28 @@ def test_a_golden_folder_of_many_tools_matches_each_case_by_name(monkeypatch, tm
         {"type": "function", "function": {"name": "shared"}},  # in the folder's order: c000 has it
         {"type": "function", "function": {"name": "t7"}}]
     assert calls[0] < 30 * count, calls[0]
+
+
+# ---------------------------------------------------------------------- the judge's key variable
+# judge.api_key_env was checked as str(value): true read as "True", a valid NAME, and then looking
+# it up in the environment raised TypeError (a traceback from --dry-run and every run).
+
+def judged_suite(**judge):
+    return {"name": "s", "instructions": "Be brief.",
+            "judge": {"provider": "openai", "model": "j", **judge},
+            "cases": [{"id": "c", "input": "q", "rubric": "It is short."}]}
+
+
+@pytest.mark.parametrize("value", [True, False, 0, ["JUDGE_KEY"], {"name": "JUDGE_KEY"}, "1X"])
+def test_a_judge_api_key_env_that_is_no_name_is_refused(value):
+    with pytest.raises(regression.SuiteError) as refused:
+        regression.validate_suite(judged_suite(api_key_env=value))
+    assert str(refused.value) == "suite: judge api_key_env must be the NAME of an environment variable"
+
+
+def test_a_judge_api_key_env_of_true_is_one_line_through_the_cli(tmp_path):
+    (tmp_path / "s.json").write_text(json.dumps(judged_suite(api_key_env=True)), encoding="utf-8")
+    [(code, out, err)] = fakes.cli_table([(["--suite", "s.json", "--dry-run"], tmp_path)],
+                                         env=cli_env(), flags=("-W", "error"))
+    assert (code, err) == (2, "regression.py: error: s.json: suite: judge api_key_env must be the "
+                              "NAME of an environment variable\n"), out
