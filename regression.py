@@ -9078,7 +9078,10 @@ def cost_estimate_lines(args, env, run):
     for model, case_id, _ in priced:
         case = cases[case_id]
         count = round_limit(suite, case) if plays_tools(suite, case) else 1
-        sent = len(case.get("instructions", suite["instructions"])) + len(_case_text(case)) + tools
+        # a conversation has no input of its own (reading one raised TypeError): its turns are sent
+        said = [user for user, _ in user_turns(case)] if "turns" in case else [_case_text(case)]
+        count *= len(said)
+        sent = len(case.get("instructions", suite["instructions"])) + len(" ".join(said)) + tools
         price_in, price_out = run.prices[model]
         requests += count
         out_bound += count * (cap or 0) * price_out / 1_000_000

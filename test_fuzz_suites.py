@@ -1,11 +1,14 @@
 """Suite input, fuzzed: any JSON value at any key of any suite format reads as a suite or as one
 line and exit 2 before any request, never a traceback; reading stays linear in the suite's size."""
 
+import contextlib
+import io
 import json
 import math
 import types
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fakes
 import regression
@@ -237,3 +240,20 @@ def test_a_judge_api_key_env_of_true_is_one_line_through_the_cli(tmp_path):
                                          env=cli_env(), flags=("-W", "error"))
     assert (code, err) == (2, "regression.py: error: s.json: suite: judge api_key_env must be the "
                               "NAME of an environment variable\n"), out
+
+
+# ---------------------------------------------------------------------- found by the property above
+# A conversation (turns) case has no input of its own: --dry-run's cost estimate, made when a model
+# has a price, read it and raised TypeError (a traceback, exit 1).
+
+def test_a_priced_conversation_is_estimated_from_its_turns_through_the_cli(tmp_path):
+    (tmp_path / "s.json").write_text(json.dumps({
+        "name": "s", "instructions": "Be brief.", "prices": {"m": "0.1/0.2"},
+        "cases": [{"id": "e", "turns": ["hi", {"user": "more"}], "contains": ["x"]}]}),
+        encoding="utf-8")
+    [(code, out, err)] = fakes.cli_table([(
+        ["--suite", "s.json", "--dry-run", "--provider", "openai", "--base-url",
+         "http://127.0.0.1:9/v1", "--models", "m"], tmp_path)], env=cli_env(), flags=("-W", "error"))
+    assert (code, err) == (0, ""), err
+    assert "estimated cost: at most $0.0016 for output (up to 2 requests x 4,096 output tokens " \
+           "each, the output cap)" in out
