@@ -4677,7 +4677,7 @@ def _with_parameters(function):
 def _flat_tool(tool):
     """A chat-style function tool ({"function": {...}}) in the Agent API's flat form."""
     if tool.get("type") == "function" and isinstance(tool.get("function"), dict):
-        return {"type": "function", **tool["function"]}
+        return {**tool["function"], "type": "function"}  # its own "type" would say otherwise
     return tool
 
 

@@ -242,6 +242,103 @@ def test_a_judge_api_key_env_of_true_is_one_line_through_the_cli(tmp_path):
                               "NAME of an environment variable\n"), out
 
 
+# ---------------------------------------------------------------------- any value at any key
+# The class these defects belong to: a value of a type or size the code did not expect, at any key
+# of any suite format. Any one mutation of a valid suite (a key of any object set to any JSON value,
+# deleted, or added with a name some suite object knows) is a suite or one SuiteError line; an
+# accepted suite is plain JSON, its Agent API bodies are ones the perplexity SDK sends, and its
+# --dry-run exits 0 (or refuses in one line).
+
+KNOWN_KEYS = sorted(set(regression.SUITE_KEYS) | set(regression.CASE_KEYS) | regression.JUDGE_KEYS
+                    | regression.EXAMPLE_KEYS | regression.SOURCES_KEYS | {
+                        "role", "content", "tool_calls", "tool_call_id", "type", "function", "name",
+                        "arguments", "when", "result", "parameters", "description", "strict",
+                        "json_schema", "schema", "properties", "required", "user"})
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.sampled_from([10**400, -0.0, 1e308, 0.5]) |
+    st.floats(allow_nan=True) | st.text(max_size=6) | st.sampled_from(
+        ["", " ", "\u200b", "a\nb", "t0", "t1", "forbid_tool:t0", "tool_order:t0,t1", "user",
+         "assistant", "tool", "function", "json_object", "json_schema", "openai", "pass", "fail"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(KNOWN_KEYS) | st.text(max_size=3), inner, max_size=3), max_leaves=6)
+
+
+def full_suite():
+    """sink_suite with a judge, its examples, a played and judged case, a conversation."""
+    data = sink_suite()
+    data.update(judge={"provider": "openai", "model": "j", "repeats": 1, "prompt": "Grade it."},
+                judge_examples=[{"rubric": "r", "answer": "a", "verdict": "pass", "input": "i"},
+                                {"rubric": "r", "answer": "b", "verdict": "fail"}],
+                prices={"m": "0.1/0.2"}, max_rounds=3, allow_extra_fields=True, notes="n")
+    data["cases"] += [
+        {"id": "d", "question": "q?", "rubric": ["It is short.", "It is kind."],
+         "claims": {"refunded": "t1"}, "behaviors": ["tool_order:t0,t1", "grounded"],
+         "tool_results": {"t1": {"ok": True}}, "max_rounds": 2},
+        {"id": "e", "turns": ["hi", {"user": "more", "contains": ["x"], "behaviors": [
+            "forbid_tool:t1"]}], "expected_text": "x", "min_similarity": 0.5, "min_chars": 1}]
+    return data
+
+
+@st.composite
+def mutated(draw):
+    data = full_suite()
+    nodes = [path for path in mut_paths(data) if isinstance(get(data, path), dict)]
+    path = draw(st.sampled_from(nodes))
+    node, action = get(data, path), draw(st.sampled_from(["set", "delete", "add"]))
+    if action != "add" and node:
+        key = draw(st.sampled_from(sorted(node)))
+        if action == "delete":
+            del node[key]
+            return data
+    else:
+        key = draw(st.sampled_from(KNOWN_KEYS))
+    node[key] = draw(JSON_VALUES)
+    return data
+
+
+def mut_paths(value, path=()):
+    yield path
+    for key, inner in (value.items() if isinstance(value, dict) else
+                       enumerate(value) if isinstance(value, list) else ()):
+        yield from mut_paths(inner, path + (key,))
+
+
+def get(value, path):
+    for key in path:
+        value = value[key]
+    return value
+
+
+def test_the_full_suite_is_valid():
+    suite = regression.validate_suite(full_suite())
+    assert [case["id"] for case in suite["cases"]] == ["c", "d", "e"]
+
+
+@settings(max_examples=50, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(mutated())
+def test_any_value_at_any_key_is_a_suite_or_one_line(tmp_path, data):
+    from perplexity.generated.api import ResponsesRequestInput
+    data = json.loads(json.dumps(data))  # as a file gives it: NaN stays NaN
+    try:
+        suite = regression.validate_suite(data)
+    except regression.SuiteError as exc:
+        assert str(exc) and "\n" not in regression.safe_text(str(exc))
+        return
+    json.dumps(suite["definition"], allow_nan=False)  # a record keeps what was sent
+    if regression.PerplexityProvider.suite_problem(suite) is None:
+        for case in (case for case in suite["cases"] if "turns" not in case):
+            body = regression.PerplexityProvider().body("m", suite, case)
+            ResponsesRequestInput.model_validate({k: v for k, v in body.items() if k != "extra_body"})
+    (tmp_path / "s.json").write_text(json.dumps(data), encoding="utf-8")
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+        code = run_main(["--suite", tmp_path / "s.json", "--dry-run", "--provider", "openai",
+                         "--models", "m", "--base-url", "http://127.0.0.1:9/v1",
+                         "--judge-base-url", "http://127.0.0.1:9/v1"])
+    refusals = [line for line in err.getvalue().splitlines() if not line.startswith("warning: ")]
+    assert code == 0 or (code, len(refusals)) == (2, 1) and "judge" in refusals[0], err.getvalue()
+
+
 # ---------------------------------------------------------------------- found by the property above
 # A conversation (turns) case has no input of its own: --dry-run's cost estimate, made when a model
 # has a price, read it and raised TypeError (a traceback, exit 1).
@@ -257,3 +354,14 @@ def test_a_priced_conversation_is_estimated_from_its_turns_through_the_cli(tmp_p
     assert (code, err) == (0, ""), err
     assert "estimated cost: at most $0.0016 for output (up to 2 requests x 4,096 output tokens " \
            "each, the output cap)" in out
+
+
+# A chat-form function tool whose function object holds its own "type" went to the Agent API with
+# that type (null, "web_search") over "function": the SDK refused every row as an execution error.
+
+@pytest.mark.parametrize("inner", [None, "web_search", "mcp"])
+def test_a_function_objects_own_type_never_replaces_function(inner):
+    tool = {"type": "function", "function": {"name": "t0", "type": inner}}
+    suite = regression.validate_suite(suite_with_tool(tool))
+    body = regression.PerplexityProvider().body("m", suite, suite["cases"][0])
+    assert body["tools"][0]["type"] == "function" and body["tools"][0]["name"] == "t0"
