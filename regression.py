@@ -3086,12 +3086,26 @@ def _validate_response_format(value, where):
     if not isinstance(properties, dict) or not all(isinstance(p, dict)
                                                    for p in properties.values()):
         raise SuiteError(f"{where}: response_format schema properties must be an object of objects")
+    for name, spec in properties.items():
+        _schema_types(spec, f"{where}: response_format schema property {name!r}")
     required = schema.get("required", [])
     if not isinstance(required, list) or not all(isinstance(r, str) and r in properties
                                                  for r in required):
         raise SuiteError(f"{where}: response_format schema required must list names of its "
                          f"properties")
     return schema
+
+
+def _schema_types(spec, where):
+    """SuiteError unless each type a schema property (and its items) names is a JSON type: any
+    other name ("intger") passed every value, and a dict raised TypeError grading a paid row."""
+    while isinstance(spec, dict):
+        names = spec.get("type", ["null"])
+        names = names if isinstance(names, list) and names else [names]
+        if not all(isinstance(name, str) and name in _JSON_TYPES for name in names):
+            raise SuiteError(f"{where}: type must be one of {', '.join(_JSON_TYPES)} or a list "
+                             f"of them")
+        spec = spec.get("items")
 
 
 def _validate_sources(sources, where):

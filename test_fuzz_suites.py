@@ -365,3 +365,46 @@ def test_a_function_objects_own_type_never_replaces_function(inner):
     suite = regression.validate_suite(suite_with_tool(tool))
     body = regression.PerplexityProvider().body("m", suite, suite["cases"][0])
     assert body["tools"][0]["type"] == "function" and body["tools"][0]["name"] == "t0"
+
+
+# A response_format schema property's "type" was never checked: a type name no JSON type has
+# ("intger") let every value pass the type check (a false pass of expect's types), and a dict
+# raised TypeError while grading, an execution error of a row already paid for.
+
+def schema_suite(spec):
+    schema = {"type": "object", "properties": {"code": spec}}
+    return {"name": "s", "instructions": "JSON.", "cases": [{"id": "c", "input": "q",
+                                                             "expect": {"code": 1}}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}}
+
+
+@pytest.mark.parametrize("spec", [
+    {"type": "intger"}, {"type": {"a": 1}}, {"type": []}, {"type": ["integer", 5]}, {"type": 5},
+    {"type": None}, {"type": "array", "items": {"type": "strng"}},
+    {"type": "array", "items": {"type": "array", "items": {"type": ["x"]}}}])
+def test_a_schema_type_that_is_no_json_type_is_refused(spec):
+    with pytest.raises(regression.SuiteError) as refused:
+        regression.validate_suite(schema_suite(spec))
+    assert str(refused.value) == (
+        "suite: response_format schema property 'code': type must be one of string, integer, "
+        "number, boolean, array, object, null or a list of them")
+
+
+@pytest.mark.parametrize("spec", [{}, {"type": "integer"}, {"type": ["integer", "null"]},
+                                  {"type": "array", "items": {"type": "integer"}},
+                                  {"type": "array", "items": True}])
+def test_json_types_are_kept(spec):
+    assert regression.validate_suite(schema_suite(spec))["cases"][0]["id"] == "c"
+
+
+def test_a_schema_type_of_an_object_is_one_line_and_nothing_is_sent(tmp_path):
+    (tmp_path / "s.json").write_text(json.dumps(schema_suite({"type": {"a": 1}})), encoding="utf-8")
+    with fakes.FakeServer(fakes.chat(lambda body: fakes.chat_response('{"code": 1}'))) as server:
+        [(code, out, err)] = fakes.cli_table([(
+            ["--suite", "s.json", "--provider", "openai", "--base-url", server.url + "/v1",
+             "--models", "m", "--out", "r.json"], tmp_path)], env=cli_env(), flags=("-W", "error"))
+        assert server.count == 0
+    assert (code, err) == (2, "regression.py: error: s.json: suite: response_format schema property "
+                              "'code': type must be one of string, integer, number, boolean, array, "
+                              "object, null or a list of them\n"), out
+    assert not (tmp_path / "r.json").exists()
