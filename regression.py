@@ -3038,6 +3038,7 @@ def _duplicate_id(seen, case_id):
 def _validate_tools(tools, where):
     if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
         raise SuiteError(f"{where}: tools must be a list of objects")
+    seen = set()
     for tool in tools:
         if not isinstance(tool.get("type"), str):
             raise SuiteError(f"{where}: every tool needs a string \"type\"")
@@ -3049,6 +3050,9 @@ def _validate_tools(tools, where):
         if tool["type"] == "function":
             inner = tool["function"] if isinstance(tool.get("function"), dict) else tool
             _typed_fields(inner, f"{where}: function tool {_tool_name(tool)!r}")
+            if _tool_name(tool) in seen:  # APIs refuse it; the checks would read one of the two
+                raise SuiteError(f"{where}: function tool {_tool_name(tool)!r} is declared twice")
+            seen.add(_tool_name(tool))
 
 
 # A function tool's and a json_schema format's optional fields, as every API types them: one of
