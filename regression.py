@@ -5297,7 +5297,7 @@ class HTTPProvider(Provider):
         try:
             self.parse(raw)  # a body without the parts of an answer is no answer
         except ResponseError as exc:
-            exc.status_code = status
+            exc.status_code, exc.raw = status, raw  # kept as the row's evidence
             raise
         return unanswered_error(self, suite, raw, status)
 
@@ -6418,9 +6418,15 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
     rounds = row["rounds"] = []
     traces, held = [], 0  # held: bytes of the responses and tool results stored, each once
     while True:
-        raw, attempts = yield from send_request_steps(provider, model, suite, case, repeat, retries,
-                                                      sleep, rounds=rounds, until=until,
-                                                      clock=clock, budget=budget)
+        try:
+            raw, attempts = yield from send_request_steps(
+                provider, model, suite, case, repeat, retries, sleep, rounds=rounds, until=until,
+                clock=clock, budget=budget)
+        except Exception as exc:  # a body that ended the row is its last round, as a replay's
+            if isinstance(getattr(exc, "raw", None), dict):
+                rounds.append({"response": exc.raw})
+                row["response"] = exc.raw
+            raise
         rounds.append({"response": raw})
         row.update(response=raw, attempts=row.get("attempts", 0) + attempts)
         trace = parsed(provider, suite, raw)

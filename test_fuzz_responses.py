@@ -1,0 +1,112 @@
+"""What a server returns, fuzzed: any JSON value at any place of a response body (openai chat
+completions, anthropic Messages, perplexity through the real SDK), also in a played round and a
+conversation's turn. A row is graded, or is an execution error (exit 2) that keeps the body as
+its evidence; a body whose tool calls cannot be read is never graded as a turn without them.
+
+The properties run the CLI in-process (regression.main) against one loopback FakeServer whose
+replies each example sets; each fixed hostile body pins its exit code and its line through the
+real CLI (fakes.cli_table)."""
+
+import itertools
+import json
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import fakes
+import regression
+from fakes import Reply
+from testkit import clean_env, cli_env, read_record, run_main  # noqa: F401
+
+PPLX = {"PERPLEXITY_API_KEY": "pplx-test-0123456789"}
+TOOLS = [{"type": "function", "function": {"name": name, "description": name, "parameters": {
+    "type": "object", "properties": {"order_id": {"type": "string"}}}}}
+    for name in ("lookup_order", "refund_order")]
+RESULTS = {"lookup_order": {"status": "shipped"}, "refund_order": {"status": "refunded"}}
+FORBID = {"input": "refund ord_1?", "contains": ["done"],
+          "behaviors": ["forbid_tool:refund_order"]}
+PLAYED = {**FORBID, "tool_results": RESULTS}
+TURNS = {"turns": [{"user": "hi", "contains": ["ok"]}, {"user": "again", "contains": ["ok"]}]}
+FUZZ = settings(max_examples=12, deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
+NUMBER = itertools.count()
+
+
+def calling(provider, name="refund_order", text="done"):
+    """A body of `provider` whose model says `text` and calls `name` (no call: name None)."""
+    calls = [(name, {"order_id": "ord_1"})] if name else []
+    if provider == "openai":
+        return fakes.chat_response(text, tool_calls=calls, cost=0.001)
+    if provider == "anthropic":
+        return fakes.message_response(text, tool_uses=calls)
+    return fakes.agent_response(text, function_calls=calls, cost=0.001)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with fakes.FakeServer(lambda request: Reply(404)) as server:
+        yield server
+
+
+def argv(provider, server, folder, case):
+    """The CLI arguments of a one-case run of `case` against `server`, and its record's path."""
+    suite, out = folder / f"suite-{next(NUMBER)}.json", folder / f"run-{next(NUMBER)}.json"
+    suite.write_text(json.dumps({"name": "fuzz", "instructions": "Answer.", "tools": TOOLS,
+                                 "cases": [{"id": "c", **case}]}), encoding="utf-8")
+    where = {"openai": ["--base-url", server.url + "/v1"], "anthropic": ["--base-url", server.url],
+             "perplexity": []}[provider]
+    return ["--provider", provider, *where, "--models", "m", "--suite", suite, "--out", out], out
+
+
+def answers(replies):
+    """A reply function answering request n with replies[n] (the last one from then on)."""
+    sent = itertools.count()
+    return lambda request: replies[min(next(sent), len(replies) - 1)]
+
+
+def stored(provider, body):
+    """A body as a record holds it: NaN and infinities as text, no null for the SDK's provider."""
+    return json.loads(regression.dumps(
+        regression._without_none(body) if provider == "perplexity" else body))
+
+
+def run(server, folder, provider, case, replies):
+    """(exit code, the row) of an in-process run whose server answers `replies` in turn."""
+    server.reply = answers([reply if isinstance(reply, Reply) else Reply(body=reply)
+                            for reply in replies])
+    args, out = argv(provider, server, folder, case)
+    os.environ.update(PPLX, PERPLEXITY_BASE_URL=server.url)  # clean_env takes them away after
+    code = run_main(args)
+    (row,) = read_record(out)["runs"]
+    return code, row
+
+
+# ====================================================================== the body is the evidence
+
+NO_ANSWER = {"openai": {"choices": [{"message": 7}]}, "anthropic": {"content": 5}}
+SAYS_ERROR = {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}
+
+
+@pytest.mark.parametrize("provider, case, replies", [
+    ("openai", FORBID, [NO_ANSWER["openai"]]),
+    ("anthropic", FORBID, [NO_ANSWER["anthropic"]]),
+    ("openai", PLAYED, [calling("openai", "lookup_order"), NO_ANSWER["openai"]]),
+    ("anthropic", PLAYED, [calling("anthropic", "lookup_order"), NO_ANSWER["anthropic"]]),
+    ("anthropic", PLAYED, [calling("anthropic", "lookup_order"), SAYS_ERROR]),
+    ("openai", PLAYED, [calling("openai", "lookup_order"), {"error": {"message": "busy"}}]),
+    ("openai", TURNS, [calling("openai", None, "ok"), NO_ANSWER["openai"]]),
+], ids=["openai", "anthropic", "openai-round-2", "anthropic-round-2", "anthropic-error-round-2",
+        "openai-error-round-2", "openai-turn-2"])
+def test_a_body_that_is_no_answer_is_kept_as_the_rows_evidence(server, tmp_path, provider, case,
+                                                                replies):
+    """A JSON object without the parts of an answer (or one saying error) is an execution error
+    whose row keeps that body: as its response, and as the last of its rounds when played."""
+    code, row = run(server, tmp_path, provider, case, replies)
+    assert (code, row["error"]) == (2, "ResponseError")
+    assert row["response"] == replies[-1]
+    rounds = row["turns"][-1]["rounds"] if "turns" in case else row.get("rounds")
+    if rounds is not None:
+        assert [turn["response"] for turn in rounds] == replies[-len(rounds):]
+        assert len(rounds) == (1 if "turns" in case else 2)
+
