@@ -4654,7 +4654,8 @@ def _case_text(case):
 
 
 def _call_name(value):
-    return value if isinstance(value, str) or value is None else dumps(value)
+    """A call's name as the server wrote it, or None when it is no text (see parsed)."""
+    return value if isinstance(value, str) else None
 
 
 def sendable_options(suite):
@@ -5052,7 +5053,7 @@ class PerplexityProvider(Provider):
         """The Trace of an Agent API response (SPEC B3), however malformed; `text`: the answer
         text when the caller has it (SPEC A4's check)."""
         items = _items(raw)
-        calls = [{"name": item.get("name"), "arguments": item.get("arguments")}
+        calls = [{"name": _call_name(item.get("name")), "arguments": item.get("arguments")}
                  for item in items if item.get("type") == "function_call"]
         server_rounds = sum(1 for item in items if item.get("type") in cls.TOOL_ITEMS)
         urls = [result["url"] for item in items if item.get("type") == "search_results"
@@ -6327,6 +6328,12 @@ def parsed(provider, suite, raw):
     """provider.parse(raw), with the tool calls its answer wrote as text (see text_tool_calls)
     as its attempts; none looked for when the server was told not to call (tool_choice none)."""
     trace = provider.parse(raw)
+    # A call the body does not name (a malformed entry kept raw) could be any tool: were it graded
+    # as no call, forbid_tool would pass on it. The row is an execution error; raw is its evidence.
+    unnamed = [n for n, call in enumerate(trace.tool_calls, 1) if not text_form(call.get("name"))]
+    if unnamed:
+        raise ResponseError(f"tool call {unnamed[0]} of the response names no tool, so no check "
+                            "can tell which tool it called")
     cls = provider if isinstance(provider, Provider) else Provider  # a bare stub: the base's
     sent = cls.sent_tools(suite) if cls.sent_tool_choice(suite) != "none" else []
     attempts = text_tool_calls(trace.final_text, _function_names(sent))

@@ -110,3 +110,92 @@ def test_a_body_that_is_no_answer_is_kept_as_the_rows_evidence(server, tmp_path,
         assert [turn["response"] for turn in rounds] == replies[-len(rounds):]
         assert len(rounds) == (1 if "turns" in case else 2)
 
+
+# ====================================================================== a call that cannot be read
+
+DELETED = object()
+NOT_TEXT = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.just(10**400),
+                     st.lists(st.text(max_size=3), max_size=2), st.just(DELETED),
+                     st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
+                     st.sampled_from(["", "  ", "\u200b"]))
+NOT_OBJECT = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=5),
+                       st.lists(st.integers(), max_size=2))
+NOT_A_CALL = st.one_of(NOT_OBJECT, st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+
+
+def _put(body, path, value):
+    """`body` with the value at `path` replaced by `value` (DELETED: the key removed)."""
+    body = json.loads(json.dumps(body))
+    *parents, last = path
+    holder = body
+    for step in parents:
+        holder = holder[step]
+    if value is DELETED:
+        del holder[last]
+    else:
+        holder[last] = value
+    return body
+
+
+# (provider, where the call's name is, where the call is): each holds refund_order's call
+NAME_AT = {"openai": ("choices", 0, "message", "tool_calls", 0, "function", "name"),
+           "anthropic": ("content", 1, "name"), "perplexity": ("output", 0, "name")}
+
+
+@FUZZ
+@given(provider=st.sampled_from(sorted(NAME_AT)), played=st.booleans(), name=NOT_TEXT)
+def test_a_tool_call_that_names_no_tool_is_an_execution_error_never_a_pass(server, tmp_path,
+                                                                           provider, played, name):
+    """forbid_tool passed on a call whose name is missing, not a text, or blank (it could have
+    been the forbidden tool): now the row is an execution error that keeps the body."""
+    bad = _put(calling(provider), NAME_AT[provider], name)
+    replies = [calling(provider, "lookup_order"), bad] if played else [bad]
+    code, row = run(server, tmp_path, provider, PLAYED if played else FORBID, replies)
+    assert (code, row["error"]) == (2, "ResponseError")
+    assert "tool call 1 of the response names no tool" in row["error_message"]
+    assert row["response"] == stored(provider, bad)
+
+
+# ====================================================================== through the real CLI
+
+def _round(body):
+    """Which round a request asks for: the assistant turns its conversation holds, plus one."""
+    said = body.get("messages") or body.get("input")
+    return sum(1 for item in said if isinstance(item, dict) and item.get("role") == "assistant") \
+        if isinstance(said, list) else 0
+
+
+PINS = [  # (provider, case, replies, the row's line says)
+    ("openai", FORBID, [NO_ANSWER["openai"]], "ERROR ResponseError 200: the response has no "
+     "choices[0].message"),
+    ("anthropic", PLAYED, [calling("anthropic", "lookup_order"), SAYS_ERROR],
+     "ERROR ResponseError 200: the endpoint answered with an error: overloaded_error: busy"),
+    ("openai", FORBID, [_put(calling("openai"), NAME_AT["openai"], DELETED)],
+     "ERROR ResponseError: tool call 1 of the response names no tool, so no check can tell "
+     "which tool it called"),
+]
+
+
+def test_each_unreadable_body_through_the_real_cli_is_exit_2_with_its_line(tmp_path):
+    """Each class above, once through the real CLI: exit 2, the row's line says why, the body is
+    the row's evidence, stderr says only where the run stopped."""
+    def reply(request):
+        body = request.json or {}
+        replies = PINS[int(body.get("model", "m0")[1:])][2]
+        said = replies[min(_round(body), len(replies) - 1)]
+        return said if isinstance(said, Reply) else Reply(body=said)
+
+    runs, outs = [], []
+    with fakes.FakeServer(reply) as server:
+        for number, (provider, case, replies, line) in enumerate(PINS):
+            args, out = argv(provider, server, tmp_path, case)
+            args[args.index("m")] = f"m{number}"
+            runs.append((args, tmp_path))
+            outs.append(out)
+        env = cli_env(**PPLX, PERPLEXITY_BASE_URL=server.url)
+        results = fakes.cli_table(runs, env)
+    for (provider, case, replies, line), out, (code, stdout, stderr) in zip(PINS, outs, results):
+        assert (code, stderr.count("\n")) == (2, 1), stdout + stderr
+        assert line in stdout and stderr.startswith("stopped early: execution error"), stdout
+        (row,) = read_record(out)["runs"]
+        assert row["response"] == stored(provider, replies[-1])
