@@ -5566,6 +5566,8 @@ class OpenAIProvider(HTTPProvider):
             raise ResponseError("the response has no choices[0].message")
         message, finish = first["message"], first.get("finish_reason")
         calls = cls.calls(message)
+        if finish in ("tool_calls", "function_call") and not calls:  # the calls were lost
+            raise ResponseError(f'finish_reason "{finish}", but the message holds no tool call')
         # Perplexity's Sonar and OpenAI's search models report what their search returned.
         found = [*_items(raw, "search_results"),
                  *(note.get("url_citation") for note in _items(message, "annotations"))]
@@ -5753,6 +5755,8 @@ class AnthropicProvider(HTTPProvider):
         calls = [{"name": _call_name(block.get("name")), "arguments": block.get("input")}
                  for block in blocks if block.get("type") == "tool_use"]
         stop = raw.get("stop_reason")
+        if stop == "tool_use" and not calls:  # the calls were lost
+            raise ResponseError('stop_reason "tool_use", but the content holds no tool_use block')
         status = "completed" if stop in cls.COMPLETE else str(stop)
         return Trace(final_text=content_text(blocks), tool_calls=calls, search_urls=[],
                      tool_rounds=1 if calls else 0, status=status, cost_usd=None)

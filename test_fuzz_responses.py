@@ -156,6 +156,39 @@ def test_a_tool_call_that_names_no_tool_is_an_execution_error_never_a_pass(serve
     assert row["response"] == stored(provider, bad)
 
 
+# where each provider's body holds refund_order's call, and what may be put there instead
+UNREADABLE_AT = {
+    "openai": [(("choices", 0, "message", "tool_calls", 0), NOT_A_CALL),
+               (("choices", 0, "message", "tool_calls"), st.one_of(NOT_OBJECT, st.just(DELETED),
+                                                                   st.just({}), st.just([])))],
+    "anthropic": [(("content", 1), st.just(DELETED))]}
+UNREADABLE = ["names no tool", 'finish_reason "tool_calls", but the message holds no tool call',
+              'stop_reason "tool_use", but the content holds no tool_use block']
+
+
+@st.composite
+def unreadable_calls(draw):
+    """(provider, a body of it whose call to refund_order cannot be read)."""
+    provider = draw(st.sampled_from(sorted(UNREADABLE_AT)))
+    path, values = draw(st.sampled_from(UNREADABLE_AT[provider]))
+    return provider, _put(calling(provider), path, draw(values))
+
+
+@FUZZ
+@given(called=unreadable_calls(), played=st.booleans())
+def test_a_turn_whose_calls_cannot_be_read_is_never_graded_as_one_without_them(server, tmp_path,
+                                                                              called, played):
+    """A call entry that is no call object, a finish_reason / stop_reason of tool calls with none
+    left: forbid_tool passed on each (the call was dropped unread); now each is an execution
+    error that keeps the body."""
+    provider, bad = called
+    replies = [calling(provider, "lookup_order"), bad] if played else [bad]
+    code, row = run(server, tmp_path, provider, PLAYED if played else FORBID, replies)
+    assert (code, row["error"]) == (2, "ResponseError")
+    assert any(said in row["error_message"] for said in UNREADABLE), row["error_message"]
+    assert row["response"] == stored(provider, bad)
+
+
 # ====================================================================== through the real CLI
 
 def _round(body):
@@ -173,6 +206,9 @@ PINS = [  # (provider, case, replies, the row's line says)
     ("openai", FORBID, [_put(calling("openai"), NAME_AT["openai"], DELETED)],
      "ERROR ResponseError: tool call 1 of the response names no tool, so no check can tell "
      "which tool it called"),
+    ("openai", PLAYED, [calling("openai", "lookup_order"),
+                        _put(calling("openai"), ("choices", 0, "message", "tool_calls"), None)],
+     'ERROR ResponseError 200: finish_reason "tool_calls", but the message holds no tool call'),
 ]
 
 
