@@ -5067,6 +5067,8 @@ class PerplexityProvider(Provider):
     def parse(cls, raw):
         if not isinstance(raw, dict) or not isinstance(raw.get("output"), list):
             raise ResponseError('the response has no "output" list')
+        if len(_items(raw)) < len(raw["output"]):  # unread, it could have been a function call
+            raise ResponseError("an output item of the response is not an object")
         return cls.trace(raw)
 
     @staticmethod
@@ -5752,6 +5754,8 @@ class AnthropicProvider(HTTPProvider):
         if not isinstance(raw, dict) or not isinstance(raw.get("content"), list):
             raise ResponseError('the response has no "content" list')
         blocks = _items(raw, "content")
+        if len(blocks) < len(raw["content"]):  # unread, it could have been a tool_use block
+            raise ResponseError("a content block of the response is not an object")
         calls = [{"name": _call_name(block.get("name")), "arguments": block.get("input")}
                  for block in blocks if block.get("type") == "tool_use"]
         stop = raw.get("stop_reason")

@@ -161,9 +161,12 @@ UNREADABLE_AT = {
     "openai": [(("choices", 0, "message", "tool_calls", 0), NOT_A_CALL),
                (("choices", 0, "message", "tool_calls"), st.one_of(NOT_OBJECT, st.just(DELETED),
                                                                    st.just({}), st.just([])))],
-    "anthropic": [(("content", 1), st.just(DELETED))]}
+    "anthropic": [(("content", 1), st.one_of(NOT_OBJECT, st.just(DELETED)))],
+    "perplexity": [(("output", 0), NOT_OBJECT)]}
 UNREADABLE = ["names no tool", 'finish_reason "tool_calls", but the message holds no tool call',
-              'stop_reason "tool_use", but the content holds no tool_use block']
+              'stop_reason "tool_use", but the content holds no tool_use block',
+              "a content block of the response is not an object",
+              "an output item of the response is not an object"]
 
 
 @st.composite
@@ -179,8 +182,8 @@ def unreadable_calls(draw):
 def test_a_turn_whose_calls_cannot_be_read_is_never_graded_as_one_without_them(server, tmp_path,
                                                                               called, played):
     """A call entry that is no call object, a finish_reason / stop_reason of tool calls with none
-    left: forbid_tool passed on each (the call was dropped unread); now each is an execution
-    error that keeps the body."""
+    left, a content block or output item that is no object: forbid_tool passed on each (the
+    call was dropped unread); now each is an execution error that keeps the body."""
     provider, bad = called
     replies = [calling(provider, "lookup_order"), bad] if played else [bad]
     code, row = run(server, tmp_path, provider, PLAYED if played else FORBID, replies)
@@ -209,6 +212,8 @@ PINS = [  # (provider, case, replies, the row's line says)
     ("openai", PLAYED, [calling("openai", "lookup_order"),
                         _put(calling("openai"), ("choices", 0, "message", "tool_calls"), None)],
      'ERROR ResponseError 200: finish_reason "tool_calls", but the message holds no tool call'),
+    ("perplexity", FORBID, [_put(calling("perplexity"), ("output", 0), "refund_order")],
+     "ERROR ResponseError: an output item of the response is not an object"),
 ]
 
 
