@@ -5023,8 +5023,13 @@ class PerplexityProvider(Provider):
         return [{"type": "message", "role": "assistant", "content": text}] if text else []
 
     def request(self, model, suite, case, repeat=0, rounds=()):
+        # with_raw_response: the body as sent too, as the SDK's model coerces what it reads (a
+        # total_cost of true dumps as 1.0, "0.5" as 0.5); a client without it answers as it is
+        responses = self.client.responses
         try:
-            response = self.client.responses.create(**self.body(model, suite, case, rounds))
+            made = getattr(responses, "with_raw_response", responses).create(
+                **self.body(model, suite, case, rounds))
+            response = made.parse() if hasattr(made, "http_response") else made
         except Exception as exc:
             # the body cap, wrapped by the SDK as a connection error
             if isinstance(exc.__cause__, ResponseError):
@@ -5033,14 +5038,25 @@ class PerplexityProvider(Provider):
         if not hasattr(response, "model_dump"):
             raise ResponseError(f"the endpoint returned {type(response).__name__}, not a response "
                                 "object")
-        try:  # on Python 3.10 the SDK leaves output items as dicts, and pydantic warns about them
-            raw = response.model_dump(mode="json", exclude_none=True, warnings=False)
-        except TypeError:  # a response object without pydantic's warnings switch
-            raw = response.model_dump(mode="json", exclude_none=True)
+        raw = self.sent(made)
+        if raw is None:  # on Python 3.10 the SDK leaves output items as dicts, and pydantic warns
+            try:
+                raw = response.model_dump(mode="json", exclude_none=True, warnings=False)
+            except TypeError:  # a response object without pydantic's warnings switch
+                raw = response.model_dump(mode="json", exclude_none=True)
         raw = _without_none(raw)  # what exclude_none gives where the SDK did parse the items
         if not self.capped and len(dumps(raw)) > MAX_RESPONSE_BYTES:  # capped: refused on arrival
             raise ResponseError(f"response larger than {MAX_RESPONSE_BYTES} bytes")
         return raw
+
+    @staticmethod
+    def sent(made):
+        """The JSON object of a raw SDK response as the server sent it, or None."""
+        try:
+            said = json.loads(made.http_response.content)
+        except Exception:  # no raw response, or a body only the SDK could read
+            return None
+        return said if isinstance(said, dict) else None
 
     @staticmethod
     def text(raw):

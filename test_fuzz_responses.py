@@ -7,8 +7,10 @@ The properties run the CLI in-process (regression.main) against one loopback Fak
 replies each example sets; each fixed hostile body pins its exit code and its line through the
 real CLI (fakes.cli_table)."""
 
+import decimal
 import itertools
 import json
+import math
 import os
 
 import pytest
@@ -192,6 +194,58 @@ def test_a_turn_whose_calls_cannot_be_read_is_never_graded_as_one_without_them(s
     assert row["response"] == stored(provider, bad)
 
 
+# ====================================================================== cost
+
+NOT_A_NUMBER = st.one_of(st.none(), st.booleans(), st.text(max_size=6), st.floats(),
+                         st.sampled_from(["0.001", "1e999", "5", [0.001], {"usd": 1}]))
+
+
+def usage_of(provider, body, value):
+    """`body` whose reported cost (openai, perplexity) or token counts (anthropic) are `value`."""
+    body = json.loads(json.dumps(body))
+    if provider == "openai":
+        body["usage"]["cost"] = value
+    elif provider == "anthropic":
+        body["usage"] = {"input_tokens": value, "output_tokens": value}
+    else:
+        body["usage"]["cost"]["total_cost"] = value
+    return body
+
+
+def _amount(provider, value):
+    """The cost an honest reading of `value` gives (None: none reported)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+    if provider == "anthropic":  # priced at $1 a token each way
+        return decimal.Decimal(2 * value) if number and isinstance(value, int) else None
+    return decimal.Decimal(repr(value)) if number and math.isfinite(value) else None
+
+
+@FUZZ
+@given(provider=st.sampled_from(["openai", "anthropic", "perplexity"]), played=st.booleans(),
+       value=st.one_of(NOT_A_NUMBER, st.integers(0, 10**6), st.floats(0, 10)))
+def test_a_cost_is_read_only_from_a_number_the_body_holds(server, tmp_path, provider, played,
+                                                          value):
+    """A Perplexity total_cost of true was stored and counted as $1.0 and "0.001" as 0.001 (the
+    SDK's model coerces what it reads); now each provider's cost comes from the body's own JSON:
+    a finite non-negative number, or no cost at all."""
+    case = {**PLAYED, "contains": ["ok"]} if played else {"input": "say ok", "contains": ["ok"]}
+    answer = usage_of(provider, calling(provider, None, "ok"), value)
+    replies = [calling(provider, "lookup_order", "") if provider != "anthropic" else
+               usage_of(provider, calling(provider, "lookup_order", ""), 1), answer]
+    args, out = argv(provider, server, tmp_path, case)
+    server.reply = answers([Reply(body=reply) for reply in replies[not played:]])
+    os.environ.update(PPLX, PERPLEXITY_BASE_URL=server.url)
+    code = run_main([*args, *["--price", "m=1000000/1000000"] * (provider == "anthropic")])
+    (row,) = read_record(out)["runs"]
+    first = {"openai": decimal.Decimal("0.001"), "perplexity": decimal.Decimal("0.001"),
+             "anthropic": decimal.Decimal(2)}[provider] if played else 0
+    want = _amount(provider, value)
+    assert code == 0 and row["error"] is None
+    assert (decimal.Decimal(row["cost_usd"]) if row["cost_usd"] is not None else None) == (
+        None if want is None else want + first)
+    assert row["response"] == stored(provider, answer)  # as the server sent it
+
+
 # ====================================================================== through the real CLI
 
 def _round(body):
@@ -201,7 +255,8 @@ def _round(body):
         if isinstance(said, list) else 0
 
 
-PINS = [  # (provider, case, replies, the row's line says)
+SAYS_OK = {"input": "say ok", "contains": ["ok"]}
+PINS = [  # (provider, case, replies, the row's line says); exit 2 but where it says PASS
     ("openai", FORBID, [NO_ANSWER["openai"]], "ERROR ResponseError 200: the response has no "
      "choices[0].message"),
     ("anthropic", PLAYED, [calling("anthropic", "lookup_order"), SAYS_ERROR],
@@ -214,12 +269,14 @@ PINS = [  # (provider, case, replies, the row's line says)
      'ERROR ResponseError 200: finish_reason "tool_calls", but the message holds no tool call'),
     ("perplexity", FORBID, [_put(calling("perplexity"), ("output", 0), "refund_order")],
      "ERROR ResponseError: an output item of the response is not an object"),
+    ("perplexity", SAYS_OK, [usage_of("perplexity", calling("perplexity", None, "ok"), True)],
+     "PASS  cost ?"),
 ]
 
 
-def test_each_unreadable_body_through_the_real_cli_is_exit_2_with_its_line(tmp_path):
+def test_each_hostile_body_through_the_real_cli_pins_its_exit_code_and_line(tmp_path):
     """Each class above, once through the real CLI: exit 2, the row's line says why, the body is
-    the row's evidence, stderr says only where the run stopped."""
+    the row's evidence, stderr says only where the run stopped (a cost of true: no cost, exit 0)."""
     def reply(request):
         body = request.json or {}
         replies = PINS[int(body.get("model", "m0")[1:])][2]
@@ -236,7 +293,8 @@ def test_each_unreadable_body_through_the_real_cli_is_exit_2_with_its_line(tmp_p
         env = cli_env(**PPLX, PERPLEXITY_BASE_URL=server.url)
         results = fakes.cli_table(runs, env)
     for (provider, case, replies, line), out, (code, stdout, stderr) in zip(PINS, outs, results):
-        assert (code, stderr.count("\n")) == (2, 1), stdout + stderr
-        assert line in stdout and stderr.startswith("stopped early: execution error"), stdout
+        passed = line.startswith("PASS")
+        assert (code, stderr.count("\n")) == ((0, 0) if passed else (2, 1)), stdout + stderr
+        assert line in stdout and (passed or stderr.startswith("stopped early: execution")), stdout
         (row,) = read_record(out)["runs"]
         assert row["response"] == stored(provider, replies[-1])
