@@ -5025,17 +5025,24 @@ class PerplexityProvider(Provider):
     def request(self, model, suite, case, repeat=0, rounds=()):
         # with_raw_response: the body as sent too, as the SDK's model coerces what it reads (a
         # total_cost of true dumps as 1.0, "0.5" as 0.5); a client without it answers as it is
-        responses = self.client.responses
+        responses, sent = self.client.responses, None
         try:
             made = getattr(responses, "with_raw_response", responses).create(
                 **self.body(model, suite, case, rounds))
-            response = made.parse() if hasattr(made, "http_response") else made
+            sent = getattr(made, "http_response", None)
+            response = made.parse() if sent is not None else made
         except Exception as exc:
             # the body cap, wrapped by the SDK as a connection error
             if isinstance(exc.__cause__, ResponseError):
                 raise exc.__cause__ from None
+            if sent is not None and isinstance(exc, ValueError):  # JSONDecodeError, a bad charset
+                raise body_error(sent.content, sent.status_code, "not JSON",
+                                 [getattr(self.client, "api_key", None)]) from None
             raise
         if not hasattr(response, "model_dump"):
+            if sent is not None:
+                raise body_error(sent.content, sent.status_code, "not a JSON object",
+                                 [getattr(self.client, "api_key", None)])
             raise ResponseError(f"the endpoint returned {type(response).__name__}, not a response "
                                 "object")
         raw = self.sent(made)
@@ -5131,6 +5138,14 @@ def endpoint_message(body):
         if found not in (None, "", [], {}):
             return found if isinstance(found, str) else dumps(found)
     return None
+
+
+def body_error(data, status, what, secrets=()):
+    """The ResponseError of a body (bytes) that is no JSON object, quoting its start masked: the
+    only evidence of it the row can keep."""
+    said = endpoint_text(data[:MAX_ERROR_BODY_BYTES].decode("utf-8", "replace"), secrets)
+    return ResponseError(f"the body is {what} ({len(data)} bytes)" + f": {said}" * bool(said),
+                         status)
 
 
 def unanswered_error(provider, suite, raw, status=None):
@@ -5347,9 +5362,9 @@ class HTTPProvider(Provider):
         try:
             raw = json.loads(data)
         except (ValueError, RecursionError):
-            raise ResponseError(f"the body is not JSON ({len(data)} bytes)", status) from None
+            raise body_error(data, status, "not JSON", [self.key]) from None
         if not isinstance(raw, dict):
-            raise ResponseError("the body is not a JSON object", status)
+            raise body_error(data, status, "not a JSON object", [self.key])
         return status, raw
 
     def _explain(self, exc):

@@ -246,6 +246,46 @@ def test_a_cost_is_read_only_from_a_number_the_body_holds(server, tmp_path, prov
     assert row["response"] == stored(provider, answer)  # as the server sent it
 
 
+
+# ====================================================================== a body that is no JSON object
+
+@FUZZ
+@given(provider=st.sampled_from(["openai", "anthropic", "perplexity"]), played=st.booleans(),
+       body=st.one_of(st.binary(max_size=40), st.sampled_from(
+           [b"<html>502 Bad Gateway</html>", b"[1, 2]", b"null", b'"ok"', b"\xff\xfe{", b"{"])))
+def test_a_body_that_is_no_json_object_is_quoted_in_the_rows_error(server, tmp_path, provider,
+                                                                   played, body):
+    """Such a body left only its size in the row ("the body is not JSON (28 bytes)", and
+    through the SDK "Expecting value: ...", "the endpoint returned list"): now the row's error
+    quotes its start, masked, control characters escaped: the only evidence the row can keep."""
+    try:
+        readable = isinstance(json.loads(body), dict)
+    except ValueError:
+        readable = False
+    if readable:
+        return
+    replies = [calling(provider, "lookup_order"), Reply(raw=body)] if played else [Reply(raw=body)]
+    code, row = run(server, tmp_path, provider, PLAYED if played else FORBID, replies)
+    said = regression.endpoint_text(body.decode("utf-8", "replace"))
+    assert (code, row["error"], row["error_status"]) == (2, "ResponseError", 200)
+    assert row["error_message"].startswith("the body is not ")
+    assert row["error_message"].endswith(f"({len(body)} bytes)" + f": {said}" * bool(said))
+
+
+@pytest.mark.parametrize("provider", ["openai", "perplexity"])
+def test_a_quoted_body_never_shows_the_key_it_echoes(server, tmp_path, monkeypatch, provider):
+    key = PPLX["PERPLEXITY_API_KEY"]
+    monkeypatch.setenv("MY_KEY", key)
+    server.reply = answers([Reply(raw=f"<html>bad key {key}</html>".encode())])
+    args, out = argv(provider, server, tmp_path, FORBID)
+    os.environ.update(PPLX, PERPLEXITY_BASE_URL=server.url)
+    flags = ["--api-key-env", "MY_KEY"] if provider == "openai" else []
+    assert run_main([*args, *flags]) == 2
+    (row,) = read_record(out)["runs"]
+    assert row["error_message"].endswith("bytes): <html>bad key [REDACTED:secret]</html>")
+    assert key not in out.read_text(encoding="utf-8")
+
+
 # ====================================================================== through the real CLI
 
 def _round(body):
@@ -271,6 +311,8 @@ PINS = [  # (provider, case, replies, the row's line says); exit 2 but where it 
      "ERROR ResponseError: an output item of the response is not an object"),
     ("perplexity", SAYS_OK, [usage_of("perplexity", calling("perplexity", None, "ok"), True)],
      "PASS  cost ?"),
+    ("anthropic", FORBID, [Reply(raw=b"<html>502 Bad Gateway</html>")],
+     "ERROR ResponseError 200: the body is not JSON (28 bytes): <html>502 Bad Gateway</html>"),
 ]
 
 
@@ -297,4 +339,5 @@ def test_each_hostile_body_through_the_real_cli_pins_its_exit_code_and_line(tmp_
         assert (code, stderr.count("\n")) == ((0, 0) if passed else (2, 1)), stdout + stderr
         assert line in stdout and (passed or stderr.startswith("stopped early: execution")), stdout
         (row,) = read_record(out)["runs"]
-        assert row["response"] == stored(provider, replies[-1])
+        last = replies[-1]
+        assert row["response"] == (None if isinstance(last, Reply) else stored(provider, last))
