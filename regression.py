@@ -4654,7 +4654,8 @@ def _case_text(case):
 
 
 def _call_name(value):
-    return value if isinstance(value, str) or value is None else dumps(value)
+    """A call's name as the server wrote it, or None when it is no text (see parsed)."""
+    return value if isinstance(value, str) else None
 
 
 def sendable_options(suite):
@@ -5022,24 +5023,42 @@ class PerplexityProvider(Provider):
         return [{"type": "message", "role": "assistant", "content": text}] if text else []
 
     def request(self, model, suite, case, repeat=0, rounds=()):
+        # with_raw_response: the body as the server sent it, read as JSON whatever its type says;
+        # the SDK's model coerces what it reads (a total_cost of true dumps as 1.0, "0.5" as 0.5)
+        responses = self.client.responses
         try:
-            response = self.client.responses.create(**self.body(model, suite, case, rounds))
+            made = getattr(responses, "with_raw_response", responses).create(
+                **self.body(model, suite, case, rounds))
         except Exception as exc:
             # the body cap, wrapped by the SDK as a connection error
             if isinstance(exc.__cause__, ResponseError):
                 raise exc.__cause__ from None
             raise
-        if not hasattr(response, "model_dump"):
-            raise ResponseError(f"the endpoint returned {type(response).__name__}, not a response "
-                                "object")
-        try:  # on Python 3.10 the SDK leaves output items as dicts, and pydantic warns about them
-            raw = response.model_dump(mode="json", exclude_none=True, warnings=False)
-        except TypeError:  # a response object without pydantic's warnings switch
-            raw = response.model_dump(mode="json", exclude_none=True)
+        sent, raw = getattr(made, "http_response", None), self.sent(made)
+        if raw is None and sent is not None:
+            key = getattr(self.client, "api_key", None)
+            raise body_error(sent.content, sent.status_code, [key])
+        if raw is None:  # a client without raw responses: its object's dump
+            if not hasattr(made, "model_dump"):
+                raise ResponseError(f"the endpoint returned {type(made).__name__}, not a response "
+                                    "object")
+            try:  # on Python 3.10 the SDK leaves output items as dicts, and pydantic warns
+                raw = made.model_dump(mode="json", exclude_none=True, warnings=False)
+            except TypeError:  # a response object without pydantic's warnings switch
+                raw = made.model_dump(mode="json", exclude_none=True)
         raw = _without_none(raw)  # what exclude_none gives where the SDK did parse the items
         if not self.capped and len(dumps(raw)) > MAX_RESPONSE_BYTES:  # capped: refused on arrival
             raise ResponseError(f"response larger than {MAX_RESPONSE_BYTES} bytes")
         return raw
+
+    @staticmethod
+    def sent(made):
+        """The JSON object of a raw SDK response as the server sent it, or None."""
+        try:
+            said = json.loads(made.http_response.content)
+        except (AttributeError, ValueError, RecursionError):  # no raw response, or no JSON
+            return None
+        return said if isinstance(said, dict) else None
 
     @staticmethod
     def text(raw):
@@ -5052,7 +5071,7 @@ class PerplexityProvider(Provider):
         """The Trace of an Agent API response (SPEC B3), however malformed; `text`: the answer
         text when the caller has it (SPEC A4's check)."""
         items = _items(raw)
-        calls = [{"name": item.get("name"), "arguments": item.get("arguments")}
+        calls = [{"name": _call_name(item.get("name")), "arguments": item.get("arguments")}
                  for item in items if item.get("type") == "function_call"]
         server_rounds = sum(1 for item in items if item.get("type") in cls.TOOL_ITEMS)
         urls = [result["url"] for item in items if item.get("type") == "search_results"
@@ -5066,6 +5085,8 @@ class PerplexityProvider(Provider):
     def parse(cls, raw):
         if not isinstance(raw, dict) or not isinstance(raw.get("output"), list):
             raise ResponseError('the response has no "output" list')
+        if len(_items(raw)) < len(raw["output"]):  # unread, it could have been a function call
+            raise ResponseError("an output item of the response is not an object")
         return cls.trace(raw)
 
     @staticmethod
@@ -5112,6 +5133,19 @@ def endpoint_message(body):
         if found not in (None, "", [], {}):
             return found if isinstance(found, str) else dumps(found)
     return None
+
+
+def body_error(data, status, secrets=()):
+    """The ResponseError of a body (bytes) that is no JSON object, quoting its start masked: the
+    only evidence of it the row can keep."""
+    try:
+        json.loads(data)
+        what = "not a JSON object"
+    except (ValueError, RecursionError):
+        what = "not JSON"
+    said = endpoint_text(data[:MAX_ERROR_BODY_BYTES].decode("utf-8", "replace"), secrets)
+    return ResponseError(f"the body is {what} ({len(data)} bytes)" + f": {said}" * bool(said),
+                         status)
 
 
 def unanswered_error(provider, suite, raw, status=None):
@@ -5297,7 +5331,7 @@ class HTTPProvider(Provider):
         try:
             self.parse(raw)  # a body without the parts of an answer is no answer
         except ResponseError as exc:
-            exc.status_code = status
+            exc.status_code, exc.raw = status, raw  # kept as the row's evidence
             raise
         return unanswered_error(self, suite, raw, status)
 
@@ -5328,9 +5362,9 @@ class HTTPProvider(Provider):
         try:
             raw = json.loads(data)
         except (ValueError, RecursionError):
-            raise ResponseError(f"the body is not JSON ({len(data)} bytes)", status) from None
+            raise body_error(data, status, [self.key]) from None
         if not isinstance(raw, dict):
-            raise ResponseError("the body is not a JSON object", status)
+            raise body_error(data, status, [self.key])
         return status, raw
 
     def _explain(self, exc):
@@ -5565,6 +5599,8 @@ class OpenAIProvider(HTTPProvider):
             raise ResponseError("the response has no choices[0].message")
         message, finish = first["message"], first.get("finish_reason")
         calls = cls.calls(message)
+        if finish in ("tool_calls", "function_call") and not calls:  # the calls were lost
+            raise ResponseError(f'finish_reason "{finish}", but the message holds no tool call')
         # Perplexity's Sonar and OpenAI's search models report what their search returned.
         found = [*_items(raw, "search_results"),
                  *(note.get("url_citation") for note in _items(message, "annotations"))]
@@ -5749,9 +5785,13 @@ class AnthropicProvider(HTTPProvider):
         if not isinstance(raw, dict) or not isinstance(raw.get("content"), list):
             raise ResponseError('the response has no "content" list')
         blocks = _items(raw, "content")
+        if len(blocks) < len(raw["content"]):  # unread, it could have been a tool_use block
+            raise ResponseError("a content block of the response is not an object")
         calls = [{"name": _call_name(block.get("name")), "arguments": block.get("input")}
                  for block in blocks if block.get("type") == "tool_use"]
         stop = raw.get("stop_reason")
+        if stop == "tool_use" and not calls:  # the calls were lost
+            raise ResponseError('stop_reason "tool_use", but the content holds no tool_use block')
         status = "completed" if stop in cls.COMPLETE else str(stop)
         return Trace(final_text=content_text(blocks), tool_calls=calls, search_urls=[],
                      tool_rounds=1 if calls else 0, status=status, cost_usd=None)
@@ -6327,6 +6367,12 @@ def parsed(provider, suite, raw):
     """provider.parse(raw), with the tool calls its answer wrote as text (see text_tool_calls)
     as its attempts; none looked for when the server was told not to call (tool_choice none)."""
     trace = provider.parse(raw)
+    # A call the body does not name (a malformed entry kept raw) could be any tool: were it graded
+    # as no call, forbid_tool would pass on it. The row is an execution error; raw is its evidence.
+    unnamed = [n for n, call in enumerate(trace.tool_calls, 1) if not text_form(call.get("name"))]
+    if unnamed:
+        raise ResponseError(f"tool call {unnamed[0]} of the response names no tool, so no check "
+                            "can tell which tool it called")
     cls = provider if isinstance(provider, Provider) else Provider  # a bare stub: the base's
     sent = cls.sent_tools(suite) if cls.sent_tool_choice(suite) != "none" else []
     attempts = text_tool_calls(trace.final_text, _function_names(sent))
@@ -6418,9 +6464,15 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
     rounds = row["rounds"] = []
     traces, held = [], 0  # held: bytes of the responses and tool results stored, each once
     while True:
-        raw, attempts = yield from send_request_steps(provider, model, suite, case, repeat, retries,
-                                                      sleep, rounds=rounds, until=until,
-                                                      clock=clock, budget=budget)
+        try:
+            raw, attempts = yield from send_request_steps(
+                provider, model, suite, case, repeat, retries, sleep, rounds=rounds, until=until,
+                clock=clock, budget=budget)
+        except Exception as exc:  # a body that ended the row is its last round, as a replay's
+            if isinstance(getattr(exc, "raw", None), dict):
+                rounds.append({"response": exc.raw})
+                row["response"] = exc.raw
+            raise
         rounds.append({"response": raw})
         row.update(response=raw, attempts=row.get("attempts", 0) + attempts)
         trace = parsed(provider, suite, raw)
