@@ -5023,29 +5023,34 @@ class PerplexityProvider(Provider):
         return [{"type": "message", "role": "assistant", "content": text}] if text else []
 
     def request(self, model, suite, case, repeat=0, rounds=()):
-        # with_raw_response: the body as the server sent it, read as JSON whatever its type says;
-        # the SDK's model coerces what it reads (a total_cost of true dumps as 1.0, "0.5" as 0.5)
-        responses = self.client.responses
+        # with_raw_response: the body as sent too, as the SDK's model coerces what it reads (a
+        # total_cost of true dumps as 1.0, "0.5" as 0.5); a client without it answers as it is
+        responses, sent = self.client.responses, None
         try:
             made = getattr(responses, "with_raw_response", responses).create(
                 **self.body(model, suite, case, rounds))
+            sent = getattr(made, "http_response", None)
+            response = made.parse() if sent is not None else made
         except Exception as exc:
             # the body cap, wrapped by the SDK as a connection error
             if isinstance(exc.__cause__, ResponseError):
                 raise exc.__cause__ from None
+            if sent is not None and isinstance(exc, ValueError):  # JSONDecodeError, a bad charset
+                raise body_error(sent.content, sent.status_code, "not JSON",
+                                 [getattr(self.client, "api_key", None)]) from None
             raise
-        sent, raw = getattr(made, "http_response", None), self.sent(made)
-        if raw is None and sent is not None:
-            key = getattr(self.client, "api_key", None)
-            raise body_error(sent.content, sent.status_code, [key])
-        if raw is None:  # a client without raw responses: its object's dump
-            if not hasattr(made, "model_dump"):
-                raise ResponseError(f"the endpoint returned {type(made).__name__}, not a response "
-                                    "object")
-            try:  # on Python 3.10 the SDK leaves output items as dicts, and pydantic warns
-                raw = made.model_dump(mode="json", exclude_none=True, warnings=False)
+        if not hasattr(response, "model_dump"):
+            if sent is not None:
+                raise body_error(sent.content, sent.status_code, "not a JSON object",
+                                 [getattr(self.client, "api_key", None)])
+            raise ResponseError(f"the endpoint returned {type(response).__name__}, not a response "
+                                "object")
+        raw = self.sent(made)
+        if raw is None:  # on Python 3.10 the SDK leaves output items as dicts, and pydantic warns
+            try:
+                raw = response.model_dump(mode="json", exclude_none=True, warnings=False)
             except TypeError:  # a response object without pydantic's warnings switch
-                raw = made.model_dump(mode="json", exclude_none=True)
+                raw = response.model_dump(mode="json", exclude_none=True)
         raw = _without_none(raw)  # what exclude_none gives where the SDK did parse the items
         if not self.capped and len(dumps(raw)) > MAX_RESPONSE_BYTES:  # capped: refused on arrival
             raise ResponseError(f"response larger than {MAX_RESPONSE_BYTES} bytes")
@@ -5056,7 +5061,7 @@ class PerplexityProvider(Provider):
         """The JSON object of a raw SDK response as the server sent it, or None."""
         try:
             said = json.loads(made.http_response.content)
-        except (AttributeError, ValueError, RecursionError):  # no raw response, or no JSON
+        except Exception:  # no raw response, or a body only the SDK could read
             return None
         return said if isinstance(said, dict) else None
 
@@ -5135,14 +5140,9 @@ def endpoint_message(body):
     return None
 
 
-def body_error(data, status, secrets=()):
+def body_error(data, status, what, secrets=()):
     """The ResponseError of a body (bytes) that is no JSON object, quoting its start masked: the
     only evidence of it the row can keep."""
-    try:
-        json.loads(data)
-        what = "not a JSON object"
-    except (ValueError, RecursionError):
-        what = "not JSON"
     said = endpoint_text(data[:MAX_ERROR_BODY_BYTES].decode("utf-8", "replace"), secrets)
     return ResponseError(f"the body is {what} ({len(data)} bytes)" + f": {said}" * bool(said),
                          status)
@@ -5362,9 +5362,9 @@ class HTTPProvider(Provider):
         try:
             raw = json.loads(data)
         except (ValueError, RecursionError):
-            raise body_error(data, status, [self.key]) from None
+            raise body_error(data, status, "not JSON", [self.key]) from None
         if not isinstance(raw, dict):
-            raise body_error(data, status, [self.key])
+            raise body_error(data, status, "not a JSON object", [self.key])
         return status, raw
 
     def _explain(self, exc):

@@ -28,7 +28,6 @@ RESULTS = {"lookup_order": {"status": "shipped"}, "refund_order": {"status": "re
 FORBID = {"input": "refund ord_1?", "contains": ["done"],
           "behaviors": ["forbid_tool:refund_order"]}
 PLAYED = {**FORBID, "tool_results": RESULTS}
-SAYS_OK = {"input": "say ok", "contains": ["ok"]}
 TURNS = {"turns": [{"user": "hi", "contains": ["ok"]}, {"user": "again", "contains": ["ok"]}]}
 FUZZ = settings(max_examples=10, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -289,18 +288,6 @@ def test_a_quoted_body_never_shows_the_key_it_echoes(server, tmp_path, monkeypat
     assert key not in out.read_text(encoding="utf-8")
 
 
-
-@pytest.mark.parametrize("provider", ["openai", "anthropic", "perplexity"])
-@pytest.mark.parametrize("kind", ["text/plain", "text/html; charset=utf-8", "w"])
-def test_an_answer_is_read_as_json_whatever_its_content_type_says(server, tmp_path, provider,
-                                                                  kind):
-    """Through the SDK an answer sent as text/plain was "the endpoint returned str" (exit 2),
-    where urllib read it; every provider now reads the body's JSON as the server sent it."""
-    reply = Reply(body=calling(provider, None, "ok"), headers={"Content-Type": kind})
-    code, row = run(server, tmp_path, provider, SAYS_OK, [reply])
-    assert (code, row["error"], row["answer_text"]) == (0, None, "ok")
-
-
 # ====================================================================== through the real CLI
 
 def _round(body):
@@ -310,6 +297,7 @@ def _round(body):
         if isinstance(said, list) else 0
 
 
+SAYS_OK = {"input": "say ok", "contains": ["ok"]}
 PINS = [  # (provider, case, replies, the row's line says); exit 2 but where it says PASS
     ("openai", FORBID, [NO_ANSWER["openai"]], "ERROR ResponseError 200: the response has no "
      "choices[0].message"),
