@@ -4739,7 +4739,8 @@ def _case_text(case):
 
 
 def _call_name(value):
-    return value if isinstance(value, str) or value is None else dumps(value)
+    """A call's name as the server wrote it, or None when it is no text (see parsed)."""
+    return value if isinstance(value, str) else None
 
 
 def sendable_options(suite):
@@ -5114,24 +5115,47 @@ class PerplexityProvider(Provider):
         return [{"type": "message", "role": "assistant", "content": text}] if text else []
 
     def request(self, model, suite, case, repeat=0, rounds=()):
+        # with_raw_response: the body as sent too, as the SDK's model coerces what it reads (a
+        # total_cost of true dumps as 1.0, "0.5" as 0.5); a client without it answers as it is
+        responses, sent = self.client.responses, None
         try:
-            response = self.client.responses.create(**self.body(model, suite, case, rounds))
+            made = getattr(responses, "with_raw_response", responses).create(
+                **self.body(model, suite, case, rounds))
+            sent = getattr(made, "http_response", None)
+            response = made.parse() if sent is not None else made
         except Exception as exc:
             # the body cap, wrapped by the SDK as a connection error
             if isinstance(exc.__cause__, ResponseError):
                 raise exc.__cause__ from None
+            if sent is not None and isinstance(exc, ValueError):  # JSONDecodeError, a bad charset
+                raise body_error(sent.content, sent.status_code, "not JSON",
+                                 [getattr(self.client, "api_key", None)]) from None
             raise
         if not hasattr(response, "model_dump"):
+            if sent is not None:
+                raise body_error(sent.content, sent.status_code, "not a JSON object",
+                                 [getattr(self.client, "api_key", None)])
             raise ResponseError(f"the endpoint returned {type(response).__name__}, not a response "
                                 "object")
-        try:  # on Python 3.10 the SDK leaves output items as dicts, and pydantic warns about them
-            raw = response.model_dump(mode="json", exclude_none=True, warnings=False)
-        except TypeError:  # a response object without pydantic's warnings switch
-            raw = response.model_dump(mode="json", exclude_none=True)
+        raw = self.sent(made)
+        if raw is None:  # on Python 3.10 the SDK leaves output items as dicts, and pydantic warns
+            try:
+                raw = response.model_dump(mode="json", exclude_none=True, warnings=False)
+            except TypeError:  # a response object without pydantic's warnings switch
+                raw = response.model_dump(mode="json", exclude_none=True)
         raw = _without_none(raw)  # what exclude_none gives where the SDK did parse the items
         if not self.capped and len(dumps(raw)) > MAX_RESPONSE_BYTES:  # capped: refused on arrival
             raise ResponseError(f"response larger than {MAX_RESPONSE_BYTES} bytes")
         return raw
+
+    @staticmethod
+    def sent(made):
+        """The JSON object of a raw SDK response as the server sent it, or None."""
+        try:
+            said = json.loads(made.http_response.content)
+        except Exception:  # no raw response, or a body only the SDK could read
+            return None
+        return said if isinstance(said, dict) else None
 
     @staticmethod
     def text(raw):
@@ -5144,7 +5168,7 @@ class PerplexityProvider(Provider):
         """The Trace of an Agent API response (SPEC B3), however malformed; `text`: the answer
         text when the caller has it (SPEC A4's check)."""
         items = _items(raw)
-        calls = [{"name": item.get("name"), "arguments": item.get("arguments")}
+        calls = [{"name": _call_name(item.get("name")), "arguments": item.get("arguments")}
                  for item in items if item.get("type") == "function_call"]
         server_rounds = sum(1 for item in items if item.get("type") in cls.TOOL_ITEMS)
         urls = [result["url"] for item in items if item.get("type") == "search_results"
@@ -5158,6 +5182,8 @@ class PerplexityProvider(Provider):
     def parse(cls, raw):
         if not isinstance(raw, dict) or not isinstance(raw.get("output"), list):
             raise ResponseError('the response has no "output" list')
+        if len(_items(raw)) < len(raw["output"]):  # unread, it could have been a function call
+            raise ResponseError("an output item of the response is not an object")
         return cls.trace(raw)
 
     @staticmethod
@@ -5204,6 +5230,14 @@ def endpoint_message(body):
         if found not in (None, "", [], {}):
             return found if isinstance(found, str) else dumps(found)
     return None
+
+
+def body_error(data, status, what, secrets=()):
+    """The ResponseError of a body (bytes) that is no JSON object, quoting its start masked: the
+    only evidence of it the row can keep."""
+    said = endpoint_text(data[:MAX_ERROR_BODY_BYTES].decode("utf-8", "replace"), secrets)
+    return ResponseError(f"the body is {what} ({len(data)} bytes)" + f": {said}" * bool(said),
+                         status)
 
 
 def unanswered_error(provider, suite, raw, status=None):
@@ -5389,7 +5423,7 @@ class HTTPProvider(Provider):
         try:
             self.parse(raw)  # a body without the parts of an answer is no answer
         except ResponseError as exc:
-            exc.status_code = status
+            exc.status_code, exc.raw = status, raw  # kept as the row's evidence
             raise
         return unanswered_error(self, suite, raw, status)
 
@@ -5420,9 +5454,9 @@ class HTTPProvider(Provider):
         try:
             raw = json.loads(data)
         except (ValueError, RecursionError):
-            raise ResponseError(f"the body is not JSON ({len(data)} bytes)", status) from None
+            raise body_error(data, status, "not JSON", [self.key]) from None
         if not isinstance(raw, dict):
-            raise ResponseError("the body is not a JSON object", status)
+            raise body_error(data, status, "not a JSON object", [self.key])
         return status, raw
 
     def _explain(self, exc):
@@ -5657,6 +5691,8 @@ class OpenAIProvider(HTTPProvider):
             raise ResponseError("the response has no choices[0].message")
         message, finish = first["message"], first.get("finish_reason")
         calls = cls.calls(message)
+        if finish in ("tool_calls", "function_call") and not calls:  # the calls were lost
+            raise ResponseError(f'finish_reason "{finish}", but the message holds no tool call')
         # Perplexity's Sonar and OpenAI's search models report what their search returned.
         found = [*_items(raw, "search_results"),
                  *(note.get("url_citation") for note in _items(message, "annotations"))]
@@ -5841,9 +5877,13 @@ class AnthropicProvider(HTTPProvider):
         if not isinstance(raw, dict) or not isinstance(raw.get("content"), list):
             raise ResponseError('the response has no "content" list')
         blocks = _items(raw, "content")
+        if len(blocks) < len(raw["content"]):  # unread, it could have been a tool_use block
+            raise ResponseError("a content block of the response is not an object")
         calls = [{"name": _call_name(block.get("name")), "arguments": block.get("input")}
                  for block in blocks if block.get("type") == "tool_use"]
         stop = raw.get("stop_reason")
+        if stop == "tool_use" and not calls:  # the calls were lost
+            raise ResponseError('stop_reason "tool_use", but the content holds no tool_use block')
         status = "completed" if stop in cls.COMPLETE else str(stop)
         return Trace(final_text=content_text(blocks), tool_calls=calls, search_urls=[],
                      tool_rounds=1 if calls else 0, status=status, cost_usd=None)
@@ -6419,6 +6459,12 @@ def parsed(provider, suite, raw):
     """provider.parse(raw), with the tool calls its answer wrote as text (see text_tool_calls)
     as its attempts; none looked for when the server was told not to call (tool_choice none)."""
     trace = provider.parse(raw)
+    # A call the body does not name (a malformed entry kept raw) could be any tool: were it graded
+    # as no call, forbid_tool would pass on it. The row is an execution error; raw is its evidence.
+    unnamed = [n for n, call in enumerate(trace.tool_calls, 1) if not text_form(call.get("name"))]
+    if unnamed:
+        raise ResponseError(f"tool call {unnamed[0]} of the response names no tool, so no check "
+                            "can tell which tool it called")
     cls = provider if isinstance(provider, Provider) else Provider  # a bare stub: the base's
     sent = cls.sent_tools(suite) if cls.sent_tool_choice(suite) != "none" else []
     attempts = text_tool_calls(trace.final_text, _function_names(sent))
@@ -6510,9 +6556,15 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
     rounds = row["rounds"] = []
     traces, held = [], 0  # held: bytes of the responses and tool results stored, each once
     while True:
-        raw, attempts = yield from send_request_steps(provider, model, suite, case, repeat, retries,
-                                                      sleep, rounds=rounds, until=until,
-                                                      clock=clock, budget=budget)
+        try:
+            raw, attempts = yield from send_request_steps(
+                provider, model, suite, case, repeat, retries, sleep, rounds=rounds, until=until,
+                clock=clock, budget=budget)
+        except Exception as exc:  # a body that ended the row is its last round, as a replay's
+            if isinstance(getattr(exc, "raw", None), dict):
+                rounds.append({"response": exc.raw})
+                row["response"] = exc.raw
+            raise
         rounds.append({"response": raw})
         row.update(response=raw, attempts=row.get("attempts", 0) + attempts)
         trace = parsed(provider, suite, raw)

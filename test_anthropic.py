@@ -242,7 +242,7 @@ def test_played_rounds_are_a_conversation_the_messages_api_accepts(rounds, think
     ],
 )
 def test_stop_reason_decides_whether_the_answer_is_whole(stop, status):
-    raw = fakes.message_response("ok", stop_reason=stop)
+    raw = fakes.message_response("ok", [("f", {})] if stop == "tool_use" else (), stop_reason=stop)
     raw["stop_reason"] = stop
     trace = Anthropic.parse(raw)
     assert trace.status == status
