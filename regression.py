@@ -5023,47 +5023,26 @@ class PerplexityProvider(Provider):
         return [{"type": "message", "role": "assistant", "content": text}] if text else []
 
     def request(self, model, suite, case, repeat=0, rounds=()):
-        # with_raw_response: the body as sent too, as the SDK's model coerces what it reads (a
-        # total_cost of true dumps as 1.0, "0.5" as 0.5); a client without it answers as it is
-        responses, sent = self.client.responses, None
+        # client.responses.create as the SDK documents it: a run_one client may be any object
+        # with that method, and the record keeps the SDK's own reading (model_dump)
         try:
-            made = getattr(responses, "with_raw_response", responses).create(
-                **self.body(model, suite, case, rounds))
-            sent = getattr(made, "http_response", None)
-            response = made.parse() if sent is not None else made
+            response = self.client.responses.create(**self.body(model, suite, case, rounds))
         except Exception as exc:
             # the body cap, wrapped by the SDK as a connection error
             if isinstance(exc.__cause__, ResponseError):
                 raise exc.__cause__ from None
-            if sent is not None and isinstance(exc, ValueError):  # JSONDecodeError, a bad charset
-                raise body_error(sent.content, sent.status_code, "not JSON",
-                                 [getattr(self.client, "api_key", None)]) from None
             raise
         if not hasattr(response, "model_dump"):
-            if sent is not None:
-                raise body_error(sent.content, sent.status_code, "not a JSON object",
-                                 [getattr(self.client, "api_key", None)])
             raise ResponseError(f"the endpoint returned {type(response).__name__}, not a response "
                                 "object")
-        raw = self.sent(made)
-        if raw is None:  # on Python 3.10 the SDK leaves output items as dicts, and pydantic warns
-            try:
-                raw = response.model_dump(mode="json", exclude_none=True, warnings=False)
-            except TypeError:  # a response object without pydantic's warnings switch
-                raw = response.model_dump(mode="json", exclude_none=True)
+        try:  # on Python 3.10 the SDK leaves output items as dicts, and pydantic warns about them
+            raw = response.model_dump(mode="json", exclude_none=True, warnings=False)
+        except TypeError:  # a response object without pydantic's warnings switch
+            raw = response.model_dump(mode="json", exclude_none=True)
         raw = _without_none(raw)  # what exclude_none gives where the SDK did parse the items
         if not self.capped and len(dumps(raw)) > MAX_RESPONSE_BYTES:  # capped: refused on arrival
             raise ResponseError(f"response larger than {MAX_RESPONSE_BYTES} bytes")
         return raw
-
-    @staticmethod
-    def sent(made):
-        """The JSON object of a raw SDK response as the server sent it, or None."""
-        try:
-            said = json.loads(made.http_response.content)
-        except Exception:  # no raw response, or a body only the SDK could read
-            return None
-        return said if isinstance(said, dict) else None
 
     @staticmethod
     def text(raw):
