@@ -3188,12 +3188,25 @@ def _validate_request(value, where, response_format=None):
         problem = request_problem(key, where, value[key], response_format)
         if problem:
             raise SuiteError(problem)
-        try:  # NaN or Infinity would go out as invalid JSON
+        try:  # NaN or Infinity (1e400 reads as one) would go out as invalid JSON
             json.dumps(value[key], allow_nan=False)
+            deep = _nesting(value[key]) > 100  # one nested ~1000 deep parses, then breaks the record
         except (ValueError, RecursionError):
+            deep = True
+        if deep:
             raise SuiteError(f"{where}: request {key!r} is not plain JSON (NaN, Infinity or "
-                             f"too deep)") from None
+                             f"nested over 100 deep)")
     return dict(value)
+
+
+def _nesting(value):
+    """How many levels of lists and objects a JSON value has (level by level: any depth is safe)."""
+    depth, level = 0, [value]
+    while any(isinstance(node, (list, dict)) for node in level):
+        level = [item for node in level if isinstance(node, (list, dict))
+                 for item in (node.values() if isinstance(node, dict) else node)]
+        depth += 1
+    return depth
 
 
 def _validate_tool_choice(value, functions, where):
@@ -8402,9 +8415,10 @@ def request_options(settings, suite=None):
                              f"(a string needs JSON quotes: --request '{key}=\"text\"')") from None
         # early, a response_format is compared with itself: only one without a schema is refused
         given = options[key] if suite is None else (suite.get("response_format") or {})
-        problem = request_problem(key, f"--request {shown!r}", options[key], given)
-        if problem:
-            raise UsageError(problem)
+        try:
+            _validate_request({key: options[key]}, f"--request {shown!r}", given)
+        except SuiteError as exc:
+            raise UsageError(str(exc)) from None
     return options
 
 

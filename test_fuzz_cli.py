@@ -1,0 +1,98 @@
+"""The command line and environment of regression.py and compare_runs.py fuzzed: any flag value,
+twin variable or combination is a correct run or one clear line and exit 2 before anything is
+sent, never a traceback, an overwritten file or a printed key. Each defect the fuzzing found is
+pinned through the real CLI (fakes.cli_table, forked from the zygote, -W error)."""
+
+import json
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fakes
+import regression
+from testkit import ROOT, cli_env
+
+SUITE = ROOT / "suites" / "support-guardrails.json"
+QUICK = dict(max_examples=60, deadline=None, database=None, derandomize=True,
+             suppress_health_check=list(HealthCheck))
+# any JSON value: what a --request value or a twin may decode to
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=12)
+
+
+def cli_rows(tmp_path, runs, script="regression.py", env=None):
+    """[(exit code, stdout, stderr, files left)] of each argv run by the real CLI (-W error) in
+    its own new folder under tmp_path, which holds a copy of the support-guardrails suite."""
+    table = []
+    for number, argv in enumerate(runs):
+        folder = tmp_path / f"run{number}"
+        folder.mkdir()
+        (folder / "suite.json").write_bytes(SUITE.read_bytes())
+        table.append((argv, folder))
+    results = fakes.cli_table(table, env=env or cli_env(), script=script, flags=("-W", "error"))
+    return [(code, out, err, sorted(os.listdir(folder)))
+            for (code, out, err), (_, folder) in zip(results, table)]
+
+
+def one_line(err, prog="regression.py"):
+    """The one line of a usage error: no traceback, no warning, nothing else."""
+    assert err.endswith("\n") and err.count("\n") == 1, err
+    assert err.startswith(f"{prog}: error: "), err
+    return err[len(prog) + 9:-1]
+
+
+ECHO = ["--provider", "echo", "--models", "echo", "--suite", "suite.json"]
+
+
+# ---------------------------------------------------------------------- --request KEY=JSON
+
+DEEP = "[" * 985 + "]" * 985  # parses, then overflowed the record writer (RecursionError)
+REQUEST_REFUSED = {
+    # a number beyond a double reads as infinity: it went out as `Infinity` (not JSON) and the
+    # record's config said "inf", a string
+    "temperature=1e400": "--request 'temperature=1e400': request 'temperature' is not plain "
+                         "JSON (NaN, Infinity or nested over 100 deep)",
+    "seed=-1e400": "--request 'seed=-1e400': request 'seed' is not plain JSON (NaN, Infinity or "
+                   "nested over 100 deep)",
+    "seed=" + DEEP: "--request 'seed=" + "[" * 52 + "...': request 'seed' is not plain JSON "
+                    "(NaN, Infinity or nested over 100 deep)",
+}
+
+
+def test_request_values_no_json_body_can_carry_exit_2_with_one_line(tmp_path):
+    """Before: 1e400 ran (sent as Infinity), and a value nested 985 deep was a RecursionError
+    traceback with exit 1 (a "check failed") once the record header was written."""
+    runs = [[*ECHO, "--request", item] for item in REQUEST_REFUSED]
+    for said, (code, out, err, files) in zip(REQUEST_REFUSED.values(), cli_rows(tmp_path, runs)):
+        assert (code, one_line(err), files) == (2, said, ["suite.json"]), err
+        assert out == ""
+
+
+def test_a_suite_request_nested_past_the_writer_is_refused_like_the_flag(tmp_path):
+    suite = json.loads(SUITE.read_text())
+    suite["request"] = {"seed": json.loads("[" * 101 + "]" * 101)}
+    (tmp_path / "deep.json").write_text(json.dumps(suite))
+    with pytest.raises(regression.SuiteError, match="nested over 100 deep"):
+        regression.load_suite(str(tmp_path / "deep.json"))
+
+
+# what a --request value may be: any JSON text, a number past a double, or nesting of any depth
+REQUEST_TEXTS = st.one_of(JSON.map(json.dumps), st.sampled_from(["1e400", "-1e999", "[1e309]"]),
+                          st.integers(1, 1200).map(lambda depth: "[" * depth + "]" * depth))
+
+
+@settings(**QUICK)
+@given(REQUEST_TEXTS)
+def test_any_request_value_is_refused_or_fits_a_json_body(text):
+    """Whatever --request KEY=JSON decodes to: UsageError, or a value that serialises as strict
+    JSON inside a record's config, back to the same value."""
+    try:
+        options = regression.request_options(regression.Settings(request=[f"seed={text}"]))
+    except regression.UsageError as exc:
+        assert str(exc).startswith("--request 'seed=")
+        return
+    nested = {"config": {"request": options}}
+    assert json.loads(regression.dumps(nested)) == nested
