@@ -3079,7 +3079,7 @@ def _validate_sources(sources, where):
     if not isinstance(sources["path"], str):
         raise SuiteError(f"{where}: sources.path must be a regular expression string")
     try:
-        pattern = re.compile(sources["path"])
+        pattern = user_regex(sources["path"])
     except (re.error, OverflowError, RecursionError) as exc:
         raise SuiteError(f"{where}: sources.path is not a valid regular expression: "
                          f"{exc}") from None
@@ -8520,19 +8520,37 @@ def _check_flags(values):
 
 
 def _check_redact_patterns(patterns):
-    """UsageError for the first --redact that is not a regular expression (never shown)."""
+    """UsageError for the first --redact that is not a regular expression or can match ""
+    (never shown)."""
     for number, pattern in enumerate(patterns, 1):
+        which = f" number {number} of {len(patterns)}" if len(patterns) > 1 else ""
         try:
-            re.compile(pattern)
+            matches = user_regex(pattern).finditer("Ab1 -_.")  # a sample of each kind of char
+            empty = any(match.start() == match.end() for match in matches)
         except (re.error, OverflowError, RecursionError) as exc:
             # Neither the pattern nor re's message (which quotes parts of it) is shown: a pattern
             # can be the secret itself.
             where = (f" (at character {exc.pos + 1})" if isinstance(getattr(exc, "pos", None), int)
                      else "")
-            which = f" number {number} of {len(patterns)}" if len(patterns) > 1 else ""
             raise UsageError(f"--redact{which} is not a valid regular expression{where}; the "
                              "pattern is not shown, since it can be the secret itself (escape a "
                              "literal's ( [ \\ with a backslash)") from None
+        if empty:  # "" (an unset variable), a*, \b: [REDACTED] between the characters stored
+            raise UsageError(f"--redact{which} can match an empty text, so it would mask nothing "
+                             "and scatter [REDACTED] through every stored answer; give a pattern "
+                             "that matches the secret itself (it is not shown)")
+
+
+def user_regex(pattern):
+    """re.compile of a user's pattern, and re.error where Python warns that it may read it
+    otherwise ([[:digit:]], a [ or && inside a set): it would match less than its author meant."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        try:
+            return re.compile(pattern)
+        except FutureWarning as exc:  # "Possible nested set at position 1": no pattern text
+            raise re.error(str(exc)) from None
 
 
 def _check_outputs(values):

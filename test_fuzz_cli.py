@@ -5,9 +5,10 @@ pinned through the real CLI (fakes.cli_table, forked from the zygote, -W error).
 
 import json
 import os
+import re
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import fakes
@@ -96,3 +97,55 @@ def test_any_request_value_is_refused_or_fits_a_json_body(text):
         return
     nested = {"config": {"request": options}}
     assert json.loads(regression.dumps(nested)) == nested
+
+
+# ---------------------------------------------------------------------- --redact REGEX
+
+NOT_VALID = ("--redact is not a valid regular expression; the pattern is not shown, since it can "
+             "be the secret itself (escape a literal's ( [ \\ with a backslash)")
+EMPTY = ("--redact can match an empty text, so it would mask nothing and scatter [REDACTED] "
+         "through every stored answer; give a pattern that matches the secret itself (it is not "
+         "shown)")
+REDACT_REFUSED = {
+    # `--redact "$UNSET"`: stored every answer as [REDACTED]W[REDACTED]h[REDACTED]a..., 11 times
+    # its size, and masked nothing
+    "": EMPTY, "x*": EMPTY, "\\b": EMPTY, "sk-|": EMPTY,
+    # POSIX classes Python reads as a set of [ : d i g t then "]+": ran, masking no digit, with a
+    # FutureWarning on stderr (a traceback under -W error)
+    "[[:digit:]]{4}": NOT_VALID, "[a-z&&[^x]]+": NOT_VALID,
+    # invalid, but Python warned first: the error came after two warning lines
+    "[[[": NOT_VALID,
+}
+
+
+def test_redact_patterns_that_mask_wrongly_exit_2_with_one_line(tmp_path):
+    runs = [[*ECHO, "--redact", pattern] for pattern in REDACT_REFUSED]
+    for said, (code, out, err, files) in zip(REDACT_REFUSED.values(), cli_rows(tmp_path, runs)):
+        assert (code, one_line(err), files) == (2, said, ["suite.json"]), err
+
+
+def test_a_sources_path_python_would_read_otherwise_is_refused():
+    suite = {"name": "kb", "instructions": "x", "cases": [{"id": "c", "input": "q"}],
+             "sources": {"field": "links", "hosts": ["docs.example.com"],
+                         "path": "/kb/([[:alnum:]]+)"}}
+    with pytest.raises(regression.SuiteError, match="sources.path is not a valid regular "
+                                                    "expression: Possible nested set"):
+        regression.validate_suite(suite)
+
+
+@settings(**QUICK)
+@given(st.text(st.sampled_from("[]:&-|~*?+\\b(){}^$ax1"), max_size=10))
+@example("[[:alpha:]]").via("a POSIX class")
+@example("").via("an unset variable")
+def test_any_redact_pattern_is_refused_or_masks_only_what_it_matches(pattern):
+    """Under -W error: a pattern is refused in one UsageError, or it compiles without a warning
+    and masks only non-empty spans (a text of no match stays as it was)."""
+    try:
+        regression._check_redact_patterns([pattern])
+    except regression.UsageError as exc:
+        assert str(exc).startswith(("--redact is not a valid", "--redact can match an empty"))
+        return
+    text = "Ab1 -_. plain answer"
+    assert all(match.end() > match.start() for match in re.finditer(pattern, text))
+    if not re.search(pattern, text):
+        assert regression.redactor([pattern])(text) == text
