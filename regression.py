@@ -8703,7 +8703,7 @@ def _run_sources(values, env):
     cls = PROVIDERS[found["provider"]]
     twin = cls.twin_base_url_variable
     if twin and not values["base_url"] and not env.get(cls.base_url_variable or ""):
-        found["base_url"] = env.get(twin) or None  # their twin, consulted after ours
+        found["base_url"] = _env_base_url(env, twin) or None  # their twin, consulted after ours
     view = Settings(**{**values, **found})
     problem = endpoint_problem(cls, view, env)  # before the identity stores it, also for --dry-run
     if problem:
@@ -8761,7 +8761,21 @@ def parse_args(argv, env=None):
     try:
         return parser, resolve(args, env)
     except (UsageError, SuiteError, RecordError) as exc:
-        parser.error(str(exc))
+        parser.error(_named_by_twin(str(exc), args, env))
+
+
+def _named_by_twin(message, args, env):
+    """A usage error about a value an environment twin set names the variable, not a flag the
+    command line never gave (REGRESSION_SHARD '0/0': ..., not --shard '0/0': ...)."""
+    try:
+        origin = _from_environment(dict(vars(args)), env)[1]
+    except UsageError:  # the twin's own error names it already
+        return message
+    for name, said in origin.items():
+        flag = "--" + name.replace("_", "-")
+        if re.match(re.escape(flag) + r"(?![\w-])", message):
+            return said.partition("=")[0] + message[len(flag):]
+    return message
 
 
 def raised_cap(cap, spent, redo=0):

@@ -26,16 +26,18 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st
 
 def cli_rows(tmp_path, runs, script="regression.py", env=None):
     """[(exit code, stdout, stderr, files left)] of each argv run by the real CLI (-W error) in
-    its own new folder under tmp_path, which holds a copy of the support-guardrails suite."""
-    table = []
+    its own new folder under tmp_path, which holds a copy of the support-guardrails suite. An
+    argv may be (argv, {variable: value}): that run's environment has them too."""
+    results = []
     for number, argv in enumerate(runs):
+        argv, extra = argv if isinstance(argv, tuple) else (argv, {})
         folder = tmp_path / f"run{number}"
         folder.mkdir()
         (folder / "suite.json").write_bytes(SUITE.read_bytes())
-        table.append((argv, folder))
-    results = fakes.cli_table(table, env=env or cli_env(), script=script, flags=("-W", "error"))
-    return [(code, out, err, sorted(os.listdir(folder)))
-            for (code, out, err), (_, folder) in zip(results, table)]
+        (code, out, err), = fakes.cli_table([(argv, folder)], env={**(env or cli_env()), **extra},
+                                            script=script, flags=("-W", "error"))
+        results.append((code, out, err, sorted(os.listdir(folder))))
+    return results
 
 
 def one_line(err, prog="regression.py"):
@@ -149,3 +151,30 @@ def test_any_redact_pattern_is_refused_or_masks_only_what_it_matches(pattern):
     assert all(match.end() > match.start() for match in re.finditer(pattern, text))
     if not re.search(pattern, text):
         assert regression.redactor([pattern])(text) == text
+
+
+# ---------------------------------------------------------------------- environment twins
+
+TWIN_REFUSED = {
+    # each named the flag the command line never gave (--shard, --max-cost-usd, --models, --out,
+    # --base-url): a CI log pointed at a flag that is nowhere in the job
+    ("REGRESSION_SHARD", "0/0"): "REGRESSION_SHARD '0/0': use I/N with 1 <= I <= N, e.g. 2/4",
+    ("REGRESSION_MAX_COST_USD", "abc"): "REGRESSION_MAX_COST_USD 'abc' is not a number",
+    ("REGRESSION_MAX_COST_USD", "-1"): "REGRESSION_MAX_COST_USD must be a positive amount of US "
+                                       "dollars",
+    ("REGRESSION_MODELS", "a,a"): "REGRESSION_MODELS: each model may appear only once",
+    ("PROMPTREG_MODEL", "a a"): "PROMPTREG_MODEL: each model may appear only once",
+    ("REGRESSION_OUT", "suite.json"): "REGRESSION_OUT: suite.json already exists (records and "
+                                      "reports never overwrite a file)",
+    ("PROMPTREG_BASE_URL", "nope"): "PROMPTREG_BASE_URL: not an http(s) URL with a host",
+}
+
+
+def test_a_bad_twin_value_is_named_by_its_variable(tmp_path):
+    runs = [(["--provider", "openai", "--suite", "suite.json"] if name.endswith("BASE_URL")
+             or name.endswith("MODEL") else ["--provider", "echo", "--suite", "suite.json"],
+             {name: value}) for name, value in TWIN_REFUSED]
+    runs.append(([*ECHO, "--shard", "0/0"], {"REGRESSION_SHARD": "1/2"}))  # the flag's, named so
+    said = [*TWIN_REFUSED.values(), "--shard '0/0': use I/N with 1 <= I <= N, e.g. 2/4"]
+    for line, (code, out, err, files) in zip(said, cli_rows(tmp_path, runs), strict=True):
+        assert (code, one_line(err), files) == (2, line, ["suite.json"]), err
