@@ -1818,13 +1818,17 @@ def parse_args(argv):
         parser.error("give two record files, BEFORE and AFTER" if wanted == 2
                      else "--models A B takes one RUN record")
     # `--html "$UNSET"` must not read as no --html: the report would be skipped
-    for kind in COMPARISON_REPORTS:
+    for kind in (*COMPARISON_REPORTS, "demo"):
         if getattr(args, kind) == "":
-            parser.error(f"--{kind}: the file name is empty (an unset variable?)")
+            parser.error(f"--{kind}: the {'folder' if kind == 'demo' else 'file'} name is empty (an "
+                         "unset variable?)")
     targets = {kind: getattr(args, kind) for kind in COMPARISON_REPORTS if getattr(args, kind)}
     for kind, path in targets.items():
         if os.path.lexists(path):
             parser.error(f"--{kind}: {path} already exists (reports never overwrite a file)")
+        folder = os.path.dirname(os.path.abspath(path))  # else it fails after the comparison
+        if not os.path.isdir(folder):
+            parser.error(f"--{kind} {path}: {folder} is not an existing folder; create it first")
         if [os.path.abspath(other) for other in targets.values()].count(os.path.abspath(path)) > 1:
             parser.error(f"--{kind} {path}: the same file is named twice; every report needs its "
                          f"own file")

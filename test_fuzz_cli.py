@@ -178,3 +178,24 @@ def test_a_bad_twin_value_is_named_by_its_variable(tmp_path):
     said = [*TWIN_REFUSED.values(), "--shard '0/0': use I/N with 1 <= I <= N, e.g. 2/4"]
     for line, (code, out, err, files) in zip(said, cli_rows(tmp_path, runs), strict=True):
         assert (code, one_line(err), files) == (2, line, ["suite.json"]), err
+
+
+# ---------------------------------------------------------------------- compare_runs.py
+
+def test_compare_refuses_a_report_with_no_folder_before_comparing(tmp_path):
+    """Before: the comparison printed, then `cannot create nodir/x.md` (its verdict, exit 1,
+    lost to exit 2 after the fact); `--demo ""` said `cannot create : No such file`."""
+    demo = tmp_path / "demo"
+    assert fakes.run_script(["--demo", demo], tmp_path, cli_env(),
+                            script="compare_runs.py").returncode == 1
+    pair = [str(demo / "before.json"), str(demo / "after.json")]
+    runs = [[*pair, "--markdown", "nodir/x.md"], ["--trend", *pair, "--html", "suite.json/x"],
+            ["--demo", ""]]
+    said = ["--markdown nodir/x.md: {}/nodir is not an existing folder; create it first",
+            "--html suite.json/x: {}/suite.json is not an existing folder; create it first",
+            "--demo: the folder name is empty (an unset variable?)"]
+    rows = cli_rows(tmp_path, runs, script="compare_runs.py")
+    for number, (line, (code, out, err, files)) in enumerate(zip(said, rows, strict=True)):
+        line = line.format(tmp_path / f"run{number}") + "; see --help"
+        assert (code, out, one_line(err, "compare_runs.py"), files) == (2, "", line,
+                                                                        ["suite.json"])
