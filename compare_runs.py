@@ -1820,8 +1820,8 @@ def parse_args(argv):
     # `--html "$UNSET"` must not read as no --html: the report would be skipped
     for kind in (*COMPARISON_REPORTS, "demo"):
         if getattr(args, kind) == "":
-            parser.error(f"--{kind}: the {'folder' if kind == 'demo' else 'file'} name is empty (an "
-                         "unset variable?)")
+            what = "folder" if kind == "demo" else "file"
+            parser.error(f"--{kind}: the {what} name is empty (an unset variable?)")
     targets = {kind: getattr(args, kind) for kind in COMPARISON_REPORTS if getattr(args, kind)}
     for kind, path in targets.items():
         if os.path.lexists(path):
