@@ -8430,6 +8430,9 @@ def price_options(settings):
         shown = item if len(item) <= 60 else item[:57] + "..."
         if not sep or not model.strip():
             raise UsageError(f"--price {shown!r}: use MODEL={PRICE_FORM}")
+        if model.strip() in prices:  # the last would win silently, and with it the cost cap
+            raise UsageError(f"--price {model.strip()[:60]}: given twice; give each model's "
+                             "price once")
         try:
             prices[model.strip()] = parse_price(text, f"--price {shown!r}")
         except SuiteError as exc:

@@ -199,3 +199,14 @@ def test_compare_refuses_a_report_with_no_folder_before_comparing(tmp_path):
         line = line.format(tmp_path / f"run{number}") + "; see --help"
         assert (code, out, one_line(err, "compare_runs.py"), files) == (2, "", line,
                                                                         ["suite.json"])
+
+
+# ---------------------------------------------------------------------- flags given twice
+
+def test_a_model_priced_twice_exits_2_before_anything(tmp_path):
+    """Before: the last --price won silently, and with it every cost estimate and the cap."""
+    runs = [[*ECHO, "--price", "m=1/1", "--price", " m=0.000000001/0.000000001",
+             "--max-cost-usd", "1"]]
+    (code, out, err, files), = cli_rows(tmp_path, runs)
+    assert (code, out, one_line(err), files) == (
+        2, "", "--price m: given twice; give each model's price once", ["suite.json"])
