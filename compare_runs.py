@@ -1826,7 +1826,8 @@ def parse_args(argv):
     for kind, path in targets.items():
         if os.path.lexists(path):
             parser.error(f"--{kind}: {path} already exists (reports never overwrite a file)")
-        folder = os.path.dirname(os.path.abspath(path))  # else it fails after the comparison
+        # else it fails after the comparison (as named: "x.md/" has no folder to go to)
+        folder = os.path.abspath(os.path.dirname(path) or os.curdir)
         if not os.path.isdir(folder):
             parser.error(f"--{kind} {path}: {folder} is not an existing folder; create it first")
         if [os.path.abspath(other) for other in targets.values()].count(os.path.abspath(path)) > 1:

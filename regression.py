@@ -8572,7 +8572,8 @@ def _check_outputs(values):
             hint = _continue_hint(path, values) if flag in ("--out", "--merge") else ""
             raise UsageError(f"{flag}: {path} already exists (records and reports never "
                              f"overwrite a file){hint}")
-        folder = os.path.dirname(full)  # a report written after a paid run must have a place to go
+        # a report written after a paid run must have a place to go (as named: "x.md/" has none)
+        folder = os.path.abspath(os.path.dirname(path) or os.curdir)
         if not os.path.isdir(folder) and not (flag == "--out" and values["dry_run"]):
             raise UsageError(f"{flag} {path}: {folder} is not an existing folder; create it first "
                              f"(nothing was run)")

@@ -180,6 +180,22 @@ def test_a_bad_twin_value_is_named_by_its_variable(tmp_path):
         assert (code, one_line(err), files) == (2, line, ["suite.json"]), err
 
 
+# ---------------------------------------------------------------------- output paths
+
+def test_a_report_path_naming_a_folder_is_refused_before_the_run(tmp_path):
+    """Before: "x.md/" and "suite.json/." passed the up-front check (abspath drops the slash),
+    so the whole run was made and paid for, then the report failed: exit 2 after the fact."""
+    runs = [[*ECHO, "--markdown", "new.md/"], [*ECHO, "--junit", "suite.json/."],
+            [*ECHO, "--out", "new.json/"]]
+    said = ["--markdown new.md/: {}/new.md", "--junit suite.json/.: {}/suite.json",
+            "--out new.json/: {}/new.json"]
+    for number, (line, (code, out, err, files)) in enumerate(zip(said, cli_rows(tmp_path, runs),
+                                                                 strict=True)):
+        line = line.format(tmp_path / f"run{number}") + (" is not an existing folder; create it "
+                                                         "first (nothing was run)")
+        assert (code, out, one_line(err), files) == (2, "", line, ["suite.json"])
+
+
 # ---------------------------------------------------------------------- compare_runs.py
 
 def test_compare_refuses_a_report_with_no_folder_before_comparing(tmp_path):
@@ -190,9 +206,10 @@ def test_compare_refuses_a_report_with_no_folder_before_comparing(tmp_path):
                             script="compare_runs.py").returncode == 1
     pair = [str(demo / "before.json"), str(demo / "after.json")]
     runs = [[*pair, "--markdown", "nodir/x.md"], ["--trend", *pair, "--html", "suite.json/x"],
-            ["--demo", ""]]
+            [*pair, "--junit", "new.xml/"], ["--demo", ""]]
     said = ["--markdown nodir/x.md: {}/nodir is not an existing folder; create it first",
             "--html suite.json/x: {}/suite.json is not an existing folder; create it first",
+            "--junit new.xml/: {}/new.xml is not an existing folder; create it first",
             "--demo: the folder name is empty (an unset variable?)"]
     rows = cli_rows(tmp_path, runs, script="compare_runs.py")
     for number, (line, (code, out, err, files)) in enumerate(zip(said, rows, strict=True)):
@@ -210,3 +227,61 @@ def test_a_model_priced_twice_exits_2_before_anything(tmp_path):
     (code, out, err, files), = cli_rows(tmp_path, runs)
     assert (code, out, one_line(err), files) == (
         2, "", "--price m: given twice; give each model's price once", ["suite.json"])
+
+
+# ---------------------------------------------------------------------- any argv, any twin
+
+KEY = "sk-fuzz-0123456789abcdefSECRET"
+ODD = st.sampled_from([
+    "", " ", "0", "-1", "1", "2", "64", "65", "101", "3601", "0.1", "nan", "inf", "-inf", "1e309",
+    "1e400", "sNaN", "1e-999999999", "9" * 400, "٣", "１", "1_0", " 2 ", "\x1b[2J", "é", "\udcff",
+    "seed=1e400", "seed=[[[[]]]]", "seed=" + "[" * 150 + "]" * 150, "m=1/1", "m=NaN/1", "=1/1",
+    "1/0", "0/0", "2/1", "1/2", "[[:digit:]]", "x*", "(", ".", "/dev/null", "missing.json",
+    "http://127.0.0.1:0", "http://[::1", "http://u:p@127.0.0.1:9", "ftp://x", "echo", "openai",
+    "replay", "compatible", "MYKEY", "a,a", "holm", KEY[:4]])
+ARG = ODD | st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+                    max_size=12)
+ACTIONS = {flag: action for action in regression.build_parser()._actions
+           for flag in action.option_strings if flag.startswith("--") and flag != "--help"}
+TWINS = sorted({name for _, name, _ in regression.ENV_TWINS} | {
+    *regression._base_url_variables(), "PERPLEXITY_BASE_URL", "ANTHROPIC_BASE_URL"})
+
+
+@st.composite
+def command_lines(draw):
+    """(argv, env): any flags with any values (given twice too), any twins with any values."""
+    argv = []
+    for flag in draw(st.lists(st.sampled_from(sorted(ACTIONS)), max_size=6)):
+        count = {0: 0, None: 1}.get(ACTIONS[flag].nargs, draw(st.integers(1, 2)))
+        argv += [flag, *(draw(ARG) for _ in range(count))]
+    env = dict(draw(st.dictionaries(st.sampled_from(TWINS), ARG, max_size=4)))
+    return argv, {**env, "MYKEY": KEY, "OPENAI_API_KEY": KEY, "PERPLEXITY_API_KEY": KEY}
+
+
+def resolved_or_one_line(argv, env, capsys):
+    """regression.parse_args: Settings, or SystemExit(2) with one clear line; never a key."""
+    try:
+        regression.parse_args(argv, env)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    finally:
+        regression.release_record()
+    out, err = capsys.readouterr()
+    assert KEY not in out + err and KEY[4:] not in out + err
+    if code != 0:
+        assert code == 2 and one_line(err), (argv, env, err)
+
+
+def test_any_command_line_and_environment_resolves_or_is_one_line(tmp_path, monkeypatch, capsys):
+    """Run under -W error: a warning (a FutureWarning of re, a RuntimeWarning of decimal) is a
+    failure too. Nothing is sent: parse_args only resolves."""
+    monkeypatch.chdir(tmp_path)
+
+    @settings(**{**QUICK, "max_examples": 300})
+    @given(command_lines())
+    def prop(case):
+        resolved_or_one_line(*case, capsys)
+
+    prop()
+    assert os.listdir(tmp_path) == []
