@@ -51,7 +51,8 @@ from regression import (ABSENT, BEHAVIORS, CASES, CHECK_KEYS, CHECK_TABLE, INSTR
                         junit_name, junit_xml, key_text, load_record, masked_evidence, md_table,
                         md_text, plan_rows, rate_text, record_problem, record_provider,
                         graded_now, regraded_rows, row_key, safe_text, same_json, summary,
-                        tool_sequence, wilson_interval, write_new_file, xml_text)
+                        tool_sequence, wilson_interval, write_new_file, xml_text,
+                        new_file_problem)
 from regression import program_name  # a printed command names the program as the user started it
 
 
@@ -1826,10 +1827,9 @@ def parse_args(argv):
     for kind, path in targets.items():
         if os.path.lexists(path):
             parser.error(f"--{kind}: {path} already exists (reports never overwrite a file)")
-        # else it fails after the comparison (as named: "x.md/" has no folder to go to)
-        folder = os.path.abspath(os.path.dirname(path) or os.curdir)
-        if not os.path.isdir(folder):
-            parser.error(f"--{kind} {path}: {folder} is not an existing folder; create it first")
+        problem = new_file_problem(path)  # else it fails after the comparison is printed
+        if problem:
+            parser.error(f"--{kind} {path}: {problem}")
         if [os.path.abspath(other) for other in targets.values()].count(os.path.abspath(path)) > 1:
             parser.error(f"--{kind} {path}: the same file is named twice; every report needs its "
                          f"own file")

@@ -8572,11 +8572,24 @@ def _check_outputs(values):
             hint = _continue_hint(path, values) if flag in ("--out", "--merge") else ""
             raise UsageError(f"{flag}: {path} already exists (records and reports never "
                              f"overwrite a file){hint}")
-        # a report written after a paid run must have a place to go (as named: "x.md/" has none)
-        folder = os.path.abspath(os.path.dirname(path) or os.curdir)
-        if not os.path.isdir(folder) and not (flag == "--out" and values["dry_run"]):
-            raise UsageError(f"{flag} {path}: {folder} is not an existing folder; create it first "
-                             f"(nothing was run)")
+        problem = new_file_problem(path)  # a report written after a paid run needs a place
+        if problem and not (flag == "--out" and values["dry_run"]):
+            raise UsageError(f"{flag} {path}: {problem} (nothing was run)")
+
+
+def new_file_problem(path):
+    """Why no new file can be created at `path` as named, or None: its folder (as named: "x.md/"
+    names none) does not exist, or the name is longer than the folder allows."""
+    folder = os.path.abspath(os.path.dirname(path) or os.curdir)
+    if not os.path.isdir(folder):
+        return f"{folder} is not an existing folder; create it first"
+    try:
+        longest = os.pathconf(folder, "PC_NAME_MAX")
+    except (AttributeError, OSError, ValueError):  # no pathconf (Windows), or it cannot tell
+        longest = 255
+    if len(os.path.basename(path).encode("utf-8", "replace")) > longest:
+        return f"the file name is longer than the {longest} bytes a name may have there"
+    return None
 
 
 def _continue_hint(path, values):
