@@ -8579,10 +8579,12 @@ def _check_outputs(values):
 
 def new_file_problem(path):
     """Why no new file can be created at `path` as named, or None: its folder (as named: "x.md/"
-    names none) does not exist, or the name is longer than the folder allows."""
+    names none) does not exist or is not writable, or the name is longer than it allows."""
     folder = os.path.abspath(os.path.dirname(path) or os.curdir)
     if not os.path.isdir(folder):
         return f"{folder} is not an existing folder; create it first"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{folder} is not a folder this user may create files in"
     try:
         longest = os.pathconf(folder, "PC_NAME_MAX")
     except (AttributeError, OSError, ValueError):  # no pathconf (Windows), or it cannot tell

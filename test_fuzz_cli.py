@@ -289,3 +289,15 @@ def test_any_command_line_and_environment_resolves_or_is_one_line(tmp_path, monk
 
     prop()
     assert os.listdir(tmp_path) == []
+
+
+def test_a_report_into_a_folder_this_user_may_not_write_is_refused_up_front(tmp_path,
+                                                                            monkeypatch):
+    """As root every folder is writable, so the refusal is shown with os.access saying no: the
+    report of a paid run into a read-only folder failed only after the run."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(regression.os, "access", lambda path, mode: path != str(tmp_path))
+    with pytest.raises(regression.UsageError, match=f"--html r.html: {tmp_path} is not a folder "
+                                                    "this user may create files in"):
+        regression.resolve(regression.build_parser().parse_args(
+            ["--provider", "echo", "--html", "r.html"]), {})
