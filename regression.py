@@ -3190,7 +3190,7 @@ def _validate_request(value, where, response_format=None):
             raise SuiteError(problem)
         try:  # NaN or Infinity (1e400 reads as one) would go out as invalid JSON
             json.dumps(value[key], allow_nan=False)
-            deep = _nesting(value[key]) > 100  # one nested ~1000 deep parses, then breaks the record
+            deep = _nesting(value[key]) > 100  # ~1000 deep parses, then breaks the record writer
         except (ValueError, RecursionError):
             deep = True
         if deep:
@@ -7798,8 +7798,9 @@ def xml_text(value):
 
 
 def md_text(value, limit=300):
-    """One table cell of Markdown: no HTML, no pipes or newlines, no code spans to break out of."""
-    return re.sub(r"([|`\[\]])", r"\\\1", _escape(_cut(str(value), limit), quote=False))
+    """One table cell of Markdown: no HTML, no pipes or newlines, no code spans to break out of,
+    no terminal escape or bidi override (the file is cat in CI logs)."""
+    return re.sub(r"([|`\[\]])", r"\\\1", _escape(safe_text(_cut(str(value), limit)), quote=False))
 
 
 def md_table(headers, rows):

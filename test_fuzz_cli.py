@@ -198,6 +198,18 @@ def test_a_report_path_naming_a_folder_is_refused_before_the_run(tmp_path):
         assert (code, out, one_line(err), files) == (2, "", line, ["suite.json"])
 
 
+def test_a_model_name_with_terminal_escapes_is_shown_not_obeyed_in_the_markdown(tmp_path):
+    """Before: --models $'a\\x1b[31m\\u202e' reached the Markdown report raw (the console and the
+    record escaped it): `cat report.md` in a CI log turned it red and reversed the line."""
+    (code, _, err, files), = cli_rows(tmp_path, [[
+        "--provider", "echo", "--models", "a\x1b[31m\u202e", "--suite", "suite.json",
+        "--markdown", "r.md"]])
+    report = (tmp_path / "run0" / "r.md").read_text(encoding="utf-8")
+    assert (code, files) == (1, ["r.md", "results.json", "suite.json"]), err
+    assert "\x1b" not in report and "\u202e" not in report
+    assert "| a\\x1b\\[31m\\u202e | 1/4 = 0.25" in report
+
+
 # ---------------------------------------------------------------------- compare_runs.py
 
 def test_compare_refuses_a_report_with_no_folder_before_comparing(tmp_path):
