@@ -1830,7 +1830,8 @@ def parse_args(argv):
         problem = new_file_problem(path)  # else it fails after the comparison is printed
         if problem:
             parser.error(f"--{kind} {path}: {problem}")
-        if [os.path.abspath(other) for other in targets.values()].count(os.path.abspath(path)) > 1:
+        same = [os.path.realpath(other) for other in targets.values()]  # through a link too
+        if same.count(os.path.realpath(path)) > 1:
             parser.error(f"--{kind} {path}: the same file is named twice; every report needs its "
                          f"own file")
     return args, targets

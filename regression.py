@@ -8564,7 +8564,7 @@ def _check_outputs(values):
     outputs += [("--out", values["out"] or ("results.json" if runs else None)),
                 ("--merge", values["merge"][0] if values["merge"] else None)]
     outputs = [(flag, path) for flag, path in outputs if path]
-    resolved = [os.path.abspath(path) for _, path in outputs]
+    resolved = [os.path.realpath(path) for _, path in outputs]  # d/x and link-to-d/x are one
     for (flag, path), full in zip(outputs, resolved):
         if resolved.count(full) > 1:
             raise UsageError(f"{flag} {path}: the same file is named twice; every output needs its "

@@ -210,6 +210,31 @@ def test_a_model_name_with_terminal_escapes_is_shown_not_obeyed_in_the_markdown(
     assert "| a\\x1b\\[31m\\u202e | 1/4 = 0.25" in report
 
 
+def test_two_outputs_naming_one_file_through_a_linked_folder_are_refused_before_the_run(tmp_path):
+    """Before: --out d/x.json --markdown link/x.json (link -> d) passed the "named twice" check
+    (abspath), the whole run was made, then the report found its file taken: exit 2 after it."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "link").symlink_to("d")
+    demo = tmp_path / "demo"
+    with contextlib.redirect_stdout(io.StringIO()):
+        compare_runs.demo(str(demo))
+    pair = [str(demo / "before.json"), str(demo / "after.json")]
+    runs = [[*ECHO, "--out", "../d/x.json", "--markdown", "../link/x.json"],
+            [*ECHO, "--html", "../d/r.html", "--junit", "../link/r.html"]]
+    said = ["--markdown ../link/x.json: the same file is named twice; every output needs its own "
+            "file", "--junit ../link/r.html: the same file is named twice; every output needs its "
+            "own file"]
+    for line, (code, out, err, files) in zip(said, cli_rows(tmp_path, runs), strict=True):
+        assert (code, out, one_line(err), files) == (2, "", line, ["suite.json"])
+    (code, out, err, _), = cli_rows(tmp_path / "d", [[*pair, "--html", "../../link/c.html",
+                                                       "--markdown", "../c.html"]],
+                                    script="compare_runs.py")
+    assert (code, out, one_line(err, "compare_runs.py")) == (
+        2, "", "--markdown ../c.html: the same file is named twice; every report needs its own "
+               "file; see --help")
+    assert os.listdir(tmp_path / "d") == ["run0"]
+
+
 # ---------------------------------------------------------------------- compare_runs.py
 
 def test_compare_refuses_a_report_with_no_folder_before_comparing(tmp_path):
