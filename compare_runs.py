@@ -1818,6 +1818,11 @@ def parse_args(argv):
     if not other_mode and len(args.records) != wanted:
         parser.error("give two record files, BEFORE and AFTER" if wanted == 2
                      else "--models A B takes one RUN record")
+    return args, _report_targets(parser, args)
+
+
+def _report_targets(parser, args):
+    """{report kind: new file} of the flags, each checked before anything is compared."""
     # `--html "$UNSET"` must not read as no --html: the report would be skipped
     for kind in (*COMPARISON_REPORTS, "demo"):
         if getattr(args, kind) == "":
@@ -1834,7 +1839,7 @@ def parse_args(argv):
         if same.count(os.path.realpath(path)) > 1:
             parser.error(f"--{kind} {path}: the same file is named twice; every report needs its "
                          f"own file")
-    return args, targets
+    return targets
 
 
 def main(argv=None):

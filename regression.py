@@ -3063,6 +3063,18 @@ def _validate_response_format(value, where):
     return schema
 
 
+def user_regex(pattern):
+    """re.compile of a user's pattern, and re.error where Python warns that it may read it
+    otherwise ([[:digit:]], a [ or && inside a set): it would match less than its author meant."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        try:
+            return re.compile(pattern)
+        except FutureWarning as exc:  # "Possible nested set at position 1": no pattern text
+            raise re.error(str(exc)) from None
+
+
 def _validate_sources(sources, where):
     if sources is None:
         return
@@ -8543,18 +8555,6 @@ def _check_redact_patterns(patterns):
             raise UsageError(f"--redact{which} can match an empty text, so it would mask nothing "
                              "and scatter [REDACTED] through every stored answer; give a pattern "
                              "that matches the secret itself (it is not shown)")
-
-
-def user_regex(pattern):
-    """re.compile of a user's pattern, and re.error where Python warns that it may read it
-    otherwise ([[:digit:]], a [ or && inside a set): it would match less than its author meant."""
-    import warnings
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", FutureWarning)
-        try:
-            return re.compile(pattern)
-        except FutureWarning as exc:  # "Possible nested set at position 1": no pattern text
-            raise re.error(str(exc)) from None
 
 
 def _check_outputs(values):
