@@ -51,7 +51,8 @@ from regression import (ABSENT, BEHAVIORS, CASES, CHECK_KEYS, CHECK_TABLE, INSTR
                         junit_name, junit_xml, key_text, load_record, masked_evidence, md_table,
                         md_text, plan_rows, rate_text, record_problem, record_provider,
                         graded_now, regraded_rows, row_key, safe_text, same_json, summary,
-                        tool_sequence, wilson_interval, write_new_file, xml_text)
+                        tool_sequence, wilson_interval, write_new_file, xml_text,
+                        new_file_problem)
 from regression import program_name  # a printed command names the program as the user started it
 
 
@@ -1817,18 +1818,28 @@ def parse_args(argv):
     if not other_mode and len(args.records) != wanted:
         parser.error("give two record files, BEFORE and AFTER" if wanted == 2
                      else "--models A B takes one RUN record")
+    return args, _report_targets(parser, args)
+
+
+def _report_targets(parser, args):
+    """{report kind: new file} of the flags, each checked before anything is compared."""
     # `--html "$UNSET"` must not read as no --html: the report would be skipped
-    for kind in COMPARISON_REPORTS:
+    for kind in (*COMPARISON_REPORTS, "demo"):
         if getattr(args, kind) == "":
-            parser.error(f"--{kind}: the file name is empty (an unset variable?)")
+            what = "folder" if kind == "demo" else "file"
+            parser.error(f"--{kind}: the {what} name is empty (an unset variable?)")
     targets = {kind: getattr(args, kind) for kind in COMPARISON_REPORTS if getattr(args, kind)}
     for kind, path in targets.items():
         if os.path.lexists(path):
             parser.error(f"--{kind}: {path} already exists (reports never overwrite a file)")
-        if [os.path.abspath(other) for other in targets.values()].count(os.path.abspath(path)) > 1:
+        problem = new_file_problem(path)  # else it fails after the comparison is printed
+        if problem:
+            parser.error(f"--{kind} {path}: {problem}")
+        same = [os.path.realpath(other) for other in targets.values()]  # through a link too
+        if same.count(os.path.realpath(path)) > 1:
             parser.error(f"--{kind} {path}: the same file is named twice; every report needs its "
                          f"own file")
-    return args, targets
+    return targets
 
 
 def main(argv=None):

@@ -3112,6 +3112,18 @@ def _schema_types(spec, where):
         spec = spec.get("items")
 
 
+def user_regex(pattern):
+    """re.compile of a user's pattern, and re.error where Python warns that it may read it
+    otherwise ([[:digit:]], a [ or && inside a set): it would match less than its author meant."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        try:
+            return re.compile(pattern)
+        except FutureWarning as exc:  # "Possible nested set at position 1": no pattern text
+            raise re.error(str(exc)) from None
+
+
 def _validate_sources(sources, where):
     if sources is None:
         return
@@ -3128,7 +3140,7 @@ def _validate_sources(sources, where):
     if not isinstance(sources["path"], str):
         raise SuiteError(f"{where}: sources.path must be a regular expression string")
     try:
-        pattern = re.compile(sources["path"])
+        pattern = user_regex(sources["path"])
     except (re.error, OverflowError, RecursionError) as exc:
         raise SuiteError(f"{where}: sources.path is not a valid regular expression: "
                          f"{exc}") from None
@@ -3237,12 +3249,25 @@ def _validate_request(value, where, response_format=None):
         problem = request_problem(key, where, value[key], response_format)
         if problem:
             raise SuiteError(problem)
-        try:  # NaN or Infinity would go out as invalid JSON
+        try:  # NaN or Infinity (1e400 reads as one) would go out as invalid JSON
             json.dumps(value[key], allow_nan=False)
+            deep = _nesting(value[key]) > 100  # ~1000 deep parses, then breaks the record writer
         except (ValueError, RecursionError):
+            deep = True
+        if deep:
             raise SuiteError(f"{where}: request {key!r} is not plain JSON (NaN, Infinity or "
-                             f"too deep)") from None
+                             f"nested over 100 deep)")
     return dict(value)
+
+
+def _nesting(value):
+    """How many levels of lists and objects a JSON value has (level by level: any depth is safe)."""
+    depth, level = 0, [value]
+    while any(isinstance(node, (list, dict)) for node in level):
+        level = [item for node in level if isinstance(node, (list, dict))
+                 for item in (node.values() if isinstance(node, dict) else node)]
+        depth += 1
+    return depth
 
 
 def _validate_tool_choice(value, functions, where):
@@ -5115,47 +5140,26 @@ class PerplexityProvider(Provider):
         return [{"type": "message", "role": "assistant", "content": text}] if text else []
 
     def request(self, model, suite, case, repeat=0, rounds=()):
-        # with_raw_response: the body as sent too, as the SDK's model coerces what it reads (a
-        # total_cost of true dumps as 1.0, "0.5" as 0.5); a client without it answers as it is
-        responses, sent = self.client.responses, None
+        # client.responses.create as the SDK documents it: a run_one client may be any object
+        # with that method, and the record keeps the SDK's own reading (model_dump)
         try:
-            made = getattr(responses, "with_raw_response", responses).create(
-                **self.body(model, suite, case, rounds))
-            sent = getattr(made, "http_response", None)
-            response = made.parse() if sent is not None else made
+            response = self.client.responses.create(**self.body(model, suite, case, rounds))
         except Exception as exc:
             # the body cap, wrapped by the SDK as a connection error
             if isinstance(exc.__cause__, ResponseError):
                 raise exc.__cause__ from None
-            if sent is not None and isinstance(exc, ValueError):  # JSONDecodeError, a bad charset
-                raise body_error(sent.content, sent.status_code, "not JSON",
-                                 [getattr(self.client, "api_key", None)]) from None
             raise
         if not hasattr(response, "model_dump"):
-            if sent is not None:
-                raise body_error(sent.content, sent.status_code, "not a JSON object",
-                                 [getattr(self.client, "api_key", None)])
             raise ResponseError(f"the endpoint returned {type(response).__name__}, not a response "
                                 "object")
-        raw = self.sent(made)
-        if raw is None:  # on Python 3.10 the SDK leaves output items as dicts, and pydantic warns
-            try:
-                raw = response.model_dump(mode="json", exclude_none=True, warnings=False)
-            except TypeError:  # a response object without pydantic's warnings switch
-                raw = response.model_dump(mode="json", exclude_none=True)
+        try:  # on Python 3.10 the SDK leaves output items as dicts, and pydantic warns about them
+            raw = response.model_dump(mode="json", exclude_none=True, warnings=False)
+        except TypeError:  # a response object without pydantic's warnings switch
+            raw = response.model_dump(mode="json", exclude_none=True)
         raw = _without_none(raw)  # what exclude_none gives where the SDK did parse the items
         if not self.capped and len(dumps(raw)) > MAX_RESPONSE_BYTES:  # capped: refused on arrival
             raise ResponseError(f"response larger than {MAX_RESPONSE_BYTES} bytes")
         return raw
-
-    @staticmethod
-    def sent(made):
-        """The JSON object of a raw SDK response as the server sent it, or None."""
-        try:
-            said = json.loads(made.http_response.content)
-        except Exception:  # no raw response, or a body only the SDK could read
-            return None
-        return said if isinstance(said, dict) else None
 
     @staticmethod
     def text(raw):
@@ -7929,8 +7933,9 @@ def xml_text(value):
 
 
 def md_text(value, limit=300):
-    """One table cell of Markdown: no HTML, no pipes or newlines, no code spans to break out of."""
-    return re.sub(r"([|`\[\]])", r"\\\1", _escape(_cut(str(value), limit), quote=False))
+    """One table cell of Markdown: no HTML, no pipes or newlines, no code spans to break out of,
+    no terminal escape or bidi override (the file is cat in CI logs)."""
+    return re.sub(r"([|`\[\]])", r"\\\1", _escape(safe_text(_cut(str(value), limit)), quote=False))
 
 
 def md_table(headers, rows):
@@ -8546,9 +8551,10 @@ def request_options(settings, suite=None):
                              f"(a string needs JSON quotes: --request '{key}=\"text\"')") from None
         # early, a response_format is compared with itself: only one without a schema is refused
         given = options[key] if suite is None else (suite.get("response_format") or {})
-        problem = request_problem(key, f"--request {shown!r}", options[key], given)
-        if problem:
-            raise UsageError(problem)
+        try:
+            _validate_request({key: options[key]}, f"--request {shown!r}", given)
+        except SuiteError as exc:
+            raise UsageError(str(exc)) from None
     return options
 
 
@@ -8560,6 +8566,9 @@ def price_options(settings):
         shown = item if len(item) <= 60 else item[:57] + "..."
         if not sep or not model.strip():
             raise UsageError(f"--price {shown!r}: use MODEL={PRICE_FORM}")
+        if model.strip() in prices:  # the last would win silently, and with it the cost cap
+            raise UsageError(f"--price {model.strip()[:60]}: given twice; give each model's "
+                             "price once")
         try:
             prices[model.strip()] = parse_price(text, f"--price {shown!r}")
         except SuiteError as exc:
@@ -8650,19 +8659,25 @@ def _check_flags(values):
 
 
 def _check_redact_patterns(patterns):
-    """UsageError for the first --redact that is not a regular expression (never shown)."""
+    """UsageError for the first --redact that is not a regular expression or can match ""
+    (never shown)."""
     for number, pattern in enumerate(patterns, 1):
+        which = f" number {number} of {len(patterns)}" if len(patterns) > 1 else ""
         try:
-            re.compile(pattern)
+            matches = user_regex(pattern).finditer("Ab1 -_.")  # a sample of each kind of char
+            empty = any(match.start() == match.end() for match in matches)
         except (re.error, OverflowError, RecursionError) as exc:
             # Neither the pattern nor re's message (which quotes parts of it) is shown: a pattern
             # can be the secret itself.
             where = (f" (at character {exc.pos + 1})" if isinstance(getattr(exc, "pos", None), int)
                      else "")
-            which = f" number {number} of {len(patterns)}" if len(patterns) > 1 else ""
             raise UsageError(f"--redact{which} is not a valid regular expression{where}; the "
                              "pattern is not shown, since it can be the secret itself (escape a "
                              "literal's ( [ \\ with a backslash)") from None
+        if empty:  # "" (an unset variable), a*, \b: [REDACTED] between the characters stored
+            raise UsageError(f"--redact{which} can match an empty text, so it would mask nothing "
+                             "and scatter [REDACTED] through every stored answer; give a pattern "
+                             "that matches the secret itself (it is not shown)")
 
 
 def _check_outputs(values):
@@ -8672,7 +8687,7 @@ def _check_outputs(values):
     outputs += [("--out", values["out"] or ("results.json" if runs else None)),
                 ("--merge", values["merge"][0] if values["merge"] else None)]
     outputs = [(flag, path) for flag, path in outputs if path]
-    resolved = [os.path.abspath(path) for _, path in outputs]
+    resolved = [os.path.realpath(path) for _, path in outputs]  # d/x and link-to-d/x are one
     for (flag, path), full in zip(outputs, resolved):
         if resolved.count(full) > 1:
             raise UsageError(f"{flag} {path}: the same file is named twice; every output needs its "
@@ -8681,10 +8696,26 @@ def _check_outputs(values):
             hint = _continue_hint(path, values) if flag in ("--out", "--merge") else ""
             raise UsageError(f"{flag}: {path} already exists (records and reports never "
                              f"overwrite a file){hint}")
-        folder = os.path.dirname(full)  # a report written after a paid run must have a place to go
-        if not os.path.isdir(folder) and not (flag == "--out" and values["dry_run"]):
-            raise UsageError(f"{flag} {path}: {folder} is not an existing folder; create it first "
-                             f"(nothing was run)")
+        problem = new_file_problem(path)  # a report written after a paid run needs a place
+        if problem and not (flag == "--out" and values["dry_run"]):
+            raise UsageError(f"{flag} {path}: {problem} (nothing was run)")
+
+
+def new_file_problem(path):
+    """Why no new file can be created at `path` as named, or None: its folder (as named: "x.md/"
+    names none) does not exist or is not writable, or the name is longer than it allows."""
+    folder = os.path.abspath(os.path.dirname(path) or os.curdir)
+    if not os.path.isdir(folder):
+        return f"{folder} is not an existing folder; create it first"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{folder} is not a folder this user may create files in"
+    try:
+        longest = os.pathconf(folder, "PC_NAME_MAX")
+    except (AttributeError, OSError, ValueError):  # no pathconf (Windows), or it cannot tell
+        longest = 255
+    if len(os.path.basename(path).encode("utf-8", "replace")) > longest:
+        return f"the file name is longer than the {longest} bytes a name may have there"
+    return None
 
 
 def _continue_hint(path, values):
@@ -8815,7 +8846,7 @@ def _run_sources(values, env):
     cls = PROVIDERS[found["provider"]]
     twin = cls.twin_base_url_variable
     if twin and not values["base_url"] and not env.get(cls.base_url_variable or ""):
-        found["base_url"] = env.get(twin) or None  # their twin, consulted after ours
+        found["base_url"] = _env_base_url(env, twin) or None  # their twin, consulted after ours
     view = Settings(**{**values, **found})
     problem = endpoint_problem(cls, view, env)  # before the identity stores it, also for --dry-run
     if problem:
@@ -8873,7 +8904,21 @@ def parse_args(argv, env=None):
     try:
         return parser, resolve(args, env)
     except (UsageError, SuiteError, RecordError) as exc:
-        parser.error(str(exc))
+        parser.error(_named_by_twin(str(exc), args, env))
+
+
+def _named_by_twin(message, args, env):
+    """A usage error about a value an environment twin set names the variable, not a flag the
+    command line never gave (REGRESSION_SHARD '0/0': ..., not --shard '0/0': ...)."""
+    try:
+        origin = _from_environment(dict(vars(args)), env)[1]
+    except UsageError:  # the twin's own error names it already
+        return message
+    for name, said in origin.items():
+        flag = "--" + name.replace("_", "-")
+        if re.match(re.escape(flag) + r"(?![\w-])", message):
+            return said.partition("=")[0] + message[len(flag):]
+    return message
 
 
 def raised_cap(cap, spent, redo=0):

@@ -1052,7 +1052,7 @@ def test_a_ci_job_with_regression_out_set_can_report_resume_and_merge_its_record
     merged = cli("--merge", "merged.json", "run.json")
     assert merged.returncode == 2 and "no record of shard(s) 2/2" in merged.stderr  # half a run: incomplete
     again = cli("--provider", "echo", "--suite", GUARDRAILS)  # a new run still never replaces the record
-    assert again.returncode == 2 and "--out: run.json already exists" in again.stderr
+    assert again.returncode == 2 and "REGRESSION_OUT: run.json already exists" in again.stderr
 
 
 def test_an_empty_file_name_is_one_line_and_exit_2_never_a_default(tmp_path, capsys):

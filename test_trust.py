@@ -1151,6 +1151,7 @@ def test_redact_pii_masks_a_card_that_a_letter_touches(tmp_path):
     assert json.loads(files["run.json"])["runs"][0]["answer_text"] == (
         "Charged card[REDACTED:card] and [REDACTED:card]cvv, ticket 12345678901234567890.")
     for text in [result.stdout, *files.values()]:
+        text = re.sub(r"[0-9a-f]{64}", "", text)  # a digest (code_sha256) may hold 5559 by chance
         assert "4111111111111111" not in text and "5559" not in text
 
 
