@@ -1,0 +1,192 @@
+"""Records read back after any one edit, at any path of a real record (a row's response, rounds,
+turns, details, verdicts, judgements, costs, errors; the header's config, suite, superseded rows,
+shard, merged_from, judge_agreement): every reader (--report, --resume, --merge, --replay,
+compare_runs.py) refuses it in one line with exit 2 or reads it, never a traceback, and never
+shows a failing row passing without a CAUTION. Exit codes are pinned through the real CLI."""
+
+import contextlib
+import copy
+import io
+import json
+import pathlib
+import re
+import tempfile
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import compare_runs
+import fakes
+import regression
+from fakes import FakeServer
+from testkit import ROOT, cli_env, read_record, run_main
+
+EXAMPLE = ROOT / "suites" / "agent-trajectories.json"
+GUARDRAILS = ROOT / "suites" / "support-guardrails.json"
+FIXTURE = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.just(10 ** 400)
+                    | st.floats(allow_nan=False) | st.text(max_size=6)
+                    | st.sampled_from(["[REDACTED]", "PASS", "1/2", "0.1", "\u202e", "m"]),
+                    lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=5)
+
+
+@pytest.fixture(scope="module")
+def played(tmp_path_factory):
+    """A real record of played rows: refund-correct passes every case, refund-claims fails."""
+    out = tmp_path_factory.mktemp("played") / "run.json"
+    with FakeServer(fakes.refund_agent()) as server:
+        assert run_main(["--suite", EXAMPLE, "--provider", "openai", "--base-url",
+                         server.url + "/v1", "--models", "refund-correct", "refund-claims",
+                         "--out", out]) == 1
+    return read_record(out)
+
+
+def paths(value, at=()):
+    """Every path into a JSON value, the value's own () first."""
+    yield at
+    items = value.items() if isinstance(value, dict) else \
+        enumerate(value) if isinstance(value, list) else ()
+    for key, inner in items:
+        yield from paths(inner, (*at, key))
+
+
+def texts(value):
+    """The record's own strings: model names, case ids, tool names, answers."""
+    if isinstance(value, str):
+        yield value
+    for inner in (value.values() if isinstance(value, dict) else
+                  value if isinstance(value, list) else ()):
+        yield from texts(inner)
+
+
+@st.composite
+def edited(draw, record):
+    """(record with one edit, what was done): a value set, a key deleted, or one added."""
+    record = copy.deepcopy(record)
+    path = draw(st.sampled_from([path for path in paths(record) if path]))
+    parent = record
+    for step in path[:-1]:
+        parent = parent[step]
+    value = draw(JSON | st.sampled_from(sorted({t for t in texts(record) if len(t) < 40})))
+    how = draw(st.sampled_from(["set", "delete", "add"]))
+    if how == "delete" and isinstance(parent, dict):
+        del parent[path[-1]]
+    elif how == "add" and isinstance(parent[path[-1]], list):
+        parent[path[-1]].append(value)
+    elif how == "add" and isinstance(parent[path[-1]], dict):
+        parent[path[-1]][draw(st.sampled_from(["passed", "error", "x", "response"]))] = value
+    else:
+        parent[path[-1]] = value
+    return record, f"{how} {path} {value!r:.60}"
+
+
+def call(main, argv):
+    """(exit code, stdout + stderr) of main(argv) in-process; a traceback fails the test."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+            code = main([str(arg) for arg in argv])
+    except SystemExit as exc:
+        code = exc.code
+    finally:
+        regression.release_record()
+    return code, said.getvalue()
+
+
+def junit_cases(text):
+    """{(model, case, repeat): 'pass' | 'failure' | 'error' | 'skipped'} of a JUnit report."""
+    found = {}
+    for suite, body in re.findall(r'<testsuite name="([^"]*)"(.*?)</testsuite>', text, re.S):
+        for case, repeat, inner in re.findall(
+                r'<testcase [^>]*name="(\S+) \[repeat (\d+)\]"[^>]*>(.*?)</testcase>', body, re.S):
+            kind = re.search(r"<(failure|error|skipped)\b", inner)
+            found[(suite, case, int(repeat))] = kind.group(1) if kind else "pass"
+    return found
+
+
+def failing(record):
+    return {regression.row_key(row) for row in record["runs"] if row.get("passed") is not True}
+
+
+def refused_in_one_line(code, said):
+    lines = said.strip().splitlines()
+    return code == 2 and len(lines) == 1 and "Traceback" not in said
+
+
+# ------------------------------------------------------------ rows outside the config's plan
+
+def test_a_row_outside_the_plan_is_refused_not_dropped_from_the_junit_report(played, tmp_path):
+    """config.models without the failing model: its rows were left out of the JUnit report, which
+    said 3 tests, 0 failures, 0 errors (a CI gate reading it passed) while the record held three
+    failing rows. Now every reader refuses the record in one line, exit 2."""
+    record = copy.deepcopy(played)
+    record["config"]["models"] = ["refund-correct"]
+    path = tmp_path / "cut.json"
+    path.write_text(json.dumps(record), encoding="utf-8")
+    said = ("is not a usable agent-regression record: runs[1] (refund-claims / "
+            "refund-shipped-order / repeat 0) is not in the config's models x cases x repeats")
+    runs = [(["--report", path, "--junit", tmp_path / "r.xml"], tmp_path),
+            (["--resume", path], tmp_path),
+            (["--provider", "replay", "--replay", path, "--suite", EXAMPLE, "--out", "o.json"],
+             tmp_path)]
+    for code, out, err in fakes.cli_table(runs, env=cli_env()):
+        assert (code, out, "Traceback" in err) == (2, "", False), err
+        assert err.count("\n") == 1 and said in err, err
+    assert not (tmp_path / "r.xml").exists() and not (tmp_path / "o.json").exists()
+    assert read_record(path) == record  # --resume left it as it was
+
+
+@pytest.mark.parametrize("edit", ["repeat", "case_id", "model"])
+def test_a_row_key_outside_the_plan_is_named(played, edit):
+    record = copy.deepcopy(played)
+    record["runs"][3][edit] = 5 if edit == "repeat" else "other"
+    assert regression.record_problem(record, evidence=False) == (
+        f"runs[3] ({regression.key_text(regression.row_key(record['runs'][3]))}) is not in the "
+        "config's models x cases x repeats")
+
+
+# ------------------------------------------------------------ any one edit: read or refused
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=FIXTURE)
+@given(data=st.data())
+def test_report_of_any_edit_is_refused_or_keeps_every_failure(played, tmp_path, data):
+    """--report of a record with one edit anywhere: one line and exit 2, or a JUnit report in
+    which no row that failed reads as a pass, unless a CAUTION says its grade changed."""
+    record, how = data.draw(edited(played))
+    folder = pathlib.Path(tempfile.mkdtemp(dir=tmp_path))
+    (folder / "run.json").write_text(json.dumps(record), encoding="utf-8")
+    code, said = call(regression.main, ["--report", folder / "run.json",
+                                        "--junit", folder / "r.xml"])
+    if code == 2:
+        assert refused_in_one_line(code, said), (how, said)
+        return
+    assert code == 0, (how, said)
+    cases = junit_cases((folder / "r.xml").read_text(encoding="utf-8"))
+    passing = {key for key in failing(played) if cases.get(key, "pass") == "pass"}
+    assert not passing or "CAUTION" in said, (how, passing, said)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=FIXTURE)
+@given(data=st.data())
+def test_compare_of_any_edit_is_refused_or_keeps_every_failure(played, tmp_path, data):
+    """compare_runs.py BEFORE EDITED --all and --models: NOT_COMPARABLE in one line (exit 2), or
+    no row that failed reads as passing after, and the swap to the failing model still fails,
+    unless a CAUTION the unedited record does not give says why."""
+    record, how = data.draw(edited(played))
+    folder = pathlib.Path(tempfile.mkdtemp(dir=tmp_path))
+    before, after = folder / "before.json", folder / "after.json"
+    before.write_text(json.dumps(played), encoding="utf-8")
+    after.write_text(json.dumps(record), encoding="utf-8")
+    code, said = call(compare_runs.main, [before, after, "--all"])
+    if code == 2:
+        assert refused_in_one_line(code, said), (how, said)
+    else:
+        shown = {tuple(line.split()[1:3]) for line in said.splitlines()
+                 if line.startswith(("PASS ", "FIXED ", "RECOVERED "))}
+        passing = {key for key in failing(played) if key[:2] in shown}
+        assert code in (0, 1) and (not passing or "CAUTION" in said), (how, passing, said)
+    base = call(compare_runs.main, ["--models", "refund-correct", "refund-claims", before])[1]
+    code, said = call(compare_runs.main, ["--models", "refund-correct", "refund-claims", after])
+    new = [line for line in said.splitlines() if "CAUTION" in line and line not in base]
+    assert code == 1 or refused_in_one_line(code, said) or new, (how, code, said)
