@@ -7440,19 +7440,19 @@ def _record_problems(record, evidence):
     for field in ("runs", "superseded"):
         for position, row in enumerate(record.get(field) or []):
             yield from _row_problems(row, f"{field}[{position}]")
-    yield _unplanned_problem(record["config"], record["runs"])
+    yield _unplanned_problem(record)
     if evidence:
         yield _unfounded_problem(record)
 
 
-def _unplanned_problem(config, rows):
-    """The first row outside the config's models x cases x repeats, as one line, or None: no run
-    makes one, and a report of the plan's rows alone (JUnit) would drop it, a failure included."""
-    plan = set(plan_rows(config["models"], [case["id"] for case in config["cases"]],
-                         config["repeats"]))
+def _unplanned_problem(record):
+    """The first row outside the record's plan (its config's models x cases x repeats, its shard's
+    part of them), as one line, or None: no run makes one, and a report of the plan's rows alone
+    (JUnit) would drop it, a failure included."""
+    plan, shard = set(_record_plan(record)), record.get("shard")
     return next((f"runs[{position}] ({key_text(row_key(row))}) is not in the config's models x "
-                 "cases x repeats" for position, row in enumerate(rows)
-                 if row_key(row) not in plan), None)
+                 f"cases x repeats{f' (shard {shard})' if shard else ''}"
+                 for position, row in enumerate(record["runs"]) if row_key(row) not in plan), None)
 
 
 def _verdict_text(row):

@@ -146,6 +146,20 @@ def test_a_row_key_outside_the_plan_is_named(played, edit):
         "config's models x cases x repeats")
 
 
+def test_a_shard_whose_rows_are_another_shards_is_refused(tmp_path):
+    """A shard 1/2 record edited to say 2/2: its JUnit report walked shard 2's rows, all 'not
+    run', and dropped the three failing rows it holds (0 failures, 4 skipped)."""
+    assert run_main(["--suite", GUARDRAILS, "--provider", "echo", "--models", "m", "m2",
+                     "--shard", "1/2", "--out", tmp_path / "s.json"]) == 1
+    record = {**read_record(tmp_path / "s.json"), "shard": "2/2"}
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(record), encoding="utf-8")
+    assert call(regression.main, ["--report", path, "--junit", tmp_path / "r.xml"]) == (
+        2, f"regression.py: error: --report: {path} is not a usable agent-regression record: "
+        "runs[0] (m / refund-policy / repeat 0) is not in the config's models x cases x repeats "
+        "(shard 2/2)\n")
+
+
 # ------------------------------------------------------------ any one edit: read or refused
 
 @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=FIXTURE)
