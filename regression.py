@@ -7219,8 +7219,9 @@ NESTED_FIELDS = {
 }
 SUMMARY_MODEL_FIELDS = dict(passed=_INT, total=_INT, errors=_INT, qualified=_BOOL,
                             reported_cost_usd=_TEXT, judge_cost_usd=_TEXT)
-ROW_FIELDS = dict(
-    error=_TEXT, error_status=_INT, error_message=_TEXT, cost_usd=_TEXT, answer_text=_TEXT,
+ROW_FIELDS = dict(  # an error is its exception's name: "" would read as none where it is shown
+    error=((lambda v: isinstance(v, str) and v != ""), "the name of an error"), error_status=_INT,
+    error_message=_TEXT, cost_usd=_TEXT, answer_text=_TEXT,
     reasons=(_is_text_list, "a list of strings"), passed=_BOOL, seconds=_NUMBER, details=_OBJECT,
     attempts=_INT, rounds=_LIST, verdicts=_OBJECT, verdict_sha256=_TEXT, judgements=_LIST,
     judge_cost_usd=_TEXT, turns=_LIST)

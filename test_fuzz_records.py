@@ -160,6 +160,30 @@ def test_a_shard_whose_rows_are_another_shards_is_refused(tmp_path):
         "(shard 2/2)\n")
 
 
+# ------------------------------------------------------------ an error that reads as none
+
+def test_an_empty_error_name_is_refused_not_shown_as_pass(tmp_path):
+    """A row that failed with HTTP 400, its error name edited to "": the HTML report said
+    "m / refund-policy / repeat 0: PASS" (the reports ask whether the error is truthy, the
+    verdict whether it is there). Now every reader refuses it: exit 2 and one line, no report written."""
+    with FakeServer(fakes.failing(400)) as server:
+        assert run_main(["--suite", GUARDRAILS, "--provider", "openai", "--base-url",
+                         server.url + "/v1", "--models", "m", "--out", tmp_path / "e.json"]) == 2
+    record = read_record(tmp_path / "e.json")
+    assert record["runs"][0]["error"] == "HTTPError"
+    record["runs"][0]["error"] = ""
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(record), encoding="utf-8")
+    said = "is not a usable agent-regression record: runs[0].error is not the name of an error"
+    runs = [(["--report", path, "--html", tmp_path / "r.html"], tmp_path)]
+    (code, out, err), = fakes.cli_table(runs, env=cli_env())
+    assert (code, out, err.count("\n"), said in err) == (2, "", 1, True), err
+    assert not (tmp_path / "r.html").exists()
+    assert call(compare_runs.main, [tmp_path / "e.json", path]) == (
+        2, f"NOT_COMPARABLE: {path} is not a usable record: runs[0].error is not the name of an "
+        "error\n")
+
+
 # ------------------------------------------------------------ any one edit: read or refused
 
 @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=FIXTURE)
