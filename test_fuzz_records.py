@@ -228,3 +228,35 @@ def test_compare_of_any_edit_is_refused_or_keeps_every_failure(played, tmp_path,
     code, said = call(compare_runs.main, ["--models", "refund-correct", "refund-claims", after])
     new = [line for line in said.splitlines() if "CAUTION" in line and line not in base]
     assert code == 1 or refused_in_one_line(code, said) or new, (how, code, said)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """Both shards of an echo run of two models: 3 of each model's 4 rows fail."""
+    folder = tmp_path_factory.mktemp("shards")
+    for number in (1, 2):
+        assert run_main(["--suite", GUARDRAILS, "--provider", "echo", "--models", "m", "m2",
+                         "--shard", f"{number}/2", "--out", folder / f"s{number}.json"]) == 1
+    return [read_record(folder / f"s{number}.json") for number in (1, 2)]
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=FIXTURE)
+@given(data=st.data())
+def test_merge_resume_and_replay_of_any_edit_never_pass(shards, tmp_path, data):
+    """Shard 1 with one edit, merged with shard 2, resumed, and replayed: each exits 1 or 2 (the
+    echo answers fail 3 cases of each model, so no edit may turn either run into a pass), and a
+    refusal before anything is written is one line."""
+    record, how = data.draw(edited(shards[0]))
+    folder = pathlib.Path(tempfile.mkdtemp(dir=tmp_path))
+    for name, value in (("s1.json", record), ("s2.json", shards[1]), ("r.json", record)):
+        (folder / name).write_text(json.dumps(value), encoding="utf-8")
+    runs = [(["--merge", folder / "out.json", folder / "s1.json", folder / "s2.json"], "out.json"),
+            (["--resume", folder / "r.json"], "r.json"),
+            (["--provider", "replay", "--replay", folder / "s1.json", "--suite", GUARDRAILS,
+              "--out", folder / "replay.json"], "replay.json")]
+    for argv, out in runs:
+        code, said = call(regression.main, [*argv, "--quiet"])
+        path = folder / out
+        written = path.exists() and (out != "r.json" or json.loads(path.read_text()) != record)
+        assert code == 1 or refused_in_one_line(code, said) or code == 2 and written, (
+            how, argv[0], code, said)
