@@ -7654,8 +7654,13 @@ def _recover_rows(text, i, decoder):
         try:
             row, end = decoder.raw_decode(text, i)
         except ValueError:
-            return rows, i, True
+            row = None
         if not isinstance(row, dict):
+            # A crash tears the last row the writer began (each on a line of its own): a row
+            # damaged elsewhere is no tear, and reading it as one would lose every row after it
+            # (a --resume would rewrite the record without them).
+            if text[i - 1:i] != "\n" or "\n{" in text[i:]:
+                raise ValueError(f"runs[{len(rows)}] is damaged")
             return rows, i, True
         rows.append(row)
         i = _skip_ws(text, end)
