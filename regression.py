@@ -381,12 +381,13 @@ def _is_int(value):
 
 
 def _amount(value):
-    """A decimal-string amount as a finite Decimal, else None."""
+    """A decimal-string amount as a finite Decimal, else None: no cost is below zero (one that
+    says so would lower the spend a --resume's cap starts from, so the run could pass the cap)."""
     try:
         amount = decimal.Decimal(value) if isinstance(value, str) else None
     except ArithmeticError:  # InvalidOperation, Overflow
         return None
-    return amount if amount is not None and amount.is_finite() else None
+    return amount if amount is not None and amount.is_finite() and amount >= 0 else None
 
 
 _MAYBE_UNSAFE = re.compile(r"[^\x20-\x7e]")  # anything outside printable ASCII is looked at

@@ -6,6 +6,7 @@ shows a failing row passing without a CAUTION. Exit codes are pinned through the
 
 import contextlib
 import copy
+import decimal
 import io
 import json
 import pathlib
@@ -212,6 +213,31 @@ def test_a_row_damaged_mid_file_is_refused_not_read_as_torn(tmp_path):
 def _written(path, data):
     path.write_bytes(data)
     return path
+
+
+# ------------------------------------------------------------ no cost is below zero
+
+def test_a_negative_cost_does_not_lower_the_spend_a_resume_starts_from(tmp_path):
+    """A played record that spent $0.0009, one row's cost_usd edited to "-1" and another row's
+    response deleted: --resume --max-cost-usd 0.0005 counted the record as $-0.9992 spent and
+    sent the row again, past the cap. Now a cost below zero is no amount (unknown), so the cap
+    cannot be enforced and nothing is sent: exit 2."""
+    with FakeServer(fakes.refund_agent()) as server:
+        out = tmp_path / "run.json"
+        assert run_main(["--suite", EXAMPLE, "--provider", "openai", "--base-url",
+                         server.url + "/v1", "--models", "refund-correct", "refund-claims",
+                         "--out", out]) == 1
+        record, sent = read_record(out), len(server.requests)
+        assert sum(map(decimal.Decimal, (row["cost_usd"] for row in record["runs"]))) == \
+            decimal.Decimal("0.0009")
+        record["runs"][0]["cost_usd"] = "-1"
+        del record["runs"][1]["response"]
+        edited = tmp_path / "edited.json"
+        edited.write_text(json.dumps(record), encoding="utf-8")
+        (code, _, err), = fakes.cli_table([(["--resume", edited, "--max-cost-usd", "0.0005"],
+                                            tmp_path)], env=cli_env())
+        assert (code, len(server.requests) - sent, "Traceback" in err) == (2, 0, False), err
+    assert regression._amount("-1") is None and regression._amount("-0") == 0
 
 
 # ------------------------------------------------------------ any one edit: read or refused
