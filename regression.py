@@ -7681,7 +7681,10 @@ def load_record(path):
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        # a crash can cut a character in half: keep what precedes it
+        # a crash can cut a character in half: keep what precedes it, unless rows follow (no tear)
+        if b"\n{" in data[exc.start:]:
+            raise RecordError(f"{path} is not a JSON record: byte {exc.start} is not UTF-8 "
+                              f"({exc.reason})") from None
         text = data[:exc.start].decode("utf-8")
     try:
         return json.loads(text)

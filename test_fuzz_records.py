@@ -187,11 +187,15 @@ def test_an_empty_error_name_is_refused_not_shown_as_pass(tmp_path):
 
 # ------------------------------------------------------------ damage mid-file is no tear
 
-def test_a_row_damaged_mid_file_is_refused_not_read_as_torn(tmp_path):
-    """A number of 5,000 digits in row 3 of 8 (json.loads refuses it) was read as a crash's torn
-    tail: rows 3 to 8 were dropped, and --resume rewrote the record without them (running them
-    again, paid for again with a paid provider). Now it is not a JSON record: exit 2, one line,
-    the file as it was. A real tear (the file cut inside its last row) still recovers."""
+@pytest.mark.parametrize("damage, said", [
+    (b'"repeat": ' + b"9" * 5000, "Exceeds the limit (4300 digits) for integer string conversion"),
+    (b'"repeat": \xff', "byte {at} is not UTF-8 (invalid start byte)")], ids=["number", "byte"])
+def test_a_row_damaged_mid_file_is_refused_not_read_as_torn(tmp_path, damage, said):
+    """A number of 5,000 digits (json.loads refuses it), or a byte that is not UTF-8, in row 3 of
+    8 was read as a crash's torn tail: rows 3 to 8 were dropped, and --resume rewrote the record
+    without them, ran them again (paid again with a paid provider) and exited 1 as if nothing
+    was wrong. Now it is not a JSON record: exit 2, one line, the file as it was. A real tear (the
+    file cut inside its last row, or inside a character) still recovers."""
     path = tmp_path / "run.json"
     assert run_main(["--suite", GUARDRAILS, "--provider", "echo", "--models", "m", "m2",
                      "--out", path]) == 1
@@ -199,15 +203,17 @@ def test_a_row_damaged_mid_file_is_refused_not_read_as_torn(tmp_path):
     starts = [match.start() for match in re.finditer(b"\n{", data)]
     third = data.index(b'"repeat": 0', starts[2])
     assert third < starts[3]
-    damaged = data[:third] + b'"repeat": ' + b"9" * 5000 + data[third + len(b'"repeat": 0'):]
+    damaged = data[:third] + damage + data[third + len(b'"repeat": 0'):]
     path.write_bytes(damaged)
     (code, out, err), = fakes.cli_table([(["--resume", path], tmp_path)], env=cli_env())
     assert (code, out, err.count("\n")) == (2, "", 1), err
-    assert err.startswith(f"regression.py: error: --resume: {path} is not a JSON record: Exceeds "
-                          "the limit (4300 digits) for integer string conversion"), err
+    assert err.startswith(f"regression.py: error: --resume: {path} is not a JSON record: "
+                          + said.format(at=third + len(b'"repeat": '))), err
     assert path.read_bytes() == damaged
     torn = regression.load_record(_written(tmp_path / "torn.json", data[:starts[-1] + 9]))
     assert (len(torn["runs"]), torn["recovered"]) == (len(starts) - 1, True)
+    cut = data[:starts[-1] + 9] + "\u00e9".encode("utf-8")[:1]
+    assert len(regression.load_record(_written(tmp_path / "cut.json", cut))["runs"]) == 7
 
 
 def _written(path, data):
