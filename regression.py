@@ -7650,19 +7650,18 @@ def _recover_rows(text, i, decoder):
         raise ValueError('"runs" is not a list')
     rows, i = [], _skip_ws(text, i + 1)
     while i < len(text):
-        if text.startswith("]", i):
-            return rows, i + 1, False
+        closed = text.startswith("]", i)
         try:
-            row, end = decoder.raw_decode(text, i)
+            row, end = (None, i) if closed else decoder.raw_decode(text, i)
         except ValueError:
             row = None
         if not isinstance(row, dict):
             # A crash tears the last row the writer began (each on a line of its own): a row
-            # damaged elsewhere is no tear, and reading it as one would lose every row after it
-            # (a --resume would rewrite the record without them).
-            if text[i - 1:i] != "\n" or "\n{" in text[i:]:
+            # damaged elsewhere, or the rows' end before a row, is no tear, and reading it as one
+            # would lose every row after it (a --resume would rewrite the record without them).
+            if text.find("\n{", i) >= 0 or not closed and text[i - 1:i] != "\n":
                 raise ValueError(f"runs[{len(rows)}] is damaged")
-            return rows, i, True
+            return (rows, i + 1, False) if closed else (rows, i, True)
         rows.append(row)
         i = _skip_ws(text, end)
         if text.startswith(",", i):

@@ -216,6 +216,21 @@ def test_a_row_damaged_mid_file_is_refused_not_read_as_torn(tmp_path, damage, sa
     assert len(regression.load_record(_written(tmp_path / "cut.json", cut))["runs"]) == 7
 
 
+@pytest.mark.parametrize("where", [0, 3], ids=["before-row-1", "after-row-3"])
+def test_the_rows_closed_early_are_refused_not_read_as_torn(written, tmp_path, where):
+    """The line break before row 1, or the comma after row 3, replaced by "]": load_record read
+    the rows before it and the text after it as a torn summary, so every later row was lost
+    (--resume kept 0 or 3 rows of 8, rewrote the record without the rest and ran them again)."""
+    at = [match.start() for match in re.finditer(b"\n{", written)][where] - (where > 0)
+    path = _written(tmp_path / "run.json", written[:at] + b"]" + written[at + 1:])
+    damaged = path.read_bytes()
+    code, said = call(regression.main, ["--resume", path])
+    assert (code, said.count("\n")) == (2, 1), said
+    assert said.startswith(f"regression.py: error: --resume: {path} is not a JSON record: "
+                           "Expecting ',' delimiter: line "), said
+    assert path.read_bytes() == damaged
+
+
 def _written(path, data):
     path.write_bytes(data)
     return path
@@ -322,3 +337,40 @@ def test_merge_resume_and_replay_of_any_edit_never_pass(shards, tmp_path, data):
         written = path.exists() and (out != "r.json" or json.loads(path.read_text()) != record)
         assert code == 1 or refused_in_one_line(code, said) or code == 2 and written, (
             how, argv[0], code, said)
+
+
+# ------------------------------------------------------------ any byte: a tear or a refusal
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """The bytes of a record as the writer leaves them (8 echo rows, each on a line of its own)."""
+    path = tmp_path_factory.mktemp("written") / "run.json"
+    assert run_main(["--suite", GUARDRAILS, "--provider", "echo", "--models", "m", "m2",
+                     "--out", path]) == 1
+    return path.read_bytes()
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=FIXTURE)
+@given(data=st.data())
+def test_a_changed_or_cut_byte_loses_no_row_but_a_torn_last_one(written, tmp_path, data):
+    """A record with one byte replaced, deleted or the file cut there: load_record refuses it in
+    one line (RecordError), or reads it; read as torn (recovered), it keeps every row but one
+    the change falls in at the tail, as a crash's tear does. Never fewer: a --resume would
+    rewrite the record without them."""
+    at = data.draw(st.integers(written.index(b'"runs": [') + 9, len(written) - 1))
+    byte = data.draw(st.sampled_from([b"", b"]", b"}", b",", b"\xff", b"\xc3", b"x", b"\n", b"9"]))
+    cut = data.draw(st.booleans())
+    damaged = written[:at] + (b"" if cut else byte + written[at + 1:])
+    path = tmp_path / f"d{at}.json"
+    path.write_bytes(damaged)
+    try:
+        record = regression.load_record(path)
+    except regression.RecordError as exc:
+        assert "\n" not in str(exc)
+        return
+    starts = [match.start() for match in re.finditer(b"\n{", written)]
+    ends = [*starts[1:], written.index(b"\n]", starts[-1])]
+    if record.get("recovered"):  # a cut keeps the rows it left whole; a change, all but a last one
+        kept, whole = len(record["runs"]), sum(end <= at for end in ends)
+        assert kept == whole if cut else kept in (len(starts), whole) and whole >= len(starts) - 1, \
+            (at, byte, cut, kept)
