@@ -166,7 +166,8 @@ def test_a_shard_whose_rows_are_another_shards_is_refused(tmp_path):
 def test_an_empty_error_name_is_refused_not_shown_as_pass(tmp_path):
     """A row that failed with HTTP 400, its error name edited to "": the HTML report said
     "m / refund-policy / repeat 0: PASS" (the reports ask whether the error is truthy, the
-    verdict whether it is there). Now every reader refuses it: exit 2 and one line, no report written."""
+    verdict whether it is there). Now every reader refuses it: exit 2 and one line, no report
+    written."""
     with FakeServer(fakes.failing(400)) as server:
         assert run_main(["--suite", GUARDRAILS, "--provider", "openai", "--base-url",
                          server.url + "/v1", "--models", "m", "--out", tmp_path / "e.json"]) == 2
@@ -372,5 +373,5 @@ def test_a_changed_or_cut_byte_loses_no_row_but_a_torn_last_one(written, tmp_pat
     ends = [*starts[1:], written.index(b"\n]", starts[-1])]
     if record.get("recovered"):  # a cut keeps the rows it left whole; a change, all but a last one
         kept, whole = len(record["runs"]), sum(end <= at for end in ends)
-        assert kept == whole if cut else kept in (len(starts), whole) and whole >= len(starts) - 1, \
-            (at, byte, cut, kept)
+        changed = kept in (len(starts), whole) and whole >= len(starts) - 1
+        assert kept == whole if cut else changed, (at, byte, cut, kept)
