@@ -264,7 +264,7 @@ def test_a_negative_cost_does_not_lower_the_spend_a_resume_starts_from(tmp_path)
 
 # ------------------------------------------------------------ any one edit: read or refused
 
-@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=FIXTURE)
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=FIXTURE)
 @given(data=st.data())
 def test_report_of_any_edit_is_refused_or_keeps_every_failure(played, tmp_path, data):
     """--report of a record with one edit anywhere: one line and exit 2, or a JUnit report in
@@ -283,7 +283,7 @@ def test_report_of_any_edit_is_refused_or_keeps_every_failure(played, tmp_path, 
     assert not passing or "CAUTION" in said, (how, passing, said)
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=FIXTURE)
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=FIXTURE)
 @given(data=st.data())
 def test_compare_of_any_edit_is_refused_or_keeps_every_failure(played, tmp_path, data):
     """compare_runs.py BEFORE EDITED --all and --models: NOT_COMPARABLE in one line (exit 2), or
@@ -318,7 +318,7 @@ def shards(tmp_path_factory):
     return [read_record(folder / f"s{number}.json") for number in (1, 2)]
 
 
-@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=FIXTURE)
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=FIXTURE)
 @given(data=st.data())
 def test_merge_resume_and_replay_of_any_edit_never_pass(shards, tmp_path, data):
     """Shard 1 with one edit, merged with shard 2, resumed, and replayed: each exits 1 or 2 (the
