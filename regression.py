@@ -7648,7 +7648,7 @@ def _recover_rows(text, i, decoder):
     """The complete rows of a "runs" array, the position after it, and whether it was torn."""
     if not text.startswith("[", i):
         raise ValueError('"runs" is not a list')
-    rows, i = [], _skip_ws(text, i + 1)
+    rows, lined, i = [], text.startswith("\n", i + 1), _skip_ws(text, i + 1)
     while i < len(text):
         closed = text.startswith("]", i)
         try:
@@ -7656,10 +7656,11 @@ def _recover_rows(text, i, decoder):
         except ValueError:
             row = None
         if not isinstance(row, dict):
-            # A crash tears the last row the writer began (each on a line of its own): a row
-            # damaged elsewhere, or the rows' end before a row, is no tear, and reading it as one
-            # would lose every row after it (a --resume would rewrite the record without them).
-            if text.find("\n{", i) >= 0 or not closed and text[i - 1:i] != "\n":
+            # A crash tears the last row the writer began (each on a line of its own): damage
+            # before a row that starts a line, or in rows the writer did not lay out, is no tear,
+            # and reading it as one would lose every row after it (a --resume would rewrite the
+            # record without them).
+            if text.find("\n{", i) >= 0 or not lined and not closed:
                 raise ValueError(f"runs[{len(rows)}] is damaged")
             return (rows, i + 1, False) if closed else (rows, i, True)
         rows.append(row)

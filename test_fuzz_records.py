@@ -370,8 +370,20 @@ def test_a_changed_or_cut_byte_loses_no_row_but_a_torn_last_one(written, tmp_pat
         assert "\n" not in str(exc)
         return
     starts = [match.start() for match in re.finditer(b"\n{", written)]
-    ends = [*starts[1:], written.index(b"\n]", starts[-1])]
+    ends = [*(start - 1 for start in starts[1:]), written.index(b"\n]", starts[-1])]  # "}" + 1
     if record.get("recovered"):  # a cut keeps the rows it left whole; a change, all but a last one
         kept, whole = len(record["runs"]), sum(end <= at for end in ends)
-        changed = kept in (len(starts), whole) and whole >= len(starts) - 1
+        changed = kept == len(starts) or kept == whole >= len(starts) - 1
         assert kept == whole if cut else changed, (at, byte, cut, kept)
+
+
+def test_a_row_the_writer_left_half_over_the_old_tail_is_a_tear(written, tmp_path):
+    """The writer appends a row by writing it and the summary over the old summary: killed after
+    part of that write, the file holds the new row's start, then the rest of the old summary.
+    Cut anywhere, that is a tear: the 7 rows before it are kept, and the record is not refused."""
+    starts = [match.start() for match in re.finditer(b"\n{", written)]
+    tail = written[written.index(b"\n]", starts[-1]):]
+    before = written[:starts[-1] - 1] + tail.replace(b'"rows": 8', b'"rows": 7') + b" " * 40
+    for cut in range(starts[-1] - 1, len(written) - 40, 7):
+        record = regression.load_record(_written(tmp_path / "r.json", written[:cut] + before[cut:]))
+        assert len(record["runs"]) >= 7, cut
