@@ -381,12 +381,13 @@ def _is_int(value):
 
 
 def _amount(value):
-    """A decimal-string amount as a finite Decimal, else None."""
+    """A decimal-string amount as a finite Decimal, else None: no cost is below zero (one that
+    says so would lower the spend a --resume's cap starts from, so the run could pass the cap)."""
     try:
         amount = decimal.Decimal(value) if isinstance(value, str) else None
     except ArithmeticError:  # InvalidOperation, Overflow
         return None
-    return amount if amount is not None and amount.is_finite() else None
+    return amount if amount is not None and amount.is_finite() and amount >= 0 else None
 
 
 _MAYBE_UNSAFE = re.compile(r"[^\x20-\x7e]")  # anything outside printable ASCII is looked at
@@ -7367,8 +7368,9 @@ NESTED_FIELDS = {
 }
 SUMMARY_MODEL_FIELDS = dict(passed=_INT, total=_INT, errors=_INT, qualified=_BOOL,
                             reported_cost_usd=_TEXT, judge_cost_usd=_TEXT)
-ROW_FIELDS = dict(
-    error=_TEXT, error_status=_INT, error_message=_TEXT, cost_usd=_TEXT, answer_text=_TEXT,
+ROW_FIELDS = dict(  # an error is its exception's name: "" would read as none where it is shown
+    error=((lambda v: isinstance(v, str) and v != ""), "the name of an error"), error_status=_INT,
+    error_message=_TEXT, cost_usd=_TEXT, answer_text=_TEXT,
     reasons=(_is_text_list, "a list of strings"), passed=_BOOL, seconds=_NUMBER, details=_OBJECT,
     attempts=_INT, rounds=_LIST, verdicts=_OBJECT, verdict_sha256=_TEXT, judgements=_LIST,
     judge_cost_usd=_TEXT, turns=_LIST)
@@ -7588,8 +7590,19 @@ def _record_problems(record, evidence):
     for field in ("runs", "superseded"):
         for position, row in enumerate(record.get(field) or []):
             yield from _row_problems(row, f"{field}[{position}]")
+    yield _unplanned_problem(record)
     if evidence:
         yield _unfounded_problem(record)
+
+
+def _unplanned_problem(record):
+    """The first row outside the record's plan (its config's models x cases x repeats, its shard's
+    part of them), as one line, or None: no run makes one, and a report of the plan's rows alone
+    (JUnit) would drop it, a failure included."""
+    plan, shard = set(_record_plan(record)), record.get("shard")
+    return next((f"runs[{position}] ({key_text(row_key(row))}) is not in the config's models x "
+                 f"cases x repeats{f' (shard {shard})' if shard else ''}"
+                 for position, row in enumerate(record["runs"]) if row_key(row) not in plan), None)
 
 
 def _verdict_text(row):
@@ -7783,16 +7796,21 @@ def _recover_rows(text, i, decoder):
     """The complete rows of a "runs" array, the position after it, and whether it was torn."""
     if not text.startswith("[", i):
         raise ValueError('"runs" is not a list')
-    rows, i = [], _skip_ws(text, i + 1)
+    rows, lined, i = [], text.startswith("\n", i + 1), _skip_ws(text, i + 1)
     while i < len(text):
-        if text.startswith("]", i):
-            return rows, i + 1, False
+        closed = text.startswith("]", i)
         try:
-            row, end = decoder.raw_decode(text, i)
+            row, end = (None, i) if closed else decoder.raw_decode(text, i)
         except ValueError:
-            return rows, i, True
+            row = None
         if not isinstance(row, dict):
-            return rows, i, True
+            # A crash tears the last row the writer began (each on a line of its own): damage
+            # before a row that starts a line, or in rows the writer did not lay out, is no tear,
+            # and reading it as one would lose every row after it (a --resume would rewrite the
+            # record without them).
+            if text.find("\n{", i) >= 0 or not lined and not closed:
+                raise ValueError(f"runs[{len(rows)}] is damaged")
+            return (rows, i + 1, False) if closed else (rows, i, True)
         rows.append(row)
         i = _skip_ws(text, end)
         if text.startswith(",", i):
@@ -7811,7 +7829,10 @@ def load_record(path):
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        # a crash can cut a character in half: keep what precedes it
+        # a crash can cut a character in half: keep what precedes it, unless rows follow (no tear)
+        if b"\n{" in data[exc.start:]:
+            raise RecordError(f"{path} is not a JSON record: byte {exc.start} is not UTF-8 "
+                              f"({exc.reason})") from None
         text = data[:exc.start].decode("utf-8")
     try:
         return json.loads(text)
@@ -10226,7 +10247,7 @@ def merge(out, paths, created=lambda: None):
             rows[key], source[key] = row, path
     config = base["config"]
     plan = plan_rows(config["models"], [case["id"] for case in config["cases"]], config["repeats"])
-    ordered = [rows.pop(key) for key in plan if key in rows] + list(rows.values())
+    ordered = [rows[key] for key in plan if key in rows]  # each a row of the plan (record_problem)
     superseded = [row for record in records for row in record.get("superseded") or []]
     final = summary(ordered, config["models"], config["repeats"], config["cases"], superseded)
     dropped = ("created_at", "runs", "summary", "shard", "recovered", "superseded")

@@ -423,7 +423,9 @@ NOT_COMPARABLE = [
      'cases["new"] differs: (absent) -> {"id": "new", "input": "x"}'),
     ("case-order", lambda r: r["config"]["cases"].reverse(),
      'cases order differs: ["refund-policy", "c2"] -> ["c2", "refund-policy"]'),
-    ("models", lambda r: r["config"].update(models=["m/two"]), 'models differs: ["m/one"] -> ["m/two"]'),
+    ("models", lambda r: r["config"].update(models=["m/two"]) or [row.update(model="m/two")
+                                                                 for row in r["runs"]],
+     'models differs: ["m/one"] -> ["m/two"]'),
     ("tools", lambda r: r["config"].update(tools=[{"type": "function", "function": {"name": "a"}}]) or
      before_tools(r), 'tools[0].function.name differs: "b" -> "a"'),
     ("repeats", lambda r: r["config"].update(repeats=2), "repeats differs: 1 -> 2"),
