@@ -2293,7 +2293,7 @@ def _declared_arguments(arguments, name, context, where, field):
     """Every argument name a suite writes for a tool is one its schema declares (when it declares
     any): a misspelt name would never match a call, so a right call would fail and a `when`
     would fall through to the catch-all."""
-    declared = tool_parameters(suite_tools(context["suite"])).get(name)
+    declared = context["parameters"].get(name)
     unknown = sorted(key for key in arguments if key not in (declared or arguments))
     if unknown:
         import difflib
@@ -2860,7 +2860,8 @@ def judge_problem(spec, need=("provider", "model")):
         ("model" in spec and not (isinstance(spec["model"], str) and spec["model"].strip()),
          "model must be a non-empty string"),
         (url is not None and base_url_problem(url, "base_url"), base_url_problem(url, "base_url")),
-        (key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(key_env)),
+        (key_env is not None and not (isinstance(key_env, str)  # true: os.environ raised
+                                      and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key_env)),
          "api_key_env must be the NAME of an environment variable"),
         (not _is_int(repeats) or repeats not in range(1, 10, 2), "repeats must be 1, 3, 5, 7 or 9"),
         ("prompt" in spec and not (isinstance(spec["prompt"], str) and text_form(spec["prompt"])),
@@ -2977,15 +2978,27 @@ register_check("rubric", check_rubric, keys=("rubric",), each=rubrics_of, valida
 # A suite is a JSON file (SPEC B1). Validation runs before anything is sent and names
 # the case and field of the first problem, so a typo is never reported as a model failure.
 
+_TOOL_VIEW = (None, [], {})  # (tools, their function names, their tool_parameters): the last read
+
+
+def tool_view(tools):
+    """(function names, tool_parameters) of a tools list, worked out once per list: every case, turn
+    and row reads its suite's tools, so 1,000 cases of 1,000 tools took 8 s read anew each time."""
+    global _TOOL_VIEW
+    view = _TOOL_VIEW  # one tuple, so a thread never reads one list's names with another's
+    if view[0] is not tools:
+        view = _TOOL_VIEW = (tools, _function_names(tools), tool_parameters(tools))
+    return view[1], view[2]
+
+
 def compile_case(suite, case):
     """A suite case with what its checks need from the suite attached."""
     schema = ((suite.get("response_format") or {}).get("json_schema") or {}).get("schema")
-    tools = suite.get("tools") or []
+    functions, parameters = tool_view(suite.get("tools") or [])
     compiled = {**case, "_schema": schema if isinstance(schema, dict) else None,
                 "_sources": suite.get("sources"),
                 "_instructions": case.get("instructions", suite.get("instructions", "")),
-                "_function_tools": _function_names(tools),
-                "_tool_parameters": tool_parameters(tools)}
+                "_function_tools": functions, "_tool_parameters": parameters}
     if "max_rounds" in suite:  # the suite's round limit plays every case: no_final_answer judges it
         compiled.setdefault("max_rounds", suite["max_rounds"])
     return compiled
@@ -3026,6 +3039,7 @@ def _duplicate_id(seen, case_id):
 def _validate_tools(tools, where):
     if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
         raise SuiteError(f"{where}: tools must be a list of objects")
+    seen = set()
     for tool in tools:
         if not isinstance(tool.get("type"), str):
             raise SuiteError(f"{where}: every tool needs a string \"type\"")
@@ -3034,6 +3048,26 @@ def _validate_tools(tools, where):
         if tool["type"] == "function" and not (isinstance(_tool_name(tool), str)
                                                and _tool_name(tool)):
             raise SuiteError(f"{where}: a function tool needs a name")
+        if tool["type"] == "function":
+            inner = tool["function"] if isinstance(tool.get("function"), dict) else tool
+            _typed_fields(inner, f"{where}: function tool {_tool_name(tool)!r}")
+            if _tool_name(tool) in seen:  # APIs refuse it; the checks would read one of the two
+                raise SuiteError(f"{where}: function tool {_tool_name(tool)!r} is declared twice")
+            seen.add(_tool_name(tool))
+
+
+# A function tool's and a json_schema format's optional fields, as every API types them: one of
+# another type was sent as written and refused by the server (or the SDK) on every row.
+FIELD_TYPES = {"description": (str, "a string"), "strict": (bool, "true or false"),
+               "parameters": (dict, "an object (the JSON schema of its arguments)")}
+
+
+def _typed_fields(value, where, keys=tuple(FIELD_TYPES)):
+    """SuiteError when one of `keys` is given (not null) with a value of another type."""
+    for key in keys:
+        kind, said = FIELD_TYPES[key]
+        if value.get(key) is not None and not isinstance(value[key], kind):
+            raise SuiteError(f"{where}: {key} must be {said}")
 
 
 def _validate_response_format(value, where):
@@ -3051,17 +3085,32 @@ def _validate_response_format(value, where):
         or not isinstance(spec.get("schema"), dict)):
         raise SuiteError(f"{where}: response_format.json_schema needs a string name and a "
                          f"schema object")
+    _typed_fields(spec, f"{where}: response_format.json_schema", ("description", "strict"))
     schema = spec["schema"]
     properties = schema.get("properties", {})
     if not isinstance(properties, dict) or not all(isinstance(p, dict)
                                                    for p in properties.values()):
         raise SuiteError(f"{where}: response_format schema properties must be an object of objects")
+    for name, spec in properties.items():
+        _schema_types(spec, f"{where}: response_format schema property {name!r}")
     required = schema.get("required", [])
     if not isinstance(required, list) or not all(isinstance(r, str) and r in properties
                                                  for r in required):
         raise SuiteError(f"{where}: response_format schema required must list names of its "
                          f"properties")
     return schema
+
+
+def _schema_types(spec, where):
+    """SuiteError unless each type a schema property (and its items) names is a JSON type: any
+    other name ("intger") passed every value, and a dict raised TypeError grading a paid row."""
+    while isinstance(spec, dict):
+        names = spec.get("type", ["null"])
+        names = names if isinstance(names, list) and names else [names]
+        if not all(isinstance(name, str) and name in _JSON_TYPES for name in names):
+            raise SuiteError(f"{where}: type must be one of {', '.join(_JSON_TYPES)} or a list "
+                             f"of them")
+        spec = spec.get("items")
 
 
 def user_regex(pattern):
@@ -3284,7 +3333,8 @@ def _validate_prices(value, where):
             for model, price in value.items()}
 
 
-def _validate_case(case, suite, schema, functions, allow_empty_baseline):
+def _validate_case(case, suite, schema, functions, allow_empty_baseline, parameters=None):
+    """One case checked; `parameters`: the suite's tool_parameters, worked out once per suite."""
     where = f"case {case.get('id')!r}"
     _unknown_key(case, CASE_KEYS, where)
     if "turns" not in case and ("input" in case) == ("question" in case):  # turns: their own rule
@@ -3295,7 +3345,8 @@ def _validate_case(case, suite, schema, functions, allow_empty_baseline):
     elif "turns" not in case and not (isinstance(text, str) and text.strip()):
         raise SuiteError(f"{where}: input must be a non-empty string or a list of message objects")
     context = {"suite": suite, "schema": schema, "functions": functions,
-               "allow_empty_baseline": allow_empty_baseline}
+               "allow_empty_baseline": allow_empty_baseline, "parameters": parameters
+               if parameters is not None else tool_parameters(suite_tools(suite))}
     _validate_checks(case, where, context)
     for key, validate in CASE_KEY_RULES.items():
         if validate is not None and key in case:
@@ -3809,7 +3860,7 @@ def _golden_case(data, system_text, system_path, allow_placeholder):
 def golden_suite(name, entries, system_text, system_path, allow_placeholder=False):
     """One suite from golden cases [(file, value)]: SYSTEM.txt is the instructions, every case is
     offered only the tools it names (without parameters, as the golden harness sends them)."""
-    cases, tools, placeholders, files, ids = [], [], {}, {}, {}
+    cases, tools, placeholders, files, ids, known = [], [], {}, {}, {}, set()
     for path, data in entries:
         try:
             case, names, placeholder = _golden_case(data, system_text, system_path,
@@ -3823,13 +3874,14 @@ def golden_suite(name, entries, system_text, system_path, allow_placeholder=Fals
         if placeholder:
             placeholders[case["id"]] = path
         cases.append({**case, "tools": names})
-        tools += [tool for tool in names if tool not in tools]
+        tools += [tool for tool in names if tool not in known]  # a file names each once
+        known.update(names)
     function_tools = [{"type": "function", "function": {"name": tool}} for tool in tools]
     return {"name": name, "builtin": False, "format": "golden", "instructions": system_text,
             "tools": function_tools,  # all of them: the plan and the config name every tool once
             "response_format": None, "sources": None, "cases": cases, "config_cases": cases,
             "definition": {"name": name, "tools": function_tools}, "system_file": system_path,
-            "placeholders": placeholders}
+            "placeholders": placeholders, "tool_index": {tool: n for n, tool in enumerate(tools)}}
 
 
 def load_golden_dir(folder, allow_empty_baseline=False, system=None):
@@ -3873,8 +3925,12 @@ def case_suite(suite, case):
     """The suite as one case sees it: a golden case is offered only the tools its file names."""
     if not isinstance(case.get("tools"), list):
         return suite
-    return {**suite,
-            "tools": [tool for tool in suite["tools"] if _tool_name(tool) in case["tools"]]}
+    # by the index golden_suite made: matching every tool of the folder made 2,000 files of 5 tools
+    # each take 5 s to plan and 19 s to run
+    index = suite.get("tool_index") or {_tool_name(tool): n
+                                        for n, tool in enumerate(suite["tools"])}
+    return {**suite, "tools": [suite["tools"][n] for n in sorted(
+        {index[name] for name in case["tools"] if name in index})]}
 
 
 def _value_spans(text, wanted):
@@ -4188,15 +4244,44 @@ def validate_suite(data, allow_empty_baseline=False):
         raise SuiteError("suite: cases must be a non-empty list")
     cases = _inherit_extra_fields(data, cases)
     _validate_cases(cases, data, schema, functions, allow_empty_baseline)
+    judge = _validate_judge(data.get("judge"))
+    examples = _validate_examples(data.get("judge_examples"))
+    _refuse_non_finite(data)  # after the keys' own checks, which name what a key must be
     return {"name": data["name"], "builtin": False, "instructions": data["instructions"],
             "tools": tools, "response_format": data.get("response_format"),
             "sources": data.get("sources"), "request": request, "tool_choice": tool_choice,
-            "prices": prices, "judge": _validate_judge(data.get("judge")),
-            "judge_examples": _validate_examples(data.get("judge_examples")),
+            "prices": prices, "judge": judge, "judge_examples": examples,
             "cases": [{**{k: v for k, v in case.items() if k != "question"},
                        "input": case.get("input", case.get("question"))} for case in cases],
             "config_cases": cases, "definition": data,
             **{key: data[key] for key in PLAYED_SUITE_KEYS if key in data}}
+
+
+def _non_finite_at(value, path=()):
+    """The path of the first NaN or infinity inside a JSON value, or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    inner = value.items() if isinstance(value, dict) else enumerate(value) \
+        if isinstance(value, list) else ()
+    return next((found for key, item in inner
+                 for found in [_non_finite_at(item, path + (key,))] if found is not None), None)
+
+
+def _refuse_non_finite(data):
+    """SuiteError for a NaN or Infinity (1e400 reads as one) anywhere in a suite, such as a tool's
+    schema, a tool result or an expect value: not JSON, it went out as a bare NaN and the record
+    kept the string "nan", so the evidence said the model was told what it was not."""
+    try:
+        json.dumps(data, allow_nan=False)
+        return
+    except ValueError:
+        path = _non_finite_at(data) or ()
+    except RecursionError:
+        return  # nested too deeply to write: the record's own writing says so
+    where, rest = ("suite", path) if path[:1] != ("cases",) or len(path) < 3 else \
+        (f"case {data['cases'][path[1]].get('id')!r}", path[2:])
+    raise SuiteError(f"{where}: {_json_path_text(rest)} holds NaN or Infinity (1e400 reads as "
+                     "Infinity), which is not JSON; write a finite number or a string")
 
 
 def _declared_tools(data):
@@ -4216,10 +4301,10 @@ def _declared_tools(data):
 
 def _validate_cases(cases, data, schema, functions, allow_empty_baseline):
     """Each case an object with an id of its own, and valid (SuiteError on the first problem)."""
-    seen = {}
+    seen, parameters = {}, tool_parameters(suite_tools(data))
     for position, case in enumerate(cases):
         _check_case_id(case, position, seen)
-        _validate_case(case, data, schema, functions, allow_empty_baseline)
+        _validate_case(case, data, schema, functions, allow_empty_baseline, parameters)
 
 
 def load_suite(path, allow_empty_baseline=False, system=None):
@@ -4636,7 +4721,7 @@ def _with_parameters(function):
 def _flat_tool(tool):
     """A chat-style function tool ({"function": {...}}) in the Agent API's flat form."""
     if tool.get("type") == "function" and isinstance(tool.get("function"), dict):
-        return {"type": "function", **tool["function"]}
+        return {**tool["function"], "type": "function"}  # its own "type" would say otherwise
     return tool
 
 
@@ -4980,6 +5065,13 @@ class PerplexityProvider(Provider):
         import contextlib
         with contextlib.suppress(Exception):  # best effort: the run's outcome is already recorded
             self.client.close()
+
+    @classmethod
+    def suite_problem(cls, suite):
+        if (suite.get("response_format") or {}).get("type") == "json_object":  # the SDK refuses it
+            return (f"--provider {cls.name}: the Agent API takes a json_schema response_format "
+                    "only; give one (or check the answer with the json_object behaviour)")
+        return super().suite_problem(suite)
 
     def body(self, model, suite, case, rounds=()):
         """responses.create's keywords for one case (SPEC A6) and the rounds played so far."""
@@ -9059,7 +9151,8 @@ def _wire_lines(suite, args, env):
     """What goes on the wire beside the cases: tools, tool_choice, output cap, request options."""
     cls = PROVIDERS[args.provider]
     sent = cls.sent_tools(suite)
-    held = [tool for tool in suite["tools"] if tool not in sent]
+    kept = {id(tool) for tool in sent}  # by identity: comparing dicts made 4,000 tools take 0.5 s
+    held = [tool for tool in suite["tools"] if id(tool) not in kept]
     tools = ", ".join(str(_tool_name(t) or t["type"]) for t in sent) or "none"
     if held:
         tools += (f" (not sent: {', '.join(str(_tool_name(t) or t['type']) for t in held)}; "
@@ -9121,7 +9214,10 @@ def cost_estimate_lines(args, env, run):
     for model, case_id, _ in priced:
         case = cases[case_id]
         count = round_limit(suite, case) if plays_tools(suite, case) else 1
-        sent = len(case.get("instructions", suite["instructions"])) + len(_case_text(case)) + tools
+        # a conversation has no input of its own (reading one raised TypeError): its turns are sent
+        said = [user for user, _ in user_turns(case)] if "turns" in case else [_case_text(case)]
+        count *= len(said)
+        sent = len(case.get("instructions", suite["instructions"])) + len(" ".join(said)) + tools
         price_in, price_out = run.prices[model]
         requests += count
         out_bound += count * (cap or 0) * price_out / 1_000_000
