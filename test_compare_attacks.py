@@ -10,21 +10,10 @@ import pytest
 import fakes
 import regression
 from fakes import FakeServer
-from testkit import ROOT, cli_env, read_record, run_main
+from testkit import ROOT, cli_env, played, read_record, run_main  # noqa: F401 (a fixture)
 
 EXAMPLE = ROOT / "suites" / "agent-trajectories.json"
 SWAP = ["--models", "refund-correct", "refund-claims"]  # refund-claims fails every case
-
-
-@pytest.fixture(scope="module")
-def played(tmp_path_factory):
-    """A real record of played rows: refund-correct passes every case, refund-claims fails."""
-    out = tmp_path_factory.mktemp("played") / "run.json"
-    with FakeServer(fakes.refund_agent()) as server:
-        assert run_main(["--suite", EXAMPLE, "--provider", "openai", "--base-url",
-                         server.url + "/v1", "--models", "refund-correct", "refund-claims",
-                         "--out", out]) == 1
-    return read_record(out)
 
 
 def write_json(path, value):

@@ -24,7 +24,7 @@ import compare_runs
 import fakes
 import regression
 from fakes import FakeServer, Reply
-from testkit import ROOT, clean_env, cli_env, read_record, run_main, write_suite  # noqa: F401
+from testkit import ROOT, clean_env, cli_env, played, read_record, run_main, write_suite  # noqa: F401
 
 EXAMPLE = ROOT / "suites" / "agent-trajectories.json"
 GUARDRAILS = ROOT / "suites" / "support-guardrails.json"
@@ -74,16 +74,6 @@ def row_of(record, key):
 
 def case_of(record, row):
     return next(case for case in record["config"]["cases"] if case["id"] == row["case_id"])
-
-
-@pytest.fixture(scope="module")
-def played(tmp_path_factory):
-    """A real record of played rows (openai provider, scripted refund agents): refund-claims
-    fails every case, refund-correct passes every case."""
-    out = tmp_path_factory.mktemp("played") / "run.json"
-    with FakeServer(fakes.refund_agent()) as server:
-        assert run_main(openai_args(server, out)) == 1
-    return read_record(out)
 
 
 @pytest.fixture(scope="module")

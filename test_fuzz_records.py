@@ -20,7 +20,7 @@ import compare_runs
 import fakes
 import regression
 from fakes import FakeServer
-from testkit import ROOT, cli_env, read_record, run_main
+from testkit import ROOT, cli_env, played, read_record, run_main  # noqa: F401 (a fixture)
 
 EXAMPLE = ROOT / "suites" / "agent-trajectories.json"
 GUARDRAILS = ROOT / "suites" / "support-guardrails.json"
@@ -30,17 +30,6 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.just(10 ** 40
                     | st.sampled_from(["[REDACTED]", "PASS", "1/2", "0.1", "\u202e", "m"]),
                     lambda inner: st.lists(inner, max_size=3)
                     | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=5)
-
-
-@pytest.fixture(scope="module")
-def played(tmp_path_factory):
-    """A real record of played rows: refund-correct passes every case, refund-claims fails."""
-    out = tmp_path_factory.mktemp("played") / "run.json"
-    with FakeServer(fakes.refund_agent()) as server:
-        assert run_main(["--suite", EXAMPLE, "--provider", "openai", "--base-url",
-                         server.url + "/v1", "--models", "refund-correct", "refund-claims",
-                         "--out", out]) == 1
-    return read_record(out)
 
 
 def paths(value, at=()):

@@ -67,6 +67,19 @@ def write_suite(path, data):
     return path
 
 
+@pytest.fixture(scope="module")
+def played(tmp_path_factory):
+    """A real record of played rows (openai provider, scripted refund agents, the example
+    agent-trajectories suite): refund-claims fails every case, refund-correct passes every case.
+    (Import this fixture into a test module to use it.)"""
+    out = tmp_path_factory.mktemp("played") / "run.json"
+    with fakes.FakeServer(fakes.refund_agent()) as server:
+        assert run_main(["--suite", ROOT / "suites" / "agent-trajectories.json", "--provider",
+                         "openai", "--base-url", server.url + "/v1", "--models", "refund-correct",
+                         "refund-claims", "--out", out]) == 1
+    return read_record(out)
+
+
 @pytest.fixture
 def model_echo():
     """The flags of a model on a loopback server that answers each case with its input. Its
