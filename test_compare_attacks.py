@@ -12,7 +12,6 @@ import regression
 from fakes import FakeServer
 from testkit import ROOT, cli_env, played, read_record, run_main  # noqa: F401 (a fixture)
 
-EXAMPLE = ROOT / "suites" / "agent-trajectories.json"
 SWAP = ["--models", "refund-correct", "refund-claims"]  # refund-claims fails every case
 
 

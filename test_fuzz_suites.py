@@ -15,6 +15,17 @@ import regression
 from testkit import clean_env, cli_env, run_main  # noqa: F401 (clean_env: autouse fixture)
 
 
+def run_unsent(folder, answer):
+    """(exit code, stdout, stderr) of a real run of FOLDER/s.json against a loopback model that
+    answers `answer`, asserting that the server received no request."""
+    with fakes.FakeServer(fakes.chat(lambda body: fakes.chat_response(answer))) as server:
+        [(code, out, err)] = fakes.cli_table([(
+            ["--suite", "s.json", "--provider", "openai", "--base-url", server.url + "/v1",
+             "--models", "m", "--out", "r.json"], folder)], env=cli_env(), flags=("-W", "error"))
+        assert server.count == 0
+    return code, out, err
+
+
 def tools(count):
     return [{"type": "function", "function": {"name": f"t{n}", "parameters": {
         "type": "object", "properties": {"a": {"type": "string"}}}}} for n in range(count)]
@@ -123,11 +134,7 @@ def test_a_tool_result_of_nan_is_one_line_and_nothing_is_sent(tmp_path):
     text = json.dumps({"name": "s", "instructions": "Be brief.", "tools": tools(1), "cases": [
         {"id": "c", "input": "q", "contains": ["q"], "tool_results": {"t0": 1e400}}]})
     (tmp_path / "s.json").write_text(text.replace("Infinity", "1e400"), encoding="utf-8")
-    with fakes.FakeServer(fakes.chat(lambda body: fakes.chat_response("q"))) as server:
-        [(code, out, err)] = fakes.cli_table([(
-            ["--suite", "s.json", "--provider", "openai", "--base-url", server.url + "/v1",
-             "--models", "m", "--out", "r.json"], tmp_path)], env=cli_env(), flags=("-W", "error"))
-        assert server.count == 0
+    code, out, err = run_unsent(tmp_path, "q")
     assert (code, err) == (2, "regression.py: error: s.json: case 'c': tool_results.t0 holds NaN "
                               "or Infinity (1e400 reads as Infinity), which is not JSON; write a "
                               "finite number or a string\n"), out
@@ -408,11 +415,7 @@ def test_json_types_are_kept(spec):
 
 def test_a_schema_type_of_an_object_is_one_line_and_nothing_is_sent(tmp_path):
     (tmp_path / "s.json").write_text(json.dumps(schema_suite({"type": {"a": 1}})), encoding="utf-8")
-    with fakes.FakeServer(fakes.chat(lambda body: fakes.chat_response('{"code": 1}'))) as server:
-        [(code, out, err)] = fakes.cli_table([(
-            ["--suite", "s.json", "--provider", "openai", "--base-url", server.url + "/v1",
-             "--models", "m", "--out", "r.json"], tmp_path)], env=cli_env(), flags=("-W", "error"))
-        assert server.count == 0
+    code, out, err = run_unsent(tmp_path, '{"code": 1}')
     assert (code, err) == (2, "regression.py: error: s.json: suite: response_format schema "
                               "property 'code': type must be one of string, integer, number, "
                               "boolean, array, object, null or a list of them\n"), out
