@@ -296,8 +296,13 @@ def fisher_drop(passed_before, runs_before, passed_after, runs_after):
 def fisher_drop_exact(passed_before, runs_before, passed_after, runs_after):
     """fisher_drop as an exact fraction: a decision at p == alpha is never a rounding accident."""
     total, passes = runs_before + runs_after, passed_before + passed_after
-    tail = sum(math.comb(passes, x) * math.comb(total - passes, runs_before - x)
-               for x in range(passed_before, min(runs_before, passes) + 1))
+    fails, x = total - passes, passed_before
+    term = math.comb(passes, x) * math.comb(fails, runs_before - x)
+    tail = 0
+    while term:  # each next term from the last, exactly: one comb per tail, not two per term
+        tail += term
+        term = term * (passes - x) * (runs_before - x) // ((x + 1) * (fails - runs_before + x + 1))
+        x += 1
     return fractions.Fraction(tail, math.comb(total, runs_before))
 
 
