@@ -83,19 +83,16 @@ __all__ = [
     "MODELS", "CASES", "INSTRUCTIONS", "TOOL", "FORMAT", "RFC_SOURCES",
     # URL rules and checks (A3-A5, B2)
     "rfc_document", "approved_source", "document_id", "CHECKS", "BEHAVIORS", "check", "grade",
-    "grading", "compile_case", "reported_cost", "similarity",
-    "register_check", "register_case_key", "CHECK_TABLE", "CHECK_KEYS", "Fail", "text_form",
-    "reason_table", "Trace", "user_turns", "turn_parts", "turn_case", "turn_rule", "rule_turn",
-    "validate_history",
+    "grading", "compile_case", "reported_cost", "similarity", "register_check", "register_case_key",
+    "CHECK_TABLE", "CHECK_KEYS", "Fail", "text_form", "reason_table", "Trace", "user_turns",
+    "turn_parts", "turn_case", "turn_rule", "rule_turn", "validate_history",
     # suites (B1)
     "SuiteError", "load_suite", "validate_suite", "instructions_sha256",
     # providers and one request (A6, B3, B4)
     "Perplexity", "PROVIDERS", "Provider", "register_provider", "DEFAULT_PROVIDER",
-    "record_provider",
-    "PerplexityProvider", "HTTPProvider", "OpenAIProvider", "AnthropicProvider", "EchoProvider",
-    "ReplayProvider",
-    "run_one", "run_row", "run_row_steps", "send_request", "send_request_steps", "drive_steps",
-    "transient", "retry_after", "redactor",
+    "record_provider", "PerplexityProvider", "HTTPProvider", "OpenAIProvider", "AnthropicProvider",
+    "EchoProvider", "ReplayProvider", "run_one", "run_row", "run_row_steps", "send_request",
+    "send_request_steps", "drive_steps", "transient", "retry_after", "redactor",
     # record and summary (A7, A8, B4)
     "RecordError", "create_record", "replace_record", "load_record", "write_new_file", "dumps",
     "Tally", "summary", "row_key", "plan_rows", "shard_plan", "key_text", "record_problem",
@@ -105,8 +102,7 @@ __all__ = [
     "safe_text", "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
     "markdown_run", "junit_run", "html_run", "tool_sequence", "trajectory",
     # run control and the command line
-    "Settings", "UsageError", "Terminated", "guard_output", "main", "cli", "program_name",
-    "RANGES",
+    "Settings", "UsageError", "Terminated", "guard_output", "main", "cli", "program_name", "RANGES",
 ]
 
 
@@ -466,10 +462,8 @@ class Settings:
         """A copy with some fields changed (for tests and for resolution steps)."""
         return Settings(**{**self.as_dict(), **changes})
 
-    def __eq__(self, other):
+    def __eq__(self, other):  # and so unhashable (__hash__ is None)
         return isinstance(other, Settings) and self.as_dict() == other.as_dict()
-
-    __hash__ = None
 
     def __repr__(self):
         shown = {name: value for name, value in self.as_dict().items()
@@ -660,18 +654,6 @@ _PUNCTUATION_FORMS = str.maketrans({
 _OTHER_DIGIT = re.compile(r"(?![0-9])\d")  # a decimal digit (Unicode category Nd) of another script
 
 
-class _Digits(dict):
-    """str.translate table: a decimal digit of any script -> its ASCII digit, filled as met."""
-
-    def __missing__(self, code):
-        char = chr(code)
-        self[code] = str(int(char)) if char.isdecimal() else char
-        return self[code]
-
-
-_DIGITS = _Digits()
-
-
 def _text_form(text):
     """text_form() uncached: the forms derived from a text are not asked for twice."""
     if not isinstance(text, str):
@@ -686,7 +668,7 @@ def _text_form(text):
     text = unicodedata.normalize("NFKC", text)  # casefolding can leave a text NFKC changes
     # Every decimal digit as its ASCII digit (NFKC keeps Arabic-Indic, Devanagari, ... digits):
     # "٤١١١ ١١١١" is the card number "4111 1111" to excludes, as it is to --redact-pii.
-    return " ".join((text.translate(_DIGITS) if _OTHER_DIGIT.search(text) else text).split())
+    return " ".join(_OTHER_DIGIT.sub(lambda digit: str(int(digit[0])), text).split())
 
 
 # How every text comparison reads (text_form, readings), for --list-checks.
@@ -772,9 +754,7 @@ def _json_said(text):
     body = text.strip()
     if body.startswith("```") and body.endswith("```") and "\n" in body:  # ```json ... ```
         body = body[body.index("\n"):-3]
-    if body.strip()[:1] not in ("{", "[", '"'):
-        return None
-    value = _decoded(body)
+    value = _decoded(body)  # the body itself when it is no JSON text
     return None if value is body else argument_text(value)
 
 
