@@ -63,6 +63,7 @@ import decimal
 import errno
 import functools
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -158,16 +159,13 @@ def _open_new(path):
     return fd
 
 
-# a FIFO opens at once
-_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-
-
 def open_existing(path, folder=False):
     """A read-only descriptor of the regular file at `path` (to read or to lock; with folder,
     also a folder, to lock: a golden suite is one); OSError otherwise. A FIFO, a device
     (/dev/zero, /dev/full) or a directory is refused before a byte is read: reading one would
     block forever or never end (and fill memory)."""
-    fd = os.open(path, _READ_FLAGS)
+    # non-blocking: a FIFO opens at once
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
         mode = os.fstat(fd).st_mode
         if not (stat.S_ISREG(mode) or (folder and stat.S_ISDIR(mode))):
@@ -240,9 +238,7 @@ def plan_rows(models, case_ids, repeats):
 def shard_plan(plan, shard):
     """The I-th of N deterministic slices of a plan (shard = (I, N)): every N-th row from the
     I-th; None is the whole plan. The one shard filter of runs and reports."""
-    if shard is None:
-        return list(plan)
-    index, total = shard
+    index, total = shard or (1, 1)
     return [key for n, key in enumerate(plan) if n % total == index - 1]
 
 
@@ -4476,9 +4472,8 @@ def secret_rules(secrets):
         return []
     forms = sorted({form for secret in keys for form in secret_forms(secret)},
                    key=lambda form: (-len(form), form))  # the longest form wins at a position
-    return [(re.compile("|".join(map(re.escape, forms)), re.IGNORECASE), "[REDACTED:secret]"),
-            (re.compile("|".join(map(_json_escaped_pattern, keys)), re.IGNORECASE),
-             "[REDACTED:secret]")]
+    patterns = ["|".join(map(re.escape, forms)), "|".join(map(_json_escaped_pattern, keys))]
+    return [(re.compile(pattern, re.IGNORECASE), "[REDACTED:secret]") for pattern in patterns]
 
 
 # escaped invisible characters in JSON text (\u200b): the mask reads through them like raw ones
@@ -4502,7 +4497,6 @@ def _spans_seeing_through(pattern, replacement, text):
     """(begin, end, replacement text) of each match of the pattern in the text read as if it had
     no invisible characters (zero-width spaces and other format characters), in order."""
     import bisect
-    import itertools
     runs = [(run.start(), run.group()) for run in _VISIBLE_RUN.finditer(text)]
     # where each visible run starts in the text read without them (and where that text ends)
     starts = list(itertools.accumulate((len(run) for _, run in runs), initial=0))
@@ -4535,7 +4529,6 @@ def _sub_across(pattern, replacement, parts):
     value split over an answer's text parts is masked whole (its mask where it starts, the rest
     gone from the later parts). Matches inside one part are left to the part's own masking."""
     import bisect
-    import itertools
     text, bounds = "".join(parts), list(itertools.accumulate(map(len, parts)))
     spans = [span for span in _spans_seeing_through(pattern, replacement, text)
              if bisect.bisect_right(bounds, span[0]) != bisect.bisect_left(bounds, span[1])]
