@@ -385,7 +385,6 @@ def _amount(value):
 _MAYBE_UNSAFE = re.compile(r"[^\x20-\x7e]")  # anything outside printable ASCII is looked at
 # controls, bidi and other format marks, surrogates, separators
 _UNSAFE_CATEGORIES = {"Cc", "Cf", "Cs", "Zl", "Zp"}
-_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def _visible(match):
@@ -393,9 +392,7 @@ def _visible(match):
     import unicodedata  # a built-in module, loaded the first time there is anything to look at
     if unicodedata.category(char) not in _UNSAFE_CATEGORIES:
         return char
-    code = ord(char)
-    return _NAMED_ESCAPES.get(char) or (f"\\x{code:02x}" if code <= 0xff else f"\\u{code:04x}"
-                                        if code <= 0xffff else f"\\U{code:08x}")
+    return ascii(char)[1:-1]  # as Python escapes it: \n, \x1b, \u202e, \U000e0001
 
 
 def safe_text(value, newlines=False):
@@ -413,9 +410,8 @@ class Settings:
     """Every option of one invocation, resolved once (argv, then the environment, then on
     --resume the record's header, then defaults) and never changed afterwards.
 
-    Field names are the argparse names, so code reads `settings.retries` wherever it used
-    to read `args.retries`. Adding an option is one line in FIELDS (name: default) next to
-    its parser argument; a parser option without a field fails at once (TypeError).
+    Field names are the argparse names. Adding an option is one line in FIELDS (name: default)
+    next to its parser argument; a parser option without a field fails at once (TypeError).
     """
 
     FIELDS = {
@@ -4437,8 +4433,7 @@ PII_PATTERNS = [
      r"\1\2[REDACTED:key]"),
     # the @ also as written in a link (%40), an HTML entity (&#64;) or raw JSON text (\u0040)
     (re.compile(r"[A-Za-z0-9._%+-]+(?:@|%40|&#0*64;|&#[xX]0*40;|\\u0040)[A-Za-z0-9-]+(?:"
-                r"\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"),
-     "[REDACTED:email]"),
+                r"\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"), "[REDACTED:email]"),
 ]
 
 
