@@ -4527,8 +4527,8 @@ def _sub_across(pattern, replacement, parts):
     text, bounds = "".join(parts), list(itertools.accumulate(map(len, parts)))
     spans = [span for span in _spans_seeing_through(pattern, replacement, text)
              if bisect.bisect_right(bounds, span[0]) != bisect.bisect_left(bounds, span[1])]
-    out, index, start = [], 0, 0
-    for end in bounds:
+    out, index = [], 0
+    for start, end in zip([0, *bounds], bounds):
         pieces, at = [], start
         while index < len(spans) and spans[index][0] < end:
             begin, stop, said = spans[index]
@@ -4539,7 +4539,6 @@ def _sub_across(pattern, replacement, parts):
                 break  # the match goes on into the next part
             index += 1
         out.append("".join(pieces) + text[at:end])
-        start = end
     return out
 
 
