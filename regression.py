@@ -646,6 +646,18 @@ _PUNCTUATION_FORMS = str.maketrans({
 _OTHER_DIGIT = re.compile(r"(?![0-9])\d")  # a decimal digit (Unicode category Nd) of another script
 
 
+class _Digits(dict):
+    """str.translate table: a decimal digit of any script -> its ASCII digit, filled as met."""
+
+    def __missing__(self, code):
+        char = chr(code)
+        self[code] = str(int(char)) if char.isdecimal() else char
+        return self[code]
+
+
+_DIGITS = _Digits()
+
+
 def _text_form(text):
     """text_form() uncached: the forms derived from a text are not asked for twice."""
     if not isinstance(text, str):
@@ -660,7 +672,7 @@ def _text_form(text):
     text = unicodedata.normalize("NFKC", text)  # casefolding can leave a text NFKC changes
     # Every decimal digit as its ASCII digit (NFKC keeps Arabic-Indic, Devanagari, ... digits):
     # "٤١١١ ١١١١" is the card number "4111 1111" to excludes, as it is to --redact-pii.
-    return " ".join(_OTHER_DIGIT.sub(lambda digit: str(int(digit[0])), text).split())
+    return " ".join((text.translate(_DIGITS) if _OTHER_DIGIT.search(text) else text).split())
 
 
 # How every text comparison reads (text_form, readings), for --list-checks.
