@@ -3575,44 +3575,24 @@ def _check_case_id(case, position, seen):
 # SPEC A2: the HTTP-failure advisor for a checkout service.
 
 MODELS = ["openai/gpt-5.6-sol", "anthropic/claude-sonnet-4-6"]
-
 ACTIONS = ["wait_then_retry", "refresh_precondition", "verify_outcome"]
-
 CASES = [
-    {
-        "id": "rate-limit", "expected": "429", "rfc": "rfc6585", "action": "wait_then_retry",
-        "question": "\n".join([
-            "Checkout log: GET /v1/payments/pay_8f3 (read-only status poll)",
-            'Response: 429; Retry-After: 30; body: {"error":"rate_limited"}',
-        ]),
-    },
-    {
-        "id": "temporary-overload", "expected": "503", "rfc": "rfc9110",
-        "action": "wait_then_retry",
-        "question": "\n".join([
-            "Checkout log: GET /v1/payments/pay_8f3 (read-only status poll)",
-            'Response: 503; no Retry-After; body: "Service temporarily unavailable"',
-        ]),
-    },
-    {
-        "id": "failed-precondition", "expected": "412", "rfc": "rfc9110",
-        "action": "refresh_precondition",
-        "question": "\n".join([
-            'Checkout log: PUT /v1/orders/ord_21; If-Match: "v7"',
-            'Response: 412; body: {"error":"precondition_failed"}',
-            "Order service audit: stored version is v8; requested update not applied.",
-        ]),
-    },
-    {
-        "id": "ambiguous-payment", "expected": "unknown", "rfc": "rfc9110",
-        "action": "verify_outcome",
-        "question": "\n".join([
-            "Checkout log: POST /v1/payments; order_id=ord_21",
-            "Idempotency-Key: absent; provider offers no idempotency guarantee.",
-            "Request body sent; httpx.ReadTimeout after 30s; no response received.",
-            "Payment outcome not yet reconciled.",
-        ]),
-    },
+    {"id": "rate-limit", "expected": "429", "rfc": "rfc6585", "action": "wait_then_retry",
+     "question": "Checkout log: GET /v1/payments/pay_8f3 (read-only status poll)\n"
+                 'Response: 429; Retry-After: 30; body: {"error":"rate_limited"}'},
+    {"id": "temporary-overload", "expected": "503", "rfc": "rfc9110", "action": "wait_then_retry",
+     "question": "Checkout log: GET /v1/payments/pay_8f3 (read-only status poll)\n"
+                 'Response: 503; no Retry-After; body: "Service temporarily unavailable"'},
+    {"id": "failed-precondition", "expected": "412", "rfc": "rfc9110",
+     "action": "refresh_precondition",
+     "question": 'Checkout log: PUT /v1/orders/ord_21; If-Match: "v7"\n'
+                 'Response: 412; body: {"error":"precondition_failed"}\n'
+                 "Order service audit: stored version is v8; requested update not applied."},
+    {"id": "ambiguous-payment", "expected": "unknown", "rfc": "rfc9110", "action": "verify_outcome",
+     "question": "Checkout log: POST /v1/payments; order_id=ord_21\n"
+                 "Idempotency-Key: absent; provider offers no idempotency guarantee.\n"
+                 "Request body sent; httpx.ReadTimeout after 30s; no response received.\n"
+                 "Payment outcome not yet reconciled."},
 ]
 
 INSTRUCTIONS = """\
@@ -3641,30 +3621,13 @@ RFC 9110. Cite each RFC at most once. Accepted URLs: https, host rfc-editor.org 
 www.rfc-editor.org, path /rfc/rfcNNNN, bare or ending in .html or .txt. Never a PDF, an \
 /info/ page, a URL with a query string, or any older RFC."""
 
-TOOL = {
-    "type": "web_search",
-    "search_context_size": "medium",
-    "max_results": 5,
-    "filters": {"search_domain_filter": ["rfc-editor.org"]},
-}
-
-FORMAT = {
-    "type": "json_schema",
-    "json_schema": {
-        "name": "StatusAnswer",
-        "schema": {
-            "type": "object",
-            "properties": {
-                "code": {"type": "string"},
-                "next_action": {"type": "string", "enum": ACTIONS},
-                "source_urls": {"type": "array", "items": {"type": "string"}},
-            },
-            "required": ["code", "next_action", "source_urls"],
-            "additionalProperties": False,
-        },
-    },
-}
-
+TOOL = {"type": "web_search", "search_context_size": "medium", "max_results": 5,
+        "filters": {"search_domain_filter": ["rfc-editor.org"]}}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "StatusAnswer", "schema": {
+    "type": "object",
+    "properties": {"code": {"type": "string"}, "next_action": {"type": "string", "enum": ACTIONS},
+                   "source_urls": {"type": "array", "items": {"type": "string"}}},
+    "required": ["code", "next_action", "source_urls"], "additionalProperties": False}}}
 
 MAX_STEPS = 5
 MAX_OUTPUT_TOKENS = 4096
