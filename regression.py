@@ -3168,10 +3168,9 @@ def _validate_behavior(entry, where, functions):
     pattern, shape = ARG_KINDS[kind]
     if not re.fullmatch(pattern, arg):
         raise SuiteError(f"{where}: behavior {name!r} needs {shape.format(name=name)}")
-    if kind in TOOL_ARG_KINDS:
-        if any(tool not in functions for tool in arg.split(",")):
-            raise SuiteError(f"{where}: behavior {entry!r} names no function tool of this suite "
-                             f"(tools: {', '.join(functions) or 'none'})")
+    if kind in TOOL_ARG_KINDS and any(tool not in functions for tool in arg.split(",")):
+        raise SuiteError(f"{where}: behavior {entry!r} names no function tool of this suite "
+                         f"(tools: {', '.join(functions) or 'none'})")
 
 
 # A request option may tune the request, never replace what the suite is about (SPEC D): a key
@@ -3281,8 +3280,7 @@ def _validate_tool_choice(value, functions, where):
         return value
     forced = isinstance(value, dict) and value.get("type") == "function" \
         and isinstance(value.get("function"), dict)
-    name = value if isinstance(value, str) else \
-        (value.get("function") or {}).get("name") if forced else None
+    name = value if isinstance(value, str) else value["function"].get("name") if forced else None
     if not isinstance(name, str) or name not in functions:
         raise SuiteError(f"{where}: tool_choice must be \"auto\", \"required\", \"none\" or the "
                          f"name of a function tool of this suite (tools: "
@@ -3292,8 +3290,6 @@ def _validate_tool_choice(value, functions, where):
 
 PRICE_FORM = ("IN/OUT (USD per million input/output tokens, each 0 or 0.000000001 to 1000000000, "
               "e.g. 0.15/0.60)")
-
-
 # US dollars: a cap, or a price per million tokens
 AMOUNT_RANGE = (decimal.Decimal("1e-9"), decimal.Decimal("1e9"))
 
@@ -3551,13 +3547,6 @@ def _text_sha256(text):
 
 
 PLAYED_SUITE_KEYS = ("max_rounds", *PLAYED_BOUNDS)
-
-
-def _validate_played_bounds(data):
-    """The suite's max_rounds, max_calls_per_round and max_row_bytes: whole numbers in range."""
-    for key, (_, low, high) in {"max_rounds": (None, 1, MAX_ROUNDS_LIMIT), **PLAYED_BOUNDS}.items():
-        if key in data:
-            _whole_number(data[key], "suite", key, low, high)
 
 
 def _check_case_id(case, position, seen):
@@ -4201,7 +4190,10 @@ def validate_suite(data, allow_empty_baseline=False):
     prices = _validate_prices(data.get("prices"), "suite")
     if "notes" in data and not isinstance(data["notes"], str):
         raise SuiteError("suite: notes must be a string")
-    _validate_played_bounds(data)
+    # max_rounds, max_calls_per_round and max_row_bytes: whole numbers in range
+    for key, (_, low, high) in {"max_rounds": (None, 1, MAX_ROUNDS_LIMIT), **PLAYED_BOUNDS}.items():
+        if key in data:
+            _whole_number(data[key], "suite", key, low, high)
     cases = data.get("cases")
     if not isinstance(cases, list) or not cases:
         raise SuiteError("suite: cases must be a non-empty list")
