@@ -3150,10 +3150,9 @@ def _validate_behavior(entry, where, functions):
     pattern, shape = ARG_KINDS[kind]
     if not re.fullmatch(pattern, arg):
         raise SuiteError(f"{where}: behavior {name!r} needs {shape.format(name=name)}")
-    if kind in TOOL_ARG_KINDS:
-        if any(tool not in functions for tool in arg.split(",")):
-            raise SuiteError(f"{where}: behavior {entry!r} names no function tool of this suite "
-                             f"(tools: {', '.join(functions) or 'none'})")
+    if kind in TOOL_ARG_KINDS and any(tool not in functions for tool in arg.split(",")):
+        raise SuiteError(f"{where}: behavior {entry!r} names no function tool of this suite "
+                         f"(tools: {', '.join(functions) or 'none'})")
 
 
 # A request option may tune the request, never replace what the suite is about (SPEC D): a key
@@ -3263,8 +3262,7 @@ def _validate_tool_choice(value, functions, where):
         return value
     forced = isinstance(value, dict) and value.get("type") == "function" \
         and isinstance(value.get("function"), dict)
-    name = value if isinstance(value, str) else \
-        (value.get("function") or {}).get("name") if forced else None
+    name = value if isinstance(value, str) else value["function"].get("name") if forced else None
     if not isinstance(name, str) or name not in functions:
         raise SuiteError(f"{where}: tool_choice must be \"auto\", \"required\", \"none\" or the "
                          f"name of a function tool of this suite (tools: "
@@ -3274,8 +3272,6 @@ def _validate_tool_choice(value, functions, where):
 
 PRICE_FORM = ("IN/OUT (USD per million input/output tokens, each 0 or 0.000000001 to 1000000000, "
               "e.g. 0.15/0.60)")
-
-
 # US dollars: a cap, or a price per million tokens
 AMOUNT_RANGE = (decimal.Decimal("1e-9"), decimal.Decimal("1e9"))
 
@@ -3535,13 +3531,6 @@ def _text_sha256(text):
 PLAYED_SUITE_KEYS = ("max_rounds", *PLAYED_BOUNDS)
 
 
-def _validate_played_bounds(data):
-    """The suite's max_rounds, max_calls_per_round and max_row_bytes: whole numbers in range."""
-    for key, (_, low, high) in {"max_rounds": (None, 1, MAX_ROUNDS_LIMIT), **PLAYED_BOUNDS}.items():
-        if key in data:
-            _whole_number(data[key], "suite", key, low, high)
-
-
 def _check_case_id(case, position, seen):
     """SuiteError unless the case is an object with an id no earlier case has (seen: the ids)."""
     if not isinstance(case, dict):
@@ -3557,44 +3546,24 @@ def _check_case_id(case, position, seen):
 # SPEC A2: the HTTP-failure advisor for a checkout service.
 
 MODELS = ["openai/gpt-5.6-sol", "anthropic/claude-sonnet-4-6"]
-
 ACTIONS = ["wait_then_retry", "refresh_precondition", "verify_outcome"]
-
 CASES = [
-    {
-        "id": "rate-limit", "expected": "429", "rfc": "rfc6585", "action": "wait_then_retry",
-        "question": "\n".join([
-            "Checkout log: GET /v1/payments/pay_8f3 (read-only status poll)",
-            'Response: 429; Retry-After: 30; body: {"error":"rate_limited"}',
-        ]),
-    },
-    {
-        "id": "temporary-overload", "expected": "503", "rfc": "rfc9110",
-        "action": "wait_then_retry",
-        "question": "\n".join([
-            "Checkout log: GET /v1/payments/pay_8f3 (read-only status poll)",
-            'Response: 503; no Retry-After; body: "Service temporarily unavailable"',
-        ]),
-    },
-    {
-        "id": "failed-precondition", "expected": "412", "rfc": "rfc9110",
-        "action": "refresh_precondition",
-        "question": "\n".join([
-            'Checkout log: PUT /v1/orders/ord_21; If-Match: "v7"',
-            'Response: 412; body: {"error":"precondition_failed"}',
-            "Order service audit: stored version is v8; requested update not applied.",
-        ]),
-    },
-    {
-        "id": "ambiguous-payment", "expected": "unknown", "rfc": "rfc9110",
-        "action": "verify_outcome",
-        "question": "\n".join([
-            "Checkout log: POST /v1/payments; order_id=ord_21",
-            "Idempotency-Key: absent; provider offers no idempotency guarantee.",
-            "Request body sent; httpx.ReadTimeout after 30s; no response received.",
-            "Payment outcome not yet reconciled.",
-        ]),
-    },
+    {"id": "rate-limit", "expected": "429", "rfc": "rfc6585", "action": "wait_then_retry",
+     "question": "Checkout log: GET /v1/payments/pay_8f3 (read-only status poll)\n"
+                 'Response: 429; Retry-After: 30; body: {"error":"rate_limited"}'},
+    {"id": "temporary-overload", "expected": "503", "rfc": "rfc9110", "action": "wait_then_retry",
+     "question": "Checkout log: GET /v1/payments/pay_8f3 (read-only status poll)\n"
+                 'Response: 503; no Retry-After; body: "Service temporarily unavailable"'},
+    {"id": "failed-precondition", "expected": "412", "rfc": "rfc9110",
+     "action": "refresh_precondition",
+     "question": 'Checkout log: PUT /v1/orders/ord_21; If-Match: "v7"\n'
+                 'Response: 412; body: {"error":"precondition_failed"}\n'
+                 "Order service audit: stored version is v8; requested update not applied."},
+    {"id": "ambiguous-payment", "expected": "unknown", "rfc": "rfc9110", "action": "verify_outcome",
+     "question": "Checkout log: POST /v1/payments; order_id=ord_21\n"
+                 "Idempotency-Key: absent; provider offers no idempotency guarantee.\n"
+                 "Request body sent; httpx.ReadTimeout after 30s; no response received.\n"
+                 "Payment outcome not yet reconciled."},
 ]
 
 INSTRUCTIONS = """\
@@ -3623,30 +3592,13 @@ RFC 9110. Cite each RFC at most once. Accepted URLs: https, host rfc-editor.org 
 www.rfc-editor.org, path /rfc/rfcNNNN, bare or ending in .html or .txt. Never a PDF, an \
 /info/ page, a URL with a query string, or any older RFC."""
 
-TOOL = {
-    "type": "web_search",
-    "search_context_size": "medium",
-    "max_results": 5,
-    "filters": {"search_domain_filter": ["rfc-editor.org"]},
-}
-
-FORMAT = {
-    "type": "json_schema",
-    "json_schema": {
-        "name": "StatusAnswer",
-        "schema": {
-            "type": "object",
-            "properties": {
-                "code": {"type": "string"},
-                "next_action": {"type": "string", "enum": ACTIONS},
-                "source_urls": {"type": "array", "items": {"type": "string"}},
-            },
-            "required": ["code", "next_action", "source_urls"],
-            "additionalProperties": False,
-        },
-    },
-}
-
+TOOL = {"type": "web_search", "search_context_size": "medium", "max_results": 5,
+        "filters": {"search_domain_filter": ["rfc-editor.org"]}}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "StatusAnswer", "schema": {
+    "type": "object",
+    "properties": {"code": {"type": "string"}, "next_action": {"type": "string", "enum": ACTIONS},
+                   "source_urls": {"type": "array", "items": {"type": "string"}}},
+    "required": ["code", "next_action", "source_urls"], "additionalProperties": False}}}
 
 MAX_STEPS = 5
 MAX_OUTPUT_TOKENS = 4096
@@ -4220,7 +4172,10 @@ def validate_suite(data, allow_empty_baseline=False):
     prices = _validate_prices(data.get("prices"), "suite")
     if "notes" in data and not isinstance(data["notes"], str):
         raise SuiteError("suite: notes must be a string")
-    _validate_played_bounds(data)
+    # max_rounds, max_calls_per_round and max_row_bytes: whole numbers in range
+    for key, (_, low, high) in {"max_rounds": (None, 1, MAX_ROUNDS_LIMIT), **PLAYED_BOUNDS}.items():
+        if key in data:
+            _whole_number(data[key], "suite", key, low, high)
     cases = data.get("cases")
     if not isinstance(cases, list) or not cases:
         raise SuiteError("suite: cases must be a non-empty list")
