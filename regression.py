@@ -4776,11 +4776,10 @@ def sendable_options(suite):
 
 
 def cap_response_bodies(client, limit=MAX_RESPONSE_BYTES):
-    """Make an SDK client refuse bodies over `limit` bytes while they arrive, not after; True
-    when the cap is in place. The SDK reads and parses the whole body first (a 50 MB body peaked
-    at 5x in memory), and main() must not pass its own http_client (tests hand theirs in), so
-    the cap is a response hook on the client's own httpx client, which also asks for
-    uncompressed bodies."""
+    """Make an SDK client refuse bodies over `limit` bytes while they arrive, not after; True when
+    the cap is in place. The SDK reads and parses the whole body first (a 50 MB body peaked at 5x in
+    memory), and main() must not pass its own http_client (tests hand theirs in), so the cap is a
+    response hook on the client's own httpx client, which also asks for uncompressed bodies."""
     httpx = sys.modules.get("httpx")
     inner = getattr(client, "_client", None)
     if httpx is None or not isinstance(inner, httpx.Client):
@@ -5042,13 +5041,11 @@ class PerplexityProvider(Provider):
     @classmethod
     def sdk_version(cls):
         version = getattr(sys.modules.get("perplexity"), "__version__", None)
-        if version is None:
-            try:
-                from importlib import metadata
-                version = metadata.version("perplexityai")
-            except Exception:  # not installed: the record says so
-                version = None
-        return version
+        try:
+            from importlib import metadata
+            return metadata.version("perplexityai") if version is None else version
+        except Exception:  # not installed: the record says so
+            return None
 
     def __init__(self, client=None, deadline=None, capped=False):
         self.client, self.deadline, self.capped = client, deadline, capped
@@ -5139,8 +5136,7 @@ class PerplexityProvider(Provider):
         try:
             response = self.client.responses.create(**self.body(model, suite, case, rounds))
         except Exception as exc:
-            # the body cap, wrapped by the SDK as a connection error
-            if isinstance(exc.__cause__, ResponseError):
+            if isinstance(exc.__cause__, ResponseError):  # the body cap, as an SDK connection error
                 raise exc.__cause__ from None
             raise
         if not hasattr(response, "model_dump"):
