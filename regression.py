@@ -4677,13 +4677,11 @@ def part_text(part, types=("output_text",)):
     return said if isinstance(said, str) else ""
 
 
-_TEXT_PARTS = (None, "text", "output_text")  # other parts (thinking, image, tool_use) are no text
-
-
 def content_text(content):
     """The text of a message's content: a string, or its text (and refusal) parts joined."""
     if isinstance(content, list):  # content parts (chat) or content blocks (Messages API)
-        return "".join(part_text(part, _TEXT_PARTS) for part in content if isinstance(part, dict))
+        types = (None, "text", "output_text")  # other parts (thinking, image, tool_use): no text
+        return "".join(part_text(part, types) for part in content if isinstance(part, dict))
     return content if isinstance(content, str) else ""
 
 
@@ -4709,11 +4707,10 @@ def sendable_options(suite):
 
 
 def cap_response_bodies(client, limit=MAX_RESPONSE_BYTES):
-    """Make an SDK client refuse bodies over `limit` bytes while they arrive, not after; True
-    when the cap is in place. The SDK reads and parses the whole body first (a 50 MB body peaked
-    at 5x in memory), and main() must not pass its own http_client (tests hand theirs in), so
-    the cap is a response hook on the client's own httpx client, which also asks for
-    uncompressed bodies."""
+    """Make an SDK client refuse bodies over `limit` bytes while they arrive, not after; True when
+    the cap is in place. The SDK reads and parses the whole body first (a 50 MB body peaked at 5x in
+    memory), and main() must not pass its own http_client (tests hand theirs in), so the cap is a
+    response hook on the client's own httpx client, which also asks for uncompressed bodies."""
     httpx = sys.modules.get("httpx")
     inner = getattr(client, "_client", None)
     if httpx is None or not isinstance(inner, httpx.Client):
@@ -4885,8 +4882,6 @@ class Provider:
         """The id of each tool call of a response, in trace order (its result answers it by id)."""
         return []
 
-    # The conversation so far, in this API's own items: each class says how it writes prior
-    # history in the chat form (history), one played round (played) and a finished turn's reply.
     @classmethod
     def conversation(cls, case, rounds):
         """The whole conversation so far: the case's prior history (messages), each finished turn
@@ -4932,17 +4927,14 @@ class Provider:
 def _without_none(value):
     if isinstance(value, dict):
         return {key: _without_none(item) for key, item in value.items() if item is not None}
-    if isinstance(value, list):
-        return [_without_none(item) for item in value]
-    return value
+    return [_without_none(item) for item in value] if isinstance(value, list) else value
 
 
 @register_provider
 class PerplexityProvider(Provider):
     """perplexity: the Perplexity Agent API through the perplexityai SDK (PERPLEXITY_API_KEY)."""
 
-    name = "perplexity"
-    vendor = "Perplexity"
+    name, vendor = "perplexity", "Perplexity"
     key_variable, key_required = "PERPLEXITY_API_KEY", True
     # as the SDK reads it
     base_url_variable, default_base_url = "PERPLEXITY_BASE_URL", "https://api.perplexity.ai"
@@ -4980,13 +4972,11 @@ class PerplexityProvider(Provider):
     @classmethod
     def sdk_version(cls):
         version = getattr(sys.modules.get("perplexity"), "__version__", None)
-        if version is None:
-            try:
-                from importlib import metadata
-                version = metadata.version("perplexityai")
-            except Exception:  # not installed: the record says so
-                version = None
-        return version
+        try:
+            from importlib import metadata
+            return metadata.version("perplexityai") if version is None else version
+        except Exception:  # not installed: the record says so
+            return None
 
     def __init__(self, client=None, deadline=None, capped=False):
         self.client, self.deadline, self.capped = client, deadline, capped
@@ -5077,8 +5067,7 @@ class PerplexityProvider(Provider):
         try:
             response = self.client.responses.create(**self.body(model, suite, case, rounds))
         except Exception as exc:
-            # the body cap, wrapped by the SDK as a connection error
-            if isinstance(exc.__cause__, ResponseError):
+            if isinstance(exc.__cause__, ResponseError):  # the body cap, as an SDK connection error
                 raise exc.__cause__ from None
             raise
         if not hasattr(response, "model_dump"):
@@ -5235,17 +5224,6 @@ def _call_objects(text):
     return found
 
 
-def _tagged_calls(text):
-    """[(name, arguments)] of Qwen3-Coder <function=NAME> tags and pythonic [NAME(ARG=VALUE)]."""
-    calls = [(name, dict(_PARAMETER_TAG.findall(body)))
-             for name, body in _FUNCTION_TAG.findall(text)]
-    for listed in _PYTHONIC_LIST.finditer(text):
-        calls += [(name, {key: value.strip().strip("\"'")
-                          for key, value in _PYTHONIC_ARG.findall(body)})
-                  for name, body in _PYTHONIC_CALL.findall(listed.group(0))]
-    return calls
-
-
 def text_tool_calls(text, functions):
     """[{"name", "arguments"}] of the declared functions a text calls in writing (any form above;
     names read in the text normal form), in order; [] when it holds none. A server that returned
@@ -5254,7 +5232,13 @@ def text_tool_calls(text, functions):
         return []
     declared = {text_form(name): name for name in functions}
     calls = _call_objects(text) or _call_objects(text.replace("{{", "{").replace("}}", "}"))
-    calls += _tagged_calls(text)
+    # Qwen3-Coder <function=NAME> tags and pythonic [NAME(ARG=VALUE)] lists
+    calls += [(name, dict(_PARAMETER_TAG.findall(body)))
+              for name, body in _FUNCTION_TAG.findall(text)]
+    for listed in _PYTHONIC_LIST.finditer(text):
+        calls += [(name, {key: value.strip().strip("\"'")
+                          for key, value in _PYTHONIC_ARG.findall(body)})
+                  for name, body in _PYTHONIC_CALL.findall(listed.group(0))]
     found = [{"name": name, "arguments": arguments} for name, arguments in calls
              if isinstance(name, str) and text_form(name) in declared]
     if not found:  # a tag followed by a function's name, in no form read above
@@ -5437,9 +5421,7 @@ _THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|\Z)", re.I | re.S)
 class OpenAIProvider(HTTPProvider):
     """openai: any OpenAI-compatible /chat/completions endpoint, through urllib (stdlib)."""
 
-    name = "openai"
-    vendor = "OpenAI"
-    path = "/chat/completions"
+    name, vendor, path = "openai", "OpenAI", "/chat/completions"
     suggested_base_url = "https://api.openai.com/v1"  # never assumed: a run names its endpoint
     # A custom base URL never receives the vendor's key unless the user names it (--api-key-env).
     key_variable, key_hosts = "OPENAI_API_KEY", ("api.openai.com",)
@@ -5503,8 +5485,7 @@ class OpenAIProvider(HTTPProvider):
             body[self.output_cap_key(self.url)] = MAX_OUTPUT_TOKENS
         if suite.get("response_format"):
             body["response_format"] = suite["response_format"]
-        functions = [_nested_tool(tool) for tool in suite.get("tools", [])
-                     if tool.get("type") == "function"]
+        functions = [_nested_tool(tool) for tool in self.sent_tools(suite)]
         if functions:
             body["tools"] = functions
             # llama-cpp-python ignores tools sent without tool_choice: the model never sees them.
@@ -5660,9 +5641,7 @@ class OpenAIProvider(HTTPProvider):
 class AnthropicProvider(HTTPProvider):
     """anthropic: the Anthropic Messages API ({base_url}/v1/messages), through urllib (stdlib)."""
 
-    name = "anthropic"
-    vendor = "Anthropic"
-    path = "/v1/messages"
+    name, vendor, path = "anthropic", "Anthropic", "/v1/messages"
     VERSION = "2023-06-01"  # the anthropic-version header: the current documented version
     key_variable, key_hosts = "ANTHROPIC_API_KEY", ("api.anthropic.com",)
     base_url_variable, default_base_url = "ANTHROPIC_BASE_URL", "https://api.anthropic.com"
@@ -5715,8 +5694,7 @@ class AnthropicProvider(HTTPProvider):
         body = {"model": model, "max_tokens": MAX_OUTPUT_TOKENS, "temperature": 0,
                 **({"system": instructions} if instructions else {}),
                 "messages": self.conversation(case, rounds)}
-        functions = [self.tool(one) for one in suite.get("tools", [])
-                     if one.get("type") == "function"]
+        functions = [self.tool(one) for one in self.sent_tools(suite)]
         if functions:
             body["tools"] = functions
             if suite.get("tool_choice"):
@@ -5835,8 +5813,7 @@ class AnthropicProvider(HTTPProvider):
 class EchoProvider(Provider):
     """echo: offline; answers each case with its own words (proves the plumbing, costs nothing)."""
 
-    name = "echo"
-    evidence = "echo"
+    name = evidence = "echo"
     default_models = ["echo"]
     server_search = None  # offline plumbing: a `cite` case runs and fails, nothing is spent
     reports_cost = builds_offline = True
