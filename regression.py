@@ -6259,8 +6259,6 @@ def retry_after(exc):
             when = email.utils.parsedate_to_datetime(value)
         except (TypeError, ValueError, IndexError, OverflowError):  # a year past C long
             return None
-        if when is None:
-            return None
         if when.tzinfo is None:
             when = when.replace(tzinfo=datetime.timezone.utc)
         seconds = (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
@@ -6437,9 +6435,11 @@ def rounds_trace(parse, rounds, traces=None, bound=None):
     `traces`: each round's trace when the caller parsed them already (the loop does); `bound`:
     the Fail of the bound that stopped the row (see PLAYED_BOUNDS)."""
     traces = traces if traces is not None else [parse(turn["response"]) for turn in rounds]
-    calls = []
+    calls, heard = [], []  # heard, in order: what a round's search returned, said, was sent back
     for number, (turn, trace) in enumerate(zip(rounds, traces), 1):
         sent = turn.get("tool_results") or []
+        heard += [("tool", url) for url in trace.search_urls] + [("said", trace.final_text)]
+        heard += [("tool", result_text(one["result"])) for one in sent]
         for position, call in enumerate(trace.tool_calls):
             entry = {"round": number, "name": call.get("name"), "arguments": call.get("arguments")}
             if position < len(sent):
@@ -6448,10 +6448,6 @@ def rounds_trace(parse, rounds, traces=None, bound=None):
                     entry["unscripted"] = True
             calls.append(entry)
     last = traces[-1]
-    heard = []  # in order: what a round's search returned, what it said, the results sent back
-    for turn, trace in zip(rounds, traces):
-        heard += [("tool", url) for url in trace.search_urls] + [("said", trace.final_text)]
-        heard += [("tool", result_text(sent["result"])) for sent in turn.get("tool_results") or ()]
     return Trace(
         transcript=tuple(heard), final_text=last.final_text,
         # Text a round said beside its tool calls is said to the user too (see said_texts).
@@ -6747,15 +6743,18 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
             if retries is None:
                 row.pop("attempts")
         else:
-            raw, attempts = yield from send_request_steps(provider, model, suite, case, repeat or 0,
-                                                          retries or 0, sleep, budget=budget)
+            row["response"], attempts = yield from send_request_steps(
+                provider, model, suite, case, repeat or 0, retries or 0, sleep, budget=budget)
             if retries is not None:
                 row["attempts"] = attempts
-            row["response"] = raw
-            trace = parsed(provider, suite, raw)
+            trace = parsed(provider, suite, row["response"])
         row.update(answer_text=trace.final_text, cost_usd=trace.cost_usd)
-        compiled = yield from judged_case_steps(provider, suite, case, (model, repeat or 0), row,
-                                                trace, judge, retries or 0, sleep, budget)
+        compiled = compile_case(suite, case)
+        if "rubric" in case:  # judged here, so grading stays pure: check_rubric reads the verdicts
+            stored = provider.judgements((model, case["id"], repeat or 0))
+            compiled["_judged"] = yield from judge_row_steps(
+                judge, case, _user_text(case), trace.final_text, row, stored, retries or 0, sleep,
+                budget)
         ask = grader and (lambda: grader(case, row["response"], trace))
         model = getattr(provider, "evidence", MODEL_EVIDENCE) == MODEL_EVIDENCE  # not echo
         grade_row(row, compiled, trace, ask, model)
@@ -6991,17 +6990,6 @@ class Judge:
         entry.update(verdict=read[0], reason=read[1])
 
 
-def judged_case_steps(provider, suite, case, key, row, trace, judge, retries, sleep, budget):
-    """The compiled case of a row whose evidence is stored, with its rubrics judged (as steps):
-    the judge's verdicts are what check_rubric reads, so grading itself stays pure."""
-    compiled = compile_case(suite, case)
-    if "rubric" in case:
-        stored = provider.judgements((key[0], case["id"], key[1]))
-        compiled["_judged"] = yield from judge_row_steps(
-            judge, case, _user_text(case), trace.final_text, row, stored, retries, sleep, budget)
-    return compiled
-
-
 def judge_row_steps(judge, case, input_text, answer, row, stored=(), retries=0, sleep=time.sleep,
                     budget=None):
     """Judge an answer on each rubric of `case` (a case, or one turn of it) into `row`, as steps:
@@ -7169,10 +7157,8 @@ class Tally:
 
     def spent(self):
         """Reported spend so far as a Decimal, or None when some row reported no cost."""
-        if not all(stats["cost_known"] for stats in self.per_model.values()):
-            return None
-        costs = (stats["cost"] for stats in self.per_model.values())
-        return sum(costs, decimal.Decimal(self.overhead))
+        costs = [stats["cost"] for stats in self.per_model.values()]
+        return sum(costs, decimal.Decimal(self.overhead)) if self.unknown_cost() is None else None
 
     def statistics(self, model):
         """A final summary's statistics of a model: its pass rate with the interval, pass^k,
