@@ -7122,8 +7122,7 @@ class Tally:
             return
         key = row_key(row)
         pair = self.pairs.get(key[:2]) if key not in self.seen and key in self.expected else None
-        if key in self.seen or key not in self.expected:
-            self.clash = True
+        self.clash = self.clash or key in self.seen or key not in self.expected
         self.seen.add(key)
         failed, errored = row.get("passed") is not True, row.get("error") is not None
         self.errors, self.failures = self.errors + errored, self.failures + failed
@@ -7394,9 +7393,8 @@ VERDICT_FIELDS = ("model", "case_id", "repeat", "error", "passed", "reasons", "v
 def row_masked(record, row):
     """Whether a row's stored evidence is masked (by the record's redaction, or a [REDACTED] mark
     in its responses): it cannot be graded again and stands on its verdict_sha256 alone."""
-    return bool(record.get("redaction")) or bool(
-        _MASK_MARK.search(dumps({field: row.get(field) for field in ("response", "rounds",
-                                                                     "turns", "judgements")})))
+    stored = {field: row.get(field) for field in ("response", "rounds", "turns", "judgements")}
+    return bool(record.get("redaction")) or bool(_MASK_MARK.search(dumps(stored)))
 
 
 def verdict_sha256(case, row):
@@ -7576,19 +7574,14 @@ def _record_problems(record, evidence):
     for field in ("runs", "superseded"):
         for position, row in enumerate(record.get(field) or []):
             yield from _row_problems(row, f"{field}[{position}]")
-    yield _unplanned_problem(record)
+    # a row outside the plan (models x cases x repeats, its shard's part): no run makes one, and
+    # a report of the plan's rows alone (JUnit) would drop it, a failure included
+    plan, shard = set(_record_plan(record)), record.get("shard")
+    yield from (f"runs[{position}] ({key_text(row_key(row))}) is not in the config's models x "
+                f"cases x repeats{f' (shard {shard})' if shard else ''}"
+                for position, row in enumerate(record["runs"]) if row_key(row) not in plan)
     if evidence:
         yield _unfounded_problem(record)
-
-
-def _unplanned_problem(record):
-    """The first row outside the record's plan (its config's models x cases x repeats, its shard's
-    part of them), as one line, or None: no run makes one, and a report of the plan's rows alone
-    (JUnit) would drop it, a failure included."""
-    plan, shard = set(_record_plan(record)), record.get("shard")
-    return next((f"runs[{position}] ({key_text(row_key(row))}) is not in the config's models x "
-                 f"cases x repeats{f' (shard {shard})' if shard else ''}"
-                 for position, row in enumerate(record["runs"]) if row_key(row) not in plan), None)
 
 
 def _verdict_text(row):
