@@ -7419,9 +7419,10 @@ def verdict_attester(header):
 def evidence_problem(record, row, cases):
     """Why a row that counts (no error, a case of the config) lacks the evidence its verdict is
     graded from, or None: the response and the answer; a played case's every round (the last
-    being the response) with the tool results sent back; a masked row (it cannot be graded
-    again) the verdict_sha256 it was stored with. `cases`: the config's cases by id."""
-    rounds, case = row.get("rounds"), cases.get(row.get("case_id"))
+    being the response) with the tool results sent back, and so of each turn of a conversation;
+    a masked row (it cannot be graded again) the verdict_sha256 it was stored with. `cases`: the
+    config's cases by id."""
+    rounds, case, turns = row.get("rounds"), cases.get(row.get("case_id")), row.get("turns")
     if row.get("error") is not None or case is None:
         return None
     if not isinstance(row.get("response"), dict):
@@ -7429,9 +7430,16 @@ def evidence_problem(record, row, cases):
     if "answer_text" not in row:
         return "has no stored answer_text"
     if "turns" in case:
-        why = _turns_evidence_problem(row)
-        if why:
-            return why
+        if not isinstance(turns, list) or not turns or not all(
+                isinstance(turn, dict) and isinstance(turn.get("rounds"), list) and turn["rounds"]
+                and all(isinstance(one, dict) and isinstance(one.get("response"), dict)
+                        for one in turn["rounds"]) for turn in turns):
+            return "is a conversation row without every turn's stored rounds"
+        if turns[-1]["rounds"][-1]["response"] != row["response"]:
+            return "has a response that is not its last turn's"
+        if not all(isinstance(one.get("tool_results"), list)
+                   for turn in turns for one in turn["rounds"][:-1]):
+            return "has a round without the tool results sent back to the model"
     elif not plays_tools(record["config"], case):
         if rounds is not None:
             return "holds rounds, but its case plays no tools"
@@ -7517,23 +7525,6 @@ def _turns_problems(turns, where):
         yield _field_problem(turn, TURN_FIELDS, f"{at}.")
         if not all(isinstance(one, dict) for one in turn.get("rounds") or ()):
             yield f"{at}.rounds holds a round that is not an object"
-
-
-def _turns_evidence_problem(row):
-    """evidence_problem of a conversation row: every turn's rounds (each with the tool results
-    sent back but the turn's last), the last turn's last round being the row's response."""
-    turns = row.get("turns")
-    if not isinstance(turns, list) or not turns or not all(
-            isinstance(turn, dict) and isinstance(turn.get("rounds"), list) and turn["rounds"]
-            and all(isinstance(one, dict) and isinstance(one.get("response"), dict)
-                    for one in turn["rounds"]) for turn in turns):
-        return "is a conversation row without every turn's stored rounds"
-    if turns[-1]["rounds"][-1]["response"] != row["response"]:
-        return "has a response that is not its last turn's"
-    if not all(isinstance(one.get("tool_results"), list)
-               for turn in turns for one in turn["rounds"][:-1]):
-        return "has a round without the tool results sent back to the model"
-    return None
 
 
 def _unfounded_problem(record):
