@@ -7493,21 +7493,15 @@ def _row_problems(row, where):
     # crafted or broken row, and trusting it would carry a failure into a summary as a pass
     if row.get("passed") is True and (row.get("reasons") or row.get("error") is not None):
         yield f"{where}.passed is true but the row holds reasons or an error"
-    yield _verdicts_problem(row, f"{where}.verdicts")
-
-
-def _verdicts_problem(row, where):
-    """Why a row's verdicts ({rule: [reason, ...]} of each rule it failed) cannot stand, or None:
-    they list exactly the row's reasons, and a row with an error has none."""
+    # its verdicts ({rule: [reason, ...]} of each rule it failed; none on a passing row or one
+    # graded before verdicts were kept) list exactly its reasons, and a row with an error has none
     verdicts = row.get("verdicts")
-    if verdicts is None:  # a passing row, or one graded before verdicts were kept
-        return None
-    if not all(_is_text_list(reasons) and reasons for reasons in verdicts.values()):
-        return f"{where} is not an object of rule: [reason, ...]"
-    listed = {reason for reasons in verdicts.values() for reason in reasons}
-    if row.get("error") is not None or listed != set(row.get("reasons") or []):
-        return f"{where} disagrees with the row's reasons (or error)"
-    return None
+    if verdicts is not None:
+        if not all(_is_text_list(reasons) and reasons for reasons in verdicts.values()):
+            yield f"{where}.verdicts is not an object of rule: [reason, ...]"
+        listed = {reason for reasons in verdicts.values() for reason in reasons}
+        if row.get("error") is not None or listed != set(row.get("reasons") or []):
+            yield f"{where}.verdicts disagrees with the row's reasons (or error)"
 
 
 TURN_FIELDS = dict(user=_TEXT, rounds=_LIST, reply=_TEXT)
