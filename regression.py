@@ -6167,8 +6167,6 @@ def retry_after(exc):
             when = email.utils.parsedate_to_datetime(value)
         except (TypeError, ValueError, IndexError, OverflowError):  # a year past C long
             return None
-        if when is None:
-            return None
         if when.tzinfo is None:
             when = when.replace(tzinfo=datetime.timezone.utc)
         seconds = (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
@@ -6345,9 +6343,11 @@ def rounds_trace(parse, rounds, traces=None, bound=None):
     `traces`: each round's trace when the caller parsed them already (the loop does); `bound`:
     the Fail of the bound that stopped the row (see PLAYED_BOUNDS)."""
     traces = traces if traces is not None else [parse(turn["response"]) for turn in rounds]
-    calls = []
+    calls, heard = [], []  # heard, in order: what a round's search returned, said, was sent back
     for number, (turn, trace) in enumerate(zip(rounds, traces), 1):
         sent = turn.get("tool_results") or []
+        heard += [("tool", url) for url in trace.search_urls] + [("said", trace.final_text)]
+        heard += [("tool", result_text(one["result"])) for one in sent]
         for position, call in enumerate(trace.tool_calls):
             entry = {"round": number, "name": call.get("name"), "arguments": call.get("arguments")}
             if position < len(sent):
@@ -6356,10 +6356,6 @@ def rounds_trace(parse, rounds, traces=None, bound=None):
                     entry["unscripted"] = True
             calls.append(entry)
     last = traces[-1]
-    heard = []  # in order: what a round's search returned, what it said, the results sent back
-    for turn, trace in zip(rounds, traces):
-        heard += [("tool", url) for url in trace.search_urls] + [("said", trace.final_text)]
-        heard += [("tool", result_text(sent["result"])) for sent in turn.get("tool_results") or ()]
     return Trace(
         transcript=tuple(heard), final_text=last.final_text,
         # Text a round said beside its tool calls is said to the user too (see said_texts).
@@ -6655,15 +6651,18 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
             if retries is None:
                 row.pop("attempts")
         else:
-            raw, attempts = yield from send_request_steps(provider, model, suite, case, repeat or 0,
-                                                          retries or 0, sleep, budget=budget)
+            row["response"], attempts = yield from send_request_steps(
+                provider, model, suite, case, repeat or 0, retries or 0, sleep, budget=budget)
             if retries is not None:
                 row["attempts"] = attempts
-            row["response"] = raw
-            trace = parsed(provider, suite, raw)
+            trace = parsed(provider, suite, row["response"])
         row.update(answer_text=trace.final_text, cost_usd=trace.cost_usd)
-        compiled = yield from judged_case_steps(provider, suite, case, (model, repeat or 0), row,
-                                                trace, judge, retries or 0, sleep, budget)
+        compiled = compile_case(suite, case)
+        if "rubric" in case:  # judged here, so grading stays pure: check_rubric reads the verdicts
+            stored = provider.judgements((model, case["id"], repeat or 0))
+            compiled["_judged"] = yield from judge_row_steps(
+                judge, case, _user_text(case), trace.final_text, row, stored, retries or 0, sleep,
+                budget)
         ask = grader and (lambda: grader(case, row["response"], trace))
         model = getattr(provider, "evidence", MODEL_EVIDENCE) == MODEL_EVIDENCE  # not echo
         grade_row(row, compiled, trace, ask, model)
@@ -6899,17 +6898,6 @@ class Judge:
         entry.update(verdict=read[0], reason=read[1])
 
 
-def judged_case_steps(provider, suite, case, key, row, trace, judge, retries, sleep, budget):
-    """The compiled case of a row whose evidence is stored, with its rubrics judged (as steps):
-    the judge's verdicts are what check_rubric reads, so grading itself stays pure."""
-    compiled = compile_case(suite, case)
-    if "rubric" in case:
-        stored = provider.judgements((key[0], case["id"], key[1]))
-        compiled["_judged"] = yield from judge_row_steps(
-            judge, case, _user_text(case), trace.final_text, row, stored, retries, sleep, budget)
-    return compiled
-
-
 def judge_row_steps(judge, case, input_text, answer, row, stored=(), retries=0, sleep=time.sleep,
                     budget=None):
     """Judge an answer on each rubric of `case` (a case, or one turn of it) into `row`, as steps:
@@ -7042,8 +7030,7 @@ class Tally:
             return
         key = row_key(row)
         pair = self.pairs.get(key[:2]) if key not in self.seen and key in self.expected else None
-        if key in self.seen or key not in self.expected:
-            self.clash = True
+        self.clash = self.clash or key in self.seen or key not in self.expected
         self.seen.add(key)
         failed, errored = row.get("passed") is not True, row.get("error") is not None
         self.errors, self.failures = self.errors + errored, self.failures + failed
@@ -7077,10 +7064,8 @@ class Tally:
 
     def spent(self):
         """Reported spend so far as a Decimal, or None when some row reported no cost."""
-        if not all(stats["cost_known"] for stats in self.per_model.values()):
-            return None
-        costs = (stats["cost"] for stats in self.per_model.values())
-        return sum(costs, decimal.Decimal(self.overhead))
+        costs = [stats["cost"] for stats in self.per_model.values()]
+        return sum(costs, decimal.Decimal(self.overhead)) if self.unknown_cost() is None else None
 
     def statistics(self, model):
         """A final summary's statistics of a model: its pass rate with the interval, pass^k,
@@ -7316,9 +7301,8 @@ VERDICT_FIELDS = ("model", "case_id", "repeat", "error", "passed", "reasons", "v
 def row_masked(record, row):
     """Whether a row's stored evidence is masked (by the record's redaction, or a [REDACTED] mark
     in its responses): it cannot be graded again and stands on its verdict_sha256 alone."""
-    return bool(record.get("redaction")) or bool(
-        _MASK_MARK.search(dumps({field: row.get(field) for field in ("response", "rounds",
-                                                                     "turns", "judgements")})))
+    stored = {field: row.get(field) for field in ("response", "rounds", "turns", "judgements")}
+    return bool(record.get("redaction")) or bool(_MASK_MARK.search(dumps(stored)))
 
 
 def verdict_sha256(case, row):
@@ -7343,9 +7327,10 @@ def verdict_attester(header):
 def evidence_problem(record, row, cases):
     """Why a row that counts (no error, a case of the config) lacks the evidence its verdict is
     graded from, or None: the response and the answer; a played case's every round (the last
-    being the response) with the tool results sent back; a masked row (it cannot be graded
-    again) the verdict_sha256 it was stored with. `cases`: the config's cases by id."""
-    rounds, case = row.get("rounds"), cases.get(row.get("case_id"))
+    being the response) with the tool results sent back, and so of each turn of a conversation;
+    a masked row (it cannot be graded again) the verdict_sha256 it was stored with. `cases`: the
+    config's cases by id."""
+    rounds, case, turns = row.get("rounds"), cases.get(row.get("case_id")), row.get("turns")
     if row.get("error") is not None or case is None:
         return None
     if not isinstance(row.get("response"), dict):
@@ -7353,9 +7338,16 @@ def evidence_problem(record, row, cases):
     if "answer_text" not in row:
         return "has no stored answer_text"
     if "turns" in case:
-        why = _turns_evidence_problem(row)
-        if why:
-            return why
+        if not isinstance(turns, list) or not turns or not all(
+                isinstance(turn, dict) and isinstance(turn.get("rounds"), list) and turn["rounds"]
+                and all(isinstance(one, dict) and isinstance(one.get("response"), dict)
+                        for one in turn["rounds"]) for turn in turns):
+            return "is a conversation row without every turn's stored rounds"
+        if turns[-1]["rounds"][-1]["response"] != row["response"]:
+            return "has a response that is not its last turn's"
+        if not all(isinstance(one.get("tool_results"), list)
+                   for turn in turns for one in turn["rounds"][:-1]):
+            return "has a round without the tool results sent back to the model"
     elif not plays_tools(record["config"], case):
         if rounds is not None:
             return "holds rounds, but its case plays no tools"
@@ -7409,21 +7401,15 @@ def _row_problems(row, where):
     # crafted or broken row, and trusting it would carry a failure into a summary as a pass
     if row.get("passed") is True and (row.get("reasons") or row.get("error") is not None):
         yield f"{where}.passed is true but the row holds reasons or an error"
-    yield _verdicts_problem(row, f"{where}.verdicts")
-
-
-def _verdicts_problem(row, where):
-    """Why a row's verdicts ({rule: [reason, ...]} of each rule it failed) cannot stand, or None:
-    they list exactly the row's reasons, and a row with an error has none."""
+    # its verdicts ({rule: [reason, ...]} of each rule it failed; none on a passing row or one
+    # graded before verdicts were kept) list exactly its reasons, and a row with an error has none
     verdicts = row.get("verdicts")
-    if verdicts is None:  # a passing row, or one graded before verdicts were kept
-        return None
-    if not all(_is_text_list(reasons) and reasons for reasons in verdicts.values()):
-        return f"{where} is not an object of rule: [reason, ...]"
-    listed = {reason for reasons in verdicts.values() for reason in reasons}
-    if row.get("error") is not None or listed != set(row.get("reasons") or []):
-        return f"{where} disagrees with the row's reasons (or error)"
-    return None
+    if verdicts is not None:
+        if not all(_is_text_list(reasons) and reasons for reasons in verdicts.values()):
+            yield f"{where}.verdicts is not an object of rule: [reason, ...]"
+        listed = {reason for reasons in verdicts.values() for reason in reasons}
+        if row.get("error") is not None or listed != set(row.get("reasons") or []):
+            yield f"{where}.verdicts disagrees with the row's reasons (or error)"
 
 
 TURN_FIELDS = dict(user=_TEXT, rounds=_LIST, reply=_TEXT)
@@ -7441,23 +7427,6 @@ def _turns_problems(turns, where):
         yield _field_problem(turn, TURN_FIELDS, f"{at}.")
         if not all(isinstance(one, dict) for one in turn.get("rounds") or ()):
             yield f"{at}.rounds holds a round that is not an object"
-
-
-def _turns_evidence_problem(row):
-    """evidence_problem of a conversation row: every turn's rounds (each with the tool results
-    sent back but the turn's last), the last turn's last round being the row's response."""
-    turns = row.get("turns")
-    if not isinstance(turns, list) or not turns or not all(
-            isinstance(turn, dict) and isinstance(turn.get("rounds"), list) and turn["rounds"]
-            and all(isinstance(one, dict) and isinstance(one.get("response"), dict)
-                    for one in turn["rounds"]) for turn in turns):
-        return "is a conversation row without every turn's stored rounds"
-    if turns[-1]["rounds"][-1]["response"] != row["response"]:
-        return "has a response that is not its last turn's"
-    if not all(isinstance(one.get("tool_results"), list)
-               for turn in turns for one in turn["rounds"][:-1]):
-        return "has a round without the tool results sent back to the model"
-    return None
 
 
 def _unfounded_problem(record):
@@ -7498,19 +7467,14 @@ def _record_problems(record, evidence):
     for field in ("runs", "superseded"):
         for position, row in enumerate(record.get(field) or []):
             yield from _row_problems(row, f"{field}[{position}]")
-    yield _unplanned_problem(record)
+    # a row outside the plan (models x cases x repeats, its shard's part): no run makes one, and
+    # a report of the plan's rows alone (JUnit) would drop it, a failure included
+    plan, shard = set(_record_plan(record)), record.get("shard")
+    yield from (f"runs[{position}] ({key_text(row_key(row))}) is not in the config's models x "
+                f"cases x repeats{f' (shard {shard})' if shard else ''}"
+                for position, row in enumerate(record["runs"]) if row_key(row) not in plan)
     if evidence:
         yield _unfounded_problem(record)
-
-
-def _unplanned_problem(record):
-    """The first row outside the record's plan (its config's models x cases x repeats, its shard's
-    part of them), as one line, or None: no run makes one, and a report of the plan's rows alone
-    (JUnit) would drop it, a failure included."""
-    plan, shard = set(_record_plan(record)), record.get("shard")
-    return next((f"runs[{position}] ({key_text(row_key(row))}) is not in the config's models x "
-                 f"cases x repeats{f' (shard {shard})' if shard else ''}"
-                 for position, row in enumerate(record["runs"]) if row_key(row) not in plan), None)
 
 
 def _verdict_text(row):
