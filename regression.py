@@ -8287,11 +8287,9 @@ def _html_row_details(row):
     for css, lines in listed.items():
         items = "".join(f"<li>{xml_text(line)}</li>" for line in lines)
         parts += [f"<ol class=\"{css}\">{items}</ol>"] if lines else []
-    if row.get("answer_text") is not None:
-        parts.append(f"<details><summary>answer</summary><pre>{xml_text(row['answer_text'])}"
-                     "</pre></details>")
-    else:
-        parts.append(f"<p>no answer: {xml_text(_what_failed(row))}</p>")
+    parts.append(f"<details><summary>answer</summary><pre>{xml_text(row['answer_text'])}</pre>"
+                 "</details>" if row.get("answer_text") is not None
+                 else f"<p>no answer: {xml_text(_what_failed(row))}</p>")
     return "\n".join(parts)
 
 
