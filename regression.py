@@ -8675,8 +8675,7 @@ def _check_flags(values):
 
 
 def _check_redact_patterns(patterns):
-    """UsageError for the first --redact that is not a regular expression or can match ""
-    (never shown)."""
+    """UsageError for the first --redact that is not a regex or can match "" (never shown)."""
     for number, pattern in enumerate(patterns, 1):
         which = f" number {number} of {len(patterns)}" if len(patterns) > 1 else ""
         try:
@@ -10199,8 +10198,7 @@ def _check_replay_covers(provider, run, settings):
 
 
 def open_record(run, tally, quiet=False):
-    """The record this run appends to: a new file, or the resumed one rewritten with its kept
-    rows."""
+    """The record a run appends to: a new file, or the resumed one rewritten with its kept rows."""
     if run.resuming:
         writer = replace_record(run.path, run.header, run.kept, tally.summary())
         if not quiet:
