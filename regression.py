@@ -8001,7 +8001,6 @@ def junit_run(record):
     for key in _record_plan(record):
         model, case_id, repeat = key
         row = rows.get(key)
-        # One package level: viewers split a classname at dots, so the parts' own dots are escaped.
         case = {"classname": f"{suite}.{junit_name(model)}", "name": f"{case_id} [repeat {repeat}]",
                 "seconds": (row or {}).get("seconds")}
         if row is None:
@@ -8160,11 +8159,9 @@ def _html_row_details(row):
     for css, lines in listed.items():
         items = "".join(f"<li>{xml_text(line)}</li>" for line in lines)
         parts += [f"<ol class=\"{css}\">{items}</ol>"] if lines else []
-    if row.get("answer_text") is not None:
-        parts.append(f"<details><summary>answer</summary><pre>{xml_text(row['answer_text'])}"
-                     "</pre></details>")
-    else:
-        parts.append(f"<p>no answer: {xml_text(_what_failed(row))}</p>")
+    parts.append(f"<details><summary>answer</summary><pre>{xml_text(row['answer_text'])}</pre>"
+                 "</details>" if row.get("answer_text") is not None
+                 else f"<p>no answer: {xml_text(_what_failed(row))}</p>")
     return "\n".join(parts)
 
 
@@ -8305,8 +8302,7 @@ def _where_to_send(parser):
     add = parser.add_argument_group("where to send it").add_argument
     add("--provider", help=f"{', '.join(PROVIDERS)} (default {DEFAULT_PROVIDER})")
     add("--base-url", metavar="URL", help=f"the endpoint ({_with('base_url_flag')})")
-    add("--api-key-env", metavar="NAME",
-        help="environment variable holding the key for --base-url")
+    add("--api-key-env", metavar="NAME", help="environment variable holding the key for --base-url")
     add("--allow-insecure-http", action="store_true",
         help="allow sending a key over plain http:// to a host that is not loopback")
     add("--replay", metavar="RECORD", help=f"what {_with('replays_record')} reads")
@@ -8456,14 +8452,13 @@ def price_options(settings):
     prices = {}
     for item in getattr(settings, "price", None) or []:
         model, sep, text = item.rpartition("=")
-        shown = item if len(item) <= 60 else item[:57] + "..."
-        if not sep or not model.strip():
+        model, shown = model.strip(), item if len(item) <= 60 else item[:57] + "..."
+        if not sep or not model:
             raise UsageError(f"--price {shown!r}: use MODEL={PRICE_FORM}")
-        if model.strip() in prices:  # the last would win silently, and with it the cost cap
-            raise UsageError(f"--price {model.strip()[:60]}: given twice; give each model's "
-                             "price once")
+        if model in prices:  # the last would win silently, and with it the cost cap
+            raise UsageError(f"--price {model[:60]}: given twice; give each model's price once")
         try:
-            prices[model.strip()] = parse_price(text, f"--price {shown!r}")
+            prices[model] = parse_price(text, f"--price {shown!r}")
         except SuiteError as exc:
             raise UsageError(str(exc)) from None
     return prices
@@ -8552,8 +8547,7 @@ def _check_flags(values):
 
 
 def _check_redact_patterns(patterns):
-    """UsageError for the first --redact that is not a regular expression or can match ""
-    (never shown)."""
+    """UsageError for the first --redact that is not a regex or can match "" (never shown)."""
     for number, pattern in enumerate(patterns, 1):
         which = f" number {number} of {len(patterns)}" if len(patterns) > 1 else ""
         try:
@@ -9288,12 +9282,12 @@ def _builtin_of(config):
 
 
 def _suite_from_record(record, settings):
-    """The suite a record was made with: the built-in one, --suite, or the cases in its config."""
-    config = record["config"]
-    info = record.get("suite") or {"builtin": True}  # an object (record_problem)
+    """--suite, else the suite `record` was made with: the built-in one or its config's cases."""
     if settings.suite:
         return load_suite(settings.suite, allow_empty_baseline=settings.update_baseline,
                           system=settings.system)
+    config = record["config"]
+    info = record.get("suite") or {"builtin": True}  # an object (record_problem)
     name = info.get("name") or "suite"
     try:
         # the built-in suite (maybe as a file), with the record's own cases
@@ -9331,12 +9325,9 @@ class Run:
 
 
 def _choose_suite(settings, record, replayed):
-    """The suite to run: a resumed record's, --suite, a replayed record's, or the built-in one."""
-    if record is not None:
+    """The suite to run: --suite, a resumed record's, a replayed record's, or the built-in one."""
+    if record is not None or settings.suite:  # _suite_from_record reads --suite first
         return _suite_from_record(record, settings)
-    if settings.suite:
-        return load_suite(settings.suite, allow_empty_baseline=settings.update_baseline,
-                          system=settings.system)
     if replayed is not None and not (replayed.get("suite") or {}).get("builtin", True):
         return _suite_from_record(replayed, settings)
     return builtin_suite()
@@ -9824,8 +9815,7 @@ class Progress:
     """Per-row lines on stdout; on a terminal, also a live status line on stderr."""
 
     def __init__(self, total, done):
-        self.stream = sys.stderr
-        self.live = self.stream.isatty()
+        self.stream, self.live = sys.stderr, sys.stderr.isatty()
         self.total, self.done, self.started, self.session = total, done, time.monotonic(), 0
 
     def row(self, line, tally):
@@ -10043,15 +10033,14 @@ def _console_row(suite, case, row, quiet, line):
     return "\n".join([line, *more])
 
 
-def reorder(run, final, writer=None):
+def reorder(run, final, writer):
     """Put rows back in run order (after concurrency or a resume) with one atomic rewrite;
     returns the writer of the new file (the lock passes to it)."""
     record = load_record(run.path)
     position = {key: n for n, key in enumerate(run.plan)}
     rows = sorted(record["runs"], key=lambda row: position.get(row_key(row), len(position)))
     replaced = replace_record(run.path, run.header, rows, final)
-    if writer is not None:
-        writer.close()
+    writer.close()
     return replaced
 
 
@@ -10081,8 +10070,7 @@ def _check_replay_covers(provider, run, settings):
 
 
 def open_record(run, tally, quiet=False):
-    """The record this run appends to: a new file, or the resumed one rewritten with its kept
-    rows."""
+    """The record a run appends to: a new file, or the resumed one rewritten with its kept rows."""
     if run.resuming:
         writer = replace_record(run.path, run.header, run.kept, tally.summary())
         if not quiet:
