@@ -8003,8 +8003,8 @@ def junit_run(record):
         row = rows.get(key)
         case = {"classname": f"{suite}.{junit_name(model)}", "name": f"{case_id} [repeat {repeat}]",
                 "seconds": (row or {}).get("seconds")}
-        if row is None:
-            case["skipped"] = ("not run", stopped)
+        if row is None:  # an error, as the exit code (2): a JUnit-only gate fails the run too
+            case["error"] = ("not run", stopped)
         elif row.get("error") is not None:
             case["error"] = (f"{row['error']} {row.get('error_status') or ''}".strip(),
                              row.get("error_message") or "")

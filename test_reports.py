@@ -477,7 +477,9 @@ def test_junit_run_counts():
     root = ET.fromstring(regression.junit_run(_junit_record()))
     cases = check_junit_counts(root)
     assert len(cases) == 2 * 3 * 2
-    assert (int(root.get("failures")), int(root.get("errors")), int(root.get("skipped"))) == (2, 1, 2)
+    # a row that never ran is an error, as the exit code says (2): a gate reading only the JUnit
+    # file must not pass an incomplete run
+    assert (int(root.get("failures")), int(root.get("errors")), int(root.get("skipped"))) == (2, 3, 0)
     by_name = {(case.get("classname"), case.get("name")): case for case in cases}
     assert len(by_name) == 12
     failure = by_name[("demo.m1", "c1 [repeat 0]")].find("failure")
@@ -485,8 +487,8 @@ def test_junit_run_counts():
     assert "<tag> & \"quoted\"" in failure.text  # escaped on the way out, intact once parsed
     assert "missing_citation, too_long" == by_name[("demo.m1", "c2 [repeat 1]")].find("failure").get("message")
     assert by_name[("demo.m2", "c2 [repeat 1]")].find("error").get("message") == "APITimeoutError"
-    skipped = by_name[("demo.m2", "c3 [repeat 0]")].find("skipped")
-    assert skipped is not None and "first execution error" in skipped.text
+    not_run = by_name[("demo.m2", "c3 [repeat 0]")].find("error")
+    assert not_run.get("message") == "not run" and "first execution error" in not_run.text
     for case in cases:  # exactly one outcome element at most
         assert len([child for child in case if child.tag in ("failure", "error", "skipped")]) <= 1
 
@@ -508,7 +510,9 @@ def test_junit_via_report_flag(tmp_path):
     assert proc.returncode == 0, proc.stderr
     root = ET.parse(out).getroot()
     cases = check_junit_counts(root)
-    assert len(cases) == 12 and root.get("failures") == "2" and root.get("errors") == "1"
+    # the 2 rows that never ran are errors too: the report of an incomplete run never reads green
+    assert len(cases) == 12 and root.get("failures") == "2" and root.get("errors") == "3"
+    assert root.get("skipped") == "0"
 
 
 def _junit_comparison_paths(tmp_path):
