@@ -3027,15 +3027,19 @@ def _validate_tools(tools, where):
             raise SuiteError(f"{where}: every tool needs a string \"type\"")
         if "name" in tool and not isinstance(tool["name"], str):
             raise SuiteError(f"{where}: a tool name must be a string")
-        if tool["type"] == "function" and not (isinstance(_tool_name(tool), str)
-                                               and _tool_name(tool)):
+        if tool["type"] != "function":
+            continue
+        name = _tool_name(tool)
+        if not (isinstance(name, str) and name):
             raise SuiteError(f"{where}: a function tool needs a name")
-        if tool["type"] == "function":
-            inner = tool["function"] if isinstance(tool.get("function"), dict) else tool
-            _typed_fields(inner, f"{where}: function tool {_tool_name(tool)!r}")
-            if _tool_name(tool) in seen:  # APIs refuse it; the checks would read one of the two
-                raise SuiteError(f"{where}: function tool {_tool_name(tool)!r} is declared twice")
-            seen.add(_tool_name(tool))
+        if not name.isprintable() or re.search(r"\s", name):  # APIs refuse it, reports split it
+            raise SuiteError(f"{where}: function tool {name!r} has a space or an unprintable "
+                             "character in its name (give letters, digits, _ or -)")
+        inner = tool["function"] if isinstance(tool.get("function"), dict) else tool
+        _typed_fields(inner, f"{where}: function tool {name!r}")
+        if name in seen:  # APIs refuse it; the checks would read one of the two
+            raise SuiteError(f"{where}: function tool {name!r} is declared twice")
+        seen.add(name)
 
 
 # A function tool's and a json_schema format's optional fields, as every API types them: one of

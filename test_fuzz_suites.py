@@ -442,3 +442,24 @@ def test_a_function_tool_declared_twice_is_one_line_through_the_cli(tmp_path):
                                          env=cli_env(), flags=("-W", "error"))
     assert (code, err) == (2, "regression.py: error: s.json: suite: function tool 't0' is declared "
                               "twice\n"), out
+
+
+# A function tool named with a line break, a space or an invisible character was sent as
+# written: the APIs refuse such a name on every row, and --dry-run printed it over two lines.
+
+@pytest.mark.parametrize("name", ["look\nup", "look up", "\tlookup", "lookup\u202e", "look\x1b[2Jup",
+                                  "look\u200bup", "lookup\u3000"])
+def test_a_function_tool_name_with_a_space_or_an_unprintable_character_is_refused(tmp_path, name):
+    data = suite_with_tool({"type": "function", "function": {"name": name}})
+    (tmp_path / "s.json").write_text(json.dumps(data), encoding="utf-8")
+    [(code, out, err)] = fakes.cli_table([(["--suite", "s.json", "--dry-run"], tmp_path)],
+                                         env=cli_env(), flags=("-W", "error"))
+    assert code == 2 and err.count("\n") == 1 and err.startswith(
+        f"regression.py: error: s.json: suite: function tool {name!r} has a space or an "
+        "unprintable character in its name"), err
+    assert not out
+
+
+def test_a_tool_name_of_letters_digits_dots_and_dashes_still_loads():
+    for name in ("lookup", "look_up-2", "ns.lookup", "ns:lookup", "consulta_pedido"):
+        regression.validate_suite(suite_with_tool({"type": "function", "function": {"name": name}}))
