@@ -798,10 +798,10 @@ def test_similarity_grades_a_huge_or_repetitive_answer_quickly(expected, answer)
     case = regression.compile_case(TEXT_SUITE, {"id": "s", "input": "q", "expected_text": expected,
                                                 "min_similarity": 0.9, "contains": ["30 days"],
                                                 "excludes": ["lifetime"], "max_chars": 3_000_000})
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time: a loaded machine stretches the wall clock alone
     reasons = regression.grade(case, trace(answer))
     details = regression.grading(case, trace(answer)).details
-    assert time.perf_counter() - started < 1.5  # was 77 s for 2 MB
+    assert time.process_time() - started < 1.5  # was 77 s for 2 MB (0.2 s now)
     assert details.get("similarity_measure", "bounded").startswith("bounded")
     if len(answer) > 100_000:
         assert details["similarity_measure"].startswith("bounded")
