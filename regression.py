@@ -979,12 +979,9 @@ def _unique_pairs(pairs):
     return dict(pairs)
 
 
-def _not_json(name):
-    raise _NotStrictJSON("invalid_json", name)
-
-
 def _finite_float(text):
-    """A JSON number as a float; 1e999 overflows to infinity, which JSON cannot hold either."""
+    """A JSON number as a float, refused unless finite: NaN and Infinity are not JSON, and 1e999
+    overflows to infinity, which JSON cannot hold either."""
     value = float(text)
     if not math.isfinite(value):
         raise _NotStrictJSON("invalid_json", text)
@@ -998,7 +995,7 @@ def read_json(text):
     if not isinstance(text, str):
         return None, Fail("invalid_json", "no answer text", error="no answer text")
     try:
-        return json.loads(text, object_pairs_hook=_unique_pairs, parse_constant=_not_json,
+        return json.loads(text, object_pairs_hook=_unique_pairs, parse_constant=_finite_float,
                           parse_float=_finite_float), None
     except _NotStrictJSON as exc:
         reason, name = exc.args
@@ -1136,9 +1133,8 @@ class Check:
 
     def active(self, case):
         """Whether this check has anything to judge in a case: only then does it run."""
-        if self.behavior:
-            return self.always or bool(self.entries(case))
-        return self.always or any(key in case for key in self.keys)
+        return self.always or (bool(self.entries(case)) if self.behavior
+                               else any(key in case for key in self.keys))
 
     def involved(self, case):
         """Whether a case holds any key this check reads: its keys are validated and its details
@@ -1280,7 +1276,6 @@ def tool_parameters(tools):
 
 
 DEFAULT_MAX_ROUNDS = 8
-_NO_SCRIPT = object()
 # A played row is bounded in what it may make the harness answer and store: a model that asks for
 # thousands of calls a round would otherwise be answered, re-sent and stored round after round.
 # Each is a suite key; a row that meets one stops there and fails (too_many_tool_calls,
@@ -1575,16 +1570,6 @@ def said_phrases(phrases, trace, texts=said_texts):
     return {phrase for text in texts(trace) for phrase in phrases_in(phrases, text, spaced=True)[0]}
 
 
-def phrases_found(case, key, trace):
-    """(present, absent) phrases of a case's `contains` (in the final answer) or `excludes` (in
-    anything the model said or the server sent as content, every reading: see never_said_texts)."""
-    phrases = case.get(key, [])
-    if key != "excludes":
-        return phrases_in(phrases, trace.final_text)
-    present = said_phrases(phrases, trace, never_said_texts)
-    return [p for p in phrases if p in present], [p for p in phrases if p not in present]
-
-
 def _validate_phrases(key):
     """A phrase list's validator. A phrase that is empty in the normal form (only invisible
     characters) is in every text: as a rule it could never fail, or never pass."""
@@ -1597,10 +1582,15 @@ def _validate_phrases(key):
 
 
 def _phrase_check(key, reason, label):
-    """One check for `contains` and `excludes`: the other side of phrases_found fails it."""
+    """One check for `contains` (a phrase absent from the final answer fails it) and `excludes` (a
+    phrase present in anything the model said or the server sent as content, in every reading: see
+    never_said_texts)."""
     def check_phrases(case, trace):
-        present, absent = phrases_found(case, key, trace)
-        failing = present if key == "excludes" else absent
+        if key == "excludes":
+            present = said_phrases(case[key], trace, never_said_texts)
+            failing = [phrase for phrase in case[key] if phrase in present]
+        else:
+            failing = phrases_in(case[key], trace.final_text)[1]
         if not failing:
             return []
         note = f"{label} " + ", ".join(_quote(phrase, 30) for phrase in failing[:3]) + (
@@ -2545,11 +2535,11 @@ def reported_cost(raw):
 def scripted_result(case, name, arguments):
     """(result, scripted) for one call: the first entry whose `when` values all equal the call's
     arguments wins (no `when`: any call); nothing matching is an error result, unscripted."""
-    script = (case.get("tool_results") or {}).get(name, _NO_SCRIPT)
-    if script is not _NO_SCRIPT and not isinstance(script, list):
+    script = (case.get("tool_results") or {}).get(name, [])  # a static result is never a list
+    if not isinstance(script, list):
         return script, True
     parsed = _call_arguments({"arguments": arguments})
-    for entry in script if script is not _NO_SCRIPT else []:
+    for entry in script:
         if _arguments_match(entry.get("when") or {}, parsed):
             return entry["result"], True
     return {"error": f"no scripted result for {name}"}, False
