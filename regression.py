@@ -1022,9 +1022,11 @@ _JSON_TYPES = {
 }
 
 
-def _json_type(value):
-    return next((name for name, test in _JSON_TYPES.items() if name != "integer" and test(value)),
-                "unknown")
+def _not_an_object(reason, value):
+    """Fail(reason) for a JSON value that is not an object, naming its JSON type."""
+    got = next((name for name, test in _JSON_TYPES.items() if name != "integer" and test(value)),
+               "unknown")
+    return Fail(reason, f"a JSON {got}, not an object", got=got)
 
 
 def _has_type(value, spec):
@@ -1042,8 +1044,7 @@ def _has_type(value, spec):
 def _shape_problem(answer, case):
     """Fail("invalid_answer_shape") for an answer without exactly its fields and types, or None."""
     if not isinstance(answer, dict):
-        return Fail("invalid_answer_shape", f"a JSON {_json_type(answer)}, not an object",
-                    got=_json_type(answer))
+        return _not_an_object("invalid_answer_shape", answer)
     schema = case.get("_schema")
     if schema is not None:
         types = schema.get("properties", {})
@@ -1739,8 +1740,7 @@ def check_similarity(case, trace):
     baseline (difflib ratio in the text normal form, time-bounded)."""
     if not case["expected_text"]:
         return []  # an empty baseline is only allowed while --update-baseline fills it
-    score, how = similarity_of(case["expected_text"], trace.final_text
-                               if isinstance(trace.final_text, str) else "")
+    score, how = similarity_of(case["expected_text"], trace.final_text)  # no text: ""
     if score < case["min_similarity"]:
         bound = {"measure": how} if how else {}
         shown = math.floor(score * 10_000) / 10_000  # never rounds up to the threshold
@@ -1763,8 +1763,7 @@ def _similarity_details(case, trace, failed):
         import difflib
         details["diff"] = "\n".join(difflib.unified_diff(
             cut_whole(case["expected_text"], DIFF_CHARS).splitlines(),
-            cut_whole(text, DIFF_CHARS).splitlines(),
-            "expected", "actual", lineterm=""))
+            cut_whole(text, DIFF_CHARS).splitlines(), "expected", "actual", lineterm=""))
     return details
 
 
@@ -1875,8 +1874,7 @@ def check_json_object(case, trace, arg):
         return [Fail("not_json_object", problem.evidence["note"],
                      error=problem.evidence.get("error"))]
     if not isinstance(value, dict):
-        return [Fail("not_json_object", f"a JSON {_json_type(value)}, not an object",
-                     got=_json_type(value))]
+        return [_not_an_object("not_json_object", value)]
     return []
 
 
