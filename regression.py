@@ -1571,22 +1571,20 @@ def said_phrases(phrases, trace, texts=said_texts):
     return {phrase for text in texts(trace) for phrase in phrases_in(phrases, text, spaced=True)[0]}
 
 
-def _validate_phrases(key):
-    """A phrase list's validator. A phrase that is empty in the normal form (only invisible
-    characters) is in every text: as a rule it could never fail, or never pass."""
+def _register_phrase_check(key, doc, reason, reason_text, label, detail, words):
+    """Register `contains` or `excludes` (`doc`: its --list-checks line): its failing phrases give
+    one Fail(reason) whose note starts with `label`, stored as details[detail] and shown on the
+    console as "WORDS: 'phrase'". A phrase that is empty in the normal form (only invisible
+    characters) is in every text: as a rule it could never fail, or never pass, so it is refused."""
     def validate(case, where, context):
         _string_list(case[key], where, key)
         for phrase in case[key]:
             if not text_form(phrase):
                 raise SuiteError(f"{where}: {key} holds a phrase with no visible text: {phrase!r}")
-    return validate
 
-
-def _phrase_check(key, reason, label):
-    """One check for `contains` (a phrase absent from the final answer fails it) and `excludes` (a
-    phrase present in anything the model said or the server sent as content, in every reading: see
-    never_said_texts)."""
     def check_phrases(case, trace):
+        # contains: a phrase absent from the final answer fails; excludes: one present in anything
+        # the model said or the server sent as content, in every reading (see never_said_texts)
         if key == "excludes":
             present = said_phrases(case[key], trace, never_said_texts)
             failing = [phrase for phrase in case[key] if phrase in present]
@@ -1597,38 +1595,31 @@ def _phrase_check(key, reason, label):
         note = f"{label} " + ", ".join(_quote(phrase, 30) for phrase in failing[:3]) + (
             f" (+{len(failing) - 3})" if len(failing) > 3 else "")
         return [Fail(reason, note, phrases=failing)]
-    return check_phrases
+
+    def phrase_details(case, trace, failed):
+        return {detail: failed[0].evidence["phrases"]} if failed else {}
+
+    def phrase_short(case, reasons, details):
+        return [f"{words}: {text!r}" for text in details.get(detail, [])]
+    check_phrases.__doc__ = doc
+    register_check(key, check_phrases, keys=(key,), text_only=True, validate=validate,
+                   details=phrase_details, short=phrase_short, reasons={reason: reason_text})
 
 
-def _phrase_details(detail):
-    """A phrase check's details: the phrases its own Fail found failing."""
-    return lambda case, trace, failed: {detail: failed[0].evidence["phrases"]} if failed else {}
-
-
-def _phrase_short(detail, words):
-    """A phrase check's console short form: each failing phrase its details stored, in words."""
-    return lambda case, reasons, details: [f"{words}: {text!r}" for text in details.get(detail, [])]
-
-
-check_contains = _phrase_check("contains", "missing_required_text", "missing")
-check_contains.__doc__ = ("`contains`: every listed phrase appears in the answer (both in the text "
-                          "normal form); a hard rule.")
-register_check("contains", check_contains, keys=("contains",), text_only=True,
-               validate=_validate_phrases("contains"), details=_phrase_details("missing_text"),
-               short=_phrase_short("missing_text", "missing required text"), reasons={
-    "missing_required_text": ("a `contains` phrase is missing (compared in the normal form)",
-                              "hard rule: no similarity score rescues it")})
-check_excludes = _phrase_check("excludes", "forbidden_text_present", "forbidden")
-check_excludes.__doc__ = ("`excludes`: no listed phrase appears in the answer, in what a played "
-                          "case's earlier rounds said, or in reasoning a server left in content "
-                          "(in the text normal form); a hard rule.")
-register_check("excludes", check_excludes, keys=("excludes",), text_only=True,
-               validate=_validate_phrases("excludes"), details=_phrase_details("forbidden_text"),
-               short=_phrase_short("forbidden_text", "contains forbidden text"), reasons={
-    "forbidden_text_present": (
+_register_phrase_check(
+    "contains", "`contains`: every listed phrase appears in the answer (both in the text normal "
+    "form); a hard rule.", "missing_required_text", (
+        "a `contains` phrase is missing (compared in the normal form)",
+        "hard rule: no similarity score rescues it"),
+    label="missing", detail="missing_text", words="missing required text")
+_register_phrase_check(
+    "excludes", "`excludes`: no listed phrase appears in the answer, in what a played case's "
+    "earlier rounds said, or in reasoning a server left in content (in the text normal form); a "
+    "hard rule.", "forbidden_text_present", (
         "an `excludes` phrase appears (compared in the normal form, so zero-width or fullwidth "
         "characters and Markdown or HTML markup do not hide it; also in `<think>` reasoning a "
-        "server left in content)", "hard rule; e.g. an echoed card number")})
+        "server left in content)", "hard rule; e.g. an echoed card number"),
+    label="forbidden", detail="forbidden_text", words="contains forbidden text")
 
 
 # Similarity is difflib's ratio on the two texts in text_form(). difflib's matching is quadratic or
