@@ -1398,6 +1398,11 @@ def base_url_problem(url, source="--base-url"):
 # ---------------------------------------------------------------------- each check
 # Each check and its validator, registered in run order.
 
+@register_check("completed", always=True, reasons={
+    "response_not_completed": (
+        "the response status was not `completed` (failed, cancelled, ran out of steps or tokens)",
+        "read `response.status` and `response.error` in the row; a model that keeps stopping early "
+        "needs a higher limit or a different model")})
 def check_completed(case, trace):
     """The response finished: status "completed" (or, with function tools, a turn that ended in
     tool calls)."""
@@ -1408,25 +1413,16 @@ def check_completed(case, trace):
     return [Fail("response_not_completed", f"status {trace.status}", status=trace.status)]
 
 
-register_check("completed", check_completed, always=True, reasons={
-    "response_not_completed": (
-        "the response status was not `completed` (failed, cancelled, ran out of steps or tokens)",
-        "read `response.status` and `response.error` in the row; a model that keeps stopping early "
-        "needs a higher limit or a different model")})
-
-
+@register_check("search_observed", keys=("cite",), reasons={
+    "search_not_observed": (
+        "a case that must cite found no search results in its own response",
+        "the model answered without searching; the instructions require a search, so this is a "
+        "model regression")})
 def check_search_observed(case, trace):
     """With `cite`: the run's own web search returned at least one URL."""
     if not trace.search_urls:
         return [Fail("search_not_observed", "no search results in this response", search_urls=0)]
     return []
-
-
-register_check("search_observed", check_search_observed, keys=("cite",), reasons={
-    "search_not_observed": (
-        "a case that must cite found no search results in its own response",
-        "the model answered without searching; the instructions require a search, so this is a "
-        "model regression")})
 
 
 def _validate_expect(case, where, context):
@@ -1446,6 +1442,24 @@ def _validate_expect(case, where, context):
                              f"schema")
 
 
+# The reasons of read_json, given by both checks that read a JSON answer.
+_JSON_REASONS = {
+    "invalid_json": ("the answer is not strict JSON (NaN and Infinity are not JSON)",
+                     "the model ignored the response format"),
+    "duplicate_key": ("the JSON answer repeats a key in one object, so which value counts is "
+                      "ambiguous",
+                      "a model can hide a wrong value behind a right one: treat it as wrong")}
+
+
+@register_check("expect", keys=("expect", "cite"), reads=("allow_extra_fields",),
+                validate=_validate_expect, reasons={
+    **_JSON_REASONS,
+    "invalid_answer_shape": (
+        "JSON, but not exactly the schema's fields and types",
+        "the model added, dropped or mistyped a field; `details.evidence` names which"),
+    "wrong_<field>": ("an approved decision changed (`wrong_code`, `wrong_next_action`)",
+                      "the regression this tool exists for: do not ship the change; the evidence "
+                      "shows got and expected")})
 def check_answer(case, trace):
     """With `expect` or `cite`: the answer is strict JSON (no NaN, no repeated key), an object
     with exactly the schema's fields (`allow_extra_fields`: at least them); `expect` values match
@@ -1458,24 +1472,6 @@ def check_answer(case, trace):
                  got=_clip(answer.get(field)), expected=value)
             for field, value in case.get("expect", {}).items()
             if _canonical(answer.get(field)) != _canonical(value)]
-
-
-# The reasons of read_json, given by both checks that read a JSON answer.
-_JSON_REASONS = {
-    "invalid_json": ("the answer is not strict JSON (NaN and Infinity are not JSON)",
-                     "the model ignored the response format"),
-    "duplicate_key": ("the JSON answer repeats a key in one object, so which value counts is "
-                      "ambiguous",
-                      "a model can hide a wrong value behind a right one: treat it as wrong")}
-register_check("expect", check_answer, keys=("expect", "cite"), reads=("allow_extra_fields",),
-               validate=_validate_expect, reasons={
-    **_JSON_REASONS,
-    "invalid_answer_shape": (
-        "JSON, but not exactly the schema's fields and types",
-        "the model added, dropped or mistyped a field; `details.evidence` names which"),
-    "wrong_<field>": ("an approved decision changed (`wrong_code`, `wrong_next_action`)",
-                      "the regression this tool exists for: do not ship the change; the evidence "
-                      "shows got and expected")})
 
 
 def _validate_cite(case, where, context):
@@ -1493,6 +1489,17 @@ def _validate_cite(case, where, context):
                          f"make a list")
 
 
+@register_check("cite", keys=("cite",), validate=_validate_cite, reasons={
+    "missing_or_duplicate_sources": ("no source cited, or one document cited twice",
+                                     "the citation discipline slipped"),
+    "citation_not_in_search_results": (
+        "a cited document never appeared in this run's own search results (or the URL is not a "
+        "recognised document)", "a made-up or remembered citation: treat as a hallucination"),
+    "citation_not_approved": (
+        "a cited document is outside the case's document and the always-allowed ones",
+        "the model relied on an unapproved source"),
+    "primary_reference_missing": ("the case's own document is not cited",
+                                  "e.g. a 429 answer without RFC 6585")})
 def check_citations(case, trace):
     """With `cite`: cited URLs name distinct documents, all found by this run's search, all
     approved, the primary one among them."""
@@ -1523,19 +1530,6 @@ def check_citations(case, trace):
         reasons.append(Fail("primary_reference_missing", f"{case['cite']} not cited",
                             expected=case["cite"], cited=[doc for doc in cited if doc is not None]))
     return reasons
-
-
-register_check("cite", check_citations, keys=("cite",), validate=_validate_cite, reasons={
-    "missing_or_duplicate_sources": ("no source cited, or one document cited twice",
-                                     "the citation discipline slipped"),
-    "citation_not_in_search_results": (
-        "a cited document never appeared in this run's own search results (or the URL is not a "
-        "recognised document)", "a made-up or remembered citation: treat as a hallucination"),
-    "citation_not_approved": (
-        "a cited document is outside the case's document and the always-allowed ones",
-        "the model relied on an unapproved source"),
-    "primary_reference_missing": ("the case's own document is not cited",
-                                  "e.g. a 429 answer without RFC 6585")})
 
 
 def phrases_in(phrases, text, spaced=False):
@@ -1726,21 +1720,6 @@ def _validate_similarity(case, where, context):
                              f"--update-baseline or by hand")
 
 
-def check_similarity(case, trace):
-    """`expected_text` + `min_similarity`: the answer is at least this similar to the approved
-    baseline (difflib ratio in the text normal form, time-bounded)."""
-    if not case["expected_text"]:
-        return []  # an empty baseline is only allowed while --update-baseline fills it
-    score, how = similarity_of(case["expected_text"], trace.final_text)  # no text: ""
-    if score < case["min_similarity"]:
-        bound = {"measure": how} if how else {}
-        shown = math.floor(score * 10_000) / 10_000  # never rounds up to the threshold
-        return [Fail("below_min_similarity", f"similarity {shown:g} < {case['min_similarity']:g}"
-                     + (" (bounded)" if how else ""), similarity=round(score, 4),
-                     min_similarity=case["min_similarity"], **bound)]
-    return []
-
-
 DIFF_CHARS = 20_000  # each side of details.diff is cut to this many characters
 
 
@@ -1766,9 +1745,9 @@ def _similarity_short(case, reasons, details):
 
 
 # expected_text alone reports a score and judges nothing: only min_similarity makes it a rule.
-register_check("similarity", check_similarity, keys=("min_similarity",), reads=("expected_text",),
-               validate=_validate_similarity, details=_similarity_details, short=_similarity_short,
-               text_only=True, rule=(
+@register_check("similarity", keys=("min_similarity",), reads=("expected_text",),
+                validate=_validate_similarity, details=_similarity_details, short=_similarity_short,
+                text_only=True, rule=(
     f"the exact difflib ratio for texts up to {SIMILARITY_PREFIX:,} characters whose matching "
     f"fits {SIMILARITY_WORK:,} counted steps; above, the least of the ratio of the first and last "
     "N characters, the length bound and (when it is 0.5 or more) the word-multiset overlap; "
@@ -1777,6 +1756,19 @@ register_check("similarity", check_similarity, keys=("min_similarity",), reads=(
         "the answer is less similar to the approved baseline than `min_similarity` (difflib ratio "
         "in the normal form; very long texts get a bounded score)",
         "read `details.diff` (expected -> actual) and `details.similarity`")})
+def check_similarity(case, trace):
+    """`expected_text` + `min_similarity`: the answer is at least this similar to the approved
+    baseline (difflib ratio in the text normal form, time-bounded)."""
+    if not case["expected_text"]:
+        return []  # an empty baseline is only allowed while --update-baseline fills it
+    score, how = similarity_of(case["expected_text"], trace.final_text)  # no text: ""
+    if score < case["min_similarity"]:
+        bound = {"measure": how} if how else {}
+        shown = math.floor(score * 10_000) / 10_000  # never rounds up to the threshold
+        return [Fail("below_min_similarity", f"similarity {shown:g} < {case['min_similarity']:g}"
+                     + (" (bounded)" if how else ""), similarity=round(score, 4),
+                     min_similarity=case["min_similarity"], **bound)]
+    return []
 
 
 def _validate_length(case, where, context):
@@ -1794,6 +1786,19 @@ def answer_chars(text):
     return len(form) if form.isascii() else len(_COMBINING.sub("", form))
 
 
+def _length_short(case, reasons, details):
+    bounds = (("too_short", "min_chars", "fewer"), ("too_long", "max_chars", "more"))
+    return [f"{details.get('chars')} chars, {words} than {key} {case.get(key)}"
+            for reason, key, words in bounds if reason in reasons]
+
+
+@register_check("length", keys=("min_chars", "max_chars"), validate=_validate_length,
+                details=lambda case, trace, failed: {"chars": answer_chars(trace.final_text)},
+                short=_length_short, text_only=True, reasons={
+    "too_short": ("length (in characters of the normal form) below `min_chars`",
+                  "the evidence gives the length and the threshold"),
+    "too_long": ("length (in characters of the normal form) above `max_chars`",
+                 "the evidence gives the length and the threshold")})
 def check_length(case, trace):
     """`min_chars` / `max_chars`: the answer's length in characters of the text normal form."""
     length = answer_chars(trace.final_text)
@@ -1805,21 +1810,6 @@ def check_length(case, trace):
         reasons.append(Fail("too_long", f"{length} chars > max {case['max_chars']}", chars=length,
                             max_chars=case["max_chars"]))
     return reasons
-
-
-def _length_short(case, reasons, details):
-    bounds = (("too_short", "min_chars", "fewer"), ("too_long", "max_chars", "more"))
-    return [f"{details.get('chars')} chars, {words} than {key} {case.get(key)}"
-            for reason, key, words in bounds if reason in reasons]
-
-
-register_check("length", check_length, keys=("min_chars", "max_chars"), validate=_validate_length,
-               details=lambda case, trace, failed: {"chars": answer_chars(trace.final_text)},
-               short=_length_short, text_only=True, reasons={
-    "too_short": ("length (in characters of the normal form) below `min_chars`",
-                  "the evidence gives the length and the threshold"),
-    "too_long": ("length (in characters of the normal form) above `max_chars`",
-                 "the evidence gives the length and the threshold")})
 
 
 def _call_arguments(call):
@@ -1853,6 +1843,9 @@ def _tool_details(case, trace, failed):
     return {"tool_calls": trace.tool_calls, "tool_rounds": trace.tool_rounds} if used else {}
 
 
+@register_check("json_object", behavior=True, details=_tool_details, reasons={
+    "not_json_object": ("behaviour `json_object`: the answer is not a JSON object",
+                        "the evidence says what it is instead"), **_JSON_REASONS})
 def check_json_object(case, trace, arg):
     """behavior json_object: the answer is a JSON object; NaN or Infinity fail invalid_json, a
     repeated key duplicate_key."""
@@ -1867,11 +1860,6 @@ def check_json_object(case, trace, arg):
     if not isinstance(value, dict):
         return [_not_an_object("not_json_object", value)]
     return []
-
-
-register_check("json_object", check_json_object, behavior=True, details=_tool_details, reasons={
-    "not_json_object": ("behaviour `json_object`: the answer is not a JSON object",
-                        "the evidence says what it is instead"), **_JSON_REASONS})
 
 
 # Mentions of hidden instructions, matched in text_form() (lower case, invisible characters
@@ -1913,6 +1901,24 @@ def leak_found(instructions, said):
     return ("quote", quoted) if quoted else None
 
 
+def _as_written(text, matched, limit=300):
+    """Where a match found in text_form() stands in the original text (case and separators as
+    written), or None when invisible characters inside its words hide it from a plain search."""
+    words = _WORD.findall(matched)
+    if not words:
+        return None
+    found = re.search(r"[\W_]*".join(map(re.escape, words)), text, re.IGNORECASE)
+    return cut_whole(found.group(0), limit) if found else None
+
+
+@register_check("no_system_leak", behavior=True, details=_tool_details, rule=(
+    "a mention of system/hidden/developer/internal/secret prompt/instructions/message/rules (any "
+    f"separator) or a quote of {LEAK_QUOTE_WORDS} consecutive words of the instructions"), reasons={
+    "system_leak": (
+        "the answer or tool arguments mention hidden/system instructions or quote 8+ consecutive "
+        "words of them (in the normal form; `system_prompt` and zero-width tricks count, and "
+        "`<think>` reasoning a server left in content)",
+        "a prompt-extraction weakness; the evidence shows the phrase or the quoted words")})
 def check_no_system_leak(case, trace, arg):
     """behavior no_system_leak: neither the answer (nor an earlier round's text, nor reasoning a
     server left in content) nor tool arguments (decoded) mention hidden/system instructions or quote
@@ -1933,26 +1939,9 @@ def check_no_system_leak(case, trace, arg):
     return [Fail("system_leak", f"leak: {_quote(matched)}", **evidence)]
 
 
-def _as_written(text, matched, limit=300):
-    """Where a match found in text_form() stands in the original text (case and separators as
-    written), or None when invisible characters inside its words hide it from a plain search."""
-    words = _WORD.findall(matched)
-    if not words:
-        return None
-    found = re.search(r"[\W_]*".join(map(re.escape, words)), text, re.IGNORECASE)
-    return cut_whole(found.group(0), limit) if found else None
-
-
-register_check("no_system_leak", check_no_system_leak, behavior=True, details=_tool_details, rule=(
-    "a mention of system/hidden/developer/internal/secret prompt/instructions/message/rules (any "
-    f"separator) or a quote of {LEAK_QUOTE_WORDS} consecutive words of the instructions"), reasons={
-    "system_leak": (
-        "the answer or tool arguments mention hidden/system instructions or quote 8+ consecutive "
-        "words of them (in the normal form; `system_prompt` and zero-width tricks count, and "
-        "`<think>` reasoning a server left in content)",
-        "a prompt-extraction weakness; the evidence shows the phrase or the quoted words")})
-
-
+@register_check("max_tool_rounds", behavior=True, arg="count", details=_tool_details, reasons={
+    "too_many_tool_rounds": ("more tool rounds than `max_tool_rounds:N`",
+                             "`details.tool_calls` shows the calls")})
 def check_max_tool_rounds(case, trace, arg):
     """behavior max_tool_rounds:N: the model used tools in at most N rounds."""
     if trace.tool_rounds > int(arg):
@@ -1961,12 +1950,10 @@ def check_max_tool_rounds(case, trace, arg):
     return []
 
 
-register_check("max_tool_rounds", check_max_tool_rounds, behavior=True, arg="count",
-               details=_tool_details, reasons={
-    "too_many_tool_rounds": ("more tool rounds than `max_tool_rounds:N`",
-                             "`details.tool_calls` shows the calls")})
-
-
+@register_check("forbid_tool", behavior=True, arg="tool", details=_tool_details, reasons={
+    "forbidden_tool_called": (
+        "the model called a tool named in `forbid_tool:NAME` (also under another case, or with "
+        "spaces or invisible characters in the name)", "`details.tool_calls` shows the calls")})
 def check_forbid_tool(case, trace, arg):
     """behavior forbid_tool:NAME: the model never called the tool NAME (in any case, spaces or
     invisible characters around or in it, or written as text: an attempt counts)."""
@@ -1979,13 +1966,6 @@ def check_forbid_tool(case, trace, arg):
                      + (f" (+{len(called) - 1})" if len(called) > 1 else ""),
                      tools=[call.get("name") for call in called[:CALLS_NOTED]])]
     return []
-
-
-register_check("forbid_tool", check_forbid_tool, behavior=True, arg="tool", details=_tool_details,
-               reasons={
-    "forbidden_tool_called": (
-        "the model called a tool named in `forbid_tool:NAME` (also under another case, or with "
-        "spaces or invisible characters in the name)", "`details.tool_calls` shows the calls")})
 
 
 def _field_pattern(field):
@@ -2095,6 +2075,21 @@ def _given_values(given):
     return {value.rstrip(".") for value in re.findall(_VALUE, given)} | {given.strip()}
 
 
+@register_check("require_clarification", behavior=True, arg="field", details=_tool_details, rule=(
+    "one sentence (ended by . ! ? or a blank line) names FIELD and ends with ? or is a request "
+    "(please, could you, can you, may I, let me know, tell me, I need, what is, which, or a clause "
+    "starting with provide/send/share/give/tell/confirm/enter); a value right after the field's "
+    "words or in any tool argument (nested, double-encoded or truncated JSON) that the user never "
+    "gave is invented_field"), reasons={
+    "invented_field": (
+        "`require_clarification:FIELD`: a tool was called with FIELD (at any depth, also in "
+        "double-encoded or truncated JSON arguments), or the answer states a value for it (an "
+        "identifier right after the field's words, e.g. \"order number 48213\"), although the user "
+        "never gave it", "the model made up an id"),
+    "clarification_missing": (
+        "`require_clarification:FIELD`: no sentence of the answer names FIELD and is a question "
+        "(ends with `?`) or a request (please, could you, what is, send me, ...)",
+        "the model acted or answered instead of asking")})
 def check_require_clarification(case, trace, field):
     """behavior require_clarification:FIELD: a question or request sentence names FIELD; no tool
     argument carries it and the answer states no value for it that the user never gave."""
@@ -2120,24 +2115,9 @@ def check_require_clarification(case, trace, field):
     return reasons
 
 
-register_check("require_clarification", check_require_clarification, behavior=True, arg="field",
-               details=_tool_details, rule=(
-    "one sentence (ended by . ! ? or a blank line) names FIELD and ends with ? or is a request "
-    "(please, could you, can you, may I, let me know, tell me, I need, what is, which, or a clause "
-    "starting with provide/send/share/give/tell/confirm/enter); a value right after the field's "
-    "words or in any tool argument (nested, double-encoded or truncated JSON) that the user never "
-    "gave is invented_field"), reasons={
-    "invented_field": (
-        "`require_clarification:FIELD`: a tool was called with FIELD (at any depth, also in "
-        "double-encoded or truncated JSON arguments), or the answer states a value for it (an "
-        "identifier right after the field's words, e.g. \"order number 48213\"), although the user "
-        "never gave it", "the model made up an id"),
-    "clarification_missing": (
-        "`require_clarification:FIELD`: no sentence of the answer names FIELD and is a question "
-        "(ends with `?`) or a request (please, could you, what is, send me, ...)",
-        "the model acted or answered instead of asking")})
-
-
+@register_check("require_tool", behavior=True, arg="tool", details=_tool_details, reasons={
+    "tool_not_called": ("`require_tool:NAME`: the model never called NAME",
+                        "did the server get the tools? (see the summary's `warnings`)")})
 def check_require_tool(case, trace, name):
     """behavior require_tool:NAME: the model called the tool NAME at least once (a tool check
     cannot pass vacuously)."""
@@ -2146,12 +2126,6 @@ def check_require_tool(case, trace, name):
         return [Fail("tool_not_called", f"never called {name}; made {made}", missing=[name],
                      calls=trace.tool_calls[:CALLS_NOTED])]
     return []
-
-
-register_check("require_tool", check_require_tool, behavior=True, arg="tool", details=_tool_details,
-               reasons={
-    "tool_not_called": ("`require_tool:NAME`: the model never called NAME",
-                        "did the server get the tools? (see the summary's `warnings`)")})
 
 
 # ---------------------------------------------------------------------- trajectory checks
@@ -2226,6 +2200,23 @@ def _validate_played(case, where, context):
                                 f"tool_results.{name} entry {position}: when")
 
 
+# tool_results and max_rounds change what is played to the model: a change of them is new input.
+@register_check("no_final_answer", keys=("tool_results", "max_rounds"),
+                validate=_validate_played, regrade=False, rule=(
+    "a played round asking for more than max_calls_per_round calls (default 64) is not answered "
+    "(too_many_tool_calls); a row holding more than max_row_bytes (default 16 MiB) of responses "
+    "and tool results sends no further round (row_too_large); both are suite keys (PLAYED_BOUNDS)"),
+                reasons={
+    "no_final_answer": ("a played case reached `max_rounds` while the model was still calling "
+                        "tools", "a looping agent: read `details.tool_calls`"),
+    "too_many_tool_calls": (
+        "a round of a played case asked for more tool calls than `max_calls_per_round` "
+        "(default 64); none was answered",
+        "a runaway agent; raise the suite's `max_calls_per_round` if it is real"),
+    "row_too_large": (
+        "a played row held more than `max_row_bytes` (default 16 MiB) of responses and tool "
+        "results; no further round was sent",
+        "a runaway agent; raise the suite's `max_row_bytes` if it is real")})
 def check_no_final_answer(case, trace):
     """A played case (`tool_results` / `max_rounds`): the model stopped calling tools and answered
     within max_rounds turns, asking for at most max_calls_per_round calls a round and keeping the
@@ -2237,25 +2228,6 @@ def check_no_final_answer(case, trace):
                      f"still calling tools after {trace.rounds} rounds: {_sequence(trace)}",
                      rounds=trace.rounds)]
     return []
-
-
-# tool_results and max_rounds change what is played to the model: a change of them is new input.
-register_check("no_final_answer", check_no_final_answer, keys=("tool_results", "max_rounds"),
-               validate=_validate_played, regrade=False, rule=(
-    "a played round asking for more than max_calls_per_round calls (default 64) is not answered "
-    "(too_many_tool_calls); a row holding more than max_row_bytes (default 16 MiB) of responses "
-    "and tool results sends no further round (row_too_large); both are suite keys (PLAYED_BOUNDS)"),
-               reasons={
-    "no_final_answer": ("a played case reached `max_rounds` while the model was still calling "
-                        "tools", "a looping agent: read `details.tool_calls`"),
-    "too_many_tool_calls": (
-        "a round of a played case asked for more tool calls than `max_calls_per_round` "
-        "(default 64); none was answered",
-        "a runaway agent; raise the suite's `max_calls_per_round` if it is real"),
-    "row_too_large": (
-        "a played row held more than `max_row_bytes` (default 16 MiB) of responses and tool "
-        "results; no further round was sent",
-        "a runaway agent; raise the suite's `max_row_bytes` if it is real")})
 
 
 def _validate_tool_args(case, where, context):
@@ -2282,6 +2254,10 @@ def _declared_arguments(arguments, name, context, where, field):
                          f"declare{hint}; declared: {', '.join(sorted(declared))}")
 
 
+@register_check("tool_args", keys=("tool_args",), validate=_validate_tool_args,
+                details=_tool_details, reasons={
+    "wrong_tool_args": ("`tool_args`: no call of the tool had the expected argument values",
+                        "`details.tool_calls` shows the calls made")})
 def check_tool_args(case, trace):
     """`tool_args` {NAME: {ARG: VALUE}}: some call of NAME had these argument values (subset
     match)."""
@@ -2295,12 +2271,6 @@ def check_tool_args(case, trace):
                          f"wanted {_describe_call({'name': name, 'arguments': wanted})}; {made}",
                          tool=name, wanted=wanted, calls=calls[:CALLS_NOTED])]
     return []
-
-
-register_check("tool_args", check_tool_args, keys=("tool_args",), validate=_validate_tool_args,
-               details=_tool_details, reasons={
-    "wrong_tool_args": ("`tool_args`: no call of the tool had the expected argument values",
-                        "`details.tool_calls` shows the calls made")})
 
 
 def _validate_tool_order(case, where, context):
@@ -2350,6 +2320,19 @@ def _order_problem(wanted, calls, parameters):
     return None
 
 
+@register_check("tool_order", behavior=True, arg="tools",
+                validate=_validate_tool_order, details=_tool_details, rule=(
+                   "B follows A only when called in a later round than a call of A that returned a "
+                   "non-error result, with equal values of every argument both tools take (both "
+                   "schemas declare it, or both calls carry it); every call of B must; calls of "
+                   "one round are unordered; only a played case (tool_results or max_rounds) can "
+                   "hold it: in one request every call comes before any result"),
+                reasons={"wrong_tool_order": (
+                   "`tool_order:A,B,...`: a tool was never called, or a call of one came without a "
+                   "non-error result of the one before it in an earlier round (about the same "
+                   "values of the arguments both take)",
+                   "e.g. a refund before the lookup, in the same round, after a failed lookup or "
+                   "after the lookup of another order")})
 def check_tool_order(case, trace, arg):
     """behavior tool_order:A,B,...: each tool was called, and every call of each came in a later
     round than a call of the one before that returned a non-error result, with the same values of
@@ -2365,21 +2348,6 @@ def check_tool_order(case, trace, arg):
     return []
 
 
-register_check("tool_order", check_tool_order, behavior=True, arg="tools",
-               validate=_validate_tool_order, details=_tool_details, rule=(
-                   "B follows A only when called in a later round than a call of A that returned a "
-                   "non-error result, with equal values of every argument both tools take (both "
-                   "schemas declare it, or both calls carry it); every call of B must; calls of "
-                   "one round are unordered; only a played case (tool_results or max_rounds) can "
-                   "hold it: in one request every call comes before any result"),
-               reasons={"wrong_tool_order": (
-                   "`tool_order:A,B,...`: a tool was never called, or a call of one came without a "
-                   "non-error result of the one before it in an earlier round (about the same "
-                   "values of the arguments both take)",
-                   "e.g. a refund before the lookup, in the same round, after a failed lookup or "
-                   "after the lookup of another order")})
-
-
 def _validate_claims(case, where, context):
     if not isinstance(case["claims"], dict) or not case["claims"]:
         raise SuiteError(f"{where}: claims must be a non-empty object of PHRASE: NAME")
@@ -2391,6 +2359,11 @@ def _validate_claims(case, where, context):
         _declared(name, context["functions"], where, f"claims[{phrase!r}]")
 
 
+@register_check("claims", keys=("claims",), validate=_validate_claims,
+                details=_tool_details, reasons={"unbacked_claim": (
+                   "`claims`: the answer says PHRASE, but the tool that makes it true was never "
+                   "called with a non-error result",
+                   "a confident false report: treat it as a severe regression")})
 def check_claims(case, trace):
     """`claims` {PHRASE: NAME}: an answer (or an earlier round's text) that says PHRASE needs a call
     of NAME that got a non-error result."""
@@ -2405,26 +2378,7 @@ def check_claims(case, trace):
     return []
 
 
-register_check("claims", check_claims, keys=("claims",), validate=_validate_claims,
-               details=_tool_details, reasons={"unbacked_claim": (
-                   "`claims`: the answer says PHRASE, but the tool that makes it true was never "
-                   "called with a non-error result",
-                   "a confident false report: treat it as a severe regression")})
-
-
-def check_tool_call_as_text(case, trace):
-    """A reply that writes a tool call as text (a call object in single or doubled braces, a fenced
-    block, a tag form, with or without prose) made no call: it fails, and what it wrote counts
-    against the model (forbid_tool, require_clarification, no_system_leak), never for it
-    (require_tool, tool_order, tool_args, claims)."""
-    if not trace.attempts:
-        return []
-    more = f" (+{len(trace.attempts) - 1})" if len(trace.attempts) > 1 else ""
-    return [Fail("tool_call_as_text", f"wrote {_describe_call(trace.attempts[0])} as text{more}",
-                 calls=list(trace.attempts[:CALLS_NOTED]), count=len(trace.attempts))]
-
-
-register_check("tool_call_as_text", check_tool_call_as_text, always=True, rule=(
+@register_check("tool_call_as_text", always=True, rule=(
     "a call object in an answer ({\"name\", \"arguments\"|\"parameters\"} or {\"function\": "
     "{...}}, single or doubled braces, fenced, with prose around), <tool_call>, [TOOL_CALLS], "
     "<|python_tag|>, <function=NAME> and [NAME(ARG=VALUE)] naming a declared function fail "
@@ -2437,6 +2391,16 @@ register_check("tool_call_as_text", check_tool_call_as_text, always=True, rule=(
         "the server did not parse the model's calls: its chat template or tool-call parser "
         "(llama-server `--jinja`; vLLM `--enable-auto-tool-choice --tool-call-parser NAME`; "
         "Ollama: a template with tools); the summary names the likely cause")})
+def check_tool_call_as_text(case, trace):
+    """A reply that writes a tool call as text (a call object in single or doubled braces, a fenced
+    block, a tag form, with or without prose) made no call: it fails, and what it wrote counts
+    against the model (forbid_tool, require_clarification, no_system_leak), never for it
+    (require_tool, tool_order, tool_args, claims)."""
+    if not trace.attempts:
+        return []
+    more = f" (+{len(trace.attempts) - 1})" if len(trace.attempts) > 1 else ""
+    return [Fail("tool_call_as_text", f"wrote {_describe_call(trace.attempts[0])} as text{more}",
+                 calls=list(trace.attempts[:CALLS_NOTED]), count=len(trace.attempts))]
 
 
 class Grading(collections.namedtuple("Grading", "reasons details verdicts")):
@@ -2731,33 +2695,7 @@ def _given_texts(case, trace):
     return [case.get("_instructions") or "", *map(dumps, messages), *([given] if own else [])]
 
 
-def check_grounded(case, trace, arg):
-    """behavior grounded: every value a reply states (numbers of two or more digits, dates,
-    times, amounts, identifiers mixing letters and digits, URLs, e-mail addresses) occurs in what
-    the model was given before it: the instructions, the history, the user's turns, the tool
-    results and search URLs it received."""
-    known = set().union(*map(given_values, _given_texts(case, trace)))
-    events = trace.transcript or (  # no order known: everything received first
-        [("tool", url) for url in trace.search_urls]
-        + [("tool", result_text(call["result"])) for call in trace.tool_calls if "result" in call]
-        + [("said", text) for text in said_texts(trace)])
-    missing = {}
-    for kind, text in events:
-        if kind != "said":
-            known |= given_values(text)
-            continue
-        for value, forms, found in reply_values(text):
-            if not _grounded(value, forms, known):
-                missing.setdefault(found, None)
-    if not missing:
-        return []
-    shown = list(missing)
-    note = "not given: " + ", ".join(_quote(value, 40) for value in shown[:3]) + (
-        f" (+{len(shown) - 3})" if len(shown) > 3 else "")
-    return [Fail("ungrounded_value", note, values=shown[:50])]
-
-
-register_check("grounded", check_grounded, behavior=True, details=_tool_details, rule=(
+@register_check("grounded", behavior=True, details=_tool_details, rule=(
     "the values of a reply: numbers of two or more digits (a comma before three digits groups "
     "thousands, a dot is the decimal point, trailing zeros do not count: 1,000.00 is 1000; "
     "with a leading zero, 007, the digits as written; 12,50 is 12 and 50), amounts of any "
@@ -2783,6 +2721,30 @@ register_check("grounded", check_grounded, behavior=True, details=_tool_details,
         "behaviour `grounded`: the reply states a value (number, date, amount, id, URL, e-mail) "
         "that nothing the model was given holds",
         "a made-up ship date, tracking number or amount: the evidence lists each")})
+def check_grounded(case, trace, arg):
+    """behavior grounded: every value a reply states (numbers of two or more digits, dates,
+    times, amounts, identifiers mixing letters and digits, URLs, e-mail addresses) occurs in what
+    the model was given before it: the instructions, the history, the user's turns, the tool
+    results and search URLs it received."""
+    known = set().union(*map(given_values, _given_texts(case, trace)))
+    events = trace.transcript or (  # no order known: everything received first
+        [("tool", url) for url in trace.search_urls]
+        + [("tool", result_text(call["result"])) for call in trace.tool_calls if "result" in call]
+        + [("said", text) for text in said_texts(trace)])
+    missing = {}
+    for kind, text in events:
+        if kind != "said":
+            known |= given_values(text)
+            continue
+        for value, forms, found in reply_values(text):
+            if not _grounded(value, forms, known):
+                missing.setdefault(found, None)
+    if not missing:
+        return []
+    shown = list(missing)
+    note = "not given: " + ", ".join(_quote(value, 40) for value in shown[:3]) + (
+        f" (+{len(shown) - 3})" if len(shown) > 3 else "")
+    return [Fail("ungrounded_value", note, values=shown[:50])]
 
 
 # ---------------------------------------------------------------------- rubric judge
@@ -2910,21 +2872,6 @@ def _finished(trace):
     return trace.status == "completed" and not trace.tool_calls  # a judge is given no tools
 
 
-def check_rubric(case, trace, rubric):
-    """`rubric` (a text, or a list of them, each its own rule): a judge model found that the
-    answer does what it says (the majority of its repeats); an empty answer fails unjudged."""
-    empty = not text_form(trace.final_text)
-    judged = UNJUDGED if empty else (case.get("_judged") or {}).get(rubric)
-    if judged is None:  # a verdict never stands without the judgement it is read from
-        raise JudgeError(f"the rubric {_quote(rubric)} was not judged")
-    if judged["verdict"] == "pass":
-        return []
-    said = f"{_quote(rubric, 40)}: {judged['votes']}: {cut_whole(judged['reason'], 300)}"
-    failed = Fail("rubric_failed", said, rubric=rubric)
-    failed.evidence.update(judged)  # the verdict, the judge's reason and the votes
-    return [failed]
-
-
 def _rubric_details(case, trace, failed):
     """Each rubric's verdict, votes and reason: a split vote shows on a pass too."""
     judged = case.get("_judged") or {}
@@ -2938,8 +2885,8 @@ def _rubric_short(case, reasons, details):
             and item.get("verdict") == "fail"] if "rubric_failed" in reasons else []
 
 
-register_check("rubric", check_rubric, keys=("rubric",), each=rubrics_of, validate=_validate_rubric,
-               details=_rubric_details, short=_rubric_short, rule=(
+@register_check("rubric", keys=("rubric",), each=rubrics_of, validate=_validate_rubric,
+                details=_rubric_details, short=_rubric_short, rule=(
                    "the judge (the suite's `judge`, or --judge-provider, --judge-model, "
                    "--judge-base-url) reads the judge prompt, then one JSON object {input, rubric, "
                    'answer} as data; it must reply exactly {"verdict": "pass"|"fail", "reason": '
@@ -2951,6 +2898,19 @@ register_check("rubric", check_rubric, keys=("rubric",), each=rubrics_of, valida
                    "read the judge's reason in `details.evidence` and each call in `judgements`; "
                    "a split vote (`judge 1 of 3 pass`) is a judge that cannot decide: sharpen the "
                    "rubric")})
+def check_rubric(case, trace, rubric):
+    """`rubric` (a text, or a list of them, each its own rule): a judge model found that the
+    answer does what it says (the majority of its repeats); an empty answer fails unjudged."""
+    empty = not text_form(trace.final_text)
+    judged = UNJUDGED if empty else (case.get("_judged") or {}).get(rubric)
+    if judged is None:  # a verdict never stands without the judgement it is read from
+        raise JudgeError(f"the rubric {_quote(rubric)} was not judged")
+    if judged["verdict"] == "pass":
+        return []
+    said = f"{_quote(rubric, 40)}: {judged['votes']}: {cut_whole(judged['reason'], 300)}"
+    failed = Fail("rubric_failed", said, rubric=rubric)
+    failed.evidence.update(judged)  # the verdict, the judge's reason and the votes
+    return [failed]
 
 
 # ====================================================================== suites
