@@ -1546,17 +1546,15 @@ def phrases_in(phrases, text, spaced=False):
 
 
 def said_texts(trace):
-    """Every text the model said in a row: what each earlier round of a played case said beside
-    its tool calls (the trace's earlier_texts), then the final answer. What must never be said
-    is looked for in all of them."""
+    """Every text the model said in a row, where what must never be said is looked for: what
+    each earlier round of a played case said beside its tool calls, then the final answer."""
     return [*trace.earlier_texts, trace.final_text]
 
 
 def never_said_texts(trace):
-    """What excludes and no_system_leak read: every said text (see said_texts) and the content
-    a server sent with the model's reasoning left in it (the trace's thought_texts). A secret
-    in a <think> block reached the client all the same; a phrase the model only thought does
-    not count as said for contains, claims or a stated value."""
+    """What excludes and no_system_leak read: every said text and the content a server sent with
+    the model's reasoning left in it: a secret in a <think> block reached the client all the same
+    (a phrase the model only thought is not said for contains, claims or a stated value)."""
     return [*said_texts(trace), *trace.thought_texts]
 
 
@@ -1675,11 +1673,10 @@ def similarity_of(expected, actual):
     longest = max(len(a), len(b))
     if not longest:
         return 1.0, None
-    if longest <= SIMILARITY_PREFIX:
-        exact = _ratio(a, b)
-        if exact is not None:
-            return exact, None
-    cut = min(longest, SIMILARITY_PREFIX) if longest > SIMILARITY_PREFIX else longest // 2
+    exact = _ratio(a, b) if longest <= SIMILARITY_PREFIX else None
+    if exact is not None:
+        return exact, None
+    cut = SIMILARITY_PREFIX if longest > SIMILARITY_PREFIX else longest // 2
     while True:
         # A cheap estimate first (shared characters' counts multiplied: the first matching
         # pass, about a fifth of the whole), so only a cut that can fit is run.
