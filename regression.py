@@ -7657,10 +7657,8 @@ def load_record(path):
     record["recovered"] = True
     record.pop("summary", None)
     if record_problem(record, evidence=False) is None:  # recompute what a well-formed config allows
-        config = record["config"]
-        record["summary"] = {**summary(record["runs"], config["models"], config["repeats"],
-                                       config["cases"], record.get("superseded") or ()),
-                             "stopped": "recovered from a torn record"}
+        # for its plan: a shard's, when it is one
+        record = recount({**record, "summary": {"stopped": "recovered from a torn record"}})
     return record
 
 

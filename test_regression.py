@@ -1247,6 +1247,25 @@ def test_load_record_torn_summary_keeps_all_rows(tmp_path, tail):
     assert record["recovered"] is True
 
 
+def test_load_record_of_a_torn_shard_record_counts_only_the_shards_rows(tmp_path):
+    """A torn shard record's summary is recomputed for the shard's plan: it read the other
+    shards' rows as missing (4 of 4 planned, 2 run: incomplete) where its own 2 of 2 all ran."""
+    suite = tmp_path / "s.json"
+    suite.write_text(json.dumps({"name": "s", "instructions": "x", "cases": [
+        {"id": f"c{n}", "input": "q", "contains": ["q"]} for n in range(4)]}), encoding="utf-8")
+    out = tmp_path / "shard.json"
+    assert regression.main(["--suite", str(suite), "--provider", "echo", "--models", "m",
+                            "--shard", "1/2", "--out", str(out)]) == 0
+    data = out.read_bytes()
+    torn = tmp_path / "torn.json"
+    torn.write_bytes(data[:data.index(b'"summary"')])  # the rows whole, the summary torn away
+    record = regression.load_record(str(torn))
+    assert record["recovered"] is True and len(record["runs"]) == 2
+    assert record["summary"] == {**regression.recount(json.loads(data))["summary"],
+                                 "stopped": "recovered from a torn record"}
+    assert record["summary"]["complete"] is True and record["summary"]["exit_code"] == 0
+
+
 def test_load_record_torn_inside_multibyte_character(tmp_path):
     data, rows, ends, _ = build_record(tmp_path / "r.json", ["ok", "caf\u00e9"] + ["x", "y"])
     cut = data.index("\u00e9".encode("utf-8"), ends[0]) + 1  # between the two bytes of "é" in row 2
