@@ -1088,6 +1088,7 @@ class Trace(collections.namedtuple("Trace", "final_text tool_calls tool_rounds s
 
     __slots__ = ()
 
+
 # A behaviour's ":ARG" kind -> (the pattern an argument must match in full, how to say it).
 ARG_KINDS = {
     "count": (r"[0-9]+", "a whole number, as in '{name}:2'"),
