@@ -461,5 +461,5 @@ def test_a_function_tool_name_with_a_space_or_an_unprintable_character_is_refuse
 
 
 def test_a_tool_name_of_letters_digits_dots_and_dashes_still_loads():
-    for name in ("lookup", "look_up-2", "ns.lookup", "ns:lookup", "consulta_pedido"):
+    for name in ("lookup", "look_up-2", "ns.lookup", "ns:lookup", "búsqueda_pedido"):
         regression.validate_suite(suite_with_tool({"type": "function", "function": {"name": name}}))
