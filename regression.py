@@ -2967,7 +2967,7 @@ def _validate_tools(tools, where):
         name = _tool_name(tool)
         if not (isinstance(name, str) and name):
             raise SuiteError(f"{where}: a function tool needs a name")
-        if not name.isprintable() or re.search(r"\s", name):  # APIs refuse it, reports split it
+        if " " in name or not name.isprintable():  # APIs refuse it, reports split it
             raise SuiteError(f"{where}: function tool {name!r} has a space or an unprintable "
                              "character in its name (give letters, digits, _ or -)")
         inner = tool["function"] if isinstance(tool.get("function"), dict) else tool
