@@ -931,21 +931,19 @@ def cut_whole(text, limit):
     return text[:end]
 
 
+def _clip(value, limit=1_000):
+    """A value for evidence: a long string is cut (the whole answer is stored beside it)."""
+    return (cut_whole(value, limit) + "..." if isinstance(value, str) and len(value) > limit
+            else value)
+
+
 # a citation note quotes a URL whole (a 60-character cut, never through a value, would leave "...")
 URL_QUOTE = 200
 
 
 def _quote(value, limit=60):
-    """A short double-quoted form of a value for a note."""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    text = text if len(text) <= limit else cut_whole(text, limit) + "..."
-    return json.dumps(text, ensure_ascii=False)
-
-
-def _clip(value, limit=1_000):
-    """A value for evidence: a long string is cut (the whole answer is stored beside it)."""
-    return (cut_whole(value, limit) + "..." if isinstance(value, str) and len(value) > limit
-            else value)
+    """A short double-quoted form of a value for a note: its text (result_text), clipped."""
+    return json.dumps(_clip(result_text(value), limit), ensure_ascii=False)
 
 
 class _NotStrictJSON(ValueError):
