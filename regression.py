@@ -1106,12 +1106,12 @@ class Check:
 
     def __init__(self, name, run, *, keys=(), reads=(), behavior=False, arg=None, validate=None,
                  details=None, short=None, reasons=None, rule=None, regrade=True, text_only=False,
-                 always=False, doc=None, each=None):
+                 always=False, each=None):
         self.name, self.run, self.keys, self.reads = name, run, tuple(keys), tuple(reads)
         self.behavior, self.arg, self.validate, self.details = behavior, arg, validate, details
         self.each, self.short, self.reasons, self.rule = each, short, dict(reasons or {}), rule
         self.regrade, self.text_only, self.always = regrade, text_only, always
-        self.doc = doc or " ".join((run.__doc__ or "").split())
+        self.doc = " ".join((run.__doc__ or "").split())
 
     def active(self, case):
         """Whether this check has anything to judge in a case: only then does it run."""
