@@ -829,10 +829,10 @@ def _decoded(value, depth=0):
     return value
 
 
-def argument_pairs(arguments, joined=True):
+def argument_pairs(arguments):
     """Every (key, value) a tool call's arguments carry: nested at any depth, inside JSON
-    text (double-encoded), and in the key-value pairs of truncated JSON text; `joined` also
-    gives a nested key under its parent's name ({"order": {"id": 7}} carries order_id)."""
+    text (double-encoded), and in the key-value pairs of truncated JSON text; a nested key
+    also under its parent's name ({"order": {"id": 7}} carries order_id)."""
     pairs, stack = [], [(arguments, 0, None)]
     while stack:
         value, depth, parent = stack.pop()
@@ -842,7 +842,7 @@ def argument_pairs(arguments, joined=True):
         if isinstance(value, dict):
             for key, item in value.items():
                 pairs.append((key, item))
-                if joined and parent is not None:
+                if parent is not None:
                     pairs.append((f"{parent}_{key}", item))
                 stack.append((item, depth + 1, str(key)))
         elif isinstance(value, list):
