@@ -454,9 +454,6 @@ class Settings:
         """A copy with some fields changed (for tests and for resolution steps)."""
         return Settings(**{**self.as_dict(), **changes})
 
-    def __eq__(self, other):  # and so unhashable (__hash__ is None)
-        return isinstance(other, Settings) and self.as_dict() == other.as_dict()
-
     def __repr__(self):
         shown = {name: value for name, value in self.as_dict().items()
                  if not name.endswith("_record") and value != self.FIELDS[name]}
