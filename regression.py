@@ -503,7 +503,6 @@ class deferred_signals:
 
     def __enter__(self):
         _DEFERRED["depth"] += 1
-        return self
 
     def __exit__(self, *exc_info):
         _DEFERRED["depth"] -= 1
@@ -523,7 +522,6 @@ class signal_handlers:
                 self.saved[signum] = signal.signal(signum, _raise_signal)
             except (ValueError, OSError):
                 pass
-        return self
 
     def __exit__(self, *exc_info):
         for signum, handler in self.saved.items():
