@@ -454,9 +454,6 @@ class Settings:
         """A copy with some fields changed (for tests and for resolution steps)."""
         return Settings(**{**self.as_dict(), **changes})
 
-    def __eq__(self, other):  # and so unhashable (__hash__ is None)
-        return isinstance(other, Settings) and self.as_dict() == other.as_dict()
-
     def __repr__(self):
         shown = {name: value for name, value in self.as_dict().items()
                  if not name.endswith("_record") and value != self.FIELDS[name]}
@@ -506,7 +503,6 @@ class deferred_signals:
 
     def __enter__(self):
         _DEFERRED["depth"] += 1
-        return self
 
     def __exit__(self, *exc_info):
         _DEFERRED["depth"] -= 1
@@ -526,7 +522,6 @@ class signal_handlers:
                 self.saved[signum] = signal.signal(signum, _raise_signal)
             except (ValueError, OSError):
                 pass
-        return self
 
     def __exit__(self, *exc_info):
         for signum, handler in self.saved.items():
@@ -829,10 +824,10 @@ def _decoded(value, depth=0):
     return value
 
 
-def argument_pairs(arguments, joined=True):
+def argument_pairs(arguments):
     """Every (key, value) a tool call's arguments carry: nested at any depth, inside JSON
-    text (double-encoded), and in the key-value pairs of truncated JSON text; `joined` also
-    gives a nested key under its parent's name ({"order": {"id": 7}} carries order_id)."""
+    text (double-encoded), and in the key-value pairs of truncated JSON text; a nested key
+    also under its parent's name ({"order": {"id": 7}} carries order_id)."""
     pairs, stack = [], [(arguments, 0, None)]
     while stack:
         value, depth, parent = stack.pop()
@@ -842,7 +837,7 @@ def argument_pairs(arguments, joined=True):
         if isinstance(value, dict):
             for key, item in value.items():
                 pairs.append((key, item))
-                if joined and parent is not None:
+                if parent is not None:
                     pairs.append((f"{parent}_{key}", item))
                 stack.append((item, depth + 1, str(key)))
         elif isinstance(value, list):
@@ -931,21 +926,19 @@ def cut_whole(text, limit):
     return text[:end]
 
 
+def _clip(value, limit=1_000):
+    """A value for evidence: a long string is cut (the whole answer is stored beside it)."""
+    return (cut_whole(value, limit) + "..." if isinstance(value, str) and len(value) > limit
+            else value)
+
+
 # a citation note quotes a URL whole (a 60-character cut, never through a value, would leave "...")
 URL_QUOTE = 200
 
 
 def _quote(value, limit=60):
-    """A short double-quoted form of a value for a note."""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    text = text if len(text) <= limit else cut_whole(text, limit) + "..."
-    return json.dumps(text, ensure_ascii=False)
-
-
-def _clip(value, limit=1_000):
-    """A value for evidence: a long string is cut (the whole answer is stored beside it)."""
-    return (cut_whole(value, limit) + "..." if isinstance(value, str) and len(value) > limit
-            else value)
+    """A short double-quoted form of a value for a note: its text (result_text), clipped."""
+    return json.dumps(_clip(result_text(value), limit), ensure_ascii=False)
 
 
 class _NotStrictJSON(ValueError):
@@ -1108,12 +1101,12 @@ class Check:
 
     def __init__(self, name, run, *, keys=(), reads=(), behavior=False, arg=None, validate=None,
                  details=None, short=None, reasons=None, rule=None, regrade=True, text_only=False,
-                 always=False, doc=None, each=None):
+                 always=False, each=None):
         self.name, self.run, self.keys, self.reads = name, run, tuple(keys), tuple(reads)
         self.behavior, self.arg, self.validate, self.details = behavior, arg, validate, details
         self.each, self.short, self.reasons, self.rule = each, short, dict(reasons or {}), rule
         self.regrade, self.text_only, self.always = regrade, text_only, always
-        self.doc = doc or " ".join((run.__doc__ or "").split())
+        self.doc = " ".join((run.__doc__ or "").split())
 
     def active(self, case):
         """Whether this check has anything to judge in a case: only then does it run."""
