@@ -1337,9 +1337,8 @@ def document_id(url, sources):
     hosts = {host.lower() + port for host in sources["hosts"] for port in ("", ":443")}
     if parts.netloc.lower() not in hosts:
         return None
-    match = pattern.fullmatch(parts.path)
-    found = match.group(1) if match and match.groups() else None
-    return found if isinstance(found, str) else None
+    match = pattern.fullmatch(parts.path)  # group(1): a str, or None if it matched nothing
+    return match.group(1) if match and match.groups() else None
 
 
 def rfc_document(url):
@@ -1501,7 +1500,7 @@ def check_citations(case, trace):
         twice = sorted({str(doc) for doc in cited if cited.count(doc) > 1})
         reasons.append(Fail("missing_or_duplicate_sources", "no source cited" if not urls else
                             f"cited twice: {', '.join(twice) or 'unrecognised URLs'}", cited=urls))
-    unseen = [url for url, doc in zip(urls, cited) if doc is None or doc not in found]
+    unseen = [url for url, doc in zip(urls, cited) if doc not in found]  # None is never found
     outside = [url for url, doc in zip(urls, cited) if doc not in allowed]
     tests = (("citation_not_in_search_results", "not in this run's search", unseen),
              ("citation_not_approved", "not approved", outside))
