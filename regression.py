@@ -2282,15 +2282,13 @@ def _follows(after, before, parameters):
 
 def _order_problem(wanted, calls, parameters):
     """Why the calls do not follow `wanted` as cause and effect (see check_tool_order), or None."""
-    causes = [call for call in calls if call.get("name") == wanted[0]]
-    if not causes:
-        return f"{wanted[0]} never called"
-    for before, name in zip(wanted, wanted[1:]):
+    causes = None  # the calls of the tool before (the first tool follows none)
+    for before, name in zip([None, *wanted], wanted):
         mine = [call for call in calls if call.get("name") == name]
         if not mine:
             return f"{name} never called"
-        stray = next((call for call in mine
-                      if not any(_follows(call, cause, parameters) for cause in causes)), None)
+        stray = next((call for call in mine if causes is not None
+                      and not any(_follows(call, cause, parameters) for cause in causes)), None)
         if stray is not None:
             return (f"{_describe_call(stray)} in round {stray.get('round')} follows no non-error "
                     f"result of {before} from an earlier round about the same arguments")
