@@ -1330,9 +1330,8 @@ def document_id(url, sources):
     hosts = {host.lower() + port for host in sources["hosts"] for port in ("", ":443")}
     if parts.netloc.lower() not in hosts:
         return None
-    match = pattern.fullmatch(parts.path)
-    found = match.group(1) if match and match.groups() else None
-    return found if isinstance(found, str) else None
+    match = pattern.fullmatch(parts.path)  # group(1): a str, or None if it matched nothing
+    return match.group(1) if match and match.groups() else None
 
 
 def rfc_document(url):
@@ -1494,7 +1493,7 @@ def check_citations(case, trace):
         twice = sorted({str(doc) for doc in cited if cited.count(doc) > 1})
         reasons.append(Fail("missing_or_duplicate_sources", "no source cited" if not urls else
                             f"cited twice: {', '.join(twice) or 'unrecognised URLs'}", cited=urls))
-    unseen = [url for url, doc in zip(urls, cited) if doc is None or doc not in found]
+    unseen = [url for url, doc in zip(urls, cited) if doc not in found]  # None is never found
     outside = [url for url, doc in zip(urls, cited) if doc not in allowed]
     tests = (("citation_not_in_search_results", "not in this run's search", unseen),
              ("citation_not_approved", "not approved", outside))
@@ -2276,15 +2275,13 @@ def _follows(after, before, parameters):
 
 def _order_problem(wanted, calls, parameters):
     """Why the calls do not follow `wanted` as cause and effect (see check_tool_order), or None."""
-    causes = [call for call in calls if call.get("name") == wanted[0]]
-    if not causes:
-        return f"{wanted[0]} never called"
-    for before, name in zip(wanted, wanted[1:]):
+    causes = None  # the calls of the tool before (the first tool follows none)
+    for before, name in zip([None, *wanted], wanted):
         mine = [call for call in calls if call.get("name") == name]
         if not mine:
             return f"{name} never called"
-        stray = next((call for call in mine
-                      if not any(_follows(call, cause, parameters) for cause in causes)), None)
+        stray = next((call for call in mine if causes is not None
+                      and not any(_follows(call, cause, parameters) for cause in causes)), None)
         if stray is not None:
             return (f"{_describe_call(stray)} in round {stray.get('round')} follows no non-error "
                     f"result of {before} from an earlier round about the same arguments")
