@@ -9786,8 +9786,7 @@ def _stop_reason(row, budget, resume):
 
 def _cap_exhausted(settings, budget):
     """Whether the cap stopped the run and no higher cap the CLI accepts is above its spend."""
-    spent = budget.spent() if budget is not None else None
-    cap = settings.max_cost_usd
+    spent, cap = budget.spent(), settings.max_cost_usd  # run_rows set run.budget
     return cap is not None and spent is not None and spent >= cap and raised_cap(cap, spent) is None
 
 
