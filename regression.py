@@ -4183,6 +4183,14 @@ def _validate_cases(cases, data, schema, functions, allow_empty_baseline):
         _validate_case(case, data, schema, functions, allow_empty_baseline, parameters)
 
 
+def _try_suite(path, data, allow_empty_baseline=True):
+    """validate_suite(data), its SuiteError naming the file."""
+    try:
+        return validate_suite(data, allow_empty_baseline)
+    except SuiteError as exc:
+        raise SuiteError(f"{path}: {exc}") from None
+
+
 def load_suite(path, allow_empty_baseline=False, system=None):
     """Read and validate a suite file (or a folder of golden case files, with `system` naming
     its SYSTEM.txt when it is elsewhere); SuiteError("FILE: ...") on any problem."""
@@ -4191,11 +4199,7 @@ def load_suite(path, allow_empty_baseline=False, system=None):
     if system is not None:
         raise SuiteError(f"--system {system}: goes with --suite DIR, a folder of golden case files")
     text = _read_suite_text(path)
-    data = _parse_json(path, text)
-    try:
-        suite = validate_suite(data, allow_empty_baseline)
-    except SuiteError as exc:
-        raise SuiteError(f"{path}: {exc}") from None
+    suite = _try_suite(path, _parse_json(path, text), allow_empty_baseline)
     suite["file"] = path
     suite["file_sha256"] = _text_sha256(text)  # --update-baseline fills only the suite the run read
     return suite
@@ -4237,13 +4241,6 @@ def suite_pin_changes(path):
     unchanged = f"every pin already matches the instructions (sha256 {actual})" if where \
         else "no case pins the instructions (instructions_sha256)"
     return changes, lines, unchanged
-
-
-def _try_suite(path, data):
-    try:
-        validate_suite(data, allow_empty_baseline=True)
-    except SuiteError as exc:
-        raise SuiteError(f"{path}: {exc}") from None
 
 
 def golden_pin_changes(folder, system=None):
