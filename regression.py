@@ -3463,10 +3463,6 @@ def _parse_json(path, text):
         raise SuiteError(f"{path}: {exc}") from None
 
 
-def _text_sha256(text):
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 PLAYED_SUITE_KEYS = ("max_rounds", *PLAYED_BOUNDS)
 
 
@@ -4030,7 +4026,7 @@ def _suite_as_read(path, read_sha256=None):
     except (ValueError, RecursionError, SuiteError) as exc:
         raise SuiteError(f"{path}: changed during the run and is no longer a valid suite ({exc}); "
                          "no baseline was filled") from None
-    if read_sha256 is not None and _text_sha256(text) != read_sha256:
+    if read_sha256 is not None and instructions_sha256(text) != read_sha256:
         raise SuiteError(f"--update-baseline: {path} changed during the run, so its answers were "
                          f"made and graded with other cases than the file now holds; no baseline "
                          f"was filled ({path} is as you left it): run --update-baseline again")
@@ -4201,7 +4197,7 @@ def load_suite(path, allow_empty_baseline=False, system=None):
     text = _read_suite_text(path)
     suite = _try_suite(path, _parse_json(path, text), allow_empty_baseline)
     suite["file"] = path
-    suite["file_sha256"] = _text_sha256(text)  # --update-baseline fills only the suite the run read
+    suite["file_sha256"] = instructions_sha256(text)  # --update-baseline fills only this text
     return suite
 
 
