@@ -4114,8 +4114,10 @@ def validate_suite(data, allow_empty_baseline=False):
     cases = data.get("cases")
     if not isinstance(cases, list) or not cases:
         raise SuiteError("suite: cases must be a non-empty list")
-    cases = _inherit_extra_fields(data, cases)
-    _validate_cases(cases, data, schema, functions, allow_empty_baseline)
+    cases, seen, parameters = _inherit_extra_fields(data, cases), {}, tool_parameters(tools)
+    for position, case in enumerate(cases):  # each an object with an id of its own, and valid
+        _check_case_id(case, position, seen)
+        _validate_case(case, data, schema, functions, allow_empty_baseline, parameters)
     judge = _validate_judge(data.get("judge"))
     examples = _validate_examples(data.get("judge_examples"))
     _refuse_non_finite(data)  # after the keys' own checks, which name what a key must be
@@ -4169,14 +4171,6 @@ def _declared_tools(data):
         tools.extend(data["tools"])
     _validate_tools(tools, "suite")
     return tools
-
-
-def _validate_cases(cases, data, schema, functions, allow_empty_baseline):
-    """Each case an object with an id of its own, and valid (SuiteError on the first problem)."""
-    seen, parameters = {}, tool_parameters(suite_tools(data))
-    for position, case in enumerate(cases):
-        _check_case_id(case, position, seen)
-        _validate_case(case, data, schema, functions, allow_empty_baseline, parameters)
 
 
 def _try_suite(path, data, allow_empty_baseline=True):
