@@ -3251,7 +3251,7 @@ def _validate_prices(value, where):
 
 
 def _validate_case(case, suite, schema, functions, allow_empty_baseline, parameters=None):
-    """One case checked; `parameters`: the suite's tool_parameters, worked out once per suite."""
+    """One case checked; `parameters`: the suite's tool_parameters (none in the other formats)."""
     where = f"case {case.get('id')!r}"
     _unknown_key(case, CASE_KEYS, where)
     if "turns" not in case and ("input" in case) == ("question" in case):  # turns: their own rule
@@ -3262,8 +3262,7 @@ def _validate_case(case, suite, schema, functions, allow_empty_baseline, paramet
     elif "turns" not in case and not (isinstance(text, str) and text.strip()):
         raise SuiteError(f"{where}: input must be a non-empty string or a list of message objects")
     context = {"suite": suite, "schema": schema, "functions": functions,
-               "allow_empty_baseline": allow_empty_baseline, "parameters": parameters
-               if parameters is not None else tool_parameters(suite_tools(suite))}
+               "allow_empty_baseline": allow_empty_baseline, "parameters": parameters or {}}
     _validate_checks(case, where, context)
     for key, validate in CASE_KEY_RULES.items():
         if validate is not None and key in case:
