@@ -2954,8 +2954,6 @@ def _duplicate_id(seen, case_id):
 
 
 def _validate_tools(tools, where):
-    if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
-        raise SuiteError(f"{where}: tools must be a list of objects")
     seen = set()
     for tool in tools:
         if not isinstance(tool.get("type"), str):
@@ -4165,7 +4163,8 @@ def _declared_tools(data):
             raise SuiteError("suite: tool must be an object (use tools for a list)")
         tools.append(data["tool"])
     if data.get("tools") is not None:
-        if not isinstance(data["tools"], list):
+        if not isinstance(data["tools"], list) or not all(isinstance(tool, dict)
+                                                          for tool in data["tools"]):
             raise SuiteError("suite: tools must be a list of objects")
         tools.extend(data["tools"])
     _validate_tools(tools, "suite")
