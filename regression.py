@@ -4252,14 +4252,14 @@ def golden_pin_changes(folder, system=None):
     return changes, lines, f"every system_sha256 already matches {system_path} (sha256 {actual})"
 
 
-def rewrite_all(changes, flag="--update-pins"):
+def rewrite_all(changes):
     """Write every {path: (old, new)} text or none: each file is checked writable before any is
     touched, and one that fails to write puts back those already written."""
     for path in changes:
         real = os.path.realpath(path)
         if read_only(real) or not os.access(os.path.dirname(real), os.W_OK):
             why = READ_ONLY if read_only(real) else "its folder is not writable"
-            raise SuiteError(f"{flag}: {path}: {why}; no file was changed")
+            raise SuiteError(f"--update-pins: {path}: {why}; no file was changed")
     done = []
     with deferred_signals():  # an interruption waits: all of them, or none
         for path, (old, new) in changes.items():
@@ -4269,7 +4269,7 @@ def rewrite_all(changes, flag="--update-pins"):
                 kept = [other for other in done if not _put_back(other, changes[other][0])]
                 state = f"could not restore {', '.join(kept)}" if kept else "no file was changed"
                 why = getattr(exc, "strerror", None) or exc
-                raise SuiteError(f"{flag}: cannot rewrite {path}: {why}; {state}") from None
+                raise SuiteError(f"--update-pins: cannot rewrite {path}: {why}; {state}") from None
             done.append(path)
 
 
