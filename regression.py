@@ -3601,7 +3601,7 @@ def promptreg_case_keys():
 
 def is_promptreg(data):
     """A prompt-regression suite: no suite-level instructions, cases written with their keys."""
-    cases = data.get("cases") if isinstance(data, dict) else None
+    cases = data.get("cases")
     return "instructions" not in data and isinstance(cases, list) and any(
         isinstance(case, dict) and ({"prompt", "system", "expected"} & set(case)) for case in cases)
 
