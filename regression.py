@@ -3328,12 +3328,11 @@ def _history_message(message, at, functions, calls, seen, said=False):
     """One message of chat-form history; `calls` (id -> name) holds the calls still unanswered;
     `said`: an input's own message, whose text may be empty (as an input text's may)."""
     role = message.get("role") if isinstance(message, dict) else None
-    role = role if isinstance(role, str) else None
     if role in ("system", "developer"):
         raise SuiteError(f"{at} has role {role!r}, which is refused: the model is told the suite's "
                          "instructions (pinned by instructions_sha256), and history holds only "
                          "user, assistant and tool messages")
-    if role not in HISTORY_KEYS:
+    if not isinstance(role, str) or role not in HISTORY_KEYS:
         raise SuiteError(f'{at} needs "role": "user", "assistant" or "tool"')
     _unknown_key(message, HISTORY_KEYS[role], at)
     if role != "tool" and calls:
