@@ -2944,8 +2944,6 @@ def _duplicate_id(seen, case_id):
 
 
 def _validate_tools(tools, where):
-    if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
-        raise SuiteError(f"{where}: tools must be a list of objects")
     seen = set()
     for tool in tools:
         if not isinstance(tool.get("type"), str):
@@ -3241,7 +3239,7 @@ def _validate_prices(value, where):
 
 
 def _validate_case(case, suite, schema, functions, allow_empty_baseline, parameters=None):
-    """One case checked; `parameters`: the suite's tool_parameters, worked out once per suite."""
+    """One case checked; `parameters`: the suite's tool_parameters (none in the other formats)."""
     where = f"case {case.get('id')!r}"
     _unknown_key(case, CASE_KEYS, where)
     if "turns" not in case and ("input" in case) == ("question" in case):  # turns: their own rule
@@ -3252,8 +3250,7 @@ def _validate_case(case, suite, schema, functions, allow_empty_baseline, paramet
     elif "turns" not in case and not (isinstance(text, str) and text.strip()):
         raise SuiteError(f"{where}: input must be a non-empty string or a list of message objects")
     context = {"suite": suite, "schema": schema, "functions": functions,
-               "allow_empty_baseline": allow_empty_baseline, "parameters": parameters
-               if parameters is not None else tool_parameters(suite_tools(suite))}
+               "allow_empty_baseline": allow_empty_baseline, "parameters": parameters or {}}
     _validate_checks(case, where, context)
     for key, validate in CASE_KEY_RULES.items():
         if validate is not None and key in case:
@@ -3321,12 +3318,11 @@ def _history_message(message, at, functions, calls, seen, said=False):
     """One message of chat-form history; `calls` (id -> name) holds the calls still unanswered;
     `said`: an input's own message, whose text may be empty (as an input text's may)."""
     role = message.get("role") if isinstance(message, dict) else None
-    role = role if isinstance(role, str) else None
     if role in ("system", "developer"):
         raise SuiteError(f"{at} has role {role!r}, which is refused: the model is told the suite's "
                          "instructions (pinned by instructions_sha256), and history holds only "
                          "user, assistant and tool messages")
-    if role not in HISTORY_KEYS:
+    if not isinstance(role, str) or role not in HISTORY_KEYS:
         raise SuiteError(f'{at} needs "role": "user", "assistant" or "tool"')
     _unknown_key(message, HISTORY_KEYS[role], at)
     if role != "tool" and calls:
@@ -3451,10 +3447,6 @@ def _parse_json(path, text):
                          f"4300 digits)") from None
     except SuiteError as exc:
         raise SuiteError(f"{path}: {exc}") from None
-
-
-def _text_sha256(text):
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 PLAYED_SUITE_KEYS = ("max_rounds", *PLAYED_BOUNDS)
@@ -3598,7 +3590,7 @@ def promptreg_case_keys():
 
 def is_promptreg(data):
     """A prompt-regression suite: no suite-level instructions, cases written with their keys."""
-    cases = data.get("cases") if isinstance(data, dict) else None
+    cases = data.get("cases")
     return "instructions" not in data and isinstance(cases, list) and any(
         isinstance(case, dict) and ({"prompt", "system", "expected"} & set(case)) for case in cases)
 
@@ -4020,7 +4012,7 @@ def _suite_as_read(path, read_sha256=None):
     except (ValueError, RecursionError, SuiteError) as exc:
         raise SuiteError(f"{path}: changed during the run and is no longer a valid suite ({exc}); "
                          "no baseline was filled") from None
-    if read_sha256 is not None and _text_sha256(text) != read_sha256:
+    if read_sha256 is not None and instructions_sha256(text) != read_sha256:
         raise SuiteError(f"--update-baseline: {path} changed during the run, so its answers were "
                          f"made and graded with other cases than the file now holds; no baseline "
                          f"was filled ({path} is as you left it): run --update-baseline again")
@@ -4108,8 +4100,10 @@ def validate_suite(data, allow_empty_baseline=False):
     cases = data.get("cases")
     if not isinstance(cases, list) or not cases:
         raise SuiteError("suite: cases must be a non-empty list")
-    cases = _inherit_extra_fields(data, cases)
-    _validate_cases(cases, data, schema, functions, allow_empty_baseline)
+    cases, seen, parameters = _inherit_extra_fields(data, cases), {}, tool_parameters(tools)
+    for position, case in enumerate(cases):  # each an object with an id of its own, and valid
+        _check_case_id(case, position, seen)
+        _validate_case(case, data, schema, functions, allow_empty_baseline, parameters)
     judge = _validate_judge(data.get("judge"))
     examples = _validate_examples(data.get("judge_examples"))
     _refuse_non_finite(data)  # after the keys' own checks, which name what a key must be
@@ -4158,19 +4152,20 @@ def _declared_tools(data):
             raise SuiteError("suite: tool must be an object (use tools for a list)")
         tools.append(data["tool"])
     if data.get("tools") is not None:
-        if not isinstance(data["tools"], list):
+        if not isinstance(data["tools"], list) or not all(isinstance(tool, dict)
+                                                          for tool in data["tools"]):
             raise SuiteError("suite: tools must be a list of objects")
         tools.extend(data["tools"])
     _validate_tools(tools, "suite")
     return tools
 
 
-def _validate_cases(cases, data, schema, functions, allow_empty_baseline):
-    """Each case an object with an id of its own, and valid (SuiteError on the first problem)."""
-    seen, parameters = {}, tool_parameters(suite_tools(data))
-    for position, case in enumerate(cases):
-        _check_case_id(case, position, seen)
-        _validate_case(case, data, schema, functions, allow_empty_baseline, parameters)
+def _try_suite(path, data, allow_empty_baseline=True):
+    """validate_suite(data), its SuiteError naming the file."""
+    try:
+        return validate_suite(data, allow_empty_baseline)
+    except SuiteError as exc:
+        raise SuiteError(f"{path}: {exc}") from None
 
 
 def load_suite(path, allow_empty_baseline=False, system=None):
@@ -4181,13 +4176,9 @@ def load_suite(path, allow_empty_baseline=False, system=None):
     if system is not None:
         raise SuiteError(f"--system {system}: goes with --suite DIR, a folder of golden case files")
     text = _read_suite_text(path)
-    data = _parse_json(path, text)
-    try:
-        suite = validate_suite(data, allow_empty_baseline)
-    except SuiteError as exc:
-        raise SuiteError(f"{path}: {exc}") from None
+    suite = _try_suite(path, _parse_json(path, text), allow_empty_baseline)
     suite["file"] = path
-    suite["file_sha256"] = _text_sha256(text)  # --update-baseline fills only the suite the run read
+    suite["file_sha256"] = instructions_sha256(text)  # --update-baseline fills only this text
     return suite
 
 
@@ -4229,13 +4220,6 @@ def suite_pin_changes(path):
     return changes, lines, unchanged
 
 
-def _try_suite(path, data):
-    try:
-        validate_suite(data, allow_empty_baseline=True)
-    except SuiteError as exc:
-        raise SuiteError(f"{path}: {exc}") from None
-
-
 def golden_pin_changes(folder, system=None):
     """The system_sha256 changes of a golden folder's case files (placeholders too), validated."""
     system_path, system_text = _system_prompt(folder, system)
@@ -4257,14 +4241,14 @@ def golden_pin_changes(folder, system=None):
     return changes, lines, f"every system_sha256 already matches {system_path} (sha256 {actual})"
 
 
-def rewrite_all(changes, flag="--update-pins"):
+def rewrite_all(changes):
     """Write every {path: (old, new)} text or none: each file is checked writable before any is
     touched, and one that fails to write puts back those already written."""
     for path in changes:
         real = os.path.realpath(path)
         if read_only(real) or not os.access(os.path.dirname(real), os.W_OK):
             why = READ_ONLY if read_only(real) else "its folder is not writable"
-            raise SuiteError(f"{flag}: {path}: {why}; no file was changed")
+            raise SuiteError(f"--update-pins: {path}: {why}; no file was changed")
     done = []
     with deferred_signals():  # an interruption waits: all of them, or none
         for path, (old, new) in changes.items():
@@ -4274,7 +4258,7 @@ def rewrite_all(changes, flag="--update-pins"):
                 kept = [other for other in done if not _put_back(other, changes[other][0])]
                 state = f"could not restore {', '.join(kept)}" if kept else "no file was changed"
                 why = getattr(exc, "strerror", None) or exc
-                raise SuiteError(f"{flag}: cannot rewrite {path}: {why}; {state}") from None
+                raise SuiteError(f"--update-pins: cannot rewrite {path}: {why}; {state}") from None
             done.append(path)
 
 
