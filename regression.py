@@ -8326,10 +8326,6 @@ def _cost(text):
     return value
 
 
-def _reject_constant(name):
-    raise ValueError(f"{name} is not JSON")
-
-
 def request_options(settings, suite=None):
     """The --request KEY=JSON flags as {key: value}; UsageError on the first bad one. Without the
     suite (checked early), a response_format with a schema waits for the suite's own to compare."""
@@ -8345,7 +8341,7 @@ def request_options(settings, suite=None):
         if key in options:
             raise UsageError(f"--request {key}: given twice; give each key once")
         try:
-            options[key] = json.loads(text, parse_constant=_reject_constant)
+            options[key] = json.loads(text, parse_constant=_finite_float)
         except (ValueError, RecursionError):
             raise UsageError(f"--request {shown!r}: the value is not JSON "
                              f"(a string needs JSON quotes: --request '{key}=\"text\"')") from None
