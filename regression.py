@@ -4784,12 +4784,6 @@ class Provider:
         """The request key that carries the output cap (MAX_OUTPUT_TOKENS), or None."""
         return cls.cap_keys[0] if cls.cap_keys else None
 
-    @classmethod
-    def unanswered(cls, suite, raw):
-        """Why a whole, readable response is still no answer to grade (an execution error), or
-        None. Asked of every live response and of every replayed one."""
-        return None
-
     @staticmethod
     def call_ids(raw):
         """The id of each tool call of a response, in trace order (its result answers it by id)."""
@@ -5078,17 +5072,6 @@ def body_error(data, status, what, secrets=()):
                          status)
 
 
-def unanswered_error(provider, suite, raw, status=None):
-    """raw, unless provider.unanswered says it is no answer: then a ResponseError keeping raw as
-    the row's evidence (the live request and its replay refuse it alike)."""
-    problem = provider.unanswered(suite, raw)
-    if problem:
-        said = ResponseError(problem, status)
-        said.raw = raw
-        raise said
-    return raw
-
-
 # What a tool call looks like when a server's tool-call parser did not read it: a call object
 # ({"name": ..., "arguments"|"parameters": ...}, or the wire form {"function": {"name", ...}}) in
 # single or doubled braces (a chat template's {{...}} printed as it is), alone, in a list, in a
@@ -5258,7 +5241,7 @@ class HTTPProvider(Provider):
         except ResponseError as exc:
             exc.status_code, exc.raw = status, raw  # kept as the row's evidence
             raise
-        return unanswered_error(self, suite, raw, status)
+        return raw
 
     def post(self, payload):
         """(status, the JSON object answered) of one POST of `payload`; the transport's errors
@@ -5783,9 +5766,6 @@ class ReplayProvider(Provider):
         self.evidence = record.get("evidence", MODEL_EVIDENCE)  # a replay of echo is still echo
         self.agent_responses = self.made_by.agent_responses
 
-    def unanswered(self, suite, raw):
-        return self.made_by.unanswered(suite, raw)
-
     @staticmethod
     def stored_rounds(row, case):
         """(the rounds a stored row kept for this request, the turn's index or None): a played
@@ -5854,7 +5834,7 @@ class ReplayProvider(Provider):
         if len(rounds) >= len(stored) or not isinstance(stored[len(rounds)], dict):
             raise ResponseError(f"{self.source} has no stored round {len(rounds) + 1}{where} for "
                                 f"{key_text((model, case['id'], repeat))} (it kept {len(stored)})")
-        return unanswered_error(self, suite, stored[len(rounds)].get("response"))
+        return stored[len(rounds)].get("response")
 
     def recorded_results(self, model, case, repeat, number):
         """The tool results the record sent back after round `number` (None: none stored): a
