@@ -5176,6 +5176,7 @@ class HTTPProvider(Provider):
     path = ""                  # appended to the base URL
     base_url_flag = True
     suggested_base_url = None  # named when a run gives no endpoint and there is no default
+    v1_hints = (None, None)    # what to try on a 404: the base URL without /v1, and with it
 
     @classmethod
     def problem(cls, settings, env):
@@ -5225,8 +5226,9 @@ class HTTPProvider(Provider):
         return endpoint_message(body)
 
     def not_found_hint(self):
-        """What to try when the endpoint answers 404, or None."""
-        return None
+        """What to try when the endpoint answers 404 (v1_hints, by the base URL's end), or None."""
+        base = urllib.parse.urlsplit(self.url).path[:-len(self.path)]
+        return self.v1_hints[base.rstrip("/").endswith("/v1")]
 
     def request(self, model, suite, case, repeat=0, rounds=()):
         status, raw = self.post(self.body(model, suite, case, rounds))
@@ -5321,6 +5323,8 @@ class OpenAIProvider(HTTPProvider):
     suggested_base_url = "https://api.openai.com/v1"  # never assumed: a run names its endpoint
     # A custom base URL never receives the vendor's key unless the user names it (--api-key-env).
     key_variable, key_hosts = "OPENAI_API_KEY", ("api.openai.com",)
+    v1_hints = ("most OpenAI-compatible servers serve /v1: try the base URL with the /v1 suffix",
+                None)
     base_url_variable, twin_base_url_variable = "OPENAI_BASE_URL", "PROMPTREG_BASE_URL"
     other_names = ("compatible",)  # the prompt-regression CLI's name for such a server
     COST_HOSTS = ("openrouter.ai",)  # report usage.cost on every response
@@ -5362,11 +5366,6 @@ class OpenAIProvider(HTTPProvider):
     def headers(self):
         key = {"Authorization": f"Bearer {self.key}"} if self.key else {}
         return {**super().headers(), **key}
-
-    def not_found_hint(self):
-        if not urllib.parse.urlsplit(self.url).path[:-len(self.path)].rstrip("/").endswith("/v1"):
-            return "most OpenAI-compatible servers serve /v1: try the base URL with the /v1 suffix"
-        return None
 
     def body(self, model, suite, case, rounds=()):
         """The JSON body of a chat-completions request for one case and the rounds played so far;
@@ -5540,6 +5539,7 @@ class AnthropicProvider(HTTPProvider):
     name, vendor, path = "anthropic", "Anthropic", "/v1/messages"
     VERSION = "2023-06-01"  # the anthropic-version header: the current documented version
     key_variable, key_hosts = "ANTHROPIC_API_KEY", ("api.anthropic.com",)
+    v1_hints = (None, "/v1/messages is added to the base URL: give it without /v1")
     base_url_variable, default_base_url = "ANTHROPIC_BASE_URL", "https://api.anthropic.com"
     cap_keys = ("max_tokens",)  # required by the API: always sent
     COMPLETE = ("end_turn", "tool_use", "stop_sequence", "refusal")  # a refusal is graded as said
@@ -5560,11 +5560,6 @@ class AnthropicProvider(HTTPProvider):
     def headers(self):
         key = {"x-api-key": self.key} if self.key else {}
         return {**super().headers(), "anthropic-version": self.VERSION, **key}
-
-    def not_found_hint(self):
-        if urllib.parse.urlsplit(self.url).path[:-len(self.path)].rstrip("/").endswith("/v1"):
-            return f"{self.path} is added to the base URL: give it without /v1"
-        return None
 
     @staticmethod
     def tool(tool):

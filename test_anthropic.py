@@ -591,3 +591,16 @@ def test_the_fake_messages_api_refuses_what_the_api_refuses(body, said):
         and said in reply.body["error"]["message"]
     )
     assert isinstance(reply, Reply)
+
+
+@pytest.mark.parametrize("suffix, hinted", [("/v1", True), ("", False)])
+def test_a_404_under_a_v1_base_url_says_to_give_it_without_v1(tmp_path, suffix, hinted):
+    suite, out = write_suite(tmp_path / "guard.json", GUARD), tmp_path / "run.json"
+    missing = {"type": "error", "error": {"type": "not_found_error", "message": "Not Found"}}
+    with FakeServer(lambda request: Reply(404, missing)) as server:
+        argv = ["--provider", "anthropic", "--base-url", server.url + suffix, "--models", "m"]
+        result = cli([*argv, "--suite", suite, "--out", out], tmp_path)
+    assert result.returncode == 2, result.stderr
+    message = read_record(out)["runs"][0]["error_message"]
+    assert f"POST {server.url}{suffix}/v1/messages" in message and "Not Found" in message
+    assert ("/v1/messages is added to the base URL: give it without /v1" in message) is hinted
