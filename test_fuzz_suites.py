@@ -444,6 +444,22 @@ def test_a_function_tool_declared_twice_is_one_line_through_the_cli(tmp_path):
                               "twice\n"), out
 
 
+# tools of another shape (not a list, an item not an object, a lone tool not an object) is one
+# line and exit 2, checked once where the suite's tools are read.
+
+@pytest.mark.parametrize("keys, said", [
+    ({"tools": "lookup"}, "suite: tools must be a list of objects"),
+    ({"tools": ["lookup"]}, "suite: tools must be a list of objects"),
+    ({"tools": [tools(1)[0], None]}, "suite: tools must be a list of objects"),
+    ({"tool": ["lookup"]}, "suite: tool must be an object (use tools for a list)")])
+def test_tools_of_another_shape_are_one_line_through_the_cli(tmp_path, keys, said):
+    data = {**suite_with_tool(tools(1)[0]), **keys}
+    (tmp_path / "s.json").write_text(json.dumps(data), encoding="utf-8")
+    [(code, out, err)] = fakes.cli_table([(["--suite", "s.json", "--dry-run"], tmp_path)],
+                                         env=cli_env(), flags=("-W", "error"))
+    assert (code, err) == (2, f"regression.py: error: s.json: {said}\n"), out
+
+
 # A function tool named with a line break, a space or an invisible character was sent as
 # written: the APIs refuse such a name on every row, and --dry-run printed it over two lines.
 
