@@ -1234,12 +1234,6 @@ def _function_names(tools):
     return sorted(_tool_name(tool) for tool in tools if tool.get("type") == "function")
 
 
-def suite_tools(data):
-    """The tools a suite object declares: its `tool` and its `tools` (those that are objects)."""
-    tools = [data.get("tool"), *(data.get("tools") if isinstance(data.get("tools"), list) else [])]
-    return [tool for tool in tools if isinstance(tool, dict)]
-
-
 def tool_parameters(tools):
     """{function name: the argument names its schema declares (parameters.properties), or None}."""
     declared = {}
@@ -4710,7 +4704,6 @@ class Provider:
     evidence = MODEL_EVIDENCE  # the record's "evidence" label: anything else is no model's answer
     default_models = None     # models when --models is absent (None: --models is required)
     server_search = False     # the server runs web search itself (a `cite` case can pass only then)
-    tool_loops = False        # the server runs the tool loop itself (Agent API max_steps)
     reports_cost = None       # True: every response reports its USD cost; None: unknown
     builds_offline = False    # cheap and offline to build, so --dry-run builds it to check more
     replays_record = False    # answers from a saved record (--replay), whose config fills defaults
@@ -4846,7 +4839,7 @@ class PerplexityProvider(Provider):
     # as the SDK reads it
     base_url_variable, default_base_url = "PERPLEXITY_BASE_URL", "https://api.perplexity.ai"
     default_models = MODELS
-    server_search = tool_loops = reports_cost = agent_responses = True
+    server_search = reports_cost = agent_responses = True
     cap_keys = ("max_output_tokens",)
     # The Agent API's body keys (responses.create) that would answer in another model's name or
     # tell the model what the pinned instructions do not say.
@@ -6380,13 +6373,6 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
         if bound is not None:  # what was never sent back is not stored as sent
             return rounds_trace(provider.parse, rounds, traces, bound)
         rounds[-1]["tool_results"] = results
-
-
-def play_tools(provider, suite, case, model, repeat, retries, row, clock=time.monotonic,
-               sleep=time.sleep, budget=None):
-    """A played case on this thread (see play_tools_steps)."""
-    return drive_steps(play_tools_steps(provider, suite, case, model, repeat, retries, row, clock,
-                                        sleep, budget))
 
 
 def turn_parts(case):

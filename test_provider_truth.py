@@ -47,7 +47,8 @@ def openai_args(server, *extra, models=("m",), suite=AGENT_TOOLS, out=None):
 # ====================================================================== A. the provider table (issue 10 item 1)
 
 DECLARED = ("name", "key_variable", "key_required", "key_hosts", "base_url_flag", "base_url_variable",
-            "default_base_url", "evidence", "default_models", "server_search", "tool_loops", "reports_cost")
+            "default_base_url", "evidence", "default_models", "server_search", "reports_cost",
+            "replays_record")
 
 
 @pytest.mark.parametrize("name", sorted(regression.PROVIDERS))

@@ -569,7 +569,8 @@ def test_whole_row_deadline_ends_a_slow_loop_keeping_its_rounds():
     provider = SlowLoop(clock, step=2.6, deadline=1.0)  # each request alone fits its own 1 s deadline
     row = {}
     with pytest.raises(regression.RowDeadline):
-        regression.play_tools(provider, suite, suite["cases"][0], "m", 0, 0, row, clock=lambda: clock[0])
+        regression.drive_steps(regression.play_tools_steps(
+            provider, suite, suite["cases"][0], "m", 0, 0, row, clock=lambda: clock[0]))
     # the row may take 5 x 1 s; after two 2.6 s turns no third request starts
     assert provider.sent == 2 and len(row["rounds"]) == 2
 
