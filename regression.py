@@ -4268,43 +4268,64 @@ def _put_back(path, text):
 # Masks apply to what is stored, after the checks ran on the original text, so a
 # leak still fails its case but never reaches disk.
 
-def _luhn_ok(digits):
-    """Whether a digit string passes the Luhn check, as every card number does."""
-    values = [int(digit) * (2 if position % 2 else 1)
-              for position, digit in enumerate(reversed(digits))]
-    return sum(value - 9 if value > 9 else value for value in values) % 10 == 0
+def _luhn_sums(digits):
+    """Two prefix sums of a digit string for the Luhn check of any window of it in O(1) (see
+    _luhn_window): by index parity, once with even indexes doubled and once with odd ones."""
+    sums, total = [(0, 0)], [0, 0]
+    for index, digit in enumerate(digits):
+        plain, twice = int(digit), 2 * int(digit)
+        twice -= 9 * (twice > 9)
+        total[0] += twice if index % 2 else plain
+        total[1] += plain if index % 2 else twice
+        sums.append(tuple(total))
+    return sums
+
+
+def _luhn_window(sums, start, end):
+    """Whether digits[start:end] passes the Luhn check (its last digit is never doubled)."""
+    parity = (end - 1) % 2
+    return (sums[end][parity] - sums[start][parity]) % 10 == 0
 
 
 def _mask_cards(match):
-    """Mask every run of digit groups inside a match that is a Luhn-valid card number
-    (so "4111 1111 1111 1111 123", a card and its CVV, still loses the card)."""
+    """Mask every run of whole digit groups inside a match that is a Luhn-valid card number of
+    13-19 digits (so "4111 1111 1111 1111 123", a card and its CVV, still loses the card, and so
+    does a card inside a longer run of groups), in time linear in the match."""
     text = match.group(0)
     groups = [(m.start(), m.end()) for m in re.finditer(r"\d+", text)]
-    out, done, i = [], 0, 0
-    while i < len(groups):
-        for j in range(len(groups) - 1, i - 1, -1):
-            digits = "".join(text[a:b] for a, b in groups[i:j + 1])
-            if 13 <= len(digits) <= 19 and _luhn_ok(digits):
-                out += [text[done:groups[i][0]], "[REDACTED:card]"]
-                done, i = groups[j][1], j
-                break
-        i += 1
+    digits = "".join(text[a:b] for a, b in groups)
+    sums, before, reach, low = _luhn_sums(digits), [0], -1, 0
+    for a, b in groups:
+        before.append(before[-1] + b - a)
+    out, done = [], 0
+    for i, (a, b) in enumerate(groups):
+        low = max(low, i)
+        while low < len(groups) and before[low + 1] - before[i] < 13:
+            low += 1  # the first group that ends a window of 13 digits or more
+        ends = [j for j in range(low, min(len(groups), low + 7)) if before[j + 1] - before[i] <= 19
+                and _luhn_window(sums, before[i], before[j + 1])]
+        if ends and i > reach:
+            out += [text[done:a], "[REDACTED:card]"]  # a card starts: one mask to its last group
+        reach = max([reach, *ends])
+        if i <= reach:
+            done = max(done, b)
     return "".join(out) + text[done:]
 
 
 PII_PATTERNS = [
-    # Digits may be split by spaces, dashes and invisible characters (zero-width spaces), and
-    # \d also matches fullwidth digits: what text_form() would read as a card is masked.
-    # A letter may touch it ("card4111...", "...1111cvv"): only a longer digit run is not a card.
-    (re.compile(rf"(?<![\d-])\d(?:(?:[\s-]|{_INVISIBLE.pattern}){{0,3}}\d){{12,18}}(?![\d-])"),
-     _mask_cards),
+    # Digits may be grouped by spaces, dashes, dots, underscores and invisible characters (zero-
+    # width spaces), and \d also matches fullwidth digits: what text_form() reads as a card is
+    # masked. A letter or a dash may touch it ("card4111...", "ref-4111...", "...1111-exp").
+    (re.compile(rf"\d(?:(?:[\s._-]|{_INVISIBLE.pattern}){{0,3}}\d){{12,}}"), _mask_cards),
     (re.compile(r"(?i)\bbearer\s+[A-Za-z0-9\-._~+/]+=*"), "[REDACTED:bearer]"),
     (re.compile(r"\b(?:sk|pk|rk|pplx|xai|gsk|ghp|gho|ghs|github_pat|hf|AKIA)[-_A-Za-z0-9]{16,}"),
      "[REDACTED:key]"),
     (re.compile(r"(?i)\b(api[_-]?key|secret|token|password)(\s*[:=]\s*)[^\s\"',;]+"),
      r"\1\2[REDACTED:key]"),
     # the @ also as written in a link (%40), an HTML entity (&#64;) or raw JSON text (\u0040)
-    (re.compile(r"[A-Za-z0-9._%+-]+(?:@|%40|&#0*64;|&#[xX]0*40;|\\u0040)[A-Za-z0-9-]+(?:"
+    # (a local part starts where its run does: one try per run, so a long run stays linear)
+    (re.compile(r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+(?:@|%40|&#0*64;|&#[xX]0*40;|\\u0040)"
+                r"[A-Za-z0-9-]+(?:"
                 r"\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"), "[REDACTED:email]"),
 ]
 
