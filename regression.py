@@ -682,7 +682,8 @@ TEXT_FORM_RULE = (
     "look-alikes and Latin small capitals as Latin letters, as its Markdown/HTML markup renders "
     "(**lifetime** access), URL-decoded (%20) and, for a JSON answer, with its strings decoded; "
     "there the words of an excludes or claims phrase may be joined by any non-alphanumeric run "
-    "or a camelCase boundary (refund_issued, refundIssued), never so for contains; tool "
+    "within a sentence or a camelCase boundary (refund_issued, refundIssued), never so for "
+    "contains; tool "
     "arguments are read with every value of a repeated key, their names in the normal form; "
     "masks (--redact, --redact-pii) read through invisible characters")
 
@@ -1531,17 +1532,19 @@ def check_citations(case, trace):
 
 
 _CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])")  # refundIssued: a word boundary, read as a space
+_JOINT = r"(?:[^\w.!?;,]|_|[.!?;,](?!\s|$))+"  # what may join a phrase's words (see _separated)
 
 
 @functools.lru_cache(maxsize=64)
 def _separated(wanted):
     """A phrase in text_form() as a pattern whose words may be joined by any run of separators
-    ("refund issued" as refund_issued, refund-issued, refund/issued), or None for one word."""
+    ("refund issued" as refund_issued, refund-issued, refund/issued, refund.issued), or None for
+    one word; never across a sentence or list ("a refund. Issued tickets", "refund, issued")."""
     parts = re.split(r"([^\W_]+)", wanted)  # ["", word, separator, word, ...]
     if len(parts) < 5:
         return None
     return re.compile(re.escape(parts[0]) + "".join(
-        re.escape(part) if index % 2 else r"[\W_]+" for index, part in enumerate(parts[1:-1], 1))
+        re.escape(part) if index % 2 else _JOINT for index, part in enumerate(parts[1:-1], 1))
         + re.escape(parts[-1]))
 
 

@@ -171,6 +171,15 @@ def test_excludes_reads_a_phrase_whatever_joins_its_words(answer):
     assert regression.phrases_in(["lifetime access"], answer, spaced=True)[0] == ["lifetime access"]
 
 
+@pytest.mark.parametrize("answer", ["We cannot offer a refund. Issued tickets are final.",
+                                    "No refund, issued vouchers only.", "No refund; issued ones stay.",
+                                    "A refund?\nIssued: never.", "No refund , issued notes only."])
+def test_a_phrase_is_never_read_across_a_sentence_or_a_list(answer):
+    # the words of an excluded or claimed phrase may be joined by separators, not by a sentence
+    # end or a list comma: "a refund. Issued tickets" does not say "refund issued"
+    assert regression.phrases_in(["refund issued"], answer, spaced=True)[0] == []
+
+
 @pytest.mark.parametrize("answer", ["You get lifetime_access.", "You get lifetimeAccess.", "You get lifetime-access."])
 def test_contains_is_not_made_lenient_by_separators(answer):
     assert regression.phrases_in(["lifetime access"], answer) == ([], ["lifetime access"])
