@@ -7347,6 +7347,13 @@ def _record_problems(record, evidence):
     yield from (f"runs[{position}] ({key_text(row_key(row))}) is not in the config's models x "
                 f"cases x repeats{f' (shard {shard})' if shard else ''}"
                 for position, row in enumerate(record["runs"]) if row_key(row) not in plan)
+    # one key twice: no run writes it, and each reader would pick its own copy (a report both, a
+    # resume the first, a replay the last), so a failing row could be counted as passing
+    first = {}
+    yield from (f"runs[{position}] holds {key_text(row_key(row))} again (as runs[{first[key]}] "
+                "does); a record holds each model, case and repeat once, so which verdict counts "
+                "is not clear" for position, row in enumerate(record["runs"])
+                if first.setdefault(key := row_key(row), position) != position)
     if evidence:
         yield _unfounded_problem(record)
 

@@ -376,3 +376,56 @@ def test_a_row_the_writer_left_half_over_the_old_tail_is_a_tear(written, tmp_pat
     for cut in range(starts[-1] - 1, len(written) - 40, 7):
         record = regression.load_record(_written(tmp_path / "r.json", written[:cut] + before[cut:]))
         assert len(record["runs"]) >= 7, cut
+
+
+# ------------------------------------------------------------ one row key twice
+
+def _twice(played, first):
+    """The played record with a passing copy of a failing row: refund-correct's answer to the
+    case relabelled as refund-claims' (each copy an honest row of its own), appended or first."""
+    record = copy.deepcopy(played)
+    failing_row = next(row for row in record["runs"] if row["passed"] is False)
+    copy_ = dict(next(row for row in record["runs"] if row["passed"] is True
+                      and row["case_id"] == failing_row["case_id"]), model=failing_row["model"])
+    at = record["runs"].index(failing_row)
+    record["runs"] = [copy_, *record["runs"]] if first else [*record["runs"], copy_]
+    key = regression.key_text(regression.row_key(failing_row))
+    positions = (0, at + 1) if first else (at, len(record["runs"]) - 1)
+    return record, (f"runs[{positions[1]}] holds {key} again (as runs[{positions[0]}] does); a "
+                    "record holds each model, case and repeat once, so which verdict counts is "
+                    "not clear")
+
+
+@pytest.mark.parametrize("first", [False, True], ids=["appended", "first"])
+def test_a_record_holding_one_row_key_twice_is_refused_by_every_reader(played, tmp_path, first):
+    """Two honest rows of one key (a failing row and a passing copy): --report exited 0 with
+    JUnit failures="0", --resume kept the first copy and moved the failing finished row to
+    superseded (PASS, then RECOVERED in compare), --replay used the last copy. Now every reader
+    (report, resume, replay, a replay that rebaselines, merge, compare either side) refuses it
+    in one line naming both positions, exit 2, writing nothing and leaving the record as it was."""
+    record, said = _twice(played, first)
+    path, honest = tmp_path / "twice.json", tmp_path / "honest.json"
+    path.write_text(json.dumps(record), encoding="utf-8")
+    honest.write_text(json.dumps(played), encoding="utf-8")
+    suite = tmp_path / "suite.json"
+    suite.write_bytes(EXAMPLE.read_bytes())
+    replay = ["--provider", "replay", "--replay", path, "--suite"]
+    runs = [["--report", path, "--junit", "r.xml", "--markdown", "r.md", "--html", "r.html"],
+            ["--resume", path], [*replay, EXAMPLE, "--out", "o.json"],
+            [*replay, suite, "--update-baseline", "--out", "b.json"],
+            ["--merge", "m.json", path]]
+    table = fakes.cli_table([(argv, tmp_path) for argv in runs], env=cli_env())
+    table += fakes.cli_table([([path, honest], tmp_path), ([honest, path], tmp_path)],
+                             env=cli_env(), script="compare_runs.py")
+    for argv, (code, out, err) in zip([*runs, ["compare"], ["compare"]], table):
+        told = out + err  # compare says NOT_COMPARABLE on stdout
+        assert (code, told.count("\n"), said in told, "Traceback" in told) == (2, 1, True, False), (
+            argv[0], told)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["honest.json", "suite.json",
+                                                          "twice.json"]
+    assert read_record(path) == record and suite.read_bytes() == EXAMPLE.read_bytes()
+    assert regression.record_problem(record, evidence=False) == said  # --resume asks so too
+    # the control: the honest record reads, every failure in its report
+    assert call(regression.main, ["--report", honest, "--junit", tmp_path / "h.xml"])[0] == 0
+    cases = junit_cases((tmp_path / "h.xml").read_text(encoding="utf-8"))
+    assert {key for key, kind in cases.items() if kind == "failure"} == failing(played)
