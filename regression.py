@@ -2477,6 +2477,20 @@ def tool_results(case, trace, ids, number):
     return sent
 
 
+def round_end(suite, case, trace, number, raw, held, ids, recorded=None):
+    """How a played row goes on after round `number`: (stop, results, held). The play loop's one
+    rule, and so the one a stored conversation is checked against (replay_problem). stop: None
+    (the results go back and another round is asked), "answered" (no call), "max_rounds", or
+    the Fail of the bound the round met (PLAYED_BOUNDS); results: what goes back, the record's
+    own (`recorded`) in a replay; held: the bytes of responses and results so far."""
+    if not trace.tool_calls or number >= round_limit(suite, case):
+        return ("max_rounds" if trace.tool_calls else "answered"), None, held
+    results = recorded if recorded is not None else tool_results(case, trace, ids, number) \
+        if len(trace.tool_calls) <= played_bound(suite, "max_calls_per_round") else []
+    held += len(dumps(raw)) + len(dumps(results))
+    return _over_bound(suite, trace, held), results, held
+
+
 # ---------------------------------------------------------------------- grounding
 # The grounded behaviour: every value-like token a reply states (numbers, dates, times,
 # amounts, identifiers, URLs, e-mail addresses) must occur, in its normal form, in what the
@@ -5858,20 +5872,25 @@ def replay_problem(suite, case, row, parse, call_ids, results=True):
     if not plays_tools(suite, case):
         return f"it was played over {_plural(len(stored), 'round')}, but the case now plays no " \
             "tools" if stored else None
-    turns, limit = stored or [{"response": row.get("response")}], round_limit(suite, case)
+    turns, held = stored or [{"response": row.get("response")}], 0
     for number, turn in enumerate(turns, 1):
         try:
             trace = parse(turn.get("response"))
         except Exception:  # the replay itself records what is wrong with this response
             return None
-        if not trace.tool_calls or number >= limit:
+        sent = turn.get("tool_results") if isinstance(turn.get("tool_results"), list) else None
+        ids = call_ids(turn["response"])
+        stop, _, held = round_end(suite, case, trace, number, turn["response"], held, ids, sent)
+        if stop is not None:  # every way the play loop ends a row: it must end where it did
+            what = "its answer" if stop == "answered" else stop if not isinstance(stop, Fail) \
+                else next(key for key in PLAYED_BOUNDS if key in stop.evidence)
             return None if number == len(turns) else \
-                f"max_rounds now ends it after round {number} of the {len(turns)} stored"
+                f"{what} now ends it after round {number} of the {len(turns)} stored"
         if number == len(turns):
-            return f"it ended after round {number} (its max_rounds then), but the suite now " \
-                "plays on"
-        sent = turn.get("tool_results") if isinstance(turn.get("tool_results"), list) else []
-        now = tool_results(case, trace, call_ids(turn["response"]), number) if results else []
+            return f"it ended after round {number} (at a limit its suite set then: " \
+                f"{', '.join(PLAYED_SUITE_KEYS)}), but the suite now plays on"
+        sent = sent or []
+        now = tool_results(case, trace, ids, number) if results else []
         for then, call in zip(sent + [{}] * len(now), now):
             then = then if isinstance(then, dict) else {}
             if _json_text([then.get("result"), bool(then.get("unscripted"))]) != \
@@ -6361,17 +6380,12 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
         traces.append(trace)
         # Spent for real after every round, so a row that fails later still says what it cost.
         row["cost_usd"] = _sum_costs([turn.cost_usd for turn in traces])
-        if not trace.tool_calls or len(rounds) >= limit:
-            return rounds_trace(provider.parse, rounds, traces)
-        # what it saw then
-        results = recorded(model, case, repeat, len(rounds)) if recorded else None
-        if results is None:
-            results = tool_results(case, trace, call_ids(raw), len(rounds)) \
-                if len(trace.tool_calls) <= played_bound(suite, "max_calls_per_round") else []
-        held += len(dumps(raw)) + len(dumps(results))
-        bound = _over_bound(suite, trace, held)
-        if bound is not None:  # what was never sent back is not stored as sent
-            return rounds_trace(provider.parse, rounds, traces, bound)
+        then = recorded(model, case, repeat, len(rounds)) if recorded else None  # what it saw
+        stop, results, held = round_end(suite, case, trace, len(rounds), raw, held, call_ids(raw),
+                                        then)
+        if stop is not None:  # what was never sent back is not stored as sent
+            return rounds_trace(provider.parse, rounds, traces,
+                                stop if isinstance(stop, Fail) else None)
         rounds[-1]["tool_results"] = results
 
 
@@ -9940,7 +9954,8 @@ def _check_replay_covers(provider, run, settings):
             what = "turns, messages, " if "turns" in case or "turns" in row else ""
             raise UsageError(f"--replay: {key_text(key)} is not reproducible under this suite: "
                              f"{changed}; a replay grades what the model was told, so restore the "
-                             f"suite's {what}tool_results and max_rounds{allow}")
+                             f"suite's {what}tool_results and its limits "
+                             f"({', '.join(PLAYED_SUITE_KEYS)}){allow}")
 
 
 def open_record(run, tally, quiet=False):

@@ -429,3 +429,97 @@ def test_a_record_holding_one_row_key_twice_is_refused_by_every_reader(played, t
     assert call(regression.main, ["--report", honest, "--junit", tmp_path / "h.xml"])[0] == 0
     cases = junit_cases((tmp_path / "h.xml").read_text(encoding="utf-8"))
     assert {key for key, kind in cases.items() if kind == "failure"} == failing(played)
+
+
+# ------------------------------------------------------------ every way the tool ends a played row
+
+LOOKUP = {"type": "function", "function": {
+    "name": "lookup_order", "description": "look",
+    "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}}}}
+# {how the play loop ends a row: (the suite's keys, round -> the model's calls, the reason)}: every
+# stop round_end gives, so a bound added without a way to replay it fails the test below
+STOPS = {
+    "answered": ({}, lambda number: [], None),
+    "max_rounds": ({"max_rounds": 2}, lambda number: [("lookup_order", {"order_id": "1"})],
+                   "no_final_answer"),
+    "max_calls_per_round": ({"max_calls_per_round": 1},
+                            lambda number: [("lookup_order", {"order_id": "1"})] * 2,
+                            "too_many_tool_calls"),
+    # two rounds of 3,000 bytes each way pass 10,000 in round 2: counted over the stored rounds
+    "max_row_bytes": ({"max_row_bytes": 10_000},
+                      lambda number: [("lookup_order", {"order_id": "x" * 3000})],
+                      "row_too_large"),
+}
+
+
+def test_every_stop_the_play_loop_has_is_enumerated_here():
+    """The stops of STOPS are the play loop's: its answer, max_rounds and every PLAYED_BOUNDS key,
+    and their reasons the no_final_answer check's. A new bound fails here until it is added."""
+    check = next(check for check in regression.CHECK_TABLE if check.name == "no_final_answer")
+    assert set(STOPS) == {"answered", *regression.PLAYED_SUITE_KEYS}
+    assert {reason for _, _, reason in STOPS.values()} - {None} == set(check.reasons)
+
+
+def _stopping_agent(calls):
+    """A chat endpoint whose model makes calls(round) in each round of turn or input "s one" (and
+    of a plain played input "go"), then answers "ok"; every other turn it answers "ok"."""
+    def answer(body):
+        messages = body["messages"]
+        last = max(n for n, message in enumerate(messages) if message["role"] == "user")
+        number = 1 + sum(message["role"] == "assistant" for message in messages[last:])
+        made = calls(number) if messages[last]["content"] in ("s one", "go") else []
+        return fakes.chat_response(None if made else "ok", tool_calls=made, cost=0.001)
+    return fakes.chat(answer)
+
+
+@pytest.mark.parametrize("stop", sorted(STOPS))
+def test_a_row_the_tool_ended_is_reported_compared_replayed_and_resumed(tmp_path, stop):
+    """A played row and a conversation turn ended by a suite bound (max_calls_per_round,
+    max_row_bytes) made the honest record unreadable: --report exit 2 ("it ended after round 1
+    (its max_rounds then), but the suite now plays on"), compare NOT_COMPARABLE, replay exit 2,
+    and a torn copy's --resume refused, so every paid row was paid again. Now every stop of the
+    play loop is replayed as it was: report, compare, replay and the resume of a torn copy
+    (keeping both finished rows) read it; the same record under a suite that would play on is
+    still refused."""
+    keys, calls, reason = STOPS[stop]
+    data = {"name": "stops", "instructions": "Support agent.", "tools": [LOOKUP], **keys,
+            "cases": [{"id": "played", "input": "go", "contains": ["ok"],
+                       "tool_results": {"lookup_order": {"ok": True}}},
+                      {"id": "conv", "turns": ["s one", "s two"], "contains": ["ok"],
+                       "tool_results": {"lookup_order": {"ok": True}}},
+                      {"id": "tail", "input": "plain", "contains": ["ok"]}]}
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps(data), encoding="utf-8")
+    code = 0 if reason is None else 1
+    with FakeServer(_stopping_agent(calls)) as server:
+        live = ["--suite", suite, "--provider", "openai", "--base-url", server.url + "/v1",
+                "--models", "m", "--quiet"]
+        (ran, _, err), = fakes.cli_table([([*live, "--out", "run.json"], tmp_path)],
+                                         env=cli_env())
+        assert ran == code, err
+        record = read_record(tmp_path / "run.json")
+        played_row, conv = record["runs"][:2]
+        assert reason is None or reason in played_row["reasons"] and reason in conv["reasons"]
+        assert len(conv["turns"]) == (2 if reason is None else 1)  # a stopped turn ends it
+        text = (tmp_path / "run.json").read_bytes()
+        (tmp_path / "torn.json").write_bytes(text[:text.rindex(b"\n{") + 60])
+        (tmp_path / "copy.json").write_bytes(text)
+        replay = ["--provider", "replay", "--replay", tmp_path / "run.json", "--quiet"]
+        runs = [(["--report", "run.json", "--junit", "r.xml"], 0), (["--resume", "torn.json"], code),
+                ([*replay, "--out", "replayed.json"], code)]
+        table = fakes.cli_table([(argv, tmp_path) for argv, _ in runs], env=cli_env())
+    for (argv, want), (got, out, err) in zip(runs, table):
+        assert got == want, (argv[0], out, err)
+    assert read_record(tmp_path / "torn.json")["resumed"][0]["kept_rows"] == 2  # none paid again
+    failures = {key[1] for key, kind in junit_cases((tmp_path / "r.xml").read_text()).items()
+                if kind == "failure"}
+    assert failures == (set() if reason is None else {"played", "conv"})
+    for after in ("copy.json", "replayed.json", "torn.json"):
+        said = call(compare_runs.main, [tmp_path / "run.json", tmp_path / after])
+        assert said[0] == 0, (after, said)
+    if reason is not None:  # the control: a suite that would play on past the stop is refused
+        longer = {**data, **{key: regression.PLAYED_BOUNDS.get(key, (8,))[0] for key in keys}}
+        suite.write_text(json.dumps(longer), encoding="utf-8")
+        said = call(regression.main, [*replay, "--suite", suite, "--out", tmp_path / "again.json"])
+        assert said[0] == 2 and "but the suite now plays on" in said[1], said
+
