@@ -9268,6 +9268,13 @@ def grade_differs(row, again):
                if field != "details" and (field != "verdicts" or row.get("verdicts") is not None))
 
 
+def as_recorded(record):
+    """Whether a record is a replay made with --allow-changed-tool-results: its rows hold the
+    tool results the model was sent then, which its suite's tool_results may no longer give, so
+    its readers check every other part of its conversations against its suite, not those."""
+    return (record.get("replayed_from") or {}).get("tool_results") == "as recorded"
+
+
 def regrade_problem(record, path, suite, rows):
     """Why the stored verdicts of a resume's kept rows (or a shard's rows) cannot stand, or None:
     each row's stored conversation is graded again under the current checks (offline, as
@@ -9283,7 +9290,7 @@ def regrade_problem(record, path, suite, rows):
         case = cases[row["case_id"]]
         if masked_where_read(row, again):
             continue
-        changed = replayer.changed(case_suite(suite, case), case, row)
+        changed = replayer.changed(case_suite(suite, case), case, row, not as_recorded(record))
         if changed:
             return (f"{key_text(row_key(row))}: its stored conversation is not one its suite plays "
                     f"({changed}); the summary would count a verdict on a conversation that never "
@@ -9327,7 +9334,7 @@ def graded_now(record, path):
             unsure += [f"{key_text(row_key(row))} graded {_verdict_text(again)}"] \
                 if row.get("passed") and not again.get("passed") else []
             continue
-        changed = replayer.changed(case_suite(suite, case), case, row)
+        changed = replayer.changed(case_suite(suite, case), case, row, not as_recorded(record))
         if changed:
             raise RecordError(f"{path}: {key_text(row_key(row))}: its stored conversation is not "
                               f"one its suite plays ({changed})")
@@ -9345,6 +9352,9 @@ def graded_now(record, path):
               f"evidence: {len(unsure)} (first: {unsure[0]}); a masked row cannot be graded "
               "again and stands on its verdict_sha256, which anyone who edits a record can compute"
               ] if unsure else []
+    notes += [f"CAUTION {path}: replayed with --allow-changed-tool-results: graded on the tool "
+              "results the model was sent, which its suite's tool_results may no longer give"
+              ] if as_recorded(record) else []
     runs = [now.get(id(row), row) for row in record["runs"]]
     return {**record, "runs": runs}, [safe_text(note) for note in notes]
 

@@ -523,3 +523,46 @@ def test_a_row_the_tool_ended_is_reported_compared_replayed_and_resumed(tmp_path
         said = call(regression.main, [*replay, "--suite", suite, "--out", tmp_path / "again.json"])
         assert said[0] == 2 and "but the suite now plays on" in said[1], said
 
+
+def test_a_replay_graded_on_the_tool_results_as_recorded_is_reported_compared_and_resumed(
+        tmp_path):
+    """--replay --allow-changed-tool-results under a suite whose tool_results changed wrote a
+    record that --report and compare then refused (its stored results are not its suite's). It
+    says it holds the results as recorded: its readers grade it so, a CAUTION saying it, and it
+    compares with the record it replayed as a REGRADE. A live record with the same results is
+    still refused (the control)."""
+    def suite_of(day):
+        return {"name": "as-recorded", "instructions": "State only facts a tool gave you.",
+                "tools": [LOOKUP], "cases": [{
+                    "id": "ship", "input": "go", "behaviors": ["grounded"],
+                    "tool_results": {"lookup_order": {"shipped_on": f"2026-11-{day}"}}}]}
+    for day in (20, 21):
+        (tmp_path / f"s{day}.json").write_text(json.dumps(suite_of(day)), encoding="utf-8")
+
+    def answer(body):
+        told = body["messages"][-1]["role"] == "tool"
+        return fakes.chat_response("It shipped on 2026-11-20." if told else None,
+                                   tool_calls=[] if told else [("lookup_order", {})], cost=0.001)
+    with FakeServer(fakes.chat(answer)) as server:
+        assert run_main(["--suite", tmp_path / "s20.json", "--provider", "openai", "--base-url",
+                         server.url + "/v1", "--models", "m", "--out", tmp_path / "run.json",
+                         "--quiet"]) == 0
+    replay = ["--provider", "replay", "--replay", "run.json", "--suite", "s21.json", "--quiet"]
+    caution = "replayed with --allow-changed-tool-results: graded on the tool results"
+    runs = [([*replay, "--out", "no.json"], 2),
+            ([*replay, "--allow-changed-tool-results", "--out", "rep.json"], 0),
+            (["--report", "rep.json", "--markdown", "rep.md"], 0), (["--resume", "rep.json"], 0)]
+    table = fakes.cli_table([(argv, tmp_path) for argv, _ in runs], env=cli_env())
+    for (argv, want), (code, out, err) in zip(runs, table):
+        assert code == want and "Traceback" not in err, (argv, out, err)
+    assert "but the suite now answers" in table[0][2] and caution in table[2][2]
+    assert caution in (tmp_path / "rep.md").read_text(encoding="utf-8")
+    code, said = call(compare_runs.main, [tmp_path / "run.json", tmp_path / "rep.json"])
+    assert code == 0 and "REGRADE" in said and caution in said, said
+    # the control: the same stored conversation in a record that is no such replay is refused
+    live = {key: value for key, value in read_record(tmp_path / "rep.json").items()
+            if key != "replayed_from"}
+    (tmp_path / "live.json").write_text(json.dumps(live), encoding="utf-8")
+    code, said = call(regression.main, ["--report", tmp_path / "live.json", "--html",
+                                        tmp_path / "live.html"])
+    assert code == 2 and "its stored conversation is not one its suite plays" in said, said
