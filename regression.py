@@ -9099,9 +9099,11 @@ def row_line(row, widths=(0, 0)):
     else:
         notes = evidence_notes(row)
         verdict = "FAIL " + ",".join(row["reasons"]) + (f" ({notes})" if notes else "")
-    requests = len(row_responses(row))  # a row this run made: its types are its own
-    if row.get("attempts", 0) > requests:  # retries happened
-        verdict += f" (after {row['attempts']} attempts" + (f" for {requests} rounds)"
+    # attempts counts every request of the row (its rounds, every turn's): one per stored
+    # response, and at most one that failed leaving none; only more than that were retries
+    requests = sum(isinstance(raw, dict) for raw in row_responses(row)) + (row["error"] is not None)
+    if row.get("attempts", 0) > requests:  # a row this run made: its types are its own
+        verdict += f" (after {row['attempts']} attempts" + (f" for {requests} requests)"
                                                             if requests > 1 else ")")
     cost = f"${row['cost_usd']}" if row["cost_usd"] is not None else "cost ?"
     cost += " estimated" if row.get("cost_estimated") else ""
