@@ -2548,6 +2548,20 @@ def tool_results(case, trace, ids, number):
     return sent
 
 
+def round_end(suite, case, trace, number, raw, held, ids, recorded=None):
+    """How a played row goes on after round `number`: (stop, results, held). The play loop's one
+    rule, and so the one a stored conversation is checked against (replay_problem). stop: None
+    (the results go back and another round is asked), "answered" (no call), "max_rounds", or
+    the Fail of the bound the round met (PLAYED_BOUNDS); results: what goes back, the record's
+    own (`recorded`) in a replay; held: the bytes of responses and results so far."""
+    if not trace.tool_calls or number >= round_limit(suite, case):
+        return ("max_rounds" if trace.tool_calls else "answered"), None, held
+    results = recorded if recorded is not None else tool_results(case, trace, ids, number) \
+        if len(trace.tool_calls) <= played_bound(suite, "max_calls_per_round") else []
+    held += len(dumps(raw)) + len(dumps(results))
+    return _over_bound(suite, trace, held), results, held
+
+
 # ---------------------------------------------------------------------- grounding
 # The grounded behaviour: every value-like token a reply states (numbers, dates, times,
 # amounts, identifiers, URLs, e-mail addresses) must occur, in its normal form, in what the
@@ -5969,20 +5983,25 @@ def replay_problem(suite, case, row, parse, call_ids, results=True):
     if not plays_tools(suite, case):
         return f"it was played over {_plural(len(stored), 'round')}, but the case now plays no " \
             "tools" if stored else None
-    turns, limit = stored or [{"response": row.get("response")}], round_limit(suite, case)
+    turns, held = stored or [{"response": row.get("response")}], 0
     for number, turn in enumerate(turns, 1):
         try:
             trace = parse(turn.get("response"))
         except Exception:  # the replay itself records what is wrong with this response
             return None
-        if not trace.tool_calls or number >= limit:
+        sent = turn.get("tool_results") if isinstance(turn.get("tool_results"), list) else None
+        ids = call_ids(turn["response"])
+        stop, _, held = round_end(suite, case, trace, number, turn["response"], held, ids, sent)
+        if stop is not None:  # every way the play loop ends a row: it must end where it did
+            what = "its answer" if stop == "answered" else stop if not isinstance(stop, Fail) \
+                else next(key for key in PLAYED_BOUNDS if key in stop.evidence)
             return None if number == len(turns) else \
-                f"max_rounds now ends it after round {number} of the {len(turns)} stored"
+                f"{what} now ends it after round {number} of the {len(turns)} stored"
         if number == len(turns):
-            return f"it ended after round {number} (its max_rounds then), but the suite now " \
-                "plays on"
-        sent = turn.get("tool_results") if isinstance(turn.get("tool_results"), list) else []
-        now = tool_results(case, trace, call_ids(turn["response"]), number) if results else []
+            return f"it ended after round {number} (at a limit its suite set then: " \
+                f"{', '.join(PLAYED_SUITE_KEYS)}), but the suite now plays on"
+        sent = sent or []
+        now = tool_results(case, trace, ids, number) if results else []
         for then, call in zip(sent + [{}] * len(now), now):
             then = then if isinstance(then, dict) else {}
             if _json_text([then.get("result"), bool(then.get("unscripted"))]) != \
@@ -6472,17 +6491,12 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
         traces.append(trace)
         # Spent for real after every round, so a row that fails later still says what it cost.
         row["cost_usd"] = _sum_costs([turn.cost_usd for turn in traces])
-        if not trace.tool_calls or len(rounds) >= limit:
-            return rounds_trace(provider.parse, rounds, traces)
-        # what it saw then
-        results = recorded(model, case, repeat, len(rounds)) if recorded else None
-        if results is None:
-            results = tool_results(case, trace, call_ids(raw), len(rounds)) \
-                if len(trace.tool_calls) <= played_bound(suite, "max_calls_per_round") else []
-        held += len(dumps(raw)) + len(dumps(results))
-        bound = _over_bound(suite, trace, held)
-        if bound is not None:  # what was never sent back is not stored as sent
-            return rounds_trace(provider.parse, rounds, traces, bound)
+        then = recorded(model, case, repeat, len(rounds)) if recorded else None  # what it saw
+        stop, results, held = round_end(suite, case, trace, len(rounds), raw, held, call_ids(raw),
+                                        then)
+        if stop is not None:  # what was never sent back is not stored as sent
+            return rounds_trace(provider.parse, rounds, traces,
+                                stop if isinstance(stop, Fail) else None)
         rounds[-1]["tool_results"] = results
 
 
@@ -7458,6 +7472,13 @@ def _record_problems(record, evidence):
     yield from (f"runs[{position}] ({key_text(row_key(row))}) is not in the config's models x "
                 f"cases x repeats{f' (shard {shard})' if shard else ''}"
                 for position, row in enumerate(record["runs"]) if row_key(row) not in plan)
+    # one key twice: no run writes it, and each reader would pick its own copy (a report both, a
+    # resume the first, a replay the last), so a failing row could be counted as passing
+    first = {}
+    yield from (f"runs[{position}] holds {key_text(row_key(row))} again (as runs[{first[key]}] "
+                "does); a record holds each model, case and repeat once, so which verdict counts "
+                "is not clear" for position, row in enumerate(record["runs"])
+                if first.setdefault(key := row_key(row), position) != position)
     if evidence:
         yield _unfounded_problem(record)
 
@@ -9189,9 +9210,11 @@ def row_line(row, widths=(0, 0)):
     else:
         notes = evidence_notes(row)
         verdict = "FAIL " + ",".join(row["reasons"]) + (f" ({notes})" if notes else "")
-    requests = len(row_responses(row))  # a row this run made: its types are its own
-    if row.get("attempts", 0) > requests:  # retries happened
-        verdict += f" (after {row['attempts']} attempts" + (f" for {requests} rounds)"
+    # attempts counts every request of the row (its rounds, every turn's): one per stored
+    # response, and at most one that failed leaving none; only more than that were retries
+    requests = sum(isinstance(raw, dict) for raw in row_responses(row)) + (row["error"] is not None)
+    if row.get("attempts", 0) > requests:  # a row this run made: its types are its own
+        verdict += f" (after {row['attempts']} attempts" + (f" for {requests} requests)"
                                                             if requests > 1 else ")")
     cost = f"${row['cost_usd']}" if row["cost_usd"] is not None else "cost ?"
     cost += " estimated" if row.get("cost_estimated") else ""
@@ -9358,6 +9381,13 @@ def grade_differs(row, again):
                if field != "details" and (field != "verdicts" or row.get("verdicts") is not None))
 
 
+def as_recorded(record):
+    """Whether a record is a replay made with --allow-changed-tool-results: its rows hold the
+    tool results the model was sent then, which its suite's tool_results may no longer give, so
+    its readers check every other part of its conversations against its suite, not those."""
+    return (record.get("replayed_from") or {}).get("tool_results") == "as recorded"
+
+
 def regrade_problem(record, path, suite, rows):
     """Why the stored verdicts of a resume's kept rows (or a shard's rows) cannot stand, or None:
     each row's stored conversation is graded again under the current checks (offline, as
@@ -9373,7 +9403,7 @@ def regrade_problem(record, path, suite, rows):
         case = cases[row["case_id"]]
         if masked_where_read(row, again):
             continue
-        changed = replayer.changed(case_suite(suite, case), case, row)
+        changed = replayer.changed(case_suite(suite, case), case, row, not as_recorded(record))
         if changed:
             return (f"{key_text(row_key(row))}: its stored conversation is not one its suite plays "
                     f"({changed}); the summary would count a verdict on a conversation that never "
@@ -9417,7 +9447,7 @@ def graded_now(record, path):
             unsure += [f"{key_text(row_key(row))} graded {_verdict_text(again)}"] \
                 if row.get("passed") and not again.get("passed") else []
             continue
-        changed = replayer.changed(case_suite(suite, case), case, row)
+        changed = replayer.changed(case_suite(suite, case), case, row, not as_recorded(record))
         if changed:
             raise RecordError(f"{path}: {key_text(row_key(row))}: its stored conversation is not "
                               f"one its suite plays ({changed})")
@@ -9435,6 +9465,9 @@ def graded_now(record, path):
               f"evidence: {len(unsure)} (first: {unsure[0]}); a masked row cannot be graded "
               "again and stands on its verdict_sha256, which anyone who edits a record can compute"
               ] if unsure else []
+    notes += [f"CAUTION {path}: replayed with --allow-changed-tool-results: graded on the tool "
+              "results the model was sent, which its suite's tool_results may no longer give"
+              ] if as_recorded(record) else []
     runs = [now.get(id(row), row) for row in record["runs"]]
     return {**record, "runs": runs}, [safe_text(note) for note in notes]
 
@@ -10044,7 +10077,8 @@ def _check_replay_covers(provider, run, settings):
             what = "turns, messages, " if "turns" in case or "turns" in row else ""
             raise UsageError(f"--replay: {key_text(key)} is not reproducible under this suite: "
                              f"{changed}; a replay grades what the model was told, so restore the "
-                             f"suite's {what}tool_results and max_rounds{allow}")
+                             f"suite's {what}tool_results and its limits "
+                             f"({', '.join(PLAYED_SUITE_KEYS)}){allow}")
 
 
 def open_record(run, tally, quiet=False):
