@@ -6671,9 +6671,10 @@ class Judge:
 
     def __init__(self, identity, provider=None, prices=None):
         self.identity, self.provider, self.prices = identity, provider, prices or {}
-        # data_sha256 hashes the data as the record holds it: a hash of an unmasked PIN or card
-        # number would give the masked value back to a guess (see set_up_judge)
-        self.mask = str
+        # data_sha256 hashes the data as the record holds it (the input and rubric as its config
+        # does, the answer masked as its row does), so a regrade recomputes it from the record: a
+        # hash of an unmasked PIN or card number would give the masked value back to a guess
+        self.mask = str  # a run's mask (set_up_judge); a regrade reads the masked answer as stored
         self.model, self.repeats = identity["model"], identity["repeats"]
         self.suite = {"name": "judge", "instructions": identity["prompt"], "tools": [],
                       "response_format": JUDGE_FORMAT}
@@ -6693,16 +6694,16 @@ class Judge:
             return None
 
     def reused(self, stored, rubric, digest):
-        """The stored judgements that stand for this call (same rubric, judge and data, each
-        verdict read again from its stored response), or None when there are not `repeats`."""
-        same = []
-        for entry in stored:
-            if isinstance(entry, dict) and "error" not in entry and entry.get("rubric") == rubric \
-                    and entry.get("judge") == self.mark and entry.get("data_sha256") == digest:
-                read = self.read(entry.get("response"))
-                if read:
-                    same.append({**entry, "verdict": read[0], "reason": read[1], "reused": True})
-        return same[:self.repeats] if len(same) >= self.repeats else None
+        """The stored judgements that stand for this call, each verdict read again from its stored
+        response, or None: they stand only as the `repeats` calls a run makes (same rubric, judge
+        and data), each completed; one more or fewer (an entry copied, one cut) is an edit."""
+        same = [entry for entry in stored if isinstance(entry, dict) and entry.get("rubric") ==
+                rubric and entry.get("judge") == self.mark and entry.get("data_sha256") == digest]
+        read = [self.read(entry.get("response")) for entry in same if "error" not in entry]
+        if len(same) != self.repeats or not all(read) or len(read) != self.repeats:
+            return None
+        return [{**entry, "verdict": verdict, "reason": reason, "reused": True}
+                for entry, (verdict, reason) in zip(same, read)]
 
     def verdict_steps(self, rubric, input_text, answer, calls, stored=(), retries=0,
                       sleep=time.sleep, budget=None):
@@ -6712,11 +6713,13 @@ class Judge:
         if not text_form(answer):
             return dict(UNJUDGED)
         data, digest = judge_data(input_text, rubric, answer)[0], \
-            judge_data(*map(self.mask, (input_text, rubric, answer)))[1]
+            judge_data(input_text, rubric, self.mask(answer))[1]
         mine = self.reused(stored, rubric, digest)
         if mine is None and self.provider is None:
-            raise JudgeError(f"no judge is named to judge the rubric {_quote(rubric)} anew (no "
-                             f"stored judgement by {self} stands for this answer)")
+            calls_ = _plural(self.repeats, "completed call")
+            raise JudgeError(f"no stored judgement of the rubric {_quote(rubric)} by {self} "
+                             f"stands for this answer (its {calls_} on this data, as a run makes "
+                             "them), and no judge is named to judge it anew")
         calls += mine or []
         for _ in range(self.repeats if mine is None else 0):
             entry = {"rubric": rubric, "judge": self.mark, "data_sha256": digest}
@@ -9267,12 +9270,24 @@ def regrade_problem(record, path, suite, rows):
             return (f"{key_text(row_key(row))}: its stored conversation is not one its suite plays "
                     f"({changed}); the summary would count a verdict on a conversation that never "
                     f"happened{other}: run the suite again with --out NEW.json")
+        if ungradable(row, again):
+            return f"{ungradable(row, again)}{other}: run the suite again with --out NEW.json"
         if grade_differs(row, again):
             differs = "" if again["answer_text"] == row.get("answer_text") else \
                 " (and its stored answer_text is not its stored response's answer)"
             return (f"{key_text(row_key(row))} is stored as {_verdict_text(row)} but its stored "
                     f"response now grades {_verdict_text(again)}{differs}{other}; the summary "
                     "would mix two gradings: run the suite again with --out NEW.json")
+    return None
+
+
+def ungradable(row, again):
+    """Why a row stored without an execution error cannot be graded again, or None: its evidence
+    grades as one (a stored judgement that does not stand: its data, or its calls, edited). Its
+    verdict then stands on nothing: never counted as a failure (it could hide a NEW_FAILURE)."""
+    if row.get("error") is None and again.get("error") is not None:
+        return (f"{key_text(row_key(row))} is stored as {_verdict_text(row)}, but its stored "
+                f"evidence cannot be graded again ({again.get('error_message')})")
     return None
 
 
@@ -9310,6 +9325,8 @@ def graded_now(record, path):
         if changed:
             raise RecordError(f"{path}: {key_text(row_key(row))}: its stored conversation is not "
                               f"one its suite plays ({changed})")
+        if ungradable(row, again):
+            raise RecordError(f"{path}: {ungradable(row, again)}, so its verdict stands on nothing")
         graded = {field: again[field] for field in GRADE_FIELDS if field in again}
         if grade_differs(row, again):
             differ.append(f"{key_text(row_key(row))} stored {_verdict_text(row)}, graded "
