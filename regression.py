@@ -1056,8 +1056,8 @@ def _user_text(case):
 
 class Trace(collections.namedtuple("Trace", "final_text tool_calls tool_rounds search_urls status "
                                      "cost_usd earlier_texts thought_texts rounds final "
-                                     "attempts bound transcript turns",
-                                     defaults=((), (), None, None, (), None, (), None))):
+                                     "attempts bound transcript turns shown",
+                                     defaults=((), (), None, None, (), None, (), None, None))):
     """What a provider saw of one row, in provider-neutral form: the only thing checks read.
 
     final_text     the answer graded (str): reasoning a server left in content removed
@@ -1077,6 +1077,8 @@ class Trace(collections.namedtuple("Trace", "final_text tool_calls tool_rounds s
     transcript     a played row or conversation: ("user" | "tool" | "said", text) in the order the
                    model was told and said them (user turns, tool results, search URLs, replies)
     turns          a conversation: each turn's own trace (None: no conversation)
+    shown          the answer as a client shows it, where that is not final_text: the text before
+                   a </think> the content never opened (see shown_text); None: final_text
     """
 
     __slots__ = ()
@@ -2834,6 +2836,12 @@ def _finished(trace):
     return trace.status == "completed" and not trace.tool_calls  # a judge is given no tools
 
 
+def shown_text(trace):
+    """What the judge reads: the answer as the customer saw it (Trace.shown): the answer, and text
+    before a </think> the content never opened (that reached the customer as it was sent)."""
+    return trace.final_text if trace.shown is None else trace.shown
+
+
 def _rubric_details(case, trace, failed):
     """Each rubric's verdict, votes and reason: a split vote shows on a pass too."""
     judged = case.get("_judged") or {}
@@ -2863,7 +2871,7 @@ def _rubric_short(case, reasons, details):
 def check_rubric(case, trace, rubric):
     """`rubric` (a text, or a list of them, each its own rule): a judge model found that the
     answer does what it says (the majority of its repeats); an empty answer fails unjudged."""
-    empty = not text_form(trace.final_text)
+    empty = not text_form(shown_text(trace))
     judged = UNJUDGED if empty else (case.get("_judged") or {}).get(rubric)
     if judged is None:  # a verdict never stands without the judgement it is read from
         raise JudgeError(f"the rubric {_quote(rubric)} was not judged")
@@ -5447,6 +5455,17 @@ class OpenAIProvider(HTTPProvider):
         return _THINK_BLOCK.sub("", text).strip()
 
     @staticmethod
+    def shown(text, answer):
+        """What a client shows of content that closes a think block it never opened, where that
+        is not the answer, or None: a chat UI folds a <think>...</think> block it sees opened, but
+        text before a lone </think> has no start to fold from, and a renderer drops the lone tag,
+        so that text reached the customer. The judge reads this (see shown_text)."""
+        if _THINK_CLOSE.search(text) is None:
+            return None
+        shown = _THINK_CLOSE.sub("", _THINK_BLOCK.sub("", text)).strip()
+        return shown if shown != answer else None
+
+    @staticmethod
     def reply_error(raw):
         """The error a chat-completions body reports instead of an answer, or None: a top-level
         `error` with no choices, or a finish_reason that says the server ended the answer."""
@@ -5506,10 +5525,13 @@ class OpenAIProvider(HTTPProvider):
         usage = raw.get("usage") if isinstance(raw.get("usage"), dict) else {}
         cost = usage.get("cost")  # OpenRouter reports the USD cost here
         content, answer = content_text(message.get("content")), cls.answer(message.get("content"))
-        said = (answer, message.get("refusal"))
+        shown = cls.shown(content, answer)
+        said, seen = (answer, message.get("refusal")), (shown, message.get("refusal"))
         return Trace(
             # OpenAI puts a refusal beside a null content: it is what the model said, and is graded
             final_text="\n".join(text for text in said if isinstance(text, str) and text),
+            shown="\n".join(text for text in seen if isinstance(text, str) and text)
+            if shown is not None else None,
             # Reasoning left in content reached the client as content: what must never be said is
             # looked for there too (see never_said_texts); what must be said is not taken from it.
             thought_texts=(content,) if content.strip() != answer else (),
@@ -6238,7 +6260,7 @@ def rounds_trace(parse, rounds, traces=None, bound=None):
             calls.append(entry)
     last = traces[-1]
     return Trace(
-        transcript=tuple(heard), final_text=last.final_text,
+        transcript=tuple(heard), final_text=last.final_text, shown=last.shown,
         # Text a round said beside its tool calls is said to the user too (see said_texts).
         earlier_texts=tuple(trace.final_text for trace in traces[:-1] if trace.final_text),
         tool_calls=calls, status=last.status, rounds=len(rounds), final=not last.tool_calls,
@@ -6447,7 +6469,7 @@ def conversation_trace(users, traces):
         before += trace.rounds
     last = traces[-1]
     return Trace(
-        final_text=last.final_text,
+        final_text=last.final_text, shown=last.shown,
         earlier_texts=tuple(text for trace in traces[:-1] for text in said_texts(trace) if text)
         + last.earlier_texts,
         tool_calls=calls, status="completed", rounds=before, final=True, turns=tuple(traces),
@@ -6535,8 +6557,8 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
         if "rubric" in case:  # judged here, so grading stays pure: check_rubric reads the verdicts
             stored = provider.judgements((model, case["id"], repeat or 0))
             compiled["_judged"] = yield from judge_row_steps(
-                judge, case, _user_text(case), trace.final_text, row, stored, retries or 0, sleep,
-                budget)
+                judge, case, _user_text(case), shown_text(trace), row, stored, retries or 0,
+                sleep, budget)
         ask = grader and (lambda: grader(case, row["response"], trace))
         model = getattr(provider, "evidence", MODEL_EVIDENCE) == MODEL_EVIDENCE  # not echo
         grade_row(row, compiled, trace, ask, model)
@@ -9395,12 +9417,17 @@ def _judge_needed(run, replayed):
     todo = [key for key in run.todo if "rubric" in cases[key[1]]]
     if replayed is None or not todo:
         return bool(todo)
-    stored = {row_key(row): row for row in replayed["runs"]}
+    stored, parse = {row_key(row): row for row in replayed["runs"]}, \
+        ReplayProvider(replayed, None).parse
     for key in todo:
         row, case = stored.get(key) or {}, cases[key[1]]
         kept = [entry for entry in row.get("judgements") or [] if isinstance(entry, dict)]
-        for rubric in rubrics_of(case) if text_form(row.get("answer_text")) else ():
-            digest = judge_data(_user_text(case), rubric, row["answer_text"])[1]
+        try:  # what its judge read: the answer as its final response shows it
+            answer = shown_text(parse(row["response"]))
+        except Exception:
+            answer = row.get("answer_text")
+        for rubric in rubrics_of(case) if text_form(answer) else ():
+            digest = judge_data(_user_text(case), rubric, answer)[1]
             if run.judge.reused(kept, rubric, digest) is None:
                 if run.judge_spec is None:
                     raise UsageError(f"--replay: the rubric {_quote(rubric)} of case {key[1]!r} "
