@@ -9017,7 +9017,21 @@ def _judge_lines(run, settings, env):
             f"{judge.mark['prompt_sha256']}; up to {asks} judge request(s){named}"
             + (f" ({problem})" if problem else ""))
     return [line] + [f"judge_examples: {examples}, graded before any model request (a misgraded "
-                     "one stops the run)"] * bool(examples) + _judge_cap_warning(settings, run, env)
+                     "one stops the run)"] * bool(examples) \
+        + _judge_cap_warning(settings, run, env) + [f"warning: {said}" for said in self_judged(run)]
+
+
+def self_judged(run):
+    """The warning of a judge that is a model under test at its endpoint (it grades its own
+    answers), printed by --dry-run and when a run starts; [] for any other judge."""
+    judge, endpoint = (run.judge.identity if run.judge else {}), run.header.get("provider") or {}
+    where = [(side.get("base_url") or "").rstrip("/") for side in (judge, endpoint)]
+    if judge.get("model") not in run.header["config"]["models"] or where[0] != where[1] \
+            or judge.get("provider") != endpoint.get("name"):
+        return []
+    return [f"the judge {run.judge} is the model under test {judge['model']} at its endpoint: it "
+            "grades its own answers, and a model tends to pass what it wrote; judge with another "
+            "model (the suite's judge, or --judge-model)"]
 
 
 def _judge_cap_warning(settings, run, env):
@@ -10203,7 +10217,7 @@ def run_mode(settings, env, stage):
         raise UsageError(run.refusal)
     run.provider, run.secret = make_provider(settings, env)
     _check_replay_covers(run.provider, run, settings)
-    for warning in suite_warnings(run.suite):  # in the CI log too, where a weak case passes unseen
+    for warning in suite_warnings(run.suite) + self_judged(run):  # in the CI log too
         print(f"warning: {safe_text(warning)}", file=sys.stderr)
     if not run.resuming and run.header.get("sdk_version") is None:
         run.header["sdk_version"] = PROVIDERS[settings.provider].sdk_version()

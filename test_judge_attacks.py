@@ -490,3 +490,27 @@ def test_the_judge_reads_text_before_a_think_close_the_content_never_opened(
     write(tmp_path / "copy.json", record)
     ((same, stdout, _),) = compare([(["run.json", "copy.json"], tmp_path)])
     assert same == 0 and "CAUTION" not in stdout, stdout  # its judgement stands when regraded
+
+
+# ======================================================================== a judge of its own
+
+def test_a_model_judging_its_own_answers_is_warned_of_at_dry_run_and_run_start(tmp_path):
+    # before: no word of it: the model under test graded its own answers and passed them
+    def reply(request):
+        if fakes.judge_request(request.json)[1] is not None:
+            return fakes.Reply(body=fakes.chat_response(PASS, cost=0.001))
+        return fakes.Reply(body=fakes.chat_response("Your parcel ships Friday.", cost=0.001))
+
+    data = suite([{"id": "a", "input": "Where is my parcel?", "rubric": "It apologises."}], "m")
+    other = suite(data["cases"], "j")
+    with fakes.FakeServer(reply) as chat, fakes.FakeServer(reply) as elsewhere:
+        own = model_run(tmp_path, chat, chat, data, "own")
+        runs = [own, (own[0] + ["--dry-run"], tmp_path),
+                model_run(tmp_path, chat, chat, other, "other"),  # another model, same endpoint
+                model_run(tmp_path, chat, elsewhere, data, "away")]  # m, another endpoint
+        results = cli(runs)
+    warned = [[line for line in (out + err).splitlines() if "grades its own answers" in line]
+              for _, out, err in results]
+    assert [code for code, _, _ in results] == [0, 0, 0, 0], results
+    assert [len(lines) for lines in warned] == [1, 1, 0, 0], warned
+    assert warned[0][0].startswith("warning: the judge openai m at http://127.0.0.1:")
