@@ -9307,7 +9307,8 @@ def regrade_problem(record, path, suite, rows):
                     f"({changed}); the summary would count a verdict on a conversation that never "
                     f"happened{other}: run the suite again with --out NEW.json")
         if ungradable(row, again):
-            return f"{ungradable(row, again)}{other}: run the suite again with --out NEW.json"
+            return (f"{key_text(row_key(row))} is stored as {_verdict_text(row)}, "
+                    f"{ungradable(row, again)}{other}: run the suite again with --out NEW.json")
         if grade_differs(row, again):
             differs = "" if again["answer_text"] == row.get("answer_text") else \
                 " (and its stored answer_text is not its stored response's answer)"
@@ -9322,8 +9323,7 @@ def ungradable(row, again):
     grades as one (a stored judgement that does not stand: its data, or its calls, edited). Its
     verdict then stands on nothing: never counted as a failure (it could hide a NEW_FAILURE)."""
     if row.get("error") is None and again.get("error") is not None:
-        return (f"{key_text(row_key(row))} is stored as {_verdict_text(row)}, but its stored "
-                f"evidence cannot be graded again ({again.get('error_message')})")
+        return f"but its stored evidence cannot be graded again ({again.get('error_message')})"
     return None
 
 
@@ -9340,7 +9340,8 @@ def graded_now(record, path):
     """(record, notes): the record with each row's verdict as its stored evidence grades under
     this code (offline, as a replay), so a verdict edited in the file, or given by other code,
     never stands in a comparison or a report; notes name the rows whose stored verdict differs.
-    RecordError when a row's stored conversation is not one its suite plays (evidence edited).
+    RecordError when a row's stored conversation is not one its suite plays (evidence edited);
+    a row whose evidence no longer grades (see ungradable) is an execution error, saying why.
     A row masked where its grade reads stands on its verdict_sha256, checked when the record was
     read; a note names such rows stored PASS that fail on their masked evidence."""
     try:  # empty baselines are as the run graded them (a run that filled them)
@@ -9361,13 +9362,17 @@ def graded_now(record, path):
         if changed:
             raise RecordError(f"{path}: {key_text(row_key(row))}: its stored conversation is not "
                               f"one its suite plays ({changed})")
-        if ungradable(row, again):
-            raise RecordError(f"{path}: {ungradable(row, again)}, so its verdict stands on nothing")
         graded = {field: again[field] for field in GRADE_FIELDS if field in again}
+        if ungradable(row, again):  # an execution error, as graded: never counted as a failure
+            graded.update(error=again["error"], error_status=None, error_message=f"stored as "
+                          f"{_verdict_text(row)}, {ungradable(row, again)}; its verdict stands on "
+                          "nothing")
         if grade_differs(row, again):
             differ.append(f"{key_text(row_key(row))} stored {_verdict_text(row)}, graded "
                           f"{_verdict_text(again)}")
         now[id(row)] = graded = {**row, **graded}
+        if graded.get("error") is not None:
+            graded.pop("verdicts", None), graded.pop("details", None)
         if "verdict_sha256" in row:  # a --redact row without a mask: its digest follows its grade
             graded["verdict_sha256"] = verdict_sha256(digests.get(row["case_id"]), graded)
     notes = [f"CAUTION {path}: {_plural(len(differ), 'row')} of its stored verdicts differ from "
