@@ -9477,6 +9477,22 @@ def masked_where_read(row, again):
     return bool(_MASK_MARK.search(dumps(read)))
 
 
+def _graded_notes(record, path, differ, unsure):
+    """The CAUTION lines of graded_now: rows whose stored verdict differs from their grade now,
+    masked PASS rows that fail on their masked evidence, and a replay graded as recorded."""
+    notes = [f"CAUTION {path}: {_plural(len(differ), 'row')} of its stored verdicts differ from "
+             f"what its stored evidence grades under this code (first: {differ[0]}); compared and "
+             "reported as graded now"] if differ else []
+    notes += [f"CAUTION {path}: masked rows stored PASS that grade FAIL on their masked "
+              f"evidence: {len(unsure)} (first: {unsure[0]}); a masked row cannot be graded "
+              "again and stands on its verdict_sha256, which anyone who edits a record can compute"
+              ] if unsure else []
+    notes += [f"CAUTION {path}: replayed with --allow-changed-tool-results: graded on the tool "
+              "results the model was sent, which its suite's tool_results may no longer give"
+              ] if as_recorded(record) else []
+    return notes
+
+
 def graded_now(record, path):
     """(record, notes): the record with each row's verdict as its stored evidence grades under
     this code (offline, as a replay), so a verdict edited in the file, or given by other code,
@@ -9516,16 +9532,7 @@ def graded_now(record, path):
             graded.pop("verdicts", None), graded.pop("details", None)
         if "verdict_sha256" in row:  # a --redact row without a mask: its digest follows its grade
             graded["verdict_sha256"] = verdict_sha256(digests.get(row["case_id"]), graded)
-    notes = [f"CAUTION {path}: {_plural(len(differ), 'row')} of its stored verdicts differ from "
-             f"what its stored evidence grades under this code (first: {differ[0]}); compared and "
-             "reported as graded now"] if differ else []
-    notes += [f"CAUTION {path}: masked rows stored PASS that grade FAIL on their masked "
-              f"evidence: {len(unsure)} (first: {unsure[0]}); a masked row cannot be graded "
-              "again and stands on its verdict_sha256, which anyone who edits a record can compute"
-              ] if unsure else []
-    notes += [f"CAUTION {path}: replayed with --allow-changed-tool-results: graded on the tool "
-              "results the model was sent, which its suite's tool_results may no longer give"
-              ] if as_recorded(record) else []
+    notes = _graded_notes(record, path, differ, unsure)
     runs = [now.get(id(row), row) for row in record["runs"]]
     return {**record, "runs": runs}, [safe_text(note) for note in notes]
 
