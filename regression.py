@@ -1261,9 +1261,13 @@ def played_bound(suite, key):
 
 
 def _over_bound(suite, trace, held):
-    """The Fail of the bound a played round meets (see PLAYED_BOUNDS), or None: more calls than
-    max_calls_per_round (none of them is answered), or a row holding more than max_row_bytes of
-    responses and tool results (no further round is sent)."""
+    """The Fail that stops a played row at a round still calling tools, or None: a response that
+    did not complete (cut short or filtered: its calls, maybe cut mid-argument, are not run), more
+    calls than max_calls_per_round (none of them is answered), or a row holding more than
+    max_row_bytes of responses and tool results (no further round is sent; see PLAYED_BOUNDS)."""
+    if trace.status not in ("completed", "requires_action"):  # see check_completed
+        return Fail("response_not_completed", f"status {trace.status} in a round that called "
+                    "tools: its calls were not run", status=trace.status)
     calls, bytes_ = played_bound(suite, "max_calls_per_round"), played_bound(suite, "max_row_bytes")
     if len(trace.tool_calls) > calls:
         return Fail("too_many_tool_calls",
@@ -1374,7 +1378,9 @@ def base_url_problem(url, source="--base-url"):
         "needs a higher limit or a different model")})
 def check_completed(case, trace):
     """The response finished: status "completed" (or, with function tools, a turn that ended in
-    tool calls)."""
+    tool calls); in a played row every round (one cut short stops the row there)."""
+    if trace.bound == "response_not_completed":  # a round cut short stopped the played row
+        return [trace.bound]
     if trace.status == "completed":
         return []
     if trace.status == "requires_action" and trace.tool_calls and case.get("_function_tools"):
@@ -2187,7 +2193,7 @@ def check_no_final_answer(case, trace):
     within max_rounds turns, asking for at most max_calls_per_round calls a round and keeping the
     row within max_row_bytes."""
     if trace.bound is not None:  # the harness stopped the row at a bound: why no answer came
-        return [trace.bound]
+        return [] if trace.bound == "response_not_completed" else [trace.bound]  # check_completed's
     if trace.final is False:
         return [Fail("no_final_answer",
                      f"still calling tools after {trace.rounds} rounds: {_sequence(trace)}",

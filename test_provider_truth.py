@@ -1188,3 +1188,111 @@ def test_a_replay_fails_a_tool_call_left_as_text_like_the_live_run(tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     (row,) = read_record(regraded)["runs"]
     assert row["reasons"] == ["forbidden_tool_called", "tool_call_as_text"]
+
+# ====================================================================== red team 4: rounds cut short, errors beside answers
+
+LOOKUP_TOOLS = [{"type": "function", "function": {
+    "name": name, "description": name.replace("_", " ") + ".",
+    "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}}
+    for name in ("lookup_order", "refund_order")]
+PLAY_SUITE = {"name": "play", "instructions": "Use lookup_order.", "tools": LOOKUP_TOOLS, "cases": [
+    {"id": "p1", "input": "Where is ord_21?", "tool_results": {"lookup_order": {"status": "shipped"}},
+     "contains": ["shipped"], "behaviors": ["require_tool:lookup_order", "forbid_tool:refund_order"]}]}
+CUT_ARGUMENTS = '{"order_id": "ord_2'  # cut mid-JSON by the output cap
+
+
+def provider_run(provider, server, suite, out, *extra):
+    """(argv, env) of a run of `suite` on `server` through `provider`'s wire format."""
+    if provider == "perplexity":
+        return ([*("--models", "m", "--suite", suite, "--out", out), *extra],
+                cli_env(PERPLEXITY_BASE_URL=server.url, PERPLEXITY_API_KEY=SECRET))
+    base = server.url + ("/v1" if provider == "openai" else "")
+    return (["--provider", provider, "--base-url", base, "--models", "m", "--suite", suite, "--out", out, *extra],
+            cli_env())
+
+
+CUT_SHORT = [("openai", "length", None), ("openai", "content_filter", None), ("openai", "length", CUT_ARGUMENTS),
+             ("anthropic", "max_tokens", None), ("anthropic", "pause_turn", None),
+             ("perplexity", "incomplete", None), ("perplexity", "incomplete", CUT_ARGUMENTS)]
+
+
+@pytest.mark.parametrize("provider, ending, arguments", CUT_SHORT)
+def test_a_round_cut_short_fails_the_row_and_its_calls_are_not_run(tmp_path, provider, ending, arguments):
+    """Only the last round was checked: a middle round cut short (its call maybe cut mid-argument)
+    had its call run, the next round answered, and the row passed (exit 0)."""
+    suite, out = write_suite(tmp_path / "play.json", PLAY_SUITE), tmp_path / "run.json"
+    with FakeServer(fakes.cut_short_round(ending, *([arguments] if arguments else []))) as server:
+        argv, env = provider_run(provider, server, suite, out)
+        result = run_cli(argv, tmp_path, env=env)
+        assert server.count == 1  # stopped there: nothing was played on
+    assert result.returncode == 1, result.stdout + result.stderr
+    (row,) = read_record(out)["runs"]
+    assert row["error"] is None and "response_not_completed" in row["reasons"]
+    assert "no_final_answer" not in row["reasons"]  # not a looping agent: a response cut short
+    assert len(row["rounds"]) == 1 and "tool_results" not in row["rounds"][0]  # never answered
+    assert row["response"] == row["rounds"][0]["response"]  # the cut-short response is the evidence
+    note = row["details"]["evidence"]["response_not_completed"]["note"]
+    assert note == f"status {ending} in a round that called tools: its calls were not run"
+
+
+@pytest.mark.parametrize("provider, ending", [("openai", "tool_calls"), ("openai", "stop"), ("anthropic", "tool_use"),
+                                              ("perplexity", "requires_action"), ("perplexity", "completed")])
+def test_a_round_that_completed_with_calls_is_played_on(tmp_path, provider, ending):
+    suite, out = write_suite(tmp_path / "play.json", PLAY_SUITE), tmp_path / "run.json"
+    with FakeServer(fakes.cut_short_round(ending)) as server:
+        argv, env = provider_run(provider, server, suite, out)
+        result = run_cli(argv, tmp_path, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (row,) = read_record(out)["runs"]
+    assert len(row["rounds"]) == 2 and row["rounds"][0]["tool_results"][0]["result"] == {"status": "shipped"}
+
+
+CONVERSATION = {"name": "conv", "instructions": "Use lookup_order.", "tools": LOOKUP_TOOLS, "cases": [
+    {"id": "t1", "tool_results": {"lookup_order": {"status": "shipped"}},
+     "turns": [{"user": "Where is ord_21?", "contains": ["shipped"]}, {"user": "Thanks, bye", "contains": ["Goodbye"]}]}]}
+
+
+@pytest.mark.parametrize("ending, code, turns", [("length", 1, 1), ("tool_calls", 0, 2)])
+def test_a_conversation_turn_cut_short_fails_there(tmp_path, ending, code, turns):
+    """A turn's round ended `length` with a call: it was run, the turn answered, and the
+    conversation passed."""
+    suite, out = write_suite(tmp_path / "conv.json", CONVERSATION), tmp_path / "run.json"
+    with FakeServer(fakes.cut_short_round(ending)) as server:
+        result = run_cli(openai_args(server, suite=suite, out=out), tmp_path)
+    assert result.returncode == code, result.stdout + result.stderr
+    (row,) = read_record(out)["runs"]
+    assert len(row["turns"]) == turns and len(row["turns"][0]["rounds"]) == turns  # cut: 1 round, 1 turn
+    assert row.get("verdicts", {}) == ({"turn 1: completed": ["response_not_completed"],
+                                        "turn 1: contains": ["missing_required_text"]} if code else {})
+
+
+@pytest.fixture
+def cut_short_record(tmp_path):
+    """A record the tool made of a played row stopped at a round cut short, and its suite."""
+    suite, out = write_suite(tmp_path / "play.json", PLAY_SUITE), tmp_path / "run.json"
+    with FakeServer(fakes.cut_short_round("length")) as server:
+        assert run_main(openai_args(server, suite=suite, out=out)) == 1
+    return out
+
+
+def test_a_row_stopped_at_a_round_cut_short_grades_the_same_offline(cut_short_record):
+    """Regrading replays the stored rounds through the same loop: the stop, and the verdict, agree."""
+    record = read_record(cut_short_record)
+    ((stored, again),) = regression.regraded_rows(record, record["runs"])
+    assert again["reasons"] == stored["reasons"] and again["verdicts"] == stored["verdicts"]
+    assert len(again["rounds"]) == 1 and again["passed"] is False
+
+
+@pytest.mark.xfail(strict=True, reason="needs fix/records")
+def test_a_record_with_a_row_stopped_at_a_round_cut_short_reports_and_replays(tmp_path, cut_short_record):
+    """Today replay_problem reads a stored row that ends in a round still calling tools as one whose
+    max_rounds ended it, so --report and --replay refuse the record the run just made."""
+    report, replay = cli_table([
+        ["--report", cut_short_record, "--markdown", tmp_path / "r.md"],
+        ["--provider", "replay", "--replay", cut_short_record, "--out", tmp_path / "replayed.json"]], tmp_path)
+    assert report[0] == 0, report[2]
+    assert replay[0] == 1, replay[2]
+    assert read_record(tmp_path / "replayed.json")["runs"][0]["reasons"] == \
+        read_record(cut_short_record)["runs"][0]["reasons"]
+
+
