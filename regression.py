@@ -5044,6 +5044,9 @@ def endpoint_text(value, secrets=()):
             else cut_whole(text, MAX_ENDPOINT_MESSAGE - 3) + "...")
 
 
+NO_ERROR = (None, False, "", [], {})  # an `error` field that reports none
+
+
 def endpoint_message(body):
     """The message an error body carries: error.message, detail, message, or the text itself."""
     data = body
@@ -5454,14 +5457,15 @@ class OpenAIProvider(HTTPProvider):
 
     @staticmethod
     def reply_error(raw):
-        """The error a chat-completions body reports instead of an answer, or None: a top-level
-        `error` with no choices, or a finish_reason that says the server ended the answer."""
-        first = OpenAIProvider._choice(raw)
-        if first is not None and first.get("finish_reason") in SERVER_ENDED:
-            return endpoint_message({"error": first.get("error") or raw.get("error")}) or \
-                f'finish_reason "{first["finish_reason"]}": the server ended the answer'
-        if first is None and isinstance(raw, dict) and raw.get("error") not in (None, "", [], {}):
-            return endpoint_message(raw) or "an error object"
+        """The error a chat-completions body reports, or None: a top-level `error` or one on the
+        first choice (OpenRouter's, when the upstream failed mid-answer), whatever else the body
+        holds, or a finish_reason that says the server ended the answer."""
+        first = OpenAIProvider._choice(raw) or {}
+        for said in (raw if isinstance(raw, dict) else {}, {"error": first.get("error")}):
+            if said.get("error") not in NO_ERROR:
+                return endpoint_message(said) or "an error object"
+        if first.get("finish_reason") in SERVER_ENDED:
+            return f'finish_reason "{first["finish_reason"]}": the server ended the answer'
         return None
 
     @staticmethod
@@ -5672,7 +5676,8 @@ class AnthropicProvider(HTTPProvider):
 
     @classmethod
     def reply_error(cls, raw):
-        return cls.said(raw) or "an error object" if raw.get("type") == "error" else None
+        failed = raw.get("type") == "error" or raw.get("error") not in NO_ERROR  # beside content
+        return cls.said(raw) or "an error object" if failed else None
 
     @classmethod
     def parse(cls, raw):

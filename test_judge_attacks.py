@@ -233,6 +233,32 @@ def test_a_judge_reply_that_did_not_complete_is_an_execution_error_never_a_pass(
         assert row["judgements"][0]["response"] == UNFINISHED[model]  # the reply is evidence
 
 
+def _with_error(where):
+    reply = fakes.chat_response(PASS)
+    error = {"code": 502, "message": "upstream provider disconnected"}
+    (reply if where == "top" else reply["choices"][0]).update(error=error)
+    return reply
+
+
+ERRORED = {"top": _with_error("top"), "choice": _with_error("choice")}
+
+
+def test_a_judge_reply_with_a_verdict_and_an_error_is_an_execution_error(tmp_path):
+    # before: HTTP 200 holding choices with a pass verdict and an error object (top-level, or on
+    # the choice: OpenRouter's upstream failure) was read as the verdict, and the row passed
+    def reply(request):
+        return fakes.Reply(body=ERRORED[request.json["model"]])
+
+    with fakes.FakeServer(reply) as server:
+        results = cli([echo_run(tmp_path, server, suite([CASE], model), model) for model in ERRORED])
+    for (code, _, stderr), model in zip(results, ERRORED):
+        assert code == 2, (model, stderr)
+        row = json.loads((tmp_path / f"{model}.json").read_text(encoding="utf-8"))["runs"][0]
+        assert row["error"] == "JudgeError" and "the endpoint answered with an error: upstream " \
+            "provider disconnected" in row["error_message"]
+        assert row["judgements"][0]["response"] == ERRORED[model]  # the reply is evidence
+
+
 @pytest.mark.parametrize("provider, raw, verdict", [
     ("openai", fakes.chat_response(PASS), ("pass", "it does")),
     ("anthropic", fakes.message_response(PASS), ("pass", "it does")),

@@ -1296,3 +1296,58 @@ def test_a_record_with_a_row_stopped_at_a_round_cut_short_reports_and_replays(tm
         read_record(cut_short_record)["runs"][0]["reasons"]
 
 
+def _choices(content="Refunds take 5 business days.", finish="stop", **extra):
+    body = fakes.chat_response(content, finish_reason=finish)
+    body["choices"][0].update(extra)
+    if finish is None:
+        del body["choices"][0]["finish_reason"]
+    return body
+
+
+ERROR_BESIDE_ANSWER = {  # model -> a 200 body that holds an answer and an error (the key quoted in it)
+    "choice-error-null": _choices("Refunds take 5 busi", None, error={"code": 502, "message": f"Upstream {SECRET} gone"}),
+    "choice-error-stop": _choices(error={"code": 502, "message": f"Upstream provider disconnected {SECRET}"}),
+    "top-error": {**_choices(), "error": {"message": f"upstream error {SECRET}", "code": 502}},
+    "top-error-text": {**_choices(), "error": f"upstream error {SECRET}"},
+}
+NO_ERROR_BESIDE_ANSWER = {  # the honest controls: a null or missing finish_reason is a completed answer
+    "null-finish": {**_choices(), "choices": [{**_choices()["choices"][0], "finish_reason": None}]},
+    "no-finish": _choices(finish=None),
+    "error-null": {**_choices(), "error": None},
+    "error-empty": {**_choices(error={}), "error": {}},
+}
+
+
+def test_an_error_beside_an_answer_is_an_execution_error_whatever_else_the_body_holds(tmp_path):
+    """A 200 holding choices and an error (top-level, or on the choice: OpenRouter's upstream
+    failure mid-answer) passed on the cut answer; `reply_error` read `error` only with no choice."""
+    bodies = {**ERROR_BESIDE_ANSWER, **NO_ERROR_BESIDE_ANSWER}
+    suite = write_suite(tmp_path / "suite.json", REFUND_SUITE)
+    with FakeServer(fakes.chat(lambda body: bodies[body["model"]])) as server:
+        results = cli_table([openai_args(server, "--api-key-env", "MY_ENDPOINT_KEY", models=(model,), suite=suite,
+                                         out=tmp_path / f"{model}.json") for model in bodies],
+                            tmp_path, env=cli_env(MY_ENDPOINT_KEY=SECRET))
+    for model, (code, out, err) in zip(bodies, results):
+        (row,) = read_record(tmp_path / f"{model}.json")["runs"]
+        assert SECRET not in out + err + (tmp_path / f"{model}.json").read_text(encoding="utf-8")
+        if model in NO_ERROR_BESIDE_ANSWER:
+            assert (code, row["reasons"]) == (0, []), (model, err)
+            continue
+        assert (code, row["error"]) == (2, "ResponseError"), (model, out, err)
+        assert row["error_message"].startswith("the endpoint answered with an error: "), row
+        assert "[REDACTED:secret]" in row["error_message"] and row["response"]["choices"]  # kept, masked
+
+
+def test_an_anthropic_body_with_content_and_an_error_is_an_execution_error(tmp_path):
+    suite = write_suite(tmp_path / "suite.json", REFUND_SUITE)
+    said = {"ok": fakes.message_response("Refunds take 5 business days."),
+            "error": {**fakes.message_response("Refunds take 5 business days."),
+                      "error": {"type": "api_error", "message": "partial"}}}
+    with FakeServer(fakes.messages_api(lambda body: said[body["model"]])) as server:
+        results = cli_table([["--provider", "anthropic", "--base-url", server.url, "--models", model, "--suite",
+                              suite, "--out", tmp_path / f"{model}.json"] for model in said], tmp_path)
+    assert [code for code, _, _ in results] == [0, 2], results
+    assert read_record(tmp_path / "error.json")["runs"][0]["error_message"] == \
+        "the endpoint answered with an error: api_error: partial"
+
+
