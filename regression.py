@@ -4789,6 +4789,12 @@ class Provider:
         return []
 
     @classmethod
+    def called_tools(cls, raw):
+        """The name of each tool a response called, those the server ran itself too (the summary
+        warns of a tool the suite never declared)."""
+        return [call["name"] for call in cls.parse(raw).tool_calls]
+
+    @classmethod
     def conversation(cls, case, rounds):
         """The whole conversation so far: the case's prior history (messages), each finished turn
         of a conversation (its user text, played rounds and reply), the case's input (a text, or
@@ -5696,6 +5702,11 @@ class AnthropicProvider(HTTPProvider):
         status = "completed" if stop in cls.COMPLETE else str(stop)
         return Trace(final_text=content_text(blocks), tool_calls=calls, search_urls=[],
                      tool_rounds=1 if calls else 0, status=status, cost_usd=None)
+
+    @classmethod
+    def called_tools(cls, raw):
+        return [block.get("name") for block in _items(raw, "content") if block.get("type") in
+                ("tool_use", "server_tool_use", "mcp_tool_use")]  # the server's: never declared
 
     @staticmethod
     def call_ids(raw):
@@ -6857,11 +6868,30 @@ def pass_k_text(pass_k):
     return f"pass^{k} {passed}/{cases}" + (f" = {passed / cases:.2f}" if cases > 0 else "")
 
 
+def undeclared_calls(provider, tools):
+    """row -> the names of the tools its responses called (read by `provider`'s class) that the
+    suite's `tools` do not declare by that exact name, each cut to 40 characters, at most 3."""
+    cls, declared = PROVIDERS.get(provider), {_tool_name(tool) for tool in tools or ()}
+
+    def called(row):
+        names = []
+        for raw in row_responses(row) if cls is not None else ():
+            try:
+                names += cls.called_tools(raw)
+            except Exception:  # a response its class cannot read: the row says so already
+                continue
+        names = [name if len(name) <= 40 else name[:37] + "..." for name in dict.fromkeys(names)
+                 if isinstance(name, str) and name not in declared]
+        return names[:3] + ["..."] * (len(names) > 3)
+    return called
+
+
 class Tally:
     """The verdict (SPEC A7), updated one row at a time so a checkpoint stays O(row)."""
 
-    def __init__(self, models, repeats, cases, expected=None, superseded=(), rows=()):
-        self.models = list(models)
+    def __init__(self, models, repeats, cases, expected=None, superseded=(), rows=(),
+                 undeclared=lambda row: []):
+        self.models, self.undeclared_of, self.undeclared = list(models), undeclared, [0]
         case_ids = [case["id"] if isinstance(case, dict) else case for case in cases]
         self.expected = set(expected if expected is not None
                             else plan_rows(self.models, case_ids, repeats))
@@ -6922,6 +6952,10 @@ class Tally:
         calls = row.get("tool_calls")
         if _is_int(calls):
             self.tool_rows, self.tool_calls = self.tool_rows + 1, self.tool_calls + max(calls, 0)
+        called = self.undeclared_of(row)  # [count, (row, the undeclared tools it called)...]
+        if called:
+            self.undeclared[0] += 1
+            self.undeclared += [(key_text(key), called)] if len(self.undeclared) <= 3 else []
         if isinstance(row.get("reasons"), list) and "tool_call_as_text" in row["reasons"]:
             self.text_call_rows += 1
             self.text_call_server = self.text_call_server or server_kind(row.get("response"))
@@ -6990,6 +7024,12 @@ class Tally:
                                                      cause=TEXT_CALL_CAUSES[self.text_call_server])]
         elif self.tool_rows and not self.tool_calls:
             verdict["warnings"] = [NO_TOOL_CALLS.format(rows=self.tool_rows)]
+        if self.undeclared[0]:
+            listed = "; ".join(f"{key} called {', '.join(names)}"
+                               for key, names in self.undeclared[1:])
+            more = f"; and {self.undeclared[0] - 3} more" if self.undeclared[0] > 3 else ""
+            verdict.setdefault("warnings", []).append(
+                UNDECLARED_CALLS.format(rows=self.undeclared[0], listed=listed + more))
         if self.superseded:  # their spend is in the models' costs; their verdicts count nowhere
             verdict["superseded_rows"] = self.superseded
         return verdict
@@ -6999,6 +7039,9 @@ NO_TOOL_CALLS = ("the suite declares function tools, but no model called a tool 
                  "row(s) of cases with tool checks: tool checks may have passed vacuously (did the "
                  "server receive the tools?); add behavior require_tool:NAME to a case that must "
                  "call one")
+UNDECLARED_CALLS = ("{rows} row(s) called tools the suite does not declare ({listed}); no check "
+                    "fails a row for that, so it may have passed: read its tool calls, and declare "
+                    "the tool if the model may call it")
 TEXT_CALLS = ("{rows} row(s) wrote tool calls as text instead of calling a tool "
               "(tool_call_as_text): {cause}")
 # Why a server leaves a model's tool calls as text, by the server that answered (see server_kind).
@@ -7039,7 +7082,9 @@ def recount(record):
     "stopped" note is kept: it says why rows are missing, which the rows cannot."""
     config = record["config"]
     final = Tally(config["models"], config["repeats"], config["cases"], _record_plan(record),
-                  record.get("superseded") or (), record["runs"]).summary(final=True)
+                  record.get("superseded") or (), record["runs"],
+                  undeclared_calls(record_provider(record)["name"], config.get("tools"))
+                  ).summary(final=True)
     stopped = (record.get("summary") or {}).get("stopped")
     if isinstance(stopped, str):
         final["stopped"] = stopped
@@ -10204,7 +10249,8 @@ def _start_tally(run):
     """The run's tally, holding what the record already spent and its kept rows."""
     config = run.header["config"]
     tally = Tally(config["models"], config["repeats"], config["cases"], expected=run.expected,
-                  superseded=run.header.get("superseded") or ())
+                  superseded=run.header.get("superseded") or (), undeclared=undeclared_calls(
+                      record_provider(run.header)["name"], config.get("tools")))
     tally.overhead = _amount((run.header.get("judge_agreement") or {}).get("cost_usd")) or 0
     for row in run.kept:
         tally.add(row)

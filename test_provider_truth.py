@@ -1351,3 +1351,56 @@ def test_an_anthropic_body_with_content_and_an_error_is_an_execution_error(tmp_p
         "the endpoint answered with an error: api_error: partial"
 
 
+# ====================================================================== red team 4: undeclared tools, cost, keys in URLs
+
+def _undeclared(body):
+    """lookup_order and a tool no suite declares in one round, then the answer."""
+    if any(message.get("role") == "tool" for message in body["messages"]):
+        return fakes.chat_response("It has shipped.")
+    return fakes.chat_response("", tool_calls=[("lookup_order", {"order_id": "ord_21"}), ("delete_customer", {})])
+
+
+def test_calls_to_tools_the_suite_never_declared_are_warned_of_by_row(tmp_path):
+    """They passed silently: played, answered as unscripted, and no check reads them; a suite
+    with no tools stored not even a count."""
+    play, plain = write_suite(tmp_path / "play.json", PLAY_SUITE), write_suite(tmp_path / "plain.json", REFUND_SUITE)
+    reply = fakes.chat(lambda body: _undeclared(body) if body.get("tools") else fakes.chat_response(
+        "Refunds take 5 business days.", tool_calls=[("x", {})], finish_reason="stop"))
+    with FakeServer(reply) as server:
+        results = cli_table([openai_args(server, suite=play, out=tmp_path / "play-run.json"),
+                             openai_args(server, suite=plain, out=tmp_path / "plain-run.json"),
+                             ["--report", tmp_path / "play-run.json", "--markdown", tmp_path / "play.md"]], tmp_path)
+    (play_code, _, play_err), (plain_code, _, plain_err), (report_code, _, _) = results
+    assert (play_code, plain_code, report_code) == (0, 0, 0), play_err + plain_err
+    for err, record, row_name in ((play_err, "play-run.json", "m / p1 / repeat 0 called delete_customer"),
+                                  (plain_err, "plain-run.json", "m / refund-time / repeat 0 called x")):
+        warning = f"1 row(s) called tools the suite does not declare ({row_name}); no check fails a row"
+        assert f"warning: {warning}" in err
+        assert any(line.startswith(warning) for line in read_record(tmp_path / record)["summary"]["warnings"])
+    (row,) = read_record(tmp_path / "play-run.json")["runs"]  # the undeclared call stays the row's evidence
+    assert [call["name"] for call in row["details"]["tool_calls"]] == ["lookup_order", "delete_customer"]
+    assert "called delete_customer" in (tmp_path / "play.md").read_text(encoding="utf-8")  # a recount keeps it
+
+
+@pytest.mark.parametrize("block", [{"type": "tool_use", "id": "t1", "name": "x", "input": {}},
+                                   {"type": "mcp_tool_use", "id": "t1", "name": "delete_all", "server_name": "s",
+                                    "input": {}}])
+def test_an_anthropic_call_of_an_undeclared_tool_is_warned_of(tmp_path, block):
+    suite = write_suite(tmp_path / "suite.json", REFUND_SUITE)
+    said = fakes.message_response("Refunds take 5 business days.")
+    said["content"].append(block)
+    with FakeServer(fakes.messages_api(lambda body: said)) as server:
+        result = run_cli(["--provider", "anthropic", "--base-url", server.url, "--models", "m", "--suite", suite,
+                          "--out", tmp_path / "run.json"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"called {block['name']}); no check fails a row" in result.stderr
+
+
+def test_declared_calls_alone_raise_no_undeclared_warning(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.cut_short_round("tool_calls")) as server:
+        result = run_cli(openai_args(server, suite=write_suite(tmp_path / "play.json", PLAY_SUITE), out=out), tmp_path)
+    assert result.returncode == 0 and "does not declare" not in result.stderr
+    assert "warnings" not in read_record(out)["summary"]
+
+
