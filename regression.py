@@ -6292,15 +6292,18 @@ class Budget:
     the spend passes the cap by at most what the requests in flight when it was reached cost.
     `cost(model, raw)`: what one response cost (a Decimal), or None."""
 
-    def __init__(self, cap, spent=None, cost=lambda model, raw: None, unknown=None):
+    def __init__(self, cap, spent=None, cost=lambda model, raw: None, unknown=None, prices=()):
         import threading
         self.cap, self._spent, self._cost = cap, spent or decimal.Decimal(0), cost
         self.unknown, self.in_flight, self._lock = unknown, 0, threading.Lock()
+        self.prices = prices  # the models with a --price: theirs fails only without token usage
 
     def _refusal(self):
         if self.cap is not None and self.unknown is not None:
-            return (f"the endpoint reported no cost for {self.unknown} and it has no price, "
-                    "so --max-cost-usd cannot be enforced")
+            why = "no token usage to apply its --price to" \
+                if self.unknown in self.prices else "it has no price"
+            return (f"the endpoint reported no cost for {self.unknown} and {why}, so "
+                    "--max-cost-usd cannot be enforced")
         if self.cap is not None and self._spent >= self.cap:
             return f"--max-cost-usd reached: spend ${self._spent:f} of ${self.cap:f}"
         return None
@@ -9563,7 +9566,7 @@ def check_examples(run, settings, mask):
     """Grade the suite's judge_examples before any model request: the agreement for the record's
     header (masked by `mask`); UsageError naming the first example the judge misgrades or fails."""
     paid, results = {"cost_usd": "0"}, []  # what the examples cost
-    budget = Budget(settings.max_cost_usd)  # the cap holds before every judge request
+    budget = Budget(settings.max_cost_usd, prices=run.prices)  # asked before every judge request
     for number, example in enumerate(run.suite["judge_examples"], 1):
         where = f"judge_examples #{number} ({_quote(example['rubric'], 40)})"
         steps = judge_row_steps(run.judge, example, example.get("input", ""), example["answer"],
@@ -9581,8 +9584,10 @@ def check_examples(run, settings, mask):
                                   f"({cut_whole(judged['reason'], 200)}); nothing was sent to "
                                   "the models under test"))
     if budget.cap is not None and budget.spent() is None:  # the cap could not hold any row
-        raise UsageError(f"judge_examples: {budget.refusal()}; give its price: --price "
-                         f"{budget.unknown}=IN/OUT; nothing was sent to the models under test")
+        price = "" if budget.unknown in run.prices else \
+            f"; give its price: --price {budget.unknown}=IN/OUT"
+        raise UsageError(f"judge_examples: {budget.refusal()}{price}; nothing was sent to the "
+                         "models under test")
     return mask({"agreed": len(results), "examples": len(results), "cost_usd": paid["cost_usd"],
                  "results": results, "judgements": paid["judgements"]})
 
@@ -9771,7 +9776,10 @@ def _stop_reason(row, budget, resume):
     """Why no new request may start after this row, or None; `resume(flags)` is the command
     that continues the run with those flags added."""
     refused, unknown = budget.refusal(), budget.unknown
-    if refused and unknown is not None:  # also when the cap stopped a played row mid-loop
+    if refused and unknown in budget.prices:  # no price makes its spend known: none can continue
+        refused += ("; no cap can hold on this record, so run the suite again without "
+                    "--max-cost-usd (into a new --out), or against an endpoint that reports usage")
+    elif refused and unknown is not None:  # also when the cap stopped a played row mid-loop
         refused += (f"; give its price and continue: {resume(['--price', unknown + '=IN/OUT'])} "
                     "(USD per million input/output tokens)")
     if row["error"] is not None:
@@ -9849,7 +9857,7 @@ class RowRunner:
         # too), so a resumed record that already spent the cap sends nothing at all.
         cost = functools.partial(response_cost, run.provider, run.prices)  # (model, raw) -> Decimal
         self.budget = run.budget = Budget(settings.max_cost_usd, tally.spent(), cost,
-                                          tally.unknown_cost())
+                                          tally.unknown_cost(), run.prices)
         self.stopped = _stop_reason({"error": None}, self.budget, self.resume)
         self.last = max((self.position[row_key(r)] for r in run.kept), default=-1)
         self.in_order, self.row = True, None

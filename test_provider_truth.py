@@ -1404,3 +1404,25 @@ def test_declared_calls_alone_raise_no_undeclared_warning(tmp_path):
     assert "warnings" not in read_record(out)["summary"]
 
 
+def test_a_priced_response_without_usage_says_why_the_cap_cannot_hold_and_what_works(tmp_path):
+    """The stop said "continue: --resume ... --price m=IN/OUT", but the record held the price
+    already: following it stopped again, forever."""
+    no_usage = fakes.chat(lambda body: {key: value for key, value in fakes.chat_response("hi").items()
+                                        if key != "usage"})
+    out = tmp_path / "run.json"
+    with FakeServer(no_usage) as server:
+        result = run_cli(openai_args(server, "--price", "m=1/2", "--max-cost-usd", "0.5", suite=GUARDRAILS,
+                                     out=out), tmp_path)
+        assert server.count == 1
+        assert result.returncode == 2
+        said = "the endpoint reported no cost for m and no token usage to apply its --price to, so " \
+            "--max-cost-usd cannot be enforced; no cap can hold on this record, so run the suite again " \
+            "without --max-cost-usd (into a new --out), or against an endpoint that reports usage"
+        assert read_record(out)["summary"]["stopped"] == said
+        assert "IN/OUT" not in result.stderr and "continue with" not in result.stderr
+        # what it says works: the same run without the cap finishes
+        again = run_cli(openai_args(server, "--price", "m=1/2", suite=GUARDRAILS, out=tmp_path / "again.json"),
+                        tmp_path)
+    assert again.returncode == 1 and read_record(tmp_path / "again.json")["summary"]["complete"] is True
+
+
