@@ -4512,6 +4512,14 @@ def sent_key_variable(cls, settings, env):
     return cls.key_variable if sent else None
 
 
+def url_secrets(settings, env, *classes):
+    """The keys a URL of these providers' endpoints may hold, masked wherever it is kept: the
+    key each sends, and its vendor's key variable."""
+    named = [sent_key_variable(cls, settings, env) for cls in classes]
+    return [env[variable] for variable in dict.fromkeys(
+        [*named, *(cls.key_variable for cls in classes)]) if variable and env.get(variable)]
+
+
 def deadline_seconds(timeout):
     """The whole-request deadline: past the per-read timeout, so a plain hang keeps the
     endpoint's own timeout error, while a server trickling bytes is still cut off."""
@@ -4656,14 +4664,23 @@ def cap_response_bodies(client, limit=MAX_RESPONSE_BYTES):
     return True
 
 
-def _public_url(url):
-    """A base URL without credentials or query, safe to store."""
+def _public_url(url, secrets=()):
+    """A base URL without credentials or query, and with every form of each of `secrets` (the
+    keys of its endpoint, see url_secrets) masked in its path: safe to store and show."""
     parts = urllib.parse.urlsplit(url)
     host = parts.hostname or ""
     netloc = f"[{host}]" if ":" in host else host
     if parts.port:
         netloc += f":{parts.port}"
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    public = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    for pattern, replacement in secret_rules(secrets):
+        public = pattern.sub(replacement, public)
+    return public
+
+
+def held_key(url):
+    """Whether a stored base URL was masked (it held a key): a resume must be given it again."""
+    return isinstance(url, str) and "[REDACTED:secret]" in url
 
 
 PROVIDERS = {}
@@ -4753,8 +4770,8 @@ class Provider:
     @classmethod
     def identity(cls, settings, env, replayed=None):
         """The record's "provider": the name and the endpoint without credentials."""
-        endpoint = cls.endpoint(settings, env)
-        return {"name": cls.name, **({"base_url": _public_url(endpoint)} if endpoint else {})}
+        endpoint, keys = cls.endpoint(settings, env), url_secrets(settings, env, cls)
+        return {"name": cls.name, **({"base_url": _public_url(endpoint, keys)} if endpoint else {})}
 
     @classmethod
     def sdk_version(cls):
@@ -4878,7 +4895,7 @@ class PerplexityProvider(Provider):
         if hasattr(inner, "follow_redirects"):
             inner.follow_redirects = False
         provider = cls(client, deadline_seconds(settings.timeout), cap_response_bodies(client))
-        provider.endpoint_url = _public_url(cls.endpoint(settings, env))
+        provider.endpoint_url = _public_url(cls.endpoint(settings, env), [key])
         return provider, key
 
     @classmethod
@@ -5216,7 +5233,7 @@ class HTTPProvider(Provider):
     def __init__(self, base_url, key=None, timeout=TIMEOUT_SECONDS):
         parts = urllib.parse.urlsplit(base_url)
         self.url = urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + self.path))
-        self.endpoint_url = _public_url(self.url)
+        self.endpoint_url = _public_url(self.url, [key])
         self.key, self.timeout, self.deadline = key, timeout, deadline_seconds(timeout)
 
     def headers(self):
@@ -5303,7 +5320,7 @@ class HTTPProvider(Provider):
                 host = endpoint_text(urllib.parse.urlsplit(target).hostname or "an unnamed host")
                 base = target[:-len(self.path)] if target.endswith(self.path) else target
                 suggestion = (f"; if that is the endpoint, use "
-                              f"--base-url {endpoint_text(_public_url(base))}")
+                              f"--base-url {endpoint_text(_public_url(base, [self.key]))}")
             except ValueError:
                 host, suggestion = "a malformed Location", ""
             notes = [f"redirect to {host} not followed (the key would go along){suggestion}"]
@@ -5970,7 +5987,7 @@ def _built(cls, settings, env, problem, who, setting):
         raise UsageError(problem)
     variable = getattr(cls, "unsent_key", lambda settings, env: None)(settings, env)
     if variable:
-        url = safe_text(_public_url(cls.endpoint(settings, env)))
+        url = safe_text(_public_url(cls.endpoint(settings, env), url_secrets(settings, env, cls)))
         print(f"note: {who}{variable} is not sent to {url}; name the endpoint's key variable "
               f"with {setting}", file=sys.stderr)
     return cls.from_settings(settings, env)
@@ -6023,8 +6040,9 @@ def judge_identity(spec, settings, env):
     if problem:
         raise UsageError(f"the judge: {problem.replace('--base-url', '--judge-base-url')}")
     endpoint = cls.endpoint(view, env)
+    keys = url_secrets(view, env, cls) + url_secrets(settings, env, PROVIDERS[settings.provider])
     return {"provider": cls.name, "model": spec["model"],
-            **({"base_url": _public_url(endpoint)} if endpoint else {}),
+            **({"base_url": _public_url(endpoint, keys)} if endpoint else {}),
             "prompt": spec.get("prompt", JUDGE_PROMPT), "repeats": spec.get("repeats", 1)}
 
 
@@ -7670,10 +7688,14 @@ def _load_for(flag, path, evidence=True):
 
 
 def redact_note(record):
-    """What a resume command needs beyond the record: the --redact patterns, kept only as hashes."""
+    """What a resume command needs beyond the record: the --redact patterns, kept only as hashes,
+    and a base URL stored masked."""
     options = record.get("run_options") if isinstance(record.get("run_options"), dict) else {}
     count = len(options["redact"]) if isinstance(options.get("redact"), list) else 0
-    return f" plus the same {count} --redact flag(s) it was made with" if count else ""
+    needs = [f"the same {count} --redact flag(s) it was made with"] * bool(count)
+    needs += ["--base-url with its endpoint (stored masked: it held the key)"] * held_key(
+        record_provider(record).get("base_url"))
+    return f" plus {' and '.join(needs)}" if needs else ""
 
 
 # JSON values compared as JSON, the first difference named by its path (compare, --merge)
@@ -8625,14 +8647,18 @@ def _resume_defaults(values, record, path, env):
     cls = PROVIDERS.get(made_with)
     if cls is None:
         raise UsageError(f"--resume: {path} was made with an unknown provider {made_with!r}")
+    recorded = identity.get("base_url") or cls.default_base_url  # older records omit the default
     if cls.base_url_flag:  # continue against the record's endpoint unless one is named
         found["base_url"] = (values["base_url"] or _env_base_url(env, cls.base_url_variable)
                              or identity.get("base_url"))
-    current = cls.endpoint(Settings(**{**values, **found}), env)
-    recorded = identity.get("base_url") or cls.default_base_url  # older records omit the default
-    if current is not None and _public_url(current) != (recorded and _public_url(recorded)):
+        if found["base_url"] == recorded and held_key(recorded):
+            raise UsageError(f"--resume: {path} stores its base URL masked, since it held the "
+                             "key; give the endpoint again with --base-url URL")
+    settings = Settings(**{**values, **found})
+    current, keys = cls.endpoint(settings, env), url_secrets(settings, env, cls)
+    if current is not None and _public_url(current, keys) != (recorded and _public_url(recorded)):
         raise UsageError(f"--resume: {path} was made against {recorded}, but this run would "
-                         f"send to {_public_url(current)}; one record never mixes endpoints")
+                         f"send to {_public_url(current, keys)}; one record never mixes endpoints")
     found["replay"] = values["replay"] or replayed_from
     return found
 

@@ -259,6 +259,20 @@ def test_a_judge_reply_with_a_verdict_and_an_error_is_an_execution_error(tmp_pat
         assert row["judgements"][0]["response"] == ERRORED[model]  # the reply is evidence
 
 
+def test_a_key_in_the_judges_base_url_path_is_masked_in_the_record(tmp_path, judge):
+    # before: config.judge.base_url kept the key the judge's endpoint took in its path
+    key = "judge-path-key-0123456789"
+    data = suite([CASE], {"provider": "openai", "model": "judge-pass", "api_key_env": "JUDGE_KEY"})
+    path = write(tmp_path / "suite.json", data)
+    ((code, stdout, stderr),) = cli([(["--suite", path, "--provider", "echo", "--judge-base-url",
+                                       f"{judge.url}/{key}/v1", "--out", tmp_path / "run.json"],
+                                      tmp_path)], env={"JUDGE_KEY": key})
+    assert code == 0, stderr
+    text = (tmp_path / "run.json").read_text(encoding="utf-8")
+    assert key not in text + stdout + stderr
+    assert json.loads(text)["config"]["judge"]["base_url"] == f"{judge.url}/[REDACTED:secret]/v1"
+
+
 @pytest.mark.parametrize("provider, raw, verdict", [
     ("openai", fakes.chat_response(PASS), ("pass", "it does")),
     ("anthropic", fakes.message_response(PASS), ("pass", "it does")),

@@ -1426,3 +1426,36 @@ def test_a_priced_response_without_usage_says_why_the_cap_cannot_hold_and_what_w
     assert again.returncode == 1 and read_record(tmp_path / "again.json")["summary"]["complete"] is True
 
 
+URL_KEY = "hunter2hunter2key"
+
+
+def test_a_key_in_the_base_url_path_never_reaches_the_record_reports_or_console(tmp_path):
+    """The console masked it, but the record's provider.base_url kept it; a resume must then be
+    told the endpoint again, and the command that continues the run says so."""
+    out, suite = tmp_path / "run.json", write_suite(tmp_path / "suite.json", {**REFUND_SUITE, "cases": [
+        REFUND_SUITE["cases"][0], {**REFUND_SUITE["cases"][0], "id": "second", "input": "And the second?"}]})
+    down = {"on": True}
+
+    def reply(request):
+        if down["on"] and "second" in json.dumps(request.json):
+            return Reply(500, {"error": {"message": "down"}})
+        return Reply(body=fakes.chat_response("Within 5 business days."))
+
+    env = cli_env(MY_ENDPOINT_KEY=URL_KEY)
+    with FakeServer(reply) as server:
+        base = f"{server.url}/{URL_KEY}/v1"
+        reports = [word for kind in ("markdown", "html", "junit") for word in (f"--{kind}", tmp_path / f"r.{kind}")]
+        first = run_cli(["--provider", "openai", "--base-url", base, "--api-key-env", "MY_ENDPOINT_KEY", "--models",
+                         "m", "--suite", suite, "--out", out, *reports], tmp_path, env=env)
+        assert first.returncode == 2, first.stderr
+        assert "plus --base-url with its endpoint (stored masked: it held the key)" in first.stderr
+        assert read_record(out)["provider"]["base_url"] == f"{server.url}/[REDACTED:secret]/v1"
+        for text in [first.stdout, first.stderr, *(path.read_text(encoding="utf-8") for path in tmp_path.iterdir())]:
+            assert URL_KEY not in text
+        down["on"] = False
+        (blind, _, blind_err), (told, _, told_err) = cli_table(
+            [["--resume", out, "--api-key-env", "MY_ENDPOINT_KEY"],
+             ["--resume", out, "--api-key-env", "MY_ENDPOINT_KEY", "--base-url", base]], tmp_path, env=env)
+    assert blind == 2 and "give the endpoint again with --base-url URL" in error_line(blind_err)
+    assert told == 0, told_err
+    assert URL_KEY not in blind_err + told_err + out.read_text(encoding="utf-8")
