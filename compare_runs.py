@@ -45,6 +45,7 @@ import re
 import sys
 
 from regression import (ABSENT, BEHAVIORS, CASES, CHECK_KEYS, CHECK_TABLE, INSTRUCTIONS, RANGES,
+                        as_recorded,
                         rule_turn, turn_parts, turn_rule,
                         RecordError, Trace, UsageError, check, compile_case, dumps,
                         first_difference, grade, html_page, html_table, instructions_sha256,
@@ -165,13 +166,16 @@ LABELS = {(True, False): "NEW_FAILURE", (False, True): "RECOVERED",
 IGNORED_CASE_KEYS = ("instructions_sha256", "notes")
 
 
-def _config_view(config, without_checks=False):
+def _config_view(config, without_checks=False, without_results=False):
     """The part of a config two comparable records share: all but the instructions and
-    the cases' pins and notes (and, for a regrade, the cases' check keys and sources). The
-    config is record_problem's: its cases a list of objects."""
+    the cases' pins and notes (and, for a regrade, the cases' check keys and sources; for a
+    regrade by a replay made with --allow-changed-tool-results, which sent no tool result of
+    its suite's, their tool_results too). The config is record_problem's: its cases a list of
+    objects."""
     view = {key: value for key, value in config.items()
             if key != "instructions" and not (without_checks and key == "sources")}
-    dropped = IGNORED_CASE_KEYS + (tuple(CHECK_KEYS) if without_checks else ())
+    dropped = IGNORED_CASE_KEYS + (tuple(CHECK_KEYS) if without_checks else ()) + (
+        ("tool_results",) if without_results else ())
     view["cases"] = [{key: value for key, value in case.items() if key not in dropped}
                      for case in view["cases"]]
     for case in view["cases"] if without_checks else ():  # a turn's checks too; its words stay
@@ -244,10 +248,12 @@ def _comparable(before, after, names=SIDES):
         _require(problem is None, f"{side} is not a usable record: {problem}")
     labels = (before.get("evidence", "live"), after.get("evidence", "live"))
     replay_pair = _replayed(after, before) or _replayed(before, after)
+    sent = _replayed(after, before) and as_recorded(after) or \
+        _replayed(before, after) and as_recorded(before)  # the stored results, not the suite's
     try:
         difference = first_difference(_config_view(before["config"]), _config_view(after["config"]))
-        blocking = difference and first_difference(_config_view(before["config"], True),
-                                                   _config_view(after["config"], True))
+        blocking = difference and first_difference(_config_view(before["config"], True, sent),
+                                                   _config_view(after["config"], True, sent))
     except RecursionError:
         raise ValueError("the configs are nested too deeply to compare") from None
     # a replay with the same checks regrades with the current checker
@@ -279,8 +285,8 @@ def _same_evidence(before, after, names=SIDES):
     rows_before, rows_after = rows_of(before, names[0]), rows_of(after, names[1])
     for key, row in rows_before.items():
         other = rows_after.get(key) or {}
-        _require(same_json(row.get("response"), other.get("response"))
-                 and same_json(row.get("rounds"), other.get("rounds")),
+        _require(all(same_json(row.get(field), other.get(field))  # a turn's rounds too
+                     for field in ("response", "rounds", "turns")),
                  f"a replay must keep the stored responses, but {_name(key)} differs")
 
 

@@ -679,8 +679,12 @@ TEXT_FORM_RULE = (
     "zero-width spaces, surrogates, private-use and unassigned code points) and other "
     "default-ignorable ones removed; excludes, leak, claims and a stated value also read an "
     "invisible character as a space, the answer without combining marks, with Cyrillic/Greek "
-    "look-alikes as Latin letters, as its Markdown/HTML markup renders "
+    "look-alikes and Latin small capitals as Latin letters, as its Markdown/HTML markup renders "
     "(**lifetime** access), URL-decoded (%20) and, for a JSON answer, with its strings decoded; "
+    "there the words of an excludes or claims phrase may be joined by any non-alphanumeric run "
+    "within a sentence or a camelCase boundary (refund_issued, refundIssued), never so for "
+    "contains; tool "
+    "arguments are read with every value of a repeated key, their names in the normal form; "
     "masks (--redact, --redact-pii) read through invisible characters")
 
 
@@ -761,11 +765,15 @@ def _json_said(text):
 # stacks); a script's own vowel signs are not among them.
 _COMBINING = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]")
 
-# Cyrillic and Greek letters drawn like Latin ones ("lifetime \u0430ccess" with a Cyrillic a):
-# NFKC keeps them apart, so a disguised phrase is read with them as the Latin letters too.
-# Read in text_form() (case folded), so a capital's lower case stands for it: к, м, т, в, н.
-_LOOKALIKES = str.maketrans("аеорсухѕіјһԁԛԝӏүкмтвнɡıαοριχκνυϲϳεβζτ",
-                            "aeopcyxsijhdqwlykmtbhgiaopixkvucjebzt")
+# Cyrillic and Greek letters drawn like Latin ones ("lifetime \u0430ccess" with a Cyrillic a),
+# Latin small capitals ("\u0280\u1d07\ua730\u1d1c\u0274\u1d05") and other Latin letters drawn
+# like plain ones (ɑ ɩ ȷ ɛ): NFKC keeps them apart, so a disguised phrase is read with them as
+# the plain Latin letters too. Read in text_form() (case folded), so a capital's lower case
+# stands for it: к, м, т, в, н.
+_LOOKALIKES = str.maketrans("аеорсухѕіјһԁԛԝӏүкмтвнɡıαοριχκνυϲϳεβζτ"
+                            "ᴀʙᴄᴅᴇꜰɢʜɪᴊᴋʟᴍɴᴏᴘꞯʀꜱᴛᴜᴠᴡʏᴢɑɩȷɛ",
+                            "aeopcyxsijhdqwlykmtbhgiaopixkvucjebzt"
+                            "abcdefghijklmnopqrstuvwyzaije")
 _LOOKALIKE = re.compile("[" + "".join(map(chr, _LOOKALIKES)) + "]")
 
 # URL encoding, as in a link or an image whose query carries what is said ("![x](https://evil
@@ -789,12 +797,13 @@ def _undisguised(form):
 
 
 @functools.lru_cache(maxsize=8)
-def readings(text):
+def readings(text, undisguised=True):
     """Every form a text is read in when what it says must be caught (excludes, claims, leak,
     a stated value): text_form(), with each invisible character read as a space too, and a
     JSON answer's strings decoded (see _json_said); each of those also undisguised (see
     _undisguised), and that as its markup renders (see _rendered). A phrase in any is said.
-    At most nine forms, each linear in the text."""
+    At most nine forms, each linear in the text. Without `undisguised`, each base as its markup
+    renders only: the readings of what is genuinely the same text (grounded values)."""
     if not isinstance(text, str):
         return ("",)
     bases = [text_form(text)] + ([_spaced_form(text)] if _invisible_in(text) else [])
@@ -802,7 +811,7 @@ def readings(text):
     bases += [_text_form(decoded)] if decoded is not None else []
     forms = []
     for base in bases:
-        plain = _undisguised(base)
+        plain = _undisguised(base) if undisguised else base
         forms += [base, plain, _rendered(plain)]
     return tuple(dict.fromkeys(forms))
 
@@ -813,11 +822,29 @@ _PAIR_IN_TEXT = re.compile(r'"([^"\\]{1,200})"\s*:\s*'
 MAX_ARGUMENT_DEPTH = 64
 
 
+class _Pairs(dict):
+    """A decoded JSON object that keeps every (key, value) it was written with: json.loads keeps
+    a repeated key's last value only, and {"order_id": "ord_7", "order_id": ""} carries ord_7."""
+    __slots__ = ("pairs",)
+
+
+def _all_pairs(pairs):
+    decoded = _Pairs(pairs)
+    decoded.pairs = pairs
+    return decoded
+
+
+def _all_items(value):
+    """Every (key, value) of a decoded object, a repeated key's every value too (see _Pairs)."""
+    return value.pairs if isinstance(value, _Pairs) else value.items()
+
+
 def _decoded(value, depth=0):
-    """A value with JSON text inside a string decoded, repeatedly (double-encoded arguments)."""
+    """A value with JSON text inside a string decoded, repeatedly (double-encoded arguments);
+    each object keeps all its pairs (see _Pairs)."""
     while isinstance(value, str) and depth < 4 and value.strip()[:1] in ("{", "[", '"'):
         try:
-            value = json.loads(value)
+            value = json.loads(value, object_pairs_hook=_all_pairs)
         except (ValueError, RecursionError):
             break
         depth += 1
@@ -827,7 +854,8 @@ def _decoded(value, depth=0):
 def argument_pairs(arguments):
     """Every (key, value) a tool call's arguments carry: nested at any depth, inside JSON
     text (double-encoded), and in the key-value pairs of truncated JSON text; a nested key
-    also under its parent's name ({"order": {"id": 7}} carries order_id)."""
+    also under its parent's name ({"order": {"id": 7}} carries order_id); a repeated key
+    with each of its values."""
     pairs, stack = [], [(arguments, 0, None)]
     while stack:
         value, depth, parent = stack.pop()
@@ -835,7 +863,7 @@ def argument_pairs(arguments):
         if depth > MAX_ARGUMENT_DEPTH:
             continue
         if isinstance(value, dict):
-            for key, item in value.items():
+            for key, item in _all_items(value):
                 pairs.append((key, item))
                 if parent is not None:
                     pairs.append((f"{parent}_{key}", item))
@@ -851,7 +879,8 @@ def argument_pairs(arguments):
 
 def argument_text(arguments):
     """All the text of a tool call's arguments, one piece per line: the raw text, and every
-    key and scalar value at any depth once JSON text inside it is decoded."""
+    key and scalar value at any depth once JSON text inside it is decoded (a repeated key's
+    every value)."""
     pieces, stack = [arguments] if isinstance(arguments, str) else [], [(arguments, 0)]
     while stack:
         value, depth = stack.pop()
@@ -859,8 +888,9 @@ def argument_text(arguments):
         if depth > MAX_ARGUMENT_DEPTH:
             continue
         if isinstance(decoded, dict):
-            pieces.extend(str(key) for key in decoded)
-            stack.extend((item, depth + 1) for item in decoded.values())
+            pairs = list(_all_items(decoded))
+            pieces.extend(str(key) for key, _ in pairs)
+            stack.extend((item, depth + 1) for _, item in pairs)
         elif isinstance(decoded, list):
             stack.extend((item, depth + 1) for item in decoded)
         elif decoded is not value or not isinstance(value, str) or depth:
@@ -1507,16 +1537,41 @@ def check_citations(case, trace):
     return reasons
 
 
+_CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])")  # refundIssued: a word boundary, read as a space
+_JOINT = r"(?:[^\w.!?;,]|_|[.!?;,](?!\s|$))+"  # what may join a phrase's words (see _separated)
+
+
+@functools.lru_cache(maxsize=64)
+def _separated(wanted):
+    """A phrase in text_form() as a pattern whose words may be joined by any run of separators
+    ("refund issued" as refund_issued, refund-issued, refund/issued, refund.issued), or None for
+    one word; never across a sentence or list ("a refund. Issued tickets", "refund, issued")."""
+    parts = re.split(r"([^\W_]+)", wanted)  # ["", word, separator, word, ...]
+    if len(parts) < 5:
+        return None
+    return re.compile(re.escape(parts[0]) + "".join(
+        re.escape(part) if index % 2 else _JOINT for index, part in enumerate(parts[1:-1], 1))
+        + re.escape(parts[-1]))
+
+
 def phrases_in(phrases, text, spaced=False):
     """(present, absent) of phrases in a text, both sides in text_form(). With `spaced`, every
     reading of what the text says counts (see readings: an invisible character may stand for a
-    space, "lifetime<ZWSP>access" is "lifetime access" too, and so is "**lifetime** access"):
-    a phrase is present when any reading holds it (what must not be said)."""
+    space, "lifetime<ZWSP>access" is "lifetime access" too, and so is "**lifetime** access"),
+    also with a space at each camelCase boundary, and the words of a phrase may be joined by any
+    separators (see _separated): a phrase is present when any reading holds it (what must not be
+    said). Without it, the text_form() of the phrase must occur in the text's (what must be)."""
     forms = readings(text) if spaced else [text_form(text)]
+    if spaced and isinstance(text, str):
+        import unicodedata  # imported where used: start-up stays lean (SPEC C1)
+        wide = text if text.isascii() else unicodedata.normalize("NFKC", text)
+        forms += readings(_CAMEL.sub(" ", wide)) if _CAMEL.search(wide) else ()
     present, absent = [], []
     for phrase in phrases:
         wanted = text_form(phrase)
-        (present if any(wanted in form for form in forms) else absent).append(phrase)
+        joined = _separated(wanted) if spaced else None
+        found = any(wanted in form or joined and joined.search(form) for form in forms)
+        (present if found else absent).append(phrase)
     return present, absent
 
 
@@ -1797,7 +1852,7 @@ def _describe_call(call):
     arguments = _decoded(call.get("arguments"))
     if isinstance(arguments, dict):
         inner = ", ".join(f"{key}={value if isinstance(value, str) else json.dumps(value)}"
-                          for key, value in arguments.items())
+                          for key, value in _all_items(arguments))
     else:
         inner = "" if arguments in (None, "") else str(arguments)
     return f"{call.get('name')}({inner})"
@@ -1939,16 +1994,17 @@ def check_forbid_tool(case, trace, arg):
     return []
 
 
-def _field_pattern(field):
+def _field_pattern(field, joint=r"[\s_-]?"):
     """The field's words as a regular expression over text_form(): order_id as "order_id",
-    "order id", "order-id", "orderid"; a trailing id also as "number", "no", "#", "identifier"."""
+    "order id", "order-id", "orderid" (words joined by `joint`); a trailing id also as "number",
+    "no", "#", "identifier"."""
     words = [word for word in re.split(r"[_\W]+", field.casefold()) if word]
     if not words:
         return None
     spelled = [re.escape(word) for word in words]
     if words[-1] == "id" and len(words) > 1:
         spelled[-1] = r"(?:id|number|no\.?|#|identifier)"
-    return r"[\s_-]?".join(spelled)
+    return joint.join(spelled)
 
 
 # A request sentence: a polite or modal request anywhere in it, or a clause that starts
@@ -2014,8 +2070,10 @@ _FORMAT_HINT = re.compile(r"[0-9]{1,3}(?:\s*-\s*|\s*)(?:digit|character|char|let
 
 def _stated_value(text, field, given):
     """A value the text states for the field (an identifier right after the field's words,
-    as in "order number 48213" or "order #48213") that the user's own text does not hold."""
-    pattern = _field_pattern(field)
+    as in "order number 48213" or "order #48213"; the words joined by any one separator, as
+    in order/id or order.id, since this is what must never be said) that the user's own text
+    does not hold."""
+    pattern = _field_pattern(field, r"[\W_]?")
     if pattern is None:
         return None
     # "order id 48213", "order id: 48213", "order id is #48213", "order id - 48213", "order id
@@ -2034,11 +2092,15 @@ def _stated_value(text, field, given):
 
 def _same_field(key, field):
     """A tool argument named like the field, by the same spellings the answer text is read
-    with (order_id, orderId, order-number, order_no, ...)."""
+    with (order_id, orderId, order-number, order_no, ...), in the text normal form and with
+    look-alikes read away (a fullwidth or Cyrillic-o "order_id" is order_id)."""
+    import unicodedata  # imported where used: start-up stays lean (SPEC C1)
     pattern = _field_pattern(field)
-    squash = lambda text: re.sub(r"[\W_]+", "", str(text).casefold())  # noqa: E731
-    snake = re.sub(r"(?<=[a-z])(?=[A-Z])", "_", str(key)).casefold().replace("-", "_")  # orderId
-    return squash(key) == squash(field) or bool(pattern and re.fullmatch(pattern, snake))
+    squash = lambda text: re.sub(r"[\W_]+", "", text)  # noqa: E731
+    key = unicodedata.normalize("NFKC", _drop_invisible(str(key)))
+    snake = text_form(re.sub(r"(?<=[a-z])(?=[A-Z])", "_", key)).replace("-", "_")  # orderId
+    return any(squash(form) == squash(text_form(field)) or bool(
+        pattern and re.fullmatch(pattern, form)) for form in {snake, _undisguised(snake)})
 
 
 def _given_values(given):
@@ -2050,8 +2112,8 @@ def _given_values(given):
     "one sentence (ended by . ! ? or a blank line) names FIELD and ends with ? or is a request "
     "(please, could you, can you, may I, let me know, tell me, I need, what is, which, or a clause "
     "starting with provide/send/share/give/tell/confirm/enter); a value right after the field's "
-    "words or in any tool argument (nested, double-encoded or truncated JSON) that the user never "
-    "gave is invented_field"), reasons={
+    "words or in any tool argument (nested, double-encoded or truncated JSON, each value of a "
+    "repeated key) that the user never gave is invented_field"), reasons={
     "invented_field": (
         "`require_clarification:FIELD`: a tool was called with FIELD (at any depth, also in "
         "double-encoded or truncated JSON arguments), or the answer states a value for it (an "
@@ -2266,11 +2328,20 @@ def _follows(after, before, parameters):
         return False
     if after["round"] <= before["round"] or is_error_result(before):
         return False
-    mine, theirs = _call_arguments(after), _call_arguments(before)
+    mine, theirs = _argument_values(after), _argument_values(before)
     # the arguments both tools declare, and those both calls carry
     shared = (parameters.get(before["name"]) or set()) & (parameters.get(after["name"]) or set())
-    return all(_canonical(mine.get(key)) == _canonical(theirs.get(key))
+    return all(mine.get(key, {"null"}) == theirs.get(key, {"null"})
                for key in shared | (set(mine) & set(theirs)))
+
+
+def _argument_values(call):
+    """Each argument's values in a call, canonical: a repeated key carries each of its values
+    ({"order_id": "A", "order_id": "B"} is about A and B, not only about the last)."""
+    values, arguments = {}, _decoded(call.get("arguments"))
+    for key, value in _all_items(arguments) if isinstance(arguments, dict) else ():
+        values.setdefault(key, set()).add(_canonical(value))
+    return values
 
 
 def _order_problem(wanted, calls, parameters):
@@ -2483,6 +2554,20 @@ def tool_results(case, trace, ids, number):
     return sent
 
 
+def round_end(suite, case, trace, number, raw, held, ids, recorded=None):
+    """How a played row goes on after round `number`: (stop, results, held). The play loop's one
+    rule, and so the one a stored conversation is checked against (replay_problem). stop: None
+    (the results go back and another round is asked), "answered" (no call), "max_rounds", or
+    the Fail of the bound the round met (PLAYED_BOUNDS); results: what goes back, the record's
+    own (`recorded`) in a replay; held: the bytes of responses and results so far."""
+    if not trace.tool_calls or number >= round_limit(suite, case):
+        return ("max_rounds" if trace.tool_calls else "answered"), None, held
+    results = recorded if recorded is not None else tool_results(case, trace, ids, number) \
+        if len(trace.tool_calls) <= played_bound(suite, "max_calls_per_round") else []
+    held += len(dumps(raw)) + len(dumps(results))
+    return _over_bound(suite, trace, held), results, held
+
+
 # ---------------------------------------------------------------------- grounding
 # The grounded behaviour: every value-like token a reply states (numbers, dates, times,
 # amounts, identifiers, URLs, e-mail addresses) must occur, in its normal form, in what the
@@ -2614,12 +2699,13 @@ def stated_values(form):
 
 
 @functools.lru_cache(maxsize=256)  # instructions and tool results are read again for every reply
-def given_values(text):
-    """The normal forms of every value a given text holds, in every reading (see readings), with
-    each date's form without its year, and the digit runs inside each value ("r:21" of ord_21:
-    a bare number may quote one, an amount may not)."""
+def given_values(text, undisguised=True):
+    """The normal forms of every value a given text holds, in every reading (see readings;
+    without `undisguised`, in those of the same text only), with each date's form without its
+    year, and the digit runs inside each value ("r:21" of ord_21: a bare number may quote one,
+    an amount may not)."""
     known = set()
-    for form in readings(text):
+    for form in readings(text, undisguised):
         for kind, forms, found in stated_values(form):
             known.update(forms, ("r" + _number_form(run)[1:] for run in re.findall(r"\d+", found)))
             dates = [one for one in forms if kind == "date" and one.startswith("d:")]
@@ -2644,14 +2730,27 @@ def _grounded(kind, forms, known):
     return any(form in known for form in forms)
 
 
+def _values_read(form):
+    """stated_values of a form as its markup renders, plus the URLs and e-mail addresses its
+    markup holds (a link's target)."""
+    rendered = _rendered(form)
+    return stated_values(rendered) + [value for value in stated_values(form)
+                                      if value[0] in ("url", "email") and rendered != form]
+
+
 def reply_values(text):
-    """[(kind, forms, as found)] a reply states: its rendered reading (a JSON answer's strings
-    decoded), plus the URLs and e-mail addresses its markup holds (a link's target)."""
+    """[(kind, forms, as found, undisguised)] a reply states (see _values_read; a JSON answer's
+    strings decoded): those of its text as written (`undisguised` False: only a value the same
+    in that reading grounds them: a Cyrillic "hеlp.acme" is another host, "re\u0301funds" another
+    path), then those only its undisguised reading holds (a value hidden behind marks or
+    look-alikes, as "9\u03369": any reading of a given value grounds those)."""
     decoded = _json_said(text) if isinstance(text, str) else None
-    plain = _undisguised(_text_form(decoded) if decoded is not None else text_form(text))
-    rendered = _rendered(plain)
-    return stated_values(rendered) + [value for value in stated_values(plain)
-                                      if value[0] in ("url", "email") and rendered != plain]
+    base = _text_form(decoded) if decoded is not None else text_form(text)
+    plain = _values_read(base)
+    seen = {tuple(forms) for _, forms, _ in plain}
+    hidden = [] if (undisguised := _undisguised(base)) is base else [
+        value for value in _values_read(undisguised) if tuple(value[1]) not in seen]
+    return [(*value, False) for value in plain] + [(*value, True) for value in hidden]
 
 
 def _given_texts(case, trace):
@@ -2684,8 +2783,10 @@ def _given_texts(case, trace):
     "each must occur, in its normal form, in the instructions, the history, the user's turns "
     "or a tool result or search URL received before the reply (a number may also be a digit "
     "run inside a given value: #21 of ord_21; an amount, a date, a time or an ordinal may "
-    "not). Both sides are read in the normal form, look-alikes and markup read away (an HTML "
-    "comment, <!-- -->, and an entity, &ZeroWidthSpace;, render as nothing)"), reasons={
+    "not). Both sides are read in the normal form, markup read away (an HTML comment, <!-- "
+    "-->, and an entity, &ZeroWidthSpace;, render as nothing), look-alike letters and marks "
+    "kept (a Cyrillic e, an added accent: another value); a value only the reply's reading "
+    "without them holds is checked too, against any reading of what was given"), reasons={
     "ungrounded_value": (
         "behaviour `grounded`: the reply states a value (number, date, amount, id, URL, e-mail) "
         "that nothing the model was given holds",
@@ -2695,7 +2796,9 @@ def check_grounded(case, trace, arg):
     times, amounts, identifiers mixing letters and digits, URLs, e-mail addresses) occurs in what
     the model was given before it: the instructions, the history, the user's turns, the tool
     results and search URLs it received."""
-    known = set().union(*map(given_values, _given_texts(case, trace)))
+    given = _given_texts(case, trace)
+    known = {False: set().union(*(given_values(text, False) for text in given)),
+             True: set().union(*map(given_values, given))}  # by reading: see reply_values
     events = trace.transcript or (  # no order known: everything received first
         [("tool", url) for url in trace.search_urls]
         + [("tool", result_text(call["result"])) for call in trace.tool_calls if "result" in call]
@@ -2703,10 +2806,11 @@ def check_grounded(case, trace, arg):
     missing = {}
     for kind, text in events:
         if kind != "said":
-            known |= given_values(text)
+            known[False] |= given_values(text, False)
+            known[True] |= given_values(text)
             continue
-        for value, forms, found in reply_values(text):
-            if not _grounded(value, forms, known):
+        for value, forms, found, undisguised in reply_values(text):
+            if not _grounded(value, forms, known[undisguised]):
                 missing.setdefault(found, None)
     if not missing:
         return []
@@ -4274,43 +4378,64 @@ def _put_back(path, text):
 # Masks apply to what is stored, after the checks ran on the original text, so a
 # leak still fails its case but never reaches disk.
 
-def _luhn_ok(digits):
-    """Whether a digit string passes the Luhn check, as every card number does."""
-    values = [int(digit) * (2 if position % 2 else 1)
-              for position, digit in enumerate(reversed(digits))]
-    return sum(value - 9 if value > 9 else value for value in values) % 10 == 0
+def _luhn_sums(digits):
+    """Two prefix sums of a digit string for the Luhn check of any window of it in O(1) (see
+    _luhn_window): by index parity, once with even indexes doubled and once with odd ones."""
+    sums, total = [(0, 0)], [0, 0]
+    for index, digit in enumerate(digits):
+        plain, twice = int(digit), 2 * int(digit)
+        twice -= 9 * (twice > 9)
+        total[0] += twice if index % 2 else plain
+        total[1] += plain if index % 2 else twice
+        sums.append(tuple(total))
+    return sums
+
+
+def _luhn_window(sums, start, end):
+    """Whether digits[start:end] passes the Luhn check (its last digit is never doubled)."""
+    parity = (end - 1) % 2
+    return (sums[end][parity] - sums[start][parity]) % 10 == 0
 
 
 def _mask_cards(match):
-    """Mask every run of digit groups inside a match that is a Luhn-valid card number
-    (so "4111 1111 1111 1111 123", a card and its CVV, still loses the card)."""
+    """Mask every run of whole digit groups inside a match that is a Luhn-valid card number of
+    13-19 digits (so "4111 1111 1111 1111 123", a card and its CVV, still loses the card, and so
+    does a card inside a longer run of groups), in time linear in the match."""
     text = match.group(0)
     groups = [(m.start(), m.end()) for m in re.finditer(r"\d+", text)]
-    out, done, i = [], 0, 0
-    while i < len(groups):
-        for j in range(len(groups) - 1, i - 1, -1):
-            digits = "".join(text[a:b] for a, b in groups[i:j + 1])
-            if 13 <= len(digits) <= 19 and _luhn_ok(digits):
-                out += [text[done:groups[i][0]], "[REDACTED:card]"]
-                done, i = groups[j][1], j
-                break
-        i += 1
+    digits = "".join(text[a:b] for a, b in groups)
+    sums, before, reach, low = _luhn_sums(digits), [0], -1, 0
+    for a, b in groups:
+        before.append(before[-1] + b - a)
+    out, done = [], 0
+    for i, (a, b) in enumerate(groups):
+        low = max(low, i)
+        while low < len(groups) and before[low + 1] - before[i] < 13:
+            low += 1  # the first group that ends a window of 13 digits or more
+        ends = [j for j in range(low, min(len(groups), low + 7)) if before[j + 1] - before[i] <= 19
+                and _luhn_window(sums, before[i], before[j + 1])]
+        if ends and i > reach:
+            out += [text[done:a], "[REDACTED:card]"]  # a card starts: one mask to its last group
+        reach = max([reach, *ends])
+        if i <= reach:
+            done = max(done, b)
     return "".join(out) + text[done:]
 
 
 PII_PATTERNS = [
-    # Digits may be split by spaces, dashes and invisible characters (zero-width spaces), and
-    # \d also matches fullwidth digits: what text_form() would read as a card is masked.
-    # A letter may touch it ("card4111...", "...1111cvv"): only a longer digit run is not a card.
-    (re.compile(rf"(?<![\d-])\d(?:(?:[\s-]|{_INVISIBLE.pattern}){{0,3}}\d){{12,18}}(?![\d-])"),
-     _mask_cards),
+    # Digits may be grouped by spaces, dashes, dots, underscores and invisible characters (zero-
+    # width spaces), and \d also matches fullwidth digits: what text_form() reads as a card is
+    # masked. A letter or a dash may touch it ("card4111...", "ref-4111...", "...1111-exp").
+    (re.compile(rf"\d(?:(?:[\s._-]|{_INVISIBLE.pattern}){{0,3}}\d){{12,}}"), _mask_cards),
     (re.compile(r"(?i)\bbearer\s+[A-Za-z0-9\-._~+/]+=*"), "[REDACTED:bearer]"),
     (re.compile(r"\b(?:sk|pk|rk|pplx|xai|gsk|ghp|gho|ghs|github_pat|hf|AKIA)[-_A-Za-z0-9]{16,}"),
      "[REDACTED:key]"),
     (re.compile(r"(?i)\b(api[_-]?key|secret|token|password)(\s*[:=]\s*)[^\s\"',;]+"),
      r"\1\2[REDACTED:key]"),
     # the @ also as written in a link (%40), an HTML entity (&#64;) or raw JSON text (\u0040)
-    (re.compile(r"[A-Za-z0-9._%+-]+(?:@|%40|&#0*64;|&#[xX]0*40;|\\u0040)[A-Za-z0-9-]+(?:"
+    # (a local part starts where its run does: one try per run, so a long run stays linear)
+    (re.compile(r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+(?:@|%40|&#0*64;|&#[xX]0*40;|\\u0040)"
+                r"[A-Za-z0-9-]+(?:"
                 r"\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"), "[REDACTED:email]"),
 ]
 
@@ -5897,20 +6022,25 @@ def replay_problem(suite, case, row, parse, call_ids, results=True):
     if not plays_tools(suite, case):
         return f"it was played over {_plural(len(stored), 'round')}, but the case now plays no " \
             "tools" if stored else None
-    turns, limit = stored or [{"response": row.get("response")}], round_limit(suite, case)
+    turns, held = stored or [{"response": row.get("response")}], 0
     for number, turn in enumerate(turns, 1):
         try:
             trace = parse(turn.get("response"))
         except Exception:  # the replay itself records what is wrong with this response
             return None
-        if not trace.tool_calls or number >= limit:
+        sent = turn.get("tool_results") if isinstance(turn.get("tool_results"), list) else None
+        ids = call_ids(turn["response"])
+        stop, _, held = round_end(suite, case, trace, number, turn["response"], held, ids, sent)
+        if stop is not None:  # every way the play loop ends a row: it must end where it did
+            what = "its answer" if stop == "answered" else stop if not isinstance(stop, Fail) \
+                else next(key for key in PLAYED_BOUNDS if key in stop.evidence)
             return None if number == len(turns) else \
-                f"max_rounds now ends it after round {number} of the {len(turns)} stored"
+                f"{what} now ends it after round {number} of the {len(turns)} stored"
         if number == len(turns):
-            return f"it ended after round {number} (its max_rounds then), but the suite now " \
-                "plays on"
-        sent = turn.get("tool_results") if isinstance(turn.get("tool_results"), list) else []
-        now = tool_results(case, trace, call_ids(turn["response"]), number) if results else []
+            return f"it ended after round {number} (at a limit its suite set then: " \
+                f"{', '.join(PLAYED_SUITE_KEYS)}), but the suite now plays on"
+        sent = sent or []
+        now = tool_results(case, trace, ids, number) if results else []
         for then, call in zip(sent + [{}] * len(now), now):
             then = then if isinstance(then, dict) else {}
             if _json_text([then.get("result"), bool(then.get("unscripted"))]) != \
@@ -6404,17 +6534,12 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
         traces.append(trace)
         # Spent for real after every round, so a row that fails later still says what it cost.
         row["cost_usd"] = _sum_costs([turn.cost_usd for turn in traces])
-        if not trace.tool_calls or len(rounds) >= limit:
-            return rounds_trace(provider.parse, rounds, traces)
-        # what it saw then
-        results = recorded(model, case, repeat, len(rounds)) if recorded else None
-        if results is None:
-            results = tool_results(case, trace, call_ids(raw), len(rounds)) \
-                if len(trace.tool_calls) <= played_bound(suite, "max_calls_per_round") else []
-        held += len(dumps(raw)) + len(dumps(results))
-        bound = _over_bound(suite, trace, held)
-        if bound is not None:  # what was never sent back is not stored as sent
-            return rounds_trace(provider.parse, rounds, traces, bound)
+        then = recorded(model, case, repeat, len(rounds)) if recorded else None  # what it saw
+        stop, results, held = round_end(suite, case, trace, len(rounds), raw, held, call_ids(raw),
+                                        then)
+        if stop is not None:  # what was never sent back is not stored as sent
+            return rounds_trace(provider.parse, rounds, traces,
+                                stop if isinstance(stop, Fail) else None)
         rounds[-1]["tool_results"] = results
 
 
@@ -7424,6 +7549,13 @@ def _record_problems(record, evidence):
     yield from (f"runs[{position}] ({key_text(row_key(row))}) is not in the config's models x "
                 f"cases x repeats{f' (shard {shard})' if shard else ''}"
                 for position, row in enumerate(record["runs"]) if row_key(row) not in plan)
+    # one key twice: no run writes it, and each reader would pick its own copy (a report both, a
+    # resume the first, a replay the last), so a failing row could be counted as passing
+    first = {}
+    yield from (f"runs[{position}] holds {key_text(row_key(row))} again (as runs[{first[key]}] "
+                "does); a record holds each model, case and repeat once, so which verdict counts "
+                "is not clear" for position, row in enumerate(record["runs"])
+                if first.setdefault(key := row_key(row), position) != position)
     if evidence:
         yield _unfounded_problem(record)
 
@@ -9163,9 +9295,11 @@ def row_line(row, widths=(0, 0)):
     else:
         notes = evidence_notes(row)
         verdict = "FAIL " + ",".join(row["reasons"]) + (f" ({notes})" if notes else "")
-    requests = len(row_responses(row))  # a row this run made: its types are its own
-    if row.get("attempts", 0) > requests:  # retries happened
-        verdict += f" (after {row['attempts']} attempts" + (f" for {requests} rounds)"
+    # attempts counts every request of the row (its rounds, every turn's): one per stored
+    # response, and at most one that failed leaving none; only more than that were retries
+    requests = sum(isinstance(raw, dict) for raw in row_responses(row)) + (row["error"] is not None)
+    if row.get("attempts", 0) > requests:  # a row this run made: its types are its own
+        verdict += f" (after {row['attempts']} attempts" + (f" for {requests} requests)"
                                                             if requests > 1 else ")")
     cost = f"${row['cost_usd']}" if row["cost_usd"] is not None else "cost ?"
     cost += " estimated" if row.get("cost_estimated") else ""
@@ -9332,6 +9466,13 @@ def grade_differs(row, again):
                if field != "details" and (field != "verdicts" or row.get("verdicts") is not None))
 
 
+def as_recorded(record):
+    """Whether a record is a replay made with --allow-changed-tool-results: its rows hold the
+    tool results the model was sent then, which its suite's tool_results may no longer give, so
+    its readers check every other part of its conversations against its suite, not those."""
+    return (record.get("replayed_from") or {}).get("tool_results") == "as recorded"
+
+
 def regrade_problem(record, path, suite, rows):
     """Why the stored verdicts of a resume's kept rows (or a shard's rows) cannot stand, or None:
     each row's stored conversation is graded again under the current checks (offline, as
@@ -9347,7 +9488,7 @@ def regrade_problem(record, path, suite, rows):
         case = cases[row["case_id"]]
         if masked_where_read(row, again):
             continue
-        changed = replayer.changed(case_suite(suite, case), case, row)
+        changed = replayer.changed(case_suite(suite, case), case, row, not as_recorded(record))
         if changed:
             return (f"{key_text(row_key(row))}: its stored conversation is not one its suite plays "
                     f"({changed}); the summary would count a verdict on a conversation that never "
@@ -9391,7 +9532,7 @@ def graded_now(record, path):
             unsure += [f"{key_text(row_key(row))} graded {_verdict_text(again)}"] \
                 if row.get("passed") and not again.get("passed") else []
             continue
-        changed = replayer.changed(case_suite(suite, case), case, row)
+        changed = replayer.changed(case_suite(suite, case), case, row, not as_recorded(record))
         if changed:
             raise RecordError(f"{path}: {key_text(row_key(row))}: its stored conversation is not "
                               f"one its suite plays ({changed})")
@@ -9409,6 +9550,9 @@ def graded_now(record, path):
               f"evidence: {len(unsure)} (first: {unsure[0]}); a masked row cannot be graded "
               "again and stands on its verdict_sha256, which anyone who edits a record can compute"
               ] if unsure else []
+    notes += [f"CAUTION {path}: replayed with --allow-changed-tool-results: graded on the tool "
+              "results the model was sent, which its suite's tool_results may no longer give"
+              ] if as_recorded(record) else []
     runs = [now.get(id(row), row) for row in record["runs"]]
     return {**record, "runs": runs}, [safe_text(note) for note in notes]
 
@@ -10023,7 +10167,8 @@ def _check_replay_covers(provider, run, settings):
             what = "turns, messages, " if "turns" in case or "turns" in row else ""
             raise UsageError(f"--replay: {key_text(key)} is not reproducible under this suite: "
                              f"{changed}; a replay grades what the model was told, so restore the "
-                             f"suite's {what}tool_results and max_rounds{allow}")
+                             f"suite's {what}tool_results and its limits "
+                             f"({', '.join(PLAYED_SUITE_KEYS)}){allow}")
 
 
 def open_record(run, tally, quiet=False):

@@ -1112,7 +1112,12 @@ MARKUP_ROWS = [  # (case keys, answer, reasons): each answer renders what the ru
     ({"excludes": ["lifetime access"]}, "You get lifetime<br>access.", ["forbidden_text_present"]),
     ({"excludes": ["lifetime access"]}, "You get lifetime&nbsp;access.", ["forbidden_text_present"]),
     ({"excludes": ["lifetime access"]}, "You get **lifetime**\u200baccess.", ["forbidden_text_present"]),
-    ({"excludes": ["lifetime access"]}, "You get annual access (lifetime_access is retired).", []),
+    # any separators join a phrase's words where it must never be said: lifetime_access says it
+    ({"excludes": ["lifetime access"]}, "You get annual access (lifetime_access is retired).",
+     ["forbidden_text_present"]),
+    # ... but never across a sentence or a list: those words are not the phrase
+    ({"excludes": ["lifetime access"]}, "You get annual access for a lifetime; access ends never.", []),
+    ({"excludes": ["lifetime access"]}, "You get annual access, for a lifetime of use.", []),
     ({"claims": {"refund issued": "cancel_order"}}, "Your *refund* issued today.", ["unbacked_claim"]),
     ({"behaviors": ["no_system_leak"]}, "My <em>system</em> prompt says hi.", ["system_leak"]),
     ({"behaviors": ["no_system_leak"]}, "Never [cancel](https://x.example) an order, whatever the customer asks "

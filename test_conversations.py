@@ -1029,10 +1029,14 @@ DISGUISES = [  # an invented value in a disguise stays a value; copied, it is gr
     ("48213", "code **48**213"),  # split by markup
     ("48213", "code 48<b></b>213"),  # split by a tag
     ("48213", "code 4 8 2 1 3"),  # spaced digits
-    ("A17", "order \u0410\u0031\u0037"),  # a Cyrillic A
     ("TRK9F2", "[track it](https://track.example/TRK9F2)"),  # a link's target
     ("TRK9F2", '{"tracking": "TRK\\u0039F2"}'),  # a JSON answer's escape
+]
+LOOK_ALIKES = [  # another value drawn like a given one: invented or copied, it is not grounded
+    ("A17", "order \u0410\u0031\u0037"),  # a Cyrillic A
     ("TRK9F2", "tracking T\u0336RK9F2"),  # a combining overlay
+    ("TRK9F2", "tracking TRK9\u0493\u0032"),  # a Cyrillic f with stroke
+    ("ord_21", "order \u1d0f\u0280\u1d05_21"),  # small capitals
 ]
 
 
@@ -1042,6 +1046,14 @@ def test_a_disguised_value_is_still_a_value(value, reply):
     assert fail == "ungrounded_value" and fail.evidence["values"]
     given_text = "https://track.example/TRK9F2" if "https" in reply else value
     assert grounded(given_text, reply) == []
+
+
+@pytest.mark.parametrize("value, reply", LOOK_ALIKES)
+def test_a_look_alike_of_a_given_value_is_not_that_value(value, reply):
+    for given_text in ("nothing useful here", value):
+        (fail,) = grounded(given_text, reply)
+        assert fail == "ungrounded_value" and fail.evidence["values"]
+    assert grounded(reply, reply) == []  # given as it is written, it is grounded
 
 
 def test_the_evidence_lists_each_ungrounded_value_and_what_came_later_never_grounds():

@@ -327,7 +327,9 @@ def test_a_masked_verdict_stands_only_on_its_digest(masked, tmp_path):
 @pytest.mark.parametrize("edit", sorted(MASKED_EDITS))
 def test_any_edit_of_a_masked_verdict_or_its_evidence_is_refused(masked, edit):
     problem = regression.record_problem(forged_masked(masked, MASKED_EDITS[edit]))
-    assert problem is not None and UNATTESTED in problem, problem
+    # moved onto another row's key, it is refused first as that key twice
+    twice = edit == "moved" and "holds m / refund-policy / repeat 0 again" in (problem or "")
+    assert problem is not None and (UNATTESTED in problem or twice), problem
 
 
 def test_a_mask_mark_in_one_row_no_longer_spares_the_others_from_grading(tmp_path):
@@ -690,7 +692,8 @@ def test_replay_under_changed_tool_results_is_refused_and_never_rewrites_what_it
         'reproducible under this suite: round 2 call refund_order({"order_id": "ord_1001"}) was '
         'answered "{\\"error\\": \\"refund refused\\"}", but the suite now answers '
         '"{\\"refund_id\\": \\"rf_1\\", \\"status\\": \\"ok\\"}"; a replay grades what the '
-        "model was told, so restore the suite's tool_results and max_rounds, or pass "
+        "model was told, so restore the suite's tool_results and its limits (max_rounds, "
+        "max_calls_per_round, max_row_bytes), or pass "
         "--allow-changed-tool-results to grade the stored conversation as it happened")
     assert not (tmp_path / "again.json").exists()
     assert last_line(misplaced_err).endswith(

@@ -376,3 +376,193 @@ def test_a_row_the_writer_left_half_over_the_old_tail_is_a_tear(written, tmp_pat
     for cut in range(starts[-1] - 1, len(written) - 40, 7):
         record = regression.load_record(_written(tmp_path / "r.json", written[:cut] + before[cut:]))
         assert len(record["runs"]) >= 7, cut
+
+
+# ------------------------------------------------------------ one row key twice
+
+def _twice(played, first):
+    """The played record with a passing copy of a failing row: refund-correct's answer to the
+    case relabelled as refund-claims' (each copy an honest row of its own), appended or first."""
+    record = copy.deepcopy(played)
+    failing_row = next(row for row in record["runs"] if row["passed"] is False)
+    copy_ = dict(next(row for row in record["runs"] if row["passed"] is True
+                      and row["case_id"] == failing_row["case_id"]), model=failing_row["model"])
+    at = record["runs"].index(failing_row)
+    record["runs"] = [copy_, *record["runs"]] if first else [*record["runs"], copy_]
+    key = regression.key_text(regression.row_key(failing_row))
+    positions = (0, at + 1) if first else (at, len(record["runs"]) - 1)
+    return record, (f"runs[{positions[1]}] holds {key} again (as runs[{positions[0]}] does); a "
+                    "record holds each model, case and repeat once, so which verdict counts is "
+                    "not clear")
+
+
+@pytest.mark.parametrize("first", [False, True], ids=["appended", "first"])
+def test_a_record_holding_one_row_key_twice_is_refused_by_every_reader(played, tmp_path, first):
+    """Two honest rows of one key (a failing row and a passing copy): --report exited 0 with
+    JUnit failures="0", --resume kept the first copy and moved the failing finished row to
+    superseded (PASS, then RECOVERED in compare), --replay used the last copy. Now every reader
+    (report, resume, replay, a replay that rebaselines, merge, compare either side) refuses it
+    in one line naming both positions, exit 2, writing nothing and leaving the record as it was."""
+    record, said = _twice(played, first)
+    path, honest = tmp_path / "twice.json", tmp_path / "honest.json"
+    path.write_text(json.dumps(record), encoding="utf-8")
+    honest.write_text(json.dumps(played), encoding="utf-8")
+    suite = tmp_path / "suite.json"
+    suite.write_bytes(EXAMPLE.read_bytes())
+    replay = ["--provider", "replay", "--replay", path, "--suite"]
+    runs = [["--report", path, "--junit", "r.xml", "--markdown", "r.md", "--html", "r.html"],
+            ["--resume", path], [*replay, EXAMPLE, "--out", "o.json"],
+            [*replay, suite, "--update-baseline", "--out", "b.json"],
+            ["--merge", "m.json", path]]
+    table = fakes.cli_table([(argv, tmp_path) for argv in runs], env=cli_env())
+    table += fakes.cli_table([([path, honest], tmp_path), ([honest, path], tmp_path)],
+                             env=cli_env(), script="compare_runs.py")
+    for argv, (code, out, err) in zip([*runs, ["compare"], ["compare"]], table):
+        told = out + err  # compare says NOT_COMPARABLE on stdout
+        assert (code, told.count("\n"), said in told, "Traceback" in told) == (2, 1, True, False), (
+            argv[0], told)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["honest.json", "suite.json",
+                                                          "twice.json"]
+    assert read_record(path) == record and suite.read_bytes() == EXAMPLE.read_bytes()
+    assert regression.record_problem(record, evidence=False) == said  # --resume asks so too
+    # the control: the honest record reads, every failure in its report
+    assert call(regression.main, ["--report", honest, "--junit", tmp_path / "h.xml"])[0] == 0
+    cases = junit_cases((tmp_path / "h.xml").read_text(encoding="utf-8"))
+    assert {key for key, kind in cases.items() if kind == "failure"} == failing(played)
+
+
+# ------------------------------------------------------------ every way the tool ends a played row
+
+LOOKUP = {"type": "function", "function": {
+    "name": "lookup_order", "description": "look",
+    "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}}}}
+# {how the play loop ends a row: (the suite's keys, round -> the model's calls, the reason)}: every
+# stop round_end gives, so a bound added without a way to replay it fails the test below
+STOPS = {
+    "answered": ({}, lambda number: [], None),
+    "max_rounds": ({"max_rounds": 2}, lambda number: [("lookup_order", {"order_id": "1"})],
+                   "no_final_answer"),
+    "max_calls_per_round": ({"max_calls_per_round": 1},
+                            lambda number: [("lookup_order", {"order_id": "1"})] * 2,
+                            "too_many_tool_calls"),
+    # two rounds of 3,000 bytes each way pass 10,000 in round 2: counted over the stored rounds
+    "max_row_bytes": ({"max_row_bytes": 10_000},
+                      lambda number: [("lookup_order", {"order_id": "x" * 3000})],
+                      "row_too_large"),
+}
+
+
+def test_every_stop_the_play_loop_has_is_enumerated_here():
+    """The stops of STOPS are the play loop's: its answer, max_rounds and every PLAYED_BOUNDS key,
+    and their reasons the no_final_answer check's. A new bound fails here until it is added."""
+    check = next(check for check in regression.CHECK_TABLE if check.name == "no_final_answer")
+    assert set(STOPS) == {"answered", *regression.PLAYED_SUITE_KEYS}
+    assert {reason for _, _, reason in STOPS.values()} - {None} == set(check.reasons)
+
+
+def _stopping_agent(calls):
+    """A chat endpoint whose model makes calls(round) in each round of turn or input "s one" (and
+    of a plain played input "go"), then answers "ok"; every other turn it answers "ok"."""
+    def answer(body):
+        messages = body["messages"]
+        last = max(n for n, message in enumerate(messages) if message["role"] == "user")
+        number = 1 + sum(message["role"] == "assistant" for message in messages[last:])
+        made = calls(number) if messages[last]["content"] in ("s one", "go") else []
+        return fakes.chat_response(None if made else "ok", tool_calls=made, cost=0.001)
+    return fakes.chat(answer)
+
+
+@pytest.mark.parametrize("stop", sorted(STOPS))
+def test_a_row_the_tool_ended_is_reported_compared_replayed_and_resumed(tmp_path, stop):
+    """A played row and a conversation turn ended by a suite bound (max_calls_per_round,
+    max_row_bytes) made the honest record unreadable: --report exit 2 ("it ended after round 1
+    (its max_rounds then), but the suite now plays on"), compare NOT_COMPARABLE, replay exit 2,
+    and a torn copy's --resume refused, so every paid row was paid again. Now every stop of the
+    play loop is replayed as it was: report, compare, replay and the resume of a torn copy
+    (keeping both finished rows) read it; the same record under a suite that would play on is
+    still refused."""
+    keys, calls, reason = STOPS[stop]
+    data = {"name": "stops", "instructions": "Support agent.", "tools": [LOOKUP], **keys,
+            "cases": [{"id": "played", "input": "go", "contains": ["ok"],
+                       "tool_results": {"lookup_order": {"ok": True}}},
+                      {"id": "conv", "turns": ["s one", "s two"], "contains": ["ok"],
+                       "tool_results": {"lookup_order": {"ok": True}}},
+                      {"id": "tail", "input": "plain", "contains": ["ok"]}]}
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps(data), encoding="utf-8")
+    code = 0 if reason is None else 1
+    with FakeServer(_stopping_agent(calls)) as server:
+        live = ["--suite", suite, "--provider", "openai", "--base-url", server.url + "/v1",
+                "--models", "m", "--quiet"]
+        (ran, _, err), = fakes.cli_table([([*live, "--out", "run.json"], tmp_path)],
+                                         env=cli_env())
+        assert ran == code, err
+        record = read_record(tmp_path / "run.json")
+        played_row, conv = record["runs"][:2]
+        assert reason is None or reason in played_row["reasons"] and reason in conv["reasons"]
+        assert len(conv["turns"]) == (2 if reason is None else 1)  # a stopped turn ends it
+        text = (tmp_path / "run.json").read_bytes()
+        (tmp_path / "torn.json").write_bytes(text[:text.rindex(b"\n{") + 60])
+        (tmp_path / "copy.json").write_bytes(text)
+        replay = ["--provider", "replay", "--replay", tmp_path / "run.json", "--quiet"]
+        runs = [(["--report", "run.json", "--junit", "r.xml"], 0), (["--resume", "torn.json"], code),
+                ([*replay, "--out", "replayed.json"], code)]
+        table = fakes.cli_table([(argv, tmp_path) for argv, _ in runs], env=cli_env())
+    for (argv, want), (got, out, err) in zip(runs, table):
+        assert got == want, (argv[0], out, err)
+    assert read_record(tmp_path / "torn.json")["resumed"][0]["kept_rows"] == 2  # none paid again
+    failures = {key[1] for key, kind in junit_cases((tmp_path / "r.xml").read_text()).items()
+                if kind == "failure"}
+    assert failures == (set() if reason is None else {"played", "conv"})
+    for after in ("copy.json", "replayed.json", "torn.json"):
+        said = call(compare_runs.main, [tmp_path / "run.json", tmp_path / after])
+        assert said[0] == 0, (after, said)
+    if reason is not None:  # the control: a suite that would play on past the stop is refused
+        longer = {**data, **{key: regression.PLAYED_BOUNDS.get(key, (8,))[0] for key in keys}}
+        suite.write_text(json.dumps(longer), encoding="utf-8")
+        said = call(regression.main, [*replay, "--suite", suite, "--out", tmp_path / "again.json"])
+        assert said[0] == 2 and "but the suite now plays on" in said[1], said
+
+
+def test_a_replay_graded_on_the_tool_results_as_recorded_is_reported_compared_and_resumed(
+        tmp_path):
+    """--replay --allow-changed-tool-results under a suite whose tool_results changed wrote a
+    record that --report and compare then refused (its stored results are not its suite's). It
+    says it holds the results as recorded: its readers grade it so, a CAUTION saying it, and it
+    compares with the record it replayed as a REGRADE. A live record with the same results is
+    still refused (the control)."""
+    def suite_of(day):
+        return {"name": "as-recorded", "instructions": "State only facts a tool gave you.",
+                "tools": [LOOKUP], "cases": [{
+                    "id": "ship", "input": "go", "behaviors": ["grounded"],
+                    "tool_results": {"lookup_order": {"shipped_on": f"2026-11-{day}"}}}]}
+    for day in (20, 21):
+        (tmp_path / f"s{day}.json").write_text(json.dumps(suite_of(day)), encoding="utf-8")
+
+    def answer(body):
+        told = body["messages"][-1]["role"] == "tool"
+        return fakes.chat_response("It shipped on 2026-11-20." if told else None,
+                                   tool_calls=[] if told else [("lookup_order", {})], cost=0.001)
+    with FakeServer(fakes.chat(answer)) as server:
+        assert run_main(["--suite", tmp_path / "s20.json", "--provider", "openai", "--base-url",
+                         server.url + "/v1", "--models", "m", "--out", tmp_path / "run.json",
+                         "--quiet"]) == 0
+    replay = ["--provider", "replay", "--replay", "run.json", "--suite", "s21.json", "--quiet"]
+    caution = "replayed with --allow-changed-tool-results: graded on the tool results"
+    runs = [([*replay, "--out", "no.json"], 2),
+            ([*replay, "--allow-changed-tool-results", "--out", "rep.json"], 0),
+            (["--report", "rep.json", "--markdown", "rep.md"], 0), (["--resume", "rep.json"], 0)]
+    table = fakes.cli_table([(argv, tmp_path) for argv, _ in runs], env=cli_env())
+    for (argv, want), (code, out, err) in zip(runs, table):
+        assert code == want and "Traceback" not in err, (argv, out, err)
+    assert "but the suite now answers" in table[0][2] and caution in table[2][2]
+    assert caution in (tmp_path / "rep.md").read_text(encoding="utf-8")
+    code, said = call(compare_runs.main, [tmp_path / "run.json", tmp_path / "rep.json"])
+    assert code == 0 and "REGRADE" in said and caution in said, said
+    # the control: the same stored conversation in a record that is no such replay is refused
+    live = {key: value for key, value in read_record(tmp_path / "rep.json").items()
+            if key != "replayed_from"}
+    (tmp_path / "live.json").write_text(json.dumps(live), encoding="utf-8")
+    code, said = call(regression.main, ["--report", tmp_path / "live.json", "--html",
+                                        tmp_path / "live.html"])
+    assert code == 2 and "its stored conversation is not one its suite plays" in said, said

@@ -64,3 +64,51 @@ def test_every_reader_refuses_a_mistyped_field_in_one_line(record, tmp_path):
         said_lines = (out + err).strip().splitlines()
         assert (code, len(said_lines), "Traceback" in err) == (2, 1, False), (script, out, err)
         assert said in said_lines[0]
+
+
+# ------------------------------------------------------------ attempts: retries, not requests
+
+def _failing_in_turn_two(failures):
+    """A chat endpoint: "t one" and the first round of "go" answer (a call), then `failures`
+    HTTP 500s for each later request (turn "t two", round 2 of "go"), then "ok"."""
+    seen = {}
+
+    def reply(request):
+        messages = request.json["messages"]
+        user = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+        later = user == "t two" or user == "go" and messages[-1]["role"] == "tool"
+        seen[user] = seen.get(user, 0) + later
+        if later and seen[user] <= failures:
+            return fakes.Reply(500, {"error": {"message": "boom"}})
+        made = [("lookup_order", {})] if user == "go" and not later else []
+        return fakes.Reply(body=fakes.chat_response(None if made else "ok", tool_calls=made))
+    return reply
+
+
+@pytest.mark.parametrize("shape", ["conversation", "played"])
+@pytest.mark.parametrize("retries, stored, said", [
+    (0, 2, None), (1, 3, "(after 3 attempts for 2 requests)")])
+def test_a_row_that_failed_in_a_later_request_claims_no_retry_it_did_not_make(
+        tmp_path, shape, retries, stored, said):
+    """With --retries 0, a conversation whose turn 2 failed (and a played row whose round 2
+    did) printed "(after 2 attempts)": the failed request left no response, so it was counted as
+    a retry. attempts still counts every request of the row (docs/records.md); the console
+    says "(after N attempts ...)" only when a request was retried."""
+    case = {"id": "conv", "turns": ["t one", "t two"], "contains": ["ok"]} \
+        if shape == "conversation" else \
+        {"id": "played", "input": "go", "contains": ["ok"],
+         "tool_results": {"lookup_order": {"ok": True}}}
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps({
+        "name": "later", "instructions": "Be nice.", "tools": [{"type": "function", "function": {
+            "name": "lookup_order", "parameters": {"type": "object", "properties": {}}}}],
+        "cases": [case]}), encoding="utf-8")
+    with fakes.FakeServer(_failing_in_turn_two(retries + 1)) as server:
+        argv = ["--suite", suite, "--provider", "openai", "--base-url", server.url + "/v1",
+                "--models", "m", "--retries", retries, "--out", "run.json"]
+        code, out, err = fakes.cli_table([(argv, tmp_path)], env=cli_env())[0]
+    assert code == 2, err
+    row, = json.loads((tmp_path / "run.json").read_text(encoding="utf-8"))["runs"]
+    assert (row["error"], row["attempts"]) == ("HTTPError", stored)
+    line, = [line for line in out.splitlines() if "ERROR HTTPError 500" in line]
+    assert ("(after" in line, said is None or said in line) == (said is not None, True), line

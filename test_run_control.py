@@ -770,6 +770,36 @@ def test_redact_pii_masks_card_numbers_in_context(text):
     assert CARD.replace(" ", "") not in re.sub(r"\D", "", masked)
 
 
+@pytest.mark.parametrize("text", [
+    "ref-4111111111111111", "4111111111111111-exp", "4111-1111-1111-1111-", "4111.1111.1111.1111",
+    "4111_1111_1111_1111", "ref: 9999-4111-1111-1111-1111", "4111-1111-1111-1111-12-28 exp",
+    "card 12 4111 1111 1111 1111", "\uff14\uff11\uff11\uff11.1111.1111.1111",
+])
+def test_redact_pii_masks_a_card_touching_a_dash_or_grouped_by_dots_or_inside_longer_groups(text):
+    # a card is masked wherever its digit groups stand: touching a dash, grouped by dots or
+    # underscores, or among other digit groups (before, the run had to be exactly the card)
+    masked = regression.redactor(pii=True)(text)
+    assert "[REDACTED:card]" in masked
+    assert "4111111111111111" not in regression.text_form(re.sub(r"[\s._-]", "", masked))
+
+
+def test_redact_pii_keeps_long_digit_runs_and_invalid_numbers_as_written():
+    for text in ["id 12345678901234567890123", "99994111111111111111", "v1.2.3.4 build 20261204",
+                 f"ref {NOT_A_CARD.replace(' ', '-')}-exp"]:
+        assert regression.redactor(pii=True)(text) == text
+
+
+def test_redact_pii_of_a_long_unbroken_answer_finishes_through_the_cli(tmp_path):
+    # the e-mail rule tried every start inside a run of letters and digits: a 200 kB base64-like
+    # answer took many minutes under --redact-pii (quadratic); now one try per run
+    blob = "QUJD" * 50_000 + " 4111-1111-1111-1111 x" + "1-" * 50_000
+    case = {"id": "blob", "input": "Send the file.", "contains": ["QUJD"]}
+    result, out = chat_run(tmp_path, blob, case, "--redact-pii")
+    assert result.returncode == 0, result.stderr
+    row, = read(out)["runs"]
+    assert "[REDACTED:card]" in row["answer_text"] and "4111-1111" not in row["answer_text"]
+
+
 def test_redact_pii_masks_a_card_followed_by_a_short_number():
     # A card number followed by its CVV (or any 1-3 digit group) is still a card number.
     masked = regression.redactor(pii=True)(f"card {CARD} 123")

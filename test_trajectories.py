@@ -633,7 +633,8 @@ def test_replay_asking_for_more_rounds_than_stored_is_refused(tmp_path, capsys):
     code = run_main(["--provider", "replay", "--replay", out, "--suite", suite, "--out", more])
     assert code == 2 and not more.exists()
     said = capsys.readouterr().err
-    assert "ended after round 4 (its max_rounds then), but the suite now plays on" in said
+    assert ("ended after round 4 (at a limit its suite set then: max_rounds, max_calls_per_round, "
+            "max_row_bytes), but the suite now plays on") in said
 
 
 def test_resume_reruns_a_played_row_from_its_first_round(tmp_path):
