@@ -6031,11 +6031,14 @@ def replay_problem(suite, case, row, parse, call_ids, results=True):
         sent = turn.get("tool_results") if isinstance(turn.get("tool_results"), list) else None
         ids = call_ids(turn["response"])
         stop, _, held = round_end(suite, case, trace, number, turn["response"], held, ids, sent)
-        if stop is not None:  # every way the play loop ends a row: it must end where it did
+        # every way the play loop ends a row: it must end where it did, but for a round cut short
+        # (an older release played on past it): graded, as live, up to that round
+        if stop is not None and (number == len(turns) or stop == "response_not_completed"):
+            return None
+        if stop is not None:
             what = "its answer" if stop == "answered" else stop if not isinstance(stop, Fail) \
                 else next(key for key in PLAYED_BOUNDS if key in stop.evidence)
-            return None if number == len(turns) else \
-                f"{what} now ends it after round {number} of the {len(turns)} stored"
+            return f"{what} now ends it after round {number} of the {len(turns)} stored"
         if number == len(turns):
             return f"it ended after round {number} (at a limit its suite set then: " \
                 f"{', '.join(PLAYED_SUITE_KEYS)}), but the suite now plays on"

@@ -1283,10 +1283,9 @@ def test_a_row_stopped_at_a_round_cut_short_grades_the_same_offline(cut_short_re
     assert len(again["rounds"]) == 1 and again["passed"] is False
 
 
-@pytest.mark.xfail(strict=True, reason="needs fix/records")
 def test_a_record_with_a_row_stopped_at_a_round_cut_short_reports_and_replays(tmp_path, cut_short_record):
-    """Today replay_problem reads a stored row that ends in a round still calling tools as one whose
-    max_rounds ended it, so --report and --replay refuse the record the run just made."""
+    """replay_problem read a stored row that ends in a round still calling tools as one whose
+    max_rounds ended it, so --report and --replay refused the record the run had just made."""
     report, replay = cli_table([
         ["--report", cut_short_record, "--markdown", tmp_path / "r.md"],
         ["--provider", "replay", "--replay", cut_short_record, "--out", tmp_path / "replayed.json"]], tmp_path)
@@ -1459,3 +1458,21 @@ def test_a_key_in_the_base_url_path_never_reaches_the_record_reports_or_console(
     assert blind == 2 and "give the endpoint again with --base-url URL" in error_line(blind_err)
     assert told == 0, told_err
     assert URL_KEY not in blind_err + told_err + out.read_text(encoding="utf-8")
+
+
+def test_an_older_record_that_played_on_past_a_round_cut_short_is_graded_up_to_that_round(tmp_path):
+    """A record of an earlier release ran a cut-short round's calls and passed: --report and a
+    replay read it (not "not reproducible") and grade it as the run now would, failing there."""
+    suite, out, old = write_suite(tmp_path / "play.json", PLAY_SUITE), tmp_path / "run.json", tmp_path / "old.json"
+    with FakeServer(fakes.cut_short_round("tool_calls")) as server:
+        assert run_main(openai_args(server, suite=suite, out=out)) == 0
+    record = read_record(out)
+    record["runs"][0]["rounds"][0]["response"]["choices"][0]["finish_reason"] = "length"  # as it was cut
+    old.write_text(json.dumps(record), encoding="utf-8")
+    (report, _, report_err), (replay, _, replay_err) = cli_table([
+        ["--report", old, "--markdown", tmp_path / "r.md"],
+        ["--provider", "replay", "--replay", old, "--out", tmp_path / "replayed.json"]], tmp_path)
+    assert report == 0 and "m / p1 / repeat 0" in report_err, report_err  # the CAUTION names it
+    assert replay == 1, replay_err
+    (row,) = read_record(tmp_path / "replayed.json")["runs"]
+    assert "response_not_completed" in row["reasons"] and len(row["rounds"]) == 1
