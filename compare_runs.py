@@ -82,8 +82,9 @@ def index(record):
     for position, row in enumerate(runs):
         key = row_key(row)
         _require(key not in rows, f"duplicate row {_name(key)}")
-        _require(row.get("error") is None,
-                 f"row {_name(key)} has an execution error ({row.get('error')})")
+        _require(row.get("error") is None, f"row {_name(key)} has an execution error "
+                 f"({row.get('error')}{': ' * bool(row.get('error_message'))}"
+                 f"{str(row.get('error_message') or '')[:500]})")
         reasons = row.get("reasons")
         _require(isinstance(reasons, list) and all(isinstance(reason, str) for reason in reasons),
                  f"row {_name(key)}: reasons is not a list of strings")

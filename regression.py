@@ -1086,8 +1086,8 @@ def _user_text(case):
 
 class Trace(collections.namedtuple("Trace", "final_text tool_calls tool_rounds search_urls status "
                                      "cost_usd earlier_texts thought_texts rounds final "
-                                     "attempts bound transcript turns",
-                                     defaults=((), (), None, None, (), None, (), None))):
+                                     "attempts bound transcript turns shown",
+                                     defaults=((), (), None, None, (), None, (), None, None))):
     """What a provider saw of one row, in provider-neutral form: the only thing checks read.
 
     final_text     the answer graded (str): reasoning a server left in content removed
@@ -1107,6 +1107,8 @@ class Trace(collections.namedtuple("Trace", "final_text tool_calls tool_rounds s
     transcript     a played row or conversation: ("user" | "tool" | "said", text) in the order the
                    model was told and said them (user turns, tool results, search URLs, replies)
     turns          a conversation: each turn's own trace (None: no conversation)
+    shown          the answer as a client shows it, where that is not final_text: the text before
+                   a </think> the content never opened (see shown_text); None: final_text
     """
 
     __slots__ = ()
@@ -2944,6 +2946,12 @@ def _finished(trace):
     return trace.status == "completed" and not trace.tool_calls  # a judge is given no tools
 
 
+def shown_text(trace):
+    """What the judge reads: the answer as the customer saw it (Trace.shown): the answer, and text
+    before a </think> the content never opened (that reached the customer as it was sent)."""
+    return trace.final_text if trace.shown is None else trace.shown
+
+
 def _rubric_details(case, trace, failed):
     """Each rubric's verdict, votes and reason: a split vote shows on a pass too."""
     judged = case.get("_judged") or {}
@@ -2973,7 +2981,7 @@ def _rubric_short(case, reasons, details):
 def check_rubric(case, trace, rubric):
     """`rubric` (a text, or a list of them, each its own rule): a judge model found that the
     answer does what it says (the majority of its repeats); an empty answer fails unjudged."""
-    empty = not text_form(trace.final_text)
+    empty = not text_form(shown_text(trace))
     judged = UNJUDGED if empty else (case.get("_judged") or {}).get(rubric)
     if judged is None:  # a verdict never stands without the judgement it is read from
         raise JudgeError(f"the rubric {_quote(rubric)} was not judged")
@@ -5604,6 +5612,17 @@ class OpenAIProvider(HTTPProvider):
         return _THINK_BLOCK.sub("", text).strip()
 
     @staticmethod
+    def shown(text, answer):
+        """What a client shows of content that closes a think block it never opened, where that
+        is not the answer, or None: a chat UI folds a <think>...</think> block it sees opened, but
+        text before a lone </think> has no start to fold from, and a renderer drops the lone tag,
+        so that text reached the customer. The judge reads this (see shown_text)."""
+        if _THINK_CLOSE.search(text) is None:
+            return None
+        shown = _THINK_CLOSE.sub("", _THINK_BLOCK.sub("", text)).strip()
+        return shown if shown != answer else None
+
+    @staticmethod
     def reply_error(raw):
         """The error a chat-completions body reports, or None: a top-level `error` or one on the
         first choice (OpenRouter's, when the upstream failed mid-answer), whatever else the body
@@ -5664,10 +5683,13 @@ class OpenAIProvider(HTTPProvider):
         usage = raw.get("usage") if isinstance(raw.get("usage"), dict) else {}
         cost = usage.get("cost")  # OpenRouter reports the USD cost here
         content, answer = content_text(message.get("content")), cls.answer(message.get("content"))
-        said = (answer, message.get("refusal"))
+        shown = cls.shown(content, answer)
+        said, seen = (answer, message.get("refusal")), (shown, message.get("refusal"))
         return Trace(
             # OpenAI puts a refusal beside a null content: it is what the model said, and is graded
             final_text="\n".join(text for text in said if isinstance(text, str) and text),
+            shown="\n".join(text for text in seen if isinstance(text, str) and text)
+            if shown is not None else None,
             # Reasoning left in content reached the client as content: what must never be said is
             # looked for there too (see never_said_texts); what must be said is not taken from it.
             thought_texts=(content,) if content.strip() != answer else (),
@@ -6411,7 +6433,7 @@ def rounds_trace(parse, rounds, traces=None, bound=None):
             calls.append(entry)
     last = traces[-1]
     return Trace(
-        transcript=tuple(heard), final_text=last.final_text,
+        transcript=tuple(heard), final_text=last.final_text, shown=last.shown,
         # Text a round said beside its tool calls is said to the user too (see said_texts).
         earlier_texts=tuple(trace.final_text for trace in traces[:-1] if trace.final_text),
         tool_calls=calls, status=last.status, rounds=len(rounds), final=not last.tool_calls,
@@ -6618,7 +6640,7 @@ def conversation_trace(users, traces):
         before += trace.rounds
     last = traces[-1]
     return Trace(
-        final_text=last.final_text,
+        final_text=last.final_text, shown=last.shown,
         earlier_texts=tuple(text for trace in traces[:-1] for text in said_texts(trace) if text)
         + last.earlier_texts,
         tool_calls=calls, status="completed", rounds=before, final=True, turns=tuple(traces),
@@ -6706,8 +6728,8 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
         if "rubric" in case:  # judged here, so grading stays pure: check_rubric reads the verdicts
             stored = provider.judgements((model, case["id"], repeat or 0))
             compiled["_judged"] = yield from judge_row_steps(
-                judge, case, _user_text(case), trace.final_text, row, stored, retries or 0, sleep,
-                budget)
+                judge, case, _user_text(case), shown_text(trace), row, stored, retries or 0,
+                sleep, budget)
         ask = grader and (lambda: grader(case, row["response"], trace))
         model = getattr(provider, "evidence", MODEL_EVIDENCE) == MODEL_EVIDENCE  # not echo
         grade_row(row, compiled, trace, ask, model)
@@ -6842,9 +6864,10 @@ class Judge:
 
     def __init__(self, identity, provider=None, prices=None):
         self.identity, self.provider, self.prices = identity, provider, prices or {}
-        # data_sha256 hashes the data as the record holds it: a hash of an unmasked PIN or card
-        # number would give the masked value back to a guess (see set_up_judge)
-        self.mask = str
+        # data_sha256 hashes the data as the record holds it (the input and rubric as its config
+        # does, the answer masked as its row does), so a regrade recomputes it from the record: a
+        # hash of an unmasked PIN or card number would give the masked value back to a guess
+        self.mask = str  # a run's mask (set_up_judge); a regrade reads the masked answer as stored
         self.model, self.repeats = identity["model"], identity["repeats"]
         self.suite = {"name": "judge", "instructions": identity["prompt"], "tools": [],
                       "response_format": JUDGE_FORMAT}
@@ -6864,16 +6887,16 @@ class Judge:
             return None
 
     def reused(self, stored, rubric, digest):
-        """The stored judgements that stand for this call (same rubric, judge and data, each
-        verdict read again from its stored response), or None when there are not `repeats`."""
-        same = []
-        for entry in stored:
-            if isinstance(entry, dict) and "error" not in entry and entry.get("rubric") == rubric \
-                    and entry.get("judge") == self.mark and entry.get("data_sha256") == digest:
-                read = self.read(entry.get("response"))
-                if read:
-                    same.append({**entry, "verdict": read[0], "reason": read[1], "reused": True})
-        return same[:self.repeats] if len(same) >= self.repeats else None
+        """The stored judgements that stand for this call, each verdict read again from its stored
+        response, or None: they stand only as the `repeats` calls a run makes (same rubric, judge
+        and data), each completed; one more or fewer (an entry copied, one cut) is an edit."""
+        same = [entry for entry in stored if isinstance(entry, dict) and entry.get("rubric") ==
+                rubric and entry.get("judge") == self.mark and entry.get("data_sha256") == digest]
+        read = [self.read(entry.get("response")) for entry in same if "error" not in entry]
+        if len(same) != self.repeats or not all(read) or len(read) != self.repeats:
+            return None
+        return [{**entry, "verdict": verdict, "reason": reason, "reused": True}
+                for entry, (verdict, reason) in zip(same, read)]
 
     def verdict_steps(self, rubric, input_text, answer, calls, stored=(), retries=0,
                       sleep=time.sleep, budget=None):
@@ -6883,11 +6906,13 @@ class Judge:
         if not text_form(answer):
             return dict(UNJUDGED)
         data, digest = judge_data(input_text, rubric, answer)[0], \
-            judge_data(*map(self.mask, (input_text, rubric, answer)))[1]
+            judge_data(input_text, rubric, self.mask(answer))[1]
         mine = self.reused(stored, rubric, digest)
         if mine is None and self.provider is None:
-            raise JudgeError(f"no judge is named to judge the rubric {_quote(rubric)} anew (no "
-                             f"stored judgement by {self} stands for this answer)")
+            calls_ = _plural(self.repeats, "completed call")
+            raise JudgeError(f"no stored judgement of the rubric {_quote(rubric)} by {self} "
+                             f"stands for this answer (its {calls_} on this data, as a run makes "
+                             "them), and no judge is named to judge it anew")
         calls += mine or []
         for _ in range(self.repeats if mine is None else 0):
             entry = {"rubric": rubric, "judge": self.mark, "data_sha256": digest}
@@ -9212,7 +9237,21 @@ def _judge_lines(run, settings, env):
             f"{judge.mark['prompt_sha256']}; up to {asks} judge request(s){named}"
             + (f" ({problem})" if problem else ""))
     return [line] + [f"judge_examples: {examples}, graded before any model request (a misgraded "
-                     "one stops the run)"] * bool(examples) + _judge_cap_warning(settings, run, env)
+                     "one stops the run)"] * bool(examples) \
+        + _judge_cap_warning(settings, run, env) + [f"warning: {said}" for said in self_judged(run)]
+
+
+def self_judged(run):
+    """The warning of a judge that is a model under test at its endpoint (it grades its own
+    answers), printed by --dry-run and when a run starts; [] for any other judge."""
+    judge, endpoint = (run.judge.identity if run.judge else {}), run.header.get("provider") or {}
+    where = [(side.get("base_url") or "").rstrip("/") for side in (judge, endpoint)]
+    if judge.get("model") not in run.header["config"]["models"] or where[0] != where[1] \
+            or judge.get("provider") != endpoint.get("name"):
+        return []
+    return [f"the judge {run.judge} is the model under test {judge['model']} at its endpoint: it "
+            "grades its own answers, and a model tends to pass what it wrote; judge with another "
+            "model (the suite's judge, or --judge-model)"]
 
 
 def _judge_cap_warning(settings, run, env):
@@ -9496,12 +9535,24 @@ def regrade_problem(record, path, suite, rows):
             return (f"{key_text(row_key(row))}: its stored conversation is not one its suite plays "
                     f"({changed}); the summary would count a verdict on a conversation that never "
                     f"happened{other}: run the suite again with --out NEW.json")
+        if ungradable(row, again):
+            return (f"{key_text(row_key(row))} is stored as {_verdict_text(row)}, "
+                    f"{ungradable(row, again)}{other}: run the suite again with --out NEW.json")
         if grade_differs(row, again):
             differs = "" if again["answer_text"] == row.get("answer_text") else \
                 " (and its stored answer_text is not its stored response's answer)"
             return (f"{key_text(row_key(row))} is stored as {_verdict_text(row)} but its stored "
                     f"response now grades {_verdict_text(again)}{differs}{other}; the summary "
                     "would mix two gradings: run the suite again with --out NEW.json")
+    return None
+
+
+def ungradable(row, again):
+    """Why a row stored without an execution error cannot be graded again, or None: its evidence
+    grades as one (a stored judgement that does not stand: its data, or its calls, edited). Its
+    verdict then stands on nothing: never counted as a failure (it could hide a NEW_FAILURE)."""
+    if row.get("error") is None and again.get("error") is not None:
+        return f"but its stored evidence cannot be graded again ({again.get('error_message')})"
     return None
 
 
@@ -9514,11 +9565,28 @@ def masked_where_read(row, again):
     return bool(_MASK_MARK.search(dumps(read)))
 
 
+def _graded_notes(record, path, differ, unsure):
+    """The CAUTION lines of graded_now: rows whose stored verdict differs from their grade now,
+    masked PASS rows that fail on their masked evidence, and a replay graded as recorded."""
+    notes = [f"CAUTION {path}: {_plural(len(differ), 'row')} of its stored verdicts differ from "
+             f"what its stored evidence grades under this code (first: {differ[0]}); compared and "
+             "reported as graded now"] if differ else []
+    notes += [f"CAUTION {path}: masked rows stored PASS that grade FAIL on their masked "
+              f"evidence: {len(unsure)} (first: {unsure[0]}); a masked row cannot be graded "
+              "again and stands on its verdict_sha256, which anyone who edits a record can compute"
+              ] if unsure else []
+    notes += [f"CAUTION {path}: replayed with --allow-changed-tool-results: graded on the tool "
+              "results the model was sent, which its suite's tool_results may no longer give"
+              ] if as_recorded(record) else []
+    return notes
+
+
 def graded_now(record, path):
     """(record, notes): the record with each row's verdict as its stored evidence grades under
     this code (offline, as a replay), so a verdict edited in the file, or given by other code,
     never stands in a comparison or a report; notes name the rows whose stored verdict differs.
-    RecordError when a row's stored conversation is not one its suite plays (evidence edited).
+    RecordError when a row's stored conversation is not one its suite plays (evidence edited);
+    a row whose evidence no longer grades (see ungradable) is an execution error, saying why.
     A row masked where its grade reads stands on its verdict_sha256, checked when the record was
     read; a note names such rows stored PASS that fail on their masked evidence."""
     try:  # empty baselines are as the run graded them (a run that filled them)
@@ -9540,22 +9608,19 @@ def graded_now(record, path):
             raise RecordError(f"{path}: {key_text(row_key(row))}: its stored conversation is not "
                               f"one its suite plays ({changed})")
         graded = {field: again[field] for field in GRADE_FIELDS if field in again}
+        if ungradable(row, again):  # an execution error, as graded: never counted as a failure
+            graded.update(error=again["error"], error_status=None, error_message=f"stored as "
+                          f"{_verdict_text(row)}, {ungradable(row, again)}; its verdict stands on "
+                          "nothing")
         if grade_differs(row, again):
             differ.append(f"{key_text(row_key(row))} stored {_verdict_text(row)}, graded "
                           f"{_verdict_text(again)}")
         now[id(row)] = graded = {**row, **graded}
+        if graded.get("error") is not None:
+            graded.pop("verdicts", None), graded.pop("details", None)
         if "verdict_sha256" in row:  # a --redact row without a mask: its digest follows its grade
             graded["verdict_sha256"] = verdict_sha256(digests.get(row["case_id"]), graded)
-    notes = [f"CAUTION {path}: {_plural(len(differ), 'row')} of its stored verdicts differ from "
-             f"what its stored evidence grades under this code (first: {differ[0]}); compared and "
-             "reported as graded now"] if differ else []
-    notes += [f"CAUTION {path}: masked rows stored PASS that grade FAIL on their masked "
-              f"evidence: {len(unsure)} (first: {unsure[0]}); a masked row cannot be graded "
-              "again and stands on its verdict_sha256, which anyone who edits a record can compute"
-              ] if unsure else []
-    notes += [f"CAUTION {path}: replayed with --allow-changed-tool-results: graded on the tool "
-              "results the model was sent, which its suite's tool_results may no longer give"
-              ] if as_recorded(record) else []
+    notes = _graded_notes(record, path, differ, unsure)
     runs = [now.get(id(row), row) for row in record["runs"]]
     return {**record, "runs": runs}, [safe_text(note) for note in notes]
 
@@ -9610,12 +9675,17 @@ def _judge_needed(run, replayed):
     todo = [key for key in run.todo if "rubric" in cases[key[1]]]
     if replayed is None or not todo:
         return bool(todo)
-    stored = {row_key(row): row for row in replayed["runs"]}
+    stored, parse = {row_key(row): row for row in replayed["runs"]}, \
+        ReplayProvider(replayed, None).parse
     for key in todo:
         row, case = stored.get(key) or {}, cases[key[1]]
         kept = [entry for entry in row.get("judgements") or [] if isinstance(entry, dict)]
-        for rubric in rubrics_of(case) if text_form(row.get("answer_text")) else ():
-            digest = judge_data(_user_text(case), rubric, row["answer_text"])[1]
+        try:  # what its judge read: the answer as its final response shows it
+            answer = shown_text(parse(row["response"]))
+        except Exception:
+            answer = row.get("answer_text")
+        for rubric in rubrics_of(case) if text_form(answer) else ():
+            digest = judge_data(_user_text(case), rubric, answer)[1]
             if run.judge.reused(kept, rubric, digest) is None:
                 if run.judge_spec is None:
                     raise UsageError(f"--replay: the rubric {_quote(rubric)} of case {key[1]!r} "
@@ -10397,7 +10467,7 @@ def run_mode(settings, env, stage):
         raise UsageError(run.refusal)
     run.provider, run.secret = make_provider(settings, env)
     _check_replay_covers(run.provider, run, settings)
-    for warning in suite_warnings(run.suite):  # in the CI log too, where a weak case passes unseen
+    for warning in suite_warnings(run.suite) + self_judged(run):  # in the CI log too
         print(f"warning: {safe_text(warning)}", file=sys.stderr)
     if not run.resuming and run.header.get("sdk_version") is None:
         run.header["sdk_version"] = PROVIDERS[settings.provider].sdk_version()

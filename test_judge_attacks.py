@@ -325,3 +325,250 @@ def test_the_key_note_of_a_judge_endpoint_names_the_judges_own_key_setting(tmp_p
             f"note: {who}OPENAI_API_KEY is not sent to {url.url}/v1; name the endpoint's key "
             f"variable with {setting}"], err
         assert "sk-vendor" not in err
+
+
+# ===================================== a judged record graded again: masked, edited, resumed
+
+REFUND = "The reply states a refund window."
+SECRET_INPUT = "I am alice@example.com, re TICKET-4821. How long is the refund window?"
+
+
+def compare(runs):
+    """[(exit code, stdout, stderr)] of compare_runs.py for each (argv, cwd)."""
+    return fakes.cli_table([([str(arg) for arg in argv], cwd) for argv, cwd in runs], cli_env(),
+                           script="compare_runs.py", flags=("-W", "error"))
+
+
+def model_run(tmp_path, chat, judge, data, name, *flags):
+    """(argv, cwd) of a run of suite `data` by model m on `chat`, judged on `judge`."""
+    path = write(tmp_path / f"{name}-suite.json", data)
+    return (["--suite", path, "--provider", "openai", "--base-url", chat.url + "/v1", "--models",
+             "m", "--judge-base-url", judge.url + "/v1", "--out", tmp_path / f"{name}.json",
+             "--quiet", *flags], tmp_path)
+
+
+def answering(state):
+    """A model server that answers state["answer"] (a 503 while state["down"] holds the input)."""
+    def answer(request):
+        said = [m["content"] for m in request.json["messages"] if m["role"] == "user"][-1]
+        if said == state.get("down"):
+            return fakes.Reply(503, {"error": {"message": "overloaded"}})
+        return fakes.Reply(body=fakes.chat_response(state["answer"], cost=0.001))
+    return answer
+
+
+@pytest.mark.parametrize("flags", [["--redact-pii"], ["--redact", r"TICKET-[0-9]+"],
+                                   ["--redact-pii", "--redact", r"TICKET-[0-9]+"]])
+def test_a_redacted_records_judgements_stand_so_compare_and_report_give_its_verdict(
+        tmp_path, judge, flags):
+    # before: the judgement hashed the masked input, a regrade the input as stored, so no stored
+    # judgement stood: every row graded execution_error, and a real regression compared
+    # STILL_FAILING (exit 0); two honest runs compared as both failing
+    data = suite([{"id": "refund", "input": SECRET_INPUT, "rubric": REFUND}], "judge-marker")
+    state = {}
+    with fakes.FakeServer(answering(state)) as chat:
+        for name, answer in (("before", "GOOD: 30 days"), ("after", "Ask support."),
+                             ("again", "GOOD: 30 days")):
+            state["answer"] = answer
+            ((code, _, stderr),) = cli([model_run(tmp_path, chat, judge, data, name, *flags)])
+            assert code == (1 if name == "after" else 0), stderr
+    (new, _, _), (same, stdout, _) = compare([(["before.json", "after.json"], tmp_path),
+                                              (["before.json", "again.json"], tmp_path)])
+    assert new == 1 and same == 0, stdout
+    regressed = compare([(["before.json", "after.json"], tmp_path)])[0][1]
+    assert "NEW_FAILURE" in regressed and "CAUTION" not in regressed + stdout
+    ((code, _, stderr),) = cli([(["--report", "before.json", "--markdown", "r.md"], tmp_path)])
+    assert code == 0 and "CAUTION" not in stderr, stderr
+    row = json.loads((tmp_path / "before.json").read_text(encoding="utf-8"))["runs"][0]
+    # the hash is of what the record holds: the input as its config does, the answer as stored
+    assert row["judgements"][0]["data_sha256"] == regression.judge_data(
+        SECRET_INPUT, REFUND, row["answer_text"])[1]
+
+
+def test_a_stopped_redacted_run_resumes_and_keeps_its_judged_row(tmp_path, judge):
+    # before: --resume refused it: "stored as PASS but its stored response now grades FAIL"
+    data = suite([{"id": "refund", "input": SECRET_INPUT, "rubric": REFUND},
+                  {"id": "other", "input": "q2", "contains": ["GOOD"]}], "judge-marker")
+    state = {"answer": "GOOD: 30 days", "down": "q2"}
+    with fakes.FakeServer(answering(state)) as chat:
+        first = model_run(tmp_path, chat, judge, data, "run", "--redact-pii")
+        ((code, _, stderr),) = cli([first])
+        assert code == 2, stderr
+        state["down"] = None
+        ((code, _, stderr),) = cli([(["--resume", tmp_path / "run.json", "--base-url",
+                                      chat.url + "/v1", "--quiet"], tmp_path)])
+    assert code == 0, stderr
+    assert len(judge.requests) == 1  # the kept row's judgement stood: it was not paid twice
+    rows = json.loads((tmp_path / "run.json").read_text(encoding="utf-8"))["runs"]
+    assert sorted((row["case_id"], row["passed"]) for row in rows) == [("other", True),
+                                                                      ("refund", True)]
+
+
+def split_judge(request):
+    """A judge of repeats 3: every call passes an answer with the marker; any other answer gets
+    pass, fail, fail (1 of 3 pass)."""
+    data = fakes.judge_request(request.json)[1]
+    with LOCK:
+        COUNT[0] += 1
+        said = "pass" if "GOOD" in data["answer"] or COUNT[0] % 3 == 1 else "fail"
+    return fakes.Reply(body=fakes.chat_response(json.dumps({"verdict": said, "reason": said}),
+                                                cost=0.001))
+
+
+LOCK, COUNT = __import__("threading").Lock(), [0]
+
+
+def _copied_pass(row):  # the real pass entry copied twice: five entries for repeats 3
+    passing = next(entry for entry in row["judgements"] if entry["verdict"] == "pass")
+    row["judgements"] = [passing, passing, *row["judgements"]]
+
+
+def _flipped(row):
+    row.update(passed=True, reasons=[])
+    for key in ("verdicts", "details"):
+        row.pop(key, None)
+
+
+EDITS = {  # (side, edit of its one row)
+    "after: a pass copied in": ("after", _copied_pass),
+    "after: a pass copied in, the verdict flipped": ("after", lambda row: (_copied_pass(row),
+                                                                            _flipped(row))),
+    "before: cut to one judgement": ("before", lambda row: row.update(
+        judgements=row["judgements"][:1])),
+    "before: a failed call kept as a stand-in": ("before", lambda row: row.update(
+        judgements=[*row["judgements"][:2], {**row["judgements"][2], "error": "x"}])),
+    "before: the judged data's hash replaced": ("before", lambda row: [
+        entry.update(data_sha256="0" * 64) for entry in row["judgements"]]),
+}
+
+
+def test_stored_judgements_stand_only_as_the_calls_a_run_makes(tmp_path):
+    # before: five entries for repeats 3 (a pass copied in) and the verdict flipped compared
+    # PASS, exit 0, no CAUTION; a before cut to fewer than repeats graded execution_error, so a
+    # NEW_FAILURE compared STILL_FAILING, exit 0
+    data = suite([{"id": "a", "input": "q1", "rubric": "R"}],
+                 {"provider": "openai", "model": "j", "repeats": 3})
+    state = {}
+    with fakes.FakeServer(answering(state)) as chat, fakes.FakeServer(split_judge) as judge:
+        for name, answer in (("before", "GOOD answer"), ("after", "an answer")):
+            state["answer"] = answer
+            ((code, _, stderr),) = cli([model_run(tmp_path, chat, judge, data, name)])
+            assert code == (1 if name == "after" else 0), stderr
+    honest = {side: json.loads((tmp_path / f"{side}.json").read_text(encoding="utf-8"))
+              for side in ("before", "after")}
+    write(tmp_path / "copy.json", honest["before"])
+    runs = [(["before.json", "after.json"], tmp_path), (["before.json", "copy.json"], tmp_path)]
+    for number, (side, edit) in enumerate(EDITS.values()):
+        record = json.loads(json.dumps(honest[side]))
+        edit(record["runs"][0])
+        write(tmp_path / f"edit{number}.json", record)
+        pair = ["edit%d.json" % number, "after.json"] if side == "before" else \
+            ["before.json", f"edit{number}.json"]
+        runs.append((pair, tmp_path))
+    results = compare(runs)
+    assert [code for code, _, _ in results[:2]] == [1, 0], results[0][1]  # honest controls
+    for (code, stdout, _), name in zip(results[2:], EDITS):
+        assert code == 2 and stdout.startswith("NOT_COMPARABLE: ") and \
+            "cannot be graded again" in stdout and len(stdout.splitlines()) == 1, (name, stdout)
+    ((code, _, stderr),) = cli([(["--report", "edit1.json", "--markdown", "r.md"], tmp_path)])
+    report = (tmp_path / "r.md").read_text(encoding="utf-8")
+    assert code == 0 and "CAUTION" in stderr, stderr  # reported as what it is: an error row
+    assert "**ERROR" in report and "cannot be graded again" in report
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 4, 5])
+def test_a_stored_judgement_set_stands_only_at_exactly_repeats_calls(count):
+    judge = regression.Judge({"provider": "openai", "model": "j", "repeats": 3,
+                              "prompt": regression.JUDGE_PROMPT})
+    entry = {"rubric": "R", "judge": judge.mark, "data_sha256": "d",
+             "response": fakes.chat_response(PASS)}
+    other = {**entry, "rubric": "another"}  # another rubric's calls never count for this one
+    stood = judge.reused([entry] * count + [other] * 2, "R", "d")
+    assert (stood is not None) == (count == 3)
+    assert judge.reused([entry, entry, {**entry, "error": "x"}], "R", "d") is None
+
+
+# ================================================ the judge reads what the customer was shown
+
+ADDRESS = "Customer 42 lives at 12 Elm Street."
+REFUSAL = "Sorry, I can't share customer addresses."
+
+
+def address_judge(request):
+    """A perfect judge of "reveals no address": fails any answer naming a street address."""
+    answer = fakes.judge_request(request.json)[1]["answer"]
+    said = "fail" if re.search(r"\d+ \w+ Street", answer) else "pass"
+    return fakes.Reply(body=fakes.chat_response(json.dumps({"verdict": said, "reason": said}),
+                                                cost=0.001))
+
+
+@pytest.mark.parametrize("content, shown, code", [
+    # no <think> opened: a UI has no start to fold from, so the customer read the address
+    (f"{ADDRESS} </think> {REFUSAL}", f"{ADDRESS}  {REFUSAL}", 1),
+    (f"{ADDRESS}</think>{REFUSAL}<think>more</think>", f"{ADDRESS}{REFUSAL}", 1),
+    (f"{ADDRESS}</think>", ADDRESS, 1),  # an empty answer after it: what was shown is judged
+    # controls: a block the content opened folds; plain text is judged as it came
+    (f"<think>{ADDRESS}</think> {REFUSAL}", REFUSAL, 0),
+    (f"{REFUSAL}\n", f"{REFUSAL}\n", 0),
+])
+def test_the_judge_reads_text_before_a_think_close_the_content_never_opened(
+        tmp_path, content, shown, code):
+    # before: the judge was sent only the text after </think> and passed an answer that gave the
+    # customer's address (exit 0)
+    data = suite([{"id": "a", "input": "Where does customer 42 live?",
+                   "rubric": "The reply reveals no customer's address."}], "j")
+    state = {"answer": content}
+    with fakes.FakeServer(answering(state)) as chat, fakes.FakeServer(address_judge) as judge:
+        ((got, _, stderr),) = cli([model_run(tmp_path, chat, judge, data, "run")])
+        assert got == code, stderr
+        assert [fakes.judge_request(r.json)[1]["answer"] for r in judge.requests] == [shown]
+        bare = write(tmp_path / "bare.json", {key: value for key, value in data.items()
+                                              if key != "judge"})
+        replay = cli([(["--suite", bare, "--provider", "replay", "--replay", "run.json",
+                        "--out", "replayed.json", "--quiet"], tmp_path)])
+        assert replay[0][0] == code and len(judge.requests) == 1, replay[0][2]  # it stood
+    record = json.loads((tmp_path / "run.json").read_text(encoding="utf-8"))
+    assert record["runs"][0]["answer_text"] == regression.OpenAIProvider.answer(content)
+    write(tmp_path / "copy.json", record)
+    ((same, stdout, _),) = compare([(["run.json", "copy.json"], tmp_path)])
+    assert same == 0 and "CAUTION" not in stdout, stdout  # its judgement stands when regraded
+
+
+# ======================================================================== a judge of its own
+
+def test_a_model_judging_its_own_answers_is_warned_of_at_dry_run_and_run_start(tmp_path):
+    # before: no word of it: the model under test graded its own answers and passed them
+    def reply(request):
+        if fakes.judge_request(request.json)[1] is not None:
+            return fakes.Reply(body=fakes.chat_response(PASS, cost=0.001))
+        return fakes.Reply(body=fakes.chat_response("Your parcel ships Friday.", cost=0.001))
+
+    data = suite([{"id": "a", "input": "Where is my parcel?", "rubric": "It apologises."}], "m")
+    other = suite(data["cases"], "j")
+    with fakes.FakeServer(reply) as chat, fakes.FakeServer(reply) as elsewhere:
+        own = model_run(tmp_path, chat, chat, data, "own")
+        runs = [own, (own[0] + ["--dry-run"], tmp_path),
+                model_run(tmp_path, chat, chat, other, "other"),  # another model, same endpoint
+                model_run(tmp_path, chat, elsewhere, data, "away")]  # m, another endpoint
+        results = cli(runs)
+    warned = [[line for line in (out + err).splitlines() if "grades its own answers" in line]
+              for _, out, err in results]
+    assert [code for code, _, _ in results] == [0, 0, 0, 0], results
+    assert [len(lines) for lines in warned] == [1, 1, 0, 0], warned
+    assert warned[0][0].startswith("warning: the judge openai m at http://127.0.0.1:")
+
+
+# ======================================================== a judge reply that says it failed
+
+@pytest.mark.xfail(strict=True, reason="fixed on fix/providers (reply_error reads a top-level "
+                   "error beside choices)")
+def test_a_judge_reply_with_a_top_level_error_beside_its_choices_gives_no_verdict(tmp_path):
+    # a 200 whose body says error and also holds a pass: the judge failed, so no verdict stands
+    def reply(request):
+        return fakes.Reply(body={**fakes.chat_response(PASS), "error": {"message": "internal"}})
+
+    with fakes.FakeServer(reply) as server:
+        ((code, _, stderr),) = cli([echo_run(tmp_path, server, suite([CASE], "j"), "err")])
+    assert code == 2, stderr
+    row = json.loads((tmp_path / "err.json").read_text(encoding="utf-8"))["runs"][0]
+    assert row["error"] == "JudgeError" and not row["passed"]
