@@ -560,8 +560,6 @@ def test_a_model_judging_its_own_answers_is_warned_of_at_dry_run_and_run_start(t
 
 # ======================================================== a judge reply that says it failed
 
-@pytest.mark.xfail(strict=True, reason="fixed on fix/providers (reply_error reads a top-level "
-                   "error beside choices)")
 def test_a_judge_reply_with_a_top_level_error_beside_its_choices_gives_no_verdict(tmp_path):
     # a 200 whose body says error and also holds a pass: the judge failed, so no verdict stands
     def reply(request):
