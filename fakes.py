@@ -711,6 +711,35 @@ def runaway_calls(count, name="lookup_order", argument_bytes=8):
     return chat(answer)
 
 
+def cut_short_round(ending, arguments='{"order_id": "ord_21"}'):
+    """A model whose first round calls lookup_order in a response that did not complete, on any of
+    the three APIs (by path): `ending` is its finish_reason (chat), stop_reason (Messages API) or
+    status (Agent API), e.g. "length", "max_tokens", "incomplete"; `arguments` its raw arguments
+    (cut mid-JSON, say; the Messages API takes an object, so there they stay whole). Once a tool
+    result came back it answers "It has shipped." (a user saying bye: "Goodbye."). A harness that
+    ran a cut-short round's calls passed the row on that answer."""
+    def reply(request):
+        path, body = request.path.split("?")[0], request.json or {}
+        user, history = (chat_conversation if path.endswith("/chat/completions") else
+                         messages_conversation if path == "/v1/messages" else agent_conversation)(body)
+        text = "Goodbye." if "bye" in (user or "").lower() else "It has shipped."
+        if path == "/v1/messages":
+            return Reply(body=message_response(text) if history else message_response(
+                tool_uses=[("lookup_order", json.loads(arguments))], stop_reason=ending))
+        if path == "/v1/responses":
+            said = agent_response(text) if history else agent_response(
+                None, function_calls=[("lookup_order", {})], status=ending)
+            for item in said["output"] if not history else ():
+                item["arguments"] = arguments
+            return Reply(body=said)
+        said = chat_response(text) if history else chat_response(
+            "", tool_calls=[("lookup_order", {})], finish_reason=ending)
+        for call in said["choices"][0]["message"].get("tool_calls", ()) if not history else ():
+            call["function"]["arguments"] = arguments
+        return Reply(body=said)
+    return reply
+
+
 def refusal(words):
     """A refusal, as each live API gives it: chat completions (OpenAI) put it in message.refusal
     beside a null content; the Agent API gives a message item with a refusal content part."""

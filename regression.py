@@ -1293,9 +1293,13 @@ def played_bound(suite, key):
 
 
 def _over_bound(suite, trace, held):
-    """The Fail of the bound a played round meets (see PLAYED_BOUNDS), or None: more calls than
-    max_calls_per_round (none of them is answered), or a row holding more than max_row_bytes of
-    responses and tool results (no further round is sent)."""
+    """The Fail that stops a played row at a round still calling tools, or None: a response that
+    did not complete (cut short or filtered: its calls, maybe cut mid-argument, are not run), more
+    calls than max_calls_per_round (none of them is answered), or a row holding more than
+    max_row_bytes of responses and tool results (no further round is sent; see PLAYED_BOUNDS)."""
+    if trace.status not in ("completed", "requires_action"):  # see check_completed
+        return Fail("response_not_completed", f"status {trace.status} in a round that called "
+                    "tools: its calls were not run", status=trace.status)
     calls, bytes_ = played_bound(suite, "max_calls_per_round"), played_bound(suite, "max_row_bytes")
     if len(trace.tool_calls) > calls:
         return Fail("too_many_tool_calls",
@@ -1406,7 +1410,9 @@ def base_url_problem(url, source="--base-url"):
         "needs a higher limit or a different model")})
 def check_completed(case, trace):
     """The response finished: status "completed" (or, with function tools, a turn that ended in
-    tool calls)."""
+    tool calls); in a played row every round (one cut short stops the row there)."""
+    if trace.bound == "response_not_completed":  # a round cut short stopped the played row
+        return [trace.bound]
     if trace.status == "completed":
         return []
     if trace.status == "requires_action" and trace.tool_calls and case.get("_function_tools"):
@@ -2251,7 +2257,7 @@ def check_no_final_answer(case, trace):
     within max_rounds turns, asking for at most max_calls_per_round calls a round and keeping the
     row within max_row_bytes."""
     if trace.bound is not None:  # the harness stopped the row at a bound: why no answer came
-        return [trace.bound]
+        return [] if trace.bound == "response_not_completed" else [trace.bound]  # check_completed's
     if trace.final is False:
         return [Fail("no_final_answer",
                      f"still calling tools after {trace.rounds} rounds: {_sequence(trace)}",
@@ -4639,6 +4645,14 @@ def sent_key_variable(cls, settings, env):
     return cls.key_variable if sent else None
 
 
+def url_secrets(settings, env, *classes):
+    """The keys a URL of these providers' endpoints may hold, masked wherever it is kept: the
+    key each sends, and its vendor's key variable."""
+    named = [sent_key_variable(cls, settings, env) for cls in classes]
+    return [env[variable] for variable in dict.fromkeys(
+        [*named, *(cls.key_variable for cls in classes)]) if variable and env.get(variable)]
+
+
 def deadline_seconds(timeout):
     """The whole-request deadline: past the per-read timeout, so a plain hang keeps the
     endpoint's own timeout error, while a server trickling bytes is still cut off."""
@@ -4783,14 +4797,23 @@ def cap_response_bodies(client, limit=MAX_RESPONSE_BYTES):
     return True
 
 
-def _public_url(url):
-    """A base URL without credentials or query, safe to store."""
+def _public_url(url, secrets=()):
+    """A base URL without credentials or query, and with every form of each of `secrets` (the
+    keys of its endpoint, see url_secrets) masked in its path: safe to store and show."""
     parts = urllib.parse.urlsplit(url)
     host = parts.hostname or ""
     netloc = f"[{host}]" if ":" in host else host
     if parts.port:
         netloc += f":{parts.port}"
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    public = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    for pattern, replacement in secret_rules(secrets):
+        public = pattern.sub(replacement, public)
+    return public
+
+
+def held_key(url):
+    """Whether a stored base URL was masked (it held a key): a resume must be given it again."""
+    return isinstance(url, str) and "[REDACTED:secret]" in url
 
 
 PROVIDERS = {}
@@ -4880,8 +4903,8 @@ class Provider:
     @classmethod
     def identity(cls, settings, env, replayed=None):
         """The record's "provider": the name and the endpoint without credentials."""
-        endpoint = cls.endpoint(settings, env)
-        return {"name": cls.name, **({"base_url": _public_url(endpoint)} if endpoint else {})}
+        endpoint, keys = cls.endpoint(settings, env), url_secrets(settings, env, cls)
+        return {"name": cls.name, **({"base_url": _public_url(endpoint, keys)} if endpoint else {})}
 
     @classmethod
     def sdk_version(cls):
@@ -4914,6 +4937,12 @@ class Provider:
     def call_ids(raw):
         """The id of each tool call of a response, in trace order (its result answers it by id)."""
         return []
+
+    @classmethod
+    def called_tools(cls, raw):
+        """The name of each tool a response called, those the server ran itself too (the summary
+        warns of a tool the suite never declared)."""
+        return [call["name"] for call in cls.parse(raw).tool_calls]
 
     @classmethod
     def conversation(cls, case, rounds):
@@ -4999,7 +5028,7 @@ class PerplexityProvider(Provider):
         if hasattr(inner, "follow_redirects"):
             inner.follow_redirects = False
         provider = cls(client, deadline_seconds(settings.timeout), cap_response_bodies(client))
-        provider.endpoint_url = _public_url(cls.endpoint(settings, env))
+        provider.endpoint_url = _public_url(cls.endpoint(settings, env), [key])
         return provider, key
 
     @classmethod
@@ -5171,6 +5200,9 @@ def endpoint_text(value, secrets=()):
             else cut_whole(text, MAX_ENDPOINT_MESSAGE - 3) + "...")
 
 
+NO_ERROR = (None, False, "", [], {})  # an `error` field that reports none
+
+
 def endpoint_message(body):
     """The message an error body carries: error.message, detail, message, or the text itself."""
     data = body
@@ -5334,7 +5366,7 @@ class HTTPProvider(Provider):
     def __init__(self, base_url, key=None, timeout=TIMEOUT_SECONDS):
         parts = urllib.parse.urlsplit(base_url)
         self.url = urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + self.path))
-        self.endpoint_url = _public_url(self.url)
+        self.endpoint_url = _public_url(self.url, [key])
         self.key, self.timeout, self.deadline = key, timeout, deadline_seconds(timeout)
 
     def headers(self):
@@ -5421,7 +5453,7 @@ class HTTPProvider(Provider):
                 host = endpoint_text(urllib.parse.urlsplit(target).hostname or "an unnamed host")
                 base = target[:-len(self.path)] if target.endswith(self.path) else target
                 suggestion = (f"; if that is the endpoint, use "
-                              f"--base-url {endpoint_text(_public_url(base))}")
+                              f"--base-url {endpoint_text(_public_url(base, [self.key]))}")
             except ValueError:
                 host, suggestion = "a malformed Location", ""
             notes = [f"redirect to {host} not followed (the key would go along){suggestion}"]
@@ -5592,14 +5624,15 @@ class OpenAIProvider(HTTPProvider):
 
     @staticmethod
     def reply_error(raw):
-        """The error a chat-completions body reports instead of an answer, or None: a top-level
-        `error` with no choices, or a finish_reason that says the server ended the answer."""
-        first = OpenAIProvider._choice(raw)
-        if first is not None and first.get("finish_reason") in SERVER_ENDED:
-            return endpoint_message({"error": first.get("error") or raw.get("error")}) or \
-                f'finish_reason "{first["finish_reason"]}": the server ended the answer'
-        if first is None and isinstance(raw, dict) and raw.get("error") not in (None, "", [], {}):
-            return endpoint_message(raw) or "an error object"
+        """The error a chat-completions body reports, or None: a top-level `error` or one on the
+        first choice (OpenRouter's, when the upstream failed mid-answer), whatever else the body
+        holds, or a finish_reason that says the server ended the answer."""
+        first = OpenAIProvider._choice(raw) or {}
+        for said in (raw if isinstance(raw, dict) else {}, {"error": first.get("error")}):
+            if said.get("error") not in NO_ERROR:
+                return endpoint_message(said) or "an error object"
+        if first.get("finish_reason") in SERVER_ENDED:
+            return f'finish_reason "{first["finish_reason"]}": the server ended the answer'
         return None
 
     @staticmethod
@@ -5813,7 +5846,8 @@ class AnthropicProvider(HTTPProvider):
 
     @classmethod
     def reply_error(cls, raw):
-        return cls.said(raw) or "an error object" if raw.get("type") == "error" else None
+        failed = raw.get("type") == "error" or raw.get("error") not in NO_ERROR  # beside content
+        return cls.said(raw) or "an error object" if failed else None
 
     @classmethod
     def parse(cls, raw):
@@ -5832,6 +5866,11 @@ class AnthropicProvider(HTTPProvider):
         status = "completed" if stop in cls.COMPLETE else str(stop)
         return Trace(final_text=content_text(blocks), tool_calls=calls, search_urls=[],
                      tool_rounds=1 if calls else 0, status=status, cost_usd=None)
+
+    @classmethod
+    def called_tools(cls, raw):
+        return [block.get("name") for block in _items(raw, "content") if block.get("type") in
+                ("tool_use", "server_tool_use", "mcp_tool_use")]  # the server's: never declared
 
     @staticmethod
     def call_ids(raw):
@@ -6014,11 +6053,14 @@ def replay_problem(suite, case, row, parse, call_ids, results=True):
         sent = turn.get("tool_results") if isinstance(turn.get("tool_results"), list) else None
         ids = call_ids(turn["response"])
         stop, _, held = round_end(suite, case, trace, number, turn["response"], held, ids, sent)
-        if stop is not None:  # every way the play loop ends a row: it must end where it did
+        # every way the play loop ends a row: it must end where it did, but for a round cut short
+        # (an older release played on past it): graded, as live, up to that round
+        if stop is not None and (number == len(turns) or stop == "response_not_completed"):
+            return None
+        if stop is not None:
             what = "its answer" if stop == "answered" else stop if not isinstance(stop, Fail) \
                 else next(key for key in PLAYED_BOUNDS if key in stop.evidence)
-            return None if number == len(turns) else \
-                f"{what} now ends it after round {number} of the {len(turns)} stored"
+            return f"{what} now ends it after round {number} of the {len(turns)} stored"
         if number == len(turns):
             return f"it ended after round {number} (at a limit its suite set then: " \
                 f"{', '.join(PLAYED_SUITE_KEYS)}), but the suite now plays on"
@@ -6100,7 +6142,7 @@ def _built(cls, settings, env, problem, who, setting):
         raise UsageError(problem)
     variable = getattr(cls, "unsent_key", lambda settings, env: None)(settings, env)
     if variable:
-        url = safe_text(_public_url(cls.endpoint(settings, env)))
+        url = safe_text(_public_url(cls.endpoint(settings, env), url_secrets(settings, env, cls)))
         print(f"note: {who}{variable} is not sent to {url}; name the endpoint's key variable "
               f"with {setting}", file=sys.stderr)
     return cls.from_settings(settings, env)
@@ -6153,8 +6195,9 @@ def judge_identity(spec, settings, env):
     if problem:
         raise UsageError(f"the judge: {problem.replace('--base-url', '--judge-base-url')}")
     endpoint = cls.endpoint(view, env)
+    keys = url_secrets(view, env, cls) + url_secrets(settings, env, PROVIDERS[settings.provider])
     return {"provider": cls.name, "model": spec["model"],
-            **({"base_url": _public_url(endpoint)} if endpoint else {}),
+            **({"base_url": _public_url(endpoint, keys)} if endpoint else {}),
             "prompt": spec.get("prompt", JUDGE_PROMPT), "repeats": spec.get("repeats", 1)}
 
 
@@ -6422,15 +6465,18 @@ class Budget:
     the spend passes the cap by at most what the requests in flight when it was reached cost.
     `cost(model, raw)`: what one response cost (a Decimal), or None."""
 
-    def __init__(self, cap, spent=None, cost=lambda model, raw: None, unknown=None):
+    def __init__(self, cap, spent=None, cost=lambda model, raw: None, unknown=None, prices=()):
         import threading
         self.cap, self._spent, self._cost = cap, spent or decimal.Decimal(0), cost
         self.unknown, self.in_flight, self._lock = unknown, 0, threading.Lock()
+        self.prices = prices  # the models with a --price: theirs fails only without token usage
 
     def _refusal(self):
         if self.cap is not None and self.unknown is not None:
-            return (f"the endpoint reported no cost for {self.unknown} and it has no price, "
-                    "so --max-cost-usd cannot be enforced")
+            why = "no token usage to apply its --price to" \
+                if self.unknown in self.prices else "it has no price"
+            return (f"the endpoint reported no cost for {self.unknown} and {why}, so "
+                    "--max-cost-usd cannot be enforced")
         if self.cap is not None and self._spent >= self.cap:
             return f"--max-cost-usd reached: spend ${self._spent:f} of ${self.cap:f}"
         return None
@@ -6996,11 +7042,30 @@ def pass_k_text(pass_k):
     return f"pass^{k} {passed}/{cases}" + (f" = {passed / cases:.2f}" if cases > 0 else "")
 
 
+def undeclared_calls(provider, tools):
+    """row -> the names of the tools its responses called (read by `provider`'s class) that the
+    suite's `tools` do not declare by that exact name, each cut to 40 characters, at most 3."""
+    cls, declared = PROVIDERS.get(provider), {_tool_name(tool) for tool in tools or ()}
+
+    def called(row):
+        names = []
+        for raw in row_responses(row) if cls is not None else ():
+            try:
+                names += cls.called_tools(raw)
+            except Exception:  # a response its class cannot read: the row says so already
+                continue
+        names = [name if len(name) <= 40 else name[:37] + "..." for name in dict.fromkeys(names)
+                 if isinstance(name, str) and name not in declared]
+        return names[:3] + ["..."] * (len(names) > 3)
+    return called
+
+
 class Tally:
     """The verdict (SPEC A7), updated one row at a time so a checkpoint stays O(row)."""
 
-    def __init__(self, models, repeats, cases, expected=None, superseded=(), rows=()):
-        self.models = list(models)
+    def __init__(self, models, repeats, cases, expected=None, superseded=(), rows=(),
+                 undeclared=lambda row: []):
+        self.models, self.undeclared_of, self.undeclared = list(models), undeclared, [0]
         case_ids = [case["id"] if isinstance(case, dict) else case for case in cases]
         self.expected = set(expected if expected is not None
                             else plan_rows(self.models, case_ids, repeats))
@@ -7061,6 +7126,10 @@ class Tally:
         calls = row.get("tool_calls")
         if _is_int(calls):
             self.tool_rows, self.tool_calls = self.tool_rows + 1, self.tool_calls + max(calls, 0)
+        called = self.undeclared_of(row)  # [count, (row, the undeclared tools it called)...]
+        if called:
+            self.undeclared[0] += 1
+            self.undeclared += [(key_text(key), called)] if len(self.undeclared) <= 3 else []
         if isinstance(row.get("reasons"), list) and "tool_call_as_text" in row["reasons"]:
             self.text_call_rows += 1
             self.text_call_server = self.text_call_server or server_kind(row.get("response"))
@@ -7129,6 +7198,12 @@ class Tally:
                                                      cause=TEXT_CALL_CAUSES[self.text_call_server])]
         elif self.tool_rows and not self.tool_calls:
             verdict["warnings"] = [NO_TOOL_CALLS.format(rows=self.tool_rows)]
+        if self.undeclared[0]:
+            listed = "; ".join(f"{key} called {', '.join(names)}"
+                               for key, names in self.undeclared[1:])
+            more = f"; and {self.undeclared[0] - 3} more" if self.undeclared[0] > 3 else ""
+            verdict.setdefault("warnings", []).append(
+                UNDECLARED_CALLS.format(rows=self.undeclared[0], listed=listed + more))
         if self.superseded:  # their spend is in the models' costs; their verdicts count nowhere
             verdict["superseded_rows"] = self.superseded
         return verdict
@@ -7138,6 +7213,9 @@ NO_TOOL_CALLS = ("the suite declares function tools, but no model called a tool 
                  "row(s) of cases with tool checks: tool checks may have passed vacuously (did the "
                  "server receive the tools?); add behavior require_tool:NAME to a case that must "
                  "call one")
+UNDECLARED_CALLS = ("{rows} row(s) called tools the suite does not declare ({listed}); no check "
+                    "fails a row for that, so it may have passed: read its tool calls, and declare "
+                    "the tool if the model may call it")
 TEXT_CALLS = ("{rows} row(s) wrote tool calls as text instead of calling a tool "
               "(tool_call_as_text): {cause}")
 # Why a server leaves a model's tool calls as text, by the server that answered (see server_kind).
@@ -7178,7 +7256,9 @@ def recount(record):
     "stopped" note is kept: it says why rows are missing, which the rows cannot."""
     config = record["config"]
     final = Tally(config["models"], config["repeats"], config["cases"], _record_plan(record),
-                  record.get("superseded") or (), record["runs"]).summary(final=True)
+                  record.get("superseded") or (), record["runs"],
+                  undeclared_calls(record_provider(record)["name"], config.get("tools"))
+                  ).summary(final=True)
     stopped = (record.get("summary") or {}).get("stopped")
     if isinstance(stopped, str):
         final["stopped"] = stopped
@@ -7768,10 +7848,14 @@ def _load_for(flag, path, evidence=True):
 
 
 def redact_note(record):
-    """What a resume command needs beyond the record: the --redact patterns, kept only as hashes."""
+    """What a resume command needs beyond the record: the --redact patterns, kept only as hashes,
+    and a base URL stored masked."""
     options = record.get("run_options") if isinstance(record.get("run_options"), dict) else {}
     count = len(options["redact"]) if isinstance(options.get("redact"), list) else 0
-    return f" plus the same {count} --redact flag(s) it was made with" if count else ""
+    needs = [f"the same {count} --redact flag(s) it was made with"] * bool(count)
+    needs += ["--base-url with its endpoint (stored masked: it held the key)"] * held_key(
+        record_provider(record).get("base_url"))
+    return f" plus {' and '.join(needs)}" if needs else ""
 
 
 # JSON values compared as JSON, the first difference named by its path (compare, --merge)
@@ -8723,14 +8807,18 @@ def _resume_defaults(values, record, path, env):
     cls = PROVIDERS.get(made_with)
     if cls is None:
         raise UsageError(f"--resume: {path} was made with an unknown provider {made_with!r}")
+    recorded = identity.get("base_url") or cls.default_base_url  # older records omit the default
     if cls.base_url_flag:  # continue against the record's endpoint unless one is named
         found["base_url"] = (values["base_url"] or _env_base_url(env, cls.base_url_variable)
                              or identity.get("base_url"))
-    current = cls.endpoint(Settings(**{**values, **found}), env)
-    recorded = identity.get("base_url") or cls.default_base_url  # older records omit the default
-    if current is not None and _public_url(current) != (recorded and _public_url(recorded)):
+        if found["base_url"] == recorded and held_key(recorded):
+            raise UsageError(f"--resume: {path} stores its base URL masked, since it held the "
+                             "key; give the endpoint again with --base-url URL")
+    settings = Settings(**{**values, **found})
+    current, keys = cls.endpoint(settings, env), url_secrets(settings, env, cls)
+    if current is not None and _public_url(current, keys) != (recorded and _public_url(recorded)):
         raise UsageError(f"--resume: {path} was made against {recorded}, but this run would "
-                         f"send to {_public_url(current)}; one record never mixes endpoints")
+                         f"send to {_public_url(current, keys)}; one record never mixes endpoints")
     found["replay"] = values["replay"] or replayed_from
     return found
 
@@ -9721,7 +9809,7 @@ def check_examples(run, settings, mask):
     """Grade the suite's judge_examples before any model request: the agreement for the record's
     header (masked by `mask`); UsageError naming the first example the judge misgrades or fails."""
     paid, results = {"cost_usd": "0"}, []  # what the examples cost
-    budget = Budget(settings.max_cost_usd)  # the cap holds before every judge request
+    budget = Budget(settings.max_cost_usd, prices=run.prices)  # asked before every judge request
     for number, example in enumerate(run.suite["judge_examples"], 1):
         where = f"judge_examples #{number} ({_quote(example['rubric'], 40)})"
         steps = judge_row_steps(run.judge, example, example.get("input", ""), example["answer"],
@@ -9739,8 +9827,10 @@ def check_examples(run, settings, mask):
                                   f"({cut_whole(judged['reason'], 200)}); nothing was sent to "
                                   "the models under test"))
     if budget.cap is not None and budget.spent() is None:  # the cap could not hold any row
-        raise UsageError(f"judge_examples: {budget.refusal()}; give its price: --price "
-                         f"{budget.unknown}=IN/OUT; nothing was sent to the models under test")
+        price = "" if budget.unknown in run.prices else \
+            f"; give its price: --price {budget.unknown}=IN/OUT"
+        raise UsageError(f"judge_examples: {budget.refusal()}{price}; nothing was sent to the "
+                         "models under test")
     return mask({"agreed": len(results), "examples": len(results), "cost_usd": paid["cost_usd"],
                  "results": results, "judgements": paid["judgements"]})
 
@@ -9929,7 +10019,10 @@ def _stop_reason(row, budget, resume):
     """Why no new request may start after this row, or None; `resume(flags)` is the command
     that continues the run with those flags added."""
     refused, unknown = budget.refusal(), budget.unknown
-    if refused and unknown is not None:  # also when the cap stopped a played row mid-loop
+    if refused and unknown in budget.prices:  # no price makes its spend known: none can continue
+        refused += ("; no cap can hold on this record, so run the suite again without "
+                    "--max-cost-usd (into a new --out), or against an endpoint that reports usage")
+    elif refused and unknown is not None:  # also when the cap stopped a played row mid-loop
         refused += (f"; give its price and continue: {resume(['--price', unknown + '=IN/OUT'])} "
                     "(USD per million input/output tokens)")
     if row["error"] is not None:
@@ -10007,7 +10100,7 @@ class RowRunner:
         # too), so a resumed record that already spent the cap sends nothing at all.
         cost = functools.partial(response_cost, run.provider, run.prices)  # (model, raw) -> Decimal
         self.budget = run.budget = Budget(settings.max_cost_usd, tally.spent(), cost,
-                                          tally.unknown_cost())
+                                          tally.unknown_cost(), run.prices)
         self.stopped = _stop_reason({"error": None}, self.budget, self.resume)
         self.last = max((self.position[row_key(r)] for r in run.kept), default=-1)
         self.in_order, self.row = True, None
@@ -10408,7 +10501,8 @@ def _start_tally(run):
     """The run's tally, holding what the record already spent and its kept rows."""
     config = run.header["config"]
     tally = Tally(config["models"], config["repeats"], config["cases"], expected=run.expected,
-                  superseded=run.header.get("superseded") or ())
+                  superseded=run.header.get("superseded") or (), undeclared=undeclared_calls(
+                      record_provider(run.header)["name"], config.get("tools")))
     tally.overhead = _amount((run.header.get("judge_agreement") or {}).get("cost_usd")) or 0
     for row in run.kept:
         tally.add(row)

@@ -449,26 +449,32 @@ STOPS = {
     "max_row_bytes": ({"max_row_bytes": 10_000},
                       lambda number: [("lookup_order", {"order_id": "x" * 3000})],
                       "row_too_large"),
+    # a round whose response did not complete (finish_reason length): its calls are not run
+    "cut_short": ({}, lambda number: [("lookup_order", {"order_id": "1"})], "response_not_completed"),
 }
 
 
 def test_every_stop_the_play_loop_has_is_enumerated_here():
-    """The stops of STOPS are the play loop's: its answer, max_rounds and every PLAYED_BOUNDS key,
-    and their reasons the no_final_answer check's. A new bound fails here until it is added."""
+    """The stops of STOPS are the play loop's: its answer, max_rounds, every PLAYED_BOUNDS key and
+    a round cut short, and their reasons the no_final_answer check's and check_completed's. A new
+    bound fails here until it is added."""
     check = next(check for check in regression.CHECK_TABLE if check.name == "no_final_answer")
-    assert set(STOPS) == {"answered", *regression.PLAYED_SUITE_KEYS}
-    assert {reason for _, _, reason in STOPS.values()} - {None} == set(check.reasons)
+    assert set(STOPS) == {"answered", "cut_short", *regression.PLAYED_SUITE_KEYS}
+    assert {reason for _, _, reason in STOPS.values()} - {None} == \
+        {*check.reasons, "response_not_completed"}
 
 
-def _stopping_agent(calls):
+def _stopping_agent(calls, finish=None):
     """A chat endpoint whose model makes calls(round) in each round of turn or input "s one" (and
-    of a plain played input "go"), then answers "ok"; every other turn it answers "ok"."""
+    of a plain played input "go"; a response ending `finish`), then answers "ok"; every other turn
+    it answers "ok"."""
     def answer(body):
         messages = body["messages"]
         last = max(n for n, message in enumerate(messages) if message["role"] == "user")
         number = 1 + sum(message["role"] == "assistant" for message in messages[last:])
         made = calls(number) if messages[last]["content"] in ("s one", "go") else []
-        return fakes.chat_response(None if made else "ok", tool_calls=made, cost=0.001)
+        return fakes.chat_response(None if made else "ok", tool_calls=made, cost=0.001,
+                                   finish_reason=finish if made else None)
     return fakes.chat(answer)
 
 
@@ -491,7 +497,7 @@ def test_a_row_the_tool_ended_is_reported_compared_replayed_and_resumed(tmp_path
     suite = tmp_path / "suite.json"
     suite.write_text(json.dumps(data), encoding="utf-8")
     code = 0 if reason is None else 1
-    with FakeServer(_stopping_agent(calls)) as server:
+    with FakeServer(_stopping_agent(calls, "length" if stop == "cut_short" else None)) as server:
         live = ["--suite", suite, "--provider", "openai", "--base-url", server.url + "/v1",
                 "--models", "m", "--quiet"]
         (ran, _, err), = fakes.cli_table([([*live, "--out", "run.json"], tmp_path)],
@@ -517,7 +523,7 @@ def test_a_row_the_tool_ended_is_reported_compared_replayed_and_resumed(tmp_path
     for after in ("copy.json", "replayed.json", "torn.json"):
         said = call(compare_runs.main, [tmp_path / "run.json", tmp_path / after])
         assert said[0] == 0, (after, said)
-    if reason is not None:  # the control: a suite that would play on past the stop is refused
+    if keys:  # the control: a suite that would play on past the stop is refused
         longer = {**data, **{key: regression.PLAYED_BOUNDS.get(key, (8,))[0] for key in keys}}
         suite.write_text(json.dumps(longer), encoding="utf-8")
         said = call(regression.main, [*replay, "--suite", suite, "--out", tmp_path / "again.json"])

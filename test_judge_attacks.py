@@ -233,6 +233,46 @@ def test_a_judge_reply_that_did_not_complete_is_an_execution_error_never_a_pass(
         assert row["judgements"][0]["response"] == UNFINISHED[model]  # the reply is evidence
 
 
+def _with_error(where):
+    reply = fakes.chat_response(PASS)
+    error = {"code": 502, "message": "upstream provider disconnected"}
+    (reply if where == "top" else reply["choices"][0]).update(error=error)
+    return reply
+
+
+ERRORED = {"top": _with_error("top"), "choice": _with_error("choice")}
+
+
+def test_a_judge_reply_with_a_verdict_and_an_error_is_an_execution_error(tmp_path):
+    # before: HTTP 200 holding choices with a pass verdict and an error object (top-level, or on
+    # the choice: OpenRouter's upstream failure) was read as the verdict, and the row passed
+    def reply(request):
+        return fakes.Reply(body=ERRORED[request.json["model"]])
+
+    with fakes.FakeServer(reply) as server:
+        results = cli([echo_run(tmp_path, server, suite([CASE], model), model) for model in ERRORED])
+    for (code, _, stderr), model in zip(results, ERRORED):
+        assert code == 2, (model, stderr)
+        row = json.loads((tmp_path / f"{model}.json").read_text(encoding="utf-8"))["runs"][0]
+        assert row["error"] == "JudgeError" and "the endpoint answered with an error: upstream " \
+            "provider disconnected" in row["error_message"]
+        assert row["judgements"][0]["response"] == ERRORED[model]  # the reply is evidence
+
+
+def test_a_key_in_the_judges_base_url_path_is_masked_in_the_record(tmp_path, judge):
+    # before: config.judge.base_url kept the key the judge's endpoint took in its path
+    key = "judge-path-key-0123456789"
+    data = suite([CASE], {"provider": "openai", "model": "judge-pass", "api_key_env": "JUDGE_KEY"})
+    path = write(tmp_path / "suite.json", data)
+    ((code, stdout, stderr),) = cli([(["--suite", path, "--provider", "echo", "--judge-base-url",
+                                       f"{judge.url}/{key}/v1", "--out", tmp_path / "run.json"],
+                                      tmp_path)], env={"JUDGE_KEY": key})
+    assert code == 0, stderr
+    text = (tmp_path / "run.json").read_text(encoding="utf-8")
+    assert key not in text + stdout + stderr
+    assert json.loads(text)["config"]["judge"]["base_url"] == f"{judge.url}/[REDACTED:secret]/v1"
+
+
 @pytest.mark.parametrize("provider, raw, verdict", [
     ("openai", fakes.chat_response(PASS), ("pass", "it does")),
     ("anthropic", fakes.message_response(PASS), ("pass", "it does")),
@@ -520,8 +560,6 @@ def test_a_model_judging_its_own_answers_is_warned_of_at_dry_run_and_run_start(t
 
 # ======================================================== a judge reply that says it failed
 
-@pytest.mark.xfail(strict=True, reason="fixed on fix/providers (reply_error reads a top-level "
-                   "error beside choices)")
 def test_a_judge_reply_with_a_top_level_error_beside_its_choices_gives_no_verdict(tmp_path):
     # a 200 whose body says error and also holds a pass: the judge failed, so no verdict stands
     def reply(request):

@@ -1188,3 +1188,291 @@ def test_a_replay_fails_a_tool_call_left_as_text_like_the_live_run(tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     (row,) = read_record(regraded)["runs"]
     assert row["reasons"] == ["forbidden_tool_called", "tool_call_as_text"]
+
+# ====================================================================== red team 4: rounds cut short, errors beside answers
+
+LOOKUP_TOOLS = [{"type": "function", "function": {
+    "name": name, "description": name.replace("_", " ") + ".",
+    "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}}
+    for name in ("lookup_order", "refund_order")]
+PLAY_SUITE = {"name": "play", "instructions": "Use lookup_order.", "tools": LOOKUP_TOOLS, "cases": [
+    {"id": "p1", "input": "Where is ord_21?", "tool_results": {"lookup_order": {"status": "shipped"}},
+     "contains": ["shipped"], "behaviors": ["require_tool:lookup_order", "forbid_tool:refund_order"]}]}
+CUT_ARGUMENTS = '{"order_id": "ord_2'  # cut mid-JSON by the output cap
+
+
+def provider_run(provider, server, suite, out, *extra):
+    """(argv, env) of a run of `suite` on `server` through `provider`'s wire format."""
+    if provider == "perplexity":
+        return ([*("--models", "m", "--suite", suite, "--out", out), *extra],
+                cli_env(PERPLEXITY_BASE_URL=server.url, PERPLEXITY_API_KEY=SECRET))
+    base = server.url + ("/v1" if provider == "openai" else "")
+    return (["--provider", provider, "--base-url", base, "--models", "m", "--suite", suite, "--out", out, *extra],
+            cli_env())
+
+
+CUT_SHORT = [("openai", "length", None), ("openai", "content_filter", None), ("openai", "length", CUT_ARGUMENTS),
+             ("anthropic", "max_tokens", None), ("anthropic", "pause_turn", None),
+             ("perplexity", "incomplete", None), ("perplexity", "incomplete", CUT_ARGUMENTS)]
+
+
+@pytest.mark.parametrize("provider, ending, arguments", CUT_SHORT)
+def test_a_round_cut_short_fails_the_row_and_its_calls_are_not_run(tmp_path, provider, ending, arguments):
+    """Only the last round was checked: a middle round cut short (its call maybe cut mid-argument)
+    had its call run, the next round answered, and the row passed (exit 0)."""
+    suite, out = write_suite(tmp_path / "play.json", PLAY_SUITE), tmp_path / "run.json"
+    with FakeServer(fakes.cut_short_round(ending, *([arguments] if arguments else []))) as server:
+        argv, env = provider_run(provider, server, suite, out)
+        result = run_cli(argv, tmp_path, env=env)
+        assert server.count == 1  # stopped there: nothing was played on
+    assert result.returncode == 1, result.stdout + result.stderr
+    (row,) = read_record(out)["runs"]
+    assert row["error"] is None and "response_not_completed" in row["reasons"]
+    assert "no_final_answer" not in row["reasons"]  # not a looping agent: a response cut short
+    assert len(row["rounds"]) == 1 and "tool_results" not in row["rounds"][0]  # never answered
+    assert row["response"] == row["rounds"][0]["response"]  # the cut-short response is the evidence
+    note = row["details"]["evidence"]["response_not_completed"]["note"]
+    assert note == f"status {ending} in a round that called tools: its calls were not run"
+
+
+@pytest.mark.parametrize("provider, ending", [("openai", "tool_calls"), ("openai", "stop"), ("anthropic", "tool_use"),
+                                              ("perplexity", "requires_action"), ("perplexity", "completed")])
+def test_a_round_that_completed_with_calls_is_played_on(tmp_path, provider, ending):
+    suite, out = write_suite(tmp_path / "play.json", PLAY_SUITE), tmp_path / "run.json"
+    with FakeServer(fakes.cut_short_round(ending)) as server:
+        argv, env = provider_run(provider, server, suite, out)
+        result = run_cli(argv, tmp_path, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (row,) = read_record(out)["runs"]
+    assert len(row["rounds"]) == 2 and row["rounds"][0]["tool_results"][0]["result"] == {"status": "shipped"}
+
+
+CONVERSATION = {"name": "conv", "instructions": "Use lookup_order.", "tools": LOOKUP_TOOLS, "cases": [
+    {"id": "t1", "tool_results": {"lookup_order": {"status": "shipped"}},
+     "turns": [{"user": "Where is ord_21?", "contains": ["shipped"]}, {"user": "Thanks, bye", "contains": ["Goodbye"]}]}]}
+
+
+@pytest.mark.parametrize("ending, code, turns", [("length", 1, 1), ("tool_calls", 0, 2)])
+def test_a_conversation_turn_cut_short_fails_there(tmp_path, ending, code, turns):
+    """A turn's round ended `length` with a call: it was run, the turn answered, and the
+    conversation passed."""
+    suite, out = write_suite(tmp_path / "conv.json", CONVERSATION), tmp_path / "run.json"
+    with FakeServer(fakes.cut_short_round(ending)) as server:
+        result = run_cli(openai_args(server, suite=suite, out=out), tmp_path)
+    assert result.returncode == code, result.stdout + result.stderr
+    (row,) = read_record(out)["runs"]
+    assert len(row["turns"]) == turns and len(row["turns"][0]["rounds"]) == turns  # cut: 1 round, 1 turn
+    assert row.get("verdicts", {}) == ({"turn 1: completed": ["response_not_completed"],
+                                        "turn 1: contains": ["missing_required_text"]} if code else {})
+
+
+@pytest.fixture
+def cut_short_record(tmp_path):
+    """A record the tool made of a played row stopped at a round cut short, and its suite."""
+    suite, out = write_suite(tmp_path / "play.json", PLAY_SUITE), tmp_path / "run.json"
+    with FakeServer(fakes.cut_short_round("length")) as server:
+        assert run_main(openai_args(server, suite=suite, out=out)) == 1
+    return out
+
+
+def test_a_row_stopped_at_a_round_cut_short_grades_the_same_offline(cut_short_record):
+    """Regrading replays the stored rounds through the same loop: the stop, and the verdict, agree."""
+    record = read_record(cut_short_record)
+    ((stored, again),) = regression.regraded_rows(record, record["runs"])
+    assert again["reasons"] == stored["reasons"] and again["verdicts"] == stored["verdicts"]
+    assert len(again["rounds"]) == 1 and again["passed"] is False
+
+
+def test_a_record_with_a_row_stopped_at_a_round_cut_short_reports_and_replays(tmp_path, cut_short_record):
+    """replay_problem read a stored row that ends in a round still calling tools as one whose
+    max_rounds ended it, so --report and --replay refused the record the run had just made."""
+    report, replay = cli_table([
+        ["--report", cut_short_record, "--markdown", tmp_path / "r.md"],
+        ["--provider", "replay", "--replay", cut_short_record, "--out", tmp_path / "replayed.json"]], tmp_path)
+    assert report[0] == 0, report[2]
+    assert replay[0] == 1, replay[2]
+    assert read_record(tmp_path / "replayed.json")["runs"][0]["reasons"] == \
+        read_record(cut_short_record)["runs"][0]["reasons"]
+
+
+def _choices(content="Refunds take 5 business days.", finish="stop", **extra):
+    body = fakes.chat_response(content, finish_reason=finish)
+    body["choices"][0].update(extra)
+    if finish is None:
+        del body["choices"][0]["finish_reason"]
+    return body
+
+
+ERROR_BESIDE_ANSWER = {  # model -> a 200 body that holds an answer and an error (the key quoted in it)
+    "choice-error-null": _choices("Refunds take 5 busi", None, error={"code": 502, "message": f"Upstream {SECRET} gone"}),
+    "choice-error-stop": _choices(error={"code": 502, "message": f"Upstream provider disconnected {SECRET}"}),
+    "top-error": {**_choices(), "error": {"message": f"upstream error {SECRET}", "code": 502}},
+    "top-error-text": {**_choices(), "error": f"upstream error {SECRET}"},
+}
+NO_ERROR_BESIDE_ANSWER = {  # the honest controls: a null or missing finish_reason is a completed answer
+    "null-finish": {**_choices(), "choices": [{**_choices()["choices"][0], "finish_reason": None}]},
+    "no-finish": _choices(finish=None),
+    "error-null": {**_choices(), "error": None},
+    "error-empty": {**_choices(error={}), "error": {}},
+}
+
+
+def test_an_error_beside_an_answer_is_an_execution_error_whatever_else_the_body_holds(tmp_path):
+    """A 200 holding choices and an error (top-level, or on the choice: OpenRouter's upstream
+    failure mid-answer) passed on the cut answer; `reply_error` read `error` only with no choice."""
+    bodies = {**ERROR_BESIDE_ANSWER, **NO_ERROR_BESIDE_ANSWER}
+    suite = write_suite(tmp_path / "suite.json", REFUND_SUITE)
+    with FakeServer(fakes.chat(lambda body: bodies[body["model"]])) as server:
+        results = cli_table([openai_args(server, "--api-key-env", "MY_ENDPOINT_KEY", models=(model,), suite=suite,
+                                         out=tmp_path / f"{model}.json") for model in bodies],
+                            tmp_path, env=cli_env(MY_ENDPOINT_KEY=SECRET))
+    for model, (code, out, err) in zip(bodies, results):
+        (row,) = read_record(tmp_path / f"{model}.json")["runs"]
+        assert SECRET not in out + err + (tmp_path / f"{model}.json").read_text(encoding="utf-8")
+        if model in NO_ERROR_BESIDE_ANSWER:
+            assert (code, row["reasons"]) == (0, []), (model, err)
+            continue
+        assert (code, row["error"]) == (2, "ResponseError"), (model, out, err)
+        assert row["error_message"].startswith("the endpoint answered with an error: "), row
+        assert "[REDACTED:secret]" in row["error_message"] and row["response"]["choices"]  # kept, masked
+
+
+def test_an_anthropic_body_with_content_and_an_error_is_an_execution_error(tmp_path):
+    suite = write_suite(tmp_path / "suite.json", REFUND_SUITE)
+    said = {"ok": fakes.message_response("Refunds take 5 business days."),
+            "error": {**fakes.message_response("Refunds take 5 business days."),
+                      "error": {"type": "api_error", "message": "partial"}}}
+    with FakeServer(fakes.messages_api(lambda body: said[body["model"]])) as server:
+        results = cli_table([["--provider", "anthropic", "--base-url", server.url, "--models", model, "--suite",
+                              suite, "--out", tmp_path / f"{model}.json"] for model in said], tmp_path)
+    assert [code for code, _, _ in results] == [0, 2], results
+    assert read_record(tmp_path / "error.json")["runs"][0]["error_message"] == \
+        "the endpoint answered with an error: api_error: partial"
+
+
+# ====================================================================== red team 4: undeclared tools, cost, keys in URLs
+
+def _undeclared(body):
+    """lookup_order and a tool no suite declares in one round, then the answer."""
+    if any(message.get("role") == "tool" for message in body["messages"]):
+        return fakes.chat_response("It has shipped.")
+    return fakes.chat_response("", tool_calls=[("lookup_order", {"order_id": "ord_21"}), ("delete_customer", {})])
+
+
+def test_calls_to_tools_the_suite_never_declared_are_warned_of_by_row(tmp_path):
+    """They passed silently: played, answered as unscripted, and no check reads them; a suite
+    with no tools stored not even a count."""
+    play, plain = write_suite(tmp_path / "play.json", PLAY_SUITE), write_suite(tmp_path / "plain.json", REFUND_SUITE)
+    reply = fakes.chat(lambda body: _undeclared(body) if body.get("tools") else fakes.chat_response(
+        "Refunds take 5 business days.", tool_calls=[("x", {})], finish_reason="stop"))
+    with FakeServer(reply) as server:
+        results = cli_table([openai_args(server, suite=play, out=tmp_path / "play-run.json"),
+                             openai_args(server, suite=plain, out=tmp_path / "plain-run.json"),
+                             ["--report", tmp_path / "play-run.json", "--markdown", tmp_path / "play.md"]], tmp_path)
+    (play_code, _, play_err), (plain_code, _, plain_err), (report_code, _, _) = results
+    assert (play_code, plain_code, report_code) == (0, 0, 0), play_err + plain_err
+    for err, record, row_name in ((play_err, "play-run.json", "m / p1 / repeat 0 called delete_customer"),
+                                  (plain_err, "plain-run.json", "m / refund-time / repeat 0 called x")):
+        warning = f"1 row(s) called tools the suite does not declare ({row_name}); no check fails a row"
+        assert f"warning: {warning}" in err
+        assert any(line.startswith(warning) for line in read_record(tmp_path / record)["summary"]["warnings"])
+    (row,) = read_record(tmp_path / "play-run.json")["runs"]  # the undeclared call stays the row's evidence
+    assert [call["name"] for call in row["details"]["tool_calls"]] == ["lookup_order", "delete_customer"]
+    assert "called delete_customer" in (tmp_path / "play.md").read_text(encoding="utf-8")  # a recount keeps it
+
+
+@pytest.mark.parametrize("block", [{"type": "tool_use", "id": "t1", "name": "x", "input": {}},
+                                   {"type": "mcp_tool_use", "id": "t1", "name": "delete_all", "server_name": "s",
+                                    "input": {}}])
+def test_an_anthropic_call_of_an_undeclared_tool_is_warned_of(tmp_path, block):
+    suite = write_suite(tmp_path / "suite.json", REFUND_SUITE)
+    said = fakes.message_response("Refunds take 5 business days.")
+    said["content"].append(block)
+    with FakeServer(fakes.messages_api(lambda body: said)) as server:
+        result = run_cli(["--provider", "anthropic", "--base-url", server.url, "--models", "m", "--suite", suite,
+                          "--out", tmp_path / "run.json"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"called {block['name']}); no check fails a row" in result.stderr
+
+
+def test_declared_calls_alone_raise_no_undeclared_warning(tmp_path):
+    out = tmp_path / "run.json"
+    with FakeServer(fakes.cut_short_round("tool_calls")) as server:
+        result = run_cli(openai_args(server, suite=write_suite(tmp_path / "play.json", PLAY_SUITE), out=out), tmp_path)
+    assert result.returncode == 0 and "does not declare" not in result.stderr
+    assert "warnings" not in read_record(out)["summary"]
+
+
+def test_a_priced_response_without_usage_says_why_the_cap_cannot_hold_and_what_works(tmp_path):
+    """The stop said "continue: --resume ... --price m=IN/OUT", but the record held the price
+    already: following it stopped again, forever."""
+    no_usage = fakes.chat(lambda body: {key: value for key, value in fakes.chat_response("hi").items()
+                                        if key != "usage"})
+    out = tmp_path / "run.json"
+    with FakeServer(no_usage) as server:
+        result = run_cli(openai_args(server, "--price", "m=1/2", "--max-cost-usd", "0.5", suite=GUARDRAILS,
+                                     out=out), tmp_path)
+        assert server.count == 1
+        assert result.returncode == 2
+        said = "the endpoint reported no cost for m and no token usage to apply its --price to, so " \
+            "--max-cost-usd cannot be enforced; no cap can hold on this record, so run the suite again " \
+            "without --max-cost-usd (into a new --out), or against an endpoint that reports usage"
+        assert read_record(out)["summary"]["stopped"] == said
+        assert "IN/OUT" not in result.stderr and "continue with" not in result.stderr
+        # what it says works: the same run without the cap finishes
+        again = run_cli(openai_args(server, "--price", "m=1/2", suite=GUARDRAILS, out=tmp_path / "again.json"),
+                        tmp_path)
+    assert again.returncode == 1 and read_record(tmp_path / "again.json")["summary"]["complete"] is True
+
+
+URL_KEY = "hunter2hunter2key"
+
+
+def test_a_key_in_the_base_url_path_never_reaches_the_record_reports_or_console(tmp_path):
+    """The console masked it, but the record's provider.base_url kept it; a resume must then be
+    told the endpoint again, and the command that continues the run says so."""
+    out, suite = tmp_path / "run.json", write_suite(tmp_path / "suite.json", {**REFUND_SUITE, "cases": [
+        REFUND_SUITE["cases"][0], {**REFUND_SUITE["cases"][0], "id": "second", "input": "And the second?"}]})
+    down = {"on": True}
+
+    def reply(request):
+        if down["on"] and "second" in json.dumps(request.json):
+            return Reply(500, {"error": {"message": "down"}})
+        return Reply(body=fakes.chat_response("Within 5 business days."))
+
+    env = cli_env(MY_ENDPOINT_KEY=URL_KEY)
+    with FakeServer(reply) as server:
+        base = f"{server.url}/{URL_KEY}/v1"
+        reports = [word for kind in ("markdown", "html", "junit") for word in (f"--{kind}", tmp_path / f"r.{kind}")]
+        first = run_cli(["--provider", "openai", "--base-url", base, "--api-key-env", "MY_ENDPOINT_KEY", "--models",
+                         "m", "--suite", suite, "--out", out, *reports], tmp_path, env=env)
+        assert first.returncode == 2, first.stderr
+        assert "plus --base-url with its endpoint (stored masked: it held the key)" in first.stderr
+        assert read_record(out)["provider"]["base_url"] == f"{server.url}/[REDACTED:secret]/v1"
+        for text in [first.stdout, first.stderr, *(path.read_text(encoding="utf-8") for path in tmp_path.iterdir())]:
+            assert URL_KEY not in text
+        down["on"] = False
+        (blind, _, blind_err), (told, _, told_err) = cli_table(
+            [["--resume", out, "--api-key-env", "MY_ENDPOINT_KEY"],
+             ["--resume", out, "--api-key-env", "MY_ENDPOINT_KEY", "--base-url", base]], tmp_path, env=env)
+    assert blind == 2 and "give the endpoint again with --base-url URL" in error_line(blind_err)
+    assert told == 0, told_err
+    assert URL_KEY not in blind_err + told_err + out.read_text(encoding="utf-8")
+
+
+def test_an_older_record_that_played_on_past_a_round_cut_short_is_graded_up_to_that_round(tmp_path):
+    """A record of an earlier release ran a cut-short round's calls and passed: --report and a
+    replay read it (not "not reproducible") and grade it as the run now would, failing there."""
+    suite, out, old = write_suite(tmp_path / "play.json", PLAY_SUITE), tmp_path / "run.json", tmp_path / "old.json"
+    with FakeServer(fakes.cut_short_round("tool_calls")) as server:
+        assert run_main(openai_args(server, suite=suite, out=out)) == 0
+    record = read_record(out)
+    record["runs"][0]["rounds"][0]["response"]["choices"][0]["finish_reason"] = "length"  # as it was cut
+    old.write_text(json.dumps(record), encoding="utf-8")
+    (report, _, report_err), (replay, _, replay_err) = cli_table([
+        ["--report", old, "--markdown", tmp_path / "r.md"],
+        ["--provider", "replay", "--replay", old, "--out", tmp_path / "replayed.json"]], tmp_path)
+    assert report == 0 and "m / p1 / repeat 0" in report_err, report_err  # the CAUTION names it
+    assert replay == 1, replay_err
+    (row,) = read_record(tmp_path / "replayed.json")["runs"]
+    assert "response_not_completed" in row["reasons"] and len(row["rounds"]) == 1
