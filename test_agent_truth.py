@@ -391,10 +391,13 @@ def assert_read_as_decided(char):
     otherwise a character of its own that makes a different name or phrase."""
     action = decision(char)
     gone, parts = action == "removed", action in ("removed", "space")
-    assert (
-        forbidden(f"refund_order{char}") is parts and forbidden(f"{char}refund_order") is parts
-    ), action
-    assert forbidden(f"refund{char}_order") is gone, action
+    # forbid_tool reads a name's words, look-alikes as Latin letters and separators dropped (see
+    # name_keys): only a letter or digit joined to the name makes another name
+    form = regression._undisguised(regression.text_form(char))
+    joined = (form[:1].isalnum(), form[-1:].isalnum(), any(part.isalnum() for part in form))
+    for name, other in zip((f"refund_order{char}", f"{char}refund_order", f"refund{char}_order"),
+                           joined):
+        assert forbidden(name) is not other, (action, name)
     assert (
         graded("contains", ["lifetime access"], f"You get lifetime{char} access.") is not parts
     ), action
