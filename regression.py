@@ -5126,17 +5126,19 @@ def body_error(data, status, what, secrets=()):
 # ...}}, multi_tool_use.parallel's {"recipient_name", ...}, LangChain's {"action",
 # "action_input"}) in JSON or else read loosely (a chat template's doubled braces {{...}}, Python
 # quotes and literals, trailing commas), alone, in a list, fenced or after a tag, with or without
-# prose around it; Qwen3-Coder's <function=NAME> tags; the pythonic [NAME(ARG=VALUE)] form; a
-# declared function's name closely followed by its arguments (see _named_payloads: gpt-oss
-# harmony, Kimi-K2, Claude's <invoke>, Gemma's default_api.NAME(...), Functionary >>>NAME,
-# Qwen-Agent, ReAct's Action Input); and a tag followed by a function's name.
+# prose around it; <function=NAME> and <invoke name="NAME"> tags; the pythonic [NAME(ARG=VALUE)]
+# form; a declared function's name closely followed by its arguments (see _named_payloads:
+# gpt-oss harmony, Kimi-K2, Gemma's default_api.NAME(...), Functionary >>>NAME, Qwen-Agent,
+# ReAct's Action Input); and a tag followed by a function's name.
 _TEXT_CALL_MARKERS = ("<tool_call>", "<function=", "[TOOL_CALLS]", "<|python_tag|>",
                       "<|tool_call|>", "<\uff5ctool\u2581call\u2581begin\uff5c>", "<function_call>",
                       "<|tool_call_begin|>", "<|tool_call_start|>", "to=functions.",
                       "<function_calls>", "<invoke name=", "\u273fFUNCTION\u273f", "<|plugin|>")
 _CALL_KEYS = "|".join(("function", "type", "id", *_CALL_NAME_KEYS, *_CALL_ARGUMENT_KEYS))
 _CALL_OBJECT = re.compile(rf"\{{\s*[\"'](?:{_CALL_KEYS})[\"']\s*:")
-_FUNCTION_TAG = re.compile(r"<function=([\w.-]+)>(.*?)(?:</function>|\Z)", re.S)
+# Qwen3-Coder's <function=NAME> and Claude's (or MiniMax's) <invoke name="NAME"> tags
+_FUNCTION_TAG = re.compile(r"<(?:[\w-]{1,40}:)?(?:function=|invoke\s+name=[\"']?)([\w.-]+)[\"']?>"
+                           r"(.*?)(?:</(?:[\w-]{1,40}:)?(?:function|invoke)>|\Z)", re.S)
 # <parameter=NAME> or <parameter name="NAME"> (a namespace before it too), up to its end tag
 _PARAMETER_TAG = re.compile(r"<(?:[\w-]{1,40}:)?parameter(?:=|\s+name=[\"']?)([\w.-]+)[\"']?\s*>"
                             r"([^<]*(?:<(?!/?(?:[\w-]{1,40}:)?parameter\b)[^<]*)*)"
