@@ -1257,11 +1257,11 @@ _CALL_ARGUMENT_KEYS = ("arguments", "parameters", "args", "input", "action_input
 @functools.lru_cache(maxsize=256)  # a looping agent calls the same few names
 def name_keys(name):
     """[the whole name's key, each of its words' key]: the name in the text normal form with
-    look-alike letters as Latin ones and special tokens (<|channel|>) as spaces, a word without
-    its namespace (functions.), case and separators dropped: Cancel-Order and cancelOrder are
+    look-alike letters as Latin ones and special tokens (<|channel|>) as spaces, a dot between
+    words too (functions.), case and separators dropped: Cancel-Order and cancelOrder are
     cancelorder; "cancel_order", cancel_order() and cancel_order<|channel|>json hold it."""
     form = _SPECIAL_TOKEN.sub(" ", _undisguised(text_form(name))) if isinstance(name, str) else ""
-    words = [word.rsplit(".", 1)[-1] for word in re.findall(r"[\w.-]+", form)]
+    words = [word for dotted in re.findall(r"[\w.-]+", form) for word in dotted.split(".")]
     return [_SEPARATORS.sub("", word) for word in [form, *words]]
 
 
@@ -5229,13 +5229,13 @@ def _named_payloads(text, parameters, names):
     name a parameter its schema declares, or it declares none: "Result of lookup_order:
     {"status": ...}" and {"next_action": "cancel_order", "details": {...}} are no calls."""
     found, reads = [], 0
-    declared = {name.lower(): name for name in parameters}
+    declared = {name_keys(name)[0]: name for name in parameters}
     for match in names.finditer(text):
         if reads == TEXT_CALL_TRIES:
             break
         tried, arguments = _payload(text, match.end(), names)
         reads += tried
-        wanted = parameters.get(declared.get(match[0].lower()), set())
+        wanted = parameters.get(declared.get(name_keys(match[0])[0]), set())
         if arguments is not None and (wanted is None or wanted & set(arguments)):
             found.append((match.start(), match.end(), match[0], arguments))
     return found
@@ -5256,6 +5256,17 @@ def _written_calls(text, parameters, names):
                     if not any(start <= call[0] < end for start, end in taken)]
 
 
+def _written_names(functions):
+    """A pattern of the declared names as a text may write them (whole words): in any case, with
+    look-alike letters for Latin ones (see _LOOKALIKES) and _ or - or nothing between words."""
+    alike = collections.defaultdict(str)
+    for code, latin in _LOOKALIKES.items():
+        alike[chr(latin)] += chr(code)
+    spelled = ["".join("[_-]?" if char in "_-" else f"[{re.escape(char + alike[char.lower()])}]"
+                       for char in name) for name in sorted(functions, key=len, reverse=True)]
+    return re.compile(r"(?<![\w-])(?:%s)(?![\w-])" % "|".join(spelled), re.IGNORECASE)
+
+
 def text_tool_calls(text, functions):
     """[{"name", "arguments"}] of the declared functions a text calls in writing (any form above;
     a name read as forbid_tool reads it, see name_keys), in text order; [] when it holds none.
@@ -5265,19 +5276,17 @@ def text_tool_calls(text, functions):
     if not functions or not isinstance(text, str) or not text.strip():
         return []
     parameters = functions if isinstance(functions, dict) else dict.fromkeys(functions)
-    names = re.compile(r"(?<![\w-])(?:%s)(?![\w-])" % "|".join(
-        map(re.escape, sorted(parameters, key=len, reverse=True))), re.IGNORECASE)
-    keys = {name_keys(name)[0] for name in parameters}
+    names, keys = _written_names(parameters), {name_keys(name)[0]: name for name in parameters}
     found = [{"name": name, "arguments": arguments}
              for *_, written, given in sorted(_written_calls(text, parameters, names),
                                               key=lambda call: call[0])
-             for name, arguments in carried_calls(written, given) if keys & set(name_keys(name))]
+             for name, arguments in carried_calls(written, given)
+             if keys.keys() & set(name_keys(name))]
     if not found:  # a tag followed by a function's name, in no form read above
         for marker in (marker for marker in _TEXT_CALL_MARKERS if marker in text):
             named = names.search(text, text.index(marker))
             if named:
-                declared = {name.lower(): name for name in parameters}
-                return [{"name": declared.get(named[0].lower(), named[0]),
+                return [{"name": keys.get(name_keys(named[0])[0], named[0]),
                          "arguments": cut_whole(text[text.index(marker):], 1_000)}]
     return found
 

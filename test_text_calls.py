@@ -56,6 +56,10 @@ WRITTEN = {
     "written-parallel": json.dumps({"name": "multi_tool_use.parallel", "arguments": {
         "tool_uses": [{"recipient_name": "functions.cancel_order",
                        "parameters": {"order_id": "ord_21"}}]}}),
+    # the name as a text may write it: look-alike letters, another case or separator
+    "lookalike-harmony": f"to=functions.c\u0430ncel_order<|message|>{ARGS}",
+    "camel-pythonic": 'cancelOrder(order_id="ord_21")',
+    "hyphen-react": f"Action: Cancel-Order\nAction Input: {ARGS}",
     # a decoy in a form read before, then the forbidden call in one read only now
     "hermes-then-harmony": '<tool_call>{"name": "lookup_order", "arguments": ' + ARGS
                            + "}</tool_call> then to=functions.cancel_order<|message|>" + ARGS,
