@@ -1278,6 +1278,56 @@ def tool_parameters(tools):
     return {name: names for name, names in declared.items() if isinstance(name, str)}
 
 
+# What forbid_tool (and a call written as text) reads in a call's name: an attempt at the tool,
+# whether or not a host would run it. require_tool, tool_args and tool_order keep the exact name.
+_SPECIAL_TOKEN = re.compile(r"<\|[^<>|]{0,100}\|>")  # a chat template's <|channel|> (and <｜...｜>)
+_SEPARATORS = re.compile(r"[\W_]+")
+_CALL_NAME_KEYS = ("name", "tool_name", "tool", "recipient_name", "action")
+_CALL_ARGUMENT_KEYS = ("arguments", "parameters", "args", "input", "action_input")
+
+
+@functools.lru_cache(maxsize=256)  # a looping agent calls the same few names
+def name_keys(name):
+    """[the whole name's key, each of its words' key]: the name in the text normal form with
+    look-alike letters as Latin ones and special tokens (<|channel|>) as spaces, a dot between
+    words too (functions.), case and separators dropped: Cancel-Order and cancelOrder are
+    cancelorder; "cancel_order", cancel_order() and cancel_order<|channel|>json hold it."""
+    form = _SPECIAL_TOKEN.sub(" ", _undisguised(text_form(name))) if isinstance(name, str) else ""
+    words = [word for dotted in re.findall(r"[\w.-]+", form) for word in dotted.split(".")]
+    return [_SEPARATORS.sub("", word) for word in [form, *words]]
+
+
+def tries_tool(name, tool):
+    """Whether a call named `name` is an attempt at the tool `tool` (see name_keys)."""
+    key = name_keys(tool)[0]
+    return bool(key) and key in name_keys(name)
+
+
+def _as_call(value):
+    """(name, arguments) of a decoded call object, or None."""
+    if not isinstance(value, dict):
+        return None
+    inner = value.get("function")
+    if isinstance(inner, dict) and isinstance(inner.get("name"), str):
+        return inner["name"], inner.get("arguments", inner.get("parameters"))
+    name = inner if isinstance(inner, str) else next(
+        (value[key] for key in _CALL_NAME_KEYS if key in value), None)
+    given = [key for key in _CALL_ARGUMENT_KEYS if key in value]
+    return (name, value[given[0]]) if isinstance(name, str) and given else None
+
+
+def carried_calls(name, arguments, depth=0):
+    """[(name, arguments)] of a call and of the calls it carries: OpenAI's multi_tool_use.parallel
+    wrapper names them in its tool_uses ({"recipient_name", "parameters"}), 8 deep at most."""
+    calls = [(name, arguments)]
+    if depth < 8 and "multitooluseparallel" in name_keys(name)[0]:
+        uses = _decoded(arguments)
+        uses = uses.get("tool_uses") if isinstance(uses, dict) else None
+        for inner in map(_as_call, uses if isinstance(uses, list) else []):
+            calls += carried_calls(*inner, depth + 1) if inner else []
+    return calls
+
+
 DEFAULT_MAX_ROUNDS = 8
 # A played row is bounded in what it may make the harness answer and store: a model that asks for
 # thousands of calls a round would otherwise be answered, re-sent and stored round after round.
@@ -1980,15 +2030,18 @@ def check_max_tool_rounds(case, trace, arg):
 
 @register_check("forbid_tool", behavior=True, arg="tool", details=_tool_details, reasons={
     "forbidden_tool_called": (
-        "the model called a tool named in `forbid_tool:NAME` (also under another case, or with "
-        "spaces or invisible characters in the name)", "`details.tool_calls` shows the calls")})
+        "the model called or tried a tool named in `forbid_tool:NAME` (also under another case "
+        "or separators, quoted, as `functions.NAME`, with a chat template's special tokens after "
+        "it, inside `multi_tool_use.parallel`, or written as text)",
+        "`details.tool_calls` shows the calls")})
 def check_forbid_tool(case, trace, arg):
-    """behavior forbid_tool:NAME: the model never called the tool NAME (in any case, spaces or
-    invisible characters around or in it, or written as text: an attempt counts)."""
-    # The name read in the text normal form: "Cancel_Order" or "cancel_order " is an attempt to
-    # call cancel_order, whether or not a host would run it (require_tool needs the exact name).
+    """behavior forbid_tool:NAME: the model never called the tool NAME, nor tried to: in any
+    case or separators, wrapped (functions.NAME, NAME<|channel|>...), carried by a wrapper call
+    (multi_tool_use.parallel) or written as text (see name_keys, carried_calls)."""
+    # An attempt counts whether or not a host would run it (require_tool needs the exact name).
     called = [call for call in [*trace.tool_calls, *trace.attempts]  # a call written as text too
-              if isinstance(call.get("name"), str) and text_form(call["name"]) == text_form(arg)]
+              if any(tries_tool(name, arg) for name, _ in
+                     carried_calls(call.get("name"), call.get("arguments")))]
     if called:
         return [Fail("forbidden_tool_called", _how_called(called[0], trace)
                      + (f" (+{len(called) - 1})" if len(called) > 1 else ""),
@@ -2421,15 +2474,18 @@ def check_claims(case, trace):
 
 
 @register_check("tool_call_as_text", always=True, rule=(
-    "a call object in an answer ({\"name\", \"arguments\"|\"parameters\"} or {\"function\": "
-    "{...}}, single or doubled braces, fenced, with prose around), <tool_call>, [TOOL_CALLS], "
-    "<|python_tag|>, <function=NAME> and [NAME(ARG=VALUE)] naming a declared function fail "
+    "a call object in an answer ({\"name\", \"arguments\"|\"parameters\"} in any key order or "
+    "{\"function\": {...}}, single or doubled braces, Python quotes, trailing commas, fenced, with "
+    "prose around), <tool_call>, [TOOL_CALLS], <|python_tag|>, <function=NAME>, NAME(ARG=VALUE), "
+    "and a declared function's name closely followed by arguments that name one of its "
+    "parameters (gpt-oss harmony, Kimi-K2, Claude's <invoke>, ReAct's Action Input) fail "
     "tool_call_as_text; forbid_tool, require_clarification and no_system_leak count those "
     "attempts, require_tool, tool_order, tool_args and claims never do"), reasons={
     "tool_call_as_text": (
         "the answer writes a tool call as text (`{\"name\": ..., \"arguments\": ...}` in single "
-        "or doubled braces, a fenced block, `<tool_call>` and other tag forms) instead of "
-        "calling: no call was made, and the customer would see it",
+        "or doubled braces, a fenced block, `<tool_call>`, harmony, `<invoke>` and other tag "
+        "forms, `NAME(ARG=VALUE)`) instead of calling: no call was made, and the customer would "
+        "see it",
         "the server did not parse the model's calls: its chat template or tool-call parser "
         "(llama-server `--jinja`; vLLM `--enable-auto-tool-choice --tool-call-parser NAME`; "
         "Ollama: a template with tools); the summary names the likely cause")})
@@ -5231,77 +5287,172 @@ def body_error(data, status, what, secrets=()):
 
 
 # What a tool call looks like when a server's tool-call parser did not read it: a call object
-# ({"name": ..., "arguments"|"parameters": ...}, or the wire form {"function": {"name", ...}}) in
-# single or doubled braces (a chat template's {{...}} printed as it is), alone, in a list, in a
-# fenced block or after a tag (hermes and Qwen <tool_call>, Mistral [TOOL_CALLS], Llama 3
-# <|python_tag|>), with or without prose around it; Qwen3-Coder's <function=NAME> tags; the
-# pythonic [NAME(ARG=VALUE)] form; and a tag followed by a function's name.
+# (its keys in any order: {"name", "arguments"|"parameters"}, the wire form {"function": {"name",
+# ...}}, multi_tool_use.parallel's {"recipient_name", ...}, LangChain's {"action",
+# "action_input"}) in JSON or else read loosely (a chat template's doubled braces {{...}}, Python
+# quotes and literals, trailing commas), alone, in a list, fenced or after a tag, with or without
+# prose around it; <function=NAME> and <invoke name="NAME"> tags; the pythonic [NAME(ARG=VALUE)]
+# form; a declared function's name closely followed by its arguments (see _named_payloads:
+# gpt-oss harmony, Kimi-K2, Gemma's default_api.NAME(...), Functionary >>>NAME, Qwen-Agent,
+# ReAct's Action Input); and a tag followed by a function's name.
 _TEXT_CALL_MARKERS = ("<tool_call>", "<function=", "[TOOL_CALLS]", "<|python_tag|>",
-                      "<|tool_call|>", "<\uff5ctool\u2581call\u2581begin\uff5c>", "<function_call>")
-_CALL_OBJECT = re.compile(r'\{\s*"(?:name|function|type|id|tool_name|tool)"\s*:')
-_FUNCTION_TAG = re.compile(r"<function=([\w.-]+)>(.*?)(?:</function>|\Z)", re.S)
-_PARAMETER_TAG = re.compile(r"<parameter=([\w.-]+)>\s*(.*?)\s*</parameter>", re.S)
+                      "<|tool_call|>", "<\uff5ctool\u2581call\u2581begin\uff5c>", "<function_call>",
+                      "<|tool_call_begin|>", "<|tool_call_start|>", "to=functions.",
+                      "<function_calls>", "<invoke name=", "\u273fFUNCTION\u273f", "<|plugin|>")
+_CALL_KEYS = "|".join(("function", "type", "id", *_CALL_NAME_KEYS, *_CALL_ARGUMENT_KEYS))
+_CALL_OBJECT = re.compile(rf"\{{\s*[\"'](?:{_CALL_KEYS})[\"']\s*:")
+# Qwen3-Coder's <function=NAME> and Claude's (or MiniMax's) <invoke name="NAME"> tags
+_FUNCTION_TAG = re.compile(r"<(?:[\w-]{1,40}:)?(?:function=|invoke\s+name=[\"']?)([\w.-]+)[\"']?>"
+                           r"(.*?)(?:</(?:[\w-]{1,40}:)?(?:function|invoke)>|\Z)", re.S)
+# <parameter=NAME> or <parameter name="NAME"> (a namespace before it too), up to its end tag
+_PARAMETER_TAG = re.compile(r"<(?:[\w-]{1,40}:)?parameter(?:=|\s+name=[\"']?)([\w.-]+)[\"']?\s*>"
+                            r"([^<]*(?:<(?!/?(?:[\w-]{1,40}:)?parameter\b)[^<]*)*)"
+                            r"</(?:[\w-]{1,40}:)?parameter>")
 _PYTHONIC_CALL = re.compile(r"([A-Za-z_][\w.-]*)\(((?:[^()\"']|\"[^\"]*\"|'[^']*')*)\)")
 _PYTHONIC_LIST = re.compile(
     rf"\[\s*{_PYTHONIC_CALL.pattern}(?:\s*,\s*{_PYTHONIC_CALL.pattern})*\s*\]")
+_PYTHONIC_ARGS = re.compile(r"\(((?:[^()\"']|\"[^\"]*\"|'[^']*')*)\)")
 _PYTHONIC_ARG = re.compile(r"([A-Za-z_]\w*)\s*=\s*(\"[^\"]*\"|'[^']*'|[^,]+)")
-TEXT_CALL_TRIES, TEXT_CALL_WINDOW = 200, 65_536  # a long hostile text stays linear
+# A loose reading of a text, as long as it is (a position in it is one in the text): a 'single-
+# quoted' key or value as "double-quoted", a trailing comma as a space, Python's True/False/None
+# as JSON's, and in a second one a chat template's doubled braces {{...}} as single ones.
+_SINGLE_QUOTED = re.compile(r"(?<=[{\[,:])(\s*)'((?:[^'\\\n\"]|\\.)*)'(?=\s*[:,}\]])")
+_TRAILING_COMMA = re.compile(r",(?=\s*[}\]])")
+_PYTHON_CONSTANT = re.compile(r"(?<=[:\[,])(\s*)(True|False|None)(?=\s*[,}\]])")
+_AS_JSON = {"True": "true", "False": "false", "None": "null"}
+_PAYLOAD_START = re.compile(r"\{|<(?:[\w-]{1,40}:)?parameter\b")
+_QUOTED_KEY = re.compile(r"[\"'][^\"'\n]*[\"']\s*:")  # the name is a value: a key comes next
+_BLANK_LINE = re.compile(r"\n[^\S\n]*\n")
+_CALL_END = re.compile(r"</(?:[\w-]{1,40}:)?(?:invoke|function)\b")
+_DECODER = json.JSONDecoder()
+# A long hostile text stays linear: so many candidates read, each in a window of so many
+# characters (pythonic arguments or <parameter> tags in the smaller one), a payload so close.
+TEXT_CALL_TRIES, TEXT_CALL_WINDOW, TEXT_CALL_BODY, TEXT_CALL_GAP = 200, 65_536, 16_384, 40
 
 
-def _as_call(value):
-    """(name, arguments) of a decoded call object, or None."""
-    if not isinstance(value, dict):
-        return None
-    inner = value.get("function")
-    if isinstance(inner, dict) and isinstance(inner.get("name"), str):
-        return inner["name"], inner.get("arguments", inner.get("parameters"))
-    name = inner if isinstance(inner, str) else next(
-        (value[key] for key in ("name", "tool_name", "tool") if key in value), None)
-    given = [key for key in ("arguments", "parameters", "args", "input") if key in value]
-    return (name, value[given[0]]) if isinstance(name, str) and given else None
+@functools.lru_cache(maxsize=2)
+def _loose_text(text, undoubled):
+    """The loose reading of a text (see _SINGLE_QUOTED), its braces undoubled or not."""
+    if undoubled:
+        text = text.replace("{{", " {").replace("}}", "} ")
+    text = _SINGLE_QUOTED.sub(lambda found: f'{found[1]}"{found[2]}"', text)
+    text = _TRAILING_COMMA.sub(" ", text)
+    return _PYTHON_CONSTANT.sub(lambda found: found[1] + _AS_JSON[found[2]], text)
+
+
+def _read_object(text, start):
+    """(value, length) of the JSON at text[start], else of it in a loose reading (see
+    _loose_text), or None."""
+    for reading in (lambda: text, lambda: _loose_text(text, False),
+                    lambda: _loose_text(text, True)):
+        try:
+            return _DECODER.raw_decode(reading()[start:start + TEXT_CALL_WINDOW])
+        except (ValueError, RecursionError):
+            continue
+    return None
 
 
 def _call_objects(text):
-    """[(name, arguments)] of the call objects in a text, in order (see _CALL_OBJECT)."""
-    decoder, found, end = json.JSONDecoder(), [], 0
+    """[(start, end, name, arguments)] of the call objects in a text, in order (see
+    _CALL_OBJECT)."""
+    found, end = [], 0
     for _, match in zip(range(TEXT_CALL_TRIES), _CALL_OBJECT.finditer(text)):
-        if match.start() < end:  # inside an object already read
-            continue
-        try:
-            value, length = decoder.raw_decode(text[match.start():match.start() + TEXT_CALL_WINDOW])
-        except (ValueError, RecursionError):
-            continue
-        call = _as_call(value)
+        read = _read_object(text, match.start()) if match.start() >= end else None
+        call = _as_call(read[0]) if read else None  # else inside an object already read
         if call is not None:
-            found.append(call)
-            end = match.start() + length
+            end = match.start() + read[1]
+            found.append((match.start(), end, *call))
     return found
+
+
+def _payload(text, at, names):
+    """(whether it read one, the arguments as a dict or None) of the payload that the name ending
+    at text[at] is followed by (see _named_payloads)."""
+    if text.startswith("(", at):  # NAME(ARG=VALUE, ...) or NAME()
+        called = _PYTHONIC_ARGS.match(text, at, at + TEXT_CALL_BODY)
+        pairs = _PYTHONIC_ARG.findall(called[1]) if called else []
+        if called and (pairs or not called[1].strip()):
+            return True, {key: value.strip().strip("\"'") for key, value in pairs}
+    start = _PAYLOAD_START.search(text, at, at + TEXT_CALL_GAP + 50)
+    gap = text[at:start.start()] if start else ""
+    if (not start or len(gap) > TEXT_CALL_GAP or _BLANK_LINE.search(gap)
+            or _QUOTED_KEY.search(gap) or names.search(gap)):
+        return text.startswith("(", at), None
+    if start[0] == "{":
+        read = _read_object(text, start.start())
+        value = read[0] if read else None
+        return True, value if isinstance(value, dict) and _as_call(value) is None else None
+    body = _CALL_END.split(text[start.start():start.start() + TEXT_CALL_BODY], 1)[0]
+    return True, {key: value.strip() for key, value in _PARAMETER_TAG.findall(body)}
+
+
+def _named_payloads(text, parameters, names):
+    """[(start, end, name, arguments)] of each declared function's name (a whole word, after a
+    namespace such as functions. or none) followed within TEXT_CALL_GAP characters of its
+    paragraph by arguments: (ARG=VALUE, ...) right after it, an object (JSON or Python) or
+    <parameter> tags, with no other function's name or JSON key between. A call only when they
+    name a parameter its schema declares, or it declares none: "Result of lookup_order:
+    {"status": ...}" and {"next_action": "cancel_order", "details": {...}} are no calls."""
+    found, reads = [], 0
+    declared = {name_keys(name)[0]: name for name in parameters}
+    for match in names.finditer(text):
+        if reads == TEXT_CALL_TRIES:
+            break
+        tried, arguments = _payload(text, match.end(), names)
+        reads += tried
+        wanted = parameters.get(declared.get(name_keys(match[0])[0]), set())
+        if arguments is not None and (wanted is None or wanted & set(arguments)):
+            found.append((match.start(), match.end(), match[0], arguments))
+    return found
+
+
+def _written_calls(text, parameters, names):
+    """[(start, end, name, arguments)] of the calls a text writes, in any form above."""
+    calls = _call_objects(text)
+    calls += [(tag.start(), tag.end(), tag[1],
+               {key: value.strip() for key, value in _PARAMETER_TAG.findall(tag[2])})
+              for _, tag in zip(range(TEXT_CALL_TRIES), _FUNCTION_TAG.finditer(text))]
+    for _, listed in zip(range(TEXT_CALL_TRIES), _PYTHONIC_LIST.finditer(text)):
+        calls += [(listed.start(), listed.end(), name,
+                   {key: value.strip().strip("\"'") for key, value in _PYTHONIC_ARG.findall(body)})
+                  for name, body in _PYTHONIC_CALL.findall(listed[0])]
+    taken = {(start, end) for start, end, *_ in calls}  # a name read above is read once
+    return calls + [call for call in _named_payloads(text, parameters, names)
+                    if not any(start <= call[0] < end for start, end in taken)]
+
+
+def _written_names(functions):
+    """A pattern of the declared names as a text may write them (whole words): in any case, with
+    look-alike letters for Latin ones (see _LOOKALIKES) and _ or - or nothing between words."""
+    alike = collections.defaultdict(str)
+    for code, latin in _LOOKALIKES.items():
+        alike[chr(latin)] += chr(code)
+    spelled = ["".join("[_-]?" if char in "_-" else f"[{re.escape(char + alike[char.lower()])}]"
+                       for char in name) for name in sorted(functions, key=len, reverse=True)]
+    return re.compile(r"(?<![\w-])(?:%s)(?![\w-])" % "|".join(spelled), re.IGNORECASE)
 
 
 def text_tool_calls(text, functions):
     """[{"name", "arguments"}] of the declared functions a text calls in writing (any form above;
-    names read in the text normal form), in order; [] when it holds none. A server that returned
-    the calls unparsed: the model neither answered nor called, and its customer saw the call."""
+    a name read as forbid_tool reads it, see name_keys), in text order; [] when it holds none.
+    `functions`: {name: its declared parameters or None} (see tool_parameters), or the names. A
+    server that returned the calls unparsed: the model neither answered nor called, and its
+    customer saw the call."""
     if not functions or not isinstance(text, str) or not text.strip():
         return []
-    declared = {text_form(name): name for name in functions}
-    calls = _call_objects(text) or _call_objects(text.replace("{{", "{").replace("}}", "}"))
-    # Qwen3-Coder <function=NAME> tags and pythonic [NAME(ARG=VALUE)] lists
-    calls += [(name, dict(_PARAMETER_TAG.findall(body)))
-              for name, body in _FUNCTION_TAG.findall(text)]
-    for listed in _PYTHONIC_LIST.finditer(text):
-        calls += [(name, {key: value.strip().strip("\"'")
-                          for key, value in _PYTHONIC_ARG.findall(body)})
-                  for name, body in _PYTHONIC_CALL.findall(listed.group(0))]
-    found = [{"name": name, "arguments": arguments} for name, arguments in calls
-             if isinstance(name, str) and text_form(name) in declared]
+    parameters = functions if isinstance(functions, dict) else dict.fromkeys(functions)
+    names, keys = _written_names(parameters), {name_keys(name)[0]: name for name in parameters}
+    found = [{"name": name, "arguments": arguments}
+             for *_, written, given in sorted(_written_calls(text, parameters, names),
+                                              key=lambda call: call[0])
+             for name, arguments in carried_calls(written, given)
+             if keys.keys() & set(name_keys(name))]
     if not found:  # a tag followed by a function's name, in no form read above
         for marker in (marker for marker in _TEXT_CALL_MARKERS if marker in text):
-            after = text[text.index(marker):]
-            named = [name for name in functions
-                     if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", after)]
+            named = names.search(text, text.index(marker))
             if named:
-                return [{"name": named[0], "arguments": cut_whole(after, 1_000)}]
+                return [{"name": keys.get(name_keys(named[0])[0], named[0]),
+                         "arguments": cut_whole(text[text.index(marker):], 1_000)}]
     return found
 
 
@@ -6452,7 +6603,8 @@ def parsed(provider, suite, raw):
                             "can tell which tool it called")
     cls = provider if isinstance(provider, Provider) else Provider  # a bare stub: the base's
     sent = cls.sent_tools(suite) if cls.sent_tool_choice(suite) != "none" else []
-    attempts = text_tool_calls(trace.final_text, _function_names(sent))
+    attempts = text_tool_calls(trace.final_text, tool_parameters(
+        [tool for tool in sent if tool.get("type") == "function"]))
     return trace._replace(attempts=tuple(attempts)) if attempts else trace
 
 

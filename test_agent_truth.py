@@ -391,10 +391,13 @@ def assert_read_as_decided(char):
     otherwise a character of its own that makes a different name or phrase."""
     action = decision(char)
     gone, parts = action == "removed", action in ("removed", "space")
-    assert (
-        forbidden(f"refund_order{char}") is parts and forbidden(f"{char}refund_order") is parts
-    ), action
-    assert forbidden(f"refund{char}_order") is gone, action
+    # forbid_tool reads a name's words, look-alikes as Latin letters and separators dropped (see
+    # name_keys): only a letter or digit joined to the name makes another name
+    form = regression._undisguised(regression.text_form(char))
+    joined = (form[:1].isalnum(), form[-1:].isalnum(), any(part.isalnum() for part in form))
+    for name, other in zip((f"refund_order{char}", f"{char}refund_order", f"refund{char}_order"),
+                           joined):
+        assert forbidden(name) is not other, (action, name)
     assert (
         graded("contains", ["lifetime access"], f"You get lifetime{char} access.") is not parts
     ), action
@@ -765,6 +768,37 @@ TEXT_FORMS = {
         + "</function>\n"
         for n, a in calls
     ),
+    # read by the general reading: a declared name closely followed by its arguments
+    "harmony": lambda calls: "".join(
+        f"<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>{json.dumps(a)}"
+        "<|call|>" for n, a in calls
+    ),
+    "kimi-k2": lambda calls: "<|tool_calls_section_begin|>" + "".join(
+        f"<|tool_call_begin|>functions.{n}:{i}<|tool_call_argument_begin|>{json.dumps(a)}"
+        "<|tool_call_end|>" for i, (n, a) in enumerate(calls)
+    ) + "<|tool_calls_section_end|>",
+    "claude-xml": lambda calls: "<function_calls>\n" + "".join(
+        f'<invoke name="{n}">\n'
+        + "".join(f'<parameter name="{k}">{v}</parameter>\n' for k, v in a.items())
+        + "</invoke>\n" for n, a in calls
+    ) + "</function_calls>",
+    "gemma": lambda calls: "```tool_code\n" + "\n".join(
+        f"print(default_api.{n}(" + ", ".join(f'{k}="{v}"' for k, v in a.items()) + "))"
+        for n, a in calls
+    ) + "\n```",
+    "react": lambda calls: "\n".join(
+        f"Action: {n}\nAction Input: {json.dumps(a)}\nObservation: pending" for n, a in calls
+    ),
+    "functionary": lambda calls: "".join(f">>>{n}\n{json.dumps(a)}\n" for n, a in calls),
+    "qwen-agent": lambda calls: "".join(
+        f"\u273fFUNCTION\u273f: {n}\n\u273fARGS\u273f: {json.dumps(a)}\n" for n, a in calls
+    ),
+    # call objects read loosely, or with their keys in another order
+    "arguments-first": lambda calls: json.dumps([{"arguments": a, "name": n} for n, a in calls]),
+    "python-dict": lambda calls: repr([{"name": n, "arguments": a} for n, a in calls]),
+    "trailing-comma": lambda calls: "\n".join(
+        json.dumps({"name": n, "arguments": a})[:-2] + ",}}" for n, a in calls
+    ),
 }
 
 
@@ -789,7 +823,7 @@ MENTIONS = st.lists(
 )
 def test_every_form_of_a_call_written_as_text_is_read(calls, form, before, after):
     """Each call in its order and with its arguments; prose that only names the tools is no call."""
-    if form == "pythonic":
+    if form in ("pythonic", "gemma"):
         calls = [(name, arguments) for name, arguments in calls if arguments] or [
             ("lookup_order", {"order_id": "1"})
         ]

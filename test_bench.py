@@ -72,3 +72,12 @@ def test_startup_times_every_form_of_the_dry_run_and_the_tutorial(tmp_path):
     assert commands[startup.TUTORIAL][1] == {"PERPLEXITY_API_KEY": startup.common.TEST_KEY}
     assert {startup.SCRIPT, startup.CACHED[0]} <= set(commands)
     assert len(startup.build_commands(str(python), False)) == 3
+
+
+def test_text_calls_bench_reads_answers_that_hold_no_call(capsys):
+    """Its hostile answers make every reader work yet hold no call: the figures measure the
+    readers' worst path, not a call found early."""
+    text_calls = load("text_calls")
+    assert text_calls.main(["--runs", "1", "--size", "20000"]) == 0
+    printed = capsys.readouterr().out
+    assert all(kind in printed for kind in text_calls.UNITS) and "goal:" in printed
