@@ -4461,23 +4461,36 @@ def _luhn_window(sums, start, end):
     return (sums[end][parity] - sums[start][parity]) % 10 == 0
 
 
+# How a card's digits are grouped when it is written in groups: in blocks of four (4-4-4-4, 8-8,
+# 4-4-4-4-3) or Amex's 4-6-5 and Diners' 4-6-4; a date, an amount or a phone number is not.
+_CARD_GROUPS = ((4, 6, 5), (4, 6, 4))
+
+
+def _card_grouped(lengths):
+    """Whether digit groups of these lengths are how a card is written (see _CARD_GROUPS)."""
+    return tuple(lengths) in _CARD_GROUPS or all(size % 4 == 0 for size in lengths[:-1])
+
+
 def _mask_cards(match):
     """Mask every run of whole digit groups inside a match that is a Luhn-valid card number of
-    13-19 digits (so "4111 1111 1111 1111 123", a card and its CVV, still loses the card, and so
-    does a card inside a longer run of groups), in time linear in the match."""
+    13-19 digits grouped as cards are (so "4111 1111 1111 1111 123", a card and its CVV, still
+    loses the card, and so does a card among other groups; "2024-03-15 10.50" is no card), in
+    time linear in the match. Invisible characters split no group ("4111\u200b1111...")."""
     text = match.group(0)
-    groups = [(m.start(), m.end()) for m in re.finditer(r"\d+", text)]
-    digits = "".join(text[a:b] for a, b in groups)
+    groups = [(m.start(), m.end(), len(re.findall(r"\d", m[0])))
+              for m in re.finditer(rf"\d(?:{_INVISIBLE.pattern}*\d)*", text)]
+    digits = "".join(re.findall(r"\d", text))
     sums, before, reach, low = _luhn_sums(digits), [0], -1, 0
-    for a, b in groups:
-        before.append(before[-1] + b - a)
+    for *_, size in groups:
+        before.append(before[-1] + size)
     out, done = [], 0
-    for i, (a, b) in enumerate(groups):
+    for i, (a, b, _) in enumerate(groups):
         low = max(low, i)
         while low < len(groups) and before[low + 1] - before[i] < 13:
             low += 1  # the first group that ends a window of 13 digits or more
         ends = [j for j in range(low, min(len(groups), low + 7)) if before[j + 1] - before[i] <= 19
-                and _luhn_window(sums, before[i], before[j + 1])]
+                and _luhn_window(sums, before[i], before[j + 1])
+                and _card_grouped([size for *_, size in groups[i:j + 1]])]
         if ends and i > reach:
             out += [text[done:a], "[REDACTED:card]"]  # a card starts: one mask to its last group
         reach = max([reach, *ends])
@@ -4489,8 +4502,10 @@ def _mask_cards(match):
 PII_PATTERNS = [
     # Digits may be grouped by spaces, dashes, dots, underscores and invisible characters (zero-
     # width spaces), and \d also matches fullwidth digits: what text_form() reads as a card is
-    # masked. A letter or a dash may touch it ("card4111...", "ref-4111...", "...1111-exp").
-    (re.compile(rf"\d(?:(?:[\s._-]|{_INVISIBLE.pattern}){{0,3}}\d){{12,}}"), _mask_cards),
+    # masked. A letter or a dash may touch it ("card4111...", "ref-4111...", "...1111-exp"). A line
+    # break ends a run: two lines of dates, amounts or phone numbers are no card.
+    (re.compile(rf"\d(?:(?:[^\S\n\r\v\f\x1c-\x1e\x85\u2028\u2029]|[._-]|{_INVISIBLE.pattern})"
+                r"{0,3}\d){12,}"), _mask_cards),
     (re.compile(r"(?i)\bbearer\s+[A-Za-z0-9\-._~+/]+=*"), "[REDACTED:bearer]"),
     (re.compile(r"\b(?:sk|pk|rk|pplx|xai|gsk|ghp|gho|ghs|github_pat|hf|AKIA)[-_A-Za-z0-9]{16,}"),
      "[REDACTED:key]"),

@@ -9,6 +9,7 @@ import email.utils
 import json
 import os
 import pathlib
+import random
 import re
 import signal
 import stat
@@ -787,6 +788,34 @@ def test_redact_pii_keeps_long_digit_runs_and_invalid_numbers_as_written():
     for text in ["id 12345678901234567890123", "99994111111111111111", "v1.2.3.4 build 20261204",
                  f"ref {NOT_A_CARD.replace(' ', '-')}-exp"]:
         assert regression.redactor(pii=True)(text) == text
+
+
+def _ledger(rng):
+    day = lambda: f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"  # noqa: E731
+    phone = lambda: f"{rng.randint(200, 999)}-{rng.randint(200, 999)}-{rng.randint(0, 9999):04d}"  # noqa: E731
+    amount = lambda: f"{rng.randint(1, 999)}.{rng.randint(0, 99):02d}"  # noqa: E731
+    return rng.choice([
+        "\n".join(f"{day()} {amount()}" for _ in range(4)), " ".join(f"{day()} {amount()}" for _ in range(4)),
+        "\n".join(phone() for _ in range(3)), " ".join(phone() for _ in range(3)),
+        f"{day()} {rng.randint(0, 23):02d}:{rng.randint(0, 59):02d} {day()} {amount()}",
+        " ".join(str(rng.randint(10 ** 5, 10 ** 6)) for _ in range(4))])
+
+
+def test_redact_pii_keeps_dates_amounts_and_phone_numbers_that_happen_to_pass_luhn():
+    # digits joined across lines or grouped as dates, amounts or phone numbers are no card: a
+    # window of them passes the Luhn check one time in ten, and masking it lost honest evidence
+    rng = random.Random(20261204)
+    texts = [_ledger(rng) for _ in range(400)]
+    assert [text for text in texts if regression.redactor(pii=True)(text) != text] == []
+
+
+def test_redact_pii_keeps_the_evidence_of_an_honest_statement_through_the_cli(tmp_path):
+    answer = "Your payments:\n2024-03-15 10.50\n2024-03-16 12.75\nSupport: 415-555-0132, 312-555-0123"
+    case = {"id": "ledger", "input": "List my payments.", "contains": ["2024-03-16 12.75", "312-555-0123"]}
+    result, out = chat_run(tmp_path, answer, case, "--redact-pii")
+    assert result.returncode == 0, result.stderr
+    row, = read(out)["runs"]
+    assert row["answer_text"] == answer and "REDACTED" not in out.read_text(encoding="utf-8")
 
 
 def test_redact_pii_of_a_long_unbroken_answer_finishes_through_the_cli(tmp_path):
