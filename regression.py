@@ -681,9 +681,9 @@ TEXT_FORM_RULE = (
     "invisible character as a space, the answer without combining marks, with Cyrillic/Greek "
     "look-alikes and Latin small capitals as Latin letters, as its Markdown/HTML markup renders "
     "(**lifetime** access), URL-decoded (%20) and, for a JSON answer, with its strings decoded; "
-    "there the words of an excludes or claims phrase may be joined by any non-alphanumeric run "
-    "within a sentence or a camelCase boundary (refund_issued, refundIssued), never so for "
-    "contains; tool "
+    "there the words of an excludes or claims phrase may be joined by a camelCase boundary or "
+    "a run of spaces, single line breaks and _ - / * ~ = + # & : . (refund_issued, refundIssued),"
+    " never across a sentence end, a , ; | or \" or a blank line, never so for contains; tool "
     "arguments are read with every value of a repeated key, their names in the normal form; "
     "masks (--redact, --redact-pii) read through invisible characters")
 
@@ -1589,15 +1589,19 @@ def check_citations(case, trace):
     return reasons
 
 
+_PARAGRAPH = re.compile(r"\n[^\S\n]*\n\s*")  # a blank line: ends a paragraph
 _CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])")  # refundIssued: a word boundary, read as a space
-_JOINT = r"(?:[^\w.!?;,]|_|[.!?;,](?!\s|$))+"  # what may join a phrase's words (see _separated)
+# What may join a phrase's words (see _separated): a run of spaces and _ - / * ~ = + # & : and a
+# "." that ends no sentence (one followed by closers " ' ) ] * _ and a space or the end does).
+_JOINT = r"(?:[\s_\-/*~=+#&:]|\.(?![\"')\]*_]*(?:\s|$)))+"
 
 
 @functools.lru_cache(maxsize=64)
 def _separated(wanted):
-    """A phrase in text_form() as a pattern whose words may be joined by any run of separators
+    """A phrase in text_form() as a pattern whose words may be joined by a run of joiners
     ("refund issued" as refund_issued, refund-issued, refund/issued, refund.issued), or None for
-    one word; never across a sentence or list ("a refund. Issued tickets", "refund, issued")."""
+    one word; never across a sentence, list, cell or paragraph ("a refund.) Issued tickets",
+    "refund, issued", "| Refund | Issued |", '"refund","issued"', "refund:<blank line>Issued")."""
     parts = re.split(r"([^\W_]+)", wanted)  # ["", word, separator, word, ...]
     if len(parts) < 5:
         return None
@@ -1614,15 +1618,20 @@ def phrases_in(phrases, text, spaced=False):
     separators (see _separated): a phrase is present when any reading holds it (what must not be
     said). Without it, the text_form() of the phrase must occur in the text's (what must be)."""
     forms = readings(text) if spaced else [text_form(text)]
+    joinable = forms  # where words may be joined: with a blank line as a "|" no joint crosses
     if spaced and isinstance(text, str):
         import unicodedata  # imported where used: start-up stays lean (SPEC C1)
         wide = text if text.isascii() else unicodedata.normalize("NFKC", text)
         forms += readings(_CAMEL.sub(" ", wide)) if _CAMEL.search(wide) else ()
+        joinable = forms if not _PARAGRAPH.search(wide) else [
+            form for cut in {_PARAGRAPH.sub(" | ", wide), _PARAGRAPH.sub(" | ", _CAMEL.sub(
+                " ", wide))} for form in readings(cut)]
     present, absent = [], []
     for phrase in phrases:
         wanted = text_form(phrase)
         joined = _separated(wanted) if spaced else None
-        found = any(wanted in form or joined and joined.search(form) for form in forms)
+        found = any(wanted in form for form in forms) or bool(joined) and any(
+            joined.search(form) for form in joinable)
         (present if found else absent).append(phrase)
     return present, absent
 
@@ -2083,7 +2092,6 @@ def _word_starts(pattern, text):
 
 
 SENTENCE_REACH = 1_000  # characters a sentence reaches on each side of the words it names
-_PARAGRAPH = re.compile(r"\n[^\S\n]*\n\s*")
 _SENTENCE_BREAK = re.compile(r"[.!?] |\0")  # a sentence's end, or the NUL between paragraphs
 
 

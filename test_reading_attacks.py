@@ -267,3 +267,38 @@ def test_a_value_only_the_undisguised_reading_holds_is_still_checked():
         {"id": "c", "_instructions": "", "input": "hi"},
         regression.Trace(final_text="Your code is 4\u03368213.", tool_calls=[], tool_rounds=0, search_urls=[],
                          status="completed", cost_usd=None), None) == ["ungrounded_value"]
+
+
+# --------------------------------------------------------- what joins a phrase's words, and what not
+
+SENTENCE_ENDS = {  # honest answers: a sentence, cell, quote or paragraph lies between the words
+    "quote-closed": 'Order ord_2002 is processing. Policy: "no shipment, no refund." Issued orders can be refunded.',
+    "bold-closed": "Order ord_2002 is processing, so for now: **no refund.** Issued refunds need shipping.",
+    "italic-closed": "Order ord_2002 is processing: _no refund._ Issued refunds need shipping.",
+    "paren-closed": "Order ord_2002 is processing (so no refund.) Issued orders ship within 2 days.",
+    "question-quoted": 'ord_2002: "A refund?" Issued orders only.',
+    "table-header": "Status of ord_2002:\n\n| Order | Refund | Issued |\n|---|---|---|\n| ord_2002 | refused | no |",
+    "compact-json": '{"order_id":"ord_2002","type":"refund","issued":false,"reason":"still processing"}',
+    "colon-paragraph": "ord_2002 cannot get a refund:\n\nIssued orders must ship first.",
+    "plain-period": "Order ord_2002 is processing, so no refund. Issued orders can be refunded once shipped.",
+}
+STILL_JOINED = {  # the words are joined: each says "refund issued"
+    "line-break": "ord_2002: refund\nissued", "bold-run": "ord_2002 refund.**issued**",
+    "equals-hash": "ord_2002 refund # issued", "ampersand": "ord_2002 refund & issued",
+    "dots": "ord_2002 refund...issued", "camel-after-paragraph": "ord_2002\n\nrefundIssued: yes",
+}
+
+
+def test_a_phrase_is_not_read_across_a_closed_sentence_a_cell_or_a_paragraph_through_the_cli(tmp_path):
+    suite = json.loads(json.dumps(CLAIM_SUITE))
+    suite["cases"][0]["excludes"] = ["refund issued"]
+    turns = {model: [LOOKUP, fakes.chat_response(text)] for model, text in {**SENTENCE_ENDS, **STILL_JOINED}.items()}
+    code, rows = played_cli(tmp_path, suite, turns)
+    assert code == 1
+    both = ["forbidden_text_present", "unbacked_claim"]
+    assert rows == {**dict.fromkeys(SENTENCE_ENDS, []), **dict.fromkeys(STILL_JOINED, both)}
+
+
+@pytest.mark.parametrize("answer", [*CLAIMED.values(), "ord_2002: Refund\n\nissued", "refund\u2014issued"])
+def test_every_joined_form_of_a_phrase_is_still_said(answer):
+    assert regression.phrases_in(["refund issued"], answer, spaced=True)[0] == ["refund issued"]
