@@ -785,14 +785,13 @@ def _undisguised(form):
     """A text in text_form() without the disguises a phrase can hide behind: generic combining
     marks ("l\u0336ifetime"), Cyrillic and Greek look-alikes ("\u0430ccess") and URL encoding
     (%20, + as a space); in text_form() again (the form itself when none applies)."""
-    text = form
+    # Decoded first: what the encoding hides (art%C3%ADculos, %D0%B5) is then read undisguised.
+    text = urllib.parse.unquote_plus(form) if _URL_ENCODED.search(form) else form
     if not text.isascii():
         import unicodedata  # imported where used: start-up stays lean (SPEC C1)
         decomposed = unicodedata.normalize("NFD", text)
         text = _COMBINING.sub("", decomposed) if _COMBINING.search(decomposed) else text
         text = text.translate(_LOOKALIKES) if _LOOKALIKE.search(text) else text
-    if _URL_ENCODED.search(text):
-        text = urllib.parse.unquote_plus(text)
     return form if text is form else _text_form(text)
 
 
@@ -2702,12 +2701,23 @@ def _groups_form(text):
     return [_number_form("".join(groups))] + [_number_form(group) for group in groups]
 
 
+def _percent_decoded(text):
+    """A URL or e-mail address in text_form() with its percent-encoding decoded (art%C3%ADculos
+    is artículos: the same address), in text_form() again; as written unless valid UTF-8."""
+    try:
+        return _text_form(urllib.parse.unquote(text, errors="strict")) if "%" in text else text
+    except UnicodeDecodeError:
+        return text
+
+
 # (kind, pattern, forms(match) -> [normal forms] or None when the match is no value): found in
 # this order, each found value blanked before the next pattern reads the text.
 VALUE_KINDS = [
     ("url", r"(?:https?://|www\.)[^\s<>\"'`\[\](){}|\\^]+", lambda m: ["u:" + re.sub(
-        r"^(?:https?://)?|(?::443|:80)(?=/|$)|/+$", "", m.group(0).rstrip(".,;:!?*_~'\""))]),
-    ("email", r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+", lambda m: ["e:" + m.group(0).rstrip(".-")]),
+        r"^(?:https?://)?|(?::443|:80)(?=/|$)|/+$", "",
+        _percent_decoded(m.group(0).rstrip(".,;:!?*_~'\"")))]),
+    ("email", r"(?:[\w.+-]|%[0-9a-f]{2})+@[\w-]+(?:\.[\w-]+)+",
+     lambda m: ["e:" + _percent_decoded(m.group(0).rstrip(".-"))]),
     ("date", r"(?<![\w.])(\d{4})([-/.])(\d{1,2})\2(\d{1,2})(?!\d)",
      lambda m: _date_forms(m[1], m[3], m[4])),
     ("date", rf"{_ALONE}(\d{{1,2}})([-/.])(\d{{1,2}})\2(\d{{4}}|\d{{2}}){_ENDS}",
@@ -2844,8 +2854,9 @@ def _given_texts(case, trace):
     "identifiers with a letter and a digit (ord_21, A17; case-insensitive, _ kept, - splits), "
     "digits in groups (555-123-4567: the joined number, or each group of two digits or more), "
     "versions and addresses (1.2.3, 10.0.0.1) as written, URLs starting http(s):// or www. "
-    "(without scheme, default port, trailing / and punctuation, case-insensitive; the query "
-    "counts) and e-mail addresses (case-insensitive); values in words (forty-two) are not read; "
+    "(without scheme, default port, trailing / and punctuation, case-insensitive, percent-"
+    "encoding decoded: art%C3%ADculos is artículos; the query counts) and e-mail addresses "
+    "(case-insensitive, percent-decoded); values in words (forty-two) are not read; "
     "each must occur, in its normal form, in the instructions, the history, the user's turns "
     "or a tool result or search URL received before the reply (a number may also be a digit "
     "run inside a given value: #21 of ord_21; an amount, a date, a time or an ordinal may "

@@ -302,3 +302,37 @@ def test_a_phrase_is_not_read_across_a_closed_sentence_a_cell_or_a_paragraph_thr
 @pytest.mark.parametrize("answer", [*CLAIMED.values(), "ord_2002: Refund\n\nissued", "refund\u2014issued"])
 def test_every_joined_form_of_a_phrase_is_still_said(answer):
     assert regression.phrases_in(["refund issued"], answer, spaced=True)[0] == ["refund issued"]
+
+
+# ------------------------------------------------------------- percent-encoding is the same address
+
+IRI = "https://ayuda.acme.es/art\u00edculos/devoluciones"
+PERCENT = "https://ayuda.acme.es/art%C3%ADculos/devoluciones"
+ENCODED_AS_IS = {  # the same URL or address, percent-encoded or not on either side
+    "as-returned": "The returns article: {url} (write to j\u00f6rg@acme.es).",
+    "percent-encoded": f"The returns article: {PERCENT} (write to j%C3%B6rg@acme.es).",
+    "lower-case-hex": f"The returns article: {PERCENT.lower()}.",
+    "markdown-link-encoded": f"See [Devoluciones]({PERCENT}).",
+    "iri": f"The returns article: {IRI}.",
+}
+ENCODED_OTHER = {  # another URL, however it is encoded
+    "encoded-cyrillic-host": "The returns article: https://ayuda.acm%D0%B5.es/art%C3%ADculos/devoluciones.",
+    "encoded-added-accent": "The returns article: https://ayuda.acme.es/art%C3%ADculos/devoluci%C3%B3nes.",
+    "encoded-other-letter": "The returns article: https://ayuda.acme.es/art%C3%AFculos/devoluciones.",
+    "unaccented": "The returns article: https://ayuda.acme.es/articulos/devoluciones.",
+    "invalid-utf-8": "The returns article: https://ayuda.acme.es/art%ED%ADculos/devoluciones.",
+}
+
+
+@pytest.mark.parametrize("returned", [IRI, PERCENT])
+def test_a_percent_encoded_url_is_the_url_it_encodes_through_the_cli(tmp_path, returned):
+    suite = json.loads(json.dumps(GROUNDED_SUITE))
+    del suite["cases"][0]["contains"]
+    suite["cases"][0]["tool_results"] = {"search_help": {
+        "url": returned, "contact": "j%C3%B6rg@acme.es" if returned == PERCENT else "j\u00f6rg@acme.es"}}
+    answers = {**{model: text.replace("{url}", returned) for model, text in ENCODED_AS_IS.items()},
+               **ENCODED_OTHER}
+    turns = {model: [SEARCH, fakes.chat_response(text)] for model, text in answers.items()}
+    code, rows = played_cli(tmp_path, suite, turns)
+    assert (code, rows) == (1, {**dict.fromkeys(ENCODED_AS_IS, []),
+                                **dict.fromkeys(ENCODED_OTHER, ["ungrounded_value"])})
