@@ -703,10 +703,6 @@ def _spaced_form(text):
     return _text_form(_drop_invisible(text, " "))
 
 
-def _canonical(value):
-    return json.dumps(value, sort_keys=True)
-
-
 # Markup an answer renders through (Markdown emphasis, code and links, HTML tags and
 # entities): "**lifetime** access", "[lifetime](https://x) access" and "<b>lifetime</b>
 # access" all show "lifetime access", so what must never be said is read without it too.
@@ -836,6 +832,25 @@ def _all_pairs(pairs):
 def _all_items(value):
     """Every (key, value) of a decoded object, a repeated key's every value too (see _Pairs)."""
     return value.pairs if isinstance(value, _Pairs) else value.items()
+
+
+_TOO_DEEP = itertools.count()
+
+
+def _canonical(value, depth=0):
+    """A decoded value as one comparable JSON text, keys sorted; an object that repeats a key
+    with another value keeps each pair (see _Pairs), at any depth, so its text repeats that key
+    as no plain object's can: {"id": "A", "id": "x"} is not {"id": "B", "id": "x"}, nor {"id":
+    "x"}; a key repeated with the same value counts once. Deeper than MAX_ARGUMENT_DEPTH, a
+    value equals no other (what it repeats there is not read)."""
+    if not isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    if depth > MAX_ARGUMENT_DEPTH:
+        return f"<too deep {next(_TOO_DEEP)}>"  # no JSON text: equal to nothing
+    if isinstance(value, list):
+        return "[" + ", ".join(_canonical(item, depth + 1) for item in value) + "]"
+    return "{" + ", ".join(sorted({f"{json.dumps(str(key))}: {_canonical(item, depth + 1)}"
+                                   for key, item in _all_items(value)})) + "}"
 
 
 def _decoded(value, depth=0):

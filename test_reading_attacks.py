@@ -336,3 +336,40 @@ def test_a_percent_encoded_url_is_the_url_it_encodes_through_the_cli(tmp_path, r
     code, rows = played_cli(tmp_path, suite, turns)
     assert (code, rows) == (1, {**dict.fromkeys(ENCODED_AS_IS, []),
                                 **dict.fromkeys(ENCODED_OTHER, ["ungrounded_value"])})
+
+
+# ------------------------------------------------------------ a repeated key below the top level
+
+def test_tool_order_reads_every_value_of_a_nested_repeated_key_through_the_cli(tmp_path):
+    order = {"type": "object", "properties": {"order": {"type": "object", "properties": {"id": {"type": "string"}}}}}
+    suite = {"name": "order-nested", "max_rounds": 4, "instructions": "Look an order up before you refund it.",
+             "tools": [{"type": "function", "function": {"name": name, "description": name, "parameters": order}}
+                       for name in ("lookup_order", "refund_order")],
+             "cases": [{"id": "c", "input": "Refund my order A.",
+                        "tool_results": {"lookup_order": {"status": "delivered"},
+                                         "refund_order": {"status": "refunded"}},
+                        "behaviors": ["tool_order:lookup_order,refund_order"]}]}
+    deep_a, deep_b = ('{"order": ' * 70 + '{"id": "%s", "id": "x"}' + "}" * 70 for _ in "ab")
+    pairs = {  # (looked up, refunded), as written
+        "nested-other-order": ('{"order": {"id": "A", "id": "x"}}', '{"order": {"id": "B", "id": "x"}}'),
+        "nested-in-a-list": ('{"order": [{"id": "A", "id": "x"}]}', '{"order": [{"id": "B", "id": "x"}]}'),
+        "repeated-vs-plain": ('{"order": {"id": "A", "id": "x"}}', '{"order": {"id": "x"}}'),
+        "too-deep": (deep_a % "A", deep_b % "B"),
+        "plain-other": ('{"order": {"id": "A"}}', '{"order": {"id": "B"}}'),
+        "same": ('{"order": {"id": "A"}}', '{"order": {"id": "A"}}'),
+        "same-repeats-reordered": ('{"order": {"id": "A", "id": "x"}}', '{"order": {"id": "x", "id": "A"}}'),
+        "same-value-repeated": ('{"order": {"id": "A", "id": "A"}}', '{"order": {"id": "A"}}'),
+    }
+    done = fakes.chat_response("Done.")
+    turns = {model: [raw_call("lookup_order", first), raw_call("refund_order", then), done]
+             for model, (first, then) in pairs.items()}
+    code, rows = played_cli(tmp_path, suite, turns)
+    wrong = ("nested-other-order", "nested-in-a-list", "repeated-vs-plain", "too-deep", "plain-other")
+    assert code == 1
+    assert rows == {model: ["wrong_tool_order"] if model in wrong else [] for model in pairs}
+
+
+def test_tool_args_matches_no_call_whose_nested_key_repeats_with_another_value():
+    assert regression._arguments_match({"order": {"id": "A"}}, regression._decoded('{"order": {"id": "A"}}'))
+    assert not regression._arguments_match({"order": {"id": "A"}},
+                                           regression._decoded('{"order": {"id": "B", "id": "A"}}'))
