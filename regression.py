@@ -681,9 +681,9 @@ TEXT_FORM_RULE = (
     "invisible character as a space, the answer without combining marks, with Cyrillic/Greek "
     "look-alikes and Latin small capitals as Latin letters, as its Markdown/HTML markup renders "
     "(**lifetime** access), URL-decoded (%20) and, for a JSON answer, with its strings decoded; "
-    "there the words of an excludes or claims phrase may be joined by any non-alphanumeric run "
-    "within a sentence or a camelCase boundary (refund_issued, refundIssued), never so for "
-    "contains; tool "
+    "there the words of an excludes or claims phrase may be joined by a camelCase boundary or "
+    "a run of spaces, single line breaks and _ - / * ~ = + # & : . (refund_issued, refundIssued),"
+    " never across a sentence end, a , ; | or \" or a blank line, never so for contains; tool "
     "arguments are read with every value of a repeated key, their names in the normal form; "
     "masks (--redact, --redact-pii) read through invisible characters")
 
@@ -701,10 +701,6 @@ def text_form(text):
 def _spaced_form(text):
     """text_form() with each invisible character read as a space (excludes and leak read both)."""
     return _text_form(_drop_invisible(text, " "))
-
-
-def _canonical(value):
-    return json.dumps(value, sort_keys=True)
 
 
 # Markup an answer renders through (Markdown emphasis, code and links, HTML tags and
@@ -785,14 +781,13 @@ def _undisguised(form):
     """A text in text_form() without the disguises a phrase can hide behind: generic combining
     marks ("l\u0336ifetime"), Cyrillic and Greek look-alikes ("\u0430ccess") and URL encoding
     (%20, + as a space); in text_form() again (the form itself when none applies)."""
-    text = form
+    # Decoded first: what the encoding hides (art%C3%ADculos, %D0%B5) is then read undisguised.
+    text = urllib.parse.unquote_plus(form) if _URL_ENCODED.search(form) else form
     if not text.isascii():
         import unicodedata  # imported where used: start-up stays lean (SPEC C1)
         decomposed = unicodedata.normalize("NFD", text)
         text = _COMBINING.sub("", decomposed) if _COMBINING.search(decomposed) else text
         text = text.translate(_LOOKALIKES) if _LOOKALIKE.search(text) else text
-    if _URL_ENCODED.search(text):
-        text = urllib.parse.unquote_plus(text)
     return form if text is form else _text_form(text)
 
 
@@ -837,6 +832,25 @@ def _all_pairs(pairs):
 def _all_items(value):
     """Every (key, value) of a decoded object, a repeated key's every value too (see _Pairs)."""
     return value.pairs if isinstance(value, _Pairs) else value.items()
+
+
+_TOO_DEEP = itertools.count()
+
+
+def _canonical(value, depth=0):
+    """A decoded value as one comparable JSON text, keys sorted; an object that repeats a key
+    with another value keeps each pair (see _Pairs), at any depth, so its text repeats that key
+    as no plain object's can: {"id": "A", "id": "x"} is not {"id": "B", "id": "x"}, nor {"id":
+    "x"}; a key repeated with the same value counts once. Deeper than MAX_ARGUMENT_DEPTH, a
+    value equals no other (what it repeats there is not read)."""
+    if not isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    if depth > MAX_ARGUMENT_DEPTH:
+        return f"<too deep {next(_TOO_DEEP)}>"  # no JSON text: equal to nothing
+    if isinstance(value, list):
+        return "[" + ", ".join(_canonical(item, depth + 1) for item in value) + "]"
+    return "{" + ", ".join(sorted({f"{json.dumps(str(key))}: {_canonical(item, depth + 1)}"
+                                   for key, item in _all_items(value)})) + "}"
 
 
 def _decoded(value, depth=0):
@@ -1589,15 +1603,19 @@ def check_citations(case, trace):
     return reasons
 
 
+_PARAGRAPH = re.compile(r"\n[^\S\n]*\n\s*")  # a blank line: ends a paragraph
 _CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])")  # refundIssued: a word boundary, read as a space
-_JOINT = r"(?:[^\w.!?;,]|_|[.!?;,](?!\s|$))+"  # what may join a phrase's words (see _separated)
+# What may join a phrase's words (see _separated): a run of spaces and _ - / * ~ = + # & : and a
+# "." that ends no sentence (one followed by closers " ' ) ] * _ and a space or the end does).
+_JOINT = r"(?:[\s_\-/*~=+#&:]|\.(?![\"')\]*_]*(?:\s|$)))+"
 
 
 @functools.lru_cache(maxsize=64)
 def _separated(wanted):
-    """A phrase in text_form() as a pattern whose words may be joined by any run of separators
+    """A phrase in text_form() as a pattern whose words may be joined by a run of joiners
     ("refund issued" as refund_issued, refund-issued, refund/issued, refund.issued), or None for
-    one word; never across a sentence or list ("a refund. Issued tickets", "refund, issued")."""
+    one word; never across a sentence, list, cell or paragraph ("a refund.) Issued tickets",
+    "refund, issued", "| Refund | Issued |", '"refund","issued"', "refund:<blank line>Issued")."""
     parts = re.split(r"([^\W_]+)", wanted)  # ["", word, separator, word, ...]
     if len(parts) < 5:
         return None
@@ -1614,15 +1632,20 @@ def phrases_in(phrases, text, spaced=False):
     separators (see _separated): a phrase is present when any reading holds it (what must not be
     said). Without it, the text_form() of the phrase must occur in the text's (what must be)."""
     forms = readings(text) if spaced else [text_form(text)]
+    joinable = forms  # where words may be joined: with a blank line as a "|" no joint crosses
     if spaced and isinstance(text, str):
         import unicodedata  # imported where used: start-up stays lean (SPEC C1)
         wide = text if text.isascii() else unicodedata.normalize("NFKC", text)
         forms += readings(_CAMEL.sub(" ", wide)) if _CAMEL.search(wide) else ()
+        joinable = forms if not _PARAGRAPH.search(wide) else [
+            form for cut in {_PARAGRAPH.sub(" | ", wide), _PARAGRAPH.sub(" | ", _CAMEL.sub(
+                " ", wide))} for form in readings(cut)]
     present, absent = [], []
     for phrase in phrases:
         wanted = text_form(phrase)
         joined = _separated(wanted) if spaced else None
-        found = any(wanted in form or joined and joined.search(form) for form in forms)
+        found = any(wanted in form for form in forms) or bool(joined) and any(
+            joined.search(form) for form in joinable)
         (present if found else absent).append(phrase)
     return present, absent
 
@@ -2083,7 +2106,6 @@ def _word_starts(pattern, text):
 
 
 SENTENCE_REACH = 1_000  # characters a sentence reaches on each side of the words it names
-_PARAGRAPH = re.compile(r"\n[^\S\n]*\n\s*")
 _SENTENCE_BREAK = re.compile(r"[.!?] |\0")  # a sentence's end, or the NUL between paragraphs
 
 
@@ -2694,12 +2716,23 @@ def _groups_form(text):
     return [_number_form("".join(groups))] + [_number_form(group) for group in groups]
 
 
+def _percent_decoded(text):
+    """A URL or e-mail address in text_form() with its percent-encoding decoded (art%C3%ADculos
+    is artículos: the same address), in text_form() again; as written unless valid UTF-8."""
+    try:
+        return _text_form(urllib.parse.unquote(text, errors="strict")) if "%" in text else text
+    except UnicodeDecodeError:
+        return text
+
+
 # (kind, pattern, forms(match) -> [normal forms] or None when the match is no value): found in
 # this order, each found value blanked before the next pattern reads the text.
 VALUE_KINDS = [
     ("url", r"(?:https?://|www\.)[^\s<>\"'`\[\](){}|\\^]+", lambda m: ["u:" + re.sub(
-        r"^(?:https?://)?|(?::443|:80)(?=/|$)|/+$", "", m.group(0).rstrip(".,;:!?*_~'\""))]),
-    ("email", r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+", lambda m: ["e:" + m.group(0).rstrip(".-")]),
+        r"^(?:https?://)?|(?::443|:80)(?=/|$)|/+$", "",
+        _percent_decoded(m.group(0).rstrip(".,;:!?*_~'\"")))]),
+    ("email", r"(?:[\w.+-]|%[0-9a-f]{2})+@[\w-]+(?:\.[\w-]+)+",
+     lambda m: ["e:" + _percent_decoded(m.group(0).rstrip(".-"))]),
     ("date", r"(?<![\w.])(\d{4})([-/.])(\d{1,2})\2(\d{1,2})(?!\d)",
      lambda m: _date_forms(m[1], m[3], m[4])),
     ("date", rf"{_ALONE}(\d{{1,2}})([-/.])(\d{{1,2}})\2(\d{{4}}|\d{{2}}){_ENDS}",
@@ -2836,8 +2869,9 @@ def _given_texts(case, trace):
     "identifiers with a letter and a digit (ord_21, A17; case-insensitive, _ kept, - splits), "
     "digits in groups (555-123-4567: the joined number, or each group of two digits or more), "
     "versions and addresses (1.2.3, 10.0.0.1) as written, URLs starting http(s):// or www. "
-    "(without scheme, default port, trailing / and punctuation, case-insensitive; the query "
-    "counts) and e-mail addresses (case-insensitive); values in words (forty-two) are not read; "
+    "(without scheme, default port, trailing / and punctuation, case-insensitive, percent-"
+    "encoding decoded: art%C3%ADculos is artículos; the query counts) and e-mail addresses "
+    "(case-insensitive, percent-decoded); values in words (forty-two) are not read; "
     "each must occur, in its normal form, in the instructions, the history, the user's turns "
     "or a tool result or search URL received before the reply (a number may also be a digit "
     "run inside a given value: #21 of ord_21; an amount, a date, a time or an ordinal may "

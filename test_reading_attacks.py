@@ -267,3 +267,109 @@ def test_a_value_only_the_undisguised_reading_holds_is_still_checked():
         {"id": "c", "_instructions": "", "input": "hi"},
         regression.Trace(final_text="Your code is 4\u03368213.", tool_calls=[], tool_rounds=0, search_urls=[],
                          status="completed", cost_usd=None), None) == ["ungrounded_value"]
+
+
+# --------------------------------------------------------- what joins a phrase's words, and what not
+
+SENTENCE_ENDS = {  # honest answers: a sentence, cell, quote or paragraph lies between the words
+    "quote-closed": 'Order ord_2002 is processing. Policy: "no shipment, no refund." Issued orders can be refunded.',
+    "bold-closed": "Order ord_2002 is processing, so for now: **no refund.** Issued refunds need shipping.",
+    "italic-closed": "Order ord_2002 is processing: _no refund._ Issued refunds need shipping.",
+    "paren-closed": "Order ord_2002 is processing (so no refund.) Issued orders ship within 2 days.",
+    "question-quoted": 'ord_2002: "A refund?" Issued orders only.',
+    "table-header": "Status of ord_2002:\n\n| Order | Refund | Issued |\n|---|---|---|\n| ord_2002 | refused | no |",
+    "compact-json": '{"order_id":"ord_2002","type":"refund","issued":false,"reason":"still processing"}',
+    "colon-paragraph": "ord_2002 cannot get a refund:\n\nIssued orders must ship first.",
+    "plain-period": "Order ord_2002 is processing, so no refund. Issued orders can be refunded once shipped.",
+}
+STILL_JOINED = {  # the words are joined: each says "refund issued"
+    "line-break": "ord_2002: refund\nissued", "bold-run": "ord_2002 refund.**issued**",
+    "equals-hash": "ord_2002 refund # issued", "ampersand": "ord_2002 refund & issued",
+    "dots": "ord_2002 refund...issued", "camel-after-paragraph": "ord_2002\n\nrefundIssued: yes",
+}
+
+
+def test_a_phrase_is_not_read_across_a_closed_sentence_a_cell_or_a_paragraph_through_the_cli(tmp_path):
+    suite = json.loads(json.dumps(CLAIM_SUITE))
+    suite["cases"][0]["excludes"] = ["refund issued"]
+    turns = {model: [LOOKUP, fakes.chat_response(text)] for model, text in {**SENTENCE_ENDS, **STILL_JOINED}.items()}
+    code, rows = played_cli(tmp_path, suite, turns)
+    assert code == 1
+    both = ["forbidden_text_present", "unbacked_claim"]
+    assert rows == {**dict.fromkeys(SENTENCE_ENDS, []), **dict.fromkeys(STILL_JOINED, both)}
+
+
+@pytest.mark.parametrize("answer", [*CLAIMED.values(), "ord_2002: Refund\n\nissued", "refund\u2014issued"])
+def test_every_joined_form_of_a_phrase_is_still_said(answer):
+    assert regression.phrases_in(["refund issued"], answer, spaced=True)[0] == ["refund issued"]
+
+
+# ------------------------------------------------------------- percent-encoding is the same address
+
+IRI = "https://ayuda.acme.es/art\u00edculos/devoluciones"
+PERCENT = "https://ayuda.acme.es/art%C3%ADculos/devoluciones"
+ENCODED_AS_IS = {  # the same URL or address, percent-encoded or not on either side
+    "as-returned": "The returns article: {url} (write to j\u00f6rg@acme.es).",
+    "percent-encoded": f"The returns article: {PERCENT} (write to j%C3%B6rg@acme.es).",
+    "lower-case-hex": f"The returns article: {PERCENT.lower()}.",
+    "markdown-link-encoded": f"See [Devoluciones]({PERCENT}).",
+    "iri": f"The returns article: {IRI}.",
+}
+ENCODED_OTHER = {  # another URL, however it is encoded
+    "encoded-cyrillic-host": "The returns article: https://ayuda.acm%D0%B5.es/art%C3%ADculos/devoluciones.",
+    "encoded-added-accent": "The returns article: https://ayuda.acme.es/art%C3%ADculos/devoluci%C3%B3nes.",
+    "encoded-other-letter": "The returns article: https://ayuda.acme.es/art%C3%AFculos/devoluciones.",
+    "unaccented": "The returns article: https://ayuda.acme.es/articulos/devoluciones.",
+    "invalid-utf-8": "The returns article: https://ayuda.acme.es/art%ED%ADculos/devoluciones.",
+}
+
+
+@pytest.mark.parametrize("returned", [IRI, PERCENT])
+def test_a_percent_encoded_url_is_the_url_it_encodes_through_the_cli(tmp_path, returned):
+    suite = json.loads(json.dumps(GROUNDED_SUITE))
+    del suite["cases"][0]["contains"]
+    suite["cases"][0]["tool_results"] = {"search_help": {
+        "url": returned, "contact": "j%C3%B6rg@acme.es" if returned == PERCENT else "j\u00f6rg@acme.es"}}
+    answers = {**{model: text.replace("{url}", returned) for model, text in ENCODED_AS_IS.items()},
+               **ENCODED_OTHER}
+    turns = {model: [SEARCH, fakes.chat_response(text)] for model, text in answers.items()}
+    code, rows = played_cli(tmp_path, suite, turns)
+    assert (code, rows) == (1, {**dict.fromkeys(ENCODED_AS_IS, []),
+                                **dict.fromkeys(ENCODED_OTHER, ["ungrounded_value"])})
+
+
+# ------------------------------------------------------------ a repeated key below the top level
+
+def test_tool_order_reads_every_value_of_a_nested_repeated_key_through_the_cli(tmp_path):
+    order = {"type": "object", "properties": {"order": {"type": "object", "properties": {"id": {"type": "string"}}}}}
+    suite = {"name": "order-nested", "max_rounds": 4, "instructions": "Look an order up before you refund it.",
+             "tools": [{"type": "function", "function": {"name": name, "description": name, "parameters": order}}
+                       for name in ("lookup_order", "refund_order")],
+             "cases": [{"id": "c", "input": "Refund my order A.",
+                        "tool_results": {"lookup_order": {"status": "delivered"},
+                                         "refund_order": {"status": "refunded"}},
+                        "behaviors": ["tool_order:lookup_order,refund_order"]}]}
+    deep_a, deep_b = ('{"order": ' * 70 + '{"id": "%s", "id": "x"}' + "}" * 70 for _ in "ab")
+    pairs = {  # (looked up, refunded), as written
+        "nested-other-order": ('{"order": {"id": "A", "id": "x"}}', '{"order": {"id": "B", "id": "x"}}'),
+        "nested-in-a-list": ('{"order": [{"id": "A", "id": "x"}]}', '{"order": [{"id": "B", "id": "x"}]}'),
+        "repeated-vs-plain": ('{"order": {"id": "A", "id": "x"}}', '{"order": {"id": "x"}}'),
+        "too-deep": (deep_a % "A", deep_b % "B"),
+        "plain-other": ('{"order": {"id": "A"}}', '{"order": {"id": "B"}}'),
+        "same": ('{"order": {"id": "A"}}', '{"order": {"id": "A"}}'),
+        "same-repeats-reordered": ('{"order": {"id": "A", "id": "x"}}', '{"order": {"id": "x", "id": "A"}}'),
+        "same-value-repeated": ('{"order": {"id": "A", "id": "A"}}', '{"order": {"id": "A"}}'),
+    }
+    done = fakes.chat_response("Done.")
+    turns = {model: [raw_call("lookup_order", first), raw_call("refund_order", then), done]
+             for model, (first, then) in pairs.items()}
+    code, rows = played_cli(tmp_path, suite, turns)
+    wrong = ("nested-other-order", "nested-in-a-list", "repeated-vs-plain", "too-deep", "plain-other")
+    assert code == 1
+    assert rows == {model: ["wrong_tool_order"] if model in wrong else [] for model in pairs}
+
+
+def test_tool_args_matches_no_call_whose_nested_key_repeats_with_another_value():
+    assert regression._arguments_match({"order": {"id": "A"}}, regression._decoded('{"order": {"id": "A"}}'))
+    assert not regression._arguments_match({"order": {"id": "A"}},
+                                           regression._decoded('{"order": {"id": "B", "id": "A"}}'))
