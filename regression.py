@@ -9731,9 +9731,12 @@ def ungradable(row, again):
 def masked_where_read(row, again):
     """Whether a mask falls in what a row's grade reads (its answer, calls and results, replies):
     only such a row cannot be graded again and stands on its verdict_sha256. A mask elsewhere (a
-    response id), or a --redact header over a row with none, hides nothing its verdict reads."""
-    replies = [turn.get("reply") for turn in again.get("turns") or () if isinstance(turn, dict)]
-    read = [again.get("answer_text", row.get("answer_text")), again.get("details"), replies]
+    response id), or a --redact header over a row with none, hides nothing its verdict reads.
+    The answers as stored count too: masking a reply's text and reading the answer out of the
+    masked reply do not commute (an anchored pattern), so the stored answer may hold the mark."""
+    turns = [one.get("turns") for one in (row, again) if isinstance(one.get("turns"), list)]
+    replies = [turn.get("reply") for each in turns for turn in each if isinstance(turn, dict)]
+    read = [again.get("answer_text"), row.get("answer_text"), again.get("details"), replies]
     return bool(_MASK_MARK.search(dumps(read)))
 
 
