@@ -2325,7 +2325,7 @@ def _validate_played(case, where, context):
         "a runaway agent; raise the suite's `max_calls_per_round` if it is real"),
     "row_too_large": (
         "a played row held more than `max_row_bytes` (default 16 MiB) of responses and tool "
-        "results; no further round was sent",
+        "results, as stored (masked); no further round was sent",
         "a runaway agent; raise the suite's `max_row_bytes` if it is real")})
 def check_no_final_answer(case, trace):
     """A played case (`tool_results` / `max_rounds`): the model stopped calling tools and answered
@@ -2634,17 +2634,19 @@ def tool_results(case, trace, ids, number):
     return sent
 
 
-def round_end(suite, case, trace, number, raw, held, ids, recorded=None):
+def round_end(suite, case, trace, number, raw, held, ids, recorded=None, stored=None):
     """How a played row goes on after round `number`: (stop, results, held). The play loop's one
     rule, and so the one a stored conversation is checked against (replay_problem). stop: None
     (the results go back and another round is asked), "answered" (no call), "max_rounds", or
     the Fail of the bound the round met (PLAYED_BOUNDS); results: what goes back, the record's
-    own (`recorded`) in a replay; held: the bytes of responses and results so far."""
+    own (`recorded`) in a replay; held: the bytes of responses and results so far, as the record
+    stores them (`stored`: the run's mask, so a replay of the masked record stops where it did)."""
     if not trace.tool_calls or number >= round_limit(suite, case):
         return ("max_rounds" if trace.tool_calls else "answered"), None, held
     results = recorded if recorded is not None else tool_results(case, trace, ids, number) \
         if len(trace.tool_calls) <= played_bound(suite, "max_calls_per_round") else []
-    held += len(dumps(raw)) + len(dumps(results))
+    form = stored or (lambda value: value)
+    held += len(dumps(form(raw))) + len(dumps(form(results)))
     return _over_bound(suite, trace, held), results, held
 
 
@@ -4706,14 +4708,24 @@ def redactor(patterns=(), pii=False, secrets=()):
     return mask if rules else (lambda value: value)
 
 
+def _mask_parts(value, mask, field):
+    """`value` of a row's `field` masked: a list of rounds (or of turns) item by item."""
+    if field not in ("rounds", "turns") or not isinstance(value, list):
+        return mask(value)
+    inner = "rounds" if field == "turns" else None
+    return [{mask(key): _mask_parts(item, mask, inner) for key, item in one.items()}
+            if isinstance(one, dict) else mask(one) for one in value]
+
+
 def redact_row(row, mask):
     """The row as stored: responses, answers, details and error messages masked; an error
-    message is cut only after masking, so no partial secret survives at the cut."""
+    message is cut only after masking, so no partial secret survives at the cut. Each round's
+    response and tool results are masked on their own, as the play loop counts max_row_bytes."""
     stored = dict(row)
     for field in ("response", "rounds", "turns", "answer_text", "details", "error_message",
                   "judgements"):
         if stored.get(field) is not None:
-            stored[field] = mask(stored[field])
+            stored[field] = _mask_parts(stored[field], mask, field)
     if isinstance(stored.get("error_message"), str):
         stored["error_message"] = stored["error_message"][:500]
     return stored
@@ -6728,14 +6740,15 @@ def response_cost(provider, prices, model, raw):
 
 
 def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=time.monotonic,
-                     sleep=time.sleep, budget=None, until=None):
+                     sleep=time.sleep, budget=None, until=None, stored=None):
     """Run a played case into `row` round by round (as steps, see send_request_steps): its trace.
 
     Each response is stored in row["rounds"] (and row["response"]) before it is read, so a
     failure mid-loop keeps every round already made as evidence. `budget` (a Budget) is asked
     before every request: the spending cap applies to every round, not only between rows. A
     provider with recorded_results (replay) answers the calls as the record did. `until`: a
-    conversation's whole-row deadline (a clock reading), else this row's own."""
+    conversation's whole-row deadline (a clock reading), else this row's own; `stored`: the
+    run's mask (see round_end), which a replay's stored rounds have been through already."""
     limit = round_limit(suite, case)
     deadline = getattr(provider, "deadline", None)
     if until is None and deadline:
@@ -6762,7 +6775,7 @@ def play_tools_steps(provider, suite, case, model, repeat, retries, row, clock=t
         row["cost_usd"] = _sum_costs([turn.cost_usd for turn in traces])
         then = recorded(model, case, repeat, len(rounds)) if recorded else None  # what it saw
         stop, results, held = round_end(suite, case, trace, len(rounds), raw, held, call_ids(raw),
-                                        then)
+                                        then, None if recorded else stored)
         if stop is not None:  # what was never sent back is not stored as sent
             return rounds_trace(provider.parse, rounds, traces,
                                 stop if isinstance(stop, Fail) else None)
@@ -6796,7 +6809,7 @@ def turn_case(case, user, done):
 
 
 def converse_steps(provider, suite, case, model, repeat, retries, row, clock=time.monotonic,
-                   sleep=time.sleep, budget=None):
+                   sleep=time.sleep, budget=None, stored=None):
     """Run a conversation into `row` turn by turn (as steps, see send_request_steps); returns its
     trace (see conversation_trace). A turn still calling tools at its round limit ends it (the
     next turn could not follow a call left unanswered). One deadline covers every turn, and
@@ -6811,7 +6824,8 @@ def converse_steps(provider, suite, case, model, repeat, retries, row, clock=tim
         row["turns"].append(entry)
         try:
             trace = yield from play_tools_steps(provider, suite, turn_case(case, user, done), model,
-                                                repeat, retries, entry, clock, sleep, budget, until)
+                                                repeat, retries, entry, clock, sleep, budget, until,
+                                                stored)
         except BudgetReached as exc:
             if not entry.get("rounds"):  # the cap refused the turn's first request: nothing said
                 row["turns"].pop()
@@ -6900,12 +6914,21 @@ def grade_turns(row, suite, case, traces, model=True):
         row.pop("details")
 
 
+def stored_answer(provider, row, mask):
+    """The answer a regrade of the stored row judges: what its last response shows as the record
+    holds it (masked by `mask`). Masking and reading the answer out of a reply do not commute (an
+    anchored pattern, a </think> a rule matches across), so data_sha256 hashes this, not the
+    answer the judge reads masked: a hash of an unmasked PIN would give the masked value away."""
+    return shown_text(provider.parse(mask(row["response"])))
+
+
 def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retries=None,
-                  sleep=time.sleep, budget=None, judge=None, begun=None):
+                  sleep=time.sleep, budget=None, judge=None, begun=None, mask=None):
     """run_row() as steps (see send_request_steps) that a run's worker pool drives: the row.
     `budget` (a Budget) is asked before every request, also between the rounds of a played case
     and before each request of the `judge` of a rubric case (see judge_row_steps). `begun(row)`
-    is told the row as it is made: an interrupted run stores the rounds it already holds."""
+    is told the row as it is made: an interrupted run stores the rounds it already holds. `mask`:
+    the run's mask of what it stores, which the judge's data hash and max_row_bytes read."""
     row = {"case_id": case["id"], "model": model, **({} if repeat is None else {"repeat": repeat}),
            "error": None, "error_status": None, "cost_usd": None, "response": None,
            "answer_text": None, "reasons": []}
@@ -6915,7 +6938,7 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
         if "turns" in case or plays_tools(suite, case):
             play = converse_steps if "turns" in case else play_tools_steps  # a conversation's turns
             trace = yield from play(provider, suite, case, model, repeat or 0, retries or 0, row,
-                                    sleep=sleep, budget=budget)
+                                    sleep=sleep, budget=budget, stored=mask)
             if retries is None:
                 row.pop("attempts")
         else:
@@ -6930,7 +6953,7 @@ def run_row_steps(provider, suite, case, model, repeat=None, grader=None, retrie
             stored = provider.judgements((model, case["id"], repeat or 0))
             compiled["_judged"] = yield from judge_row_steps(
                 judge, case, _user_text(case), shown_text(trace), row, stored, retries or 0,
-                sleep, budget)
+                sleep, budget, mask and stored_answer(provider, row, mask))
         ask = grader and (lambda: grader(case, row["response"], trace))
         model = getattr(provider, "evidence", MODEL_EVIDENCE) == MODEL_EVIDENCE  # not echo
         grade_row(row, compiled, trace, ask, model)
@@ -7065,10 +7088,6 @@ class Judge:
 
     def __init__(self, identity, provider=None, prices=None):
         self.identity, self.provider, self.prices = identity, provider, prices or {}
-        # data_sha256 hashes the data as the record holds it (the input and rubric as its config
-        # does, the answer masked as its row does), so a regrade recomputes it from the record: a
-        # hash of an unmasked PIN or card number would give the masked value back to a guess
-        self.mask = str  # a run's mask (set_up_judge); a regrade reads the masked answer as stored
         self.model, self.repeats = identity["model"], identity["repeats"]
         self.suite = {"name": "judge", "instructions": identity["prompt"], "tools": [],
                       "response_format": JUDGE_FORMAT}
@@ -7100,14 +7119,15 @@ class Judge:
                 for entry, (verdict, reason) in zip(same, read)]
 
     def verdict_steps(self, rubric, input_text, answer, calls, stored=(), retries=0,
-                      sleep=time.sleep, budget=None):
+                      sleep=time.sleep, budget=None, hashed=None):
         """Judge one answer on one rubric as steps (see send_request_steps): {"verdict", "reason",
         "votes"} by the majority of `repeats` calls, each put in `calls` before it is sent (or the
-        stored ones that stand for it); `budget` (a Budget) is asked before each call."""
+        stored ones that stand for it); `budget` (a Budget) is asked before each call. The judge
+        reads `answer`; data_sha256 hashes `hashed` (default: the answer) in its place."""
         if not text_form(answer):
             return dict(UNJUDGED)
         data, digest = judge_data(input_text, rubric, answer)[0], \
-            judge_data(input_text, rubric, self.mask(answer))[1]
+            judge_data(input_text, rubric, answer if hashed is None else hashed)[1]
         mine = self.reused(stored, rubric, digest)
         if mine is None and self.provider is None:
             calls_ = _plural(self.repeats, "completed call")
@@ -7170,7 +7190,7 @@ class Judge:
 
 
 def judge_row_steps(judge, case, input_text, answer, row, stored=(), retries=0, sleep=time.sleep,
-                    budget=None):
+                    budget=None, hashed=None):
     """Judge an answer on each rubric of `case` (a case, or one turn of it) into `row`, as steps:
     each call goes into row["judgements"] as it is made, and its cost into the row's cost_usd and
     judge_cost_usd; `budget` (a Budget) holds before each call. Returns {rubric: judged}."""
@@ -7182,7 +7202,7 @@ def judge_row_steps(judge, case, input_text, answer, row, stored=(), retries=0, 
     try:
         for rubric in rubrics_of(case):
             judged[rubric] = yield from judge.verdict_steps(
-                rubric, input_text, answer, calls, stored, retries, sleep, budget)
+                rubric, input_text, answer, calls, stored, retries, sleep, budget, hashed)
     finally:  # what was spent counts, also when a call failed
         paid = [entry.get("cost_usd") for entry in calls[start:] if "response" in entry]
         spent = _sum_costs(paid) if paid else "0"
@@ -9760,9 +9780,12 @@ def ungradable(row, again):
 def masked_where_read(row, again):
     """Whether a mask falls in what a row's grade reads (its answer, calls and results, replies):
     only such a row cannot be graded again and stands on its verdict_sha256. A mask elsewhere (a
-    response id), or a --redact header over a row with none, hides nothing its verdict reads."""
-    replies = [turn.get("reply") for turn in again.get("turns") or () if isinstance(turn, dict)]
-    read = [again.get("answer_text", row.get("answer_text")), again.get("details"), replies]
+    response id), or a --redact header over a row with none, hides nothing its verdict reads.
+    The answers as stored count too: masking a reply's text and reading the answer out of the
+    masked reply do not commute (an anchored pattern), so the stored answer may hold the mark."""
+    turns = [one.get("turns") for one in (row, again) if isinstance(one.get("turns"), list)]
+    replies = [turn.get("reply") for each in turns for turn in each if isinstance(turn, dict)]
+    read = [again.get("answer_text"), row.get("answer_text"), again.get("details"), replies]
     return bool(_MASK_MARK.search(dumps(read)))
 
 
@@ -9998,7 +10021,6 @@ def set_up_judge(run, settings, env):
     none), then grade its judge_examples before any model request (a resume keeps its own)."""
     if run.judge_needed and run.judge_spec is not None:
         run.judge.provider, run.judge_secret = make_judge(run.judge_spec, settings, env)
-        run.judge.mask = run_mask(run, settings)  # for the data's hash alone: it reads the original
         if run.suite.get("judge_examples") and not run.resuming:
             if not settings.quiet:  # a slow judge is silent for a while: say what it is doing
                 print(f"judge_examples: {len(run.suite['judge_examples'])} graded by the judge "
@@ -10014,7 +10036,8 @@ def check_examples(run, settings, mask):
     for number, example in enumerate(run.suite["judge_examples"], 1):
         where = f"judge_examples #{number} ({_quote(example['rubric'], 40)})"
         steps = judge_row_steps(run.judge, example, example.get("input", ""), example["answer"],
-                                paid, retries=settings.retries, budget=budget)
+                                paid, retries=settings.retries, budget=budget,
+                                hashed=mask(example["answer"]))
         try:
             judged = drive_steps(steps)[example["rubric"]]
         except (JudgeError, BudgetReached) as exc:
@@ -10319,7 +10342,8 @@ class RowRunner:
         case = self.cases[case_id]
         steps = run_row_steps(self.run_.provider, case_suite(self.run_.suite, case), case, model,
                               repeat, retries=self.settings.retries, budget=self.budget,
-                              judge=self.run_.judge, begun=lambda row: self.live.__setitem__(
+                              judge=self.run_.judge, mask=self.mask,
+                              begun=lambda row: self.live.__setitem__(
                                   key, (steps, row, time.monotonic())))
         return steps
 

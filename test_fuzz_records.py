@@ -572,3 +572,52 @@ def test_a_replay_graded_on_the_tool_results_as_recorded_is_reported_compared_an
     code, said = call(regression.main, ["--report", tmp_path / "live.json", "--html",
                                         tmp_path / "live.html"])
     assert code == 2 and "its stored conversation is not one its suite plays" in said, said
+
+
+# ================================================ max_row_bytes counted on what the row stores
+
+LONG_EMAIL = "averyveryverylongaddress.name@subdomain.example-company.com"
+ECHOED_KEY = "sk-test-" + "k" * 52  # long enough to be masked
+
+
+@pytest.mark.parametrize("said, flags, env, rounds", [
+    (" " + LONG_EMAIL, ["--redact-pii"], {}, 2),  # masked: round 1 is under the bound as stored
+    # an endpoint echoing the key it is sent: the key is masked without any --redact flag
+    (" " + ECHOED_KEY, ["--api-key-env", "AGENT_KEY"], {"AGENT_KEY": ECHOED_KEY}, 2),
+    (" " + LONG_EMAIL, [], {}, 1),  # the control: nothing masked, the bound as it always was
+    (" " + ECHOED_KEY, [], {}, 1)])  # the control: that key is not sent, so it is no secret
+def test_a_row_stopped_by_max_row_bytes_stops_so_again_when_its_masked_record_is_read(
+        tmp_path, said, flags, env, rounds):
+    """max_row_bytes counted the response as it came, a replay the response as stored (masked):
+    a row row_too_large after round 1 was under the bound when replayed, "the suite now plays
+    on", so --report, compare of the record with its own copy and a torn copy's --resume exited
+    2 and the paid record was lost. It bounds what a row makes the record store: it is counted
+    on the masked form, live and replayed alike."""
+    def answer(body):
+        return fakes.chat_response(None, tool_calls=[
+            ("lookup_order", {"order_id": "x" * 4600 + said * 5})], cost=0.001)
+    data = {"name": "b", "instructions": "Agent.", "tools": [LOOKUP], "max_row_bytes": 10_000,
+            "cases": [{"id": "played", "input": "go", "contains": ["ok"],
+                       "tool_results": {"lookup_order": {"ok": True}}},
+                      {"id": "tail", "input": "plain", "contains": ["ok"]}]}
+    (tmp_path / "suite.json").write_text(json.dumps(data), encoding="utf-8")
+    environ = cli_env(**env)
+    with FakeServer(fakes.chat(answer)) as server:
+        live = ["--suite", "suite.json", "--provider", "openai", "--base-url",
+                server.url + "/v1", "--models", "m", "--quiet", *flags]
+        ((ran, _, err),) = fakes.cli_table([([*live, "--out", "run.json"], tmp_path)], environ)
+        assert ran == 1, err
+        text = (tmp_path / "run.json").read_bytes()
+        row = read_record(tmp_path / "run.json")["runs"][0]
+        assert "row_too_large" in row["reasons"] and len(row["rounds"]) == rounds, row["reasons"]
+        assert ECHOED_KEY.encode() not in text or not env
+        (tmp_path / "torn.json").write_bytes(text[:text.rindex(b"\n{") + 60])
+        (tmp_path / "copy.json").write_bytes(text)
+        table = fakes.cli_table([(["--report", "run.json", "--markdown", "r.md"], tmp_path),
+                                 (["--resume", "torn.json", *flags], tmp_path)], environ)
+    assert [code for code, _, _ in table] == [0, 1], table
+    assert "CAUTION" not in "".join(out + err for _, out, err in table)
+    assert read_record(tmp_path / "torn.json")["resumed"][0]["kept_rows"] == 1  # not paid again
+    for other in ("copy.json", "torn.json"):
+        code, said_ = call(compare_runs.main, [tmp_path / "run.json", tmp_path / other])
+        assert code == 0 and "CAUTION" not in said_, (other, said_)

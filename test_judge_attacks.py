@@ -570,3 +570,44 @@ def test_a_judge_reply_with_a_top_level_error_beside_its_choices_gives_no_verdic
     assert code == 2, stderr
     row = json.loads((tmp_path / "err.json").read_text(encoding="utf-8"))["runs"][0]
     assert row["error"] == "JudgeError" and not row["passed"]
+
+
+# ============================ a masked judged record: its hash is of what a regrade reads
+
+ANCHORED = "<think>Look up the ticket.</think>\n\nTICKET-123 is open."
+LONE_THINK = "I will give the support address.</think>help@example.com answers within a day."
+
+
+@pytest.mark.parametrize("content, flags, original", [
+    (ANCHORED, ["--redact", "^TICKET-[0-9]+"], "TICKET-123"),  # masked after the think block
+    (LONE_THINK, ["--redact-pii"], "help@example.com"),  # the rule matched across the </think>
+    (ANCHORED, [], "TICKET-123"),  # the controls: nothing masked
+    ("TICKET-123 is open.", ["--redact", "^TICKET-[0-9]+"], "TICKET-123")])  # they commute
+def test_a_masked_judged_record_is_reported_compared_and_resumed_as_it_was_judged(
+        tmp_path, judge, content, flags, original):
+    # before: data_sha256 hashed the masked answer the judge read, a regrade the answer it reads
+    # out of the masked response; masking and reading it do not commute, so no stored judgement
+    # stood: --report CAUTION (execution_error), compare with its own copy NOT_COMPARABLE (exit
+    # 2), --resume exit 2: the paid record was lost
+    data = suite([{"id": "a", "input": "Is my ticket open?", "rubric": "R"},
+                  {"id": "tail", "input": "plain", "contains": ["e"]}])
+    with fakes.FakeServer(answering({"answer": content})) as chat:
+        ((code, _, stderr),) = cli([model_run(tmp_path, chat, judge, data, "run", *flags)])
+        assert code == 0, stderr
+        assert original in sent(judge)[0]  # the judge is sent the answer unmasked
+        text = (tmp_path / "run.json").read_bytes()
+        stored = json.loads(text)["runs"][0]  # the judged row: its answer as stored
+        assert (original in stored["answer_text"]) == (not flags), stored["answer_text"]
+        (tmp_path / "copy.json").write_bytes(text)
+        (tmp_path / "torn.json").write_bytes(text[:text.rindex(b"\n{") + 60])
+        table = cli([(["--report", "run.json", "--markdown", "r.md"], tmp_path),
+                     (["--resume", "torn.json", "--base-url", chat.url + "/v1", "--quiet", *flags],
+                      tmp_path)])
+    assert [code for code, _, _ in table] == [0, 0], table
+    assert "CAUTION" not in "".join(out + err for _, out, err in table), table
+    assert len(sent(judge)) == 1  # the resume kept the judged row: not judged (paid) again
+    resumed = json.loads((tmp_path / "torn.json").read_text(encoding="utf-8"))
+    assert resumed["resumed"][0]["kept_rows"] == 1 and len(resumed["runs"]) == 2
+    for other in ("copy.json", "torn.json"):
+        ((same, stdout, _),) = compare([(["run.json", other], tmp_path)])
+        assert same == 0 and "CAUTION" not in stdout, (other, stdout)
