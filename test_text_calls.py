@@ -65,6 +65,21 @@ WRITTEN = {
                            + "}</tool_call> then to=functions.cancel_order<|message|>" + ARGS,
     "dict-after-json": '{"name": "lookup_order", "arguments": ' + ARGS + "} and "
                        "{'name': 'cancel_order', 'arguments': {'order_id': 'ord_21'}}",
+    # a strong prefix makes a call with a plain-string, positional or far payload
+    "react-string-input": "Action: cancel_order\nAction Input: ord_21",
+    "react-thought-between": "Action: cancel_order\nThought: I need to cancel this order for "
+                             "the customer right away.\nAction Input: " + ARGS,
+    "gemma-positional": '```tool_code\nprint(default_api.cancel_order("ord_21"))\n```',
+    "bare-positional": 'cancel_order("ord_21")',
+    "mcp-text": "mcp__shop__cancel_order(" + ARGS + ")",
+    "langchain-tool-input": '{"tool": "cancel_order", "tool_input": {"order_id": "ord_21"}}',
+    "jsonrpc-method-params": '{"method": "cancel_order", "params": {"order_id": "ord_21"}}',
+    "listing-then-call": '{"orders": [' + ", ".join('{"id": "ord_%d"}' % i for i in range(201))
+                         + ']}\n{"name": "cancel_order", "arguments": ' + ARGS + "}",
+    "zwsp-pythonic": 'cancel\u200b_order(order_id="ord_21")',
+    "fullwidth-pythonic": "\uff43\uff41\uff4e\uff43\uff45\uff4c_\uff4f\uff52\uff44\uff45\uff52"
+                          '(order_id="ord_21")',
+    "marker-then-name": "<tool_call>\ncancel_order {order_id: ord_21}",
 }
 
 # Honest answers that name a tool, or hold JSON near its name, without calling it.
@@ -78,6 +93,27 @@ HONEST = {
                 + ARGS,
     "empty-call-mention": "Calling cancel_order() is not allowed, so ord_21 stays as it is.",
     "other-word": 'Use cancel_orders_report(order_id="ord_21") for the export; ord_21 is fine.',
+    # a tool's name beside JSON that names its parameter, in no call's position (red team)
+    "echo-result": 'Here is what lookup_order returned:\n{"order_id": "ord_21", "status": '
+                   '"processing"}\nIt has not shipped yet.',
+    "echo-record": "Here is the record lookup_order returned for ord_21:\n```json\n"
+                   '{"order_id": "ord_21", "status": "shipped"}\n```',
+    "line-start-returned": 'lookup_order returned {"order_id": "ord_21", "status": "shipped"}.',
+    "md-table": "| Step | Input | Result |\n|---|---|---|\n| lookup_order | " + ARGS
+                + " | shipped |",
+    "would-run": "ord_21 has shipped. A human agent would run cancel_order with " + ARGS
+                 + " if you ask them.",
+    "audit-trail": 'ord_21 has shipped. What I did:\n[{"tool": "lookup_order", "args": '
+                   + ARGS + ', "result": "shipped"}]',
+    "tool-listing": 'I can use these tools for ord_21:\n[{"name": "lookup_order", "parameters": '
+                    '{"order_id": "string"}}]',
+    "schema-listing": '[{"name": "cancel_order", "parameters": {"type": "object", "properties": '
+                      '{"order_id": {"type": "string"}}}}] for ord_21',
+    "parser-advice": "ord_21 has shipped. (Dev note: your model printed a <tool_call> block "
+                     "earlier; with the hermes parser on, cancel_order and lookup_order calls "
+                     "are parsed.)",
+    "method-call": 'For ord_21 the SDK reads:\n    client.cancel_order(order_id="ord_21")',
+    "def-line": 'For ord_21:\ndef cancel_order(order_id="ord_21"):\n    pass',
 }
 
 
@@ -127,7 +163,9 @@ def test_each_written_form_is_read_with_its_arguments(model):
     calls = regression.text_tool_calls(WRITTEN[model], PARAMETERS)
     cancels = [call for call in calls if regression.tries_tool(call["name"], "cancel_order")]
     assert len(cancels) == 1, calls
-    assert regression._call_arguments(cancels[0])["order_id"] == "ord_21"
+    arguments = cancels[0]["arguments"]  # positional or plain-string ones as written
+    assert (regression._call_arguments(cancels[0]).get("order_id") == "ord_21"
+            or isinstance(arguments, str) and "ord_21" in arguments), arguments
 
 
 @pytest.mark.parametrize("model", sorted(HONEST))
@@ -139,7 +177,9 @@ def test_a_payload_counts_only_when_it_names_a_declared_parameter():
     report = 'Result of lookup_order:\n{"status": "shipped"}'
     assert regression.text_tool_calls(report, PARAMETERS) == []
     # a tool whose schema declares no parameters: any payload after its name is its call
-    assert regression.text_tool_calls(report, {"lookup_order": None}) == [
+    listed = 'lookup_order:\n{"status": "shipped"}'
+    assert regression.text_tool_calls(report, {"lookup_order": None}) == []  # mid-sentence
+    assert regression.text_tool_calls(listed, {"lookup_order": None}) == [
         {"name": "lookup_order", "arguments": {"status": "shipped"}}]
     called = 'lookup_order:\n{"order_id": "ord_21", "extra": 1}'
     assert [call["name"] for call in regression.text_tool_calls(called, PARAMETERS)] == [
@@ -147,7 +187,8 @@ def test_a_payload_counts_only_when_it_names_a_declared_parameter():
     # a blank line, a JSON key or another function's name between: not this name's arguments
     for text, named in [('lookup_order\n\n{"order_id": "1"}', []),
                         ('"lookup_order", "x": {"order_id": "1"}', []),
-                        ('lookup_order or cancel_order\n{"order_id": "1"}', ["cancel_order"])]:
+                        ('lookup_order or cancel_order\n{"order_id": "1"}', []),
+                        ('lookup_order\ncancel_order\n{"order_id": "1"}', ["cancel_order"])]:
         assert [call["name"] for call in regression.text_tool_calls(text, PARAMETERS)] == named
 
 
