@@ -5337,11 +5337,11 @@ _TRAILING_COMMA = re.compile(r",(?=\s*[}\]])")
 _PYTHON_CONSTANT = re.compile(r"(?<=[:\[,])(\s*)(True|False|None)(?=\s*[,}\]])")
 _AS_JSON = {"True": "true", "False": "false", "None": "null"}
 _PAYLOAD_START = re.compile(r"\{|<(?:[\w-]{1,40}:)?parameter\b")
-# A call's position (see _call_position): a special token, to=, >>>, ✿FUNCTION✿:, ReAct's Action:
-_SYNTAX_PREFIX = re.compile(r"(?:<\|[^<>|\n]{0,100}\|>|(?<![\w-])to=|>>>|\u273fFUNCTION\u273f:"
-                            r"|(?im:^[^\S\n]*Action[^\S\n]*:))[^\S\n]*\Z")
-_NAMESPACE_PREFIX = re.compile(r"(?:(?<![\w-])(?:functions|default_api)\.|(?i:\bmcp__\w+?__))\Z")
-_LINE_START = re.compile(r"(?:^|\n)[^\S\n]*\Z")
+# A call's position (see _call_position)
+_TO_PREFIX = re.compile(r"(?:^|[^\w-])to=\Z")
+_ACTION_LINE = re.compile(r"\s*Action\s*:", re.I)  # ReAct's, at a line's start
+_NAMESPACE_PREFIX = re.compile(r"(?:^|[^\w-])(?:functions|default_api)\.\Z")
+_MCP_PREFIX = re.compile(r"mcp__\w+?__", re.I)
 _SENTENCE_END = re.compile(r"[.;!?](?:\s|\Z)|\n[^\S\n]*\n")
 _LINE_END = re.compile(r"[^\S\n;)]*(?:\n|\Z)")
 # What may stand between a name and its payload: whitespace, :, digits, special tokens, labels
@@ -5367,13 +5367,14 @@ def _loose_text(text, undoubled):
 
 def _read_object(text, start):
     """(value, length) of the JSON at text[start], else of it in a loose reading (see
-    _loose_text), or None."""
-    for reading in (lambda: text, lambda: _loose_text(text, False),
-                    lambda: _loose_text(text, True)):
-        try:
-            return _DECODER.raw_decode(reading()[start:start + TEXT_CALL_WINDOW])
-        except (ValueError, RecursionError):
-            continue
+    _loose_text), or None. A small window first: reading many small decoys stays linear."""
+    for window in (1_024, TEXT_CALL_WINDOW):
+        for reading in (lambda: text, lambda: _loose_text(text, False),
+                        lambda: _loose_text(text, True)):
+            try:
+                return _DECODER.raw_decode(reading()[start:start + window])
+            except (ValueError, RecursionError):
+                continue
     return None
 
 
@@ -5430,11 +5431,19 @@ def _call_position(text, at):
     """Where the name at text[at] stands: "syntax" right after a strong prefix (_SYNTAX_PREFIX),
     "namespace" after functions., default_api. or mcp__SERVER__, "line" alone at a line's start,
     else None (mid-sentence, def NAME(, a method .NAME(, a table cell: no call)."""
-    for position, prefix in (("syntax", _SYNTAX_PREFIX), ("namespace", _NAMESPACE_PREFIX),
-                             ("line", _LINE_START)):
-        if prefix.search(text, max(0, at - 120), at):
-            return position
-    return None
+    tail = text[max(0, at - 12):at].rstrip(" \t")
+    if tail and tail[-1] not in ">:=.\n_":  # most mentions: no prefix can end here
+        return None
+    before = text[max(0, at - 120):at]  # each test reads only its end: linear in a long line
+    near, mcp = before.rstrip(" \t"), before.lower().rfind("mcp__")
+    if (near.endswith("|>") and _SPECIAL_TOKEN.fullmatch(near, near.rfind("<|"))
+            or near.endswith((">>>", "\u273fFUNCTION\u273f:")) or _TO_PREFIX.search(near[-4:])
+            or _ACTION_LINE.fullmatch(near, near.rfind("\n") + 1) and (at <= 120 or "\n" in near)):
+        return "syntax"
+    if (_NAMESPACE_PREFIX.search(before[-13:]) or mcp >= 0 and before.endswith("__")
+            and _MCP_PREFIX.fullmatch(before, mcp)):
+        return "namespace"
+    return "line" if near.endswith("\n") or not near and at <= 120 else None
 
 
 def _named_payloads(text, parameters, names):
@@ -5458,7 +5467,7 @@ def _named_payloads(text, parameters, names):
         reads += tried
         wanted = parameters.get(declared.get(name_keys(match[0])[0]), set())
         if arguments is None and position == "syntax":
-            arguments = cut_whole(text[match.end():].strip(), 200)
+            arguments = cut_whole(text[match.end():match.end() + 400].strip(), 200)
         if arguments is not None and (position != "line" or wanted is None or isinstance(
                 arguments, str) or wanted & set(arguments)):
             found.append((match.start(), match.end(), match[0], arguments))
