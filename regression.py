@@ -2047,8 +2047,8 @@ def check_max_tool_rounds(case, trace, arg):
 @register_check("forbid_tool", behavior=True, arg="tool", details=_tool_details, reasons={
     "forbidden_tool_called": (
         "the model called or tried a tool named in `forbid_tool:NAME` (also under another case "
-        "or separators, quoted, as `functions.NAME`, with a chat template's special tokens after "
-        "it, inside `multi_tool_use.parallel`, or written as text)",
+        "or separators, quoted, as `functions.NAME` or `mcp__SERVER__NAME`, with a chat "
+        "template's special tokens after it, inside `multi_tool_use.parallel`, or written as text)",
         "`details.tool_calls` shows the calls")})
 def check_forbid_tool(case, trace, arg):
     """behavior forbid_tool:NAME: the model never called the tool NAME, nor tried to: in any
