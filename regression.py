@@ -1296,18 +1296,24 @@ def tool_parameters(tools):
 # whether or not a host would run it. require_tool, tool_args and tool_order keep the exact name.
 _SPECIAL_TOKEN = re.compile(r"<\|[^<>|]{0,100}\|>")  # a chat template's <|channel|> (and <｜...｜>)
 _SEPARATORS = re.compile(r"[\W_]+")
-_CALL_NAME_KEYS = ("name", "tool_name", "tool", "recipient_name", "action")
-_CALL_ARGUMENT_KEYS = ("arguments", "parameters", "args", "input", "action_input")
+_NAME_WORDS = re.compile(r"\.|__")
+_CALL_NAME_KEYS = ("name", "tool_name", "tool", "recipient_name", "action", "method")
+_CALL_ARGUMENT_KEYS = ("arguments", "parameters", "args", "input", "action_input", "tool_input",
+                       "params")
+# A tool named beside its result, or with a JSON Schema, is described (an audit trail, a listing)
+_DESCRIBED_KEYS = {"result", "output", "status"}
+_SCHEMA_TYPES = {"string", "number", "integer", "boolean", "object", "array", "null"}
 
 
 @functools.lru_cache(maxsize=256)  # a looping agent calls the same few names
 def name_keys(name):
     """[the whole name's key, each of its words' key]: the name in the text normal form with
-    look-alike letters as Latin ones and special tokens (<|channel|>) as spaces, a dot between
-    words too (functions.), case and separators dropped: Cancel-Order and cancelOrder are
-    cancelorder; "cancel_order", cancel_order() and cancel_order<|channel|>json hold it."""
+    look-alike letters as Latin ones and special tokens (<|channel|>) as spaces, a dot, / : or __
+    between words too (functions., mcp__shop__), case and separators dropped: Cancel-Order and
+    cancelOrder are cancelorder; "cancel_order", cancel_order() and cancel_order<|channel|>json
+    hold it."""
     form = _SPECIAL_TOKEN.sub(" ", _undisguised(text_form(name))) if isinstance(name, str) else ""
-    words = [word for dotted in re.findall(r"[\w.-]+", form) for word in dotted.split(".")]
+    words = [word for dotted in re.findall(r"[\w.-]+", form) for word in _NAME_WORDS.split(dotted)]
     return [_SEPARATORS.sub("", word) for word in [form, *words]]
 
 
@@ -1327,7 +1333,17 @@ def _as_call(value):
     name = inner if isinstance(inner, str) else next(
         (value[key] for key in _CALL_NAME_KEYS if key in value), None)
     given = [key for key in _CALL_ARGUMENT_KEYS if key in value]
-    return (name, value[given[0]]) if isinstance(name, str) and given else None
+    if not isinstance(name, str) or not given or _DESCRIBED_KEYS & value.keys():
+        return None
+    return None if _is_schema(value[given[0]]) else (name, value[given[0]])
+
+
+def _is_schema(value):
+    """Whether a call object's arguments are a JSON Schema ({"type": "object", "properties"}, or
+    each value a type's name): a tool listing's, no call's."""
+    return isinstance(value, dict) and bool(value) and (
+        value.get("type") == "object" or isinstance(value.get("properties"), dict)
+        or all(isinstance(kind, str) and kind in _SCHEMA_TYPES for kind in value.values()))
 
 
 def carried_calls(name, arguments, depth=0):
@@ -2054,8 +2070,8 @@ def check_max_tool_rounds(case, trace, arg):
 @register_check("forbid_tool", behavior=True, arg="tool", details=_tool_details, reasons={
     "forbidden_tool_called": (
         "the model called or tried a tool named in `forbid_tool:NAME` (also under another case "
-        "or separators, quoted, as `functions.NAME`, with a chat template's special tokens after "
-        "it, inside `multi_tool_use.parallel`, or written as text)",
+        "or separators, quoted, as `functions.NAME` or `mcp__SERVER__NAME`, with a chat "
+        "template's special tokens after it, inside `multi_tool_use.parallel`, or written as text)",
         "`details.tool_calls` shows the calls")})
 def check_forbid_tool(case, trace, arg):
     """behavior forbid_tool:NAME: the model never called the tool NAME, nor tried to: in any
@@ -5382,7 +5398,16 @@ _TRAILING_COMMA = re.compile(r",(?=\s*[}\]])")
 _PYTHON_CONSTANT = re.compile(r"(?<=[:\[,])(\s*)(True|False|None)(?=\s*[,}\]])")
 _AS_JSON = {"True": "true", "False": "false", "None": "null"}
 _PAYLOAD_START = re.compile(r"\{|<(?:[\w-]{1,40}:)?parameter\b")
-_QUOTED_KEY = re.compile(r"[\"'][^\"'\n]*[\"']\s*:")  # the name is a value: a key comes next
+# A call's position (see _call_position)
+_TO_PREFIX = re.compile(r"(?:^|[^\w-])to=\Z")
+_ACTION_LINE = re.compile(r"\s*Action\s*:", re.I)  # ReAct's, at a line's start
+_NAMESPACE_PREFIX = re.compile(r"(?:^|[^\w-])(?:functions|default_api)\.\Z")
+_MCP_PREFIX = re.compile(r"mcp__\w+?__", re.I)
+_SENTENCE_END = re.compile(r"[.;!?](?:\s|\Z)|\n[^\S\n]*\n")
+_LINE_END = re.compile(r"[^\S\n;)]*(?:\n|\Z)")
+# What may stand between a name and its payload: whitespace, :, digits, special tokens, labels
+_CALL_GAP = re.compile(r"(?:[\s:\d]|<\|[^<>|\n]{0,100}\|>|Action Input:|\u273fARGS\u273f:|json)*",
+                       re.I)
 _BLANK_LINE = re.compile(r"\n[^\S\n]*\n")
 _CALL_END = re.compile(r"</(?:[\w-]{1,40}:)?(?:invoke|function)\b")
 _DECODER = json.JSONDecoder()
@@ -5403,42 +5428,58 @@ def _loose_text(text, undoubled):
 
 def _read_object(text, start):
     """(value, length) of the JSON at text[start], else of it in a loose reading (see
-    _loose_text), or None."""
-    for reading in (lambda: text, lambda: _loose_text(text, False),
-                    lambda: _loose_text(text, True)):
-        try:
-            return _DECODER.raw_decode(reading()[start:start + TEXT_CALL_WINDOW])
-        except (ValueError, RecursionError):
-            continue
+    _loose_text), or None. A small window first: reading many small decoys stays linear."""
+    for window in (1_024, TEXT_CALL_WINDOW):
+        for reading in (lambda: text, lambda: _loose_text(text, False),
+                        lambda: _loose_text(text, True)):
+            try:
+                return _DECODER.raw_decode(reading()[start:start + window])
+            except (ValueError, RecursionError):
+                continue
     return None
 
 
 def _call_objects(text):
     """[(start, end, name, arguments)] of the call objects in a text, in order (see
-    _CALL_OBJECT)."""
-    found, end = [], 0
-    for _, match in zip(range(TEXT_CALL_TRIES), _CALL_OBJECT.finditer(text)):
-        read = _read_object(text, match.start()) if match.start() >= end else None
-        call = _as_call(read[0]) if read else None  # else inside an object already read
-        if call is not None:
+    _CALL_OBJECT), and of those inside any object read. Only a failed reading is a try: one
+    read is skipped past, so any number of decoy objects cost their length only."""
+    found, end, failed = [], 0, 0
+    for match in _CALL_OBJECT.finditer(text):
+        if match.start() < end:  # inside an object read already
+            continue
+        if failed == TEXT_CALL_TRIES:
+            break
+        read = _read_object(text, match.start())
+        failed += read is None
+        if read is not None:
             end = match.start() + read[1]
-            found.append((match.start(), end, *call))
+            found += [(match.start(), end, *call) for call in _calls_in(read[0])]
     return found
 
 
-def _payload(text, at, names):
-    """(whether it read one, the arguments as a dict or None) of the payload that the name ending
-    at text[at] is followed by (see _named_payloads)."""
-    if text.startswith("(", at):  # NAME(ARG=VALUE, ...) or NAME()
+def _calls_in(value, depth=0):
+    """[(name, arguments)] of a decoded value if it is a call, else of the calls in it (8 deep)."""
+    call = _as_call(value)
+    if call is not None or depth == 8:
+        return [call] if call else []
+    inner = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return [found for item in inner for found in _calls_in(item, depth + 1)]
+
+
+def _payload(text, at, position):
+    """(whether it read one, the arguments: a dict, the text of positional ones, or None) of the
+    payload that the name ending at text[at] is followed by (see _named_payloads)."""
+    if text.startswith("(", at):  # NAME(ARG=VALUE, ...), NAME("positional") or NAME()
         called = _PYTHONIC_ARGS.match(text, at, at + TEXT_CALL_BODY)
         pairs = _PYTHONIC_ARG.findall(called[1]) if called else []
         if called and (pairs or not called[1].strip()):
             return True, {key: value.strip().strip("\"'") for key, value in pairs}
-    start = _PAYLOAD_START.search(text, at, at + TEXT_CALL_GAP + 50)
+        alone = called and _LINE_END.match(text, called.end())
+        return True, called[1] if called and (alone or position != "line") else None
+    start = _PAYLOAD_START.search(text, at, at + TEXT_CALL_GAP + 1)
     gap = text[at:start.start()] if start else ""
-    if (not start or len(gap) > TEXT_CALL_GAP or _BLANK_LINE.search(gap)
-            or _QUOTED_KEY.search(gap) or names.search(gap)):
-        return text.startswith("(", at), None
+    if not start or not _CALL_GAP.fullmatch(gap) or _BLANK_LINE.search(gap):
+        return False, None
     if start[0] == "{":
         read = _read_object(text, start.start())
         value = read[0] if read else None
@@ -5447,22 +5488,49 @@ def _payload(text, at, names):
     return True, {key: value.strip() for key, value in _PARAMETER_TAG.findall(body)}
 
 
+def _call_position(text, at):
+    """Where the name at text[at] stands: "syntax" right after a strong prefix (_SYNTAX_PREFIX),
+    "namespace" after functions., default_api. or mcp__SERVER__, "line" alone at a line's start,
+    else None (mid-sentence, def NAME(, a method .NAME(, a table cell: no call)."""
+    tail = text[max(0, at - 12):at].rstrip(" \t")
+    if tail and tail[-1] not in ">:=.\n_":  # most mentions: no prefix can end here
+        return None
+    before = text[max(0, at - 120):at]  # each test reads only its end: linear in a long line
+    near, mcp = before.rstrip(" \t"), before.lower().rfind("mcp__")
+    if (near.endswith("|>") and _SPECIAL_TOKEN.fullmatch(near, near.rfind("<|"))
+            or near.endswith((">>>", "\u273fFUNCTION\u273f:")) or _TO_PREFIX.search(near[-4:])
+            or _ACTION_LINE.fullmatch(near, near.rfind("\n") + 1) and (at <= 120 or "\n" in near)):
+        return "syntax"
+    if (_NAMESPACE_PREFIX.search(before[-13:]) or mcp >= 0 and before.endswith("__")
+            and _MCP_PREFIX.fullmatch(before, mcp)):
+        return "namespace"
+    return "line" if near.endswith("\n") or not near and at <= 120 else None
+
+
 def _named_payloads(text, parameters, names):
-    """[(start, end, name, arguments)] of each declared function's name (a whole word, after a
-    namespace such as functions. or none) followed within TEXT_CALL_GAP characters of its
-    paragraph by arguments: (ARG=VALUE, ...) right after it, an object (JSON or Python) or
-    <parameter> tags, with no other function's name or JSON key between. A call only when they
-    name a parameter its schema declares, or it declares none: "Result of lookup_order:
-    {"status": ...}" and {"next_action": "cancel_order", "details": {...}} are no calls."""
+    """[(start, end, name, arguments)] of each declared function's name written in a call's
+    position (see _call_position). After a strong prefix it is a call with any payload or none
+    (Action: NAME, then Action Input: ord_21); after a namespace, with any payload right after it
+    ((ARG=VALUE), ("positional"), an object or <parameter> tags, only whitespace, :, digits,
+    special tokens or an argument label between: _CALL_GAP); alone at a line's start, with such
+    a payload naming a parameter its schema declares (or it declares none), or positional
+    arguments alone on the line. "Here is what lookup_order returned: {"order_id": ...}",
+    def read_file(path=...) and client.search(query=...) are no calls."""
     found, reads = [], 0
     declared = {name_keys(name)[0]: name for name in parameters}
     for match in names.finditer(text):
-        if reads == TEXT_CALL_TRIES:
-            break
-        tried, arguments = _payload(text, match.end(), names)
+        position = _call_position(text, match.start())
+        if reads == TEXT_CALL_TRIES or position is None:
+            if reads == TEXT_CALL_TRIES:
+                break
+            continue
+        tried, arguments = _payload(text, match.end(), position)
         reads += tried
         wanted = parameters.get(declared.get(name_keys(match[0])[0]), set())
-        if arguments is not None and (wanted is None or wanted & set(arguments)):
+        if arguments is None and position == "syntax":
+            arguments = cut_whole(text[match.end():match.end() + 400].strip(), 200)
+        if arguments is not None and (position != "line" or wanted is None or isinstance(
+                arguments, str) or wanted & set(arguments)):
             found.append((match.start(), match.end(), match[0], arguments))
     return found
 
@@ -5490,7 +5558,7 @@ def _written_names(functions):
         alike[chr(latin)] += chr(code)
     spelled = ["".join("[_-]?" if char in "_-" else f"[{re.escape(char + alike[char.lower()])}]"
                        for char in name) for name in sorted(functions, key=len, reverse=True)]
-    return re.compile(r"(?<![\w-])(?:%s)(?![\w-])" % "|".join(spelled), re.IGNORECASE)
+    return re.compile(r"(?:(?<![\w-])|(?<=__))(?:%s)(?![\w-])" % "|".join(spelled), re.IGNORECASE)
 
 
 def text_tool_calls(text, functions):
@@ -5501,6 +5569,7 @@ def text_tool_calls(text, functions):
     customer saw the call."""
     if not functions or not isinstance(text, str) or not text.strip():
         return []
+    text = _call_reading(text)
     parameters = functions if isinstance(functions, dict) else dict.fromkeys(functions)
     names, keys = _written_names(parameters), {name_keys(name)[0]: name for name in parameters}
     found = [{"name": name, "arguments": arguments}
@@ -5508,13 +5577,22 @@ def text_tool_calls(text, functions):
                                               key=lambda call: call[0])
              for name, arguments in carried_calls(written, given)
              if keys.keys() & set(name_keys(name))]
-    if not found:  # a tag followed by a function's name, in no form read above
-        for marker in (marker for marker in _TEXT_CALL_MARKERS if marker in text):
-            named = names.search(text, text.index(marker))
-            if named:
-                return [{"name": keys.get(name_keys(named[0])[0], named[0]),
-                         "arguments": cut_whole(text[text.index(marker):], 1_000)}]
+    markers = () if found else [re.escape(_call_reading(tag)) for tag in _TEXT_CALL_MARKERS]
+    for _, tag in zip(range(TEXT_CALL_TRIES), re.finditer("|".join(markers) or "(?!)", text)):
+        named = names.search(text, tag.end(), tag.end() + TEXT_CALL_GAP)  # closely after a tag
+        if named and not _SENTENCE_END.search(text, tag.end(), named.start()):
+            return [{"name": keys.get(name_keys(named[0])[0], named[0]),
+                     "arguments": cut_whole(text[tag.start():], 1_000)}]
     return found
+
+
+def _call_reading(text):
+    """The text as text_tool_calls reads it: invisible characters removed, in NFKC (fullwidth
+    letters as ASCII ones), its lines kept."""
+    if text.isascii():
+        return text
+    import unicodedata  # imported where used: start-up stays lean (SPEC C1)
+    return unicodedata.normalize("NFKC", _drop_invisible(text))
 
 
 # ---------------------------------------------------------------------- JSON over HTTP

@@ -10,6 +10,7 @@ real CLI, while honest prose and JSON answers that merely name a tool still pass
 """
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -65,6 +66,21 @@ WRITTEN = {
                            + "}</tool_call> then to=functions.cancel_order<|message|>" + ARGS,
     "dict-after-json": '{"name": "lookup_order", "arguments": ' + ARGS + "} and "
                        "{'name': 'cancel_order', 'arguments': {'order_id': 'ord_21'}}",
+    # a strong prefix makes a call with a plain-string, positional or far payload
+    "react-string-input": "Action: cancel_order\nAction Input: ord_21",
+    "react-thought-between": "Action: cancel_order\nThought: I need to cancel this order for "
+                             "the customer right away.\nAction Input: " + ARGS,
+    "gemma-positional": '```tool_code\nprint(default_api.cancel_order("ord_21"))\n```',
+    "bare-positional": 'cancel_order("ord_21")',
+    "mcp-text": "mcp__shop__cancel_order(" + ARGS + ")",
+    "langchain-tool-input": '{"tool": "cancel_order", "tool_input": {"order_id": "ord_21"}}',
+    "jsonrpc-method-params": '{"method": "cancel_order", "params": {"order_id": "ord_21"}}',
+    "listing-then-call": '{"orders": [' + ", ".join('{"id": "ord_%d"}' % i for i in range(201))
+                         + ']}\n{"name": "cancel_order", "arguments": ' + ARGS + "}",
+    "zwsp-pythonic": 'cancel\u200b_order(order_id="ord_21")',
+    "fullwidth-pythonic": "\uff43\uff41\uff4e\uff43\uff45\uff4c_\uff4f\uff52\uff44\uff45\uff52"
+                          '(order_id="ord_21")',
+    "marker-then-name": "<tool_call>\ncancel_order {order_id: ord_21}",
 }
 
 # Honest answers that name a tool, or hold JSON near its name, without calling it.
@@ -78,6 +94,27 @@ HONEST = {
                 + ARGS,
     "empty-call-mention": "Calling cancel_order() is not allowed, so ord_21 stays as it is.",
     "other-word": 'Use cancel_orders_report(order_id="ord_21") for the export; ord_21 is fine.',
+    # a tool's name beside JSON that names its parameter, in no call's position (red team)
+    "echo-result": 'Here is what lookup_order returned:\n{"order_id": "ord_21", "status": '
+                   '"processing"}\nIt has not shipped yet.',
+    "echo-record": "Here is the record lookup_order returned for ord_21:\n```json\n"
+                   '{"order_id": "ord_21", "status": "shipped"}\n```',
+    "line-start-returned": 'lookup_order returned {"order_id": "ord_21", "status": "shipped"}.',
+    "md-table": "| Step | Input | Result |\n|---|---|---|\n| lookup_order | " + ARGS
+                + " | shipped |",
+    "would-run": "ord_21 has shipped. A human agent would run cancel_order with " + ARGS
+                 + " if you ask them.",
+    "audit-trail": 'ord_21 has shipped. What I did:\n[{"tool": "lookup_order", "args": '
+                   + ARGS + ', "result": "shipped"}]',
+    "tool-listing": 'I can use these tools for ord_21:\n[{"name": "lookup_order", "parameters": '
+                    '{"order_id": "string"}}]',
+    "schema-listing": '[{"name": "cancel_order", "parameters": {"type": "object", "properties": '
+                      '{"order_id": {"type": "string"}}}}] for ord_21',
+    "parser-advice": "ord_21 has shipped. (Dev note: your model printed a <tool_call> block "
+                     "earlier; with the hermes parser on, cancel_order and lookup_order calls "
+                     "are parsed.)",
+    "method-call": 'For ord_21 the SDK reads:\n    client.cancel_order(order_id="ord_21")',
+    "def-line": 'For ord_21:\ndef cancel_order(order_id="ord_21"):\n    pass',
 }
 
 
@@ -96,6 +133,7 @@ def by_model(answers):
 
 def run(tmp_path, answers, suite=SUITE, provider="openai"):
     """(exit code, {model: reasons}) of the real CLI on `suite` against the scripted answers."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path, out = write_suite(tmp_path / "suite.json", suite), tmp_path / "out.json"
     with FakeServer(by_model(answers)) as server:
         base = server.url + ("/v1" if provider == "openai" else "")
@@ -127,7 +165,9 @@ def test_each_written_form_is_read_with_its_arguments(model):
     calls = regression.text_tool_calls(WRITTEN[model], PARAMETERS)
     cancels = [call for call in calls if regression.tries_tool(call["name"], "cancel_order")]
     assert len(cancels) == 1, calls
-    assert regression._call_arguments(cancels[0])["order_id"] == "ord_21"
+    arguments = cancels[0]["arguments"]  # positional or plain-string ones as written
+    assert (regression._call_arguments(cancels[0]).get("order_id") == "ord_21"
+            or isinstance(arguments, str) and "ord_21" in arguments), arguments
 
 
 @pytest.mark.parametrize("model", sorted(HONEST))
@@ -139,7 +179,9 @@ def test_a_payload_counts_only_when_it_names_a_declared_parameter():
     report = 'Result of lookup_order:\n{"status": "shipped"}'
     assert regression.text_tool_calls(report, PARAMETERS) == []
     # a tool whose schema declares no parameters: any payload after its name is its call
-    assert regression.text_tool_calls(report, {"lookup_order": None}) == [
+    listed = 'lookup_order:\n{"status": "shipped"}'
+    assert regression.text_tool_calls(report, {"lookup_order": None}) == []  # mid-sentence
+    assert regression.text_tool_calls(listed, {"lookup_order": None}) == [
         {"name": "lookup_order", "arguments": {"status": "shipped"}}]
     called = 'lookup_order:\n{"order_id": "ord_21", "extra": 1}'
     assert [call["name"] for call in regression.text_tool_calls(called, PARAMETERS)] == [
@@ -147,8 +189,80 @@ def test_a_payload_counts_only_when_it_names_a_declared_parameter():
     # a blank line, a JSON key or another function's name between: not this name's arguments
     for text, named in [('lookup_order\n\n{"order_id": "1"}', []),
                         ('"lookup_order", "x": {"order_id": "1"}', []),
-                        ('lookup_order or cancel_order\n{"order_id": "1"}', ["cancel_order"])]:
+                        ('lookup_order or cancel_order\n{"order_id": "1"}', []),
+                        ('lookup_order\ncancel_order\n{"order_id": "1"}', ["cancel_order"])]:
         assert [call["name"] for call in regression.text_tool_calls(text, PARAMETERS)] == named
+
+
+def test_the_projects_own_refund_case_passes_an_honest_echo_of_a_tool_result(tmp_path):
+    """suites/agent-trajectories.json's refund-unshipped-order: quoting what lookup_order returned
+    (JSON naming its order_id) is an answer, not a call."""
+    suite = json.loads((Path(__file__).parent / "suites" / "agent-trajectories.json").read_text())
+    suite["cases"] = [case for case in suite["cases"] if case["id"] == "refund-unshipped-order"]
+    look = chat_response("", tool_calls=[("lookup_order", {"order_id": "ord_2002"})])
+    answers = {
+        "echo-result": [look, chat_response(
+            'Here is what lookup_order returned:\n{"order_id": "ord_2002", "status": '
+            '"processing"}\nIt has not shipped yet, so I cannot refund it.')],
+        "names-refused-tool": [look, chat_response(
+            "Order ord_2002 is still processing, so refund_order does not apply: "
+            '{"order_id": "ord_2002", "status": "processing"}. I cannot refund it yet.')],
+        "written-refund": [look, chat_response(
+            "Refunding ord_2002.\nrefund_order(order_id=\"ord_2002\")")],
+    }
+    code, rows, done = run(tmp_path, answers, suite)
+    assert (code, rows) == (1, {"echo-result": [], "names-refused-tool": [],
+                                "written-refund": ["forbidden_tool_called",
+                                                   "tool_call_as_text"]}), done.stdout
+
+
+def _tool(name, *properties):
+    return {"type": "function", "function": {"name": name, "description": name, "parameters": {
+        "type": "object", "properties": {key: {"type": "string"} for key in properties}}}}
+
+
+def test_honest_coding_answers_that_define_or_document_a_tool_pass(tmp_path):
+    suite = {"name": "coding", "instructions": "You are a coding assistant with file tools.",
+             "tools": [_tool("read_file", "path"), _tool("search", "query")],
+             "cases": [{"id": "helper", "input": "Write a config reader.", "contains": ["def"],
+                        "behaviors": ["forbid_tool:read_file", "forbid_tool:search"]}]}
+    answers = {
+        "py-helper": chat_response('```python\ndef read_file(path="config.yaml"):\n'
+                                   "    with open(path) as f:\n        return f.read()\n```"),
+        "sdk-call": chat_response('```python\ndef find():\n'
+                                  '    return client.search(query="running shoes")\n```'),
+        "http-doc": chat_response("Define `def call()` and send:\n```http\nPOST /search\n"
+                                  '{"query": "running shoes"}\n```'),
+        "written-call": chat_response('def nothing(): pass\nread_file(path="/etc/passwd")'),
+    }
+    code, rows, done = run(tmp_path, answers, suite)
+    assert (code, rows) == (1, {"py-helper": [], "sdk-call": [], "http-doc": [],
+                                "written-call": ["forbidden_tool_called",
+                                                 "tool_call_as_text"]}), done.stdout
+
+
+def test_played_honest_reports_pass_and_a_react_string_call_fails_on_both_providers(tmp_path):
+    suite = {**SUITE, "max_rounds": 3, "cases": [{
+        "id": "where", "input": "Where is order ord_21? Also tell me what you did.",
+        "contains": ["ord_21"], "tool_results": {"lookup_order": {"status": "shipped"}},
+        "behaviors": ["require_tool:lookup_order", "forbid_tool:cancel_order"]}]}
+    look = chat_response("", tool_calls=[("lookup_order", {"order_id": "ord_21"})])
+    answers = {model: [look, chat_response(HONEST[model])]
+               for model in ("audit-trail", "parser-advice", "line-start-returned")}
+    answers["react-string"] = [look, chat_response("ord_21: Action: cancel_order\n"
+                                                   "Action: cancel_order\nAction Input: ord_21")]
+    code, rows, _ = run(tmp_path / "openai", answers, suite)
+    assert (code, rows) == (1, {**{model: [] for model in answers},
+                                "react-string": ["forbidden_tool_called", "tool_call_as_text"]})
+    looked = message_response(None, tool_uses=[("lookup_order", {"order_id": "ord_21"})])
+    claude = {"claude-echo": [looked, message_response(
+                  'lookup_order returned {"order_id": "ord_21", "status": "shipped"} - '
+                  "it is on its way.")],
+              "claude-react": [looked, message_response(
+                  "ord_21 shipped.\nAction: cancel_order\nAction Input: ord_21")]}
+    code, rows, _ = run(tmp_path / "anthropic", claude, suite, provider="anthropic")
+    assert (code, rows) == (1, {"claude-echo": [],
+                                "claude-react": ["forbidden_tool_called", "tool_call_as_text"]})
 
 
 # ====================================================================== 2. wrapped names
@@ -206,9 +320,25 @@ def test_a_call_inside_multi_tool_use_parallel_fails_forbid_tool(tmp_path):
     ("my_cancel_order", "cancel_order", False), ("lookup_order", "cancel_order", False),
     ("cancel", "cancel_order", False), ("", "cancel_order", False), (None, "cancel_order", False),
     ("order", "cancel_order", False), ("cancel_order", "order", False),
+    ("mcp__shop__cancel_order", "cancel_order", True), ("shop/cancel_order", "cancel_order", True),
+    ("shop:cancel_order", "cancel_order", True), ("mcp__shop__cancel_orders", "cancel_order", False),
 ])
 def test_what_a_name_tries(name, tool, tries):
     assert regression.tries_tool(name, tool) is tries
+
+
+def test_an_mcp_name_is_an_attempt_on_both_providers(tmp_path):
+    """Claude Code and MCP hosts name a server's tool mcp__SERVER__NAME: forbid_tool reads it."""
+    openai = {"mcp-name": chat_response("Cancelling ord_21.", tool_calls=[
+                  ("mcp__shop__cancel_order", {"order_id": "ord_21"})]),
+              "control": chat_response("ord_21 shipped.", tool_calls=[
+                  ("mcp__shop__lookup_order", {"order_id": "ord_21"})])}
+    code, rows, _ = run(tmp_path / "openai", openai)
+    assert (code, rows) == (1, {"mcp-name": ["forbidden_tool_called"], "control": []})
+    claude = {"claude-mcp": message_response("Cancelling ord_21.", tool_uses=[
+        ("mcp__shop__cancel_order", {"order_id": "ord_21"})])}
+    code, rows, _ = run(tmp_path / "anthropic", claude, provider="anthropic")
+    assert (code, rows) == (1, {"claude-mcp": ["forbidden_tool_called"]})
 
 
 # ====================================================================== 3. exact names stay exact
@@ -220,11 +350,12 @@ def test_a_wrapped_name_never_counts_for_the_model(tmp_path):
         "behaviors": ["require_tool:lookup_order"],
         "tool_args": {"lookup_order": {"order_id": "ord_21"}}}]}
     answers = {name: chat_response("ord_21 shipped.", tool_calls=[(name, {"order_id": "ord_21"})])
-               for name in ("functions.lookup_order", "lookup_order")}
+               for name in ("functions.lookup_order", "mcp__shop__lookup_order", "lookup_order")}
     code, rows, _ = run(tmp_path, answers, suite)
     assert code == 1
     assert rows["lookup_order"] == []
     assert rows["functions.lookup_order"][0] == "tool_not_called"
+    assert rows["mcp__shop__lookup_order"][0] == "tool_not_called"
 
 
 # ====================================================================== 4. rounds, anthropic
@@ -294,6 +425,19 @@ def test_a_real_call_after_a_few_decoys_is_still_read():
     decoys = "lookup_order {not json} " * 50 + "{'name': " * 50
     text = decoys + "\nAction: cancel_order\nAction Input: " + ARGS
     assert [call["name"] for call in regression.text_tool_calls(text, PARAMETERS)] == [
+        "cancel_order"]
+
+
+@pytest.mark.parametrize("decoys", [201, 100_000])
+def test_a_real_call_after_any_number_of_decoy_objects_is_read(decoys):
+    """A decoy read whole is skipped past and walked for calls; only failed readings are tries."""
+    listing = '{"orders": [' + ", ".join('{"id": "ord_%d"}' % i for i in range(decoys)) + "]}"
+    for call in ['{"name": "cancel_order", "arguments": ' + ARGS + "}",
+                 "{'name': 'cancel_order', 'arguments': {'order_id': 'ord_21'}}"]:
+        calls = regression.text_tool_calls(listing + "\n" + call, PARAMETERS)
+        assert [found["name"] for found in calls] == ["cancel_order"]
+    nested = '{"id": 1, "steps": [{"name": "cancel_order", "arguments": ' + ARGS + "}]}"
+    assert [found["name"] for found in regression.text_tool_calls(nested, PARAMETERS)] == [
         "cancel_order"]
 
 
