@@ -1300,8 +1300,9 @@ _NAME_WORDS = re.compile(r"\.|__")
 _CALL_NAME_KEYS = ("name", "tool_name", "tool", "recipient_name", "action", "method")
 _CALL_ARGUMENT_KEYS = ("arguments", "parameters", "args", "input", "action_input", "tool_input",
                        "params")
-# A tool named beside its result, or with a JSON Schema, is described (an audit trail, a listing)
-_DESCRIBED_KEYS = {"result", "output", "status"}
+# A tool named beside its result, or with a JSON Schema, is described (an audit trail, a listing);
+# a "status" is no sign of one: the Responses API's function_call item carries it
+_DESCRIBED_KEYS = {"result", "output"}
 _SCHEMA_TYPES = {"string", "number", "integer", "boolean", "object", "array", "null"}
 
 
@@ -5458,12 +5459,14 @@ def _call_objects(text):
 
 
 def _calls_in(value, depth=0):
-    """[(name, arguments)] of a decoded value if it is a call, else of the calls in it (8 deep)."""
+    """[(name, arguments)] of a decoded value if it is a call, and of the calls in it (8 deep): an
+    MCP tools/call request carries its call in its params."""
     call = _as_call(value)
-    if call is not None or depth == 8:
+    if depth == 8 or call and len(carried_calls(*call)) > 1:  # a wrapper's calls: carried_calls
         return [call] if call else []
-    inner = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-    return [found for item in inner for found in _calls_in(item, depth + 1)]
+    inner = [call[1]] if call else value.values() if isinstance(value, dict) else \
+        value if isinstance(value, list) else ()
+    return [call] * bool(call) + [found for item in inner for found in _calls_in(item, depth + 1)]
 
 
 def _payload(text, at, position):

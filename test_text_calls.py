@@ -81,6 +81,12 @@ WRITTEN = {
     "fullwidth-pythonic": "\uff43\uff41\uff4e\uff43\uff45\uff4c_\uff4f\uff52\uff44\uff45\uff52"
                           '(order_id="ord_21")',
     "marker-then-name": "<tool_call>\ncancel_order {order_id: ord_21}",
+    # the Responses API's function_call item carries a status: a status is no sign of a report
+    "responses-item": '{"type": "function_call", "id": "fc1", "call_id": "call1", "name": '
+                      '"cancel_order", "arguments": "{\\"order_id\\": \\"ord_21\\"}", "status": "completed"}',
+    # an MCP tools/call request carries its call in its params
+    "mcp-tools-call": '{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": '
+                      f'"cancel_order", "arguments": {ARGS}}}}}',
 }
 
 # Honest answers that name a tool, or hold JSON near its name, without calling it.
