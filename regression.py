@@ -5404,6 +5404,8 @@ _TO_PREFIX = re.compile(r"(?:^|[^\w-])to=\Z")
 _ACTION_LINE = re.compile(r"\s*Action\s*:", re.I)  # ReAct's, at a line's start
 _NAMESPACE_PREFIX = re.compile(r"(?:^|[^\w-])(?:functions|default_api)\.\Z")
 _MCP_PREFIX = re.compile(r"mcp__\w+?__", re.I)
+# what may stand before a call alone on its line: a list or quote marker, Gemma's print(
+_LINE_LEAD = re.compile(r"[ \t]*(?:(?:[-*+>]|\d{1,3}[.)])[ \t]+)?(?:print\()?")
 _SENTENCE_END = re.compile(r"[.;!?](?:\s|\Z)|\n[^\S\n]*\n")
 _LINE_END = re.compile(r"[^\S\n;)]*(?:\n|\Z)")
 # What may stand between a name and its payload: whitespace, :, digits, special tokens, labels
@@ -5493,10 +5495,11 @@ def _payload(text, at, position):
 
 def _call_position(text, at):
     """Where the name at text[at] stands: "syntax" right after a strong prefix (_SYNTAX_PREFIX),
-    "namespace" after functions., default_api. or mcp__SERVER__, "line" alone at a line's start,
-    else None (mid-sentence, def NAME(, a method .NAME(, a table cell: no call)."""
+    "namespace" after functions., default_api. or mcp__SERVER__, "line" alone at a line's start
+    (after a list marker or print( too), else None (mid-sentence, def NAME(, a method .NAME(,
+    a table cell: no call)."""
     tail = text[max(0, at - 12):at].rstrip(" \t")
-    if tail and tail[-1] not in ">:=.\n_":  # most mentions: no prefix can end here
+    if tail and tail[-1] not in ">:=.\n_-*+()":  # most mentions: no prefix can end here
         return None
     before = text[max(0, at - 120):at]  # each test reads only its end: linear in a long line
     near, mcp = before.rstrip(" \t"), before.lower().rfind("mcp__")
@@ -5507,7 +5510,8 @@ def _call_position(text, at):
     if (_NAMESPACE_PREFIX.search(before[-13:]) or mcp >= 0 and before.endswith("__")
             and _MCP_PREFIX.fullmatch(before, mcp)):
         return "namespace"
-    return "line" if near.endswith("\n") or not near and at <= 120 else None
+    line = before[before.rfind("\n") + 1:] if "\n" in before or at <= 120 else None
+    return "line" if line is not None and _LINE_LEAD.fullmatch(line) else None
 
 
 def _named_payloads(text, parameters, names):

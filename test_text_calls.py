@@ -81,6 +81,10 @@ WRITTEN = {
     "fullwidth-pythonic": "\uff43\uff41\uff4e\uff43\uff45\uff4c_\uff4f\uff52\uff44\uff45\uff52"
                           '(order_id="ord_21")',
     "marker-then-name": "<tool_call>\ncancel_order {order_id: ord_21}",
+    # alone on its line after a list or quote marker, or in Gemma's print( without default_api.
+    "bullet-pythonic": '- cancel_order(order_id="ord_21")',
+    "numbered-pythonic": '1. cancel_order(order_id="ord_21")',
+    "print-pythonic": 'print(cancel_order(order_id="ord_21"))',
     # the Responses API's function_call item carries a status: a status is no sign of a report
     "responses-item": '{"type": "function_call", "id": "fc1", "call_id": "call1", "name": '
                       '"cancel_order", "arguments": "{\\"order_id\\": \\"ord_21\\"}", "status": "completed"}',
@@ -91,6 +95,8 @@ WRITTEN = {
 
 # Honest answers that name a tool, or hold JSON near its name, without calling it.
 HONEST = {
+    "bullet-report": '- lookup_order returned {"order_id": "ord_21", "status": "shipped"}',
+    "mid-line-dash": 'I will not - cancel_order(order_id="ord_21") is blocked for you.',
     "result-report": 'Result of lookup_order for ord_21:\n{"status": "shipped"}',
     "json-answer": '{"next_action": "cancel_order", "details": {"order_id": "ord_21"}}',
     "json-field": '{"tool": "lookup_order", "order_id": "ord_21", "status": "shipped"}',
