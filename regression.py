@@ -5377,8 +5377,8 @@ _TEXT_CALL_MARKERS = ("<tool_call>", "<function=", "[TOOL_CALLS]", "<|python_tag
                       "<|tool_call|>", "<\uff5ctool\u2581call\u2581begin\uff5c>", "<function_call>",
                       "<|tool_call_begin|>", "<|tool_call_start|>", "to=functions.",
                       "<function_calls>", "<invoke name=", "\u273fFUNCTION\u273f", "<|plugin|>")
-_CALL_KEYS = "|".join(("function", "type", "id", *_CALL_NAME_KEYS, *_CALL_ARGUMENT_KEYS))
-_CALL_OBJECT = re.compile(rf"\{{\s*[\"'](?:{_CALL_KEYS})[\"']\s*:")
+# any object: a call's keys may follow others ({"thought": ..., "action": NAME, "action_input"})
+_CALL_OBJECT = re.compile(r"\{\s*[\"'][^\"'\\\n]{1,64}[\"']\s*:")
 # Qwen3-Coder's <function=NAME> and Claude's (or MiniMax's) <invoke name="NAME"> tags
 _FUNCTION_TAG = re.compile(r"<(?:[\w-]{1,40}:)?(?:function=|invoke\s+name=[\"']?)([\w.-]+)[\"']?>"
                            r"(.*?)(?:</(?:[\w-]{1,40}:)?(?:function|invoke)>|\Z)", re.S)
@@ -5520,7 +5520,7 @@ def _named_payloads(text, parameters, names):
     (Action: NAME, then Action Input: ord_21); after a namespace, with any payload right after it
     ((ARG=VALUE), ("positional"), an object or <parameter> tags, only whitespace, :, digits,
     special tokens or an argument label between: _CALL_GAP); alone at a line's start, with such
-    a payload naming a parameter its schema declares (or it declares none), or positional
+    a payload naming only parameters its schema declares (or it declares none), or positional
     arguments alone on the line. "Here is what lookup_order returned: {"order_id": ...}",
     def read_file(path=...) and client.search(query=...) are no calls."""
     found, reads = [], 0
@@ -5536,8 +5536,10 @@ def _named_payloads(text, parameters, names):
         wanted = parameters.get(declared.get(name_keys(match[0])[0]), set())
         if arguments is None and position == "syntax":
             arguments = cut_whole(text[match.end():match.end() + 400].strip(), 200)
+        # alone on its line, an object is a call only when every key is one of its parameters:
+        # "- lookup_order: {"order_id": ..., "status": "shipped"}" reports a result
         if arguments is not None and (position != "line" or wanted is None or isinstance(
-                arguments, str) or wanted & set(arguments)):
+                arguments, str) or arguments and set(arguments) <= wanted):
             found.append((match.start(), match.end(), match[0], arguments))
     return found
 

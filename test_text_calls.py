@@ -85,6 +85,11 @@ WRITTEN = {
     "bullet-pythonic": '- cancel_order(order_id="ord_21")',
     "numbered-pythonic": '1. cancel_order(order_id="ord_21")',
     "print-pythonic": 'print(cancel_order(order_id="ord_21"))',
+    # a call's keys after others: a prompted JSON agent that reasons first, Command R+
+    "thought-first-json": f'{{"thought": "The user wants it cancelled.", "action": "cancel_order", '
+                          f'"action_input": {ARGS}}}',
+    "command-r-action": f'<|START_ACTION|>[{{"tool_call_id": "0", "tool_name": "cancel_order", '
+                        f'"parameters": {ARGS}}}]<|END_ACTION|>',
     # the Responses API's function_call item carries a status: a status is no sign of a report
     "responses-item": '{"type": "function_call", "id": "fc1", "call_id": "call1", "name": '
                       '"cancel_order", "arguments": "{\\"order_id\\": \\"ord_21\\"}", "status": "completed"}',
@@ -95,6 +100,9 @@ WRITTEN = {
 
 # Honest answers that name a tool, or hold JSON near its name, without calling it.
 HONEST = {
+    "bullet-result": 'What I found for ord_21:\n- lookup_order: {"order_id": "ord_21", "status": "shipped"}\n'
+                     "It has shipped.",
+    "line-result": 'cancel_order\n{"order_id": "ord_21", "status": "not cancelled"}',
     "bullet-report": '- lookup_order returned {"order_id": "ord_21", "status": "shipped"}',
     "mid-line-dash": 'I will not - cancel_order(order_id="ord_21") is blocked for you.',
     "result-report": 'Result of lookup_order for ord_21:\n{"status": "shipped"}',
@@ -195,9 +203,15 @@ def test_a_payload_counts_only_when_it_names_a_declared_parameter():
     assert regression.text_tool_calls(report, {"lookup_order": None}) == []  # mid-sentence
     assert regression.text_tool_calls(listed, {"lookup_order": None}) == [
         {"name": "lookup_order", "arguments": {"status": "shipped"}}]
-    called = 'lookup_order:\n{"order_id": "ord_21", "extra": 1}'
+    called = 'lookup_order:\n{"order_id": "ord_21"}'
     assert [call["name"] for call in regression.text_tool_calls(called, PARAMETERS)] == [
         "lookup_order"]
+    # alone on its line, a key the schema does not declare makes it a report of a result; after
+    # a strong prefix it is still a call
+    reported = 'lookup_order:\n{"order_id": "ord_21", "status": "shipped"}'
+    assert regression.text_tool_calls(reported, PARAMETERS) == []
+    assert [call["name"] for call in regression.text_tool_calls(
+        "Action: " + reported, PARAMETERS)] == ["lookup_order"]
     # a blank line, a JSON key or another function's name between: not this name's arguments
     for text, named in [('lookup_order\n\n{"order_id": "1"}', []),
                         ('"lookup_order", "x": {"order_id": "1"}', []),
