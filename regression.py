@@ -5581,18 +5581,18 @@ def text_tool_calls(text, functions):
     text = _call_reading(text)
     parameters = functions if isinstance(functions, dict) else dict.fromkeys(functions)
     names, keys = _written_names(parameters), {name_keys(name)[0]: name for name in parameters}
-    found = [{"name": name, "arguments": arguments}
-             for *_, written, given in sorted(_written_calls(text, parameters, names),
-                                              key=lambda call: call[0])
+    calls = _written_calls(text, parameters, names)
+    found = [(start, {"name": name, "arguments": arguments}) for start, _, written, given in calls
              for name, arguments in carried_calls(written, given)
              if keys.keys() & set(name_keys(name))]
-    markers = () if found else [re.escape(_call_reading(tag)) for tag in _TEXT_CALL_MARKERS]
-    for _, tag in zip(range(TEXT_CALL_TRIES), re.finditer("|".join(markers) or "(?!)", text)):
+    markers = [re.escape(_call_reading(tag)) for tag in _TEXT_CALL_MARKERS]
+    for _, tag in zip(range(TEXT_CALL_TRIES), re.finditer("|".join(markers), text)):
         named = names.search(text, tag.end(), tag.end() + TEXT_CALL_GAP)  # closely after a tag
-        if named and not _SENTENCE_END.search(text, tag.end(), named.start()):
-            return [{"name": keys.get(name_keys(named[0])[0], named[0]),
-                     "arguments": cut_whole(text[tag.start():], 1_000)}]
-    return found
+        if named and not _SENTENCE_END.search(text, tag.end(), named.start()) and not any(
+                start <= named.start() < end for start, end, *_ in calls):  # no call read there
+            found.append((tag.start(), {"name": keys.get(name_keys(named[0])[0], named[0]),
+                                        "arguments": cut_whole(text[tag.start():], 1_000)}))
+    return [call for _, call in sorted(found, key=lambda item: item[0])]
 
 
 def _call_reading(text):

@@ -195,6 +195,25 @@ def test_an_honest_answer_writes_no_call(model):
     assert regression.text_tool_calls(HONEST[model], PARAMETERS) == []
 
 
+@pytest.mark.parametrize("text", [
+    "<tool_call>lookup_order\n<arg_key>order_id</arg_key>\n<arg_value>ord_21</arg_value>\n</tool_call>\n"
+    "<tool_call>cancel_order\n<arg_key>order_id</arg_key>\n<arg_value>ord_21</arg_value>\n</tool_call>",
+    f"[TOOL_CALLS]lookup_order[ARGS]{ARGS}[TOOL_CALLS]cancel_order[ARGS]{ARGS}",
+    f'<tool_call>{{"name": "lookup_order", "arguments": {ARGS}}}</tool_call>\n<tool_call>cancel_order\n'
+    "<arg_key>order_id</arg_key><arg_value>ord_21</arg_value></tool_call>",
+], ids=["glm-twice", "mistral-v11-twice", "hermes-then-glm"])
+def test_every_call_after_a_marker_is_read_not_only_the_first(text):
+    # a second call after one already read was lost: the row failed tool_call_as_text, but
+    # forbid_tool never saw the forbidden second call
+    assert [call["name"] for call in regression.text_tool_calls(text, PARAMETERS)] == [
+        "lookup_order", "cancel_order"]
+
+
+def test_a_marker_before_a_call_read_whole_adds_no_second_attempt():
+    text = f'<tool_call>\n{{"name": "cancel_order", "arguments": {ARGS}}}\n</tool_call>'
+    assert [call["name"] for call in regression.text_tool_calls(text, PARAMETERS)] == ["cancel_order"]
+
+
 def test_a_payload_counts_only_when_it_names_a_declared_parameter():
     report = 'Result of lookup_order:\n{"status": "shipped"}'
     assert regression.text_tool_calls(report, PARAMETERS) == []
