@@ -5559,9 +5559,11 @@ def _written_calls(text, parameters, names):
                     if not any(start <= call[0] < end for start, end in taken)]
 
 
+@functools.lru_cache(maxsize=16)  # built once per suite's tools, not once per answer
 def _written_names(functions):
-    """A pattern of the declared names as a text may write them (whole words): in any case, with
-    look-alike letters for Latin ones (see _LOOKALIKES) and _ or - or nothing between words."""
+    """A pattern of the declared names (a tuple) as a text may write them (whole words): in any
+    case, with look-alike letters for Latin ones (see _LOOKALIKES) and _ or - or nothing between
+    words."""
     alike = collections.defaultdict(str)
     for code, latin in _LOOKALIKES.items():
         alike[chr(latin)] += chr(code)
@@ -5580,19 +5582,25 @@ def text_tool_calls(text, functions):
         return []
     text = _call_reading(text)
     parameters = functions if isinstance(functions, dict) else dict.fromkeys(functions)
-    names, keys = _written_names(parameters), {name_keys(name)[0]: name for name in parameters}
+    names = _written_names(tuple(sorted(parameters)))
+    keys = {name_keys(name)[0]: name for name in parameters}
     calls = _written_calls(text, parameters, names)
     found = [(start, {"name": name, "arguments": arguments}) for start, _, written, given in calls
              for name, arguments in carried_calls(written, given)
              if keys.keys() & set(name_keys(name))]
-    markers = [re.escape(_call_reading(tag)) for tag in _TEXT_CALL_MARKERS]
-    for _, tag in zip(range(TEXT_CALL_TRIES), re.finditer("|".join(markers), text)):
+    for _, tag in zip(range(TEXT_CALL_TRIES), _marker_pattern().finditer(text)):
         named = names.search(text, tag.end(), tag.end() + TEXT_CALL_GAP)  # closely after a tag
         if named and not _SENTENCE_END.search(text, tag.end(), named.start()) and not any(
                 start <= named.start() < end for start, end, *_ in calls):  # no call read there
             found.append((tag.start(), {"name": keys.get(name_keys(named[0])[0], named[0]),
                                         "arguments": cut_whole(text[tag.start():], 1_000)}))
     return [call for _, call in sorted(found, key=lambda item: item[0])]
+
+
+@functools.lru_cache(maxsize=1)
+def _marker_pattern():
+    """The tags of _TEXT_CALL_MARKERS as text_tool_calls reads them (see _call_reading)."""
+    return re.compile("|".join(re.escape(_call_reading(tag)) for tag in _TEXT_CALL_MARKERS))
 
 
 def _call_reading(text):
